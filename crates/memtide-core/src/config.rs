@@ -1,0 +1,35 @@
+//! The engine's own settings (the policies' constants live beside each policy).
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of the engine and its safeguards.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Samples kept per host and per VM for averages (MOM averages over 10).
+    pub history_len: usize,
+    /// Seconds a guest has to reach a balloon target before it is reported as not reached.
+    pub settle_s: u64,
+    /// Let policies change KSM knobs.
+    pub ksm_control: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            history_len: 10,
+            settle_s: 30,
+            ksm_control: true,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Check the settings, naming the first bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.history_len == 0 {
+            return Err("history_len: must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! The outcome of one tick: actions, and an explanation of every VM and of the host.
+
+use crate::action::{Action, Reason};
+use crate::snapshot::BackendError;
+use crate::stats::KsmState;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What kind of problem a diagnostic reports (stable names for metrics and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiagnosticKind {
+    /// The VM could not be sampled (timeout, disconnect, protocol error).
+    Unreachable,
+    /// The VM has no balloon device; it cannot be resized.
+    NoBalloon,
+    /// The guest reported statistics that cannot be true; they were ignored.
+    ImplausibleStats,
+    /// The policy failed for this VM (or for all VMs).
+    PolicyError,
+    /// A balloon target was not reached in time.
+    TargetNotReached,
+    /// The guest reset and its balloon deflated.
+    GuestReset,
+    /// The guest shut down.
+    GuestShutdown,
+}
+
+/// A problem found while deciding, attached to a VM or to the host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Diagnostic {
+    /// The VM concerned, if any.
+    pub vm: Option<String>,
+    /// What kind of problem.
+    pub kind: DiagnosticKind,
+    /// A sentence for the operator.
+    pub message: String,
+}
+
+/// A VM's state this tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// Sampled and managed.
+    Managed,
+    /// Sampled, but it has no balloon device.
+    Unmanaged,
+    /// Not sampled this tick.
+    Unreachable,
+}
+
+/// One VM's line in the decision: its numbers, and what was decided and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmReport {
+    /// The VM's name.
+    pub name: String,
+    /// Managed, unmanaged or unreachable.
+    pub state: VmState,
+    /// Why it is unreachable, when it is.
+    pub error: Option<BackendError>,
+    /// Guest RAM size it was started with.
+    pub configured: Option<Bytes>,
+    /// Current logical size (balloon actual).
+    pub actual: Option<Bytes>,
+    /// The target in force after this tick.
+    pub target: Option<Bytes>,
+    /// Operator minimum.
+    pub min: Bytes,
+    /// Operator maximum.
+    pub max: Bytes,
+    /// Guest MemFree.
+    pub guest_free: Option<Bytes>,
+    /// Guest MemAvailable.
+    pub guest_available: Option<Bytes>,
+    /// Memory the guest uses (size minus free).
+    pub used: Option<Bytes>,
+    /// Major faults per second.
+    pub major_faults_per_s: Option<f64>,
+    /// Bytes swapped in per second.
+    pub swap_in_per_s: Option<f64>,
+    /// Bytes swapped out per second.
+    pub swap_out_per_s: Option<f64>,
+    /// Resident memory of the hypervisor process.
+    pub rss: Option<Bytes>,
+    /// What was decided for this VM and why (a new target, or why it holds).
+    pub reason: Option<Reason>,
+}
+
+/// The host's line in the decision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostReport {
+    /// Memory of the VM memory domain.
+    pub total: Bytes,
+    /// Freeable memory of the domain now.
+    pub freeable: Bytes,
+    /// Freeable share now.
+    pub free_ratio: f64,
+    /// Freeable share averaged over the history (what MOM-style policies compare).
+    pub free_ratio_avg: f64,
+    /// Memory PSI, `some` line, 10 s average (percent).
+    pub psi_some_avg10: Option<f64>,
+    /// Pages swapped in per second on the host.
+    pub swap_in_per_s: Option<f64>,
+    /// Pages swapped out per second on the host.
+    pub swap_out_per_s: Option<f64>,
+    /// KSM state as read this tick.
+    pub ksm: Option<KsmState>,
+    /// What was decided for KSM and why.
+    pub ksm_reason: Option<Reason>,
+}
+
+/// The result of `Engine::tick`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Time of the tick.
+    #[serde(with = "crate::serde_secs")]
+    pub at: Duration,
+    /// The policy that decided.
+    pub policy: String,
+    /// The host.
+    pub host: HostReport,
+    /// Every VM in the snapshot, in its order.
+    pub vms: Vec<VmReport>,
+    /// What to do.
+    pub actions: Vec<Action>,
+    /// Problems found.
+    pub diagnostics: Vec<Diagnostic>,
+}

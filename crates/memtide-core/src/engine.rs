@@ -1,0 +1,356 @@
+//! The engine: one pure decision path, `collect → estimate → policy → safeguards → actions`.
+//!
+//! `Engine::tick` depends only on the snapshot and the engine's own state (histories and
+//! balloon-target tracking). The daemon, tests and offline tools all drive this function.
+
+use crate::action::{Action, KsmSettings, Reason};
+use crate::config::EngineConfig;
+use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport, VmState};
+use crate::history::History;
+use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
+use crate::sanitize::sanitize;
+use crate::signals::Signals;
+use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
+use crate::stats::{HostStats, KsmState};
+use crate::units::Bytes;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A balloon target the guest has not reached yet.
+struct Unreached {
+    target: Bytes,
+    since: Duration,
+    reported: bool,
+}
+
+/// What the engine remembers about one VM.
+struct VmMemory {
+    history: History<VmSample>,
+    unreached: Option<Unreached>,
+}
+
+/// The decision engine.
+pub struct Engine {
+    config: EngineConfig,
+    policy: Box<dyn Policy>,
+    host: History<HostStats>,
+    vms: BTreeMap<String, VmMemory>,
+}
+
+/// A VM that made it through ingestion this tick.
+struct Sampled<'s> {
+    index: usize,
+    snap: &'s VmSnapshot,
+    signals: Signals,
+}
+
+impl Engine {
+    /// An engine running `policy`.
+    pub fn new(config: EngineConfig, policy: Box<dyn Policy>) -> Self {
+        let host = History::new(config.history_len);
+        Engine {
+            config,
+            policy,
+            host,
+            vms: BTreeMap::new(),
+        }
+    }
+
+    /// The name of the policy in force.
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
+    /// Replace the policy; histories are kept.
+    pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
+        self.policy = policy;
+    }
+
+    /// Decide one tick.
+    pub fn tick(&mut self, snap: &Snapshot) -> Decision {
+        let at = snap.at;
+        self.host.push(at, snap.host.clone());
+        self.vms
+            .retain(|name, _| snap.vms.iter().any(|v| &v.name == name));
+
+        let mut diagnostics = Vec::new();
+        let mut reports = Vec::with_capacity(snap.vms.len());
+        let mut sampled = Vec::new();
+        for (index, vm) in snap.vms.iter().enumerate() {
+            let (report, signals) = self.ingest(at, vm, &mut diagnostics);
+            if let Some(signals) = signals {
+                sampled.push(Sampled {
+                    index,
+                    snap: vm,
+                    signals,
+                });
+            }
+            reports.push(report);
+        }
+
+        let inputs: Vec<VmInput<'_>> = sampled
+            .iter()
+            .map(|s| VmInput {
+                name: &s.snap.name,
+                limits: &s.snap.limits,
+                history: &self.vms[&s.snap.name].history,
+                actual: reports[s.index].actual.expect("managed VMs have a balloon"),
+                signals: &s.signals,
+            })
+            .collect();
+        let output = self.policy.decide(&PolicyInput {
+            at,
+            host: &self.host,
+            vms: &inputs,
+        });
+        drop(inputs);
+
+        for fault in &output.faults {
+            diagnostics.push(Diagnostic {
+                vm: fault.vm.clone(),
+                kind: DiagnosticKind::PolicyError,
+                message: format!("policy {}: {}", self.policy.name(), fault.message),
+            });
+        }
+        let mut actions = Vec::new();
+        for s in &sampled {
+            let report = &mut reports[s.index];
+            let name = &s.snap.name;
+            if let Some(p) = output.balloon.get(name) {
+                let (target, reason) = clamp(p, &s.snap.limits);
+                let delivered = s.snap.target.or(report.actual);
+                if delivered == Some(target) {
+                    report.reason = Some(Reason::new(
+                        "safeguard.unchanged",
+                        format!("target {target} already set ({reason})"),
+                    ));
+                } else {
+                    actions.push(Action::SetBalloon {
+                        vm: name.clone(),
+                        target,
+                        reason: reason.clone(),
+                    });
+                    report.target = Some(target);
+                    report.reason = Some(reason);
+                }
+            } else if let Some(hold) = output.holds.get(name) {
+                report.reason = Some(hold.clone());
+            }
+        }
+
+        let host = self.host_report(snap, output.ksm.as_ref().map(|k| &k.reason));
+        if let (Some(proposal), Some(state)) = (&output.ksm, &snap.host.ksm) {
+            let changed = ksm_changes(&proposal.settings, state);
+            if self.config.ksm_control && !changed.is_empty() {
+                actions.push(Action::SetKsm {
+                    settings: changed,
+                    reason: proposal.reason.clone(),
+                });
+            }
+        }
+
+        Decision {
+            at,
+            policy: self.policy.name().to_string(),
+            host,
+            vms: reports,
+            actions,
+            diagnostics,
+        }
+    }
+
+    /// Take in one VM's sample: record it, follow its balloon target, report it.
+    /// Returns the VM's signals when a policy may decide for it.
+    fn ingest(
+        &mut self,
+        at: Duration,
+        vm: &VmSnapshot,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> (VmReport, Option<Signals>) {
+        let settle = Duration::from_secs(self.config.settle_s);
+        let history_len = self.config.history_len;
+        let memory = self.vms.entry(vm.name.clone()).or_insert_with(|| VmMemory {
+            history: History::new(history_len),
+            unreached: None,
+        });
+        let mut diag = |kind, message: String| {
+            diagnostics.push(Diagnostic {
+                vm: Some(vm.name.clone()),
+                kind,
+                message,
+            });
+        };
+        let mut report = empty_report(vm);
+        let sample = match &vm.sample {
+            Err(e) => {
+                diag(DiagnosticKind::Unreachable, format!("not sampled: {e}"));
+                report.error = Some(e.clone());
+                return (report, None);
+            }
+            Ok(sample) => sample,
+        };
+        for event in &sample.events {
+            match event {
+                VmEvent::Reset => {
+                    memory.history.clear();
+                    memory.unreached = None;
+                    diag(
+                        DiagnosticKind::GuestReset,
+                        "guest reset: its balloon deflated".into(),
+                    );
+                }
+                VmEvent::Shutdown => diag(DiagnosticKind::GuestShutdown, "guest shut down".into()),
+                VmEvent::BalloonChange { .. } => {}
+            }
+        }
+        let (stats, problems) = sanitize(&sample.stats, sample.configured);
+        for p in problems {
+            diag(DiagnosticKind::ImplausibleStats, p);
+        }
+        memory.history.push(
+            at,
+            VmSample {
+                stats,
+                events: Vec::new(),
+                ..sample.clone()
+            },
+        );
+        let signals = Signals::derive(&memory.history);
+        let latest = memory.history.latest().expect("just pushed");
+        report.configured = Some(sample.configured);
+        report.actual = sample.balloon;
+        report.target = vm.target;
+        report.guest_free = latest.stats.free;
+        report.guest_available = latest.stats.available;
+        report.used = signals.used;
+        report.major_faults_per_s = signals.major_faults_per_s;
+        report.swap_in_per_s = signals.swap_in_per_s;
+        report.swap_out_per_s = signals.swap_out_per_s;
+        report.rss = sample.rss;
+
+        let Some(actual) = sample.balloon else {
+            report.state = VmState::Unmanaged;
+            diag(
+                DiagnosticKind::NoBalloon,
+                "no balloon device: memory cannot be changed".into(),
+            );
+            return (report, None);
+        };
+        memory.unreached = match (vm.target, memory.unreached.take()) {
+            (Some(target), _) if reached(actual, target) => None,
+            (Some(target), Some(u)) if u.target == target => {
+                let late = at.saturating_sub(u.since) >= settle;
+                if late && !u.reported {
+                    diag(
+                        DiagnosticKind::TargetNotReached,
+                        format!(
+                            "balloon target {target} not reached after {} s: the guest is at {actual}",
+                            settle.as_secs()
+                        ),
+                    );
+                }
+                Some(Unreached {
+                    reported: u.reported || late,
+                    ..u
+                })
+            }
+            (Some(target), _) => Some(Unreached {
+                target,
+                since: at,
+                reported: false,
+            }),
+            (None, _) => None,
+        };
+        (report, Some(signals))
+    }
+
+    fn host_report(&self, snap: &Snapshot, ksm_reason: Option<&Reason>) -> HostReport {
+        let domain = &snap.host.domain;
+        let psi = snap.host.psi.map(|p| p.some.avg10);
+        let ksm_reason = ksm_reason.map(|r| {
+            if self.config.ksm_control {
+                r.clone()
+            } else {
+                Reason::new(
+                    r.rule.clone(),
+                    format!("{} (not applied: ksm_control is off)", r.detail),
+                )
+            }
+        });
+        HostReport {
+            total: domain.total,
+            freeable: domain.freeable,
+            free_ratio: domain.free_ratio(),
+            free_ratio_avg: mom::host_free_ratio(&self.host),
+            psi_some_avg10: psi,
+            swap_in_per_s: self.host.rate(|h| h.vmstat.pswpin),
+            swap_out_per_s: self.host.rate(|h| h.vmstat.pswpout),
+            ksm: snap.host.ksm.clone(),
+            ksm_reason,
+        }
+    }
+}
+
+/// A target is reached when the guest is within 1 MiB or 1% of it.
+fn reached(actual: Bytes, target: Bytes) -> bool {
+    actual.abs_diff(target) <= Bytes::from_mib(1).max(target.scale(0.01))
+}
+
+/// Keep a proposed target within the operator's bounds, saying so in the reason.
+fn clamp(p: &Proposal, limits: &VmLimits) -> (Bytes, Reason) {
+    let bounded = |target: Bytes, bound: &str| {
+        let detail = format!(
+            "{}; {} {} by the VM's {bound}",
+            p.reason.detail,
+            if bound == "min" {
+                "raised to"
+            } else {
+                "capped at"
+            },
+            target
+        );
+        (
+            target,
+            Reason::new(format!("{}+safeguard.{bound}", p.reason.rule), detail),
+        )
+    };
+    if p.target < limits.min {
+        bounded(limits.min, "min")
+    } else if p.target > limits.max {
+        bounded(limits.max, "max")
+    } else {
+        (p.target, p.reason.clone())
+    }
+}
+
+/// The knobs of `wanted` that differ from the kernel's current values.
+fn ksm_changes(wanted: &KsmSettings, state: &KsmState) -> KsmSettings {
+    let differs = |want: Option<u64>, have: Option<u64>| want.filter(|w| Some(*w) != have);
+    KsmSettings {
+        run: differs(wanted.run, Some(state.run)),
+        pages_to_scan: differs(wanted.pages_to_scan, Some(state.pages_to_scan)),
+        sleep_millisecs: differs(wanted.sleep_millisecs, Some(state.sleep_millisecs)),
+        merge_across_nodes: differs(wanted.merge_across_nodes, state.merge_across_nodes),
+    }
+}
+
+fn empty_report(vm: &VmSnapshot) -> VmReport {
+    VmReport {
+        name: vm.name.clone(),
+        state: VmState::Managed,
+        error: None,
+        configured: None,
+        actual: None,
+        target: vm.target,
+        min: vm.limits.min,
+        max: vm.limits.max,
+        guest_free: None,
+        guest_available: None,
+        used: None,
+        major_faults_per_s: None,
+        swap_in_per_s: None,
+        swap_out_per_s: None,
+        rss: None,
+        reason: None,
+    }
+}

@@ -1,0 +1,121 @@
+//! A short, bounded history of samples: the source of averages and per-second rates.
+
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// The most recent samples of something, oldest first, with the time each was taken.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct History<T> {
+    capacity: usize,
+    samples: VecDeque<(Duration, T)>,
+}
+
+impl<T> History<T> {
+    /// An empty history keeping at most `capacity` samples (at least 2, for rates).
+    pub fn new(capacity: usize) -> Self {
+        History {
+            capacity: capacity.max(2),
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// Add a sample, dropping the oldest beyond capacity.
+    pub fn push(&mut self, at: Duration, sample: T) {
+        if self.samples.len() == self.capacity {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((at, sample));
+    }
+
+    /// The latest sample.
+    pub fn latest(&self) -> Option<&T> {
+        self.samples.back().map(|(_, s)| s)
+    }
+
+    /// All samples, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &T> + ExactSizeIterator {
+        self.samples.iter().map(|(_, s)| s)
+    }
+
+    /// Number of samples held.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// True when no sample is held.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Forget everything (e.g. after a guest reset, when counters restart).
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
+
+    /// The mean of a value over the history, ignoring samples that lack it.
+    pub fn mean(&self, value: impl Fn(&T) -> Option<f64>) -> Option<f64> {
+        let (sum, n) = self
+            .iter()
+            .filter_map(value)
+            .fold((0.0, 0usize), |(sum, n), v| (sum + v, n + 1));
+        (n > 0).then(|| sum / n as f64)
+    }
+
+    /// Per-second rate of a cumulative counter between the two latest samples.
+    /// `None` when either lacks it, time did not advance, or it went backwards (a reset).
+    pub fn rate(&self, counter: impl Fn(&T) -> Option<u64>) -> Option<f64> {
+        let n = self.samples.len();
+        if n < 2 {
+            return None;
+        }
+        let (t0, s0) = &self.samples[n - 2];
+        let (t1, s1) = &self.samples[n - 1];
+        let dt = t1.checked_sub(*t0)?.as_secs_f64();
+        let (c0, c1) = (counter(s0)?, counter(s1)?);
+        (dt > 0.0 && c1 >= c0).then(|| (c1 - c0) as f64 / dt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn keeps_only_the_latest_samples() {
+        let mut h = History::new(3);
+        for i in 0..5u64 {
+            h.push(at(i), i);
+        }
+        assert_eq!(h.iter().copied().collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(h.latest(), Some(&4));
+    }
+
+    #[test]
+    fn mean_ignores_missing_values() {
+        let mut h = History::new(10);
+        for v in [Some(2.0), None, Some(4.0)] {
+            h.push(at(0), v);
+        }
+        assert_eq!(h.mean(|v| *v), Some(3.0));
+        let empty: History<Option<f64>> = History::new(3);
+        assert_eq!(empty.mean(|v| *v), None);
+    }
+
+    #[test]
+    fn rate_is_per_second_and_none_on_reset() {
+        let mut h = History::new(10);
+        h.push(at(10), 100u64);
+        assert_eq!(h.rate(|v| Some(*v)), None, "one sample has no rate");
+        h.push(at(12), 160);
+        assert_eq!(h.rate(|v| Some(*v)), Some(30.0));
+        h.push(at(13), 5);
+        assert_eq!(h.rate(|v| Some(*v)), None, "counter went backwards");
+        h.push(at(13), 9);
+        assert_eq!(h.rate(|v| Some(*v)), None, "no time passed");
+    }
+}

@@ -1,0 +1,220 @@
+//! The ksmtuned algorithm (as MOM's KSM policy reproduces it).
+//!
+//! ksmd is stopped when the VM memory domain has more than a threshold of freeable memory
+//! and the VMs' committed memory plus that threshold fits in it. Otherwise it runs, scanning
+//! more pages per wake-up while free memory is below the threshold and fewer above it,
+//! within bounds, and sleeping for a time that shrinks with the domain's size.
+
+use super::{KsmProposal, PolicyInput};
+use crate::action::{KsmSettings, Reason};
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// 16 GiB in KiB: the memory size for which the baseline sleep applies.
+const SLEEP_REFERENCE_KIB: u64 = 16 * 1024 * 1024;
+
+/// The KSM tuning constants.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KsmConfig {
+    /// Free memory threshold, as a share of the domain's total.
+    pub free_ratio: f64,
+    /// pages_to_scan increase while free memory is below the threshold.
+    pub npages_boost: i64,
+    /// pages_to_scan change (negative) while free memory is above it.
+    pub npages_decay: i64,
+    /// Lowest pages_to_scan.
+    pub npages_min: u64,
+    /// Highest pages_to_scan.
+    pub npages_max: u64,
+    /// Sleep between scans for a 16 GiB domain, in ms; scaled by 16 GiB / total.
+    pub sleep_ms_baseline: u64,
+    /// Shortest sleep, in ms.
+    pub sleep_ms_min: u64,
+}
+
+impl Default for KsmConfig {
+    fn default() -> Self {
+        KsmConfig {
+            free_ratio: 0.20,
+            npages_boost: 300,
+            npages_decay: -50,
+            npages_min: 64,
+            npages_max: 1250,
+            sleep_ms_baseline: 10,
+            sleep_ms_min: 10,
+        }
+    }
+}
+
+impl KsmConfig {
+    /// Check the constants, naming the first bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.free_ratio) {
+            return Err(format!(
+                "free_ratio: {} is not a ratio between 0 and 1",
+                self.free_ratio
+            ));
+        }
+        if self.npages_min > self.npages_max {
+            return Err(format!(
+                "npages_min: {} is above npages_max {}",
+                self.npages_min, self.npages_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Decide KSM settings, or `None` when the host has no KSM.
+pub fn decide(cfg: &KsmConfig, input: &PolicyInput<'_>) -> Option<KsmProposal> {
+    let host = input.host_latest();
+    let ksm = host.ksm.as_ref()?;
+    let total = host.domain.total.kib() as f64;
+    let free = host.domain.freeable.kib() as f64;
+    let thres = total * cfg.free_ratio;
+    let committed: Bytes = input.vms.iter().map(|vm| vm.actual).sum();
+    let committed_kib = committed.kib() as f64;
+    let mib = |kib: f64| Bytes::from_kib(kib.max(0.0) as u64);
+
+    if free > thres && committed_kib + thres < total {
+        let detail = format!(
+            "free {} > threshold {} and committed {} + threshold fit in {}: stop ksmd",
+            mib(free),
+            mib(thres),
+            committed,
+            mib(total)
+        );
+        return Some(KsmProposal {
+            settings: KsmSettings {
+                run: Some(0),
+                ..KsmSettings::default()
+            },
+            reason: Reason::new("ksmtuned.stop", detail),
+        });
+    }
+    let delta = if free < thres {
+        cfg.npages_boost
+    } else {
+        cfg.npages_decay
+    };
+    let npages = (ksm.pages_to_scan as i64)
+        .saturating_add(delta)
+        .clamp(cfg.npages_min as i64, cfg.npages_max as i64) as u64;
+    let sleep = if total > 0.0 {
+        (cfg.sleep_ms_baseline.saturating_mul(SLEEP_REFERENCE_KIB) as f64 / total) as u64
+    } else {
+        cfg.sleep_ms_baseline
+    }
+    .max(cfg.sleep_ms_min);
+    let detail = format!(
+        "free {} {} threshold {} (committed {}): pages_to_scan {} {:+} → {npages}, sleep {sleep} ms",
+        mib(free),
+        if free < thres { "<" } else { "≥" },
+        mib(thres),
+        committed,
+        ksm.pages_to_scan,
+        delta
+    );
+    Some(KsmProposal {
+        settings: KsmSettings {
+            run: Some(1),
+            pages_to_scan: Some(npages),
+            sleep_millisecs: Some(sleep),
+            merge_across_nodes: None,
+        },
+        reason: Reason::new("ksmtuned.run", detail),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::History;
+    use crate::signals::Signals;
+    use crate::snapshot::VmLimits;
+    use crate::stats::HostStats;
+    use crate::testkit;
+    use std::time::Duration;
+
+    fn decide_with(host: HostStats, committed_mib: &[u64]) -> Option<KsmProposal> {
+        let mut h = History::new(10);
+        h.push(Duration::ZERO, host);
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(100_000),
+            shares: 1,
+        };
+        let history = History::new(1);
+        let signals = Signals::default();
+        let vms: Vec<_> = committed_mib
+            .iter()
+            .map(|m| crate::policy::VmInput {
+                name: "vm",
+                limits: &limits,
+                history: &history,
+                actual: Bytes::from_mib(*m),
+                signals: &signals,
+            })
+            .collect();
+        decide(
+            &KsmConfig::default(),
+            &PolicyInput {
+                at: Duration::ZERO,
+                host: &h,
+                vms: &vms,
+            },
+        )
+    }
+
+    #[test]
+    fn stops_ksm_when_free_and_vms_fit() {
+        let p = decide_with(testkit::host(16384, 8000), &[4096, 4096]).unwrap();
+        assert_eq!(
+            p.settings,
+            KsmSettings {
+                run: Some(0),
+                ..KsmSettings::default()
+            }
+        );
+        assert_eq!(p.reason.rule, "ksmtuned.stop");
+    }
+
+    #[test]
+    fn boosts_scanning_when_free_memory_is_low() {
+        // 16 GiB host with 1 GiB free: below the 20% threshold; kernel at 100 pages.
+        let p = decide_with(testkit::host(16384, 1024), &[8192, 8192]).unwrap();
+        assert_eq!(p.settings.run, Some(1));
+        assert_eq!(p.settings.pages_to_scan, Some(400));
+        assert_eq!(p.settings.sleep_millisecs, Some(10));
+    }
+
+    #[test]
+    fn decays_when_free_but_overcommitted_and_clamps() {
+        // Plenty free but committed + threshold exceeds total: run, decay 100 − 50 = 50 → 64.
+        let p = decide_with(testkit::host(4096, 3000), &[4096]).unwrap();
+        assert_eq!(p.settings.run, Some(1));
+        assert_eq!(p.settings.pages_to_scan, Some(64));
+        // sleep scales with 16 GiB / total: 10 ms * 4 = 40 ms.
+        assert_eq!(p.settings.sleep_millisecs, Some(40));
+        let mut host = testkit::host(4096, 100);
+        host.ksm.as_mut().unwrap().pages_to_scan = 1200;
+        assert_eq!(
+            decide_with(host, &[4096]).unwrap().settings.pages_to_scan,
+            Some(1250)
+        );
+    }
+
+    #[test]
+    fn sleep_has_a_floor_on_large_hosts() {
+        let p = decide_with(testkit::host(65536, 100), &[]).unwrap();
+        assert_eq!(p.settings.sleep_millisecs, Some(10));
+    }
+
+    #[test]
+    fn no_proposal_without_ksm() {
+        let mut host = testkit::host(4096, 100);
+        host.ksm = None;
+        assert!(decide_with(host, &[]).is_none());
+    }
+}

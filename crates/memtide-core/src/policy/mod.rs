@@ -1,0 +1,104 @@
+//! Policies: given the host's and the guests' recent history, propose balloon targets
+//! and KSM settings. Policies are pure; the engine applies safeguards to what they propose.
+
+pub mod ksmtuned;
+pub mod mom;
+
+use crate::action::{KsmSettings, Reason};
+use crate::history::History;
+use crate::signals::Signals;
+use crate::snapshot::{VmLimits, VmSample};
+use crate::stats::HostStats;
+use crate::units::Bytes;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One VM as a policy sees it: only VMs with a balloon and a fresh sample are shown.
+pub struct VmInput<'a> {
+    /// The VM's name.
+    pub name: &'a str,
+    /// Operator bounds.
+    pub limits: &'a VmLimits,
+    /// Recent (sanitized) samples, the latest last; never empty.
+    pub history: &'a History<VmSample>,
+    /// The guest's current logical size (balloon actual).
+    pub actual: Bytes,
+    /// Derived signals.
+    pub signals: &'a Signals,
+}
+
+impl VmInput<'_> {
+    /// The latest sample.
+    pub fn latest(&self) -> &VmSample {
+        self.history
+            .latest()
+            .expect("policy inputs have at least one sample")
+    }
+}
+
+/// Everything a policy may look at.
+pub struct PolicyInput<'a> {
+    /// Time of the tick.
+    pub at: Duration,
+    /// Recent host samples, the latest last; never empty.
+    pub host: &'a History<HostStats>,
+    /// The VMs.
+    pub vms: &'a [VmInput<'a>],
+}
+
+impl PolicyInput<'_> {
+    /// The latest host sample.
+    pub fn host_latest(&self) -> &HostStats {
+        self.host
+            .latest()
+            .expect("policy inputs have at least one host sample")
+    }
+}
+
+/// A proposed balloon target and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proposal {
+    /// The guest's proposed logical size.
+    pub target: Bytes,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// Proposed KSM settings and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KsmProposal {
+    /// The knobs the policy wants.
+    pub settings: KsmSettings,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// A policy failure, for one VM or (with no VM) for the whole evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyFault {
+    /// The VM the failure concerns, if any.
+    pub vm: Option<String>,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// What a policy proposes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyOutput {
+    /// Balloon targets, by VM name; a VM without an entry keeps its size.
+    pub balloon: BTreeMap<String, Proposal>,
+    /// Why VMs without a proposal keep their size, by VM name.
+    pub holds: BTreeMap<String, Reason>,
+    /// KSM settings, if the policy manages KSM.
+    pub ksm: Option<KsmProposal>,
+    /// Failures; VMs not named here were still decided.
+    pub faults: Vec<PolicyFault>,
+}
+
+/// A memory policy.
+pub trait Policy: Send {
+    /// The policy's name, as shown in status and reasons.
+    fn name(&self) -> &str;
+    /// Decide one tick.
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput;
+}

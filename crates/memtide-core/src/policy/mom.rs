@@ -1,0 +1,344 @@
+//! The MOM balloon policy (oVirt's Memory Overcommitment Manager, as described in the
+//! IBM developerWorks article "Manage resources on overcommitted KVM hosts").
+//!
+//! When the host's freeable memory (MemFree + Buffers + Cached, averaged over recent
+//! samples) falls below a threshold, every guest is shrunk toward its used memory plus
+//! a free margin that scales with host pressure; under critical pressure the margin turns
+//! negative and guests are pushed below their used memory. Each step is bounded. When
+//! pressure ends, ballooned guests grow back toward their maximum, again in bounded steps.
+//! Arithmetic is done in KiB, MOM's unit, so that policy-language versions of this policy
+//! produce the same targets.
+
+use super::ksmtuned::{self, KsmConfig};
+use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
+use crate::action::Reason;
+use crate::history::History;
+use crate::stats::HostStats;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// The balloon policy's constants (all ratios of 1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MomConfig {
+    /// Below this host free ratio, guests are shrunk.
+    pub pressure_threshold: f64,
+    /// At or below this host free ratio, guests are pushed below their used memory.
+    pub pressure_critical: f64,
+    /// Free margin a guest keeps (as a share of its size) when the host is just at the threshold.
+    pub min_guest_free: f64,
+    /// How far below used memory guests are pushed under critical pressure.
+    pub critical_overshoot: f64,
+    /// Largest change per decision, as a share of the guest's size.
+    pub max_change: f64,
+    /// Smallest change worth making, as a share of the guest's size.
+    pub min_change: f64,
+}
+
+impl Default for MomConfig {
+    fn default() -> Self {
+        MomConfig {
+            pressure_threshold: 0.20,
+            pressure_critical: 0.05,
+            min_guest_free: 0.20,
+            critical_overshoot: 0.05,
+            max_change: 0.05,
+            min_change: 0.0025,
+        }
+    }
+}
+
+impl MomConfig {
+    /// Check the constants, naming the first bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        let ratios = [
+            ("pressure_threshold", self.pressure_threshold),
+            ("pressure_critical", self.pressure_critical),
+            ("min_guest_free", self.min_guest_free),
+            ("critical_overshoot", self.critical_overshoot),
+            ("max_change", self.max_change),
+            ("min_change", self.min_change),
+        ];
+        for (name, v) in ratios {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name}: {v} is not a ratio between 0 and 1"));
+            }
+        }
+        if self.pressure_critical >= self.pressure_threshold {
+            return Err(format!(
+                "pressure_critical: {} must be below pressure_threshold {}",
+                self.pressure_critical, self.pressure_threshold
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Host free ratio as MOM computes it: mean freeable memory over the history, divided by
+/// the latest total (both in KiB).
+pub fn host_free_ratio(host: &History<HostStats>) -> f64 {
+    let total = host.latest().map_or(0, |h| h.domain.total.kib()) as f64;
+    let free = host
+        .mean(|h| Some(h.domain.freeable.kib() as f64))
+        .unwrap_or(0.0);
+    if total > 0.0 {
+        free / total
+    } else {
+        0.0
+    }
+}
+
+fn kib(b: Bytes) -> f64 {
+    b.kib() as f64
+}
+
+fn pct(ratio: f64) -> String {
+    format!("{:.1}%", ratio * 100.0)
+}
+
+/// A decision for one VM: a new target, a reason to hold, or a failure.
+enum Step {
+    Target(Proposal),
+    Hold(Reason),
+}
+
+/// The MOM policy: the balloon rules, plus the ksmtuned rules when KSM is configured.
+#[derive(Clone, Debug, Default)]
+pub struct Mom {
+    /// Balloon constants.
+    pub balloon: MomConfig,
+    /// KSM constants.
+    pub ksm: KsmConfig,
+}
+
+impl Mom {
+    fn bounded(&self, rule: &str, vm: &VmInput<'_>, size_kib: f64, why: String) -> Step {
+        let cur = kib(vm.actual);
+        let change = (size_kib - cur).abs();
+        if change > self.balloon.min_change * cur {
+            let target = Bytes::from_kib(size_kib.max(0.0) as u64);
+            Step::Target(Proposal {
+                target,
+                reason: Reason::new(rule, why),
+            })
+        } else {
+            Step::Hold(Reason::new(
+                rule,
+                format!(
+                    "{why}; change of {} is below the minimum {}",
+                    Bytes::from_kib(change as u64),
+                    pct(self.balloon.min_change)
+                ),
+            ))
+        }
+    }
+
+    fn shrink(&self, host_ratio: f64, vm: &VmInput<'_>) -> Result<Step, String> {
+        let c = &self.balloon;
+        let cur = kib(vm.actual);
+        let guest_free_ratio = if host_ratio <= c.pressure_critical {
+            host_ratio - c.critical_overshoot
+        } else {
+            c.min_guest_free * (host_ratio / c.pressure_threshold)
+        };
+        let avg_cur = vm.history.mean(|s| s.balloon.map(kib)).unwrap_or(cur);
+        let avg_free = vm.history.mean(|s| s.stats.free.map(kib)).ok_or(
+            "no free-memory statistic from the guest yet (is its balloon driver reporting stats?)",
+        )?;
+        let used = avg_cur - avg_free;
+        let floor = used + guest_free_ratio * cur;
+        let size = (cur * (1.0 - c.max_change)).max(floor);
+        let why = format!(
+            "host free {} < {}: guest uses {} and keeps a free margin of {} → {}",
+            pct(host_ratio),
+            pct(c.pressure_threshold),
+            Bytes::from_kib(used.max(0.0) as u64),
+            pct(guest_free_ratio),
+            Bytes::from_kib(size as u64),
+        );
+        if size > kib(vm.limits.max) {
+            return Ok(Step::Hold(Reason::new(
+                "mom.shrink",
+                format!("{why}, above the maximum {}", vm.limits.max),
+            )));
+        }
+        Ok(self.bounded("mom.shrink", vm, size, why))
+    }
+
+    fn grow(&self, host_ratio: f64, vm: &VmInput<'_>) -> Step {
+        let c = &self.balloon;
+        let max = kib(vm.limits.max);
+        let size = (kib(vm.actual) * (1.0 + c.max_change)).min(max);
+        let why = format!(
+            "host free {} ≥ {}: grow by up to {} toward the maximum {}",
+            pct(host_ratio),
+            pct(c.pressure_threshold),
+            pct(c.max_change),
+            vm.limits.max
+        );
+        self.bounded("mom.grow", vm, size, why)
+    }
+}
+
+impl Policy for Mom {
+    fn name(&self) -> &str {
+        "mom"
+    }
+
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let mut out = PolicyOutput::default();
+        let host_ratio = host_free_ratio(input.host);
+        let under_pressure = host_ratio < self.balloon.pressure_threshold;
+        for vm in input.vms {
+            let step = if under_pressure {
+                self.shrink(host_ratio, vm)
+            } else {
+                Ok(self.grow(host_ratio, vm))
+            };
+            match step {
+                Ok(Step::Target(p)) => {
+                    out.balloon.insert(vm.name.to_string(), p);
+                }
+                Ok(Step::Hold(r)) => {
+                    out.holds.insert(vm.name.to_string(), r);
+                }
+                Err(message) => out.faults.push(PolicyFault {
+                    vm: Some(vm.name.to_string()),
+                    message,
+                }),
+            }
+        }
+        out.ksm = ksmtuned::decide(&self.ksm, input);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signals::Signals;
+    use crate::snapshot::VmLimits;
+    use crate::testkit;
+    use std::time::Duration;
+
+    /// Run the balloon rules for one guest, with `host_free` of 1000 MiB freeable.
+    fn decide(host_free_mib: u64, actual_mib: u64, free_mib: u64) -> PolicyOutput {
+        let mut host = History::new(10);
+        host.push(Duration::ZERO, testkit::host(1000, host_free_mib));
+        let vm = testkit::vm("a", 1000, actual_mib, free_mib);
+        let mut history = History::new(10);
+        history.push(Duration::ZERO, vm.sample.clone().unwrap());
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(1000),
+            shares: 1,
+        };
+        let signals = Signals::default();
+        let vms = [VmInput {
+            name: "a",
+            limits: &limits,
+            history: &history,
+            actual: Bytes::from_mib(actual_mib),
+            signals: &signals,
+        }];
+        Mom::default().decide(&PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &vms,
+        })
+    }
+
+    fn target_mib(out: &PolicyOutput) -> Option<f64> {
+        out.balloon.get("a").map(|p| p.target.mib_f64())
+    }
+
+    #[test]
+    fn shrinks_by_at_most_five_percent_under_pressure() {
+        // host free 10%: margin 0.20 * 0.10/0.20 = 10%; floor = 200 used + 80 = 280 MiB,
+        // so the 5% step (800 → 760) applies.
+        let out = decide(100, 800, 600);
+        assert_eq!(target_mib(&out), Some(760.0));
+        assert_eq!(out.balloon["a"].reason.rule, "mom.shrink");
+    }
+
+    #[test]
+    fn shrink_stops_at_used_plus_margin() {
+        // host free 10% → margin 10% of 400 = 40; used 370 → floor 410 above the guest's
+        // size: MOM gives a starving guest its margin back even under pressure.
+        let out = decide(100, 400, 30);
+        assert_eq!(target_mib(&out), Some(410.0));
+        // floor 384 (used 344 + 40): within the 5% step, the floor wins.
+        let out = decide(100, 400, 56);
+        assert_eq!(target_mib(&out), Some(384.0));
+    }
+
+    #[test]
+    fn critical_pressure_pushes_below_used_memory() {
+        // host free 4%: margin 0.04 − 0.05 = −1% of 400 = −4; used 396 → floor 392 < 400.
+        let out = decide(40, 400, 4);
+        assert_eq!(target_mib(&out), Some(392.0));
+    }
+
+    #[test]
+    fn grows_back_by_five_percent_up_to_max_without_pressure() {
+        assert_eq!(target_mib(&decide(500, 600, 100)), Some(630.0));
+        assert_eq!(target_mib(&decide(500, 990, 100)), Some(1000.0));
+        let at_max = decide(500, 1000, 100);
+        assert_eq!(target_mib(&at_max), None);
+        assert!(
+            at_max.holds["a"].detail.contains("below the minimum"),
+            "{:?}",
+            at_max.holds
+        );
+    }
+
+    #[test]
+    fn missing_guest_stats_is_a_fault_for_that_guest() {
+        let mut host = History::new(10);
+        host.push(Duration::ZERO, testkit::host(1000, 100));
+        let mut sample = testkit::vm("a", 1000, 800, 0).sample.unwrap();
+        sample.stats.free = None;
+        let mut history = History::new(10);
+        history.push(Duration::ZERO, sample);
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(1000),
+            shares: 1,
+        };
+        let signals = Signals::default();
+        let vms = [VmInput {
+            name: "a",
+            limits: &limits,
+            history: &history,
+            actual: Bytes::from_mib(800),
+            signals: &signals,
+        }];
+        let out = Mom::default().decide(&PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &vms,
+        });
+        assert!(out.balloon.is_empty());
+        assert_eq!(out.faults.len(), 1);
+        assert!(out.faults[0]
+            .message
+            .starts_with("no free-memory statistic"));
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let bad = MomConfig {
+            pressure_critical: 0.3,
+            ..MomConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err(),
+            "pressure_critical: 0.3 must be below pressure_threshold 0.2"
+        );
+        let bad = MomConfig {
+            max_change: 1.5,
+            ..MomConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().starts_with("max_change:"));
+    }
+}

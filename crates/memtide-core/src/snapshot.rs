@@ -1,0 +1,98 @@
+//! What the engine sees in one tick: the host and every known VM.
+
+use crate::stats::{GuestStats, HostStats};
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The bounds an operator put on a VM's memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmLimits {
+    /// Never balloon the guest below this.
+    pub min: Bytes,
+    /// Never give the guest more than this (at most its configured size).
+    pub max: Bytes,
+    /// Relative weight when memory is divided between VMs.
+    pub shares: u32,
+}
+
+/// Something the hypervisor told us about a VM between two samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum VmEvent {
+    /// The guest reset; its balloon deflated ("popped") and its driver starts afresh.
+    Reset,
+    /// The guest shut down.
+    Shutdown,
+    /// The balloon reached a new size.
+    BalloonChange {
+        /// The guest's new logical size.
+        actual: Bytes,
+    },
+}
+
+/// One VM's state as its backend collected it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmSample {
+    /// Guest RAM size the VM was started with.
+    pub configured: Bytes,
+    /// The guest's current logical size (balloon `actual`); `None` without a balloon device.
+    pub balloon: Option<Bytes>,
+    /// Guest-reported statistics.
+    pub stats: GuestStats,
+    /// Resident memory of the hypervisor process, when known.
+    pub rss: Option<Bytes>,
+    /// Events since the previous sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<VmEvent>,
+}
+
+/// Why a VM could not be sampled this tick.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", content = "message", rename_all = "snake_case")]
+pub enum BackendError {
+    /// The hypervisor did not answer in time (hung or overloaded).
+    #[error("no answer within {0} ms")]
+    Timeout(u64),
+    /// The connection is gone.
+    #[error("disconnected: {0}")]
+    Disconnected(String),
+    /// The hypervisor answered with an error or something we could not understand.
+    #[error("{0}")]
+    Protocol(String),
+    /// A local file or socket operation failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl BackendError {
+    /// A timeout error for the given limit.
+    pub fn timeout(limit: Duration) -> Self {
+        BackendError::Timeout(limit.as_millis() as u64)
+    }
+}
+
+/// One VM as the engine sees it in a tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// The VM's name (unique on the host).
+    pub name: String,
+    /// Operator bounds.
+    pub limits: VmLimits,
+    /// The last balloon target the backend delivered, if any since it connected or the guest reset.
+    pub target: Option<Bytes>,
+    /// The sample, or why there is none.
+    pub sample: Result<VmSample, BackendError>,
+}
+
+/// Everything collected in one tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Time on the injected monotonic clock.
+    #[serde(with = "crate::serde_secs")]
+    pub at: Duration,
+    /// Host statistics.
+    pub host: HostStats,
+    /// Every VM currently connected, in a stable order.
+    pub vms: Vec<VmSnapshot>,
+}

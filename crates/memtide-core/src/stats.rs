@@ -1,0 +1,210 @@
+//! Statistics as collected from a host and its guests, before any interpretation.
+//!
+//! Every value a guest reports is optional and untrusted: `None` means "not supplied"
+//! (QEMU reports such stats as -1). Counters are cumulative; rates are derived by the
+//! engine from its history.
+
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The virtio-balloon statistics a guest reports through QEMU (`guest-stats`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GuestStats {
+    /// Bytes swapped in since boot.
+    pub swap_in: Option<Bytes>,
+    /// Bytes swapped out since boot.
+    pub swap_out: Option<Bytes>,
+    /// Major page faults since boot.
+    pub major_faults: Option<u64>,
+    /// Minor page faults since boot.
+    pub minor_faults: Option<u64>,
+    /// Memory the guest is not using at all (MemFree).
+    pub free: Option<Bytes>,
+    /// Memory the guest sees in total (MemTotal, shrinks as the balloon inflates).
+    pub total: Option<Bytes>,
+    /// The guest's estimate of memory available without swapping (MemAvailable).
+    pub available: Option<Bytes>,
+    /// Page cache the guest could drop (Cached).
+    pub disk_caches: Option<Bytes>,
+    /// Successful hugetlb page allocations since boot.
+    pub hugetlb_allocs: Option<u64>,
+    /// Failed hugetlb page allocations since boot.
+    pub hugetlb_failures: Option<u64>,
+    /// OOM kills since boot (newer guest kernels and QEMUs).
+    pub oom_kills: Option<u64>,
+    /// Allocation stalls since boot (newer guest kernels and QEMUs).
+    pub alloc_stalls: Option<u64>,
+    /// Pages scanned by kswapd since boot (newer guest kernels and QEMUs).
+    pub async_scans: Option<u64>,
+    /// Pages scanned by direct reclaim since boot (newer guest kernels and QEMUs).
+    pub direct_scans: Option<u64>,
+    /// Pages reclaimed by kswapd since boot (newer guest kernels and QEMUs).
+    pub async_reclaims: Option<u64>,
+    /// Pages reclaimed by direct reclaim since boot (newer guest kernels and QEMUs).
+    pub direct_reclaims: Option<u64>,
+    /// Statistics this version of memtide does not know, by QEMU's name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub other: BTreeMap<String, u64>,
+    /// Guest time (seconds) of the last stats update; `None` while the guest has sent none.
+    pub last_update: Option<u64>,
+}
+
+impl GuestStats {
+    /// True when the guest has not reported anything yet.
+    pub fn is_empty(&self) -> bool {
+        self.last_update.is_none() && *self == GuestStats::default()
+    }
+}
+
+/// The host's /proc/meminfo, the fields memtide uses.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemInfo {
+    /// MemTotal.
+    pub total: Bytes,
+    /// MemFree.
+    pub free: Bytes,
+    /// MemAvailable (absent on very old kernels).
+    pub available: Option<Bytes>,
+    /// Buffers.
+    pub buffers: Bytes,
+    /// Cached.
+    pub cached: Bytes,
+    /// SwapTotal.
+    pub swap_total: Bytes,
+    /// SwapFree.
+    pub swap_free: Bytes,
+    /// AnonPages.
+    pub anon_pages: Option<Bytes>,
+    /// Committed_AS.
+    pub committed_as: Option<Bytes>,
+}
+
+impl MemInfo {
+    /// MOM's "freeable" memory: MemFree + Buffers + Cached.
+    pub fn freeable(&self) -> Bytes {
+        self.free + self.buffers + self.cached
+    }
+}
+
+/// Cumulative counters from /proc/vmstat that memtide follows (`None`: not in this kernel).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmStat {
+    /// Pages swapped in.
+    pub pswpin: Option<u64>,
+    /// Pages swapped out.
+    pub pswpout: Option<u64>,
+    /// Major faults.
+    pub pgmajfault: Option<u64>,
+    /// All page faults.
+    pub pgfault: Option<u64>,
+    /// Refaults of evicted anonymous pages.
+    pub workingset_refault_anon: Option<u64>,
+    /// Refaults of evicted file pages.
+    pub workingset_refault_file: Option<u64>,
+    /// OOM kills.
+    pub oom_kill: Option<u64>,
+    /// Direct-reclaim allocation stalls, summed over zones.
+    pub allocstall: Option<u64>,
+}
+
+/// One line of a PSI file: the share of time tasks stalled, and the total stall time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PsiLine {
+    /// Percent of the last 10 s.
+    pub avg10: f64,
+    /// Percent of the last 60 s.
+    pub avg60: f64,
+    /// Percent of the last 300 s.
+    pub avg300: f64,
+    /// Total stall time in microseconds.
+    pub total_us: u64,
+}
+
+/// Memory pressure stall information (/proc/pressure/memory or a cgroup's memory.pressure).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Psi {
+    /// Some tasks stalled.
+    pub some: PsiLine,
+    /// All non-idle tasks stalled (absent in old kernels' system-wide file).
+    pub full: Option<PsiLine>,
+}
+
+/// The kernel's KSM state (/sys/kernel/mm/ksm).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KsmState {
+    /// 0 stopped, 1 running, 2 stopped and unmerged.
+    pub run: u64,
+    /// Pages scanned per wake-up.
+    pub pages_to_scan: u64,
+    /// Sleep between wake-ups.
+    pub sleep_millisecs: u64,
+    /// Shared pages in use.
+    pub pages_shared: u64,
+    /// Sites sharing them (how much is saved).
+    pub pages_sharing: u64,
+    /// Unique pages checked repeatedly for merging.
+    pub pages_unshared: u64,
+    /// Pages changing too fast to be merged.
+    pub pages_volatile: u64,
+    /// Full scans completed.
+    pub full_scans: u64,
+    /// Merging across NUMA nodes (absent without NUMA).
+    pub merge_across_nodes: Option<u64>,
+    /// Bytes saved minus KSM's metadata cost (kernels 6.1 and newer).
+    pub general_profit: Option<i64>,
+}
+
+/// Where the VMs' memory lives, and how full it is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DomainScope {
+    /// The whole host.
+    Host,
+    /// A memory cgroup holding the VMs (e.g. machine.slice).
+    Cgroup {
+        /// Path of the cgroup directory.
+        path: String,
+        /// Cgroup hierarchy version (1 or 2).
+        version: u8,
+    },
+}
+
+/// The VM memory domain: the memory the VMs share, the whole host or a cgroup.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryDomain {
+    /// Whole host or a cgroup.
+    pub scope: DomainScope,
+    /// Memory the domain may use: MemTotal, or the cgroup limit capped at MemTotal.
+    pub total: Bytes,
+    /// Memory charged to the domain.
+    pub used: Bytes,
+    /// Memory the domain could get back quickly: free plus its page cache.
+    pub freeable: Bytes,
+}
+
+impl MemoryDomain {
+    /// Freeable memory as a fraction of the total (0 when the total is unknown).
+    pub fn free_ratio(&self) -> f64 {
+        if self.total == Bytes::ZERO {
+            0.0
+        } else {
+            (self.freeable.as_f64() / self.total.as_f64()).clamp(0.0, 1.0)
+        }
+    }
+}
+
+/// Everything collected from the host in one tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostStats {
+    /// /proc/meminfo.
+    pub meminfo: MemInfo,
+    /// /proc/vmstat counters.
+    pub vmstat: VmStat,
+    /// Memory pressure (of the domain's cgroup when it has one, else the host's).
+    pub psi: Option<Psi>,
+    /// KSM state; `None` when the kernel has no KSM.
+    pub ksm: Option<KsmState>,
+    /// The VM memory domain.
+    pub domain: MemoryDomain,
+}

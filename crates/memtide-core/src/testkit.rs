@@ -1,0 +1,68 @@
+//! Builders for snapshots, for tests (enabled by the `testkit` feature).
+
+use crate::snapshot::{Snapshot, VmLimits, VmSample, VmSnapshot};
+use crate::stats::{DomainScope, GuestStats, HostStats, KsmState, MemInfo, MemoryDomain, VmStat};
+use crate::units::Bytes;
+use std::time::Duration;
+
+/// A host whose whole memory is the domain, with `freeable_mib` of `total_mib` freeable
+/// and KSM stopped at the kernel's defaults.
+pub fn host(total_mib: u64, freeable_mib: u64) -> HostStats {
+    let total = Bytes::from_mib(total_mib);
+    let freeable = Bytes::from_mib(freeable_mib);
+    HostStats {
+        meminfo: MemInfo {
+            total,
+            free: freeable,
+            ..MemInfo::default()
+        },
+        vmstat: VmStat::default(),
+        psi: None,
+        ksm: Some(KsmState {
+            pages_to_scan: 100,
+            sleep_millisecs: 20,
+            ..KsmState::default()
+        }),
+        domain: MemoryDomain {
+            scope: DomainScope::Host,
+            total,
+            used: total - freeable,
+            freeable,
+        },
+    }
+}
+
+/// A ballooned VM of `configured_mib`, currently `actual_mib`, whose guest reports
+/// `free_mib` free; min 64 MiB, max its configured size.
+pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> VmSnapshot {
+    VmSnapshot {
+        name: name.to_string(),
+        limits: VmLimits {
+            min: Bytes::from_mib(64),
+            max: Bytes::from_mib(configured_mib),
+            shares: 1000,
+        },
+        target: None,
+        sample: Ok(VmSample {
+            configured: Bytes::from_mib(configured_mib),
+            balloon: Some(Bytes::from_mib(actual_mib)),
+            stats: GuestStats {
+                free: Some(Bytes::from_mib(free_mib)),
+                total: Some(Bytes::from_mib(actual_mib)),
+                last_update: Some(1),
+                ..GuestStats::default()
+            },
+            rss: None,
+            events: Vec::new(),
+        }),
+    }
+}
+
+/// A snapshot at `at_s` seconds.
+pub fn snapshot(at_s: u64, host: HostStats, vms: Vec<VmSnapshot>) -> Snapshot {
+    Snapshot {
+        at: Duration::from_secs(at_s),
+        host,
+        vms,
+    }
+}

@@ -1,0 +1,254 @@
+//! The engine's behaviour across ticks: isolation of failures, safeguards, verification.
+
+use memtide_core::policy::mom::Mom;
+use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
+use memtide_core::testkit::{host, snapshot, vm};
+use memtide_core::{
+    Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, Reason, VmEvent,
+    VmSnapshot,
+};
+
+fn engine() -> Engine {
+    Engine::new(EngineConfig::default(), Box::<Mom>::default())
+}
+
+fn balloon_targets(actions: &[Action]) -> Vec<(String, u64)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::SetBalloon { vm, target, .. } => Some((vm.clone(), target.mib())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn kinds(d: &Decision, vm: &str) -> Vec<DiagnosticKind> {
+    d.diagnostics
+        .iter()
+        .filter(|x| x.vm.as_deref() == Some(vm))
+        .map(|x| x.kind)
+        .collect()
+}
+
+#[test]
+fn a_failing_vm_does_not_stop_the_others() {
+    let mut broken = vm("broken", 1000, 800, 600);
+    broken.sample.as_mut().unwrap().stats.free = None;
+    let mut gone = vm("gone", 1000, 800, 600);
+    gone.sample = Err(BackendError::Timeout(2000));
+    let vms = vec![broken, gone, vm("ok", 1000, 800, 600)];
+    let d = engine().tick(&snapshot(0, host(4000, 400), vms));
+    assert_eq!(balloon_targets(&d.actions), vec![("ok".to_string(), 760)]);
+    assert_eq!(kinds(&d, "broken"), vec![DiagnosticKind::PolicyError]);
+    assert_eq!(kinds(&d, "gone"), vec![DiagnosticKind::Unreachable]);
+    assert_eq!(
+        d.diagnostics[0].message,
+        "not sampled: no answer within 2000 ms"
+    );
+    assert_eq!(d.vms.len(), 3, "every VM is reported");
+}
+
+#[test]
+fn every_action_explains_its_rule_and_inputs() {
+    let d = engine().tick(&snapshot(0, host(4000, 400), vec![vm("a", 1000, 800, 600)]));
+    let reason = d.actions[0].reason();
+    assert_eq!(reason.rule, "mom.shrink");
+    assert!(
+        reason.detail.contains("host free 10.0% < 20.0%"),
+        "{}",
+        reason.detail
+    );
+    assert!(
+        reason.detail.contains("guest uses 200 MiB"),
+        "{}",
+        reason.detail
+    );
+    assert_eq!(d.vms[0].reason.as_ref(), Some(reason));
+}
+
+#[test]
+fn targets_are_sent_only_when_they_change() {
+    let mut e = engine();
+    let mut a = vm("a", 1000, 800, 600);
+    let d = e.tick(&snapshot(0, host(4000, 400), vec![a.clone()]));
+    assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 760)]);
+    // The guest is stuck at 800: MOM asks 760 again, which is already the delivered target.
+    a.target = Some(Bytes::from_mib(760));
+    let d = e.tick(&snapshot(1, host(4000, 400), vec![a]));
+    assert!(balloon_targets(&d.actions).is_empty(), "{:?}", d.actions);
+    assert_eq!(
+        d.vms[0].reason.as_ref().unwrap().rule,
+        "safeguard.unchanged"
+    );
+}
+
+/// A policy that asks every VM for the same size.
+struct Fixed(Bytes);
+
+impl Policy for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let mut out = PolicyOutput::default();
+        for vm in input.vms {
+            let reason = Reason::new("fixed", "test");
+            out.balloon.insert(
+                vm.name.to_string(),
+                Proposal {
+                    target: self.0,
+                    reason,
+                },
+            );
+        }
+        out
+    }
+}
+
+#[test]
+fn targets_stay_within_min_and_max() {
+    let mut small = vm("small", 1000, 500, 90);
+    small.limits.min = Bytes::from_mib(256);
+    let mut capped = vm("capped", 1000, 500, 100);
+    capped.limits.max = Bytes::from_mib(610);
+    for (ask, vm, expect, rule, detail) in [
+        (
+            100,
+            small,
+            256,
+            "fixed+safeguard.min",
+            "test; raised to 256 MiB by the VM's min",
+        ),
+        (
+            900,
+            capped,
+            610,
+            "fixed+safeguard.max",
+            "test; capped at 610 MiB by the VM's max",
+        ),
+    ] {
+        let mut e = Engine::new(
+            EngineConfig::default(),
+            Box::new(Fixed(Bytes::from_mib(ask))),
+        );
+        let d = e.tick(&snapshot(0, host(4000, 2000), vec![vm]));
+        assert_eq!(balloon_targets(&d.actions)[0].1, expect);
+        assert_eq!(d.actions[0].reason(), &Reason::new(rule, detail));
+    }
+}
+
+#[test]
+fn an_unreached_target_is_reported_once_after_settling() {
+    let mut e = engine();
+    let mut a = vm("a", 1000, 800, 790);
+    a.target = Some(Bytes::from_mib(600));
+    let late = |e: &mut Engine, t, a: &VmSnapshot| {
+        kinds(
+            &e.tick(&snapshot(t, host(4000, 2000), vec![a.clone()])),
+            "a",
+        )
+        .contains(&DiagnosticKind::TargetNotReached)
+    };
+    assert!(!late(&mut e, 0, &a));
+    assert!(!late(&mut e, 29, &a));
+    assert!(late(&mut e, 30, &a), "reported after settle_s");
+    assert!(!late(&mut e, 31, &a), "reported once");
+    // Reached: tracking stops; a new target starts a new clock.
+    a.sample.as_mut().unwrap().balloon = Some(Bytes::from_mib(600));
+    assert!(!late(&mut e, 32, &a));
+    a.target = Some(Bytes::from_mib(500));
+    assert!(!late(&mut e, 33, &a));
+    assert!(late(&mut e, 63, &a));
+}
+
+#[test]
+fn implausible_guest_stats_are_ignored_not_trusted() {
+    let mut liar = vm("liar", 1000, 800, 0);
+    let stats = &mut liar.sample.as_mut().unwrap().stats;
+    stats.total = Some(Bytes::from_gib(64));
+    stats.free = Some(Bytes::from_gib(63));
+    let d = engine().tick(&snapshot(0, host(4000, 400), vec![liar]));
+    assert!(
+        balloon_targets(&d.actions).is_empty(),
+        "no shrink from a lie: {:?}",
+        d.actions
+    );
+    assert_eq!(
+        kinds(&d, "liar"),
+        vec![
+            DiagnosticKind::ImplausibleStats,
+            DiagnosticKind::PolicyError
+        ]
+    );
+}
+
+#[test]
+fn a_vm_without_balloon_is_reported_not_managed() {
+    let mut a = vm("a", 1000, 800, 600);
+    a.sample.as_mut().unwrap().balloon = None;
+    let d = engine().tick(&snapshot(0, host(4000, 400), vec![a]));
+    assert!(balloon_targets(&d.actions).is_empty());
+    assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::NoBalloon]);
+}
+
+#[test]
+fn guest_reset_forgets_history() {
+    let mut e = engine();
+    // A sample with free 600 MiB, then a reset with free 100: the average must not mix them.
+    e.tick(&snapshot(0, host(4000, 400), vec![vm("a", 1000, 800, 600)]));
+    let mut after = vm("a", 1000, 800, 100);
+    after.sample.as_mut().unwrap().events.push(VmEvent::Reset);
+    let d = e.tick(&snapshot(1, host(4000, 400), vec![after]));
+    assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::GuestReset]);
+    // used 700 + margin 10% of 800 = 780 > 760: the floor wins, uninfluenced by free 600.
+    assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 780)]);
+}
+
+#[test]
+fn ksm_knobs_are_written_only_when_they_differ() {
+    let ksm_actions = |d: &Decision| {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetKsm { settings, .. } => Some(settings.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut h = host(16384, 1024);
+    let d = engine().tick(&snapshot(0, h.clone(), vec![vm("a", 8192, 8192, 10)]));
+    let ksm = ksm_actions(&d);
+    assert_eq!(ksm.len(), 1);
+    assert_eq!(
+        (ksm[0].run, ksm[0].pages_to_scan, ksm[0].sleep_millisecs),
+        (Some(1), Some(400), Some(10))
+    );
+    // Kernel already where ksmtuned wants it (at the clamp): nothing to write.
+    let k = h.ksm.as_mut().unwrap();
+    (k.run, k.pages_to_scan, k.sleep_millisecs) = (1, 1250, 10);
+    let d = engine().tick(&snapshot(0, h, vec![vm("a", 8192, 8192, 10)]));
+    assert!(ksm_actions(&d).is_empty(), "{:?}", d.actions);
+    // With KSM control off nothing is written, and the report says so.
+    let cfg = EngineConfig {
+        ksm_control: false,
+        ..EngineConfig::default()
+    };
+    let d = Engine::new(cfg, Box::<Mom>::default()).tick(&snapshot(0, host(16384, 1024), vec![]));
+    assert!(d.actions.is_empty());
+    assert!(d
+        .host
+        .ksm_reason
+        .unwrap()
+        .detail
+        .ends_with("(not applied: ksm_control is off)"));
+}
+
+#[test]
+fn vms_that_leave_are_forgotten() {
+    let mut e = engine();
+    e.tick(&snapshot(0, host(4000, 400), vec![vm("a", 1000, 800, 600)]));
+    e.tick(&snapshot(1, host(4000, 400), vec![]));
+    // Back with very different stats: no average with the old ones.
+    let d = e.tick(&snapshot(2, host(4000, 400), vec![vm("a", 1000, 800, 100)]));
+    assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 780)]);
+}
