@@ -2,7 +2,7 @@
 
 use crate::action::{Action, Reason};
 use crate::snapshot::BackendError;
-use crate::stats::KsmState;
+use crate::stats::{DomainScope, KsmState};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -25,6 +25,33 @@ pub enum DiagnosticKind {
     GuestReset,
     /// The guest shut down.
     GuestShutdown,
+}
+
+impl DiagnosticKind {
+    /// True for conditions that hold tick after tick until they clear (an unreachable VM);
+    /// false for one-off happenings (a guest reset), reported in the tick they occur.
+    pub fn is_condition(self) -> bool {
+        matches!(
+            self,
+            DiagnosticKind::Unreachable
+                | DiagnosticKind::NoBalloon
+                | DiagnosticKind::ImplausibleStats
+                | DiagnosticKind::PolicyError
+        )
+    }
+
+    /// The stable snake_case name, as in JSON and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiagnosticKind::Unreachable => "unreachable",
+            DiagnosticKind::NoBalloon => "no_balloon",
+            DiagnosticKind::ImplausibleStats => "implausible_stats",
+            DiagnosticKind::PolicyError => "policy_error",
+            DiagnosticKind::TargetNotReached => "target_not_reached",
+            DiagnosticKind::GuestReset => "guest_reset",
+            DiagnosticKind::GuestShutdown => "guest_shutdown",
+        }
+    }
 }
 
 /// A problem found while deciding, attached to a VM or to the host.
@@ -90,6 +117,8 @@ pub struct VmReport {
 /// The host's line in the decision.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostReport {
+    /// What the VM memory domain is (the host or a cgroup).
+    pub scope: DomainScope,
     /// Memory of the VM memory domain.
     pub total: Bytes,
     /// Freeable memory of the domain now.

@@ -278,6 +278,7 @@ impl Engine {
             }
         });
         HostReport {
+            scope: domain.scope.clone(),
             total: domain.total,
             freeable: domain.freeable,
             free_ratio: domain.free_ratio(),

@@ -92,8 +92,14 @@ fn kib(b: Bytes) -> f64 {
     b.kib() as f64
 }
 
+/// A ratio as a percentage, with two decimals for small ones (0.25%).
 fn pct(ratio: f64) -> String {
-    format!("{:.1}%", ratio * 100.0)
+    let p = ratio * 100.0;
+    if p.abs() < 1.0 {
+        format!("{p:.2}%")
+    } else {
+        format!("{p:.1}%")
+    }
 }
 
 /// A decision for one VM: a new target, a reason to hold, or a failure.

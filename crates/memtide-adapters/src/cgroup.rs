@@ -1,0 +1,216 @@
+//! Memory cgroups (v1 and v2): the VM memory domain when the VMs live in a slice.
+
+use crate::procfs::{self, key_values, ParseError};
+use memtide_core::stats::Psi;
+use memtide_core::Bytes;
+use std::path::Path;
+
+/// Limits at or above this are the kernel's "no limit" in cgroup v1 (PAGE_COUNTER_MAX
+/// rounded to pages, e.g. 9223372036854771712).
+const V1_UNLIMITED: u64 = 1 << 62;
+
+/// A memory cgroup's state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CgroupMemory {
+    /// Hierarchy version, 1 or 2.
+    pub version: u8,
+    /// The limit; `None` when unlimited.
+    pub limit: Option<Bytes>,
+    /// Memory charged to the cgroup.
+    pub usage: Bytes,
+    /// File-backed page cache on the LRU lists (reclaimable; shmem excluded).
+    pub file_cache: Bytes,
+    /// Memory pressure (v2 only).
+    pub psi: Option<Psi>,
+}
+
+/// Which files a cgroup version uses.
+struct Layout {
+    version: u8,
+    limit: &'static str,
+    usage: &'static str,
+    /// memory.stat keys for active and inactive file pages, preferred first.
+    file_keys: &'static [(&'static str, &'static str)],
+}
+
+const V1: Layout = Layout {
+    version: 1,
+    limit: "memory.limit_in_bytes",
+    usage: "memory.usage_in_bytes",
+    file_keys: &[
+        ("total_active_file", "total_inactive_file"),
+        ("active_file", "inactive_file"),
+    ],
+};
+
+const V2: Layout = Layout {
+    version: 2,
+    limit: "memory.max",
+    usage: "memory.current",
+    file_keys: &[("active_file", "inactive_file")],
+};
+
+/// An error reading a cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// The directory is not a memory cgroup.
+    #[error("{0}: not a memory cgroup (neither memory.max nor memory.limit_in_bytes is there)")]
+    NotMemoryCgroup(String),
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file could not be understood.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        source: ParseError,
+    },
+}
+
+/// Parse a limit file: a number, `max` (v2) or a huge number (v1) meaning no limit.
+pub fn parse_limit(text: &str) -> Result<Option<Bytes>, ParseError> {
+    match text.trim() {
+        "max" => Ok(None),
+        t => {
+            let v: u64 = t
+                .parse()
+                .map_err(|_| ParseError::new("limit", format!("{t:?} is not a number")))?;
+            Ok((v < V1_UNLIMITED).then_some(Bytes(v)))
+        }
+    }
+}
+
+/// Parse a usage file (`memory.current`, `memory.usage_in_bytes`).
+pub fn parse_usage(text: &str) -> Result<Bytes, ParseError> {
+    let t = text.trim();
+    t.parse()
+        .map(Bytes)
+        .map_err(|_| ParseError::new("usage", format!("{t:?} is not a number")))
+}
+
+fn file_cache(stat: &str, layout: &Layout) -> Bytes {
+    let kv = key_values(stat);
+    layout
+        .file_keys
+        .iter()
+        .find_map(|(active, inactive)| Some(Bytes(kv.get(active)? + kv.get(inactive)?)))
+        .unwrap_or_default()
+}
+
+/// Read a memory cgroup directory, detecting its version.
+pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
+    let layout = if dir.join(V2.limit).exists() {
+        &V2
+    } else if dir.join(V1.limit).exists() {
+        &V1
+    } else {
+        return Err(CgroupError::NotMemoryCgroup(dir.display().to_string()));
+    };
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path).map_err(|source| CgroupError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let parsed = |name: &str, source| CgroupError::Parse {
+        path: dir.join(name).display().to_string(),
+        source,
+    };
+    let limit = parse_limit(&read(layout.limit)?).map_err(|e| parsed(layout.limit, e))?;
+    let usage = parse_usage(&read(layout.usage)?).map_err(|e| parsed(layout.usage, e))?;
+    let file_cache = file_cache(&read("memory.stat")?, layout);
+    let psi = match layout.version {
+        2 => read("memory.pressure")
+            .ok()
+            .and_then(|t| procfs::psi(&t).ok()),
+        _ => None,
+    };
+    Ok(CgroupMemory {
+        version: layout.version,
+        limit,
+        usage,
+        file_cache,
+        psi,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn data(dir: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(dir)
+    }
+
+    #[test]
+    fn reads_a_v1_cgroup_captured_from_a_real_host() {
+        let m = read(&data("cgroup-v1")).unwrap();
+        assert_eq!(m.version, 1);
+        assert_eq!(m.limit, Some(Bytes::from_gib(2)));
+        assert_eq!(m.usage, Bytes(541306880));
+        assert_eq!(
+            m.file_cache,
+            Bytes(129572864 + 360239104),
+            "hierarchical total_ keys"
+        );
+        assert_eq!(m.psi, None);
+    }
+
+    #[test]
+    fn reads_a_v2_cgroup() {
+        let m = read(&data("cgroup-v2")).unwrap();
+        assert_eq!(m.version, 2);
+        assert_eq!(m.limit, Some(Bytes::from_gib(2)));
+        assert_eq!(m.usage, Bytes::from_mib(1536));
+        assert_eq!(
+            m.file_cache,
+            Bytes(83886080 + 314572800),
+            "shmem is not counted as cache"
+        );
+        assert_eq!(m.psi.unwrap().some.avg10, 1.25);
+    }
+
+    #[test]
+    fn unlimited_is_none_in_both_versions() {
+        assert_eq!(parse_limit("max\n").unwrap(), None);
+        assert_eq!(parse_limit("9223372036854771712\n").unwrap(), None);
+        assert_eq!(
+            parse_limit("1073741824\n").unwrap(),
+            Some(Bytes::from_gib(1))
+        );
+        assert!(parse_limit("lots").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_directory_or_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "not a memory cgroup (neither memory.max nor memory.limit_in_bytes is there)"
+            ),
+            "{err}"
+        );
+        std::fs::write(dir.path().join("memory.max"), "max\n").unwrap();
+        std::fs::write(dir.path().join("memory.current"), "soon\n").unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("memory.current: usage: \"soon\" is not a number"),
+            "{err}"
+        );
+        std::fs::write(dir.path().join("memory.current"), "10\n").unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("memory.stat: No such file"), "{err}");
+    }
+}

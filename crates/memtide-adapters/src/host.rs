@@ -1,0 +1,214 @@
+//! The Linux host backend: /proc, the KSM sysfs directory and the VM memory domain.
+
+use crate::{cgroup, ksm, procfs};
+use memtide_core::backend::HostBackend;
+use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain};
+use memtide_core::{BackendError, KsmSettings};
+use std::path::{Path, PathBuf};
+
+/// Where the host's files are. Tests point these at fake trees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostPaths {
+    /// The procfs mount (normally `/proc`).
+    pub proc: PathBuf,
+    /// The sysfs mount (normally `/sys`).
+    pub sys: PathBuf,
+    /// The memory cgroup holding the VMs, if the domain is not the whole host.
+    pub domain_cgroup: Option<PathBuf>,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        HostPaths {
+            proc: "/proc".into(),
+            sys: "/sys".into(),
+            domain_cgroup: None,
+        }
+    }
+}
+
+/// The host memtide runs on.
+pub struct LinuxHost {
+    paths: HostPaths,
+}
+
+impl LinuxHost {
+    /// A host reading from `paths`.
+    pub fn new(paths: HostPaths) -> Self {
+        LinuxHost { paths }
+    }
+
+    fn ksm_dir(&self) -> PathBuf {
+        self.paths.sys.join("kernel/mm/ksm")
+    }
+}
+
+fn read(path: &Path) -> Result<String, BackendError> {
+    std::fs::read_to_string(path).map_err(|e| BackendError::Io(format!("{}: {e}", path.display())))
+}
+
+/// The domain when it is the whole host: MOM's freeable memory over MemTotal.
+fn host_domain(m: &MemInfo) -> MemoryDomain {
+    MemoryDomain {
+        scope: DomainScope::Host,
+        total: m.total,
+        used: m.total - m.free,
+        freeable: m.freeable(),
+    }
+}
+
+/// The domain when it is a cgroup: its limit (at most MemTotal), with free memory being
+/// the room below the limit plus the cgroup's file cache — but never more than the
+/// whole host has freeable, since the limit is no promise that memory exists.
+fn cgroup_domain(dir: &Path, m: &MemInfo, c: &cgroup::CgroupMemory) -> MemoryDomain {
+    let total = c.limit.map_or(m.total, |l| l.min(m.total));
+    let freeable = ((total - c.usage) + c.file_cache)
+        .min(total)
+        .min(m.freeable());
+    MemoryDomain {
+        scope: DomainScope::Cgroup {
+            path: dir.display().to_string(),
+            version: c.version,
+        },
+        total,
+        used: c.usage,
+        freeable,
+    }
+}
+
+impl HostBackend for LinuxHost {
+    fn sample(&mut self) -> Result<HostStats, BackendError> {
+        let proc = &self.paths.proc;
+        let meminfo = procfs::meminfo(&read(&proc.join("meminfo"))?)
+            .map_err(|e| BackendError::Protocol(e.to_string()))?;
+        let vmstat = procfs::vmstat(&read(&proc.join("vmstat"))?);
+        // PSI is absent on kernels built without it or booted with psi=0: not an error.
+        let host_psi = std::fs::read_to_string(proc.join("pressure/memory"))
+            .ok()
+            .and_then(|t| procfs::psi(&t).ok());
+        let (domain, psi) = match &self.paths.domain_cgroup {
+            None => (host_domain(&meminfo), host_psi),
+            Some(dir) => {
+                let c = cgroup::read(dir)
+                    .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
+                (cgroup_domain(dir, &meminfo, &c), c.psi.or(host_psi))
+            }
+        };
+        Ok(HostStats {
+            meminfo,
+            vmstat,
+            psi,
+            ksm: ksm::read(&self.ksm_dir()),
+            domain,
+        })
+    }
+
+    fn apply_ksm(&mut self, settings: &KsmSettings) -> Result<(), BackendError> {
+        ksm::write(&self.ksm_dir(), settings).map_err(|e| BackendError::Io(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::Bytes;
+
+    /// A fake /proc and /sys built from captured files.
+    fn fake_tree() -> (tempfile::TempDir, HostPaths) {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let root = tempfile::tempdir().unwrap();
+        let proc = root.path().join("proc");
+        let ksm = root.path().join("sys/kernel/mm/ksm");
+        std::fs::create_dir_all(proc.join("pressure")).unwrap();
+        std::fs::create_dir_all(&ksm).unwrap();
+        std::fs::copy(data.join("proc/meminfo"), proc.join("meminfo")).unwrap();
+        std::fs::copy(data.join("proc/vmstat"), proc.join("vmstat")).unwrap();
+        std::fs::copy(
+            data.join("proc/pressure-memory"),
+            proc.join("pressure/memory"),
+        )
+        .unwrap();
+        for f in std::fs::read_dir(data.join("ksm")).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), ksm.join(f.file_name())).unwrap();
+        }
+        let paths = HostPaths {
+            proc,
+            sys: root.path().join("sys"),
+            domain_cgroup: None,
+        };
+        (root, paths)
+    }
+
+    #[test]
+    fn samples_the_whole_host_as_domain() {
+        let (_root, paths) = fake_tree();
+        let s = LinuxHost::new(paths).sample().unwrap();
+        assert_eq!(s.domain.scope, DomainScope::Host);
+        assert_eq!(s.domain.total, Bytes::from_kib(24682416));
+        assert_eq!(
+            s.domain.freeable,
+            Bytes::from_kib(22992484 + 24712 + 1435084)
+        );
+        assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
+        assert!(s.psi.is_some());
+    }
+
+    #[test]
+    fn a_cgroup_domain_uses_its_limit_and_cache() {
+        let (_root, mut paths) = fake_tree();
+        let v2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cgroup-v2");
+        paths.domain_cgroup = Some(v2);
+        let s = LinuxHost::new(paths).sample().unwrap();
+        assert_eq!(s.domain.total, Bytes::from_gib(2));
+        assert_eq!(s.domain.used, Bytes::from_mib(1536));
+        // 512 MiB below the limit + 380 MiB of file cache.
+        assert_eq!(
+            s.domain.freeable,
+            Bytes::from_mib(512) + Bytes(83886080 + 314572800)
+        );
+        assert_eq!(s.psi.unwrap().some.avg10, 1.25, "the cgroup's own pressure");
+        assert!(matches!(
+            s.domain.scope,
+            DomainScope::Cgroup { version: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn missing_optional_files_fall_back_and_missing_meminfo_is_an_error() {
+        let (root, paths) = fake_tree();
+        std::fs::remove_file(paths.proc.join("pressure/memory")).unwrap();
+        std::fs::remove_dir_all(root.path().join("sys/kernel/mm/ksm")).unwrap();
+        let mut host = LinuxHost::new(paths.clone());
+        let s = host.sample().unwrap();
+        assert_eq!((s.psi, s.ksm), (None, None));
+        std::fs::remove_file(paths.proc.join("meminfo")).unwrap();
+        let err = host.sample().unwrap_err().to_string();
+        assert!(
+            err.ends_with("proc/meminfo: No such file or directory (os error 2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_broken_domain_cgroup_is_an_error_naming_it() {
+        let (root, mut paths) = fake_tree();
+        paths.domain_cgroup = Some(root.path().join("no-such-slice"));
+        let err = LinuxHost::new(paths).sample().unwrap_err().to_string();
+        assert!(err.starts_with("domain cgroup: "), "{err}");
+        assert!(err.contains("no-such-slice: not a memory cgroup"), "{err}");
+    }
+
+    #[test]
+    fn ksm_writes_go_to_the_configured_sysfs() {
+        let (root, paths) = fake_tree();
+        let mut host = LinuxHost::new(paths);
+        host.apply_ksm(&KsmSettings {
+            run: Some(1),
+            ..KsmSettings::default()
+        })
+        .unwrap();
+        let run = std::fs::read_to_string(root.path().join("sys/kernel/mm/ksm/run")).unwrap();
+        assert_eq!(run, "1\n");
+    }
+}

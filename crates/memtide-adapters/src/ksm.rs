@@ -1,0 +1,116 @@
+//! The KSM sysfs directory (/sys/kernel/mm/ksm): one value per file.
+
+use memtide_core::stats::KsmState;
+use memtide_core::KsmSettings;
+use std::path::Path;
+
+fn read_value<T: std::str::FromStr>(dir: &Path, name: &str) -> Option<T> {
+    std::fs::read_to_string(dir.join(name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Read the KSM state; `None` when the kernel has no KSM (or its core files are unreadable).
+pub fn read(dir: &Path) -> Option<KsmState> {
+    let counter = |name| read_value::<u64>(dir, name).unwrap_or(0);
+    Some(KsmState {
+        run: read_value(dir, "run")?,
+        pages_to_scan: read_value(dir, "pages_to_scan")?,
+        sleep_millisecs: read_value(dir, "sleep_millisecs")?,
+        pages_shared: counter("pages_shared"),
+        pages_sharing: counter("pages_sharing"),
+        pages_unshared: counter("pages_unshared"),
+        pages_volatile: counter("pages_volatile"),
+        full_scans: counter("full_scans"),
+        merge_across_nodes: read_value(dir, "merge_across_nodes"),
+        general_profit: read_value(dir, "general_profit"),
+    })
+}
+
+/// Write the knobs that are set, tuning knobs first and `run` last, so ksmd starts with
+/// its new settings. Stops at the first failure, naming the file.
+pub fn write(dir: &Path, settings: &KsmSettings) -> std::io::Result<()> {
+    let knobs = [
+        ("merge_across_nodes", settings.merge_across_nodes),
+        ("pages_to_scan", settings.pages_to_scan),
+        ("sleep_millisecs", settings.sleep_millisecs),
+        ("run", settings.run),
+    ];
+    for (name, value) in knobs {
+        if let Some(v) = value {
+            let path = dir.join(name);
+            std::fs::write(&path, format!("{v}\n"))
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_captured_ksm_directory() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ksm");
+        let k = read(&dir).unwrap();
+        assert_eq!((k.run, k.pages_to_scan, k.sleep_millisecs), (0, 100, 20));
+        assert_eq!(k.merge_across_nodes, Some(1));
+        assert_eq!(k.general_profit, Some(0));
+    }
+
+    #[test]
+    fn missing_ksm_is_none_and_optional_files_are_optional() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()), None);
+        for (f, v) in [
+            ("run", "1"),
+            ("pages_to_scan", "300"),
+            ("sleep_millisecs", "10"),
+        ] {
+            std::fs::write(dir.path().join(f), v).unwrap();
+        }
+        let k = read(dir.path()).unwrap();
+        assert_eq!(
+            (
+                k.run,
+                k.pages_to_scan,
+                k.merge_across_nodes,
+                k.general_profit
+            ),
+            (1, 300, None, None)
+        );
+    }
+
+    #[test]
+    fn writes_only_the_given_knobs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sleep_millisecs"), "20\n").unwrap();
+        let s = KsmSettings {
+            run: Some(1),
+            pages_to_scan: Some(400),
+            ..KsmSettings::default()
+        };
+        write(dir.path(), &s).unwrap();
+        let get = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+        assert_eq!(
+            (get("run"), get("pages_to_scan"), get("sleep_millisecs")),
+            ("1\n".into(), "400\n".into(), "20\n".into())
+        );
+        assert!(!dir.path().join("merge_across_nodes").exists());
+    }
+
+    #[test]
+    fn write_errors_name_the_file() {
+        let s = KsmSettings {
+            run: Some(1),
+            ..KsmSettings::default()
+        };
+        let err = write(Path::new("/nonexistent/ksm"), &s)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/nonexistent/ksm/run: "), "{err}");
+    }
+}

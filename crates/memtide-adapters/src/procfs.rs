@@ -1,0 +1,211 @@
+//! Parsers for the /proc files memtide reads. Each takes the file's text, so it can be
+//! tested on captured files and fuzzed; reading happens in [`crate::host`].
+
+use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
+use memtide_core::Bytes;
+use std::collections::HashMap;
+
+/// A file that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct ParseError {
+    /// Which file (its usual name, e.g. `meminfo`).
+    pub file: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ParseError {
+    pub(crate) fn new(file: &'static str, message: impl Into<String>) -> Self {
+        ParseError {
+            file,
+            message: message.into(),
+        }
+    }
+}
+
+/// `name value` pairs, one per line (vmstat, cgroup memory.stat, KSM-style files).
+pub fn key_values(text: &str) -> HashMap<&str, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.split_whitespace();
+            Some((it.next()?, it.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Parse /proc/meminfo (`Name:   value kB` lines).
+pub fn meminfo(text: &str) -> Result<MemInfo, ParseError> {
+    let mut fields = HashMap::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let mut it = rest.split_whitespace();
+        let (Some(value), unit) = (it.next(), it.next()) else {
+            continue;
+        };
+        let value: u64 = value.parse().map_err(|_| {
+            ParseError::new("meminfo", format!("{name}: {value:?} is not a number"))
+        })?;
+        let bytes = match unit {
+            Some("kB") => Bytes::from_kib(value),
+            None => Bytes(value),
+            Some(u) => {
+                return Err(ParseError::new(
+                    "meminfo",
+                    format!("{name}: unknown unit {u:?}"),
+                ))
+            }
+        };
+        fields.insert(name.trim(), bytes);
+    }
+    let need = |name: &str| {
+        fields
+            .get(name)
+            .copied()
+            .ok_or_else(|| ParseError::new("meminfo", format!("no {name} line")))
+    };
+    Ok(MemInfo {
+        total: need("MemTotal")?,
+        free: need("MemFree")?,
+        available: fields.get("MemAvailable").copied(),
+        buffers: need("Buffers")?,
+        cached: need("Cached")?,
+        swap_total: fields.get("SwapTotal").copied().unwrap_or_default(),
+        swap_free: fields.get("SwapFree").copied().unwrap_or_default(),
+        anon_pages: fields.get("AnonPages").copied(),
+        committed_as: fields.get("Committed_AS").copied(),
+    })
+}
+
+/// Parse /proc/vmstat. Counters a kernel lacks stay `None`.
+pub fn vmstat(text: &str) -> VmStat {
+    let kv = key_values(text);
+    let get = |k: &str| kv.get(k).copied();
+    let allocstall = kv
+        .iter()
+        .filter(|(k, _)| k.starts_with("allocstall"))
+        .map(|(_, v)| *v)
+        .reduce(u64::saturating_add);
+    VmStat {
+        pswpin: get("pswpin"),
+        pswpout: get("pswpout"),
+        pgmajfault: get("pgmajfault"),
+        pgfault: get("pgfault"),
+        workingset_refault_anon: get("workingset_refault_anon"),
+        workingset_refault_file: get("workingset_refault_file"),
+        oom_kill: get("oom_kill"),
+        allocstall,
+    }
+}
+
+fn psi_line(line: &str) -> Result<PsiLine, ParseError> {
+    let mut out = PsiLine::default();
+    for field in line.split_whitespace().skip(1) {
+        let (k, v) = field
+            .split_once('=')
+            .ok_or_else(|| ParseError::new("pressure", format!("bad field {field:?}")))?;
+        let bad = || ParseError::new("pressure", format!("{k}: {v:?} is not a number"));
+        match k {
+            "avg10" => out.avg10 = v.parse().map_err(|_| bad())?,
+            "avg60" => out.avg60 = v.parse().map_err(|_| bad())?,
+            "avg300" => out.avg300 = v.parse().map_err(|_| bad())?,
+            "total" => out.total_us = v.parse().map_err(|_| bad())?,
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Parse a PSI file (/proc/pressure/memory or a cgroup v2 memory.pressure).
+pub fn psi(text: &str) -> Result<Psi, ParseError> {
+    let mut some = None;
+    let mut full = None;
+    for line in text.lines() {
+        match line.split_whitespace().next() {
+            Some("some") => some = Some(psi_line(line)?),
+            Some("full") => full = Some(psi_line(line)?),
+            _ => {}
+        }
+    }
+    let some = some.ok_or_else(|| ParseError::new("pressure", "no \"some\" line"))?;
+    Ok(Psi { some, full })
+}
+
+/// Resident set size from /proc/PID/status (`VmRSS:` line); `None` for kernel threads.
+pub fn status_rss(text: &str) -> Option<Bytes> {
+    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Bytes::from_kib(kib))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMINFO: &str = include_str!("../tests/data/proc/meminfo");
+    const VMSTAT: &str = include_str!("../tests/data/proc/vmstat");
+
+    #[test]
+    fn parses_a_real_meminfo() {
+        let m = meminfo(MEMINFO).unwrap();
+        assert_eq!(m.total, Bytes::from_kib(24682416));
+        assert_eq!(m.free, Bytes::from_kib(22992484));
+        assert_eq!(m.available, Some(Bytes::from_kib(24269272)));
+        assert_eq!(m.freeable(), Bytes::from_kib(22992484 + 24712 + 1435084));
+        assert!(m.committed_as.is_some() && m.anon_pages.is_some());
+    }
+
+    #[test]
+    fn meminfo_errors_name_the_problem() {
+        assert_eq!(
+            meminfo("MemFree: 1 kB\n").unwrap_err().to_string(),
+            "meminfo: no MemTotal line"
+        );
+        assert_eq!(
+            meminfo("MemTotal: lots kB\n").unwrap_err().to_string(),
+            "meminfo: MemTotal: \"lots\" is not a number"
+        );
+        assert_eq!(
+            meminfo("MemTotal: 1 MB\n").unwrap_err().to_string(),
+            "meminfo: MemTotal: unknown unit \"MB\""
+        );
+    }
+
+    #[test]
+    fn parses_a_real_vmstat() {
+        let v = vmstat(VMSTAT);
+        assert_eq!(v.pswpin, Some(0));
+        assert_eq!(v.pgmajfault, Some(1070));
+        assert_eq!(v.allocstall, Some(0), "summed over zones");
+        assert_eq!(v.workingset_refault_anon, Some(0));
+        assert_eq!(
+            vmstat("pgfault 5\nallocstall_normal 2\nallocstall_movable 3\n").allocstall,
+            Some(5)
+        );
+        assert_eq!(vmstat("garbage\n").pswpin, None);
+    }
+
+    #[test]
+    fn parses_psi_with_and_without_full() {
+        let p = psi(include_str!("../tests/data/cgroup-v2/memory.pressure")).unwrap();
+        assert_eq!(p.some.avg10, 1.25);
+        assert_eq!(p.some.total_us, 5123456);
+        assert_eq!(p.full.unwrap().avg60, 0.20);
+        let old = psi("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n").unwrap();
+        assert_eq!(old.full, None);
+        assert!(psi("").is_err());
+        assert_eq!(
+            psi("some avg10=x\n").unwrap_err().to_string(),
+            "pressure: avg10: \"x\" is not a number"
+        );
+    }
+
+    #[test]
+    fn reads_rss_from_status() {
+        let rss = status_rss(include_str!("../tests/data/proc/pid-status"));
+        assert_eq!(rss, Some(Bytes::from_kib(1640)));
+        assert_eq!(status_rss("Name: kthreadd\n"), None);
+    }
+}

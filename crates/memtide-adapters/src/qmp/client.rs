@@ -1,0 +1,425 @@
+//! A QMP client over a unix socket.
+//!
+//! Written here rather than taken from a crate: `qapi` binds its types to one QEMU schema
+//! version (memtide must speak to QEMU 7.2 through 10, whose guest statistics differ) and
+//! `qmp` is a young single release. The protocol itself is newline-delimited JSON; what
+//! matters is done here explicitly: every command carries an `id`, a reader task routes
+//! replies by id and queues events, and every call has a timeout, so a reply that arrives
+//! after its caller gave up is discarded instead of being mistaken for the next answer.
+
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+
+/// Longest line accepted from QEMU; a longer one means a broken peer.
+const MAX_LINE: u64 = 4 << 20;
+/// Events queued between two drains; beyond that the newest are dropped.
+const EVENT_QUEUE: usize = 1024;
+
+/// A QMP failure.
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    /// Connecting, reading or writing failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// No reply in time.
+    #[error("no reply within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// The connection is closed.
+    #[error("connection closed: {0}")]
+    Closed(String),
+    /// QEMU refused the command.
+    #[error("{class}: {desc}")]
+    Command {
+        /// QMP error class, e.g. `GenericError`, `DeviceNotActive`.
+        class: String,
+        /// QEMU's description.
+        desc: String,
+    },
+    /// QEMU sent something that is not QMP.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+/// An asynchronous QMP event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QmpEvent {
+    /// Event name, e.g. `BALLOON_CHANGE`.
+    pub name: String,
+    /// Event data (`null` when none).
+    pub data: Value,
+}
+
+type Reply = Result<Value, QmpError>;
+
+/// State shared with the reader task.
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    /// Why the connection closed, once it has.
+    closed: Option<String>,
+}
+
+/// A connected, negotiated QMP session.
+pub struct QmpClient {
+    writer: OwnedWriteHalf,
+    shared: Arc<Mutex<Shared>>,
+    events: mpsc::Receiver<QmpEvent>,
+    reader: JoinHandle<()>,
+    next_id: u64,
+    timeout: Duration,
+    greeting: Value,
+    peer_pid: Option<i32>,
+}
+
+impl Drop for QmpClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl QmpClient {
+    /// Connect to a QMP socket, read the greeting and negotiate capabilities, each step
+    /// bounded by `call_timeout`.
+    pub async fn connect(path: &Path, call_timeout: Duration) -> Result<QmpClient, QmpError> {
+        let stream = timeout(call_timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| QmpError::Timeout(call_timeout))??;
+        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        let (read, writer) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        let greeting = timeout(call_timeout, read_line(&mut reader))
+            .await
+            .map_err(|_| QmpError::Timeout(call_timeout))??
+            .ok_or_else(|| QmpError::Closed("no greeting".into()))?;
+        let greeting = match greeting.get("QMP") {
+            Some(g) => g.clone(),
+            None => {
+                return Err(QmpError::Protocol(format!(
+                    "expected a QMP greeting, got {greeting}"
+                )))
+            }
+        };
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (tx, events) = mpsc::channel(EVENT_QUEUE);
+        let reader = tokio::spawn(read_loop(reader, shared.clone(), tx));
+        let mut client = QmpClient {
+            writer,
+            shared,
+            events,
+            reader,
+            next_id: 0,
+            timeout: call_timeout,
+            greeting,
+            peer_pid,
+        };
+        client.execute("qmp_capabilities", None).await?;
+        Ok(client)
+    }
+
+    /// QEMU's greeting (`version`, `capabilities`).
+    pub fn greeting(&self) -> &Value {
+        &self.greeting
+    }
+
+    /// The QEMU process id, from the socket's peer credentials.
+    pub fn peer_pid(&self) -> Option<i32> {
+        self.peer_pid
+    }
+
+    /// True once the connection has closed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().expect("qmp state lock").closed.is_some()
+    }
+
+    /// Run a command and return its `return` value, within the call timeout.
+    pub async fn execute(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+    ) -> Result<Value, QmpError> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut shared = self.shared.lock().expect("qmp state lock");
+            if let Some(why) = &shared.closed {
+                return Err(QmpError::Closed(why.clone()));
+            }
+            shared.pending.insert(id, tx);
+        }
+        let mut request = Map::new();
+        request.insert("execute".into(), command.into());
+        if let Some(args) = arguments {
+            request.insert("arguments".into(), args);
+        }
+        request.insert("id".into(), id.into());
+        let mut line = Value::Object(request).to_string();
+        line.push('\n');
+        let limit = self.timeout;
+        let outcome = timeout(limit, async {
+            self.writer.write_all(line.as_bytes()).await?;
+            rx.await
+                .unwrap_or_else(|_| Err(QmpError::Closed("reader stopped".into())))
+        })
+        .await;
+        match outcome {
+            Ok(reply) => reply,
+            Err(_) => {
+                // The late reply, if any, finds no sender and is dropped.
+                self.shared
+                    .lock()
+                    .expect("qmp state lock")
+                    .pending
+                    .remove(&id);
+                Err(QmpError::Timeout(limit))
+            }
+        }
+    }
+
+    /// The events received since the last call.
+    pub fn drain_events(&mut self) -> Vec<QmpEvent> {
+        std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+    }
+}
+
+/// Read one JSON line; `None` at end of stream.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+) -> Result<Option<Value>, QmpError> {
+    let mut buf = Vec::new();
+    let n = reader.take(MAX_LINE).read_until(b'\n', &mut buf).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') && n as u64 == MAX_LINE {
+        return Err(QmpError::Protocol(format!(
+            "line longer than {MAX_LINE} bytes"
+        )));
+    }
+    serde_json::from_slice(&buf).map(Some).map_err(|e| {
+        QmpError::Protocol(format!(
+            "invalid JSON ({e}): {}",
+            String::from_utf8_lossy(&buf).trim()
+        ))
+    })
+}
+
+/// Route replies to their callers and events to the queue until the connection ends.
+async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
+    mut reader: R,
+    shared: Arc<Mutex<Shared>>,
+    events: mpsc::Sender<QmpEvent>,
+) {
+    let why = loop {
+        let msg = match read_line(&mut reader).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => break "end of stream".to_string(),
+            Err(e) => break e.to_string(),
+        };
+        if let Some(name) = msg.get("event").and_then(Value::as_str) {
+            let data = msg.get("data").cloned().unwrap_or(Value::Null);
+            // A full queue means nobody drained for a long time: drop the newest.
+            let _ = events.try_send(QmpEvent {
+                name: name.to_string(),
+                data,
+            });
+            continue;
+        }
+        let Some(id) = msg.get("id").and_then(Value::as_u64) else {
+            tracing::debug!(%msg, "qmp message without id ignored");
+            continue;
+        };
+        let reply = match (msg.get("return"), msg.get("error")) {
+            (Some(v), _) => Ok(v.clone()),
+            (None, Some(e)) => Err(QmpError::Command {
+                class: e
+                    .get("class")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Unknown")
+                    .to_string(),
+                desc: e
+                    .get("desc")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            }),
+            (None, None) => Err(QmpError::Protocol(format!(
+                "reply without return or error: {msg}"
+            ))),
+        };
+        let sender = shared.lock().expect("qmp state lock").pending.remove(&id);
+        if let Some(tx) = sender {
+            let _ = tx.send(reply);
+        }
+    };
+    let mut shared = shared.lock().expect("qmp state lock");
+    for (_, tx) in shared.pending.drain() {
+        let _ = tx.send(Err(QmpError::Closed(why.clone())));
+    }
+    shared.closed = Some(why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use tokio::net::UnixListener;
+
+    /// A scripted QMP server: greets, then answers each request with `respond`.
+    async fn serve(
+        respond: impl Fn(Value) -> Vec<String> + Send + 'static,
+    ) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (r, mut w) = stream.into_split();
+            let mut r = BufReader::new(r);
+            w.write_all(
+                b"{\"QMP\": {\"version\": {\"qemu\": {\"major\": 7}}, \"capabilities\": []}}\n",
+            )
+            .await
+            .unwrap();
+            let mut line = String::new();
+            while r.read_line(&mut line).await.unwrap() > 0 {
+                let req: Value = serde_json::from_str(&line).unwrap();
+                for out in respond(req) {
+                    w.write_all(out.as_bytes()).await.unwrap();
+                    w.write_all(b"\n").await.unwrap();
+                }
+                line.clear();
+            }
+        });
+        (dir, path)
+    }
+
+    fn ok(req: &Value, ret: Value) -> String {
+        json!({"return": ret, "id": req["id"]}).to_string()
+    }
+
+    const T: Duration = Duration::from_millis(500);
+
+    #[tokio::test]
+    async fn negotiates_and_routes_replies_around_events() {
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "query-balloon" => vec![
+                r#"{"event": "BALLOON_CHANGE", "data": {"actual": 268435456}, "timestamp": {"seconds": 1, "microseconds": 2}}"#.into(),
+                ok(&req, json!({"actual": 268435456})),
+            ],
+            _ => vec![ok(&req, json!({}))],
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        assert_eq!(c.greeting()["version"]["qemu"]["major"], 7);
+        let r = c.execute("query-balloon", None).await.unwrap();
+        assert_eq!(r["actual"], 268435456);
+        let ev = c.drain_events();
+        assert_eq!(
+            ev,
+            vec![QmpEvent {
+                name: "BALLOON_CHANGE".into(),
+                data: json!({"actual": 268435456})
+            }]
+        );
+        assert!(c.drain_events().is_empty());
+    }
+
+    #[tokio::test]
+    async fn command_errors_carry_class_and_description() {
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "qmp_capabilities" => vec![ok(&req, json!({}))],
+            _ => vec![json!({"error": {"class": "DeviceNotActive", "desc": "No balloon device has been activated"}, "id": req["id"]}).to_string()],
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        let err = c.execute("query-balloon", None).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "DeviceNotActive: No balloon device has been activated"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_late_reply_is_not_taken_for_the_next_one() {
+        // The first query-balloon is never answered; the second is answered twice over:
+        // first with the stale id, then its own.
+        let (_d, path) = serve(|req| {
+            match (
+                req["execute"].as_str().unwrap(),
+                req["id"].as_u64().unwrap(),
+            ) {
+                ("qmp_capabilities", _) => vec![ok(&req, json!({}))],
+                ("query-balloon", 2) => vec![],
+                (_, id) => vec![
+                    json!({"return": {"actual": 1}, "id": id - 1}).to_string(),
+                    ok(&req, json!({"actual": 2})),
+                ],
+            }
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        assert!(matches!(
+            c.execute("query-balloon", None).await,
+            Err(QmpError::Timeout(_))
+        ));
+        let r = c.execute("query-balloon", None).await.unwrap();
+        assert_eq!(r["actual"], 2);
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_times_out_at_greeting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let _listener = UnixListener::bind(&path).unwrap(); // accepts in backlog, never speaks
+        let err = QmpClient::connect(&path, Duration::from_millis(100))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "no reply within 100 ms");
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_fails_calls_and_is_reported() {
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "qmp_capabilities" => vec![ok(&req, json!({}))],
+            _ => panic!("server goes away"),
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        let err = c.execute("query-status", None).await.unwrap_err();
+        assert!(matches!(err, QmpError::Closed(_)), "{err}");
+        assert!(c.is_closed());
+        assert!(matches!(
+            c.execute("query-status", None).await,
+            Err(QmpError::Closed(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn garbage_from_the_peer_is_a_protocol_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"hello, I am not QEMU\n").await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        let err = QmpClient::connect(&path, T)
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("protocol error: invalid JSON"), "{err}");
+    }
+}

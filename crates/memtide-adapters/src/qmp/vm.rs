@@ -1,0 +1,201 @@
+//! A QEMU VM managed through its QMP socket.
+
+use super::client::{QmpClient, QmpError, QmpEvent};
+use crate::procfs;
+use async_trait::async_trait;
+use memtide_core::backend::VmBackend;
+use memtide_core::stats::GuestStats;
+use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// QOM containers where user-created devices live (with and without an `id`).
+const DEVICE_CONTAINERS: [&str; 2] = ["/machine/peripheral", "/machine/peripheral-anon"];
+
+/// How to talk to a VM.
+#[derive(Debug, Clone)]
+pub struct QmpVmOptions {
+    /// Limit for every QMP call (and for connecting).
+    pub call_timeout: Duration,
+    /// How often the guest should refresh its balloon statistics, in seconds.
+    pub stats_interval_s: u64,
+    /// The procfs mount, to read the QEMU process's RSS.
+    pub proc: PathBuf,
+}
+
+/// A QEMU VM.
+pub struct QmpVm {
+    client: QmpClient,
+    configured: Bytes,
+    has_balloon: bool,
+    /// QOM path of the balloon device, when found (needed for statistics).
+    balloon_path: Option<String>,
+    target: Option<Bytes>,
+    status_file: Option<PathBuf>,
+}
+
+impl From<QmpError> for BackendError {
+    fn from(e: QmpError) -> Self {
+        match e {
+            QmpError::Timeout(d) => BackendError::timeout(d),
+            QmpError::Closed(why) => BackendError::Disconnected(why),
+            QmpError::Io(e) => BackendError::Disconnected(e.to_string()),
+            e @ (QmpError::Command { .. } | QmpError::Protocol(_)) => {
+                BackendError::Protocol(e.to_string())
+            }
+        }
+    }
+}
+
+impl QmpVm {
+    /// Connect, learn the VM's size and balloon device, and turn on guest statistics.
+    pub async fn connect(socket: &Path, opts: &QmpVmOptions) -> Result<QmpVm, BackendError> {
+        let mut client = QmpClient::connect(socket, opts.call_timeout).await?;
+        let summary = client.execute("query-memory-size-summary", None).await?;
+        let configured = summary
+            .get("base-memory")
+            .and_then(Value::as_u64)
+            .map(Bytes)
+            .ok_or_else(|| BackendError::Protocol(format!("no base-memory in {summary}")))?;
+        let has_balloon = match client.execute("query-balloon", None).await {
+            Ok(_) => true,
+            Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => false,
+            Err(e) => return Err(e.into()),
+        };
+        let balloon_path = if has_balloon {
+            find_balloon(&mut client).await?
+        } else {
+            None
+        };
+        if let Some(path) = &balloon_path {
+            let args = json!({"path": path, "property": "guest-stats-polling-interval",
+                "value": opts.stats_interval_s.max(1)});
+            client.execute("qom-set", Some(args)).await?;
+        }
+        let status_file = client
+            .peer_pid()
+            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+        Ok(QmpVm {
+            client,
+            configured,
+            has_balloon,
+            balloon_path,
+            target: None,
+            status_file,
+        })
+    }
+
+    /// The QEMU process id.
+    pub fn pid(&self) -> Option<i32> {
+        self.client.peer_pid()
+    }
+
+    /// The QOM path of the balloon device, when the VM has one QEMU lets us query.
+    pub fn balloon_path(&self) -> Option<&str> {
+        self.balloon_path.as_deref()
+    }
+
+    fn events(&mut self) -> Vec<VmEvent> {
+        let events: Vec<VmEvent> = self
+            .client
+            .drain_events()
+            .iter()
+            .filter_map(vm_event)
+            .collect();
+        if events.contains(&VmEvent::Reset) {
+            // The guest's driver starts over; what it was last told is no longer known.
+            self.target = None;
+        }
+        events
+    }
+}
+
+/// The events memtide follows.
+fn vm_event(e: &QmpEvent) -> Option<VmEvent> {
+    match e.name.as_str() {
+        "RESET" => Some(VmEvent::Reset),
+        "SHUTDOWN" => Some(VmEvent::Shutdown),
+        "BALLOON_CHANGE" => Some(VmEvent::BalloonChange {
+            actual: Bytes(e.data.get("actual")?.as_u64()?),
+        }),
+        _ => None,
+    }
+}
+
+/// Find the balloon device's QOM path rather than assuming an id: look for a
+/// `virtio-balloon-*` child among user-created devices.
+async fn find_balloon(client: &mut QmpClient) -> Result<Option<String>, BackendError> {
+    for container in DEVICE_CONTAINERS {
+        let list = match client
+            .execute("qom-list", Some(json!({"path": container})))
+            .await
+        {
+            Ok(list) => list,
+            Err(QmpError::Command { .. }) => continue, // container absent in this machine type
+            Err(e) => return Err(e.into()),
+        };
+        let found = list.as_array().into_iter().flatten().find_map(|child| {
+            let ty = child.get("type")?.as_str()?;
+            let name = child.get("name")?.as_str()?;
+            ty.starts_with("child<virtio-balloon")
+                .then(|| format!("{container}/{name}"))
+        });
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}
+
+#[async_trait]
+impl VmBackend for QmpVm {
+    async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        let balloon = if self.has_balloon {
+            let b = self.client.execute("query-balloon", None).await?;
+            let actual = b.get("actual").and_then(Value::as_u64);
+            Some(Bytes(actual.ok_or_else(|| {
+                BackendError::Protocol(format!("no actual in {b}"))
+            })?))
+        } else {
+            None
+        };
+        let stats = match &self.balloon_path {
+            Some(path) => {
+                let args = json!({"path": path, "property": "guest-stats"});
+                super::stats::parse(&self.client.execute("qom-get", Some(args)).await?)
+            }
+            None => GuestStats::default(),
+        };
+        let rss = self
+            .status_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|t| procfs::status_rss(&t));
+        let events = self.events();
+        Ok(VmSample {
+            configured: self.configured,
+            balloon,
+            stats,
+            rss,
+            events,
+        })
+    }
+
+    async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
+        if !self.has_balloon {
+            return Err(BackendError::Protocol(
+                "the VM has no balloon device".into(),
+            ));
+        }
+        self.client
+            .execute("balloon", Some(json!({"value": target.0})))
+            .await?;
+        self.target = Some(target);
+        Ok(())
+    }
+
+    fn target(&self) -> Option<Bytes> {
+        self.target
+    }
+}

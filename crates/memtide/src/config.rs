@@ -1,0 +1,409 @@
+//! The configuration file (TOML): what to manage, where to find it, and every constant.
+//! Unknown keys are errors, and every semantic check names the field it rejects.
+
+use memtide_core::policy::ksmtuned::KsmConfig;
+use memtide_core::policy::mom::MomConfig;
+use memtide_core::{Bytes, EngineConfig, VmLimits};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Seconds between two decisions.
+    pub interval_s: f64,
+    /// The policy: a built-in name (`mom`).
+    pub policy: String,
+    /// The daemon's own endpoints.
+    pub daemon: DaemonConfig,
+    /// Where the host's files are and what the VM memory domain is.
+    pub host: HostConfig,
+    /// Where to find VMs besides the `[[vm]]` list.
+    pub discovery: DiscoveryConfig,
+    /// Bounds for VMs that do not set their own.
+    pub defaults: VmDefaults,
+    /// VMs named explicitly.
+    #[serde(rename = "vm")]
+    pub vms: Vec<VmConfig>,
+    /// Engine and safeguard settings.
+    pub engine: EngineConfig,
+    /// Constants of the MOM balloon policy.
+    pub mom: MomConfig,
+    /// Constants of the ksmtuned algorithm.
+    pub ksm: KsmConfig,
+}
+
+/// The daemon's endpoints and timeouts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Control socket for `memtide status` (created with mode 0600).
+    pub socket: PathBuf,
+    /// Address of the HTTP endpoint (`/metrics`, `/api/v1/status`); empty to disable.
+    pub http: String,
+    /// JSON-lines event log; empty to disable.
+    pub event_log: PathBuf,
+    /// Limit for every call to a hypervisor, in milliseconds.
+    pub call_timeout_ms: u64,
+}
+
+/// Where the host's files are.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// The procfs mount.
+    pub proc: PathBuf,
+    /// The sysfs mount.
+    pub sys: PathBuf,
+    /// A memory cgroup holding the VMs (v1 or v2 directory); unset: the whole host.
+    pub domain_cgroup: Option<PathBuf>,
+}
+
+/// Discovery of VMs by their QMP sockets.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// Glob patterns of QMP sockets; a VM is named after its socket's file stem.
+    pub qmp_glob: Vec<String>,
+}
+
+/// Bounds applied to VMs that do not set their own.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VmDefaults {
+    /// Never balloon a guest below this many MiB.
+    pub min_mib: u64,
+    /// Relative weight when memory is divided.
+    pub shares: u32,
+}
+
+/// One VM named in the configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    /// Its name.
+    pub name: String,
+    /// Its QMP socket.
+    pub qmp: PathBuf,
+    /// Never balloon below this many MiB.
+    pub min_mib: Option<u64>,
+    /// Never give more than this many MiB (default: its configured size).
+    pub max_mib: Option<u64>,
+    /// Relative weight when memory is divided.
+    pub shares: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            interval_s: 2.0,
+            policy: "mom".into(),
+            daemon: DaemonConfig::default(),
+            host: HostConfig::default(),
+            discovery: DiscoveryConfig::default(),
+            defaults: VmDefaults::default(),
+            vms: Vec::new(),
+            engine: EngineConfig::default(),
+            mom: MomConfig::default(),
+            ksm: KsmConfig::default(),
+        }
+    }
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            socket: "/run/memtide/memtide.sock".into(),
+            http: "127.0.0.1:9315".into(),
+            event_log: "/var/log/memtide/events.jsonl".into(),
+            call_timeout_ms: 2000,
+        }
+    }
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            proc: "/proc".into(),
+            sys: "/sys".into(),
+            domain_cgroup: None,
+        }
+    }
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            qmp_glob: vec!["/run/memtide/qmp/*.sock".into()],
+        }
+    }
+}
+
+impl Default for VmDefaults {
+    fn default() -> Self {
+        VmDefaults {
+            min_mib: 128,
+            shares: 1000,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown or mistyped fields.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// The parser's message (with line, column and field).
+        message: String,
+    },
+    /// A field has a value that cannot work.
+    #[error("{path}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// The field, e.g. `vm[1].min_mib`.
+        field: String,
+        /// Why.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Read and check a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        Config::parse(&text, &display)
+    }
+
+    /// Parse and check configuration text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config
+            .validate()
+            .map_err(|(field, message)| ConfigError::Invalid {
+                path: origin.to_string(),
+                field,
+                message,
+            })?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |field: &str, message: String| Err((field.to_string(), message));
+        if !(self.interval_s.is_finite() && self.interval_s >= 0.1) {
+            return bad(
+                "interval_s",
+                format!("{} is not a number of seconds ≥ 0.1", self.interval_s),
+            );
+        }
+        if self.policy != "mom" {
+            return bad(
+                "policy",
+                format!("unknown policy {:?} (built-in policies: mom)", self.policy),
+            );
+        }
+        if self.daemon.call_timeout_ms == 0 {
+            return bad("daemon.call_timeout_ms", "must be above 0".into());
+        }
+        if !self.daemon.http.is_empty() {
+            if let Err(e) = self.daemon.http.parse::<SocketAddr>() {
+                return bad(
+                    "daemon.http",
+                    format!("{:?} is not an address:port ({e})", self.daemon.http),
+                );
+            }
+        }
+        for (i, pattern) in self.discovery.qmp_glob.iter().enumerate() {
+            if let Err(e) = glob::Pattern::new(pattern) {
+                return bad(
+                    &format!("discovery.qmp_glob[{i}]"),
+                    format!("{pattern:?}: {e}"),
+                );
+            }
+        }
+        let sections = [
+            ("engine", self.engine.validate()),
+            ("mom", self.mom.validate()),
+            ("ksm", self.ksm.validate()),
+        ];
+        for (section, result) in sections {
+            if let Err(e) = result {
+                let (field, message) = e.split_once(": ").unwrap_or(("", &e));
+                return bad(&format!("{section}.{field}"), message.to_string());
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, vm) in self.vms.iter().enumerate() {
+            let field = |f: &str| format!("vm[{i}].{f}");
+            if vm.name.is_empty() || vm.name.chars().any(|c| c.is_control() || c == '/') {
+                return bad(
+                    &field("name"),
+                    format!("{:?} is not a usable VM name", vm.name),
+                );
+            }
+            if !names.insert(&vm.name) {
+                return bad(&field("name"), format!("{:?} is named twice", vm.name));
+            }
+            let min = vm.min_mib.unwrap_or(self.defaults.min_mib);
+            if let Some(max) = vm.max_mib.filter(|max| *max < min) {
+                return bad(&field("max_mib"), format!("{max} is below min_mib {min}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Limit for every hypervisor call.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.daemon.call_timeout_ms)
+    }
+
+    /// The tick interval.
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs_f64(self.interval_s)
+    }
+}
+
+/// Operator bounds for a VM, resolved against its configured size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bounds {
+    /// Minimum in MiB.
+    pub min_mib: u64,
+    /// Maximum in MiB, if set.
+    pub max_mib: Option<u64>,
+    /// Shares.
+    pub shares: u32,
+}
+
+impl Bounds {
+    /// The bounds for a VM given in the configuration, or the defaults for a discovered one.
+    pub fn new(vm: Option<&VmConfig>, defaults: &VmDefaults) -> Bounds {
+        Bounds {
+            min_mib: vm.and_then(|v| v.min_mib).unwrap_or(defaults.min_mib),
+            max_mib: vm.and_then(|v| v.max_mib),
+            shares: vm.and_then(|v| v.shares).unwrap_or(defaults.shares),
+        }
+    }
+
+    /// Limits for a VM of `configured` size: max at most the configured size, min at most max.
+    pub fn limits(&self, configured: Bytes) -> VmLimits {
+        let max = self
+            .max_mib
+            .map_or(configured, |m| Bytes::from_mib(m).min(configured));
+        VmLimits {
+            min: Bytes::from_mib(self.min_mib).min(max),
+            max,
+            shares: self.shares,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "memtide.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_empty_file_gives_the_defaults() {
+        assert_eq!(Config::parse("", "x").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_full_example_parses() {
+        let c = Config::parse(include_str!("../../../examples/memtide.toml"), "example").unwrap();
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.vms[0].min_mib, Some(512));
+        assert_eq!(
+            c.host.domain_cgroup.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/machine.slice"))
+        );
+    }
+
+    #[test]
+    fn unknown_and_mistyped_fields_are_named_with_their_line() {
+        let e = err("interval_s = 2\n[engine]\nhistory_length = 3\n");
+        assert!(
+            e.starts_with("memtide.toml: TOML parse error at line 3"),
+            "{e}"
+        );
+        assert!(e.contains("unknown field `history_length`"), "{e}");
+        let e = err("[[vm]]\nname = \"a\"\nqmp = \"/x\"\nmin_mib = \"lots\"\n");
+        assert!(
+            e.contains("line 4") && e.contains("invalid type: string \"lots\""),
+            "{e}"
+        );
+        let e = err("[[vm]]\nname = \"a\"\n");
+        assert!(e.contains("missing field `qmp`"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_field() {
+        assert_eq!(
+            err("[[vm]]\nname = \"a\"\nqmp = \"/a\"\n[[vm]]\nname = \"b\"\nqmp = \"/b\"\nmin_mib = 512\nmax_mib = 256\n"),
+            "memtide.toml: vm[1].max_mib: 256 is below min_mib 512"
+        );
+        assert_eq!(
+            err("[[vm]]\nname = \"a\"\nqmp = \"/a\"\n[[vm]]\nname = \"a\"\nqmp = \"/b\"\n"),
+            "memtide.toml: vm[1].name: \"a\" is named twice"
+        );
+        assert_eq!(
+            err("[mom]\npressure_critical = 0.5\n"),
+            "memtide.toml: mom.pressure_critical: 0.5 must be below pressure_threshold 0.2"
+        );
+        assert_eq!(
+            err("interval_s = 0\n"),
+            "memtide.toml: interval_s: 0 is not a number of seconds ≥ 0.1"
+        );
+        assert_eq!(
+            err("policy = \"magic\"\n"),
+            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: mom)"
+        );
+        assert!(err("[daemon]\nhttp = \"localhost\"\n")
+            .starts_with("memtide.toml: daemon.http: \"localhost\" is not an address:port"));
+        assert!(err("[discovery]\nqmp_glob = [\"/run/[x\"]\n")
+            .starts_with("memtide.toml: discovery.qmp_glob[0]: "));
+        assert_eq!(
+            err("[engine]\nhistory_len = 0\n"),
+            "memtide.toml: engine.history_len: must be at least 1"
+        );
+    }
+
+    #[test]
+    fn bounds_never_exceed_the_configured_size() {
+        let d = VmDefaults::default();
+        let l = Bounds::new(None, &d).limits(Bytes::from_mib(384));
+        assert_eq!((l.min, l.max), (Bytes::from_mib(128), Bytes::from_mib(384)));
+        let vm = VmConfig {
+            name: "a".into(),
+            qmp: "/a".into(),
+            min_mib: Some(512),
+            max_mib: Some(4096),
+            shares: None,
+        };
+        let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
+        assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));
+    }
+}

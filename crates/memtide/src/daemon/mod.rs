@@ -1,0 +1,250 @@
+//! The daemon: collect → `Engine::tick` → actuate, every interval, with status, metrics
+//! and an event log. Everything here is glue; decisions are made in `memtide-core`.
+
+pub mod backoff;
+pub mod events;
+pub mod fleet;
+
+use crate::config::Config;
+use crate::status::{Counters, Status};
+use crate::{control, http};
+use anyhow::Context;
+use events::EventLog;
+use fleet::{Fleet, FleetEvent, QmpConnector};
+use memtide_adapters::host::{HostPaths, LinuxHost};
+use memtide_adapters::qmp::QmpVmOptions;
+use memtide_core::backend::HostBackend;
+use memtide_core::policy::mom::Mom;
+use memtide_core::{Action, Decision, Engine, Snapshot};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::{Instant, MissedTickBehavior};
+
+/// How to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Decide and log, but change nothing.
+    pub dry_run: bool,
+    /// Stop after this many ticks.
+    pub ticks: Option<u64>,
+}
+
+/// Everything a tick needs.
+struct Daemon {
+    config: Config,
+    options: RunOptions,
+    host: LinuxHost,
+    fleet: Fleet,
+    engine: Engine,
+    events: EventLog,
+    status: Arc<RwLock<Status>>,
+    counters: Counters,
+    start: Instant,
+}
+
+/// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
+pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
+    // Check every resource before starting, so a bad setup fails at once and clearly.
+    let mut host = LinuxHost::new(HostPaths {
+        proc: config.host.proc.clone(),
+        sys: config.host.sys.clone(),
+        domain_cgroup: config.host.domain_cgroup.clone(),
+    });
+    host.sample().context("reading host statistics")?;
+    let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
+        format!(
+            "opening the event log {}",
+            config.daemon.event_log.display()
+        )
+    })?;
+    let status = Arc::new(RwLock::new(Status {
+        version: env!("CARGO_PKG_VERSION").into(),
+        started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        interval_s: config.interval_s,
+        dry_run: options.dry_run,
+        last_tick_ms: 0.0,
+        host_error: None,
+        decision: None,
+        waiting: Vec::new(),
+        counters: Counters::default(),
+        recent_events: Vec::new(),
+    }));
+    let _control = control::serve(&config.daemon.socket, status.clone()).await?;
+    if !config.daemon.http.is_empty() {
+        let addr = http::serve(config.daemon.http.parse()?, status.clone()).await?;
+        tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
+    }
+    let connector = QmpConnector(QmpVmOptions {
+        call_timeout: config.call_timeout(),
+        stats_interval_s: config.interval_s.round().max(1.0) as u64,
+        proc: config.host.proc.clone(),
+    });
+    let fleet = Fleet::new(&config, Arc::new(connector));
+    let policy = Mom {
+        balloon: config.mom.clone(),
+        ksm: config.ksm.clone(),
+    };
+    let engine = Engine::new(config.engine.clone(), Box::new(policy));
+    let mode = if options.dry_run {
+        " (dry run: nothing is changed)"
+    } else {
+        ""
+    };
+    events.log(
+        "started",
+        None,
+        None,
+        format!(
+            "memtide {} started, policy {}{mode}",
+            env!("CARGO_PKG_VERSION"),
+            config.policy
+        ),
+    );
+
+    let mut daemon = Daemon {
+        config,
+        options,
+        host,
+        fleet,
+        engine,
+        events,
+        status,
+        counters: Counters::default(),
+        start: Instant::now(),
+    };
+    let mut interval = tokio::time::interval(daemon.config.interval());
+    interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+        daemon.tick().await;
+        if daemon
+            .options
+            .ticks
+            .is_some_and(|n| daemon.counters.ticks >= n)
+        {
+            break;
+        }
+    }
+    daemon
+        .events
+        .log("stopped", None, None, "memtide stopped".into());
+    Ok(())
+}
+
+impl Daemon {
+    async fn tick(&mut self) {
+        let t0 = Instant::now();
+        let connected = self.fleet.refresh();
+        self.log_fleet(&connected);
+        let host = match self.host.sample() {
+            Ok(h) => h,
+            Err(e) => {
+                let message = format!("host statistics unreadable, tick skipped: {e}");
+                self.events.log("host_error", None, None, message.clone());
+                self.counters.host_errors += 1;
+                self.publish(None, Some(message), t0);
+                return;
+            }
+        };
+        let (vms, lost) = self.fleet.sample().await;
+        self.log_fleet(&lost);
+        let decision = self.engine.tick(&Snapshot {
+            at: self.start.elapsed(),
+            host,
+            vms,
+        });
+        self.actuate(&decision).await;
+        self.events.diagnostics(&decision);
+        for d in &decision.diagnostics {
+            *self
+                .counters
+                .diagnostics
+                .entry(d.kind.as_str().into())
+                .or_default() += 1;
+        }
+        self.counters.ticks += 1;
+        self.publish(Some(decision), None, t0);
+    }
+
+    fn log_fleet(&mut self, events: &[FleetEvent]) {
+        for e in events {
+            match e {
+                FleetEvent::Connected { vm, socket } => self.events.log(
+                    "vm_connected",
+                    Some(vm),
+                    None,
+                    format!("connected through {}", socket.display()),
+                ),
+                FleetEvent::Lost { vm, why } => {
+                    self.events
+                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"))
+                }
+            }
+        }
+    }
+
+    /// Carry out the decision's actions (unless in a dry run) and log each with its result.
+    async fn actuate(&mut self, decision: &Decision) {
+        let balloons: Vec<_> = decision
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetBalloon { vm, target, .. } => Some((vm.clone(), *target)),
+                Action::SetKsm { .. } => None,
+            })
+            .collect();
+        let mut balloon_results = if self.options.dry_run {
+            Vec::new()
+        } else {
+            self.fleet.set_balloons(&balloons).await
+        }
+        .into_iter();
+        for action in &decision.actions {
+            let (kind, vm) = match action {
+                Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
+                Action::SetKsm { .. } => ("ksm", None),
+            };
+            let result = match action {
+                _ if self.options.dry_run => None,
+                Action::SetBalloon { .. } => balloon_results.next(),
+                Action::SetKsm { settings, .. } => Some(self.host.apply_ksm(settings)),
+            };
+            let rule = Some(action.reason().rule.as_str());
+            match result {
+                None => {
+                    self.counters.action(kind, "dry_run");
+                    self.events
+                        .log("action", vm, rule, format!("would set {action} (dry run)"));
+                }
+                Some(Ok(())) => {
+                    self.counters.action(kind, "ok");
+                    self.events.log("action", vm, rule, action.to_string());
+                }
+                Some(Err(e)) => {
+                    self.counters.action(kind, "error");
+                    self.events
+                        .log("action_failed", vm, rule, format!("{action} failed: {e}"));
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, decision: Option<Decision>, host_error: Option<String>, t0: Instant) {
+        let mut s = self.status.write().expect("status lock");
+        if decision.is_some() {
+            s.decision = decision;
+        }
+        s.host_error = host_error;
+        s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        s.waiting = self.fleet.waiting().into_iter().map(Into::into).collect();
+        s.counters = self.counters.clone();
+        s.recent_events = self.events.recent().into_iter().map(Into::into).collect();
+    }
+}

@@ -1,0 +1,11 @@
+//! The memtide binary's library: configuration, the daemon, its endpoints and the CLI
+//! renderers. A thin layer of glue over `memtide-core` (decisions) and
+//! `memtide-adapters` (I/O).
+
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod http;
+pub mod metrics;
+pub mod render;
+pub mod status;

@@ -1,0 +1,120 @@
+//! `memtide`: memory overcommitment manager for Linux/KVM hosts.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use memtide::config::Config;
+use memtide::daemon::{self, RunOptions};
+use memtide::{control, render};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Watches each VM, takes back the memory it does not use, and gives it back before the
+/// guest suffers.
+#[derive(Parser)]
+#[command(name = "memtide", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: find VMs, decide every interval, act, and explain.
+    Run {
+        /// Configuration file (TOML); without it, built-in defaults are used.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Decide and log, but change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after this many ticks (for trials and tests).
+        #[arg(long)]
+        ticks: Option<u64>,
+    },
+    /// Show what the running daemon sees and does.
+    Status {
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The daemon's control socket (default: the one in --config, else /run/memtide/memtide.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Configuration file naming the control socket.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Check a configuration file and exit.
+    CheckConfig {
+        /// The file.
+        config: PathBuf,
+    },
+}
+
+fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    Ok(match path {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    })
+}
+
+async fn main_inner(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            config,
+            dry_run,
+            ticks,
+        } => {
+            let config = load(config.as_ref())?;
+            daemon::run(config, RunOptions { dry_run, ticks }).await
+        }
+        Command::Status {
+            json,
+            socket,
+            config,
+        } => {
+            let socket = match socket {
+                Some(s) => s,
+                None => load(config.as_ref())?.daemon.socket,
+            };
+            let status = control::request_status(&socket).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).context("encoding status")?
+                );
+            } else {
+                print!("{}", render::status(&status));
+            }
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            Config::load(&config)?;
+            println!("{}: ok", config.display());
+            Ok(())
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MEMTIDE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+    match main_inner(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memtide: {e:#}");
+            ExitCode::from(if e.is::<memtide::config::ConfigError>() {
+                2
+            } else {
+                1
+            })
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The daemon's status: what `memtide status`, `/api/v1/status` and `/metrics` show.
+
+use crate::daemon::events::Event;
+use crate::daemon::fleet::Waiting;
+use memtide_core::Decision;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Counters since the daemon started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Counters {
+    /// Ticks run.
+    pub ticks: u64,
+    /// Ticks skipped because host statistics could not be read.
+    pub host_errors: u64,
+    /// Actions carried out, by kind (`balloon`, `ksm`) and result (`ok`, `error`, `dry_run`).
+    pub actions: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Diagnostics seen, by kind, one per VM and tick.
+    pub diagnostics: BTreeMap<String, u64>,
+}
+
+impl Counters {
+    /// Count one action of `kind` with `result`.
+    pub fn action(&mut self, kind: &str, result: &str) {
+        *self
+            .actions
+            .entry(kind.into())
+            .or_default()
+            .entry(result.into())
+            .or_default() += 1;
+    }
+}
+
+/// Everything the daemon shows about itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// memtide's version.
+    pub version: String,
+    /// When the daemon started (RFC 3339).
+    pub started: String,
+    /// Seconds between ticks.
+    pub interval_s: f64,
+    /// Decisions are made and logged but not carried out.
+    pub dry_run: bool,
+    /// How long the last tick took, in milliseconds.
+    pub last_tick_ms: f64,
+    /// Why the last tick was skipped, if it was.
+    pub host_error: Option<String>,
+    /// The latest decision.
+    pub decision: Option<Decision>,
+    /// VMs known but not connected.
+    pub waiting: Vec<WaitingVm>,
+    /// Counters.
+    pub counters: Counters,
+    /// The latest events, oldest first.
+    pub recent_events: Vec<RecentEvent>,
+}
+
+/// A VM known but not connected (serializable both ways for the status client).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WaitingVm {
+    /// Its name.
+    pub name: String,
+    /// Its socket.
+    pub socket: String,
+    /// The last connection error.
+    pub error: Option<String>,
+    /// Seconds until the next attempt.
+    pub retry_in_s: f64,
+}
+
+impl From<Waiting> for WaitingVm {
+    fn from(w: Waiting) -> Self {
+        WaitingVm {
+            name: w.name,
+            socket: w.socket.display().to_string(),
+            error: w.error,
+            retry_in_s: w.retry_in_s,
+        }
+    }
+}
+
+/// An event as status shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecentEvent {
+    /// Wall-clock time.
+    pub ts: String,
+    /// Kind.
+    pub kind: String,
+    /// VM concerned.
+    pub vm: Option<String>,
+    /// Rule.
+    pub rule: Option<String>,
+    /// Message.
+    pub message: String,
+}
+
+impl From<Event> for RecentEvent {
+    fn from(e: Event) -> Self {
+        RecentEvent {
+            ts: e.ts,
+            kind: e.kind.into(),
+            vm: e.vm,
+            rule: e.rule,
+            message: e.message,
+        }
+    }
+}
