@@ -184,6 +184,7 @@ impl Engine {
         let sample = match &vm.sample {
             Err(e) => {
                 diag(DiagnosticKind::Unreachable, format!("not sampled: {e}"));
+                report.state = VmState::Unreachable;
                 report.error = Some(e.clone());
                 return (report, None);
             }

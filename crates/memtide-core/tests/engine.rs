@@ -1,5 +1,6 @@
 //! The engine's behaviour across ticks: isolation of failures, safeguards, verification.
 
+use memtide_core::decision::VmState;
 use memtide_core::policy::mom::Mom;
 use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
 use memtide_core::testkit::{host, snapshot, vm};
@@ -46,6 +47,12 @@ fn a_failing_vm_does_not_stop_the_others() {
         "not sampled: no answer within 2000 ms"
     );
     assert_eq!(d.vms.len(), 3, "every VM is reported");
+    let states: Vec<_> = d.vms.iter().map(|v| v.state.clone()).collect();
+    assert_eq!(
+        states,
+        vec![VmState::Managed, VmState::Unreachable, VmState::Managed]
+    );
+    assert_eq!(d.vms[1].error, Some(BackendError::Timeout(2000)));
 }
 
 #[test]

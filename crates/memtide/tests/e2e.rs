@@ -1,0 +1,222 @@
+//! End to end on real components: two QEMU guests with the real virtio-balloon driver,
+//! in a real memory cgroup that is the daemon's VM memory domain, managed by the real
+//! daemon over QMP and observed through its control socket, HTTP endpoint and event log.
+//!
+//! These boot guests (about a minute under TCG), so they are ignored by a plain
+//! `cargo test`; `scripts/test.sh` builds the guest and runs them.
+
+mod support;
+
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use support::cgroup::TestCgroup;
+use support::daemon::{mib, vm, Daemon};
+use support::guest::Guest;
+
+const GUEST_MIB: u64 = 384;
+/// Anonymous memory each guest's workload keeps touching.
+const WORKLOAD_MIB: u64 = 160;
+const CALL_TIMEOUT_MS: f64 = 2000.0;
+
+fn managed(status: &Value, name: &str) -> bool {
+    vm(status, name).is_some_and(|v| v["state"] == "managed" && v["actual"].is_u64())
+}
+
+fn actual_mib(status: &Value, name: &str) -> f64 {
+    vm(status, name)
+        .and_then(|v| mib(v, "actual"))
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+#[ignore = "boots real QEMU guests; run by scripts/test.sh"]
+fn two_guests_in_a_cgroup_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-e2e");
+    let args = format!("{WORKLOAD_MIB}:100000");
+    let a = Guest::boot(
+        "a",
+        dir.path(),
+        &cgroup.procs(),
+        GUEST_MIB,
+        "memknobs",
+        &args,
+    );
+    let mut b = Guest::boot(
+        "b",
+        dir.path(),
+        &cgroup.procs(),
+        GUEST_MIB,
+        "memknobs",
+        &args,
+    );
+    for g in [&a, &b] {
+        g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+        // Two reports: the first pass over the buffer is done, the workload is steady.
+        g.wait_console("mib_per_s=", 2, Duration::from_secs(120));
+    }
+
+    let port = support::free_port();
+    let config = format!(
+        "interval_s = 1\n\
+         [host]\ndomain_cgroup = {:?}\n\
+         [discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\nsettle_s = 20\n\
+         [[vm]]\nname = \"a\"\nqmp = {:?}\n\
+         [[vm]]\nname = \"b\"\nqmp = {:?}\n",
+        cgroup.dir.display().to_string(),
+        a.qmp.display().to_string(),
+        b.qmp.display().to_string(),
+    );
+    let daemon = Daemon::start(dir.path(), &config, port);
+    let both = daemon.wait_until(
+        "both guests managed with guest stats",
+        Duration::from_secs(60),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| managed(s, n) && vm(s, n).unwrap()["guest_free"].is_u64())
+        },
+    );
+    assert_eq!(
+        actual_mib(&both, "a"),
+        GUEST_MIB as f64,
+        "no pressure yet: full size"
+    );
+    let domain = &both["decision"]["host"]["scope"];
+    assert_eq!(domain["kind"], "cgroup", "{domain}");
+
+    // Pressure: a limit leaving the domain about 10% freeable (MOM acts below 20%),
+    // well above the guests' needs so that the kernel never OOM-kills QEMU.
+    let usage = cgroup.usage();
+    let cache = cgroup.file_cache();
+    let limit = ((usage - cache) as f64 / 0.90) as u64;
+    eprintln!(
+        "domain usage {} MiB (file cache {} MiB): limit {} MiB",
+        usage >> 20,
+        cache >> 20,
+        limit >> 20
+    );
+    cgroup.set_limit(limit);
+    let shrunk = daemon.wait_until(
+        "balloons shrink under pressure",
+        Duration::from_secs(90),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| actual_mib(s, n) < GUEST_MIB as f64 * 0.90)
+        },
+    );
+    for n in ["a", "b"] {
+        let v = vm(&shrunk, n).unwrap();
+        let (actual, target) = (mib(v, "actual").unwrap(), mib(v, "target").unwrap());
+        assert!(
+            (actual - target).abs() <= target * 0.05 + 2.0,
+            "{n}: QEMU's actual {actual} follows target {target}"
+        );
+        assert!(
+            actual > WORKLOAD_MIB as f64,
+            "{n}: never below the working set under moderate pressure"
+        );
+    }
+    let shrinks: Vec<_> = daemon
+        .event_log()
+        .into_iter()
+        .filter(|e| e["kind"] == "action" && e["rule"] == "mom.shrink")
+        .collect();
+    assert!(
+        shrinks.len() >= 2,
+        "shrink actions are logged with their rule"
+    );
+    let message = shrinks[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("balloon target") && message.contains("host free"),
+        "{message}"
+    );
+    let metrics = support::http_get(port, "/metrics");
+    assert!(
+        metrics.contains("memtide_vm_actual_bytes{vm=\"a\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("memtide_actions_total{kind=\"balloon\",result=\"ok\"}"),
+        "{metrics}"
+    );
+    let api: Value = serde_json::from_str(&support::http_get(port, "/api/v1/status")).unwrap();
+    assert!(api["decision"]["vms"].as_array().unwrap().len() == 2);
+    assert!(
+        a.console().contains("mib_per_s="),
+        "the workload kept running"
+    );
+
+    // Pressure ends: the balloons grow back to full size.
+    cgroup.set_limit(limit * 4);
+    daemon.wait_until(
+        "balloons grow back when pressure ends",
+        Duration::from_secs(90),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| actual_mib(s, n) >= GUEST_MIB as f64 - 1.0)
+        },
+    );
+
+    // A hung monitor (SIGSTOP) times out without holding up the other VM.
+    b.signal("STOP");
+    let hung = daemon.wait_until(
+        "a stopped QEMU is reported unreachable",
+        Duration::from_secs(30),
+        |s| vm(s, "b").is_some_and(|v| v["state"] == "unreachable"),
+    );
+    assert_eq!(vm(&hung, "b").unwrap()["error"]["kind"], "timeout");
+    let start = Instant::now();
+    let mut ticks = Vec::new();
+    while start.elapsed() < Duration::from_secs(8) {
+        let s = daemon.try_status().unwrap();
+        assert!(
+            managed(&s, "a"),
+            "a is still sampled and managed while b hangs"
+        );
+        ticks.push(s["last_tick_ms"].as_f64().unwrap());
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let slowest = ticks.iter().copied().fold(0.0, f64::max);
+    assert!(
+        slowest <= CALL_TIMEOUT_MS + 1000.0,
+        "ticks take at most the call timeout: {ticks:?}"
+    );
+    b.signal("CONT");
+    daemon.wait_until(
+        "a resumed QEMU is managed again",
+        Duration::from_secs(30),
+        |s| managed(s, "b"),
+    );
+
+    // A killed QEMU disappears from status; the other VM carries on.
+    let a_pid = a.pid();
+    support::signal(a_pid, "KILL");
+    let after = daemon.wait_until("a killed VM disappears", Duration::from_secs(30), |s| {
+        vm(s, "a").is_none() && managed(s, "b")
+    });
+    let waiting = after["waiting"].as_array().unwrap();
+    assert!(
+        waiting.iter().any(|w| w["name"] == "a"),
+        "a configured VM that is down is listed as waiting"
+    );
+    let lost = daemon
+        .event_log()
+        .into_iter()
+        .any(|e| e["kind"] == "vm_lost" && e["vm"] == "a");
+    assert!(lost, "the loss is in the event log");
+    daemon.wait_until("b keeps being sampled", Duration::from_secs(10), |s| {
+        let ticks_now = s["counters"]["ticks"].as_u64().unwrap();
+        ticks_now > after["counters"]["ticks"].as_u64().unwrap() + 2 && managed(s, "b")
+    });
+    assert!(b.running(), "b survived everything");
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    eprintln!(
+        "daemon {}",
+        rss.lines().find(|l| l.starts_with("VmRSS")).unwrap()
+    );
+    drop(a);
+}

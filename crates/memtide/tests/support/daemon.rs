@@ -1,0 +1,140 @@
+//! The memtide daemon, started as a process from the built binary.
+
+use super::wait_for;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The memtide binary under test.
+pub fn memtide() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memtide"))
+}
+
+/// A running daemon; stopped with SIGTERM on drop.
+pub struct Daemon {
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub events: PathBuf,
+    child: Child,
+}
+
+impl Daemon {
+    /// Start `memtide run` in `dir` with `config` (TOML) completed by the daemon section
+    /// pointing at files in `dir`, and HTTP on `http_port`.
+    pub fn start(dir: &Path, config: &str, http_port: u16) -> Daemon {
+        let socket = dir.join("memtide.sock");
+        let events = dir.join("events.jsonl");
+        let log = dir.join("daemon.log");
+        let text = format!(
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\ncall_timeout_ms = 2000\n",
+            socket.display().to_string(),
+            events.display().to_string(),
+        );
+        let path = dir.join("memtide.toml");
+        std::fs::write(&path, text).unwrap();
+        let child = memtide()
+            .arg("run")
+            .arg("--config")
+            .arg(&path)
+            .env("MEMTIDE_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            socket,
+            log,
+            events,
+            child,
+        };
+        let up = wait_for(Duration::from_secs(10), || d.try_status());
+        assert!(
+            up.is_some(),
+            "daemon did not come up; its log:\n{}",
+            d.log_text()
+        );
+        d
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `memtide status --json`, or `None` if the daemon does not answer (yet).
+    pub fn try_status(&self) -> Option<Value> {
+        let out = memtide()
+            .args(["status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// Wait until the status satisfies `check`, or fail with `what`, the status and the log.
+    pub fn wait_until(&self, what: &str, limit: Duration, check: impl Fn(&Value) -> bool) -> Value {
+        let mut last = None;
+        let found = wait_for(limit, || {
+            let s = self.try_status()?;
+            let ok = check(&s);
+            last = Some(s.clone());
+            ok.then_some(s)
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "{what}: not within {limit:?}\nlast status: {}\ndaemon log tail:\n{}",
+                last.map(|s| serde_json::to_string_pretty(&s["decision"]).unwrap())
+                    .unwrap_or_default(),
+                self.log_text()
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })
+    }
+
+    /// The daemon's event log, one JSON value per line.
+    pub fn event_log(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        super::signal(self.child.id(), "TERM");
+        if wait_for(Duration::from_secs(5), || self.child.try_wait().unwrap()).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The report of VM `name` in a status, if listed.
+pub fn vm<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+    status["decision"]["vms"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == name)
+}
+
+/// A VM's size field (bytes) in MiB.
+pub fn mib(vm: &Value, field: &str) -> Option<f64> {
+    vm[field].as_u64().map(|b| b as f64 / (1 << 20) as f64)
+}
