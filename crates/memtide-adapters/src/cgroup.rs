@@ -57,20 +57,20 @@ pub enum CgroupError {
     #[error("{0}: not a memory cgroup (neither memory.max nor memory.limit_in_bytes is there)")]
     NotMemoryCgroup(String),
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file could not be understood.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Parse {
         /// The file.
         path: String,
         /// Why.
-        source: ParseError,
+        error: ParseError,
     },
 }
 
@@ -115,14 +115,14 @@ pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
     };
     let read = |name: &str| {
         let path = dir.join(name);
-        std::fs::read_to_string(&path).map_err(|source| CgroupError::Io {
+        std::fs::read_to_string(&path).map_err(|error| CgroupError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })
     };
-    let parsed = |name: &str, source| CgroupError::Parse {
+    let parsed = |name: &str, error| CgroupError::Parse {
         path: dir.join(name).display().to_string(),
-        source,
+        error,
     };
     let limit = parse_limit(&read(layout.limit)?).map_err(|e| parsed(layout.limit, e))?;
     let usage = parse_usage(&read(layout.usage)?).map_err(|e| parsed(layout.usage, e))?;

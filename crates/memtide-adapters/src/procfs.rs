@@ -209,3 +209,29 @@ mod tests {
         assert_eq!(status_rss("Name: kthreadd\n"), None);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Parsers take whatever a file holds without panicking.
+        #[test]
+        fn parsers_never_panic(text in "(?s).{0,400}") {
+            let _ = super::meminfo(&text);
+            let _ = super::vmstat(&text);
+            let _ = super::psi(&text);
+            let _ = super::status_rss(&text);
+            let _ = crate::cgroup::parse_limit(&text);
+        }
+
+        /// Any meminfo with the required lines parses, in any order, with exact values.
+        #[test]
+        fn meminfo_values_round_trip(total in 0u64..1 << 40, free in 0u64..1 << 40, cached in 0u64..1 << 40) {
+            let text = format!("Cached: {cached} kB\nMemFree: {free} kB\nBuffers: 0 kB\nMemTotal: {total} kB\n");
+            let m = super::meminfo(&text).unwrap();
+            prop_assert_eq!(m.total.kib(), total);
+            prop_assert_eq!(m.freeable().kib(), free + cached);
+        }
+    }
+}

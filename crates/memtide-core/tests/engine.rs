@@ -259,3 +259,52 @@ fn vms_that_leave_are_forgotten() {
     let d = e.tick(&snapshot(2, host(4000, 400), vec![vm("a", 1000, 800, 100)]));
     assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 780)]);
 }
+
+mod properties {
+    use super::*;
+    use memtide_core::stats::GuestStats;
+    use proptest::prelude::*;
+
+    fn guest_stats() -> impl Strategy<Value = GuestStats> {
+        let opt = || proptest::option::of(any::<u64>().prop_map(Bytes));
+        (opt(), opt(), opt()).prop_map(|(free, total, available)| GuestStats {
+            free,
+            total,
+            available,
+            last_update: Some(1),
+            ..GuestStats::default()
+        })
+    }
+
+    proptest! {
+        /// Whatever the host and the guests report, no balloon target leaves [min, max],
+        /// and under MOM no shrink exceeds 5% of the guest's size.
+        #[test]
+        fn targets_stay_within_bounds(
+            host_free in 0u64..4000,
+            guests in proptest::collection::vec((64u64..4096, 0u64..4096, 0u64..512, guest_stats()), 1..6),
+            ticks in 1usize..4,
+        ) {
+            let mut e = engine();
+            for t in 0..ticks {
+                let vms: Vec<VmSnapshot> = guests.iter().enumerate().map(|(i, (size, actual, min, stats))| {
+                    let mut v = vm(&format!("vm{i}"), *size, (*actual).min(*size), 0);
+                    v.limits.min = Bytes::from_mib((*min).min(*size));
+                    v.sample.as_mut().unwrap().stats = stats.clone();
+                    v
+                }).collect();
+                let d = e.tick(&snapshot(t as u64, host(4000, host_free), vms.clone()));
+                for a in &d.actions {
+                    if let Action::SetBalloon { vm, target, .. } = a {
+                        let v = vms.iter().find(|v| &v.name == vm).unwrap();
+                        prop_assert!(*target >= v.limits.min && *target <= v.limits.max);
+                        let actual = v.sample.as_ref().unwrap().balloon.unwrap();
+                        if *target < actual && *target > v.limits.min {
+                            prop_assert!(actual.as_f64() - target.as_f64() <= actual.as_f64() * 0.05 + 1024.0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -155,12 +155,12 @@ impl Default for VmDefaults {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Read {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML or has unknown or mistyped fields.
     #[error("{path}: {message}")]
@@ -186,9 +186,9 @@ impl Config {
     /// Read and check a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: display.clone(),
-            source,
+            error,
         })?;
         Config::parse(&text, &display)
     }

@@ -274,7 +274,11 @@ mod tests {
     use serde_json::json;
     use tokio::net::UnixListener;
 
-    /// A scripted QMP server: greets, then answers each request with `respond`.
+    /// Answer from a scripted server that makes it hang up.
+    const HANG_UP: &str = "hang up";
+
+    /// A scripted QMP server: greets, then answers each request with `respond`'s lines
+    /// (closing the connection at [`HANG_UP`]).
     async fn serve(
         respond: impl Fn(Value) -> Vec<String> + Send + 'static,
     ) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -294,6 +298,9 @@ mod tests {
             while r.read_line(&mut line).await.unwrap() > 0 {
                 let req: Value = serde_json::from_str(&line).unwrap();
                 for out in respond(req) {
+                    if out == HANG_UP {
+                        return;
+                    }
                     w.write_all(out.as_bytes()).await.unwrap();
                     w.write_all(b"\n").await.unwrap();
                 }
@@ -392,7 +399,7 @@ mod tests {
     async fn a_closed_connection_fails_calls_and_is_reported() {
         let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
             "qmp_capabilities" => vec![ok(&req, json!({}))],
-            _ => panic!("server goes away"),
+            _ => vec![HANG_UP.into()],
         })
         .await;
         let mut c = QmpClient::connect(&path, T).await.unwrap();

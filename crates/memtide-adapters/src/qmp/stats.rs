@@ -79,3 +79,19 @@ mod tests {
         assert!(parse(&json!("nonsense")).is_empty());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    proptest! {
+        /// Hostile stats values never panic the parser and never become huge bogus sizes.
+        #[test]
+        fn arbitrary_values_parse_safely(free in any::<i64>(), total in any::<u64>(), name in "[a-z-]{1,20}") {
+            let s = super::parse(&json!({"stats": {"stat-free-memory": free, "stat-total-memory": total, name: free}, "last-update": 1}));
+            prop_assert_eq!(s.free.map(|b| b.0), u64::try_from(free).ok());
+            prop_assert!(s.total.is_none_or(|t| t.0 != u64::MAX));
+        }
+    }
+}

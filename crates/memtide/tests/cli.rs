@@ -1,0 +1,191 @@
+//! The command line as a user meets it: help, version, bad configuration, no daemon, and
+//! the daemon itself on fake /proc and /sys trees (no VMs, no root needed).
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use support::daemon::memtide;
+
+fn run(args: &[&str]) -> Output {
+    memtide().args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn every_subcommand_has_help_and_there_is_a_version() {
+    for sub in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["status", "--help"],
+        &["check-config", "--help"],
+    ] {
+        let o = run(sub);
+        assert!(o.status.success(), "{sub:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("Usage: memtide"),
+            "{sub:?}"
+        );
+    }
+    let o = run(&["--version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("memtide {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn a_bad_config_is_rejected_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "[mom]\nmax_change = 2.0\n",
+            "mom.max_change: 2 is not a ratio between 0 and 1",
+        ),
+        (
+            "[[vm]]\nname = \"db\"\nqmp = \"/x\"\nmin_mib = 900\nmax_mib = 100\n",
+            "vm[0].max_mib: 100 is below min_mib 900",
+        ),
+        ("[daemon]\nsokcet = \"/x\"\n", "unknown field `sokcet`"),
+        (
+            "interval_s = \"fast\"\n",
+            "invalid type: string \"fast\", expected f64",
+        ),
+    ];
+    for (text, expected) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        for args in [vec!["run", "--config"], vec!["check-config"]] {
+            let mut args: Vec<&str> = args;
+            args.push(path.to_str().unwrap());
+            let o = run(&args);
+            assert_eq!(o.status.code(), Some(2), "{args:?} on {text:?}");
+            let err = stderr(&o);
+            assert!(
+                err.starts_with(&format!("memtide: {}: ", path.display())),
+                "{err}"
+            );
+            assert!(
+                err.contains(expected),
+                "{args:?}: expected {expected:?} in {err}"
+            );
+        }
+    }
+    let o = run(&["check-config", "/no/such/memtide.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o).trim(),
+        "memtide: /no/such/memtide.toml: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn status_without_a_daemon_says_so() {
+    let o = run(&["status", "--socket", "/nonexistent/memtide.sock"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "cannot reach memtide at /nonexistent/memtide.sock (is `memtide run` running?)"
+        ),
+        "{err}"
+    );
+}
+
+/// A fake /proc and /sys where the domain is 1 GiB with 100 MiB free and KSM is off.
+fn fake_host(root: &Path) {
+    let proc = root.join("proc");
+    std::fs::create_dir_all(proc.join("pressure")).unwrap();
+    std::fs::create_dir_all(root.join("sys/kernel/mm/ksm")).unwrap();
+    std::fs::write(
+        proc.join("meminfo"),
+        "MemTotal: 1048576 kB\nMemFree: 102400 kB\nBuffers: 0 kB\nCached: 0 kB\n",
+    )
+    .unwrap();
+    std::fs::write(proc.join("vmstat"), "pswpin 0\npswpout 0\n").unwrap();
+    for (knob, v) in [
+        ("run", "0"),
+        ("pages_to_scan", "100"),
+        ("sleep_millisecs", "20"),
+    ] {
+        std::fs::write(root.join("sys/kernel/mm/ksm").join(knob), v).unwrap();
+    }
+}
+
+#[test]
+fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let config = format!(
+        "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = [{:?}]\n\
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"\"\n",
+        root.join("proc"),
+        root.join("sys"),
+        root.join("qmp/*.sock").display().to_string(),
+        root.join("memtide.sock"),
+        root.join("events.jsonl"),
+    );
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    let o = memtide()
+        .args(["run", "--ticks", "3", "--config"])
+        .arg(root.join("memtide.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // ~10% free: ksmtuned runs ksmd, boosting pages_to_scan by 300 per tick from the
+    // kernel's 100 — written only to the fake sysfs.
+    let ksm = |k: &str| std::fs::read_to_string(root.join("sys/kernel/mm/ksm").join(k)).unwrap();
+    assert_eq!(ksm("run").trim(), "1");
+    assert_eq!(ksm("pages_to_scan").trim(), "1000", "three ticks of +300");
+    assert_eq!(
+        ksm("sleep_millisecs").trim(),
+        "160",
+        "10 ms × 16 GiB / 1 GiB"
+    );
+    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    let kinds: Vec<String> = events
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kinds, ["started", "action", "action", "action", "stopped"]);
+    assert!(events.contains("ksmtuned.run"), "{events}");
+    assert!(
+        !root.join("memtide.sock").exists(),
+        "the control socket is removed on exit"
+    );
+}
+
+#[test]
+fn a_missing_proc_file_stops_the_daemon_at_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[host]\nproc = {:?}\n[daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\n",
+        dir.path().join("proc"),
+        dir.path().join("s.sock")
+    );
+    std::fs::write(dir.path().join("c.toml"), config).unwrap();
+    let o = memtide()
+        .args(["run", "--config"])
+        .arg(dir.path().join("c.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("memtide: reading host statistics: "),
+        "{err}"
+    );
+    assert!(
+        err.contains("proc/meminfo: No such file or directory"),
+        "{err}"
+    );
+}
