@@ -58,27 +58,41 @@ pub fn status(s: &Status) -> String {
     if let Some(r) = &h.ksm_reason {
         let _ = writeln!(out, "  ksm: {r}");
     }
-    let _ = writeln!(
-        out,
-        "\n{:<16} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}",
-        "VM", "STATE", "SIZE", "ACTUAL", "TARGET", "USED", "FREE", "AVAIL", "MAJFLT/s", "SWAPIN/s"
-    );
+    let row = |cols: [&str; 10]| {
+        format!(
+            "{:<16} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}\n",
+            cols[0],
+            cols[1],
+            cols[2],
+            cols[3],
+            cols[4],
+            cols[5],
+            cols[6],
+            cols[7],
+            cols[8],
+            cols[9]
+        )
+    };
+    out.push('\n');
+    out.push_str(&row([
+        "VM", "STATE", "SIZE", "ACTUAL", "TARGET", "USED", "FREE", "AVAIL", "MAJFLT/s", "SWAPIN/s",
+    ]));
     for vm in &d.vms {
-        let _ = writeln!(
-            out,
-            "{:<16} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}",
-            vm.name,
+        let swap_in = vm
+            .swap_in_per_s
+            .map_or_else(|| "-".into(), |r| Bytes::from_f64(r).to_string());
+        out.push_str(&row([
+            &vm.name,
             state(&vm.state),
-            size(vm.configured),
-            size(vm.actual),
-            size(vm.target),
-            size(vm.used),
-            size(vm.guest_free),
-            size(vm.guest_available),
-            rate(vm.major_faults_per_s),
-            vm.swap_in_per_s
-                .map_or_else(|| "-".into(), |r| Bytes::from_f64(r).to_string()),
-        );
+            &size(vm.configured),
+            &size(vm.actual),
+            &size(vm.target),
+            &size(vm.used),
+            &size(vm.guest_free),
+            &size(vm.guest_available),
+            &rate(vm.major_faults_per_s),
+            &swap_in,
+        ]));
     }
     for vm in d.vms.iter().filter(|v| v.reason.is_some()) {
         let _ = writeln!(
@@ -95,7 +109,7 @@ pub fn status(s: &Status) -> String {
                 out,
                 "  {} ({}): {} · retry in {:.0} s",
                 w.name,
-                w.socket,
+                w.socket.display(),
                 w.error.as_deref().unwrap_or("connecting"),
                 w.retry_in_s
             );
@@ -134,5 +148,64 @@ fn scope(s: &DomainScope) -> String {
     match s {
         DomainScope::Host => "the whole host".into(),
         DomainScope::Cgroup { path, version } => format!("cgroup v{version} {path}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Counters;
+    use memtide_core::policy::mom::Mom;
+    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::{BackendError, Engine, EngineConfig};
+
+    #[test]
+    fn shows_each_vm_its_reason_and_problems() {
+        let mut down = vm("down", 1000, 800, 600);
+        down.sample = Err(BackendError::Timeout(2000));
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(
+            0,
+            host(4000, 400),
+            vec![vm("web", 1000, 800, 600), down],
+        ));
+        let s = Status {
+            version: "9.9".into(),
+            started: "2026-01-01T00:00:00Z".into(),
+            interval_s: 2.0,
+            dry_run: true,
+            last_tick_ms: 1.5,
+            host_error: None,
+            decision: Some(decision),
+            waiting: Vec::new(),
+            counters: Counters::default(),
+            recent_events: Vec::new(),
+        };
+        let text = status(&s);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("memtide 9.9 · policy mom") && lines[0].ends_with("DRY RUN"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("host (the whole host): 3.9 GiB total, 400 MiB freeable (10.0%"),
+            "{text}"
+        );
+        let web = lines.iter().find(|l| l.starts_with("web ")).unwrap();
+        let cols: Vec<&str> = web.split_whitespace().collect();
+        assert_eq!(
+            cols[..8],
+            ["web", "managed", "1000", "MiB", "800", "MiB", "760", "MiB"],
+            "{web}"
+        );
+        assert!(
+            text.contains("  web: mom.shrink: host free 10.0% < 20.0%"),
+            "{text}"
+        );
+        assert!(text.contains("down             unreachable"), "{text}");
+        assert!(
+            text.contains("problems:\n  down: unreachable: not sampled: no answer within 2000 ms"),
+            "{text}"
+        );
     }
 }

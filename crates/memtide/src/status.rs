@@ -49,60 +49,9 @@ pub struct Status {
     /// The latest decision.
     pub decision: Option<Decision>,
     /// VMs known but not connected.
-    pub waiting: Vec<WaitingVm>,
+    pub waiting: Vec<Waiting>,
     /// Counters.
     pub counters: Counters,
     /// The latest events, oldest first.
-    pub recent_events: Vec<RecentEvent>,
-}
-
-/// A VM known but not connected (serializable both ways for the status client).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct WaitingVm {
-    /// Its name.
-    pub name: String,
-    /// Its socket.
-    pub socket: String,
-    /// The last connection error.
-    pub error: Option<String>,
-    /// Seconds until the next attempt.
-    pub retry_in_s: f64,
-}
-
-impl From<Waiting> for WaitingVm {
-    fn from(w: Waiting) -> Self {
-        WaitingVm {
-            name: w.name,
-            socket: w.socket.display().to_string(),
-            error: w.error,
-            retry_in_s: w.retry_in_s,
-        }
-    }
-}
-
-/// An event as status shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RecentEvent {
-    /// Wall-clock time.
-    pub ts: String,
-    /// Kind.
-    pub kind: String,
-    /// VM concerned.
-    pub vm: Option<String>,
-    /// Rule.
-    pub rule: Option<String>,
-    /// Message.
-    pub message: String,
-}
-
-impl From<Event> for RecentEvent {
-    fn from(e: Event) -> Self {
-        RecentEvent {
-            ts: e.ts,
-            kind: e.kind.into(),
-            vm: e.vm,
-            rule: e.rule,
-            message: e.message,
-        }
-    }
+    pub recent_events: Vec<Event>,
 }

@@ -3,7 +3,7 @@
 //! the latest few in memory for status.
 
 use memtide_core::{Decision, Diagnostic, DiagnosticKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
@@ -14,13 +14,13 @@ use std::time::SystemTime;
 const RECENT: usize = 50;
 
 /// One event.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Event {
     /// Wall-clock time (RFC 3339, UTC).
     pub ts: String,
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
     /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`.
-    pub kind: &'static str,
+    pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
@@ -72,7 +72,7 @@ impl EventLog {
     ) {
         let event = Event {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            kind,
+            kind: kind.to_string(),
             vm: vm.map(str::to_string),
             rule: rule.map(str::to_string),
             message,

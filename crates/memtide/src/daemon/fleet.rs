@@ -9,7 +9,7 @@ use futures::future::join_all;
 use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::backend::VmBackend;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,7 +54,7 @@ pub enum FleetEvent {
 }
 
 /// A VM known by its socket but not connected, shown in status.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Waiting {
     /// Its name.
     pub name: String,

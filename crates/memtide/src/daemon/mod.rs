@@ -243,8 +243,8 @@ impl Daemon {
         }
         s.host_error = host_error;
         s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        s.waiting = self.fleet.waiting().into_iter().map(Into::into).collect();
+        s.waiting = self.fleet.waiting();
         s.counters = self.counters.clone();
-        s.recent_events = self.events.recent().into_iter().map(Into::into).collect();
+        s.recent_events = self.events.recent();
     }
 }
