@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Builds memtide's test guest: the Debian cloud kernel plus a busybox initramfs
+# holding the virtio modules, guest/init and the static workloads.
+#
+#   guest/build.sh      -> ${MEMTIDE_GUEST_DIR:-<repo>/target/guest}/{vmlinuz,initrd.img}
+#
+# Prints nothing on success. Rebuilds only when an input changes: this script,
+# guest/init, the workload sources or the Debian package versions. Downloaded
+# packages and the cargo build are kept under the output dir between runs.
+# Needs Debian 12 with apt and a Rust toolchain; installs cpio/kmod/... with
+# apt-get if they are missing (which needs root).
+set -Eeuo pipefail # -E: the ERR trap also reports failures inside functions
+
+GUEST_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$GUEST_SRC")
+OUT=${MEMTIDE_GUEST_DIR:-$REPO/target/guest}
+DEBS=$OUT/debs
+WORK=$OUT/work
+TARGET=x86_64-unknown-linux-gnu
+# Load order for guest/init: each module after its dependencies (checked
+# against modinfo below). Swap itself is built into the kernel.
+MODULES=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
+    virtio_balloon virtio_blk virtio_console)
+
+die() {
+    echo "build.sh: error: $*" >&2
+    exit 1
+}
+trap 'echo "build.sh: error: line $LINENO failed: $BASH_COMMAND" >&2' ERR
+
+# Runs a chatty command, showing its output only if it fails.
+quietly() {
+    local log
+    log=$(mktemp)
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        die "failed: $*"
+    fi
+    rm -f "$log"
+}
+
+# Installs the package providing a host tool, only when the tool is missing.
+need() {
+    command -v "$1" >/dev/null && return
+    [[ $EUID -eq 0 ]] || die "'$1' is missing; run as root or install package $2"
+    quietly apt-get install -y --no-install-recommends "$2"
+}
+
+kernel_package() {
+    apt-cache depends linux-image-cloud-amd64 2>/dev/null |
+        awk '$1 == "Depends:" && $2 ~ /^linux-image-6\.1\..*-cloud-amd64$/ { print $2; exit }'
+}
+
+# Prints "PACKAGE=VERSION" (candidate version) for each package.
+candidates() {
+    apt-cache policy "$@" | awk '/^[^ ]/ { pkg = $1; sub(/:$/, "", pkg) }
+        $1 == "Candidate:" && $2 != "(none)" { print pkg "=" $2 }'
+}
+
+# Downloads package $1 at version $2 into $DEBS (once) and prints its path.
+fetch() {
+    local deb="$DEBS/${1}_${2//:/%3a}_amd64.deb"
+    if [[ ! -f $deb ]]; then
+        rm -f "$DEBS/${1}_"*.deb # an older version
+        # Sandbox::User=root: as root, apt's _apt user could not write here.
+        (cd "$DEBS" && quietly apt-get download -o APT::Sandbox::User=root "$1=$2") ||
+            die "cannot download $1=$2 (stale package lists? run apt-get update)"
+        [[ -f $deb ]] || die "apt-get download $1=$2 did not produce $deb"
+    fi
+    echo "$deb"
+}
+
+# Copies kernel module $1 (possibly compressed) to $2 uncompressed, since
+# busybox insmod cannot load compressed modules.
+install_module() {
+    case $1 in
+    *.ko) cp "$1" "$2" ;;
+    *.ko.xz) need xz xz-utils && xz -dc "$1" >"$2" ;;
+    *.ko.zst) need zstd zstd && zstd -qdc "$1" >"$2" ;;
+    *) die "unexpected module file $1" ;;
+    esac
+}
+
+build_workloads() {
+    local target_dir=$OUT/cargo bin name
+    command -v cargo >/dev/null || die "cargo is missing (install Rust, e.g. with rustup)"
+    # Static so they run without a libc in the initramfs; no debug info to
+    # keep the initrd small. Own target dir: these flags would otherwise
+    # invalidate the workspace's normal builds.
+    quietly env RUSTFLAGS='-C target-feature=+crt-static' \
+        CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
+        cargo build --release --manifest-path "$REPO/Cargo.toml" -p memtide-workloads --bins \
+        --target "$TARGET" --target-dir "$target_dir"
+    for bin in "$GUEST_SRC"/workloads/src/bin/*; do
+        name=$(basename "$bin" .rs)
+        cp "$target_dir/$TARGET/release/$name" "$WORK/root/bin/$name"
+        ldd "$WORK/root/bin/$name" 2>&1 | grep -qE 'statically linked|not a dynamic executable' ||
+            die "workload $name is not statically linked"
+    done
+}
+
+mkdir -p "$OUT" "$DEBS"
+# Tests may build concurrently: one build at a time, the others then find it done.
+exec 9>"$OUT/.lock"
+flock 9
+
+# (apt-cache is slow where its cache file is disabled, as in Docker images:
+# call it twice only.)
+kernel_pkg=$(kernel_package || true)
+if [[ -z $kernel_pkg ]]; then
+    # Fresh machines (e.g. containers) come without package lists.
+    quietly apt-get update
+    kernel_pkg=$(kernel_package)
+    [[ -n $kernel_pkg ]] || die "cannot resolve the kernel package behind linux-image-cloud-amd64"
+fi
+mapfile -t packages < <(candidates "$kernel_pkg" busybox-static)
+[[ ${#packages[@]} -eq 2 ]] || die "no candidate version for $kernel_pkg or busybox-static"
+
+stamp=$(
+    cd "$GUEST_SRC"
+    echo "${packages[@]}"
+    find build.sh init workloads -type f | LC_ALL=C sort | xargs sha256sum
+)
+stamp=$(sha256sum <<<"$stamp" | cut -d' ' -f1)
+if [[ -f $OUT/vmlinuz && -f $OUT/initrd.img && $(cat "$OUT/stamp" 2>/dev/null) == "$stamp" ]]; then
+    exit 0
+fi
+
+rm -rf "$WORK"
+mkdir -p "$WORK/pkg" "$WORK/root"/{bin,dev,proc,sys,tmp,lib/modules}
+for package in "${packages[@]}"; do
+    deb=$(fetch "${package%%=*}" "${package#*=}")
+    dpkg-deb -x "$deb" "$WORK/pkg"
+done
+
+cp "$WORK/pkg/bin/busybox" "$WORK/root/bin/busybox"
+applets=$("$WORK/root/bin/busybox" --list-full)
+for applet in $applets; do
+    mkdir -p "$WORK/root/$(dirname "$applet")"
+    [[ -e $WORK/root/$applet ]] || ln -s /bin/busybox "$WORK/root/$applet"
+done
+
+need modinfo kmod
+moddir=$(echo "$WORK"/pkg/lib/modules/*)
+loaded=,
+for module in "${MODULES[@]}"; do
+    file=$(find "$moddir/kernel" -name "$module.ko" -o -name "$module.ko.xz" -o -name "$module.ko.zst")
+    [[ -n $file ]] || die "module $module not found in $kernel_pkg"
+    ko=$WORK/root/lib/modules/$module.ko
+    install_module "$file" "$ko"
+    deps=$(modinfo -F depends "$ko")
+    for dep in ${deps//,/ }; do
+        [[ $loaded == *,$dep,* ]] || die "module $module needs $dep, which is not loaded before it"
+    done
+    loaded+=$module,
+    echo "$module" >>"$WORK/root/lib/modules/load-order"
+done
+
+install -m 755 "$GUEST_SRC/init" "$WORK/root/init"
+build_workloads
+
+need cpio cpio
+(cd "$WORK/root" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -9 >"$WORK/initrd.img"
+mv "$WORK"/pkg/boot/vmlinuz-* "$OUT/vmlinuz"
+mv "$WORK/initrd.img" "$OUT/initrd.img"
+echo "$stamp" >"$OUT/stamp"
+rm -rf "$WORK"
