@@ -3,6 +3,7 @@
 
 pub mod ksmtuned;
 pub mod mom;
+pub mod none;
 
 use crate::action::{KsmSettings, Reason};
 use crate::history::History;
