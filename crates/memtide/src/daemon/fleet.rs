@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::{timeout, Instant};
+use tracing::Instrument;
 
 /// Opens a connection to a VM's control socket.
 #[async_trait]
@@ -214,7 +215,8 @@ impl Fleet {
     pub async fn sample(&mut self) -> (Vec<VmSnapshot>, Vec<FleetEvent>) {
         let limit = self.call_timeout;
         let results = join_all(self.managed.iter_mut().map(|(name, m)| async move {
-            let sample = timeout(limit, m.backend.sample())
+            let span = tracing::info_span!("vm", name = name.as_str());
+            let sample = timeout(limit, m.backend.sample().instrument(span))
                 .await
                 .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
             (name.clone(), sample)
@@ -310,5 +312,198 @@ impl Fleet {
                 retry_in_s: c.backoff.remaining(now).as_secs_f64(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::{VmSample, VmSnapshot};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// How a fake VM behaves.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Behaviour {
+        Healthy,
+        Refuses,
+        Hangs,
+        Dies,
+    }
+
+    /// Connects to fake VMs whose behaviour the test changes by socket path.
+    #[derive(Default)]
+    struct FakeConnector {
+        behaviour: Mutex<HashMap<PathBuf, Behaviour>>,
+        attempts: Mutex<Vec<PathBuf>>,
+    }
+
+    struct FakeVm(Behaviour);
+
+    #[async_trait]
+    impl VmBackend for FakeVm {
+        async fn sample(&mut self) -> Result<VmSample, BackendError> {
+            match self.0 {
+                Behaviour::Hangs => std::future::pending().await,
+                Behaviour::Dies => Err(BackendError::Disconnected("end of stream".into())),
+                _ => Ok(VmSample {
+                    configured: Bytes::from_mib(512),
+                    balloon: Some(Bytes::from_mib(512)),
+                    stats: Default::default(),
+                    rss: None,
+                    events: Vec::new(),
+                }),
+            }
+        }
+        async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn target(&self) -> Option<Bytes> {
+            None
+        }
+    }
+
+    #[async_trait]
+    impl Connector for FakeConnector {
+        async fn connect(&self, socket: &Path) -> Result<Box<dyn VmBackend>, BackendError> {
+            self.attempts.lock().unwrap().push(socket.to_path_buf());
+            match self
+                .behaviour
+                .lock()
+                .unwrap()
+                .get(socket)
+                .copied()
+                .unwrap_or(Behaviour::Healthy)
+            {
+                Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
+                b => Ok(Box::new(FakeVm(b))),
+            }
+        }
+    }
+
+    fn names(vms: &[VmSnapshot]) -> Vec<&str> {
+        vms.iter().map(|v| v.name.as_str()).collect()
+    }
+
+    /// Let background connection attempts finish.
+    async fn settle(fleet: &mut Fleet) -> Vec<FleetEvent> {
+        fleet.refresh();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        fleet.refresh()
+    }
+
+    fn fleet(dir: &Path, connector: Arc<FakeConnector>) -> Fleet {
+        let mut config = Config::default();
+        config.discovery.qmp_glob = vec![dir.join("*.sock").display().to_string()];
+        config.daemon.call_timeout_ms = 100;
+        Fleet::new(&config, connector)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sockets_that_appear_are_managed_and_vanished_ones_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        let mut fleet = fleet(dir.path(), connector.clone());
+        assert!(settle(&mut fleet).await.is_empty());
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        let events = settle(&mut fleet).await;
+        assert_eq!(
+            events,
+            vec![FleetEvent::Connected {
+                vm: "web".into(),
+                socket: dir.path().join("web.sock")
+            }]
+        );
+        let (vms, _) = fleet.sample().await;
+        assert_eq!(names(&vms), ["web"]);
+        assert_eq!(
+            vms[0].limits.max,
+            Bytes::from_mib(512),
+            "limits follow the configured size"
+        );
+        assert_eq!(vms[0].limits.min, Bytes::from_mib(128), "default min");
+
+        // QEMU dies: the VM leaves the managed set; the stale socket refuses; then it is removed.
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(dir.path().join("web.sock"), Behaviour::Refuses);
+        fleet.managed.get_mut("web").unwrap().backend = Box::new(FakeVm(Behaviour::Dies));
+        let (vms, events) = fleet.sample().await;
+        assert!(vms.is_empty());
+        assert_eq!(
+            events,
+            vec![FleetEvent::Lost {
+                vm: "web".into(),
+                why: "end of stream".into()
+            }]
+        );
+        assert_eq!(fleet.waiting()[0].error.as_deref(), Some("end of stream"));
+        std::fs::remove_file(dir.path().join("web.sock")).unwrap();
+        settle(&mut fleet).await;
+        assert!(
+            fleet.waiting().is_empty(),
+            "a discovered VM whose socket is gone is forgotten"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_connections_are_retried_with_growing_delays() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("db.sock");
+        std::fs::write(&socket, "").unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(socket.clone(), Behaviour::Refuses);
+        let mut fleet = fleet(dir.path(), connector.clone());
+        // Over 8 simulated seconds: attempts at 0, 1, 3 and 7 s (delays 1, 2, 4 s).
+        for _ in 0..80 {
+            settle(&mut fleet).await;
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        assert_eq!(connector.attempts.lock().unwrap().len(), 4);
+        assert_eq!(
+            fleet.waiting()[0].error.as_deref(),
+            Some("disconnected: connection refused")
+        );
+        // It comes up: the next attempt connects it.
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(socket, Behaviour::Healthy);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        let events = settle(&mut fleet).await;
+        assert!(matches!(&events[..], [FleetEvent::Connected { vm, .. }] if vm == "db"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_vm_times_out_without_holding_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["hung", "ok"] {
+            std::fs::write(dir.path().join(format!("{name}.sock")), "").unwrap();
+        }
+        let connector = Arc::new(FakeConnector::default());
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(dir.path().join("hung.sock"), Behaviour::Hangs);
+        let mut fleet = fleet(dir.path(), connector);
+        settle(&mut fleet).await;
+        let start = Instant::now();
+        let (vms, events) = fleet.sample().await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(100),
+            "bounded by the call timeout"
+        );
+        assert!(events.is_empty(), "a timeout is not a disconnect");
+        assert_eq!(vms[0].sample, Err(BackendError::Timeout(100)));
+        assert!(vms[1].sample.is_ok());
     }
 }

@@ -20,6 +20,7 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{Instant, MissedTickBehavior};
+use tracing::Instrument;
 
 /// How to run.
 #[derive(Debug, Clone, Default)]
@@ -123,7 +124,11 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
-        daemon.tick().await;
+        let n = daemon.counters.ticks + 1;
+        daemon
+            .tick()
+            .instrument(tracing::info_span!("tick", n))
+            .await;
         if daemon
             .options
             .ticks
