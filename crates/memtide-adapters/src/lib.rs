@@ -6,4 +6,5 @@ pub mod cgroup;
 pub mod host;
 pub mod ksm;
 pub mod procfs;
+pub mod qga;
 pub mod qmp;

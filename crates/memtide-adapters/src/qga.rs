@@ -1,0 +1,309 @@
+//! A client of the QEMU guest agent protocol (qemu-ga), used to read the guest's own
+//! /proc files: `guest-file-open`, `guest-file-read` until EOF, `guest-file-close`.
+//!
+//! The agent answers requests in order and without ids, and its channel may hold stale
+//! bytes from an earlier client, so the session starts — and restarts after any timeout —
+//! with `guest-sync-delimited`: the answer is preceded by a 0xFF byte, everything before
+//! it is discarded, and only the answer carrying our random token ends the sync.
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::time::timeout;
+
+/// Bytes asked for per `guest-file-read`.
+const CHUNK: u64 = 64 * 1024;
+/// Largest file read; /proc files are far smaller.
+const MAX_FILE: usize = 4 << 20;
+/// Longest reply line accepted (base64 of a chunk plus framing).
+const MAX_LINE: u64 = 2 * CHUNK + 4096;
+
+/// A guest agent failure.
+#[derive(Debug, thiserror::Error)]
+pub enum QgaError {
+    /// The socket failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// No answer in time.
+    #[error("guest agent: no reply within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// The agent refused the command.
+    #[error("guest agent: {class}: {desc}")]
+    Command {
+        /// Error class.
+        class: String,
+        /// The agent's description.
+        desc: String,
+    },
+    /// The agent sent something unexpected.
+    #[error("guest agent: protocol error: {0}")]
+    Protocol(String),
+}
+
+/// A session with a guest agent.
+pub struct GuestAgent {
+    stream: BufReader<UnixStream>,
+    call_timeout: Duration,
+    in_sync: bool,
+}
+
+impl GuestAgent {
+    /// Connect to the agent's socket (QEMU's chardev for the virtio-serial port) and sync.
+    pub async fn connect(path: &Path, call_timeout: Duration) -> Result<GuestAgent, QgaError> {
+        let stream = timeout(call_timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| QgaError::Timeout(call_timeout))??;
+        let mut agent = GuestAgent {
+            stream: BufReader::new(stream),
+            call_timeout,
+            in_sync: false,
+        };
+        agent.sync().await?;
+        Ok(agent)
+    }
+
+    /// Flush stale data: send `guest-sync-delimited` with a fresh token, skip to the 0xFF
+    /// sentinel, and read answers until the one echoing the token.
+    async fn sync(&mut self) -> Result<(), QgaError> {
+        let token = sync_token();
+        let request = json!({"execute": "guest-sync-delimited", "arguments": {"id": token}});
+        let limit = self.call_timeout;
+        timeout(limit, async {
+            self.send(&request).await?;
+            loop {
+                let mut skipped = Vec::new();
+                self.stream.read_until(0xFF, &mut skipped).await?;
+                if skipped.last() != Some(&0xFF) {
+                    return Err(QgaError::Protocol("connection closed during sync".into()));
+                }
+                let reply = self.read_reply().await?;
+                if reply.get("return").and_then(Value::as_u64) == Some(token) {
+                    return Ok(());
+                }
+            }
+        })
+        .await
+        .map_err(|_| QgaError::Timeout(limit))??;
+        self.in_sync = true;
+        Ok(())
+    }
+
+    async fn send(&mut self, request: &Value) -> Result<(), QgaError> {
+        let mut line = request.to_string();
+        line.push('\n');
+        self.stream.get_mut().write_all(line.as_bytes()).await?;
+        Ok(())
+    }
+
+    async fn read_reply(&mut self) -> Result<Value, QgaError> {
+        let mut line = Vec::new();
+        let n = (&mut self.stream)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Err(QgaError::Protocol("connection closed".into()));
+        }
+        serde_json::from_slice(&line).map_err(|e| {
+            QgaError::Protocol(format!(
+                "invalid JSON ({e}): {}",
+                String::from_utf8_lossy(&line).trim()
+            ))
+        })
+    }
+
+    /// Run a command and return its `return` value. A timeout leaves the stream out of
+    /// sync; the next call syncs again first.
+    pub async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
+        if !self.in_sync {
+            self.sync().await?;
+        }
+        let limit = self.call_timeout;
+        self.in_sync = false;
+        let reply = timeout(limit, async {
+            self.send(&json!({"execute": command, "arguments": arguments}))
+                .await?;
+            self.read_reply().await
+        })
+        .await
+        .map_err(|_| QgaError::Timeout(limit))??;
+        self.in_sync = true;
+        match (reply.get("return"), reply.get("error")) {
+            (Some(v), _) => Ok(v.clone()),
+            (None, Some(e)) => Err(QgaError::Command {
+                class: e
+                    .get("class")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Unknown")
+                    .into(),
+                desc: e.get("desc").and_then(Value::as_str).unwrap_or("").into(),
+            }),
+            (None, None) => Err(QgaError::Protocol(format!(
+                "reply without return or error: {reply}"
+            ))),
+        }
+    }
+
+    /// Read a whole guest file (not just a first chunk), closing it whatever happens.
+    pub async fn read_file(&mut self, path: &str) -> Result<String, QgaError> {
+        let handle = self
+            .execute("guest-file-open", json!({"path": path, "mode": "r"}))
+            .await?;
+        let handle = handle
+            .as_u64()
+            .ok_or_else(|| QgaError::Protocol(format!("guest-file-open returned {handle}")))?;
+        let content = self.read_all(handle).await;
+        let closed = self
+            .execute("guest-file-close", json!({"handle": handle}))
+            .await;
+        let content = content?;
+        closed?;
+        String::from_utf8(content).map_err(|_| QgaError::Protocol(format!("{path} is not UTF-8")))
+    }
+
+    async fn read_all(&mut self, handle: u64) -> Result<Vec<u8>, QgaError> {
+        use base64::Engine;
+        let mut content = Vec::new();
+        loop {
+            let r = self
+                .execute("guest-file-read", json!({"handle": handle, "count": CHUNK}))
+                .await?;
+            let b64 = r.get("buf-b64").and_then(Value::as_str).unwrap_or("");
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| QgaError::Protocol(format!("bad base64 from guest-file-read: {e}")))?;
+            content.extend_from_slice(&chunk);
+            if content.len() > MAX_FILE {
+                return Err(QgaError::Protocol(format!(
+                    "file larger than {MAX_FILE} bytes"
+                )));
+            }
+            if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || chunk.is_empty() {
+                return Ok(content);
+            }
+        }
+    }
+}
+
+/// A token unlikely to appear in stale replies: time-derived, below 2^53 so that JSON
+/// number handling never rounds it.
+fn sync_token() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (nanos.as_nanos() as u64 ^ u64::from(std::process::id()) << 32) & ((1 << 53) - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    /// The real Debian qemu-ga in unix-listen mode on the host, serving its own files.
+    struct RealAgent {
+        child: std::process::Child,
+        path: std::path::PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for RealAgent {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn real_agent() -> RealAgent {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qga.sock");
+        let child = std::process::Command::new("qemu-ga")
+            .args(["-m", "unix-listen", "-p"])
+            .arg(&path)
+            .arg("-t")
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("qemu-ga (Debian package qemu-guest-agent; scripts/test.sh installs it)");
+        for _ in 0..100 {
+            if path.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RealAgent {
+            child,
+            path,
+            _dir: dir,
+        }
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn reads_whole_files_through_the_real_agent() {
+        let agent = real_agent();
+        let mut qga = GuestAgent::connect(&agent.path, T).await.unwrap();
+        // Bigger than one chunk, with every byte value that survives UTF-8.
+        let text: String = (0..200_000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let file = agent._dir.path().join("big.txt");
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(qga.read_file(file.to_str().unwrap()).await.unwrap(), text);
+        let meminfo = qga.read_file("/proc/meminfo").await.unwrap();
+        assert!(crate::procfs::meminfo(&meminfo).is_ok());
+        let err = qga.read_file("/nonexistent").await.unwrap_err().to_string();
+        assert!(
+            err.starts_with("guest agent: GenericError: failed to open file '/nonexistent'"),
+            "{err}"
+        );
+        // The session survives the error.
+        assert!(qga
+            .read_file("/proc/vmstat")
+            .await
+            .unwrap()
+            .contains("pgmajfault"));
+    }
+
+    #[tokio::test]
+    async fn sync_discards_stale_replies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qga.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = BufReader::new(s);
+            let mut line = String::new();
+            s.read_line(&mut line).await.unwrap();
+            let req: Value = serde_json::from_str(&line).unwrap();
+            let token = req["arguments"]["id"].clone();
+            // Stale bytes from an earlier client, an old sync answer, then ours.
+            let out = format!("{{\"return\": 99}}\n\u{7}garbage\u{ff}{{\"return\": 7}}\n\u{ff}{{\"return\": {token}}}\n");
+            let bytes: Vec<u8> = out.chars().map(|c| c as u32 as u8).collect();
+            s.get_mut().write_all(&bytes).await.unwrap();
+            line.clear();
+            s.read_line(&mut line).await.unwrap();
+            s.get_mut()
+                .write_all(b"{\"return\": {\"version\": \"x\"}}\n")
+                .await
+                .unwrap();
+        });
+        let mut qga = GuestAgent::connect(&path, T).await.unwrap();
+        let info = qga.execute("guest-info", json!({})).await.unwrap();
+        assert_eq!(info["version"], "x");
+    }
+
+    #[tokio::test]
+    async fn a_silent_agent_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qga.sock");
+        let _listener = UnixListener::bind(&path).unwrap();
+        let err = GuestAgent::connect(&path, Duration::from_millis(100))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.to_string(), "guest agent: no reply within 100 ms");
+    }
+}
