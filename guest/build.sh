@@ -100,6 +100,18 @@ build_workloads() {
     done
 }
 
+# The real QEMU guest agent from Debian, with the shared libraries it links against,
+# copied from this host at the same paths: the host is Debian 12, as the agent expects.
+install_agent() {
+    local bin lib
+    bin=$(command -v qemu-ga)
+    cp "$bin" "$WORK/root/bin/qemu-ga"
+    for lib in $(ldd "$bin" | awk '$2 == "=>" { print $3 } $1 ~ /^\/.*ld-linux/ { print $1 }'); do
+        mkdir -p "$WORK/root$(dirname "$lib")"
+        cp -L "$lib" "$WORK/root$lib"
+    done
+}
+
 mkdir -p "$OUT" "$DEBS"
 # Tests may build concurrently: one build at a time, the others then find it done.
 exec 9>"$OUT/.lock"
@@ -117,9 +129,11 @@ fi
 mapfile -t packages < <(candidates "$kernel_pkg" busybox-static)
 [[ ${#packages[@]} -eq 2 ]] || die "no candidate version for $kernel_pkg or busybox-static"
 
+need qemu-ga qemu-guest-agent
 stamp=$(
     cd "$GUEST_SRC"
     echo "${packages[@]}"
+    qemu-ga --version
     find build.sh init workloads -type f | LC_ALL=C sort | xargs sha256sum
 )
 stamp=$(sha256sum <<<"$stamp" | cut -d' ' -f1)
@@ -159,6 +173,7 @@ done
 
 install -m 755 "$GUEST_SRC/init" "$WORK/root/init"
 build_workloads
+install_agent
 
 need cpio cpio
 (cd "$WORK/root" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -9 >"$WORK/initrd.img"
