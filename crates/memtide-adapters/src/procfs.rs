@@ -76,6 +76,12 @@ pub fn meminfo(text: &str) -> Result<MemInfo, ParseError> {
         swap_free: fields.get("SwapFree").copied().unwrap_or_default(),
         anon_pages: fields.get("AnonPages").copied(),
         committed_as: fields.get("Committed_AS").copied(),
+        active_anon: fields.get("Active(anon)").copied(),
+        inactive_anon: fields.get("Inactive(anon)").copied(),
+        active_file: fields.get("Active(file)").copied(),
+        inactive_file: fields.get("Inactive(file)").copied(),
+        shmem: fields.get("Shmem").copied(),
+        slab_unreclaimable: fields.get("SUnreclaim").copied(),
     })
 }
 
@@ -145,6 +151,15 @@ mod tests {
     use super::*;
 
     const MEMINFO: &str = include_str!("../tests/data/proc/meminfo");
+
+    /// A meminfo field's value, read independently of the parser.
+    fn field(text: &str, name: &str) -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}:")))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
     const VMSTAT: &str = include_str!("../tests/data/proc/vmstat");
 
     #[test]
@@ -155,6 +170,14 @@ mod tests {
         assert_eq!(m.available, Some(Bytes::from_kib(24269272)));
         assert_eq!(m.freeable(), Bytes::from_kib(22992484 + 24712 + 1435084));
         assert!(m.committed_as.is_some() && m.anon_pages.is_some());
+        assert_eq!(
+            m.active_file.map(|b| b.kib()),
+            Some(field(MEMINFO, "Active(file)"))
+        );
+        assert_eq!(
+            m.inactive_anon.map(|b| b.kib()),
+            Some(field(MEMINFO, "Inactive(anon)"))
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What the engine sees in one tick: the host and every known VM.
 
-use crate::stats::{GuestStats, HostStats};
+use crate::stats::{AgentStats, GuestStats, HostStats};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -40,6 +40,10 @@ pub struct VmSample {
     pub balloon: Option<Bytes>,
     /// Guest-reported statistics.
     pub stats: GuestStats,
+    /// The guest's own /proc figures through its agent: `None` when it has no agent
+    /// configured, an error when the agent did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Result<AgentStats, String>>,
     /// Resident memory of the hypervisor process, when known.
     pub rss: Option<Bytes>,
     /// Events since the previous sample.

@@ -78,6 +78,18 @@ pub struct MemInfo {
     pub anon_pages: Option<Bytes>,
     /// Committed_AS.
     pub committed_as: Option<Bytes>,
+    /// Active(anon).
+    pub active_anon: Option<Bytes>,
+    /// Inactive(anon).
+    pub inactive_anon: Option<Bytes>,
+    /// Active(file).
+    pub active_file: Option<Bytes>,
+    /// Inactive(file).
+    pub inactive_file: Option<Bytes>,
+    /// Shmem (tmpfs and shared anonymous memory: not reclaimable without swap).
+    pub shmem: Option<Bytes>,
+    /// SUnreclaim (kernel slab that cannot be reclaimed).
+    pub slab_unreclaimable: Option<Bytes>,
 }
 
 impl MemInfo {
@@ -85,6 +97,17 @@ impl MemInfo {
     pub fn freeable(&self) -> Bytes {
         self.free + self.buffers + self.cached
     }
+}
+
+/// What a guest's own kernel reports, read through its guest agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentStats {
+    /// The guest's /proc/meminfo.
+    pub meminfo: MemInfo,
+    /// The guest's /proc/vmstat counters.
+    pub vmstat: VmStat,
+    /// The guest's /proc/pressure/memory (absent on kernels without PSI).
+    pub psi: Option<Psi>,
 }
 
 /// Cumulative counters from /proc/vmstat that memtide follows (`None`: not in this kernel).

@@ -52,6 +52,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
                 last_update: Some(1),
                 ..GuestStats::default()
             },
+            agent: None,
             rss: None,
             events: Vec::new(),
         }),

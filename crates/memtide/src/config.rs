@@ -68,6 +68,9 @@ pub struct HostConfig {
 pub struct DiscoveryConfig {
     /// Glob patterns of QMP sockets; a VM is named after its socket's file stem.
     pub qmp_glob: Vec<String>,
+    /// A discovered VM's guest agent socket is its QMP socket with this extension
+    /// (`web1.sock` → `web1.qga`), when that file exists; empty: no agents.
+    pub agent_extension: String,
 }
 
 /// Bounds applied to VMs that do not set their own.
@@ -88,6 +91,8 @@ pub struct VmConfig {
     pub name: String,
     /// Its QMP socket.
     pub qmp: PathBuf,
+    /// Its guest agent socket (QEMU's chardev for `org.qemu.guest_agent.0`), if any.
+    pub agent: Option<PathBuf>,
     /// Never balloon below this many MiB.
     pub min_mib: Option<u64>,
     /// Never give more than this many MiB (default: its configured size).
@@ -138,6 +143,7 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
             qmp_glob: vec!["/run/memtide/qmp/*.sock".into()],
+            agent_extension: "qga".into(),
         }
     }
 }
@@ -399,6 +405,7 @@ mod tests {
         let vm = VmConfig {
             name: "a".into(),
             qmp: "/a".into(),
+            agent: None,
             min_mib: Some(512),
             max_mib: Some(4096),
             shares: None,

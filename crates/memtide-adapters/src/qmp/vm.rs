@@ -2,13 +2,15 @@
 
 use super::client::{QmpClient, QmpError, QmpEvent};
 use crate::procfs;
+use crate::qga::GuestAgent;
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
-use memtide_core::stats::GuestStats;
+use memtide_core::stats::{AgentStats, GuestStats};
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// QOM containers where user-created devices live (with and without an `id`).
 const DEVICE_CONTAINERS: [&str; 2] = ["/machine/peripheral", "/machine/peripheral-anon"];
@@ -33,6 +35,78 @@ pub struct QmpVm {
     balloon_path: Option<String>,
     target: Option<Bytes>,
     status_file: Option<PathBuf>,
+    agent: Option<AgentLink>,
+}
+
+/// The VM's guest agent: a session when one is open, and backoff after failures so that
+/// a guest without a running agent costs nothing most ticks.
+struct AgentLink {
+    socket: PathBuf,
+    call_timeout: Duration,
+    session: Option<GuestAgent>,
+    retry_at: Option<Instant>,
+    delay: Duration,
+    last_error: String,
+}
+
+impl AgentLink {
+    fn new(socket: PathBuf, call_timeout: Duration) -> AgentLink {
+        AgentLink {
+            socket,
+            call_timeout,
+            session: None,
+            retry_at: None,
+            delay: Duration::from_secs(1),
+            last_error: String::new(),
+        }
+    }
+
+    /// Read the guest's /proc figures, or say why not.
+    async fn read(&mut self) -> Result<AgentStats, String> {
+        if let Some(at) = self.retry_at.filter(|at| Instant::now() < *at) {
+            let wait = at.saturating_duration_since(Instant::now()).as_secs();
+            return Err(format!("{}; retrying in {wait} s", self.last_error));
+        }
+        match self.try_read().await {
+            Ok(stats) => {
+                (self.retry_at, self.delay) = (None, Duration::from_secs(1));
+                Ok(stats)
+            }
+            Err(e) => {
+                self.session = None;
+                self.last_error = format!("guest agent {}: {e}", self.socket.display());
+                self.retry_at = Some(Instant::now() + self.delay);
+                self.delay = (self.delay * 2).min(Duration::from_secs(60));
+                Err(self.last_error.clone())
+            }
+        }
+    }
+
+    async fn try_read(&mut self) -> Result<AgentStats, String> {
+        let session = match &mut self.session {
+            Some(s) => s,
+            None => self.session.insert(
+                GuestAgent::connect(&self.socket, self.call_timeout)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let meminfo = session
+            .read_file("/proc/meminfo")
+            .await
+            .map_err(|e| e.to_string())?;
+        let vmstat = session
+            .read_file("/proc/vmstat")
+            .await
+            .map_err(|e| e.to_string())?;
+        // Guest kernels without PSI have no such file: not an error.
+        let psi = session.read_file("/proc/pressure/memory").await.ok();
+        Ok(AgentStats {
+            meminfo: procfs::meminfo(&meminfo).map_err(|e| format!("guest {e}"))?,
+            vmstat: procfs::vmstat(&vmstat),
+            psi: psi.and_then(|t| procfs::psi(&t).ok()),
+        })
+    }
 }
 
 impl From<QmpError> for BackendError {
@@ -50,7 +124,13 @@ impl From<QmpError> for BackendError {
 
 impl QmpVm {
     /// Connect, learn the VM's size and balloon device, and turn on guest statistics.
-    pub async fn connect(socket: &Path, opts: &QmpVmOptions) -> Result<QmpVm, BackendError> {
+    /// With `agent`, the guest agent's socket, each sample also reads the guest's own
+    /// /proc figures (within a quarter of the call timeout per agent call).
+    pub async fn connect(
+        socket: &Path,
+        agent: Option<&Path>,
+        opts: &QmpVmOptions,
+    ) -> Result<QmpVm, BackendError> {
         let mut client = QmpClient::connect(socket, opts.call_timeout).await?;
         let summary = client.execute("query-memory-size-summary", None).await?;
         let configured = summary
@@ -76,6 +156,7 @@ impl QmpVm {
         let status_file = client
             .peer_pid()
             .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+        let agent = agent.map(|a| AgentLink::new(a.to_path_buf(), opts.call_timeout / 4));
         Ok(QmpVm {
             client,
             configured,
@@ -83,6 +164,7 @@ impl QmpVm {
             balloon_path,
             target: None,
             status_file,
+            agent,
         })
     }
 
@@ -173,10 +255,15 @@ impl VmBackend for QmpVm {
             .and_then(|f| std::fs::read_to_string(f).ok())
             .and_then(|t| procfs::status_rss(&t));
         let events = self.events();
+        let agent = match &mut self.agent {
+            Some(link) => Some(link.read().await),
+            None => None,
+        };
         Ok(VmSample {
             configured: self.configured,
             balloon,
             stats,
+            agent,
             rss,
             events,
         })

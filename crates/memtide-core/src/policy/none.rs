@@ -15,7 +15,14 @@ impl Policy for Unmanaged {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let hold = Reason::new("none", "memory is not managed");
-        let holds = input.vms.iter().map(|vm| (vm.name.to_string(), hold.clone())).collect();
-        PolicyOutput { holds, ..PolicyOutput::default() }
+        let holds = input
+            .vms
+            .iter()
+            .map(|vm| (vm.name.to_string(), hold.clone()))
+            .collect();
+        PolicyOutput {
+            holds,
+            ..PolicyOutput::default()
+        }
     }
 }

@@ -21,8 +21,12 @@ use tracing::Instrument;
 /// Opens a connection to a VM's control socket.
 #[async_trait]
 pub trait Connector: Send + Sync + 'static {
-    /// Connect to the VM behind `socket`.
-    async fn connect(&self, socket: &Path) -> Result<Box<dyn VmBackend>, BackendError>;
+    /// Connect to the VM behind `socket`, with its guest agent's socket if it has one.
+    async fn connect(
+        &self,
+        socket: &Path,
+        agent: Option<&Path>,
+    ) -> Result<Box<dyn VmBackend>, BackendError>;
 }
 
 /// Connects to QEMU over QMP.
@@ -30,8 +34,12 @@ pub struct QmpConnector(pub QmpVmOptions);
 
 #[async_trait]
 impl Connector for QmpConnector {
-    async fn connect(&self, socket: &Path) -> Result<Box<dyn VmBackend>, BackendError> {
-        Ok(Box::new(QmpVm::connect(socket, &self.0).await?))
+    async fn connect(
+        &self,
+        socket: &Path,
+        agent: Option<&Path>,
+    ) -> Result<Box<dyn VmBackend>, BackendError> {
+        Ok(Box::new(QmpVm::connect(socket, agent, &self.0).await?))
     }
 }
 
@@ -70,6 +78,7 @@ pub struct Waiting {
 /// A VM not connected yet.
 struct Candidate {
     name: String,
+    agent: Option<PathBuf>,
     bounds: Bounds,
     /// Found by a glob (forgotten when its socket disappears), not named in the config.
     discovered: bool,
@@ -80,6 +89,7 @@ struct Candidate {
 /// A connected VM.
 struct Managed {
     socket: PathBuf,
+    agent: Option<PathBuf>,
     bounds: Bounds,
     discovered: bool,
     backend: Box<dyn VmBackend>,
@@ -93,6 +103,7 @@ type Attempt = (PathBuf, Result<Box<dyn VmBackend>, BackendError>);
 pub struct Fleet {
     connector: Arc<dyn Connector>,
     globs: Vec<String>,
+    agent_extension: String,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
     candidates: BTreeMap<PathBuf, Candidate>,
@@ -110,6 +121,7 @@ impl Fleet {
             .map(|vm| {
                 let c = Candidate {
                     name: vm.name.clone(),
+                    agent: vm.agent.clone(),
                     bounds: Bounds::new(Some(vm), &config.defaults),
                     discovered: false,
                     backoff: Backoff::default(),
@@ -121,6 +133,7 @@ impl Fleet {
         Fleet {
             connector,
             globs: config.discovery.qmp_glob.clone(),
+            agent_extension: config.discovery.agent_extension.clone(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
             candidates,
@@ -149,6 +162,7 @@ impl Fleet {
                     });
                     let m = Managed {
                         socket,
+                        agent: c.agent,
                         bounds: c.bounds,
                         discovered: c.discovered,
                         backend,
@@ -168,9 +182,10 @@ impl Fleet {
             if c.backoff.ready(now) && self.in_flight.insert(socket.clone()) {
                 let (connector, socket, limit) =
                     (self.connector.clone(), socket.clone(), self.call_timeout);
+                let agent = c.agent.clone();
                 self.connecting.spawn(async move {
                     // connect() makes several calls; bound the whole of it.
-                    let result = timeout(limit * 4, connector.connect(&socket))
+                    let result = timeout(limit * 4, connector.connect(&socket, agent.as_deref()))
                         .await
                         .unwrap_or_else(|_| Err(BackendError::timeout(limit * 4)));
                     (socket, result)
@@ -196,8 +211,12 @@ impl Fleet {
                 if known || taken {
                     continue;
                 }
+                let agent = (!self.agent_extension.is_empty())
+                    .then(|| socket.with_extension(&self.agent_extension))
+                    .filter(|a| a.exists());
                 let c = Candidate {
                     name: name.to_string(),
+                    agent,
                     bounds: Bounds::new(None, &self.defaults),
                     discovered: true,
                     backoff: Backoff::default(),
@@ -261,6 +280,7 @@ impl Fleet {
         backoff.failed(Instant::now());
         let c = Candidate {
             name: name.to_string(),
+            agent: m.agent,
             bounds: m.bounds,
             discovered: m.discovered,
             backoff,
@@ -350,6 +370,7 @@ mod tests {
                     configured: Bytes::from_mib(512),
                     balloon: Some(Bytes::from_mib(512)),
                     stats: Default::default(),
+                    agent: None,
                     rss: None,
                     events: Vec::new(),
                 }),
@@ -365,7 +386,11 @@ mod tests {
 
     #[async_trait]
     impl Connector for FakeConnector {
-        async fn connect(&self, socket: &Path) -> Result<Box<dyn VmBackend>, BackendError> {
+        async fn connect(
+            &self,
+            socket: &Path,
+            _agent: Option<&Path>,
+        ) -> Result<Box<dyn VmBackend>, BackendError> {
             self.attempts.lock().unwrap().push(socket.to_path_buf());
             match self
                 .behaviour
