@@ -1,0 +1,32 @@
+//! memtide's policy language: a sandboxed interpreter compatible with oVirt MOM's
+//! policy language (see docs/policy-language.md).
+//!
+//! [`Program::parse`] reads policy sources, [`Program::evaluate`] runs them over an
+//! [`Input`] snapshot within [`Limits`] and returns the requested [`Controls`].
+
+mod ast;
+mod builtins;
+mod entities;
+mod error;
+mod eval;
+mod evaluation;
+mod input;
+mod lexer;
+mod limits;
+mod ops;
+mod parser;
+mod pretty;
+mod program;
+mod scope;
+mod value;
+
+pub use ast::{Expr, ExprKind, Loc};
+pub use entities::{Entity, GUEST_CONTROLS, GUEST_PROPS, GUEST_STATS, HOST_CONTROLS, HOST_STATS};
+pub use error::{ErrorKind, PolicyError};
+pub use evaluation::{Controls, Evaluation};
+pub use input::{EntityInput, Input, Sample};
+pub use limits::Limits;
+pub use parser::MAX_NESTING;
+pub use pretty::pretty;
+pub use program::{Program, Source};
+pub use value::{List, Value};

@@ -1,0 +1,65 @@
+//! Variables, scoped dynamically: a function sees the variables of its callers.
+
+use crate::value::Value;
+use std::collections::HashMap;
+
+/// The global scope and a stack of local scopes (from `let`, `with` and function calls).
+#[derive(Default)]
+pub(crate) struct Scopes<'a> {
+    globals: HashMap<&'a str, Value>,
+    /// Local bindings, innermost last.
+    locals: Vec<(&'a str, Value)>,
+    /// Where each local scope starts in `locals`.
+    frames: Vec<usize>,
+}
+
+impl<'a> Scopes<'a> {
+    /// Open a local scope.
+    pub fn push(&mut self) {
+        self.frames.push(self.locals.len());
+    }
+
+    /// Close the innermost local scope.
+    pub fn pop(&mut self) {
+        let start = self.frames.pop().unwrap_or(0);
+        self.locals.truncate(start);
+    }
+
+    /// Bind `name` in the innermost local scope (which [`Scopes::push`] opened),
+    /// shadowing any binding it had there.
+    pub fn bind(&mut self, name: &'a str, value: Value) {
+        self.locals.push((name, value));
+    }
+
+    /// `defvar`: bind `name` in the current scope unless it is bound there already;
+    /// returns the value it is then bound to.
+    pub fn define(&mut self, name: &'a str, value: Value) -> Value {
+        match self.frames.last() {
+            None => self.globals.entry(name).or_insert(value).clone(),
+            Some(&start) => match self.locals[start..].iter().rev().find(|(n, _)| *n == name) {
+                Some((_, existing)) => existing.clone(),
+                None => {
+                    self.locals.push((name, value.clone()));
+                    value
+                }
+            },
+        }
+    }
+
+    /// The value of the innermost binding of `name`.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        match self.locals.iter().rev().find(|(n, _)| *n == name) {
+            Some((_, value)) => Some(value),
+            None => self.globals.get(name),
+        }
+    }
+
+    /// Assign to the innermost binding of `name`; false when there is none.
+    pub fn set(&mut self, name: &str, value: Value) -> bool {
+        let slot = match self.locals.iter_mut().rev().find(|(n, _)| *n == name) {
+            Some((_, slot)) => Some(slot),
+            None => self.globals.get_mut(name),
+        };
+        slot.map(|slot| *slot = value).is_some()
+    }
+}
