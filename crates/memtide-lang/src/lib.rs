@@ -2,7 +2,8 @@
 //! policy language (see docs/policy-language.md).
 //!
 //! [`Program::parse`] reads policy sources, [`Program::evaluate`] runs them over an
-//! [`Input`] snapshot within [`Limits`] and returns the requested [`Controls`].
+//! [`Input`] snapshot within [`Limits`] and returns the requested [`Controls`];
+//! [`ScriptPolicy`] runs a program as one of memtide's policies.
 
 mod ast;
 mod builtins;
@@ -15,6 +16,7 @@ mod lexer;
 mod limits;
 mod ops;
 mod parser;
+mod policy;
 mod pretty;
 mod program;
 mod scope;
@@ -27,6 +29,7 @@ pub use evaluation::{Controls, Evaluation};
 pub use input::{EntityInput, Input, Sample};
 pub use limits::Limits;
 pub use parser::MAX_NESTING;
+pub use policy::ScriptPolicy;
 pub use pretty::pretty;
 pub use program::{Program, Source};
 pub use value::{List, Value};

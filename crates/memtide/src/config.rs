@@ -1,6 +1,7 @@
 //! The configuration file (TOML): what to manage, where to find it, and every constant.
 //! Unknown keys are errors, and every semantic check names the field it rejects.
 
+use crate::policies::PolicySource;
 use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::MomConfig;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
@@ -15,8 +16,10 @@ use std::time::Duration;
 pub struct Config {
     /// Seconds between two decisions.
     pub interval_s: f64,
-    /// The policy: a built-in name (`mom`).
+    /// The policy: a built-in name (`mom`, `none`) or a policy file.
     pub policy: String,
+    /// A directory of `*.policy` files (read in name order); takes precedence over `policy`.
+    pub policy_dir: Option<PathBuf>,
     /// The daemon's own endpoints.
     pub daemon: DaemonConfig,
     /// Where the host's files are and what the VM memory domain is.
@@ -106,6 +109,7 @@ impl Default for Config {
         Config {
             interval_s: 2.0,
             policy: "mom".into(),
+            policy_dir: None,
             daemon: DaemonConfig::default(),
             host: HostConfig::default(),
             discovery: DiscoveryConfig::default(),
@@ -223,11 +227,13 @@ impl Config {
                 format!("{} is not a number of seconds ≥ 0.1", self.interval_s),
             );
         }
-        if self.policy != "mom" {
-            return bad(
-                "policy",
-                format!("unknown policy {:?} (built-in policies: mom)", self.policy),
-            );
+        if let PolicySource::Builtin(name) = self.policy_source() {
+            if !crate::policies::BUILTIN.contains(&name.as_str()) {
+                let names = crate::policies::BUILTIN.join(", ");
+                let message =
+                    format!("unknown policy {name:?} (built-in policies: {names}; or a file path)");
+                return bad("policy", message);
+            }
         }
         if self.daemon.call_timeout_ms == 0 {
             return bad("daemon.call_timeout_ms", "must be above 0".into());
@@ -277,6 +283,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where the policy comes from.
+    pub fn policy_source(&self) -> PolicySource {
+        PolicySource::from_config(&self.policy, self.policy_dir.as_deref())
     }
 
     /// Limit for every hypervisor call.
@@ -385,7 +396,7 @@ mod tests {
         );
         assert_eq!(
             err("policy = \"magic\"\n"),
-            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: mom)"
+            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: mom, none; or a file path)"
         );
         assert!(err("[daemon]\nhttp = \"localhost\"\n")
             .starts_with("memtide.toml: daemon.http: \"localhost\" is not an address:port"));

@@ -7,5 +7,7 @@ pub mod control;
 pub mod daemon;
 pub mod http;
 pub mod metrics;
+pub mod policies;
+pub mod policy_cmd;
 pub mod render;
 pub mod status;

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use memtide::config::Config;
 use memtide::daemon::{self, RunOptions};
+use memtide::policy_cmd::{self, Format};
 use memtide::{control, render};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,48 @@ enum Command {
         /// The file.
         config: PathBuf,
     },
+    /// Make the running daemon reload its policy (as SIGHUP does).
+    Reload {
+        /// The daemon's control socket (default: the one in --config, else /run/memtide/memtide.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Configuration file naming the control socket.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Check or evaluate policy files (the policy language; see docs/policy-language.md).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Parse and check policy files: exit 0 if fine, 1 with located diagnostics.
+    Check {
+        /// Policy files, evaluated in the order of their names.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Evaluate policy files once over a snapshot and print results and controls.
+    Eval {
+        /// Policy files, evaluated in the order of their names.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Snapshot JSON: {"host": {"props", "stats"}, "guests": [...]}; without it, no entities.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "json")]
+        format: Format,
+    },
+}
+
+/// The control socket: given, or from the configuration, or the default.
+fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    Ok(match socket {
+        Some(s) => s,
+        None => load(config)?.daemon.socket,
+    })
 }
 
 fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
@@ -92,6 +135,30 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             println!("{}: ok", config.display());
             Ok(())
         }
+        Command::Reload { socket, config } => {
+            let loaded = control::request_reload(&self::socket(socket, config.as_ref())?).await?;
+            println!("policy {loaded} loaded");
+            Ok(())
+        }
+        Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
+        Command::Policy(PolicyCommand::Eval {
+            files,
+            input,
+            format,
+        }) => ok_or_fail(policy_cmd::eval(&files, input.as_deref(), format)?),
+    }
+}
+
+/// A failure already reported on the output: exit 1 without another message.
+#[derive(Debug, thiserror::Error)]
+#[error("reported")]
+struct Reported;
+
+fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Reported.into())
     }
 }
 
@@ -108,6 +175,7 @@ async fn main() -> ExitCode {
         .init();
     match main_inner(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Reported>() => ExitCode::from(1),
         Err(e) => {
             eprintln!("memtide: {e:#}");
             ExitCode::from(if e.is::<memtide::config::ConfigError>() {

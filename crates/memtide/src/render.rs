@@ -35,6 +35,9 @@ pub fn status(s: &Status) -> String {
     if let Some(e) = &s.host_error {
         let _ = writeln!(out, "HOST ERROR: {e}");
     }
+    if let Some(e) = &s.policy_error {
+        let _ = writeln!(out, "POLICY RELOAD REJECTED: {e}");
+    }
     let Some(d) = &s.decision else {
         let _ = writeln!(out, "no decision yet");
         return out;
@@ -176,6 +179,7 @@ mod tests {
             dry_run: true,
             last_tick_ms: 1.5,
             host_error: None,
+            policy_error: None,
             decision: Some(decision),
             waiting: Vec::new(),
             counters: Counters::default(),

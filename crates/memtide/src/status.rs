@@ -46,6 +46,8 @@ pub struct Status {
     pub last_tick_ms: f64,
     /// Why the last tick was skipped, if it was.
     pub host_error: Option<String>,
+    /// Why the last policy reload was rejected, if it was.
+    pub policy_error: Option<String>,
     /// The latest decision.
     pub decision: Option<Decision>,
     /// VMs known but not connected.

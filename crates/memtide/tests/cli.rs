@@ -189,3 +189,152 @@ fn a_missing_proc_file_stops_the_daemon_at_start_with_a_clear_error() {
         "{err}"
     );
 }
+
+fn shipped(name: &str) -> String {
+    format!(
+        "{}/../memtide-lang/policies/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn policy_check_accepts_the_shipped_policies_and_locates_errors() {
+    let o = run(&[
+        "policy",
+        "check",
+        &shipped("ksm.policy"),
+        &shipped("balloon.policy"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.policy");
+    std::fs::write(
+        &bad,
+        "# comment\n(defvar limit 10)\n(if (> limit $5) 1 0)\n",
+    )
+    .unwrap();
+    let o = run(&["policy", "check", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{}:3:14: ", bad.display())),
+        "{err}"
+    );
+    assert_eq!(lines[1..3], ["(if (> limit $5) 1 0)", "             ^"]);
+}
+
+#[test]
+fn policy_eval_prints_results_and_controls_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("snapshot.json");
+    let snapshot = serde_json::json!({
+        "host": {"props": {}, "stats": [{"mem_available": 1048576, "mem_free": 104857, "ksm_pages_to_scan": 100}]},
+        "guests": [
+            {"props": {"name": "vm1"}, "stats": [{"balloon_cur": 524288, "balloon_max": 524288, "mem_unused": 262144}]}
+        ]
+    });
+    std::fs::write(&input, snapshot.to_string()).unwrap();
+    let o = run(&[
+        "policy",
+        "eval",
+        &shipped("balloon.policy"),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Host free 10%: shrink by the 5% step, 524288 KiB × 0.95.
+    assert_eq!(out["controls"]["guests"]["vm1"]["balloon_target"], 498073.6);
+    assert_eq!(out["controls"]["host"], serde_json::json!({}));
+    assert_eq!(
+        out.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["controls", "results"]
+    );
+
+    let broken = dir.path().join("broken.policy");
+    std::fs::write(&broken, "(defvar x 1)\n(/ x 0)\n").unwrap();
+    let o = run(&["policy", "eval", broken.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(err["error"]["line"], 2);
+    assert_eq!(err["error"]["column"], 1);
+    assert_eq!(err["error"]["file"], broken.display().to_string());
+}
+
+#[test]
+fn a_policy_is_reloaded_and_a_broken_one_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let policy = root.join("ksm.policy");
+    std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 300)\n").unwrap();
+    let config = format!(
+        "interval_s = 0.2\npolicy = {:?}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"\"\n",
+        policy, root.join("proc"), root.join("sys"), root.join("memtide.sock"), root.join("events.jsonl"),
+    );
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    let mut daemon = memtide()
+        .args(["run", "--config"])
+        .arg(root.join("memtide.toml"))
+        .spawn()
+        .unwrap();
+    let socket = root.join("memtide.sock");
+    let pages = || std::fs::read_to_string(root.join("sys/kernel/mm/ksm/pages_to_scan")).unwrap();
+    let reload = || {
+        memtide()
+            .args(["reload", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        support::wait_for(std::time::Duration::from_secs(10), || (pages().trim()
+            == "300")
+            .then_some(()))
+        .is_some()
+    );
+
+    std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 500))\n").unwrap();
+    let o = reload();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("policy not reloaded: policy rejected, ")
+            && err.contains("ksm.policy:1:39: unexpected ')'"),
+        "{err}"
+    );
+    let status = memtide()
+        .args(["status", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status["policy_error"]
+            .as_str()
+            .unwrap()
+            .contains("ksm.policy:1:39"),
+        "{status}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(pages().trim(), "300", "the running policy stays in force");
+
+    std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 500)\n").unwrap();
+    support::signal(daemon.id(), "HUP");
+    assert!(
+        support::wait_for(std::time::Duration::from_secs(10), || (pages().trim()
+            == "500")
+            .then_some(()))
+        .is_some()
+    );
+    support::signal(daemon.id(), "TERM");
+    assert!(daemon.wait().unwrap().success());
+    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("\"kind\":\"policy_rejected\"")
+            && events.contains("\"kind\":\"policy_reloaded\""),
+        "{events}"
+    );
+}

@@ -6,6 +6,8 @@ pub mod events;
 pub mod fleet;
 
 use crate::config::Config;
+use crate::control::Request;
+use crate::policies::PolicySource;
 use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
@@ -14,7 +16,6 @@ use fleet::{Fleet, FleetEvent, QmpConnector};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_adapters::qmp::QmpVmOptions;
 use memtide_core::backend::HostBackend;
-use memtide_core::policy::mom::Mom;
 use memtide_core::{Action, Decision, Engine, Snapshot};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -34,6 +35,7 @@ pub struct RunOptions {
 /// Everything a tick needs.
 struct Daemon {
     config: Config,
+    policy: PolicySource,
     options: RunOptions,
     host: LinuxHost,
     fleet: Fleet,
@@ -53,6 +55,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         domain_cgroup: config.host.domain_cgroup.clone(),
     });
     host.sample().context("reading host statistics")?;
+    let source = config.policy_source();
+    let policy = source
+        .load(&config.mom, &config.ksm)
+        .context("loading the policy")?;
     let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
         format!(
             "opening the event log {}",
@@ -66,12 +72,14 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         dry_run: options.dry_run,
         last_tick_ms: 0.0,
         host_error: None,
+        policy_error: None,
         decision: None,
         waiting: Vec::new(),
         counters: Counters::default(),
         recent_events: Vec::new(),
     }));
-    let _control = control::serve(&config.daemon.socket, status.clone()).await?;
+    let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
+    let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
     if !config.daemon.http.is_empty() {
         let addr = http::serve(config.daemon.http.parse()?, status.clone()).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
@@ -82,29 +90,22 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         proc: config.host.proc.clone(),
     });
     let fleet = Fleet::new(&config, Arc::new(connector));
-    let policy = Mom {
-        balloon: config.mom.clone(),
-        ksm: config.ksm.clone(),
-    };
-    let engine = Engine::new(config.engine.clone(), Box::new(policy));
+    let engine = Engine::new(config.engine.clone(), policy);
     let mode = if options.dry_run {
         " (dry run: nothing is changed)"
     } else {
         ""
     };
-    events.log(
-        "started",
-        None,
-        None,
-        format!(
-            "memtide {} started, policy {}{mode}",
-            env!("CARGO_PKG_VERSION"),
-            config.policy
-        ),
+    let version = env!("CARGO_PKG_VERSION");
+    let message = format!(
+        "memtide {version} started, policy {}{mode}",
+        engine.policy_name()
     );
+    events.log("started", None, None, message);
 
     let mut daemon = Daemon {
         config,
+        policy: source,
         options,
         host,
         fleet,
@@ -118,11 +119,20 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = hup.recv() => {
+                let _ = daemon.reload();
+                continue;
+            }
+            Some(Request::Reload(reply)) = incoming.recv() => {
+                let _ = reply.send(daemon.reload());
+                continue;
+            }
         }
         let n = daemon.counters.ticks + 1;
         daemon
@@ -144,6 +154,35 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
 }
 
 impl Daemon {
+    /// Load the policy again; a policy that fails to load is rejected and the running
+    /// one stays in force.
+    fn reload(&mut self) -> Result<String, String> {
+        let result = match self.policy.load(&self.config.mom, &self.config.ksm) {
+            Ok(policy) => {
+                let name = policy.name().to_string();
+                self.engine.set_policy(policy);
+                self.events.log(
+                    "policy_reloaded",
+                    None,
+                    None,
+                    format!("policy {name} loaded"),
+                );
+                Ok(name)
+            }
+            Err(e) => {
+                let message = format!(
+                    "policy rejected, {} stays in force: {e}",
+                    self.engine.policy_name()
+                );
+                self.events
+                    .log("policy_rejected", None, None, message.clone());
+                Err(message)
+            }
+        };
+        self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
+        result
+    }
+
     async fn tick(&mut self) {
         let t0 = Instant::now();
         let connected = self.fleet.refresh();

@@ -1,0 +1,160 @@
+//! The shipped policies in the language (`policies/*.policy`) decide exactly as memtide's
+//! built-in Rust versions (`memtide_core::policy::mom`) on the same inputs.
+
+use memtide_core::history::History;
+use memtide_core::policy::mom::Mom;
+use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, VmInput};
+use memtide_core::signals::Signals;
+use memtide_core::stats::HostStats;
+use memtide_core::testkit;
+use memtide_core::{Bytes, VmLimits, VmSample};
+use memtide_lang::{Limits, ScriptPolicy, Source};
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn shipped() -> ScriptPolicy {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let sources: Vec<Source> = ["balloon.policy", "ksm.policy"]
+        .iter()
+        .map(|f| Source::new(*f, std::fs::read_to_string(format!("{dir}/{f}")).unwrap()))
+        .collect();
+    ScriptPolicy::parse(&sources, Limits::default()).unwrap()
+}
+
+/// One VM: its maximum, and its history of (actual, free) in MiB.
+type VmCase = (u64, Vec<(u64, u64)>);
+
+fn vm_case() -> impl Strategy<Value = VmCase> {
+    (256u64..8192).prop_flat_map(|max| {
+        let sample = (64u64..=max).prop_flat_map(|actual| (Just(actual), 0..=actual));
+        (Just(max), proptest::collection::vec(sample, 1..5))
+    })
+}
+
+/// Host cases: total MiB, the history of freeable MiB, and the kernel's pages_to_scan.
+fn host_case() -> impl Strategy<Value = (u64, Vec<u64>, u64)> {
+    (1024u64..65536).prop_flat_map(|total| {
+        (
+            Just(total),
+            proptest::collection::vec(0..=total, 1..5),
+            0u64..2000,
+        )
+    })
+}
+
+fn decide(policy: &mut dyn Policy, host: &(u64, Vec<u64>, u64), vms: &[VmCase]) -> PolicyOutput {
+    let (total, freeable, pages) = host;
+    let mut host_history: History<HostStats> = History::new(10);
+    for (i, f) in freeable.iter().enumerate() {
+        let mut h = testkit::host(*total, *f);
+        h.ksm.as_mut().unwrap().pages_to_scan = *pages;
+        host_history.push(Duration::from_secs(i as u64), h);
+    }
+    let mut histories = Vec::new();
+    let mut limits = Vec::new();
+    for (i, (max, samples)) in vms.iter().enumerate() {
+        let mut h: History<VmSample> = History::new(10);
+        for (t, (actual, free)) in samples.iter().enumerate() {
+            let snap = testkit::vm(&format!("vm{i}"), *max, *actual, *free);
+            h.push(Duration::from_secs(t as u64), snap.sample.unwrap());
+        }
+        histories.push(h);
+        limits.push(VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(*max),
+            shares: 1000,
+        });
+    }
+    let names: Vec<String> = (0..vms.len()).map(|i| format!("vm{i}")).collect();
+    let signals = Signals::default();
+    let inputs: Vec<VmInput<'_>> = (0..vms.len())
+        .map(|i| VmInput {
+            name: &names[i],
+            limits: &limits[i],
+            history: &histories[i],
+            actual: histories[i].latest().unwrap().balloon.unwrap(),
+            signals: &signals,
+        })
+        .collect();
+    policy.decide(&PolicyInput {
+        at: Duration::ZERO,
+        host: &host_history,
+        vms: &inputs,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn shipped_policies_match_the_builtin_ones(host in host_case(), vms in proptest::collection::vec(vm_case(), 1..6)) {
+        let rust = decide(&mut Mom::default(), &host, &vms);
+        let script = decide(&mut shipped(), &host, &vms);
+        prop_assert!(script.faults.is_empty(), "{:?}", script.faults);
+        prop_assert!(rust.faults.is_empty(), "{:?}", rust.faults);
+        let targets = |o: &PolicyOutput| -> Vec<(String, u64)> {
+            o.balloon.iter().map(|(vm, p)| (vm.clone(), p.target.kib())).collect()
+        };
+        let (r, s) = (targets(&rust), targets(&script));
+        prop_assert_eq!(r.len(), s.len(), "rust {:?} script {:?}", r, s);
+        for ((rv, rk), (sv, sk)) in r.iter().zip(&s) {
+            prop_assert_eq!(rv, sv);
+            // Both truncate the same KiB arithmetic; float rounding may differ by one.
+            prop_assert!(rk.abs_diff(*sk) <= 1, "{}: rust {} KiB, script {} KiB", rv, rk, sk);
+        }
+        let ksm = |o: &PolicyOutput| o.ksm.as_ref().map(|k| k.settings.clone());
+        prop_assert_eq!(ksm(&rust), ksm(&script));
+    }
+}
+
+#[test]
+fn a_failing_script_proposes_nothing_and_names_the_place() {
+    let bad = Source::new("bad.policy", "(defvar x 1)\n(/ x 0)\n");
+    let mut policy = ScriptPolicy::parse(&[bad], Limits::default()).unwrap();
+    let out = decide(
+        &mut policy,
+        &(4096, vec![100], 100),
+        &[(1024, vec![(1024, 100)])],
+    );
+    assert!(out.balloon.is_empty() && out.ksm.is_none());
+    assert_eq!(out.faults.len(), 1);
+    assert_eq!(out.faults[0].vm, None);
+    assert!(
+        out.faults[0].message.starts_with("bad.policy:2:1: "),
+        "{}",
+        out.faults[0].message
+    );
+}
+
+#[test]
+fn guests_without_statistics_are_not_shown_and_say_why() {
+    let mut policy = shipped();
+    let mut host = History::new(10);
+    host.push(Duration::ZERO, testkit::host(4096, 100));
+    let mut sample = testkit::vm("quiet", 1024, 1024, 0).sample.unwrap();
+    sample.stats.free = None;
+    let mut history = History::new(10);
+    history.push(Duration::ZERO, sample);
+    let limits = VmLimits {
+        min: Bytes::ZERO,
+        max: Bytes::from_mib(1024),
+        shares: 1,
+    };
+    let signals = Signals::default();
+    let vms = [VmInput {
+        name: "quiet",
+        limits: &limits,
+        history: &history,
+        actual: Bytes::from_mib(1024),
+        signals: &signals,
+    }];
+    let out = policy.decide(&PolicyInput {
+        at: Duration::ZERO,
+        host: &host,
+        vms: &vms,
+    });
+    assert_eq!(out.faults.len(), 1);
+    assert_eq!(out.faults[0].vm.as_deref(), Some("quiet"));
+    assert!(out.faults[0].message.contains("no balloon statistics"));
+    assert!(out.ksm.is_some(), "the host part of the policy still runs");
+}
