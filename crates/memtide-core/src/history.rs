@@ -62,6 +62,26 @@ impl<T> History<T> {
         (n > 0).then(|| sum / n as f64)
     }
 
+    /// Time between the two latest samples.
+    pub fn interval(&self) -> Option<Duration> {
+        let n = self.samples.len();
+        (n >= 2).then(|| self.samples[n - 1].0.saturating_sub(self.samples[n - 2].0))
+    }
+
+    /// Growth of a cumulative counter between the two latest samples; `None` when either
+    /// lacks it or it went backwards (a reset).
+    pub fn delta(&self, counter: impl Fn(&T) -> Option<u64>) -> Option<u64> {
+        let n = self.samples.len();
+        if n < 2 {
+            return None;
+        }
+        let (c0, c1) = (
+            counter(&self.samples[n - 2].1)?,
+            counter(&self.samples[n - 1].1)?,
+        );
+        c1.checked_sub(c0)
+    }
+
     /// Per-second rate of a cumulative counter between the two latest samples.
     /// `None` when either lacks it, time did not advance, or it went backwards (a reset).
     pub fn rate(&self, counter: impl Fn(&T) -> Option<u64>) -> Option<f64> {
@@ -104,6 +124,20 @@ mod tests {
         assert_eq!(h.mean(|v| *v), Some(3.0));
         let empty: History<Option<f64>> = History::new(3);
         assert_eq!(empty.mean(|v| *v), None);
+    }
+
+    #[test]
+    fn delta_and_interval_of_the_two_latest() {
+        let mut h = History::new(10);
+        h.push(at(1), 5u64);
+        assert_eq!((h.delta(|v| Some(*v)), h.interval()), (None, None));
+        h.push(at(3), 12);
+        assert_eq!(
+            (h.delta(|v| Some(*v)), h.interval()),
+            (Some(7), Some(at(2)))
+        );
+        h.push(at(4), 2);
+        assert_eq!(h.delta(|v| Some(*v)), None, "a counter reset is no delta");
     }
 
     #[test]

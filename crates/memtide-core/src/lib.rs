@@ -7,6 +7,7 @@ pub mod backend;
 pub mod config;
 pub mod decision;
 pub mod engine;
+pub mod estimate;
 pub mod history;
 pub mod policy;
 pub mod sanitize;

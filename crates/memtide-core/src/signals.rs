@@ -1,15 +1,45 @@
-//! Per-VM signals derived from a VM's history: used memory and fault and swap rates.
+//! Per-VM signals derived each tick from a VM's history: its memory picture and what
+//! happened since the previous sample. The guest agent's /proc figures are preferred; the
+//! virtio-balloon statistics stand in where the guest has no agent (major faults then
+//! stand in for refaults).
 
 use crate::history::History;
 use crate::snapshot::VmSample;
+use crate::stats::AgentStats;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The guest's base page size: swap-in and refault counts are pages.
+pub const PAGE: u64 = 4096;
 
 /// What the engine derives about a guest each tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Signals {
     /// Memory the guest uses: its current size minus what it reports free.
     pub used: Option<Bytes>,
+    /// MemTotal as the guest sees it.
+    pub total: Option<Bytes>,
+    /// MemAvailable: what the guest could use without swapping.
+    pub available: Option<Bytes>,
+    /// Committed_AS (needs the agent; else `None`).
+    pub committed_as: Option<Bytes>,
+    /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
+    /// and, without swap, anonymous memory (needs the agent).
+    pub unreclaimable: Option<Bytes>,
+    /// Pages swapped in since the previous sample.
+    pub swap_ins: Option<u64>,
+    /// Evicted pages faulted back since the previous sample (refaults with the agent,
+    /// major faults without it).
+    pub refaults: Option<u64>,
+    /// Direct-reclaim stalls since the previous sample.
+    pub alloc_stalls: Option<u64>,
+    /// OOM kills since the previous sample.
+    pub oom_kills: Option<u64>,
+    /// The guest's memory PSI, `some` over 10 s (percent).
+    pub psi_some_avg10: Option<f64>,
+    /// Time since the previous sample.
+    pub interval: Option<Duration>,
     /// Major faults per second.
     pub major_faults_per_s: Option<f64>,
     /// Bytes swapped in per second.
@@ -18,17 +48,154 @@ pub struct Signals {
     pub swap_out_per_s: Option<f64>,
 }
 
+fn agent(s: &VmSample) -> Option<&AgentStats> {
+    s.agent.as_ref()?.as_ref().ok()
+}
+
 impl Signals {
     /// Signals from a VM's (sanitized) history; the latest sample is the current one.
     pub fn derive(history: &History<VmSample>) -> Signals {
-        let used = history
-            .latest()
-            .and_then(|s| Some(s.balloon.unwrap_or(s.configured) - s.stats.free?));
+        let Some(s) = history.latest() else {
+            return Signals::default();
+        };
+        let a = agent(s);
+        let used = s
+            .stats
+            .free
+            .map(|free| s.balloon.unwrap_or(s.configured) - free);
+        let total = a.map(|a| a.meminfo.total).or(s.stats.total);
+        let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
+        let unreclaimable = a.map(|a| {
+            let m = &a.meminfo;
+            let anon = if m.swap_total == Bytes::ZERO {
+                m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default()
+            } else {
+                Bytes::ZERO
+            };
+            m.slab_unreclaimable.unwrap_or_default() + m.shmem.unwrap_or_default() + anon
+        });
+        // Counters from the agent when both samples have it, else from balloon stats.
+        let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
+        let swap_ins = agent_delta(|a| a.vmstat.pswpin)
+            .or_else(|| history.delta(|s| s.stats.swap_in.map(|b| b.0 / PAGE)));
+        let refaults = agent_delta(|a| {
+            Some(a.vmstat.workingset_refault_anon.unwrap_or(0) + a.vmstat.workingset_refault_file?)
+        })
+        .or_else(|| history.delta(|s| s.stats.major_faults));
         Signals {
             used,
+            total,
+            available,
+            committed_as: a.and_then(|a| a.meminfo.committed_as),
+            unreclaimable,
+            swap_ins,
+            refaults,
+            alloc_stalls: agent_delta(|a| a.vmstat.allocstall)
+                .or_else(|| history.delta(|s| s.stats.alloc_stalls)),
+            oom_kills: agent_delta(|a| a.vmstat.oom_kill)
+                .or_else(|| history.delta(|s| s.stats.oom_kills)),
+            psi_some_avg10: a.and_then(|a| a.psi).map(|p| p.some.avg10),
+            interval: history.interval(),
             major_faults_per_s: history.rate(|s| s.stats.major_faults),
             swap_in_per_s: history.rate(|s| s.stats.swap_in.map(|b| b.0)),
             swap_out_per_s: history.rate(|s| s.stats.swap_out.map(|b| b.0)),
         }
+    }
+
+    /// Evidence that the guest is short of memory now: pages faulted back, stalls, OOM
+    /// kills. The sum of swap-ins and refaults, in pages, with stalls and kills as flags.
+    pub fn faults(&self) -> u64 {
+        self.swap_ins.unwrap_or(0) + self.refaults.unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{MemInfo, VmStat};
+    use crate::testkit;
+
+    fn sample(pswpin: u64, refault_file: u64, majflt: u64, swap_total: u64) -> VmSample {
+        let mut s = testkit::vm("a", 1024, 1024, 100).sample.unwrap();
+        s.stats.major_faults = Some(majflt);
+        s.agent = Some(Ok(AgentStats {
+            meminfo: MemInfo {
+                total: Bytes::from_mib(1000),
+                available: Some(Bytes::from_mib(600)),
+                committed_as: Some(Bytes::from_mib(300)),
+                active_anon: Some(Bytes::from_mib(100)),
+                inactive_anon: Some(Bytes::from_mib(50)),
+                shmem: Some(Bytes::from_mib(10)),
+                slab_unreclaimable: Some(Bytes::from_mib(20)),
+                swap_total: Bytes::from_mib(swap_total),
+                ..MemInfo::default()
+            },
+            vmstat: VmStat {
+                pswpin: Some(pswpin),
+                workingset_refault_anon: Some(0),
+                workingset_refault_file: Some(refault_file),
+                ..VmStat::default()
+            },
+            psi: None,
+        }));
+        s
+    }
+
+    #[test]
+    fn the_agent_is_preferred_and_counters_become_deltas() {
+        let mut h = History::new(10);
+        h.push(Duration::from_secs(1), sample(10, 5, 1000, 0));
+        h.push(Duration::from_secs(2), sample(14, 9, 5000, 0));
+        let s = Signals::derive(&h);
+        assert_eq!(
+            (s.swap_ins, s.refaults, s.faults()),
+            (Some(4), Some(4), 8),
+            "refaults, not major faults"
+        );
+        assert_eq!(s.committed_as, Some(Bytes::from_mib(300)));
+        assert_eq!(s.available, Some(Bytes::from_mib(600)));
+        assert_eq!(
+            s.unreclaimable,
+            Some(Bytes::from_mib(180)),
+            "no swap: anon counts"
+        );
+        assert_eq!(s.interval, Some(Duration::from_secs(1)));
+        let mut h = History::new(10);
+        h.push(Duration::from_secs(1), sample(0, 0, 0, 512));
+        assert_eq!(
+            Signals::derive(&h).unreclaimable,
+            Some(Bytes::from_mib(30)),
+            "with swap, anon can go"
+        );
+    }
+
+    #[test]
+    fn without_an_agent_major_faults_stand_in_for_refaults() {
+        let mut h = History::new(10);
+        for (t, majflt) in [(1, 100), (2, 130)] {
+            let mut s = testkit::vm("a", 1024, 1024, 100).sample.unwrap();
+            s.stats.major_faults = Some(majflt);
+            s.stats.swap_in = Some(Bytes(PAGE * t));
+            h.push(Duration::from_secs(t), s);
+        }
+        let s = Signals::derive(&h);
+        assert_eq!(
+            (s.refaults, s.swap_ins, s.committed_as),
+            (Some(30), Some(1), None)
+        );
+    }
+
+    #[test]
+    fn a_failed_agent_read_falls_back_to_balloon_stats() {
+        let mut s = testkit::vm("a", 1024, 1024, 100).sample.unwrap();
+        s.stats.available = Some(Bytes::from_mib(700));
+        s.agent = Some(Err("guest agent: no reply".into()));
+        let mut h = History::new(10);
+        h.push(Duration::ZERO, s);
+        let sig = Signals::derive(&h);
+        assert_eq!(
+            (sig.available, sig.committed_as, sig.unreclaimable),
+            (Some(Bytes::from_mib(700)), None, None)
+        );
     }
 }

@@ -1,0 +1,237 @@
+//! memtide's estimator. It starts where the guest's own accounting says it stands — its
+//! size minus MemAvailable, plus a margin — instead of stepping down 5% a second, then
+//! probes below that the TWS way to find memory the guest holds but does not use (cold
+//! anonymous memory, stale cache). Any sign of shortage — swap-ins, refaults, allocation
+//! stalls, OOM kills, memory pressure — backs it off within the same tick, and probing
+//! resumes after a cool-down that doubles while probes keep failing at the same level.
+//! It never goes below the guest's unreclaimable memory plus a floor.
+
+use super::{clamp, epochs, Estimate, Observation};
+use crate::signals::PAGE;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The constants.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FusedConfig {
+    /// Margin above the guest's own need, as a share of its configured size.
+    pub margin: f64,
+    /// Smallest margin, in MiB.
+    pub margin_min_mib: u64,
+    /// Probing step per epoch, as a share of the configured size.
+    pub probe_step: f64,
+    /// Extra memory given on a back-off, beyond the pages faulted back, as a share of
+    /// the configured size.
+    pub backoff_step: f64,
+    /// Seconds to hold after a back-off before probing again (doubles on each further
+    /// back-off, up to `max_cool_down_s`).
+    pub cool_down_s: f64,
+    /// Longest hold, in seconds.
+    pub max_cool_down_s: f64,
+    /// Guest memory PSI (`some`, 10 s, percent) above which the guest counts as short.
+    pub psi_threshold: f64,
+    /// Memory kept above the guest's unreclaimable memory, in MiB.
+    pub floor_mib: u64,
+    /// Length of an epoch in seconds (steps scale with the tick interval).
+    pub epoch_s: f64,
+    /// Growth of the guest's own need that counts as new demand: jump to it at once.
+    pub rebase_change: f64,
+}
+
+impl Default for FusedConfig {
+    fn default() -> Self {
+        FusedConfig {
+            margin: 0.03,
+            margin_min_mib: 8,
+            probe_step: 0.01,
+            backoff_step: 0.02,
+            cool_down_s: 8.0,
+            max_cool_down_s: 120.0,
+            psi_threshold: 1.0,
+            floor_mib: 32,
+            epoch_s: 1.0,
+            rebase_change: 0.10,
+        }
+    }
+}
+
+/// One VM's estimator state.
+#[derive(Clone, Debug, Default)]
+pub struct Fused {
+    estimate: Option<Bytes>,
+    /// The guest's own need at the last rebase.
+    base: Bytes,
+    /// Probing resumes at this time.
+    hold_until: Duration,
+    /// Back-offs since the last rebase (the cool-down doubles with each).
+    backoffs: u32,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or_default()
+}
+
+impl Fused {
+    /// Advance one tick. Needs MemAvailable (guest agent or balloon statistics) or, at
+    /// least, the guest's free memory.
+    pub fn step(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Estimate> {
+        let s = &obs.signals;
+        // size − MemAvailable is the guest's need whether or not its MemTotal shrinks
+        // with the balloon (with deflate-on-oom it does not, and balloon pages count as
+        // used); without MemAvailable, used memory (cache included) stands in.
+        let need = match s.available {
+            Some(avail) => obs.size - avail,
+            None => s.used?,
+        };
+        let margin = obs
+            .configured
+            .scale(cfg.margin)
+            .max(Bytes::from_mib(cfg.margin_min_mib));
+        let base = need + margin;
+        let floor = (s.unreclaimable.unwrap_or_default() + Bytes::from_mib(cfg.floor_mib))
+            .min(obs.configured);
+        let step = |share: f64| {
+            obs.configured
+                .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
+        };
+
+        let mut estimate = self.estimate.unwrap_or(base);
+        let rebase = self.estimate.is_none()
+            || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
+        self.base = base;
+        let mut why = format!("the guest needs {need} by its own count");
+        let short = s.faults() > 0
+            || s.alloc_stalls.unwrap_or(0) > 0
+            || s.oom_kills.unwrap_or(0) > 0
+            || s.psi_some_avg10.is_some_and(|p| p > cfg.psi_threshold);
+        let phase = if short {
+            estimate = estimate.max(obs.size)
+                + Bytes(s.faults().saturating_mul(PAGE))
+                + step(cfg.backoff_step);
+            self.backoffs = self.backoffs.saturating_add(1);
+            let hold =
+                (cfg.cool_down_s * 2f64.powi(self.backoffs as i32 - 1)).min(cfg.max_cool_down_s);
+            self.hold_until = obs.at + secs(hold);
+            why = format!(
+                "short of memory ({} pages faulted back, {} stalls, {} OOM kills): back off, hold {hold:.0} s",
+                s.faults(),
+                s.alloc_stalls.unwrap_or(0),
+                s.oom_kills.unwrap_or(0)
+            );
+            "back_off"
+        } else if rebase {
+            estimate = estimate.max(base);
+            self.backoffs = 0;
+            why = format!("the guest needs {need}: start there");
+            "start"
+        } else if obs.at < self.hold_until {
+            "hold"
+        } else {
+            estimate = estimate - step(cfg.probe_step);
+            "probe"
+        };
+        let wss = clamp(estimate, floor, obs.configured);
+        self.estimate = Some(wss);
+        let detail = format!("memtide {phase}: {why}; floor {floor}");
+        Some(Estimate {
+            wss,
+            phase: phase.into(),
+            detail,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signals::Signals;
+
+    /// A 1000 MiB guest at `size` with `avail` MemAvailable and `faults` this tick.
+    fn obs(t: u64, size: u64, avail: u64, faults: u64) -> Observation {
+        Observation {
+            at: Duration::from_secs(t),
+            size: Bytes::from_mib(size),
+            configured: Bytes::from_mib(1000),
+            referenced: None,
+            signals: Signals {
+                available: Some(Bytes::from_mib(avail)),
+                unreclaimable: Some(Bytes::from_mib(40)),
+                swap_ins: Some(faults),
+                refaults: Some(0),
+                interval: Some(Duration::from_secs(1)),
+                ..Signals::default()
+            },
+        }
+    }
+
+    fn mib(e: Option<Estimate>) -> f64 {
+        e.unwrap().wss.mib_f64()
+    }
+
+    #[test]
+    fn starts_at_the_guests_own_need_then_probes_down() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        // need 1000 - 700 = 300, margin 30: 330 at once, then 10 MiB (1%) per tick.
+        assert_eq!(mib(f.step(&cfg, &obs(0, 1000, 700, 0))), 330.0);
+        assert_eq!(mib(f.step(&cfg, &obs(1, 330, 30, 0))), 320.0);
+        assert_eq!(mib(f.step(&cfg, &obs(2, 320, 20, 0))), 310.0);
+    }
+
+    #[test]
+    fn backs_off_in_the_same_tick_and_holds_longer_each_time() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        // 2560 pages (10 MiB) faulted back: the estimate (330, above the size 320) + 10 + 20 (2%).
+        let e = f.step(&cfg, &obs(1, 320, 20, 2560)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase.as_str()), (360.0, "back_off"));
+        assert_eq!(f.step(&cfg, &obs(8, 350, 50, 0)).unwrap().phase, "hold");
+        assert_eq!(
+            f.step(&cfg, &obs(9, 350, 50, 0)).unwrap().phase,
+            "probe",
+            "8 s after the first back-off"
+        );
+        f.step(&cfg, &obs(10, 340, 40, 256));
+        assert_eq!(
+            f.step(&cfg, &obs(25, 360, 60, 0)).unwrap().phase,
+            "hold",
+            "second back-off holds 16 s"
+        );
+        assert_eq!(f.step(&cfg, &obs(26, 360, 60, 0)).unwrap().phase, "probe");
+    }
+
+    #[test]
+    fn stalls_oom_kills_and_pressure_also_back_off() {
+        let cfg = FusedConfig::default();
+        for signal in 0..3 {
+            let mut f = Fused::default();
+            f.step(&cfg, &obs(0, 1000, 700, 0));
+            let mut o = obs(1, 330, 30, 0);
+            match signal {
+                0 => o.signals.alloc_stalls = Some(1),
+                1 => o.signals.oom_kills = Some(1),
+                _ => o.signals.psi_some_avg10 = Some(5.0),
+            }
+            assert_eq!(
+                f.step(&cfg, &o).unwrap().phase,
+                "back_off",
+                "signal {signal}"
+            );
+        }
+    }
+
+    #[test]
+    fn new_demand_is_met_at_once_and_the_floor_holds() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 900, 0)); // need 100: 130
+                                             // The guest allocated 400 MiB more: need 500 at size 600 (avail 100): jump to 530.
+        assert_eq!(mib(f.step(&cfg, &obs(1, 600, 100, 0))), 530.0);
+        // A guest needing nothing still keeps unreclaimable 40 + floor 32.
+        let mut g = Fused::default();
+        for t in 0..200 {
+            g.step(&cfg, &obs(t, 80, 80, 0));
+        }
+        assert_eq!(mib(g.step(&cfg, &obs(200, 80, 80, 0))), 72.0);
+    }
+}

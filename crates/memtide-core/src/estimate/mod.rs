@@ -1,0 +1,60 @@
+//! Working-set estimators: small pure state machines, one instance per VM, fed one
+//! [`Observation`] per tick. Each returns an [`Estimate`] of the memory the guest needs.
+//!
+//! - [`tws`]: the probing machine of "Working Set-based Physical Memory Ballooning"
+//!   (Chiang, Li, Chiueh): FAST / COOL_DOWN / SLOW, driven by swap-ins and refaults.
+//! - [`selfballoon`]: Xen self-ballooning: Committed_AS plus a reserve, with hysteresis
+//!   and the kernel's piecewise floor.
+//! - [`sampled`]: a host-side estimate from the guest memory the hypervisor process
+//!   touched, as ESX samples pages; no guest cooperation needed.
+//! - [`fused`]: memtide's own: jump to MemAvailable's view, probe below it, back off on
+//!   any sign of shortage.
+
+pub mod fused;
+pub mod sampled;
+pub mod selfballoon;
+pub mod tws;
+
+use crate::signals::Signals;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What an estimator sees of one VM in one tick.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    /// Time of the tick.
+    pub at: Duration,
+    /// The guest's current size (balloon actual).
+    pub size: Bytes,
+    /// The size it was started with.
+    pub configured: Bytes,
+    /// Guest memory the hypervisor saw touched in the last window, when sampled.
+    pub referenced: Option<Bytes>,
+    /// Derived guest signals.
+    pub signals: Signals,
+}
+
+/// An estimate and how it was reached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The memory the guest needs.
+    pub wss: Bytes,
+    /// The estimator's state, e.g. `fast`, `cool_down`.
+    pub phase: String,
+    /// The inputs behind it, in words.
+    pub detail: String,
+}
+
+/// Keep `b` within `[lo, hi]` (with `hi` winning if they cross).
+pub fn clamp(b: Bytes, lo: Bytes, hi: Bytes) -> Bytes {
+    b.max(lo).min(hi)
+}
+
+/// Seconds of `d` as a fraction of `epoch` (a missing interval counts as one epoch).
+pub fn epochs(d: Option<Duration>, epoch: Duration) -> f64 {
+    match d {
+        Some(d) if !epoch.is_zero() => d.as_secs_f64() / epoch.as_secs_f64(),
+        _ => 1.0,
+    }
+}
