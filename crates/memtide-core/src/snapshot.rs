@@ -46,6 +46,10 @@ pub struct VmSample {
     pub agent: Option<Result<AgentStats, String>>,
     /// Resident memory of the hypervisor process, when known.
     pub rss: Option<Bytes>,
+    /// Guest memory the hypervisor saw touched since the previous sample (host-side
+    /// access sampling), when enabled and possible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub referenced: Option<Bytes>,
     /// Events since the previous sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<VmEvent>,

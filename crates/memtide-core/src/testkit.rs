@@ -54,6 +54,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             },
             agent: None,
             rss: None,
+            referenced: None,
             events: Vec::new(),
         }),
     }

@@ -2,8 +2,14 @@
 //! Unknown keys are errors, and every semantic check names the field it rejects.
 
 use crate::policies::PolicySource;
+use memtide_core::estimate::fused::FusedConfig;
+use memtide_core::estimate::sampled::SampledConfig;
+use memtide_core::estimate::selfballoon::SelfBalloonConfig;
+use memtide_core::estimate::tws::TwsConfig;
+use memtide_core::policy::esx::EsxConfig;
 use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::MomConfig;
+use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -37,6 +43,18 @@ pub struct Config {
     pub mom: MomConfig,
     /// Constants of the ksmtuned algorithm.
     pub ksm: KsmConfig,
+    /// Settings shared by the working-set policies (memtide, tws, selfballoon, sampled).
+    pub working_set: WorkingSetConfig,
+    /// Constants of memtide's estimator.
+    pub memtide: FusedConfig,
+    /// Constants of the TWS probing machine.
+    pub tws: TwsConfig,
+    /// Constants of Xen self-ballooning.
+    pub selfballoon: SelfBalloonConfig,
+    /// Constants of the host-side sampled estimate.
+    pub sampled: SampledConfig,
+    /// Constants of the ESX policy.
+    pub esx: EsxConfig,
 }
 
 /// The daemon's endpoints and timeouts.
@@ -102,13 +120,15 @@ pub struct VmConfig {
     pub max_mib: Option<u64>,
     /// Relative weight when memory is divided.
     pub shares: Option<u32>,
+    /// This VM's own policy (a built-in name or a policy file), instead of the host's.
+    pub policy: Option<String>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             interval_s: 2.0,
-            policy: "mom".into(),
+            policy: "memtide".into(),
             policy_dir: None,
             daemon: DaemonConfig::default(),
             host: HostConfig::default(),
@@ -118,6 +138,12 @@ impl Default for Config {
             engine: EngineConfig::default(),
             mom: MomConfig::default(),
             ksm: KsmConfig::default(),
+            working_set: WorkingSetConfig::default(),
+            memtide: FusedConfig::default(),
+            tws: TwsConfig::default(),
+            selfballoon: SelfBalloonConfig::default(),
+            sampled: SampledConfig::default(),
+            esx: EsxConfig::default(),
         }
     }
 }
@@ -277,6 +303,15 @@ impl Config {
             if !names.insert(&vm.name) {
                 return bad(&field("name"), format!("{:?} is named twice", vm.name));
             }
+            if let Some(PolicySource::Builtin(name)) = vm
+                .policy
+                .as_deref()
+                .map(|p| PolicySource::from_config(p, None))
+            {
+                if !crate::policies::BUILTIN.contains(&name.as_str()) {
+                    return bad(&field("policy"), format!("unknown policy {name:?}"));
+                }
+            }
             let min = vm.min_mib.unwrap_or(self.defaults.min_mib);
             if let Some(max) = vm.max_mib.filter(|max| *max < min) {
                 return bad(&field("max_mib"), format!("{max} is below min_mib {min}"));
@@ -396,7 +431,7 @@ mod tests {
         );
         assert_eq!(
             err("policy = \"magic\"\n"),
-            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: mom, none; or a file path)"
+            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: memtide, mom, tws, selfballoon, sampled, esx, none; or a file path)"
         );
         assert!(err("[daemon]\nhttp = \"localhost\"\n")
             .starts_with("memtide.toml: daemon.http: \"localhost\" is not an address:port"));
@@ -420,6 +455,7 @@ mod tests {
             min_mib: Some(512),
             max_mib: Some(4096),
             shares: None,
+            policy: None,
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));

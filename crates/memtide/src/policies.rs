@@ -1,15 +1,27 @@
 //! Where the policy comes from: a built-in name, policy files, or a directory of them,
 //! and turning that into a running policy (with located, rendered errors).
 
+use crate::config::Config;
+use memtide_core::policy::esx::Esx;
 use memtide_core::policy::mom::Mom;
 use memtide_core::policy::none::Unmanaged;
+use memtide_core::policy::routed::Routed;
+use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet};
 use memtide_core::policy::Policy;
-use memtide_core::policy::{ksmtuned::KsmConfig, mom::MomConfig};
 use memtide_lang::{Limits, ScriptPolicy, Source};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The built-in policies, by name.
-pub const BUILTIN: [&str; 2] = ["mom", "none"];
+pub const BUILTIN: [&str; 7] = [
+    "memtide",
+    "mom",
+    "tws",
+    "selfballoon",
+    "sampled",
+    "esx",
+    "none",
+];
 
 /// A policy that could not be loaded: unreadable files, or the located, rendered parse error.
 #[derive(Debug, thiserror::Error)]
@@ -41,13 +53,23 @@ impl PolicySource {
     }
 
     /// Build the policy; built-ins take their constants from the configuration.
-    pub fn load(&self, mom: &MomConfig, ksm: &KsmConfig) -> Result<Box<dyn Policy>, LoadError> {
+    pub fn load(&self, c: &Config) -> Result<Box<dyn Policy>, LoadError> {
+        let working_set = |e| -> Box<dyn Policy> {
+            Box::new(WorkingSet::new(e, c.working_set.clone(), c.ksm.clone()))
+        };
         match self {
             PolicySource::Builtin(name) => match name.as_str() {
+                "memtide" => Ok(working_set(EstimatorConfig::Fused(c.memtide.clone()))),
                 "mom" => Ok(Box::new(Mom {
-                    balloon: mom.clone(),
-                    ksm: ksm.clone(),
+                    balloon: c.mom.clone(),
+                    ksm: c.ksm.clone(),
                 })),
+                "tws" => Ok(working_set(EstimatorConfig::Tws(c.tws.clone()))),
+                "selfballoon" => Ok(working_set(EstimatorConfig::SelfBalloon(
+                    c.selfballoon.clone(),
+                ))),
+                "sampled" => Ok(working_set(EstimatorConfig::Sampled(c.sampled.clone()))),
+                "esx" => Ok(Box::new(Esx::new(c.esx.clone(), c.ksm.clone()))),
                 "none" => Ok(Box::new(Unmanaged)),
                 other => Err(LoadError(format!(
                     "unknown policy {other:?} (built-in policies: {})",
@@ -58,6 +80,28 @@ impl PolicySource {
             PolicySource::Dir(dir) => Ok(Box::new(parse(&read(&dir_files(dir)?)?)?)),
         }
     }
+}
+
+/// The configuration's policy: the host's, with the VMs that name their own routed to it.
+pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
+    let host = c.policy_source().load(c)?;
+    let mut groups: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for vm in &c.vms {
+        if let Some(p) = &vm.policy {
+            groups
+                .entry(p.as_str())
+                .or_default()
+                .insert(vm.name.clone());
+        }
+    }
+    if groups.is_empty() {
+        return Ok(host);
+    }
+    let exceptions = groups
+        .into_iter()
+        .map(|(policy, vms)| Ok((vms, PolicySource::from_config(policy, None).load(c)?)))
+        .collect::<Result<Vec<_>, LoadError>>()?;
+    Ok(Box::new(Routed::new(host, exceptions)))
 }
 
 /// The `*.policy` files of a directory, hidden ones excepted, in name order.
@@ -99,7 +143,7 @@ mod tests {
     use super::*;
 
     fn load(source: &PolicySource) -> Result<Box<dyn Policy>, LoadError> {
-        source.load(&MomConfig::default(), &KsmConfig::default())
+        source.load(&Config::default())
     }
 
     #[test]
@@ -120,18 +164,32 @@ mod tests {
             PolicySource::from_config("mom", Some(Path::new("/d"))),
             PolicySource::Dir("/d".into())
         );
-        assert_eq!(
-            load(&PolicySource::Builtin("none".into())).unwrap().name(),
-            "none"
-        );
+        for name in BUILTIN {
+            assert_eq!(
+                load(&PolicySource::Builtin(name.into())).unwrap().name(),
+                name
+            );
+        }
         let err = load(&PolicySource::Builtin("magic".into()))
             .err()
             .unwrap()
             .to_string();
-        assert_eq!(
-            err,
-            "unknown policy \"magic\" (built-in policies: mom, none)"
+        let expected = format!(
+            "unknown policy \"magic\" (built-in policies: {})",
+            BUILTIN.join(", ")
         );
+        assert_eq!(err, expected);
+    }
+
+    #[test]
+    fn vms_can_name_their_own_policy() {
+        let c = Config::parse(
+            "policy = \"memtide\"\n[[vm]]\nname = \"db\"\nqmp = \"/db\"\npolicy = \"tws\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(super::load(&c).unwrap().name(), "memtide (tws for db)");
+        assert_eq!(super::load(&Config::default()).unwrap().name(), "memtide");
     }
 
     #[test]

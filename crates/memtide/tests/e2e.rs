@@ -58,7 +58,7 @@ fn two_guests_in_a_cgroup_domain() {
 
     let port = support::free_port();
     let config = format!(
-        "interval_s = 1\n\
+        "interval_s = 1\npolicy = \"mom\"\n\
          [host]\ndomain_cgroup = {:?}\n\
          [discovery]\nqmp_glob = []\n\
          [engine]\nksm_control = false\nsettle_s = 20\n\

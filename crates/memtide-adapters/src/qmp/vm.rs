@@ -265,6 +265,7 @@ impl VmBackend for QmpVm {
             stats,
             agent,
             rss,
+            referenced: None,
             events,
         })
     }

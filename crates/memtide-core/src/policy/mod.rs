@@ -1,9 +1,13 @@
 //! Policies: given the host's and the guests' recent history, propose balloon targets
 //! and KSM settings. Policies are pure; the engine applies safeguards to what they propose.
 
+pub mod divide;
+pub mod esx;
 pub mod ksmtuned;
 pub mod mom;
 pub mod none;
+pub mod routed;
+pub mod working_set;
 
 use crate::action::{KsmSettings, Reason};
 use crate::history::History;
@@ -15,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One VM as a policy sees it: only VMs with a balloon and a fresh sample are shown.
+#[derive(Clone, Copy)]
 pub struct VmInput<'a> {
     /// The VM's name.
     pub name: &'a str,

@@ -372,6 +372,7 @@ mod tests {
                     stats: Default::default(),
                     agent: None,
                     rss: None,
+                    referenced: None,
                     events: Vec::new(),
                 }),
             }

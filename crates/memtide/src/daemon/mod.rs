@@ -7,7 +7,7 @@ pub mod fleet;
 
 use crate::config::Config;
 use crate::control::Request;
-use crate::policies::PolicySource;
+use crate::policies;
 use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
@@ -35,7 +35,6 @@ pub struct RunOptions {
 /// Everything a tick needs.
 struct Daemon {
     config: Config,
-    policy: PolicySource,
     options: RunOptions,
     host: LinuxHost,
     fleet: Fleet,
@@ -55,10 +54,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         domain_cgroup: config.host.domain_cgroup.clone(),
     });
     host.sample().context("reading host statistics")?;
-    let source = config.policy_source();
-    let policy = source
-        .load(&config.mom, &config.ksm)
-        .context("loading the policy")?;
+    let policy = policies::load(&config).context("loading the policy")?;
     let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
         format!(
             "opening the event log {}",
@@ -105,7 +101,6 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
 
     let mut daemon = Daemon {
         config,
-        policy: source,
         options,
         host,
         fleet,
@@ -157,7 +152,7 @@ impl Daemon {
     /// Load the policy again; a policy that fails to load is rejected and the running
     /// one stays in force.
     fn reload(&mut self) -> Result<String, String> {
-        let result = match self.policy.load(&self.config.mom, &self.config.ksm) {
+        let result = match policies::load(&self.config) {
             Ok(policy) => {
                 let name = policy.name().to_string();
                 self.engine.set_policy(policy);

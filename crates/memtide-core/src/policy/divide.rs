@@ -1,0 +1,135 @@
+//! Dividing memory between VMs when their wishes do not fit: every VM first gets its
+//! minimum, then what remains is shared in proportion to weights (shares, or
+//! activity-adjusted shares), no VM getting more than it wants; what a capped VM does not
+//! take flows to the others (water-filling).
+
+use crate::units::Bytes;
+
+/// One VM's claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    /// Never less than this.
+    pub min: Bytes,
+    /// What it would get if memory were plentiful.
+    pub want: Bytes,
+    /// Its weight in the division.
+    pub weight: f64,
+}
+
+/// Divide `capacity` between claims; returns one amount per claim, in order. When the
+/// wants fit, each gets its want; when even the minimums do not fit, each gets its min.
+pub fn divide(capacity: Bytes, claims: &[Claim]) -> Vec<Bytes> {
+    let wants: Bytes = claims.iter().map(|c| c.want.max(c.min)).sum();
+    if wants <= capacity {
+        return claims.iter().map(|c| c.want.max(c.min)).collect();
+    }
+    let mut given: Vec<f64> = claims.iter().map(|c| c.min.as_f64()).collect();
+    let mut left = capacity.as_f64() - given.iter().sum::<f64>();
+    let mut open: Vec<usize> = (0..claims.len())
+        .filter(|&i| claims[i].want > claims[i].min)
+        .collect();
+    while left > 0.5 && !open.is_empty() {
+        let total_weight: f64 = open
+            .iter()
+            .map(|&i| claims[i].weight.max(f64::MIN_POSITIVE))
+            .sum();
+        let mut still_open = Vec::new();
+        let mut handed = 0.0;
+        for &i in &open {
+            let share = left * claims[i].weight.max(f64::MIN_POSITIVE) / total_weight;
+            let room = claims[i].want.as_f64() - given[i];
+            let take = share.min(room);
+            given[i] += take;
+            handed += take;
+            if take < room {
+                still_open.push(i);
+            }
+        }
+        left -= handed;
+        if still_open.len() == open.len() {
+            break; // nobody was capped: the division is final
+        }
+        open = still_open;
+    }
+    given.into_iter().map(Bytes::from_f64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn claim(min: u64, want: u64, weight: f64) -> Claim {
+        Claim {
+            min: Bytes::from_mib(min),
+            want: Bytes::from_mib(want),
+            weight,
+        }
+    }
+
+    fn mib(v: Vec<Bytes>) -> Vec<u64> {
+        v.into_iter()
+            .map(|b| (b.as_f64() / (1u64 << 20) as f64).round() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn wants_that_fit_are_given() {
+        assert_eq!(
+            mib(divide(
+                Bytes::from_mib(1000),
+                &[claim(100, 300, 1.0), claim(100, 400, 1.0)]
+            )),
+            [300, 400]
+        );
+    }
+
+    #[test]
+    fn scarcity_is_shared_by_weight_above_the_minimums() {
+        // 600 MiB: minimums 100 each, the 400 left split 1:3.
+        let v = divide(
+            Bytes::from_mib(600),
+            &[claim(100, 500, 1.0), claim(100, 500, 3.0)],
+        );
+        assert_eq!(mib(v), [200, 400]);
+    }
+
+    #[test]
+    fn what_a_capped_vm_does_not_take_flows_to_the_others() {
+        // Equal weights: 300 each, but the first wants only 150: the other gets 450.
+        let v = divide(
+            Bytes::from_mib(600),
+            &[claim(50, 150, 1.0), claim(50, 800, 1.0)],
+        );
+        assert_eq!(mib(v), [150, 450]);
+    }
+
+    #[test]
+    fn minimums_hold_even_when_they_do_not_fit() {
+        assert_eq!(
+            mib(divide(
+                Bytes::from_mib(100),
+                &[claim(80, 200, 1.0), claim(80, 200, 1.0)]
+            )),
+            [80, 80]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_below_min_never_above_want_and_never_over_capacity_beyond_minimums(
+            capacity in 0u64..10_000,
+            claims in proptest::collection::vec((0u64..2000, 0u64..4000, 0.0f64..10.0), 1..8),
+        ) {
+            let claims: Vec<Claim> = claims.iter().map(|&(min, want, w)| claim(min, want, w)).collect();
+            let v = divide(Bytes::from_mib(capacity), &claims);
+            let mins: u64 = claims.iter().map(|c| c.min.0).sum();
+            for (c, g) in claims.iter().zip(&v) {
+                prop_assert!(*g >= c.min.min(*g) && g.0 + 1 >= c.min.0);
+                prop_assert!(g.0 <= c.want.max(c.min).0 + 1);
+            }
+            let total: u64 = v.iter().map(|b| b.0).sum();
+            prop_assert!(total <= Bytes::from_mib(capacity).0.max(mins) + claims.len() as u64);
+        }
+    }
+}

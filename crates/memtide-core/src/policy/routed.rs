@@ -1,0 +1,147 @@
+//! Different policies for different VMs: each VM named for a policy is decided by it, the
+//! others by the host's policy, which alone tunes KSM. Memory is divided within each
+//! policy's group.
+
+use super::{Policy, PolicyInput, PolicyOutput, VmInput};
+use std::collections::BTreeSet;
+
+/// The host's policy, with per-VM exceptions.
+pub struct Routed {
+    host: Box<dyn Policy>,
+    exceptions: Vec<(BTreeSet<String>, Box<dyn Policy>)>,
+    name: String,
+}
+
+impl Routed {
+    /// `host` decides every VM not named in `exceptions`.
+    pub fn new(
+        host: Box<dyn Policy>,
+        exceptions: Vec<(BTreeSet<String>, Box<dyn Policy>)>,
+    ) -> Routed {
+        let mut name = host.name().to_string();
+        for (vms, p) in &exceptions {
+            let vms: Vec<&str> = vms.iter().map(String::as_str).collect();
+            name.push_str(&format!(" ({} for {})", p.name(), vms.join(", ")));
+        }
+        Routed {
+            host,
+            exceptions,
+            name,
+        }
+    }
+}
+
+fn merge(into: &mut PolicyOutput, from: PolicyOutput) {
+    into.balloon.extend(from.balloon);
+    into.holds.extend(from.holds);
+    into.faults.extend(from.faults);
+}
+
+impl Policy for Routed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let mut rest: Vec<VmInput<'_>> = input.vms.to_vec();
+        let mut outputs = Vec::new();
+        for (names, policy) in &mut self.exceptions {
+            let (mine, others): (Vec<VmInput<'_>>, Vec<VmInput<'_>>) =
+                rest.into_iter().partition(|vm| names.contains(vm.name));
+            rest = others;
+            if !mine.is_empty() {
+                outputs.push(policy.decide(&PolicyInput {
+                    vms: &mine,
+                    ..*input
+                }));
+            }
+        }
+        let mut out = self.host.decide(&PolicyInput {
+            vms: &rest,
+            ..*input
+        });
+        for o in outputs {
+            merge(&mut out, o);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::Reason;
+    use crate::history::History;
+    use crate::policy::none::Unmanaged;
+    use crate::policy::Proposal;
+    use crate::signals::Signals;
+    use crate::snapshot::VmLimits;
+    use crate::testkit;
+    use crate::units::Bytes;
+    use std::time::Duration;
+
+    /// Proposes its own size for every VM it sees.
+    struct Fixed(u64);
+
+    impl Policy for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+            let mut out = PolicyOutput::default();
+            for vm in input.vms {
+                let p = Proposal {
+                    target: Bytes::from_mib(self.0),
+                    reason: Reason::new("fixed", ""),
+                };
+                out.balloon.insert(vm.name.to_string(), p);
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn named_vms_go_to_their_policy_and_the_rest_to_the_hosts() {
+        let mut host = History::new(2);
+        host.push(Duration::ZERO, testkit::host(4096, 2000));
+        let mut h = History::new(2);
+        h.push(
+            Duration::ZERO,
+            testkit::vm("x", 1024, 1024, 0).sample.unwrap(),
+        );
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(1024),
+            shares: 1,
+        };
+        let signals = Signals::default();
+        let vm = |name| VmInput {
+            name,
+            limits: &limits,
+            history: &h,
+            actual: Bytes::from_mib(1024),
+            signals: &signals,
+        };
+        let vms = [vm("db"), vm("web"), vm("batch")];
+        let mut routed = Routed::new(
+            Box::new(Fixed(500)),
+            vec![
+                (["db".to_string()].into(), Box::new(Fixed(900))),
+                (["batch".to_string()].into(), Box::new(Unmanaged)),
+            ],
+        );
+        assert_eq!(routed.name(), "fixed (fixed for db) (none for batch)");
+        let out = routed.decide(&PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &vms,
+        });
+        let targets: Vec<_> = out
+            .balloon
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.target.mib()))
+            .collect();
+        assert_eq!(targets, [("db", 900), ("web", 500)]);
+        assert!(out.holds.contains_key("batch"));
+    }
+}

@@ -1,0 +1,324 @@
+//! Policies that give every VM its estimated working set: `tws`, `selfballoon`, `sampled`
+//! and `memtide` differ only in their estimator. Each VM's target is its estimate within
+//! its bounds; when the targets do not fit in the memory the VMs can have (what they hold
+//! plus what the domain has freeable, less a reserve), memory is divided by working set
+//! first, then shares, never below each VM's min.
+
+use super::divide::{divide, Claim};
+use super::ksmtuned::{self, KsmConfig};
+use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
+use crate::action::Reason;
+use crate::estimate::fused::{Fused, FusedConfig};
+use crate::estimate::sampled::{Sampled, SampledConfig};
+use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
+use crate::estimate::tws::{Tws, TwsConfig};
+use crate::estimate::{Estimate, Observation};
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Settings shared by the working-set policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkingSetConfig {
+    /// Share of the domain kept free for the host when dividing memory.
+    pub host_reserve: f64,
+    /// Smallest change worth making, as a share of the guest's size.
+    pub min_change: f64,
+}
+
+impl Default for WorkingSetConfig {
+    fn default() -> Self {
+        WorkingSetConfig {
+            host_reserve: 0.05,
+            min_change: 0.005,
+        }
+    }
+}
+
+/// The estimator behind a policy, with its constants.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EstimatorConfig {
+    /// The TWS probing machine.
+    Tws(TwsConfig),
+    /// Xen self-ballooning.
+    SelfBalloon(SelfBalloonConfig),
+    /// Host-side sampling.
+    Sampled(SampledConfig),
+    /// memtide's fused estimator.
+    Fused(FusedConfig),
+}
+
+/// One VM's estimator state.
+enum State {
+    Tws(Tws),
+    SelfBalloon(SelfBalloon),
+    Sampled(Sampled),
+    Fused(Fused),
+}
+
+impl EstimatorConfig {
+    fn policy_name(&self) -> &'static str {
+        match self {
+            EstimatorConfig::Tws(_) => "tws",
+            EstimatorConfig::SelfBalloon(_) => "selfballoon",
+            EstimatorConfig::Sampled(_) => "sampled",
+            EstimatorConfig::Fused(_) => "memtide",
+        }
+    }
+
+    fn fresh(&self) -> State {
+        match self {
+            EstimatorConfig::Tws(_) => State::Tws(Tws::default()),
+            EstimatorConfig::SelfBalloon(_) => State::SelfBalloon(SelfBalloon),
+            EstimatorConfig::Sampled(_) => State::Sampled(Sampled::default()),
+            EstimatorConfig::Fused(_) => State::Fused(Fused::default()),
+        }
+    }
+
+    fn step(&self, state: &mut State, obs: &Observation) -> Result<Estimate, &'static str> {
+        let estimate = match (self, state) {
+            (EstimatorConfig::Tws(c), State::Tws(s)) => s.step(c, obs),
+            (EstimatorConfig::SelfBalloon(c), State::SelfBalloon(s)) => s.step(c, obs),
+            (EstimatorConfig::Sampled(c), State::Sampled(s)) => s.step(c, obs),
+            (EstimatorConfig::Fused(c), State::Fused(s)) => s.step(c, obs),
+            _ => unreachable!("states are made by their own estimator"),
+        };
+        estimate.ok_or(match self {
+            EstimatorConfig::Tws(_) => "no Committed_AS nor free-memory figures from the guest yet",
+            EstimatorConfig::SelfBalloon(_) => {
+                "no Committed_AS from the guest (self-ballooning needs the guest agent)"
+            }
+            EstimatorConfig::Sampled(_) => {
+                "no access sampling for this VM (see `host.sample_access`)"
+            }
+            EstimatorConfig::Fused(_) => {
+                "no MemAvailable nor free-memory figures from the guest yet"
+            }
+        })
+    }
+}
+
+/// A working-set policy.
+pub struct WorkingSet {
+    estimator: EstimatorConfig,
+    config: WorkingSetConfig,
+    ksm: KsmConfig,
+    states: BTreeMap<String, State>,
+}
+
+impl WorkingSet {
+    /// A policy driven by `estimator`.
+    pub fn new(estimator: EstimatorConfig, config: WorkingSetConfig, ksm: KsmConfig) -> WorkingSet {
+        WorkingSet {
+            estimator,
+            config,
+            ksm,
+            states: BTreeMap::new(),
+        }
+    }
+}
+
+/// One tick's observation of a VM.
+pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
+    let latest = vm.latest();
+    Observation {
+        at,
+        size: vm.actual,
+        configured: latest.configured,
+        referenced: latest.referenced,
+        signals: vm.signals.clone(),
+    }
+}
+
+impl Policy for WorkingSet {
+    fn name(&self) -> &str {
+        self.estimator.policy_name()
+    }
+
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let mut out = PolicyOutput {
+            ksm: ksmtuned::decide(&self.ksm, input),
+            ..PolicyOutput::default()
+        };
+        self.states
+            .retain(|name, _| input.vms.iter().any(|vm| vm.name == name));
+        let mut estimated = Vec::new();
+        for vm in input.vms {
+            if vm.history.len() == 1 {
+                self.states.remove(vm.name); // new, or reset: start afresh
+            }
+            let state = self
+                .states
+                .entry(vm.name.to_string())
+                .or_insert_with(|| self.estimator.fresh());
+            match self.estimator.step(state, &observe(input.at, vm)) {
+                Ok(e) => estimated.push((vm, e)),
+                Err(message) => out.faults.push(PolicyFault {
+                    vm: Some(vm.name.to_string()),
+                    message: message.into(),
+                }),
+            }
+        }
+        let domain = &input.host_latest().domain;
+        let held: Bytes = input.vms.iter().map(|vm| vm.actual).sum();
+        let capacity = (held + domain.freeable) - domain.total.scale(self.config.host_reserve);
+        let claims: Vec<Claim> = estimated
+            .iter()
+            .map(|(vm, e)| Claim {
+                min: vm.limits.min,
+                want: e.wss.max(vm.limits.min).min(vm.limits.max),
+                weight: f64::from(vm.limits.shares),
+            })
+            .collect();
+        let wanted: Bytes = claims.iter().map(|c| c.want).sum();
+        let given = divide(capacity, &claims);
+        for ((vm, e), target) in estimated.iter().zip(given) {
+            let rule = format!("{}.{}", self.name(), e.phase);
+            let mut detail = format!("estimate {} ({})", e.wss, e.detail);
+            if wanted > capacity {
+                detail.push_str(&format!(
+                    "; VMs want {wanted} but can have {capacity}: divided by shares"
+                ));
+            }
+            let change = target.abs_diff(vm.actual);
+            if change.as_f64() > vm.actual.as_f64() * self.config.min_change {
+                out.balloon.insert(
+                    vm.name.to_string(),
+                    Proposal {
+                        target,
+                        reason: Reason::new(rule, detail),
+                    },
+                );
+            } else {
+                let detail = format!(
+                    "{detail}; within {:.1}% of the current size",
+                    self.config.min_change * 100.0
+                );
+                out.holds
+                    .insert(vm.name.to_string(), Reason::new(rule, detail));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::History;
+    use crate::signals::Signals;
+    use crate::snapshot::{VmLimits, VmSample};
+    use crate::testkit;
+    use std::time::Duration;
+
+    /// Decide for VMs given as (name, size MiB, MemAvailable MiB, shares) on a host of
+    /// `total` MiB with `free` freeable.
+    fn decide(
+        p: &mut WorkingSet,
+        total: u64,
+        free: u64,
+        vms: &[(&str, u64, u64, u32)],
+    ) -> PolicyOutput {
+        let mut host = History::new(10);
+        host.push(Duration::ZERO, testkit::host(total, free));
+        let mut histories: Vec<History<VmSample>> = Vec::new();
+        let mut signals = Vec::new();
+        for (name, size, avail, _) in vms {
+            let mut h = History::new(10);
+            h.push(
+                Duration::ZERO,
+                testkit::vm(name, 1024, *size, 0).sample.unwrap(),
+            );
+            histories.push(h);
+            signals.push(Signals {
+                available: Some(Bytes::from_mib(*avail)),
+                committed_as: Some(Bytes::from_mib(1000)),
+                ..Signals::default()
+            });
+        }
+        let limits: Vec<VmLimits> = vms
+            .iter()
+            .map(|v| VmLimits {
+                min: Bytes::from_mib(64),
+                max: Bytes::from_mib(1024),
+                shares: v.3,
+            })
+            .collect();
+        let inputs: Vec<VmInput<'_>> = (0..vms.len())
+            .map(|i| VmInput {
+                name: vms[i].0,
+                limits: &limits[i],
+                history: &histories[i],
+                actual: Bytes::from_mib(vms[i].1),
+                signals: &signals[i],
+            })
+            .collect();
+        p.decide(&PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &inputs,
+        })
+    }
+
+    fn memtide() -> WorkingSet {
+        WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        )
+    }
+
+    fn target(o: &PolicyOutput, vm: &str) -> Option<u64> {
+        o.balloon.get(vm).map(|p| p.target.mib())
+    }
+
+    #[test]
+    fn each_vm_gets_its_estimate_when_memory_is_plentiful() {
+        // needs 1024-624 = 400 and 1024-824 = 200, plus a 30 MiB margin.
+        let o = decide(
+            &mut memtide(),
+            8192,
+            6000,
+            &[("a", 1024, 624, 1000), ("b", 1024, 824, 1000)],
+        );
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(230)));
+        assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
+    }
+
+    #[test]
+    fn scarcity_is_divided_by_shares_above_the_minimums() {
+        // TWS starts both at Committed_AS 1000 less 5%: 950 each. The VMs hold 600 and 150
+        // is freeable, less 5% of 2000 kept: 650 to divide; minimums 64 each, the rest 1:3.
+        let mut tws = WorkingSet::new(
+            EstimatorConfig::Tws(TwsConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        let o = decide(
+            &mut tws,
+            2000,
+            150,
+            &[("a", 300, 0, 1000), ("b", 300, 0, 3000)],
+        );
+        let (a, b) = (target(&o, "a").unwrap(), target(&o, "b").unwrap());
+        assert_eq!(a + b, 649, "all the capacity, to the MiB (rounding down)");
+        assert_eq!((a, b), (194, 455));
+        assert!(o.balloon["a"].reason.detail.contains("divided by shares"));
+    }
+
+    #[test]
+    fn a_vm_without_figures_is_a_fault_and_the_others_are_decided() {
+        let mut p = WorkingSet::new(
+            EstimatorConfig::Sampled(SampledConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        let o = decide(&mut p, 8192, 6000, &[("a", 1024, 624, 1000)]);
+        assert_eq!(
+            o.faults[0].message,
+            "no access sampling for this VM (see `host.sample_access`)"
+        );
+        assert!(o.ksm.is_some(), "KSM is still tuned");
+    }
+}
