@@ -146,6 +146,35 @@ pub fn status_rss(text: &str) -> Option<Bytes> {
     Some(Bytes::from_kib(kib))
 }
 
+/// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
+/// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
+pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
+    let (lo, hi) = (size.kib(), (size + Bytes::from_mib(2)).kib());
+    let mut total = None;
+    let mut candidate = false;
+    let mut vma_size = 0;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            candidate = words.next() == Some("rw-p");
+            continue;
+        }
+        let value = words
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        match first {
+            "Size:" => vma_size = value,
+            "Referenced:" if candidate && (lo..=hi).contains(&vma_size) => {
+                *total.get_or_insert(Bytes::ZERO) += Bytes::from_kib(value);
+            }
+            _ => {}
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +255,19 @@ mod tests {
     }
 
     #[test]
+    fn finds_the_guest_ram_in_a_real_qemu_smaps() {
+        let smaps = include_str!("../tests/data/proc/qemu-smaps");
+        // A 192 MiB guest: its RAM mapping had 6 MiB referenced; TCG's 1 GiB rwx code
+        // buffer and the guard mappings are not guest RAM.
+        assert_eq!(
+            smaps_referenced(smaps, Bytes::from_mib(192)),
+            Some(Bytes::from_mib(6))
+        );
+        assert_eq!(smaps_referenced(smaps, Bytes::from_mib(4096)), None);
+        assert_eq!(smaps_referenced("", Bytes::from_mib(192)), None);
+    }
+
+    #[test]
     fn reads_rss_from_status() {
         let rss = status_rss(include_str!("../tests/data/proc/pid-status"));
         assert_eq!(rss, Some(Bytes::from_kib(1640)));
@@ -245,6 +287,7 @@ mod properties {
             let _ = super::vmstat(&text);
             let _ = super::psi(&text);
             let _ = super::status_rss(&text);
+            let _ = super::smaps_referenced(&text, memtide_core::Bytes::from_mib(1));
             let _ = crate::cgroup::parse_limit(&text);
         }
 

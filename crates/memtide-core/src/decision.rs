@@ -21,6 +21,8 @@ pub enum DiagnosticKind {
     PolicyError,
     /// A balloon target was not reached in time.
     TargetNotReached,
+    /// The VM's guest agent did not answer; its /proc figures are missing.
+    AgentUnavailable,
     /// The guest reset and its balloon deflated.
     GuestReset,
     /// The guest shut down.
@@ -34,6 +36,7 @@ impl DiagnosticKind {
         matches!(
             self,
             DiagnosticKind::Unreachable
+                | DiagnosticKind::AgentUnavailable
                 | DiagnosticKind::NoBalloon
                 | DiagnosticKind::ImplausibleStats
                 | DiagnosticKind::PolicyError
@@ -48,6 +51,7 @@ impl DiagnosticKind {
             DiagnosticKind::ImplausibleStats => "implausible_stats",
             DiagnosticKind::PolicyError => "policy_error",
             DiagnosticKind::TargetNotReached => "target_not_reached",
+            DiagnosticKind::AgentUnavailable => "agent_unavailable",
             DiagnosticKind::GuestReset => "guest_reset",
             DiagnosticKind::GuestShutdown => "guest_shutdown",
         }
@@ -102,6 +106,14 @@ pub struct VmReport {
     pub guest_available: Option<Bytes>,
     /// Memory the guest uses (size minus free).
     pub used: Option<Bytes>,
+    /// The working set the policy estimated.
+    pub estimate: Option<Bytes>,
+    /// Committed_AS (through the guest agent).
+    pub committed_as: Option<Bytes>,
+    /// Evicted pages faulted back per second (refaults with the agent, major faults without).
+    pub refaults_per_s: Option<f64>,
+    /// The guest's memory PSI, `some` over 10 s (percent).
+    pub guest_psi_some_avg10: Option<f64>,
     /// Major faults per second.
     pub major_faults_per_s: Option<f64>,
     /// Bytes swapped in per second.

@@ -116,6 +116,7 @@ impl Engine {
         for s in &sampled {
             let report = &mut reports[s.index];
             let name = &s.snap.name;
+            report.estimate = output.estimates.get(name).copied();
             if let Some(p) = output.balloon.get(name) {
                 let (target, reason) = clamp(p, &s.snap.limits);
                 let delivered = s.snap.target.or(report.actual);
@@ -224,6 +225,15 @@ impl Engine {
         report.guest_free = latest.stats.free;
         report.guest_available = latest.stats.available;
         report.used = signals.used;
+        report.committed_as = signals.committed_as;
+        report.guest_psi_some_avg10 = signals.psi_some_avg10;
+        report.refaults_per_s = signals
+            .refaults
+            .zip(signals.interval.filter(|d| !d.is_zero()))
+            .map(|(n, d)| n as f64 / d.as_secs_f64());
+        if let Some(Err(e)) = &sample.agent {
+            diag(DiagnosticKind::AgentUnavailable, e.clone());
+        }
         report.major_faults_per_s = signals.major_faults_per_s;
         report.swap_in_per_s = signals.swap_in_per_s;
         report.swap_out_per_s = signals.swap_out_per_s;
@@ -349,6 +359,10 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         guest_free: None,
         guest_available: None,
         used: None,
+        estimate: None,
+        committed_as: None,
+        refaults_per_s: None,
+        guest_psi_some_avg10: None,
         major_faults_per_s: None,
         swap_in_per_s: None,
         swap_out_per_s: None,

@@ -81,6 +81,9 @@ pub struct HostConfig {
     pub sys: PathBuf,
     /// A memory cgroup holding the VMs (v1 or v2 directory); unset: the whole host.
     pub domain_cgroup: Option<PathBuf>,
+    /// Measure the guest memory each QEMU touches between ticks (/proc/PID/smaps and
+    /// clear_refs; TCG only). Unset: on when a policy needs it (sampled, esx).
+    pub sample_access: Option<bool>,
 }
 
 /// Discovery of VMs by their QMP sockets.
@@ -165,6 +168,7 @@ impl Default for HostConfig {
             proc: "/proc".into(),
             sys: "/sys".into(),
             domain_cgroup: None,
+            sample_access: None,
         }
     }
 }
@@ -318,6 +322,19 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether to sample guest memory accesses on the host: as configured, else when a
+    /// policy in use needs it.
+    pub fn sample_access(&self) -> bool {
+        let needs = |p: &str| matches!(p, "sampled" | "esx");
+        self.host.sample_access.unwrap_or_else(|| {
+            needs(&self.policy)
+                || self
+                    .vms
+                    .iter()
+                    .any(|vm| vm.policy.as_deref().is_some_and(needs))
+        })
     }
 
     /// Where the policy comes from.

@@ -260,6 +260,30 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
+            "memtide_vm_estimate_bytes",
+            "Working set the policy estimated.",
+            per_vm(vms, |v| bytes(v.estimate)),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_committed_as_bytes",
+            "Guest Committed_AS (guest agent).",
+            per_vm(vms, |v| bytes(v.committed_as)),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_refaults_per_second",
+            "Guest refaults (major faults without the agent).",
+            per_vm(vms, |v| v.refaults_per_s),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_psi_some_avg10",
+            "Guest memory pressure: % of time some tasks stalled (10 s).",
+            per_vm(vms, |v| v.guest_psi_some_avg10),
+        )?;
+        gauges(
+            &mut enc,
             "memtide_vm_rss_bytes",
             "Resident memory of the QEMU process.",
             per_vm(vms, |v| bytes(v.rss)),

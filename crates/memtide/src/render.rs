@@ -61,24 +61,18 @@ pub fn status(s: &Status) -> String {
     if let Some(r) = &h.ksm_reason {
         let _ = writeln!(out, "  ksm: {r}");
     }
-    let row = |cols: [&str; 10]| {
-        format!(
-            "{:<16} {:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}\n",
-            cols[0],
-            cols[1],
-            cols[2],
-            cols[3],
-            cols[4],
-            cols[5],
-            cols[6],
-            cols[7],
-            cols[8],
-            cols[9]
-        )
+    let row = |cols: [&str; 11]| {
+        let mut line = format!("{:<16} {:<11}", cols[0], cols[1]);
+        for c in &cols[2..] {
+            line.push_str(&format!(" {c:>9}"));
+        }
+        line.push('\n');
+        line
     };
     out.push('\n');
     out.push_str(&row([
-        "VM", "STATE", "SIZE", "ACTUAL", "TARGET", "USED", "FREE", "AVAIL", "MAJFLT/s", "SWAPIN/s",
+        "VM", "STATE", "SIZE", "ACTUAL", "TARGET", "ESTIMATE", "USED", "FREE", "AVAIL", "REFLT/s",
+        "SWAPIN/s",
     ]));
     for vm in &d.vms {
         let swap_in = vm
@@ -90,10 +84,11 @@ pub fn status(s: &Status) -> String {
             &size(vm.configured),
             &size(vm.actual),
             &size(vm.target),
+            &size(vm.estimate),
             &size(vm.used),
             &size(vm.guest_free),
             &size(vm.guest_available),
-            &rate(vm.major_faults_per_s),
+            &rate(vm.refaults_per_s.or(vm.major_faults_per_s)),
             &swap_in,
         ]));
     }

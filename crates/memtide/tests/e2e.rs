@@ -62,10 +62,11 @@ fn two_guests_in_a_cgroup_domain() {
          [host]\ndomain_cgroup = {:?}\n\
          [discovery]\nqmp_glob = []\n\
          [engine]\nksm_control = false\nsettle_s = 20\n\
-         [[vm]]\nname = \"a\"\nqmp = {:?}\n\
+         [[vm]]\nname = \"a\"\nqmp = {:?}\nagent = {:?}\n\
          [[vm]]\nname = \"b\"\nqmp = {:?}\n",
         cgroup.dir.display().to_string(),
         a.qmp.display().to_string(),
+        a.agent.display().to_string(),
         b.qmp.display().to_string(),
     );
     let daemon = Daemon::start(dir.path(), &config, port);

@@ -24,6 +24,8 @@ pub struct QmpVmOptions {
     pub stats_interval_s: u64,
     /// The procfs mount, to read the QEMU process's RSS.
     pub proc: PathBuf,
+    /// Measure the guest memory QEMU touches between samples (host-side access sampling).
+    pub sample_access: bool,
 }
 
 /// A QEMU VM.
@@ -36,6 +38,33 @@ pub struct QmpVm {
     target: Option<Bytes>,
     status_file: Option<PathBuf>,
     agent: Option<AgentLink>,
+    access: Option<AccessSampler>,
+}
+
+/// Host-side access sampling: the guest RAM pages QEMU's page tables saw referenced since
+/// the last sample (/proc/PID/smaps), then cleared (/proc/PID/clear_refs). This sees the
+/// guest's accesses only when QEMU makes them (TCG); under KVM they go through the
+/// second-level page tables, which only idle page tracking or DAMON see.
+struct AccessSampler {
+    smaps: PathBuf,
+    clear_refs: PathBuf,
+    primed: bool,
+}
+
+impl AccessSampler {
+    /// Referenced guest RAM since the previous call (`None` on the first, which only
+    /// starts the window, and on any read or write failure).
+    fn sample(&mut self, ram: Bytes) -> Option<Bytes> {
+        let referenced = if self.primed {
+            std::fs::read_to_string(&self.smaps)
+                .ok()
+                .and_then(|t| procfs::smaps_referenced(&t, ram))
+        } else {
+            None
+        };
+        self.primed = std::fs::write(&self.clear_refs, "1").is_ok();
+        referenced
+    }
 }
 
 /// The VM's guest agent: a session when one is open, and backoff after failures so that
@@ -157,6 +186,24 @@ impl QmpVm {
             .peer_pid()
             .map(|pid| opts.proc.join(pid.to_string()).join("status"));
         let agent = agent.map(|a| AgentLink::new(a.to_path_buf(), opts.call_timeout / 4));
+        let access = match (opts.sample_access, client.peer_pid()) {
+            (true, Some(pid)) if !uses_kvm(&mut client).await? => {
+                let dir = opts.proc.join(pid.to_string());
+                Some(AccessSampler {
+                    smaps: dir.join("smaps"),
+                    clear_refs: dir.join("clear_refs"),
+                    primed: false,
+                })
+            }
+            (true, _) => {
+                tracing::warn!(
+                    "{}: no host-side access sampling: under KVM, guest accesses are invisible to QEMU's page tables",
+                    socket.display()
+                );
+                None
+            }
+            _ => None,
+        };
         Ok(QmpVm {
             client,
             configured,
@@ -165,6 +212,7 @@ impl QmpVm {
             target: None,
             status_file,
             agent,
+            access,
         })
     }
 
@@ -203,6 +251,12 @@ fn vm_event(e: &QmpEvent) -> Option<VmEvent> {
         }),
         _ => None,
     }
+}
+
+/// True when the VM runs under KVM (`query-kvm`).
+async fn uses_kvm(client: &mut QmpClient) -> Result<bool, BackendError> {
+    let kvm = client.execute("query-kvm", None).await?;
+    Ok(kvm.get("enabled").and_then(Value::as_bool).unwrap_or(false))
 }
 
 /// Find the balloon device's QOM path rather than assuming an id: look for a
@@ -265,7 +319,7 @@ impl VmBackend for QmpVm {
             stats,
             agent,
             rss,
-            referenced: None,
+            referenced: self.access.as_mut().and_then(|a| a.sample(self.configured)),
             events,
         })
     }

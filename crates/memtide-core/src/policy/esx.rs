@@ -126,9 +126,12 @@ impl Policy for Esx {
             .iter()
             .map(|vm| {
                 let sampler = self.activity.entry(vm.name.to_string()).or_default();
-                let f = sampler
-                    .step(&self.config.sampling, &observe(input.at, vm))
-                    .map(|e| (e.wss.as_f64() / vm.actual.as_f64().max(1.0)).clamp(0.0, 1.0));
+                let sampled = sampler.step(&self.config.sampling, &observe(input.at, vm));
+                if let Some(e) = &sampled {
+                    out.estimates.insert(vm.name.to_string(), e.wss);
+                }
+                let f =
+                    sampled.map(|e| (e.wss.as_f64() / vm.actual.as_f64().max(1.0)).clamp(0.0, 1.0));
                 active.push(f);
                 let f = f.unwrap_or(1.0); // activity unknown: no idle tax
                 Claim {

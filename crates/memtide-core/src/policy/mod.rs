@@ -95,6 +95,8 @@ pub struct PolicyOutput {
     pub balloon: BTreeMap<String, Proposal>,
     /// Why VMs without a proposal keep their size, by VM name.
     pub holds: BTreeMap<String, Reason>,
+    /// The working set the policy estimated, by VM name (policies that estimate one).
+    pub estimates: BTreeMap<String, Bytes>,
     /// KSM settings, if the policy manages KSM.
     pub ksm: Option<KsmProposal>,
     /// Failures; VMs not named here were still decided.

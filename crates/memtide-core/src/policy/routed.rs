@@ -34,6 +34,7 @@ impl Routed {
 fn merge(into: &mut PolicyOutput, from: PolicyOutput) {
     into.balloon.extend(from.balloon);
     into.holds.extend(from.holds);
+    into.estimates.extend(from.estimates);
     into.faults.extend(from.faults);
 }
 

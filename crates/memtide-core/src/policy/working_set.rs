@@ -174,6 +174,7 @@ impl Policy for WorkingSet {
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide(capacity, &claims);
         for ((vm, e), target) in estimated.iter().zip(given) {
+            out.estimates.insert(vm.name.to_string(), e.wss);
             let rule = format!("{}.{}", self.name(), e.phase);
             let mut detail = format!("estimate {} ({})", e.wss, e.detail);
             if wanted > capacity {

@@ -84,6 +84,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         call_timeout: config.call_timeout(),
         stats_interval_s: config.interval_s.round().max(1.0) as u64,
         proc: config.host.proc.clone(),
+        sample_access: config.sample_access(),
     });
     let fleet = Fleet::new(&config, Arc::new(connector));
     let engine = Engine::new(config.engine.clone(), policy);

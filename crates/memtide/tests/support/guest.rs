@@ -9,6 +9,8 @@ use std::time::Duration;
 pub struct Guest {
     pub name: String,
     pub qmp: PathBuf,
+    /// The guest agent's socket (Debian's qemu-ga runs in the guest).
+    pub agent: PathBuf,
     pub serial: PathBuf,
     child: Child,
 }
@@ -27,6 +29,7 @@ impl Guest {
     ) -> Guest {
         let kernel = guest_dir();
         let qmp = dir.join(format!("{name}.qmp"));
+        let agent = dir.join(format!("{name}.qga"));
         let serial = dir.join(format!("{name}.serial"));
         let swap = dir.join(format!("{name}.swap"));
         std::fs::File::create(&swap)
@@ -83,6 +86,7 @@ impl Guest {
         Guest {
             name: name.to_string(),
             qmp,
+            agent,
             serial,
             child,
         }
