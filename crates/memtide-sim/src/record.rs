@@ -1,0 +1,279 @@
+//! Recordings of what the engine saw and decided: gzip-compressed JSON lines, one per
+//! tick, `{"snapshot": Snapshot, "decision": Decision}`, in files `record-<n>.jsonl.gz`
+//! that rotate at a size limit. The daemon owns a [`Recorder`]; [`Records`] reads them
+//! back for replay.
+
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use memtide_core::{Decision, Snapshot};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Lines, Write};
+use std::path::{Path, PathBuf};
+
+/// One recorded tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// What the engine was given.
+    pub snapshot: Snapshot,
+    /// What it decided.
+    pub decision: Decision,
+}
+
+/// A recorded tick as written, borrowing the engine's input and output.
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    snapshot: &'a Snapshot,
+    decision: &'a Decision,
+}
+
+/// Why a recording could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A file could not be read, written or listed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A complete line is not a recorded tick.
+    #[error("{path}:{line}: not a recorded tick: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Line number, from 1.
+        line: usize,
+        /// What the JSON reader said.
+        message: String,
+    },
+}
+
+/// Where and how much to record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecorderConfig {
+    /// Start a new file once the current one holds this many compressed bytes.
+    pub max_file_bytes: u64,
+    /// Files kept; the oldest are deleted beyond this.
+    pub keep_files: usize,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            max_file_bytes: 64 << 20,
+            keep_files: 8,
+        }
+    }
+}
+
+/// Counts the bytes written through it.
+struct Counting<W> {
+    inner: W,
+    written: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+type Encoder = GzEncoder<Counting<BufWriter<File>>>;
+
+/// Writes recordings into a folder, rotating files.
+pub struct Recorder {
+    dir: PathBuf,
+    config: RecorderConfig,
+    next: u64,
+    current: Option<(PathBuf, Encoder)>,
+}
+
+/// The recording files in `dir`, oldest first (by their number).
+pub fn recording_files(dir: &Path) -> Result<Vec<PathBuf>, RecordError> {
+    let io_err = |source| RecordError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err)? {
+        let path = entry.map_err(io_err)?.path();
+        if let Some(n) = file_number(&path) {
+            files.push((n, path));
+        }
+    }
+    files.sort();
+    Ok(files.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The `n` of `record-<n>.jsonl.gz`.
+fn file_number(path: &Path) -> Option<u64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("record-")?
+        .strip_suffix(".jsonl.gz")?
+        .parse()
+        .ok()
+}
+
+impl Recorder {
+    /// Record into `dir` (created if needed), after any recording already there.
+    pub fn open(dir: &Path, config: RecorderConfig) -> Result<Recorder, RecordError> {
+        std::fs::create_dir_all(dir).map_err(|source| RecordError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let next = recording_files(dir)?
+            .last()
+            .and_then(|p| file_number(p))
+            .map_or(0, |n| n + 1);
+        Ok(Recorder {
+            dir: dir.to_path_buf(),
+            config,
+            next,
+            current: None,
+        })
+    }
+
+    /// Append one tick. Each line is flushed, so a reader sees every tick recorded so far
+    /// even if the recorder dies.
+    pub fn record(&mut self, snapshot: &Snapshot, decision: &Decision) -> Result<(), RecordError> {
+        if self.current.is_none() {
+            self.start_file()?;
+        }
+        let (path, encoder) = self.current.as_mut().expect("a file was just started");
+        let io_err = |source| RecordError::Io {
+            path: path.clone(),
+            source,
+        };
+        let line = serde_json::to_vec(&RecordRef { snapshot, decision })
+            .expect("snapshots and decisions serialize");
+        encoder.write_all(&line).map_err(io_err)?;
+        encoder.write_all(b"\n").map_err(io_err)?;
+        encoder.flush().map_err(io_err)?;
+        if encoder.get_ref().written >= self.config.max_file_bytes {
+            self.finish_file()?;
+        }
+        Ok(())
+    }
+
+    /// Close the current file properly.
+    pub fn finish(mut self) -> Result<(), RecordError> {
+        self.finish_file()
+    }
+
+    fn start_file(&mut self) -> Result<(), RecordError> {
+        let path = self.dir.join(format!("record-{}.jsonl.gz", self.next));
+        let file = File::create(&path).map_err(|source| RecordError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        self.next += 1;
+        let counting = Counting {
+            inner: BufWriter::new(file),
+            written: 0,
+        };
+        self.current = Some((path, GzEncoder::new(counting, Compression::default())));
+        self.prune()
+    }
+
+    fn finish_file(&mut self) -> Result<(), RecordError> {
+        if let Some((path, encoder)) = self.current.take() {
+            encoder
+                .finish()
+                .and_then(|mut c| c.inner.flush())
+                .map_err(|source| RecordError::Io { path, source })?;
+        }
+        Ok(())
+    }
+
+    /// Delete the oldest files beyond the number kept.
+    fn prune(&self) -> Result<(), RecordError> {
+        let files = recording_files(&self.dir)?;
+        let excess = files.len().saturating_sub(self.config.keep_files.max(1));
+        for path in &files[..excess] {
+            std::fs::remove_file(path).map_err(|source| RecordError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // Best effort: a file left unfinished still reads up to its last flushed line.
+        let _ = self.finish_file();
+    }
+}
+
+/// The lines of one recording file.
+type FileLines = Lines<BufReader<MultiGzDecoder<File>>>;
+
+/// The ticks of recording files, read one at a time, in the order of the files given.
+pub struct Records {
+    files: VecDeque<PathBuf>,
+    /// The file being read, the number of its last line read, and its lines.
+    current: Option<(PathBuf, usize, FileLines)>,
+    /// Files that ended before their gzip stream did (a recorder that died): every
+    /// complete line before the cut was read.
+    pub truncated: Vec<PathBuf>,
+}
+
+impl Records {
+    /// Read `paths` in order.
+    pub fn open(paths: &[PathBuf]) -> Records {
+        Records {
+            files: paths.iter().cloned().collect(),
+            current: None,
+            truncated: Vec::new(),
+        }
+    }
+}
+
+impl Iterator for Records {
+    type Item = Result<Record, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.current.is_none() {
+                let path = self.files.pop_front()?;
+                match File::open(&path) {
+                    Ok(f) => {
+                        let lines = BufReader::new(MultiGzDecoder::new(f)).lines();
+                        self.current = Some((path, 0, lines));
+                    }
+                    Err(source) => return Some(Err(RecordError::Io { path, source })),
+                }
+            }
+            let (path, number, lines) = self.current.as_mut().expect("opened above");
+            match lines.next() {
+                None => self.current = None,
+                Some(Err(_)) => {
+                    self.truncated.push(path.clone());
+                    self.current = None;
+                }
+                Some(Ok(line)) if line.trim().is_empty() => *number += 1,
+                Some(Ok(line)) => {
+                    *number += 1;
+                    return Some(serde_json::from_str(&line).map_err(|e| RecordError::Parse {
+                        path: path.clone(),
+                        line: *number,
+                        message: e.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}

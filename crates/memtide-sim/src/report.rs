@@ -1,0 +1,263 @@
+//! What a run produces: `summary.json`, time series for the plots, and comparisons of
+//! several policies (`compare.json` and a text table).
+
+use crate::svg;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+/// The numbers of one run (`summary.json`). Swap and fault counts are in 4 KiB pages.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy name.
+    pub policy: String,
+    /// Number of VMs.
+    pub vms: usize,
+    /// Ticks run.
+    pub ticks: u64,
+    /// Simulated seconds per tick.
+    pub tick_s: f64,
+    /// The seed of the run.
+    pub seed: u64,
+    /// Sum over VMs of each VM's mean throughput (MiB/s), MOM's Memknobs score.
+    pub total_throughput: f64,
+    /// Pages the guests read back from their swap.
+    pub guest_swap_ins: u64,
+    /// Pages the guests wrote to their swap.
+    pub guest_swap_outs: u64,
+    /// Guest pages the host read back from its swap.
+    pub host_swap_ins: u64,
+    /// Guest pages the host wrote to its swap.
+    pub host_swap_outs: u64,
+    /// Processes (guest OOM) and VMs (host OOM) killed.
+    pub oom_kills: u64,
+    /// Balloon targets set.
+    pub balloon_actions: u64,
+    /// KSM knob changes.
+    pub ksm_actions: u64,
+    /// Mean free host memory (MiB).
+    pub host_free_mean_mib: f64,
+    /// Lowest free host memory (MiB).
+    pub host_free_min_mib: f64,
+    /// Mean memory saved by KSM (MiB).
+    pub ksm_saved_mean_mib: f64,
+    /// Wall-clock time of the run (s): the only value that differs between equal runs.
+    pub wall_s: f64,
+    /// Per VM, in scenario order.
+    pub per_vm: Vec<VmSummary>,
+}
+
+/// One VM's numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmSummary {
+    /// VM name.
+    pub name: String,
+    /// Mean work rate (MiB touched per second).
+    pub throughput_mib_s: f64,
+    /// Mean memory given (balloon actual) (MiB).
+    pub given_mean_mib: f64,
+    /// Largest memory given (MiB).
+    pub given_max_mib: f64,
+    /// Mean working set the workload wanted (MiB).
+    pub working_set_mean_mib: f64,
+    /// Mean host memory the VM occupied, after KSM savings (MiB).
+    pub host_resident_mean_mib: f64,
+    /// Pages read back from guest swap.
+    pub guest_swap_ins: u64,
+    /// Pages the host read back from host swap for this VM.
+    pub host_swap_ins: u64,
+    /// Processes the guest's OOM killer killed.
+    pub guest_oom_kills: u64,
+    /// Times the host killed (and restarted) the VM.
+    pub host_oom_kills: u64,
+    /// `guest_oom_kills + host_oom_kills`.
+    pub oom_kills: u64,
+    /// Time the guest stayed above its balloon target (s).
+    pub over_target_s: f64,
+    /// Time part of the working set was out of guest memory (s).
+    pub short_s: f64,
+}
+
+/// One VM over time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VmSeries {
+    /// VM name.
+    pub name: String,
+    /// Memory given (MiB).
+    pub given_mib: Vec<f32>,
+    /// Working set wanted (MiB).
+    pub working_set_mib: Vec<f32>,
+    /// Host memory occupied (MiB).
+    pub resident_mib: Vec<f32>,
+}
+
+/// Values over time, sampled at most a few hundred times per run, for the plots.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Series {
+    /// Simulated seconds per tick.
+    pub tick_s: f64,
+    /// Host memory (MiB).
+    pub host_total_mib: f64,
+    /// Host memory used by the host itself (MiB).
+    pub host_reserved_mib: f64,
+    /// Times of the points (s).
+    pub t_s: Vec<f64>,
+    /// Free host memory (MiB).
+    pub host_free_mib: Vec<f32>,
+    /// Host page cache (MiB).
+    pub host_cache_mib: Vec<f32>,
+    /// Guest memory in host swap (MiB).
+    pub host_swap_mib: Vec<f32>,
+    /// Memory KSM saves (MiB).
+    pub ksm_saved_mib: Vec<f32>,
+    /// Per VM.
+    pub vms: Vec<VmSeries>,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// The numbers.
+    pub summary: Summary,
+    /// Time series for the plots.
+    pub series: Series,
+}
+
+impl Report {
+    /// `summary.json`'s text.
+    pub fn summary_json(&self) -> String {
+        serde_json::to_string_pretty(&self.summary).expect("summaries serialize")
+    }
+
+    /// Write `summary.json` and the plots (`allocation.svg`, `host_memory.svg`,
+    /// `host_stack.svg`) into `dir`, creating it.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("summary.json"), self.summary_json() + "\n")?;
+        let title = format!("{} under {}", self.summary.scenario, self.summary.policy);
+        std::fs::write(
+            dir.join("allocation.svg"),
+            svg::allocation(&self.series, &title),
+        )?;
+        std::fs::write(
+            dir.join("host_memory.svg"),
+            svg::host_memory(&self.series, &title),
+        )?;
+        std::fs::write(
+            dir.join("host_stack.svg"),
+            svg::host_stack(&self.series, &title),
+        )?;
+        Ok(())
+    }
+}
+
+/// Several policies run on one scenario with one seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompareReport {
+    /// Each policy's label and run, in the order given.
+    pub runs: Vec<(String, Report)>,
+}
+
+impl CompareReport {
+    /// `compare.json`: `{"policies": {"<label>": <summary>}}`.
+    pub fn json(&self) -> serde_json::Value {
+        let policies: BTreeMap<&str, &Summary> = self
+            .runs
+            .iter()
+            .map(|(label, r)| (label.as_str(), &r.summary))
+            .collect();
+        serde_json::json!({ "policies": policies })
+    }
+
+    /// A text table, one line per policy.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let width = self
+            .runs
+            .iter()
+            .map(|(l, _)| l.len())
+            .max()
+            .unwrap_or(0)
+            .max(6);
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>9}",
+            "policy",
+            "throughput",
+            "guest swap-in",
+            "host swap-in",
+            "OOM kills",
+            "host free min",
+            "balloons"
+        );
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>9}",
+            "", "MiB/s", "pages", "pages", "", "MiB", "actions"
+        );
+        for (label, r) in &self.runs {
+            let s = &r.summary;
+            let _ = writeln!(
+                out,
+                "{label:<width$}  {:>12.1}  {:>14}  {:>14}  {:>9}  {:>13.0}  {:>9}",
+                s.total_throughput,
+                s.guest_swap_ins,
+                s.host_swap_ins,
+                s.oom_kills,
+                s.host_free_min_mib,
+                s.balloon_actions
+            );
+        }
+        out
+    }
+
+    /// Write `compare.json`, `compare.txt`, and each run's report in a folder named
+    /// after its label.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let json = serde_json::to_string_pretty(&self.json()).expect("summaries serialize");
+        std::fs::write(dir.join("compare.json"), json + "\n")?;
+        std::fs::write(dir.join("compare.txt"), self.table())?;
+        for (label, report) in &self.runs {
+            report.write(&dir.join(folder_name(label)))?;
+        }
+        Ok(())
+    }
+}
+
+/// A label (a policy name or file path) as a folder name.
+fn folder_name(label: &str) -> String {
+    let name: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match name.trim_matches('.') {
+        "" => "policy".into(),
+        n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folder_names_are_safe() {
+        assert_eq!(folder_name("mom"), "mom");
+        assert_eq!(
+            folder_name("policies/my policy.pol"),
+            "policies_my_policy.pol"
+        );
+        assert_eq!(folder_name(".."), "policy");
+    }
+}

@@ -1,0 +1,411 @@
+//! Scenario files (TOML): the host, the costs of faults, the VMs and their workloads.
+//! Every field, its unit and its default are documented in `docs/simulator.md`.
+
+use crate::workload::WorkloadSpec;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// Why a scenario could not be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScenarioError {
+    /// Not valid TOML, or a field of the wrong type, missing or unknown.
+    #[error("scenario: {0}")]
+    Parse(String),
+    /// A field whose value cannot work.
+    #[error("scenario: {field}: {message}")]
+    Invalid {
+        /// The field, as a path (`vm[2].workload.anon.period_s`).
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No built-in scenario has this name.
+    #[error("no built-in scenario {0:?} (built in: {1})")]
+    UnknownBuiltin(String, String),
+}
+
+/// A simulation to run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name, shown in reports.
+    pub name: String,
+    /// What the scenario shows.
+    #[serde(default)]
+    pub description: String,
+    /// Number of ticks (engine decisions).
+    #[serde(default = "default_ticks")]
+    pub ticks: u64,
+    /// Simulated seconds per tick.
+    #[serde(default = "default_tick_s")]
+    pub tick_s: f64,
+    /// Seed used when the run names none.
+    #[serde(default)]
+    pub seed: u64,
+    /// The host.
+    pub host: HostSpec,
+    /// What faults cost.
+    #[serde(default)]
+    pub costs: Costs,
+    /// The VMs (`[[vm]]` tables).
+    #[serde(rename = "vm")]
+    pub vms: Vec<VmSpec>,
+}
+
+fn default_ticks() -> u64 {
+    3600
+}
+
+fn default_tick_s() -> f64 {
+    1.0
+}
+
+/// The host's memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Machine memory (MiB), the VM memory domain.
+    pub memory_mib: f64,
+    /// Memory the host itself uses (kernel, QEMU processes' own memory), never given to guests (MiB).
+    #[serde(default = "default_reserved_mib")]
+    pub reserved_mib: f64,
+    /// Host swap (MiB); 0 means none, and the host kills a VM when memory runs out.
+    #[serde(default)]
+    pub swap_mib: f64,
+    /// The host reclaims (drops its page cache, then swaps) to keep this much free (MiB).
+    #[serde(default = "default_min_free_mib")]
+    pub min_free_mib: f64,
+    /// Host page cache (disk images, logs) that fills otherwise free memory up to this size,
+    /// and is dropped first under pressure (MiB).
+    #[serde(default)]
+    pub cache_mib: f64,
+    /// Whether the host kernel has KSM.
+    #[serde(default = "default_true")]
+    pub ksm: bool,
+}
+
+fn default_reserved_mib() -> f64 {
+    512.0
+}
+
+fn default_min_free_mib() -> f64 {
+    128.0
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// What memory events cost the workload, per 4 KiB page, and how fast balloons move.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Costs {
+    /// A guest swap-in: the guest reads a page back from its swap device (µs).
+    pub guest_swap_in_us: f64,
+    /// A host swap-in: the vCPU touches a page the host swapped out; the host reads it
+    /// back while the vCPU waits (µs).
+    pub host_swap_in_us: f64,
+    /// A page-cache miss: the guest reads a file page from its disk (µs).
+    pub file_read_us: f64,
+    /// A first touch of fresh anonymous memory in the guest (zero-fill fault) (µs).
+    pub minor_fault_us: f64,
+    /// A guest page the host does not back yet is touched: the host allocates and zeroes
+    /// a page (EPT violation) (µs).
+    pub host_fault_us: f64,
+    /// How fast a balloon inflates or deflates (MiB/s).
+    pub balloon_mib_s: f64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            guest_swap_in_us: 100.0,
+            host_swap_in_us: 100.0,
+            file_read_us: 100.0,
+            minor_fault_us: 1.0,
+            host_fault_us: 2.0,
+            balloon_mib_s: 512.0,
+        }
+    }
+}
+
+/// One VM, or a group of identical VMs (`count`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// Name; with `count` > 1, VMs are named `NAME-01`, `NAME-02`, …
+    pub name: String,
+    /// Number of VMs with this description.
+    #[serde(default = "default_count")]
+    pub count: u32,
+    /// Configured guest RAM (MiB).
+    pub memory_mib: f64,
+    /// Operator minimum: never balloon below (MiB); defaults to the kernel's memory plus 64 MiB.
+    #[serde(default)]
+    pub min_mib: Option<f64>,
+    /// Operator maximum (MiB); defaults to `memory_mib`.
+    #[serde(default)]
+    pub max_mib: Option<f64>,
+    /// Relative weight when memory is divided.
+    #[serde(default = "default_shares")]
+    pub shares: u32,
+    /// Guest swap (MiB).
+    #[serde(default = "default_swap_mib")]
+    pub swap_mib: f64,
+    /// Memory the guest kernel and its services use and never free (MiB).
+    #[serde(default = "default_kernel_mib")]
+    pub kernel_mib: f64,
+    /// Share of the kernel's pages identical across guests of the same OS (%).
+    #[serde(default = "default_kernel_shareable_pct")]
+    pub kernel_shareable_pct: f64,
+    /// Whether the VM has a balloon device.
+    #[serde(default = "default_true")]
+    pub balloon: bool,
+    /// Whether the guest runs an agent reporting its /proc/meminfo, /proc/vmstat and PSI.
+    #[serde(default = "default_true")]
+    pub agent: bool,
+    /// What runs in the guest.
+    #[serde(default)]
+    pub workload: WorkloadSpec,
+}
+
+fn default_count() -> u32 {
+    1
+}
+
+fn default_shares() -> u32 {
+    1000
+}
+
+fn default_swap_mib() -> f64 {
+    1024.0
+}
+
+fn default_kernel_mib() -> f64 {
+    128.0
+}
+
+fn default_kernel_shareable_pct() -> f64 {
+    50.0
+}
+
+impl VmSpec {
+    /// The operator minimum (MiB).
+    pub fn min_mib(&self) -> f64 {
+        self.min_mib.unwrap_or(self.kernel_mib + 64.0)
+    }
+
+    /// The operator maximum (MiB).
+    pub fn max_mib(&self) -> f64 {
+        self.max_mib.unwrap_or(self.memory_mib)
+    }
+}
+
+/// The built-in scenarios: name and TOML text.
+const BUILTIN: [(&str, &str); 4] = [
+    ("memknobs-32", include_str!("../scenarios/memknobs-32.toml")),
+    ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
+    ("quick", include_str!("../scenarios/quick.toml")),
+    ("fleet-1000", include_str!("../scenarios/fleet-1000.toml")),
+];
+
+impl Scenario {
+    /// Parse and check a scenario file.
+    pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    /// A built-in scenario by name.
+    pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
+        let (_, text) = BUILTIN.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+            ScenarioError::UnknownBuiltin(name.to_string(), Self::builtin_names().join(", "))
+        })?;
+        Scenario::from_toml(text)
+    }
+
+    /// The names of the built-in scenarios.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// Every VM, groups expanded: its name and description, in file order.
+    pub fn expand(&self) -> Vec<(String, &VmSpec)> {
+        let mut out = Vec::new();
+        for spec in &self.vms {
+            if spec.count == 1 {
+                out.push((spec.name.clone(), spec));
+            } else {
+                let width = spec.count.to_string().len().max(2);
+                for i in 1..=spec.count {
+                    out.push((format!("{}-{i:0width$}", spec.name), spec));
+                }
+            }
+        }
+        out
+    }
+
+    /// Check every value, naming the first bad field.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let invalid = |field: String, message: &str| ScenarioError::Invalid {
+            field,
+            message: message.to_string(),
+        };
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let size = |v: f64| v.is_finite() && v >= 0.0;
+        let pct = |v: f64| (0.0..=100.0).contains(&v);
+        if self.ticks == 0 {
+            return Err(invalid("ticks".into(), "must be at least 1"));
+        }
+        if !positive(self.tick_s) {
+            return Err(invalid("tick_s".into(), "must be positive"));
+        }
+        let h = &self.host;
+        for (name, v) in [
+            ("reserved_mib", h.reserved_mib),
+            ("swap_mib", h.swap_mib),
+            ("min_free_mib", h.min_free_mib),
+            ("cache_mib", h.cache_mib),
+        ] {
+            if !size(v) {
+                return Err(invalid(format!("host.{name}"), "must be a size ≥ 0"));
+            }
+        }
+        if !(positive(h.memory_mib) && h.memory_mib > h.reserved_mib + h.min_free_mib) {
+            return Err(invalid(
+                "host.memory_mib".into(),
+                "must exceed reserved_mib + min_free_mib",
+            ));
+        }
+        let c = &self.costs;
+        for (name, v) in [
+            ("guest_swap_in_us", c.guest_swap_in_us),
+            ("host_swap_in_us", c.host_swap_in_us),
+            ("file_read_us", c.file_read_us),
+            ("minor_fault_us", c.minor_fault_us),
+            ("host_fault_us", c.host_fault_us),
+        ] {
+            if !size(v) {
+                return Err(invalid(format!("costs.{name}"), "must be a time ≥ 0"));
+            }
+        }
+        if !positive(c.balloon_mib_s) {
+            return Err(invalid("costs.balloon_mib_s".into(), "must be positive"));
+        }
+        if self.vms.is_empty() {
+            return Err(invalid("vm".into(), "needs at least one VM"));
+        }
+        let mut names = BTreeSet::new();
+        for (i, vm) in self.vms.iter().enumerate() {
+            let at = |f: &str| format!("vm[{i}].{f}");
+            if vm.name.is_empty() {
+                return Err(invalid(at("name"), "must not be empty"));
+            }
+            if vm.count == 0 {
+                return Err(invalid(at("count"), "must be at least 1"));
+            }
+            if !(positive(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
+                return Err(invalid(at("memory_mib"), "must exceed kernel_mib"));
+            }
+            if !size(vm.kernel_mib) {
+                return Err(invalid(at("kernel_mib"), "must be a size ≥ 0"));
+            }
+            if !size(vm.swap_mib) {
+                return Err(invalid(at("swap_mib"), "must be a size ≥ 0"));
+            }
+            if !(size(vm.min_mib()) && vm.min_mib() <= vm.memory_mib) {
+                return Err(invalid(at("min_mib"), "must be between 0 and memory_mib"));
+            }
+            if !(vm.max_mib() >= vm.min_mib() && vm.max_mib() <= vm.memory_mib) {
+                return Err(invalid(
+                    at("max_mib"),
+                    "must be between min_mib and memory_mib",
+                ));
+            }
+            if !pct(vm.kernel_shareable_pct) {
+                return Err(invalid(at("kernel_shareable_pct"), "must be 0 to 100"));
+            }
+            let w = &vm.workload;
+            if !positive(w.base_mib_s) {
+                return Err(invalid(at("workload.base_mib_s"), "must be positive"));
+            }
+            for (name, v) in [
+                ("hot_pct", w.hot_pct),
+                ("hot_access_pct", w.hot_access_pct),
+                ("shareable_pct", w.shareable_pct),
+            ] {
+                if !pct(v) {
+                    return Err(invalid(at(&format!("workload.{name}")), "must be 0 to 100"));
+                }
+            }
+            if w.hot_pct == 0.0 {
+                return Err(invalid(at("workload.hot_pct"), "must be above 0"));
+            }
+            for (name, v) in [
+                ("idle_mib", w.idle_mib),
+                ("idle_at_s", w.idle_at_s),
+                ("hold_s", w.hold_s),
+                ("oom_restart_s", w.oom_restart_s),
+            ] {
+                if !size(v) {
+                    return Err(invalid(at(&format!("workload.{name}")), "must be ≥ 0"));
+                }
+            }
+            w.anon
+                .validate(&at("workload.anon"))
+                .and_then(|()| w.file.validate(&at("workload.file")))
+                .map_err(|(field, message)| ScenarioError::Invalid { field, message })?;
+        }
+        for (name, _) in self.expand() {
+            if !names.insert(name.clone()) {
+                return Err(invalid("vm".into(), &format!("two VMs are named {name:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"
+        name = "t"
+        [host]
+        memory_mib = 4096
+        [[vm]]
+        name = "a"
+        memory_mib = 1024
+        [vm.workload]
+        anon = { kind = "const", mib = 300 }
+    "#;
+
+    #[test]
+    fn defaults_fill_in() {
+        let s = Scenario::from_toml(SMALL).unwrap();
+        assert_eq!(s.ticks, 3600);
+        assert_eq!(s.tick_s, 1.0);
+        assert_eq!(s.vms[0].min_mib(), 192.0);
+        assert_eq!(s.vms[0].max_mib(), 1024.0);
+        assert_eq!(s.costs, Costs::default());
+    }
+
+    #[test]
+    fn groups_expand_with_numbered_names() {
+        let text = SMALL.replace("name = \"a\"", "name = \"a\"\ncount = 3");
+        let s = Scenario::from_toml(&text).unwrap();
+        let names: Vec<String> = s.expand().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["a-01", "a-02", "a-03"]);
+    }
+
+    #[test]
+    fn builtins_parse() {
+        for name in Scenario::builtin_names() {
+            Scenario::builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let e = Scenario::builtin("nope").unwrap_err().to_string();
+        assert!(e.contains("memknobs-32"), "{e}");
+    }
+}

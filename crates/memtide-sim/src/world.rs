@@ -1,0 +1,118 @@
+//! The simulated world: the host, its guests and their workloads, advanced tick by tick.
+//! Pure model code; [`crate::backend`] exposes it through memtide's adapter traits.
+
+use crate::guest::{bytes, Guest, GuestParams};
+use crate::host::Host;
+use crate::rng::Rng;
+use crate::scenario::{Costs, Scenario};
+use crate::workload::{Demand, Workload};
+use memtide_core::snapshot::{VmEvent, VmSample};
+use memtide_core::stats::HostStats;
+
+/// Everything simulated.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// Simulated time (s).
+    pub t: f64,
+    costs: Costs,
+    /// The host.
+    pub host: Host,
+    /// The guests' memory, in scenario order.
+    pub guests: Vec<Guest>,
+    /// Per guest: what runs in it and how it is connected.
+    pub vms: Vec<VmSide>,
+}
+
+/// A guest's workload, devices and what the host did to it.
+#[derive(Clone, Debug)]
+pub struct VmSide {
+    workload: Workload,
+    /// The workload's last demand.
+    pub demand: Demand,
+    /// Whether the VM has a balloon device.
+    pub balloon_device: bool,
+    /// Whether the guest runs an agent reporting its own /proc figures.
+    pub agent: bool,
+    /// Times the host killed this VM.
+    pub host_oom_kills: u64,
+    /// Time until the workload restarts after an OOM kill (s).
+    down_s: f64,
+    events: Vec<VmEvent>,
+}
+
+impl World {
+    /// The scenario's world at time 0, every random choice drawn from `seed`.
+    pub fn new(scenario: &Scenario, seed: u64) -> World {
+        let vms = scenario.expand();
+        let mut guests = Vec::with_capacity(vms.len());
+        let mut sides = Vec::with_capacity(vms.len());
+        for (i, (_, spec)) in vms.iter().enumerate() {
+            let stream = 2 * i as u64 + 1;
+            guests.push(Guest::boot(
+                GuestParams::from_spec(spec),
+                Rng::fork(seed, stream),
+            ));
+            sides.push(VmSide {
+                workload: Workload::new(&spec.workload, Rng::fork(seed, stream + 1)),
+                demand: Demand::default(),
+                balloon_device: spec.balloon,
+                agent: spec.agent,
+                host_oom_kills: 0,
+                down_s: 0.0,
+                events: Vec::new(),
+            });
+        }
+        World {
+            t: 0.0,
+            costs: scenario.costs.clone(),
+            host: Host::new(&scenario.host, vms.len(), Rng::fork(seed, 0)),
+            guests,
+            vms: sides,
+        }
+    }
+
+    /// Advance by `dt` seconds: every workload runs in its guest, then the host settles.
+    pub fn advance(&mut self, dt: f64) {
+        self.t += dt;
+        for (g, side) in self.guests.iter_mut().zip(&mut self.vms) {
+            side.demand = if side.down_s > 0.0 {
+                side.down_s -= dt;
+                Demand {
+                    stopped: true,
+                    ..Demand::default()
+                }
+            } else {
+                side.workload.demand(self.t)
+            };
+            g.step(dt, &side.demand, &self.costs);
+            if g.last.oom_kills > 0 {
+                side.down_s = side.workload.spec().oom_restart_s;
+            }
+        }
+        for i in self.host.settle(&mut self.guests, dt) {
+            let side = &mut self.vms[i];
+            side.host_oom_kills += 1;
+            side.events.push(VmEvent::Reset);
+        }
+    }
+
+    /// What VM `i`'s hypervisor reports now; events are reported once.
+    pub fn sample(&mut self, i: usize) -> VmSample {
+        let g = &self.guests[i];
+        let side = &mut self.vms[i];
+        VmSample {
+            configured: bytes(g.params().configured),
+            balloon: side.balloon_device.then(|| bytes(g.actual())),
+            stats: g.stats(self.t as u64),
+            agent: side.agent.then(|| Ok(g.agent_stats())),
+            rss: Some(bytes(g.host_resident())),
+            referenced: Some(bytes(g.last.referenced as u64)),
+            events: std::mem::take(&mut side.events),
+        }
+    }
+
+    /// The host's statistics now.
+    pub fn host_stats(&self) -> HostStats {
+        self.host.stats(&self.guests)
+    }
+}

@@ -1,0 +1,146 @@
+//! Recordings and replay: the recorder's files, and replaying a recording the simulator
+//! made (`tests/data/quick-mom.jsonl.gz`: the `quick` scenario under `mom`, 120 ticks).
+
+use memtide_core::policy::mom::Mom;
+use memtide_core::policy::none::Unmanaged;
+use memtide_core::EngineConfig;
+use memtide_sim::replay::CAVEAT;
+use memtide_sim::{
+    recording_files, replay, Recorder, RecorderConfig, Records, Scenario, Simulation,
+};
+use std::path::PathBuf;
+
+fn committed() -> Vec<PathBuf> {
+    vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/quick-mom.jsonl.gz")]
+}
+
+/// Record `ticks` ticks of the quick scenario under mom into `dir`.
+fn record(dir: &std::path::Path, ticks: u64, config: RecorderConfig) {
+    let mut scenario = Scenario::builtin("quick").unwrap();
+    scenario.ticks = ticks;
+    let mut recorder = Recorder::open(dir, config).unwrap();
+    Simulation::new(
+        &scenario,
+        Box::new(Mom::default()),
+        EngineConfig::default(),
+        1,
+    )
+    .run_with(|snap, decision| recorder.record(snap, decision).unwrap());
+    recorder.finish().unwrap();
+}
+
+#[test]
+#[ignore = "rewrites tests/data/quick-mom.jsonl.gz: run it when the snapshot format, the model or mom changes"]
+fn regenerate_the_committed_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), 120, RecorderConfig::default());
+    std::fs::copy(dir.path().join("record-0.jsonl.gz"), &committed()[0]).unwrap();
+}
+
+#[test]
+fn replaying_the_recorded_policy_changes_nothing() {
+    let report = replay(
+        &committed(),
+        Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(report.ticks, 120);
+    assert_eq!(report.recorded_policy, "mom");
+    assert_eq!(report.ticks_differing, 0, "{}", report.text());
+    assert_eq!(report.per_vm.len(), 4);
+    for vm in &report.per_vm {
+        assert_eq!(vm.recorded, vm.replayed);
+        assert_eq!(vm.mean_target_gap_mib, 0.0);
+    }
+}
+
+#[test]
+fn replaying_another_policy_shows_what_it_would_not_have_reclaimed() {
+    let report = replay(&committed(), Box::new(Unmanaged), EngineConfig::default()).unwrap();
+    assert_eq!(report.policy, "none");
+    assert!(report.ticks_differing > 0);
+    let reclaimed: f64 = report.per_vm.iter().map(|v| v.recorded.reclaimed_mib).sum();
+    assert!(reclaimed > 0.0, "mom reclaimed memory in the recording");
+    for vm in &report.per_vm {
+        assert_eq!(vm.replayed.actions, 0, "none never resizes");
+        assert!(
+            vm.mean_target_gap_mib >= 0.0,
+            "none keeps VMs at least as large"
+        );
+    }
+    let text = report.text();
+    assert!(text.starts_with(&format!("note: {CAVEAT}")), "{text}");
+    assert!(text.contains("recorded"), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["caveat"], CAVEAT);
+}
+
+#[test]
+fn the_recorder_rotates_and_keeps_the_newest_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = RecorderConfig {
+        max_file_bytes: 4096,
+        keep_files: 3,
+    };
+    record(dir.path(), 60, config.clone());
+    let files = recording_files(dir.path()).unwrap();
+    assert_eq!(files.len(), 3);
+    let last: u64 = files[2]
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .trim_start_matches("record-")
+        .trim_end_matches(".jsonl.gz")
+        .parse()
+        .unwrap();
+    assert!(last >= 3, "older files were deleted");
+    // The kept files hold the last ticks, in order.
+    let times: Vec<f64> = Records::open(&files)
+        .map(|r| r.unwrap().snapshot.at.as_secs_f64())
+        .collect();
+    assert!(!times.is_empty());
+    assert!(times.windows(2).all(|w| w[1] == w[0] + 1.0), "{times:?}");
+    assert_eq!(*times.last().unwrap(), 60.0);
+    // A new recorder continues after the existing files.
+    record(dir.path(), 1, config);
+    let newest = recording_files(dir.path()).unwrap().pop().unwrap();
+    assert!(newest.ends_with(format!("record-{}.jsonl.gz", last + 1)));
+}
+
+#[test]
+fn a_cut_recording_is_read_up_to_the_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), 30, RecorderConfig::default());
+    let path = dir.path().join("record-0.jsonl.gz");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let mut records = Records::open(std::slice::from_ref(&path));
+    let read: Vec<_> = records.by_ref().collect();
+    assert!(read.iter().all(Result::is_ok));
+    let n = read.len();
+    assert!(n > 5 && n < 30, "{n}");
+    assert_eq!(records.truncated, vec![path.clone()]);
+    let report = replay(&[path], Box::new(Mom::default()), EngineConfig::default()).unwrap();
+    assert_eq!(report.truncated_files.len(), 1);
+    assert!(report.text().contains("ends early"));
+}
+
+#[test]
+fn a_line_that_is_not_a_tick_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("record-0.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, b"{\"snapshot\": 1}\n").unwrap();
+    std::fs::write(&path, enc.finish().unwrap()).unwrap();
+    let e = Records::open(&[path])
+        .next()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("record-0.jsonl.gz:1: not a recorded tick"),
+        "{e}"
+    );
+}

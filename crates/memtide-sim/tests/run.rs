@@ -1,0 +1,168 @@
+//! Running scenarios: determinism for a seed, reports, comparisons, and scenario errors
+//! that name the field.
+
+use memtide_core::policy::mom::Mom;
+use memtide_core::policy::none::Unmanaged;
+use memtide_core::policy::Policy;
+use memtide_core::EngineConfig;
+use memtide_sim::{compare, run, Scenario, ScenarioError};
+
+fn quick() -> Scenario {
+    Scenario::builtin("quick").unwrap()
+}
+
+fn summary_without_wall_time(policy: Box<dyn Policy>, seed: u64) -> serde_json::Value {
+    let mut report = run(&quick(), policy, EngineConfig::default(), seed);
+    report.summary.wall_s = 0.0;
+    serde_json::from_str(&report.summary_json()).unwrap()
+}
+
+#[test]
+fn the_same_seed_gives_the_same_summary() {
+    let a = summary_without_wall_time(Box::new(Mom::default()), 7);
+    let b = summary_without_wall_time(Box::new(Mom::default()), 7);
+    assert_eq!(a, b);
+    let c = summary_without_wall_time(Box::new(Mom::default()), 8);
+    assert_ne!(a, c, "another seed draws other workload timings");
+}
+
+#[test]
+fn summary_has_the_documented_fields() {
+    let s = summary_without_wall_time(Box::new(Unmanaged), 1);
+    for field in [
+        "scenario",
+        "policy",
+        "vms",
+        "ticks",
+        "seed",
+        "total_throughput",
+        "guest_swap_ins",
+        "host_swap_ins",
+        "oom_kills",
+        "wall_s",
+        "per_vm",
+    ] {
+        assert!(s.get(field).is_some(), "summary lacks {field}");
+    }
+    assert_eq!(s["scenario"], "quick");
+    assert_eq!(s["policy"], "none");
+    assert_eq!(s["vms"], 4);
+    let vm = &s["per_vm"][0];
+    for field in [
+        "name",
+        "throughput_mib_s",
+        "given_mean_mib",
+        "given_max_mib",
+        "guest_swap_ins",
+        "host_swap_ins",
+        "oom_kills",
+        "over_target_s",
+    ] {
+        assert!(vm.get(field).is_some(), "per-VM summary lacks {field}");
+    }
+    // Unmanaged, the VMs keep all their memory.
+    assert_eq!(vm["given_mean_mib"], 1024.0);
+}
+
+#[test]
+fn compare_writes_json_table_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies: Vec<(String, Box<dyn Policy>)> = vec![
+        ("none".into(), Box::new(Unmanaged)),
+        ("mom".into(), Box::new(Mom::default())),
+    ];
+    let report = compare(&quick(), policies, EngineConfig::default(), 1);
+    report.write(dir.path()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("compare.json")).unwrap())
+            .unwrap();
+    assert!(json["policies"]["mom"]["total_throughput"].is_number());
+    assert!(json["policies"]["none"]["host_swap_ins"].is_number());
+    let table = std::fs::read_to_string(dir.path().join("compare.txt")).unwrap();
+    assert!(table.lines().any(|l| l.starts_with("mom ")), "{table}");
+    for policy in ["none", "mom"] {
+        for file in [
+            "summary.json",
+            "allocation.svg",
+            "host_memory.svg",
+            "host_stack.svg",
+        ] {
+            assert!(
+                dir.path().join(policy).join(file).is_file(),
+                "{policy}/{file}"
+            );
+        }
+    }
+    // Ballooning moves memory: mom resizes guests, none does not.
+    assert!(json["policies"]["mom"]["balloon_actions"].as_u64().unwrap() > 0);
+    assert_eq!(json["policies"]["none"]["balloon_actions"], 0);
+}
+
+#[test]
+fn memknobs_ballooning_beats_host_swapping() {
+    // MOM's result (Table 1, Figure 4): with ballooning the total throughput is higher
+    // and far fewer pages go through host swap. A shorter run shows it too.
+    let mut scenario = Scenario::builtin("memknobs-32").unwrap();
+    scenario.ticks = 900;
+    let policies: Vec<(String, Box<dyn Policy>)> = vec![
+        ("none".into(), Box::new(Unmanaged)),
+        ("mom".into(), Box::new(Mom::default())),
+    ];
+    let report = compare(&scenario, policies, EngineConfig::default(), 1);
+    let (none, mom) = (&report.runs[0].1.summary, &report.runs[1].1.summary);
+    assert!(
+        mom.total_throughput > none.total_throughput * 1.1,
+        "{}",
+        report.table()
+    );
+    assert!(
+        mom.host_swap_ins * 10 < none.host_swap_ins,
+        "{}",
+        report.table()
+    );
+}
+
+fn parse_error(text: &str) -> String {
+    Scenario::from_toml(text).unwrap_err().to_string()
+}
+
+const BASE: &str = r#"
+name = "t"
+[host]
+memory_mib = 4096
+[[vm]]
+name = "a"
+memory_mib = 1024
+"#;
+
+#[test]
+fn scenario_errors_name_the_field() {
+    let e = parse_error(&BASE.replace("memory_mib = 1024", "memory_mib = 1024\nsize_mib = 3"));
+    assert!(e.contains("unknown field `size_mib`"), "{e}");
+    let e = parse_error(&BASE.replace("memory_mib = 1024", "memory_mib = \"big\""));
+    assert!(e.contains("memory_mib"), "{e}");
+    let e = parse_error(&BASE.replace("memory_mib = 4096", "swap_mib = 1"));
+    assert!(e.contains("missing field `memory_mib`"), "{e}");
+    let e = parse_error(&format!(
+        "{BASE}[vm.workload]\nanon = {{ kind = \"wave\", min_mib = 10, max_mib = 100, period_s = 0 }}\n"
+    ));
+    assert_eq!(
+        e,
+        "scenario: vm[0].workload.anon.period_s: must be positive"
+    );
+    let e = parse_error(&format!(
+        "{BASE}[vm.workload]\nanon = {{ kind = \"spiral\" }}\n"
+    ));
+    assert!(e.contains("spiral"), "{e}");
+    let e = parse_error(&BASE.replace("memory_mib = 1024", "memory_mib = 1024\nmax_mib = 2048"));
+    assert_eq!(
+        e,
+        "scenario: vm[0].max_mib: must be between min_mib and memory_mib"
+    );
+    let e = parse_error(&format!("{BASE}[[vm]]\nname = \"a\"\nmemory_mib = 512\n"));
+    assert_eq!(e, "scenario: vm: two VMs are named \"a\"");
+    assert!(matches!(
+        Scenario::builtin("nope"),
+        Err(ScenarioError::UnknownBuiltin(..))
+    ));
+}
