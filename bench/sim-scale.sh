@@ -2,7 +2,7 @@
 # The simulator's scale figure: the built-in fleet-1000 scenario (1000 VMs, 3600
 # one-second ticks), release build, pinned to one core. Prints one JSON object per run:
 # the model alone (sampled through the backends, no engine), then the full loop with the
-# engine under `none` and under `mom`. Writes them to bench/results/sim-scale.json.
+# engine under `none`, `mom` and `memtide`. Writes them to bench/results/sim-scale.json.
 #
 #   bench/sim-scale.sh [CORE]        (CORE: the CPU to pin to, default 1)
 set -euo pipefail
@@ -14,9 +14,9 @@ bin="$target/release/examples/scale"
 out=bench/results/sim-scale.json
 {
   echo "["
-  for mode in model none mom; do
+  for mode in model none mom memtide; do
     taskset -c "$core" "$bin" fleet-1000 "$mode"
-    [ "$mode" = mom ] || echo ","
+    [ "$mode" = memtide ] || echo ","
   done
   echo "]"
 } | tee "$out"

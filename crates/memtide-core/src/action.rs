@@ -2,20 +2,22 @@
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 
 /// Why something was decided: the rule that fired and the inputs it saw.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reason {
-    /// The rule, e.g. `mom.shrink` or `safeguard.min`.
-    pub rule: String,
+    /// The rule, e.g. `mom.shrink` or `safeguard.min` (static for built-in rules: reasons
+    /// are made for every VM every tick).
+    pub rule: Cow<'static, str>,
     /// The inputs, in words an operator can check, e.g. `host free 14.2% < 20.0%`.
     pub detail: String,
 }
 
 impl Reason {
     /// A reason from a rule name and its explanation.
-    pub fn new(rule: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub fn new(rule: impl Into<Cow<'static, str>>, detail: impl Into<String>) -> Self {
         Reason {
             rule: rule.into(),
             detail: detail.into(),

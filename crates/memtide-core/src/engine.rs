@@ -13,7 +13,7 @@ use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{HostStats, KsmState};
 use crate::units::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// A balloon target the guest has not reached yet.
@@ -34,7 +34,7 @@ pub struct Engine {
     config: EngineConfig,
     policy: Box<dyn Policy>,
     host: History<HostStats>,
-    vms: BTreeMap<String, VmMemory>,
+    vms: HashMap<String, VmMemory>,
 }
 
 /// A VM that made it through ingestion this tick.
@@ -52,7 +52,7 @@ impl Engine {
             config,
             policy,
             host,
-            vms: BTreeMap::new(),
+            vms: HashMap::new(),
         }
     }
 
@@ -70,8 +70,8 @@ impl Engine {
     pub fn tick(&mut self, snap: &Snapshot) -> Decision {
         let at = snap.at;
         self.host.push(at, snap.host.clone());
-        self.vms
-            .retain(|name, _| snap.vms.iter().any(|v| &v.name == name));
+        let present: HashSet<&str> = snap.vms.iter().map(|v| v.name.as_str()).collect();
+        self.vms.retain(|name, _| present.contains(name.as_str()));
 
         let mut diagnostics = Vec::new();
         let mut reports = Vec::with_capacity(snap.vms.len());
@@ -98,7 +98,7 @@ impl Engine {
                 signals: &s.signals,
             })
             .collect();
-        let output = self.policy.decide(&PolicyInput {
+        let mut output = self.policy.decide(&PolicyInput {
             at,
             host: &self.host,
             vms: &inputs,
@@ -117,14 +117,13 @@ impl Engine {
             let report = &mut reports[s.index];
             let name = &s.snap.name;
             report.estimate = output.estimates.get(name).copied();
-            if let Some(p) = output.balloon.get(name) {
-                let (target, reason) = clamp(p, &s.snap.limits);
+            if let Some(p) = output.balloon.remove(name) {
+                let (target, mut reason) = clamp(p, &s.snap.limits);
                 let delivered = s.snap.target.or(report.actual);
                 if delivered == Some(target) {
-                    report.reason = Some(Reason::new(
-                        "safeguard.unchanged",
-                        format!("target {target} already set ({reason})"),
-                    ));
+                    reason.rule = "safeguard.unchanged".into();
+                    reason.detail.push_str("; that is already the target");
+                    report.reason = Some(reason);
                 } else {
                     actions.push(Action::SetBalloon {
                         vm: name.clone(),
@@ -134,8 +133,8 @@ impl Engine {
                     report.target = Some(target);
                     report.reason = Some(reason);
                 }
-            } else if let Some(hold) = output.holds.get(name) {
-                report.reason = Some(hold.clone());
+            } else if let Some(hold) = output.holds.remove(name) {
+                report.reason = Some(hold);
             }
         }
 
@@ -170,10 +169,14 @@ impl Engine {
     ) -> (VmReport, Option<Signals>) {
         let settle = Duration::from_secs(self.config.settle_s);
         let history_len = self.config.history_len;
-        let memory = self.vms.entry(vm.name.clone()).or_insert_with(|| VmMemory {
-            history: History::new(history_len),
-            unreached: None,
-        });
+        if !self.vms.contains_key(&vm.name) {
+            let fresh = VmMemory {
+                history: History::new(history_len),
+                unreached: None,
+            };
+            self.vms.insert(vm.name.clone(), fresh);
+        }
+        let memory = self.vms.get_mut(&vm.name).expect("inserted above");
         let mut diag = |kind, message: String| {
             diagnostics.push(Diagnostic {
                 vm: Some(vm.name.clone()),
@@ -205,18 +208,14 @@ impl Engine {
                 VmEvent::BalloonChange { .. } => {}
             }
         }
-        let (stats, problems) = sanitize(&sample.stats, sample.configured);
-        for p in problems {
+        let mut clean = VmSample {
+            events: Vec::new(),
+            ..sample.clone()
+        };
+        for p in sanitize(&mut clean.stats, sample.configured) {
             diag(DiagnosticKind::ImplausibleStats, p);
         }
-        memory.history.push(
-            at,
-            VmSample {
-                stats,
-                events: Vec::new(),
-                ..sample.clone()
-            },
-        );
+        memory.history.push(at, clean);
         let signals = Signals::derive(&memory.history);
         let latest = memory.history.latest().expect("just pushed");
         report.configured = Some(sample.configured);
@@ -309,30 +308,19 @@ fn reached(actual: Bytes, target: Bytes) -> bool {
 }
 
 /// Keep a proposed target within the operator's bounds, saying so in the reason.
-fn clamp(p: &Proposal, limits: &VmLimits) -> (Bytes, Reason) {
-    let bounded = |target: Bytes, bound: &str| {
-        let detail = format!(
-            "{}; {} {} by the VM's {bound}",
-            p.reason.detail,
-            if bound == "min" {
-                "raised to"
-            } else {
-                "capped at"
-            },
-            target
-        );
-        (
-            target,
-            Reason::new(format!("{}+safeguard.{bound}", p.reason.rule), detail),
-        )
-    };
-    if p.target < limits.min {
-        bounded(limits.min, "min")
+fn clamp(p: Proposal, limits: &VmLimits) -> (Bytes, Reason) {
+    let (target, bound, verb) = if p.target < limits.min {
+        (limits.min, "min", "raised to")
     } else if p.target > limits.max {
-        bounded(limits.max, "max")
+        (limits.max, "max", "capped at")
     } else {
-        (p.target, p.reason.clone())
-    }
+        return (p.target, p.reason);
+    };
+    let detail = format!("{}; {verb} {target} by the VM's {bound}", p.reason.detail);
+    (
+        target,
+        Reason::new(format!("{}+safeguard.{bound}", p.reason.rule), detail),
+    )
 }
 
 /// The knobs of `wanted` that differ from the kernel's current values.

@@ -8,13 +8,13 @@ use crate::units::Bytes;
 /// the RAM size; never above it, but allow rounding).
 const TOTAL_SLACK: f64 = 1.01;
 
-/// Drop the memory figures a guest could not truthfully report, given its configured
-/// size. Returns the cleaned stats and one message per problem found.
-pub fn sanitize(stats: &GuestStats, configured: Bytes) -> (GuestStats, Vec<String>) {
-    let mut clean = stats.clone();
+/// Drop (in place) the memory figures a guest could not truthfully report, given its
+/// configured size. Returns one message per problem found.
+pub fn sanitize(stats: &mut GuestStats, configured: Bytes) -> Vec<String> {
+    let clean = stats;
     let mut problems = Vec::new();
     let ceiling = configured.scale(TOTAL_SLACK);
-    if let Some(total) = stats.total.filter(|t| *t > ceiling) {
+    if let Some(total) = clean.total.filter(|t| *t > ceiling) {
         problems.push(format!(
             "guest reports total memory {total}, above its configured {configured}; memory figures ignored"
         ));
@@ -22,9 +22,9 @@ pub fn sanitize(stats: &GuestStats, configured: Bytes) -> (GuestStats, Vec<Strin
         clean.free = None;
         clean.available = None;
         clean.disk_caches = None;
-        return (clean, problems);
+        return problems;
     }
-    let bound = stats.total.unwrap_or(configured);
+    let bound = clean.total.unwrap_or(configured);
     for (name, field) in [
         ("free", &mut clean.free),
         ("available", &mut clean.available),
@@ -37,7 +37,7 @@ pub fn sanitize(stats: &GuestStats, configured: Bytes) -> (GuestStats, Vec<Strin
             *field = None;
         }
     }
-    (clean, problems)
+    problems
 }
 
 #[cfg(test)]
@@ -56,15 +56,16 @@ mod tests {
     #[test]
     fn plausible_stats_pass_unchanged() {
         let s = stats(370, 200);
-        let (clean, problems) = sanitize(&s, Bytes::from_mib(384));
+        let mut clean = s.clone();
+        let problems = sanitize(&mut clean, Bytes::from_mib(384));
         assert_eq!(clean, s);
         assert!(problems.is_empty());
     }
 
     #[test]
     fn total_above_configured_drops_the_memory_picture() {
-        let s = stats(4096, 4000);
-        let (clean, problems) = sanitize(&s, Bytes::from_mib(384));
+        let mut clean = stats(4096, 4000);
+        let problems = sanitize(&mut clean, Bytes::from_mib(384));
         assert_eq!(
             (clean.total, clean.free, clean.available),
             (None, None, None)
@@ -79,9 +80,9 @@ mod tests {
 
     #[test]
     fn free_above_total_is_dropped_alone() {
-        let mut s = stats(370, 200);
-        s.free = Some(Bytes(u64::MAX));
-        let (clean, problems) = sanitize(&s, Bytes::from_mib(384));
+        let mut clean = stats(370, 200);
+        clean.free = Some(Bytes(u64::MAX));
+        let problems = sanitize(&mut clean, Bytes::from_mib(384));
         assert_eq!(clean.free, None);
         assert_eq!(clean.available, Some(Bytes::from_mib(200)));
         assert_eq!(

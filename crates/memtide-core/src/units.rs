@@ -109,17 +109,39 @@ impl std::iter::Sum for Bytes {
 }
 
 impl fmt::Display for Bytes {
-    /// Human-readable with a binary unit: `512 KiB`, `384 MiB`, `1.5 GiB`.
+    /// Human-readable with a binary unit: `512 KiB`, `384 MiB`, `1.5 GiB` (integer
+    /// arithmetic only: this runs for every VM every tick).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
         if b >= GIB {
-            write!(f, "{:.1} GiB", b as f64 / GIB as f64)
+            let tenths = (u128::from(b) * 10 + u128::from(GIB) / 2) / u128::from(GIB);
+            write!(f, "{}.{} GiB", tenths / 10, tenths % 10)
         } else if b >= MIB {
-            write!(f, "{} MiB", (b as f64 / MIB as f64).round() as u64)
+            write!(f, "{} MiB", (b + MIB / 2) / MIB)
         } else if b >= KIB {
             write!(f, "{} KiB", b / KIB)
         } else {
             write!(f, "{b} B")
+        }
+    }
+}
+
+/// A ratio shown as a percentage: one decimal, two below 1% (`14.2%`, `0.25%`). Integer
+/// arithmetic only: reasons carry these for every VM every tick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Percent(pub f64);
+
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.0 < 0.0 { "-" } else { "" };
+        let p = self.0.abs() * 100.0;
+        if !p.is_finite() {
+            write!(f, "{sign}{p}%")
+        } else if p < 1.0 {
+            write!(f, "{sign}0.{:02}%", (p * 100.0).round() as u64)
+        } else {
+            let tenths = (p * 10.0).round() as u64;
+            write!(f, "{sign}{}.{}%", tenths / 10, tenths % 10)
         }
     }
 }
@@ -146,10 +168,36 @@ mod tests {
     }
 
     #[test]
+    fn percentages_keep_small_ratios_readable() {
+        let show = |r| Percent(r).to_string();
+        assert_eq!(
+            [
+                show(0.142),
+                show(0.0025),
+                show(-0.01),
+                show(-0.0005),
+                show(1.0)
+            ],
+            ["14.2%", "0.25%", "-1.0%", "-0.05%", "100.0%"]
+        );
+    }
+
+    #[test]
     fn displays_with_binary_units() {
         assert_eq!(Bytes(12).to_string(), "12 B");
         assert_eq!(Bytes::from_kib(512).to_string(), "512 KiB");
         assert_eq!(Bytes::from_mib(384).to_string(), "384 MiB");
         assert_eq!(Bytes::from_mib(1536).to_string(), "1.5 GiB");
+        assert_eq!(
+            Bytes::from_mib(2047).to_string(),
+            "2.0 GiB",
+            "rounded to the tenth"
+        );
+        assert_eq!(Bytes(u64::MAX).to_string(), "17179869184.0 GiB");
+        assert_eq!(
+            Bytes::from_kib(1024 * 383 + 512).to_string(),
+            "384 MiB",
+            "rounded to the MiB"
+        );
     }
 }

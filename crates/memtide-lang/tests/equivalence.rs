@@ -93,7 +93,9 @@ proptest! {
         prop_assert!(script.faults.is_empty(), "{:?}", script.faults);
         prop_assert!(rust.faults.is_empty(), "{:?}", rust.faults);
         let targets = |o: &PolicyOutput| -> Vec<(String, u64)> {
-            o.balloon.iter().map(|(vm, p)| (vm.clone(), p.target.kib())).collect()
+            let mut t: Vec<_> = o.balloon.iter().map(|(vm, p)| (vm.clone(), p.target.kib())).collect();
+            t.sort();
+            t
         };
         let (r, s) = (targets(&rust), targets(&script));
         prop_assert_eq!(r.len(), s.len(), "rust {:?} script {:?}", r, s);

@@ -2,15 +2,18 @@
 //! for 3600 one-second ticks) under one policy and print the wall time as JSON.
 //!
 //! cargo build --release -p memtide-sim --example scale
-//! taskset -c 1 target/release/examples/scale [SCENARIO] [mom|none|model] [--ticks N]
+//! taskset -c 1 target/release/examples/scale [SCENARIO] [memtide|mom|none|model] [--ticks N]
 //!
 //! `model` runs the simulated world alone, sampled through the backends every tick as
 //! the engine would be, but with no engine: the simulator's own share of the time.
 
 use futures::FutureExt;
 use memtide_core::backend::{HostBackend, VmBackend};
+use memtide_core::estimate::fused::FusedConfig;
+use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::Mom;
 use memtide_core::policy::none::Unmanaged;
+use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
 use memtide_core::policy::Policy;
 use memtide_core::EngineConfig;
 use memtide_sim::backend::{SimHost, SimVm};
@@ -66,6 +69,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy: Box<dyn Policy> = match policy_name {
         "mom" => Box::new(Mom::default()),
         "none" => Box::new(Unmanaged),
+        "memtide" => Box::new(WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        )),
         other => return Err(format!("unknown policy {other}").into()),
     };
     let seed = scenario.seed;

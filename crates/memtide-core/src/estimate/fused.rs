@@ -101,30 +101,26 @@ impl Fused {
         let rebase = self.estimate.is_none()
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
         self.base = base;
-        let mut why = format!("the guest needs {need} by its own count");
-        let short = s.faults() > 0
-            || s.alloc_stalls.unwrap_or(0) > 0
-            || s.oom_kills.unwrap_or(0) > 0
+        let faults = s.faults();
+        let (stalls, kills) = (s.alloc_stalls.unwrap_or(0), s.oom_kills.unwrap_or(0));
+        let short = faults > 0
+            || stalls > 0
+            || kills > 0
             || s.psi_some_avg10.is_some_and(|p| p > cfg.psi_threshold);
+        let mut hold_s = 0;
         let phase = if short {
             estimate = estimate.max(obs.size)
-                + Bytes(s.faults().saturating_mul(PAGE))
+                + Bytes(faults.saturating_mul(PAGE))
                 + step(cfg.backoff_step);
             self.backoffs = self.backoffs.saturating_add(1);
             let hold =
                 (cfg.cool_down_s * 2f64.powi(self.backoffs as i32 - 1)).min(cfg.max_cool_down_s);
             self.hold_until = obs.at + secs(hold);
-            why = format!(
-                "short of memory ({} pages faulted back, {} stalls, {} OOM kills): back off, hold {hold:.0} s",
-                s.faults(),
-                s.alloc_stalls.unwrap_or(0),
-                s.oom_kills.unwrap_or(0)
-            );
+            hold_s = hold.round() as u64;
             "back_off"
         } else if rebase {
             estimate = estimate.max(base);
             self.backoffs = 0;
-            why = format!("the guest needs {need}: start there");
             "start"
         } else if obs.at < self.hold_until {
             "hold"
@@ -134,12 +130,17 @@ impl Fused {
         };
         let wss = clamp(estimate, floor, obs.configured);
         self.estimate = Some(wss);
-        let detail = format!("memtide {phase}: {why}; floor {floor}");
-        Some(Estimate {
-            wss,
-            phase: phase.into(),
-            detail,
-        })
+        // One format per tick and VM: reasons are made for every VM every tick.
+        let detail = match phase {
+            "back_off" => format!(
+                "estimate {wss}: short of memory ({faults} pages faulted back, {stalls} stalls, \
+                 {kills} OOM kills): back off, hold {hold_s} s; the guest counts {need} needed, floor {floor}"
+            ),
+            "start" => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
+            "hold" => format!("estimate {wss}: holding after a back-off; the guest counts {need} needed"),
+            _ => format!("estimate {wss}: no shortage: probe lower; the guest counts {need} needed, floor {floor}"),
+        };
+        Some(Estimate { wss, phase, detail })
     }
 }
 
@@ -185,7 +186,7 @@ mod tests {
         f.step(&cfg, &obs(0, 1000, 700, 0));
         // 2560 pages (10 MiB) faulted back: the estimate (330, above the size 320) + 10 + 20 (2%).
         let e = f.step(&cfg, &obs(1, 320, 20, 2560)).unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase.as_str()), (360.0, "back_off"));
+        assert_eq!((e.wss.mib_f64(), e.phase), (360.0, "back_off"));
         assert_eq!(f.step(&cfg, &obs(8, 350, 50, 0)).unwrap().phase, "hold");
         assert_eq!(
             f.step(&cfg, &obs(9, 350, 50, 0)).unwrap().phase,

@@ -17,7 +17,7 @@ pub mod tws;
 
 use crate::signals::Signals;
 use crate::units::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::time::Duration;
 
 /// What an estimator sees of one VM in one tick.
@@ -36,13 +36,14 @@ pub struct Observation {
 }
 
 /// An estimate and how it was reached.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     /// The memory the guest needs.
     pub wss: Bytes,
     /// The estimator's state, e.g. `fast`, `cool_down`.
-    pub phase: String,
-    /// The inputs behind it, in words.
+    pub phase: &'static str,
+    /// The estimate and the inputs behind it, in words (formatted once: estimators run
+    /// for every VM every tick).
     pub detail: String,
 }
 

@@ -5,7 +5,7 @@
 //! guest cooperation, only the hypervisor's view of which pages were touched.
 
 use super::{Estimate, Observation};
-use crate::units::Bytes;
+use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
 
 /// Smoothing constants.
@@ -53,15 +53,15 @@ impl Sampled {
             1.0
         };
         let detail = format!(
-            "sampled: {} touched in the last window (fast avg {}, slow avg {}): {:.0}% active",
+            "estimate {wss}: {} touched in the last window (fast avg {}, slow avg {}): {} active",
             Bytes::from_f64(touched),
             Bytes::from_f64(fast),
             Bytes::from_f64(slow),
-            (active * 100.0).min(100.0)
+            Percent(active.min(1.0))
         );
         Some(Estimate {
             wss,
-            phase: "sampling".into(),
+            phase: "sampling",
             detail,
         })
     }

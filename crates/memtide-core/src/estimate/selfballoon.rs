@@ -70,11 +70,12 @@ impl SelfBalloon {
             .min(obs.configured);
         let floor = floor(usable, obs.configured - usable);
         let wss = clamp(target.max(floor), Bytes::ZERO, obs.configured);
-        let detail =
-            format!("selfballoon: Committed_AS {committed} + reserve → goal {goal}, floor {floor}");
+        let detail = format!(
+            "estimate {wss}: Committed_AS {committed} + reserve → goal {goal}, floor {floor}"
+        );
         Some(Estimate {
             wss,
-            phase: if target < floor { "floor" } else { "track" }.into(),
+            phase: if target < floor { "floor" } else { "track" },
             detail,
         })
     }

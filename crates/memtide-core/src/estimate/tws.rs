@@ -84,25 +84,24 @@ impl Tws {
         };
         let (phase, wss, why) = if faults > 0 {
             let until = obs.at + secs(cfg.cool_down_s);
+            let raised = wss + Bytes(faults.saturating_mul(PAGE));
             (
                 Phase::CoolDown(until),
-                wss + Bytes(faults.saturating_mul(PAGE)),
-                format!("{faults} pages faulted back: raise and cool down"),
+                raised,
+                "pages faulted back: raise and cool down",
             )
         } else {
             match phase {
                 Phase::Fast => (
                     Phase::Fast,
                     wss - step(cfg.fast_step),
-                    "no faults: lower fast".to_string(),
+                    "no faults: lower fast",
                 ),
-                Phase::CoolDown(until) if obs.at < until => {
-                    (phase, wss, "cooling down".to_string())
-                }
+                Phase::CoolDown(until) if obs.at < until => (phase, wss, "cooling down"),
                 Phase::CoolDown(_) | Phase::Slow => (
                     Phase::Slow,
                     wss - step(cfg.slow_step),
-                    "no faults: lower slowly".to_string(),
+                    "no faults: lower slowly",
                 ),
             }
         };
@@ -113,10 +112,11 @@ impl Tws {
             Phase::CoolDown(_) => "cool_down",
             Phase::Slow => "slow",
         };
-        let detail = format!("tws {name}: {why} (Committed_AS {})", self.committed);
+        let committed = self.committed;
+        let detail = format!("estimate {wss}: {why} ({faults} faults, Committed_AS {committed})");
         Some(Estimate {
             wss,
-            phase: name.into(),
+            phase: name,
             detail,
         })
     }

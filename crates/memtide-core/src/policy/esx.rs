@@ -12,9 +12,9 @@ use super::working_set::observe;
 use super::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::action::Reason;
 use crate::estimate::sampled::{Sampled, SampledConfig};
-use crate::units::Bytes;
+use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 
 /// The constants (ESX's published values by default).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,7 +64,7 @@ impl Default for EsxConfig {
 pub struct Esx {
     config: EsxConfig,
     ksm: KsmConfig,
-    activity: BTreeMap<String, Sampled>,
+    activity: HashMap<String, Sampled>,
 }
 
 impl Esx {
@@ -73,7 +73,7 @@ impl Esx {
         Esx {
             config,
             ksm,
-            activity: BTreeMap::new(),
+            activity: HashMap::new(),
         }
     }
 
@@ -113,8 +113,9 @@ impl Policy for Esx {
         let domain = &input.host_latest().domain;
         let free = domain.free_ratio();
         let (state, step) = self.state(free);
+        let present: HashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.activity
-            .retain(|name, _| input.vms.iter().any(|vm| vm.name == name));
+            .retain(|name, _| present.contains(name.as_str()));
         // Entitlement: what the VMs hold plus what is free, less the high-state reserve,
         // divided by shares-per-page with idle memory taxed.
         let held: Bytes = input.vms.iter().map(|vm| vm.actual).sum();
@@ -144,11 +145,11 @@ impl Policy for Esx {
         let entitled = divide(capacity, &claims);
         for ((vm, entitlement), f) in input.vms.iter().zip(entitled).zip(active) {
             let activity = f.map_or("activity unknown, no idle tax".to_string(), |f| {
-                format!("{:.0}% active", f * 100.0)
+                format!("{} active", Percent(f))
             });
             let why = format!(
-                "host free {:.1}%: {state} state; entitlement {entitlement} ({activity}, {} shares)",
-                free * 100.0,
+                "host free {}: {state} state; entitlement {entitlement} ({activity}, {} shares)",
+                Percent(free),
                 vm.limits.shares
             );
             let target = if state == "high" {
@@ -264,6 +265,6 @@ mod tests {
             busy, None,
             "the busy VM keeps its 900 (entitled to 1000, nothing to reclaim)"
         );
-        assert!(o.balloon["idle"].reason.detail.contains("0% active"));
+        assert!(o.balloon["idle"].reason.detail.contains("0.00% active"));
     }
 }

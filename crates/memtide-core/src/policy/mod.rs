@@ -15,7 +15,7 @@ use crate::signals::Signals;
 use crate::snapshot::{VmLimits, VmSample};
 use crate::stats::HostStats;
 use crate::units::Bytes;
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// One VM as a policy sees it: only VMs with a balloon and a fresh sample are shown.
@@ -92,11 +92,11 @@ pub struct PolicyFault {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyOutput {
     /// Balloon targets, by VM name; a VM without an entry keeps its size.
-    pub balloon: BTreeMap<String, Proposal>,
+    pub balloon: HashMap<String, Proposal>,
     /// Why VMs without a proposal keep their size, by VM name.
-    pub holds: BTreeMap<String, Reason>,
+    pub holds: HashMap<String, Reason>,
     /// The working set the policy estimated, by VM name (policies that estimate one).
-    pub estimates: BTreeMap<String, Bytes>,
+    pub estimates: HashMap<String, Bytes>,
     /// KSM settings, if the policy manages KSM.
     pub ksm: Option<KsmProposal>,
     /// Failures; VMs not named here were still decided.

@@ -14,7 +14,7 @@ use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
 use crate::history::History;
 use crate::stats::HostStats;
-use crate::units::Bytes;
+use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
 
 /// The balloon policy's constants (all ratios of 1).
@@ -92,14 +92,8 @@ fn kib(b: Bytes) -> f64 {
     b.kib() as f64
 }
 
-/// A ratio as a percentage, with two decimals for small ones (0.25%).
-fn pct(ratio: f64) -> String {
-    let p = ratio * 100.0;
-    if p.abs() < 1.0 {
-        format!("{p:.2}%")
-    } else {
-        format!("{p:.1}%")
-    }
+fn pct(ratio: f64) -> Percent {
+    Percent(ratio)
 }
 
 /// A decision for one VM: a new target, a reason to hold, or a failure.
@@ -118,7 +112,7 @@ pub struct Mom {
 }
 
 impl Mom {
-    fn bounded(&self, rule: &str, vm: &VmInput<'_>, size_kib: f64, why: String) -> Step {
+    fn bounded(&self, rule: &'static str, vm: &VmInput<'_>, size_kib: f64, why: String) -> Step {
         let cur = kib(vm.actual);
         let change = (size_kib - cur).abs();
         if change > self.balloon.min_change * cur {

@@ -137,11 +137,12 @@ mod tests {
             host: &host,
             vms: &vms,
         });
-        let targets: Vec<_> = out
+        let mut targets: Vec<_> = out
             .balloon
             .iter()
             .map(|(n, p)| (n.as_str(), p.target.mib()))
             .collect();
+        targets.sort();
         assert_eq!(targets, [("db", 900), ("web", 500)]);
         assert!(out.holds.contains_key("batch"));
     }

@@ -15,7 +15,8 @@ use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 
 /// Settings shared by the working-set policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -104,7 +105,7 @@ pub struct WorkingSet {
     estimator: EstimatorConfig,
     config: WorkingSetConfig,
     ksm: KsmConfig,
-    states: BTreeMap<String, State>,
+    states: HashMap<String, State>,
 }
 
 impl WorkingSet {
@@ -114,9 +115,27 @@ impl WorkingSet {
             estimator,
             config,
             ksm,
-            states: BTreeMap::new(),
+            states: HashMap::new(),
         }
     }
+}
+
+/// The rule name of a policy's estimator phase (static: reasons are made every tick).
+fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
+    let known = match (policy, phase) {
+        ("memtide", "start") => "memtide.start",
+        ("memtide", "probe") => "memtide.probe",
+        ("memtide", "hold") => "memtide.hold",
+        ("memtide", "back_off") => "memtide.back_off",
+        ("tws", "fast") => "tws.fast",
+        ("tws", "cool_down") => "tws.cool_down",
+        ("tws", "slow") => "tws.slow",
+        ("selfballoon", "track") => "selfballoon.track",
+        ("selfballoon", "floor") => "selfballoon.floor",
+        ("sampled", "sampling") => "sampled.sampling",
+        _ => return Cow::Owned(format!("{policy}.{phase}")),
+    };
+    Cow::Borrowed(known)
 }
 
 /// One tick's observation of a VM.
@@ -141,8 +160,9 @@ impl Policy for WorkingSet {
             ksm: ksmtuned::decide(&self.ksm, input),
             ..PolicyOutput::default()
         };
+        let present: HashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.states
-            .retain(|name, _| input.vms.iter().any(|vm| vm.name == name));
+            .retain(|name, _| present.contains(name.as_str()));
         let mut estimated = Vec::new();
         for vm in input.vms {
             if vm.history.len() == 1 {
@@ -173,29 +193,23 @@ impl Policy for WorkingSet {
             .collect();
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide(capacity, &claims);
-        for ((vm, e), target) in estimated.iter().zip(given) {
+        let divided = (wanted > capacity)
+            .then(|| format!("; VMs want {wanted} but can have {capacity}: divided by shares"));
+        let policy = self.estimator.policy_name();
+        for ((vm, e), target) in estimated.into_iter().zip(given) {
             out.estimates.insert(vm.name.to_string(), e.wss);
-            let rule = format!("{}.{}", self.name(), e.phase);
-            let mut detail = format!("estimate {} ({})", e.wss, e.detail);
-            if wanted > capacity {
-                detail.push_str(&format!(
-                    "; VMs want {wanted} but can have {capacity}: divided by shares"
-                ));
+            let rule = rule(policy, e.phase);
+            let mut detail = e.detail;
+            if let Some(d) = &divided {
+                detail.push_str(d);
             }
             let change = target.abs_diff(vm.actual);
             if change.as_f64() > vm.actual.as_f64() * self.config.min_change {
-                out.balloon.insert(
-                    vm.name.to_string(),
-                    Proposal {
-                        target,
-                        reason: Reason::new(rule, detail),
-                    },
-                );
+                let reason = Reason::new(rule, detail);
+                out.balloon
+                    .insert(vm.name.to_string(), Proposal { target, reason });
             } else {
-                let detail = format!(
-                    "{detail}; within {:.1}% of the current size",
-                    self.config.min_change * 100.0
-                );
+                detail.push_str("; too close to the current size to change");
                 out.holds
                     .insert(vm.name.to_string(), Reason::new(rule, detail));
             }

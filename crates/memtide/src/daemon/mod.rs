@@ -256,7 +256,7 @@ impl Daemon {
                 Action::SetBalloon { .. } => balloon_results.next(),
                 Action::SetKsm { settings, .. } => Some(self.host.apply_ksm(settings)),
             };
-            let rule = Some(action.reason().rule.as_str());
+            let rule = Some(action.reason().rule.as_ref());
             match result {
                 None => {
                     self.counters.action(kind, "dry_run");
