@@ -13,7 +13,7 @@ use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{HostStats, KsmState};
 use crate::units::Bytes;
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::Duration;
 
 /// A balloon target the guest has not reached yet.
@@ -34,7 +34,7 @@ pub struct Engine {
     config: EngineConfig,
     policy: Box<dyn Policy>,
     host: History<HostStats>,
-    vms: HashMap<String, VmMemory>,
+    vms: FxHashMap<String, VmMemory>,
 }
 
 /// A VM that made it through ingestion this tick.
@@ -52,7 +52,7 @@ impl Engine {
             config,
             policy,
             host,
-            vms: HashMap::new(),
+            vms: FxHashMap::default(),
         }
     }
 
@@ -70,7 +70,7 @@ impl Engine {
     pub fn tick(&mut self, snap: &Snapshot) -> Decision {
         let at = snap.at;
         self.host.push(at, snap.host.clone());
-        let present: HashSet<&str> = snap.vms.iter().map(|v| v.name.as_str()).collect();
+        let present: FxHashSet<&str> = snap.vms.iter().map(|v| v.name.as_str()).collect();
         self.vms.retain(|name, _| present.contains(name.as_str()));
 
         let mut diagnostics = Vec::new();

@@ -137,8 +137,8 @@ impl Fused {
                  {kills} OOM kills): back off, hold {hold_s} s; the guest counts {need} needed, floor {floor}"
             ),
             "start" => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
-            "hold" => format!("estimate {wss}: holding after a back-off; the guest counts {need} needed"),
-            _ => format!("estimate {wss}: no shortage: probe lower; the guest counts {need} needed, floor {floor}"),
+            "hold" => format!("estimate {wss}: holding after a back-off"),
+            _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
         };
         Some(Estimate { wss, phase, detail })
     }

@@ -13,8 +13,8 @@ use super::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::action::Reason;
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::units::{Bytes, Percent};
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
 
 /// The constants (ESX's published values by default).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,7 +64,7 @@ impl Default for EsxConfig {
 pub struct Esx {
     config: EsxConfig,
     ksm: KsmConfig,
-    activity: HashMap<String, Sampled>,
+    activity: FxHashMap<String, Sampled>,
 }
 
 impl Esx {
@@ -73,7 +73,7 @@ impl Esx {
         Esx {
             config,
             ksm,
-            activity: HashMap::new(),
+            activity: FxHashMap::default(),
         }
     }
 
@@ -113,7 +113,7 @@ impl Policy for Esx {
         let domain = &input.host_latest().domain;
         let free = domain.free_ratio();
         let (state, step) = self.state(free);
-        let present: HashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
+        let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.activity
             .retain(|name, _| present.contains(name.as_str()));
         // Entitlement: what the VMs hold plus what is free, less the high-state reserve,

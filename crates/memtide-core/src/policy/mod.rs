@@ -15,7 +15,7 @@ use crate::signals::Signals;
 use crate::snapshot::{VmLimits, VmSample};
 use crate::stats::HostStats;
 use crate::units::Bytes;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 
 /// One VM as a policy sees it: only VMs with a balloon and a fresh sample are shown.
@@ -92,15 +92,31 @@ pub struct PolicyFault {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyOutput {
     /// Balloon targets, by VM name; a VM without an entry keeps its size.
-    pub balloon: HashMap<String, Proposal>,
+    pub balloon: FxHashMap<String, Proposal>,
     /// Why VMs without a proposal keep their size, by VM name.
-    pub holds: HashMap<String, Reason>,
+    pub holds: FxHashMap<String, Reason>,
     /// The working set the policy estimated, by VM name (policies that estimate one).
-    pub estimates: HashMap<String, Bytes>,
+    pub estimates: FxHashMap<String, Bytes>,
     /// KSM settings, if the policy manages KSM.
     pub ksm: Option<KsmProposal>,
     /// Failures; VMs not named here were still decided.
     pub faults: Vec<PolicyFault>,
+}
+
+impl PolicyOutput {
+    /// An empty output with room for `vms` VMs' decisions.
+    pub fn with_capacity(vms: usize) -> PolicyOutput {
+        PolicyOutput {
+            balloon: map(vms),
+            holds: map(vms),
+            estimates: map(vms),
+            ..PolicyOutput::default()
+        }
+    }
+}
+
+fn map<V>(capacity: usize) -> FxHashMap<String, V> {
+    FxHashMap::with_capacity_and_hasher(capacity, Default::default())
 }
 
 /// A memory policy.

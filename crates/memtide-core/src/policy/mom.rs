@@ -186,7 +186,7 @@ impl Policy for Mom {
     }
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
-        let mut out = PolicyOutput::default();
+        let mut out = PolicyOutput::with_capacity(input.vms.len());
         let host_ratio = host_free_ratio(input.host);
         let under_pressure = host_ratio < self.balloon.pressure_threshold;
         for vm in input.vms {

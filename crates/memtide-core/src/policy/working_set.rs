@@ -14,9 +14,9 @@ use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
 use crate::units::Bytes;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
 
 /// Settings shared by the working-set policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,7 +105,7 @@ pub struct WorkingSet {
     estimator: EstimatorConfig,
     config: WorkingSetConfig,
     ksm: KsmConfig,
-    states: HashMap<String, State>,
+    states: FxHashMap<String, State>,
 }
 
 impl WorkingSet {
@@ -115,7 +115,7 @@ impl WorkingSet {
             estimator,
             config,
             ksm,
-            states: HashMap::new(),
+            states: FxHashMap::default(),
         }
     }
 }
@@ -156,11 +156,9 @@ impl Policy for WorkingSet {
     }
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
-        let mut out = PolicyOutput {
-            ksm: ksmtuned::decide(&self.ksm, input),
-            ..PolicyOutput::default()
-        };
-        let present: HashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
+        let mut out = PolicyOutput::with_capacity(input.vms.len());
+        out.ksm = ksmtuned::decide(&self.ksm, input);
+        let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.states
             .retain(|name, _| present.contains(name.as_str()));
         let mut estimated = Vec::new();
