@@ -1,11 +1,17 @@
 //! Shared building blocks for memtide's guest workloads.
 //!
 //! Every workload binary (`src/bin/*.rs`) runs inside a busybox initramfs,
-//! takes a phase pattern (`SIZE_MIB:SECONDS,...`) plus common options, and
-//! reports progress as one `name key=value ...` line per interval on stdout,
-//! which the guest's init forwards to the serial console.
+//! parses its options with [`cli`], keeps a working set of anonymous memory
+//! ([`anon`] over a [`region`]) or of page cache ([`fileset`]), and reports
+//! progress as one `name t=SECONDS key=value ...` line per interval on
+//! stdout ([`report`], from the counts in [`progress`]), which the guest's
+//! init forwards to the serial console.
 
+pub mod anon;
 pub mod cli;
+pub mod fileset;
 pub mod pattern;
+pub mod progress;
 pub mod region;
 pub mod report;
+pub mod vmstat;

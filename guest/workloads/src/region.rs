@@ -1,6 +1,7 @@
-//! A private anonymous mapping whose pages can be dirtied and handed back to
-//! the kernel. The mapping is made directly with mmap (not through the
-//! allocator) so that shrinking really frees guest memory, immediately.
+//! A private anonymous mapping whose pages can be dirtied, handed back to
+//! the kernel and checked for residency. The mapping is made directly with
+//! mmap (not through the allocator) so that shrinking really frees guest
+//! memory, immediately.
 
 use std::ffi::{c_int, c_void};
 use std::io;
@@ -20,8 +21,7 @@ const PROT_READ: c_int = 0x1;
 const PROT_WRITE: c_int = 0x2;
 const MAP_PRIVATE: c_int = 0x02;
 const MAP_ANONYMOUS: c_int = 0x20;
-/// No commit accounting: the size is the pattern's peak, which may
-/// deliberately exceed what the guest can hold (to make it swap).
+/// No commit accounting (not counted in Committed_AS).
 const MAP_NORESERVE: c_int = 0x4000;
 const MADV_DONTNEED: c_int = 4;
 
@@ -36,17 +36,34 @@ extern "C" {
     ) -> *mut c_void;
     fn munmap(addr: *mut c_void, len: usize) -> c_int;
     fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+    fn mincore(addr: *mut c_void, len: usize, vec: *mut u8) -> c_int;
 }
 
+/// An anonymous mapping, unmapped on drop.
 pub struct Region {
     ptr: *mut u8,
     len: usize,
 }
 
+// SAFETY: the region owns its mapping and nothing else refers to it, so it
+// may move to another thread.
+unsafe impl Send for Region {}
+
 impl Region {
-    /// Reserves `len` bytes (rounded up to whole pages); no memory is used
-    /// until pages are touched.
+    /// Reserves `len` bytes (rounded up to whole pages) without commit
+    /// accounting, so that it may deliberately exceed what the guest can
+    /// hold (to make it swap); no memory is used until pages are touched.
     pub fn new(len: usize) -> io::Result<Region> {
+        Region::map(len, MAP_NORESERVE)
+    }
+
+    /// Like [`Region::new`], but counted in the guest's Committed_AS as a
+    /// `malloc`'d buffer is.
+    pub fn accounted(len: usize) -> io::Result<Region> {
+        Region::map(len, 0)
+    }
+
+    fn map(len: usize, extra_flags: c_int) -> io::Result<Region> {
         let len = len.next_multiple_of(PAGE);
         if len == 0 {
             return Ok(Region {
@@ -54,7 +71,7 @@ impl Region {
                 len,
             });
         }
-        let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+        let flags = MAP_PRIVATE | MAP_ANONYMOUS | extra_flags;
         // SAFETY: a fresh anonymous mapping aliases nothing.
         let ptr = unsafe { mmap(ptr::null_mut(), len, PROT_READ | PROT_WRITE, flags, -1, 0) };
         if ptr as isize == -1 {
@@ -88,6 +105,21 @@ impl Region {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// How many of the region's pages are in memory (not swapped out, nor
+    /// never touched).
+    pub fn resident_pages(&self) -> io::Result<usize> {
+        if self.len == 0 {
+            return Ok(0);
+        }
+        let mut vec = vec![0u8; self.len / PAGE];
+        // SAFETY: our own mapping, and `vec` has one byte per page of it.
+        let rc = unsafe { mincore(self.ptr.cast(), self.len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().filter(|&&page| page & 1 == 1).count())
     }
 
     fn check(&self, bytes: &Range<usize>) {
@@ -135,10 +167,22 @@ mod tests {
     #[test]
     fn sizes_round_up_to_pages_and_may_be_zero() {
         assert_eq!(Region::new(1).unwrap().len, PAGE);
+        assert_eq!(Region::accounted(PAGE + 1).unwrap().len, 2 * PAGE);
         let mut empty = Region::new(0).unwrap();
         assert_eq!(empty.len, 0);
         empty.touch(0..0, 1);
         empty.release(0..0).unwrap();
+        assert_eq!(empty.resident_pages().unwrap(), 0);
+    }
+
+    #[test]
+    fn counts_resident_pages() {
+        let mut region = Region::accounted(8 * PAGE).unwrap();
+        assert_eq!(region.resident_pages().unwrap(), 0);
+        region.touch(2 * PAGE..5 * PAGE, 1);
+        assert_eq!(region.resident_pages().unwrap(), 3);
+        region.release(2 * PAGE..3 * PAGE).unwrap();
+        assert_eq!(region.resident_pages().unwrap(), 2);
     }
 
     #[test]

@@ -14,6 +14,21 @@ pub fn format_line(name: &str, fields: &[(&str, &dyn Display)]) -> String {
     line
 }
 
+/// Formats a throughput for report lines (`mib_per_s=1234.5`).
+pub fn mib_per_s(value: f64) -> String {
+    format!("{value:.1}")
+}
+
+/// Formats a byte count in MiB, to a tenth.
+pub fn mib(bytes: usize) -> String {
+    format!("{:.1}", bytes as f64 / f64::from(1 << 20))
+}
+
+/// Formats a value that could not be measured as `?`.
+pub fn optional<T: Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "?".to_string(), |value| value.to_string())
+}
+
 /// Prints one line and flushes it so the console shows it immediately.
 /// Write errors are ignored: losing the console must not stop the workload.
 pub fn emit(line: &str) {
@@ -22,6 +37,7 @@ pub fn emit(line: &str) {
 }
 
 /// Wakes up every `interval` after its creation.
+#[derive(Debug)]
 pub struct Ticker {
     start: Instant,
     interval: Duration,
@@ -29,6 +45,7 @@ pub struct Ticker {
 }
 
 impl Ticker {
+    /// Starts counting intervals now.
     pub fn new(interval: Duration) -> Self {
         Ticker {
             start: Instant::now(),
@@ -48,31 +65,33 @@ impl Ticker {
     }
 }
 
-fn ticks_in(elapsed: Duration, interval: Duration) -> u32 {
-    u32::try_from(elapsed.as_nanos() / interval.as_nanos()).expect("ticker ran for over a century")
+/// Phase deadlines on the ticker's timeline, without drift: a phase ends
+/// when the previous one ended plus its duration, however late the worker
+/// noticed. The first phase ends a tenth of an interval late, so that phase
+/// changes fall just after report lines, not at the same moment: the line
+/// at a phase's end covers that phase, the next line the next phase.
+#[derive(Debug)]
+pub struct Schedule {
+    end: Instant,
 }
 
-/// Turns a growing counter into a per-second rate between successive calls.
-pub struct Meter {
-    at: Instant,
-    count: u64,
-}
-
-impl Meter {
-    pub fn new(at: Instant, count: u64) -> Self {
-        Meter { at, count }
-    }
-
-    pub fn rate(&mut self, at: Instant, count: u64) -> f64 {
-        let secs = at.saturating_duration_since(self.at).as_secs_f64();
-        let delta = count.saturating_sub(self.count);
-        (self.at, self.count) = (at, count);
-        if secs > 0.0 {
-            delta as f64 / secs
-        } else {
-            0.0
+impl Schedule {
+    /// Starts the first phase now, on `ticker`'s timeline.
+    pub fn new(ticker: &Ticker) -> Schedule {
+        Schedule {
+            end: ticker.start + ticker.interval / 10,
         }
     }
+
+    /// The deadline of the next phase, which lasts `duration`.
+    pub fn next(&mut self, duration: Duration) -> Instant {
+        self.end += duration;
+        self.end
+    }
+}
+
+fn ticks_in(elapsed: Duration, interval: Duration) -> u32 {
+    u32::try_from(elapsed.as_nanos() / interval.as_nanos()).expect("ticker ran for over a century")
 }
 
 #[cfg(test)]
@@ -86,20 +105,30 @@ mod tests {
             &[
                 ("t", &12),
                 ("size_mib", &200),
-                ("mib_per_s", &format!("{:.1}", 1234.56)),
+                ("mib_per_s", &mib_per_s(1234.56)),
             ],
         );
         assert_eq!(line, "memknobs t=12 size_mib=200 mib_per_s=1234.6");
         assert_eq!(format_line("idle", &[]), "idle");
+        assert_eq!(mib(3 << 19), "1.5");
+        assert_eq!(optional(Some(3)), "3");
+        assert_eq!(optional(None::<u64>), "?");
     }
 
     #[test]
-    fn meter_reports_rate_since_previous_call() {
-        let start = Instant::now();
-        let mut meter = Meter::new(start, 100);
-        assert_eq!(meter.rate(start + Duration::from_secs(2), 300), 100.0);
-        assert_eq!(meter.rate(start + Duration::from_secs(3), 300), 0.0);
-        assert_eq!(meter.rate(start + Duration::from_secs(3), 400), 0.0);
+    fn schedule_follows_the_ticker_without_drift() {
+        let ticker = Ticker::new(Duration::from_secs(1));
+        let mut schedule = Schedule::new(&ticker);
+        let lag = Duration::from_millis(100);
+        thread::sleep(Duration::from_millis(5)); // a late worker
+        assert_eq!(
+            schedule.next(Duration::from_secs(30)),
+            ticker.start + lag + Duration::from_secs(30)
+        );
+        assert_eq!(
+            schedule.next(Duration::from_secs(5)),
+            ticker.start + lag + Duration::from_secs(35)
+        );
     }
 
     #[test]

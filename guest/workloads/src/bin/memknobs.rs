@@ -1,5 +1,5 @@
 //! memknobs: keeps writing to every page of an anonymous buffer whose size
-//! follows a phase pattern, and reports the MiB touched per second:
+//! follows a phase pattern, and reports the MiB of pages written per second:
 //!
 //!     memknobs t=12 phase=1 size_mib=200 mib_per_s=1234.5
 //!
@@ -7,39 +7,22 @@
 //! When a phase shrinks the buffer the excess pages go back to the kernel.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
 
-use memtide_workloads::cli::{self, Command};
+use memtide_workloads::anon;
+use memtide_workloads::cli::{self, memknobs::Options};
 use memtide_workloads::pattern::Phase;
+use memtide_workloads::progress::{PhaseMeter, Progress};
 use memtide_workloads::region::Region;
-use memtide_workloads::report::{self, Meter, Ticker};
+use memtide_workloads::report::{self, Schedule, Ticker};
 
 const NAME: &str = "memknobs";
-const MIB: usize = 1 << 20;
-
-/// Written by the touching thread, read by the reporting thread. Reporting
-/// runs separately so that lines keep coming while touching stalls on swap.
-#[derive(Default)]
-struct Progress {
-    touched_mib: AtomicU64,
-    phase: AtomicUsize,
-    size_mib: AtomicU64,
-}
 
 fn main() -> ExitCode {
-    let options = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(options)) => options,
-        Ok(Command::Help) => {
-            println!("{}", cli::usage(NAME));
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("{NAME}: {message}\n{}", cli::usage(NAME));
-            return ExitCode::from(2);
-        }
+    let options: Options = match cli::from_env(NAME, cli::memknobs::parse, cli::memknobs::usage) {
+        Ok(options) => options,
+        Err(code) => return code,
     };
     let peak = options
         .pattern
@@ -55,10 +38,13 @@ fn main() -> ExitCode {
         }
     };
 
-    let progress = Arc::new(Progress::default());
+    let progress = Arc::new(Progress::new());
+    let ticker = Ticker::new(options.interval);
+    let mut schedule = Schedule::new(&ticker);
     thread::spawn({
         let progress = Arc::clone(&progress);
-        move || report_forever(&progress, options.interval)
+        let pattern = options.pattern.clone();
+        move || report_forever(&progress, &pattern, ticker)
     });
 
     let runs = if options.once {
@@ -76,51 +62,25 @@ fn main() -> ExitCode {
             }
         }
         held = size;
-        progress.phase.store(index + 1, Relaxed);
-        progress.size_mib.store(phase.size_mib, Relaxed);
-        touch_until(
-            &mut region,
-            size,
-            Instant::now() + phase.duration(),
-            &progress.touched_mib,
-        );
+        progress.start_phase(index + 1);
+        let deadline = schedule.next(phase.duration());
+        anon::touch_until(&mut region, size, Some(deadline), &progress);
     }
     ExitCode::SUCCESS
 }
 
-/// Touches the first `size` bytes of `region` over and over, one MiB at a
-/// time, until `deadline`.
-fn touch_until(region: &mut Region, size: usize, deadline: Instant, touched_mib: &AtomicU64) {
-    if size == 0 {
-        thread::sleep(deadline.saturating_duration_since(Instant::now()));
-        return;
-    }
-    let mut pass = 0;
-    let mut offset = 0;
-    while Instant::now() < deadline {
-        // A new value on each pass keeps every page dirty.
-        region.touch(offset..offset + MIB, pass);
-        touched_mib.fetch_add(1, Relaxed);
-        offset += MIB;
-        if offset == size {
-            (offset, pass) = (0, pass + 1);
-        }
-    }
-}
-
-fn report_forever(progress: &Progress, interval: Duration) {
-    let mut ticker = Ticker::new(interval);
-    let mut meter = Meter::new(Instant::now(), 0);
+fn report_forever(progress: &Progress, pattern: &[Phase], mut ticker: Ticker) {
+    let mut meter = PhaseMeter::default();
     loop {
         let t = ticker.wait();
-        let mib_per_s = meter.rate(Instant::now(), progress.touched_mib.load(Relaxed));
+        let now = progress.snapshot();
         report::emit(&report::format_line(
             NAME,
             &[
                 ("t", &t.as_secs()),
-                ("phase", &progress.phase.load(Relaxed)),
-                ("size_mib", &progress.size_mib.load(Relaxed)),
-                ("mib_per_s", &format!("{mib_per_s:.1}")),
+                ("phase", &now.phase),
+                ("size_mib", &pattern[now.phase - 1].size_mib),
+                ("mib_per_s", &report::mib_per_s(meter.mib_per_s(now))),
             ],
         ));
     }

@@ -1,0 +1,71 @@
+//! An anonymous working set: every page of a region written over and over.
+
+use std::thread;
+use std::time::Instant;
+
+use crate::progress::Progress;
+use crate::region::Region;
+
+/// Bytes written between two checks of the deadline and progress updates.
+const CHUNK: usize = 1 << 20;
+
+/// Writes one word to every page of the first `size` bytes of `region`, one
+/// MiB at a time and over and over, until `deadline` (forever when `None`),
+/// counting a whole page in `progress` for each page written. A new value on
+/// each pass keeps every page dirty. With `size` 0 it just sleeps. `size` is
+/// a multiple of the page size.
+pub fn touch_until(
+    region: &mut Region,
+    size: usize,
+    deadline: Option<Instant>,
+    progress: &Progress,
+) {
+    let in_time = || deadline.map_or(true, |deadline| Instant::now() < deadline);
+    if size == 0 {
+        while in_time() {
+            match deadline {
+                Some(deadline) => thread::sleep(deadline.saturating_duration_since(Instant::now())),
+                None => thread::park(),
+            }
+        }
+        return;
+    }
+    let mut pass = 0;
+    let mut offset = 0;
+    while in_time() {
+        let end = (offset + CHUNK).min(size);
+        region.touch(offset..end, pass);
+        progress.add((end - offset) as u64);
+        offset = end;
+        if offset == size {
+            (offset, pass) = (0, pass + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::region::PAGE;
+    use std::time::Duration;
+
+    #[test]
+    fn counts_the_bytes_of_pages_written() {
+        let mut region = Region::new(3 * PAGE).unwrap();
+        let progress = Progress::new();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        touch_until(&mut region, 3 * PAGE, Some(deadline), &progress);
+        assert!(Instant::now() >= deadline);
+        let bytes = progress.snapshot().bytes;
+        assert!(bytes > 0 && bytes % (3 * PAGE as u64) == 0, "{bytes}");
+    }
+
+    #[test]
+    fn size_zero_sleeps_until_the_deadline() {
+        let progress = Progress::new();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        touch_until(&mut Region::new(0).unwrap(), 0, Some(deadline), &progress);
+        assert!(Instant::now() >= deadline);
+        assert_eq!(progress.snapshot().bytes, 0);
+    }
+}

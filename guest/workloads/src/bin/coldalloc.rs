@@ -1,0 +1,73 @@
+//! coldalloc: allocates a large buffer and writes each page once (the cold
+//! part: committed, never used again), then writes to every page of a small
+//! hot buffer over and over, forever. Reports the hot loop's MiB of pages
+//! written per second and how much of the cold part is still in memory:
+//!
+//!     coldalloc t=12 hot_mib=32 mib_per_s=1234.5 cold_mib=200 cold_resident_mib=187.3
+//!
+//! `t` is seconds since the hot loop started.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::thread;
+
+use memtide_workloads::anon;
+use memtide_workloads::cli::{self, coldalloc::Options};
+use memtide_workloads::progress::{PhaseMeter, Progress};
+use memtide_workloads::region::{Region, PAGE};
+use memtide_workloads::report::{self, Ticker};
+
+const NAME: &str = "coldalloc";
+
+fn main() -> ExitCode {
+    let options: Options = match cli::from_env(NAME, cli::coldalloc::parse, cli::coldalloc::usage) {
+        Ok(options) => options,
+        Err(code) => return code,
+    };
+    let (cold_bytes, hot_bytes) = (
+        (options.cold_mib << 20) as usize,
+        (options.hot_mib << 20) as usize,
+    );
+    let (mut cold, mut hot) = match (Region::accounted(cold_bytes), Region::accounted(hot_bytes)) {
+        (Ok(cold), Ok(hot)) => (cold, hot),
+        (Err(err), _) | (_, Err(err)) => {
+            eprintln!(
+                "{NAME}: cannot map {} MiB: {err}",
+                options.cold_mib + options.hot_mib
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    cold.touch(0..cold_bytes, 1);
+
+    let progress = Arc::new(Progress::new());
+    thread::spawn({
+        let progress = Arc::clone(&progress);
+        move || report_forever(&progress, &cold, &options)
+    });
+    anon::touch_until(&mut hot, hot_bytes, None, &progress);
+    unreachable!("the hot loop has no deadline");
+}
+
+fn report_forever(progress: &Progress, cold: &Region, options: &Options) {
+    let mut ticker = Ticker::new(options.interval);
+    let mut meter = PhaseMeter::default();
+    loop {
+        let t = ticker.wait();
+        let mib_per_s = meter.mib_per_s(progress.snapshot());
+        let cold_resident = cold.resident_pages().ok().map(|pages| pages * PAGE);
+        report::emit(&report::format_line(
+            NAME,
+            &[
+                ("t", &t.as_secs()),
+                ("hot_mib", &options.hot_mib),
+                ("mib_per_s", &report::mib_per_s(mib_per_s)),
+                ("cold_mib", &options.cold_mib),
+                (
+                    "cold_resident_mib",
+                    &report::optional(cold_resident.map(report::mib)),
+                ),
+            ],
+        ));
+    }
+}

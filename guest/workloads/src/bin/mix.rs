@@ -1,0 +1,147 @@
+//! mix: runs phases of different kinds in turn: an anonymous working set
+//! (pages written over and over, as memknobs does), a page cache working set
+//! (random block reads of a file set, as filecache does) or idle. Reports the
+//! current phase and its throughput (MiB of pages written or MiB read per
+//! second), with the guest's page cache refaults since the previous line:
+//!
+//!     mix setup file=/data/fileset wrote_mib=80 secs=1.2
+//!     mix t=12 phase=2 kind=file size_mib=80 mib_per_s=345.6 refaults=0
+//!
+//! The setup line comes once, when there is a file phase, after the file set
+//! was created or extended. `t` is seconds since the first phase started.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant;
+
+use memtide_workloads::anon;
+use memtide_workloads::cli::{self, mix::Options};
+use memtide_workloads::fileset::FileSet;
+use memtide_workloads::pattern::{Kind, MixPhase};
+use memtide_workloads::progress::{PhaseMeter, Progress};
+use memtide_workloads::region::Region;
+use memtide_workloads::report::{self, Schedule, Ticker};
+use memtide_workloads::vmstat::{self, Counter};
+
+const NAME: &str = "mix";
+
+fn main() -> ExitCode {
+    let options: Options = match cli::from_env(NAME, cli::mix::parse, cli::mix::usage) {
+        Ok(options) => options,
+        Err(code) => return code,
+    };
+    let peak = |kind| {
+        options
+            .phases
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.phase.size_bytes())
+            .max()
+    };
+    let anon_peak = peak(Kind::Anon).unwrap_or(0);
+    let mut region = match Region::new(anon_peak) {
+        Ok(region) => region,
+        Err(err) => {
+            eprintln!("{NAME}: cannot map {anon_peak} bytes: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut file_set = match peak(Kind::File).map(|bytes| prepare(&options, bytes as u64)) {
+        Some(Ok(file_set)) => Some(file_set),
+        Some(Err(code)) => return code,
+        None => None,
+    };
+
+    let progress = Arc::new(Progress::new());
+    let ticker = Ticker::new(options.interval);
+    let mut schedule = Schedule::new(&ticker);
+    thread::spawn({
+        let progress = Arc::clone(&progress);
+        let phases = options.phases.clone();
+        move || report_forever(&progress, &phases, ticker)
+    });
+
+    let runs = if options.once {
+        options.phases.len()
+    } else {
+        usize::MAX
+    };
+    let mut held = 0;
+    for (index, MixPhase { kind, phase }) in options.phases.iter().enumerate().cycle().take(runs) {
+        let anon_size = if *kind == Kind::Anon {
+            phase.size_bytes()
+        } else {
+            0
+        };
+        if anon_size < held {
+            if let Err(err) = region.release(anon_size..held) {
+                eprintln!("{NAME}: cannot release memory: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+        held = anon_size;
+        progress.start_phase(index + 1);
+        let deadline = schedule.next(phase.duration());
+        match kind {
+            Kind::Anon => anon::touch_until(&mut region, anon_size, Some(deadline), &progress),
+            Kind::File => {
+                let file_set = file_set.as_mut().expect("prepared for the file phases");
+                let set = phase.size_bytes() as u64;
+                if let Err(err) = file_set.read_until(set, Some(deadline), &progress) {
+                    eprintln!(
+                        "{NAME}: cannot read {}: {err}",
+                        options.file_set.path.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            }
+            Kind::Idle => thread::sleep(deadline.saturating_duration_since(Instant::now())),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Opens the file set, writing it up to `bytes` if needed, with a setup line.
+fn prepare(options: &Options, bytes: u64) -> Result<FileSet, ExitCode> {
+    let path = &options.file_set.path;
+    let started = Instant::now();
+    match FileSet::prepare(path, bytes, options.file_set.block_bytes) {
+        Ok((file_set, wrote)) => {
+            report::emit(&report::format_line(
+                &format!("{NAME} setup"),
+                &[
+                    ("file", &path.display()),
+                    ("wrote_mib", &(wrote >> 20)),
+                    ("secs", &format!("{:.1}", started.elapsed().as_secs_f64())),
+                ],
+            ));
+            Ok(file_set)
+        }
+        Err(err) => {
+            eprintln!("{NAME}: cannot prepare {}: {err}", path.display());
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn report_forever(progress: &Progress, phases: &[MixPhase], mut ticker: Ticker) {
+    let mut meter = PhaseMeter::default();
+    let mut refaults = Counter::new(vmstat::REFAULT_FILE);
+    loop {
+        let t = ticker.wait();
+        let now = progress.snapshot();
+        let MixPhase { kind, phase } = phases[now.phase - 1];
+        report::emit(&report::format_line(
+            NAME,
+            &[
+                ("t", &t.as_secs()),
+                ("phase", &now.phase),
+                ("kind", &kind.name()),
+                ("size_mib", &phase.size_mib),
+                ("mib_per_s", &report::mib_per_s(meter.mib_per_s(now))),
+                ("refaults", &report::optional(refaults.delta())),
+            ],
+        ));
+    }
+}
