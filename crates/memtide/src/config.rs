@@ -69,6 +69,13 @@ pub struct DaemonConfig {
     pub event_log: PathBuf,
     /// Limit for every call to a hypervisor, in milliseconds.
     pub call_timeout_ms: u64,
+    /// Record every snapshot and decision here (gzip JSON lines, for `memtide replay`);
+    /// empty to disable.
+    pub record_dir: PathBuf,
+    /// Start a new recording file past this many compressed MiB.
+    pub record_file_mib: u64,
+    /// Recording files kept (the oldest are deleted).
+    pub record_keep: usize,
 }
 
 /// Where the host's files are.
@@ -158,6 +165,9 @@ impl Default for DaemonConfig {
             http: "127.0.0.1:9315".into(),
             event_log: "/var/log/memtide/events.jsonl".into(),
             call_timeout_ms: 2000,
+            record_dir: PathBuf::new(),
+            record_file_mib: 64,
+            record_keep: 8,
         }
     }
 }

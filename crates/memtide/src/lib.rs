@@ -10,4 +10,5 @@ pub mod metrics;
 pub mod policies;
 pub mod policy_cmd;
 pub mod render;
+pub mod sim_cmd;
 pub mod status;

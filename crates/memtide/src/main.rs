@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use memtide::config::Config;
 use memtide::daemon::{self, RunOptions};
 use memtide::policy_cmd::{self, Format};
+use memtide::sim_cmd;
 use memtide::{control, render};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +62,41 @@ enum Command {
     /// Check or evaluate policy files (the policy language; see docs/policy-language.md).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
+    Sim {
+        /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000) or a scenario file.
+        scenario: String,
+        /// The policy: a built-in name or a policy file.
+        #[arg(long, default_value = "memtide", conflicts_with = "compare")]
+        policy: String,
+        /// Run the same scenario under each of these policies and compare them.
+        #[arg(long, num_args = 1..)]
+        compare: Vec<String>,
+        /// Write summary.json and plots (compare.json with --compare) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Seed for every random choice (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Configuration whose policy constants to use.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Run another policy over recorded ticks and show where its decisions differ.
+    Replay {
+        /// Recording files (record-N.jsonl.gz) or directories of them.
+        #[arg(required = true)]
+        recordings: Vec<PathBuf>,
+        /// The policy to replay: a built-in name or a policy file.
+        #[arg(long)]
+        policy: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Configuration whose policy constants to use.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -140,6 +176,33 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             println!("policy {loaded} loaded");
             Ok(())
         }
+        Command::Sim {
+            scenario,
+            policy,
+            compare,
+            out,
+            seed,
+            config,
+        } => {
+            let policies = if compare.is_empty() {
+                vec![policy]
+            } else {
+                compare
+            };
+            sim_cmd::sim(
+                &scenario,
+                &policies,
+                out.as_deref(),
+                seed,
+                &load(config.as_ref())?,
+            )
+        }
+        Command::Replay {
+            recordings,
+            policy,
+            json,
+            config,
+        } => sim_cmd::replay_cmd(&recordings, &policy, json, &load(config.as_ref())?),
         Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
         Command::Policy(PolicyCommand::Eval {
             files,

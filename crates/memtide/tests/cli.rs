@@ -338,3 +338,128 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
         "{events}"
     );
 }
+
+#[test]
+fn sim_compares_policies_and_writes_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let o = memtide()
+        .args([
+            "sim",
+            "quick",
+            "--compare",
+            "none",
+            "mom",
+            "--seed",
+            "7",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.lines().any(|l| l.starts_with("none")) && table.lines().any(|l| l.starts_with("mom")),
+        "{table}"
+    );
+    let compare: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap()).unwrap();
+    for p in ["none", "mom"] {
+        let s = &compare["policies"][p];
+        assert_eq!(
+            (s["seed"].as_u64(), s["vms"].as_u64().is_some()),
+            (Some(7), true),
+            "{s}"
+        );
+        assert!(
+            out.join(p).join("summary.json").exists()
+                && out.join(p).join("allocation.svg").exists()
+        );
+    }
+    let o = run(&["sim", "no-such-scenario"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("built-in scenarios: "),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_daemon_records_and_replay_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let config = format!(
+        "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n",
+        root.join("proc"),
+        root.join("sys"),
+        root.join("memtide.sock"),
+        root.join("rec"),
+    );
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    let o = memtide()
+        .args(["run", "--ticks", "3", "--config"])
+        .arg(root.join("memtide.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = memtide()
+        .args(["replay", "--policy", "none", "--json"])
+        .arg(root.join("rec"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["ticks"], 3, "{report}");
+    let o = memtide()
+        .args(["replay", "--policy", "none"])
+        .arg(root.join("rec"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("cannot know"),
+        "the caveat is printed"
+    );
+    let empty = root.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = memtide()
+        .args(["replay", "--policy", "mom"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no recording files in"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn replay_runs_another_policy_over_the_committed_recording() {
+    let rec = format!(
+        "{}/../memtide-sim/tests/data/quick-mom.jsonl.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = run(&["replay", "--policy", "mom", "--json", &rec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let same: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let o = run(&["replay", "--policy", "none", "--json", &rec]);
+    let other: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (same["ticks"].as_u64(), other["ticks"].as_u64()),
+        (Some(120), Some(120))
+    );
+    assert_eq!(
+        same["ticks_differing"], 0,
+        "the recorded policy decides the same again"
+    );
+    assert!(
+        other["ticks_differing"].as_u64().unwrap() > 100,
+        "no management differs almost every tick"
+    );
+}

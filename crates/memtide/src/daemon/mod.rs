@@ -17,6 +17,7 @@ use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_adapters::qmp::QmpVmOptions;
 use memtide_core::backend::HostBackend;
 use memtide_core::{Action, Decision, Engine, Snapshot};
+use memtide_sim::{Recorder, RecorderConfig};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
@@ -43,6 +44,7 @@ struct Daemon {
     status: Arc<RwLock<Status>>,
     counters: Counters,
     start: Instant,
+    recorder: Option<Recorder>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
@@ -55,6 +57,20 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     });
     host.sample().context("reading host statistics")?;
     let policy = policies::load(&config).context("loading the policy")?;
+    let recorder = match config.daemon.record_dir.as_os_str().is_empty() {
+        true => None,
+        false => {
+            let d = &config.daemon;
+            let rc = RecorderConfig {
+                max_file_bytes: d.record_file_mib << 20,
+                keep_files: d.record_keep,
+            };
+            Some(
+                Recorder::open(&d.record_dir, rc)
+                    .with_context(|| format!("recording to {}", d.record_dir.display()))?,
+            )
+        }
+    };
     let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
         format!(
             "opening the event log {}",
@@ -110,6 +126,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         status,
         counters: Counters::default(),
         start: Instant::now(),
+        recorder,
     };
     let mut interval = tokio::time::interval(daemon.config.interval());
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -195,11 +212,13 @@ impl Daemon {
         };
         let (vms, lost) = self.fleet.sample().await;
         self.log_fleet(&lost);
-        let decision = self.engine.tick(&Snapshot {
+        let snapshot = Snapshot {
             at: self.start.elapsed(),
             host,
             vms,
-        });
+        };
+        let decision = self.engine.tick(&snapshot);
+        self.record(&snapshot, &decision);
         self.actuate(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
@@ -211,6 +230,18 @@ impl Daemon {
         }
         self.counters.ticks += 1;
         self.publish(Some(decision), None, t0);
+    }
+
+    /// Record the tick for replay; a failure stops recording (and says so) but not the daemon.
+    fn record(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        let Some(recorder) = &mut self.recorder else {
+            return;
+        };
+        if let Err(e) = recorder.record(snapshot, decision) {
+            self.events
+                .log("host_error", None, None, format!("recording stopped: {e}"));
+            self.recorder = None;
+        }
     }
 
     fn log_fleet(&mut self, events: &[FleetEvent]) {

@@ -1,0 +1,106 @@
+//! `memtide sim` and `memtide replay`: the same engine and policies, offline.
+
+use crate::config::Config;
+use crate::policies::PolicySource;
+use anyhow::{bail, Context};
+use memtide_core::policy::Policy;
+use memtide_sim::{compare, recording_files, replay, run, Scenario};
+use std::path::{Path, PathBuf};
+
+/// A scenario by built-in name or file path.
+fn scenario(name: &str) -> anyhow::Result<Scenario> {
+    let path = Path::new(name);
+    if path.exists() {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?;
+        return Scenario::from_toml(&text).with_context(|| format!("scenario {name}"));
+    }
+    Scenario::builtin(name).map_err(|e| {
+        anyhow::anyhow!(
+            "{e} (built-in scenarios: {}; or a scenario file)",
+            Scenario::builtin_names().join(", ")
+        )
+    })
+}
+
+/// A policy by built-in name or policy file, with the configuration's constants.
+fn policy(name: &str, config: &Config) -> anyhow::Result<Box<dyn Policy>> {
+    Ok(PolicySource::from_config(name, None).load(config)?)
+}
+
+/// Run a scenario under one policy, or under several with `compare`; print a summary and
+/// write the reports to `out`.
+pub fn sim(
+    scenario_name: &str,
+    policies: &[String],
+    out: Option<&Path>,
+    seed: Option<u64>,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let scenario = scenario(scenario_name)?;
+    let seed = seed.unwrap_or(scenario.seed);
+    if let [one] = policies {
+        let report = run(&scenario, policy(one, config)?, config.engine.clone(), seed);
+        println!("{}", report.summary_json());
+        if let Some(dir) = out {
+            report
+                .write(dir)
+                .with_context(|| format!("writing the report to {}", dir.display()))?;
+            eprintln!(
+                "report (summary.json and plots) written to {}",
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    let runs = policies
+        .iter()
+        .map(|p| Ok((p.clone(), policy(p, config)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let report = compare(&scenario, runs, config.engine.clone(), seed);
+    print!("{}", report.table());
+    if let Some(dir) = out {
+        report
+            .write(dir)
+            .with_context(|| format!("writing the reports to {}", dir.display()))?;
+        eprintln!(
+            "compare.json and one report per policy written to {}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Run `policy` over recorded ticks (files, or directories of them) and print how its
+/// decisions differ from the recorded ones.
+pub fn replay_cmd(
+    recordings: &[PathBuf],
+    policy_name: &str,
+    json: bool,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    for r in recordings {
+        if r.is_dir() {
+            files.extend(recording_files(r).with_context(|| format!("reading {}", r.display()))?);
+        } else {
+            files.push(r.clone());
+        }
+    }
+    if files.is_empty() {
+        bail!(
+            "no recording files in {}",
+            recordings
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let report = replay(&files, policy(policy_name, config)?, config.engine.clone())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(())
+}
