@@ -2,8 +2,9 @@
 //! size minus MemAvailable, plus a margin — instead of stepping down 5% a second, then
 //! probes below that the TWS way to find memory the guest holds but does not use (cold
 //! anonymous memory, stale cache). Any sign of shortage — swap-ins, refaults, allocation
-//! stalls, OOM kills, memory pressure — backs it off within the same tick, and probing
-//! resumes after a cool-down that doubles while probes keep failing at the same level.
+//! stalls, OOM kills, memory pressure — backs it off within the same tick (straight to
+//! Committed_AS when the guest faults heavily), and probing resumes after a cool-down
+//! that doubles while probes keep failing at the same level.
 //! It never goes below the guest's unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
@@ -112,6 +113,13 @@ impl Fused {
             estimate = estimate.max(obs.size)
                 + Bytes(faults.saturating_mul(PAGE))
                 + step(cfg.backoff_step);
+            // Heavy faulting (more than a probe step's worth this tick) means the guest
+            // sits well below its working set: jump to what it has committed.
+            if Bytes(faults.saturating_mul(PAGE)) > step(cfg.probe_step) {
+                if let Some(committed) = s.committed_as {
+                    estimate = estimate.max(committed + margin);
+                }
+            }
             self.backoffs = self.backoffs.saturating_add(1);
             let hold =
                 (cfg.cool_down_s * 2f64.powi(self.backoffs as i32 - 1)).min(cfg.max_cool_down_s);
@@ -200,6 +208,24 @@ mod tests {
             "second back-off holds 16 s"
         );
         assert_eq!(f.step(&cfg, &obs(26, 360, 60, 0)).unwrap().phase, "probe");
+    }
+
+    #[test]
+    fn heavy_faulting_jumps_to_committed_memory() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let mut o = obs(0, 160, 5, 0);
+        o.signals.committed_as = Some(Bytes::from_mib(400));
+        f.step(&cfg, &o);
+        // 40 MiB faulted back in a tick (probe step: 10 MiB): Committed_AS 400 + margin 30.
+        let mut o = obs(1, 160, 5, 10240);
+        o.signals.committed_as = Some(Bytes::from_mib(400));
+        assert_eq!(mib(f.step(&cfg, &o)), 430.0);
+        // A trickle of faults only backs off by what came back plus 2%.
+        let mut g = Fused::default();
+        g.step(&cfg, &obs(0, 1000, 700, 0));
+        let mut o = obs(1, 330, 30, 256);
+        o.signals.committed_as = Some(Bytes::from_mib(900));
+        assert_eq!(mib(g.step(&cfg, &o)), 351.0);
     }
 
     #[test]
