@@ -1,5 +1,7 @@
 //! Builders for snapshots, for tests (enabled by the `testkit` feature).
 
+use crate::action::Reason;
+use crate::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::snapshot::{Snapshot, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{DomainScope, GuestStats, HostStats, KsmState, MemInfo, MemoryDomain, VmStat};
 use crate::units::Bytes;
@@ -66,5 +68,26 @@ pub fn snapshot(at_s: u64, host: HostStats, vms: Vec<VmSnapshot>) -> Snapshot {
         at: Duration::from_secs(at_s),
         host,
         vms,
+    }
+}
+
+/// A policy that asks every VM it sees for the same size, with the reason `fixed: test`.
+pub struct Fixed(pub Bytes);
+
+impl Policy for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let mut out = PolicyOutput::default();
+        for vm in input.vms {
+            let proposal = Proposal {
+                target: self.0,
+                reason: Reason::new("fixed", "test"),
+            };
+            out.balloon.insert(vm.name.to_string(), proposal);
+        }
+        out
     }
 }

@@ -2,8 +2,7 @@
 
 use memtide_core::decision::VmState;
 use memtide_core::policy::mom::Mom;
-use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
-use memtide_core::testkit::{host, snapshot, vm};
+use memtide_core::testkit::{host, snapshot, vm, Fixed};
 use memtide_core::{
     Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, Reason, VmEvent,
     VmSnapshot,
@@ -87,29 +86,6 @@ fn targets_are_sent_only_when_they_change() {
         d.vms[0].reason.as_ref().unwrap().rule,
         "safeguard.unchanged"
     );
-}
-
-/// A policy that asks every VM for the same size.
-struct Fixed(Bytes);
-
-impl Policy for Fixed {
-    fn name(&self) -> &str {
-        "fixed"
-    }
-    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
-        let mut out = PolicyOutput::default();
-        for vm in input.vms {
-            let reason = Reason::new("fixed", "test");
-            out.balloon.insert(
-                vm.name.to_string(),
-                Proposal {
-                    target: self.0,
-                    reason,
-                },
-            );
-        }
-        out
-    }
 }
 
 #[test]

@@ -71,35 +71,13 @@ impl Policy for Routed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::action::Reason;
     use crate::history::History;
     use crate::policy::none::Unmanaged;
-    use crate::policy::Proposal;
     use crate::signals::Signals;
     use crate::snapshot::VmLimits;
-    use crate::testkit;
+    use crate::testkit::{self, Fixed};
     use crate::units::Bytes;
     use std::time::Duration;
-
-    /// Proposes its own size for every VM it sees.
-    struct Fixed(u64);
-
-    impl Policy for Fixed {
-        fn name(&self) -> &str {
-            "fixed"
-        }
-        fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
-            let mut out = PolicyOutput::default();
-            for vm in input.vms {
-                let p = Proposal {
-                    target: Bytes::from_mib(self.0),
-                    reason: Reason::new("fixed", ""),
-                };
-                out.balloon.insert(vm.name.to_string(), p);
-            }
-            out
-        }
-    }
 
     #[test]
     fn named_vms_go_to_their_policy_and_the_rest_to_the_hosts() {
@@ -125,9 +103,12 @@ mod tests {
         };
         let vms = [vm("db"), vm("web"), vm("batch")];
         let mut routed = Routed::new(
-            Box::new(Fixed(500)),
+            Box::new(Fixed(Bytes::from_mib(500))),
             vec![
-                (["db".to_string()].into(), Box::new(Fixed(900))),
+                (
+                    ["db".to_string()].into(),
+                    Box::new(Fixed(Bytes::from_mib(900))),
+                ),
                 (["batch".to_string()].into(), Box::new(Unmanaged)),
             ],
         );

@@ -6,11 +6,11 @@
 # per stage and the guest's swap and refault counters (read with the guest
 # agent).
 #
-#   guest/workloads/squeeze.sh WORKLOAD ARGS [STAGE_MIB...]
+#   guest/squeeze.sh WORKLOAD ARGS [STAGE_MIB...]
 #
-#   guest/workloads/squeeze.sh coldalloc --cold-mib+200+--hot-mib+32 384 160 384
-#   guest/workloads/squeeze.sh filecache --set-mib+200 384 192 384
-#   guest/workloads/squeeze.sh mix --phases+anon:120:20,file:80:20,idle:0:10   (no stages)
+#   guest/squeeze.sh coldalloc --cold-mib+200+--hot-mib+32 384 160 384
+#   guest/squeeze.sh filecache --set-mib+200 384 192 384
+#   guest/squeeze.sh mix --phases+anon:120:20,file:80:20,idle:0:10   (no stages)
 #
 # ARGS use guest/init's convention ('+' between arguments). Without stages
 # it prints the report lines of one minute (SECS) and quits.
@@ -18,11 +18,10 @@
 # SECS (60), MEMTIDE_GUEST_DIR.
 set -euo pipefail
 
-WORKLOADS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-GUEST_SRC=$(dirname "$WORKLOADS")
+GUEST_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GUEST_DIR=${MEMTIDE_GUEST_DIR:-$(dirname "$GUEST_SRC")/target/guest}
 if (($# < 2)); then
-    echo "usage: guest/workloads/squeeze.sh WORKLOAD ARGS [STAGE_MIB...]" >&2
+    echo "usage: guest/squeeze.sh WORKLOAD ARGS [STAGE_MIB...]" >&2
     exit 2
 fi
 WORKLOAD=$1
