@@ -25,7 +25,7 @@ pub struct Signals {
     /// Committed_AS (needs the agent; else `None`).
     pub committed_as: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
-    /// and, without swap, anonymous memory (needs the agent).
+    /// and the anonymous memory that does not fit in its free swap (needs the agent).
     pub unreclaimable: Option<Bytes>,
     /// Pages swapped in since the previous sample.
     pub swap_ins: Option<u64>,
@@ -66,13 +66,12 @@ impl Signals {
         let total = a.map(|a| a.meminfo.total).or(s.stats.total);
         let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
         let unreclaimable = a.map(|a| {
+            // Anonymous memory can only go to swap: what does not fit in free swap stays.
             let m = &a.meminfo;
-            let anon = if m.swap_total == Bytes::ZERO {
-                m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default()
-            } else {
-                Bytes::ZERO
-            };
-            m.slab_unreclaimable.unwrap_or_default() + m.shmem.unwrap_or_default() + anon
+            let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
+            m.slab_unreclaimable.unwrap_or_default()
+                + m.shmem.unwrap_or_default()
+                + (anon - m.swap_free)
         });
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
@@ -128,6 +127,7 @@ mod tests {
                 shmem: Some(Bytes::from_mib(10)),
                 slab_unreclaimable: Some(Bytes::from_mib(20)),
                 swap_total: Bytes::from_mib(swap_total),
+                swap_free: Bytes::from_mib(swap_total),
                 ..MemInfo::default()
             },
             vmstat: VmStat {

@@ -71,6 +71,9 @@ pub enum BackendError {
     /// A local file or socket operation failed.
     #[error("{0}")]
     Io(String),
+    /// The hypervisor is busy with the VM (e.g. migrating it); it is left alone meanwhile.
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 impl BackendError {
