@@ -2,21 +2,29 @@
 # Runs every memtide test on a fresh Debian machine, installing what the tests need:
 # QEMU (the end-to-end tests boot real guests under TCG), Debian's qemu-guest-agent (the
 # agent client is tested against the real one, and the test guest carries it), the test
-# guest (built from Debian's cloud kernel and busybox by guest/build.sh), cargo-nextest.
+# guest (built from Debian's cloud kernel and busybox by guest/build.sh), libvirt (its
+# C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
+# which starts one of its own as user nobody), cargo-nextest.
 # Needs root: apt, and memory cgroups for the end-to-end tests. Changes no host-global
 # setting: the tests create only their own cgroups, processes and temporary files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null; then
+if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null ||
+    ! command -v libvirtd >/dev/null || ! command -v virsh >/dev/null ||
+    ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null; then
     apt-get update -qq # stale package lists fetch versions the mirror no longer has
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        qemu-system-x86 qemu-guest-agent >/dev/null
+        qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev \
+        libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients >/dev/null
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
 guest/build.sh
 cargo fmt --all --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# The libvirt connector is a cargo feature (it links against libvirt): lint and test
+# with it, and lint the crates it touches without it too.
+cargo clippy --workspace --all-targets --locked --features memtide/libvirt -- -D warnings
+cargo clippy -p memtide -p memtide-adapters --all-targets --locked -- -D warnings
 # --run-ignored all: include the end-to-end tests that boot guests.
-cargo nextest run --workspace --locked --run-ignored all
+cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all

@@ -1,10 +1,14 @@
-//! memtide's I/O adapters: the QEMU QMP client and VM backend, the Linux host backend
-//! (procfs, KSM sysfs, memory cgroups). Every parser takes text, so it is tested on
-//! captured files.
+//! memtide's I/O adapters: VM backends for QEMU (QMP), libvirt, Firecracker and Cloud
+//! Hypervisor, and the Linux host backend (procfs, KSM sysfs, memory cgroups). Every
+//! parser takes text, so it is tested on captured files.
 
+pub mod api_socket;
 pub mod cgroup;
+pub mod cloud_hypervisor;
+pub mod firecracker;
 pub mod host;
 pub mod ksm;
+pub mod libvirt;
 pub mod procfs;
 pub mod qga;
 pub mod qmp;

@@ -6,12 +6,15 @@
 //! with `guest-sync-delimited`: the answer is preceded by a 0xFF byte, everything before
 //! it is discarded, and only the answer carrying our random token ends the sync.
 
+use crate::procfs;
+use async_trait::async_trait;
+use memtide_core::stats::AgentStats;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tokio::time::timeout;
+use tokio::time::{timeout, Instant};
 
 /// Bytes asked for per `guest-file-read`.
 const CHUNK: u64 = 64 * 1024;
@@ -148,40 +151,127 @@ impl GuestAgent {
 
     /// Read a whole guest file (not just a first chunk), closing it whatever happens.
     pub async fn read_file(&mut self, path: &str) -> Result<String, QgaError> {
-        let handle = self
-            .execute("guest-file-open", json!({"path": path, "mode": "r"}))
+        read_file(self, path).await
+    }
+}
+
+#[async_trait]
+impl AgentChannel for GuestAgent {
+    async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
+        GuestAgent::execute(self, command, arguments).await
+    }
+}
+
+/// A way to run guest agent commands: our own socket session, or a hypervisor manager's
+/// agent channel (libvirt's `virDomainQemuAgentCommand`).
+#[async_trait]
+pub trait AgentChannel: Send {
+    /// Run a command and return its `return` value.
+    async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError>;
+}
+
+/// Read a whole guest file (not just a first chunk) with `guest-file-open`/`-read`/`-close`,
+/// closing it whatever happens.
+pub async fn read_file(agent: &mut impl AgentChannel, path: &str) -> Result<String, QgaError> {
+    let handle = agent
+        .execute("guest-file-open", json!({"path": path, "mode": "r"}))
+        .await?;
+    let handle = handle
+        .as_u64()
+        .ok_or_else(|| QgaError::Protocol(format!("guest-file-open returned {handle}")))?;
+    let content = read_all(agent, handle).await;
+    let closed = agent
+        .execute("guest-file-close", json!({"handle": handle}))
+        .await;
+    let content = content?;
+    closed?;
+    String::from_utf8(content).map_err(|_| QgaError::Protocol(format!("{path} is not UTF-8")))
+}
+
+async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>, QgaError> {
+    use base64::Engine;
+    let mut content = Vec::new();
+    loop {
+        let r = agent
+            .execute("guest-file-read", json!({"handle": handle, "count": CHUNK}))
             .await?;
-        let handle = handle
-            .as_u64()
-            .ok_or_else(|| QgaError::Protocol(format!("guest-file-open returned {handle}")))?;
-        let content = self.read_all(handle).await;
-        let closed = self
-            .execute("guest-file-close", json!({"handle": handle}))
-            .await;
-        let content = content?;
-        closed?;
-        String::from_utf8(content).map_err(|_| QgaError::Protocol(format!("{path} is not UTF-8")))
+        let b64 = r.get("buf-b64").and_then(Value::as_str).unwrap_or("");
+        let chunk = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| QgaError::Protocol(format!("bad base64 from guest-file-read: {e}")))?;
+        content.extend_from_slice(&chunk);
+        if content.len() > MAX_FILE {
+            return Err(QgaError::Protocol(format!(
+                "file larger than {MAX_FILE} bytes"
+            )));
+        }
+        if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || chunk.is_empty() {
+            return Ok(content);
+        }
+    }
+}
+
+/// The guest's own /proc figures: meminfo, vmstat and (on kernels with PSI) memory pressure.
+pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, String> {
+    let meminfo = read_file(agent, "/proc/meminfo")
+        .await
+        .map_err(|e| e.to_string())?;
+    let vmstat = read_file(agent, "/proc/vmstat")
+        .await
+        .map_err(|e| e.to_string())?;
+    // Guest kernels without PSI have no such file: not an error.
+    let psi = read_file(agent, "/proc/pressure/memory").await.ok();
+    Ok(AgentStats {
+        meminfo: procfs::meminfo(&meminfo).map_err(|e| format!("guest {e}"))?,
+        vmstat: procfs::vmstat(&vmstat),
+        psi: psi.and_then(|t| procfs::psi(&t).ok()),
+    })
+}
+
+/// Backoff between guest agent reads after failures, so that a guest without a running
+/// agent costs nothing most ticks: 1 s doubling to 60 s, reset by a success.
+pub struct AgentRetry {
+    /// The agent, as named in messages (its socket, or the libvirt domain).
+    what: String,
+    retry_at: Option<Instant>,
+    delay: Duration,
+    last_error: String,
+}
+
+impl AgentRetry {
+    /// No failure yet.
+    pub fn new(what: String) -> AgentRetry {
+        AgentRetry {
+            what,
+            retry_at: None,
+            delay: Duration::from_secs(1),
+            last_error: String::new(),
+        }
     }
 
-    async fn read_all(&mut self, handle: u64) -> Result<Vec<u8>, QgaError> {
-        use base64::Engine;
-        let mut content = Vec::new();
-        loop {
-            let r = self
-                .execute("guest-file-read", json!({"handle": handle, "count": CHUNK}))
-                .await?;
-            let b64 = r.get("buf-b64").and_then(Value::as_str).unwrap_or("");
-            let chunk = base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|e| QgaError::Protocol(format!("bad base64 from guest-file-read: {e}")))?;
-            content.extend_from_slice(&chunk);
-            if content.len() > MAX_FILE {
-                return Err(QgaError::Protocol(format!(
-                    "file larger than {MAX_FILE} bytes"
-                )));
+    /// `Err` with the last failure while the backoff lasts.
+    pub fn ready(&self) -> Result<(), String> {
+        match self.retry_at.filter(|at| Instant::now() < *at) {
+            Some(at) => {
+                let wait = at.saturating_duration_since(Instant::now()).as_secs();
+                Err(format!("{}; retrying in {wait} s", self.last_error))
             }
-            if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || chunk.is_empty() {
-                return Ok(content);
+            None => Ok(()),
+        }
+    }
+
+    /// Take in a read's outcome: a success resets the backoff, a failure extends it.
+    pub fn record(&mut self, read: Result<AgentStats, String>) -> Result<AgentStats, String> {
+        match read {
+            Ok(stats) => {
+                (self.retry_at, self.delay) = (None, Duration::from_secs(1));
+                Ok(stats)
+            }
+            Err(e) => {
+                self.last_error = format!("guest agent {}: {e}", self.what);
+                self.retry_at = Some(Instant::now() + self.delay);
+                self.delay = (self.delay * 2).min(Duration::from_secs(60));
+                Err(self.last_error.clone())
             }
         }
     }

@@ -30,8 +30,14 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// Where the host's files are and what the VM memory domain is.
     pub host: HostConfig,
-    /// Where to find VMs besides the `[[vm]]` list.
+    /// Where to find QEMU VMs by their QMP sockets, besides the `[[vm]]` list.
     pub discovery: DiscoveryConfig,
+    /// libvirt connections whose running domains are managed.
+    pub libvirt: LibvirtConfig,
+    /// Firecracker VMs found by their API sockets.
+    pub firecracker: SocketDiscovery,
+    /// Cloud Hypervisor VMs found by their API sockets.
+    pub cloud_hypervisor: SocketDiscovery,
     /// Bounds for VMs that do not set their own.
     pub defaults: VmDefaults,
     /// VMs named explicitly.
@@ -104,6 +110,23 @@ pub struct DiscoveryConfig {
     pub agent_extension: String,
 }
 
+/// libvirt connections.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LibvirtConfig {
+    /// Connection URIs (`qemu:///system`); every running domain on them is managed, by
+    /// its domain name.
+    pub uris: Vec<String>,
+}
+
+/// Discovery of VMs by their API sockets (Firecracker, Cloud Hypervisor).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SocketDiscovery {
+    /// Glob patterns of API sockets; a VM is named after its socket's file stem.
+    pub socket_glob: Vec<String>,
+}
+
 /// Bounds applied to VMs that do not set their own.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -120,8 +143,14 @@ pub struct VmDefaults {
 pub struct VmConfig {
     /// Its name.
     pub name: String,
-    /// Its QMP socket.
-    pub qmp: PathBuf,
+    /// Its QMP socket (QEMU).
+    pub qmp: Option<PathBuf>,
+    /// The libvirt URI of its domain, named `name` there.
+    pub libvirt: Option<String>,
+    /// Its Firecracker API socket.
+    pub firecracker: Option<PathBuf>,
+    /// Its Cloud Hypervisor API socket.
+    pub cloud_hypervisor: Option<PathBuf>,
     /// Its guest agent socket (QEMU's chardev for `org.qemu.guest_agent.0`), if any.
     pub agent: Option<PathBuf>,
     /// Never balloon below this many MiB.
@@ -143,6 +172,9 @@ impl Default for Config {
             daemon: DaemonConfig::default(),
             host: HostConfig::default(),
             discovery: DiscoveryConfig::default(),
+            libvirt: LibvirtConfig::default(),
+            firecracker: SocketDiscovery::default(),
+            cloud_hypervisor: SocketDiscovery::default(),
             defaults: VmDefaults::default(),
             vms: Vec::new(),
             engine: EngineConfig::default(),
@@ -286,12 +318,39 @@ impl Config {
                 );
             }
         }
-        for (i, pattern) in self.discovery.qmp_glob.iter().enumerate() {
-            if let Err(e) = glob::Pattern::new(pattern) {
+        let globs = [
+            ("discovery.qmp_glob", &self.discovery.qmp_glob),
+            ("firecracker.socket_glob", &self.firecracker.socket_glob),
+            (
+                "cloud_hypervisor.socket_glob",
+                &self.cloud_hypervisor.socket_glob,
+            ),
+        ];
+        for (field, patterns) in globs {
+            for (i, pattern) in patterns.iter().enumerate() {
+                if let Err(e) = glob::Pattern::new(pattern) {
+                    return bad(&format!("{field}[{i}]"), format!("{pattern:?}: {e}"));
+                }
+            }
+        }
+        let uris = self.libvirt.uris.iter().map(Some);
+        let vm_uris = self.vms.iter().map(|vm| vm.libvirt.as_ref());
+        for (i, uri) in uris.chain(vm_uris).enumerate() {
+            let Some(uri) = uri else { continue };
+            let field = match i.checked_sub(self.libvirt.uris.len()) {
+                None => format!("libvirt.uris[{i}]"),
+                Some(vm) => format!("vm[{vm}].libvirt"),
+            };
+            if !uri.contains(':') {
                 return bad(
-                    &format!("discovery.qmp_glob[{i}]"),
-                    format!("{pattern:?}: {e}"),
+                    &field,
+                    format!("{uri:?} is not a libvirt URI (e.g. qemu:///system)"),
                 );
+            }
+            if !cfg!(feature = "libvirt") {
+                let message =
+                    "this memtide was built without libvirt support (cargo feature `libvirt`)";
+                return bad(&field, message.into());
             }
         }
         let sections = [
@@ -316,6 +375,24 @@ impl Config {
             }
             if !names.insert(&vm.name) {
                 return bad(&field("name"), format!("{:?} is named twice", vm.name));
+            }
+            let endpoints = [
+                vm.qmp.is_some(),
+                vm.libvirt.is_some(),
+                vm.firecracker.is_some(),
+                vm.cloud_hypervisor.is_some(),
+            ];
+            if endpoints.iter().filter(|e| **e).count() != 1 {
+                return bad(
+                    &field("qmp"),
+                    "give exactly one of qmp, libvirt, firecracker, cloud_hypervisor".into(),
+                );
+            }
+            if vm.agent.is_some() && vm.qmp.is_none() {
+                return bad(
+                    &field("agent"),
+                    "an agent socket goes with qmp (libvirt reaches the agent itself)".into(),
+                );
             }
             if let Some(PolicySource::Builtin(name)) = vm
                 .policy
@@ -384,6 +461,17 @@ impl Bounds {
         }
     }
 
+    /// These bounds, with the hypervisor's own (`min`, `max`: e.g. from a libvirt domain's
+    /// description) for what the VM's configuration entry leaves unset.
+    pub fn under(self, min: Option<Bytes>, max: Option<Bytes>, vm: Option<&VmConfig>) -> Bounds {
+        let set_min = vm.and_then(|v| v.min_mib);
+        Bounds {
+            min_mib: set_min.or(min.map(Bytes::mib)).unwrap_or(self.min_mib),
+            max_mib: self.max_mib.or(max.map(Bytes::mib)),
+            shares: self.shares,
+        }
+    }
+
     /// Limits for a VM of `configured` size: max at most the configured size, min at most max.
     pub fn limits(&self, configured: Bytes) -> VmLimits {
         let max = self
@@ -434,8 +522,8 @@ mod tests {
             e.contains("line 4") && e.contains("invalid type: string \"lots\""),
             "{e}"
         );
-        let e = err("[[vm]]\nname = \"a\"\n");
-        assert!(e.contains("missing field `qmp`"), "{e}");
+        let e = err("[[vm]]\nmin_mib = 1\n");
+        assert!(e.contains("missing field `name`"), "{e}");
     }
 
     #[test]
@@ -465,6 +553,28 @@ mod tests {
         assert!(err("[discovery]\nqmp_glob = [\"/run/[x\"]\n")
             .starts_with("memtide.toml: discovery.qmp_glob[0]: "));
         assert_eq!(
+            err("[[vm]]\nname = \"a\"\n"),
+            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor"
+        );
+        assert_eq!(
+            err("[[vm]]\nname = \"a\"\nqmp = \"/a\"\nfirecracker = \"/a.sock\"\n"),
+            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor"
+        );
+        assert_eq!(
+            err("[[vm]]\nname = \"a\"\nfirecracker = \"/a.sock\"\nagent = \"/a.qga\"\n"),
+            "memtide.toml: vm[0].agent: an agent socket goes with qmp (libvirt reaches the agent itself)"
+        );
+        assert!(err("[firecracker]\nsocket_glob = [\"/run/[x\"]\n")
+            .starts_with("memtide.toml: firecracker.socket_glob[0]: "));
+        assert_eq!(
+            err("[libvirt]\nuris = [\"qemu:///system\", \"system\"]\n"),
+            if cfg!(feature = "libvirt") {
+                "memtide.toml: libvirt.uris[1]: \"system\" is not a libvirt URI (e.g. qemu:///system)"
+            } else {
+                "memtide.toml: libvirt.uris[0]: this memtide was built without libvirt support (cargo feature `libvirt`)"
+            }
+        );
+        assert_eq!(
             err("[engine]\nhistory_len = 0\n"),
             "memtide.toml: engine.history_len: must be at least 1"
         );
@@ -477,7 +587,10 @@ mod tests {
         assert_eq!((l.min, l.max), (Bytes::from_mib(128), Bytes::from_mib(384)));
         let vm = VmConfig {
             name: "a".into(),
-            qmp: "/a".into(),
+            qmp: Some("/a".into()),
+            libvirt: None,
+            firecracker: None,
+            cloud_hypervisor: None,
             agent: None,
             min_mib: Some(512),
             max_mib: Some(4096),
@@ -486,5 +599,18 @@ mod tests {
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));
+        // The hypervisor's bounds fill in what the configuration leaves unset.
+        let hv = (Some(Bytes::from_mib(200)), Some(Bytes::from_mib(300)));
+        let l = Bounds::new(None, &d)
+            .under(hv.0, hv.1, None)
+            .limits(Bytes::from_mib(384));
+        assert_eq!((l.min, l.max), (Bytes::from_mib(200), Bytes::from_mib(300)));
+        let l = Bounds::new(Some(&vm), &d)
+            .under(hv.0, hv.1, Some(&vm))
+            .limits(Bytes::from_mib(8192));
+        assert_eq!(
+            (l.min, l.max),
+            (Bytes::from_mib(512), Bytes::from_mib(4096))
+        );
     }
 }

@@ -107,7 +107,7 @@ pub fn status(s: &Status) -> String {
                 out,
                 "  {} ({}): {} · retry in {:.0} s",
                 w.name,
-                w.socket.display(),
+                w.endpoint,
                 w.error.as_deref().unwrap_or("connecting"),
                 w.retry_in_s
             );

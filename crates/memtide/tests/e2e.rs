@@ -77,8 +77,17 @@ fn two_guests_in_a_cgroup_domain() {
             ["a", "b"]
                 .iter()
                 .all(|n| managed(s, n) && vm(s, n).unwrap()["guest_free"].is_u64())
+                && vm(s, "a").unwrap()["committed_as"].is_u64()
         },
     );
+    // a's figures come from its guest agent (Debian's qemu-ga reading the guest's /proc);
+    // b has no agent configured and is managed from balloon statistics alone.
+    let committed = mib(vm(&both, "a").unwrap(), "committed_as").unwrap();
+    assert!(
+        committed > WORKLOAD_MIB as f64,
+        "Committed_AS {committed} MiB covers the workload"
+    );
+    assert!(vm(&both, "b").unwrap()["committed_as"].is_null());
     assert_eq!(
         actual_mib(&both, "a"),
         GUEST_MIB as f64,

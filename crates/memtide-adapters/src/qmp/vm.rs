@@ -2,7 +2,7 @@
 
 use super::client::{QmpClient, QmpError, QmpEvent};
 use crate::procfs;
-use crate::qga::GuestAgent;
+use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
 use memtide_core::stats::{AgentStats, GuestStats};
@@ -10,7 +10,6 @@ use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// QOM containers where user-created devices live (with and without an `id`).
 const DEVICE_CONTAINERS: [&str; 2] = ["/machine/peripheral", "/machine/peripheral-anon"];
@@ -67,48 +66,32 @@ impl AccessSampler {
     }
 }
 
-/// The VM's guest agent: a session when one is open, and backoff after failures so that
-/// a guest without a running agent costs nothing most ticks.
+/// The VM's guest agent: a session when one is open, and backoff after failures.
 struct AgentLink {
     socket: PathBuf,
     call_timeout: Duration,
     session: Option<GuestAgent>,
-    retry_at: Option<Instant>,
-    delay: Duration,
-    last_error: String,
+    retry: AgentRetry,
 }
 
 impl AgentLink {
     fn new(socket: PathBuf, call_timeout: Duration) -> AgentLink {
         AgentLink {
+            retry: AgentRetry::new(socket.display().to_string()),
             socket,
             call_timeout,
             session: None,
-            retry_at: None,
-            delay: Duration::from_secs(1),
-            last_error: String::new(),
         }
     }
 
     /// Read the guest's /proc figures, or say why not.
     async fn read(&mut self) -> Result<AgentStats, String> {
-        if let Some(at) = self.retry_at.filter(|at| Instant::now() < *at) {
-            let wait = at.saturating_duration_since(Instant::now()).as_secs();
-            return Err(format!("{}; retrying in {wait} s", self.last_error));
+        self.retry.ready()?;
+        let read = self.try_read().await;
+        if read.is_err() {
+            self.session = None;
         }
-        match self.try_read().await {
-            Ok(stats) => {
-                (self.retry_at, self.delay) = (None, Duration::from_secs(1));
-                Ok(stats)
-            }
-            Err(e) => {
-                self.session = None;
-                self.last_error = format!("guest agent {}: {e}", self.socket.display());
-                self.retry_at = Some(Instant::now() + self.delay);
-                self.delay = (self.delay * 2).min(Duration::from_secs(60));
-                Err(self.last_error.clone())
-            }
-        }
+        self.retry.record(read)
     }
 
     async fn try_read(&mut self) -> Result<AgentStats, String> {
@@ -120,21 +103,7 @@ impl AgentLink {
                     .map_err(|e| e.to_string())?,
             ),
         };
-        let meminfo = session
-            .read_file("/proc/meminfo")
-            .await
-            .map_err(|e| e.to_string())?;
-        let vmstat = session
-            .read_file("/proc/vmstat")
-            .await
-            .map_err(|e| e.to_string())?;
-        // Guest kernels without PSI have no such file: not an error.
-        let psi = session.read_file("/proc/pressure/memory").await.ok();
-        Ok(AgentStats {
-            meminfo: procfs::meminfo(&meminfo).map_err(|e| format!("guest {e}"))?,
-            vmstat: procfs::vmstat(&vmstat),
-            psi: psi.and_then(|t| procfs::psi(&t).ok()),
-        })
+        qga::read_proc(session).await
     }
 }
 

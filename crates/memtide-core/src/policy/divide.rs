@@ -3,7 +3,21 @@
 //! activity-adjusted shares), no VM getting more than it wants; what a capped VM does not
 //! take flows to the others (water-filling).
 
+use super::PolicyInput;
 use crate::units::Bytes;
+
+/// The memory the VMs can have between them: what the host backs for them now plus what
+/// the domain has freeable, less `reserve`. Guest memory the host does not back (never
+/// touched, or handed back by free page reporting) is already in the freeable figure, so
+/// each VM counts with the smaller of its size and its hypervisor's resident memory.
+pub fn capacity(input: &PolicyInput<'_>, reserve: Bytes) -> Bytes {
+    let backed: Bytes = input
+        .vms
+        .iter()
+        .map(|vm| vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual)))
+        .sum();
+    (backed + input.host_latest().domain.freeable) - reserve
+}
 
 /// One VM's claim.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,6 +85,53 @@ mod tests {
         v.into_iter()
             .map(|b| (b.as_f64() / (1u64 << 20) as f64).round() as u64)
             .collect()
+    }
+
+    #[test]
+    fn capacity_counts_unbacked_guest_memory_once() {
+        use crate::history::History;
+        use crate::policy::VmInput;
+        use crate::signals::Signals;
+        use crate::snapshot::VmLimits;
+        use crate::testkit;
+        use std::time::Duration;
+        let mut host = History::new(2);
+        host.push(Duration::ZERO, testkit::host(4096, 1000));
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(1024),
+            shares: 1,
+        };
+        let signals = Signals::default();
+        let mut histories = Vec::new();
+        for rss in [None, Some(300), Some(2000)] {
+            let mut s = testkit::vm("x", 1024, 1024, 0).sample.unwrap();
+            s.rss = rss.map(Bytes::from_mib);
+            let mut h = History::new(2);
+            h.push(Duration::ZERO, s);
+            histories.push(h);
+        }
+        let vms: Vec<VmInput<'_>> = histories
+            .iter()
+            .map(|h| VmInput {
+                name: "x",
+                limits: &limits,
+                history: h,
+                actual: Bytes::from_mib(1024),
+                signals: &signals,
+            })
+            .collect();
+        let input = PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &vms,
+        };
+        // 1024 (RSS unknown: its size) + 300 (the rest is in the host's free memory) +
+        // 1024 (QEMU's own overhead is not guest memory) + 1000 freeable − 100 reserve.
+        assert_eq!(
+            capacity(&input, Bytes::from_mib(100)),
+            Bytes::from_mib(1024 + 300 + 1024 + 1000 - 100)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! proportion to shares, where idle memory is taxed: an idle page costs 1/(1−τ) times an
 //! active one (τ = 0.75: four times), with activity from host-side sampling.
 
-use super::divide::{divide, Claim};
+use super::divide::{capacity, divide, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::working_set::observe;
 use super::{Policy, PolicyInput, PolicyOutput, Proposal};
@@ -118,8 +118,7 @@ impl Policy for Esx {
             .retain(|name, _| present.contains(name.as_str()));
         // Entitlement: what the VMs hold plus what is free, less the high-state reserve,
         // divided by shares-per-page with idle memory taxed.
-        let held: Bytes = input.vms.iter().map(|vm| vm.actual).sum();
-        let capacity = (held + domain.freeable) - domain.total.scale(self.config.high);
+        let capacity = capacity(input, domain.total.scale(self.config.high));
         let idle_cost = 1.0 / (1.0 - self.config.idle_tax.clamp(0.0, 0.99));
         let mut active = Vec::new();
         let claims: Vec<Claim> = input

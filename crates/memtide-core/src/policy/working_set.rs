@@ -4,7 +4,7 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{divide, Claim};
+use super::divide::{capacity, divide, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
@@ -179,8 +179,7 @@ impl Policy for WorkingSet {
             }
         }
         let domain = &input.host_latest().domain;
-        let held: Bytes = input.vms.iter().map(|vm| vm.actual).sum();
-        let capacity = (held + domain.freeable) - domain.total.scale(self.config.host_reserve);
+        let capacity = capacity(input, domain.total.scale(self.config.host_reserve));
         let claims: Vec<Claim> = estimated
             .iter()
             .map(|(vm, e)| Claim {

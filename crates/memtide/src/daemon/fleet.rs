@@ -1,16 +1,16 @@
-//! The VMs memtide manages: found from the configuration and socket globs, connected in
-//! the background with backoff, sampled and actuated concurrently under a timeout each,
-//! and dropped cleanly when their hypervisor goes away.
+//! The VMs memtide manages: found from the configuration, socket globs and libvirt
+//! connections, connected in the background with backoff, sampled and actuated
+//! concurrently under a timeout each, and dropped cleanly when their hypervisor goes away.
 
 use super::backoff::Backoff;
-use crate::config::{Bounds, Config};
+use crate::config::{Bounds, Config, VmConfig};
 use async_trait::async_trait;
 use futures::future::join_all;
-use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::backend::VmBackend;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,29 +18,92 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout, Instant};
 use tracing::Instrument;
 
-/// Opens a connection to a VM's control socket.
-#[async_trait]
-pub trait Connector: Send + Sync + 'static {
-    /// Connect to the VM behind `socket`, with its guest agent's socket if it has one.
-    async fn connect(
-        &self,
-        socket: &Path,
-        agent: Option<&Path>,
-    ) -> Result<Box<dyn VmBackend>, BackendError>;
+/// Where a VM is reached.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Endpoint {
+    /// QEMU's QMP socket.
+    Qmp(PathBuf),
+    /// A domain on a libvirt connection.
+    Libvirt {
+        /// The connection URI.
+        uri: String,
+        /// The domain's name.
+        domain: String,
+    },
+    /// Firecracker's API socket.
+    Firecracker(PathBuf),
+    /// Cloud Hypervisor's API socket.
+    CloudHypervisor(PathBuf),
 }
 
-/// Connects to QEMU over QMP.
-pub struct QmpConnector(pub QmpVmOptions);
+impl Endpoint {
+    /// The endpoint a configured VM names.
+    fn of(vm: &VmConfig) -> Option<Endpoint> {
+        let libvirt = vm.libvirt.clone().map(|uri| Endpoint::Libvirt {
+            uri,
+            domain: vm.name.clone(),
+        });
+        vm.qmp
+            .clone()
+            .map(Endpoint::Qmp)
+            .or(libvirt)
+            .or_else(|| vm.firecracker.clone().map(Endpoint::Firecracker))
+            .or_else(|| vm.cloud_hypervisor.clone().map(Endpoint::CloudHypervisor))
+    }
 
+    /// The socket, for endpoints that are one.
+    fn socket(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Qmp(p) | Endpoint::Firecracker(p) | Endpoint::CloudHypervisor(p) => Some(p),
+            Endpoint::Libvirt { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Qmp(p) => write!(f, "{}", p.display()),
+            Endpoint::Libvirt { uri, domain } => write!(f, "{uri} domain {domain}"),
+            Endpoint::Firecracker(p) => write!(f, "firecracker {}", p.display()),
+            Endpoint::CloudHypervisor(p) => write!(f, "cloud-hypervisor {}", p.display()),
+        }
+    }
+}
+
+/// A connected VM and the bounds its hypervisor's configuration sets (libvirt's domain
+/// description), which the memtide configuration overrides.
+pub struct Connection {
+    /// The backend.
+    pub backend: Box<dyn VmBackend>,
+    /// Never below this (unless the configuration says otherwise).
+    pub min: Option<Bytes>,
+    /// Never above this (unless the configuration says otherwise).
+    pub max: Option<Bytes>,
+}
+
+impl Connection {
+    /// A connection whose hypervisor sets no bounds.
+    pub fn new(backend: Box<dyn VmBackend>) -> Connection {
+        Connection {
+            backend,
+            min: None,
+            max: None,
+        }
+    }
+}
+
+/// Opens connections to VMs, and lists the VMs a hypervisor manager knows.
 #[async_trait]
-impl Connector for QmpConnector {
+pub trait Connector: Send + Sync + 'static {
+    /// Connect to the VM at `endpoint`, with its guest agent's socket if it has one.
     async fn connect(
         &self,
-        socket: &Path,
+        endpoint: &Endpoint,
         agent: Option<&Path>,
-    ) -> Result<Box<dyn VmBackend>, BackendError> {
-        Ok(Box::new(QmpVm::connect(socket, agent, &self.0).await?))
-    }
+    ) -> Result<Connection, BackendError>;
+    /// The names of the running domains on the libvirt connection `uri`.
+    async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError>;
 }
 
 /// Something that happened to the fleet, for the event log.
@@ -50,8 +113,8 @@ pub enum FleetEvent {
     Connected {
         /// Its name.
         vm: String,
-        /// Its socket.
-        socket: PathBuf,
+        /// Where it was reached.
+        endpoint: String,
     },
     /// A managed VM went away.
     Lost {
@@ -62,13 +125,13 @@ pub enum FleetEvent {
     },
 }
 
-/// A VM known by its socket but not connected, shown in status.
+/// A VM known but not connected, shown in status.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Waiting {
     /// Its name.
     pub name: String,
-    /// Its socket.
-    pub socket: PathBuf,
+    /// Where it is reached: a socket, or a libvirt URI and domain.
+    pub endpoint: String,
     /// The last connection error.
     pub error: Option<String>,
     /// Seconds until the next attempt.
@@ -79,8 +142,10 @@ pub struct Waiting {
 struct Candidate {
     name: String,
     agent: Option<PathBuf>,
-    bounds: Bounds,
-    /// Found by a glob (forgotten when its socket disappears), not named in the config.
+    /// Its `[[vm]]` entry, if it has one.
+    config: Option<VmConfig>,
+    /// Found by a glob or a libvirt listing (forgotten when it disappears from there),
+    /// not named in the config.
     discovered: bool,
     backoff: Backoff,
     error: Option<String>,
@@ -88,8 +153,9 @@ struct Candidate {
 
 /// A connected VM.
 struct Managed {
-    socket: PathBuf,
+    endpoint: Endpoint,
     agent: Option<PathBuf>,
+    config: Option<VmConfig>,
     bounds: Bounds,
     discovered: bool,
     backend: Box<dyn VmBackend>,
@@ -97,75 +163,110 @@ struct Managed {
     configured: Option<Bytes>,
 }
 
-type Attempt = (PathBuf, Result<Box<dyn VmBackend>, BackendError>);
+type Attempt = (Endpoint, Result<Connection, BackendError>);
+type Listing = (String, Result<Vec<String>, BackendError>);
+
+/// How a glob's sockets are reached.
+#[derive(Clone, Copy)]
+enum SocketKind {
+    Qmp,
+    Firecracker,
+    CloudHypervisor,
+}
 
 /// All VMs, connected or not.
 pub struct Fleet {
     connector: Arc<dyn Connector>,
-    globs: Vec<String>,
+    globs: Vec<(SocketKind, String)>,
+    libvirt_uris: Vec<String>,
     agent_extension: String,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
-    candidates: BTreeMap<PathBuf, Candidate>,
+    candidates: BTreeMap<Endpoint, Candidate>,
     managed: BTreeMap<String, Managed>,
     connecting: JoinSet<Attempt>,
-    in_flight: std::collections::HashSet<PathBuf>,
+    in_flight: HashSet<Endpoint>,
+    listing: JoinSet<Listing>,
+    listing_in_flight: HashSet<String>,
 }
 
 impl Fleet {
-    /// A fleet from the configuration's VM list and globs.
+    /// A fleet from the configuration's VM list, globs and libvirt connections.
     pub fn new(config: &Config, connector: Arc<dyn Connector>) -> Fleet {
         let candidates = config
             .vms
             .iter()
-            .map(|vm| {
+            .filter_map(|vm| {
                 let c = Candidate {
                     name: vm.name.clone(),
                     agent: vm.agent.clone(),
-                    bounds: Bounds::new(Some(vm), &config.defaults),
+                    config: Some(vm.clone()),
                     discovered: false,
                     backoff: Backoff::default(),
                     error: None,
                 };
-                (vm.qmp.clone(), c)
+                Some((Endpoint::of(vm)?, c))
             })
             .collect();
+        let globs = [
+            (SocketKind::Qmp, &config.discovery.qmp_glob),
+            (SocketKind::Firecracker, &config.firecracker.socket_glob),
+            (
+                SocketKind::CloudHypervisor,
+                &config.cloud_hypervisor.socket_glob,
+            ),
+        ];
         Fleet {
             connector,
-            globs: config.discovery.qmp_glob.clone(),
+            globs: globs
+                .into_iter()
+                .flat_map(|(kind, patterns)| patterns.iter().map(move |p| (kind, p.clone())))
+                .collect(),
+            libvirt_uris: config.libvirt.uris.clone(),
             agent_extension: config.discovery.agent_extension.clone(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
             candidates,
             managed: BTreeMap::new(),
             connecting: JoinSet::new(),
-            in_flight: Default::default(),
+            in_flight: HashSet::new(),
+            listing: JoinSet::new(),
+            listing_in_flight: HashSet::new(),
         }
     }
 
-    /// Take in finished connection attempts, discover new sockets, forget vanished ones,
-    /// and start attempts for candidates whose backoff has passed. Never waits on a VM.
+    /// Take in finished connection attempts and libvirt listings, discover new sockets,
+    /// forget vanished VMs, and start attempts for candidates whose backoff has passed.
+    /// Never waits on a VM or a libvirt daemon.
     pub fn refresh(&mut self) -> Vec<FleetEvent> {
         let now = Instant::now();
         let mut events = Vec::new();
         while let Some(done) = self.connecting.try_join_next() {
-            let Ok((socket, result)) = done else { continue }; // a panicked attempt is retried
-            self.in_flight.remove(&socket);
-            let Some(mut c) = self.candidates.remove(&socket) else {
+            let Ok((endpoint, result)) = done else {
+                continue;
+            }; // a panicked attempt is retried
+            self.in_flight.remove(&endpoint);
+            let Some(mut c) = self.candidates.remove(&endpoint) else {
                 continue;
             };
             match result {
-                Ok(backend) => {
+                Ok(connection) => {
                     events.push(FleetEvent::Connected {
                         vm: c.name.clone(),
-                        socket: socket.clone(),
+                        endpoint: endpoint.to_string(),
                     });
+                    let bounds = Bounds::new(c.config.as_ref(), &self.defaults).under(
+                        connection.min,
+                        connection.max,
+                        c.config.as_ref(),
+                    );
                     let m = Managed {
-                        socket,
+                        endpoint,
                         agent: c.agent,
-                        bounds: c.bounds,
+                        config: c.config,
+                        bounds,
                         discovered: c.discovered,
-                        backend,
+                        backend: connection.backend,
                         configured: None,
                     };
                     self.managed.insert(c.name, m);
@@ -173,60 +274,120 @@ impl Fleet {
                 Err(e) => {
                     c.error = Some(e.to_string());
                     c.backoff.failed(now);
-                    self.candidates.insert(socket, c);
+                    self.candidates.insert(endpoint, c);
                 }
             }
         }
+        self.take_listings();
         self.discover();
-        for (socket, c) in &self.candidates {
-            if c.backoff.ready(now) && self.in_flight.insert(socket.clone()) {
-                let (connector, socket, limit) =
-                    (self.connector.clone(), socket.clone(), self.call_timeout);
+        for (endpoint, c) in &self.candidates {
+            if c.backoff.ready(now) && self.in_flight.insert(endpoint.clone()) {
+                let (connector, endpoint, limit) =
+                    (self.connector.clone(), endpoint.clone(), self.call_timeout);
                 let agent = c.agent.clone();
                 self.connecting.spawn(async move {
                     // connect() makes several calls; bound the whole of it.
-                    let result = timeout(limit * 4, connector.connect(&socket, agent.as_deref()))
+                    let result = timeout(limit * 4, connector.connect(&endpoint, agent.as_deref()))
                         .await
                         .unwrap_or_else(|_| Err(BackendError::timeout(limit * 4)));
-                    (socket, result)
+                    (endpoint, result)
+                });
+            }
+        }
+        for uri in &self.libvirt_uris {
+            if self.listing_in_flight.insert(uri.clone()) {
+                let (connector, uri, limit) =
+                    (self.connector.clone(), uri.clone(), self.call_timeout);
+                self.listing.spawn(async move {
+                    let names = timeout(limit, connector.running_domains(&uri))
+                        .await
+                        .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
+                    (uri, names)
                 });
             }
         }
         events
     }
 
+    /// True when `name` is taken by a managed VM or another candidate.
+    fn taken(&self, name: &str) -> bool {
+        self.managed.contains_key(name) || self.candidates.values().any(|c| c.name == name)
+    }
+
+    fn discovered(name: &str, agent: Option<PathBuf>) -> Candidate {
+        Candidate {
+            name: name.to_string(),
+            agent,
+            config: None,
+            discovered: true,
+            backoff: Backoff::default(),
+            error: None,
+        }
+    }
+
+    /// Take in finished libvirt listings: domains that appeared become candidates,
+    /// discovered domains that are no longer running are forgotten.
+    fn take_listings(&mut self) {
+        while let Some(done) = self.listing.try_join_next() {
+            let Ok((uri, names)) = done else { continue };
+            self.listing_in_flight.remove(&uri);
+            let names = match names {
+                Ok(names) => names,
+                Err(e) => {
+                    tracing::warn!("listing the domains of {uri}: {e}");
+                    continue;
+                }
+            };
+            for name in &names {
+                let endpoint = Endpoint::Libvirt {
+                    uri: uri.clone(),
+                    domain: name.clone(),
+                };
+                let known = self.candidates.contains_key(&endpoint)
+                    || self.managed.values().any(|m| m.endpoint == endpoint);
+                if !known && !self.taken(name) {
+                    self.candidates
+                        .insert(endpoint, Fleet::discovered(name, None));
+                }
+            }
+            self.candidates.retain(|endpoint, c| match endpoint {
+                Endpoint::Libvirt { uri: u, domain } if c.discovered && *u == uri => {
+                    names.contains(domain)
+                }
+                _ => true,
+            });
+        }
+    }
+
     /// Add sockets matching the globs; forget discovered candidates whose socket is gone.
     fn discover(&mut self) {
-        let mut seen = std::collections::HashSet::new();
-        for pattern in &self.globs {
+        let mut seen = HashSet::new();
+        for (kind, pattern) in &self.globs {
             for socket in glob::glob(pattern).into_iter().flatten().flatten() {
-                seen.insert(socket.clone());
-                let known = self.candidates.contains_key(&socket)
-                    || self.managed.values().any(|m| m.socket == socket);
+                let endpoint = match kind {
+                    SocketKind::Qmp => Endpoint::Qmp(socket.clone()),
+                    SocketKind::Firecracker => Endpoint::Firecracker(socket.clone()),
+                    SocketKind::CloudHypervisor => Endpoint::CloudHypervisor(socket.clone()),
+                };
+                seen.insert(endpoint.clone());
+                let known = self.candidates.contains_key(&endpoint)
+                    || self.managed.values().any(|m| m.endpoint == endpoint);
                 let Some(name) = socket.file_stem().and_then(|s| s.to_str()) else {
                     continue;
                 };
-                let taken = self.managed.contains_key(name)
-                    || self.candidates.values().any(|c| c.name == name);
-                if known || taken {
+                if known || self.taken(name) {
                     continue;
                 }
-                let agent = (!self.agent_extension.is_empty())
+                let agent = matches!(kind, SocketKind::Qmp)
                     .then(|| socket.with_extension(&self.agent_extension))
-                    .filter(|a| a.exists());
-                let c = Candidate {
-                    name: name.to_string(),
-                    agent,
-                    bounds: Bounds::new(None, &self.defaults),
-                    discovered: true,
-                    backoff: Backoff::default(),
-                    error: None,
-                };
-                self.candidates.insert(socket, c);
+                    .filter(|a| !self.agent_extension.is_empty() && a.exists());
+                let c = Fleet::discovered(name, agent);
+                self.candidates.insert(endpoint, c);
             }
         }
-        self.candidates
-            .retain(|socket, c| !c.discovered || seen.contains(socket));
+        self.candidates.retain(|endpoint, c| {
+            !c.discovered || endpoint.socket().is_none() || seen.contains(endpoint)
+        });
     }
 
     /// Sample every managed VM concurrently, each bounded by the call timeout. VMs whose
@@ -271,7 +432,7 @@ impl Fleet {
     }
 
     /// Move a managed VM back to the candidates, to be reconnected with backoff (config
-    /// VMs) or rediscovered while its socket exists (discovered VMs).
+    /// VMs) or rediscovered while its socket exists or libvirt lists it (discovered VMs).
     fn lose(&mut self, name: &str, why: String) {
         let Some(m) = self.managed.remove(name) else {
             return;
@@ -281,12 +442,12 @@ impl Fleet {
         let c = Candidate {
             name: name.to_string(),
             agent: m.agent,
-            bounds: m.bounds,
+            config: m.config,
             discovered: m.discovered,
             backoff,
             error: Some(why),
         };
-        self.candidates.insert(m.socket, c);
+        self.candidates.insert(m.endpoint, c);
     }
 
     /// Set balloon targets concurrently, each bounded by the call timeout.
@@ -325,9 +486,9 @@ impl Fleet {
         let now = Instant::now();
         self.candidates
             .iter()
-            .map(|(socket, c)| Waiting {
+            .map(|(endpoint, c)| Waiting {
                 name: c.name.clone(),
-                socket: socket.clone(),
+                endpoint: endpoint.to_string(),
                 error: c.error.clone(),
                 retry_in_s: c.backoff.remaining(now).as_secs_f64(),
             })
@@ -356,6 +517,8 @@ mod tests {
     struct FakeConnector {
         behaviour: Mutex<HashMap<PathBuf, Behaviour>>,
         attempts: Mutex<Vec<PathBuf>>,
+        /// Running domains by libvirt URI (a URI not listed: libvirtd is down).
+        domains: Mutex<HashMap<String, Vec<String>>>,
     }
 
     struct FakeVm(Behaviour);
@@ -385,24 +548,44 @@ mod tests {
         }
     }
 
+    /// The key of an endpoint in the fake's tables: its socket, or URI/domain.
+    fn key(endpoint: &Endpoint) -> PathBuf {
+        match endpoint {
+            Endpoint::Libvirt { uri, domain } => PathBuf::from(format!("{uri}/{domain}")),
+            e => e.socket().unwrap().to_path_buf(),
+        }
+    }
+
     #[async_trait]
     impl Connector for FakeConnector {
         async fn connect(
             &self,
-            socket: &Path,
+            endpoint: &Endpoint,
             _agent: Option<&Path>,
-        ) -> Result<Box<dyn VmBackend>, BackendError> {
-            self.attempts.lock().unwrap().push(socket.to_path_buf());
+        ) -> Result<Connection, BackendError> {
+            let socket = key(endpoint);
+            self.attempts.lock().unwrap().push(socket.clone());
             match self
                 .behaviour
                 .lock()
                 .unwrap()
-                .get(socket)
+                .get(&socket)
                 .copied()
                 .unwrap_or(Behaviour::Healthy)
             {
                 Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
-                b => Ok(Box::new(FakeVm(b))),
+                b => Ok(Connection {
+                    backend: Box::new(FakeVm(b)),
+                    min: Some(Bytes::from_mib(200)),
+                    max: None,
+                }),
+            }
+        }
+
+        async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
+            match self.domains.lock().unwrap().get(uri) {
+                Some(names) => Ok(names.clone()),
+                None => Err(BackendError::Disconnected("libvirtd is down".into())),
             }
         }
     }
@@ -437,7 +620,7 @@ mod tests {
             events,
             vec![FleetEvent::Connected {
                 vm: "web".into(),
-                socket: dir.path().join("web.sock")
+                endpoint: dir.path().join("web.sock").display().to_string()
             }]
         );
         let (vms, _) = fleet.sample().await;
@@ -447,7 +630,11 @@ mod tests {
             Bytes::from_mib(512),
             "limits follow the configured size"
         );
-        assert_eq!(vms[0].limits.min, Bytes::from_mib(128), "default min");
+        assert_eq!(
+            vms[0].limits.min,
+            Bytes::from_mib(200),
+            "the hypervisor's min, the configuration setting none"
+        );
 
         // QEMU dies: the VM leaves the managed set; the stale socket refuses; then it is removed.
         connector
@@ -505,6 +692,81 @@ mod tests {
         tokio::time::advance(Duration::from_secs(8)).await;
         let events = settle(&mut fleet).await;
         assert!(matches!(&events[..], [FleetEvent::Connected { vm, .. }] if vm == "db"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn libvirt_domains_are_followed_by_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        let uri = "qemu:///system";
+        let set = |names: &[&str]| {
+            let names = names.iter().map(|n| n.to_string()).collect();
+            connector.domains.lock().unwrap().insert(uri.into(), names);
+        };
+        set(&["web", "db"]);
+        let mut config = Config::default();
+        config.discovery.qmp_glob = vec![dir.path().join("*.sock").display().to_string()];
+        config.libvirt.uris = vec![uri.into()];
+        config.vms = vec![VmConfig {
+            name: "db".into(),
+            qmp: None,
+            libvirt: Some(uri.into()),
+            firecracker: None,
+            cloud_hypervisor: None,
+            agent: None,
+            min_mib: Some(300),
+            max_mib: None,
+            shares: None,
+            policy: None,
+        }];
+        // A QMP socket whose name a libvirt domain also has: the first found keeps it.
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        let mut fleet = Fleet::new(&config, connector.clone());
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let (vms, _) = fleet.sample().await;
+        assert_eq!(names(&vms), ["db", "web"]);
+        assert_eq!(
+            vms[0].limits.min,
+            Bytes::from_mib(300),
+            "the configuration's min wins over the domain's"
+        );
+        assert!(matches!(fleet.managed["web"].endpoint, Endpoint::Qmp(_)));
+        assert_eq!(
+            fleet.managed["db"].endpoint.to_string(),
+            "qemu:///system domain db"
+        );
+
+        // A domain starts: it is found at the next listing.
+        set(&["web", "db", "cache"]);
+        settle(&mut fleet).await;
+        settle(&mut fleet).await;
+        let (vms, _) = fleet.sample().await;
+        assert_eq!(names(&vms), ["cache", "db", "web"]);
+
+        // It stops: its sample fails, it waits, and it is forgotten when no longer listed.
+        fleet.managed.get_mut("cache").unwrap().backend = Box::new(FakeVm(Behaviour::Dies));
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(PathBuf::from("qemu:///system/cache"), Behaviour::Refuses);
+        let (vms, events) = fleet.sample().await;
+        assert_eq!(names(&vms), ["db", "web"]);
+        assert!(matches!(&events[..], [FleetEvent::Lost { vm, .. }] if vm == "cache"));
+        assert_eq!(fleet.waiting()[0].endpoint, "qemu:///system domain cache");
+        set(&["web", "db"]);
+        settle(&mut fleet).await;
+        settle(&mut fleet).await;
+        assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
+
+        // libvirtd goes away: nothing is forgotten for that.
+        connector.domains.lock().unwrap().clear();
+        settle(&mut fleet).await;
+        settle(&mut fleet).await;
+        let (vms, _) = fleet.sample().await;
+        assert_eq!(names(&vms), ["db", "web"]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,6 +2,7 @@
 //! and an event log. Everything here is glue; decisions are made in `memtide-core`.
 
 pub mod backoff;
+pub mod connect;
 pub mod events;
 pub mod fleet;
 
@@ -12,9 +13,8 @@ use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
-use fleet::{Fleet, FleetEvent, QmpConnector};
+use fleet::{Fleet, FleetEvent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
-use memtide_adapters::qmp::QmpVmOptions;
 use memtide_core::backend::HostBackend;
 use memtide_core::{Action, Decision, Engine, Snapshot};
 use memtide_sim::{Recorder, RecorderConfig};
@@ -96,13 +96,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         let addr = http::serve(config.daemon.http.parse()?, status.clone()).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
-    let connector = QmpConnector(QmpVmOptions {
-        call_timeout: config.call_timeout(),
-        stats_interval_s: config.interval_s.round().max(1.0) as u64,
-        proc: config.host.proc.clone(),
-        sample_access: config.sample_access(),
-    });
-    let fleet = Fleet::new(&config, Arc::new(connector));
+    let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
     let engine = Engine::new(config.engine.clone(), policy);
     let mode = if options.dry_run {
         " (dry run: nothing is changed)"
@@ -247,11 +241,11 @@ impl Daemon {
     fn log_fleet(&mut self, events: &[FleetEvent]) {
         for e in events {
             match e {
-                FleetEvent::Connected { vm, socket } => self.events.log(
+                FleetEvent::Connected { vm, endpoint } => self.events.log(
                     "vm_connected",
                     Some(vm),
                     None,
-                    format!("connected through {}", socket.display()),
+                    format!("connected through {endpoint}"),
                 ),
                 FleetEvent::Lost { vm, why } => {
                     self.events

@@ -74,6 +74,16 @@ impl Guest {
                 "-device",
                 "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
             ])
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=qga0,path={},server=on,wait=off",
+                agent.display()
+            ))
+            .args(["-device", "virtio-serial-pci"])
+            .args([
+                "-device",
+                "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+            ])
             .arg("-drive")
             .arg(format!(
                 "if=none,id=swap,file={},format=raw",

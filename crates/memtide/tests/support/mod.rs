@@ -1,11 +1,13 @@
 //! Test fixtures that start real things: QEMU guests in a memory cgroup of their own,
-//! and the memtide daemon. Everything started is stopped and removed on drop.
+//! a libvirt daemon of the test's own, and the memtide daemon. Everything started is
+//! stopped and removed on drop.
 
 #![allow(dead_code)] // each test binary uses a different part of the support code
 
 pub mod cgroup;
 pub mod daemon;
 pub mod guest;
+pub mod libvirtd;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         (options.cold_mib << 20) as usize,
         (options.hot_mib << 20) as usize,
     );
-    let (mut cold, mut hot) = match (Region::accounted(cold_bytes), Region::accounted(hot_bytes)) {
+    let (mut cold, mut hot) = match (Region::new(cold_bytes), Region::new(hot_bytes)) {
         (Ok(cold), Ok(hot)) => (cold, hot),
         (Err(err), _) | (_, Err(err)) => {
             eprintln!(

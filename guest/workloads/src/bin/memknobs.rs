@@ -4,7 +4,8 @@
 //!     memknobs t=12 phase=1 size_mib=200 mib_per_s=1234.5
 //!
 //! `t` is seconds since start, `phase` the 1-based index of the current phase.
-//! When a phase shrinks the buffer the excess pages go back to the kernel.
+//! Each phase allocates its own buffer (counted in Committed_AS, as MOM's memknobs
+//! was run anew for each size), after the previous one went back to the kernel.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,20 +25,6 @@ fn main() -> ExitCode {
         Ok(options) => options,
         Err(code) => return code,
     };
-    let peak = options
-        .pattern
-        .iter()
-        .map(Phase::size_bytes)
-        .max()
-        .unwrap_or(0);
-    let mut region = match Region::new(peak) {
-        Ok(region) => region,
-        Err(err) => {
-            eprintln!("{NAME}: cannot map {peak} bytes: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-
     let progress = Arc::new(Progress::new());
     let ticker = Ticker::new(options.interval);
     let mut schedule = Schedule::new(&ticker);
@@ -52,16 +39,15 @@ fn main() -> ExitCode {
     } else {
         usize::MAX
     };
-    let mut held = 0;
     for (index, phase) in options.pattern.iter().enumerate().cycle().take(runs) {
         let size = phase.size_bytes();
-        if size < held {
-            if let Err(err) = region.release(size..held) {
-                eprintln!("{NAME}: cannot release memory: {err}");
+        let mut region = match Region::new(size) {
+            Ok(region) => region,
+            Err(err) => {
+                eprintln!("{NAME}: cannot map {size} bytes: {err}");
                 return ExitCode::FAILURE;
             }
-        }
-        held = size;
+        };
         progress.start_phase(index + 1);
         let deadline = schedule.next(phase.duration());
         anon::touch_until(&mut region, size, Some(deadline), &progress);

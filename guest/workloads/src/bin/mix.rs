@@ -39,14 +39,6 @@ fn main() -> ExitCode {
             .map(|p| p.phase.size_bytes())
             .max()
     };
-    let anon_peak = peak(Kind::Anon).unwrap_or(0);
-    let mut region = match Region::new(anon_peak) {
-        Ok(region) => region,
-        Err(err) => {
-            eprintln!("{NAME}: cannot map {anon_peak} bytes: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
     let mut file_set = match peak(Kind::File).map(|bytes| prepare(&options, bytes as u64)) {
         Some(Ok(file_set)) => Some(file_set),
         Some(Err(code)) => return code,
@@ -67,24 +59,22 @@ fn main() -> ExitCode {
     } else {
         usize::MAX
     };
-    let mut held = 0;
     for (index, MixPhase { kind, phase }) in options.phases.iter().enumerate().cycle().take(runs) {
-        let anon_size = if *kind == Kind::Anon {
-            phase.size_bytes()
-        } else {
-            0
-        };
-        if anon_size < held {
-            if let Err(err) = region.release(anon_size..held) {
-                eprintln!("{NAME}: cannot release memory: {err}");
-                return ExitCode::FAILURE;
-            }
-        }
-        held = anon_size;
         progress.start_phase(index + 1);
         let deadline = schedule.next(phase.duration());
         match kind {
-            Kind::Anon => anon::touch_until(&mut region, anon_size, Some(deadline), &progress),
+            // Each anonymous phase allocates its own buffer, freed when the phase ends.
+            Kind::Anon => {
+                let size = phase.size_bytes();
+                let mut region = match Region::new(size) {
+                    Ok(region) => region,
+                    Err(err) => {
+                        eprintln!("{NAME}: cannot map {size} bytes: {err}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                anon::touch_until(&mut region, size, Some(deadline), &progress)
+            }
             Kind::File => {
                 let file_set = file_set.as_mut().expect("prepared for the file phases");
                 let set = phase.size_bytes() as u64;

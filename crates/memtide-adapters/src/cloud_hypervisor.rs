@@ -1,0 +1,153 @@
+//! Cloud Hypervisor through its API socket.
+//!
+//! As documented in Cloud Hypervisor's `docs/api.md` and
+//! `vmm/src/api/openapi/cloud-hypervisor.yaml`: `GET /api/v1/vm.info` (`state`,
+//! `config.memory.size` and `hotplugged_size`, `config.balloon`, `memory_actual_size`:
+//! the guest's memory less the balloon), `PUT /api/v1/vm.resize {desired_balloon}` (the
+//! balloon's size in bytes; 204 on success), and, in newer releases,
+//! `GET /api/v1/vm.balloon-stats` (`balloon_actual`, `last_update` in milliseconds, and the
+//! guest's statistics under `stats`). Errors come as a status with the error's text.
+
+use crate::api_socket::{guest_stats, ApiSocket, ApiVmOptions};
+use crate::firecracker::field;
+use crate::procfs;
+use async_trait::async_trait;
+use hyper::Method;
+use memtide_core::backend::VmBackend;
+use memtide_core::stats::GuestStats;
+use memtide_core::{BackendError, Bytes, VmSample};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// A Cloud Hypervisor VM.
+pub struct CloudHypervisorVm {
+    api: ApiSocket,
+    /// `vm.balloon-stats` answered at least once, or was not tried yet.
+    stats: bool,
+    status_file: Option<PathBuf>,
+    target: Option<Bytes>,
+    configured: Bytes,
+}
+
+/// The sizes `vm.info` tells: (memory, the guest's logical size, a balloon is configured).
+pub fn sizes(info: &Value) -> Result<(Bytes, Bytes, bool), BackendError> {
+    let memory = &info["config"]["memory"];
+    let size = field(memory, "size", "GET /api/v1/vm.info config.memory")?;
+    let plugged = memory
+        .get("hotplugged_size")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let configured = Bytes(size.saturating_add(plugged));
+    let balloon = info["config"].get("balloon").is_some_and(|b| !b.is_null());
+    let actual = info
+        .get("memory_actual_size")
+        .and_then(Value::as_u64)
+        .map_or(configured, Bytes);
+    Ok((configured, actual, balloon))
+}
+
+fn check_state(info: &Value) -> Result<(), BackendError> {
+    match info.get("state").and_then(Value::as_str) {
+        Some("Running") => Ok(()),
+        Some("Paused") => Err(BackendError::Busy("the VM is paused".into())),
+        other => Err(BackendError::Disconnected(format!(
+            "the VM is not running (state {})",
+            other.unwrap_or("unknown")
+        ))),
+    }
+}
+
+impl CloudHypervisorVm {
+    /// Connect: the VM must be running.
+    pub async fn connect(
+        socket: &Path,
+        opts: &ApiVmOptions,
+    ) -> Result<CloudHypervisorVm, BackendError> {
+        let api = ApiSocket::new(socket, opts.call_timeout);
+        let info = api.call(Method::GET, "/api/v1/vm.info", None).await?;
+        check_state(&info)?;
+        let (configured, _, _) = sizes(&info)?;
+        let status_file = api
+            .peer_pid()
+            .await?
+            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+        Ok(CloudHypervisorVm {
+            api,
+            stats: true,
+            status_file,
+            target: None,
+            configured,
+        })
+    }
+
+    /// The guest's balloon statistics, where this Cloud Hypervisor has them; a release
+    /// without the endpoint, or a guest driver without statistics, is asked no more.
+    async fn stats(&mut self) -> Result<GuestStats, BackendError> {
+        if !self.stats {
+            return Ok(GuestStats::default());
+        }
+        match self
+            .api
+            .call(Method::GET, "/api/v1/vm.balloon-stats", None)
+            .await
+        {
+            Ok(v) => {
+                let mut s = guest_stats(&v["stats"]);
+                s.last_update = v["last_update"]
+                    .as_u64()
+                    .filter(|t| *t > 0)
+                    .map(|ms| ms / 1000);
+                Ok(s)
+            }
+            Err(e) if e.status().is_some() => {
+                tracing::info!("{e}: no balloon statistics from this VM");
+                self.stats = false;
+                Ok(GuestStats::default())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl VmBackend for CloudHypervisorVm {
+    async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
+        check_state(&info)?;
+        let (configured, actual, balloon) = sizes(&info)?;
+        self.configured = configured;
+        let stats = if balloon {
+            self.stats().await?
+        } else {
+            GuestStats::default()
+        };
+        let rss = self
+            .status_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|t| procfs::status_rss(&t));
+        Ok(VmSample {
+            configured,
+            balloon: balloon.then_some(actual),
+            stats,
+            agent: None,
+            rss,
+            referenced: None,
+            events: Vec::new(),
+        })
+    }
+
+    async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
+        let desired = self.configured.saturating_sub(target);
+        let body = json!({"desired_balloon": desired.0});
+        self.api
+            .call(Method::PUT, "/api/v1/vm.resize", Some(body))
+            .await?;
+        self.target = Some(target);
+        Ok(())
+    }
+
+    fn target(&self) -> Option<Bytes> {
+        self.target
+    }
+}

@@ -1,0 +1,57 @@
+//! libvirt: the running domains of a libvirt connection (`qemu:///system`, ...), their
+//! memory statistics, balloon, bounds and guest agent (through libvirt's own agent
+//! channel), and their lifecycle events.
+//!
+//! The domain XML and memory-statistics parsers are plain functions, always built; the
+//! connection needs libvirt's C library and is behind the `libvirt` feature.
+
+pub mod stats;
+pub mod xml;
+
+#[cfg(feature = "libvirt")]
+mod session;
+#[cfg(feature = "libvirt")]
+mod vm;
+
+#[cfg(feature = "libvirt")]
+pub use session::Libvirt;
+#[cfg(feature = "libvirt")]
+pub use vm::{LibvirtVm, LibvirtVmOptions};
+
+#[cfg(feature = "libvirt")]
+use memtide_core::BackendError;
+
+/// A libvirt connection failure.
+#[cfg(feature = "libvirt")]
+#[derive(Debug, thiserror::Error)]
+pub enum LibvirtError {
+    /// libvirt's event loop could not be started.
+    #[error("libvirt event loop: {0}")]
+    EventLoop(String),
+    /// The connection could not be opened.
+    #[error("{uri}: {error}")]
+    Connect {
+        /// The URI.
+        uri: String,
+        /// Why.
+        error: BackendError,
+    },
+    /// A call on the connection failed.
+    #[error("{uri}: {error}")]
+    Call {
+        /// The URI.
+        uri: String,
+        /// Why.
+        error: BackendError,
+    },
+}
+
+#[cfg(feature = "libvirt")]
+impl From<LibvirtError> for BackendError {
+    fn from(e: LibvirtError) -> Self {
+        match e {
+            LibvirtError::Connect { error, .. } | LibvirtError::Call { error, .. } => error,
+            e @ LibvirtError::EventLoop(_) => BackendError::Protocol(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! One connection to a libvirt URI, shared by every domain found on it, with the domain
+//! events memtide follows. libvirt's calls block: each runs on tokio's blocking pool under
+//! the call timeout, and the connection's keepalive closes it when libvirtd stops
+//! answering, so that a hung daemon does not pile up blocked calls for long.
+
+use super::LibvirtError;
+use memtide_core::{BackendError, Bytes, VmEvent};
+use std::collections::HashMap;
+use std::os::raw::{c_int, c_ulonglong, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::time::timeout;
+use virt::connect::Connect;
+use virt::error::{Error, ErrorDomain, ErrorNumber};
+use virt_sys as sys;
+
+/// Keepalive: a probe every 5 s, the connection closed after 3 unanswered ones.
+const KEEPALIVE_INTERVAL_S: i32 = 5;
+const KEEPALIVE_COUNT: u32 = 3;
+/// Events kept per domain between two samples; older ones are dropped.
+const EVENTS_PER_DOMAIN: usize = 64;
+
+/// Run `f` on the blocking pool within `limit`. A call that overruns keeps its thread
+/// until libvirt returns (at the latest when keepalive closes the connection).
+pub(crate) async fn blocking<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, BackendError> {
+    match timeout(limit, tokio::task::spawn_blocking(f)).await {
+        Err(_) => Err(BackendError::timeout(limit)),
+        Ok(Err(join)) => Err(BackendError::Protocol(format!(
+            "libvirt call failed: {join}"
+        ))),
+        Ok(Ok(result)) => result.map_err(backend_error),
+    }
+}
+
+/// What a libvirt error means for a VM: the domain or the connection is gone, or the
+/// call failed.
+pub(crate) fn backend_error(e: Error) -> BackendError {
+    let message = e.message().to_string();
+    match (e.code(), e.domain()) {
+        (ErrorNumber::NoDomain | ErrorNumber::OperationInvalid, _) => {
+            BackendError::Disconnected(message)
+        }
+        (_, ErrorDomain::Rpc) => BackendError::Disconnected(message),
+        _ => BackendError::Protocol(message),
+    }
+}
+
+/// The domain's current job: its type and, when libvirt tells, its operation
+/// (`virDomainGetJobStats`; virt 0.4's wrapper mishandles the empty parameter list that
+/// libvirt returns when no job runs).
+pub(crate) fn job(domain: &virt::domain::Domain) -> Result<(i32, Option<i32>), Error> {
+    let mut kind: c_int = 0;
+    let mut params: sys::virTypedParameterPtr = std::ptr::null_mut();
+    let mut nparams: c_int = 0;
+    // SAFETY: out-pointers to locals; libvirt allocates `params`, freed below.
+    let ret = unsafe {
+        sys::virDomainGetJobStats(domain.as_ptr(), &mut kind, &mut params, &mut nparams, 0)
+    };
+    if ret < 0 {
+        return Err(Error::last_error());
+    }
+    let mut operation: c_int = 0;
+    // SAFETY: `params` holds `nparams` parameters (or is null with zero of them).
+    let found = unsafe {
+        let found = !params.is_null()
+            && sys::virTypedParamsGetInt(
+                params,
+                nparams,
+                sys::VIR_DOMAIN_JOB_OPERATION.as_ptr(),
+                &mut operation,
+            ) == 1;
+        sys::virTypedParamsFree(params, nparams);
+        found
+    };
+    Ok((kind, found.then_some(operation)))
+}
+
+/// Events received for each domain (by name) since it was last drained.
+#[derive(Default)]
+pub(crate) struct Events(Mutex<HashMap<String, Vec<VmEvent>>>);
+
+impl Events {
+    fn push(&self, domain: String, event: VmEvent) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = map.entry(domain).or_default();
+        if queue.len() < EVENTS_PER_DOMAIN {
+            queue.push(event);
+        }
+    }
+
+    /// The domain's events since the last call.
+    pub(crate) fn take(&self, domain: &str) -> Vec<VmEvent> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(domain).unwrap_or_default()
+    }
+}
+
+/// An open connection and its event registrations.
+pub(crate) struct Session {
+    pub(crate) conn: Connect,
+    pub(crate) events: Arc<Events>,
+    callbacks: Vec<c_int>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for id in self.callbacks.drain(..) {
+            // SAFETY: the connection is open and `id` was returned by its registration.
+            unsafe { sys::virConnectDomainEventDeregisterAny(self.conn.as_ptr(), id) };
+        }
+        let _ = self.conn.close();
+    }
+}
+
+impl Session {
+    /// Open `uri` (blocking), turn on keepalive and register the event callbacks. The
+    /// event loop must be running.
+    fn open(uri: &str) -> Result<Session, Error> {
+        let mut conn = Connect::open(Some(uri))?;
+        if let Err(e) = conn.set_keep_alive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT) {
+            let _ = conn.close();
+            return Err(e);
+        }
+        let mut session = Session {
+            conn,
+            events: Arc::new(Events::default()),
+            callbacks: Vec::new(),
+        };
+        session.register()?;
+        Ok(session)
+    }
+
+    /// True while the connection is usable (a local check: no call to libvirtd).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.conn.is_alive().unwrap_or(false)
+    }
+
+    fn register(&mut self) -> Result<(), Error> {
+        // Each callback is passed as libvirt's generic callback type, as the C API
+        // prescribes (VIR_DOMAIN_EVENT_CALLBACK); libvirt calls it with the signature of
+        // its event ID.
+        type Generic = unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void);
+        type Lifecycle =
+            unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, c_int, c_int, *mut c_void);
+        type Balloon =
+            unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, c_ulonglong, *mut c_void);
+        // SAFETY: function pointers of the same ABI, called by libvirt with the argument
+        // list of their event ID.
+        let callbacks: [(u32, Generic); 3] = unsafe {
+            [
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                    std::mem::transmute::<Lifecycle, Generic>(on_lifecycle),
+                ),
+                (sys::VIR_DOMAIN_EVENT_ID_REBOOT, on_reboot as Generic),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_BALLOON_CHANGE,
+                    std::mem::transmute::<Balloon, Generic>(on_balloon),
+                ),
+            ]
+        };
+        for (id, callback) in callbacks {
+            let opaque = Arc::into_raw(self.events.clone()) as *mut c_void;
+            // SAFETY: `opaque` is a leaked Arc<Events>, released by `free_events` when
+            // libvirt drops the registration (or below when registering fails).
+            let ret = unsafe {
+                sys::virConnectDomainEventRegisterAny(
+                    self.conn.as_ptr(),
+                    std::ptr::null_mut(),
+                    id as c_int,
+                    Some(callback),
+                    opaque,
+                    Some(free_events),
+                )
+            };
+            if ret < 0 {
+                // SAFETY: libvirt did not take the reference.
+                unsafe { drop(Arc::from_raw(opaque as *const Events)) };
+                return Err(Error::last_error());
+            }
+            self.callbacks.push(ret);
+        }
+        Ok(())
+    }
+}
+
+/// libvirt's default event loop, started once per process on a thread of its own; it
+/// delivers domain events and runs keepalive. Must run before a connection is opened.
+fn event_loop() -> Result<(), LibvirtError> {
+    static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        virt::event::event_register_default_impl().map_err(|e| e.to_string())?;
+        std::thread::Builder::new()
+            .name("libvirt-events".into())
+            .spawn(|| loop {
+                if let Err(e) = virt::event::event_run_default_impl() {
+                    tracing::warn!("libvirt event loop: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
+    started.clone().map_err(LibvirtError::EventLoop)
+}
+
+/// The domain's name (`None` if libvirt has none for it).
+///
+/// # Safety
+/// `dom` must be a domain pointer libvirt passed to a callback.
+unsafe fn domain_name(dom: sys::virDomainPtr) -> Option<String> {
+    let name = sys::virDomainGetName(dom);
+    (!name.is_null()).then(|| {
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+/// # Safety
+/// Called by libvirt with an `opaque` registered in [`Session::register`].
+unsafe fn events<'a>(opaque: *mut c_void) -> &'a Events {
+    &*(opaque as *const Events)
+}
+
+/// Lifecycle: a (re)started domain is a new boot, a stopped one has shut down. Migration
+/// is not taken from events: the domain's job and state are checked at every sample.
+unsafe extern "C" fn on_lifecycle(
+    _: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    event: c_int,
+    _detail: c_int,
+    opaque: *mut c_void,
+) {
+    let event = match event as u32 {
+        sys::VIR_DOMAIN_EVENT_STARTED => VmEvent::Reset,
+        sys::VIR_DOMAIN_EVENT_STOPPED => VmEvent::Shutdown,
+        _ => return,
+    };
+    if let Some(name) = domain_name(dom) {
+        events(opaque).push(name, event);
+    }
+}
+
+unsafe extern "C" fn on_reboot(_: sys::virConnectPtr, dom: sys::virDomainPtr, opaque: *mut c_void) {
+    if let Some(name) = domain_name(dom) {
+        events(opaque).push(name, VmEvent::Reset);
+    }
+}
+
+/// The balloon reached a new size (`actual` in KiB).
+unsafe extern "C" fn on_balloon(
+    _: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    actual: c_ulonglong,
+    opaque: *mut c_void,
+) {
+    if let Some(name) = domain_name(dom) {
+        let actual = Bytes::from_kib(actual);
+        events(opaque).push(name, VmEvent::BalloonChange { actual });
+    }
+}
+
+unsafe extern "C" fn free_events(opaque: *mut c_void) {
+    drop(Arc::from_raw(opaque as *const Events));
+}
+
+/// The connections memtide keeps, one per URI, reopened when one dies.
+pub struct Libvirt {
+    uri: String,
+    call_timeout: Duration,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+}
+
+impl Libvirt {
+    /// Connections to `uri` (opened on first use), every call bounded by `call_timeout`.
+    pub fn new(uri: &str, call_timeout: Duration) -> Libvirt {
+        Libvirt {
+            uri: uri.to_string(),
+            call_timeout,
+            session: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The open session, opening one if there is none or the last one died.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>, LibvirtError> {
+        let mut current = self.session.lock().await;
+        if let Some(s) = current.as_ref().filter(|s| s.is_alive()) {
+            return Ok(s.clone());
+        }
+        *current = None;
+        event_loop()?;
+        let uri = self.uri.clone();
+        let session = blocking(self.call_timeout, move || Session::open(&uri))
+            .await
+            .map_err(|e| LibvirtError::Connect {
+                uri: self.uri.clone(),
+                error: e,
+            })?;
+        Ok(current.insert(Arc::new(session)).clone())
+    }
+
+    /// The names of the running domains.
+    pub async fn running_domains(&self) -> Result<Vec<String>, LibvirtError> {
+        let session = self.session().await?;
+        blocking(self.call_timeout, move || {
+            let domains = session
+                .conn
+                .list_all_domains(sys::VIR_CONNECT_LIST_DOMAINS_ACTIVE)?;
+            domains.iter().map(|d| d.get_name()).collect()
+        })
+        .await
+        .map_err(|error| LibvirtError::Call {
+            uri: self.uri.clone(),
+            error,
+        })
+    }
+
+    /// The call timeout.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+}

@@ -1,0 +1,264 @@
+//! One libvirt domain as a memtide VM.
+
+use super::session::{backend_error, blocking, job, Session};
+use super::{stats, xml, Libvirt};
+use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
+use async_trait::async_trait;
+use memtide_core::backend::VmBackend;
+use memtide_core::stats::GuestStats;
+use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use virt::domain::Domain;
+use virt_sys as sys;
+
+/// How to manage a domain.
+#[derive(Debug, Clone)]
+pub struct LibvirtVmOptions {
+    /// How often the guest should refresh its balloon statistics, in seconds.
+    pub stats_interval_s: u64,
+}
+
+/// A running libvirt domain.
+pub struct LibvirtVm {
+    session: Arc<Session>,
+    domain: Arc<Domain>,
+    name: String,
+    call_timeout: Duration,
+    description: xml::DomainXml,
+    target: Option<Bytes>,
+    agent: Option<AgentRetry>,
+}
+
+/// What one sample reads from libvirt in a single blocking call.
+struct Raw {
+    state: (u32, i32),
+    job: Option<(i32, Option<i32>)>,
+    memory: Vec<(u32, u64)>,
+}
+
+impl LibvirtVm {
+    /// Find the running domain `name`, read its description and turn on its balloon
+    /// statistics.
+    pub async fn connect(
+        libvirt: &Libvirt,
+        name: &str,
+        opts: &LibvirtVmOptions,
+    ) -> Result<LibvirtVm, BackendError> {
+        let session = libvirt.session().await?;
+        let limit = libvirt.call_timeout();
+        let (conn_session, domain_name) = (session.clone(), name.to_string());
+        let period = opts.stats_interval_s.clamp(1, i32::MAX as u64) as i32;
+        let (domain, text) = blocking(limit, move || {
+            let domain = Domain::lookup_by_name(&conn_session.conn, &domain_name)?;
+            let text = domain.get_xml_desc(0)?;
+            Ok((domain, text))
+        })
+        .await?;
+        let description = xml::parse(&text).map_err(|e| BackendError::Protocol(e.to_string()))?;
+        let domain = Arc::new(domain);
+        if description.balloon.is_some() {
+            let d = domain.clone();
+            blocking(limit, move || {
+                d.set_memory_stats_period(period, sys::VIR_DOMAIN_AFFECT_LIVE)
+            })
+            .await?;
+        }
+        // Events from before this connection concern an earlier life of the domain.
+        session.events.take(name);
+        Ok(LibvirtVm {
+            agent: description
+                .agent_channel
+                .then(|| AgentRetry::new(format!("of libvirt domain {name}"))),
+            session,
+            domain,
+            name: name.to_string(),
+            call_timeout: limit,
+            description,
+            target: None,
+        })
+    }
+
+    /// Bounds from the domain's description: (min, max).
+    pub fn bounds(&self) -> (Option<Bytes>, Option<Bytes>) {
+        (self.description.min, self.description.max)
+    }
+
+    fn events(&mut self) -> Vec<VmEvent> {
+        let events = self.session.events.take(&self.name);
+        if events.contains(&VmEvent::Reset) {
+            self.target = None;
+        }
+        events
+    }
+}
+
+/// Why a domain in this state with this job is to be left alone, if it is.
+fn busy(state: (u32, i32), job: Option<(i32, Option<i32>)>) -> Option<&'static str> {
+    let migrating = |op: i32| {
+        op == sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT as i32
+            || op == sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_IN as i32
+    };
+    match (state, job) {
+        ((sys::VIR_DOMAIN_PAUSED, reason), _)
+            if reason == sys::VIR_DOMAIN_PAUSED_MIGRATION as i32
+                || reason == sys::VIR_DOMAIN_PAUSED_POSTCOPY as i32 =>
+        {
+            Some("the domain is paused for migration")
+        }
+        (_, Some((kind, Some(op)))) if kind != sys::VIR_DOMAIN_JOB_NONE as i32 && migrating(op) => {
+            Some("the domain is migrating")
+        }
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl VmBackend for LibvirtVm {
+    async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        let d = self.domain.clone();
+        let raw = blocking(self.call_timeout, move || {
+            let (state, reason) = d.get_state()?;
+            if state != sys::VIR_DOMAIN_RUNNING && state != sys::VIR_DOMAIN_PAUSED {
+                return Ok(Raw {
+                    state: (state, reason),
+                    job: None,
+                    memory: Vec::new(),
+                });
+            }
+            let job = job(&d).ok();
+            let memory = d.memory_stats(0)?;
+            Ok(Raw {
+                state: (state, reason),
+                job,
+                memory: memory.iter().map(|m| (m.tag, m.val)).collect(),
+            })
+        })
+        .await?;
+        if raw.state.0 != sys::VIR_DOMAIN_RUNNING && raw.state.0 != sys::VIR_DOMAIN_PAUSED {
+            return Err(BackendError::Disconnected(
+                "the domain is not running".into(),
+            ));
+        }
+        if let Some(why) = busy(raw.state, raw.job) {
+            return Err(BackendError::Busy(format!("{why}; left alone")));
+        }
+        let memory = stats::parse(&raw.memory);
+        let events = self.events();
+        let agent = match &mut self.agent {
+            Some(retry) => Some(match retry.ready() {
+                Ok(()) => {
+                    let mut channel = AgentCommands {
+                        domain: self.domain.clone(),
+                        limit: self.call_timeout / 4,
+                    };
+                    retry.record(qga::read_proc(&mut channel).await)
+                }
+                Err(e) => Err(e),
+            }),
+            None => None,
+        };
+        let has_balloon = self.description.balloon.is_some();
+        Ok(VmSample {
+            configured: self.description.memory,
+            balloon: if has_balloon { memory.balloon } else { None },
+            stats: if has_balloon {
+                memory.stats
+            } else {
+                GuestStats::default()
+            },
+            agent,
+            rss: memory.rss,
+            referenced: None,
+            events,
+        })
+    }
+
+    async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
+        if self.description.balloon.is_none() {
+            return Err(BackendError::Protocol(
+                "the domain has no balloon device".into(),
+            ));
+        }
+        let d = self.domain.clone();
+        blocking(self.call_timeout, move || {
+            d.set_memory_flags(target.kib(), sys::VIR_DOMAIN_AFFECT_LIVE)
+        })
+        .await?;
+        self.target = Some(target);
+        Ok(())
+    }
+
+    fn target(&self) -> Option<Bytes> {
+        self.target
+    }
+}
+
+/// Guest agent commands through libvirt's own agent channel (`virDomainQemuAgentCommand`;
+/// libvirt marks the domain tainted by `custom-ga-command` the first time).
+struct AgentCommands {
+    domain: Arc<Domain>,
+    limit: Duration,
+}
+
+#[async_trait]
+impl AgentChannel for AgentCommands {
+    async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
+        let request = json!({"execute": command, "arguments": arguments}).to_string();
+        let d = self.domain.clone();
+        let seconds = self.limit.as_secs().max(1) as i32;
+        let reply = tokio::time::timeout(
+            self.limit,
+            tokio::task::spawn_blocking(move || d.qemu_agent_command(&request, seconds, 0)),
+        )
+        .await
+        .map_err(|_| QgaError::Timeout(self.limit))?
+        .map_err(|e| QgaError::Protocol(e.to_string()))?
+        .map_err(|e| QgaError::Command {
+            class: format!("{:?}", e.code()),
+            desc: backend_error(e).to_string(),
+        })?;
+        let reply: Value = serde_json::from_str(&reply)
+            .map_err(|e| QgaError::Protocol(format!("invalid JSON from libvirt ({e})")))?;
+        reply
+            .get("return")
+            .cloned()
+            .ok_or_else(|| QgaError::Protocol(format!("reply without return: {reply}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrating_domains_are_left_alone() {
+        let running = (sys::VIR_DOMAIN_RUNNING, 1);
+        assert_eq!(busy(running, None), None);
+        assert_eq!(
+            busy(running, Some((sys::VIR_DOMAIN_JOB_NONE as i32, None))),
+            None
+        );
+        let out = Some((
+            sys::VIR_DOMAIN_JOB_UNBOUNDED as i32,
+            Some(sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT as i32),
+        ));
+        assert_eq!(busy(running, out), Some("the domain is migrating"));
+        let dump = Some((
+            sys::VIR_DOMAIN_JOB_UNBOUNDED as i32,
+            Some(sys::VIR_DOMAIN_JOB_OPERATION_DUMP as i32),
+        ));
+        assert_eq!(busy(running, dump), None, "other jobs do not stop memtide");
+        let paused = (
+            sys::VIR_DOMAIN_PAUSED,
+            sys::VIR_DOMAIN_PAUSED_MIGRATION as i32,
+        );
+        assert_eq!(
+            busy(paused, None),
+            Some("the domain is paused for migration")
+        );
+        let user_paused = (sys::VIR_DOMAIN_PAUSED, sys::VIR_DOMAIN_PAUSED_USER as i32);
+        assert_eq!(busy(user_paused, None), None);
+    }
+}

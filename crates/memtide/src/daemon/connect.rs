@@ -1,0 +1,140 @@
+//! The connector the daemon uses: each endpoint kind to its adapter.
+
+use super::fleet::{Connection, Connector, Endpoint};
+use crate::config::Config;
+use async_trait::async_trait;
+use memtide_adapters::api_socket::ApiVmOptions;
+use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
+use memtide_adapters::firecracker::FirecrackerVm;
+use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
+use memtide_core::BackendError;
+use std::path::Path;
+
+/// Connects to QEMU (QMP), libvirt domains, Firecracker and Cloud Hypervisor.
+pub struct Connectors {
+    qmp: QmpVmOptions,
+    api: ApiVmOptions,
+    #[cfg(feature = "libvirt")]
+    libvirt: libvirt::Connections,
+}
+
+impl Connectors {
+    /// The connectors for a configuration.
+    pub fn new(config: &Config) -> Connectors {
+        let stats_interval_s = config.interval_s.round().max(1.0) as u64;
+        Connectors {
+            qmp: QmpVmOptions {
+                call_timeout: config.call_timeout(),
+                stats_interval_s,
+                proc: config.host.proc.clone(),
+                sample_access: config.sample_access(),
+            },
+            api: ApiVmOptions {
+                call_timeout: config.call_timeout(),
+                stats_interval_s,
+                proc: config.host.proc.clone(),
+            },
+            #[cfg(feature = "libvirt")]
+            libvirt: libvirt::Connections::new(config, stats_interval_s),
+        }
+    }
+}
+
+#[async_trait]
+impl Connector for Connectors {
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+        agent: Option<&Path>,
+    ) -> Result<Connection, BackendError> {
+        Ok(match endpoint {
+            Endpoint::Qmp(socket) => {
+                Connection::new(Box::new(QmpVm::connect(socket, agent, &self.qmp).await?))
+            }
+            Endpoint::Firecracker(socket) => {
+                Connection::new(Box::new(FirecrackerVm::connect(socket, &self.api).await?))
+            }
+            Endpoint::CloudHypervisor(socket) => Connection::new(Box::new(
+                CloudHypervisorVm::connect(socket, &self.api).await?,
+            )),
+            #[cfg(feature = "libvirt")]
+            Endpoint::Libvirt { uri, domain } => self.libvirt.connect(uri, domain).await?,
+            #[cfg(not(feature = "libvirt"))]
+            Endpoint::Libvirt { .. } => return Err(no_libvirt()),
+        })
+    }
+
+    async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
+        #[cfg(feature = "libvirt")]
+        return self.libvirt.running_domains(uri).await;
+        #[cfg(not(feature = "libvirt"))]
+        {
+            let _ = uri;
+            Err(no_libvirt())
+        }
+    }
+}
+
+#[cfg(not(feature = "libvirt"))]
+fn no_libvirt() -> BackendError {
+    BackendError::Protocol("this memtide was built without libvirt support".into())
+}
+
+#[cfg(feature = "libvirt")]
+mod libvirt {
+    use super::super::fleet::Connection;
+    use crate::config::Config;
+    use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
+    use memtide_core::BackendError;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    /// One shared connection per libvirt URI in the configuration.
+    pub struct Connections {
+        by_uri: BTreeMap<String, Arc<Libvirt>>,
+        opts: LibvirtVmOptions,
+    }
+
+    impl Connections {
+        pub fn new(config: &Config, stats_interval_s: u64) -> Connections {
+            let vm_uris = config.vms.iter().filter_map(|vm| vm.libvirt.as_ref());
+            let by_uri = config
+                .libvirt
+                .uris
+                .iter()
+                .chain(vm_uris)
+                .map(|uri| {
+                    (
+                        uri.clone(),
+                        Arc::new(Libvirt::new(uri, config.call_timeout())),
+                    )
+                })
+                .collect();
+            Connections {
+                by_uri,
+                opts: LibvirtVmOptions { stats_interval_s },
+            }
+        }
+
+        fn get(&self, uri: &str) -> Result<&Libvirt, BackendError> {
+            self.by_uri
+                .get(uri)
+                .map(|l| l.as_ref())
+                .ok_or_else(|| BackendError::Protocol(format!("{uri}: not configured")))
+        }
+
+        pub async fn connect(&self, uri: &str, domain: &str) -> Result<Connection, BackendError> {
+            let vm = LibvirtVm::connect(self.get(uri)?, domain, &self.opts).await?;
+            let (min, max) = vm.bounds();
+            Ok(Connection {
+                backend: Box::new(vm),
+                min,
+                max,
+            })
+        }
+
+        pub async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
+            Ok(self.get(uri)?.running_domains().await?)
+        }
+    }
+}

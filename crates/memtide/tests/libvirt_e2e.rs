@@ -1,0 +1,208 @@
+//! End to end through libvirt: a libvirt daemon of the test's own (session mode, as an
+//! unprivileged user, all state in a temporary directory) runs two test guests as
+//! `type='qemu'` domains (TCG) in a memory cgroup that is memtide's VM memory domain;
+//! memtide finds them by listing the connection and manages them through libvirt alone:
+//! memory statistics, balloon, bounds from the domain's metadata, the guest agent
+//! through libvirt's agent channel, and lifecycle events.
+//!
+//! Needs the `libvirt` feature, libvirtd and QEMU (scripts/test.sh installs them).
+
+#![cfg(feature = "libvirt")]
+
+mod support;
+
+use serde_json::Value;
+use std::time::Duration;
+use support::cgroup::TestCgroup;
+use support::daemon::{memtide, mib, vm, Daemon};
+use support::libvirtd::Libvirtd;
+use support::wait_for;
+
+const GUEST_MIB: u64 = 384;
+/// Anonymous memory each guest's workload keeps touching.
+const WORKLOAD_MIB: u64 = 160;
+
+fn managed(status: &Value, name: &str) -> bool {
+    vm(status, name).is_some_and(|v| v["state"] == "managed" && v["actual"].is_u64())
+}
+
+fn actual_mib(status: &Value, name: &str) -> f64 {
+    vm(status, name)
+        .and_then(|v| mib(v, "actual"))
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+#[ignore = "starts libvirtd and boots real guests; run by scripts/test.sh"]
+fn two_domains_through_libvirt() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-libvirt-e2e");
+    let libvirtd = Libvirtd::start(dir.path(), &cgroup.procs());
+    let args = format!("{WORKLOAD_MIB}:100000");
+    let limits = "<memtide:limits xmlns:memtide='urn:memtide:limits:1' min_mib='200'/>";
+    let consoles = [
+        libvirtd.boot("a", GUEST_MIB, "memknobs", &args, true, limits),
+        libvirtd.boot("b", GUEST_MIB, "memknobs", &args, false, ""),
+    ];
+    for console in &consoles {
+        let steady = wait_for(Duration::from_secs(180), || {
+            let text = std::fs::read_to_string(console).unwrap_or_default();
+            (text.matches("mib_per_s=").count() >= 2).then_some(())
+        });
+        assert!(
+            steady.is_some(),
+            "{}: the workload did not start; console:\n{}",
+            console.display(),
+            std::fs::read_to_string(console).unwrap_or_default()
+        );
+    }
+
+    let port = support::free_port();
+    let config = format!(
+        "interval_s = 1\npolicy = \"mom\"\n\
+         [host]\ndomain_cgroup = {:?}\n\
+         [discovery]\nqmp_glob = []\n\
+         [libvirt]\nuris = [{:?}]\n\
+         [engine]\nksm_control = false\nsettle_s = 20\n",
+        cgroup.dir.display().to_string(),
+        libvirtd.uri,
+    );
+    let daemon = Daemon::start(dir.path(), &config, port);
+    let both = daemon.wait_until(
+        "both domains managed with guest stats, a's agent figures in",
+        Duration::from_secs(90),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| managed(s, n) && vm(s, n).unwrap()["guest_free"].is_u64())
+                && vm(s, "a").unwrap()["committed_as"].is_u64()
+        },
+    );
+    let a = vm(&both, "a").unwrap();
+    assert_eq!(actual_mib(&both, "a"), GUEST_MIB as f64, "no pressure yet");
+    assert_eq!(mib(a, "min"), Some(200.0), "min from the domain's metadata");
+    assert_eq!(
+        mib(vm(&both, "b").unwrap(), "min"),
+        Some(128.0),
+        "the default"
+    );
+    assert!(a["rss"].is_u64(), "QEMU's RSS as libvirt reports it");
+    assert!(
+        vm(&both, "b").unwrap()["committed_as"].is_null(),
+        "b has no agent channel"
+    );
+    let connected: Vec<_> = daemon
+        .event_log()
+        .into_iter()
+        .filter(|e| e["kind"] == "vm_connected")
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        connected.iter().any(|m| m.ends_with(" domain a")),
+        "{connected:?}"
+    );
+
+    // Pressure: the domain's cgroup limited to leave about 10% freeable (MOM acts below 20%).
+    let usage = cgroup.usage();
+    let limit = ((usage - cgroup.file_cache()) as f64 / 0.90) as u64;
+    cgroup.set_limit(limit);
+    let shrunk = daemon.wait_until(
+        "balloons shrink under pressure",
+        Duration::from_secs(90),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| actual_mib(s, n) < GUEST_MIB as f64 * 0.90)
+        },
+    );
+    for n in ["a", "b"] {
+        let v = vm(&shrunk, n).unwrap();
+        let (actual, target) = (mib(v, "actual").unwrap(), mib(v, "target").unwrap());
+        assert!(
+            (actual - target).abs() <= target * 0.05 + 2.0,
+            "{n}: libvirt's actual {actual} follows target {target}"
+        );
+        assert!(actual > WORKLOAD_MIB as f64, "{n}: above the working set");
+    }
+    let current = libvirtd.virsh(&["dommemstat", "b"]).unwrap();
+    let actual_kib: u64 = current
+        .lines()
+        .find_map(|l| l.strip_prefix("actual "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        actual_kib < GUEST_MIB * 1024 * 9 / 10,
+        "libvirt itself sees the balloon: {current}"
+    );
+
+    // Pressure ends: the balloons grow back.
+    cgroup.set_limit(limit * 4);
+    daemon.wait_until(
+        "balloons grow back when pressure ends",
+        Duration::from_secs(90),
+        |s| {
+            ["a", "b"]
+                .iter()
+                .all(|n| actual_mib(s, n) >= GUEST_MIB as f64 - 1.0)
+        },
+    );
+
+    // A reset reaches memtide as libvirt's reboot event.
+    libvirtd.virsh(&["reset", "b"]).unwrap();
+    wait_for(Duration::from_secs(20), || {
+        daemon
+            .event_log()
+            .into_iter()
+            .any(|e| e["kind"] == "diagnostic" && e["rule"] == "guest_reset" && e["vm"] == "b")
+            .then_some(())
+    })
+    .expect("a guest_reset diagnostic for b");
+
+    // A destroyed domain disappears from status; the other carries on.
+    libvirtd.virsh(&["destroy", "a"]).unwrap();
+    let after = daemon.wait_until(
+        "a destroyed domain disappears",
+        Duration::from_secs(30),
+        |s| vm(s, "a").is_none() && managed(s, "b"),
+    );
+    let lost = daemon
+        .event_log()
+        .into_iter()
+        .any(|e| e["kind"] == "vm_lost" && e["vm"] == "a");
+    assert!(lost, "the loss is in the event log");
+    daemon.wait_until(
+        "a is forgotten once libvirt no longer lists it, b is still sampled",
+        Duration::from_secs(20),
+        |s| {
+            let ticks = s["counters"]["ticks"].as_u64().unwrap();
+            ticks > after["counters"]["ticks"].as_u64().unwrap() + 2
+                && managed(s, "b")
+                && s["waiting"].as_array().unwrap().is_empty()
+        },
+    );
+    let pid = libvirtd.qemu_pid("b");
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "b's QEMU survived"
+    );
+}
+
+#[test]
+fn a_bad_libvirt_uri_is_rejected_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memtide.toml");
+    std::fs::write(
+        &path,
+        "[libvirt]\nuris = [\"qemu:///system\", \"system\"]\n",
+    )
+    .unwrap();
+    let out = memtide().arg("check-config").arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("libvirt.uris[1]: \"system\" is not a libvirt URI"),
+        "{err}"
+    );
+}

@@ -1,0 +1,229 @@
+//! A libvirt daemon of the test's own: `libvirtd` in session mode as user `nobody`, with
+//! its configuration, sockets, state and domains under a temporary directory (nothing in
+//! /etc/libvirt or /run/libvirt), started in a memory cgroup so that the QEMU processes it
+//! spawns are charged there. Its domains are destroyed and the daemon stopped on drop.
+
+use super::{guest_dir, signal, wait_for};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The unprivileged user the daemon and its QEMUs run as.
+const USER: &str = "nobody";
+
+/// A running test libvirtd.
+pub struct Libvirtd {
+    /// Everything of the daemon's lives here.
+    pub dir: PathBuf,
+    /// The URI to reach it (`qemu+unix:///session?socket=...`).
+    pub uri: String,
+    child: Child,
+}
+
+fn chown(path: &Path) {
+    let ok = Command::new("chown")
+        .args(["-R", &format!("{USER}:")])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "chown {}", path.display());
+}
+
+impl Libvirtd {
+    /// Start the daemon in `dir` (made accessible to `nobody`), joining the cgroup whose
+    /// `cgroup.procs` is `procs`, and wait until it answers.
+    pub fn start(dir: &Path, procs: &Path) -> Libvirtd {
+        let dir = dir.join("libvirt");
+        for sub in ["config/libvirt", "run", "cache", "home", "guest"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        // QEMU logs to files: no virtlogd to start and stop.
+        std::fs::write(
+            dir.join("config/libvirt/qemu.conf"),
+            "stdio_handler = \"file\"\n",
+        )
+        .unwrap();
+        let conf = dir.join("config/libvirt/libvirtd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "unix_sock_dir = {:?}\n",
+                dir.join("run").display().to_string()
+            ),
+        )
+        .unwrap();
+        // The guest's kernel and initrd, readable by the daemon's user wherever the
+        // checkout is.
+        for f in ["vmlinuz", "initrd.img"] {
+            std::fs::copy(guest_dir().join(f), dir.join("guest").join(f)).unwrap();
+        }
+        chown(&dir);
+        let mut up = dir.parent().unwrap().to_path_buf();
+        loop {
+            let mode = std::fs::metadata(&up).unwrap().permissions().mode();
+            std::fs::set_permissions(&up, std::fs::Permissions::from_mode(mode | 0o711)).unwrap();
+            if up
+                .parent()
+                .is_none_or(|p| p == Path::new("/tmp") || p == Path::new("/"))
+            {
+                break;
+            }
+            up = up.parent().unwrap().to_path_buf();
+        }
+        let env = [
+            ("HOME", dir.join("home")),
+            ("XDG_CONFIG_HOME", dir.join("config")),
+            ("XDG_RUNTIME_DIR", dir.join("run")),
+            ("XDG_CACHE_HOME", dir.join("cache")),
+        ];
+        let child = Command::new("sh")
+            .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+            .arg(procs)
+            .args([
+                "setpriv",
+                "--reuid",
+                USER,
+                "--regid",
+                "nogroup",
+                "--clear-groups",
+            ])
+            .args(["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+            .args(env.iter().map(|(k, v)| format!("{k}={}", v.display())))
+            .arg("libvirtd")
+            .arg("--config")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("libvirtd.log")).unwrap())
+            .spawn()
+            .expect(
+                "starting libvirtd (Debian package libvirt-daemon; scripts/test.sh installs it)",
+            );
+        let uri = format!(
+            "qemu+unix:///session?socket={}",
+            dir.join("run/libvirt-sock").display()
+        );
+        let d = Libvirtd { dir, uri, child };
+        let answered = wait_for(Duration::from_secs(60), || d.virsh(&["version"]).ok());
+        assert!(
+            answered.is_some(),
+            "libvirtd did not answer; its log:\n{}",
+            std::fs::read_to_string(d.dir.join("libvirtd.log")).unwrap_or_default()
+        );
+        d
+    }
+
+    /// Run `virsh -c URI ARGS`: its output, or its error output.
+    pub fn virsh(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("virsh")
+            .arg("-c")
+            .arg(&self.uri)
+            .args(args)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Define and start a domain running the test guest: `mem_mib` of RAM with a virtio
+    /// balloon (statistics every second), a swap disk, the guest agent's channel when
+    /// `agent`, and `metadata` (XML) inside `<metadata>`. Returns its console log's path.
+    pub fn boot(
+        &self,
+        name: &str,
+        mem_mib: u64,
+        workload: &str,
+        args: &str,
+        agent: bool,
+        metadata: &str,
+    ) -> PathBuf {
+        let guest = self.dir.join("guest");
+        let serial = guest.join(format!("{name}.serial"));
+        let swap = guest.join(format!("{name}.swap"));
+        std::fs::File::create(&swap)
+            .unwrap()
+            .set_len(128 << 20)
+            .unwrap();
+        chown(&swap);
+        let channel = if agent {
+            "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>"
+        } else {
+            ""
+        };
+        let xml = format!(
+            "<domain type='qemu'>
+  <name>{name}</name>
+  <metadata>{metadata}</metadata>
+  <memory unit='MiB'>{mem_mib}</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{kernel}</kernel>
+    <initrd>{initrd}</initrd>
+    <cmdline>console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 memtide.workload={workload} memtide.args={args}</cmdline>
+  </os>
+  <features><tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>
+  <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model><feature policy='require' name='rdrand'/></cpu>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{swap}'/><target dev='vda' bus='virtio'/></disk>
+    <serial type='file'><source path='{serial}'/></serial>
+    {channel}
+    <memballoon model='virtio'><stats period='1'/></memballoon>
+  </devices>
+</domain>",
+            kernel = guest.join("vmlinuz").display(),
+            initrd = guest.join("initrd.img").display(),
+            swap = swap.display(),
+            serial = serial.display(),
+        );
+        let file = guest.join(format!("{name}.xml"));
+        std::fs::write(&file, xml).unwrap();
+        self.virsh(&["define", file.to_str().unwrap()])
+            .unwrap_or_else(|e| panic!("virsh define {name}: {e}"));
+        self.virsh(&["start", name])
+            .unwrap_or_else(|e| panic!("virsh start {name}: {e}"));
+        serial
+    }
+
+    /// The QEMU process of a running domain.
+    pub fn qemu_pid(&self, name: &str) -> u32 {
+        let file = self.dir.join(format!("run/libvirt/qemu/run/{name}.pid"));
+        std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Libvirtd {
+    fn drop(&mut self) {
+        let names = self.virsh(&["list", "--all", "--name"]).unwrap_or_default();
+        for name in names.lines().filter(|l| !l.trim().is_empty()) {
+            let _ = self.virsh(&["destroy", name]);
+            let _ = self.virsh(&["undefine", name]);
+        }
+        // QEMUs left behind (if libvirtd could not destroy them) by their pid files.
+        let run = self.dir.join("run/libvirt/qemu/run");
+        for pid in std::fs::read_dir(run).into_iter().flatten().flatten() {
+            if pid.path().extension().is_some_and(|e| e == "pid") {
+                if let Ok(pid) = std::fs::read_to_string(pid.path()) {
+                    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                }
+            }
+        }
+        signal(self.child.id(), "TERM");
+        if wait_for(Duration::from_secs(10), || self.child.try_wait().unwrap()).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
