@@ -133,6 +133,8 @@ impl VmBackend for CloudHypervisorVm {
             agent: None,
             rss,
             referenced: None,
+            virtio_mem: None,
+            free_page_reporting: false,
             events: Vec::new(),
         })
     }

@@ -113,6 +113,8 @@ impl VmBackend for FirecrackerVm {
             agent: None,
             rss,
             referenced: None,
+            virtio_mem: None,
+            free_page_reporting: false,
             events: Vec::new(),
         })
     }

@@ -23,6 +23,8 @@ pub enum DiagnosticKind {
     TargetNotReached,
     /// The VM's guest agent did not answer; its /proc figures are missing.
     AgentUnavailable,
+    /// virtio-mem memory is plugged but the guest never onlined it.
+    MemoryNotOnlined,
     /// The guest reset and its balloon deflated.
     GuestReset,
     /// The guest shut down.
@@ -37,6 +39,7 @@ impl DiagnosticKind {
             self,
             DiagnosticKind::Unreachable
                 | DiagnosticKind::AgentUnavailable
+                | DiagnosticKind::MemoryNotOnlined
                 | DiagnosticKind::NoBalloon
                 | DiagnosticKind::ImplausibleStats
                 | DiagnosticKind::PolicyError
@@ -52,6 +55,7 @@ impl DiagnosticKind {
             DiagnosticKind::PolicyError => "policy_error",
             DiagnosticKind::TargetNotReached => "target_not_reached",
             DiagnosticKind::AgentUnavailable => "agent_unavailable",
+            DiagnosticKind::MemoryNotOnlined => "memory_not_onlined",
             DiagnosticKind::GuestReset => "guest_reset",
             DiagnosticKind::GuestShutdown => "guest_shutdown",
         }
@@ -122,6 +126,10 @@ pub struct VmReport {
     pub swap_out_per_s: Option<f64>,
     /// Resident memory of the hypervisor process.
     pub rss: Option<Bytes>,
+    /// Memory plugged through virtio-mem.
+    pub plugged: Option<Bytes>,
+    /// Freed guest pages return to the host by themselves (free page reporting).
+    pub free_page_reporting: bool,
     /// What was decided for this VM and why (a new target, or why it holds).
     pub reason: Option<Reason>,
 }

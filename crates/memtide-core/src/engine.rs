@@ -233,6 +233,15 @@ impl Engine {
         if let Some(Err(e)) = &sample.agent {
             diag(DiagnosticKind::AgentUnavailable, e.clone());
         }
+        report.plugged = sample.virtio_mem.as_ref().map(|m| m.plugged);
+        report.free_page_reporting = sample.free_page_reporting;
+        if let Some(offline) = sample.virtio_mem.as_ref().and_then(|m| m.offline).filter(|o| *o >= Bytes::from_mib(64)) {
+            let message = format!(
+                "{offline} of virtio-mem memory is plugged but not onlined by the guest \
+                 (boot it with memhp_default_state=online_movable)"
+            );
+            diag(DiagnosticKind::MemoryNotOnlined, message);
+        }
         report.major_faults_per_s = signals.major_faults_per_s;
         report.swap_in_per_s = signals.swap_in_per_s;
         report.swap_out_per_s = signals.swap_out_per_s;
@@ -355,6 +364,8 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         swap_in_per_s: None,
         swap_out_per_s: None,
         rss: None,
+        plugged: None,
+        free_page_reporting: false,
         reason: None,
     }
 }

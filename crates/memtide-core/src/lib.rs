@@ -23,5 +23,5 @@ pub use action::{Action, KsmSettings, Reason};
 pub use config::EngineConfig;
 pub use decision::{Decision, Diagnostic, DiagnosticKind};
 pub use engine::Engine;
-pub use snapshot::{BackendError, Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
+pub use snapshot::{BackendError, Snapshot, VirtioMem, VmEvent, VmLimits, VmSample, VmSnapshot};
 pub use units::Bytes;

@@ -50,9 +50,30 @@ pub struct VmSample {
     /// access sampling), when enabled and possible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub referenced: Option<Bytes>,
+    /// The VM's virtio-mem device, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtio_mem: Option<VirtioMem>,
+    /// Freed guest pages go back to the host by themselves (the balloon's free page
+    /// reporting): the hypervisor's resident memory, not the guest's size, is what it holds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free_page_reporting: bool,
     /// Events since the previous sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<VmEvent>,
+}
+
+/// A virtio-mem device: memory plugged into the guest in blocks, beyond its base memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VirtioMem {
+    /// Memory plugged now.
+    pub plugged: Bytes,
+    /// Memory asked for.
+    pub requested: Bytes,
+    /// The most that can be plugged.
+    pub max: Bytes,
+    /// Plugged memory the guest does not use because it never onlined it (a guest
+    /// kernel without `memhp_default_state=online_movable`), when measurable.
+    pub offline: Option<Bytes>,
 }
 
 /// Why a VM could not be sampled this tick.

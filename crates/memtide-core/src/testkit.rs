@@ -57,6 +57,8 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             agent: None,
             rss: None,
             referenced: None,
+            virtio_mem: None,
+            free_page_reporting: false,
             events: Vec::new(),
         }),
     }

@@ -284,3 +284,20 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn virtio_mem_memory_the_guest_never_onlined_is_reported() {
+    let mut a = vm("a", 1024, 1024, 600);
+    a.sample.as_mut().unwrap().virtio_mem = Some(memtide_core::VirtioMem {
+        plugged: Bytes::from_mib(512),
+        requested: Bytes::from_mib(512),
+        max: Bytes::from_mib(512),
+        offline: Some(Bytes::from_mib(512)),
+    });
+    let d = engine().tick(&snapshot(0, host(4000, 2000), vec![a.clone()]));
+    assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::MemoryNotOnlined]);
+    assert_eq!(d.vms[0].plugged, Some(Bytes::from_mib(512)));
+    a.sample.as_mut().unwrap().virtio_mem.as_mut().unwrap().offline = Some(Bytes::from_mib(2));
+    let d = engine().tick(&snapshot(0, host(4000, 2000), vec![a]));
+    assert!(kinds(&d, "a").is_empty(), "a few MiB of rounding are not a problem");
+}

@@ -107,6 +107,8 @@ impl World {
             agent: side.agent.then(|| Ok(g.agent_stats())),
             rss: Some(bytes(g.host_resident())),
             referenced: Some(bytes(g.last.referenced as u64)),
+            virtio_mem: None,
+            free_page_reporting: false,
             events: std::mem::take(&mut side.events),
         }
     }

@@ -171,6 +171,8 @@ impl VmBackend for LibvirtVm {
             agent,
             rss: memory.rss,
             referenced: None,
+            virtio_mem: None,
+            free_page_reporting: false,
             events,
         })
     }

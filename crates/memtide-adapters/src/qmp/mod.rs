@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod stats;
+pub mod virtio_mem;
 pub mod vm;
 
 pub use client::{QmpClient, QmpError, QmpEvent};

@@ -1,12 +1,13 @@
 //! A QEMU VM managed through its QMP socket.
 
 use super::client::{QmpClient, QmpError, QmpEvent};
+use super::virtio_mem;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
 use memtide_core::stats::{AgentStats, GuestStats};
-use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
+use memtide_core::{BackendError, Bytes, VirtioMem, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,7 +31,17 @@ pub struct QmpVmOptions {
 /// A QEMU VM.
 pub struct QmpVm {
     client: QmpClient,
+    /// Base memory (`-m`); the configured size adds virtio-mem's maximum.
+    base: Bytes,
     configured: Bytes,
+    /// The virtio-mem device's QOM path, when the VM has one.
+    virtio_mem: Option<String>,
+    /// Plugged size when the balloon was last sent.
+    balloon_sent_with: Option<Bytes>,
+    /// Base memory the guest's MemTotal does not show (the kernel's own), learnt while
+    /// nothing was plugged: to tell plugged memory the guest never onlined.
+    kernel_gap: Option<Bytes>,
+    free_page_reporting: bool,
     has_balloon: bool,
     /// QOM path of the balloon device, when found (needed for statistics).
     balloon_path: Option<String>,
@@ -131,20 +142,36 @@ impl QmpVm {
     ) -> Result<QmpVm, BackendError> {
         let mut client = QmpClient::connect(socket, opts.call_timeout).await?;
         let summary = client.execute("query-memory-size-summary", None).await?;
-        let configured = summary
+        let base = summary
             .get("base-memory")
             .and_then(Value::as_u64)
             .map(Bytes)
             .ok_or_else(|| BackendError::Protocol(format!("no base-memory in {summary}")))?;
+        let anonymous = find_device(&mut client, "child<virtio-mem").await?;
+        let devices = client.execute("query-memory-devices", None).await?;
+        let vmem = virtio_mem::parse(&devices, anonymous.as_deref());
+        let configured = base + vmem.as_ref().map_or(Bytes::ZERO, |d| d.max);
         let has_balloon = match client.execute("query-balloon", None).await {
             Ok(_) => true,
             Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => false,
             Err(e) => return Err(e.into()),
         };
         let balloon_path = if has_balloon {
-            find_balloon(&mut client).await?
+            find_device(&mut client, "child<virtio-balloon").await?
         } else {
             None
+        };
+        let free_page_reporting = match &balloon_path {
+            Some(path) => {
+                let args = json!({"path": path, "property": "free-page-reporting"});
+                client
+                    .execute("qom-get", Some(args))
+                    .await
+                    .ok()
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(false)
+            }
+            None => false,
         };
         if let Some(path) = &balloon_path {
             let args = json!({"path": path, "property": "guest-stats-polling-interval",
@@ -175,7 +202,12 @@ impl QmpVm {
         };
         Ok(QmpVm {
             client,
+            base,
             configured,
+            virtio_mem: vmem.map(|d| d.path),
+            balloon_sent_with: None,
+            kernel_gap: None,
+            free_page_reporting,
             has_balloon,
             balloon_path,
             target: None,
@@ -193,6 +225,42 @@ impl QmpVm {
     /// The QOM path of the balloon device, when the VM has one QEMU lets us query.
     pub fn balloon_path(&self) -> Option<&str> {
         self.balloon_path.as_deref()
+    }
+
+    async fn send_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
+        self.client
+            .execute("balloon", Some(json!({"value": target.0})))
+            .await?;
+        Ok(())
+    }
+
+    /// Follow the virtio-mem device: once (un)plugging has moved the RAM size, send the
+    /// balloon target again (QEMU computed it from the old size); and learn the kernel's
+    /// share of the base memory while nothing is plugged, to spot memory the guest never
+    /// onlines.
+    async fn follow_virtio_mem(
+        &mut self,
+        path: &str,
+        guest_total: Option<Bytes>,
+    ) -> Result<VirtioMem, BackendError> {
+        let device = virtio_mem::query(&mut self.client, path).await?;
+        if let (Some(target), Some(sent_with)) = (self.target, self.balloon_sent_with) {
+            if device.plugged != sent_with {
+                self.send_balloon(target).await?;
+                self.balloon_sent_with = Some(device.plugged);
+            }
+        }
+        if device.plugged == Bytes::ZERO && device.requested == Bytes::ZERO {
+            if let Some(total) = guest_total {
+                self.kernel_gap = Some(self.base - total);
+            }
+        }
+        Ok(virtio_mem::state(
+            &device,
+            self.base,
+            guest_total,
+            self.kernel_gap,
+        ))
     }
 
     fn events(&mut self) -> Vec<VmEvent> {
@@ -228,9 +296,9 @@ async fn uses_kvm(client: &mut QmpClient) -> Result<bool, BackendError> {
     Ok(kvm.get("enabled").and_then(Value::as_bool).unwrap_or(false))
 }
 
-/// Find the balloon device's QOM path rather than assuming an id: look for a
-/// `virtio-balloon-*` child among user-created devices.
-async fn find_balloon(client: &mut QmpClient) -> Result<Option<String>, BackendError> {
+/// Find a device's QOM path rather than assuming an id: the first child among
+/// user-created devices whose type starts with `kind` (e.g. `child<virtio-balloon`).
+async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String>, BackendError> {
     for container in DEVICE_CONTAINERS {
         let list = match client
             .execute("qom-list", Some(json!({"path": container})))
@@ -243,8 +311,7 @@ async fn find_balloon(client: &mut QmpClient) -> Result<Option<String>, BackendE
         let found = list.as_array().into_iter().flatten().find_map(|child| {
             let ty = child.get("type")?.as_str()?;
             let name = child.get("name")?.as_str()?;
-            ty.starts_with("child<virtio-balloon")
-                .then(|| format!("{container}/{name}"))
+            ty.starts_with(kind).then(|| format!("{container}/{name}"))
         });
         if found.is_some() {
             return Ok(found);
@@ -282,13 +349,20 @@ impl VmBackend for QmpVm {
             Some(link) => Some(link.read().await),
             None => None,
         };
+        let virtio_mem = match self.virtio_mem.clone() {
+            Some(path) => Some(self.follow_virtio_mem(&path, stats.total).await?),
+            None => None,
+        };
         Ok(VmSample {
             configured: self.configured,
             balloon,
             stats,
             agent,
             rss,
-            referenced: self.access.as_mut().and_then(|a| a.sample(self.configured)),
+            // Guest RAM proper; virtio-mem memory is a mapping of its own.
+            referenced: self.access.as_mut().and_then(|a| a.sample(self.base)),
+            virtio_mem,
+            free_page_reporting: self.free_page_reporting,
             events,
         })
     }
@@ -299,9 +373,15 @@ impl VmBackend for QmpVm {
                 "the VM has no balloon device".into(),
             ));
         }
-        self.client
-            .execute("balloon", Some(json!({"value": target.0})))
-            .await?;
+        if let Some(path) = self.virtio_mem.clone() {
+            let device = virtio_mem::query(&mut self.client, &path).await?;
+            let plug = virtio_mem::plug_for(target, self.base, &device);
+            if plug != device.requested {
+                virtio_mem::request(&mut self.client, &path, plug).await?;
+            }
+            self.balloon_sent_with = Some(device.plugged);
+        }
+        self.send_balloon(target).await?;
         self.target = Some(target);
         Ok(())
     }

@@ -536,6 +536,8 @@ mod tests {
                     agent: None,
                     rss: None,
                     referenced: None,
+                    virtio_mem: None,
+                    free_page_reporting: false,
                     events: Vec::new(),
                 }),
             }

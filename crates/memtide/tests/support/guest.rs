@@ -27,6 +27,36 @@ impl Guest {
         workload: &str,
         args: &str,
     ) -> Guest {
+        let balloon = [
+            "-device",
+            "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
+        ];
+        Guest::boot_with(
+            name,
+            dir,
+            procs,
+            &mem_mib.to_string(),
+            workload,
+            args,
+            &balloon,
+            "",
+        )
+    }
+
+    /// Like [`Guest::boot`], with QEMU's `-m` given as text (e.g. `256M,maxmem=1G`), the
+    /// balloon and any other devices in `devices`, and `append` added to the kernel
+    /// command line.
+    #[allow(clippy::too_many_arguments)]
+    pub fn boot_with(
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        mem: &str,
+        workload: &str,
+        args: &str,
+        devices: &[&str],
+        append: &str,
+    ) -> Guest {
         let kernel = guest_dir();
         let qmp = dir.join(format!("{name}.qmp"));
         let agent = dir.join(format!("{name}.qga"));
@@ -38,7 +68,7 @@ impl Guest {
             .unwrap();
         let append = format!(
             "console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 \
-             memtide.workload={workload} memtide.args={args}"
+             memtide.workload={workload} memtide.args={args} {append}"
         );
         // Join the cgroup before exec, so every byte QEMU allocates is charged to it.
         let child = Command::new("sh")
@@ -53,14 +83,7 @@ impl Guest {
                 "-smp",
                 "1",
             ])
-            .args([
-                "-m",
-                &mem_mib.to_string(),
-                "-nodefaults",
-                "-display",
-                "none",
-                "-no-reboot",
-            ])
+            .args(["-m", mem, "-nodefaults", "-display", "none", "-no-reboot"])
             .arg("-kernel")
             .arg(kernel.join("vmlinuz"))
             .arg("-initrd")
@@ -70,10 +93,7 @@ impl Guest {
             .arg(format!("file:{}", serial.display()))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .args([
-                "-device",
-                "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
-            ])
+            .args(devices)
             .arg("-chardev")
             .arg(format!(
                 "socket,id=qga0,path={},server=on,wait=off",
