@@ -235,7 +235,12 @@ impl Engine {
         }
         report.plugged = sample.virtio_mem.as_ref().map(|m| m.plugged);
         report.free_page_reporting = sample.free_page_reporting;
-        if let Some(offline) = sample.virtio_mem.as_ref().and_then(|m| m.offline).filter(|o| *o >= Bytes::from_mib(64)) {
+        if let Some(offline) = sample
+            .virtio_mem
+            .as_ref()
+            .and_then(|m| m.offline)
+            .filter(|o| *o >= Bytes::from_mib(64))
+        {
             let message = format!(
                 "{offline} of virtio-mem memory is plugged but not onlined by the guest \
                  (boot it with memhp_default_state=online_movable)"

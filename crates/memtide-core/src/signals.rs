@@ -38,6 +38,9 @@ pub struct Signals {
     pub oom_kills: Option<u64>,
     /// The guest's memory PSI, `some` over 10 s (percent).
     pub psi_some_avg10: Option<f64>,
+    /// Share of the last interval during which some guest task stalled on memory
+    /// (percent; from PSI's cumulative total, so it measures this tick only).
+    pub psi_some_stalled: Option<f64>,
     /// Time since the previous sample.
     pub interval: Option<Duration>,
     /// Major faults per second.
@@ -94,6 +97,9 @@ impl Signals {
             oom_kills: agent_delta(|a| a.vmstat.oom_kill)
                 .or_else(|| history.delta(|s| s.stats.oom_kills)),
             psi_some_avg10: a.and_then(|a| a.psi).map(|p| p.some.avg10),
+            psi_some_stalled: agent_delta(|a| Some(a.psi?.some.total_us))
+                .zip(history.interval().filter(|d| !d.is_zero()))
+                .map(|(us, d)| (us as f64 / d.as_micros() as f64 * 100.0).min(100.0)),
             interval: history.interval(),
             major_faults_per_s: history.rate(|s| s.stats.major_faults),
             swap_in_per_s: history.rate(|s| s.stats.swap_in.map(|b| b.0)),
@@ -136,7 +142,14 @@ mod tests {
                 workingset_refault_file: Some(refault_file),
                 ..VmStat::default()
             },
-            psi: None,
+            psi: Some(crate::stats::Psi {
+                some: crate::stats::PsiLine {
+                    avg10: 9.0,
+                    total_us: pswpin * 10_000,
+                    ..Default::default()
+                },
+                full: None,
+            }),
         }));
         s
     }
@@ -160,6 +173,11 @@ mod tests {
             "no swap: anon counts"
         );
         assert_eq!(s.interval, Some(Duration::from_secs(1)));
+        // 40 ms of stall in a 1 s interval: 4%, whatever the lagging 10 s average says.
+        assert_eq!(
+            (s.psi_some_stalled, s.psi_some_avg10),
+            (Some(4.0), Some(9.0))
+        );
         let mut h = History::new(10);
         h.push(Duration::from_secs(1), sample(0, 0, 0, 512));
         assert_eq!(

@@ -297,7 +297,16 @@ fn virtio_mem_memory_the_guest_never_onlined_is_reported() {
     let d = engine().tick(&snapshot(0, host(4000, 2000), vec![a.clone()]));
     assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::MemoryNotOnlined]);
     assert_eq!(d.vms[0].plugged, Some(Bytes::from_mib(512)));
-    a.sample.as_mut().unwrap().virtio_mem.as_mut().unwrap().offline = Some(Bytes::from_mib(2));
+    a.sample
+        .as_mut()
+        .unwrap()
+        .virtio_mem
+        .as_mut()
+        .unwrap()
+        .offline = Some(Bytes::from_mib(2));
     let d = engine().tick(&snapshot(0, host(4000, 2000), vec![a]));
-    assert!(kinds(&d, "a").is_empty(), "a few MiB of rounding are not a problem");
+    assert!(
+        kinds(&d, "a").is_empty(),
+        "a few MiB of rounding are not a problem"
+    );
 }

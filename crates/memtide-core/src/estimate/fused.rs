@@ -31,7 +31,8 @@ pub struct FusedConfig {
     pub cool_down_s: f64,
     /// Longest hold, in seconds.
     pub max_cool_down_s: f64,
-    /// Guest memory PSI (`some`, 10 s, percent) above which the guest counts as short.
+    /// Share of a tick (percent) some guest task may stall on memory (PSI) before the
+    /// guest counts as short.
     pub psi_threshold: f64,
     /// Memory kept above the guest's unreclaimable memory, in MiB.
     pub floor_mib: u64,
@@ -107,7 +108,7 @@ impl Fused {
         let short = faults > 0
             || stalls > 0
             || kills > 0
-            || s.psi_some_avg10.is_some_and(|p| p > cfg.psi_threshold);
+            || s.psi_some_stalled.is_some_and(|p| p > cfg.psi_threshold);
         let mut hold_s = 0;
         let phase = if short {
             estimate = estimate.max(obs.size)
@@ -120,9 +121,13 @@ impl Fused {
                     estimate = estimate.max(committed + margin);
                 }
             }
-            self.backoffs = self.backoffs.saturating_add(1);
-            let hold =
-                (cfg.cool_down_s * 2f64.powi(self.backoffs as i32 - 1)).min(cfg.max_cool_down_s);
+            // A back-off that interrupts probing doubles the next hold (the probe failed
+            // again at this level); one during a hold restarts the same hold.
+            if obs.at >= self.hold_until {
+                self.backoffs = self.backoffs.saturating_add(1);
+            }
+            let hold = (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1))
+                .min(cfg.max_cool_down_s);
             self.hold_until = obs.at + secs(hold);
             hold_s = hold.round() as u64;
             "back_off"
@@ -229,6 +234,23 @@ mod tests {
     }
 
     #[test]
+    fn back_offs_during_a_hold_restart_it_without_doubling() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        for t in 1..5 {
+            let e = f.step(&cfg, &obs(t, 330, 30, 256)).unwrap();
+            assert_eq!(e.phase, "back_off");
+            assert!(e.detail.contains("hold 8 s"), "tick {t}: {}", e.detail);
+        }
+        assert_eq!(f.step(&cfg, &obs(11, 400, 100, 0)).unwrap().phase, "hold");
+        assert_eq!(
+            f.step(&cfg, &obs(12, 400, 100, 0)).unwrap().phase,
+            "probe",
+            "8 s after the last"
+        );
+    }
+
+    #[test]
     fn stalls_oom_kills_and_pressure_also_back_off() {
         let cfg = FusedConfig::default();
         for signal in 0..3 {
@@ -238,7 +260,7 @@ mod tests {
             match signal {
                 0 => o.signals.alloc_stalls = Some(1),
                 1 => o.signals.oom_kills = Some(1),
-                _ => o.signals.psi_some_avg10 = Some(5.0),
+                _ => o.signals.psi_some_stalled = Some(5.0),
             }
             assert_eq!(
                 f.step(&cfg, &o).unwrap().phase,
