@@ -129,7 +129,10 @@ mod tests {
         let mut region = Region::new(8 * PAGE).unwrap();
         region.touch(0..4 * PAGE, 7);
         assert!((0..4).all(|page| read(&region, page * PAGE) == 7));
-        assert!((4..8).all(|page| read(&region, page * PAGE) == 0), "untouched pages read zero");
+        assert!(
+            (4..8).all(|page| read(&region, page * PAGE) == 0),
+            "untouched pages read zero"
+        );
     }
 
     #[test]
