@@ -129,6 +129,8 @@ pub struct VmReport {
     /// Memory plugged through virtio-mem.
     pub plugged: Option<Bytes>,
     /// Freed guest pages return to the host by themselves (free page reporting).
+    /// Absent in recordings made before it was reported.
+    #[serde(default)]
     pub free_page_reporting: bool,
     /// What was decided for this VM and why (a new target, or why it holds).
     pub reason: Option<Reason>,
