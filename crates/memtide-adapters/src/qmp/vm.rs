@@ -36,11 +36,15 @@ pub struct QmpVm {
     configured: Bytes,
     /// The virtio-mem device's QOM path, when the VM has one.
     virtio_mem: Option<String>,
-    /// Plugged size when the balloon was last sent.
-    balloon_sent_with: Option<Bytes>,
     /// Base memory the guest's MemTotal does not show (the kernel's own), learnt while
     /// nothing was plugged: to tell plugged memory the guest never onlined.
     kernel_gap: Option<Bytes>,
+    /// The plugged size and balloon last seen, and since when (host seconds since the
+    /// epoch): the guest's statistics say something about them only once updated after.
+    sizes_seen: Option<((Bytes, Bytes), u64)>,
+    /// The balloon gives memory back when the guest runs out (`deflate-on-oom`); its
+    /// pages then stay in the guest's MemTotal.
+    deflate_on_oom: bool,
     free_page_reporting: bool,
     has_balloon: bool,
     /// QOM path of the balloon device, when found (needed for statistics).
@@ -161,18 +165,9 @@ impl QmpVm {
         } else {
             None
         };
-        let free_page_reporting = match &balloon_path {
-            Some(path) => {
-                let args = json!({"path": path, "property": "free-page-reporting"});
-                client
-                    .execute("qom-get", Some(args))
-                    .await
-                    .ok()
-                    .and_then(|v| v.as_bool())
-                    .unwrap_or(false)
-            }
-            None => false,
-        };
+        let free_page_reporting =
+            balloon_flag(&mut client, &balloon_path, "free-page-reporting").await;
+        let deflate_on_oom = balloon_flag(&mut client, &balloon_path, "deflate-on-oom").await;
         if let Some(path) = &balloon_path {
             let args = json!({"path": path, "property": "guest-stats-polling-interval",
                 "value": opts.stats_interval_s.max(1)});
@@ -205,8 +200,9 @@ impl QmpVm {
             base,
             configured,
             virtio_mem: vmem.map(|d| d.path),
-            balloon_sent_with: None,
             kernel_gap: None,
+            sizes_seen: None,
+            deflate_on_oom,
             free_page_reporting,
             has_balloon,
             balloon_path,
@@ -234,33 +230,42 @@ impl QmpVm {
         Ok(())
     }
 
-    /// Follow the virtio-mem device: once (un)plugging has moved the RAM size, send the
-    /// balloon target again (QEMU computed it from the old size); and learn the kernel's
-    /// share of the base memory while nothing is plugged, to spot memory the guest never
-    /// onlines.
-    async fn follow_virtio_mem(
+    /// The virtio-mem device's state; learns the kernel's share of the base memory while
+    /// nothing is plugged, to spot memory the guest never onlines. The guest's MemTotal
+    /// counts only from statistics updated at least 2 s after the plugged size or the
+    /// balloon last moved (QEMU polls them at an interval; the guest onlines new blocks a
+    /// moment after). `ballooned`: base memory the balloon holds.
+    fn follow_virtio_mem(
         &mut self,
-        path: &str,
-        guest_total: Option<Bytes>,
-    ) -> Result<VirtioMem, BackendError> {
-        let device = virtio_mem::query(&mut self.client, path).await?;
-        if let (Some(target), Some(sent_with)) = (self.target, self.balloon_sent_with) {
-            if device.plugged != sent_with {
-                self.send_balloon(target).await?;
-                self.balloon_sent_with = Some(device.plugged);
+        device: &virtio_mem::Device,
+        ballooned: Bytes,
+        stats: &GuestStats,
+    ) -> VirtioMem {
+        let sizes = (device.plugged, ballooned);
+        let since = match self.sizes_seen {
+            Some((seen, since)) if seen == sizes => since,
+            _ => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                self.sizes_seen = Some((sizes, now));
+                now
             }
-        }
+        };
+        let guest_total = stats
+            .total
+            .filter(|_| stats.last_update.is_some_and(|t| t >= since + 2));
+        let visible = if self.deflate_on_oom {
+            self.base
+        } else {
+            self.base - ballooned
+        };
         if device.plugged == Bytes::ZERO && device.requested == Bytes::ZERO {
             if let Some(total) = guest_total {
-                self.kernel_gap = Some(self.base - total);
+                self.kernel_gap = Some(visible - total);
             }
         }
-        Ok(virtio_mem::state(
-            &device,
-            self.base,
-            guest_total,
-            self.kernel_gap,
-        ))
+        virtio_mem::state(device, visible, guest_total, self.kernel_gap)
     }
 
     fn events(&mut self) -> Vec<VmEvent> {
@@ -288,6 +293,18 @@ fn vm_event(e: &QmpEvent) -> Option<VmEvent> {
         }),
         _ => None,
     }
+}
+
+/// A boolean property of the balloon device; false where it has none (older QEMU).
+async fn balloon_flag(client: &mut QmpClient, balloon: &Option<String>, name: &str) -> bool {
+    let Some(path) = balloon else { return false };
+    let args = json!({"path": path, "property": name});
+    client
+        .execute("qom-get", Some(args))
+        .await
+        .ok()
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 /// True when the VM runs under KVM (`query-kvm`).
@@ -323,7 +340,12 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
 #[async_trait]
 impl VmBackend for QmpVm {
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
-        let balloon = if self.has_balloon {
+        let device = match self.virtio_mem.clone() {
+            Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
+            None => None,
+        };
+        // QEMU's balloon works on the base memory only: plugged memory comes on top.
+        let base_actual = if self.has_balloon {
             let b = self.client.execute("query-balloon", None).await?;
             let actual = b.get("actual").and_then(Value::as_u64);
             Some(Bytes(actual.ok_or_else(|| {
@@ -331,6 +353,10 @@ impl VmBackend for QmpVm {
             })?))
         } else {
             None
+        };
+        let balloon = match &device {
+            Some(d) => Some(base_actual.unwrap_or(self.base) + d.plugged),
+            None => base_actual,
         };
         let stats = match &self.balloon_path {
             Some(path) => {
@@ -349,8 +375,11 @@ impl VmBackend for QmpVm {
             Some(link) => Some(link.read().await),
             None => None,
         };
-        let virtio_mem = match self.virtio_mem.clone() {
-            Some(path) => Some(self.follow_virtio_mem(&path, stats.total).await?),
+        let virtio_mem = match &device {
+            Some(d) => {
+                let ballooned = self.base - base_actual.unwrap_or(self.base);
+                Some(self.follow_virtio_mem(d, ballooned, &stats))
+            }
             None => None,
         };
         Ok(VmSample {
@@ -368,20 +397,23 @@ impl VmBackend for QmpVm {
     }
 
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
-        if !self.has_balloon {
+        if !self.has_balloon && self.virtio_mem.is_none() {
             return Err(BackendError::Protocol(
-                "the VM has no balloon device".into(),
+                "the VM has neither a balloon nor a virtio-mem device".into(),
             ));
         }
+        let mut plug = Bytes::ZERO;
         if let Some(path) = self.virtio_mem.clone() {
             let device = virtio_mem::query(&mut self.client, &path).await?;
-            let plug = virtio_mem::plug_for(target, self.base, &device);
+            plug = virtio_mem::plug_for(target, self.base, &device);
             if plug != device.requested {
                 virtio_mem::request(&mut self.client, &path, plug).await?;
             }
-            self.balloon_sent_with = Some(device.plugged);
         }
-        self.send_balloon(target).await?;
+        if self.has_balloon {
+            // The balloon's share, relative to the base memory whatever is plugged now.
+            self.send_balloon(target - plug).await?;
+        }
         self.target = Some(target);
         Ok(())
     }

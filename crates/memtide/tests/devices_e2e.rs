@@ -1,0 +1,172 @@
+//! virtio-mem and free page reporting on real guests, through the daemon.
+//!
+//! Boots guests, so ignored by a plain `cargo test`; `scripts/test.sh` runs it.
+
+mod support;
+
+use serde_json::Value;
+use std::time::Duration;
+use support::cgroup::TestCgroup;
+use support::daemon::{memtide, mib, vm, Daemon};
+use support::guest::Guest;
+
+/// A 256 MiB guest that can grow by 512 MiB through virtio-mem.
+const VIRTIO_MEM: [&str; 6] = [
+    "-object",
+    "memory-backend-ram,id=vmem0,size=512M",
+    "-device",
+    "virtio-mem-pci,id=vmem0dev,memdev=vmem0,node=0,requested-size=0",
+    "-device",
+    "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
+];
+
+/// A policy giving every guest `mib` (within its bounds).
+fn fixed(mib: u64) -> String {
+    format!(
+        "(with Guests guest (guest.Control \"balloon_target\" {}))\n",
+        mib * 1024
+    )
+}
+
+fn diagnosed(status: &Value, name: &str, kind: &str) -> bool {
+    status["decision"]["diagnostics"]
+        .as_array()
+        .is_some_and(|d| d.iter().any(|x| x["vm"] == name && x["kind"] == kind))
+}
+
+#[test]
+#[ignore = "boots real QEMU guests; run by scripts/test.sh"]
+fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-devices");
+    let procs = cgroup.procs();
+    let online = "memhp_default_state=online_movable";
+    let hot = Guest::boot_with(
+        "hot",
+        dir.path(),
+        &procs,
+        "256M,maxmem=1G",
+        "",
+        "",
+        &VIRTIO_MEM,
+        online,
+    );
+    // Booted without memhp_default_state: what gets plugged is never onlined.
+    let cold = Guest::boot_with(
+        "cold",
+        dir.path(),
+        &procs,
+        "256M,maxmem=1G",
+        "",
+        "",
+        &VIRTIO_MEM,
+        "",
+    );
+    // Free page reporting: the workload holds 200 MiB for 25 s, then 16 MiB.
+    let fpr_balloon = [
+        "-device",
+        "virtio-balloon-pci,id=balloon0,free-page-reporting=on",
+    ];
+    let fpr = Guest::boot_with(
+        "fpr",
+        dir.path(),
+        &procs,
+        "384",
+        "memknobs",
+        "200:25,16:100000",
+        &fpr_balloon,
+        "",
+    );
+    for g in [&hot, &cold, &fpr] {
+        g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    }
+
+    let policy = dir.path().join("fixed.policy");
+    std::fs::write(&policy, fixed(640)).unwrap();
+    // The policy gives every guest the same size; the FPR guest's floor keeps it whole.
+    let vms: String = [(&hot, 128), (&cold, 128), (&fpr, 384)]
+        .iter()
+        .map(|(g, min)| {
+            format!(
+                "[[vm]]\nname = {:?}\nqmp = {:?}\nmin_mib = {min}\n",
+                g.name,
+                g.qmp.display().to_string()
+            )
+        })
+        .collect();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
+        policy.display().to_string()
+    );
+    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+
+    // Growing past the base memory plugs whole blocks: 640 − 256 = 384 MiB.
+    let grown = daemon.wait_until(
+        "the guests grow through virtio-mem",
+        Duration::from_secs(60),
+        |s| {
+            ["hot", "cold"].iter().all(|n| {
+                vm(s, n).is_some_and(|v| {
+                    mib(v, "plugged") == Some(384.0)
+                        && (mib(v, "actual").unwrap_or(0.0) - 640.0).abs() < 4.0
+                })
+            })
+        },
+    );
+    assert_eq!(
+        mib(vm(&grown, "hot").unwrap(), "configured"),
+        Some(768.0),
+        "base + virtio-mem maximum"
+    );
+    let not_onlined = daemon.wait_until(
+        "unonlined memory is reported",
+        Duration::from_secs(30),
+        |s| diagnosed(s, "cold", "memory_not_onlined"),
+    );
+    assert!(
+        !diagnosed(&not_onlined, "hot", "memory_not_onlined"),
+        "the guest booted with online_movable uses it: {:#}",
+        not_onlined["decision"]
+    );
+
+    // Shrinking unplugs what is above 300 MiB; the balloon keeps the rest exact.
+    std::fs::write(&policy, fixed(300)).unwrap();
+    let o = memtide()
+        .args(["reload", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    daemon.wait_until(
+        "the guest shrinks through virtio-mem",
+        Duration::from_secs(60),
+        |s| {
+            vm(s, "hot").is_some_and(|v| {
+                mib(v, "plugged") == Some(44.0)
+                    && (mib(v, "actual").unwrap_or(0.0) - 300.0).abs() < 4.0
+            })
+        },
+    );
+
+    // Free page reporting: once the workload frees its 200 MiB, QEMU's resident memory
+    // falls without any balloon, and the guest keeps its full size.
+    let busy = daemon.wait_until(
+        "the workload holds its memory",
+        Duration::from_secs(60),
+        |s| {
+            vm(s, "fpr").is_some_and(|v| {
+                v["free_page_reporting"] == true && mib(v, "rss").unwrap_or(0.0) > 200.0
+            })
+        },
+    );
+    let peak = mib(vm(&busy, "fpr").unwrap(), "rss").unwrap();
+    fpr.wait_console("phase=2", 1, Duration::from_secs(60));
+    let freed = daemon.wait_until(
+        "freed pages go back to the host",
+        Duration::from_secs(60),
+        |s| vm(s, "fpr").is_some_and(|v| mib(v, "rss").unwrap_or(f64::MAX) < peak - 120.0),
+    );
+    let fpr_now = vm(&freed, "fpr").unwrap();
+    assert_eq!(mib(fpr_now, "actual"), Some(384.0), "no balloon was needed");
+    drop(daemon);
+}
