@@ -1,0 +1,308 @@
+//! memtide-bench: boots real QEMU test guests and runs a scenario under the baseline
+//! (`none`, full memory) and each policy in turn, in one invocation, with the memtide
+//! daemon running in-process; writes `<out>/<scenario>.json` and `<out>/<scenario>.svg`.
+//! See docs/benchmarks.md.
+
+/// Progress on stderr, with the seconds since the harness started.
+macro_rules! log {
+    ($($arg:tt)*) => {
+        eprintln!("memtide-bench [{:>4.0} s]: {}", $crate::started().elapsed().as_secs_f64(), format_args!($($arg)*))
+    };
+}
+
+mod cgroup;
+mod daemon;
+mod guest;
+mod host_swap;
+mod measure;
+mod results;
+mod run;
+mod scenario;
+mod svg;
+
+use anyhow::Context;
+use clap::Parser;
+use scenario::{Scenario, BASELINE};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+/// Run a real-guest benchmark scenario under each policy and write its results and plot.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// The scenario file (bench/scenarios/*.toml).
+    scenario: Option<PathBuf>,
+    /// Directory for `<scenario>.json` and `<scenario>.svg`.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Directory for per-run files (consoles, daemon configurations, event logs);
+    /// default target/bench-runs/<scenario>.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// The test guest's directory (default: $MEMTIDE_GUEST_DIR or target/guest).
+    #[arg(long)]
+    guest_dir: Option<PathBuf>,
+    /// Only these policies (comma-separated), instead of the scenario's; for trials.
+    #[arg(long, value_delimiter = ',')]
+    policies: Option<Vec<String>>,
+    /// Override the scenario's run_s; for trials.
+    #[arg(long)]
+    run_s: Option<f64>,
+    /// Before each policy run, wait up to this many seconds while QEMUs that are not the
+    /// harness's run on the host (they compete for the cores and skew throughput).
+    #[arg(long, default_value_t = 0)]
+    quiet_wait_s: u64,
+    /// For scenarios with `host_swap = true`: create a swap file of this many MiB in the
+    /// work directory, enable it for the runs, and disable and remove it at the end (the
+    /// only host-global setting the harness changes, and only when asked to).
+    #[arg(long, value_name = "MIB")]
+    host_swap_mib: Option<u64>,
+    /// Re-render the plot of an existing results file instead of running.
+    #[arg(long, value_name = "RESULTS_JSON", conflicts_with = "scenario")]
+    render: Option<PathBuf>,
+}
+
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// When the harness started.
+fn started() -> std::time::Instant {
+    *STARTED.get_or_init(std::time::Instant::now)
+}
+
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-=,:".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn output_of(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(cmd).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// What the numbers depend on besides the scenario.
+fn environment(kernel_dir: &Path) -> Value {
+    let qemu = output_of("qemu-system-x86_64", &["--version"])
+        .and_then(|v| v.lines().next().map(str::to_string));
+    let commit = output_of("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty =
+        output_of("git", &["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    json!({
+        "qemu": qemu,
+        "accel": "tcg",
+        "host_kernel": output_of("uname", &["-r"]),
+        "host_cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
+        "host_mem_total_mib": measure::proc_value(&meminfo, "MemTotal").map(|k| k / 1024),
+        "guest_stamp": std::fs::read_to_string(kernel_dir.join("stamp")).ok().map(|s| s.trim().to_string()),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "started": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    })
+}
+
+fn write_outputs(out: &Path, name: &str, doc: &Value) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let json_path = out.join(format!("{name}.json"));
+    std::fs::write(&json_path, results::to_text(doc))
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let svg_path = out.join(format!("{name}.svg"));
+    std::fs::write(&svg_path, svg::render(doc))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    log!("wrote {} and {}", json_path.display(), svg_path.display());
+    Ok(())
+}
+
+/// One line per policy, then the targets.
+fn summary(doc: &Value) -> String {
+    let mut out = format!(
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>5}\n",
+        "policy",
+        "converge_s",
+        "mem_mean",
+        "mem_max",
+        "mem_settl",
+        "ideal",
+        "tput±se",
+        "swap_ins",
+        "refaults",
+        "ooms"
+    );
+    let num = |v: &Value| match v.as_f64() {
+        Some(x) => format!("{x:.1}"),
+        None => "-".into(),
+    };
+    for p in doc["order"].as_array().into_iter().flatten() {
+        let p = p.as_str().unwrap_or("?");
+        let r = &doc["policies"][p];
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>5}{}\n",
+            p,
+            num(&r["converge_s"]),
+            num(&r["memory_mib_mean"]),
+            num(&r["memory_mib_max"]),
+            num(&r["memory_mib_settled"]),
+            num(&r["hot_set_mib"]),
+            match (
+                r["throughput_ratio"].as_f64(),
+                r["throughput_ratio_se"].as_f64()
+            ) {
+                (Some(x), Some(e)) => format!("{x:.2}±{e:.2}"),
+                (Some(x), None) => format!("{x:.2}"),
+                _ => "-".into(),
+            },
+            num(&r["swap_ins"]),
+            num(&r["refaults"]),
+            num(&r["oom_kills"]),
+            r["error"]
+                .as_str()
+                .map_or(String::new(), |e| format!("  error: {e}"))
+        ));
+    }
+    for t in doc["targets"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "target {}: {} (bound {}) {}\n",
+            t["target"].as_str().unwrap_or("?"),
+            num(&t["value"]),
+            t["bound"]
+                .as_str()
+                .map_or_else(|| num(&t["bound"]), str::to_string),
+            if t["met"] == true { "met" } else { "NOT met" }
+        ));
+    }
+    out
+}
+
+fn bench(cli: &Cli) -> anyhow::Result<bool> {
+    if let Some(path) = &cli.render {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let doc: Value = serde_json::from_str(&text)?;
+        let svg_path = path.with_extension("svg");
+        std::fs::write(&svg_path, svg::render(&doc))?;
+        eprintln!("memtide-bench: wrote {}", svg_path.display());
+        return Ok(true);
+    }
+    let Some(path) = &cli.scenario else {
+        anyhow::bail!("no scenario file given (see --help)");
+    };
+    let mut scenario = Scenario::load(path)?;
+    if let Some(p) = &cli.policies {
+        scenario.policies = p.iter().filter(|p| *p != BASELINE).cloned().collect();
+        let known = |x: &str| x == BASELINE || p.iter().any(|q| q == x);
+        scenario.targets.retain(|t| {
+            let of_known = match t.of.as_deref() {
+                None | Some("ideal") => true,
+                Some(o) => known(o),
+            };
+            known(&t.policy) && of_known
+        });
+    }
+    if let Some(r) = cli.run_s {
+        scenario.run_s = r;
+        scenario.settled_s = scenario.settled_s.min(r);
+    }
+    match (scenario.host_swap, cli.host_swap_mib) {
+        (true, None) => anyhow::bail!(
+            "scenario {} needs host swap behind its domain limit: pass --host-swap-mib N \
+             (a swap file in the work directory, enabled for the runs and removed afterwards)",
+            scenario.name
+        ),
+        (false, Some(_)) => anyhow::bail!(
+            "--host-swap-mib is for scenarios with host_swap = true; {} has none",
+            scenario.name
+        ),
+        _ => {}
+    }
+    let kernel_dir = run::kernel_dir(cli.guest_dir.as_deref())?;
+    let work_dir = cli
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench-runs").join(&scenario.name));
+    std::fs::create_dir_all(&work_dir)?;
+    let work_dir = work_dir.canonicalize()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // SIGINT/SIGTERM: stop waiting, tear down guests and the cgroup, exit.
+    rt.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        log!("interrupted, cleaning up");
+        guest::INTERRUPTED.store(true, Ordering::SeqCst);
+    });
+    let cgroup = cgroup::BenchCgroup::create("memtide-bench")?;
+    let _host_swap = match cli.host_swap_mib {
+        Some(mib) => Some(host_swap::HostSwap::enable(&work_dir, mib)?),
+        None => None,
+    };
+    let b = run::Bench {
+        scenario: &scenario,
+        rt: &rt,
+        cgroup: &cgroup,
+        kernel_dir: kernel_dir.clone(),
+        work_dir,
+        quiet_wait: std::time::Duration::from_secs(cli.quiet_wait_s),
+    };
+    let environment = environment(&kernel_dir);
+    let started = std::time::Instant::now();
+    let bases = b.measure_bases()?;
+    let mut limit = None;
+    let mut runs = Vec::new();
+    for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str)) {
+        runs.push(b.run_policy(policy, &mut limit)?);
+    }
+    let mut environment = environment;
+    environment["wall_s"] = json!(started.elapsed().as_secs());
+    let doc = results::document(&results::Inputs {
+        scenario: &scenario,
+        bases: &bases,
+        runs: &runs,
+        limit_mib: limit.map(|l| l as f64 / (1u64 << 20) as f64),
+        host_swap_mib: cli.host_swap_mib,
+        command: command_line(),
+        environment,
+    });
+    write_outputs(&cli.out, &scenario.name, &doc)?;
+    print!("{}", summary(&doc));
+    Ok(runs.iter().all(|r| r.error.is_none()))
+}
+
+fn main() -> ExitCode {
+    started();
+    let cli = Cli::parse();
+    match bench(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("memtide-bench: some runs failed (see their \"error\")");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("memtide-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
