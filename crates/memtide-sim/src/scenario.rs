@@ -161,6 +161,10 @@ pub struct VmSpec {
     /// Whether the VM has a balloon device.
     #[serde(default = "default_true")]
     pub balloon: bool,
+    /// The balloon's target at boot (MiB), as earlier management left it: the guest
+    /// starts ballooned to it. Default: its configured size.
+    #[serde(default)]
+    pub start_mib: Option<f64>,
     /// Whether the guest runs an agent reporting its /proc/meminfo, /proc/vmstat and PSI.
     #[serde(default = "default_true")]
     pub agent: bool,
@@ -323,6 +327,17 @@ impl Scenario {
                     at("max_mib"),
                     "must be between min_mib and memory_mib",
                 ));
+            }
+            if let Some(start) = vm.start_mib {
+                if !(start > vm.kernel_mib && start <= vm.memory_mib) {
+                    return Err(invalid(
+                        at("start_mib"),
+                        "must exceed kernel_mib and be at most memory_mib",
+                    ));
+                }
+                if !vm.balloon {
+                    return Err(invalid(at("start_mib"), "needs a balloon"));
+                }
             }
             if !pct(vm.kernel_shareable_pct) {
                 return Err(invalid(at("kernel_shareable_pct"), "must be 0 to 100"));

@@ -1,7 +1,7 @@
 //! The simulated world: the host, its guests and their workloads, advanced tick by tick.
 //! Pure model code; [`crate::backend`] exposes it through memtide's adapter traits.
 
-use crate::guest::{bytes, Guest, GuestParams};
+use crate::guest::{bytes, pages, Guest, GuestParams};
 use crate::host::Host;
 use crate::rng::Rng;
 use crate::scenario::{Costs, Scenario};
@@ -48,10 +48,11 @@ impl World {
         let mut sides = Vec::with_capacity(vms.len());
         for (i, (_, spec)) in vms.iter().enumerate() {
             let stream = 2 * i as u64 + 1;
-            guests.push(Guest::boot(
-                GuestParams::from_spec(spec),
-                Rng::fork(seed, stream),
-            ));
+            let mut guest = Guest::boot(GuestParams::from_spec(spec), Rng::fork(seed, stream));
+            if let Some(start) = spec.start_mib {
+                guest.set_target(pages(start));
+            }
+            guests.push(guest);
             sides.push(VmSide {
                 workload: Workload::new(&spec.workload, Rng::fork(seed, stream + 1)),
                 demand: Demand::default(),

@@ -122,6 +122,34 @@ fn memknobs_ballooning_beats_host_swapping() {
     );
 }
 
+#[test]
+fn a_guest_started_ballooned_stays_there_unmanaged_and_is_given_back_its_working_set() {
+    let mut scenario = quick();
+    scenario.ticks = 120;
+    scenario.vms.truncate(1);
+    let vm = &mut scenario.vms[0];
+    vm.count = 1;
+    vm.start_mib = Some(vm.kernel_mib + 64.0);
+    let start = vm.start_mib.unwrap();
+    let none = run(&scenario, Box::new(Unmanaged), EngineConfig::default(), 1);
+    // The balloon inflates in the first second (at balloon_mib_s), then holds.
+    let given = none.summary.per_vm[0].given_mean_mib;
+    assert!(
+        (given - start).abs() < 8.0,
+        "unmanaged, the balloon holds: given {given} MiB on average, started at {start}"
+    );
+    let mom = run(
+        &scenario,
+        Box::new(Mom::default()),
+        EngineConfig::default(),
+        1,
+    );
+    assert!(
+        mom.summary.per_vm[0].given_max_mib > start + 32.0,
+        "MOM grows a ballooned guest when the host has memory to spare"
+    );
+}
+
 fn parse_error(text: &str) -> String {
     Scenario::from_toml(text).unwrap_err().to_string()
 }
@@ -158,6 +186,11 @@ fn scenario_errors_name_the_field() {
     assert_eq!(
         e,
         "scenario: vm[0].max_mib: must be between min_mib and memory_mib"
+    );
+    let e = parse_error(&BASE.replace("memory_mib = 1024", "memory_mib = 1024\nstart_mib = 2048"));
+    assert_eq!(
+        e,
+        "scenario: vm[0].start_mib: must exceed kernel_mib and be at most memory_mib"
     );
     let e = parse_error(&format!("{BASE}[[vm]]\nname = \"a\"\nmemory_mib = 512\n"));
     assert_eq!(e, "scenario: vm: two VMs are named \"a\"");
