@@ -12,3 +12,4 @@ pub mod libvirt;
 pub mod procfs;
 pub mod qga;
 pub mod qmp;
+pub mod virtio_mem;

@@ -7,7 +7,7 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{memtide, mib, vm, Daemon};
+use support::daemon::{fixed_policy, mib, vm, Daemon};
 use support::guest::Guest;
 
 /// A 256 MiB guest that can grow by 512 MiB through virtio-mem.
@@ -19,14 +19,6 @@ const VIRTIO_MEM: [&str; 6] = [
     "-device",
     "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
 ];
-
-/// A policy giving every guest `mib` (within its bounds).
-fn fixed(mib: u64) -> String {
-    format!(
-        "(with Guests guest (guest.Control \"balloon_target\" {}))\n",
-        mib * 1024
-    )
-}
 
 fn diagnosed(status: &Value, name: &str, kind: &str) -> bool {
     status["decision"]["diagnostics"]
@@ -82,7 +74,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
     }
 
     let policy = dir.path().join("fixed.policy");
-    std::fs::write(&policy, fixed(640)).unwrap();
+    std::fs::write(&policy, fixed_policy(640)).unwrap();
     // The policy gives every guest the same size; the FPR guest's floor keeps it whole.
     let vms: String = [(&hot, 128), (&cold, 128), (&fpr, 384)]
         .iter()
@@ -130,13 +122,8 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
     );
 
     // Shrinking unplugs what is above 300 MiB; the balloon keeps the rest exact.
-    std::fs::write(&policy, fixed(300)).unwrap();
-    let o = memtide()
-        .args(["reload", "--socket"])
-        .arg(&daemon.socket)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(&policy, fixed_policy(300)).unwrap();
+    daemon.reload();
     daemon.wait_until(
         "the guest shrinks through virtio-mem",
         Duration::from_secs(60),

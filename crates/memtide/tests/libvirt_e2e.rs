@@ -3,7 +3,7 @@
 //! `type='qemu'` domains (TCG) in a memory cgroup that is memtide's VM memory domain;
 //! memtide finds them by listing the connection and manages them through libvirt alone:
 //! memory statistics, balloon, bounds from the domain's metadata, the guest agent
-//! through libvirt's agent channel, and lifecycle events.
+//! through libvirt's agent channel, lifecycle events, and virtio-mem devices.
 //!
 //! Needs the `libvirt` feature, libvirtd and QEMU (scripts/test.sh installs them).
 
@@ -14,8 +14,8 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{memtide, mib, vm, Daemon};
-use support::libvirtd::Libvirtd;
+use support::daemon::{fixed_policy, memtide, mib, vm, Daemon};
+use support::libvirtd::{Domain, Libvirtd};
 use support::wait_for;
 
 const GUEST_MIB: u64 = 384;
@@ -40,9 +40,17 @@ fn two_domains_through_libvirt() {
     let libvirtd = Libvirtd::start(dir.path(), &cgroup.procs());
     let args = format!("{WORKLOAD_MIB}:100000");
     let limits = "<memtide:limits xmlns:memtide='urn:memtide:limits:1' min_mib='200'/>";
+    let guest = |agent, metadata| Domain {
+        mem_mib: GUEST_MIB,
+        workload: "memknobs",
+        args: &args,
+        agent,
+        metadata,
+        ..Domain::default()
+    };
     let consoles = [
-        libvirtd.boot("a", GUEST_MIB, "memknobs", &args, true, limits),
-        libvirtd.boot("b", GUEST_MIB, "memknobs", &args, false, ""),
+        libvirtd.boot("a", &guest(true, limits)),
+        libvirtd.boot("b", &guest(false, "")),
     ];
     for console in &consoles {
         let steady = wait_for(Duration::from_secs(180), || {
@@ -187,6 +195,111 @@ fn two_domains_through_libvirt() {
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "b's QEMU survived"
     );
+}
+
+/// `name` has `plugged` MiB plugged and a logical size within 4 MiB of `actual`, as
+/// memtide reports them.
+fn sized(status: &Value, name: &str, plugged: f64, actual: f64) -> bool {
+    vm(status, name).is_some_and(|v| {
+        mib(v, "plugged") == Some(plugged) && (mib(v, "actual").unwrap_or(0.0) - actual).abs() < 4.0
+    })
+}
+
+/// The balloon's `actual` and the virtio-mem device's `<requested>` in KiB, as libvirt
+/// reports them.
+fn libvirt_sizes(libvirtd: &Libvirtd, name: &str) -> (u64, u64) {
+    let stats = libvirtd.virsh(&["dommemstat", name]).unwrap();
+    let xml = libvirtd.virsh(&["dumpxml", name]).unwrap();
+    let number = |text: &str, prefix: &str, end: char| -> u64 {
+        let at = text
+            .find(prefix)
+            .unwrap_or_else(|| panic!("{prefix} in {text}"))
+            + prefix.len();
+        text[at..]
+            .split(end)
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (
+        number(&stats, "actual ", '\n'),
+        number(&xml, "<requested unit='KiB'>", '<'),
+    )
+}
+
+#[test]
+#[ignore = "starts libvirtd and boots a real guest; run by scripts/test.sh"]
+fn a_domain_resized_through_virtio_mem() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-libvirt-virtio-mem");
+    let libvirtd = Libvirtd::start(dir.path(), &cgroup.procs());
+    // 256 MiB of base memory and 512 MiB more through virtio-mem, onlined as plugged.
+    let console = libvirtd.boot(
+        "v",
+        &Domain {
+            mem_mib: 256,
+            virtio_mem_mib: 512,
+            append: "memhp_default_state=online_movable",
+            ..Domain::default()
+        },
+    );
+    let ready = wait_for(Duration::from_secs(180), || {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        text.contains("memtide-guest: ready").then_some(())
+    });
+    assert!(ready.is_some(), "the guest did not boot");
+
+    let policy = dir.path().join("fixed.policy");
+    std::fs::write(&policy, fixed_policy(640)).unwrap();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n\
+         [libvirt]\nuris = [{:?}]\n[engine]\nksm_control = false\n",
+        policy.display().to_string(),
+        libvirtd.uri,
+    );
+    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+
+    // Growing past the base memory plugs whole blocks, 640 − 256 = 384 MiB; the balloon
+    // keeps the whole base.
+    let grown = daemon.wait_until(
+        "the domain grows through virtio-mem",
+        Duration::from_secs(60),
+        |s| sized(s, "v", 384.0, 640.0),
+    );
+    assert_eq!(
+        mib(vm(&grown, "v").unwrap(), "configured"),
+        Some(768.0),
+        "<memory>: base + the device's size"
+    );
+    assert_eq!(
+        libvirt_sizes(&libvirtd, "v"),
+        (256 << 10, 384 << 10),
+        "libvirt's balloon counts the base memory only"
+    );
+    let onlined = daemon.wait_until(
+        "the guest uses what was plugged",
+        Duration::from_secs(30),
+        |s| vm(s, "v").and_then(|v| mib(v, "guest_free")) > Some(400.0),
+    );
+    let diagnostics = &onlined["decision"]["diagnostics"];
+    assert!(
+        !diagnostics.to_string().contains("memory_not_onlined"),
+        "the guest onlined what was plugged: {diagnostics}"
+    );
+
+    // Below the base memory: everything unplugged, the balloon takes the rest.
+    std::fs::write(&policy, fixed_policy(200)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the domain shrinks through virtio-mem and the balloon",
+        Duration::from_secs(60),
+        |s| sized(s, "v", 0.0, 200.0),
+    );
+    let (actual, requested) = libvirt_sizes(&libvirtd, "v");
+    assert_eq!(requested, 0);
+    assert!(actual.abs_diff(200 << 10) < 4 << 10, "balloon {actual} KiB");
 }
 
 #[test]

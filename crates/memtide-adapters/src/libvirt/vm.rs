@@ -3,6 +3,7 @@
 use super::session::{backend_error, blocking, job, Session};
 use super::{stats, xml, Libvirt};
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
+use crate::virtio_mem::{self, Device, Follower};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
 use memtide_core::stats::GuestStats;
@@ -27,6 +28,10 @@ pub struct LibvirtVm {
     name: String,
     call_timeout: Duration,
     description: xml::DomainXml,
+    /// The memory the balloon works on: `<memory>` less the virtio-mem device's maximum.
+    base: Bytes,
+    /// What is learnt about the virtio-mem device from sample to sample.
+    vmem_follower: Follower,
     target: Option<Bytes>,
     agent: Option<AgentRetry>,
 }
@@ -36,6 +41,8 @@ struct Raw {
     state: (u32, i32),
     job: Option<(i32, Option<i32>)>,
     memory: Vec<(u32, u64)>,
+    /// The live XML, for the virtio-mem device's sizes (only when it has one).
+    xml: Option<String>,
 }
 
 impl LibvirtVm {
@@ -75,7 +82,9 @@ impl LibvirtVm {
             domain,
             name: name.to_string(),
             call_timeout: limit,
+            base: description.base_memory(),
             description,
+            vmem_follower: Follower::default(),
             target: None,
         })
     }
@@ -92,6 +101,18 @@ impl LibvirtVm {
         }
         events
     }
+}
+
+/// The virtio-mem device in a running domain's XML, and its sizes.
+fn live_virtio_mem(text: &str) -> Result<(xml::VirtioMemDevice, Device), BackendError> {
+    let element = xml::parse(text)
+        .map_err(|e| BackendError::Protocol(e.to_string()))?
+        .virtio_mem
+        .ok_or_else(|| BackendError::Protocol("the virtio-mem device is gone".into()))?;
+    let sizes = element.live().ok_or_else(|| {
+        BackendError::Protocol("virtio-mem: no <current> in the running domain's XML".into())
+    })?;
+    Ok((element, sizes))
 }
 
 /// Why a domain in this state with this job is to be left alone, if it is.
@@ -118,6 +139,7 @@ fn busy(state: (u32, i32), job: Option<(i32, Option<i32>)>) -> Option<&'static s
 impl VmBackend for LibvirtVm {
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         let d = self.domain.clone();
+        let has_virtio_mem = self.description.virtio_mem.is_some();
         let raw = blocking(self.call_timeout, move || {
             let (state, reason) = d.get_state()?;
             if state != sys::VIR_DOMAIN_RUNNING && state != sys::VIR_DOMAIN_PAUSED {
@@ -125,14 +147,21 @@ impl VmBackend for LibvirtVm {
                     state: (state, reason),
                     job: None,
                     memory: Vec::new(),
+                    xml: None,
                 });
             }
             let job = job(&d).ok();
             let memory = d.memory_stats(0)?;
+            let xml = if has_virtio_mem {
+                Some(d.get_xml_desc(0)?)
+            } else {
+                None
+            };
             Ok(Raw {
                 state: (state, reason),
                 job,
                 memory: memory.iter().map(|m| (m.tag, m.val)).collect(),
+                xml,
             })
         })
         .await?;
@@ -159,33 +188,66 @@ impl VmBackend for LibvirtVm {
             }),
             None => None,
         };
-        let has_balloon = self.description.balloon.is_some();
+        let balloon = self.description.balloon.as_ref();
+        let (actual, stats) = match balloon {
+            Some(_) => (memory.balloon, memory.stats),
+            None => (None, GuestStats::default()),
+        };
+        // Like QEMU's, libvirt's balloon works on the base memory: plugged memory comes
+        // on top.
+        let (size, virtio_mem) = match &raw.xml {
+            Some(text) => {
+                let (_, device) = live_virtio_mem(text)?;
+                let deflate_on_oom = balloon.is_some_and(|b| b.autodeflate);
+                let (size, state) =
+                    self.vmem_follower
+                        .follow(&device, self.base, actual, deflate_on_oom, &stats);
+                (Some(size), Some(state))
+            }
+            None => (actual, None),
+        };
         Ok(VmSample {
             configured: self.description.memory,
-            balloon: if has_balloon { memory.balloon } else { None },
-            stats: if has_balloon {
-                memory.stats
-            } else {
-                GuestStats::default()
-            },
+            balloon: size,
+            stats,
             agent,
             rss: memory.rss,
             referenced: None,
-            virtio_mem: None,
-            free_page_reporting: false,
+            virtio_mem,
+            free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),
             events,
         })
     }
 
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
-        if self.description.balloon.is_none() {
+        let has_balloon = self.description.balloon.is_some();
+        if !has_balloon && self.description.virtio_mem.is_none() {
             return Err(BackendError::Protocol(
-                "the domain has no balloon device".into(),
+                "the domain has neither a balloon nor a virtio-mem device".into(),
             ));
+        }
+        let (mut update, mut balloon) = (None, target);
+        if self.description.virtio_mem.is_some() {
+            let d = self.domain.clone();
+            let text = blocking(self.call_timeout, move || d.get_xml_desc(0)).await?;
+            let (element, device) = live_virtio_mem(&text)?;
+            let resize = virtio_mem::resize(target, self.base, &device);
+            if resize.plug != device.requested {
+                update = Some(element.update_xml(resize.plug));
+            }
+            // The balloon's share, relative to the base memory whatever is plugged now
+            // (libvirt refuses more than the base memory).
+            balloon = resize.balloon;
         }
         let d = self.domain.clone();
         blocking(self.call_timeout, move || {
-            d.set_memory_flags(target.kib(), sys::VIR_DOMAIN_AFFECT_LIVE)
+            if let Some(xml) = update {
+                d.update_device_flags(&xml, sys::VIR_DOMAIN_AFFECT_LIVE)?;
+            }
+            if has_balloon {
+                d.set_memory_flags(balloon.kib(), sys::VIR_DOMAIN_AFFECT_LIVE)?;
+            }
+            Ok(())
         })
         .await?;
         self.target = Some(target);

@@ -7,7 +7,7 @@ use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
 use memtide_core::stats::{AgentStats, GuestStats};
-use memtide_core::{BackendError, Bytes, VirtioMem, VmEvent, VmSample};
+use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,12 +36,8 @@ pub struct QmpVm {
     configured: Bytes,
     /// The virtio-mem device's QOM path, when the VM has one.
     virtio_mem: Option<String>,
-    /// Base memory the guest's MemTotal does not show (the kernel's own), learnt while
-    /// nothing was plugged: to tell plugged memory the guest never onlined.
-    kernel_gap: Option<Bytes>,
-    /// The plugged size and balloon last seen, and since when (host seconds since the
-    /// epoch): the guest's statistics say something about them only once updated after.
-    sizes_seen: Option<((Bytes, Bytes), u64)>,
+    /// What is learnt about the virtio-mem device from sample to sample.
+    vmem_follower: crate::virtio_mem::Follower,
     /// The balloon gives memory back when the guest runs out (`deflate-on-oom`); its
     /// pages then stay in the guest's MemTotal.
     deflate_on_oom: bool,
@@ -154,7 +150,7 @@ impl QmpVm {
         let anonymous = find_device(&mut client, "child<virtio-mem").await?;
         let devices = client.execute("query-memory-devices", None).await?;
         let vmem = virtio_mem::parse(&devices, anonymous.as_deref());
-        let configured = base + vmem.as_ref().map_or(Bytes::ZERO, |d| d.max);
+        let configured = base + vmem.as_ref().map_or(Bytes::ZERO, |(_, d)| d.max);
         let has_balloon = match client.execute("query-balloon", None).await {
             Ok(_) => true,
             Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => false,
@@ -199,9 +195,8 @@ impl QmpVm {
             client,
             base,
             configured,
-            virtio_mem: vmem.map(|d| d.path),
-            kernel_gap: None,
-            sizes_seen: None,
+            virtio_mem: vmem.map(|(path, _)| path),
+            vmem_follower: Default::default(),
             deflate_on_oom,
             free_page_reporting,
             has_balloon,
@@ -228,44 +223,6 @@ impl QmpVm {
             .execute("balloon", Some(json!({"value": target.0})))
             .await?;
         Ok(())
-    }
-
-    /// The virtio-mem device's state; learns the kernel's share of the base memory while
-    /// nothing is plugged, to spot memory the guest never onlines. The guest's MemTotal
-    /// counts only from statistics updated at least 2 s after the plugged size or the
-    /// balloon last moved (QEMU polls them at an interval; the guest onlines new blocks a
-    /// moment after). `ballooned`: base memory the balloon holds.
-    fn follow_virtio_mem(
-        &mut self,
-        device: &virtio_mem::Device,
-        ballooned: Bytes,
-        stats: &GuestStats,
-    ) -> VirtioMem {
-        let sizes = (device.plugged, ballooned);
-        let since = match self.sizes_seen {
-            Some((seen, since)) if seen == sizes => since,
-            _ => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                self.sizes_seen = Some((sizes, now));
-                now
-            }
-        };
-        let guest_total = stats
-            .total
-            .filter(|_| stats.last_update.is_some_and(|t| t >= since + 2));
-        let visible = if self.deflate_on_oom {
-            self.base
-        } else {
-            self.base - ballooned
-        };
-        if device.plugged == Bytes::ZERO && device.requested == Bytes::ZERO {
-            if let Some(total) = guest_total {
-                self.kernel_gap = Some(visible - total);
-            }
-        }
-        virtio_mem::state(device, visible, guest_total, self.kernel_gap)
     }
 
     fn events(&mut self) -> Vec<VmEvent> {
@@ -354,10 +311,6 @@ impl VmBackend for QmpVm {
         } else {
             None
         };
-        let balloon = match &device {
-            Some(d) => Some(base_actual.unwrap_or(self.base) + d.plugged),
-            None => base_actual,
-        };
         let stats = match &self.balloon_path {
             Some(path) => {
                 let args = json!({"path": path, "property": "guest-stats"});
@@ -375,12 +328,18 @@ impl VmBackend for QmpVm {
             Some(link) => Some(link.read().await),
             None => None,
         };
-        let virtio_mem = match &device {
+        let (balloon, virtio_mem) = match &device {
             Some(d) => {
-                let ballooned = self.base - base_actual.unwrap_or(self.base);
-                Some(self.follow_virtio_mem(d, ballooned, &stats))
+                let (size, state) = self.vmem_follower.follow(
+                    d,
+                    self.base,
+                    base_actual,
+                    self.deflate_on_oom,
+                    &stats,
+                );
+                (Some(size), Some(state))
             }
-            None => None,
+            None => (base_actual, None),
         };
         Ok(VmSample {
             configured: self.configured,
@@ -402,17 +361,18 @@ impl VmBackend for QmpVm {
                 "the VM has neither a balloon nor a virtio-mem device".into(),
             ));
         }
-        let mut plug = Bytes::ZERO;
+        let mut balloon = target;
         if let Some(path) = self.virtio_mem.clone() {
             let device = virtio_mem::query(&mut self.client, &path).await?;
-            plug = virtio_mem::plug_for(target, self.base, &device);
-            if plug != device.requested {
-                virtio_mem::request(&mut self.client, &path, plug).await?;
+            let resize = crate::virtio_mem::resize(target, self.base, &device);
+            if resize.plug != device.requested {
+                virtio_mem::request(&mut self.client, &path, resize.plug).await?;
             }
+            balloon = resize.balloon;
         }
         if self.has_balloon {
             // The balloon's share, relative to the base memory whatever is plugged now.
-            self.send_balloon(target - plug).await?;
+            self.send_balloon(balloon).await?;
         }
         self.target = Some(target);
         Ok(())

@@ -114,6 +114,24 @@ impl Daemon {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// `memtide reload`: the policy and configuration are read again (panics if refused).
+    pub fn reload(&self) {
+        let o = memtide()
+            .args(["reload", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// A policy (in the policy language) giving every guest `mib` (within its bounds).
+pub fn fixed_policy(mib: u64) -> String {
+    format!(
+        "(with Guests guest (guest.Control \"balloon_target\" {}))\n",
+        mib * 1024
+    )
 }
 
 impl Drop for Daemon {

@@ -12,6 +12,24 @@ use std::time::Duration;
 /// The unprivileged user the daemon and its QEMUs run as.
 const USER: &str = "nobody";
 
+/// A test domain: the test guest with `mem_mib` of RAM, a virtio balloon (statistics
+/// every second) and a swap disk, running `workload` with `args`.
+#[derive(Default)]
+pub struct Domain<'a> {
+    pub mem_mib: u64,
+    pub workload: &'a str,
+    pub args: &'a str,
+    /// The guest agent's channel.
+    pub agent: bool,
+    /// XML inside `<metadata>`.
+    pub metadata: &'a str,
+    /// A virtio-mem device of this size beyond `mem_mib` (none when 0), with the memory
+    /// slot and NUMA cell libvirt requires for one.
+    pub virtio_mem_mib: u64,
+    /// Added to the kernel command line.
+    pub append: &'a str,
+}
+
 /// A running test libvirtd.
 pub struct Libvirtd {
     /// Everything of the daemon's lives here.
@@ -129,18 +147,17 @@ impl Libvirtd {
         }
     }
 
-    /// Define and start a domain running the test guest: `mem_mib` of RAM with a virtio
-    /// balloon (statistics every second), a swap disk, the guest agent's channel when
-    /// `agent`, and `metadata` (XML) inside `<metadata>`. Returns its console log's path.
-    pub fn boot(
-        &self,
-        name: &str,
-        mem_mib: u64,
-        workload: &str,
-        args: &str,
-        agent: bool,
-        metadata: &str,
-    ) -> PathBuf {
+    /// Define and start a domain running the test guest. Returns its console log's path.
+    pub fn boot(&self, name: &str, domain: &Domain) -> PathBuf {
+        let Domain {
+            mem_mib,
+            workload,
+            args,
+            agent,
+            metadata,
+            virtio_mem_mib,
+            append,
+        } = *domain;
         let guest = self.dir.join("guest");
         let serial = guest.join(format!("{name}.serial"));
         let swap = guest.join(format!("{name}.swap"));
@@ -154,20 +171,37 @@ impl Libvirtd {
         } else {
             ""
         };
+        let (max_memory, numa, virtio_mem) = if virtio_mem_mib > 0 {
+            (
+                format!(
+                    "<maxMemory slots='1' unit='MiB'>{}</maxMemory>",
+                    mem_mib + virtio_mem_mib
+                ),
+                format!("<numa><cell id='0' cpus='0' memory='{mem_mib}' unit='MiB'/></numa>"),
+                format!(
+                    "<memory model='virtio-mem'><target><size unit='MiB'>{virtio_mem_mib}</size>\
+                     <node>0</node><block unit='MiB'>2</block><requested unit='MiB'>0</requested>\
+                     </target></memory>"
+                ),
+            )
+        } else {
+            Default::default()
+        };
         let xml = format!(
             "<domain type='qemu'>
   <name>{name}</name>
   <metadata>{metadata}</metadata>
-  <memory unit='MiB'>{mem_mib}</memory>
+  {max_memory}
+  <memory unit='MiB'>{memory}</memory>
   <vcpu>1</vcpu>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{kernel}</kernel>
     <initrd>{initrd}</initrd>
-    <cmdline>console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 memtide.workload={workload} memtide.args={args}</cmdline>
+    <cmdline>console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 memtide.workload={workload} memtide.args={args} {append}</cmdline>
   </os>
   <features><tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>
-  <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model><feature policy='require' name='rdrand'/></cpu>
+  <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model><feature policy='require' name='rdrand'/>{numa}</cpu>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <on_crash>destroy</on_crash>
@@ -177,8 +211,10 @@ impl Libvirtd {
     <serial type='file'><source path='{serial}'/></serial>
     {channel}
     <memballoon model='virtio'><stats period='1'/></memballoon>
+    {virtio_mem}
   </devices>
 </domain>",
+            memory = mem_mib + virtio_mem_mib,
             kernel = guest.join("vmlinuz").display(),
             initrd = guest.join("initrd.img").display(),
             swap = swap.display(),
