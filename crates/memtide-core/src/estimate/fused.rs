@@ -1,10 +1,11 @@
 //! memtide's estimator. It starts where the guest's own accounting says it stands — its
-//! size minus MemAvailable, plus a margin — instead of stepping down 5% a second, then
-//! probes below that the TWS way to find memory the guest holds but does not use (cold
-//! anonymous memory, stale cache). Any sign of shortage — swap-ins, refaults, allocation
-//! stalls, OOM kills, memory pressure — backs it off within the same tick (straight to
-//! Committed_AS when the guest faults heavily), and probing resumes after a cool-down
-//! that doubles while probes keep failing at the same level.
+//! size minus MemAvailable, plus a margin — instead of stepping down from Committed_AS,
+//! then probes below that the TWS way to find memory the guest holds but does not use
+//! (cold anonymous memory, stale cache): fast until the first sign of shortage, slowly
+//! after. Any sign of shortage — swap-ins, refaults, OOM kills, memory pressure, and
+//! allocation stalls the balloon's own inflation did not cause — backs it off within the
+//! same tick (straight to Committed_AS when the guest faults heavily), and probing
+//! resumes after a cool-down that doubles while probes keep failing at the same level.
 //! It never goes below the guest's unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
@@ -23,6 +24,9 @@ pub struct FusedConfig {
     pub margin_min_mib: u64,
     /// Probing step per epoch, as a share of the configured size.
     pub probe_step: f64,
+    /// Probing step per epoch until the first back-off since the guest's need last grew
+    /// (TWS's FAST state), as a share of the configured size.
+    pub probe_fast_step: f64,
     /// Extra memory given on a back-off, beyond the pages faulted back, as a share of
     /// the configured size.
     pub backoff_step: f64,
@@ -53,6 +57,7 @@ impl Default for FusedConfig {
             margin: 0.03,
             margin_min_mib: 8,
             probe_step: 0.01,
+            probe_fast_step: 0.05,
             backoff_step: 0.02,
             backoff_max: 0.05,
             cool_down_s: 8.0,
@@ -75,6 +80,8 @@ pub struct Fused {
     hold_until: Duration,
     /// Back-offs since the last rebase (the cool-down doubles with each).
     backoffs: u32,
+    /// The guest's size at the previous tick.
+    last_size: Option<Bytes>,
 }
 
 fn secs(s: f64) -> Duration {
@@ -110,7 +117,13 @@ impl Fused {
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
         self.base = base;
         let faults = s.faults();
-        let (stalls, kills) = (s.alloc_stalls.unwrap_or(0), s.oom_kills.unwrap_or(0));
+        // Allocation stalls while the balloon inflates are its own reclaim, the price of
+        // taking memory back; swap-ins and refaults say whether that memory was needed
+        // (seen on real guests: every probe below a cold buffer stalled a few times).
+        let inflating = self.last_size.is_some_and(|last| obs.size < last);
+        self.last_size = Some(obs.size);
+        let stalls = s.alloc_stalls.filter(|_| !inflating).unwrap_or(0);
+        let kills = s.oom_kills.unwrap_or(0);
         let short = faults > 0
             || stalls > 0
             || kills > 0
@@ -143,6 +156,9 @@ impl Fused {
             "start"
         } else if obs.at < self.hold_until {
             "hold"
+        } else if self.backoffs == 0 {
+            estimate = estimate - step(cfg.probe_fast_step);
+            "probe"
         } else {
             estimate = estimate - step(cfg.probe_step);
             "probe"
@@ -191,12 +207,28 @@ mod tests {
     }
 
     #[test]
-    fn starts_at_the_guests_own_need_then_probes_down() {
+    fn starts_at_the_guests_own_need_then_probes_down_fast_then_slowly() {
         let (cfg, mut f) = (FusedConfig::default(), Fused::default());
-        // need 1000 - 700 = 300, margin 30: 330 at once, then 10 MiB (1%) per tick.
+        // need 1000 - 700 = 300, margin 30: 330 at once, then 50 MiB (5%) per tick.
         assert_eq!(mib(f.step(&cfg, &obs(0, 1000, 700, 0))), 330.0);
-        assert_eq!(mib(f.step(&cfg, &obs(1, 330, 30, 0))), 320.0);
-        assert_eq!(mib(f.step(&cfg, &obs(2, 320, 20, 0))), 310.0);
+        assert_eq!(mib(f.step(&cfg, &obs(1, 330, 30, 0))), 280.0);
+        assert_eq!(mib(f.step(&cfg, &obs(2, 280, 0, 0))), 230.0);
+        // Faults: back off (230 + 1 + 20), hold 8 s, then 10 MiB (1%) per tick.
+        assert_eq!(mib(f.step(&cfg, &obs(3, 230, 0, 256))), 251.0);
+        assert_eq!(mib(f.step(&cfg, &obs(12, 251, 0, 0))), 241.0);
+        assert_eq!(mib(f.step(&cfg, &obs(13, 241, 0, 0))), 231.0);
+    }
+
+    #[test]
+    fn stalls_while_the_balloon_inflates_are_not_a_shortage() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        let mut o = obs(1, 330, 30, 0);
+        o.signals.alloc_stalls = Some(5);
+        assert_eq!(f.step(&cfg, &o).unwrap().phase, "probe", "the guest shrank");
+        let mut o = obs(2, 330, 30, 0);
+        o.signals.alloc_stalls = Some(5);
+        assert_eq!(f.step(&cfg, &o).unwrap().phase, "back_off", "it did not");
     }
 
     #[test]
@@ -270,7 +302,7 @@ mod tests {
         let cfg = FusedConfig::default();
         for signal in 0..3 {
             let mut f = Fused::default();
-            f.step(&cfg, &obs(0, 1000, 700, 0));
+            f.step(&cfg, &obs(0, 330, 30, 0));
             let mut o = obs(1, 330, 30, 0);
             match signal {
                 0 => o.signals.alloc_stalls = Some(1),
