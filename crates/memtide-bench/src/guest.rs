@@ -1,17 +1,18 @@
-//! A QEMU test guest (guest/build.sh's kernel and initramfs, guest/README.md's command
-//! line) started in the scenario's cgroup, with two QMP sockets (one for the daemon, one
-//! for the harness: QEMU serves one client per socket), the guest agent's channel, and
-//! sparse swap and data disks. Killed, and its disk images removed, when dropped.
+//! A QEMU test guest (memtide-testbed's) started in the scenario's cgroup, with two QMP
+//! sockets (one for the daemon, one for the harness: QEMU serves one client per socket),
+//! the guest agent's channel, and sparse swap and data disks. Killed, and its disk images
+//! removed, when dropped. Also the host's CPU and load figures the harness records.
 
 use crate::scenario::VmSpec;
 use anyhow::{bail, Context};
 use memtide_adapters::qga::GuestAgent;
 use memtide_adapters::qmp::QmpClient;
+use memtide_testbed::{Boot, BALLOON};
 use serde_json::json;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
@@ -42,31 +43,26 @@ pub fn sleep(d: Duration) -> anyhow::Result<()> {
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// A running guest.
+/// A running guest: memtide-testbed's (its process, files and console, through `Deref`)
+/// with the harness's QMP session and console reader.
 pub struct Guest {
-    /// The VM's name.
-    pub name: String,
     /// Its workload (`None`: idle).
     pub workload: Option<String>,
     /// QMP socket for the daemon.
     pub qmp_daemon: PathBuf,
     /// QMP socket for the harness.
-    pub qmp_harness: PathBuf,
-    /// The guest agent's socket, when attached.
-    pub agent: Option<PathBuf>,
-    /// The serial console log.
-    pub serial: PathBuf,
-    images: Vec<PathBuf>,
-    child: Child,
+    qmp_harness: PathBuf,
     /// Console bytes already handed out as lines.
     read_to: u64,
-    qmp: Option<QmpClient>,
+    /// The harness's QMP session; closed before QEMU is killed (fields drop in order).
+    session: Option<QmpClient>,
+    vm: memtide_testbed::Guest,
 }
 
 impl Guest {
     /// Boot `spec` in `dir` with the kernel and initramfs of `kernel_dir`, joining the
     /// cgroup whose `cgroup.procs` is `procs`. `idle`: without its workload (to measure
-    /// the guest's own base usage).
+    /// the guest's own base usage). QEMU's stderr goes to `<dir>/<name>.qemu.log`.
     pub fn boot(
         spec: &VmSpec,
         dir: &Path,
@@ -75,140 +71,53 @@ impl Guest {
         idle: bool,
     ) -> anyhow::Result<Guest> {
         let name = &spec.name;
-        let qmp_daemon = dir.join(format!("{name}.qmp"));
-        let qmp_harness = dir.join(format!("{name}.hqmp"));
-        let agent = spec.agent.then(|| dir.join(format!("{name}.qga")));
-        let serial = dir.join(format!("{name}.serial"));
-        for p in [&qmp_daemon, &qmp_harness, &serial] {
-            let _ = std::fs::remove_file(p);
+        let mut boot = Boot::new(name, dir, kernel_dir, spec.memory_mib.to_string())
+            .qmp("qmp")
+            .qmp("hqmp")
+            .device(BALLOON)
+            // Swap first (vda), then data (vdb): the serials decide, not the order.
+            .disk("swap", spec.swap_mib)
+            .disk("data", spec.data_mib)
+            .interruptible(&INTERRUPTED);
+        if !idle {
+            boot = boot.kernel_args(&spec.kernel_args());
         }
-        let mut images = Vec::new();
-        let mut disks: Vec<String> = Vec::new();
-        // Swap first (vda), then data (vdb): the serials decide, not the order.
-        for (kind, mib, serial_no) in [
-            ("swap", spec.swap_mib, "memtide-swap"),
-            ("data", spec.data_mib, "memtide-data"),
-        ] {
-            if mib == 0 {
-                continue;
+        if spec.agent {
+            boot = boot.agent();
+        }
+        let log = dir.join(format!("{name}.qemu.log"));
+        let stderr =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let vm = boot.spawn_with(procs, |cmd| {
+            cmd.stdout(Stdio::null()).stderr(stderr);
+            // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill QEMU when
+            // the harness's main thread (which spawns every guest) dies, so that no QEMU
+            // outlives a harness killed with SIGKILL.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
             }
-            let img = dir.join(format!("{name}.{kind}.img"));
-            let f = std::fs::File::create(&img)
-                .with_context(|| format!("creating {}", img.display()))?;
-            f.set_len(mib << 20)?;
-            disks.push("-drive".into());
-            disks.push(format!(
-                "if=none,id={kind},file={},format=raw",
-                img.display()
-            ));
-            disks.push("-device".into());
-            disks.push(format!("virtio-blk-pci,drive={kind},serial={serial_no}"));
-            images.push(img);
-        }
-        let workload = if idle { None } else { spec.workload.clone() };
-        let append = format!(
-            "console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 {}",
-            if idle {
-                String::new()
-            } else {
-                spec.kernel_args()
-            }
-        );
-        let mut cmd = Command::new("sh");
-        // Join the cgroup before exec, so every byte QEMU allocates is charged to it.
-        cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-            .arg(procs)
-            .arg("qemu-system-x86_64")
-            .args(["-accel", "tcg,tb-size=16", "-cpu", "qemu64,+rdrand"])
-            .args(["-m", &spec.memory_mib.to_string(), "-smp", "1"])
-            .args(["-nodefaults", "-display", "none", "-no-reboot"])
-            .arg("-kernel")
-            .arg(kernel_dir.join("vmlinuz"))
-            .arg("-initrd")
-            .arg(kernel_dir.join("initrd.img"))
-            .args(["-append", append.trim_end()])
-            .arg("-serial")
-            .arg(format!("file:{}", serial.display()))
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp_daemon.display()))
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp_harness.display()))
-            .args([
-                "-device",
-                "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
-            ])
-            .args(&disks);
-        if let Some(agent) = &agent {
-            let _ = std::fs::remove_file(agent);
-            cmd.arg("-chardev")
-                .arg(format!(
-                    "socket,id=qga0,path={},server=on,wait=off",
-                    agent.display()
-                ))
-                .args(["-device", "virtio-serial-pci"])
-                .args([
-                    "-device",
-                    "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-                ]);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join(format!("{name}.qemu.log")))?);
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill QEMU when
-        // the harness's main thread (which spawns every guest) dies, so that no QEMU
-        // outlives a harness killed with SIGKILL.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .context("starting qemu-system-x86_64 (is QEMU installed?)")?;
+        })?;
         Ok(Guest {
-            name: name.clone(),
-            workload,
-            qmp_daemon,
-            qmp_harness,
-            agent,
-            serial,
-            images,
-            child,
+            workload: if idle { None } else { spec.workload.clone() },
+            qmp_daemon: vm.qmp[0].clone(),
+            qmp_harness: vm.qmp[1].clone(),
             read_to: 0,
-            qmp: None,
+            session: None,
+            vm,
         })
     }
 
     /// The QEMU process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `Err` with why, once QEMU has exited.
-    pub fn alive(&mut self) -> Result<(), String> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(format!("QEMU exited: {status}")),
-            Err(e) => Err(format!("QEMU: {e}")),
-        }
-    }
-
-    /// The whole console so far.
-    pub fn console(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.serial).unwrap_or_default()).into_owned()
-    }
-
-    /// The last lines of the console, for error messages.
-    pub fn console_tail(&self, n: usize) -> String {
-        let text = self.console();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        self.vm.pid()
     }
 
     /// Complete console lines written since the last call.
     pub fn new_lines(&mut self) -> Vec<String> {
-        let Ok(mut f) = std::fs::File::open(&self.serial) else {
+        let Ok(mut f) = std::fs::File::open(&self.vm.serial) else {
             return Vec::new();
         };
         let mut buf = Vec::new();
@@ -225,43 +134,12 @@ impl Guest {
             .collect()
     }
 
-    /// Wait until the console holds `count` lines containing `needle`.
-    pub fn wait_console(
-        &mut self,
-        needle: &str,
-        count: usize,
-        limit: Duration,
-    ) -> anyhow::Result<()> {
-        let end = Instant::now() + limit;
-        loop {
-            check_interrupted()?;
-            if self.console().matches(needle).count() >= count {
-                return Ok(());
-            }
-            if let Err(why) = self.alive() {
-                bail!(
-                    "guest {}: {why} while waiting for {needle:?}; console:\n{}",
-                    self.name,
-                    self.console_tail(30)
-                );
-            }
-            if Instant::now() >= end {
-                bail!(
-                    "guest {}: no {count}× {needle:?} on the console within {limit:?}; console:\n{}",
-                    self.name,
-                    self.console_tail(30)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
     /// The harness's own QMP session (connected on first use).
     fn qmp(&mut self, rt: &Runtime) -> anyhow::Result<&mut QmpClient> {
-        if self.qmp.as_ref().is_some_and(|q| q.is_closed()) {
-            self.qmp = None;
+        if self.session.as_ref().is_some_and(|q| q.is_closed()) {
+            self.session = None;
         }
-        if self.qmp.is_none() {
+        if self.session.is_none() {
             let end = Instant::now() + Duration::from_secs(20);
             let client = loop {
                 check_interrupted()?;
@@ -282,9 +160,9 @@ impl Guest {
                     }
                 }
             };
-            self.qmp = Some(client);
+            self.session = Some(client);
         }
-        Ok(self.qmp.as_mut().expect("connected above"))
+        Ok(self.session.as_mut().expect("connected above"))
     }
 
     /// Ask the balloon for `mib` (returns at once; the guest gets there in its own time).
@@ -426,20 +304,17 @@ pub fn loadavg() -> Option<f64> {
         .ok()
 }
 
-impl Drop for Guest {
-    fn drop(&mut self) {
-        self.qmp = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for img in &self.images {
-            let _ = std::fs::remove_file(img);
-        }
-        for p in [&self.qmp_daemon, &self.qmp_harness] {
-            let _ = std::fs::remove_file(p);
-        }
-        if let Some(a) = &self.agent {
-            let _ = std::fs::remove_file(a);
-        }
+impl std::ops::Deref for Guest {
+    type Target = memtide_testbed::Guest;
+
+    fn deref(&self) -> &memtide_testbed::Guest {
+        &self.vm
+    }
+}
+
+impl std::ops::DerefMut for Guest {
+    fn deref_mut(&mut self) -> &mut memtide_testbed::Guest {
+        &mut self.vm
     }
 }
 

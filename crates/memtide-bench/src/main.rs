@@ -10,7 +10,6 @@ macro_rules! log {
     };
 }
 
-mod cgroup;
 mod daemon;
 mod guest;
 mod host_swap;
@@ -254,7 +253,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         log!("interrupted, cleaning up");
         guest::INTERRUPTED.store(true, Ordering::SeqCst);
     });
-    let cgroup = cgroup::BenchCgroup::create("memtide-bench")?;
+    let cgroup = memtide_testbed::Cgroup::create("memtide-bench")?;
     let _host_swap = match cli.host_swap_mib {
         Some(mib) => Some(host_swap::HostSwap::enable(&work_dir, mib)?),
         None => None,

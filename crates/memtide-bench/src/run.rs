@@ -2,12 +2,12 @@
 //! each policy in turn boot fresh guests, warm up, start the daemon, sample every second
 //! for the run, stop, read the guests' counters, and tear everything down.
 
-use crate::cgroup::BenchCgroup;
 use crate::daemon::{config_text, start_mib, Daemon};
 use crate::guest::{self, sleep, Guest};
 use crate::measure::{self, parse_line, Line};
 use crate::scenario::{Scenario, VmSpec, BASELINE};
 use anyhow::{bail, Context};
+use memtide_testbed::Cgroup;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ pub struct Bench<'a> {
     /// Runtime for the harness's QMP, agent and control-socket clients.
     pub rt: &'a Runtime,
     /// The scenario's cgroup (the daemon's VM memory domain).
-    pub cgroup: &'a BenchCgroup,
+    pub cgroup: &'a Cgroup,
     /// guest/build.sh's output.
     pub kernel_dir: PathBuf,
     /// Per-run files (consoles, daemon configuration, event logs).
@@ -515,17 +515,7 @@ impl Bench<'_> {
 
 /// Where guest/build.sh put the kernel and initramfs.
 pub fn kernel_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let dir = given
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("MEMTIDE_GUEST_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/guest"));
-    if !(dir.join("vmlinuz").exists() && dir.join("initrd.img").exists()) {
-        bail!(
-            "no test guest in {}: run guest/build.sh (or pass --guest-dir)",
-            dir.display()
-        );
-    }
-    Ok(dir)
+    memtide_testbed::guest_dir(given).map_err(|e| anyhow::anyhow!("{e} (or pass --guest-dir)"))
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! The plot, hand-written SVG in the style of the TWS paper's figures: one column per VM;
 //! rows for the balloon allocation over time (one line per policy, the ideal allocation
 //! dashed, the hot set dotted), the pages faulted back per second, and throughput as a
-//! share of the baseline's.
+//! share of the baseline's. Drawn with the simulator's plot primitives
+//! (`memtide_sim::svg::plot`).
 
+use memtide_sim::svg::plot::{document, fmt_tick_k, Axes, Legend, Panel, Scale, Ticks};
 use serde_json::Value;
 use std::fmt::Write as _;
 
@@ -16,149 +18,41 @@ const GAP_X: f64 = 90.0;
 const TOP: f64 = 70.0;
 const GAP_Y: f64 = 60.0;
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
+/// Every panel's ticks and grid.
+const AXES: Axes = Axes {
+    x: Ticks {
+        count: 6.0,
+        per: 1.0,
+        label: fmt_tick_k,
+    },
+    y: Ticks {
+        count: 4.0,
+        per: 1.0,
+        label: fmt_tick_k,
+    },
+    grid: "#e4e4e4",
+};
 
-/// A round step giving about `n` ticks up to `max`.
-fn tick_step(max: f64, n: f64) -> f64 {
-    if max <= 0.0 {
-        return 1.0;
-    }
-    let raw = max / n;
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let nice = match norm {
-        x if x <= 1.0 => 1.0,
-        x if x <= 2.0 => 2.0,
-        x if x <= 5.0 => 5.0,
-        _ => 10.0,
-    };
-    nice * mag
-}
-
-fn fmt_tick(v: f64) -> String {
-    if v >= 1000.0 && (v / 1000.0).fract() == 0.0 {
-        format!("{}k", v / 1000.0)
-    } else if v.fract().abs() < 1e-9 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
+/// A panel at `left`, `top`: time since the daemon started up to `x_max`, values up to
+/// `y_max`.
+fn panel(left: f64, top: f64, x_max: f64, y_max: f64, y_scale: Scale) -> Panel {
+    Panel {
+        left,
+        top,
+        width: PANEL_W,
+        height: PANEL_H,
+        x_max,
+        y_max,
+        y_scale,
     }
 }
 
-/// How values map to the vertical axis.
-#[derive(Clone, Copy)]
-enum Scale {
-    Linear,
-    /// log10(1 + v): zero stays visible.
-    Log1p,
-}
-
-struct Frame {
-    left: f64,
-    top: f64,
-    x_max: f64,
-    y_max: f64,
-    scale: Scale,
-}
-
-impl Frame {
-    fn x(&self, t: f64) -> f64 {
-        self.left + PANEL_W * (t / self.x_max).clamp(0.0, 1.0)
-    }
-
-    fn y(&self, v: f64) -> f64 {
-        let (v, max) = match self.scale {
-            Scale::Linear => (v, self.y_max),
-            Scale::Log1p => ((1.0 + v.max(0.0)).log10(), (1.0 + self.y_max).log10()),
-        };
-        self.top + PANEL_H * (1.0 - (v / max.max(1e-9)).clamp(0.0, 1.0))
-    }
-
-    fn axes(&self, out: &mut String, title: &str, y_label: &str) {
-        let bottom = self.top + PANEL_H;
-        let right = self.left + PANEL_W;
-        let ticks: Vec<f64> = match self.scale {
-            Scale::Linear => {
-                let step = tick_step(self.y_max, 4.0);
-                (0..)
-                    .map(|i| i as f64 * step)
-                    .take_while(|v| *v <= self.y_max + 1e-9)
-                    .collect()
-            }
-            Scale::Log1p => std::iter::once(0.0)
-                .chain((0..).map(|e| 10f64.powi(e)))
-                .take_while(|v| *v <= self.y_max * 1.0001)
-                .collect(),
-        };
-        for v in ticks {
-            let y = self.y(v);
-            let _ = write!(
-                out,
-                r##"<line x1="{:.1}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                self.left,
-                self.left - 4.0,
-                y + 4.0,
-                fmt_tick(v)
-            );
-        }
-        let step = tick_step(self.x_max, 6.0);
-        let mut t = 0.0;
-        while t <= self.x_max + 1e-9 {
-            let x = self.x(t);
-            let _ = write!(
-                out,
-                r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                bottom + 4.0,
-                bottom + 15.0,
-                fmt_tick(t)
-            );
-            t += step;
-        }
-        let _ = write!(
-            out,
-            r##"<rect x="{:.1}" y="{:.1}" width="{PANEL_W:.1}" height="{PANEL_H:.1}" fill="none" stroke="#333"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text><text x="{:.1}" y="{:.1}" text-anchor="middle">time since the daemon started (s)</text><text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
-            self.left,
-            self.top,
-            self.left + PANEL_W / 2.0,
-            self.top - 6.0,
-            escape(title),
-            self.left + PANEL_W / 2.0,
-            bottom + 30.0,
-            self.left - 48.0,
-            self.top + PANEL_H / 2.0,
-            escape(y_label)
-        );
-    }
-
-    /// A polyline through the present points (a gap breaks it).
-    fn line(&self, out: &mut String, ts: &[f64], vs: &[Option<f64>], color: &str, dash: &str) {
-        let mut runs: Vec<String> = vec![String::new()];
-        for (t, v) in ts.iter().zip(vs) {
-            match v {
-                Some(v) if v.is_finite() => {
-                    let _ = write!(
-                        runs.last_mut().expect("one run"),
-                        "{:.1},{:.1} ",
-                        self.x(*t),
-                        self.y(*v)
-                    );
-                }
-                _ => runs.push(String::new()),
-            }
-        }
-        for points in runs.iter().filter(|p| !p.is_empty()) {
-            let _ = write!(
-                out,
-                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"{dash}/>"#,
-                points.trim_end()
-            );
-        }
-    }
+/// A panel's axes, its title and the axes' labels.
+fn axes(f: &Panel, out: &mut String, title: &str, y_label: &str) {
+    f.axes(out, &AXES);
+    f.title(out, title, 6.0);
+    f.x_label(out, "time since the daemon started (s)", 30.0);
+    f.y_label(out, y_label, 48.0);
 }
 
 fn floats(v: &Value) -> Vec<Option<f64>> {
@@ -212,14 +106,9 @@ pub fn render(doc: &Value) -> String {
         let ideal = vm["ideal_mib"].as_f64();
         let hot = vm["hot_set_mib"].as_f64();
         // Row 1: allocation.
-        let f = Frame {
-            left,
-            top: TOP,
-            x_max: run_s,
-            y_max: memory * 1.05,
-            scale: Scale::Linear,
-        };
-        f.axes(
+        let f = panel(left, TOP, run_s, memory * 1.05, Scale::Linear);
+        axes(
+            &f,
             &mut body,
             &format!("{name}: balloon allocation ({} MiB guest)", memory),
             "allocation (MiB)",
@@ -260,26 +149,17 @@ pub fn render(doc: &Value) -> String {
         }
         let fault_max = 10f64.powf(fault_max.log10().ceil());
         let tp_max = (tp_max / 50.0).ceil() * 50.0;
-        let g = Frame {
-            left,
-            top: TOP + PANEL_H + GAP_Y,
-            x_max: run_s,
-            y_max: fault_max,
-            scale: Scale::Log1p,
-        };
-        g.axes(
+        let g = panel(left, TOP + PANEL_H + GAP_Y, run_s, fault_max, Scale::Log1p);
+        axes(
+            &g,
             &mut body,
             &format!("{name}: swap-ins + refaults"),
             "pages / s (log)",
         );
-        let h = Frame {
-            left,
-            top: TOP + 2.0 * (PANEL_H + GAP_Y),
-            x_max: run_s,
-            y_max: tp_max,
-            scale: Scale::Linear,
-        };
-        h.axes(
+        let top = TOP + 2.0 * (PANEL_H + GAP_Y);
+        let h = panel(left, top, run_s, tp_max, Scale::Linear);
+        axes(
+            &h,
             &mut body,
             &format!("{name}: throughput (5 s moving mean)"),
             "% of full-memory mean",
@@ -289,7 +169,7 @@ pub fn render(doc: &Value) -> String {
             let ts = floats(&v["series"]["t_s"]);
             let ts: Vec<f64> = ts.into_iter().map(|t| t.unwrap_or(f64::NAN)).collect();
             let s = &v["series"]["vms"][name];
-            f.line(&mut body, &ts, &floats(&s["actual_mib"]), color(i), "");
+            f.line(&mut body, &ts, floats(&s["actual_mib"]), color(i), "");
             let faults: Vec<Option<f64>> = floats(&s["swap_in_per_s"])
                 .into_iter()
                 .zip(floats(&s["refaults_per_s"]))
@@ -298,13 +178,13 @@ pub fn render(doc: &Value) -> String {
                     (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
                 })
                 .collect();
-            g.line(&mut body, &ts, &faults, color(i), "");
+            g.line(&mut body, &ts, faults, color(i), "");
             if let Some(b) = base_tp.filter(|b| *b > 0.0) {
                 let rel: Vec<Option<f64>> = moving_mean(&floats(&s["throughput_mib_per_s"]), 5)
                     .into_iter()
                     .map(|x| x.map(|x| 100.0 * x / b))
                     .collect();
-                h.line(&mut body, &ts, &rel, color(i), "");
+                h.line(&mut body, &ts, rel, color(i), "");
             }
         }
     }
@@ -329,15 +209,13 @@ pub fn render(doc: &Value) -> String {
         r#" stroke-dasharray="8 4""#,
     ));
     entries.push(("hot set".into(), "black", r#" stroke-dasharray="2 3""#));
+    let legend = Legend {
+        line: 22.0,
+        width: 2.5,
+        text: 27.0,
+    };
     for (label, c, dash) in entries {
-        let _ = write!(
-            body,
-            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{c}" stroke-width="2.5"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 22.0,
-            x + 27.0,
-            y + 4.0,
-            escape(&label)
-        );
+        legend.entry(&mut body, x, y, c, dash, &label);
         x += 40.0 + 6.5 * label.chars().count() as f64;
     }
     let title = format!(
@@ -345,12 +223,7 @@ pub fn render(doc: &Value) -> String {
         doc["scenario"].as_str().unwrap_or("?"),
         doc["description"].as_str().unwrap_or("")
     );
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/><text x="{:.1}" y="20" text-anchor="middle" font-size="14">{}</text>{body}</svg>
-"##,
-        width / 2.0,
-        escape(&title)
-    )
+    document(width, height, &title, &body)
 }
 
 #[cfg(test)]

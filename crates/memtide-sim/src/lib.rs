@@ -5,7 +5,8 @@
 //! swap blind to what guests use, KSM) and workloads described in TOML scenario files.
 //! It implements memtide's adapter traits ([`SimVm`], [`SimHost`]), so the engine decides
 //! for simulated VMs exactly as for real ones. Replay runs another policy over recordings
-//! of what the daemon saw ([`Recorder`], [`replay`]). See `docs/simulator.md`.
+//! of what the daemon saw ([`Recorder`], [`replay`]). Reports come with SVG plots
+//! ([`svg`], whose plot primitives memtide-bench shares). See `docs/simulator.md`.
 
 pub mod backend;
 pub mod guest;

@@ -33,7 +33,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
     let cgroup = TestCgroup::create("memtide-devices");
     let procs = cgroup.procs();
     let online = "memhp_default_state=online_movable";
-    let hot = Guest::boot_with(
+    let mut hot = Guest::boot_with(
         "hot",
         dir.path(),
         &procs,
@@ -44,7 +44,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         online,
     );
     // Booted without memhp_default_state: what gets plugged is never onlined.
-    let cold = Guest::boot_with(
+    let mut cold = Guest::boot_with(
         "cold",
         dir.path(),
         &procs,
@@ -59,7 +59,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         "-device",
         "virtio-balloon-pci,id=balloon0,free-page-reporting=on",
     ];
-    let fpr = Guest::boot_with(
+    let mut fpr = Guest::boot_with(
         "fpr",
         dir.path(),
         &procs,
@@ -69,7 +69,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         &fpr_balloon,
         "",
     );
-    for g in [&hot, &cold, &fpr] {
+    for g in [&mut hot, &mut cold, &mut fpr] {
         g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     }
 
@@ -82,7 +82,7 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
             format!(
                 "[[vm]]\nname = {:?}\nqmp = {:?}\nmin_mib = {min}\n",
                 g.name,
-                g.qmp.display().to_string()
+                g.qmp().display().to_string()
             )
         })
         .collect();

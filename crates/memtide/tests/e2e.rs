@@ -34,7 +34,7 @@ fn two_guests_in_a_cgroup_domain() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-e2e");
     let args = format!("{WORKLOAD_MIB}:100000");
-    let a = Guest::boot(
+    let mut a = Guest::boot(
         "a",
         dir.path(),
         &cgroup.procs(),
@@ -50,7 +50,7 @@ fn two_guests_in_a_cgroup_domain() {
         "memknobs",
         &args,
     );
-    for g in [&a, &b] {
+    for g in [&mut a, &mut b] {
         g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
         // Two reports: the first pass over the buffer is done, the workload is steady.
         g.wait_console("mib_per_s=", 2, Duration::from_secs(120));
@@ -65,9 +65,9 @@ fn two_guests_in_a_cgroup_domain() {
          [[vm]]\nname = \"a\"\nqmp = {:?}\nagent = {:?}\n\
          [[vm]]\nname = \"b\"\nqmp = {:?}\n",
         cgroup.dir.display().to_string(),
-        a.qmp.display().to_string(),
-        a.agent.display().to_string(),
-        b.qmp.display().to_string(),
+        a.qmp().display().to_string(),
+        a.agent().display().to_string(),
+        b.qmp().display().to_string(),
     );
     let daemon = Daemon::start(dir.path(), &config, port);
     let both = daemon.wait_until(

@@ -1,24 +1,20 @@
-//! A QEMU test guest (guest/build.sh's kernel and initramfs) started in a cgroup.
+//! The QEMU test guest for a test: memtide-testbed's [`Boot`] with the tests' defaults
+//! (a QMP socket, the guest agent, a 128 MiB swap disk, a workload), failing the test on
+//! errors.
 
-use super::{guest_dir, signal, wait_for};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use super::{guest_dir, signal};
+use memtide_testbed::{Boot, BALLOON};
+use std::path::Path;
 use std::time::Duration;
 
-/// A running guest; killed on drop.
-pub struct Guest {
-    pub name: String,
-    pub qmp: PathBuf,
-    /// The guest agent's socket (Debian's qemu-ga runs in the guest).
-    pub agent: PathBuf,
-    pub serial: PathBuf,
-    child: Child,
-}
+/// A running guest, killed on drop; its files and [`memtide_testbed::Guest::pid`] are
+/// memtide-testbed's.
+pub struct Guest(memtide_testbed::Guest);
 
 impl Guest {
-    /// Boot a guest of `mem_mib` in the cgroup whose `cgroup.procs` is `procs`, running
-    /// `workload` with `args` (guest/init's convention: '+' between arguments). Its QMP
-    /// socket and serial log go to `dir`.
+    /// Boot a guest of `mem_mib` with a balloon in the cgroup whose `cgroup.procs` is
+    /// `procs`, running `workload` with `args` (guest/init's convention: '+' between
+    /// arguments). Its sockets, disk and console go to `dir`.
     pub fn boot(
         name: &str,
         dir: &Path,
@@ -27,10 +23,7 @@ impl Guest {
         workload: &str,
         args: &str,
     ) -> Guest {
-        let balloon = [
-            "-device",
-            "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
-        ];
+        let balloon = ["-device", BALLOON];
         Guest::boot_with(
             name,
             dir,
@@ -57,92 +50,34 @@ impl Guest {
         devices: &[&str],
         append: &str,
     ) -> Guest {
-        let kernel = guest_dir();
-        let qmp = dir.join(format!("{name}.qmp"));
-        let agent = dir.join(format!("{name}.qga"));
-        let serial = dir.join(format!("{name}.serial"));
-        let swap = dir.join(format!("{name}.swap"));
-        std::fs::File::create(&swap)
-            .unwrap()
-            .set_len(128 << 20)
-            .unwrap();
-        let append = format!(
-            "console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 \
-             memtide.workload={workload} memtide.args={args} {append}"
-        );
-        // Join the cgroup before exec, so every byte QEMU allocates is charged to it.
-        let child = Command::new("sh")
-            .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-            .arg(procs)
-            .arg("qemu-system-x86_64")
-            .args([
-                "-accel",
-                "tcg,tb-size=16",
-                "-cpu",
-                "qemu64,+rdrand",
-                "-smp",
-                "1",
-            ])
-            .args(["-m", mem, "-nodefaults", "-display", "none", "-no-reboot"])
-            .arg("-kernel")
-            .arg(kernel.join("vmlinuz"))
-            .arg("-initrd")
-            .arg(kernel.join("initrd.img"))
-            .args(["-append", &append])
-            .arg("-serial")
-            .arg(format!("file:{}", serial.display()))
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+        let guest = Boot::new(name, dir, &guest_dir(), mem)
+            .kernel_args(&format!(
+                "memtide.workload={workload} memtide.args={args} {append}"
+            ))
+            .qmp("qmp")
             .args(devices)
-            .arg("-chardev")
-            .arg(format!(
-                "socket,id=qga0,path={},server=on,wait=off",
-                agent.display()
-            ))
-            .args(["-device", "virtio-serial-pci"])
-            .args([
-                "-device",
-                "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-            ])
-            .arg("-drive")
-            .arg(format!(
-                "if=none,id=swap,file={},format=raw",
-                swap.display()
-            ))
-            .args(["-device", "virtio-blk-pci,drive=swap"])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("starting qemu-system-x86_64 (is QEMU installed?)");
-        Guest {
-            name: name.to_string(),
-            qmp,
-            agent,
-            serial,
-            child,
-        }
+            .disk("swap", 128)
+            .agent()
+            .spawn(procs)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Guest(guest)
     }
 
-    /// The QEMU process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// Its QMP socket.
+    pub fn qmp(&self) -> &Path {
+        &self.0.qmp[0]
     }
 
-    /// The serial console so far.
-    pub fn console(&self) -> String {
-        std::fs::read_to_string(&self.serial).unwrap_or_default()
+    /// The guest agent's socket (Debian's qemu-ga runs in the guest).
+    pub fn agent(&self) -> &Path {
+        self.0.agent.as_deref().expect("booted with the agent")
     }
 
     /// Wait until the console has `count` lines containing `needle`.
-    pub fn wait_console(&self, needle: &str, count: usize, limit: Duration) {
-        let seen = wait_for(limit, || {
-            (self.console().matches(needle).count() >= count).then_some(())
-        });
-        assert!(
-            seen.is_some(),
-            "guest {}: no {count}× {needle:?} on the console within {limit:?}; console:\n{}",
-            self.name,
-            self.console()
-        );
+    pub fn wait_console(&mut self, needle: &str, count: usize, limit: Duration) {
+        self.0
+            .wait_console(needle, count, limit)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Send a signal to QEMU.
@@ -152,13 +87,14 @@ impl Guest {
 
     /// True while QEMU runs.
     pub fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.0.alive().is_ok()
     }
 }
 
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL also ends a SIGSTOPped QEMU
-        let _ = self.child.wait();
+impl std::ops::Deref for Guest {
+    type Target = memtide_testbed::Guest;
+
+    fn deref(&self) -> &memtide_testbed::Guest {
+        &self.0
     }
 }

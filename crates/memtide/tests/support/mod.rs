@@ -12,17 +12,11 @@ pub mod libvirtd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// The built test guest (`guest/build.sh`): its directory, or a panic saying how to build it.
+/// The built test guest (`guest/build.sh`; `$MEMTIDE_GUEST_DIR` or target/guest): its
+/// directory, or a panic saying how to build it.
 pub fn guest_dir() -> PathBuf {
-    let dir = std::env::var_os("MEMTIDE_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/guest"));
-    assert!(
-        dir.join("vmlinuz").exists() && dir.join("initrd.img").exists(),
-        "no test guest in {}: run guest/build.sh (or scripts/test.sh, which does)",
-        dir.display()
-    );
-    dir
+    memtide_testbed::guest_dir(None)
+        .unwrap_or_else(|e| panic!("{e} (or scripts/test.sh, which does)"))
 }
 
 /// Poll `check` every 200 ms until it yields a value or `limit` passes.

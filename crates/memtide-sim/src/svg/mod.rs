@@ -1,7 +1,11 @@
 //! Plots as hand-written SVG: per-VM allocation against working set, host memory over
-//! time, and host memory stacked by VM.
+//! time, and host memory stacked by VM. They are drawn with [`plot`]'s primitives, which
+//! memtide-bench's plots share.
+
+pub mod plot;
 
 use crate::report::Series;
+use plot::{document, fmt_tick, Axes, Legend, Panel, Scale, Ticks};
 use std::fmt::Write as _;
 
 const PALETTE: [&str; 10] = [
@@ -52,171 +56,44 @@ fn memory_unit(max_mib: f64) -> Unit {
     }
 }
 
-/// A round step giving about `n` ticks up to `max`.
-fn tick_step(max: f64, n: f64) -> f64 {
-    if max <= 0.0 {
-        return 1.0;
-    }
-    let raw = max / n;
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let nice = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
+/// The dash pattern of the dashed lines.
+const DASHED: &str = r#" stroke-dasharray="4 3""#;
+
+/// A panel's axes in `x_unit` and `y_unit`; with `labels`, their names too.
+fn axes(f: &Panel, out: &mut String, x_unit: &Unit, y_unit: &Unit, labels: bool) {
+    let ticks = |count, unit: &Unit| Ticks {
+        count,
+        per: unit.per,
+        label: fmt_tick,
     };
-    nice * mag
-}
-
-fn fmt_tick(v: f64) -> String {
-    if v.fract().abs() < 1e-9 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
+    let style = Axes {
+        x: ticks(5.0, x_unit),
+        y: ticks(4.0, y_unit),
+        grid: "#ddd",
+    };
+    f.axes(out, &style);
+    if labels {
+        f.x_label(out, &format!("time ({})", x_unit.name), 32.0);
+        f.y_label(out, &format!("memory ({})", y_unit.name), 42.0);
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// A plotting area: data (time in s, memory in MiB) mapped to pixels.
-struct Frame {
-    left: f64,
-    top: f64,
-    width: f64,
-    height: f64,
-    x_max: f64,
-    y_max: f64,
-}
-
-impl Frame {
-    fn x(&self, t: f64) -> f64 {
-        self.left + self.width * (t / self.x_max).clamp(0.0, 1.0)
-    }
-
-    fn y(&self, v: f64) -> f64 {
-        self.top + self.height * (1.0 - (v / self.y_max).clamp(0.0, 1.0))
-    }
-
-    /// Axes with ticks, grid lines and labels.
-    fn axes(&self, out: &mut String, x_unit: &Unit, y_unit: &Unit, labels: bool) {
-        let bottom = self.top + self.height;
-        let right = self.left + self.width;
-        let step = tick_step(self.y_max / y_unit.per, 4.0);
-        let mut v = 0.0;
-        while v <= self.y_max / y_unit.per + 1e-9 {
-            let y = self.y(v * y_unit.per);
-            let _ = write!(
-                out,
-                r##"<line x1="{:.1}" y1="{y:.1}" x2="{right:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                self.left,
-                self.left - 4.0,
-                y + 4.0,
-                fmt_tick(v)
-            );
-            v += step;
-        }
-        let step = tick_step(self.x_max / x_unit.per, 5.0);
-        let mut t = 0.0;
-        while t <= self.x_max / x_unit.per + 1e-9 {
-            let x = self.x(t * x_unit.per);
-            let _ = write!(
-                out,
-                r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                bottom + 4.0,
-                bottom + 15.0,
-                fmt_tick(t)
-            );
-            t += step;
-        }
-        let _ = write!(
-            out,
-            r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="none" stroke="#333"/>"##,
-            self.left, self.top, self.width, self.height
-        );
-        if labels {
-            let _ = write!(
-                out,
-                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">time ({})</text><text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">memory ({})</text>"##,
-                self.left + self.width / 2.0,
-                bottom + 32.0,
-                x_unit.name,
-                self.left - 42.0,
-                self.top + self.height / 2.0,
-                y_unit.name
-            );
-        }
-    }
-
-    fn line(&self, out: &mut String, ts: &[f64], vs: &[f32], color: &str, dash: bool) {
-        let mut points = String::new();
-        for (t, v) in ts.iter().zip(vs) {
-            let _ = write!(points, "{:.1},{:.1} ", self.x(*t), self.y(f64::from(*v)));
-        }
-        let dash = if dash {
-            r#" stroke-dasharray="4 3""#
-        } else {
-            ""
-        };
-        let _ = write!(
-            out,
-            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"{dash}/>"#,
-            points.trim_end()
-        );
-    }
-
-    /// The area between two curves.
-    fn band(&self, out: &mut String, ts: &[f64], lower: &[f64], upper: &[f64], color: &str) {
-        let mut points = String::new();
-        for (t, v) in ts.iter().zip(upper) {
-            let _ = write!(points, "{:.1},{:.1} ", self.x(*t), self.y(*v));
-        }
-        for (t, v) in ts.iter().zip(lower).rev() {
-            let _ = write!(points, "{:.1},{:.1} ", self.x(*t), self.y(*v));
-        }
-        let _ = write!(
-            out,
-            r#"<polygon points="{}" fill="{color}" stroke="none"/>"#,
-            points.trim_end()
-        );
-    }
+/// A series' values, every one present.
+fn present(values: &[f32]) -> impl Iterator<Item = Option<f64>> + '_ {
+    values.iter().map(|v| Some(f64::from(*v)))
 }
 
 /// A legend: one line per entry (label, colour, dashed).
 fn legend(out: &mut String, x: f64, y: f64, entries: &[(String, &str, bool)]) {
+    let style = Legend {
+        line: 18.0,
+        width: 6.0,
+        text: 24.0,
+    };
     for (i, (label, color, dash)) in entries.iter().enumerate() {
-        let y = y + 16.0 * i as f64;
-        let dash = if *dash {
-            r#" stroke-dasharray="4 3""#
-        } else {
-            ""
-        };
-        let _ = write!(
-            out,
-            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="6"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 18.0,
-            x + 24.0,
-            y + 4.0,
-            escape(label)
-        );
+        let dash = if *dash { DASHED } else { "" };
+        style.entry(out, x, y + 16.0 * i as f64, color, dash, label);
     }
-}
-
-fn document(width: f64, height: f64, title: &str, body: &str) -> String {
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/><text x="{:.1}" y="20" text-anchor="middle" font-size="14">{}</text>{body}</svg>
-"##,
-        width / 2.0,
-        escape(title)
-    )
 }
 
 fn max_of(values: &[f32]) -> f64 {
@@ -276,31 +153,27 @@ pub fn allocation(series: &Series, title: &str) -> String {
         &[("in host memory".into(), PALETTE[2], false)],
     );
     for (i, vm) in shown.iter().enumerate() {
-        let f = Frame {
+        let f = Panel {
             left: left + (i % cols) as f64 * (pw + 30.0),
             top: top + 20.0 + (i / cols) as f64 * (ph + 50.0),
             width: pw,
             height: ph,
             x_max: end,
             y_max,
+            y_scale: Scale::Linear,
         };
-        let _ = write!(
-            body,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text>"#,
-            f.left + pw / 2.0,
-            f.top - 5.0,
-            escape(&vm.name)
-        );
-        f.axes(&mut body, &tu, &mu, false);
-        f.line(&mut body, &series.t_s, &vm.resident_mib, PALETTE[2], false);
+        f.title(&mut body, &vm.name, 5.0);
+        axes(&f, &mut body, &tu, &mu, false);
+        let t = &series.t_s;
+        f.line(&mut body, t, present(&vm.resident_mib), PALETTE[2], "");
         f.line(
             &mut body,
-            &series.t_s,
-            &vm.working_set_mib,
+            t,
+            present(&vm.working_set_mib),
             PALETTE[1],
-            true,
+            DASHED,
         );
-        f.line(&mut body, &series.t_s, &vm.given_mib, PALETTE[0], false);
+        f.line(&mut body, t, present(&vm.given_mib), PALETTE[0], "");
     }
     let _ = write!(
         body,
@@ -313,17 +186,26 @@ pub fn allocation(series: &Series, title: &str) -> String {
     document(width, height, title, &body)
 }
 
-/// Host memory over time: free, freeable (free + cache), guest memory in host swap, and
-/// KSM's savings.
-pub fn host_memory(series: &Series, title: &str) -> String {
-    let (width, height) = (900.0, 420.0);
-    let f = Frame {
+/// The host plots' panel: the whole run, memory up to `y_max` MiB.
+fn host_panel(series: &Series, y_max: f64) -> Panel {
+    Panel {
         left: 80.0,
         top: 50.0,
         width: 620.0,
         height: 310.0,
         x_max: series.t_s.last().copied().unwrap_or(1.0).max(1e-9),
-        y_max: [
+        y_max,
+        y_scale: Scale::Linear,
+    }
+}
+
+/// Host memory over time: free, freeable (free + cache), guest memory in host swap, and
+/// KSM's savings.
+pub fn host_memory(series: &Series, title: &str) -> String {
+    let (width, height) = (900.0, 420.0);
+    let f = host_panel(
+        series,
+        [
             &series.host_free_mib,
             &series.host_swap_mib,
             &series.ksm_saved_mib,
@@ -339,38 +221,21 @@ pub fn host_memory(series: &Series, title: &str) -> String {
         )
         .fold(1.0, f64::max)
             * 1.05,
-    };
+    );
     let (tu, mu) = (time_unit(f.x_max), memory_unit(f.y_max));
     let mut body = String::new();
-    f.axes(&mut body, &tu, &mu, true);
+    axes(&f, &mut body, &tu, &mu, true);
     let freeable: Vec<f32> = series
         .host_free_mib
         .iter()
         .zip(&series.host_cache_mib)
         .map(|(a, b)| a + b)
         .collect();
-    f.line(&mut body, &series.t_s, &freeable, PALETTE[0], true);
-    f.line(
-        &mut body,
-        &series.t_s,
-        &series.host_free_mib,
-        PALETTE[0],
-        false,
-    );
-    f.line(
-        &mut body,
-        &series.t_s,
-        &series.host_swap_mib,
-        PALETTE[3],
-        false,
-    );
-    f.line(
-        &mut body,
-        &series.t_s,
-        &series.ksm_saved_mib,
-        PALETTE[2],
-        false,
-    );
+    let t = &series.t_s;
+    f.line(&mut body, t, present(&freeable), PALETTE[0], DASHED);
+    f.line(&mut body, t, present(&series.host_free_mib), PALETTE[0], "");
+    f.line(&mut body, t, present(&series.host_swap_mib), PALETTE[3], "");
+    f.line(&mut body, t, present(&series.ksm_saved_mib), PALETTE[2], "");
     legend(
         &mut body,
         720.0,
@@ -435,14 +300,7 @@ pub fn host_stack(series: &Series, title: &str) -> String {
     let free = series.host_free_mib.iter().map(|v| f64::from(*v)).collect();
     layers.push(("free".into(), free, "#e8f4e8"));
 
-    let f = Frame {
-        left: 80.0,
-        top: 50.0,
-        width: 620.0,
-        height: 310.0,
-        x_max: series.t_s.last().copied().unwrap_or(1.0).max(1e-9),
-        y_max: series.host_total_mib.max(1.0),
-    };
+    let f = host_panel(series, series.host_total_mib.max(1.0));
     let (tu, mu) = (time_unit(f.x_max), memory_unit(f.y_max));
     let mut body = String::new();
     let mut lower = vec![0.0; n];
@@ -451,7 +309,7 @@ pub fn host_stack(series: &Series, title: &str) -> String {
         f.band(&mut body, &series.t_s, &lower, &upper, color);
         lower = upper;
     }
-    f.axes(&mut body, &tu, &mu, true);
+    axes(&f, &mut body, &tu, &mu, true);
     let entries: Vec<(String, &str, bool)> = layers
         .iter()
         .rev()
@@ -506,12 +364,5 @@ mod tests {
         }
         assert!(allocation(&s, "t").contains("first 16 of 20 VMs"));
         assert!(host_stack(&s, "t").contains("10 other VMs"));
-    }
-
-    #[test]
-    fn tick_steps_are_round() {
-        assert_eq!(tick_step(48.0, 4.0), 20.0);
-        assert_eq!(tick_step(3600.0, 5.0), 1000.0);
-        assert_eq!(tick_step(0.0, 5.0), 1.0);
     }
 }

@@ -1,0 +1,142 @@
+//! A memory cgroup (v1 or v2) of our own: created below the process's own memory cgroup,
+//! holding the guests started in it, and removed when dropped.
+
+use crate::Error;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A memory cgroup of our own, removed (once its processes are gone) when dropped.
+pub struct Cgroup {
+    /// Its directory.
+    pub dir: PathBuf,
+    v2: bool,
+}
+
+/// The process's own memory cgroup directory, and whether it is v2.
+fn own_cgroup() -> Result<(PathBuf, bool), Error> {
+    let text = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(Error::io("reading /proc/self/cgroup"))?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (
+            parts.next(),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            return Ok((dir, false));
+        }
+    }
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or(Error::NoOwnCgroup)?;
+    Ok((
+        Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')),
+        true,
+    ))
+}
+
+impl Cgroup {
+    /// Create `name-<pid>` below the process's own memory cgroup (which takes root).
+    pub fn create(name: &str) -> Result<Cgroup, Error> {
+        let (parent, v2) = own_cgroup()?;
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(Error::io(format!(
+            "creating cgroup {} (a memory cgroup of our own: run as root)",
+            dir.display()
+        )))?;
+        let cg = Cgroup { dir, v2 };
+        if !cg.dir.join(cg.limit_file()).exists() {
+            return Err(Error::NoMemoryController(cg.dir.clone()));
+        }
+        Ok(cg)
+    }
+
+    fn limit_file(&self) -> &'static str {
+        if self.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        }
+    }
+
+    /// The file a process writes its pid to, to join the cgroup.
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// Memory charged to the cgroup, in bytes.
+    pub fn usage(&self) -> Result<u64, Error> {
+        Ok(memtide_adapters::cgroup::read(&self.dir)?.usage.0)
+    }
+
+    /// File cache charged to the cgroup (active + inactive file pages), in bytes.
+    pub fn file_cache(&self) -> Result<u64, Error> {
+        Ok(memtide_adapters::cgroup::read(&self.dir)?.file_cache.0)
+    }
+
+    /// Set the memory limit, in bytes.
+    pub fn set_limit(&self, bytes: u64) -> Result<(), Error> {
+        let path = self.dir.join(self.limit_file());
+        std::fs::write(&path, bytes.to_string())
+            .map_err(Error::io(format!("setting {} to {bytes}", path.display())))
+    }
+
+    /// Processes in the cgroup.
+    pub fn tasks(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.procs())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+/// `program`, run so that it joins the cgroup whose `cgroup.procs` is `procs` before it
+/// is exec'd (through `sh`), so that everything it allocates is charged to the cgroup.
+/// Add its arguments to the command returned.
+pub fn command_in(procs: &Path, program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+        .arg(procs)
+        .arg(program);
+    cmd
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The guests are gone by now (dropped first); a cgroup with no tasks can be removed.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!(
+            "warning: could not remove cgroup {} (tasks: {:?})",
+            self.dir.display(),
+            self.tasks()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_in;
+
+    #[test]
+    fn a_command_joins_the_cgroup_before_exec() {
+        // A plain file stands in for cgroup.procs: the pid written is the one exec'd.
+        let procs = tempfile::NamedTempFile::new().unwrap();
+        let out = command_in(procs.path(), "sh")
+            .args(["-c", "echo $$"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let written = std::fs::read_to_string(procs.path()).unwrap();
+        assert_eq!(written, String::from_utf8(out.stdout).unwrap());
+    }
+}
