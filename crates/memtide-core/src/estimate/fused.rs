@@ -2,7 +2,7 @@
 //! size minus MemAvailable, plus a margin — instead of stepping down from Committed_AS,
 //! then probes below that the TWS way to find memory the guest holds but does not use
 //! (cold anonymous memory, stale cache): fast until the first sign of shortage, slowly
-//! after. Any sign of shortage — swap-ins, refaults, OOM kills, memory pressure, and
+//! after. Any sign of shortage — swap-ins, refaults, OOM kills, and memory pressure and
 //! allocation stalls the balloon's own inflation did not cause — backs it off within the
 //! same tick (straight to Committed_AS when the guest faults heavily), and probing
 //! resumes after a cool-down that doubles while probes keep failing at the same level.
@@ -82,6 +82,8 @@ pub struct Fused {
     backoffs: u32,
     /// The guest's size at the previous tick.
     last_size: Option<Bytes>,
+    /// Whether the guest shrank in the previous tick.
+    shrank: bool,
 }
 
 fn secs(s: f64) -> Duration {
@@ -117,17 +119,21 @@ impl Fused {
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
         self.base = base;
         let faults = s.faults();
-        // Allocation stalls while the balloon inflates are its own reclaim, the price of
-        // taking memory back; swap-ins and refaults say whether that memory was needed
-        // (seen on real guests: every probe below a cold buffer stalled a few times).
-        let inflating = self.last_size.is_some_and(|last| obs.size < last);
-        self.last_size = Some(obs.size);
+        // Allocation stalls and memory pressure while the balloon inflates (this tick or
+        // the last: the guest's counters may lag its size by a tick) are its own reclaim,
+        // the price of taking memory back; swap-ins and refaults say whether that memory
+        // was needed (seen on real guests: every probe below a cold buffer stalled a few
+        // times and pushed PSI above 1%).
+        let shrank = self.last_size.is_some_and(|last| obs.size < last);
+        let inflating = shrank || self.shrank;
+        (self.last_size, self.shrank) = (Some(obs.size), shrank);
         let stalls = s.alloc_stalls.filter(|_| !inflating).unwrap_or(0);
         let kills = s.oom_kills.unwrap_or(0);
+        let pressure = s.psi_some_stalled.filter(|_| !inflating);
         let short = faults > 0
             || stalls > 0
             || kills > 0
-            || s.psi_some_stalled.is_some_and(|p| p > cfg.psi_threshold);
+            || pressure.is_some_and(|p| p > cfg.psi_threshold);
         let mut hold_s = 0;
         let phase = if short {
             estimate = estimate.max(obs.size)
@@ -220,15 +226,39 @@ mod tests {
     }
 
     #[test]
-    fn stalls_while_the_balloon_inflates_are_not_a_shortage() {
+    fn stalls_and_pressure_while_the_balloon_inflates_are_not_a_shortage() {
+        let cfg = FusedConfig::default();
+        for pressure in [false, true] {
+            let mut f = Fused::default();
+            let reclaim = |mut o: Observation| {
+                if pressure {
+                    o.signals.psi_some_stalled = Some(5.0);
+                } else {
+                    o.signals.alloc_stalls = Some(5);
+                }
+                o
+            };
+            f.step(&cfg, &obs(0, 1000, 700, 0));
+            let e = f.step(&cfg, &reclaim(obs(1, 330, 30, 0))).unwrap();
+            assert_eq!(e.phase, "probe", "the guest shrank (pressure: {pressure})");
+            let e = f.step(&cfg, &reclaim(obs(2, 330, 30, 0))).unwrap();
+            assert_eq!(
+                e.phase, "probe",
+                "it shrank a tick ago (pressure: {pressure})"
+            );
+            let e = f.step(&cfg, &reclaim(obs(3, 330, 30, 0))).unwrap();
+            assert_eq!(e.phase, "back_off", "it did not (pressure: {pressure})");
+        }
+    }
+
+    #[test]
+    fn faults_while_the_balloon_inflates_still_back_off() {
         let (cfg, mut f) = (FusedConfig::default(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
-        let mut o = obs(1, 330, 30, 0);
-        o.signals.alloc_stalls = Some(5);
-        assert_eq!(f.step(&cfg, &o).unwrap().phase, "probe", "the guest shrank");
-        let mut o = obs(2, 330, 30, 0);
-        o.signals.alloc_stalls = Some(5);
-        assert_eq!(f.step(&cfg, &o).unwrap().phase, "back_off", "it did not");
+        assert_eq!(
+            f.step(&cfg, &obs(1, 330, 30, 256)).unwrap().phase,
+            "back_off"
+        );
     }
 
     #[test]
