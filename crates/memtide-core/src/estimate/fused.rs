@@ -4,9 +4,11 @@
 //! (cold anonymous memory, stale cache): fast until the first sign of shortage, slowly
 //! after. Any sign of shortage — swap-ins, refaults, OOM kills, and memory pressure and
 //! allocation stalls the balloon's own inflation did not cause — backs it off within the
-//! same tick (straight to Committed_AS when the guest faults heavily), and probing
-//! resumes after a cool-down that doubles while probes keep failing at the same level.
-//! It never goes below the guest's unreclaimable memory plus a floor.
+//! same tick (after a failed probe to near the last level that was fine; straight to
+//! Committed_AS when the guest faults heavily unprobed), and probing resumes after a
+//! cool-down that doubles while probes keep failing at the same level; fewer faults the
+//! tick after a back-off are the guest recovering, not a new shortage. It never goes
+//! below the guest's unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
 use crate::signals::PAGE;
@@ -90,6 +92,10 @@ pub struct Fused {
     last_size: Option<Bytes>,
     /// Whether the guest shrank in the previous tick.
     shrank: bool,
+    /// The previous tick's probe step, if it probed.
+    last_probe: Option<Bytes>,
+    /// The pages faulted back at the previous tick, if it backed off.
+    last_backoff_faults: Option<u64>,
 }
 
 fn secs(s: f64) -> Duration {
@@ -150,11 +156,27 @@ impl Fused {
             || stalls > 0
             || kills > 0
             || pressure.is_some_and(|p| p > cfg.psi_threshold);
+        // The tick after a back-off, fewer pages faulted back than at the back-off is the
+        // guest bringing back what the failed probe evicted, not a new shortage (seen on
+        // real guests: 63 MiB, then 23 MiB faulted back raised the estimate twice, 30 MiB
+        // above the level the guest had been fine at).
+        let recovering = kills == 0 && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
-        let phase = if short {
-            estimate = estimate.max(obs.size)
-                + Bytes(faults.saturating_mul(PAGE)).min(step(cfg.backoff_max))
-                + step(cfg.backoff_step);
+        // Fast until the first back-off since the last rebase (TWS's FAST), then slowly.
+        let probe = step(if self.backoffs == 0 {
+            cfg.probe_fast_step
+        } else {
+            cfg.probe_step
+        });
+        let phase = if short && recovering {
+            "recover"
+        } else if short {
+            // A shortage right after a probe: the working set lies between this level
+            // and the one before the probe (its faults may lag a tick: two steps up).
+            let raise = Bytes(faults.saturating_mul(PAGE))
+                .min(step(cfg.backoff_max))
+                .min(self.last_probe.map_or(Bytes(u64::MAX), |p| p + p));
+            estimate = estimate.max(obs.size) + raise + step(cfg.backoff_step);
             // Heavy faulting (more than a probe step's worth this tick) that no shrinking
             // of ours caused means the guest sits well below its working set: jump to
             // what it has committed. After a probe, the working set lies just above the
@@ -182,13 +204,12 @@ impl Fused {
             "start"
         } else if obs.at < self.hold_until {
             "hold"
-        } else if self.backoffs == 0 {
-            estimate = estimate - step(cfg.probe_fast_step);
-            "probe"
         } else {
-            estimate = estimate - step(cfg.probe_step);
+            estimate = estimate - probe;
             "probe"
         };
+        self.last_probe = (phase == "probe").then_some(probe);
+        self.last_backoff_faults = (phase == "back_off").then_some(faults);
         let wss = clamp(estimate, floor, obs.configured);
         self.estimate = Some(wss);
         // One format per tick and VM: reasons are made for every VM every tick.
@@ -199,6 +220,9 @@ impl Fused {
             ),
             "start" => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
             "hold" => format!("estimate {wss}: holding after a back-off"),
+            "recover" => format!(
+                "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
+            ),
             _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
         };
         Some(Estimate { wss, phase, detail })
@@ -342,6 +366,24 @@ mod tests {
         // 1000 MiB faulted back in a tick, no Committed_AS: 330 + 50 (5%) + 20 (2%).
         assert_eq!(mib(f.step(&cfg, &obs(1, 330, 0, 256_000))), 400.0);
         assert_eq!(mib(f.step(&cfg, &obs(2, 400, 0, 256_000))), 470.0);
+    }
+
+    #[test]
+    fn a_failed_probe_returns_near_the_last_good_level_and_recovery_is_not_a_new_shortage() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0)); // 330
+        f.step(&cfg, &obs(1, 330, 30, 0)); // fast probe: 280
+        f.step(&cfg, &obs(2, 280, 0, 2560)); // back off: 280 + 10 + 20 = 310, hold 8 s
+        f.step(&cfg, &obs(11, 310, 10, 0)); // slow probe: 300
+                                            // 100 MiB faulted back after a 10 MiB probe: at most two probe steps (300 + 20 + 20).
+        let e = f.step(&cfg, &obs(12, 300, 0, 25_600)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (340.0, "back_off"));
+        // Fewer pages the next tick: the guest brings back what the probe evicted.
+        let e = f.step(&cfg, &obs(13, 340, 0, 2560)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (340.0, "recover"));
+        // As many again: a shortage still (340 + 10 + 20).
+        let e = f.step(&cfg, &obs(14, 340, 0, 2560)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (370.0, "back_off"));
     }
 
     #[test]
