@@ -24,6 +24,9 @@ pub struct Signals {
     pub available: Option<Bytes>,
     /// Committed_AS (needs the agent; else `None`).
     pub committed_as: Option<Bytes>,
+    /// Active(file): page cache the guest used more than once lately (needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_file: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
     /// and the anonymous memory that does not fit in its free swap (needs the agent).
     pub unreclaimable: Option<Bytes>,
@@ -89,6 +92,7 @@ impl Signals {
             total,
             available,
             committed_as: a.and_then(|a| a.meminfo.committed_as),
+            active_file: a.and_then(|a| a.meminfo.active_file),
             unreclaimable,
             swap_ins,
             refaults,
