@@ -199,3 +199,15 @@ fn scenario_errors_name_the_field() {
         Err(ScenarioError::UnknownBuiltin(..))
     ));
 }
+
+#[test]
+fn the_calibration_twins_of_the_real_guest_scenarios_are_valid_and_run() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/calibration");
+    for name in ["converge", "overcommit"] {
+        let path = dir.join(format!("{name}.toml"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let scenario = Scenario::from_toml(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let report = run(&scenario, Box::new(Unmanaged), EngineConfig::default(), 1);
+        assert!(report.summary.total_throughput > 0.0, "{name}");
+    }
+}
