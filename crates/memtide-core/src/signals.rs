@@ -44,6 +44,11 @@ pub struct Signals {
     /// Share of the last interval during which some guest task stalled on memory
     /// (percent; from PSI's cumulative total, so it measures this tick only).
     pub psi_some_stalled: Option<f64>,
+    /// The guest has an agent but it did not answer this tick: its /proc figures are
+    /// missing and the balloon statistics (which a struggling guest may also leave
+    /// stale) stand in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub agent_failed: bool,
     /// Time since the previous sample.
     pub interval: Option<Duration>,
     /// Major faults per second.
@@ -104,6 +109,7 @@ impl Signals {
             psi_some_stalled: agent_delta(|a| Some(a.psi?.some.total_us))
                 .zip(history.interval().filter(|d| !d.is_zero()))
                 .map(|(us, d)| (us as f64 / d.as_micros() as f64 * 100.0).min(100.0)),
+            agent_failed: matches!(s.agent, Some(Err(_))),
             interval: history.interval(),
             major_faults_per_s: history.rate(|s| s.stats.major_faults),
             swap_in_per_s: history.rate(|s| s.stats.swap_in.map(|b| b.0)),
@@ -218,6 +224,19 @@ mod tests {
         assert_eq!(
             (sig.available, sig.committed_as, sig.unreclaimable),
             (Some(Bytes::from_mib(700)), None, None)
+        );
+        assert!(
+            sig.agent_failed,
+            "the estimators must know the figures are missing"
+        );
+        let mut h = History::new(10);
+        h.push(
+            Duration::ZERO,
+            testkit::vm("b", 1024, 1024, 100).sample.unwrap(),
+        );
+        assert!(
+            !Signals::derive(&h).agent_failed,
+            "no agent configured is no failure"
         );
     }
 }

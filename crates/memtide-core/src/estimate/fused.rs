@@ -217,6 +217,11 @@ impl Fused {
             "start"
         } else if obs.at < self.hold_until {
             "hold"
+        } else if s.agent_failed {
+            // No probing blind (seen on real guests: the agent of a guest thrashing
+            // below its working set stopped answering, its balloon statistics showed no
+            // swap-ins, and the next probe went 9 MiB deeper).
+            "no_agent"
         } else {
             estimate = estimate - probe;
             "probe"
@@ -238,6 +243,7 @@ impl Fused {
                 None => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
             },
             "hold" => format!("estimate {wss}: holding after a back-off"),
+            "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
             ),
@@ -300,6 +306,20 @@ mod tests {
         assert!(e.detail.contains("150 MiB of page cache"), "{}", e.detail);
         // Later the cache no longer counts: probing finds what of it is needed.
         assert_eq!(mib(f.step(&cfg, &with_cache(obs(1, 480, 180, 0)))), 430.0);
+    }
+
+    #[test]
+    fn no_probe_while_the_agent_does_not_answer() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        let mut o = obs(1, 330, 30, 0);
+        o.signals.agent_failed = true;
+        let e = f.step(&cfg, &o).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "no_agent"));
+        // Faults from the balloon statistics still back off.
+        let mut o = obs(2, 330, 30, 2560);
+        o.signals.agent_failed = true;
+        assert_eq!(f.step(&cfg, &o).unwrap().phase, "back_off");
     }
 
     #[test]

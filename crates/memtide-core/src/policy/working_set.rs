@@ -127,6 +127,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
         ("memtide", "recover") => "memtide.recover",
+        ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "back_off") => "memtide.back_off",
         ("tws", "fast") => "tws.fast",
         ("tws", "cool_down") => "tws.cool_down",
