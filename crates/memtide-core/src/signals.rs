@@ -24,6 +24,9 @@ pub struct Signals {
     pub available: Option<Bytes>,
     /// Committed_AS (needs the agent; else `None`).
     pub committed_as: Option<Bytes>,
+    /// SwapFree: room the guest has to absorb a shortage (needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_free: Option<Bytes>,
     /// Active(file): page cache the guest used more than once lately (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_file: Option<Bytes>,
@@ -98,6 +101,7 @@ impl Signals {
             available,
             committed_as: a.and_then(|a| a.meminfo.committed_as),
             active_file: a.and_then(|a| a.meminfo.active_file),
+            swap_free: a.map(|a| a.meminfo.swap_free),
             unreclaimable,
             swap_ins,
             refaults,

@@ -47,6 +47,10 @@ pub struct FusedConfig {
     /// as a shortage otherwise (seen on real guests: a 384 MiB guest fine at its size
     /// faulted back 1 to 6 pages now and then, and each such back-off cost it 8 MiB).
     pub fault_noise: f64,
+    /// Free swap, as a share of the configured size, below which a guest faulting
+    /// heavily is backed off to Committed_AS even right after a probe: with its swap
+    /// nearly full it cannot absorb a shortage and the next allocation is an OOM kill.
+    pub low_swap: f64,
     /// Seconds to hold after a back-off before probing again (doubles on each further
     /// back-off, up to `max_cool_down_s`).
     pub cool_down_s: f64,
@@ -74,6 +78,7 @@ impl Default for FusedConfig {
             backoff_max: 0.05,
             inflation_fault_noise: 0.0025,
             fault_noise: 0.0002,
+            low_swap: 0.2,
             cool_down_s: 8.0,
             max_cool_down_s: 120.0,
             psi_threshold: 1.0,
@@ -102,6 +107,8 @@ pub struct Fused {
     last_probe: Option<Bytes>,
     /// The pages faulted back at the previous tick, if it backed off.
     last_backoff_faults: Option<u64>,
+    /// Committed_AS at the previous tick.
+    last_committed: Option<Bytes>,
 }
 
 fn secs(s: f64) -> Duration {
@@ -162,9 +169,18 @@ impl Fused {
         } else {
             0
         };
-        let stalls = s.alloc_stalls.filter(|_| !inflating).unwrap_or(0);
+        // The guest allocated more than a probe step since the last tick: new demand,
+        // which no probe of ours explains.
+        let allocated = s
+            .committed_as
+            .zip(self.last_committed)
+            .is_some_and(|(now, last)| now > last + step(cfg.probe_step));
+        self.last_committed = s.committed_as;
+        // Reclaim is the balloon's own only while the guest asks for nothing new.
+        let balloon_reclaim = inflating && !allocated;
+        let stalls = s.alloc_stalls.filter(|_| !balloon_reclaim).unwrap_or(0);
         let kills = s.oom_kills.unwrap_or(0);
-        let pressure = s.psi_some_stalled.filter(|_| !inflating);
+        let pressure = s.psi_some_stalled.filter(|_| !balloon_reclaim);
         let short = faults > 0
             || stalls > 0
             || kills > 0
@@ -184,19 +200,26 @@ impl Fused {
         let phase = if short && recovering {
             "recover"
         } else if short {
-            // A shortage right after a probe: the working set lies between this level
-            // and the one before the probe (its faults may lag a tick: two steps up).
+            // A shortage right after a probe, with no new allocation: the working set
+            // lies between this level and the one before the probe (its faults may lag
+            // a tick: two steps up).
+            let after_probe = self.last_probe.filter(|_| !allocated);
             let raise = Bytes(faults.saturating_mul(PAGE))
                 .min(step(cfg.backoff_max))
-                .min(self.last_probe.map_or(Bytes(u64::MAX), |p| p + p));
+                .min(after_probe.map_or(Bytes(u64::MAX), |p| p + p));
             estimate = estimate.max(obs.size) + raise + step(cfg.backoff_step);
-            // Heavy faulting (more than a probe step's worth this tick) that no shrinking
-            // of ours caused means the guest sits well below its working set: jump to
-            // what it has committed. After a probe, the working set lies just above the
-            // probe (seen on real guests: a guest probed 10 MiB below its working set
-            // thrashed 66 MiB back in a second; the jump to Committed_AS gave back the
-            // 200 MiB of cold memory the probes had found).
-            if !inflating && Bytes(faults.saturating_mul(PAGE)) > step(cfg.probe_step) {
+            // A shortage that comes with a new allocation, or heavy faulting (more than
+            // a probe step's worth this tick) that no shrinking of ours caused, means the
+            // guest sits well below what it needs: jump to what it has committed. After
+            // a probe alone, the working set lies just above the probe (seen on real
+            // guests: a guest probed 10 MiB below its working set thrashed 66 MiB back in
+            // a second; the jump to Committed_AS gave back the 200 MiB of cold memory the
+            // probes had found).
+            let heavy = Bytes(faults.saturating_mul(PAGE)) > step(cfg.probe_step);
+            let swap_low = s
+                .swap_free
+                .is_some_and(|free| free < obs.configured.scale(cfg.low_swap));
+            if allocated || (heavy && (!inflating || swap_low)) {
                 if let Some(committed) = s.committed_as {
                     estimate = estimate.max(committed + margin);
                 }
@@ -306,6 +329,51 @@ mod tests {
         assert!(e.detail.contains("150 MiB of page cache"), "{}", e.detail);
         // Later the cache no longer counts: probing finds what of it is needed.
         assert_eq!(mib(f.step(&cfg, &with_cache(obs(1, 480, 180, 0)))), 430.0);
+    }
+
+    #[test]
+    fn a_new_allocation_during_probing_jumps_to_committed_memory() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let committed = |mut o: Observation, mib: u64| {
+            o.signals.committed_as = Some(Bytes::from_mib(mib));
+            o
+        };
+        f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300));
+        f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
+                                                           // 100 MiB faulted back while 200 MiB more was committed: Committed_AS 500 + 30.
+        let e = f
+            .step(&cfg, &committed(obs(2, 280, 0, 25_600), 500))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (530.0, "back_off"));
+        // Stalls alone while inflating, when the guest allocates, are a shortage too.
+        let mut g = Fused::default();
+        g.step(&cfg, &committed(obs(0, 1000, 700, 0), 300));
+        g.step(&cfg, &committed(obs(1, 330, 30, 0), 300));
+        let mut o = committed(obs(2, 280, 0, 0), 500);
+        o.signals.alloc_stalls = Some(3);
+        let e = g.step(&cfg, &o).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (530.0, "back_off"));
+    }
+
+    #[test]
+    fn a_guest_with_its_swap_nearly_full_faulting_after_a_probe_gets_its_committed_memory() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let with = |mut o: Observation, swap_free: u64| {
+            o.signals.committed_as = Some(Bytes::from_mib(500));
+            o.signals.swap_free = Some(Bytes::from_mib(swap_free));
+            o
+        };
+        f.step(&cfg, &with(obs(0, 1000, 700, 0), 100));
+        f.step(&cfg, &with(obs(1, 330, 30, 0), 100)); // probe: 280
+                                                      // 100 MiB faulted back, 100 MiB of swap free (< 20%): Committed_AS 500 + 30.
+        let e = f.step(&cfg, &with(obs(2, 280, 0, 25_600), 100)).unwrap();
+        assert_eq!(e.wss.mib_f64(), 530.0);
+        // With room in swap, the same shortage is a failed probe: 280 + 100 + 20.
+        let mut g = Fused::default();
+        g.step(&cfg, &with(obs(0, 1000, 700, 0), 600));
+        g.step(&cfg, &with(obs(1, 330, 30, 0), 600));
+        let e = g.step(&cfg, &with(obs(2, 280, 0, 25_600), 600)).unwrap();
+        assert_eq!(e.wss.mib_f64(), 350.0);
     }
 
     #[test]
