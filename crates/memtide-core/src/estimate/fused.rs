@@ -1,15 +1,15 @@
 //! memtide's estimator. It starts where the guest's own accounting says it stands — its
 //! size minus MemAvailable, plus the page cache in active use and a margin — instead of
-//! stepping down from Committed_AS,
-//! then probes below that the TWS way to find memory the guest holds but does not use
-//! (cold anonymous memory, stale cache): fast until the first sign of shortage, slowly
-//! after. Any sign of shortage — swap-ins, refaults, OOM kills, and memory pressure and
-//! allocation stalls the balloon's own inflation did not cause — backs it off within the
-//! same tick (after a failed probe to near the last level that was fine; straight to
-//! Committed_AS when the guest faults heavily unprobed), and probing resumes after a
-//! cool-down that doubles while probes keep failing at the same level; fewer faults the
-//! tick after a back-off are the guest recovering, not a new shortage. It never goes
-//! below the guest's unreclaimable memory plus a floor.
+//! stepping down from Committed_AS, then probes below that the TWS way to find memory the
+//! guest holds but does not use (cold anonymous memory, stale cache): fast until the
+//! first sign of shortage, slowly after, and not while the guest agent is silent. Any
+//! sign of shortage — swap-ins, refaults, OOM kills, and memory pressure and allocation
+//! stalls the balloon's own inflation did not cause — backs it off within the same tick:
+//! after a failed probe to near the last level that was fine; straight to Committed_AS
+//! on a new allocation, or when the guest faults heavily unprobed or with its swap nearly
+//! full. Probing resumes after a cool-down that doubles while probes keep failing at the
+//! same level; fewer faults the tick after a back-off are the guest recovering, not a new
+//! shortage. It never goes below the guest's unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
 use crate::signals::PAGE;
@@ -169,6 +169,7 @@ impl Fused {
         } else {
             0
         };
+        let faulted = Bytes(faults.saturating_mul(PAGE));
         // The guest allocated more than a probe step since the last tick: new demand,
         // which no probe of ours explains.
         let allocated = s
@@ -204,7 +205,7 @@ impl Fused {
             // lies between this level and the one before the probe (its faults may lag
             // a tick: two steps up).
             let after_probe = self.last_probe.filter(|_| !allocated);
-            let raise = Bytes(faults.saturating_mul(PAGE))
+            let raise = faulted
                 .min(step(cfg.backoff_max))
                 .min(after_probe.map_or(Bytes(u64::MAX), |p| p + p));
             estimate = estimate.max(obs.size) + raise + step(cfg.backoff_step);
@@ -215,7 +216,7 @@ impl Fused {
             // guests: a guest probed 10 MiB below its working set thrashed 66 MiB back in
             // a second; the jump to Committed_AS gave back the 200 MiB of cold memory the
             // probes had found).
-            let heavy = Bytes(faults.saturating_mul(PAGE)) > step(cfg.probe_step);
+            let heavy = faulted > step(cfg.probe_step);
             let swap_low = s
                 .swap_free
                 .is_some_and(|free| free < obs.configured.scale(cfg.low_swap));
