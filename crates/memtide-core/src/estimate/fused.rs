@@ -105,10 +105,13 @@ pub struct Fused {
     shrank: bool,
     /// The previous tick's probe step, if it probed.
     last_probe: Option<Bytes>,
-    /// The pages faulted back at the previous tick, if it backed off.
+    /// The pages faulted back at the previous tick, if it backed off or recovered.
     last_backoff_faults: Option<u64>,
     /// Committed_AS at the previous tick.
     last_committed: Option<Bytes>,
+    /// The last failed probe failed as soon as it went below what the guest has
+    /// committed: it touches all it allocates, so a rebase does not restart fast probing.
+    exact: bool,
 }
 
 fn secs(s: f64) -> Duration {
@@ -116,6 +119,11 @@ fn secs(s: f64) -> Duration {
 }
 
 impl Fused {
+    /// The cool-down after the back-offs so far: doubling with each, up to the longest.
+    fn hold_s(&self, cfg: &FusedConfig) -> f64 {
+        (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1)).min(cfg.max_cool_down_s)
+    }
+
     /// Advance one tick. Needs MemAvailable (guest agent or balloon statistics) or, at
     /// least, the guest's free memory.
     pub fn step(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Estimate> {
@@ -147,8 +155,17 @@ impl Fused {
         let mut estimate = self
             .estimate
             .unwrap_or(base + active_file.unwrap_or_default());
+        let shrank = self.last_size.is_some_and(|last| obs.size < last);
+        let inflating = shrank || self.shrank;
+        (self.last_size, self.shrank) = (Some(obs.size), shrank);
         let rebase = self.estimate.is_none()
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
+        // The guest's own need fell as much while no balloon of ours squeezed it (below
+        // its need, a guest's need follows its size down): it freed memory.
+        let freed = (self.estimate.is_some()
+            && !inflating
+            && base.as_f64() < self.base.as_f64() * (1.0 - cfg.rebase_change))
+            .then(|| self.base - base);
         self.base = base;
         let faults = s.faults();
         // Allocation stalls and memory pressure while the balloon inflates (this tick or
@@ -156,9 +173,6 @@ impl Fused {
         // the price of taking memory back; swap-ins and refaults say whether that memory
         // was needed (seen on real guests: every probe below a cold buffer stalled a few
         // times and pushed PSI above 1%).
-        let shrank = self.last_size.is_some_and(|last| obs.size < last);
-        let inflating = shrank || self.shrank;
-        (self.last_size, self.shrank) = (Some(obs.size), shrank);
         let noise = step(if inflating {
             cfg.inflation_fault_noise
         } else {
@@ -186,10 +200,12 @@ impl Fused {
             || stalls > 0
             || kills > 0
             || pressure.is_some_and(|p| p > cfg.psi_threshold);
-        // The tick after a back-off, fewer pages faulted back than at the back-off is the
-        // guest bringing back what the failed probe evicted, not a new shortage (seen on
-        // real guests: 63 MiB, then 23 MiB faulted back raised the estimate twice, 30 MiB
-        // above the level the guest had been fine at).
+        // After a back-off, fewer pages faulted back each tick is the guest bringing back
+        // what the failed probe evicted, not a new shortage (seen on real guests: 63 MiB,
+        // then 23 MiB faulted back raised the estimate twice, 30 MiB above the level the
+        // guest had been fine at; in the simulator a database touching its cold pages
+        // now and then took a minute to fault them back, and every other tick of it
+        // raised the estimate, to the guest's full size).
         let recovering = kills == 0 && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
         // Fast until the first back-off since the last rebase (TWS's FAST), then slowly.
@@ -225,33 +241,72 @@ impl Fused {
                     estimate = estimate.max(committed + margin);
                 }
             }
+            // An OOM kill is the shortage a guest does not recover from: the killed task's
+            // memory is gone from every figure, so nothing tells what it needed. Give the
+            // guest all it has and probe again from there (found in the simulator: a
+            // guest whose phase grew past its size within a tick was killed on every
+            // restart while bounded back-offs raised it 80 MiB at a time).
+            if kills > 0 {
+                estimate = estimate.max(obs.configured);
+            }
+            // The working set lies above the probed level: when the last level that was
+            // fine was not below what the guest has committed, none of that was cold.
+            if let Some(p) = after_probe {
+                self.exact = s.committed_as.is_some_and(|c| obs.size + p >= c);
+            }
             // A back-off that interrupts probing doubles the next hold (the probe failed
             // again at this level); one during a hold restarts the same hold.
             if obs.at >= self.hold_until {
                 self.backoffs = self.backoffs.saturating_add(1);
             }
-            let hold = (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1))
-                .min(cfg.max_cool_down_s);
+            let hold = self.hold_s(cfg);
             self.hold_until = obs.at + secs(hold);
             hold_s = hold.round() as u64;
             "back_off"
         } else if rebase {
             estimate = estimate.max(base);
-            self.backoffs = 0;
+            // Fast again, as TWS restarts on every change of Committed_AS, unless the
+            // last failed probe found no cold memory below the guest's commitment: hold
+            // for the cool-down it has earned and probe slowly (found in the simulator:
+            // memknobs guests touching all they allocate failed a fast probe after every
+            // growth, swapping 40 times as much as under MOM).
+            if self.exact {
+                let hold = self.hold_s(cfg);
+                self.hold_until = self.hold_until.max(obs.at + secs(hold));
+            } else {
+                self.backoffs = 0;
+            }
             "start"
+        } else if let Some(freed) = freed {
+            // What the guest freed is free: take it back at once, down to what it still
+            // counts as needed (or stay, where probing found less was enough), instead of
+            // probing down to it a step at a time (found on real guests: a 384 MiB guest
+            // that freed 170 MiB gave it back at 4 MiB a tick while its neighbours swapped).
+            estimate = (estimate - freed).max(estimate.min(base));
+            "release"
         } else if obs.at < self.hold_until {
             "hold"
+        } else if obs.size > estimate + probe {
+            // A probe is tried by the guest living at that level: no deeper while the
+            // balloon has not brought it there (found in the simulator: a 4 GiB guest
+            // whose balloon took 7 ticks to inflate was probed down to its floor and
+            // thrashed when it arrived).
+            "settle"
         } else if s.agent_failed {
             // No probing blind (seen on real guests: the agent of a guest thrashing
             // below its working set stopped answering, its balloon statistics showed no
             // swap-ins, and the next probe went 9 MiB deeper).
             "no_agent"
         } else {
+            // Fine below what it has committed: there is cold memory to find.
+            if s.committed_as.is_some_and(|c| obs.size < c) {
+                self.exact = false;
+            }
             estimate = estimate - probe;
             "probe"
         };
         self.last_probe = (phase == "probe").then_some(probe);
-        self.last_backoff_faults = (phase == "back_off").then_some(faults);
+        self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
         let wss = clamp(estimate, floor, obs.configured);
         self.estimate = Some(wss);
         // One format per tick and VM: reasons are made for every VM every tick.
@@ -267,7 +322,15 @@ impl Fused {
                 None => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
             },
             "hold" => format!("estimate {wss}: holding after a back-off"),
+            "settle" => format!(
+                "estimate {wss}: holding until the guest comes down to it (now {})",
+                obs.size
+            ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
+            "release" => format!(
+                "estimate {wss}: the guest freed {}: take it back; it counts {need} needed",
+                freed.unwrap_or_default()
+            ),
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
             ),
@@ -542,6 +605,109 @@ mod tests {
                 "signal {signal}"
             );
         }
+    }
+
+    #[test]
+    fn memory_the_guest_frees_is_taken_back_at_once() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 300, 0)); // need 700: 730
+        f.step(&cfg, &obs(1, 730, 30, 0)); // probe: 680
+        f.step(&cfg, &obs(2, 680, 0, 0)); // probe: 630
+                                          // Settled at 630, the guest frees 300 MiB (need 630 -> 330): 630 - 300 at once.
+        f.step(&cfg, &obs(3, 630, 0, 0)); // probe: 580
+        let e = f.step(&cfg, &obs(4, 580, 250, 0)).unwrap();
+        assert_eq!(e.phase, "probe", "the balloon inflated a tick ago");
+        let e = f.step(&cfg, &obs(5, 530, 200, 0)).unwrap();
+        assert_eq!(e.phase, "probe", "still inflating");
+        // Unprobed (after a back-off, holding), the same release is taken at once.
+        let mut g = Fused::default();
+        g.step(&cfg, &obs(0, 1000, 300, 0)); // need 700: 730
+        g.step(&cfg, &obs(1, 730, 30, 1024)); // back off: 730 + 4 + 20 = 754, hold
+        g.step(&cfg, &obs(2, 754, 54, 0));
+        let e = g.step(&cfg, &obs(3, 754, 354, 0)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (454.0, "release"));
+        assert!(e.detail.contains("freed 300 MiB"), "{}", e.detail);
+        // It keeps what the back-off gave above its need (754 - 600 = 154, need 100)...
+        let mut h = Fused::default();
+        h.step(&cfg, &obs(0, 1000, 300, 0));
+        h.step(&cfg, &obs(1, 730, 30, 1024));
+        h.step(&cfg, &obs(2, 754, 54, 0));
+        let e = h.step(&cfg, &obs(3, 754, 654, 0)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (154.0, "release"));
+        // ...and never goes below that need: a failed probe left the estimate 710 - 6
+        // (need 680 + 30 margin), then the guest freed 580.
+        let mut k = Fused::default();
+        k.step(&cfg, &obs(0, 1000, 300, 0)); // 730
+        k.step(&cfg, &obs(1, 730, 30, 0)); // probe: 680
+        assert_eq!(mib(k.step(&cfg, &obs(2, 680, 0, 1024))), 704.0);
+        k.step(&cfg, &obs(3, 704, 24, 0));
+        let e = k.step(&cfg, &obs(4, 704, 604, 0)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (130.0, "release"));
+    }
+
+    #[test]
+    fn an_oom_kill_gives_the_guest_all_it_has() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        f.step(&cfg, &obs(1, 330, 30, 0));
+        let mut o = obs(2, 280, 250, 0); // the killed task's memory is free again
+        o.signals.oom_kills = Some(1);
+        let e = f.step(&cfg, &o).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (1000.0, "back_off"));
+    }
+
+    #[test]
+    fn no_probe_deeper_until_the_guest_comes_down_to_the_last_one() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0)); // 330
+                                             // The balloon takes a few ticks to get there: hold the estimate meanwhile.
+        for (t, size) in [(1, 800), (2, 600), (3, 400)] {
+            let e = f.step(&cfg, &obs(t, size, size - 300, 0)).unwrap();
+            assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "settle"), "size {size}");
+        }
+        let e = f.step(&cfg, &obs(4, 340, 40, 0)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (280.0, "probe"));
+    }
+
+    #[test]
+    fn a_guest_that_touches_all_it_allocates_is_not_fast_probed_again_when_it_grows() {
+        let cfg = FusedConfig::default();
+        let committed = |mut o: Observation, mib: u64| {
+            o.signals.committed_as = Some(Bytes::from_mib(mib));
+            o
+        };
+        // need 300, committed 300 or 400 (100 MiB of it cold): the fast probe to 280
+        // fails, then the need grows 200 MiB (a rebase).
+        let run = |cold: u64| {
+            let mut f = Fused::default();
+            f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300 + cold)); // 330
+            f.step(&cfg, &committed(obs(1, 330, 30, 0), 300 + cold)); // probe: 280
+            f.step(&cfg, &committed(obs(2, 280, 0, 2560), 300 + cold));
+            let grown = f.step(&cfg, &committed(obs(60, 600, 100, 0), 500 + cold));
+            assert_eq!(grown.unwrap().phase, "start");
+            let next = f.step(&cfg, &committed(obs(61, 530, 30, 0), 500 + cold));
+            (next.unwrap(), f)
+        };
+        // Failed with 280 + 50 >= 300 committed: hold the cool-down it earned (8 s),
+        // then probe slowly (1%).
+        let (e, mut f) = run(0);
+        assert_eq!((e.wss.mib_f64(), e.phase), (530.0, "hold"));
+        let e = f.step(&cfg, &committed(obs(69, 530, 30, 0), 500)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (520.0, "probe"));
+        // Failed below its commitment (cold memory there): fast again at once (5%).
+        let (e, _) = run(100);
+        assert_eq!((e.wss.mib_f64(), e.phase), (480.0, "probe"));
+        // A guest found fine below its commitment is fast probed again after growing.
+        let (_, mut f) = run(0);
+        for t in 69..72 {
+            f.step(&cfg, &committed(obs(t, 530 - 10 * (t - 69), 30, 0), 700));
+        }
+        let e = f
+            .step(&cfg, &committed(obs(120, 900, 200, 0), 900))
+            .unwrap();
+        assert_eq!(e.phase, "start");
+        let e = f.step(&cfg, &committed(obs(121, 730, 30, 0), 900)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (680.0, "probe"));
     }
 
     #[test]
