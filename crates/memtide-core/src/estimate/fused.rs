@@ -186,10 +186,12 @@ impl Fused {
         let faulted = Bytes(faults.saturating_mul(PAGE));
         // The guest allocated more than a probe step since the last tick: new demand,
         // which no probe of ours explains.
-        let allocated = s
+        let allocation = s
             .committed_as
             .zip(self.last_committed)
-            .is_some_and(|(now, last)| now > last + step(cfg.probe_step));
+            .map(|(now, last)| now - last)
+            .filter(|grown| *grown > step(cfg.probe_step));
+        let allocated = allocation.is_some();
         self.last_committed = s.committed_as;
         // Reclaim is the balloon's own only while the guest asks for nothing new.
         let balloon_reclaim = inflating && !allocated;
@@ -263,20 +265,34 @@ impl Fused {
             self.hold_until = obs.at + secs(hold);
             hold_s = hold.round() as u64;
             "back_off"
-        } else if rebase {
-            estimate = estimate.max(base);
-            // Fast again, as TWS restarts on every change of Committed_AS, unless the
-            // last failed probe found no cold memory below the guest's commitment: hold
-            // for the cool-down it has earned and probe slowly (found in the simulator:
-            // memknobs guests touching all they allocate failed a fast probe after every
-            // growth, swapping 40 times as much as under MOM).
-            if self.exact {
-                let hold = self.hold_s(cfg);
-                self.hold_until = self.hold_until.max(obs.at + secs(hold));
-            } else {
-                self.backoffs = 0;
+        } else if rebase || allocated {
+            // New demand is met before the guest touches it: what it committed more, at
+            // once (as TWS re-initializes to Committed_AS on every change), held from
+            // probing for a cool-down while it fills it (found on real guests: a guest
+            // entering a 200 MiB phase was raised step by step as it swapped, for 15 s).
+            if let Some(grown) = allocation {
+                estimate += grown;
+                self.hold_until = self.hold_until.max(obs.at + secs(cfg.cool_down_s));
             }
-            "start"
+            if rebase {
+                estimate = estimate.max(base);
+                // Fast again, as TWS restarts on every change of Committed_AS, unless the
+                // last failed probe found no cold memory below the guest's commitment: hold
+                // for the cool-down it has earned and probe slowly (found in the simulator:
+                // memknobs guests touching all they allocate failed a fast probe after every
+                // growth, swapping 40 times as much as under MOM).
+                if self.exact {
+                    let hold = self.hold_s(cfg);
+                    self.hold_until = self.hold_until.max(obs.at + secs(hold));
+                } else {
+                    self.backoffs = 0;
+                }
+            }
+            if allocated {
+                "allocate"
+            } else {
+                "start"
+            }
         } else if let Some(freed) = freed {
             // What the guest freed is free: take it back at once, down to what it still
             // counts as needed (or stay, where probing found less was enough), instead of
@@ -327,6 +343,10 @@ impl Fused {
                 obs.size
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
+            "allocate" => format!(
+                "estimate {wss}: the guest committed {} more: give it at once; it counts {need} needed",
+                allocation.unwrap_or_default()
+            ),
             "release" => format!(
                 "estimate {wss}: the guest freed {}: take it back; it counts {need} needed",
                 freed.unwrap_or_default()
@@ -646,6 +666,29 @@ mod tests {
     }
 
     #[test]
+    fn memory_the_guest_commits_is_given_at_once_and_not_probed_while_it_fills_it() {
+        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let committed = |mut o: Observation, mib: u64| {
+            o.signals.committed_as = Some(Bytes::from_mib(mib));
+            o
+        };
+        f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300)); // 330
+        f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
+                                                           // 200 MiB committed, none of it touched yet (need unchanged): 280 + 200.
+        let e = f.step(&cfg, &committed(obs(2, 280, 0, 0), 500)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (480.0, "allocate"));
+        assert!(e.detail.contains("committed 200 MiB more"), "{}", e.detail);
+        // Held 8 s while it touches it, then probed again.
+        let e = f.step(&cfg, &committed(obs(9, 480, 200, 0), 500)).unwrap();
+        assert_eq!(e.phase, "hold");
+        let e = f.step(&cfg, &committed(obs(10, 480, 200, 0), 500)).unwrap();
+        assert_eq!(e.phase, "probe");
+        // A probe step's worth (10 MiB) is not new demand.
+        let e = f.step(&cfg, &committed(obs(11, 470, 190, 0), 510)).unwrap();
+        assert_eq!(e.phase, "probe");
+    }
+
+    #[test]
     fn an_oom_kill_gives_the_guest_all_it_has() {
         let (cfg, mut f) = (FusedConfig::default(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
@@ -677,36 +720,36 @@ mod tests {
             o
         };
         // need 300, committed 300 or 400 (100 MiB of it cold): the fast probe to 280
-        // fails, then the need grows 200 MiB (a rebase).
+        // fails, then the guest commits and touches 200 MiB more.
         let run = |cold: u64| {
             let mut f = Fused::default();
             f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300 + cold)); // 330
             f.step(&cfg, &committed(obs(1, 330, 30, 0), 300 + cold)); // probe: 280
             f.step(&cfg, &committed(obs(2, 280, 0, 2560), 300 + cold));
             let grown = f.step(&cfg, &committed(obs(60, 600, 100, 0), 500 + cold));
-            assert_eq!(grown.unwrap().phase, "start");
+            assert_eq!(grown.unwrap().phase, "allocate");
             let next = f.step(&cfg, &committed(obs(61, 530, 30, 0), 500 + cold));
+            assert_eq!(next.unwrap().phase, "hold", "it fills what it allocated");
+            let next = f.step(&cfg, &committed(obs(69, 530, 30, 0), 500 + cold));
             (next.unwrap(), f)
         };
-        // Failed with 280 + 50 >= 300 committed: hold the cool-down it earned (8 s),
-        // then probe slowly (1%).
+        // Failed with 280 + 50 >= 300 committed: probe slowly after the growth (1%).
         let (e, mut f) = run(0);
-        assert_eq!((e.wss.mib_f64(), e.phase), (530.0, "hold"));
-        let e = f.step(&cfg, &committed(obs(69, 530, 30, 0), 500)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (520.0, "probe"));
-        // Failed below its commitment (cold memory there): fast again at once (5%).
+        // Failed below its commitment (cold memory there): fast again (5%).
         let (e, _) = run(100);
         assert_eq!((e.wss.mib_f64(), e.phase), (480.0, "probe"));
-        // A guest found fine below its commitment is fast probed again after growing.
-        let (_, mut f) = run(0);
-        for t in 69..72 {
-            f.step(&cfg, &committed(obs(t, 530 - 10 * (t - 69), 30, 0), 700));
+        // Found fine below its commitment later: fast again after the next growth.
+        for (t, size) in [(70, 520), (71, 510), (72, 500), (73, 490)] {
+            assert_eq!(
+                f.step(&cfg, &committed(obs(t, size, 30, 0), 500))
+                    .unwrap()
+                    .phase,
+                "probe"
+            );
         }
-        let e = f
-            .step(&cfg, &committed(obs(120, 900, 200, 0), 900))
-            .unwrap();
-        assert_eq!(e.phase, "start");
-        let e = f.step(&cfg, &committed(obs(121, 730, 30, 0), 900)).unwrap();
+        f.step(&cfg, &committed(obs(120, 900, 200, 0), 700));
+        let e = f.step(&cfg, &committed(obs(129, 730, 30, 0), 700)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (680.0, "probe"));
     }
 

@@ -126,6 +126,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "start") => "memtide.start",
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
+        ("memtide", "allocate") => "memtide.allocate",
         ("memtide", "release") => "memtide.release",
         ("memtide", "recover") => "memtide.recover",
         ("memtide", "settle") => "memtide.settle",
