@@ -2,14 +2,18 @@
 //! size minus MemAvailable, plus the page cache in active use and a margin — instead of
 //! stepping down from Committed_AS, then probes below that the TWS way to find memory the
 //! guest holds but does not use (cold anonymous memory, stale cache): fast until the
-//! first sign of shortage, slowly after, and not while the guest agent is silent. Any
-//! sign of shortage — swap-ins, refaults, OOM kills, and memory pressure and allocation
-//! stalls the balloon's own inflation did not cause — backs it off within the same tick:
-//! after a failed probe to near the last level that was fine; straight to Committed_AS
-//! on a new allocation, or when the guest faults heavily unprobed or with its swap nearly
-//! full. Probing resumes after a cool-down that doubles while probes keep failing at the
-//! same level; fewer faults the tick after a back-off are the guest recovering, not a new
-//! shortage. It never goes below the guest's unreclaimable memory plus a floor.
+//! first sign of shortage, slowly after, each probe only once the balloon has brought
+//! the guest to the last, and not while the guest agent is silent. Any sign of shortage —
+//! swap-ins, refaults, OOM kills, and memory pressure and allocation stalls the balloon's
+//! own inflation did not cause — backs it off within the same tick: after a failed probe
+//! to near the last level that was fine; straight to Committed_AS on a new allocation, or
+//! when the guest faults heavily unprobed or with its swap nearly full; to the guest's
+//! full size on an OOM kill. Probing resumes after a cool-down that doubles while probes
+//! keep failing at the same level; faults falling tick after tick after a back-off are the
+//! guest recovering, not a new shortage. What the guest commits more is given at once,
+//! what it frees taken back at once; when its need grows, probing restarts fast only if it
+//! had found cold memory below Committed_AS. It never goes below the guest's
+//! unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
 use crate::signals::PAGE;
