@@ -341,7 +341,7 @@ impl Fused {
                 ),
                 None => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
             },
-            "hold" => format!("estimate {wss}: holding after a back-off"),
+            "hold" => format!("estimate {wss}: holding for a cool-down (after a back-off or new demand)"),
             "settle" => format!(
                 "estimate {wss}: holding until the guest comes down to it (now {})",
                 obs.size
@@ -387,6 +387,12 @@ mod tests {
         }
     }
 
+    /// `o` with `mib` of Committed_AS.
+    fn committed(mut o: Observation, mib: u64) -> Observation {
+        o.signals.committed_as = Some(Bytes::from_mib(mib));
+        o
+    }
+
     fn mib(e: Option<Estimate>) -> f64 {
         e.unwrap().wss.mib_f64()
     }
@@ -422,10 +428,6 @@ mod tests {
     #[test]
     fn a_new_allocation_during_probing_jumps_to_committed_memory() {
         let (cfg, mut f) = (FusedConfig::default(), Fused::default());
-        let committed = |mut o: Observation, mib: u64| {
-            o.signals.committed_as = Some(Bytes::from_mib(mib));
-            o
-        };
         f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300));
         f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
                                                            // 100 MiB faulted back while 200 MiB more was committed: Committed_AS 500 + 30.
@@ -637,8 +639,9 @@ mod tests {
         f.step(&cfg, &obs(0, 1000, 300, 0)); // need 700: 730
         f.step(&cfg, &obs(1, 730, 30, 0)); // probe: 680
         f.step(&cfg, &obs(2, 680, 0, 0)); // probe: 630
-                                          // Settled at 630, the guest frees 300 MiB (need 630 -> 330): 630 - 300 at once.
         f.step(&cfg, &obs(3, 630, 0, 0)); // probe: 580
+                                          // While probing, the need falling with the size is our balloon's doing, not a
+                                          // release, even when it falls by 300 MiB (580 - 250).
         let e = f.step(&cfg, &obs(4, 580, 250, 0)).unwrap();
         assert_eq!(e.phase, "probe", "the balloon inflated a tick ago");
         let e = f.step(&cfg, &obs(5, 530, 200, 0)).unwrap();
@@ -672,10 +675,6 @@ mod tests {
     #[test]
     fn memory_the_guest_commits_is_given_at_once_and_not_probed_while_it_fills_it() {
         let (cfg, mut f) = (FusedConfig::default(), Fused::default());
-        let committed = |mut o: Observation, mib: u64| {
-            o.signals.committed_as = Some(Bytes::from_mib(mib));
-            o
-        };
         f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300)); // 330
         f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
                                                            // 200 MiB committed, none of it touched yet (need unchanged): 280 + 200.
@@ -719,10 +718,6 @@ mod tests {
     #[test]
     fn a_guest_that_touches_all_it_allocates_is_not_fast_probed_again_when_it_grows() {
         let cfg = FusedConfig::default();
-        let committed = |mut o: Observation, mib: u64| {
-            o.signals.committed_as = Some(Bytes::from_mib(mib));
-            o
-        };
         // need 300, committed 300 or 400 (100 MiB of it cold): the fast probe to 280
         // fails, then the guest commits and touches 200 MiB more.
         let run = |cold: u64| {
