@@ -9,6 +9,7 @@ pub mod decision;
 pub mod engine;
 pub mod estimate;
 pub mod history;
+pub mod need;
 pub mod policy;
 pub mod sanitize;
 pub mod serde_secs;

@@ -122,6 +122,9 @@ pub struct GuestCounters {
     pub refault_file: u64,
     /// Processes killed because memory ran out.
     pub oom_kills: u64,
+    /// Times virtio-balloon's deflate-on-oom gave balloon pages back to the guest instead
+    /// of an OOM kill (each one an OOM kill without it).
+    pub oom_deflations: u64,
     /// Allocations that had to reclaim before they could proceed.
     pub alloc_stalls: u64,
     /// Pages reclaimed in the background (kswapd).
@@ -165,8 +168,12 @@ pub struct GuestParams {
     pub hot: f64,
     /// Share of accesses going to the hot pages.
     pub hot_access: f64,
-    /// Work rate with everything resident (pages/s).
+    /// Work rate with everything resident (pages/s); fresh memory is touched at this
+    /// rate too.
     pub base_pages_s: f64,
+    /// virtio-balloon's deflate-on-oom: before the OOM killer runs, the driver gives the
+    /// guest balloon pages back.
+    pub deflate_on_oom: bool,
 }
 
 impl GuestParams {
@@ -182,6 +189,7 @@ impl GuestParams {
             hot: w.hot_pct / 100.0,
             hot_access: w.hot_access_pct / 100.0,
             base_pages_s: w.base_mib_s * PAGES_PER_MIB,
+            deflate_on_oom: false,
         }
     }
 }
@@ -217,6 +225,9 @@ pub struct Guest {
     pub file_unread: u64,
     /// Working-set file pages evicted from the cache.
     pub file_evicted: u64,
+    /// Anonymous pages allocated (committed) but not touched yet: a program touches fresh
+    /// memory at its work rate, not all at once.
+    pub anon_pending: u64,
     /// Counters since boot.
     pub counters: GuestCounters,
     /// What happened in the last tick.
@@ -246,6 +257,7 @@ impl Guest {
             swap_idle: 0,
             file_unread: 0,
             file_evicted: 0,
+            anon_pending: 0,
             counters: GuestCounters::default(),
             last: GuestCounters::default(),
             pressure: Pressure::default(),
@@ -346,7 +358,7 @@ impl Guest {
     pub fn step(&mut self, dt: f64, demand: &Demand, costs: &Costs) {
         let before = self.counters;
         self.move_balloon(dt, costs);
-        self.resize(demand);
+        self.resize(dt, demand);
         let c = &self.counters;
         let busy_us = (c.minor_faults - before.minor_faults) as f64 * costs.minor_fault_us
             + (c.host_first_touch - before.host_first_touch) as f64 * costs.host_fault_us
@@ -394,8 +406,13 @@ impl Guest {
         }
     }
 
-    /// Resize the workload's memory to what it wants now.
-    fn resize(&mut self, d: &Demand) {
+    /// Resize the workload's memory to what it wants now. What it allocates more is
+    /// committed at once and touched at the work rate over the following ticks (a
+    /// program writes its fresh buffer page by page: a guest growing by 2.5 GiB at
+    /// 512 MiB/s takes 5 s, and a balloon deflating as fast keeps up with it).
+    fn resize(&mut self, dt: f64, d: &Demand) {
+        let mut budget = (self.params.base_pages_s * dt).max(1.0) as u64;
+        self.anon_pending = 0;
         if d.restart {
             let all = self.anon_ws.pages + self.swap_ws;
             release(
@@ -415,8 +432,13 @@ impl Guest {
                 idle - d.idle,
                 &mut self.rng,
             );
-        } else if idle < d.idle && !self.populate(false, d.idle - idle) {
-            return self.oom_kill();
+        } else if idle < d.idle {
+            let n = (d.idle - idle).min(budget);
+            budget -= n;
+            self.anon_pending += d.idle - idle - n;
+            if !self.populate(false, n) {
+                return self.oom_kill();
+            }
         }
         let ws = self.anon_ws.pages + self.swap_ws;
         if ws > d.anon {
@@ -427,8 +449,12 @@ impl Guest {
                 ws - d.anon,
                 &mut self.rng,
             );
-        } else if ws < d.anon && !self.populate(true, d.anon - ws) {
-            return self.oom_kill();
+        } else if ws < d.anon {
+            let n = (d.anon - ws).min(budget);
+            self.anon_pending += d.anon - ws - n;
+            if !self.populate(true, n) {
+                return self.oom_kill();
+            }
         }
         let missing = self.file_unread + self.file_evicted;
         let fws = self.file_ws.pages + missing;
@@ -608,6 +634,10 @@ impl Guest {
         }
         let free = self.free();
         if free < n {
+            self.deflate_on_oom(n - free);
+        }
+        let free = self.free();
+        if free < n {
             return None;
         }
         let from_backed = self
@@ -622,6 +652,20 @@ impl Guest {
             pages: n,
             host_swapped: 0,
         })
+    }
+
+    /// virtio-balloon's OOM notifier, where the device has deflate-on-oom: balloon pages
+    /// go back to the guest, 1 MiB at a time (VIRTIO_BALLOON_OOM_NR_PAGES), as many as
+    /// the allocation lacks. The balloon's target stays: the driver inflates again when
+    /// it can.
+    fn deflate_on_oom(&mut self, lacking: u64) {
+        if !self.params.deflate_on_oom || self.balloon == 0 {
+            return;
+        }
+        let n = lacking.div_ceil(256).saturating_mul(256).min(self.balloon);
+        self.balloon -= n;
+        self.free_unbacked += n;
+        self.counters.oom_deflations += 1;
     }
 
     /// Free up to `want` pages in LRU order; returns how many were freed.
@@ -683,6 +727,7 @@ impl Guest {
             n,
             &mut self.rng,
         );
+        self.anon_pending = 0;
         self.counters.oom_kills += 1;
     }
 
@@ -756,7 +801,8 @@ impl Guest {
             + self.anon_ws.pages
             + self.swap_ws
             + self.anon_idle.pages
-            + self.swap_idle;
+            + self.swap_idle
+            + self.anon_pending;
         let line = self.pressure.line();
         AgentStats {
             meminfo: MemInfo {
@@ -815,6 +861,7 @@ fn delta(now: &GuestCounters, before: &GuestCounters) -> GuestCounters {
         refault_anon: now.refault_anon - before.refault_anon,
         refault_file: now.refault_file - before.refault_file,
         oom_kills: now.oom_kills - before.oom_kills,
+        oom_deflations: now.oom_deflations - before.oom_deflations,
         alloc_stalls: now.alloc_stalls - before.alloc_stalls,
         kswapd_reclaimed: now.kswapd_reclaimed - before.kswapd_reclaimed,
         direct_reclaimed: now.direct_reclaimed - before.direct_reclaimed,
@@ -842,6 +889,7 @@ mod tests {
             hot: 1.0,
             hot_access: 1.0,
             base_pages_s: pages(1000.0) as f64,
+            deflate_on_oom: false,
         }
     }
 
@@ -898,6 +946,43 @@ mod tests {
         g.step(1.0, &demand(600.0), &Costs::default());
         assert_eq!(g.counters.oom_kills, 1);
         g.check().unwrap();
+    }
+
+    #[test]
+    fn deflate_on_oom_gives_balloon_pages_back_instead_of_a_kill() {
+        // 512 MiB, no swap, ballooned to 300 MiB: 200 MiB of anonymous memory fits; 400
+        // does not. Without deflate-on-oom that is a kill, with it the balloon gives way.
+        for (deflate, kills, deflated) in [(false, 1, false), (true, 0, true)] {
+            let mut p = params(512.0);
+            p.swap = 0;
+            p.deflate_on_oom = deflate;
+            let mut g = Guest::boot(p, Rng::new(1));
+            g.set_target(pages(300.0));
+            let costs = Costs::default();
+            g.step(1.0, &demand(200.0), &costs);
+            assert_eq!(g.actual(), pages(300.0));
+            g.step(1.0, &demand(400.0), &costs);
+            assert_eq!(
+                (g.counters.oom_kills, g.counters.oom_deflations > 0),
+                (kills, deflated),
+                "deflate_on_oom = {deflate}"
+            );
+            g.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn fresh_memory_is_committed_at_once_and_touched_at_the_work_rate() {
+        // 1000 MiB/s: a 2500 MiB buffer takes three ticks to fill.
+        let mut g = Guest::boot(params(4096.0), Rng::new(1));
+        let costs = Costs::default();
+        let committed = |g: &Guest| g.agent_stats().meminfo.committed_as.unwrap().mib();
+        g.step(1.0, &demand(2500.0), &costs);
+        assert_eq!((g.anon_ws.pages, committed(&g)), (pages(1000.0), 64 + 2500));
+        g.step(1.0, &demand(2500.0), &costs);
+        assert_eq!(g.anon_ws.pages, pages(2000.0));
+        g.step(1.0, &demand(2500.0), &costs);
+        assert_eq!((g.anon_ws.pages, g.anon_pending), (pages(2500.0), 0));
     }
 
     #[test]

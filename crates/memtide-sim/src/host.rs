@@ -337,6 +337,7 @@ mod tests {
             min_free_mib: 0.0,
             cache_mib: 0.0,
             ksm: true,
+            deflate_on_oom: false,
         }
     }
 
@@ -352,7 +353,8 @@ mod tests {
                         idle_shareable: 0.0,
                         hot: 1.0,
                         hot_access: 1.0,
-                        base_pages_s: 1e5,
+                        base_pages_s: 1e6,
+                        deflate_on_oom: false,
                     },
                     Rng::new(i as u64),
                 );

@@ -35,6 +35,10 @@ pub struct Summary {
     pub host_swap_outs: u64,
     /// Processes (guest OOM) and VMs (host OOM) killed.
     pub oom_kills: u64,
+    /// Times deflate-on-oom saved a guest from its OOM killer (each an OOM kill without
+    /// it; 0 unless the scenario's host has `deflate_on_oom`).
+    #[serde(default)]
+    pub oom_deflations: u64,
     /// Balloon targets set.
     pub balloon_actions: u64,
     /// KSM knob changes.
@@ -76,6 +80,9 @@ pub struct VmSummary {
     pub host_oom_kills: u64,
     /// `guest_oom_kills + host_oom_kills`.
     pub oom_kills: u64,
+    /// Times deflate-on-oom saved the guest from its OOM killer.
+    #[serde(default)]
+    pub oom_deflations: u64,
     /// Time the guest stayed above its balloon target (s).
     pub over_target_s: f64,
     /// Time part of the working set was out of guest memory (s).
@@ -185,30 +192,36 @@ impl CompareReport {
             .max(6);
         let _ = writeln!(
             out,
-            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>9}",
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>9}",
             "policy",
             "throughput",
             "guest swap-in",
             "host swap-in",
             "OOM kills",
             "host free min",
+            "host free avg",
             "balloons"
         );
         let _ = writeln!(
             out,
-            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>9}",
-            "", "MiB/s", "pages", "pages", "", "MiB", "actions"
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>9}",
+            "", "MiB/s", "pages", "pages", "(+deflate)", "MiB", "MiB", "actions"
         );
         for (label, r) in &self.runs {
             let s = &r.summary;
+            let kills = match s.oom_deflations {
+                0 => s.oom_kills.to_string(),
+                d => format!("{} (+{d})", s.oom_kills),
+            };
             let _ = writeln!(
                 out,
-                "{label:<width$}  {:>12.1}  {:>14}  {:>14}  {:>9}  {:>13.0}  {:>9}",
+                "{label:<width$}  {:>12.1}  {:>14}  {:>14}  {:>9}  {:>13.0}  {:>13.0}  {:>9}",
                 s.total_throughput,
                 s.guest_swap_ins,
                 s.host_swap_ins,
-                s.oom_kills,
+                kills,
                 s.host_free_min_mib,
+                s.host_free_mean_mib,
                 s.balloon_actions
             );
         }

@@ -185,6 +185,7 @@ struct VmMeasure {
     guest_swap_outs: u64,
     host_swap_ins: u64,
     guest_oom_kills: u64,
+    oom_deflations: u64,
     over_target: u64,
     short: u64,
 }
@@ -276,6 +277,7 @@ impl Measure {
             m.guest_swap_outs += g.last.swap_out;
             m.host_swap_ins += g.last.host_swap_in;
             m.guest_oom_kills += g.last.oom_kills;
+            m.oom_deflations += g.last.oom_deflations;
             if let Some(t) = target {
                 let t = t.0 / PAGE_SIZE;
                 if actual > t + pages(1.0).max(t / 100) {
@@ -321,6 +323,7 @@ impl Measure {
                 guest_oom_kills: m.guest_oom_kills,
                 host_oom_kills: side.host_oom_kills,
                 oom_kills: m.guest_oom_kills + side.host_oom_kills,
+                oom_deflations: m.oom_deflations,
                 over_target_s: m.over_target as f64 * self.tick_s,
                 short_s: m.short as f64 * self.tick_s,
             })
@@ -339,6 +342,7 @@ impl Measure {
             host_swap_ins: host.swap_in,
             host_swap_outs: host.swap_out,
             oom_kills: per_vm.iter().map(|v| v.oom_kills).sum(),
+            oom_deflations: per_vm.iter().map(|v| v.oom_deflations).sum(),
             balloon_actions: self.balloon_actions,
             ksm_actions: self.ksm_actions,
             host_free_mean_mib: mib_of(self.host_free_sum / n),

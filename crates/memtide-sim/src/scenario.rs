@@ -82,6 +82,11 @@ pub struct HostSpec {
     /// Whether the host kernel has KSM.
     #[serde(default = "default_true")]
     pub ksm: bool,
+    /// Whether the balloon devices have virtio-balloon's deflate-on-oom (the guest takes
+    /// balloon pages back before its OOM killer runs). Off by default: a policy must not
+    /// depend on it.
+    #[serde(default)]
+    pub deflate_on_oom: bool,
 }
 
 fn default_reserved_mib() -> f64 {
@@ -206,11 +211,15 @@ impl VmSpec {
 }
 
 /// The built-in scenarios: name and TOML text.
-const BUILTIN: [(&str, &str); 4] = [
+const BUILTIN: [(&str, &str); 8] = [
     ("memknobs-32", include_str!("../scenarios/memknobs-32.toml")),
     ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
     ("quick", include_str!("../scenarios/quick.toml")),
     ("fleet-1000", include_str!("../scenarios/fleet-1000.toml")),
+    ("no-overcommit", include_str!("../scenarios/no-overcommit.toml")),
+    ("burst", include_str!("../scenarios/burst.toml")),
+    ("cloud-mix", include_str!("../scenarios/cloud-mix.toml")),
+    ("small-vms", include_str!("../scenarios/small-vms.toml")),
 ];
 
 impl Scenario {

@@ -48,7 +48,11 @@ impl World {
         let mut sides = Vec::with_capacity(vms.len());
         for (i, (_, spec)) in vms.iter().enumerate() {
             let stream = 2 * i as u64 + 1;
-            let mut guest = Guest::boot(GuestParams::from_spec(spec), Rng::fork(seed, stream));
+            let params = GuestParams {
+                deflate_on_oom: scenario.host.deflate_on_oom,
+                ..GuestParams::from_spec(spec)
+            };
+            let mut guest = Guest::boot(params, Rng::fork(seed, stream));
             if let Some(start) = spec.start_mib {
                 guest.set_target(pages(start));
             }

@@ -66,6 +66,7 @@ proptest! {
             hot: f64::from(hot) / 100.0,
             hot_access: 0.9,
             base_pages_s: pages(512.0) as f64,
+            deflate_on_oom: false,
         };
         let ram = params.configured;
         let mut g = Guest::boot(params, Rng::new(seed));

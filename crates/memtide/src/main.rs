@@ -64,7 +64,8 @@ enum Command {
     Policy(PolicyCommand),
     /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
     Sim {
-        /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000) or a scenario file.
+        /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000, no-overcommit,
+        /// burst, cloud-mix, small-vms) or a scenario file.
         scenario: String,
         /// The policy: a built-in name or a policy file.
         #[arg(long, default_value = "memtide", conflicts_with = "compare")]
@@ -78,6 +79,10 @@ enum Command {
         /// Seed for every random choice (default: the scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Give the guests' balloons deflate-on-oom (the scenario's `host.deflate_on_oom`):
+        /// OOM kills it prevents are counted apart.
+        #[arg(long)]
+        deflate_on_oom: bool,
         /// Configuration whose policy constants to use.
         #[arg(long, short)]
         config: Option<PathBuf>,
@@ -182,6 +187,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             compare,
             out,
             seed,
+            deflate_on_oom,
             config,
         } => {
             let policies = if compare.is_empty() {
@@ -194,6 +200,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 &policies,
                 out.as_deref(),
                 seed,
+                deflate_on_oom,
                 &load(config.as_ref())?,
             )
         }

@@ -34,9 +34,11 @@ pub fn sim(
     policies: &[String],
     out: Option<&Path>,
     seed: Option<u64>,
+    deflate_on_oom: bool,
     config: &Config,
 ) -> anyhow::Result<()> {
-    let scenario = scenario(scenario_name)?;
+    let mut scenario = scenario(scenario_name)?;
+    scenario.host.deflate_on_oom |= deflate_on_oom;
     let seed = seed.unwrap_or(scenario.seed);
     if let [one] = policies {
         let report = run(&scenario, policy(one, config)?, config.engine.clone(), seed);

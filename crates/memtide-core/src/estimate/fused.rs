@@ -16,6 +16,7 @@
 //! unreclaimable memory plus a floor.
 
 use super::{clamp, epochs, Estimate, Observation};
+use crate::need::NeedLevel;
 use crate::signals::PAGE;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,12 @@ pub struct FusedConfig {
     pub epoch_s: f64,
     /// Growth of the guest's own need that counts as new demand: jump to it at once.
     pub rebase_change: f64,
+    /// Free share of the domain, with every VM at its costless size, at or above which
+    /// the host's need is ample: no probing below the costless size.
+    pub ample_free: f64,
+    /// Free share below which the host is short: probe at full speed (between the two:
+    /// slowly).
+    pub short_free: f64,
 }
 
 impl Default for FusedConfig {
@@ -89,6 +96,8 @@ impl Default for FusedConfig {
             floor_mib: 32,
             epoch_s: 1.0,
             rebase_change: 0.10,
+            ample_free: 0.10,
+            short_free: 0.05,
         }
     }
 }
@@ -122,6 +131,35 @@ fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or_default()
 }
 
+/// The guest's own need (size − MemAvailable, or used memory), the margin kept above
+/// it, and the floor never gone below.
+fn need(cfg: &FusedConfig, obs: &Observation) -> Option<(Bytes, Bytes, Bytes)> {
+    let s = &obs.signals;
+    // size − MemAvailable is the guest's need whether or not its MemTotal shrinks
+    // with the balloon (with deflate-on-oom it does not, and balloon pages count as
+    // used); without MemAvailable, used memory (cache included) stands in.
+    let need = match s.available {
+        Some(avail) => obs.size - avail,
+        None => s.used?,
+    };
+    let margin = obs
+        .configured
+        .scale(cfg.margin)
+        .max(Bytes::from_mib(cfg.margin_min_mib));
+    let floor = (s.unreclaimable.unwrap_or_default() + Bytes::from_mib(cfg.floor_mib))
+        .min(obs.configured);
+    Some((need, margin, floor))
+}
+
+/// The size that costs the guest nothing: its own need, the page cache it uses and a
+/// margin. What lies above it is free memory, memory it freed and page cache it does
+/// not use.
+pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
+    let (need, margin, floor) = need(cfg, obs)?;
+    let cache = obs.signals.active_file.unwrap_or_default();
+    Some(clamp(need + cache + margin, floor, obs.configured))
+}
+
 impl Fused {
     /// The cool-down after the back-offs so far: doubling with each, up to the longest.
     fn hold_s(&self, cfg: &FusedConfig) -> f64 {
@@ -132,20 +170,9 @@ impl Fused {
     /// least, the guest's free memory.
     pub fn step(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Estimate> {
         let s = &obs.signals;
-        // size − MemAvailable is the guest's need whether or not its MemTotal shrinks
-        // with the balloon (with deflate-on-oom it does not, and balloon pages count as
-        // used); without MemAvailable, used memory (cache included) stands in.
-        let need = match s.available {
-            Some(avail) => obs.size - avail,
-            None => s.used?,
-        };
-        let margin = obs
-            .configured
-            .scale(cfg.margin)
-            .max(Bytes::from_mib(cfg.margin_min_mib));
+        let (need, margin, floor) = need(cfg, obs)?;
         let base = need + margin;
-        let floor = (s.unreclaimable.unwrap_or_default() + Bytes::from_mib(cfg.floor_mib))
-            .min(obs.configured);
+        let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
         let step = |share: f64| {
             obs.configured
                 .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
@@ -165,11 +192,20 @@ impl Fused {
         let rebase = self.estimate.is_none()
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
         // The guest's own need fell as much while no balloon of ours squeezed it (below
-        // its need, a guest's need follows its size down): it freed memory.
+        // its need, a guest's need follows its size down): it freed memory — as much as
+        // its commitment fell too, where it reports one (a program restarting frees its
+        // buffer and allocates it again within the tick, then fills it over the next
+        // seconds: found in the simulator, memknobs guests lost their memory at every
+        // restart and swapped it back).
+        let uncommitted = match (s.committed_as, self.last_committed) {
+            (Some(now), Some(last)) => last - now,
+            _ => Bytes(u64::MAX),
+        };
         let freed = (self.estimate.is_some()
             && !inflating
             && base.as_f64() < self.base.as_f64() * (1.0 - cfg.rebase_change))
-            .then(|| self.base - base);
+            .then(|| (self.base - base).min(uncommitted))
+            .filter(|f| *f > Bytes::ZERO);
         self.base = base;
         let faults = s.faults();
         // Allocation stalls and memory pressure while the balloon inflates (this tick or
@@ -214,8 +250,9 @@ impl Fused {
         // raised the estimate, to the guest's full size).
         let recovering = kills == 0 && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
-        // Fast until the first back-off since the last rebase (TWS's FAST), then slowly.
-        let probe = step(if self.backoffs == 0 {
+        // Fast until the first back-off since the last rebase (TWS's FAST), then slowly;
+        // only slowly while the host's need is merely tight.
+        let probe = step(if self.backoffs == 0 && level == NeedLevel::Short {
             cfg.probe_fast_step
         } else {
             cfg.probe_step
@@ -312,6 +349,10 @@ impl Fused {
             // whose balloon took 7 ticks to inflate was probed down to its floor and
             // thrashed when it arrived).
             "settle"
+        } else if level == NeedLevel::Ample {
+            // The host has ample memory without probing: what probing would find is not
+            // worth the guest's swap-ins and refaults.
+            "ample"
         } else if s.agent_failed {
             // No probing blind (seen on real guests: the agent of a guest thrashing
             // below its working set stopped answering, its balloon statistics showed no
@@ -325,6 +366,11 @@ impl Fused {
             estimate = estimate - probe;
             "probe"
         };
+        // With ample memory the guest keeps all but what costs it nothing: earlier
+        // probing (when the host was short) is undone at once.
+        if level == NeedLevel::Ample {
+            estimate = estimate.max(costless(cfg, obs).unwrap_or(base));
+        }
         self.last_probe = (phase == "probe").then_some(probe);
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
         let wss = clamp(estimate, floor, obs.configured);
@@ -347,6 +393,9 @@ impl Fused {
                 obs.size
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
+            "ample" => format!(
+                "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory, page cache it does not use); it counts {need} needed"
+            ),
             "allocate" => format!(
                 "estimate {wss}: the guest committed {} more: give it at once; it counts {need} needed",
                 allocation.unwrap_or_default()
@@ -372,6 +421,7 @@ mod tests {
     /// A 1000 MiB guest at `size` with `avail` MemAvailable and `faults` this tick.
     fn obs(t: u64, size: u64, avail: u64, faults: u64) -> Observation {
         Observation {
+            need: None,
             at: Duration::from_secs(t),
             size: Bytes::from_mib(size),
             configured: Bytes::from_mib(1000),

@@ -15,6 +15,7 @@ pub mod sampled;
 pub mod selfballoon;
 pub mod tws;
 
+use crate::need::Need;
 use crate::signals::Signals;
 use crate::units::Bytes;
 use serde::Serialize;
@@ -33,6 +34,9 @@ pub struct Observation {
     pub referenced: Option<Bytes>,
     /// Derived guest signals.
     pub signals: Signals,
+    /// How much the host needs memory, for estimators whose probing scales with it
+    /// (none: probe as if it were short).
+    pub need: Option<Need>,
 }
 
 /// An estimate and how it was reached.

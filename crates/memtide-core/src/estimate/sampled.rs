@@ -73,6 +73,7 @@ mod tests {
 
     fn obs(touched_mib: u64) -> Observation {
         Observation {
+            need: None,
             size: Bytes::from_mib(1000),
             configured: Bytes::from_mib(1000),
             referenced: Some(Bytes::from_mib(touched_mib)),

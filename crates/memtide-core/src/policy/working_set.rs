@@ -8,15 +8,17 @@ use super::divide::{capacity, divide, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
-use crate::estimate::fused::{Fused, FusedConfig};
+use crate::estimate::fused::{costless, Fused, FusedConfig};
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
+use crate::need::Need;
 use crate::units::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::fmt::Write;
 
 /// Settings shared by the working-set policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -118,6 +120,42 @@ impl WorkingSet {
             states: FxHashMap::default(),
         }
     }
+
+    /// How much the host needs memory, for memtide's estimator: the domain's free memory
+    /// with every VM at its costless size (a VM the host backs less than that will grow
+    /// into free memory).
+    fn need(&self, input: &PolicyInput<'_>, observations: &[Observation]) -> Option<Need> {
+        let EstimatorConfig::Fused(c) = &self.estimator else {
+            return None;
+        };
+        let domain = &input.host_latest().domain;
+        let above: f64 = input
+            .vms
+            .iter()
+            .zip(observations)
+            .filter_map(|(vm, obs)| {
+                let backed = vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual));
+                Some(backed.as_f64() - costless(c, obs)?.as_f64())
+            })
+            .sum();
+        Some(Need::of(
+            domain.freeable.as_f64() + above,
+            domain.total,
+            c.ample_free,
+            c.short_free,
+        ))
+    }
+}
+
+/// What a guest holds or has committed beyond its free swap: below it, its next
+/// allocations are OOM kills. When memory is divided, no VM is given less (or less than
+/// it wants, if that is smaller).
+fn beyond_swap(s: &crate::signals::Signals) -> Bytes {
+    let committed = s
+        .committed_as
+        .zip(s.swap_free)
+        .map_or(Bytes::ZERO, |(c, free)| c - free);
+    committed.max(s.unreclaimable.unwrap_or_default())
 }
 
 /// The rule name of a policy's estimator phase (static: reasons are made every tick).
@@ -131,6 +169,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "recover") => "memtide.recover",
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
+        ("memtide", "ample") => "memtide.ample",
         ("memtide", "back_off") => "memtide.back_off",
         ("tws", "fast") => "tws.fast",
         ("tws", "cool_down") => "tws.cool_down",
@@ -147,6 +186,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
 pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
     let latest = vm.latest();
     Observation {
+        need: None,
         at,
         size: vm.actual,
         configured: latest.configured,
@@ -166,16 +206,20 @@ impl Policy for WorkingSet {
         let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.states
             .retain(|name, _| present.contains(name.as_str()));
+        let observations: Vec<Observation> =
+            input.vms.iter().map(|vm| observe(input.at, vm)).collect();
+        let need = self.need(input, &observations);
         let mut estimated = Vec::new();
-        for vm in input.vms {
+        for (vm, mut obs) in input.vms.iter().zip(observations) {
             if vm.history.len() == 1 {
                 self.states.remove(vm.name); // new, or reset: start afresh
             }
+            obs.need = need;
             let state = self
                 .states
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
-            match self.estimator.step(state, &observe(input.at, vm)) {
+            match self.estimator.step(state, &obs) {
                 Ok(e) => estimated.push((vm, e)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
@@ -187,10 +231,13 @@ impl Policy for WorkingSet {
         let capacity = capacity(input, domain.total.scale(self.config.host_reserve));
         let claims: Vec<Claim> = estimated
             .iter()
-            .map(|(vm, e)| Claim {
-                min: vm.limits.min,
-                want: e.wss.max(vm.limits.min).min(vm.limits.max),
-                weight: f64::from(vm.limits.shares),
+            .map(|(vm, e)| {
+                let want = e.wss.max(vm.limits.min).min(vm.limits.max);
+                Claim {
+                    min: vm.limits.min.max(beyond_swap(vm.signals).min(want)),
+                    want,
+                    weight: f64::from(vm.limits.shares),
+                }
             })
             .collect();
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
@@ -204,6 +251,9 @@ impl Policy for WorkingSet {
             let mut detail = e.detail;
             if let Some(d) = &divided {
                 detail.push_str(d);
+            }
+            if let Some(n) = &need {
+                let _ = write!(detail, "; {n}");
             }
             let change = target.abs_diff(vm.actual);
             if change.as_f64() > vm.actual.as_f64() * self.config.min_change {
