@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# `none`, `mom` and `memtide` on the built-in scenarios (same seed), as text tables; the
-# full reports (summary.json, compare.json, SVG plots) go to bench/results/compare-SCENARIO/.
+# `none`, `mom`, `proxmox`, `esx` and `memtide` on the built-in scenarios (same seed), as
+# text tables, without and then with deflate-on-oom in the guests' balloons (OOM kills
+# with it are counted as "kills (+rescues)"); the full reports (summary.json,
+# compare.json, SVG plots) go to bench/results/compare-SCENARIO/.
 #
-#   bench/sim-compare.sh [SCENARIO...]   (default: memknobs-32 mixed-8 quick)
+#   bench/sim-compare.sh [SCENARIO...]   (default: every built-in scenario)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release -p memtide
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(memknobs-32 mixed-8 quick)
-for s in "${scenarios[@]}"; do
-  echo "== $s"
-  "$target/release/memtide" sim "$s" --compare none mom memtide --out "bench/results/compare-$s" |
-    grep -v '^compare.json and one report'
-done | tee bench/results/sim-compare.txt
+[ ${#scenarios[@]} -gt 0 ] ||
+  scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
+policies=(none mom proxmox esx memtide)
+{
+  echo "# commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
+  for s in "${scenarios[@]}"; do
+    echo "== $s"
+    "$target/release/memtide" sim "$s" --compare "${policies[@]}" --out "bench/results/compare-$s" 2>/dev/null
+    echo "== $s, deflate-on-oom"
+    "$target/release/memtide" sim "$s" --compare "${policies[@]}" --deflate-on-oom 2>/dev/null
+  done
+} | tee bench/results/sim-compare.txt

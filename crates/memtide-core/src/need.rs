@@ -86,7 +86,15 @@ mod tests {
 
     #[test]
     fn the_reason_names_the_level_and_the_free_share() {
-        let n = Need::of(Bytes::from_mib(230).as_f64(), Bytes::from_mib(1000), 0.1, 0.05);
-        assert_eq!(n.to_string(), "host need ample (23.0% free at costless sizes)");
+        let n = Need::of(
+            Bytes::from_mib(230).as_f64(),
+            Bytes::from_mib(1000),
+            0.1,
+            0.05,
+        );
+        assert_eq!(
+            n.to_string(),
+            "host need ample (23.0% free at costless sizes)"
+        );
     }
 }

@@ -216,7 +216,10 @@ const BUILTIN: [(&str, &str); 8] = [
     ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
     ("quick", include_str!("../scenarios/quick.toml")),
     ("fleet-1000", include_str!("../scenarios/fleet-1000.toml")),
-    ("no-overcommit", include_str!("../scenarios/no-overcommit.toml")),
+    (
+        "no-overcommit",
+        include_str!("../scenarios/no-overcommit.toml"),
+    ),
     ("burst", include_str!("../scenarios/burst.toml")),
     ("cloud-mix", include_str!("../scenarios/cloud-mix.toml")),
     ("small-vms", include_str!("../scenarios/small-vms.toml")),

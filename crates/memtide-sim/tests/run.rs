@@ -211,3 +211,29 @@ fn the_calibration_twins_of_the_real_guest_scenarios_are_valid_and_run() {
         assert!(report.summary.total_throughput > 0.0, "{name}");
     }
 }
+
+#[test]
+fn memtide_oom_kills_nothing_in_any_built_in_scenario_without_deflate_on_oom() {
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    // fleet-1000 (1000 VMs for an hour) is run by bench/sim-compare.sh in release.
+    for name in Scenario::builtin_names()
+        .into_iter()
+        .filter(|n| *n != "fleet-1000")
+    {
+        let scenario = Scenario::builtin(name).unwrap();
+        assert!(
+            !scenario.host.deflate_on_oom,
+            "{name}: the policy may not lean on it"
+        );
+        let memtide = WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        let report = run(&scenario, Box::new(memtide), EngineConfig::default(), 1);
+        let s = &report.summary;
+        assert_eq!(s.oom_kills, 0, "{name}: memtide OOM-killed guest workloads");
+    }
+}

@@ -9,6 +9,7 @@ use memtide_core::estimate::tws::TwsConfig;
 use memtide_core::policy::esx::EsxConfig;
 use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::MomConfig;
+use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use serde::Deserialize;
@@ -61,6 +62,8 @@ pub struct Config {
     pub sampled: SampledConfig,
     /// Constants of the ESX policy.
     pub esx: EsxConfig,
+    /// Constants of Proxmox VE's auto-ballooning.
+    pub proxmox: ProxmoxConfig,
 }
 
 /// The daemon's endpoints and timeouts.
@@ -186,6 +189,7 @@ impl Default for Config {
             selfballoon: SelfBalloonConfig::default(),
             sampled: SampledConfig::default(),
             esx: EsxConfig::default(),
+            proxmox: ProxmoxConfig::default(),
         }
     }
 }
@@ -546,7 +550,7 @@ mod tests {
         );
         assert_eq!(
             err("policy = \"magic\"\n"),
-            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: memtide, mom, tws, selfballoon, sampled, esx, none; or a file path)"
+            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: memtide, mom, tws, selfballoon, sampled, esx, proxmox, none; or a file path)"
         );
         assert!(err("[daemon]\nhttp = \"localhost\"\n")
             .starts_with("memtide.toml: daemon.http: \"localhost\" is not an address:port"));

@@ -5,6 +5,7 @@ use crate::config::Config;
 use memtide_core::policy::esx::Esx;
 use memtide_core::policy::mom::Mom;
 use memtide_core::policy::none::Unmanaged;
+use memtide_core::policy::proxmox::Proxmox;
 use memtide_core::policy::routed::Routed;
 use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet};
 use memtide_core::policy::Policy;
@@ -13,13 +14,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The built-in policies, by name.
-pub const BUILTIN: [&str; 7] = [
+pub const BUILTIN: [&str; 8] = [
     "memtide",
     "mom",
     "tws",
     "selfballoon",
     "sampled",
     "esx",
+    "proxmox",
     "none",
 ];
 
@@ -70,6 +72,7 @@ impl PolicySource {
                 ))),
                 "sampled" => Ok(working_set(EstimatorConfig::Sampled(c.sampled.clone()))),
                 "esx" => Ok(Box::new(Esx::new(c.esx.clone(), c.ksm.clone()))),
+                "proxmox" => Ok(Box::new(Proxmox::new(c.proxmox.clone()))),
                 "none" => Ok(Box::new(Unmanaged)),
                 other => Err(LoadError(format!(
                     "unknown policy {other:?} (built-in policies: {})",

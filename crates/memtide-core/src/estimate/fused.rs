@@ -146,8 +146,8 @@ fn need(cfg: &FusedConfig, obs: &Observation) -> Option<(Bytes, Bytes, Bytes)> {
         .configured
         .scale(cfg.margin)
         .max(Bytes::from_mib(cfg.margin_min_mib));
-    let floor = (s.unreclaimable.unwrap_or_default() + Bytes::from_mib(cfg.floor_mib))
-        .min(obs.configured);
+    let floor =
+        (s.unreclaimable.unwrap_or_default() + Bytes::from_mib(cfg.floor_mib)).min(obs.configured);
     Some((need, margin, floor))
 }
 
@@ -458,6 +458,73 @@ mod tests {
         assert_eq!(mib(f.step(&cfg, &obs(3, 230, 0, 1024))), 254.0);
         assert_eq!(mib(f.step(&cfg, &obs(12, 254, 0, 0))), 244.0);
         assert_eq!(mib(f.step(&cfg, &obs(13, 244, 0, 0))), 234.0);
+    }
+
+    /// `o` seen with the host's need at `level`.
+    fn at(mut o: Observation, level: NeedLevel) -> Observation {
+        o.need = Some(crate::need::Need {
+            level,
+            free_share: 0.0,
+        });
+        o
+    }
+
+    #[test]
+    fn probing_scales_with_the_hosts_need() {
+        let cfg = FusedConfig::default();
+        // Ample: nothing probed below the costless size (need 300 + margin 30).
+        let mut f = Fused::default();
+        f.step(&cfg, &at(obs(0, 1000, 700, 0), NeedLevel::Ample));
+        let e = f
+            .step(&cfg, &at(obs(1, 330, 30, 0), NeedLevel::Ample))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "ample"));
+        // Tight: slowly (1%) even before the first back-off; short: fast (5%).
+        let e = f
+            .step(&cfg, &at(obs(2, 330, 30, 0), NeedLevel::Tight))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (320.0, "probe"));
+        let e = f
+            .step(&cfg, &at(obs(3, 320, 20, 0), NeedLevel::Short))
+            .unwrap();
+        assert_eq!(e.wss.mib_f64(), 270.0);
+        // Ample again: no deeper, and a margin more than the squeezed guest now counts
+        // as needed (its need follows its size down), every tick until it has room.
+        let e = f
+            .step(&cfg, &at(obs(4, 270, 0, 0), NeedLevel::Ample))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (300.0, "ample"));
+    }
+
+    #[test]
+    fn the_costless_size_keeps_the_page_cache_in_use_and_drops_the_rest() {
+        let mut o = obs(0, 1000, 700, 0);
+        o.signals.active_file = Some(Bytes::from_mib(150));
+        // need 300 + active cache 150 + margin 30.
+        let c = costless(&FusedConfig::default(), &o).unwrap();
+        assert_eq!(c.mib_f64(), 480.0);
+    }
+
+    #[test]
+    fn a_program_restarting_within_a_tick_has_not_freed_its_memory() {
+        // memknobs restarts: its buffer is freed and committed again within the tick, and
+        // MemAvailable shows the untouched part free. Committed_AS did not fall: no release.
+        let cfg = FusedConfig::default();
+        // need 700: 730, held there (ample) until the balloon has settled; then the need
+        // falls to 500, with Committed_AS falling as much (freed) or not (restarted).
+        let last = |committed_mib: u64| {
+            let mut f = Fused::default();
+            for (t, size, avail) in [(0, 1000, 300), (1, 730, 30), (2, 730, 30)] {
+                let o = committed(obs(t, size, avail, 0), 700);
+                f.step(&cfg, &at(o, NeedLevel::Ample));
+            }
+            let o = committed(obs(3, 730, 230, 0), committed_mib);
+            f.step(&cfg, &at(o, NeedLevel::Short)).unwrap()
+        };
+        let freed = last(500);
+        assert_eq!((freed.wss.mib_f64(), freed.phase), (530.0, "release"));
+        let restarted = last(700);
+        assert_ne!(restarted.phase, "release", "{}", restarted.detail);
     }
 
     #[test]

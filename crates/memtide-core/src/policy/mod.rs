@@ -6,6 +6,7 @@ pub mod esx;
 pub mod ksmtuned;
 pub mod mom;
 pub mod none;
+pub mod proxmox;
 pub mod routed;
 pub mod working_set;
 
