@@ -138,9 +138,12 @@ pub struct GuestCounters {
     pub host_swap_out: u64,
     /// Guest pages the host backed for the first time (EPT faults).
     pub host_first_touch: u64,
-    /// Time the workload waited on guest faults (swap-ins, disk reads) (µs): memory PSI
-    /// as the guest sees it.
+    /// Time the workload waited on guest faults (swap-ins, disk reads) (µs).
     pub stall_us: f64,
+    /// Of it, the time waiting on memory: swap-ins and re-reads of evicted working-set
+    /// page cache, not first reads of file data (I/O, not memory): memory PSI as the
+    /// guest sees it (Linux counts thrashing refaults and reclaim, not every read).
+    pub memory_stall_us: f64,
     /// Time the vCPU waited on the host (host swap-ins, first touches) (µs), invisible to
     /// the guest.
     pub host_stall_us: f64,
@@ -267,6 +270,14 @@ impl Guest {
         }
     }
 
+    /// The guest of a VM that has not started (yet): all its RAM free and not backed by
+    /// the host. [`Guest::reboot`] starts it.
+    pub fn hold(&mut self) {
+        self.reboot();
+        self.free_unbacked += self.kernel.pages;
+        self.kernel = Pool::default();
+    }
+
     /// Start again after the VM was killed and restarted: the balloon is gone, memory
     /// and counters start from boot.
     pub fn reboot(&mut self) {
@@ -375,7 +386,7 @@ impl Guest {
             self.counters.kswapd_reclaimed += got;
         }
         self.last = delta(&self.counters, &before);
-        self.pressure.record(self.last.stall_us, dt);
+        self.pressure.record(self.last.memory_stall_us, dt);
     }
 
     fn move_balloon(&mut self, dt: f64, costs: &Costs) {
@@ -554,6 +565,13 @@ impl Guest {
         // Distinct pages among `touched` accesses spread over the working set.
         self.counters.referenced += ws as f64 * -(-touched / ws as f64).exp_m1();
         self.counters.stall_us += touched * guest_us;
+        let p_refault = if missing_file > 0 {
+            p_file * self.file_evicted as f64 / missing_file as f64
+        } else {
+            0.0
+        };
+        self.counters.memory_stall_us +=
+            touched * (p_anon * costs.guest_swap_in_us + p_refault * costs.file_read_us);
         self.counters.host_stall_us += touched * host_us;
 
         // Host faults on working-set pages the host swapped out.
@@ -869,6 +887,7 @@ fn delta(now: &GuestCounters, before: &GuestCounters) -> GuestCounters {
         host_swap_out: now.host_swap_out - before.host_swap_out,
         host_first_touch: now.host_first_touch - before.host_first_touch,
         stall_us: now.stall_us - before.stall_us,
+        memory_stall_us: now.memory_stall_us - before.memory_stall_us,
         host_stall_us: now.host_stall_us - before.host_stall_us,
         touched: now.touched - before.touched,
         referenced: now.referenced - before.referenced,

@@ -9,6 +9,7 @@
 //! ([`svg`], whose plot primitives memtide-bench shares). See `docs/simulator.md`.
 
 pub mod backend;
+pub mod density;
 pub mod guest;
 pub mod host;
 pub mod pressure;
@@ -23,6 +24,7 @@ pub mod workload;
 pub mod world;
 
 pub use backend::{SimHost, SimVm};
+pub use density::{density, DensityReport};
 pub use record::{recording_files, Record, RecordError, Recorder, RecorderConfig, Records};
 pub use replay::{replay, ReplayReport};
 pub use report::{CompareReport, Report, Summary, VmSummary};

@@ -28,6 +28,10 @@ pub struct Simulation {
     host: SimHost,
     vms: Vec<SimVm>,
     by_name: BTreeMap<String, usize>,
+    /// Every VM as the engine first sees it, in scenario order.
+    unsampled: Vec<VmSnapshot>,
+    /// The started VMs (indices into `vms`), in the order of `snapshot.vms`.
+    started: Vec<usize>,
     engine: Engine,
     snapshot: Snapshot,
     measure: Measure,
@@ -89,6 +93,7 @@ impl Simulation {
         };
         let measure = Measure::new(scenario, &specs);
         let world = Arc::new(Mutex::new(world));
+        let unsampled = snapshot.vms.clone();
         Simulation {
             scenario: scenario.name.clone(),
             seed,
@@ -103,11 +108,32 @@ impl Simulation {
                 .enumerate()
                 .map(|(i, (name, _))| (name.clone(), i))
                 .collect(),
+            started: (0..unsampled.len()).collect(),
+            unsampled,
             world,
             engine: Engine::new(engine, policy),
             snapshot,
             measure,
         }
+    }
+
+    /// Hold every VM before it starts: none runs or holds memory until admitted.
+    pub(crate) fn hold_all(&mut self) {
+        self.lock().hold_all();
+        self.started.clear();
+        self.snapshot.vms.clear();
+    }
+
+    /// Start VM `i` (scenario order) now; the engine sees it from the next tick.
+    pub(crate) fn admit(&mut self, i: usize) {
+        self.lock().start(i);
+        self.started.push(i);
+        self.snapshot.vms.push(self.unsampled[i].clone());
+    }
+
+    /// The world, locked.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Run every tick, showing each snapshot and decision to `observe` (e.g. a recorder).
@@ -129,7 +155,7 @@ impl Simulation {
     }
 
     /// One tick: advance the world, collect through the backends, decide, act, measure.
-    fn step(&mut self, tick: u64) -> Decision {
+    pub(crate) fn step(&mut self, tick: u64) -> Decision {
         self.world
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -139,7 +165,8 @@ impl Simulation {
             .host
             .sample()
             .expect("the simulated host always answers");
-        for (vm, snap) in self.vms.iter_mut().zip(&mut self.snapshot.vms) {
+        for (&i, snap) in self.started.iter().zip(&mut self.snapshot.vms) {
+            let vm = &mut self.vms[i];
             snap.sample = vm
                 .sample()
                 .now_or_never()

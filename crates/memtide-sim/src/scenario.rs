@@ -47,9 +47,37 @@ pub struct Scenario {
     /// What faults cost.
     #[serde(default)]
     pub costs: Costs,
-    /// The VMs (`[[vm]]` tables).
+    /// The VMs (`[[vm]]` tables); in a density run, the arrival queue, in order.
     #[serde(rename = "vm")]
     pub vms: Vec<VmSpec>,
+    /// Admission settings of the density benchmark (`memtide sim --density`).
+    #[serde(default)]
+    pub density: Option<DensitySpec>,
+}
+
+/// How VMs arrive and are admitted in the density benchmark (see [`crate::density`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DensitySpec {
+    /// Time between two VMs' arrivals in the queue (s).
+    pub arrive_every_s: f64,
+    /// Least time between two admissions, for the host to settle (s).
+    pub settle_s: f64,
+    /// The reserves tried, as shares of the domain (%).
+    pub reserves_pct: Vec<f64>,
+    /// The window over which a VM's throughput is compared with its solo run (s).
+    pub window_s: f64,
+}
+
+impl Default for DensitySpec {
+    fn default() -> Self {
+        DensitySpec {
+            arrive_every_s: 30.0,
+            settle_s: 60.0,
+            reserves_pct: vec![2.0, 5.0, 7.5, 10.0, 12.5, 15.0, 20.0, 30.0],
+            window_s: 60.0,
+        }
+    }
 }
 
 fn default_ticks() -> u64 {
@@ -211,7 +239,7 @@ impl VmSpec {
 }
 
 /// The built-in scenarios: name and TOML text.
-const BUILTIN: [(&str, &str); 8] = [
+const BUILTIN: [(&str, &str); 9] = [
     ("memknobs-32", include_str!("../scenarios/memknobs-32.toml")),
     ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
     ("quick", include_str!("../scenarios/quick.toml")),
@@ -223,6 +251,7 @@ const BUILTIN: [(&str, &str); 8] = [
     ("burst", include_str!("../scenarios/burst.toml")),
     ("cloud-mix", include_str!("../scenarios/cloud-mix.toml")),
     ("small-vms", include_str!("../scenarios/small-vms.toml")),
+    ("density", include_str!("../scenarios/density.toml")),
 ];
 
 impl Scenario {
@@ -388,6 +417,25 @@ impl Scenario {
         for (name, _) in self.expand() {
             if !names.insert(name.clone()) {
                 return Err(invalid("vm".into(), &format!("two VMs are named {name:?}")));
+            }
+        }
+        if let Some(d) = &self.density {
+            for (name, v) in [
+                ("arrive_every_s", d.arrive_every_s),
+                ("settle_s", d.settle_s),
+            ] {
+                if !size(v) {
+                    return Err(invalid(format!("density.{name}"), "must be a time ≥ 0"));
+                }
+            }
+            if !positive(d.window_s) {
+                return Err(invalid("density.window_s".into(), "must be positive"));
+            }
+            if d.reserves_pct.is_empty() || !d.reserves_pct.iter().all(|&r| pct(r)) {
+                return Err(invalid(
+                    "density.reserves_pct".into(),
+                    "must list at least one share from 0 to 100",
+                ));
             }
         }
         Ok(())

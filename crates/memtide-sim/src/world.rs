@@ -38,6 +38,9 @@ pub struct VmSide {
     /// Time until the workload restarts after an OOM kill (s).
     down_s: f64,
     events: Vec<VmEvent>,
+    /// When the VM was started (s); `None` while it waits to be admitted (it holds no
+    /// memory and does not run). Its workload's timeline starts then.
+    pub started_at: Option<f64>,
 }
 
 impl World {
@@ -65,6 +68,7 @@ impl World {
                 host_oom_kills: 0,
                 down_s: 0.0,
                 events: Vec::new(),
+                started_at: Some(0.0),
             });
         }
         World {
@@ -76,10 +80,27 @@ impl World {
         }
     }
 
+    /// Stop every VM before it started: none holds memory until [`World::start`].
+    pub fn hold_all(&mut self) {
+        for (g, side) in self.guests.iter_mut().zip(&mut self.vms) {
+            g.hold();
+            side.started_at = None;
+        }
+    }
+
+    /// Boot VM `i` now (a VM waiting to be admitted).
+    pub fn start(&mut self, i: usize) {
+        self.guests[i].reboot();
+        self.vms[i].started_at = Some(self.t);
+    }
+
     /// Advance by `dt` seconds: every workload runs in its guest, then the host settles.
     pub fn advance(&mut self, dt: f64) {
         self.t += dt;
         for (g, side) in self.guests.iter_mut().zip(&mut self.vms) {
+            let Some(started_at) = side.started_at else {
+                continue;
+            };
             side.demand = if side.down_s > 0.0 {
                 side.down_s -= dt;
                 Demand {
@@ -87,7 +108,7 @@ impl World {
                     ..Demand::default()
                 }
             } else {
-                side.workload.demand(self.t)
+                side.workload.demand(self.t - started_at)
             };
             g.step(dt, &side.demand, &self.costs);
             if g.last.oom_kills > 0 {

@@ -79,6 +79,11 @@ enum Command {
         /// Seed for every random choice (default: the scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Run the density benchmark instead: VMs arrive into an admission queue and
+        /// each policy admits as many as it can at the same service level (needs
+        /// --compare; writes density.json to --out).
+        #[arg(long, requires = "compare")]
+        density: bool,
         /// Give the guests' balloons deflate-on-oom (the scenario's `host.deflate_on_oom`):
         /// OOM kills it prevents are counted apart.
         #[arg(long)]
@@ -187,6 +192,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             compare,
             out,
             seed,
+            density,
             deflate_on_oom,
             config,
         } => {
@@ -195,12 +201,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             } else {
                 compare
             };
+            let options = sim_cmd::SimOptions {
+                seed,
+                density,
+                deflate_on_oom,
+            };
             sim_cmd::sim(
                 &scenario,
                 &policies,
                 out.as_deref(),
-                seed,
-                deflate_on_oom,
+                options,
                 &load(config.as_ref())?,
             )
         }

@@ -27,19 +27,32 @@ fn policy(name: &str, config: &Config) -> anyhow::Result<Box<dyn Policy>> {
     Ok(PolicySource::from_config(name, None).load(config)?)
 }
 
+/// How `memtide sim` runs a scenario.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SimOptions {
+    /// Seed for every random choice (default: the scenario's).
+    pub seed: Option<u64>,
+    /// Run the density benchmark.
+    pub density: bool,
+    /// Give the guests' balloons deflate-on-oom.
+    pub deflate_on_oom: bool,
+}
+
 /// Run a scenario under one policy, or under several with `compare`; print a summary and
 /// write the reports to `out`.
 pub fn sim(
     scenario_name: &str,
     policies: &[String],
     out: Option<&Path>,
-    seed: Option<u64>,
-    deflate_on_oom: bool,
+    options: SimOptions,
     config: &Config,
 ) -> anyhow::Result<()> {
     let mut scenario = scenario(scenario_name)?;
-    scenario.host.deflate_on_oom |= deflate_on_oom;
-    let seed = seed.unwrap_or(scenario.seed);
+    scenario.host.deflate_on_oom |= options.deflate_on_oom;
+    let seed = options.seed.unwrap_or(scenario.seed);
+    if options.density {
+        return density(&scenario, policies, out, seed, config);
+    }
     if let [one] = policies {
         let report = run(&scenario, policy(one, config)?, config.engine.clone(), seed);
         println!("{}", report.summary_json());
@@ -68,6 +81,45 @@ pub fn sim(
             "compare.json and one report per policy written to {}",
             dir.display()
         );
+    }
+    Ok(())
+}
+
+/// The density benchmark under each policy: print the table, write `density.json`.
+fn density(
+    scenario: &Scenario,
+    policies: &[String],
+    out: Option<&Path>,
+    seed: u64,
+    config: &Config,
+) -> anyhow::Result<()> {
+    for p in policies {
+        policy(p, config)?; // fail early on a bad name or file
+    }
+    let factories: Vec<(String, Box<dyn Fn() -> Box<dyn Policy> + '_>)> = policies
+        .iter()
+        .map(|p| {
+            let make = move || policy(p, config).expect("loaded once already");
+            (
+                p.clone(),
+                Box::new(make) as Box<dyn Fn() -> Box<dyn Policy>>,
+            )
+        })
+        .collect();
+    let refs: Vec<(String, memtide_sim::density::PolicyFactory<'_>)> = factories
+        .iter()
+        .map(|(label, make)| (label.clone(), make.as_ref()))
+        .collect();
+    let report = memtide_sim::density(scenario, &refs, &config.engine, seed);
+    print!("{}", report.table());
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut json = serde_json::to_value(&report)?;
+        json["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+        let path = dir.join("density.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("density.json written to {}", dir.display());
     }
     Ok(())
 }

@@ -219,8 +219,12 @@ impl Policy for WorkingSet {
                 .states
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
+            let first = match &self.estimator {
+                EstimatorConfig::Fused(c) => costless(c, &obs),
+                _ => None,
+            };
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e)),
+                Ok(e) => estimated.push((vm, e, first)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
@@ -231,7 +235,7 @@ impl Policy for WorkingSet {
         let capacity = capacity(input, domain.total.scale(self.config.host_reserve));
         let claims: Vec<Claim> = estimated
             .iter()
-            .map(|(vm, e)| {
+            .map(|(vm, e, _)| {
                 let want = e.wss.max(vm.limits.min).min(vm.limits.max);
                 Claim {
                     min: vm.limits.min.max(beyond_swap(vm.signals).min(want)),
@@ -241,11 +245,31 @@ impl Policy for WorkingSet {
             })
             .collect();
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
+        // Scarce memory goes first to what each guest uses now (its costless size, where
+        // the estimator knows it), then to the rest of its estimate by shares (found in
+        // the simulator's density runs: a database whose estimate a back-off had raised
+        // to its full size was divided down to the same share as a build server, below
+        // its working set, while idle guests kept their estimates).
+        let firsts: Vec<Claim> = claims
+            .iter()
+            .zip(&estimated)
+            .map(|(c, (_, _, first))| Claim {
+                want: first.map_or(c.min, |f| f.clamp(c.min, c.want.max(c.min))),
+                ..c.clone()
+            })
+            .collect();
+        let base = divide(capacity, &firsts);
+        let claims: Vec<Claim> = claims
+            .into_iter()
+            .zip(base)
+            .map(|(c, min)| Claim { min, ..c })
+            .collect();
         let given = divide(capacity, &claims);
-        let divided = (wanted > capacity)
-            .then(|| format!("; VMs want {wanted} but can have {capacity}: divided by shares"));
+        let divided = (wanted > capacity).then(|| {
+            format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
+        });
         let policy = self.estimator.policy_name();
-        for ((vm, e), target) in estimated.into_iter().zip(given) {
+        for ((vm, e, _), target) in estimated.into_iter().zip(given) {
             out.estimates.insert(vm.name.to_string(), e.wss);
             let rule = rule(policy, e.phase);
             let mut detail = e.detail;
@@ -371,7 +395,10 @@ mod tests {
         let (a, b) = (target(&o, "a").unwrap(), target(&o, "b").unwrap());
         assert_eq!(a + b, 649, "all the capacity, to the MiB (rounding down)");
         assert_eq!((a, b), (194, 455));
-        assert!(o.balloon["a"].reason.detail.contains("divided by shares"));
+        assert!(o.balloon["a"]
+            .reason
+            .detail
+            .contains("divided by use, then shares"));
     }
 
     #[test]
