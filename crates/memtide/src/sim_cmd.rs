@@ -96,19 +96,20 @@ fn density(
     for p in policies {
         policy(p, config)?; // fail early on a bad name or file
     }
-    let factories: Vec<(String, Box<dyn Fn() -> Box<dyn Policy> + '_>)> = policies
+    // One closure expression, so one type: a Vec of them, each making its policy afresh.
+    let makers: Vec<_> = policies
         .iter()
-        .map(|p| {
-            let make = move || policy(p, config).expect("loaded once already");
+        .map(|p| move || policy(p, config).expect("loaded once already"))
+        .collect();
+    let refs: Vec<(String, memtide_sim::density::PolicyFactory<'_>)> = policies
+        .iter()
+        .zip(&makers)
+        .map(|(label, make)| {
             (
-                p.clone(),
-                Box::new(make) as Box<dyn Fn() -> Box<dyn Policy>>,
+                label.clone(),
+                make as memtide_sim::density::PolicyFactory<'_>,
             )
         })
-        .collect();
-    let refs: Vec<(String, memtide_sim::density::PolicyFactory<'_>)> = factories
-        .iter()
-        .map(|(label, make)| (label.clone(), make.as_ref()))
         .collect();
     let report = memtide_sim::density(scenario, &refs, &config.engine, seed);
     print!("{}", report.table());
