@@ -7,7 +7,15 @@ use std::path::Path;
 
 /// Built-in policies a scenario may compare (`none` is the baseline and always runs);
 /// a policy-language file (`*.policy`, relative to the scenario file) may be compared too.
-pub const POLICIES: [&str; 6] = ["memtide", "tws", "selfballoon", "sampled", "esx", "mom"];
+pub const POLICIES: [&str; 7] = [
+    "memtide",
+    "tws",
+    "selfballoon",
+    "sampled",
+    "esx",
+    "mom",
+    "proxmox",
+];
 /// Workloads of the test guest (guest/README.md).
 pub const WORKLOADS: [&str; 4] = ["memknobs", "coldalloc", "filecache", "mix"];
 /// The baseline policy: every VM at its full configured memory, nothing managed.

@@ -16,6 +16,7 @@ pub mod pressure;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod resize;
 pub mod rng;
 pub mod run;
 pub mod scenario;

@@ -1,6 +1,7 @@
 //! What a run produces: `summary.json`, time series for the plots, and comparisons of
 //! several policies (`compare.json` and a text table).
 
+use crate::resize::ResizeSummary;
 use crate::svg;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,6 +40,9 @@ pub struct Summary {
     /// it; 0 unless the scenario's host has `deflate_on_oom`).
     #[serde(default)]
     pub oom_deflations: u64,
+    /// How fast memory was given back after pressure and taken back after it was freed.
+    #[serde(default)]
+    pub resize: ResizeSummary,
     /// Balloon targets set.
     pub balloon_actions: u64,
     /// KSM knob changes.

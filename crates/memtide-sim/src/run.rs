@@ -4,6 +4,7 @@
 use crate::backend::{SharedWorld, SimHost, SimVm};
 use crate::guest::{bytes, mib, mib_of, pages, PAGE_SIZE};
 use crate::report::{CompareReport, Report, Series, Summary, VmSeries, VmSummary};
+use crate::resize::{ResizeTracker, Tick};
 use crate::scenario::Scenario;
 use crate::world::World;
 use futures::FutureExt;
@@ -213,6 +214,7 @@ struct VmMeasure {
     host_swap_ins: u64,
     guest_oom_kills: u64,
     oom_deflations: u64,
+    resize: ResizeTracker,
     over_target: u64,
     short: u64,
 }
@@ -311,9 +313,21 @@ impl Measure {
                     m.over_target += 1;
                 }
             }
-            if g.swap_ws + g.file_evicted > 0 {
+            let short = g.swap_ws + g.file_evicted > 0;
+            if short {
                 m.short += 1;
             }
+            m.resize.observe(
+                Tick {
+                    tick,
+                    short,
+                    target: target.map(|t| t.0 / PAGE_SIZE),
+                    actual,
+                    configured: g.params().configured,
+                    working_set: ws,
+                },
+                self.tick_s,
+            );
             if keep {
                 let v = &mut self.series.vms[i];
                 v.given_mib.push(mib(actual) as f32);
@@ -370,6 +384,7 @@ impl Measure {
             host_swap_outs: host.swap_out,
             oom_kills: per_vm.iter().map(|v| v.oom_kills).sum(),
             oom_deflations: per_vm.iter().map(|v| v.oom_deflations).sum(),
+            resize: ResizeTracker::summary(self.vms.iter().map(|m| &m.resize)),
             balloon_actions: self.balloon_actions,
             ksm_actions: self.ksm_actions,
             host_free_mean_mib: mib_of(self.host_free_sum / n),
