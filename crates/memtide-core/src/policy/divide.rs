@@ -68,6 +68,28 @@ pub fn divide(capacity: Bytes, claims: &[Claim]) -> Vec<Bytes> {
     given.into_iter().map(Bytes::from_f64).collect()
 }
 
+/// Divide `capacity` in two rounds: first each claim up to its `first` level (what the
+/// guest uses now; clamped to its min and want), by weight; then what is left up to each
+/// want, by weight. A guest whose estimate runs ahead of its use cannot take from a guest
+/// that uses all of its own.
+pub fn divide_by_use(capacity: Bytes, claims: &[Claim], first: &[Bytes]) -> Vec<Bytes> {
+    let firsts: Vec<Claim> = claims
+        .iter()
+        .zip(first)
+        .map(|(c, f)| Claim {
+            want: (*f).clamp(c.min, c.want.max(c.min)),
+            ..c.clone()
+        })
+        .collect();
+    let base = divide(capacity, &firsts);
+    let rest: Vec<Claim> = claims
+        .iter()
+        .zip(base)
+        .map(|(c, min)| Claim { min, ..c.clone() })
+        .collect();
+    divide(capacity, &rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +185,25 @@ mod tests {
             &[claim(50, 150, 1.0), claim(50, 800, 1.0)],
         );
         assert_eq!(mib(v), [150, 450]);
+    }
+
+    #[test]
+    fn what_guests_use_is_divided_before_what_they_might_want() {
+        // 1000 MiB: a uses 600 (wants 700), b uses 100 but wants 900. By shares alone
+        // each gets 500, a below its use; by use first, a keeps its 600 and the 300 left
+        // are shared: 100 fill a's want, b takes the rest.
+        let claims = [claim(50, 700, 1.0), claim(50, 900, 1.0)];
+        let first = [Bytes::from_mib(600), Bytes::from_mib(100)];
+        assert_eq!(mib(divide(Bytes::from_mib(1000), &claims)), [500, 500]);
+        assert_eq!(
+            mib(divide_by_use(Bytes::from_mib(1000), &claims, &first)),
+            [700, 300]
+        );
+        // Use that does not fit is itself divided by shares above the minimums.
+        assert_eq!(
+            mib(divide_by_use(Bytes::from_mib(500), &claims, &first)),
+            [400, 100]
+        );
     }
 
     #[test]

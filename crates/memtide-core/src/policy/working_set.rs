@@ -4,7 +4,7 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{capacity, divide, Claim};
+use super::divide::{capacity, divide_by_use, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
@@ -250,21 +250,12 @@ impl Policy for WorkingSet {
         // the simulator's density runs: a database whose estimate a back-off had raised
         // to its full size was divided down to the same share as a build server, below
         // its working set, while idle guests kept their estimates).
-        let firsts: Vec<Claim> = claims
+        let first: Vec<Bytes> = claims
             .iter()
             .zip(&estimated)
-            .map(|(c, (_, _, first))| Claim {
-                want: first.map_or(c.min, |f| f.clamp(c.min, c.want.max(c.min))),
-                ..c.clone()
-            })
+            .map(|(c, (_, _, first))| first.unwrap_or(c.min))
             .collect();
-        let base = divide(capacity, &firsts);
-        let claims: Vec<Claim> = claims
-            .into_iter()
-            .zip(base)
-            .map(|(c, min)| Claim { min, ..c })
-            .collect();
-        let given = divide(capacity, &claims);
+        let given = divide_by_use(capacity, &claims, &first);
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
