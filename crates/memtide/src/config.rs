@@ -303,6 +303,32 @@ impl Config {
                 format!("{} is not a number of seconds ≥ 0.1", self.interval_s),
             );
         }
+        let (ample, short) = (self.memtide.ample_free, self.memtide.short_free);
+        if !(ample.is_finite() && short.is_finite() && (0.0..=ample).contains(&short)) {
+            return bad(
+                "memtide.short_free",
+                format!("{short} must be between 0 and ample_free {ample}"),
+            );
+        }
+        let p = &self.proxmox;
+        if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
+            return bad(
+                "proxmox.goal_used",
+                format!("{} must be in (0, 1]", p.goal_used),
+            );
+        }
+        if !(p.cycle_s.is_finite() && p.cycle_s > 0.0 && p.cycle_s <= 86_400.0) {
+            return bad(
+                "proxmox.cycle_s",
+                format!("{} is not a number of seconds", p.cycle_s),
+            );
+        }
+        if !(p.starving.is_finite() && p.starving >= 0.0) {
+            return bad(
+                "proxmox.starving",
+                format!("{} must be a share ≥ 0", p.starving),
+            );
+        }
         if let PolicySource::Builtin(name) = self.policy_source() {
             if !crate::policies::BUILTIN.contains(&name.as_str()) {
                 let names = crate::policies::BUILTIN.join(", ");
@@ -547,6 +573,14 @@ mod tests {
         assert_eq!(
             err("interval_s = 0\n"),
             "memtide.toml: interval_s: 0 is not a number of seconds ≥ 0.1"
+        );
+        assert_eq!(
+            err("[memtide]\nample_free = 0.05\nshort_free = 0.1\n"),
+            "memtide.toml: memtide.short_free: 0.1 must be between 0 and ample_free 0.05"
+        );
+        assert_eq!(
+            err("[proxmox]\ngoal_used = 1.5\n"),
+            "memtide.toml: proxmox.goal_used: 1.5 must be in (0, 1]"
         );
         assert_eq!(
             err("policy = \"magic\"\n"),
