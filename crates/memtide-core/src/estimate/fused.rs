@@ -96,8 +96,8 @@ impl Default for FusedConfig {
             floor_mib: 32,
             epoch_s: 1.0,
             rebase_change: 0.10,
-            ample_free: 0.10,
-            short_free: 0.05,
+            ample_free: 0.08,
+            short_free: 0.04,
         }
     }
 }
