@@ -366,6 +366,13 @@ mod tests {
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(230)));
         assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
+        // Every reason says which level of host need applied, and why: 6000 MiB freeable
+        // plus what the VMs hold above their costless sizes (593 and 793), of 8192.
+        let detail = &o.balloon["a"].reason.detail;
+        assert!(
+            detail.ends_with("; host need ample (90.2% free at costless sizes)"),
+            "{detail}"
+        );
     }
 
     #[test]
