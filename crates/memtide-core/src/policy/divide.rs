@@ -3,7 +3,7 @@
 //! activity-adjusted shares), no VM getting more than it wants; what a capped VM does not
 //! take flows to the others (water-filling).
 
-use super::PolicyInput;
+use super::{PolicyInput, VmInput};
 use crate::units::Bytes;
 
 /// The memory the VMs can have between them: what the host backs for them now plus what
@@ -11,12 +11,24 @@ use crate::units::Bytes;
 /// touched, or handed back by free page reporting) is already in the freeable figure, so
 /// each VM counts with the smaller of its size and its hypervisor's resident memory.
 pub fn capacity(input: &PolicyInput<'_>, reserve: Bytes) -> Bytes {
-    let backed: Bytes = input
-        .vms
-        .iter()
-        .map(|vm| vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual)))
-        .sum();
+    capacity_of(input, input.vms.iter(), reserve)
+}
+
+/// [`capacity`] among `vms` only: memory held by the others (VMs the policy gives no
+/// target) is not theirs to divide.
+pub fn capacity_of<'a>(
+    input: &PolicyInput<'_>,
+    vms: impl Iterator<Item = &'a VmInput<'a>>,
+    reserve: Bytes,
+) -> Bytes {
+    let backed: Bytes = vms.map(backed).sum();
     (backed + input.host_latest().domain.freeable) - reserve
+}
+
+/// What the host backs of a VM's memory: the smaller of its size and its hypervisor's
+/// resident memory.
+pub fn backed(vm: &VmInput<'_>) -> Bytes {
+    vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual))
 }
 
 /// One VM's claim.

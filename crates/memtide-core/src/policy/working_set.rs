@@ -4,7 +4,7 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{capacity, divide_by_use, Claim};
+use super::divide::{backed, capacity_of, divide_by_use, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
@@ -133,10 +133,7 @@ impl WorkingSet {
             .vms
             .iter()
             .zip(observations)
-            .filter_map(|(vm, obs)| {
-                let backed = vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual));
-                Some(backed.as_f64() - costless(c, obs)?.as_f64())
-            })
+            .filter_map(|(vm, obs)| Some(backed(vm).as_f64() - costless(c, obs)?.as_f64()))
             .sum();
         Some(Need::of(
             domain.freeable.as_f64() + above,
@@ -232,7 +229,10 @@ impl Policy for WorkingSet {
             }
         }
         let domain = &input.host_latest().domain;
-        let capacity = capacity(input, domain.total.scale(self.config.host_reserve));
+        // Memory of VMs without an estimate stays where it is: it is not divided among
+        // the others (#18: a VM that gave no figures was counted as memory to hand out).
+        let reserve = domain.total.scale(self.config.host_reserve);
+        let capacity = capacity_of(input, estimated.iter().map(|(vm, _, _)| *vm), reserve);
         let claims: Vec<Claim> = estimated
             .iter()
             .map(|(vm, e, _)| {
@@ -397,6 +397,60 @@ mod tests {
             .reason
             .detail
             .contains("divided by use, then shares"));
+    }
+
+    #[test]
+    fn memory_of_a_vm_without_an_estimate_is_not_divided_among_the_others() {
+        // A 2000 MiB host, 100 freeable, 100 kept: "mute" (1000 MiB) gives no figures,
+        // "b" (900 MiB, nothing available) needs 900 + a 31 MiB margin. Only what b holds
+        // and what is free can be divided: 900, not 1900.
+        let mut host = History::new(10);
+        host.push(Duration::ZERO, testkit::host(2000, 100));
+        let sample = |size| {
+            let mut h = History::new(10);
+            h.push(
+                Duration::ZERO,
+                testkit::vm("x", 1024, size, 0).sample.unwrap(),
+            );
+            h
+        };
+        let (mute, b) = (sample(1000), sample(900));
+        let figures = Signals {
+            available: Some(Bytes::ZERO),
+            ..Signals::default()
+        };
+        let limits = VmLimits {
+            min: Bytes::from_mib(64),
+            max: Bytes::from_mib(1024),
+            shares: 1000,
+        };
+        let vms = [
+            VmInput {
+                name: "mute",
+                limits: &limits,
+                history: &mute,
+                actual: Bytes::from_mib(1000),
+                signals: &Signals::default(),
+            },
+            VmInput {
+                name: "b",
+                limits: &limits,
+                history: &b,
+                actual: Bytes::from_mib(900),
+                signals: &figures,
+            },
+        ];
+        let o = memtide().decide(&PolicyInput {
+            at: Duration::ZERO,
+            host: &host,
+            vms: &vms,
+        });
+        assert_eq!(o.faults[0].vm.as_deref(), Some("mute"));
+        let why = &o.holds["b"].detail;
+        assert!(
+            why.contains("VMs want 931 MiB but can have 900 MiB"),
+            "{why}"
+        );
     }
 
     #[test]
