@@ -164,6 +164,74 @@ fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
     );
 }
 
+/// A child process, killed when the test ends (or fails).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn idle_http_clients_never_make_a_tick_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let port = support::free_port();
+    let config = format!(
+        "interval_s = 0.1\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{port}\"\n",
+        root.join("proc"),
+        root.join("sys"),
+        root.join("memtide.sock"),
+        root.join("events.jsonl"),
+    );
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    // Started with a soft limit of 64 descriptors, as a user (or a unit file) may leave it.
+    let daemon = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 64 && exec \"$0\" run --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_memtide"))
+        .arg(root.join("memtide.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _daemon = KillOnDrop(daemon);
+    let socket = root.join("memtide.sock");
+    // A daemon out of descriptors cannot accept `memtide status`: ask for 5 s at most.
+    let status = || -> Option<serde_json::Value> {
+        let o = std::process::Command::new("timeout")
+            .arg("5")
+            .arg(env!("CARGO_BIN_EXE_memtide"))
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        o.status
+            .success()
+            .then(|| serde_json::from_slice(&o.stdout).unwrap())
+    };
+    let wait = std::time::Duration::from_secs(10);
+    let ticks = |s: &serde_json::Value| s["counters"]["ticks"].as_u64().unwrap();
+    // Ticking, so serving HTTP.
+    let before =
+        support::wait_for(wait, || status().filter(|s| ticks(s) > 0)).expect("the daemon ticks");
+    // 100 connections that never send a request (the audit's 300, scaled to the limit).
+    let idle: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let during = support::wait_for(wait, || {
+        status().filter(|s| ticks(s) >= ticks(&before) + 10)
+    })
+    .expect("ten more ticks, and status answers, while the clients idle");
+    drop(idle);
+    assert_eq!(during["counters"]["host_errors"], 0, "{during}");
+    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    assert!(!events.contains("host_error"), "{events}");
+}
+
 #[test]
 fn a_missing_proc_file_stops_the_daemon_at_start_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -93,7 +93,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
     let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
     if !config.daemon.http.is_empty() {
-        let addr = http::serve(config.daemon.http.parse()?, status.clone()).await?;
+        let limits = http::Limits::under(raise_nofile_limit());
+        let addr = http::serve(config.daemon.http.parse()?, status.clone(), limits).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
     let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
@@ -158,6 +159,15 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         .events
         .log("stopped", None, None, "memtide stopped".into());
     Ok(())
+}
+
+/// Raise the soft limit on open descriptors to the hard one, and return the limit in
+/// force: HTTP clients get a small share of it (`http::Limits`), VMs and the tick the rest.
+fn raise_nofile_limit() -> u64 {
+    rlimit::increase_nofile_limit(u64::MAX).unwrap_or_else(|e| {
+        tracing::warn!("cannot raise the limit on open descriptors: {e}");
+        rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+    })
 }
 
 impl Daemon {
