@@ -3,6 +3,7 @@
 
 mod support;
 
+use proptest::prelude::*;
 use std::path::Path;
 use std::process::Output;
 use support::daemon::memtide;
@@ -230,6 +231,75 @@ fn idle_http_clients_never_make_a_tick_skip() {
     assert_eq!(during["counters"]["host_errors"], 0, "{during}");
     let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
     assert!(!events.contains("host_error"), "{events}");
+}
+
+/// Seconds as an operator may write them, NaN, infinities and 1e20 included.
+fn any_seconds() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        6 => 0.0..5000.0f64,
+        1 => proptest::num::f64::ANY,
+        1 => Just(1e20),
+    ]
+}
+
+/// Integers as an operator may write them.
+fn any_integer() -> impl Strategy<Value = i64> {
+    prop_oneof![6 => 0..5000i64, 1 => any::<i64>(), 1 => Just(1 << 45)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever `check-config` accepts, `run` starts with (here in a dry run of one tick);
+    /// whatever it rejects, `run` rejects the same way. Never a panic.
+    #[test]
+    fn a_config_that_passes_check_config_starts(
+        interval_s in any_seconds(),
+        call_timeout_ms in any_integer(),
+        record_file_mib in any_integer(),
+        settle_s in any_integer(),
+        cool_down_s in any_seconds(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fake_host(root);
+        let number = |v: toml::Value| v.to_string();
+        let config = format!(
+            "interval_s = {}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+             [daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n\
+             call_timeout_ms = {}\nrecord_file_mib = {}\n[engine]\nsettle_s = {}\n\
+             [memtide]\ncool_down_s = {}\n",
+            number(interval_s.into()),
+            root.join("proc"),
+            root.join("sys"),
+            root.join("memtide.sock"),
+            root.join("rec"),
+            number(call_timeout_ms.into()),
+            number(record_file_mib.into()),
+            number(settle_s.into()),
+            number(cool_down_s.into()),
+        );
+        let path = root.join("memtide.toml");
+        std::fs::write(&path, &config).unwrap();
+        let checked = memtide().arg("check-config").arg(&path).output().unwrap();
+        let ran = memtide()
+            .args(["run", "--dry-run", "--ticks", "1", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        prop_assert!(
+            matches!(checked.status.code(), Some(0 | 2)),
+            "check-config: {}\n{config}",
+            stderr(&checked)
+        );
+        prop_assert_eq!(
+            ran.status.code(),
+            checked.status.code(),
+            "run: {}\n{}",
+            stderr(&ran),
+            config
+        );
+    }
 }
 
 #[test]

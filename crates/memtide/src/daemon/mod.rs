@@ -17,7 +17,7 @@ use fleet::{Fleet, FleetEvent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::{Action, Decision, Engine, Snapshot};
-use memtide_sim::{Recorder, RecorderConfig};
+use memtide_sim::Recorder;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
@@ -50,6 +50,8 @@ struct Daemon {
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
 pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     // Check every resource before starting, so a bad setup fails at once and clearly.
+    let settings = config.settings()?;
+    let nofile = raise_nofile_limit();
     let mut host = LinuxHost::new(HostPaths {
         proc: config.host.proc.clone(),
         sys: config.host.sys.clone(),
@@ -57,19 +59,12 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     });
     host.sample().context("reading host statistics")?;
     let policy = policies::load(&config).context("loading the policy")?;
-    let recorder = match config.daemon.record_dir.as_os_str().is_empty() {
-        true => None,
-        false => {
-            let d = &config.daemon;
-            let rc = RecorderConfig {
-                max_file_bytes: d.record_file_mib << 20,
-                keep_files: d.record_keep,
-            };
-            Some(
-                Recorder::open(&d.record_dir, rc)
-                    .with_context(|| format!("recording to {}", d.record_dir.display()))?,
-            )
-        }
+    let dir = &config.daemon.record_dir;
+    let recorder = match settings.record {
+        None => None,
+        Some(rc) => Some(
+            Recorder::open(dir, rc).with_context(|| format!("recording to {}", dir.display()))?,
+        ),
     };
     let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
         format!(
@@ -92,9 +87,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     }));
     let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
     let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
-    if !config.daemon.http.is_empty() {
-        let limits = http::Limits::under(raise_nofile_limit());
-        let addr = http::serve(config.daemon.http.parse()?, status.clone(), limits).await?;
+    if let Some(addr) = settings.http {
+        let addr = http::serve(addr, status.clone(), http::Limits::under(nofile)).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
     let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
@@ -123,7 +117,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         start: Instant::now(),
         recorder,
     };
-    let mut interval = tokio::time::interval(daemon.config.interval());
+    let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
