@@ -1,6 +1,8 @@
 //! Text that comes from outside memtide (guest agent errors, hypervisor replies, socket
 //! names): bounded and printable before memtide keeps, logs or shows it.
 
+use crate::snapshot::BackendError;
+
 /// The most bytes of outside text kept, marker included.
 pub const MAX_LEN: usize = 256;
 
@@ -20,6 +22,17 @@ pub fn clean(text: &str) -> String {
     let mut out = escaped[..end].to_string();
     out.push_str(&marker);
     out
+}
+
+/// `error` with its text cleaned.
+pub fn clean_error(error: &mut BackendError) {
+    match error {
+        BackendError::Timeout(_) => {}
+        BackendError::Disconnected(text)
+        | BackendError::Protocol(text)
+        | BackendError::Io(text)
+        | BackendError::Busy(text) => *text = clean(text),
+    }
 }
 
 /// `text` with control characters escaped; not cut.

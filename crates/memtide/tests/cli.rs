@@ -460,6 +460,9 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     assert_eq!(pages().trim(), "300", "the running policy stays in force");
 
     std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 500)\n").unwrap();
+    // As logrotate does: move the event log away, then SIGHUP.
+    let rotated = root.join("events.jsonl.1");
+    std::fs::rename(root.join("events.jsonl"), &rotated).unwrap();
     support::signal(daemon.id(), "HUP");
     assert!(
         support::wait_for(std::time::Duration::from_secs(10), || (pages().trim()
@@ -469,11 +472,12 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     );
     support::signal(daemon.id(), "TERM");
     assert!(daemon.wait().unwrap().success());
-    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    let before = std::fs::read_to_string(&rotated).unwrap();
+    let after = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
     assert!(
-        events.contains("\"kind\":\"policy_rejected\"")
-            && events.contains("\"kind\":\"policy_reloaded\""),
-        "{events}"
+        before.contains("\"kind\":\"policy_rejected\"")
+            && after.contains("\"kind\":\"policy_reloaded\""),
+        "before SIGHUP:\n{before}\nafter:\n{after}"
     );
 }
 

@@ -16,7 +16,7 @@ use events::EventLog;
 use fleet::{Fleet, FleetEvent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
-use memtide_core::{Action, Decision, Engine, Snapshot};
+use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
 use memtide_sim::Recorder;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -128,6 +128,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => {
+                if let Err(e) = daemon.events.reopen() {
+                    tracing::error!("cannot reopen the event log: {e}");
+                }
                 let _ = daemon.reload();
                 continue;
             }
@@ -162,6 +165,19 @@ fn raise_nofile_limit() -> u64 {
         tracing::warn!("cannot raise the limit on open descriptors: {e}");
         rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
     })
+}
+
+/// Bound and escape the text a VM sent (its sample's error, its agent's) before the
+/// engine, the status and the logs keep it.
+fn clean_guest_text(vm: &mut VmSnapshot) {
+    match &mut vm.sample {
+        Err(e) => guest_text::clean_error(e),
+        Ok(VmSample {
+            agent: Some(Err(e)),
+            ..
+        }) => *e = guest_text::clean(e),
+        Ok(_) => {}
+    }
 }
 
 impl Daemon {
@@ -208,7 +224,8 @@ impl Daemon {
                 return;
             }
         };
-        let (vms, lost) = self.fleet.sample().await;
+        let (mut vms, lost) = self.fleet.sample().await;
+        vms.iter_mut().for_each(clean_guest_text);
         self.log_fleet(&lost);
         let snapshot = Snapshot {
             at: self.start.elapsed(),
@@ -313,7 +330,41 @@ impl Daemon {
         s.host_error = host_error;
         s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
         s.waiting = self.fleet.waiting();
+        for w in &mut s.waiting {
+            w.error = w.error.as_deref().map(guest_text::clean);
+        }
         s.counters = self.counters.clone();
         s.recent_events = self.events.recent();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::policy::mom::Mom;
+    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::{BackendError, EngineConfig};
+
+    #[test]
+    fn guest_text_is_bounded_before_the_engine_keeps_it() {
+        let mut agent = vm("agent", 1000, 800, 600);
+        if let Ok(sample) = &mut agent.sample {
+            sample.agent = Some(Err("\x1b[2J".repeat(30_000)));
+        }
+        let mut qmp = vm("qmp", 1000, 800, 600);
+        qmp.sample = Err(BackendError::Protocol("x".repeat(130_000)));
+        let mut vms = vec![agent, qmp];
+        vms.iter_mut().for_each(clean_guest_text);
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(0, host(4000, 400), vms));
+        let json = serde_json::to_string(&decision).unwrap();
+        assert!(json.len() < 4096, "{} bytes", json.len());
+        let messages: Vec<&str> = decision
+            .diagnostics
+            .iter()
+            .map(|d| d.message.as_str())
+            .collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages.iter().all(|m| !m.contains('\x1b')), "{messages:?}");
     }
 }
