@@ -242,26 +242,33 @@ mod tests {
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{BackendError, Engine, EngineConfig};
 
+    /// An event log writing to `file` in a new directory.
+    fn open(file: &str) -> (tempfile::TempDir, EventLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(&dir.path().join(file)).unwrap();
+        (dir, log)
+    }
+
+    /// An engine running MOM.
+    fn mom() -> Engine {
+        Engine::new(EngineConfig::default(), Box::<Mom>::default())
+    }
+
     #[test]
     fn conditions_are_logged_when_they_appear_and_clear() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut log) = open("sub/events.jsonl");
         let path = dir.path().join("sub/events.jsonl");
-        let mut log = EventLog::open(&path).unwrap();
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = mom();
         let mut down = vm("a", 1000, 800, 600);
         down.sample = Err(BackendError::Timeout(100));
         for t in 0..3 {
             log.diagnostics(&engine.tick(&snapshot(t, host(4000, 400), vec![down.clone()])));
         }
         log.diagnostics(&engine.tick(&snapshot(3, host(4000, 400), vec![vm("a", 1000, 800, 600)])));
-        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let kinds: Vec<_> = lines
+        let events = read(&path);
+        let kinds: Vec<_> = events
             .iter()
-            .map(|l| (l["kind"].as_str().unwrap(), l["rule"].as_str().unwrap()))
+            .map(|e| (e.kind.as_str(), e.rule.as_deref().unwrap()))
             .collect();
         assert_eq!(
             kinds,
@@ -270,8 +277,8 @@ mod tests {
                 ("diagnostic_cleared", "unreachable")
             ]
         );
-        assert_eq!(lines[0]["vm"], "a");
-        assert_eq!(lines[0]["message"], "not sampled: no answer within 100 ms");
+        assert_eq!(events[0].vm.as_deref(), Some("a"));
+        assert_eq!(events[0].message, "not sampled: no answer within 100 ms");
         assert_eq!(log.recent().len(), 2);
     }
 
@@ -286,10 +293,9 @@ mod tests {
 
     #[test]
     fn a_condition_is_logged_once_while_only_its_text_changes() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut log) = open("events.jsonl");
         let path = dir.path().join("events.jsonl");
-        let mut log = EventLog::open(&path).unwrap();
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = mom();
         for t in 0..10 {
             let mut a = vm("a", 1000, 800, 600);
             if let Ok(sample) = &mut a.sample {
@@ -309,10 +315,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn repeated_events_are_held_back_and_counted() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut log) = open("events.jsonl");
         let path = dir.path().join("events.jsonl");
-        let mut log = EventLog::open(&path).unwrap();
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = mom();
         let idle = engine.tick(&snapshot(0, host(4000, 400), vec![]));
         // A guest that resets 30 times in 30 s, next to memtide's own actions.
         for i in 0..30 {
@@ -347,9 +352,8 @@ mod tests {
 
     #[test]
     fn the_log_is_reopened_after_logrotate_moved_it() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut log) = open("events.jsonl");
         let path = dir.path().join("events.jsonl");
-        let mut log = EventLog::open(&path).unwrap();
         log.log("started", None, None, "one".into());
         std::fs::rename(&path, dir.path().join("events.jsonl.1")).unwrap();
         log.reopen().unwrap();
@@ -373,8 +377,7 @@ mod tests {
                 Ok(())
             }
         }
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = EventLog::open(&dir.path().join("events.jsonl")).unwrap();
+        let (_dir, mut log) = open("events.jsonl");
         let error = format!("\x1b[2J{}", "x".repeat(130_000));
         log.log("action_failed", Some("a\x1b"), None, error);
         let event = log.recent().pop().unwrap();
