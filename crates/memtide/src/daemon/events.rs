@@ -1,8 +1,8 @@
 //! The event log: every action with its reason and result, every VM that comes or goes,
 //! and every diagnostic when it appears and when it clears — as JSON lines in a file, and
 //! the latest few in memory for status. What others make happen (a VM lost, a guest
-//! reset, a failed action) is logged at most [`BURST`] times a minute per VM and kind;
-//! the rest are counted, and the count logged when the minute is over.
+//! reset, a failed action) is logged at most five times a minute per VM and kind; the
+//! rest are counted, and the count logged when the minute is over.
 
 use memtide_core::{guest_text, Decision, Diagnostic, DiagnosticKind};
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// Events kept in memory for status.
 const RECENT: usize = 50;
 /// Events of one kind, VM and rule logged per [`WINDOW`].
-pub const BURST: u32 = 5;
+const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
@@ -37,6 +37,12 @@ struct Window {
     start: Instant,
     logged: u32,
     held: u64,
+}
+
+impl Window {
+    fn over(&self, now: Instant) -> bool {
+        now - self.start >= WINDOW
+    }
 }
 
 /// One event.
@@ -114,11 +120,7 @@ impl EventLog {
         if !ALWAYS.contains(&kind) {
             let now = Instant::now();
             let key = (kind, vm.clone(), rule.clone());
-            if self
-                .windows
-                .get(&key)
-                .is_some_and(|w| now - w.start >= WINDOW)
-            {
+            if self.windows.get(&key).is_some_and(|w| w.over(now)) {
                 self.close(key.clone());
             }
             let window = self.windows.entry(key).or_insert(Window {
@@ -212,7 +214,7 @@ impl EventLog {
         let over: Vec<Key> = self
             .windows
             .iter()
-            .filter(|(_, w)| t - w.start >= WINDOW)
+            .filter(|(_, w)| w.over(t))
             .map(|(k, _)| k.clone())
             .collect();
         for key in over {
