@@ -8,6 +8,7 @@ pub mod config;
 pub mod decision;
 pub mod engine;
 pub mod estimate;
+pub mod guest_text;
 pub mod history;
 pub mod need;
 pub mod policy;

@@ -12,6 +12,7 @@ use memtide_core::policy::mom::MomConfig;
 use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
+use memtide_sim::RecorderConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -237,6 +238,38 @@ impl Default for VmDefaults {
     }
 }
 
+/// What `run` takes from the configuration, converted to what it uses. Checking a
+/// configuration makes this conversion, so one that passes `check-config` starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Between two ticks.
+    pub interval: Duration,
+    /// The HTTP endpoint, if on.
+    pub http: Option<SocketAddr>,
+    /// Recording, if on.
+    pub record: Option<RecorderConfig>,
+}
+
+/// Shortest tick interval, in seconds.
+const MIN_INTERVAL_S: f64 = 0.1;
+/// Longest tick interval, in seconds: an hour (decisions made less often manage nothing).
+const MAX_INTERVAL_S: f64 = 3600.0;
+/// Longest call timeout, in milliseconds (an hour).
+const MAX_CALL_TIMEOUT_MS: u64 = 3_600_000;
+/// Longest duration in the file (`*_s`), in seconds: a day. The estimators add and
+/// double their cool-downs, which must not overflow.
+const MAX_DURATION_S: f64 = 86_400.0;
+
+/// A field whose value cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// The field, e.g. `vm[1].min_mib`.
+    pub field: String,
+    /// Why.
+    pub message: String,
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -285,9 +318,11 @@ impl Config {
             path: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
+        let table: toml::Table = toml::from_str(text).expect("parsed above");
         config
             .validate()
-            .map_err(|(field, message)| ConfigError::Invalid {
+            .and_then(|()| check_numbers(&table, ""))
+            .map_err(|FieldError { field, message }| ConfigError::Invalid {
                 path: origin.to_string(),
                 field,
                 message,
@@ -295,14 +330,57 @@ impl Config {
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), (String, String)> {
-        let bad = |field: &str, message: String| Err((field.to_string(), message));
-        if !(self.interval_s.is_finite() && self.interval_s >= 0.1) {
-            return bad(
-                "interval_s",
-                format!("{} is not a number of seconds ≥ 0.1", self.interval_s),
+    /// Convert what `run` uses, or say which field it cannot use.
+    pub fn settings(&self) -> Result<Settings, FieldError> {
+        if !(MIN_INTERVAL_S..=MAX_INTERVAL_S).contains(&self.interval_s) {
+            let message = format!(
+                "{} is not a number of seconds from {MIN_INTERVAL_S} to {MAX_INTERVAL_S}",
+                self.interval_s
             );
+            return bad("interval_s", message);
         }
+        if !(1..=MAX_CALL_TIMEOUT_MS).contains(&self.daemon.call_timeout_ms) {
+            let message = format!(
+                "{} is not a number of milliseconds from 1 to {MAX_CALL_TIMEOUT_MS}",
+                self.daemon.call_timeout_ms
+            );
+            return bad("daemon.call_timeout_ms", message);
+        }
+        let http = match self.daemon.http.as_str() {
+            "" => None,
+            http => match http.parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(e) => {
+                    return bad(
+                        "daemon.http",
+                        format!("{http:?} is not an address:port ({e})"),
+                    )
+                }
+            },
+        };
+        let d = &self.daemon;
+        let record = match d.record_dir.as_os_str().is_empty() {
+            true => None,
+            false => match d.record_file_mib.checked_mul(1 << 20).filter(|b| *b > 0) {
+                Some(max_file_bytes) => Some(RecorderConfig {
+                    max_file_bytes,
+                    keep_files: d.record_keep,
+                }),
+                None => {
+                    let message = format!("{} is not a number of MiB", d.record_file_mib);
+                    return bad("daemon.record_file_mib", message);
+                }
+            },
+        };
+        Ok(Settings {
+            interval: Duration::from_secs_f64(self.interval_s),
+            http,
+            record,
+        })
+    }
+
+    fn validate(&self) -> Result<(), FieldError> {
+        self.settings()?;
         let (ample, short) = (self.memtide.ample_free, self.memtide.short_free);
         if !(ample.is_finite() && short.is_finite() && (0.0..=ample).contains(&short)) {
             return bad(
@@ -335,17 +413,6 @@ impl Config {
                 let message =
                     format!("unknown policy {name:?} (built-in policies: {names}; or a file path)");
                 return bad("policy", message);
-            }
-        }
-        if self.daemon.call_timeout_ms == 0 {
-            return bad("daemon.call_timeout_ms", "must be above 0".into());
-        }
-        if !self.daemon.http.is_empty() {
-            if let Err(e) = self.daemon.http.parse::<SocketAddr>() {
-                return bad(
-                    "daemon.http",
-                    format!("{:?} is not an address:port ({e})", self.daemon.http),
-                );
             }
         }
         let globs = [
@@ -463,11 +530,44 @@ impl Config {
     pub fn call_timeout(&self) -> Duration {
         Duration::from_millis(self.daemon.call_timeout_ms)
     }
+}
 
-    /// The tick interval.
-    pub fn interval(&self) -> Duration {
-        Duration::from_secs_f64(self.interval_s)
+/// A field that cannot be used.
+fn bad<T>(field: &str, message: String) -> Result<T, FieldError> {
+    Err(FieldError {
+        field: field.to_string(),
+        message,
+    })
+}
+
+/// Check every number in `table` (whose fields are named after `prefix`), in its sections
+/// (the `[[vm]]` list has neither floats nor durations): each must be finite (TOML has
+/// `nan` and `inf`), and each duration (`*_s`) between 0 and a day.
+fn check_numbers(table: &toml::Table, prefix: &str) -> Result<(), FieldError> {
+    for (key, value) in table {
+        let field = match prefix {
+            "" => key.clone(),
+            _ => format!("{prefix}.{key}"),
+        };
+        let number = match value {
+            toml::Value::Table(t) => check_numbers(t, &field).map(|()| None)?,
+            toml::Value::Float(f) => Some((*f, format!("{f:?}"))),
+            toml::Value::Integer(i) => Some((*i as f64, i.to_string())),
+            _ => None,
+        };
+        match number {
+            Some((n, text)) if !n.is_finite() => {
+                return bad(&field, format!("{text} is not a number"))
+            }
+            Some((n, text)) if key.ends_with("_s") && !(0.0..=MAX_DURATION_S).contains(&n) => {
+                let message =
+                    format!("{text} is not a number of seconds from 0 to {MAX_DURATION_S}");
+                return bad(&field, message);
+            }
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 /// Operator bounds for a VM, resolved against its configured size.
@@ -572,7 +672,7 @@ mod tests {
         );
         assert_eq!(
             err("interval_s = 0\n"),
-            "memtide.toml: interval_s: 0 is not a number of seconds ≥ 0.1"
+            "memtide.toml: interval_s: 0 is not a number of seconds from 0.1 to 3600"
         );
         assert_eq!(
             err("[memtide]\nample_free = 0.05\nshort_free = 0.1\n"),
@@ -616,6 +716,59 @@ mod tests {
             err("[engine]\nhistory_len = 0\n"),
             "memtide.toml: engine.history_len: must be at least 1"
         );
+    }
+
+    #[test]
+    fn what_run_cannot_use_is_rejected() {
+        let cases = [
+            (
+                "interval_s = 1e20\n",
+                "interval_s: 100000000000000000000 is not a number of seconds from 0.1 to 3600",
+            ),
+            (
+                "interval_s = nan\n",
+                "interval_s: NaN is not a number of seconds from 0.1 to 3600",
+            ),
+            (
+                "interval_s = inf\n",
+                "interval_s: inf is not a number of seconds from 0.1 to 3600",
+            ),
+            (
+                "[daemon]\ncall_timeout_ms = 0\n",
+                "daemon.call_timeout_ms: 0 is not a number of milliseconds from 1 to 3600000",
+            ),
+            (
+                "[daemon]\nrecord_dir = \"/r\"\nrecord_file_mib = 17592186044416\n",
+                "daemon.record_file_mib: 17592186044416 is not a number of MiB",
+            ),
+            (
+                "[daemon]\nrecord_dir = \"/r\"\nrecord_file_mib = 0\n",
+                "daemon.record_file_mib: 0 is not a number of MiB",
+            ),
+            (
+                "[memtide]\ncool_down_s = -1.0\n",
+                "memtide.cool_down_s: -1.0 is not a number of seconds from 0 to 86400",
+            ),
+            (
+                "[tws]\nepoch_s = 1e300\n",
+                "tws.epoch_s: 1e300 is not a number of seconds from 0 to 86400",
+            ),
+            (
+                "[engine]\nsettle_s = 9223372036854775807\n",
+                "engine.settle_s: 9223372036854775807 is not a number of seconds from 0 to 86400",
+            ),
+            (
+                "[mom]\nmax_change = nan\n",
+                "mom.max_change: NaN is not a ratio between 0 and 1",
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(err(text), format!("memtide.toml: {expected}"), "{text}");
+        }
+        let c = Config::parse("interval_s = 3600\n[daemon]\nrecord_dir = \"/r\"\n", "x").unwrap();
+        let s = c.settings().unwrap();
+        assert_eq!(s.interval, Duration::from_secs(3600));
+        assert_eq!(s.record.map(|r| r.max_file_bytes), Some(64 << 20));
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! `{"command": "status"}` returns the daemon's status; `{"command": "reload"}` reloads
 //! the policy and returns `{"ok": "..."}` or `{"error": "..."}`.
 
+use crate::accept;
 use crate::status::Status;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -39,12 +40,16 @@ pub async fn serve(
     status: Arc<RwLock<Status>>,
     requests: mpsc::Sender<Request>,
 ) -> anyhow::Result<ControlSocket> {
-    if let Some(dir) = path
+    let dir = path
         .parent()
-        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
-    {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
@@ -56,19 +61,34 @@ pub async fn serve(
         std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
     let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        bind_private(dir, path).with_context(|| format!("binding {}", path.display()))?;
     tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+        let answer = |(stream, _)| {
             tokio::spawn(answer(stream, status.clone(), requests.clone()));
-        }
+        };
+        accept::serve("control socket", || listener.accept(), answer).await;
     });
     Ok(ControlSocket {
         path: path.to_path_buf(),
     })
+}
+
+/// Bind a unix socket at `path` (in `dir`) that has mode 0600 from the moment it exists
+/// there: it is bound in a private directory (0700) in `dir`, made 0600, then renamed
+/// into place. (Changing the umask around `bind` would race with the daemon's other
+/// threads, which create files too.)
+fn bind_private(dir: &Path, path: &Path) -> std::io::Result<UnixListener> {
+    let private = dir.join(format!(".memtide-bind-{}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = private.join("s");
+    let listener = UnixListener::bind(&bound).and_then(|listener| {
+        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&bound, path)?;
+        Ok(listener)
+    });
+    let _ = std::fs::remove_file(&bound);
+    let _ = std::fs::remove_dir(&private);
+    listener
 }
 
 async fn answer(stream: UnixStream, status: Arc<RwLock<Status>>, requests: mpsc::Sender<Request>) {
@@ -139,4 +159,37 @@ pub async fn request_status(path: &Path) -> anyhow::Result<Status> {
         bail!("the daemon refused: {e}");
     }
     serde_json::from_value(value).context("unexpected status from the daemon")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inotify::{EventMask, Inotify, WatchMask};
+    use std::ffi::OsStr;
+
+    #[tokio::test]
+    async fn the_socket_appears_with_mode_0600_under_a_permissive_umask() {
+        // SAFETY: umask(2) cannot fail; it sets this test process's file creation mask.
+        unsafe { libc::umask(0) };
+        let dir = tempfile::tempdir().unwrap();
+        let mut inotify = Inotify::init().unwrap();
+        let mask = WatchMask::CREATE | WatchMask::ATTRIB | WatchMask::MOVED_TO;
+        inotify.watches().add(dir.path(), mask).unwrap();
+        let path = dir.path().join("memtide.sock");
+        let (requests, _) = mpsc::channel(1);
+        let _socket = serve(&path, Arc::default(), requests).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let mut buffer = [0; 4096];
+        let events: Vec<EventMask> = inotify
+            .read_events(&mut buffer)
+            .unwrap()
+            .filter(|e| e.name == Some(OsStr::new("memtide.sock")))
+            .map(|e| e.mask)
+            .collect();
+        // Bound then chmod-ed in place (CREATE, ATTRIB) leaves a window with the umask's mode.
+        assert_eq!(events, [EventMask::MOVED_TO]);
+        let status = request_status(&path).await.unwrap();
+        assert_eq!(status, Status::default());
+    }
 }

@@ -1,16 +1,21 @@
 //! The HTTP endpoint: `/metrics` (OpenMetrics text) and `/api/v1/status` (JSON).
 
-use crate::metrics;
 use crate::status::Status;
+use crate::{accept, metrics};
 use anyhow::Context;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 #[derive(Clone)]
 struct AppState {
@@ -30,8 +35,38 @@ async fn status_json(State(s): State<AppState>) -> Json<Status> {
     Json(s.status.read().expect("status lock").clone())
 }
 
-/// Bind `addr` and serve in the background; returns the bound address.
-pub async fn serve(addr: SocketAddr, status: Arc<RwLock<Status>>) -> anyhow::Result<SocketAddr> {
+/// What HTTP clients may hold, so that they cannot take the descriptors or the time the
+/// tick needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Connections served at once; further ones wait in the kernel's accept queue,
+    /// holding no descriptor of the daemon's.
+    pub connections: usize,
+    /// Time a connection has to send a request's headers, idle time before a kept-alive
+    /// connection's next request included.
+    pub header_timeout: Duration,
+    /// The longest a connection is served (e.g. to a client that does not read its reply).
+    pub lifetime: Duration,
+}
+
+impl Limits {
+    /// The daemon's limits when it may open `nofile` descriptors: 64 connections at most,
+    /// and never more than an eighth of the descriptors.
+    pub fn under(nofile: u64) -> Limits {
+        Limits {
+            connections: (nofile / 8).clamp(1, 64) as usize,
+            header_timeout: Duration::from_secs(10),
+            lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Bind `addr` and serve in the background within `limits`; returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    status: Arc<RwLock<Status>>,
+    limits: Limits,
+) -> anyhow::Result<SocketAddr> {
     let registry = Arc::new(metrics::registry(status.clone()));
     let app = Router::new()
         .route("/metrics", get(metrics_text))
@@ -41,10 +76,105 @@ pub async fn serve(addr: SocketAddr, status: Arc<RwLock<Status>>) -> anyhow::Res
         .await
         .with_context(|| format!("binding http {addr}"))?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(Semaphore::new(limits.connections));
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("http server stopped: {e}");
-        }
+        let listener = &listener;
+        let accept = || {
+            let slots = slots.clone();
+            async move {
+                let slot = slots.acquire_owned().await.expect("never closed");
+                Ok((listener.accept().await?.0, slot))
+            }
+        };
+        let serve = |(stream, slot)| {
+            let service = TowerToHyperService::new(app.clone());
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(limits.lifetime, connection).await;
+                drop(slot);
+            });
+        };
+        accept::serve("http", accept, serve).await;
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Limits for tests: `connections`, and a long or a short header timeout.
+    fn limits(connections: usize, header_timeout_ms: u64) -> Limits {
+        Limits {
+            connections,
+            header_timeout: Duration::from_millis(header_timeout_ms),
+            lifetime: Duration::from_secs(60),
+        }
+    }
+
+    async fn start(limits: Limits) -> SocketAddr {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        serve(addr, Arc::default(), limits).await.unwrap()
+    }
+
+    /// GET `/metrics` on `stream` and read the reply to its end.
+    async fn scrape(stream: &mut TcpStream) -> String {
+        let request = "GET /metrics HTTP/1.1\r\nHost: memtide\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        let read = stream.read_to_string(&mut reply);
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        reply
+    }
+
+    #[tokio::test]
+    async fn idle_clients_cannot_hold_more_than_the_cap() {
+        let addr = start(limits(2, 60_000)).await;
+        let mut idle = vec![
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let reply = tokio::spawn(async move { scrape(&mut client).await });
+        // Both slots are taken: the third connection is not even accepted.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!reply.is_finished(), "served beyond the cap of 2");
+        drop(idle.pop());
+        let reply = reply.await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    }
+
+    #[tokio::test]
+    async fn silent_and_slow_clients_are_disconnected() {
+        let addr = start(limits(4, 300)).await;
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: mem")
+            .await
+            .unwrap();
+        for mut stream in [silent, slow] {
+            let mut rest = Vec::new();
+            let read = stream.read_to_end(&mut rest);
+            let closed = tokio::time::timeout(Duration::from_secs(10), read).await;
+            assert!(closed.is_ok(), "not closed by the server within 10 s");
+        }
+        // A client that asks in time is still served.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        assert!(scrape(&mut client).await.starts_with("HTTP/1.1 200 OK"));
+    }
+
+    #[test]
+    fn most_descriptors_are_left_to_the_tick() {
+        assert_eq!(Limits::under(256).connections, 32);
+        assert_eq!(Limits::under(1 << 20).connections, 64);
+        assert_eq!(Limits::under(4).connections, 1);
+    }
 }

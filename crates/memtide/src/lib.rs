@@ -2,6 +2,7 @@
 //! renderers. A thin layer of glue over `memtide-core` (decisions) and
 //! `memtide-adapters` (I/O).
 
+pub mod accept;
 pub mod config;
 pub mod control;
 pub mod daemon;

@@ -4,10 +4,13 @@
 use crate::status::Status;
 use memtide_core::decision::{VmReport, VmState};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use std::fmt::Write;
 use std::sync::{Arc, RwLock};
 
 /// Reads the daemon status at scrape time.
@@ -15,6 +18,30 @@ use std::sync::{Arc, RwLock};
 struct StatusCollector(Arc<RwLock<Status>>);
 
 type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// A label value escaped as the exposition format wants (backslash, double quote, line
+/// feed). prometheus-client 0.24 writes label values as they are, and VM names come from
+/// socket file names and libvirt domain names, which anyone who can name a VM chooses.
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `labels` with their values escaped.
+fn escaped<'a>(labels: &Labels<'a>) -> Vec<(&'static str, Escaped<'a>)> {
+    labels.iter().map(|(k, v)| (*k, Escaped(v))).collect()
+}
 
 /// Encode one gauge family from (labels, value) pairs; empty families are omitted, and a
 /// single unlabelled row is the family's one value.
@@ -32,7 +59,7 @@ fn gauges(
         if labels.is_empty() {
             return ConstGauge::new(value).encode(family);
         }
-        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+        ConstGauge::new(value).encode(family.encode_family(&escaped(&labels))?)?;
     }
     Ok(())
 }
@@ -50,7 +77,7 @@ fn counters(
         if labels.is_empty() {
             return ConstCounter::new(value).encode(family);
         }
-        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        ConstCounter::new(value).encode(family.encode_family(&escaped(&labels))?)?;
     }
     Ok(())
 }
@@ -323,4 +350,34 @@ pub fn render(registry: &Registry) -> String {
     prometheus_client::encoding::text::encode(&mut out, registry)
         .expect("writing to a String cannot fail");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::policy::mom::Mom;
+    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::{Engine, EngineConfig};
+
+    #[test]
+    fn a_vm_name_cannot_add_a_series() {
+        let name = "a\"} 1\nmemtide_injected_total{x=\"1\\";
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(
+            0,
+            host(4000, 400),
+            vec![vm(name, 1000, 800, 600)],
+        ));
+        let mut status = Status {
+            decision: Some(decision),
+            ..Status::default()
+        };
+        status.counters.diagnostics.insert(name.into(), 1);
+        let text = render(&registry(Arc::new(RwLock::new(status))));
+        assert!(!text.contains("\nmemtide_injected"), "{text}");
+        let up = r#"memtide_vm_up{vm="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1.0"#;
+        assert!(text.lines().any(|l| l == up), "{text}");
+        let kind = r#"memtide_diagnostics_total{kind="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1"#;
+        assert!(text.lines().any(|l| l == kind), "{text}");
+    }
 }

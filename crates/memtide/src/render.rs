@@ -3,7 +3,8 @@
 use crate::status::Status;
 use memtide_core::decision::VmState;
 use memtide_core::stats::DomainScope;
-use memtide_core::Bytes;
+use memtide_core::{guest_text, Bytes};
+use serde_json::Value;
 use std::fmt::Write;
 
 fn size(b: Option<Bytes>) -> String {
@@ -22,8 +23,25 @@ fn state(s: &VmState) -> &'static str {
     }
 }
 
+/// Every text in `s` with its control characters escaped, so that none reaches the
+/// terminal: VM names, messages and errors come from guests, hypervisors and socket names.
+fn printable(s: &Status) -> Status {
+    fn escape(v: &mut Value) {
+        match v {
+            Value::String(text) => *text = guest_text::escape(text),
+            Value::Array(items) => items.iter_mut().for_each(escape),
+            Value::Object(fields) => fields.values_mut().for_each(escape),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(s).expect("status serializes");
+    escape(&mut value);
+    serde_json::from_value(value).expect("an escaped status is a status")
+}
+
 /// Render a status for a terminal.
 pub fn status(s: &Status) -> String {
+    let s = &printable(s);
     let mut out = String::new();
     let dry = if s.dry_run { " · DRY RUN" } else { "" };
     let policy = s.decision.as_ref().map_or("-", |d| d.policy.as_str());
@@ -204,6 +222,26 @@ mod tests {
         assert!(text.contains("down             unreachable"), "{text}");
         assert!(
             text.contains("problems:\n  down: unreachable: not sampled: no answer within 2000 ms"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn control_characters_reach_no_terminal() {
+        let name = "web\x1b]0;owned\x07";
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut down = vm(name, 1000, 800, 600);
+        down.sample = Err(BackendError::Protocol("\x1b[2Jfake\nline".into()));
+        let decision = engine.tick(&snapshot(0, host(4000, 400), vec![down]));
+        let text = status(&Status {
+            decision: Some(decision),
+            ..Status::default()
+        });
+        assert!(!text.contains(['\x1b', '\x07']), "{text:?}");
+        assert!(
+            text.contains(
+                "web\\u{1b}]0;owned\\u{7}: unreachable: not sampled: \\u{1b}[2Jfake\\nline\n"
+            ),
             "{text}"
         );
     }

@@ -32,7 +32,7 @@ impl Counters {
 }
 
 /// Everything the daemon shows about itself.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
     /// memtide's version.
     pub version: String,

@@ -3,6 +3,7 @@
 
 mod support;
 
+use proptest::prelude::*;
 use std::path::Path;
 use std::process::Output;
 use support::daemon::memtide;
@@ -164,6 +165,143 @@ fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
     );
 }
 
+/// A child process, killed when the test ends (or fails).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn idle_http_clients_never_make_a_tick_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let port = support::free_port();
+    let config = format!(
+        "interval_s = 0.1\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{port}\"\n",
+        root.join("proc"),
+        root.join("sys"),
+        root.join("memtide.sock"),
+        root.join("events.jsonl"),
+    );
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    // Started with a soft limit of 64 descriptors, as a user (or a unit file) may leave it.
+    let daemon = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 64 && exec \"$0\" run --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_memtide"))
+        .arg(root.join("memtide.toml"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _daemon = KillOnDrop(daemon);
+    let socket = root.join("memtide.sock");
+    // A daemon out of descriptors cannot accept `memtide status`: ask for 5 s at most.
+    let status = || -> Option<serde_json::Value> {
+        let o = std::process::Command::new("timeout")
+            .arg("5")
+            .arg(env!("CARGO_BIN_EXE_memtide"))
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        o.status
+            .success()
+            .then(|| serde_json::from_slice(&o.stdout).unwrap())
+    };
+    let wait = std::time::Duration::from_secs(10);
+    let ticks = |s: &serde_json::Value| s["counters"]["ticks"].as_u64().unwrap();
+    // Ticking, so serving HTTP.
+    let before =
+        support::wait_for(wait, || status().filter(|s| ticks(s) > 0)).expect("the daemon ticks");
+    // 100 connections that never send a request (the audit's 300, scaled to the limit).
+    let idle: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let during = support::wait_for(wait, || {
+        status().filter(|s| ticks(s) >= ticks(&before) + 10)
+    })
+    .expect("ten more ticks, and status answers, while the clients idle");
+    drop(idle);
+    assert_eq!(during["counters"]["host_errors"], 0, "{during}");
+    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    assert!(!events.contains("host_error"), "{events}");
+}
+
+/// Seconds as an operator may write them, NaN, infinities and 1e20 included.
+fn any_seconds() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        6 => 0.0..5000.0f64,
+        1 => proptest::num::f64::ANY,
+        1 => Just(1e20),
+    ]
+}
+
+/// Integers as an operator may write them.
+fn any_integer() -> impl Strategy<Value = i64> {
+    prop_oneof![6 => 0..5000i64, 1 => any::<i64>(), 1 => Just(1 << 45)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever `check-config` accepts, `run` starts with (here in a dry run of one tick);
+    /// whatever it rejects, `run` rejects the same way. Never a panic.
+    #[test]
+    fn a_config_that_passes_check_config_starts(
+        interval_s in any_seconds(),
+        call_timeout_ms in any_integer(),
+        record_file_mib in any_integer(),
+        settle_s in any_integer(),
+        cool_down_s in any_seconds(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fake_host(root);
+        let number = |v: toml::Value| v.to_string();
+        let config = format!(
+            "interval_s = {}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+             [daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n\
+             call_timeout_ms = {}\nrecord_file_mib = {}\n[engine]\nsettle_s = {}\n\
+             [memtide]\ncool_down_s = {}\n",
+            number(interval_s.into()),
+            root.join("proc"),
+            root.join("sys"),
+            root.join("memtide.sock"),
+            root.join("rec"),
+            number(call_timeout_ms.into()),
+            number(record_file_mib.into()),
+            number(settle_s.into()),
+            number(cool_down_s.into()),
+        );
+        let path = root.join("memtide.toml");
+        std::fs::write(&path, &config).unwrap();
+        let checked = memtide().arg("check-config").arg(&path).output().unwrap();
+        let ran = memtide()
+            .args(["run", "--dry-run", "--ticks", "1", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        prop_assert!(
+            matches!(checked.status.code(), Some(0 | 2)),
+            "check-config: {}\n{config}",
+            stderr(&checked)
+        );
+        prop_assert_eq!(
+            ran.status.code(),
+            checked.status.code(),
+            "run: {}\n{}",
+            stderr(&ran),
+            config
+        );
+    }
+}
+
 #[test]
 fn a_missing_proc_file_stops_the_daemon_at_start_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -322,6 +460,9 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     assert_eq!(pages().trim(), "300", "the running policy stays in force");
 
     std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 500)\n").unwrap();
+    // As logrotate does: move the event log away, then SIGHUP.
+    let rotated = root.join("events.jsonl.1");
+    std::fs::rename(root.join("events.jsonl"), &rotated).unwrap();
     support::signal(daemon.id(), "HUP");
     assert!(
         support::wait_for(std::time::Duration::from_secs(10), || (pages().trim()
@@ -331,11 +472,12 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     );
     support::signal(daemon.id(), "TERM");
     assert!(daemon.wait().unwrap().success());
-    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    let before = std::fs::read_to_string(&rotated).unwrap();
+    let after = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
     assert!(
-        events.contains("\"kind\":\"policy_rejected\"")
-            && events.contains("\"kind\":\"policy_reloaded\""),
-        "{events}"
+        before.contains("\"kind\":\"policy_rejected\"")
+            && after.contains("\"kind\":\"policy_reloaded\""),
+        "before SIGHUP:\n{before}\nafter:\n{after}"
     );
 }
 

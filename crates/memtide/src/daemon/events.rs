@@ -1,17 +1,49 @@
 //! The event log: every action with its reason and result, every VM that comes or goes,
 //! and every diagnostic when it appears and when it clears — as JSON lines in a file, and
-//! the latest few in memory for status.
+//! the latest few in memory for status. What others make happen (a VM lost, a guest
+//! reset, a failed action) is logged at most five times a minute per VM and kind; the
+//! rest are counted, and the count logged when the minute is over.
 
-use memtide_core::{Decision, Diagnostic, DiagnosticKind};
+use memtide_core::{guest_text, Decision, Diagnostic, DiagnosticKind};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
-use std::time::SystemTime;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
 
 /// Events kept in memory for status.
 const RECENT: usize = 50;
+/// Events of one kind, VM and rule logged per [`WINDOW`].
+const BURST: u32 = 5;
+/// The rate limit's window.
+const WINDOW: Duration = Duration::from_secs(60);
+/// Events never held back: memtide's own doings.
+const ALWAYS: [&str; 5] = [
+    "started",
+    "stopped",
+    "action",
+    "policy_reloaded",
+    "policy_rejected",
+];
+
+/// What the rate limit tells events apart by: kind, VM, rule.
+type Key = (&'static str, Option<String>, Option<String>);
+
+/// One key's current window. (Hand-written: rate limiter crates such as governor say
+/// whether to let an event through, not how many they held back.)
+struct Window {
+    start: Instant,
+    logged: u32,
+    held: u64,
+}
+
+impl Window {
+    fn over(&self, now: Instant) -> bool {
+        now - self.start >= WINDOW
+    }
+}
 
 /// One event.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -33,36 +65,49 @@ pub struct Event {
 
 /// Where events go.
 pub struct EventLog {
+    path: PathBuf,
     file: Option<File>,
     recent: VecDeque<Event>,
-    /// Conditions in force, to log each once when it appears and once when it clears.
-    conditions: BTreeMap<(Option<String>, DiagnosticKind), String>,
+    /// Conditions in force, to log each once when it appears and once when it clears
+    /// (not again when only its text changes, e.g. "retrying in 4 s").
+    conditions: BTreeSet<(Option<String>, DiagnosticKind)>,
+    /// The rate limit's windows.
+    windows: HashMap<Key, Window>,
 }
 
 impl EventLog {
     /// An event log appending to `path` (created with its directory); none when empty.
     pub fn open(path: &Path) -> std::io::Result<EventLog> {
-        let file = if path.as_os_str().is_empty() {
-            None
-        } else {
+        let mut log = EventLog {
+            path: path.to_path_buf(),
+            file: None,
+            recent: VecDeque::new(),
+            conditions: BTreeSet::new(),
+            windows: HashMap::new(),
+        };
+        if !path.as_os_str().is_empty() {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
             }
-            Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            )
-        };
-        Ok(EventLog {
-            file,
-            recent: VecDeque::new(),
-            conditions: BTreeMap::new(),
-        })
+            log.reopen()?;
+        }
+        Ok(log)
     }
 
-    /// Record an event.
+    /// Open the file again (on SIGHUP, after logrotate moved it away).
+    pub fn reopen(&mut self) -> std::io::Result<()> {
+        if !self.path.as_os_str().is_empty() {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)?;
+            self.file = Some(file);
+        }
+        Ok(())
+    }
+
+    /// Record an event, unless its kind, VM and rule were logged [`BURST`] times in the
+    /// current minute. Its message and VM name are cleaned ([`guest_text::clean`]).
     pub fn log(
         &mut self,
         kind: &'static str,
@@ -70,22 +115,63 @@ impl EventLog {
         rule: Option<&str>,
         message: String,
     ) {
-        let event = Event {
+        let vm = vm.map(guest_text::clean);
+        let rule = rule.map(str::to_string);
+        if !ALWAYS.contains(&kind) {
+            let now = Instant::now();
+            let key = (kind, vm.clone(), rule.clone());
+            if self.windows.get(&key).is_some_and(|w| w.over(now)) {
+                self.close(key.clone());
+            }
+            let window = self.windows.entry(key).or_insert(Window {
+                start: now,
+                logged: 0,
+                held: 0,
+            });
+            if window.logged == BURST {
+                window.held += 1;
+                return;
+            }
+            window.logged += 1;
+        }
+        self.write(Event {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             kind: kind.to_string(),
-            vm: vm.map(str::to_string),
-            rule: rule.map(str::to_string),
-            message,
+            vm,
+            rule,
+            message: guest_text::clean(&message),
+        });
+    }
+
+    /// End `key`'s window, saying how many events it held back.
+    fn close(&mut self, key: Key) {
+        let Some(window) = self.windows.remove(&key) else {
+            return;
         };
+        if window.held > 0 {
+            let (kind, vm, rule) = key;
+            self.write(Event {
+                ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                kind: kind.to_string(),
+                vm,
+                rule,
+                message: format!(
+                    "{} more like this not logged (at most {BURST} a minute)",
+                    window.held
+                ),
+            });
+        }
+    }
+
+    fn write(&mut self, event: Event) {
         tracing::info!(
-            kind,
+            kind = event.kind,
             vm = event.vm.as_deref().unwrap_or("-"),
             "{}",
             event.message
         );
         if let Some(f) = &mut self.file {
-            let line = serde_json::to_string(&event).expect("events serialize");
-            if let Err(e) = writeln!(f, "{line}") {
+            if let Err(e) = write_line(f, &event) {
                 tracing::error!("event log write failed: {e}");
             }
         }
@@ -96,13 +182,16 @@ impl EventLog {
     }
 
     /// Log a decision's diagnostics: one-off ones each time, conditions when they appear
-    /// and when they clear.
+    /// and when they clear; and end the rate limit's windows that are over.
     pub fn diagnostics(&mut self, decision: &Decision) {
-        let mut now = BTreeMap::new();
+        let mut now = BTreeSet::new();
         for Diagnostic { vm, kind, message } in &decision.diagnostics {
-            if kind.is_condition() {
-                now.insert((vm.clone(), *kind), message.clone());
-            } else {
+            let key = (vm.clone(), *kind);
+            let new = match kind.is_condition() {
+                true => now.insert(key.clone()) && !self.conditions.contains(&key),
+                false => true,
+            };
+            if new {
                 self.log(
                     "diagnostic",
                     vm.as_deref(),
@@ -112,17 +201,7 @@ impl EventLog {
             }
         }
         let before = std::mem::take(&mut self.conditions);
-        for ((vm, kind), message) in &now {
-            if before.get(&(vm.clone(), *kind)) != Some(message) {
-                self.log(
-                    "diagnostic",
-                    vm.as_deref(),
-                    Some(kind.as_str()),
-                    message.clone(),
-                );
-            }
-        }
-        for (vm, kind) in before.keys().filter(|k| !now.contains_key(k)) {
+        for (vm, kind) in before.difference(&now) {
             self.log(
                 "diagnostic_cleared",
                 vm.as_deref(),
@@ -131,12 +210,31 @@ impl EventLog {
             );
         }
         self.conditions = now;
+        let t = Instant::now();
+        let over: Vec<Key> = self
+            .windows
+            .iter()
+            .filter(|(_, w)| w.over(t))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in over {
+            self.close(key);
+        }
     }
 
     /// The latest events, oldest first.
     pub fn recent(&self) -> Vec<Event> {
         self.recent.iter().cloned().collect()
     }
+}
+
+/// Write `event` as one JSON line in one `write` call, so that a line is never split nor
+/// interleaved with another writer's (`write_all` writes again only after a short write,
+/// which an appended file gives when the disk is full).
+fn write_line(out: &mut impl Write, event: &Event) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(event).expect("events serialize");
+    line.push(b'\n');
+    out.write_all(&line)
 }
 
 #[cfg(test)]
@@ -146,26 +244,33 @@ mod tests {
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{BackendError, Engine, EngineConfig};
 
+    /// An event log writing to `file` in a new directory.
+    fn open(file: &str) -> (tempfile::TempDir, EventLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EventLog::open(&dir.path().join(file)).unwrap();
+        (dir, log)
+    }
+
+    /// An engine running MOM.
+    fn mom() -> Engine {
+        Engine::new(EngineConfig::default(), Box::<Mom>::default())
+    }
+
     #[test]
     fn conditions_are_logged_when_they_appear_and_clear() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, mut log) = open("sub/events.jsonl");
         let path = dir.path().join("sub/events.jsonl");
-        let mut log = EventLog::open(&path).unwrap();
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = mom();
         let mut down = vm("a", 1000, 800, 600);
         down.sample = Err(BackendError::Timeout(100));
         for t in 0..3 {
             log.diagnostics(&engine.tick(&snapshot(t, host(4000, 400), vec![down.clone()])));
         }
         log.diagnostics(&engine.tick(&snapshot(3, host(4000, 400), vec![vm("a", 1000, 800, 600)])));
-        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let kinds: Vec<_> = lines
+        let events = read(&path);
+        let kinds: Vec<_> = events
             .iter()
-            .map(|l| (l["kind"].as_str().unwrap(), l["rule"].as_str().unwrap()))
+            .map(|e| (e.kind.as_str(), e.rule.as_deref().unwrap()))
             .collect();
         assert_eq!(
             kinds,
@@ -174,8 +279,120 @@ mod tests {
                 ("diagnostic_cleared", "unreachable")
             ]
         );
-        assert_eq!(lines[0]["vm"], "a");
-        assert_eq!(lines[0]["message"], "not sampled: no answer within 100 ms");
+        assert_eq!(events[0].vm.as_deref(), Some("a"));
+        assert_eq!(events[0].message, "not sampled: no answer within 100 ms");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// The events in the file at `path`.
+    fn read(path: &Path) -> Vec<Event> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_condition_is_logged_once_while_only_its_text_changes() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        let mut engine = mom();
+        for t in 0..10 {
+            let mut a = vm("a", 1000, 800, 600);
+            if let Ok(sample) = &mut a.sample {
+                let error = format!("guest-get-osinfo failed; retrying in {} s", 1 << t);
+                sample.agent = Some(Err(error));
+            }
+            log.diagnostics(&engine.tick(&snapshot(t, host(4000, 400), vec![a])));
+        }
+        let events = read(&path);
+        let agent: Vec<_> = events
+            .iter()
+            .filter(|e| e.rule.as_deref() == Some("agent_unavailable"))
+            .collect();
+        assert_eq!(agent.len(), 1, "{events:?}");
+        assert_eq!(agent[0].message, "guest-get-osinfo failed; retrying in 1 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeated_events_are_held_back_and_counted() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        let mut engine = mom();
+        let idle = engine.tick(&snapshot(0, host(4000, 400), vec![]));
+        // A guest that resets 30 times in 30 s, next to memtide's own actions.
+        for i in 0..30 {
+            log.log("vm_lost", Some("a"), None, format!("connection lost: {i}"));
+            log.log("action", Some("b"), Some("r"), format!("balloon {i}"));
+            log.diagnostics(&idle);
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        tokio::time::advance(Duration::from_secs(30)).await;
+        log.diagnostics(&idle);
+        log.log("vm_lost", Some("a"), None, "connection lost: again".into());
+        let events = read(&path);
+        let lost: Vec<&str> = events
+            .iter()
+            .filter(|e| e.kind == "vm_lost")
+            .map(|e| e.message.as_str())
+            .collect();
+        assert_eq!(
+            lost,
+            [
+                "connection lost: 0",
+                "connection lost: 1",
+                "connection lost: 2",
+                "connection lost: 3",
+                "connection lost: 4",
+                "25 more like this not logged (at most 5 a minute)",
+                "connection lost: again",
+            ]
+        );
+        assert_eq!(events.iter().filter(|e| e.kind == "action").count(), 30);
+    }
+
+    #[test]
+    fn the_log_is_reopened_after_logrotate_moved_it() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        log.log("started", None, None, "one".into());
+        std::fs::rename(&path, dir.path().join("events.jsonl.1")).unwrap();
+        log.reopen().unwrap();
+        log.log("stopped", None, None, "two".into());
+        let messages = |p: &Path| read(p).into_iter().map(|e| e.message).collect::<Vec<_>>();
+        assert_eq!(messages(&dir.path().join("events.jsonl.1")), ["one"]);
+        assert_eq!(messages(&path), ["two"]);
+    }
+
+    #[test]
+    fn guest_text_is_cut_and_escaped_and_each_event_is_one_write() {
+        /// Keeps each write call apart.
+        #[derive(Default)]
+        struct Writes(Vec<Vec<u8>>);
+        impl Write for Writes {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.push(buf.to_vec());
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (_dir, mut log) = open("events.jsonl");
+        let error = format!("\x1b[2J{}", "x".repeat(130_000));
+        log.log("action_failed", Some("a\x1b"), None, error);
+        let event = log.recent().pop().unwrap();
+        assert!(
+            event.message.starts_with("\\u{1b}[2Jxxx"),
+            "{}",
+            event.message
+        );
+        assert!(event.message.len() <= guest_text::MAX_LEN);
+        assert_eq!(event.vm.as_deref(), Some("a\\u{1b}"));
+        let mut out = Writes::default();
+        write_line(&mut out, &event).unwrap();
+        assert_eq!(out.0.len(), 1);
+        assert!(out.0[0].ends_with(b"}\n"));
     }
 }

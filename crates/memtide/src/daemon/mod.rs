@@ -16,8 +16,8 @@ use events::EventLog;
 use fleet::{Fleet, FleetEvent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
-use memtide_core::{Action, Decision, Engine, Snapshot};
-use memtide_sim::{Recorder, RecorderConfig};
+use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
+use memtide_sim::Recorder;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
@@ -50,6 +50,8 @@ struct Daemon {
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
 pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     // Check every resource before starting, so a bad setup fails at once and clearly.
+    let settings = config.settings()?;
+    let nofile = raise_nofile_limit();
     let mut host = LinuxHost::new(HostPaths {
         proc: config.host.proc.clone(),
         sys: config.host.sys.clone(),
@@ -57,19 +59,12 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     });
     host.sample().context("reading host statistics")?;
     let policy = policies::load(&config).context("loading the policy")?;
-    let recorder = match config.daemon.record_dir.as_os_str().is_empty() {
-        true => None,
-        false => {
-            let d = &config.daemon;
-            let rc = RecorderConfig {
-                max_file_bytes: d.record_file_mib << 20,
-                keep_files: d.record_keep,
-            };
-            Some(
-                Recorder::open(&d.record_dir, rc)
-                    .with_context(|| format!("recording to {}", d.record_dir.display()))?,
-            )
-        }
+    let dir = &config.daemon.record_dir;
+    let recorder = match settings.record {
+        None => None,
+        Some(rc) => Some(
+            Recorder::open(dir, rc).with_context(|| format!("recording to {}", dir.display()))?,
+        ),
     };
     let mut events = EventLog::open(&config.daemon.event_log).with_context(|| {
         format!(
@@ -92,8 +87,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     }));
     let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
     let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
-    if !config.daemon.http.is_empty() {
-        let addr = http::serve(config.daemon.http.parse()?, status.clone()).await?;
+    if let Some(addr) = settings.http {
+        let addr = http::serve(addr, status.clone(), http::Limits::under(nofile)).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
     let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
@@ -122,7 +117,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         start: Instant::now(),
         recorder,
     };
-    let mut interval = tokio::time::interval(daemon.config.interval());
+    let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -133,6 +128,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => {
+                if let Err(e) = daemon.events.reopen() {
+                    tracing::error!("cannot reopen the event log: {e}");
+                }
                 let _ = daemon.reload();
                 continue;
             }
@@ -158,6 +156,28 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         .events
         .log("stopped", None, None, "memtide stopped".into());
     Ok(())
+}
+
+/// Raise the soft limit on open descriptors to the hard one, and return the limit in
+/// force: HTTP clients get a small share of it (`http::Limits`), VMs and the tick the rest.
+fn raise_nofile_limit() -> u64 {
+    rlimit::increase_nofile_limit(u64::MAX).unwrap_or_else(|e| {
+        tracing::warn!("cannot raise the limit on open descriptors: {e}");
+        rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+    })
+}
+
+/// Bound and escape the text a VM sent (its sample's error, its agent's) before the
+/// engine, the status and the logs keep it.
+fn clean_guest_text(vm: &mut VmSnapshot) {
+    match &mut vm.sample {
+        Err(e) => guest_text::clean_error(e),
+        Ok(VmSample {
+            agent: Some(Err(e)),
+            ..
+        }) => *e = guest_text::clean(e),
+        Ok(_) => {}
+    }
 }
 
 impl Daemon {
@@ -204,7 +224,8 @@ impl Daemon {
                 return;
             }
         };
-        let (vms, lost) = self.fleet.sample().await;
+        let (mut vms, lost) = self.fleet.sample().await;
+        vms.iter_mut().for_each(clean_guest_text);
         self.log_fleet(&lost);
         let snapshot = Snapshot {
             at: self.start.elapsed(),
@@ -309,7 +330,41 @@ impl Daemon {
         s.host_error = host_error;
         s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
         s.waiting = self.fleet.waiting();
+        for w in &mut s.waiting {
+            w.error = w.error.as_deref().map(guest_text::clean);
+        }
         s.counters = self.counters.clone();
         s.recent_events = self.events.recent();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::policy::mom::Mom;
+    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::{BackendError, EngineConfig};
+
+    #[test]
+    fn guest_text_is_bounded_before_the_engine_keeps_it() {
+        let mut agent = vm("agent", 1000, 800, 600);
+        if let Ok(sample) = &mut agent.sample {
+            sample.agent = Some(Err("\x1b[2J".repeat(30_000)));
+        }
+        let mut qmp = vm("qmp", 1000, 800, 600);
+        qmp.sample = Err(BackendError::Protocol("x".repeat(130_000)));
+        let mut vms = vec![agent, qmp];
+        vms.iter_mut().for_each(clean_guest_text);
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(0, host(4000, 400), vms));
+        let json = serde_json::to_string(&decision).unwrap();
+        assert!(json.len() < 4096, "{} bytes", json.len());
+        let messages: Vec<&str> = decision
+            .diagnostics
+            .iter()
+            .map(|d| d.message.as_str())
+            .collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages.iter().all(|m| !m.contains('\x1b')), "{messages:?}");
     }
 }
