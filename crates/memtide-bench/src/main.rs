@@ -14,6 +14,7 @@ mod daemon;
 mod guest;
 mod host_swap;
 mod measure;
+mod resize;
 mod results;
 mod run;
 mod scenario;
@@ -61,6 +62,11 @@ struct Cli {
     /// Re-render the plot of an existing results file instead of running.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with = "scenario")]
     render: Option<PathBuf>,
+    /// Instead of running: each policy's resize latencies (pressure signal to a raised
+    /// balloon target, to the end of the shortage; freed memory to taken back) in these
+    /// results files, printed and written to `<out>/resize.json`.
+    #[arg(long, value_name = "RESULTS_JSON", num_args = 1.., conflicts_with_all = ["scenario", "render"])]
+    resize: Vec<PathBuf>,
 }
 
 static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -185,7 +191,44 @@ fn summary(doc: &Value) -> String {
     out
 }
 
+/// `--resize`: latencies from results files, as a table and `<out>/resize.json`.
+fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
+    let mut files = serde_json::Map::new();
+    for path in &cli.resize {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let doc: Value = serde_json::from_str(&text)?;
+        let name = doc["scenario"].as_str().unwrap_or("?").to_string();
+        let policies = resize::latencies(&doc);
+        for (policy, r) in &policies {
+            let p = |x: &memtide_sim::resize::Percentiles| {
+                format!("n={} p50 {} p90 {} max {}", x.count, x.p50, x.p90, x.max)
+            };
+            println!(
+                "{name} {policy}: give {} (unanswered {}); shortage {}; take back {}",
+                p(&r.give_reaction_s),
+                r.give_unanswered,
+                p(&r.shortage_s),
+                p(&r.take_back_s)
+            );
+        }
+        let commit = doc["environment"]["git_commit"].clone();
+        files.insert(
+            name,
+            json!({"results_commit": commit, "policies": policies}),
+        );
+    }
+    let doc = json!({"command": command_line(), "scenarios": files});
+    let path = cli.out.join("resize.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    eprintln!("memtide-bench: wrote {}", path.display());
+    Ok(true)
+}
+
 fn bench(cli: &Cli) -> anyhow::Result<bool> {
+    if !cli.resize.is_empty() {
+        return resize_report(cli);
+    }
     if let Some(path) = &cli.render {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
