@@ -113,10 +113,19 @@ fn psi_line(line: &str) -> Result<PsiLine, ParseError> {
             .split_once('=')
             .ok_or_else(|| ParseError::new("pressure", format!("bad field {field:?}")))?;
         let bad = || ParseError::new("pressure", format!("{k}: {v:?} is not a number"));
+        // A share of time: Rust parses "NaN" and "inf" too, which no kernel writes
+        // (#18 defect 9: a guest agent's PSI reached the engine as NaN).
+        let share = || match v.parse::<f64>() {
+            Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+            _ => Err(ParseError::new(
+                "pressure",
+                format!("{k}: {v:?} is not a share from 0 to 100"),
+            )),
+        };
         match k {
-            "avg10" => out.avg10 = v.parse().map_err(|_| bad())?,
-            "avg60" => out.avg60 = v.parse().map_err(|_| bad())?,
-            "avg300" => out.avg300 = v.parse().map_err(|_| bad())?,
+            "avg10" => out.avg10 = share()?,
+            "avg60" => out.avg60 = share()?,
+            "avg300" => out.avg300 = share()?,
             "total" => out.total_us = v.parse().map_err(|_| bad())?,
             _ => {}
         }
@@ -250,8 +259,16 @@ mod tests {
         assert!(psi("").is_err());
         assert_eq!(
             psi("some avg10=x\n").unwrap_err().to_string(),
-            "pressure: avg10: \"x\" is not a number"
+            "pressure: avg10: \"x\" is not a share from 0 to 100"
         );
+        assert_eq!(
+            psi("some total=x\n").unwrap_err().to_string(),
+            "pressure: total: \"x\" is not a number"
+        );
+        for v in ["NaN", "inf", "-1", "100.5"] {
+            let text = format!("some avg10=0.00 avg60={v} avg300=0.00 total=0\n");
+            assert!(psi(&text).is_err(), "avg60={v} accepted");
+        }
     }
 
     #[test]

@@ -92,7 +92,9 @@ impl Signals {
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
             .or_else(|| history.delta(|s| s.stats.swap_in.map(|b| b.0 / PAGE)));
         let refaults = agent_delta(|a| {
-            Some(a.vmstat.workingset_refault_anon.unwrap_or(0) + a.vmstat.workingset_refault_file?)
+            // Guest figures can be anything: a sum must not overflow (#18 defect 9).
+            let anon = a.vmstat.workingset_refault_anon.unwrap_or(0);
+            Some(anon.saturating_add(a.vmstat.workingset_refault_file?))
         })
         .or_else(|| history.delta(|s| s.stats.major_faults));
         Signals {
@@ -124,13 +126,16 @@ impl Signals {
     /// Evidence that the guest is short of memory now: pages faulted back, stalls, OOM
     /// kills. The sum of swap-ins and refaults, in pages, with stalls and kills as flags.
     pub fn faults(&self) -> u64 {
-        self.swap_ins.unwrap_or(0) + self.refaults.unwrap_or(0)
+        self.swap_ins
+            .unwrap_or(0)
+            .saturating_add(self.refaults.unwrap_or(0))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::stats::{MemInfo, VmStat};
     use crate::testkit;
 
@@ -159,13 +164,30 @@ mod tests {
             psi: Some(crate::stats::Psi {
                 some: crate::stats::PsiLine {
                     avg10: 9.0,
-                    total_us: pswpin * 10_000,
+                    total_us: pswpin.saturating_mul(10_000),
                     ..Default::default()
                 },
                 full: None,
             }),
         }));
         s
+    }
+
+    #[test]
+    fn guest_counters_at_their_limit_saturate_instead_of_overflowing() {
+        // A hostile agent reports refault counters that sum past u64::MAX, and swap-ins
+        // that add past it too (#18 defect 9: a debug build panicked, release wrapped).
+        let mut h = History::new(4);
+        for (t, n) in [(1, 0), (2, u64::MAX)] {
+            let mut s = sample(n, u64::MAX, 0, 0);
+            if let Some(Ok(a)) = &mut s.agent {
+                a.vmstat.workingset_refault_anon = Some(n);
+            }
+            h.push(Duration::from_secs(t), s);
+        }
+        let signals = Signals::derive(&h);
+        assert_eq!(signals.swap_ins, Some(u64::MAX));
+        assert_eq!(signals.faults(), u64::MAX);
     }
 
     #[test]
