@@ -8,7 +8,7 @@ use crate::config::EngineConfig;
 use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport, VmState};
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
-use crate::sanitize::sanitize;
+use crate::sanitize::{bounded_actual, implausible_agent, sanitize};
 use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{HostStats, KsmState};
@@ -215,11 +215,24 @@ impl Engine {
         for p in sanitize(&mut clean.stats, sample.configured) {
             diag(DiagnosticKind::ImplausibleStats, p);
         }
+        if let Some(Ok(a)) = &clean.agent {
+            if let Some(p) = implausible_agent(&a.meminfo, sample.configured) {
+                diag(DiagnosticKind::ImplausibleStats, p.clone());
+                clean.agent = Some(Err(p));
+            }
+        }
+        if let Some(actual) = clean.balloon {
+            let (actual, why) = bounded_actual(actual, sample.configured);
+            if let Some(p) = why {
+                diag(DiagnosticKind::ImplausibleStats, p);
+            }
+            clean.balloon = Some(actual);
+        }
         memory.history.push(at, clean);
         let signals = Signals::derive(&memory.history);
         let latest = memory.history.latest().expect("just pushed");
         report.configured = Some(sample.configured);
-        report.actual = sample.balloon;
+        report.actual = latest.balloon;
         report.target = vm.target;
         report.guest_free = latest.stats.free;
         report.guest_available = latest.stats.available;
@@ -252,7 +265,7 @@ impl Engine {
         report.swap_out_per_s = signals.swap_out_per_s;
         report.rss = sample.rss;
 
-        let Some(actual) = sample.balloon else {
+        let Some(actual) = latest.balloon else {
             report.state = VmState::Unmanaged;
             diag(
                 DiagnosticKind::NoBalloon,

@@ -1,7 +1,7 @@
 //! Guest statistics are untrusted input: a buggy or hostile guest can report anything.
 //! Values that contradict what the host knows are dropped before any policy sees them.
 
-use crate::stats::GuestStats;
+use crate::stats::{GuestStats, MemInfo};
 use crate::units::Bytes;
 
 /// Slack allowed above the configured size (guest kernels report MemTotal slightly below
@@ -40,6 +40,44 @@ pub fn sanitize(stats: &mut GuestStats, configured: Bytes) -> Vec<String> {
     problems
 }
 
+/// The guest agent's /proc figures, checked like the balloon statistics: a MemTotal above
+/// the configured size, or free, available, cached or swap figures beyond their totals,
+/// make the whole report implausible. Returns what is wrong, if anything; the caller
+/// then treats the agent as not answering (no probing on figures nobody can trust).
+pub fn implausible_agent(m: &MemInfo, configured: Bytes) -> Option<String> {
+    let ceiling = configured.scale(TOTAL_SLACK);
+    if m.total > ceiling {
+        return Some(format!(
+            "guest agent reports MemTotal {}, above its configured {configured}; its figures ignored",
+            m.total
+        ));
+    }
+    let over = [
+        ("MemFree", Some(m.free), m.total),
+        ("MemAvailable", m.available, m.total),
+        ("Cached", Some(m.cached), m.total),
+        ("SwapFree", Some(m.swap_free), m.swap_total),
+    ];
+    over.into_iter().find_map(|(name, v, bound)| {
+        v.filter(|v| *v > bound)
+            .map(|v| format!("guest agent reports {name} {v}, above {bound}; its figures ignored"))
+    })
+}
+
+/// The balloon's size as the guest reports it, bounded by its configured size: a guest
+/// cannot hold more than it was given. Returns the bounded size and, when it had to be
+/// bounded, why.
+pub fn bounded_actual(actual: Bytes, configured: Bytes) -> (Bytes, Option<String>) {
+    if actual > configured.scale(TOTAL_SLACK) {
+        let why = format!(
+            "balloon reports the guest at {actual}, above its configured {configured}; taken as {configured}"
+        );
+        (configured, Some(why))
+    } else {
+        (actual, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +89,49 @@ mod tests {
             available: Some(Bytes::from_mib(free)),
             ..GuestStats::default()
         }
+    }
+
+    #[test]
+    fn agent_figures_beyond_their_totals_are_implausible() {
+        let m = MemInfo {
+            total: Bytes::from_mib(370),
+            free: Bytes::from_mib(100),
+            available: Some(Bytes::from_mib(200)),
+            swap_total: Bytes::from_mib(100),
+            swap_free: Bytes::from_mib(50),
+            ..MemInfo::default()
+        };
+        let c = Bytes::from_mib(384);
+        assert_eq!(implausible_agent(&m, c), None);
+        let huge = MemInfo {
+            total: Bytes(u64::MAX),
+            ..m.clone()
+        };
+        assert!(implausible_agent(&huge, c).unwrap().contains("MemTotal"));
+        let lying = MemInfo {
+            available: Some(Bytes::from_mib(5000)),
+            ..m.clone()
+        };
+        assert!(implausible_agent(&lying, c)
+            .unwrap()
+            .contains("MemAvailable"));
+        let swap = MemInfo {
+            swap_free: Bytes::from_mib(101),
+            ..m
+        };
+        assert!(implausible_agent(&swap, c).unwrap().contains("SwapFree"));
+    }
+
+    #[test]
+    fn a_balloon_size_above_the_configured_one_is_bounded() {
+        let c = Bytes::from_mib(1024);
+        assert_eq!(
+            bounded_actual(Bytes::from_mib(512), c),
+            (Bytes::from_mib(512), None)
+        );
+        let (actual, why) = bounded_actual(Bytes(1 << 50), c);
+        assert_eq!(actual, c);
+        assert!(why.unwrap().contains("taken as 1.0 GiB"));
     }
 
     #[test]
