@@ -18,8 +18,16 @@ use tokio::time::{timeout, Instant};
 
 /// Bytes asked for per `guest-file-read`.
 const CHUNK: u64 = 64 * 1024;
-/// Largest file read; /proc files are far smaller.
-const MAX_FILE: usize = 4 << 20;
+/// Largest file read; the /proc files read are a few KiB (meminfo, vmstat, pressure).
+const MAX_FILE: usize = 256 << 10;
+/// Most `guest-file-read` calls per file: a guest answering a byte at a time with `eof`
+/// false must not hold the sample (#18 defect 4); files up to `MAX_FILE` need 4 chunks.
+const MAX_READS: usize = 8;
+/// Most bytes skipped while looking for the sync delimiter, and most stale replies read
+/// after it: a guest streaming bytes with no 0xFF must not fill the daemon's memory
+/// (#18 defect 3).
+const MAX_SYNC_SKIP: u64 = 64 << 10;
+const MAX_STALE_REPLIES: usize = 16;
 /// Longest reply line accepted (base64 of a chunk plus framing).
 const MAX_LINE: u64 = 2 * CHUNK + 4096;
 
@@ -75,17 +83,27 @@ impl GuestAgent {
         let limit = self.call_timeout;
         timeout(limit, async {
             self.send(&request).await?;
-            loop {
+            for _ in 0..MAX_STALE_REPLIES {
                 let mut skipped = Vec::new();
-                self.stream.read_until(0xFF, &mut skipped).await?;
+                let n = (&mut self.stream)
+                    .take(MAX_SYNC_SKIP)
+                    .read_until(0xFF, &mut skipped)
+                    .await?;
                 if skipped.last() != Some(&0xFF) {
-                    return Err(QgaError::Protocol("connection closed during sync".into()));
+                    return Err(QgaError::Protocol(if n as u64 == MAX_SYNC_SKIP {
+                        format!("no sync delimiter within {MAX_SYNC_SKIP} bytes")
+                    } else {
+                        "connection closed during sync".into()
+                    }));
                 }
                 let reply = self.read_reply().await?;
                 if reply.get("return").and_then(Value::as_u64) == Some(token) {
                     return Ok(());
                 }
             }
+            Err(QgaError::Protocol(format!(
+                "no answer to the sync among {MAX_STALE_REPLIES} replies"
+            )))
         })
         .await
         .map_err(|_| QgaError::Timeout(limit))??;
@@ -191,7 +209,7 @@ pub async fn read_file(agent: &mut impl AgentChannel, path: &str) -> Result<Stri
 async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>, QgaError> {
     use base64::Engine;
     let mut content = Vec::new();
-    loop {
+    for _ in 0..MAX_READS {
         let r = agent
             .execute("guest-file-read", json!({"handle": handle, "count": CHUNK}))
             .await?;
@@ -209,6 +227,9 @@ async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>,
             return Ok(content);
         }
     }
+    Err(QgaError::Protocol(format!(
+        "file not read in {MAX_READS} guest-file-read calls"
+    )))
 }
 
 /// The guest's own /proc figures: meminfo, vmstat and (on kernels with PSI) memory pressure.
@@ -383,6 +404,62 @@ mod tests {
         let mut qga = GuestAgent::connect(&path, T).await.unwrap();
         let info = qga.execute("guest-info", json!({})).await.unwrap();
         assert_eq!(info["version"], "x");
+    }
+
+    #[tokio::test]
+    async fn an_agent_streaming_bytes_without_a_delimiter_is_cut_off() {
+        // A guest writes 1 MiB with no 0xFF: the sync gives up after 64 KiB, long before
+        // the call timeout, instead of buffering all of it (#18 defect 3).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qga.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let junk = vec![b'x'; 64 << 10];
+            for _ in 0..16 {
+                if s.write_all(&junk).await.is_err() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let err = GuestAgent::connect(&path, T).await.err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "guest agent: protocol error: no sync delimiter within 65536 bytes"
+        );
+    }
+
+    /// An agent channel that answers every `guest-file-read` with one byte and `eof`
+    /// false, counting the reads.
+    struct Trickle {
+        reads: usize,
+    }
+
+    #[async_trait]
+    impl AgentChannel for Trickle {
+        async fn execute(&mut self, command: &str, _: Value) -> Result<Value, QgaError> {
+            Ok(match command {
+                "guest-file-open" => json!(7),
+                "guest-file-read" => {
+                    self.reads += 1;
+                    json!({"count": 1, "buf-b64": "eA==", "eof": false})
+                }
+                _ => json!({}),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_trickled_a_byte_at_a_time_is_given_up_after_a_few_reads() {
+        // Before: 4 Mi calls (one per byte up to the 4 MiB bound) per file, per sample.
+        let mut agent = Trickle { reads: 0 };
+        let err = read_file(&mut agent, "/proc/meminfo").await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "guest agent: protocol error: file not read in 8 guest-file-read calls"
+        );
+        assert_eq!(agent.reads, MAX_READS);
     }
 
     #[tokio::test]
