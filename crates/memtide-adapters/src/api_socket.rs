@@ -1,7 +1,7 @@
 //! HTTP/1.1 over a unix socket, for the JSON APIs of Firecracker and Cloud Hypervisor.
 //! One connection per call (both servers allow it), every call bounded by a timeout.
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Bytes as Body;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -162,17 +162,18 @@ impl ApiSocket {
             .map_err(|e| ApiError::Http(method.clone(), path.to_string(), e.to_string()))?;
         let response = sender.send_request(request).await.map_err(broke)?;
         let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(broke)?
-            .to_bytes();
+        // The limit holds while reading: a VMM sending an endless body is cut off at it
+        // instead of filling the daemon's memory first (#18 defect 6).
+        let collected = Limited::new(response.into_body(), MAX_BODY).collect().await;
         driver.abort();
-        if bytes.len() > MAX_BODY {
-            let why = format!("response larger than {MAX_BODY} bytes");
-            return Err(ApiError::Body(method, path.to_string(), why));
-        }
+        let bytes = match collected {
+            Ok(body) => body.to_bytes(),
+            Err(e) if e.is::<LengthLimitError>() => {
+                let why = format!("response larger than {MAX_BODY} bytes");
+                return Err(ApiError::Body(method, path.to_string(), why));
+            }
+            Err(e) => return Err(ApiError::Http(method, path.to_string(), e.to_string())),
+        };
         let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
             // Firecracker answers errors with {"fault_message": "..."}; Cloud Hypervisor

@@ -371,3 +371,40 @@ async fn cloud_hypervisor_without_balloon_statistics_and_its_errors() {
         BackendError::Disconnected("the VM is not running (state Created)".into())
     );
 }
+
+#[tokio::test]
+async fn an_endless_response_body_is_cut_off_at_the_limit_while_reading() {
+    // A hostile VMM answers with a chunked body that does not end (64 MiB at most, then
+    // it stops by itself). Before, the daemon collected the whole body first (886 MiB in
+    // the audit) and here would have run into the call timeout; now it stops at 4 MiB.
+    use memtide_adapters::api_socket::ApiSocket;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        if s.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let mut chunk = format!("{:x}\r\n", 64 << 10).into_bytes();
+        chunk.extend(vec![b' '; 64 << 10]);
+        chunk.extend(b"\r\n");
+        for _ in 0..1024 {
+            if s.write_all(&chunk).await.is_err() {
+                return; // the client hung up
+            }
+        }
+    });
+    let api = ApiSocket::new(&path, Duration::from_secs(30));
+    let err = api
+        .call(axum::http::Method::GET, "/vm.info", None)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("response larger than 4194304 bytes"),
+        "{err}"
+    );
+}

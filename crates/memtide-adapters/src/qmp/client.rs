@@ -23,6 +23,12 @@ use tokio::time::timeout;
 const MAX_LINE: u64 = 4 << 20;
 /// Events queued between two drains; beyond that the newest are dropped.
 const EVENT_QUEUE: usize = 1024;
+/// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
+/// or QEMU flooding events holds no memory (#18 defect 6).
+const QUEUED_EVENTS: [&str; 3] = ["RESET", "SHUTDOWN", "BALLOON_CHANGE"];
+/// Largest event data kept (serialized); larger data is dropped, the event kept: with
+/// the queue's length this bounds what events hold to about 4 MiB.
+const MAX_EVENT_DATA: usize = 4096;
 
 /// A QMP failure.
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +232,14 @@ async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
             Err(e) => break e.to_string(),
         };
         if let Some(name) = msg.get("event").and_then(Value::as_str) {
-            let data = msg.get("data").cloned().unwrap_or(Value::Null);
+            if !QUEUED_EVENTS.contains(&name) {
+                continue;
+            }
+            let data = msg
+                .get("data")
+                .filter(|d| d.to_string().len() <= MAX_EVENT_DATA)
+                .cloned()
+                .unwrap_or(Value::Null);
             // A full queue means nobody drained for a long time: drop the newest.
             let _ = events.try_send(QmpEvent {
                 name: name.to_string(),
@@ -339,6 +352,38 @@ mod tests {
             }]
         );
         assert!(c.drain_events().is_empty());
+    }
+
+    #[tokio::test]
+    async fn events_memtide_does_not_use_and_huge_event_data_hold_no_memory() {
+        // A flood of unused events (the audit's 200 of 4 MiB held 815 MiB until the next
+        // sample; 20 of 256 KiB here) and a BALLOON_CHANGE with a huge payload: only the
+        // events memtide acts on are queued, without their oversized data.
+        let big = "x".repeat(256 << 10);
+        let (_d, path) = serve(move |req| {
+            if req["execute"] != "query-status" {
+                return vec![ok(&req, json!({}))];
+            }
+            let mut out: Vec<String> = (0..20)
+                .map(|_| json!({"event": "VSERPORT_CHANGE", "data": {"junk": big}}).to_string())
+                .collect();
+            out.push(
+                json!({"event": "BALLOON_CHANGE", "data": {"actual": 1, "junk": big}}).to_string(),
+            );
+            out.push(json!({"event": "RESET", "data": {"guest": true}}).to_string());
+            out.push(ok(&req, json!({})));
+            out
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, Duration::from_secs(10))
+            .await
+            .unwrap();
+        c.execute("query-status", None).await.unwrap();
+        let ev = c.drain_events();
+        let names: Vec<&str> = ev.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["BALLOON_CHANGE", "RESET"]);
+        assert_eq!(ev[0].data, Value::Null, "oversized data dropped");
+        assert_eq!(ev[1].data, json!({"guest": true}));
     }
 
     #[tokio::test]
