@@ -281,8 +281,26 @@ impl AgentRetry {
         }
     }
 
+    /// Read through `read` unless the backoff lasts, within `budget` for the whole read
+    /// (every call, every file): a guest agent that answers slowly or dribbles its replies
+    /// costs the sample at most `budget`, and its timeout feeds the backoff like any
+    /// other failure (#18 defect 4).
+    pub async fn read(
+        &mut self,
+        budget: Duration,
+        read: impl std::future::Future<Output = Result<AgentStats, String>>,
+    ) -> Result<AgentStats, String> {
+        self.ready()?;
+        let outcome = timeout(budget, read).await.unwrap_or_else(|_| {
+            Err(format!(
+                "no complete answer within the agent's budget of {budget:?}"
+            ))
+        });
+        self.record(outcome)
+    }
+
     /// Take in a read's outcome: a success resets the backoff, a failure extends it.
-    pub fn record(&mut self, read: Result<AgentStats, String>) -> Result<AgentStats, String> {
+    fn record(&mut self, read: Result<AgentStats, String>) -> Result<AgentStats, String> {
         match read {
             Ok(stats) => {
                 (self.retry_at, self.delay) = (None, Duration::from_secs(1));
@@ -460,6 +478,45 @@ mod tests {
             "guest agent: protocol error: file not read in 8 guest-file-read calls"
         );
         assert_eq!(agent.reads, MAX_READS);
+    }
+
+    /// An agent channel that takes `delay` over every call, counting them.
+    struct Slow {
+        delay: Duration,
+        calls: usize,
+    }
+
+    #[async_trait]
+    impl AgentChannel for Slow {
+        async fn execute(&mut self, command: &str, _: Value) -> Result<Value, QgaError> {
+            self.calls += 1;
+            tokio::time::sleep(self.delay).await;
+            Trickle { reads: 0 }.execute(command, Value::Null).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_agent_costs_the_sample_its_budget_once_then_backs_off() {
+        // Before: each call had its own limit and nothing bounded the whole read, which
+        // the sample's deadline cancelled without ever reaching the backoff: the VM was
+        // unreachable on every tick, each tick taking the full timeout (#18 defect 4).
+        let mut retry = AgentRetry::new("slow".into());
+        let mut agent = Slow {
+            delay: Duration::from_millis(40),
+            calls: 0,
+        };
+        let budget = Duration::from_millis(200);
+        let started = Instant::now();
+        let err = retry.read(budget, read_proc(&mut agent)).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(err.contains("within the agent's budget of 200ms"), "{err}");
+        assert!(took < Duration::from_millis(400), "{took:?}");
+        let calls = agent.calls;
+        let started = Instant::now();
+        let err = retry.read(budget, read_proc(&mut agent)).await.unwrap_err();
+        assert!(err.ends_with("retrying in 0 s"), "{err}");
+        assert_eq!(agent.calls, calls, "no call while backing off");
+        assert!(started.elapsed() < Duration::from_millis(50));
     }
 
     #[tokio::test]

@@ -176,16 +176,14 @@ impl VmBackend for LibvirtVm {
         let memory = stats::parse(&raw.memory);
         let events = self.events();
         let agent = match &mut self.agent {
-            Some(retry) => Some(match retry.ready() {
-                Ok(()) => {
-                    let mut channel = AgentCommands {
-                        domain: self.domain.clone(),
-                        limit: self.call_timeout / 4,
-                    };
-                    retry.record(qga::read_proc(&mut channel).await)
-                }
-                Err(e) => Err(e),
-            }),
+            Some(retry) => {
+                let mut channel = AgentCommands {
+                    domain: self.domain.clone(),
+                    limit: self.call_timeout / 4,
+                };
+                let budget = self.call_timeout / 2;
+                Some(retry.read(budget, qga::read_proc(&mut channel)).await)
+            }
             None => None,
         };
         let balloon = self.description.balloon.as_ref();

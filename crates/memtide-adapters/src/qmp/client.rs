@@ -171,6 +171,14 @@ impl QmpClient {
         let mut line = Value::Object(request).to_string();
         line.push('\n');
         let limit = self.timeout;
+        // Until the reply arrives, a timeout here or the caller dropping this future
+        // abandons the call: the session is closed (half a command may be in the
+        // socket, a reply may come late), and the owner reconnects (#18 defect 10).
+        let mut abandoned = Abandoned {
+            shared: &self.shared,
+            id,
+            armed: true,
+        };
         let outcome = timeout(limit, async {
             self.writer.write_all(line.as_bytes()).await?;
             rx.await
@@ -178,22 +186,36 @@ impl QmpClient {
         })
         .await;
         match outcome {
-            Ok(reply) => reply,
-            Err(_) => {
-                // The late reply, if any, finds no sender and is dropped.
-                self.shared
-                    .lock()
-                    .expect("qmp state lock")
-                    .pending
-                    .remove(&id);
-                Err(QmpError::Timeout(limit))
+            Ok(reply) => {
+                abandoned.armed = false;
+                reply
             }
+            Err(_) => Err(QmpError::Timeout(limit)),
         }
     }
 
     /// The events received since the last call.
     pub fn drain_events(&mut self) -> Vec<QmpEvent> {
         std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+    }
+}
+
+/// Closes the session when a call is abandoned before its reply (see `execute`).
+struct Abandoned<'a> {
+    shared: &'a Mutex<Shared>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut shared = self.shared.lock().expect("qmp state lock");
+            shared.pending.remove(&self.id);
+            shared
+                .closed
+                .get_or_insert_with(|| "a call timed out or was cancelled: reconnect".into());
+        }
     }
 }
 
@@ -402,9 +424,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_late_reply_is_not_taken_for_the_next_one() {
-        // The first query-balloon is never answered; the second is answered twice over:
-        // first with the stale id, then its own.
+    async fn a_call_that_times_out_closes_the_session() {
+        // The first query-balloon is never answered: the session is closed (a late reply
+        // or half a command may be in the socket), so the next call fails at once and the
+        // owner reconnects (#18 defect 10: before, every tick waited the full timeout).
         let (_d, path) = serve(|req| {
             match (
                 req["execute"].as_str().unwrap(),
@@ -424,8 +447,30 @@ mod tests {
             c.execute("query-balloon", None).await,
             Err(QmpError::Timeout(_))
         ));
-        let r = c.execute("query-balloon", None).await.unwrap();
-        assert_eq!(r["actual"], 2);
+        let started = std::time::Instant::now();
+        let err = c.execute("query-balloon", None).await.unwrap_err();
+        assert!(matches!(err, QmpError::Closed(_)), "{err}");
+        assert!(started.elapsed() < T, "no second wait for the timeout");
+        assert!(c.shared.lock().unwrap().pending.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_call_cancelled_by_its_caller_leaves_nothing_behind() {
+        // The daemon's own deadline drops the call's future: no pending entry stays, and
+        // the session is closed rather than reused with half a command in the socket.
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "qmp_capabilities" => vec![ok(&req, json!({}))],
+            _ => vec![],
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let cancelled = timeout(Duration::from_millis(50), c.execute("balloon", None)).await;
+        assert!(cancelled.is_err(), "the outer deadline fired");
+        assert!(c.shared.lock().unwrap().pending.is_empty());
+        let err = c.execute("query-balloon", None).await.unwrap_err();
+        assert!(matches!(err, QmpError::Closed(_)), "{err}");
     }
 
     #[tokio::test]

@@ -81,40 +81,46 @@ impl AccessSampler {
 struct AgentLink {
     socket: PathBuf,
     call_timeout: Duration,
+    /// The most one sample's read may take, all calls together.
+    budget: Duration,
     session: Option<GuestAgent>,
     retry: AgentRetry,
 }
 
 impl AgentLink {
-    fn new(socket: PathBuf, call_timeout: Duration) -> AgentLink {
+    fn new(socket: PathBuf, call_timeout: Duration, budget: Duration) -> AgentLink {
         AgentLink {
             retry: AgentRetry::new(socket.display().to_string()),
             socket,
             call_timeout,
+            budget,
             session: None,
         }
     }
 
-    /// Read the guest's /proc figures, or say why not.
+    /// Read the guest's /proc figures within the budget, or say why not. After any
+    /// failure, its timeout included, the session is dropped and reopened next time.
     async fn read(&mut self) -> Result<AgentStats, String> {
-        self.retry.ready()?;
-        let read = self.try_read().await;
+        let (socket, call_timeout, session) = (&self.socket, self.call_timeout, &mut self.session);
+        let budget = self.budget;
+        let read = self
+            .retry
+            .read(budget, async {
+                let agent = match session {
+                    Some(s) => s,
+                    None => session.insert(
+                        GuestAgent::connect(socket, call_timeout)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    ),
+                };
+                qga::read_proc(agent).await
+            })
+            .await;
         if read.is_err() {
             self.session = None;
         }
-        self.retry.record(read)
-    }
-
-    async fn try_read(&mut self) -> Result<AgentStats, String> {
-        let session = match &mut self.session {
-            Some(s) => s,
-            None => self.session.insert(
-                GuestAgent::connect(&self.socket, self.call_timeout)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
-        };
-        qga::read_proc(session).await
+        read
     }
 }
 
@@ -134,7 +140,8 @@ impl From<QmpError> for BackendError {
 impl QmpVm {
     /// Connect, learn the VM's size and balloon device, and turn on guest statistics.
     /// With `agent`, the guest agent's socket, each sample also reads the guest's own
-    /// /proc figures (within a quarter of the call timeout per agent call).
+    /// /proc figures (within a quarter of the call timeout per agent call, half of it
+    /// for the whole read, so that the balloon is still sampled when the agent is slow).
     pub async fn connect(
         socket: &Path,
         agent: Option<&Path>,
@@ -172,7 +179,13 @@ impl QmpVm {
         let status_file = client
             .peer_pid()
             .map(|pid| opts.proc.join(pid.to_string()).join("status"));
-        let agent = agent.map(|a| AgentLink::new(a.to_path_buf(), opts.call_timeout / 4));
+        let agent = agent.map(|a| {
+            AgentLink::new(
+                a.to_path_buf(),
+                opts.call_timeout / 4,
+                opts.call_timeout / 2,
+            )
+        });
         let access = match (opts.sample_access, client.peer_pid()) {
             (true, Some(pid)) if !uses_kvm(&mut client).await? => {
                 let dir = opts.proc.join(pid.to_string());

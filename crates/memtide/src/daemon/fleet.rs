@@ -161,6 +161,11 @@ struct Managed {
     backend: Box<dyn VmBackend>,
     /// The configured size, once a sample has told it.
     configured: Option<Bytes>,
+    /// Balloon commands wait out this backoff after one fails (a VM that ignores them
+    /// costs one call timeout per backoff period, not one per tick).
+    actuation: Backoff,
+    /// Why the last balloon command failed, while the backoff lasts.
+    actuation_error: Option<String>,
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -268,6 +273,8 @@ impl Fleet {
                         discovered: c.discovered,
                         backend: connection.backend,
                         configured: None,
+                        actuation: Backoff::default(),
+                        actuation_error: None,
                     };
                     self.managed.insert(c.name, m);
                 }
@@ -450,12 +457,14 @@ impl Fleet {
         self.candidates.insert(m.endpoint, c);
     }
 
-    /// Set balloon targets concurrently, each bounded by the call timeout.
+    /// Set balloon targets concurrently, each bounded by the call timeout. A VM whose last
+    /// balloon command failed is not asked again until its backoff ends.
     pub async fn set_balloons(
         &mut self,
         targets: &[(String, Bytes)],
     ) -> Vec<Result<(), BackendError>> {
         let limit = self.call_timeout;
+        let now = Instant::now();
         let mut by_name: BTreeMap<&str, &mut Managed> = self
             .managed
             .iter_mut()
@@ -464,9 +473,24 @@ impl Fleet {
         let mut calls = Vec::new();
         for (name, target) in targets {
             let call = by_name.remove(name.as_str()).map(|m| async move {
-                timeout(limit, m.backend.set_balloon(*target))
+                if !m.actuation.ready(now) {
+                    return Err(BackendError::Protocol(format!(
+                        "not sent: the last balloon command failed ({}); next attempt in {} s",
+                        m.actuation_error.as_deref().unwrap_or("unknown"),
+                        m.actuation.remaining(now).as_secs().max(1)
+                    )));
+                }
+                let result = timeout(limit, m.backend.set_balloon(*target))
                     .await
-                    .unwrap_or_else(|_| Err(BackendError::timeout(limit)))
+                    .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
+                match &result {
+                    Ok(()) => (m.actuation, m.actuation_error) = (Backoff::default(), None),
+                    Err(e) => {
+                        m.actuation.failed(Instant::now());
+                        m.actuation_error = Some(e.to_string());
+                    }
+                }
+                result
             });
             calls.push(call);
         }
@@ -509,6 +533,8 @@ mod tests {
         Healthy,
         Refuses,
         Hangs,
+        /// Samples fine, never answers a balloon command.
+        IgnoresBalloon,
         Dies,
     }
 
@@ -543,6 +569,9 @@ mod tests {
             }
         }
         async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            if self.0 == Behaviour::IgnoresBalloon {
+                std::future::pending::<()>().await;
+            }
             Ok(())
         }
         fn target(&self) -> Option<Bytes> {
@@ -771,20 +800,26 @@ mod tests {
         assert_eq!(names(&vms), ["db", "web"]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_hung_vm_times_out_without_holding_the_others() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["hung", "ok"] {
-            std::fs::write(dir.path().join(format!("{name}.sock")), "").unwrap();
+    /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.
+    async fn odd_and_ok(dir: &Path, odd: &str, behaviour: Behaviour) -> Fleet {
+        for name in [odd, "ok"] {
+            std::fs::write(dir.join(format!("{name}.sock")), "").unwrap();
         }
         let connector = Arc::new(FakeConnector::default());
         connector
             .behaviour
             .lock()
             .unwrap()
-            .insert(dir.path().join("hung.sock"), Behaviour::Hangs);
-        let mut fleet = fleet(dir.path(), connector);
+            .insert(dir.join(format!("{odd}.sock")), behaviour);
+        let mut fleet = fleet(dir, connector);
         settle(&mut fleet).await;
+        fleet
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_vm_times_out_without_holding_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "hung", Behaviour::Hangs).await;
         let start = Instant::now();
         let (vms, events) = fleet.sample().await;
         assert_eq!(
@@ -795,5 +830,47 @@ mod tests {
         assert!(events.is_empty(), "a timeout is not a disconnect");
         assert_eq!(vms[0].sample, Err(BackendError::Timeout(100)));
         assert!(vms[1].sample.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_that_ignores_balloon_commands_is_asked_again_only_after_a_backoff() {
+        // Before: asked every tick, each tick waiting the full call timeout (#18 defect 10).
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "deaf", Behaviour::IgnoresBalloon).await;
+        let targets = [
+            ("deaf".to_string(), Bytes::from_mib(300)),
+            ("ok".to_string(), Bytes::from_mib(300)),
+        ];
+        let start = Instant::now();
+        let results = fleet.set_balloons(&targets).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        assert_eq!(results[0], Err(BackendError::Timeout(100)));
+        assert_eq!(results[1], Ok(()));
+        // The next ticks within the backoff cost nothing and say why.
+        for _ in 0..3 {
+            let start = Instant::now();
+            let results = fleet.set_balloons(&targets).await;
+            assert_eq!(start.elapsed(), Duration::ZERO, "no call timeout waited");
+            let Err(BackendError::Protocol(why)) = &results[0] else {
+                panic!("{results:?}");
+            };
+            assert!(
+                why.starts_with(
+                    "not sent: the last balloon command failed (no answer within 100 ms)"
+                ),
+                "{why}"
+            );
+            assert_eq!(results[1], Ok(()), "the other VM is not held back");
+            tokio::time::advance(Duration::from_millis(300)).await;
+        }
+        // Past the first second: asked again, and the backoff doubles after a new failure.
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let results = fleet.set_balloons(&targets).await;
+        assert_eq!(results[0], Err(BackendError::Timeout(100)));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(matches!(
+            fleet.set_balloons(&targets).await[0],
+            Err(BackendError::Protocol(_))
+        ));
     }
 }
