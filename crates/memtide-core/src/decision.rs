@@ -21,6 +21,10 @@ pub enum DiagnosticKind {
     PolicyError,
     /// A balloon target was not reached in time.
     TargetNotReached,
+    /// The hypervisor holds far more than the balloon size the guest reports: the guest
+    /// keeps memory it claims to have given back. Its balloon is released and it is no
+    /// longer managed.
+    UndeliveredBalloon,
     /// The VM's guest agent did not answer; its /proc figures are missing.
     AgentUnavailable,
     /// virtio-mem memory is plugged but the guest never onlined it.
@@ -43,6 +47,7 @@ impl DiagnosticKind {
                 | DiagnosticKind::NoBalloon
                 | DiagnosticKind::ImplausibleStats
                 | DiagnosticKind::PolicyError
+                | DiagnosticKind::UndeliveredBalloon
         )
     }
 
@@ -54,6 +59,7 @@ impl DiagnosticKind {
             DiagnosticKind::ImplausibleStats => "implausible_stats",
             DiagnosticKind::PolicyError => "policy_error",
             DiagnosticKind::TargetNotReached => "target_not_reached",
+            DiagnosticKind::UndeliveredBalloon => "undelivered_balloon",
             DiagnosticKind::AgentUnavailable => "agent_unavailable",
             DiagnosticKind::MemoryNotOnlined => "memory_not_onlined",
             DiagnosticKind::GuestReset => "guest_reset",
@@ -79,7 +85,8 @@ pub struct Diagnostic {
 pub enum VmState {
     /// Sampled and managed.
     Managed,
-    /// Sampled, but it has no balloon device.
+    /// Sampled, but not managed: it has no balloon device, or keeps the memory its
+    /// balloon claims to have given back.
     Unmanaged,
     /// Not sampled this tick.
     Unreachable,

@@ -8,7 +8,7 @@ use crate::config::EngineConfig;
 use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport, VmState};
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
-use crate::sanitize::{bounded_actual, implausible_agent, sanitize};
+use crate::sanitize::{bounded_actual, implausible_agent, sanitize, undelivered};
 use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{HostStats, KsmState};
@@ -27,6 +27,11 @@ struct Unreached {
 struct VmMemory {
     history: History<VmSample>,
     unreached: Option<Unreached>,
+    /// Since when the host holds more than the guest's balloon size explains.
+    undelivered_since: Option<Duration>,
+    /// The guest kept memory its balloon claimed to give back for the settle time: it is
+    /// released and no longer managed, until it resets.
+    released: bool,
 }
 
 /// The decision engine.
@@ -74,10 +79,11 @@ impl Engine {
         self.vms.retain(|name, _| present.contains(name.as_str()));
 
         let mut diagnostics = Vec::new();
+        let mut actions = Vec::new();
         let mut reports = Vec::with_capacity(snap.vms.len());
         let mut sampled = Vec::new();
         for (index, vm) in snap.vms.iter().enumerate() {
-            let (report, signals) = self.ingest(at, vm, &mut diagnostics);
+            let (report, signals) = self.ingest(at, vm, &mut diagnostics, &mut actions);
             if let Some(signals) = signals {
                 sampled.push(Sampled {
                     index,
@@ -112,7 +118,6 @@ impl Engine {
                 message: format!("policy {}: {}", self.policy.name(), fault.message),
             });
         }
-        let mut actions = Vec::new();
         for s in &sampled {
             let report = &mut reports[s.index];
             let name = &s.snap.name;
@@ -160,12 +165,14 @@ impl Engine {
     }
 
     /// Take in one VM's sample: record it, follow its balloon target, report it.
-    /// Returns the VM's signals when a policy may decide for it.
+    /// Returns the VM's signals when a policy may decide for it; a VM that keeps memory
+    /// its balloon claims to have given back gets, instead, its balloon released.
     fn ingest(
         &mut self,
         at: Duration,
         vm: &VmSnapshot,
         diagnostics: &mut Vec<Diagnostic>,
+        actions: &mut Vec<Action>,
     ) -> (VmReport, Option<Signals>) {
         let settle = Duration::from_secs(self.config.settle_s);
         let history_len = self.config.history_len;
@@ -173,6 +180,8 @@ impl Engine {
             let fresh = VmMemory {
                 history: History::new(history_len),
                 unreached: None,
+                undelivered_since: None,
+                released: false,
             };
             self.vms.insert(vm.name.clone(), fresh);
         }
@@ -199,6 +208,7 @@ impl Engine {
                 VmEvent::Reset => {
                     memory.history.clear();
                     memory.unreached = None;
+                    (memory.undelivered_since, memory.released) = (None, false);
                     diag(
                         DiagnosticKind::GuestReset,
                         "guest reset: its balloon deflated".into(),
@@ -273,6 +283,36 @@ impl Engine {
             );
             return (report, None);
         };
+        // The host must see the memory a balloon takes (#18 defect 5): a guest that keeps
+        // it is not managed, so that what it holds is never divided among the others.
+        let excess = undelivered(actual, latest.rss, sample.configured);
+        memory.undelivered_since = excess.and(memory.undelivered_since.or(Some(at)));
+        if let Some(since) = memory.undelivered_since {
+            memory.released |= at.saturating_sub(since) >= settle;
+        }
+        if memory.released {
+            report.state = VmState::Unmanaged;
+            let full = vm.limits.max;
+            let detail = format!(
+                "QEMU holds {} while the guest reports a balloon size of {actual}, more than \
+                 QEMU's own overhead explains: the guest keeps memory its balloon claims to \
+                 have given back; balloon released to {full}, no longer managed (until it \
+                 resets), its memory not divided among the others",
+                latest.rss.unwrap_or(actual)
+            );
+            diag(DiagnosticKind::UndeliveredBalloon, detail.clone());
+            let reason = Reason::new("safeguard.undelivered", detail);
+            if vm.target.unwrap_or(actual) != full {
+                actions.push(Action::SetBalloon {
+                    vm: vm.name.clone(),
+                    target: full,
+                    reason: reason.clone(),
+                });
+                report.target = Some(full);
+            }
+            report.reason = Some(reason);
+            return (report, None);
+        }
         memory.unreached = match (vm.target, memory.unreached.take()) {
             (Some(target), _) if reached(actual, target) => None,
             (Some(target), Some(u)) if u.target == target => {

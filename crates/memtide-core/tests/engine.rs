@@ -310,3 +310,72 @@ fn virtio_mem_memory_the_guest_never_onlined_is_reported() {
         "a few MiB of rounding are not a problem"
     );
 }
+
+/// The balloon targets set for `vm`, in MiB.
+fn targets_of(d: &Decision, vm: &str) -> Vec<u64> {
+    balloon_targets(&d.actions)
+        .into_iter()
+        .filter(|(n, _)| n == vm)
+        .map(|(_, t)| t)
+        .collect()
+}
+
+#[test]
+fn a_guest_that_keeps_what_its_balloon_gave_is_released_and_not_divided() {
+    // A 1 GiB guest reports its balloon at 300 MiB while QEMU still holds 1 GiB (#18
+    // defect 5: the policies divided the memory it kept among the other VMs).
+    use memtide_core::policy::esx::{Esx, EsxConfig};
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    let esx = || {
+        Engine::new(
+            EngineConfig::default(),
+            Box::new(Esx::new(EsxConfig::default(), KsmConfig::default())),
+        )
+    };
+    let tick = |e: &mut Engine, t, vms: Vec<VmSnapshot>| e.tick(&snapshot(t, host(2048, 100), vms));
+    let mut liar = vm("liar", 1024, 300, 100);
+    liar.target = Some(Bytes::from_mib(300));
+    liar.sample.as_mut().unwrap().rss = Some(Bytes::from_mib(1030));
+    let honest = vm("honest", 1024, 1024, 100);
+    let (mut e, mut alone) = (esx(), esx());
+    let d = tick(&mut e, 0, vec![liar.clone(), honest.clone()]);
+    assert!(kinds(&d, "liar").is_empty(), "not before the settle time");
+    tick(&mut alone, 0, vec![honest.clone()]);
+
+    let d = tick(&mut e, 30, vec![liar.clone(), honest.clone()]);
+    assert_eq!(kinds(&d, "liar"), vec![DiagnosticKind::UndeliveredBalloon]);
+    assert_eq!(d.vms[0].state, VmState::Unmanaged);
+    assert_eq!(
+        targets_of(&d, "liar"),
+        vec![1024],
+        "its balloon is released"
+    );
+    let reason = d.vms[0].reason.as_ref().unwrap();
+    assert_eq!(reason.rule, "safeguard.undelivered");
+    assert!(
+        reason.detail.contains("QEMU holds 1.0 GiB"),
+        "{}",
+        reason.detail
+    );
+    // The honest VM is decided as if the liar's memory were not there to divide.
+    let without = tick(&mut alone, 30, vec![honest.clone()]);
+    assert!(
+        !targets_of(&without, "honest").is_empty(),
+        "the host is short"
+    );
+    assert_eq!(targets_of(&d, "honest"), targets_of(&without, "honest"));
+
+    // Once released it stays so, even when it now looks honest, until it resets.
+    liar.target = Some(Bytes::from_mib(1024));
+    liar.sample.as_mut().unwrap().balloon = Some(Bytes::from_mib(1024));
+    let d = tick(&mut e, 31, vec![liar.clone(), honest.clone()]);
+    assert_eq!(kinds(&d, "liar"), vec![DiagnosticKind::UndeliveredBalloon]);
+    assert!(targets_of(&d, "liar").is_empty(), "released once");
+    liar.sample.as_mut().unwrap().events = vec![VmEvent::Reset];
+    let d = tick(&mut e, 32, vec![liar, honest]);
+    assert_eq!(
+        d.vms[0].state,
+        VmState::Managed,
+        "managed again after a reset"
+    );
+}
