@@ -7,8 +7,8 @@ use crate::value::Value;
 use std::cmp::Ordering;
 
 /// Forms that the evaluator handles itself (they control evaluation or have effects).
-pub(crate) const FORMS: [&str; 8] = [
-    "defvar", "set", "let", "def", "defun", "if", "with", "debug",
+pub(crate) const FORMS: [&str; 9] = [
+    "defvar", "set", "setq", "let", "def", "defun", "if", "with", "debug",
 ];
 
 /// Functions that [`apply`] computes.
@@ -55,8 +55,11 @@ pub(crate) fn at_least(name: &str, args: usize, min: usize) -> Result<(), ErrorK
 /// Apply the function or operator `name` (see [`is_function`]) to `args`.
 pub(crate) fn apply(name: &str, args: &[Value], max_size: usize) -> Result<Value, ErrorKind> {
     match name {
+        // As MOM's: true of no arguments at all.
+        "null" => return Ok(Value::Bool(args.iter().all(is_empty))),
+        "valid" => return Ok(Value::Bool(!args.contains(&Value::Nil))),
         "not" | "abs" | "int" => exactly(name, args.len(), 1)?,
-        "and" | "or" | "min" | "max" | "null" | "valid" => at_least(name, args.len(), 1)?,
+        "and" | "or" | "min" | "max" => at_least(name, args.len(), 1)?,
         _ => exactly(name, args.len(), 2)?,
     }
     let last = &args[args.len() - 1];
@@ -66,8 +69,6 @@ pub(crate) fn apply(name: &str, args: &[Value], max_size: usize) -> Result<Value
         "not" => Value::Bool(!last.is_truthy()),
         "min" => extreme(args, Ordering::Less)?,
         "max" => extreme(args, Ordering::Greater)?,
-        "null" => Value::Bool(args.iter().all(is_empty)),
-        "valid" => Value::Bool(!args.contains(&Value::Nil)),
         "abs" => abs(last)?,
         "int" => int(last)?,
         op => ops::binary(op, &args[0], last, max_size)?,

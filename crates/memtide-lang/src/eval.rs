@@ -195,7 +195,8 @@ impl<'a> Evaluator<'a> {
     fn call_form(&mut self, form: &str, args: &'a [Expr], loc: Loc) -> Result<Value, Fault> {
         let arity = |result: Result<(), ErrorKind>| result.map_err(|kind| Fault::at(loc, kind));
         match form {
-            "defvar" | "set" => {
+            // `setq` is MOM's alias of `set`.
+            "defvar" | "set" | "setq" => {
                 arity(exactly(form, args.len(), 2))?;
                 self.eval_assignment(form, args)
             }

@@ -55,6 +55,16 @@ fn set_of_an_unbound_name_is_an_error() {
 }
 
 #[test]
+fn setq_is_set_as_in_mom() {
+    // MOM's Parser.py: `c_setq = c_set` (Lisp's set would evaluate its first argument).
+    assert_eq!(
+        run("(defvar x 1) (setq x 5) x").unwrap().results[1..],
+        [Value::Int(5), Value::Int(5)]
+    );
+    assert_eq!(error("(setq y 1)"), "t.policy:1:7: unknown symbol 'y'");
+}
+
+#[test]
 fn let_binds_sequentially_and_yields_the_last_body_value() {
     assert_eq!(value("(let ((a 2) (b (+ a 1))) (* a b))"), Value::Int(6));
     assert_eq!(value("(let ((a 1)) 5 (+ a 1))"), Value::Int(2));
@@ -210,6 +220,7 @@ fn null_is_true_when_every_argument_is_nil_or_empty() {
     assert_eq!(value("(null nil () \"\")"), Value::Bool(true));
     assert_eq!(value("(null 0)"), Value::Bool(false));
     assert_eq!(value("(null nil 1)"), Value::Bool(false));
+    assert_eq!(value("(null)"), Value::Bool(true), "MOM: all() of nothing");
     assert_eq!(
         value_over("(null (with Guests g 1))", &two_guests()),
         Value::Bool(false)
@@ -220,6 +231,11 @@ fn null_is_true_when_every_argument_is_nil_or_empty() {
 fn valid_is_true_when_no_argument_is_nil() {
     assert_eq!(value("(valid 1 0 \"\" ())"), Value::Bool(true));
     assert_eq!(value("(valid 1 nil)"), Value::Bool(false));
+    assert_eq!(
+        value("(valid)"),
+        Value::Bool(true),
+        "MOM: not any() of nothing"
+    );
 }
 
 #[test]
