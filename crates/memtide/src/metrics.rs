@@ -140,6 +140,18 @@ impl Collector for StatusCollector {
             "Duration of the last tick.",
             vec![(vec![], status.last_tick_ms / 1000.0)],
         )?;
+        gauges(
+            &mut enc,
+            "memtide_tick_seconds_max",
+            "Duration of the longest tick since the daemon started.",
+            vec![(vec![], c.max_tick_ms / 1000.0)],
+        )?;
+        counters(
+            &mut enc,
+            "memtide_late_ticks",
+            "Ticks that took longer than the interval.",
+            vec![(vec![], c.late_ticks)],
+        )?;
 
         let Some(d) = &status.decision else {
             return Ok(());

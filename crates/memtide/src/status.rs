@@ -13,6 +13,12 @@ pub struct Counters {
     pub ticks: u64,
     /// Ticks skipped because host statistics could not be read.
     pub host_errors: u64,
+    /// Ticks that took longer than the interval (the next one started late).
+    #[serde(default)]
+    pub late_ticks: u64,
+    /// The longest tick, in milliseconds.
+    #[serde(default)]
+    pub max_tick_ms: f64,
     /// Actions carried out, by kind (`balloon`, `ksm`) and result (`ok`, `error`, `dry_run`).
     pub actions: BTreeMap<String, BTreeMap<String, u64>>,
     /// Diagnostics seen, by kind, one per VM and tick.
@@ -20,6 +26,12 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Count a tick that took `ms` at an interval of `interval_ms`.
+    pub fn tick_took(&mut self, ms: f64, interval_ms: f64) {
+        self.max_tick_ms = self.max_tick_ms.max(ms);
+        self.late_ticks += u64::from(ms > interval_ms);
+    }
+
     /// Count one action of `kind` with `result`.
     pub fn action(&mut self, kind: &str, result: &str) {
         *self
@@ -56,4 +68,18 @@ pub struct Status {
     pub counters: Counters,
     /// The latest events, oldest first.
     pub recent_events: Vec<Event>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counters;
+
+    #[test]
+    fn ticks_longer_than_the_interval_are_counted_late() {
+        let mut c = Counters::default();
+        for ms in [12.0, 2150.0, 2000.0, 40.0] {
+            c.tick_took(ms, 2000.0);
+        }
+        assert_eq!((c.late_ticks, c.max_tick_ms), (1, 2150.0));
+    }
 }

@@ -18,6 +18,10 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout, Instant};
 use tracing::Instrument;
 
+/// A VM connected at least this long when it is lost starts its reconnection backoff
+/// afresh; one lost sooner keeps doubling it.
+const STABLE: Duration = Duration::from_secs(60);
+
 /// Where a VM is reached.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Endpoint {
@@ -149,6 +153,17 @@ struct Candidate {
     discovered: bool,
     backoff: Backoff,
     error: Option<String>,
+    /// Kept while it reconnects: a VM does not escape the backoff by dropping its session.
+    actuation: Actuation,
+}
+
+/// Balloon commands wait out this backoff after one fails (a VM that ignores them costs
+/// one call timeout per backoff period, not one per tick).
+#[derive(Default)]
+struct Actuation {
+    backoff: Backoff,
+    /// Why the last command failed, while the backoff lasts.
+    error: Option<String>,
 }
 
 /// A connected VM.
@@ -161,11 +176,11 @@ struct Managed {
     backend: Box<dyn VmBackend>,
     /// The configured size, once a sample has told it.
     configured: Option<Bytes>,
-    /// Balloon commands wait out this backoff after one fails (a VM that ignores them
-    /// costs one call timeout per backoff period, not one per tick).
-    actuation: Backoff,
-    /// Why the last balloon command failed, while the backoff lasts.
-    actuation_error: Option<String>,
+    actuation: Actuation,
+    /// The reconnection backoff it had when it connected, and when that was: a VM lost
+    /// soon after connecting waits longer each time.
+    reconnect: Backoff,
+    connected: Instant,
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -208,6 +223,7 @@ impl Fleet {
                     config: Some(vm.clone()),
                     discovered: false,
                     backoff: Backoff::default(),
+                    actuation: Actuation::default(),
                     error: None,
                 };
                 Some((Endpoint::of(vm)?, c))
@@ -273,8 +289,9 @@ impl Fleet {
                         discovered: c.discovered,
                         backend: connection.backend,
                         configured: None,
-                        actuation: Backoff::default(),
-                        actuation_error: None,
+                        actuation: c.actuation,
+                        reconnect: c.backoff,
+                        connected: now,
                     };
                     self.managed.insert(c.name, m);
                 }
@@ -329,6 +346,7 @@ impl Fleet {
             discovered: true,
             backoff: Backoff::default(),
             error: None,
+            actuation: Actuation::default(),
         }
     }
 
@@ -444,8 +462,12 @@ impl Fleet {
         let Some(m) = self.managed.remove(name) else {
             return;
         };
-        let mut backoff = Backoff::default();
-        backoff.failed(Instant::now());
+        let now = Instant::now();
+        let mut backoff = match now.duration_since(m.connected) < STABLE {
+            true => m.reconnect,
+            false => Backoff::default(),
+        };
+        backoff.failed(now);
         let c = Candidate {
             name: name.to_string(),
             agent: m.agent,
@@ -453,6 +475,7 @@ impl Fleet {
             discovered: m.discovered,
             backoff,
             error: Some(why),
+            actuation: m.actuation,
         };
         self.candidates.insert(m.endpoint, c);
     }
@@ -473,21 +496,22 @@ impl Fleet {
         let mut calls = Vec::new();
         for (name, target) in targets {
             let call = by_name.remove(name.as_str()).map(|m| async move {
-                if !m.actuation.ready(now) {
+                let a = &mut m.actuation;
+                if !a.backoff.ready(now) {
                     return Err(BackendError::Protocol(format!(
                         "not sent: the last balloon command failed ({}); next attempt in {} s",
-                        m.actuation_error.as_deref().unwrap_or("unknown"),
-                        m.actuation.remaining(now).as_secs().max(1)
+                        a.error.as_deref().unwrap_or("unknown"),
+                        a.backoff.remaining(now).as_secs().max(1)
                     )));
                 }
                 let result = timeout(limit, m.backend.set_balloon(*target))
                     .await
                     .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
                 match &result {
-                    Ok(()) => (m.actuation, m.actuation_error) = (Backoff::default(), None),
+                    Ok(()) => m.actuation = Actuation::default(),
                     Err(e) => {
-                        m.actuation.failed(Instant::now());
-                        m.actuation_error = Some(e.to_string());
+                        m.actuation.backoff.failed(Instant::now());
+                        m.actuation.error = Some(e.to_string());
                     }
                 }
                 result
@@ -867,10 +891,34 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         let results = fleet.set_balloons(&targets).await;
         assert_eq!(results[0], Err(BackendError::Timeout(100)));
-        tokio::time::advance(Duration::from_millis(1500)).await;
+        // Dropping its session does not clear the backoff (the QMP client closes a session
+        // after a timeout, and the VM reconnects a second later).
+        fleet.lose("deaf", "a call timed out".into());
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        settle(&mut fleet).await;
+        assert!(fleet.managed.contains_key("deaf"), "reconnected");
+        tokio::time::advance(Duration::from_millis(500)).await;
         assert!(matches!(
             fleet.set_balloons(&targets).await[0],
             Err(BackendError::Protocol(_))
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_lost_soon_after_each_connection_waits_longer_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "flaky", Behaviour::Healthy).await;
+        for wait in [1, 2, 4, 8] {
+            fleet.lose("flaky", "end of stream".into());
+            let retry = fleet.waiting()[0].retry_in_s;
+            assert_eq!(retry, wait as f64, "the backoff doubles while it flaps");
+            tokio::time::advance(Duration::from_secs(wait)).await;
+            settle(&mut fleet).await;
+            assert!(fleet.managed.contains_key("flaky"));
+        }
+        // Connected for a minute: the next loss starts afresh.
+        tokio::time::advance(STABLE).await;
+        fleet.lose("flaky", "end of stream".into());
+        assert_eq!(fleet.waiting()[0].retry_in_s, 1.0);
     }
 }

@@ -329,6 +329,8 @@ impl Daemon {
         }
         s.host_error = host_error;
         s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        self.counters
+            .tick_took(s.last_tick_ms, s.interval_s * 1000.0);
         s.waiting = self.fleet.waiting();
         for w in &mut s.waiting {
             w.error = w.error.as_deref().map(guest_text::clean);

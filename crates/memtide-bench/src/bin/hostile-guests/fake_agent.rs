@@ -1,0 +1,93 @@
+//! A guest agent (qemu-ga's protocol on a unix socket) served by the harness, hostile in
+//! one way.
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::path::Path;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+/// How the fake agent misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Agent {
+    /// Streams bytes without the 0xFF sync delimiter as long as it is read.
+    StreamWithoutDelimiter,
+    /// Answers every `guest-file-read` with one byte, never at the end of the file.
+    Trickle,
+    /// Answers every command with a 128 KiB error of terminal escapes.
+    TextFlood,
+    /// Serves /proc figures no guest can have: counters at u64::MAX, PSI of NaN.
+    AbsurdFigures,
+}
+
+/// Serve `behaviour` on a new socket at `path` until the runtime ends.
+pub fn serve(path: &Path, behaviour: Agent) -> std::io::Result<()> {
+    let listener = UnixListener::bind(path)?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(session(stream, behaviour));
+        }
+    });
+    Ok(())
+}
+
+async fn session(stream: UnixStream, behaviour: Agent) {
+    let (read, mut write) = stream.into_split();
+    if behaviour == Agent::StreamWithoutDelimiter {
+        let junk = vec![b'x'; 64 << 10];
+        while write.write_all(&junk).await.is_ok() {}
+        return;
+    }
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(request) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let args = &request["arguments"];
+        let mut out = Vec::new();
+        let reply = match request["execute"].as_str().unwrap_or_default() {
+            "guest-sync-delimited" => {
+                out.push(0xFF);
+                json!({"return": args["id"]})
+            }
+            _ if behaviour == Agent::TextFlood => {
+                let desc = "\u{1b}[2J\u{1b}]0;owned\u{7}".repeat(128 << 10 >> 4);
+                json!({"error": {"class": "GenericError", "desc": desc}})
+            }
+            "guest-file-open" => {
+                let file = match args["path"].as_str().unwrap_or_default() {
+                    "/proc/meminfo" => 1,
+                    "/proc/vmstat" => 2,
+                    _ => 3,
+                };
+                json!({ "return": file })
+            }
+            "guest-file-read" if behaviour == Agent::Trickle => {
+                json!({"return": {"count": 1, "buf-b64": "eA==", "eof": false}})
+            }
+            "guest-file-read" => {
+                let text = absurd_file(args["handle"].as_u64().unwrap_or(0));
+                let b64 = base64::engine::general_purpose::STANDARD.encode(text);
+                json!({"return": {"count": text.len(), "buf-b64": b64, "eof": true}})
+            }
+            _ => json!({"return": {}}),
+        };
+        out.extend_from_slice(reply.to_string().as_bytes());
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// /proc/meminfo (1), /proc/vmstat (2) and /proc/pressure/memory (3) of no real guest.
+fn absurd_file(handle: u64) -> &'static str {
+    match handle {
+        1 => "MemTotal: 262144 kB\nMemFree: 131072 kB\nMemAvailable: 131072 kB\nCached: 0 kB\n\
+              SwapTotal: 0 kB\nSwapFree: 0 kB\nCommitted_AS: 18446744073709551615 kB\n",
+        2 => "pgmajfault 18446744073709551615\npswpin 18446744073709551615\n\
+              workingset_refault_anon 18446744073709551615\nworkingset_refault_file 18446744073709551615\n",
+        _ => "some avg10=nan avg60=inf avg300=-1.00 total=18446744073709551615\n\
+              full avg10=1e308 avg60=0.00 avg300=0.00 total=0\n",
+    }
+}

@@ -1,0 +1,254 @@
+//! The daemon under test, as its own process at the file-descriptor limit the audit used,
+//! and what is measured of it while hostile endpoints work on it. Tick lengths come from
+//! the daemon's own counters (the longest tick, ticks longer than the interval); whether
+//! the honest VM was managed in each tick, from its recording (every tick's decision),
+//! where polling the status would miss a short tick right after a long one.
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The daemon's RLIMIT_NOFILE (soft and hard), as in the audit of issue #18.
+const NOFILE: u64 = 256;
+
+/// A running `memtide run`; stopped when dropped.
+pub struct Daemon {
+    child: Child,
+    http_port: u16,
+    socket: PathBuf,
+    recordings: PathBuf,
+    files: [PathBuf; 2],
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one case measured.
+#[derive(Serialize)]
+pub struct Measured {
+    /// The daemon's peak resident memory (VmHWM).
+    pub peak_rss_mib: f64,
+    /// The longest tick (sampling, deciding, acting) since the daemon started.
+    pub max_tick_ms: f64,
+    /// Ticks longer than the interval while measured.
+    pub late_ticks: u64,
+    /// Event log and stderr bytes written per minute while measuring.
+    pub log_bytes_per_min: f64,
+    /// The honest VM was sampled and managed on every tick.
+    pub honest_vm_managed: bool,
+    /// Ticks measured.
+    pub ticks: u64,
+    /// Ticks in which the honest VM was not managed.
+    pub honest_unmanaged_ticks: u64,
+    /// The daemon's CPU time over wall time.
+    pub cpu_share: f64,
+    /// /metrics had a series that memtide does not export.
+    pub metrics_injected: bool,
+}
+
+impl Daemon {
+    /// Start `memtide` with `config` completed by a daemon section for files in `dir`.
+    pub fn start(memtide: &Path, dir: &Path, config: &str, http_port: u16) -> anyhow::Result<Self> {
+        let socket = dir.join("memtide.sock");
+        let events = dir.join("events.jsonl");
+        let log = dir.join("daemon.log");
+        let recordings = dir.join("recordings");
+        let text = format!(
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\nrecord_dir = {:?}\n",
+            socket.display().to_string(),
+            events.display().to_string(),
+            recordings.display().to_string(),
+        );
+        let path = dir.join("memtide.toml");
+        std::fs::write(&path, text)?;
+        let mut cmd = Command::new(memtide);
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&path)
+            .env("MEMTIDE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        let limit = libc::rlimit {
+            rlim_cur: NOFILE,
+            rlim_max: NOFILE,
+        };
+        // SAFETY: setrlimit and prctl are async-signal-safe. The daemon dies with the
+        // harness however it ends.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", memtide.display()))?;
+        let daemon = Daemon {
+            child,
+            http_port,
+            socket,
+            recordings,
+            files: [events, log],
+        };
+        let up = Instant::now();
+        while daemon.status().is_err() {
+            if up.elapsed() > Duration::from_secs(10) {
+                bail!("the daemon did not come up:\n{}", daemon.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(daemon)
+    }
+
+    /// The status, through the control socket.
+    pub fn status(&self) -> anyhow::Result<Value> {
+        let mut stream = UnixStream::connect(&self.socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"{\"command\": \"status\"}\n")?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.files[1]).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn log_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+            .sum()
+    }
+
+    fn proc_file(&self, name: &str) -> String {
+        std::fs::read_to_string(format!("/proc/{}/{name}", self.child.id())).unwrap_or_default()
+    }
+
+    /// CPU seconds used so far.
+    fn cpu_s(&self) -> f64 {
+        let stat = self.proc_file("stat");
+        // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf has no preconditions.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    /// Wait until `honest` is managed (at most `limit`), then measure for `run` and stop.
+    pub fn measure(
+        mut self,
+        honest: &str,
+        limit: Duration,
+        run: Duration,
+    ) -> anyhow::Result<Measured> {
+        let settled = Instant::now();
+        while !self.status().is_ok_and(|s| managed(&s, honest)) {
+            if settled.elapsed() > limit {
+                bail!("{honest} was never managed:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let counters = self.status()?["counters"].clone();
+        let (first, late) = (counters["ticks"].as_u64(), counters["late_ticks"].as_u64());
+        let (start, bytes, cpu) = (Instant::now(), self.log_bytes(), self.cpu_s());
+        while start.elapsed() < run {
+            if let Some(exit) = self.child.try_wait()? {
+                bail!("the daemon exited ({exit}):\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let minutes = start.elapsed().as_secs_f64() / 60.0;
+        let (log, cpu) = (self.log_bytes() - bytes, self.cpu_s() - cpu);
+        let hwm_kib = self
+            .proc_file("status")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("VmHWM:")?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .context("the daemon's VmHWM")?;
+        let counters = self.status()?["counters"].clone();
+        let late_ticks = counters["late_ticks"]
+            .as_u64()
+            .zip(late)
+            .map(|(b, a)| b - a);
+        let max_tick_ms = counters["max_tick_ms"].as_f64();
+        let metrics = self.http_get("/metrics").unwrap_or_default();
+        // SIGTERM: the daemon finishes its recording file.
+        // SAFETY: kill has no preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait()?;
+        let files = memtide_sim::recording_files(&self.recordings)?;
+        let ticks: Vec<bool> = memtide_sim::Records::open(&files)
+            .skip(first.unwrap_or(0) as usize)
+            .map(|r| {
+                let r = r?;
+                let managed = r.decision.vms.iter().any(|v| {
+                    v.name == honest && v.state == memtide_core::decision::VmState::Managed
+                });
+                Ok(managed)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let unmanaged = ticks.iter().filter(|m| !**m).count() as u64;
+        Ok(Measured {
+            peak_rss_mib: hwm_kib / 1024.0,
+            max_tick_ms: max_tick_ms.context("the daemon's longest tick")?,
+            late_ticks: late_ticks.context("the daemon's late ticks")?,
+            log_bytes_per_min: log as f64 / minutes,
+            honest_vm_managed: unmanaged == 0 && !ticks.is_empty(),
+            ticks: ticks.len() as u64,
+            honest_unmanaged_ticks: unmanaged,
+            cpu_share: cpu / (minutes * 60.0),
+            metrics_injected: metrics.lines().any(|l| l.starts_with("memtide_injected")),
+        })
+    }
+
+    /// A plain HTTP/1.0 GET's response.
+    fn http_get(&self, path: &str) -> std::io::Result<String> {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http_port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    }
+}
+
+/// True when the status's last tick managed `vm` and was not skipped.
+fn managed(status: &Value, vm: &str) -> bool {
+    status["host_error"].is_null()
+        && status["decision"]["vms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == vm && v["state"] == "managed")
+}
