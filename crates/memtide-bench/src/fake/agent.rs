@@ -1,5 +1,5 @@
-//! A guest agent (qemu-ga's protocol on a unix socket) served by the harness, hostile in
-//! one way.
+//! A guest agent (qemu-ga's protocol on a unix socket) served by the harness, honest or
+//! hostile in one way.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -10,6 +10,8 @@ use tokio::net::{UnixListener, UnixStream};
 /// How the fake agent misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Agent {
+    /// Serves the /proc files of a 256 MiB guest using half its memory.
+    Honest,
     /// Streams bytes without the 0xFF sync delimiter as long as it is read.
     StreamWithoutDelimiter,
     /// Answers every `guest-file-read` with one byte, never at the end of the file.
@@ -66,7 +68,11 @@ async fn session(stream: UnixStream, behaviour: Agent) {
                 json!({"return": {"count": 1, "buf-b64": "eA==", "eof": false}})
             }
             "guest-file-read" => {
-                let text = absurd_file(args["handle"].as_u64().unwrap_or(0));
+                let handle = args["handle"].as_u64().unwrap_or(0);
+                let text = match behaviour {
+                    Agent::Honest => honest_file(handle),
+                    _ => absurd_file(handle),
+                };
                 let b64 = base64::engine::general_purpose::STANDARD.encode(text);
                 json!({"return": {"count": text.len(), "buf-b64": b64, "eof": true}})
             }
@@ -80,11 +86,26 @@ async fn session(stream: UnixStream, behaviour: Agent) {
     }
 }
 
+/// /proc/meminfo (1), /proc/vmstat (2) and /proc/pressure/memory (3) of a quiet 256 MiB
+/// guest.
+fn honest_file(handle: u64) -> &'static str {
+    match handle {
+        1 => "MemTotal: 262144 kB\nMemFree: 98304 kB\nMemAvailable: 131072 kB\nBuffers: 4096 kB\n\
+              Cached: 32768 kB\nAnonPages: 100000 kB\nInactive(file): 12000 kB\n\
+              SwapTotal: 131072 kB\nSwapFree: 131072 kB\nCommitted_AS: 120000 kB\n\
+              Active(anon): 90000 kB\nInactive(anon): 10000 kB\nActive(file): 20000 kB\n",
+        2 => "pgmajfault 120\npswpin 0\npswpout 0\nworkingset_refault_anon 0\nworkingset_refault_file 3\n",
+        _ => "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n\
+              full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+    }
+}
+
 /// /proc/meminfo (1), /proc/vmstat (2) and /proc/pressure/memory (3) of no real guest.
 fn absurd_file(handle: u64) -> &'static str {
     match handle {
-        1 => "MemTotal: 262144 kB\nMemFree: 131072 kB\nMemAvailable: 131072 kB\nCached: 0 kB\n\
-              SwapTotal: 0 kB\nSwapFree: 0 kB\nCommitted_AS: 18446744073709551615 kB\n",
+        1 => "MemTotal: 262144 kB\nMemFree: 131072 kB\nMemAvailable: 131072 kB\nBuffers: 0 kB\n\
+              Cached: 0 kB\n\
+              SwapTotal: 0 kB\nSwapFree: 0 kB\nCommitted_AS: 18014398509481983 kB\n",
         2 => "pgmajfault 18446744073709551615\npswpin 18446744073709551615\n\
               workingset_refault_anon 18446744073709551615\nworkingset_refault_file 18446744073709551615\n",
         _ => "some avg10=nan avg60=inf avg300=-1.00 total=18446744073709551615\n\

@@ -1,8 +1,8 @@
-//! The daemon under test, as its own process at the file-descriptor limit the audit used,
-//! and what is measured of it while hostile endpoints work on it. Tick lengths come from
-//! the daemon's own counters (the longest tick, ticks longer than the interval); whether
-//! the honest VM was managed in each tick, from its recording (every tick's decision),
-//! where polling the status would miss a short tick right after a long one.
+//! The daemon under test, as its own process (the release binary), and what is measured
+//! of it while the harness's endpoints work on it. Tick lengths come from the daemon's own
+//! counters (the longest tick, ticks longer than the interval); whether a watched VM was
+//! managed in each tick, from its recording (every tick's decision), where polling the
+//! status would miss a short tick right after a long one.
 
 use anyhow::{bail, Context};
 use serde::Serialize;
@@ -14,15 +14,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The daemon's RLIMIT_NOFILE (soft and hard), as in the audit of issue #18.
-const NOFILE: u64 = 256;
+/// How the daemon is started.
+pub struct Launch {
+    /// RLIMIT_NOFILE, soft and hard (default: the harness's own).
+    pub nofile: Option<u64>,
+    /// Record every tick (needed to watch a VM in each).
+    pub record: bool,
+}
 
 /// A running `memtide run`; stopped when dropped.
 pub struct Daemon {
     child: Child,
     http_port: u16,
     socket: PathBuf,
-    recordings: PathBuf,
+    recordings: Option<PathBuf>,
     files: [PathBuf; 2],
 }
 
@@ -44,12 +49,16 @@ pub struct Measured {
     pub late_ticks: u64,
     /// Event log and stderr bytes written per minute while measuring.
     pub log_bytes_per_min: f64,
-    /// The honest VM was sampled and managed on every tick.
-    pub honest_vm_managed: bool,
+    /// The watched VM was sampled and managed on every tick (when one is watched).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub honest_vm_managed: Option<bool>,
+    /// Ticks in which the watched VM was not managed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub honest_unmanaged_ticks: Option<u64>,
     /// Ticks measured.
     pub ticks: u64,
-    /// Ticks in which the honest VM was not managed.
-    pub honest_unmanaged_ticks: u64,
+    /// The daemon's CPU seconds while measured.
+    pub cpu_s: f64,
     /// The daemon's CPU time over wall time.
     pub cpu_share: f64,
     /// /metrics had a series that memtide does not export.
@@ -58,17 +67,25 @@ pub struct Measured {
 
 impl Daemon {
     /// Start `memtide` with `config` completed by a daemon section for files in `dir`.
-    pub fn start(memtide: &Path, dir: &Path, config: &str, http_port: u16) -> anyhow::Result<Self> {
+    pub fn start(
+        memtide: &Path,
+        dir: &Path,
+        config: &str,
+        http_port: u16,
+        launch: &Launch,
+    ) -> anyhow::Result<Self> {
         let socket = dir.join("memtide.sock");
         let events = dir.join("events.jsonl");
         let log = dir.join("daemon.log");
-        let recordings = dir.join("recordings");
-        let text = format!(
-            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\nrecord_dir = {:?}\n",
+        let recordings = launch.record.then(|| dir.join("recordings"));
+        let mut text = format!(
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\n",
             socket.display().to_string(),
             events.display().to_string(),
-            recordings.display().to_string(),
         );
+        if let Some(dir) = &recordings {
+            text.push_str(&format!("record_dir = {:?}\n", dir.display().to_string()));
+        }
         let path = dir.join("memtide.toml");
         std::fs::write(&path, text)?;
         let mut cmd = Command::new(memtide);
@@ -78,16 +95,18 @@ impl Daemon {
             .env("MEMTIDE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?);
-        let limit = libc::rlimit {
-            rlim_cur: NOFILE,
-            rlim_max: NOFILE,
-        };
+        let limit = launch.nofile.map(|n| libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        });
         // SAFETY: setrlimit and prctl are async-signal-safe. The daemon dies with the
         // harness however it ends.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
+                if let Some(limit) = &limit {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 Ok(())
@@ -158,17 +177,19 @@ impl Daemon {
         ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
     }
 
-    /// Wait until `honest` is managed (at most `limit`), then measure for `run` and stop.
+    /// Wait until the status is `ready` (at most `limit`), then measure for `run` and stop.
+    /// With `watched`, the daemon records its ticks, and each is checked for that VM.
     pub fn measure(
         mut self,
-        honest: &str,
+        ready: impl Fn(&Value) -> bool,
         limit: Duration,
         run: Duration,
+        watched: Option<&str>,
     ) -> anyhow::Result<Measured> {
         let settled = Instant::now();
-        while !self.status().is_ok_and(|s| managed(&s, honest)) {
+        while !self.status().is_ok_and(|s| ready(&s)) {
             if settled.elapsed() > limit {
-                bail!("{honest} was never managed:\n{}", self.log_tail());
+                bail!("not ready within {limit:?}:\n{}", self.log_tail());
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -206,26 +227,21 @@ impl Daemon {
         // SAFETY: kill has no preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.child.wait()?;
-        let files = memtide_sim::recording_files(&self.recordings)?;
-        let ticks: Vec<bool> = memtide_sim::Records::open(&files)
-            .skip(first.unwrap_or(0) as usize)
-            .map(|r| {
-                let r = r?;
-                let managed = r.decision.vms.iter().any(|v| {
-                    v.name == honest && v.state == memtide_core::decision::VmState::Managed
-                });
-                Ok(managed)
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let unmanaged = ticks.iter().filter(|m| !**m).count() as u64;
+        let ticks = counters["ticks"].as_u64().zip(first).map(|(b, a)| b - a);
+        let watched = match (watched, &self.recordings) {
+            (Some(vm), Some(dir)) => Some(managed_in_each_tick(dir, first.unwrap_or(0), vm)?),
+            (Some(_), None) => bail!("watching a VM needs the daemon to record its ticks"),
+            (None, _) => None,
+        };
         Ok(Measured {
             peak_rss_mib: hwm_kib / 1024.0,
             max_tick_ms: max_tick_ms.context("the daemon's longest tick")?,
             late_ticks: late_ticks.context("the daemon's late ticks")?,
             log_bytes_per_min: log as f64 / minutes,
-            honest_vm_managed: unmanaged == 0 && !ticks.is_empty(),
-            ticks: ticks.len() as u64,
-            honest_unmanaged_ticks: unmanaged,
+            honest_vm_managed: watched.map(|(ticks, unmanaged)| unmanaged == 0 && ticks > 0),
+            honest_unmanaged_ticks: watched.map(|(_, unmanaged)| unmanaged),
+            ticks: ticks.context("the daemon's ticks")?,
+            cpu_s: cpu,
             cpu_share: cpu / (minutes * 60.0),
             metrics_injected: metrics.lines().any(|l| l.starts_with("memtide_injected")),
         })
@@ -243,8 +259,24 @@ impl Daemon {
     }
 }
 
+/// The ticks recorded in `dir` after the first `skip`, and those in which `vm` was not
+/// managed.
+fn managed_in_each_tick(dir: &Path, skip: u64, vm: &str) -> anyhow::Result<(u64, u64)> {
+    let files = memtide_sim::recording_files(dir)?;
+    let (mut ticks, mut unmanaged) = (0, 0);
+    for record in memtide_sim::Records::open(&files).skip(skip as usize) {
+        let managed = record?
+            .decision
+            .vms
+            .iter()
+            .any(|v| v.name == vm && v.state == memtide_core::decision::VmState::Managed);
+        (ticks, unmanaged) = (ticks + 1, unmanaged + u64::from(!managed));
+    }
+    Ok((ticks, unmanaged))
+}
+
 /// True when the status's last tick managed `vm` and was not skipped.
-fn managed(status: &Value, vm: &str) -> bool {
+pub fn managed(status: &Value, vm: &str) -> bool {
     status["host_error"].is_null()
         && status["decision"]["vms"]
             .as_array()

@@ -5,15 +5,12 @@
 //! longest tick, the log it writes, and whether the honest VM was managed on every tick;
 //! writes `bench/results/hostile.json`. See docs/security.md.
 
-mod fake_agent;
-mod fake_qmp;
-mod fake_vmm;
-mod watch;
-
 use anyhow::Context;
 use clap::Parser;
-use fake_agent::Agent;
-use fake_qmp::Qmp;
+use memtide_bench::daemon_process::{managed, Daemon, Launch};
+use memtide_bench::fake::agent::{self, Agent};
+use memtide_bench::fake::qmp::{self, Qmp};
+use memtide_bench::fake::vmm;
 use memtide_testbed::{guest_dir, Boot, BALLOON};
 use serde_json::{json, Value};
 use std::net::TcpStream;
@@ -43,6 +40,8 @@ struct Cli {
     cases: Option<Vec<String>>,
 }
 
+/// The daemon's RLIMIT_NOFILE (soft and hard), as in the audit of issue #18.
+const NOFILE: u64 = 256;
 /// Seconds between ticks (the daemon's default), and the tick bound of the issue.
 const INTERVAL_S: f64 = 2.0;
 const MAX_TICK_SHARE: f64 = 1.1;
@@ -203,7 +202,16 @@ async fn main() -> anyhow::Result<()> {
             policy.display().to_string()
         );
         let port = free_port()?;
-        let daemon = watch::Daemon::start(&memtide, &dir, &config, port)?;
+        let daemon = Daemon::start(
+            &memtide,
+            &dir,
+            &config,
+            port,
+            &Launch {
+                nofile: Some(NOFILE),
+                record: true,
+            },
+        )?;
         let connections: Vec<TcpStream> = match hostile {
             // Connections beyond the listen backlog wait for the handshake: give up on
             // those quickly.
@@ -219,16 +227,22 @@ async fn main() -> anyhow::Result<()> {
         };
         let held = connections.len();
         let run = Duration::from_secs(cli.run_s);
-        let measured =
-            tokio::task::block_in_place(|| daemon.measure("honest", Duration::from_secs(60), run))?;
+        let measured = tokio::task::block_in_place(|| {
+            daemon.measure(
+                |s| managed(s, "honest"),
+                Duration::from_secs(60),
+                run,
+                Some("honest"),
+            )
+        })?;
         drop(connections);
         let met = measured.peak_rss_mib <= MAX_RSS_MIB
             && measured.max_tick_ms <= INTERVAL_S * 1000.0 * MAX_TICK_SHARE
             && measured.log_bytes_per_min <= MAX_LOG_PER_MIN
-            && measured.honest_vm_managed
+            && measured.honest_vm_managed == Some(true)
             && !measured.metrics_injected;
         eprintln!(
-            "hostile-guests: {name}: peak RSS {:.1} MiB, max tick {:.0} ms, {:.0} log bytes/min, honest managed: {}, met: {met}",
+            "hostile-guests: {name}: peak RSS {:.1} MiB, max tick {:.0} ms, {:.0} log bytes/min, honest managed: {:?}, met: {met}",
             measured.peak_rss_mib, measured.max_tick_ms, measured.log_bytes_per_min, measured.honest_vm_managed
         );
         let mut case = serde_json::to_value(&measured)?;
@@ -241,8 +255,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let doc = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "commit": git(&["rev-parse", "--short", "HEAD"]),
-        "dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "commit": memtide_bench::git(&["rev-parse", "--short", "HEAD"]),
+        "dirty": memtide_bench::git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
         "interval_ms": INTERVAL_S * 1000.0,
         "run_s": cli.run_s,
         "daemon_nofile": 256,
@@ -267,20 +281,20 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
     let config = match hostile {
         Hostile::Nothing | Hostile::HttpIdle(_) => "[discovery]\nqmp_glob = []\n".to_string(),
         Hostile::Vm(behaviour, agent) => {
-            fake_qmp::serve(&qmp, *behaviour, 256 << 20)?;
+            qmp::serve(&qmp, *behaviour, 256 << 20)?;
             let mut vm = format!(
                 "[discovery]\nqmp_glob = []\n[[vm]]\nname = \"hostile\"\nqmp = {}\n",
                 quote(&qmp)
             );
             if let Some(agent) = agent {
                 let socket = dir.join("hostile.agent");
-                fake_agent::serve(&socket, *agent)?;
+                agent::serve(&socket, *agent)?;
                 vm.push_str(&format!("agent = {}\n", quote(&socket)));
             }
             vm
         }
         Hostile::BigVm(behaviour) => {
-            fake_qmp::serve(&qmp, *behaviour, 1 << 30)?;
+            qmp::serve(&qmp, *behaviour, 1 << 30)?;
             format!(
                 "[discovery]\nqmp_glob = []\n[[vm]]\nname = \"hostile\"\nqmp = {}\n",
                 quote(&qmp)
@@ -291,7 +305,7 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
             let found = dir.with_file_name("d");
             std::fs::create_dir(&found)?;
             let name = "a\"} 1\nmemtide_injected_total{x=\"1.sock";
-            fake_qmp::serve(&found.join(name), Qmp::Honest, 256 << 20)?;
+            qmp::serve(&found.join(name), Qmp::Honest, 256 << 20)?;
             format!(
                 "[discovery]\nqmp_glob = [{}]\n",
                 quote(&found.join("*.sock"))
@@ -299,7 +313,7 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
         }
         Hostile::HugeVmmReply => {
             let api = dir.join("hostile.fc");
-            fake_vmm::serve(&api)?;
+            vmm::serve(&api)?;
             format!(
                 "[discovery]\nqmp_glob = []\n[[vm]]\nname = \"hostile\"\nfirecracker = {}\n",
                 quote(&api)
@@ -313,11 +327,4 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-fn git(args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new("git").args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -1,0 +1,15 @@
+//! What the harness binaries beside the real-guest benchmark share: endpoints that answer
+//! like QEMU's monitor, qemu-ga and Firecracker's API — honestly, or hostile in one way
+//! each — and the release daemon run as its own process and measured.
+//! `hostile-guests` (docs/security.md) and `load-test` use them.
+
+pub mod daemon_process;
+pub mod fake;
+
+/// The output of `git ARGS` in the working directory, trimmed; `None` where git fails.
+pub fn git(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
