@@ -14,6 +14,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The release `memtide` beside the running harness; an error naming `script`, which
+/// builds both, when it is missing.
+pub fn release_binary(script: &str) -> anyhow::Result<PathBuf> {
+    let memtide = std::env::current_exe()?.with_file_name("memtide");
+    anyhow::ensure!(
+        memtide.exists(),
+        "{} is missing: build it first ({script} does)",
+        memtide.display()
+    );
+    Ok(memtide)
+}
+
 /// How the daemon is started.
 pub struct Launch {
     /// RLIMIT_NOFILE, soft and hard (default: the harness's own).

@@ -13,3 +13,10 @@ pub fn git(args: &[&str]) -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
+
+/// `dir`, emptied (created if missing), as an absolute path.
+pub fn fresh_dir(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    dir.canonicalize()
+}

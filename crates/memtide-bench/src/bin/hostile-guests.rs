@@ -134,15 +134,8 @@ fn cases() -> Vec<(&'static str, &'static str, Hostile)> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let memtide = std::env::current_exe()?.with_file_name("memtide");
-    anyhow::ensure!(
-        memtide.exists(),
-        "{} is missing: build it first (bench/hostile-guests.sh does)",
-        memtide.display()
-    );
-    let _ = std::fs::remove_dir_all(&cli.work_dir);
-    std::fs::create_dir_all(&cli.work_dir)?;
-    let work = cli.work_dir.canonicalize()?;
+    let memtide = memtide_bench::daemon_process::release_binary("bench/hostile-guests.sh")?;
+    let work = memtide_bench::fresh_dir(&cli.work_dir)?;
     let procs = work.join("procs");
     let mut honest = Boot::new(
         "honest",

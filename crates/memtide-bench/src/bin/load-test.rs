@@ -42,15 +42,8 @@ const RSS_PER_VM_KIB: f64 = 20.0;
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     raise_nofile()?;
-    let memtide = std::env::current_exe()?.with_file_name("memtide");
-    anyhow::ensure!(
-        memtide.exists(),
-        "{} is missing: build it first (bench/load-test.sh does)",
-        memtide.display()
-    );
-    let _ = std::fs::remove_dir_all(&cli.work_dir);
-    std::fs::create_dir_all(&cli.work_dir)?;
-    let work = cli.work_dir.canonicalize()?;
+    let memtide = memtide_bench::daemon_process::release_binary("bench/load-test.sh")?;
+    let work = memtide_bench::fresh_dir(&cli.work_dir)?;
     let mut config = format!(
         "interval_s = {}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n",
         cli.interval_s
