@@ -16,13 +16,16 @@ use tokio::sync::oneshot;
 
 /// The TOML configuration for one policy run: the scenario's `[config]` overrides merged
 /// into what the harness sets (policy, interval, the VMs' sockets and bounds, the cgroup
-/// domain, endpoints in `dir`), with `engine.ksm_control = false` always.
+/// domain, endpoints in `dir`), with `engine.ksm_control = false` always. With
+/// `discover`, the daemon also finds VMs as their QMP sockets (`*.qmp`, agents `*.qga`)
+/// appear in that directory, as guests arrive in the density benchmark.
 pub fn config_text(
     scenario: &Scenario,
     policy: &str,
     dir: &Path,
     domain: &Path,
     vms: &[(&VmSpec, PathBuf, Option<PathBuf>)],
+    discover: Option<&Path>,
 ) -> String {
     use toml::Value;
     let mut t = toml::Table::new();
@@ -51,7 +54,8 @@ pub fn config_text(
     host.insert("domain_cgroup".into(), path(domain));
     t.insert("host".into(), Value::Table(host));
     let mut discovery = toml::Table::new();
-    discovery.insert("qmp_glob".into(), Value::Array(Vec::new()));
+    let globs = discover.map(|d| path(&d.join("*.qmp")));
+    discovery.insert("qmp_glob".into(), Value::Array(globs.into_iter().collect()));
     t.insert("discovery".into(), Value::Table(discovery));
     let mut engine = section(&mut t, "engine");
     engine.insert("ksm_control".into(), Value::Boolean(false));
@@ -206,6 +210,7 @@ mod tests {
             Path::new("/tmp/run"),
             Path::new("/sys/fs/cgroup/memory/x"),
             &[(spec, "/tmp/run/a.qmp".into(), Some("/tmp/run/a.qga".into()))],
+            None,
         );
         let c = Config::parse(&text, "generated").unwrap();
         assert_eq!(c.policy, "memtide");

@@ -11,6 +11,7 @@ macro_rules! log {
 }
 
 mod daemon;
+mod density;
 mod guest;
 mod host_swap;
 mod measure;
@@ -125,7 +126,7 @@ fn write_outputs(out: &Path, name: &str, doc: &Value) -> anyhow::Result<()> {
     std::fs::write(&json_path, results::to_text(doc))
         .with_context(|| format!("writing {}", json_path.display()))?;
     let svg_path = out.join(format!("{name}.svg"));
-    std::fs::write(&svg_path, svg::render(doc))
+    std::fs::write(&svg_path, svg::render_any(doc))
         .with_context(|| format!("writing {}", svg_path.display()))?;
     log!("wrote {} and {}", json_path.display(), svg_path.display());
     Ok(())
@@ -177,17 +178,7 @@ fn summary(doc: &Value) -> String {
                 .map_or(String::new(), |e| format!("  error: {e}"))
         ));
     }
-    for t in doc["targets"].as_array().into_iter().flatten() {
-        out.push_str(&format!(
-            "target {}: {} (bound {}) {}\n",
-            t["target"].as_str().unwrap_or("?"),
-            num(&t["value"]),
-            t["bound"]
-                .as_str()
-                .map_or_else(|| num(&t["bound"]), str::to_string),
-            if t["met"] == true { "met" } else { "NOT met" }
-        ));
-    }
+    out.push_str(&results::targets_text(doc));
     out
 }
 
@@ -234,7 +225,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let doc: Value = serde_json::from_str(&text)?;
         let svg_path = path.with_extension("svg");
-        std::fs::write(&svg_path, svg::render(&doc))?;
+        std::fs::write(&svg_path, svg::render_any(&doc))?;
         eprintln!("memtide-bench: wrote {}", svg_path.display());
         return Ok(true);
     }
@@ -312,6 +303,22 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     let environment = environment(&kernel_dir);
     let started = std::time::Instant::now();
     let bases = b.measure_bases()?;
+    if scenario.density.is_some() {
+        let solo = b.solo_runs()?;
+        let mut runs = Vec::new();
+        for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str))
+        {
+            runs.push(b.run_density(policy, &bases, &solo)?);
+        }
+        let mut environment = environment;
+        environment["wall_s"] = json!(started.elapsed().as_secs());
+        let doc = density::document(&b, &bases, &solo, &runs, command_line(), environment);
+        write_outputs(&cli.out, &scenario.name, &doc)?;
+        print!("{}", density::summary(&doc));
+        return Ok(doc["policies"]
+            .as_object()
+            .is_some_and(|m| m.values().all(|r| r["error"].is_null())));
+    }
     let mut limit = None;
     let mut runs = Vec::new();
     for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str)) {

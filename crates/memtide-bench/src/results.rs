@@ -350,6 +350,27 @@ pub fn check_target(doc: &Value, t: &Target) -> Value {
     })
 }
 
+/// One line per checked target.
+pub fn targets_text(doc: &Value) -> String {
+    let num = |v: &Value| match v.as_f64() {
+        Some(x) => format!("{x:.1}"),
+        None => "-".into(),
+    };
+    let mut out = String::new();
+    for t in doc["targets"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "target {}: {} (bound {}) {}\n",
+            t["target"].as_str().unwrap_or("?"),
+            num(&t["value"]),
+            t["bound"]
+                .as_str()
+                .map_or_else(|| num(&t["bound"]), str::to_string),
+            if t["met"] == true { "met" } else { "NOT met" }
+        ));
+    }
+    out
+}
+
 /// JSON with objects indented and arrays of numbers, strings or nulls on one line.
 pub fn to_text(v: &Value) -> String {
     fn write(out: &mut String, v: &Value, indent: usize) {

@@ -154,7 +154,7 @@ fn mib(b: Option<memtide_core::Bytes>) -> Option<f64> {
 }
 
 impl Bench<'_> {
-    fn fresh_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
+    pub(crate) fn fresh_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
         let dir = self.work_dir.join(name);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
@@ -321,7 +321,7 @@ impl Bench<'_> {
             .zip(&guests)
             .map(|(spec, g)| (spec, g.qmp_daemon.clone(), g.agent.clone()))
             .collect();
-        let text = config_text(s, policy, &dir, &self.cgroup.dir, &daemon_vms);
+        let text = config_text(s, policy, &dir, &self.cgroup.dir, &daemon_vms, None);
         std::fs::write(dir.join("memtide.toml"), &text)?;
         let mut daemon = Daemon::start(&text, &dir.join("memtide.toml").display().to_string())?;
         let t0 = Instant::now();
@@ -367,7 +367,7 @@ impl Bench<'_> {
     }
 
     /// Wait up to `quiet_wait` while other QEMUs run or others keep a core busy.
-    fn wait_quiet(&self, policy: &str) -> anyhow::Result<()> {
+    pub(crate) fn wait_quiet(&self, policy: &str) -> anyhow::Result<()> {
         if self.quiet_wait.is_zero() {
             return Ok(());
         }

@@ -20,6 +20,14 @@ pub const POLICIES: [&str; 7] = [
 pub const WORKLOADS: [&str; 4] = ["memknobs", "coldalloc", "filecache", "mix"];
 /// The baseline policy: every VM at its full configured memory, nothing managed.
 pub const BASELINE: &str = "none";
+/// Metrics a target can check in a density scenario (fields of a policy's result there).
+pub const DENSITY_METRICS: [&str; 5] = [
+    "guests_at_slo",
+    "vms_admitted",
+    "vm_hours",
+    "slo_violation_share",
+    "oom_kills",
+];
 /// Metrics a target can check (fields of a policy's result).
 pub const METRICS: [&str; 11] = [
     "converge_s",
@@ -73,10 +81,30 @@ pub struct Scenario {
     /// Daemon configuration overrides (memtide.toml sections), merged into what the
     /// harness generates.
     pub config: toml::Table,
-    /// The guests.
+    /// The guests (for a density scenario: the admission queue, in arrival order).
     pub vms: Vec<VmSpec>,
     /// Targets checked and reported.
     pub targets: Vec<Target>,
+    /// With `[density]`: the density benchmark instead of a fixed set of guests.
+    pub density: Option<Density>,
+}
+
+/// The density benchmark's admission settings (`[density]`; see `density.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Density {
+    /// The next VM in the queue arrives this long after the previous one.
+    pub arrive_every_s: f64,
+    /// At least this long between two admissions (the host settles).
+    pub settle_s: f64,
+    /// Busy guests' throughput is compared with their solo runs over windows this long.
+    pub window_s: f64,
+    /// Free memory kept beyond a VM's expected need before it is admitted, % of the domain.
+    pub reserve_pct: f64,
+    /// QEMU's own memory per guest beyond what the guest touches, MiB: part of a VM's
+    /// expected need, and of its static partition under `none`.
+    pub qemu_overhead_mib: f64,
+    /// Length of each busy guest's solo run, s.
+    pub solo_s: f64,
 }
 
 /// Where a VM's allocation starts in a policy run.
@@ -186,6 +214,40 @@ struct RawScenario {
     vm: Vec<RawVm>,
     #[serde(default)]
     target: Vec<RawTarget>,
+    density: Option<RawDensity>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDensity {
+    #[serde(default = "twenty")]
+    arrive_every_s: f64,
+    #[serde(default = "twenty")]
+    settle_s: f64,
+    #[serde(default = "twenty")]
+    window_s: f64,
+    #[serde(default = "ten")]
+    reserve_pct: f64,
+    #[serde(default = "eighty")]
+    qemu_overhead_mib: f64,
+    #[serde(default = "sixty")]
+    solo_s: f64,
+}
+
+fn twenty() -> f64 {
+    20.0
+}
+
+fn ten() -> f64 {
+    10.0
+}
+
+fn eighty() -> f64 {
+    80.0
+}
+
+fn sixty() -> f64 {
+    60.0
 }
 
 fn one() -> f64 {
@@ -195,6 +257,10 @@ fn one() -> f64 {
 /// The default `pressure_free`.
 const DEFAULT_PRESSURE: f64 = 0.12;
 
+fn one_vm() -> u32 {
+    1
+}
+
 fn yes() -> bool {
     true
 }
@@ -203,6 +269,8 @@ fn yes() -> bool {
 #[serde(deny_unknown_fields)]
 struct RawVm {
     name: String,
+    #[serde(default = "one_vm")]
+    count: u32,
     memory_mib: u64,
     workload: Option<String>,
     #[serde(default)]
@@ -392,18 +460,23 @@ impl Scenario {
         }
         let mut vms: Vec<VmSpec> = Vec::new();
         for (i, v) in raw.vm.into_iter().enumerate() {
-            let vm = check_vm(i, v)?;
-            if vms.iter().any(|o| o.name == vm.name) {
-                return bad(
-                    format!("vm[{i}].name"),
-                    format!("{:?} is named twice", vm.name),
-                );
+            for vm in check_vm(i, v)? {
+                if vms.iter().any(|o| o.name == vm.name) {
+                    return bad(
+                        format!("vm[{i}].name"),
+                        format!("{:?} is named twice", vm.name),
+                    );
+                }
+                vms.push(vm);
             }
-            vms.push(vm);
         }
+        let density = match raw.density {
+            None => None,
+            Some(d) => Some(check_density(d, raw.domain_limit_mib, raw.host_swap)?),
+        };
         let mut targets = Vec::new();
         for (i, t) in raw.target.into_iter().enumerate() {
-            targets.push(check_target(i, t, &policies)?);
+            targets.push(check_target(i, t, &policies, density.is_some())?);
         }
         Ok(Scenario {
             name,
@@ -420,8 +493,58 @@ impl Scenario {
             config: raw.config,
             vms,
             targets,
+            density,
         })
     }
+}
+
+fn check_density(
+    d: RawDensity,
+    domain_limit_mib: Option<u64>,
+    host_swap: bool,
+) -> Result<Density, ScenarioError> {
+    if domain_limit_mib.is_none() {
+        return bad(
+            "density",
+            "the density benchmark fills a fixed memory domain: give domain_limit_mib",
+        );
+    }
+    if host_swap {
+        return bad(
+            "host_swap",
+            "the density benchmark runs without host swap: memory that does not fit is an OOM kill",
+        );
+    }
+    let seconds = |field: &str, v: f64| {
+        if v.is_finite() && v >= 1.0 {
+            Ok(v)
+        } else {
+            bad(
+                format!("density.{field}"),
+                format!("{v} is not a number of seconds ≥ 1"),
+            )
+        }
+    };
+    if !(d.reserve_pct.is_finite() && (0.0..50.0).contains(&d.reserve_pct)) {
+        return bad(
+            "density.reserve_pct",
+            format!("{} is not a share between 0 and 50 %", d.reserve_pct),
+        );
+    }
+    if !(d.qemu_overhead_mib.is_finite() && d.qemu_overhead_mib >= 0.0) {
+        return bad(
+            "density.qemu_overhead_mib",
+            format!("{} is not a number of MiB ≥ 0", d.qemu_overhead_mib),
+        );
+    }
+    Ok(Density {
+        arrive_every_s: seconds("arrive_every_s", d.arrive_every_s)?,
+        settle_s: seconds("settle_s", d.settle_s)?,
+        window_s: seconds("window_s", d.window_s)?,
+        reserve_pct: d.reserve_pct,
+        qemu_overhead_mib: d.qemu_overhead_mib,
+        solo_s: seconds("solo_s", d.solo_s)?,
+    })
 }
 
 /// A policy-language file rather than a built-in policy.
@@ -459,19 +582,28 @@ fn check_config(config: &toml::Table) -> Result<(), ScenarioError> {
     Ok(())
 }
 
-fn check_vm(i: usize, v: RawVm) -> Result<VmSpec, ScenarioError> {
+/// A `[[vm]]` entry checked: `count` copies, named `NAME-01`, `NAME-02`, ... when more than
+/// one.
+fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
     let field = |f: &str| format!("vm[{i}].{f}");
+    if !(1..=64).contains(&v.count) {
+        return bad(
+            field("count"),
+            format!("{} is not between 1 and 64", v.count),
+        );
+    }
+    let longest = if v.count > 1 { 17 } else { 20 };
     if v.name.is_empty()
         || !v
             .name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        || v.name.len() > 20
+        || v.name.len() > longest
     {
         return bad(
             field("name"),
             format!(
-                "{:?} is not a usable VM name (1-20 letters, digits, - and _)",
+                "{:?} is not a usable VM name (1-{longest} letters, digits, - and _)",
                 v.name
             ),
         );
@@ -542,8 +674,8 @@ fn check_vm(i: usize, v: RawVm) -> Result<VmSpec, ScenarioError> {
             return bad(field("max_mib"), format!("{max} is below min_mib {min}"));
         }
     }
-    Ok(VmSpec {
-        name: v.name,
+    let spec = VmSpec {
+        name: v.name.clone(),
         memory_mib: v.memory_mib,
         workload: v.workload,
         args: v.args,
@@ -555,11 +687,26 @@ fn check_vm(i: usize, v: RawVm) -> Result<VmSpec, ScenarioError> {
         min_mib: v.min_mib,
         max_mib: v.max_mib,
         shares: v.shares,
-    })
+    };
+    if v.count == 1 {
+        return Ok(vec![spec]);
+    }
+    Ok((1..=v.count)
+        .map(|k| VmSpec {
+            name: format!("{}-{k:02}", v.name),
+            ..spec.clone()
+        })
+        .collect())
 }
 
-fn check_target(i: usize, t: RawTarget, policies: &[String]) -> Result<Target, ScenarioError> {
+fn check_target(
+    i: usize,
+    t: RawTarget,
+    policies: &[String],
+    density: bool,
+) -> Result<Target, ScenarioError> {
     let field = |f: &str| format!("target[{i}].{f}");
+    let metrics: &[&str] = if density { &DENSITY_METRICS } else { &METRICS };
     let known = |p: &str| p == BASELINE || policies.iter().any(|q| q == p);
     if !known(&t.policy) {
         return bad(
@@ -567,13 +714,13 @@ fn check_target(i: usize, t: RawTarget, policies: &[String]) -> Result<Target, S
             format!("{:?} is not among the scenario's policies", t.policy),
         );
     }
-    if !METRICS.contains(&t.metric.as_str()) {
+    if !metrics.contains(&t.metric.as_str()) {
         return bad(
             field("metric"),
             format!(
                 "unknown metric {:?} (one of {})",
                 t.metric,
-                METRICS.join(", ")
+                metrics.join(", ")
             ),
         );
     }
@@ -835,6 +982,89 @@ mod tests {
         assert_eq!(
             err(&text),
             "vm[1].data_mib: filecache keeps its file set on the data disk: give it one"
+        );
+    }
+
+    const DENSITY: &str = r#"
+        warmup_s = 10
+        run_s = 300
+        domain_limit_mib = 2048
+        policies = ["mom", "memtide"]
+        [density]
+        reserve_pct = 12.5
+        [[vm]]
+        name = "busy"
+        memory_mib = 512
+        workload = "memknobs"
+        args = ["192:100000"]
+        hot_set_mib = 192
+        [[vm]]
+        name = "idle"
+        count = 3
+        memory_mib = 256
+        hot_set_mib = 0
+        [[target]]
+        policy = "memtide"
+        metric = "guests_at_slo"
+        at_least = 1.5
+        of = "none"
+    "#;
+
+    #[test]
+    fn a_density_scenario_expands_counts_into_its_queue() {
+        let s = Scenario::parse(DENSITY, "density").unwrap();
+        let names: Vec<&str> = s.vms.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["busy", "idle-01", "idle-02", "idle-03"]);
+        let d = s.density.unwrap();
+        assert_eq!(d.reserve_pct, 12.5);
+        assert_eq!(
+            (d.arrive_every_s, d.settle_s, d.window_s),
+            (20.0, 20.0, 20.0)
+        );
+        assert_eq!(d.qemu_overhead_mib, 80.0);
+        assert!(Scenario::parse(GOOD, "c").unwrap().density.is_none());
+    }
+
+    #[test]
+    fn density_errors_name_their_field() {
+        let err = |text: &str| Scenario::parse(text, "d").unwrap_err().to_string();
+        let cases = [
+            (
+                DENSITY.replace("domain_limit_mib = 2048", ""),
+                "density: the density benchmark fills a fixed memory domain: give domain_limit_mib",
+            ),
+            (
+                DENSITY.replace("reserve_pct = 12.5", "reserve_pct = 60"),
+                "density.reserve_pct: 60 is not a share between 0 and 50 %",
+            ),
+            (
+                DENSITY.replace("count = 3", "count = 0"),
+                "vm[1].count: 0 is not between 1 and 64",
+            ),
+            (
+                DENSITY.replace("name = \"idle\"", "name = \"idle-guests-of-a-host\""),
+                "vm[1].name: \"idle-guests-of-a-host\" is not a usable VM name (1-17",
+            ),
+            (
+                DENSITY.replace("guests_at_slo", "converge_s"),
+                "target[0].metric: unknown metric \"converge_s\" (one of guests_at_slo",
+            ),
+            (
+                DENSITY.replace("[density]", "[density]\nwindow = 3"),
+                "unknown field `window`",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = err(&text);
+            assert!(
+                got.contains(want) || got.starts_with(want),
+                "{got}\nwanted: {want}"
+            );
+        }
+        assert!(
+            err(&GOOD.replace("metric = \"converge_s\"", "metric = \"guests_at_slo\""))
+                .contains("unknown metric \"guests_at_slo\""),
+            "density metrics only in density scenarios"
         );
     }
 }

@@ -80,6 +80,141 @@ fn color(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
 }
 
+/// Render a results document: a density benchmark's (`density::document`) or a
+/// scenario's (`results::document`).
+pub fn render_any(doc: &Value) -> String {
+    if doc["settings"]["arrive_every_s"].is_number() {
+        render_density(doc)
+    } else {
+        render(doc)
+    }
+}
+
+/// A horizontal reference line across `f` at `v`.
+fn reference(f: &Panel, out: &mut String, v: f64) {
+    let y = f.y(v);
+    let _ = write!(
+        out,
+        r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="black" stroke-width="1.5" stroke-dasharray="8 4"/>"#,
+        f.x(0.0),
+        f.x(f.x_max)
+    );
+}
+
+/// The density benchmark: per policy (one line each) the guests running, the domain's
+/// memory in use with its limit dashed, and the busy guests' throughput per window as a
+/// share of their solo runs with the SLO dashed.
+pub fn render_density(doc: &Value) -> String {
+    let order: Vec<&str> = doc["order"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let run_s = doc["settings"]["run_s"].as_f64().unwrap_or(60.0);
+    let limit = doc["settings"]["domain_limit_mib"]
+        .as_f64()
+        .unwrap_or(1024.0);
+    let slo = doc["settings"]["slo"].as_f64().unwrap_or(0.95) * 100.0;
+    let guests_max = order
+        .iter()
+        .flat_map(|p| floats(&doc["policies"][*p]["series"]["running"]))
+        .flatten()
+        .fold(4.0f64, f64::max)
+        .ceil();
+    let rows = [
+        ("guests running", "guests", guests_max + 1.0),
+        (
+            "domain memory in use (page cache excepted)",
+            "MiB",
+            limit * 1.05,
+        ),
+        ("busy guests' throughput per window", "% of solo", 120.0),
+    ];
+    let mut body = String::new();
+    let panels: Vec<Panel> = rows
+        .iter()
+        .enumerate()
+        .map(|(r, (title, unit, max))| {
+            let f = panel(
+                LEFT,
+                TOP + r as f64 * (PANEL_H + GAP_Y),
+                run_s,
+                *max,
+                Scale::Linear,
+            );
+            axes(&f, &mut body, title, unit);
+            f
+        })
+        .collect();
+    reference(&panels[1], &mut body, limit);
+    reference(&panels[2], &mut body, slo);
+    for (i, p) in order.iter().enumerate() {
+        let v = &doc["policies"][*p];
+        let ts: Vec<f64> = floats(&v["series"]["t_s"])
+            .into_iter()
+            .map(|t| t.unwrap_or(f64::NAN))
+            .collect();
+        panels[0].line(
+            &mut body,
+            &ts,
+            floats(&v["series"]["running"]),
+            color(i),
+            "",
+        );
+        panels[1].line(
+            &mut body,
+            &ts,
+            floats(&v["series"]["domain_used_mib"]),
+            color(i),
+            "",
+        );
+        for vm in v["vms"].as_array().into_iter().flatten() {
+            let w: Vec<(f64, f64)> = vm["windows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p[0].as_f64()?, 100.0 * p[1].as_f64()?)))
+                .collect();
+            let (wt, wv): (Vec<f64>, Vec<Option<f64>>) =
+                w.iter().map(|(t, r)| (*t, Some(*r))).unzip();
+            panels[2].line(&mut body, &wt, wv, color(i), "");
+        }
+    }
+    let legend = Legend {
+        line: 22.0,
+        width: 2.5,
+        text: 27.0,
+    };
+    let mut x = LEFT;
+    for (i, p) in order.iter().enumerate() {
+        let label = if *p == "none" {
+            "none (static partitioning)".to_string()
+        } else {
+            p.to_string()
+        };
+        legend.entry(&mut body, x, 42.0, color(i), "", &label);
+        x += 40.0 + 6.5 * label.chars().count() as f64;
+    }
+    legend.entry(
+        &mut body,
+        x,
+        42.0,
+        "black",
+        r#" stroke-dasharray="8 4""#,
+        "domain limit, SLO (95% of solo)",
+    );
+    let title = format!(
+        "memtide-bench density: {} — {}",
+        doc["scenario"].as_str().unwrap_or("?"),
+        doc["description"].as_str().unwrap_or("")
+    );
+    document(
+        LEFT + PANEL_W + GAP_X + 200.0,
+        TOP + 3.0 * (PANEL_H + GAP_Y) + 20.0,
+        &title,
+        &body,
+    )
+}
+
 /// Render a results document (as written by `results::document`).
 pub fn render(doc: &Value) -> String {
     let policies: Vec<(&String, &Value)> = doc["policies"]

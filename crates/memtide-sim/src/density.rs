@@ -22,9 +22,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Throughput below this share of the solo run's is an SLO violation.
-const SLO: f64 = 0.95;
+pub const SLO: f64 = 0.95;
 /// The most VM-time in violation a run may have to count.
-const SLO_SHARE: f64 = 0.05;
+pub const SLO_SHARE: f64 = 0.05;
 
 /// Makes a fresh policy (each run starts with a new one).
 pub type PolicyFactory<'a> = &'a dyn Fn() -> Box<dyn Policy>;

@@ -1,0 +1,564 @@
+//! The density benchmark on real guests: how many VMs a policy lets a fixed memory domain
+//! run at the same service level — the reason operators overcommit.
+//!
+//! The scenario's VMs arrive one after another (`arrive_every_s`) into a queue, in the
+//! order of its `[[vm]]` entries. One admission rule serves every policy, as in the
+//! simulator's density benchmark (`memtide_sim::density`): the VM at the head is booted
+//! when the domain's free memory (its limit less what it holds, page cache excepted), as
+//! the policy leaves it, covers the VM's expected need (its measured base, its hot set and
+//! QEMU's own overhead) plus a reserve; under `none` the VMs' configured sizes (plus
+//! QEMU's overhead) must fit the domain less the reserve: static partitioning. At least
+//! `settle_s` passes between two admissions. There is no host swap behind the domain:
+//! memory that does not fit is an OOM kill (of a guest's process, or of a QEMU).
+//!
+//! Busy guests (a `memknobs`, `coldalloc` or `filecache` workload) are compared, window
+//! by window, with their own solo run (alone in the domain, at full memory, unmanaged); a
+//! window below 95% of it is an SLO violation. The headline, `guests_at_slo`, is the most
+//! guests that ran together before the first violation or OOM kill (all admitted if there
+//! was none).
+
+use crate::daemon::{config_text, Daemon};
+use crate::guest::{sleep, Guest};
+use crate::measure::{self, parse_line, Line};
+use crate::run::{count_events, Base, Bench};
+use crate::scenario::{Density, VmSpec, BASELINE};
+use anyhow::Context;
+use memtide_sim::density::{SLO, SLO_SHARE};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// How long a guest may take to boot and print its workload's first line (solo runs).
+const BOOT_LIMIT: Duration = Duration::from_secs(180);
+
+/// Workloads whose throughput is held to the SLO.
+fn busy(spec: &VmSpec) -> bool {
+    matches!(
+        spec.workload.as_deref(),
+        Some("memknobs" | "coldalloc" | "filecache")
+    )
+}
+
+/// What one admitted guest did.
+struct Admitted {
+    spec: VmSpec,
+    guest: Guest,
+    at_s: f64,
+    ready: bool,
+    first_line_s: Option<f64>,
+    lines: Vec<Line>,
+    oom_kills: u64,
+    exit: Option<(f64, String)>,
+    actual_mib: Vec<(f64, f64)>,
+}
+
+/// One policy's run.
+#[derive(Default)]
+pub struct DensityRun {
+    policy: String,
+    t_s: Vec<f64>,
+    running: Vec<usize>,
+    used_mib: Vec<Option<f64>>,
+    allocated_mib: Vec<Option<f64>>,
+    vms: Vec<Value>,
+    /// Each busy guest's windows: (start, throughput ÷ solo).
+    busy: Vec<Vec<(f64, f64)>>,
+    oom_kills: u64,
+    first_kill_s: Option<f64>,
+    vm_seconds: f64,
+    balloon_actions: u64,
+    action_rules: BTreeMap<String, u64>,
+    diagnostics: BTreeMap<String, u64>,
+    error: Option<String>,
+}
+
+impl Bench<'_> {
+    fn density(&self) -> &Density {
+        self.scenario.density.as_ref().expect("a density scenario")
+    }
+
+    fn limit_mib(&self) -> f64 {
+        self.scenario
+            .domain_limit_mib
+            .expect("checked with [density]") as f64
+    }
+
+    /// Each busy guest alone in the domain at full memory, unmanaged: its throughput
+    /// (MiB/s) over `solo_s` after the warm-up.
+    pub fn solo_runs(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+        let d = self.density();
+        let mut out = BTreeMap::new();
+        let mut kinds: Vec<&VmSpec> = Vec::new();
+        for spec in self.scenario.vms.iter().filter(|s| busy(s)) {
+            let same = kinds.iter().find(|k| {
+                k.memory_mib == spec.memory_mib
+                    && k.workload == spec.workload
+                    && k.args == spec.args
+            });
+            if let Some(k) = same {
+                let tp = out[&k.name];
+                out.insert(spec.name.clone(), tp);
+                continue;
+            }
+            kinds.push(spec);
+            let dir = self.fresh_dir(&format!("solo-{}", spec.name))?;
+            self.cgroup.set_limit((self.limit_mib() as u64) << 20)?;
+            let mut g = Guest::boot(spec, &dir, &self.kernel_dir, &self.cgroup.procs(), false)?;
+            let w = spec.workload.clone().expect("busy guests have a workload");
+            g.wait_console(&format!("{w} t="), 1, BOOT_LIMIT)?;
+            sleep(Duration::from_secs_f64(self.scenario.warmup_s))?;
+            g.new_lines();
+            let t0 = Instant::now();
+            sleep(Duration::from_secs_f64(d.solo_s))?;
+            let at = t0.elapsed().as_secs_f64();
+            let lines: Vec<Line> = g
+                .new_lines()
+                .iter()
+                .filter_map(|l| parse_line(&w, l, at))
+                .collect();
+            let tp = measure::throughput(&lines, 0.0, at)
+                .with_context(|| format!("solo run of {}: no report line", spec.name))?;
+            log!("{}: solo throughput {tp:.0} MiB/s", spec.name);
+            out.insert(spec.name.clone(), tp);
+        }
+        Ok(out)
+    }
+
+    /// What admitting `spec` is expected to take from the domain, MiB.
+    fn need_mib(&self, spec: &VmSpec, bases: &BTreeMap<String, Base>) -> f64 {
+        bases.get(&spec.name).map_or(0.0, |b| b.base_mib)
+            + spec.hot_set_mib
+            + self.density().qemu_overhead_mib
+    }
+
+    /// Run the admission queue under `policy` for `run_s`.
+    pub fn run_density(
+        &self,
+        policy: &str,
+        bases: &BTreeMap<String, Base>,
+        solo: &BTreeMap<String, f64>,
+    ) -> anyhow::Result<DensityRun> {
+        let s = self.scenario;
+        let d = self.density();
+        let dir = self.fresh_dir(policy)?;
+        self.wait_quiet(policy)?;
+        let limit = self.limit_mib();
+        self.cgroup.set_limit((limit as u64) << 20)?;
+        let reserve = limit * d.reserve_pct / 100.0;
+        let text = config_text(s, policy, &dir, &self.cgroup.dir, &[], Some(&dir));
+        std::fs::write(dir.join("memtide.toml"), &text)?;
+        let mut daemon = Daemon::start(&text, &dir.join("memtide.toml").display().to_string())?;
+        let t0 = Instant::now();
+        let mut run = DensityRun {
+            policy: policy.to_string(),
+            ..DensityRun::default()
+        };
+        let mut admitted: Vec<Admitted> = Vec::new();
+        let mut partitioned = 0.0;
+        let mut last_admit: Option<f64> = None;
+        let mut waiting_logged = false;
+        let result = (|| -> anyhow::Result<()> {
+            for k in 1..=s.run_s.round() as u64 {
+                let due = t0 + Duration::from_secs(k);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    sleep(wait)?;
+                }
+                let t = t0.elapsed().as_secs_f64();
+                if let Some(why) = daemon.failed() {
+                    anyhow::bail!("the daemon ended at {t:.0} s: {why}");
+                }
+                let used = self
+                    .cgroup
+                    .usage()
+                    .ok()
+                    .zip(self.cgroup.file_cache().ok())
+                    .map(|(u, c)| u.saturating_sub(c) as f64 / (1u64 << 20) as f64);
+                // Admission.
+                let next = admitted.len();
+                let arrived = next < s.vms.len() && t >= next as f64 * d.arrive_every_s;
+                let settled = last_admit.is_none_or(|a| t - a >= d.settle_s);
+                if arrived && settled {
+                    let spec = &s.vms[next];
+                    let (fits, why) = if policy == BASELINE {
+                        let take = spec.memory_mib as f64 + d.qemu_overhead_mib;
+                        (
+                            partitioned + take <= limit - reserve,
+                            format!(
+                                "partitioned {partitioned:.0} + {take:.0} MiB > {:.0} MiB",
+                                limit - reserve
+                            ),
+                        )
+                    } else {
+                        let free = limit - used.unwrap_or(limit);
+                        let need = self.need_mib(spec, bases);
+                        (
+                            free >= need + reserve,
+                            format!("free {free:.0} MiB < need {need:.0} + reserve {reserve:.0}"),
+                        )
+                    };
+                    if fits {
+                        let g =
+                            Guest::boot(spec, &dir, &self.kernel_dir, &self.cgroup.procs(), false)?;
+                        log!("{} / {policy}: {t:.0} s: admitted {}", s.name, spec.name);
+                        admitted.push(Admitted {
+                            spec: spec.clone(),
+                            guest: g,
+                            at_s: t,
+                            ready: false,
+                            first_line_s: None,
+                            lines: Vec::new(),
+                            oom_kills: 0,
+                            exit: None,
+                            actual_mib: Vec::new(),
+                        });
+                        partitioned += spec.memory_mib as f64 + d.qemu_overhead_mib;
+                        last_admit = Some(t);
+                        waiting_logged = false;
+                    } else if !waiting_logged {
+                        log!(
+                            "{} / {policy}: {t:.0} s: {} waits: {why}",
+                            s.name,
+                            spec.name
+                        );
+                        waiting_logged = true;
+                    }
+                }
+                // Sample.
+                let mut allocated = 0.0;
+                for a in admitted.iter_mut().filter(|a| a.exit.is_none()) {
+                    if let Err(why) = a.guest.alive() {
+                        log!(
+                            "{} / {policy}: {t:.0} s: {} ended: {why}",
+                            s.name,
+                            a.spec.name
+                        );
+                        a.exit = Some((t, why));
+                        // No host swap behind the domain: a QEMU that ends was killed
+                        // for memory (the cgroup's OOM killer).
+                        a.oom_kills += 1;
+                        continue;
+                    }
+                    for line in a.guest.new_lines() {
+                        if line.contains("memtide-guest: ready") {
+                            a.ready = true;
+                        }
+                        if line.contains("Out of memory: Killed process") {
+                            a.oom_kills += 1;
+                        }
+                        if let Some(l) = a
+                            .spec
+                            .workload
+                            .as_deref()
+                            .and_then(|w| parse_line(w, &line, t))
+                        {
+                            a.first_line_s.get_or_insert(t);
+                            a.lines.push(l);
+                        }
+                    }
+                    if a.ready {
+                        if let Ok(m) = a.guest.actual_mib(self.rt) {
+                            a.actual_mib.push((t, m));
+                            allocated += m;
+                        }
+                    }
+                }
+                run.t_s.push(t);
+                run.running
+                    .push(admitted.iter().filter(|a| a.exit.is_none()).count());
+                run.used_mib.push(used);
+                run.allocated_mib.push(Some(allocated));
+                if k % 30 == 0 {
+                    log!(
+                        "{} / {policy}: {t:.0} s: {} guests, domain {:.0} of {limit:.0} MiB",
+                        s.name,
+                        run.running.last().copied().unwrap_or(0),
+                        used.unwrap_or(f64::NAN)
+                    );
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            run.error = Some(format!("{e:#}"));
+        }
+        if let Ok(st) = daemon.status(self.rt) {
+            run.balloon_actions = st
+                .counters
+                .actions
+                .get("balloon")
+                .and_then(|r| r.get("ok"))
+                .copied()
+                .unwrap_or(0);
+        }
+        if let Some(e) = daemon.stop() {
+            run.error.get_or_insert(e);
+        }
+        let end = t0.elapsed().as_secs_f64().min(s.run_s);
+        for a in &admitted {
+            let until = a.exit.as_ref().map_or(end, |(t, _)| *t);
+            run.vm_seconds += (until - a.at_s).max(0.0);
+            run.oom_kills += a.oom_kills;
+            if a.oom_kills > 0 {
+                let at = a.exit.as_ref().map_or(until, |(t, _)| *t);
+                run.first_kill_s = Some(run.first_kill_s.map_or(at, |f: f64| f.min(at)));
+            }
+            let mut vm = json!({
+                "name": a.spec.name,
+                "memory_mib": a.spec.memory_mib,
+                "admitted_s": measure::round2(a.at_s),
+                "allocation_mib_mean": mean(a.actual_mib.iter().map(|(_, m)| *m)),
+                "oom_kills": a.oom_kills,
+                "exit": a.exit.as_ref().map(|(t, why)| format!("{why} at {t:.0} s")),
+            });
+            if let (true, Some(first), Some(alone)) =
+                (busy(&a.spec), a.first_line_s, solo.get(&a.spec.name))
+            {
+                let windows = windows(&a.lines, first + s.warmup_s, until, d.window_s, *alone);
+                vm["throughput_ratio"] =
+                    json!(measure::throughput(&a.lines, first + s.warmup_s, until)
+                        .map(|tp| measure::round2(tp / alone)));
+                vm["windows"] = json!(windows
+                    .iter()
+                    .map(|(t, r)| json!([measure::round2(*t), measure::round2(*r)]))
+                    .collect::<Vec<_>>());
+                run.busy.push(windows);
+            }
+            run.vms.push(vm);
+        }
+        drop(admitted);
+        let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
+        (run.diagnostics, run.action_rules) = count_events(&events);
+        log!("{} / {policy}: done", s.name);
+        if let Some(e) = &run.error {
+            log!("{} / {policy}: {e}", s.name);
+        }
+        Ok(run)
+    }
+}
+
+/// Throughput ÷ `alone` over consecutive windows of `window_s` from `from_s` to `to_s`.
+fn windows(lines: &[Line], from_s: f64, to_s: f64, window_s: f64, alone: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut start = from_s;
+    while start + window_s <= to_s + 1e-9 {
+        if let Some(tp) = measure::throughput(lines, start + 1e-9, start + window_s) {
+            out.push((start, tp / alone));
+        }
+        start += window_s;
+    }
+    out
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| measure::round2(sum / n as f64))
+}
+
+impl DensityRun {
+    /// The first moment the service level broke: the start of the first window below
+    /// the SLO, or the first OOM kill.
+    fn broken_at(&self) -> Option<f64> {
+        let violation = self
+            .busy
+            .iter()
+            .flatten()
+            .filter(|(_, r)| *r < SLO)
+            .map(|(t, _)| *t)
+            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+        match (violation, self.first_kill_s) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The policy's result, as JSON.
+    pub fn to_json(&self) -> Value {
+        let broken = self.broken_at();
+        let guests_at_slo = self
+            .t_s
+            .iter()
+            .zip(&self.running)
+            .filter(|(t, _)| broken.is_none_or(|b| **t < b))
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0);
+        let windows: usize = self.busy.iter().map(Vec::len).sum();
+        let violations = self.busy.iter().flatten().filter(|(_, r)| *r < SLO).count();
+        let share = if windows > 0 {
+            violations as f64 / windows as f64
+        } else {
+            0.0
+        };
+        json!({
+            "guests_at_slo": guests_at_slo,
+            "vms_admitted": self.vms.len(),
+            "vm_hours": measure::round2(self.vm_seconds / 3600.0),
+            "slo_violation_share": measure::round2(share),
+            "slo_met": share <= SLO_SHARE && self.oom_kills == 0,
+            "slo_broken_at_s": broken.map(measure::round2),
+            "oom_kills": self.oom_kills,
+            "windows": windows,
+            "allocation_mib_mean": mean(self.allocated_mib.iter().flatten().copied()),
+            "domain_used_mib_mean": mean(self.used_mib.iter().flatten().copied()),
+            "balloon_actions": self.balloon_actions,
+            "action_rules": self.action_rules,
+            "diagnostics": self.diagnostics,
+            "error": self.error,
+            "vms": self.vms,
+            "series": {
+                "t_s": self.t_s.iter().map(|t| measure::round2(*t)).collect::<Vec<_>>(),
+                "running": self.running,
+                "domain_used_mib": self.used_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
+                "allocation_mib": self.allocated_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
+            },
+        })
+    }
+}
+
+/// The results document: `{scenario, command, commit, environment, settings, solo,
+/// needs, order, policies: {POLICY: {guests_at_slo, vms_admitted, vm_hours,
+/// slo_violation_share, oom_kills, ...}}, targets}`.
+pub fn document(
+    b: &Bench<'_>,
+    bases: &BTreeMap<String, Base>,
+    solo: &BTreeMap<String, f64>,
+    runs: &[DensityRun],
+    command: String,
+    environment: Value,
+) -> Value {
+    let s = b.scenario;
+    let d = b.density();
+    let mut doc = json!({
+        "scenario": s.name,
+        "description": s.description,
+        "command": command,
+        "commit": environment["git_commit"],
+        "environment": environment,
+        "settings": {
+            "domain_limit_mib": s.domain_limit_mib,
+            "run_s": s.run_s,
+            "warmup_s": s.warmup_s,
+            "interval_s": s.interval_s,
+            "arrive_every_s": d.arrive_every_s,
+            "settle_s": d.settle_s,
+            "window_s": d.window_s,
+            "reserve_pct": d.reserve_pct,
+            "qemu_overhead_mib": d.qemu_overhead_mib,
+            "solo_s": d.solo_s,
+            "slo": SLO,
+            "slo_share": SLO_SHARE,
+            "config": s.config,
+        },
+        "candidates": s.vms.iter().map(|v| json!({
+            "name": v.name,
+            "memory_mib": v.memory_mib,
+            "workload": v.workload,
+            "args": v.args,
+            "busy": busy(v),
+            "need_mib": measure::round2(b.need_mib(v, bases)),
+        })).collect::<Vec<_>>(),
+        "solo_mib_per_s": solo.iter().map(|(k, v)| (k.clone(), json!(measure::round2(*v)))).collect::<serde_json::Map<_, _>>(),
+        "order": runs.iter().map(|r| r.policy.clone()).collect::<Vec<_>>(),
+        "policies": runs.iter().map(|r| (r.policy.clone(), r.to_json())).collect::<serde_json::Map<_, _>>(),
+    });
+    doc["targets"] = json!(s
+        .targets
+        .iter()
+        .map(|t| crate::results::check_target(&doc, t))
+        .collect::<Vec<_>>());
+    doc
+}
+
+/// One line per policy, then the targets.
+pub fn summary(doc: &Value) -> String {
+    let mut out = format!(
+        "{:<10} {:>13} {:>12} {:>8} {:>14} {:>9} {:>12}\n",
+        "policy",
+        "guests at SLO",
+        "VMs admitted",
+        "VM-hours",
+        "SLO violations",
+        "OOM kills",
+        "alloc mean"
+    );
+    for p in doc["order"].as_array().into_iter().flatten() {
+        let p = p.as_str().unwrap_or("?");
+        let r = &doc["policies"][p];
+        out.push_str(&format!(
+            "{p:<10} {:>13} {:>12} {:>8.2} {:>13.1}% {:>9} {:>12.0}{}\n",
+            r["guests_at_slo"].as_u64().unwrap_or(0),
+            r["vms_admitted"].as_u64().unwrap_or(0),
+            r["vm_hours"].as_f64().unwrap_or(0.0),
+            r["slo_violation_share"].as_f64().unwrap_or(0.0) * 100.0,
+            r["oom_kills"].as_u64().unwrap_or(0),
+            r["allocation_mib_mean"].as_f64().unwrap_or(f64::NAN),
+            r["error"]
+                .as_str()
+                .map_or(String::new(), |e| format!("  error: {e}"))
+        ));
+    }
+    out.push_str(&crate::results::targets_text(doc));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(at_s: f64, mib_per_s: f64) -> Line {
+        Line {
+            at_s,
+            t: at_s,
+            mib_per_s,
+            refaults: None,
+        }
+    }
+
+    fn run(running: &[usize], windows: Vec<(f64, f64)>, kill: Option<f64>) -> DensityRun {
+        DensityRun {
+            t_s: (0..running.len()).map(|t| t as f64).collect(),
+            running: running.to_vec(),
+            busy: vec![windows],
+            first_kill_s: kill,
+            oom_kills: kill.map_or(0, |_| 1),
+            vms: vec![json!({}); *running.iter().max().unwrap_or(&0)],
+            ..DensityRun::default()
+        }
+    }
+
+    #[test]
+    fn windows_compare_each_stretch_with_the_solo_rate() {
+        let lines: Vec<Line> = (1..=40)
+            .map(|t| line(t as f64, if t <= 20 { 100.0 } else { 90.0 }))
+            .collect();
+        let w = windows(&lines, 0.5, 40.5, 20.0, 100.0);
+        assert_eq!(w.len(), 2);
+        assert!((w[0].1 - 1.0).abs() < 1e-9, "{w:?}");
+        assert!((w[1].1 - 0.9).abs() < 1e-9, "{w:?}");
+    }
+
+    #[test]
+    fn guests_at_slo_count_those_running_before_the_first_violation() {
+        let r = run(&[1, 2, 3, 4, 5], vec![(0.0, 1.0), (2.5, 0.9)], None);
+        let j = r.to_json();
+        assert_eq!(j["guests_at_slo"], 3, "running at t = 0, 1, 2");
+        assert_eq!(j["vms_admitted"], 5);
+        assert_eq!(j["slo_violation_share"], 0.5);
+        assert_eq!(j["slo_met"], false);
+    }
+
+    #[test]
+    fn an_oom_kill_ends_the_count_like_a_violation() {
+        let r = run(&[1, 2, 3, 4], vec![(0.0, 1.0), (2.0, 0.99)], Some(1.5));
+        assert_eq!(r.to_json()["guests_at_slo"], 2);
+        assert_eq!(r.to_json()["slo_met"], false);
+    }
+
+    #[test]
+    fn a_run_that_keeps_the_slo_counts_every_guest() {
+        let r = run(&[1, 2, 3], vec![(0.0, 0.97), (1.0, 1.02)], None);
+        let j = r.to_json();
+        assert_eq!(j["guests_at_slo"], 3);
+        assert_eq!(j["slo_met"], true);
+    }
+}
