@@ -27,6 +27,9 @@ pub struct Signals {
     /// SwapFree: room the guest has to absorb a shortage (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap_free: Option<Bytes>,
+    /// Swap in use: SwapTotal − SwapFree (needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_used: Option<Bytes>,
     /// Active(file): page cache the guest used more than once lately (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_file: Option<Bytes>,
@@ -104,6 +107,7 @@ impl Signals {
             committed_as: a.and_then(|a| a.meminfo.committed_as),
             active_file: a.and_then(|a| a.meminfo.active_file),
             swap_free: a.map(|a| a.meminfo.swap_free),
+            swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
             unreclaimable,
             swap_ins,
             refaults,
@@ -215,12 +219,18 @@ mod tests {
             (Some(4.0), Some(9.0))
         );
         let mut h = History::new(10);
-        h.push(Duration::from_secs(1), sample(0, 0, 0, 512));
+        let mut swapping = sample(0, 0, 0, 512);
+        if let Some(Ok(a)) = &mut swapping.agent {
+            a.meminfo.swap_free = Bytes::from_mib(412);
+        }
+        h.push(Duration::from_secs(1), swapping);
+        let s = Signals::derive(&h);
         assert_eq!(
-            Signals::derive(&h).unreclaimable,
+            s.unreclaimable,
             Some(Bytes::from_mib(30)),
             "with swap, anon can go"
         );
+        assert_eq!(s.swap_used, Some(Bytes::from_mib(100)), "512 - 412");
     }
 
     #[test]

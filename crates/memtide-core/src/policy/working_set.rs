@@ -294,19 +294,19 @@ mod tests {
     use crate::testkit;
     use std::time::Duration;
 
-    /// Decide for VMs given as (name, size MiB, MemAvailable MiB, shares) on a host of
-    /// `total` MiB with `free` freeable.
+    /// Decide for VMs given as (name, size MiB, MemAvailable MiB, shares, Committed_AS
+    /// MiB) on a host of `total` MiB with `free` freeable.
     fn decide(
         p: &mut WorkingSet,
         total: u64,
         free: u64,
-        vms: &[(&str, u64, u64, u32)],
+        vms: &[(&str, u64, u64, u32, u64)],
     ) -> PolicyOutput {
         let mut host = History::new(10);
         host.push(Duration::ZERO, testkit::host(total, free));
         let mut histories: Vec<History<VmSample>> = Vec::new();
         let mut signals = Vec::new();
-        for (name, size, avail, _) in vms {
+        for (name, size, avail, _, committed) in vms {
             let mut h = History::new(10);
             h.push(
                 Duration::ZERO,
@@ -315,7 +315,7 @@ mod tests {
             histories.push(h);
             signals.push(Signals {
                 available: Some(Bytes::from_mib(*avail)),
-                committed_as: Some(Bytes::from_mib(1000)),
+                committed_as: Some(Bytes::from_mib(*committed)),
                 ..Signals::default()
             });
         }
@@ -362,7 +362,7 @@ mod tests {
             &mut memtide(),
             8192,
             6000,
-            &[("a", 1024, 624, 1000), ("b", 1024, 824, 1000)],
+            &[("a", 1024, 624, 1000, 400), ("b", 1024, 824, 1000, 200)],
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(230)));
         assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
@@ -373,6 +373,20 @@ mod tests {
             detail.ends_with("; host need ample (90.2% free at costless sizes)"),
             "{detail}"
         );
+    }
+
+    #[test]
+    fn with_ample_memory_a_vm_keeps_what_it_committed_and_has_not_touched_yet() {
+        // "a" counts 400 MiB needed but has committed 900 (a buffer it is filling): on a
+        // host with ample memory it keeps 900 + 30, "b" (committed 200) its need + 30.
+        let o = decide(
+            &mut memtide(),
+            8192,
+            6000,
+            &[("a", 1024, 624, 1000, 900), ("b", 1024, 824, 1000, 200)],
+        );
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(930), Some(230)));
+        assert!(o.balloon["a"].reason.detail.contains("host need ample"));
     }
 
     #[test]
@@ -388,7 +402,7 @@ mod tests {
             &mut tws,
             2000,
             150,
-            &[("a", 300, 0, 1000), ("b", 300, 0, 3000)],
+            &[("a", 300, 0, 1000, 1000), ("b", 300, 0, 3000, 1000)],
         );
         let (a, b) = (target(&o, "a").unwrap(), target(&o, "b").unwrap());
         assert_eq!(a + b, 649, "all the capacity, to the MiB (rounding down)");
@@ -460,7 +474,7 @@ mod tests {
             WorkingSetConfig::default(),
             KsmConfig::default(),
         );
-        let o = decide(&mut p, 8192, 6000, &[("a", 1024, 624, 1000)]);
+        let o = decide(&mut p, 8192, 6000, &[("a", 1024, 624, 1000, 400)]);
         assert_eq!(
             o.faults[0].message,
             "no access sampling for this VM (see `host.sample_access`)"
