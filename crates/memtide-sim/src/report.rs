@@ -174,14 +174,41 @@ pub struct CompareReport {
 }
 
 impl CompareReport {
-    /// `compare.json`: `{"policies": {"<label>": <summary>}}`.
+    /// The host memory each run freed, as the time mean of its free host memory less
+    /// that of the run labelled `none` (no management) in the same comparison (MiB);
+    /// `None` without a `none` run. Memory the guests never touched is free in both, so
+    /// what remains is what the policy took back (balloon, KSM) and kept from them.
+    pub fn freed_mib(&self) -> Option<Vec<f64>> {
+        let (_, none) = self.runs.iter().find(|(label, _)| label == "none")?;
+        let base = none.summary.host_free_mean_mib;
+        Some(
+            self.runs
+                .iter()
+                .map(|(_, r)| r.summary.host_free_mean_mib - base)
+                .collect(),
+        )
+    }
+
+    /// `compare.json`: `{"policies": {"<label>": <summary>}}`, and with a `none` run
+    /// `"freed_mean_mib": {"<label>": MiB}` (see [`CompareReport::freed_mib`]).
     pub fn json(&self) -> serde_json::Value {
         let policies: BTreeMap<&str, &Summary> = self
             .runs
             .iter()
             .map(|(label, r)| (label.as_str(), &r.summary))
             .collect();
-        serde_json::json!({ "policies": policies })
+        match self.freed_mib() {
+            Some(freed) => {
+                let freed: BTreeMap<&str, f64> = self
+                    .runs
+                    .iter()
+                    .zip(freed)
+                    .map(|((label, _), f)| (label.as_str(), f))
+                    .collect();
+                serde_json::json!({ "policies": policies, "freed_mean_mib": freed })
+            }
+            None => serde_json::json!({ "policies": policies }),
+        }
     }
 
     /// A text table, one line per policy.
@@ -196,7 +223,7 @@ impl CompareReport {
             .max(6);
         let _ = writeln!(
             out,
-            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>9}",
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>11}  {:>9}",
             "policy",
             "throughput",
             "guest swap-in",
@@ -204,28 +231,34 @@ impl CompareReport {
             "OOM kills",
             "host free min",
             "host free avg",
+            "freed avg",
             "balloons"
         );
         let _ = writeln!(
             out,
-            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>9}",
-            "", "MiB/s", "pages", "pages", "(+deflate)", "MiB", "MiB", "actions"
+            "{:<width$}  {:>12}  {:>14}  {:>14}  {:>9}  {:>13}  {:>13}  {:>11}  {:>9}",
+            "", "MiB/s", "pages", "pages", "(+deflate)", "MiB", "MiB", "MiB vs none", "actions"
         );
-        for (label, r) in &self.runs {
+        let freed = self.freed_mib();
+        for (i, (label, r)) in self.runs.iter().enumerate() {
             let s = &r.summary;
             let kills = match s.oom_deflations {
                 0 => s.oom_kills.to_string(),
                 d => format!("{} (+{d})", s.oom_kills),
             };
+            let freed = freed
+                .as_ref()
+                .map_or("-".to_string(), |f| format!("{:.0}", f[i]));
             let _ = writeln!(
                 out,
-                "{label:<width$}  {:>12.1}  {:>14}  {:>14}  {:>9}  {:>13.0}  {:>13.0}  {:>9}",
+                "{label:<width$}  {:>12.1}  {:>14}  {:>14}  {:>9}  {:>13.0}  {:>13.0}  {:>11}  {:>9}",
                 s.total_throughput,
                 s.guest_swap_ins,
                 s.host_swap_ins,
                 kills,
                 s.host_free_min_mib,
                 s.host_free_mean_mib,
+                freed,
                 s.balloon_actions
             );
         }
@@ -267,6 +300,54 @@ fn folder_name(label: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(policy: &str, host_free_mean_mib: f64) -> (String, Report) {
+        let summary = Summary {
+            scenario: "s".into(),
+            policy: policy.into(),
+            vms: 0,
+            ticks: 1,
+            tick_s: 1.0,
+            seed: 1,
+            total_throughput: 0.0,
+            guest_swap_ins: 0,
+            guest_swap_outs: 0,
+            host_swap_ins: 0,
+            host_swap_outs: 0,
+            oom_kills: 0,
+            oom_deflations: 0,
+            resize: ResizeSummary::default(),
+            balloon_actions: 0,
+            ksm_actions: 0,
+            host_free_mean_mib,
+            host_free_min_mib: 0.0,
+            ksm_saved_mean_mib: 0.0,
+            wall_s: 0.0,
+            per_vm: Vec::new(),
+        };
+        let series = Series::default();
+        (policy.into(), Report { summary, series })
+    }
+
+    #[test]
+    fn freed_memory_is_host_free_memory_beyond_what_no_management_leaves() {
+        // none leaves 1933 MiB free on average, mom 7388: mom freed 5455.
+        let c = CompareReport {
+            runs: vec![run("mom", 7388.0), run("none", 1933.0)],
+        };
+        assert_eq!(c.freed_mib(), Some(vec![5455.0, 0.0]));
+        assert_eq!(c.json()["freed_mean_mib"]["mom"], 5455.0);
+        let table = c.table();
+        let mom = table.lines().find(|l| l.starts_with("mom")).unwrap();
+        assert!(mom.contains(" 5455 "), "{table}");
+        // Without a none run there is nothing to measure from.
+        let c = CompareReport {
+            runs: vec![run("mom", 7388.0)],
+        };
+        assert_eq!(c.freed_mib(), None);
+        assert!(c.json().get("freed_mean_mib").is_none());
+        assert!(c.table().lines().nth(2).unwrap().contains(" - "));
+    }
 
     #[test]
     fn folder_names_are_safe() {

@@ -123,6 +123,10 @@ pub struct Fused {
     estimate: Option<Bytes>,
     /// The guest's own need at the last rebase.
     base: Bytes,
+    /// The guest's own need and Committed_AS at their highest since the balloon last
+    /// squeezed it or its estimate last followed its need (a rebase or a release): what
+    /// it frees is measured from there, also when it frees a little each tick.
+    freed_from: Option<(Bytes, Option<Bytes>)>,
     /// Probing resumes at this time.
     hold_until: Duration,
     /// Back-offs since the last rebase (the cool-down doubles with each).
@@ -228,15 +232,25 @@ impl Fused {
         // buffer and allocates it again within the tick, then fills it over the next
         // seconds: found in the simulator, memknobs guests lost their memory at every
         // restart and swapped it back).
-        let uncommitted = match (s.committed_as, self.last_committed) {
+        // Measured from the need's highest since the balloon last squeezed the guest or
+        // the estimate last followed it, not from the last tick: a guest freeing a little
+        // each tick frees as much (found in the simulator: a CI builder whose compilers
+        // rose and fell kept its balloon at their peak, 1.5 GiB above its working set at
+        // the trough).
+        let (from, from_committed) = match self.freed_from {
+            Some((b, c)) => (b.max(base), c.max(s.committed_as)),
+            None => (base, s.committed_as),
+        };
+        let uncommitted = match (s.committed_as, from_committed) {
             (Some(now), Some(last)) => last - now,
             _ => Bytes(u64::MAX),
         };
         let freed = (self.estimate.is_some()
             && !inflating
-            && base.as_f64() < self.base.as_f64() * (1.0 - cfg.rebase_change))
-            .then(|| (self.base - base).min(uncommitted))
+            && base.as_f64() < from.as_f64() * (1.0 - cfg.rebase_change))
+            .then(|| (from - base).min(uncommitted))
             .filter(|f| *f > Bytes::ZERO);
+        self.freed_from = Some((from, from_committed));
         self.base = base;
         let faults = s.faults();
         // Allocation stalls and memory pressure while the balloon inflates (this tick or
@@ -420,6 +434,9 @@ impl Fused {
                     .max(obs.size - step(cfg.probe_fast_step)),
                 _ => estimate.max(keep),
             };
+        }
+        if inflating || matches!(phase, "start" | "allocate" | "release") {
+            self.freed_from = Some((base, s.committed_as));
         }
         self.last_probe = (phase == "probe").then_some(probe);
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
@@ -933,6 +950,47 @@ mod tests {
         k.step(&cfg, &obs(3, 704, 24, 0));
         let e = k.step(&cfg, &obs(4, 704, 604, 0)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (130.0, "release"));
+    }
+
+    #[test]
+    fn memory_the_guest_frees_a_little_each_tick_is_taken_back_once_it_adds_up() {
+        // A CI builder's compilers wind down: need and Committed_AS fall 20 MiB a tick
+        // (2.9%, below the 10% that counts as a release in one tick). Measured from their
+        // highest (700), 80 MiB freed by the fourth tick is a release: 730 - 80 = 650,
+        // the need 620 + margin 30 (before, the estimate stayed at 730 for good). With
+        // plenty of memory free nothing else takes it.
+        let cfg = FusedConfig::default();
+        let mut f = Fused::default();
+        let tick = |t: u64, size: u64, need: u64| {
+            at(
+                committed(obs(t, size, size - need, 0), need),
+                NeedLevel::Plenty,
+            )
+        };
+        assert_eq!(mib(f.step(&cfg, &tick(0, 730, 700))), 730.0);
+        for t in [1, 2] {
+            assert_eq!(f.step(&cfg, &tick(t, 730, 700)).unwrap().phase, "plenty");
+        }
+        for (t, need) in [(3, 680), (4, 660), (5, 640)] {
+            let e = f.step(&cfg, &tick(t, 730, need)).unwrap();
+            assert_eq!((e.wss.mib_f64(), e.phase), (730.0, "plenty"), "need {need}");
+        }
+        let e = f.step(&cfg, &tick(6, 730, 620)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (650.0, "release"));
+        assert!(e.detail.contains("freed 80 MiB"), "{}", e.detail);
+        // The same fall with Committed_AS unchanged (a program that keeps its buffer and
+        // lets the guest reclaim it) is not a release.
+        let mut g = Fused::default();
+        let kept = |t: u64, need: u64| {
+            at(
+                committed(obs(t, 730, 730 - need, 0), 700),
+                NeedLevel::Plenty,
+            )
+        };
+        g.step(&cfg, &tick(0, 730, 700));
+        for (t, need) in [(1, 700), (2, 700), (3, 680), (4, 660), (5, 640), (6, 620)] {
+            assert_ne!(g.step(&cfg, &kept(t, need)).unwrap().phase, "release");
+        }
     }
 
     #[test]
