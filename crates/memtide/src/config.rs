@@ -388,13 +388,6 @@ impl Config {
                 format!("{short} must be between 0 and ample_free {ample}"),
             );
         }
-        let plenty = self.memtide.plenty_free;
-        if !(plenty.is_finite() && plenty >= 0.0) {
-            return bad(
-                "memtide.plenty_free",
-                format!("{plenty} is not a free share ≥ 0 (above 1: never plenty)"),
-            );
-        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -684,10 +677,6 @@ mod tests {
         assert_eq!(
             err("[memtide]\nample_free = 0.05\nshort_free = 0.1\n"),
             "memtide.toml: memtide.short_free: 0.1 must be between 0 and ample_free 0.05"
-        );
-        assert_eq!(
-            err("[memtide]\nplenty_free = nan\n"),
-            "memtide.toml: memtide.plenty_free: NaN is not a free share ≥ 0 (above 1: never plenty)"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),

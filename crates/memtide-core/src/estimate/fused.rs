@@ -59,6 +59,9 @@ pub struct FusedConfig {
     /// Seconds to hold after a back-off before probing again (doubles on each further
     /// back-off, up to `max_cool_down_s`).
     pub cool_down_s: f64,
+    /// Seconds a guest first seen while the host's need is ample is left at its size
+    /// before its first estimate (it may be booting).
+    pub arrive_s: f64,
     /// Longest hold, in seconds.
     pub max_cool_down_s: f64,
     /// Share of a tick (percent) some guest task may stall on memory (PSI) before the
@@ -76,20 +79,6 @@ pub struct FusedConfig {
     /// Free share below which the host is short: probe at full speed (between the two:
     /// slowly).
     pub short_free: f64,
-    /// Free share of the domain as the VMs stand at or above which (with the need ample)
-    /// nothing is taken at all: plenty.
-    pub plenty_free: f64,
-}
-
-impl FusedConfig {
-    /// The free shares at which the host's need changes level.
-    pub fn thresholds(&self) -> crate::need::Thresholds {
-        crate::need::Thresholds {
-            plenty: self.plenty_free,
-            ample: self.ample_free,
-            short: self.short_free,
-        }
-    }
 }
 
 impl Default for FusedConfig {
@@ -105,6 +94,7 @@ impl Default for FusedConfig {
             fault_noise: 0.0002,
             low_swap: 0.2,
             cool_down_s: 8.0,
+            arrive_s: 8.0,
             max_cool_down_s: 120.0,
             psi_threshold: 1.0,
             floor_mib: 32,
@@ -112,7 +102,6 @@ impl Default for FusedConfig {
             rebase_change: 0.10,
             ample_free: 0.08,
             short_free: 0.04,
-            plenty_free: 0.20,
         }
     }
 }
@@ -121,6 +110,8 @@ impl Default for FusedConfig {
 #[derive(Clone, Debug, Default)]
 pub struct Fused {
     estimate: Option<Bytes>,
+    /// When the guest was first seen.
+    first_seen: Option<Duration>,
     /// The guest's own need at the last rebase.
     base: Bytes,
     /// The guest's own need and Committed_AS at their highest since the balloon last
@@ -195,17 +186,6 @@ fn committed_in_memory(obs: &Observation) -> Bytes {
     })
 }
 
-/// What the guest has committed beyond its free swap: below that, touching all it has
-/// allocated is an OOM kill (found in the simulator: a batch guest whose idle memory
-/// filled its swap was left at its need while memory was ample, and the next phase,
-/// allocated and touched within a tick, was killed, 250 guests at once in fleet-1000).
-fn committed_beyond_swap(obs: &Observation) -> Bytes {
-    let s = &obs.signals;
-    s.committed_as
-        .zip(s.swap_free)
-        .map_or(Bytes::ZERO, |(c, free)| (c - free).min(obs.configured))
-}
-
 impl Fused {
     /// The cool-down after the back-offs so far: doubling with each, up to the longest.
     fn hold_s(&self, cfg: &FusedConfig) -> f64 {
@@ -223,6 +203,30 @@ impl Fused {
             obs.configured
                 .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
         };
+        // A guest first seen while the host does not need memory (ample at costless sizes,
+        // and with every VM at its full size) is left at its size for a while (`arrive_s`) before its first
+        // estimate: it may be booting, its agent
+        // answering before its programs allocate (found on real guests in the density
+        // benchmark: a guest ballooned to its 83 MiB boot-time need two seconds before
+        // its workload committed 192 MiB thrashed for 40 s).
+        let first_seen = *self.first_seen.get_or_insert(obs.at);
+        let free_now = obs.need.map_or(0.0, |n| n.free_now);
+        if self.estimate.is_none()
+            && level == NeedLevel::Ample
+            && free_now >= cfg.ample_free
+            && obs.at < first_seen + secs(cfg.arrive_s)
+        {
+            let wss = clamp(obs.size, floor, obs.configured);
+            let detail = format!(
+                "estimate {wss}: first seen {:.0} s ago, left at its size while it may still be starting; it counts {need} needed",
+                (obs.at - first_seen).as_secs_f64()
+            );
+            return Some(Estimate {
+                wss,
+                phase: "arrive",
+                detail,
+            });
+        }
 
         // The first estimate also keeps the page cache the guest used more than once
         // lately: MemAvailable counts it free, and dropping it at once is a refault
@@ -399,17 +403,16 @@ impl Fused {
             "release"
         } else if obs.at < self.hold_until {
             "hold"
-        } else if level <= NeedLevel::Ample {
-            // The host has ample memory without probing: what probing would find is not
-            // worth the guest's swap-ins and refaults; what costs the guest nothing is
-            // taken below, once the domain's free memory runs low.
-            level.name()
         } else if obs.size > estimate + probe {
             // A probe is tried by the guest living at that level: no deeper while the
             // balloon has not brought it there (found in the simulator: a 4 GiB guest
             // whose balloon took 7 ticks to inflate was probed down to its floor and
             // thrashed when it arrived).
             "settle"
+        } else if level == NeedLevel::Ample {
+            // The host has ample memory without probing: what probing would find is not
+            // worth the guest's swap-ins and refaults.
+            "ample"
         } else if s.agent_failed {
             // No probing blind (seen on real guests: the agent of a guest thrashing
             // below its working set stopped answering, its balloon statistics showed no
@@ -424,27 +427,11 @@ impl Fused {
             "probe"
         };
         // With ample memory the guest keeps all but what costs it nothing: earlier
-        // probing (when the host was short) is undone at once, and its free memory (what
-        // it never used, or freed before we saw it; page cache is left to probing) is
-        // taken at most a fast probe step a tick below its size, so that a guest that has just
-        // booted is not squeezed before its programs allocate (found on real guests in
-        // the density benchmark: a guest ballooned to its 83 MiB boot-time need two
-        // seconds before its workload committed 192 MiB thrashed for 40 s), and whatever
-        // else a guest holds above that is taken back once its holds are over (idle
-        // guests backed off during their start-up kept 400 MiB of a 512 MiB size while
-        // counting 80 MiB needed: only a release in the very tick of the freeing took it).
-        if level <= NeedLevel::Ample {
-            let keep = costless(cfg, obs)
-                .unwrap_or(base)
-                .max(committed_in_memory(obs).max(committed_beyond_swap(obs)) + margin);
-            estimate = match (phase, level) {
-                // Plenty free: nothing taken (what the guest frees excepted).
-                ("start" | "plenty", NeedLevel::Plenty) => estimate.max(keep).max(obs.size),
-                ("start" | "ample", _) => keep
-                    .max(s.used.map_or(Bytes::ZERO, |u| u + margin))
-                    .max(obs.size - step(cfg.probe_fast_step)),
-                _ => estimate.max(keep),
-            };
+        // probing (when the host was short) is undone at once.
+        if level == NeedLevel::Ample {
+            estimate = estimate
+                .max(costless(cfg, obs).unwrap_or(base))
+                .max(committed_in_memory(obs) + margin);
         }
         if inflating || matches!(phase, "start" | "allocate" | "release") {
             self.freed_from = Some((base, s.committed_as));
@@ -471,9 +458,6 @@ impl Fused {
                 obs.size
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
-            "plenty" => format!(
-                "estimate {wss}: nothing taken, plenty of memory is free; it counts {need} needed"
-            ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
             ),
@@ -518,6 +502,15 @@ mod tests {
         }
     }
 
+    /// The constants, with no delay before a guest's first estimate (see
+    /// `a_guest_first_seen_with_memory_ample_is_left_at_its_size_for_a_while`).
+    fn cfg() -> FusedConfig {
+        FusedConfig {
+            arrive_s: 0.0,
+            ..FusedConfig::default()
+        }
+    }
+
     /// `o` with `mib` of Committed_AS.
     fn committed(mut o: Observation, mib: u64) -> Observation {
         o.signals.committed_as = Some(Bytes::from_mib(mib));
@@ -530,7 +523,7 @@ mod tests {
 
     #[test]
     fn starts_at_the_guests_own_need_then_probes_down_fast_then_slowly() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         // need 1000 - 700 = 300, margin 30: 330 at once, then 50 MiB (5%) per tick.
         assert_eq!(mib(f.step(&cfg, &obs(0, 1000, 700, 0))), 330.0);
         assert_eq!(mib(f.step(&cfg, &obs(1, 330, 30, 0))), 280.0);
@@ -546,14 +539,14 @@ mod tests {
         o.need = Some(crate::need::Need {
             level,
             free_share: 0.0,
-            free_now: 0.0,
+            free_now: if level == NeedLevel::Ample { 0.5 } else { 0.0 },
         });
         o
     }
 
     #[test]
     fn probing_scales_with_the_hosts_need() {
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         // Ample: nothing probed below the costless size (need 300 + margin 30).
         let mut f = Fused::default();
         f.step(&cfg, &at(obs(0, 1000, 700, 0), NeedLevel::Ample));
@@ -584,20 +577,12 @@ mod tests {
         // following ticks, so the guest counts 300 then 450 MiB needed. While memory is
         // ample its balloon does not follow that growth down (seen in the simulator:
         // 190k swap-ins on a host 70% free): the committed 600 + margin 30 are kept.
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         let mut f = Fused::default();
         let filling = |t, size, avail| at(committed(obs(t, size, avail, 0), 600), NeedLevel::Ample);
-        // From its full size, 50 MiB a tick (a fast probe step), down to 630.
-        let mut size = 1000;
-        for t in 0..10 {
-            let e = f
-                .step(&cfg, &filling(t, size, size - 300 - 10 * t))
-                .unwrap();
-            assert!(e.wss.mib_f64() >= 630.0, "{}", e.detail);
-            size = e.wss.mib();
-        }
-        assert_eq!(size, 630);
-        let e = f.step(&cfg, &filling(10, 630, 180)).unwrap();
+        let e = f.step(&cfg, &filling(0, 1000, 700)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (630.0, "start"));
+        let e = f.step(&cfg, &filling(1, 630, 180)).unwrap();
         assert_eq!(e.wss.mib_f64(), 630.0, "{}", e.detail);
         // When the host is short, probing is judged by faults as before: from the need
         // (300 + 30), not from the commitment.
@@ -612,83 +597,46 @@ mod tests {
         // was short): the guest keeps its need 300 + margin 30, not 630 of which half
         // would be free memory it does not touch (seen in the simulator: a guest given
         // its swapped idle memory back as free memory while its neighbours swapped).
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         let mut f = Fused::default();
-        let mut size = 1000;
-        for t in 0..15 {
-            let mut o = at(
-                committed(obs(t, size, size - 300, 0), 600),
-                NeedLevel::Ample,
-            );
-            o.signals.swap_used = Some(Bytes::from_mib(300));
-            size = f.step(&cfg, &o).unwrap().wss.mib();
-        }
-        assert_eq!(size, 330);
+        let mut o = at(committed(obs(0, 1000, 700, 0), 600), NeedLevel::Ample);
+        o.signals.swap_used = Some(Bytes::from_mib(300));
+        let e = f.step(&cfg, &o).unwrap();
+        assert_eq!(e.wss.mib_f64(), 330.0, "{}", e.detail);
     }
 
     #[test]
-    fn at_ample_a_guest_keeps_what_it_committed_beyond_its_free_swap() {
-        // 600 MiB committed, 400 of it in swap and 100 MiB of swap free: the guest counts
-        // 200 MiB needed, but touching what it has allocated needs 500 in memory. It keeps
-        // 500 + margin 30 (seen in the simulator: batch guests left at their need with
-        // their swap full of idle memory were killed by their next phase).
-        let cfg = FusedConfig::default();
-        let mut f = Fused::default();
-        let mut size = 1000;
-        for t in 0..20 {
-            let mut o = at(
-                committed(obs(t, size, size - 200, 0), 600),
-                NeedLevel::Ample,
-            );
-            o.signals.swap_used = Some(Bytes::from_mib(400));
-            o.signals.swap_free = Some(Bytes::from_mib(100));
-            size = f.step(&cfg, &o).unwrap().wss.mib();
-        }
-        assert_eq!(size, 530);
-    }
-
-    #[test]
-    fn at_ample_free_memory_is_taken_a_fast_step_a_tick_down_to_what_costs_nothing() {
-        // A guest that has just booted counts 100 MiB needed (need 100 + margin 30): its
-        // balloon comes down 50 MiB a tick, so that the 400 MiB its workload commits two
-        // ticks later find room (seen on real guests: squeezed to its boot-time need at
-        // once, such a guest thrashed for 40 s).
+    fn a_guest_first_seen_with_memory_ample_is_left_at_its_size_for_a_while() {
+        // Booting: it counts 100 MiB needed when its agent first answers; 6 s later its
+        // workload has committed 500. Nothing is taken before `arrive_s` (8 s) is over,
+        // and the first estimate then starts from what it has committed (500 + 30).
         let cfg = FusedConfig::default();
         let mut f = Fused::default();
         let ample = |o| at(o, NeedLevel::Ample);
-        let e = f
-            .step(&cfg, &ample(committed(obs(0, 1000, 900, 0), 100)))
-            .unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (950.0, "start"));
-        let e = f
-            .step(&cfg, &ample(committed(obs(1, 950, 850, 0), 100)))
-            .unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (900.0, "ample"));
-        let e = f
-            .step(&cfg, &ample(committed(obs(2, 900, 400, 0), 500)))
-            .unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (1000.0, "allocate"));
-        // It frees the buffer in the very tick it faults: the back-off wins, and nothing
-        // is taken during its hold; all of it afterwards, a step a tick (idle guests on
-        // real hosts kept 400 MiB of 512 after their start-up while counting 80 needed).
-        let e = f
-            .step(&cfg, &ample(committed(obs(3, 1000, 900, 4096), 100)))
-            .unwrap();
-        assert_eq!(e.phase, "back_off");
-        let held = e.wss.mib();
-        let e = f
-            .step(&cfg, &ample(committed(obs(4, held, held - 100, 0), 100)))
-            .unwrap();
-        assert_eq!((e.wss.mib(), e.phase), (held, "hold"));
-        let mut size = held;
-        for t in 20..60 {
+        for t in [0, 2, 6] {
+            let committed_mib = if t < 6 { 100 } else { 500 };
             let e = f
-                .step(&cfg, &ample(committed(obs(t, size, size - 100, 0), 100)))
+                .step(&cfg, &ample(committed(obs(t, 1000, 900, 0), committed_mib)))
                 .unwrap();
-            assert!(size - e.wss.mib() <= 50, "{}", e.detail);
-            size = e.wss.mib();
+            assert_eq!((e.wss.mib_f64(), e.phase), (1000.0, "arrive"), "t = {t}");
         }
-        assert_eq!(size, 130, "the guest's need and margin");
+        let e = f
+            .step(&cfg, &ample(committed(obs(8, 1000, 600, 0), 500)))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (530.0, "start"));
+        // When the host is short, or has little free as the VMs stand (ample only at
+        // their costless sizes), the first estimate comes at once (found in the
+        // simulator: 96 guests left at their full 2 GiB on a 96 GiB host, 38 killed).
+        let mut g = Fused::default();
+        let o = at(committed(obs(0, 1000, 900, 0), 100), NeedLevel::Short);
+        assert_eq!(mib(g.step(&cfg, &o)), 130.0);
+        let mut h = Fused::default();
+        let mut o = ample(committed(obs(0, 1000, 900, 0), 100));
+        o.need = o.need.map(|n| crate::need::Need {
+            free_now: 0.02,
+            ..n
+        });
+        assert_eq!(mib(h.step(&cfg, &o)), 130.0);
     }
 
     #[test]
@@ -704,7 +652,7 @@ mod tests {
     fn a_program_restarting_within_a_tick_has_not_freed_its_memory() {
         // memknobs restarts: its buffer is freed and committed again within the tick, and
         // MemAvailable shows the untouched part free. Committed_AS did not fall: no release.
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         // need 700: 730, held there (ample) until the balloon has settled; then the need
         // falls to 500, with Committed_AS falling as much (freed) or not (restarted).
         let last = |committed_mib: u64| {
@@ -724,7 +672,7 @@ mod tests {
 
     #[test]
     fn the_first_estimate_keeps_the_active_page_cache() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         let with_cache = |mut o: Observation| {
             o.signals.active_file = Some(Bytes::from_mib(150));
             o
@@ -739,7 +687,7 @@ mod tests {
 
     #[test]
     fn a_new_allocation_during_probing_jumps_to_committed_memory() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300));
         f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
                                                            // 100 MiB faulted back while 200 MiB more was committed: Committed_AS 500 + 30.
@@ -759,7 +707,7 @@ mod tests {
 
     #[test]
     fn a_guest_with_its_swap_nearly_full_faulting_after_a_probe_gets_its_committed_memory() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         let with = |mut o: Observation, swap_free: u64| {
             o.signals.committed_as = Some(Bytes::from_mib(500));
             o.signals.swap_free = Some(Bytes::from_mib(swap_free));
@@ -780,7 +728,7 @@ mod tests {
 
     #[test]
     fn no_probe_while_the_agent_does_not_answer() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
         let mut o = obs(1, 330, 30, 0);
         o.signals.agent_failed = true;
@@ -794,7 +742,7 @@ mod tests {
 
     #[test]
     fn stalls_and_pressure_while_the_balloon_inflates_are_not_a_shortage() {
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         for pressure in [false, true] {
             let mut f = Fused::default();
             let reclaim = |mut o: Observation| {
@@ -820,7 +768,7 @@ mod tests {
 
     #[test]
     fn faults_while_the_balloon_inflates_back_off_above_the_noise_without_a_jump() {
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         // 0.25% of 1000 MiB (640 pages) is the inflation's own noise.
         let mut f = Fused::default();
         f.step(&cfg, &obs(0, 1000, 700, 0));
@@ -843,7 +791,7 @@ mod tests {
 
     #[test]
     fn backs_off_in_the_same_tick_and_holds_longer_each_time() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
         // 2560 pages (10 MiB) faulted back: the estimate (330, above the size 320) + 10 + 20 (2%).
         let e = f.step(&cfg, &obs(1, 320, 20, 2560)).unwrap();
@@ -865,7 +813,7 @@ mod tests {
 
     #[test]
     fn heavy_faulting_jumps_to_committed_memory() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         let mut o = obs(0, 160, 5, 0);
         o.signals.committed_as = Some(Bytes::from_mib(400));
         f.step(&cfg, &o);
@@ -883,7 +831,7 @@ mod tests {
 
     #[test]
     fn a_thrashing_guest_is_raised_a_bounded_step_per_tick() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
         // 1000 MiB faulted back in a tick, no Committed_AS: 330 + 50 (5%) + 20 (2%).
         assert_eq!(mib(f.step(&cfg, &obs(1, 330, 0, 256_000))), 400.0);
@@ -892,7 +840,7 @@ mod tests {
 
     #[test]
     fn a_failed_probe_returns_near_the_last_good_level_and_recovery_is_not_a_new_shortage() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0)); // 330
         f.step(&cfg, &obs(1, 330, 30, 0)); // fast probe: 280
         f.step(&cfg, &obs(2, 280, 0, 2560)); // back off: 280 + 10 + 20 = 310, hold 8 s
@@ -910,7 +858,7 @@ mod tests {
 
     #[test]
     fn back_offs_during_a_hold_restart_it_without_doubling() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
         for t in 1..5 {
             let e = f.step(&cfg, &obs(t, 330, 30, 1024)).unwrap();
@@ -927,7 +875,7 @@ mod tests {
 
     #[test]
     fn stalls_oom_kills_and_pressure_also_back_off() {
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         for signal in 0..3 {
             let mut f = Fused::default();
             f.step(&cfg, &obs(0, 330, 30, 0));
@@ -947,7 +895,7 @@ mod tests {
 
     #[test]
     fn memory_the_guest_frees_is_taken_back_at_once() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 300, 0)); // need 700: 730
         f.step(&cfg, &obs(1, 730, 30, 0)); // probe: 680
         f.step(&cfg, &obs(2, 680, 0, 0)); // probe: 630
@@ -989,23 +937,23 @@ mod tests {
         // A CI builder's compilers wind down: need and Committed_AS fall 20 MiB a tick
         // (2.9%, below the 10% that counts as a release in one tick). Measured from their
         // highest (700), 80 MiB freed by the fourth tick is a release: 730 - 80 = 650,
-        // the need 620 + margin 30 (before, the estimate stayed at 730 for good). With
-        // plenty of memory free nothing else takes it.
-        let cfg = FusedConfig::default();
+        // the need 620 + margin 30 (before, the estimate stayed at 730 for good).
+        let cfg = cfg();
         let mut f = Fused::default();
         let tick = |t: u64, size: u64, need: u64| {
             at(
                 committed(obs(t, size, size - need, 0), need),
-                NeedLevel::Plenty,
+                NeedLevel::Ample,
             )
         };
-        assert_eq!(mib(f.step(&cfg, &tick(0, 730, 700))), 730.0);
+        assert_eq!(mib(f.step(&cfg, &tick(0, 1000, 700))), 730.0);
+        // The balloon inflated to 730 at tick 1: a fall is measured from tick 2 on.
         for t in [1, 2] {
-            assert_eq!(f.step(&cfg, &tick(t, 730, 700)).unwrap().phase, "plenty");
+            assert_eq!(f.step(&cfg, &tick(t, 730, 700)).unwrap().phase, "ample");
         }
         for (t, need) in [(3, 680), (4, 660), (5, 640)] {
             let e = f.step(&cfg, &tick(t, 730, need)).unwrap();
-            assert_eq!((e.wss.mib_f64(), e.phase), (730.0, "plenty"), "need {need}");
+            assert_eq!((e.wss.mib_f64(), e.phase), (730.0, "ample"), "need {need}");
         }
         let e = f.step(&cfg, &tick(6, 730, 620)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (650.0, "release"));
@@ -1013,13 +961,9 @@ mod tests {
         // The same fall with Committed_AS unchanged (a program that keeps its buffer and
         // lets the guest reclaim it) is not a release.
         let mut g = Fused::default();
-        let kept = |t: u64, need: u64| {
-            at(
-                committed(obs(t, 730, 730 - need, 0), 700),
-                NeedLevel::Plenty,
-            )
-        };
-        g.step(&cfg, &tick(0, 730, 700));
+        let kept =
+            |t: u64, need: u64| at(committed(obs(t, 730, 730 - need, 0), 700), NeedLevel::Ample);
+        g.step(&cfg, &tick(0, 1000, 700));
         for (t, need) in [(1, 700), (2, 700), (3, 680), (4, 660), (5, 640), (6, 620)] {
             assert_ne!(g.step(&cfg, &kept(t, need)).unwrap().phase, "release");
         }
@@ -1027,7 +971,7 @@ mod tests {
 
     #[test]
     fn memory_the_guest_commits_is_given_at_once_and_not_probed_while_it_fills_it() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &committed(obs(0, 1000, 700, 0), 300)); // 330
         f.step(&cfg, &committed(obs(1, 330, 30, 0), 300)); // probe: 280
                                                            // 200 MiB committed, none of it touched yet (need unchanged): 280 + 200.
@@ -1046,7 +990,7 @@ mod tests {
 
     #[test]
     fn an_oom_kill_gives_the_guest_all_it_has() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0));
         f.step(&cfg, &obs(1, 330, 30, 0));
         let mut o = obs(2, 280, 250, 0); // the killed task's memory is free again
@@ -1057,7 +1001,7 @@ mod tests {
 
     #[test]
     fn no_probe_deeper_until_the_guest_comes_down_to_the_last_one() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 700, 0)); // 330
                                              // The balloon takes a few ticks to get there: hold the estimate meanwhile.
         for (t, size) in [(1, 800), (2, 600), (3, 400)] {
@@ -1070,7 +1014,7 @@ mod tests {
 
     #[test]
     fn a_guest_that_touches_all_it_allocates_is_not_fast_probed_again_when_it_grows() {
-        let cfg = FusedConfig::default();
+        let cfg = cfg();
         // need 300, committed 300 or 400 (100 MiB of it cold): the fast probe to 280
         // fails, then the guest commits and touches 200 MiB more.
         let run = |cold: u64| {
@@ -1107,7 +1051,7 @@ mod tests {
 
     #[test]
     fn new_demand_is_met_at_once_and_the_floor_holds() {
-        let (cfg, mut f) = (FusedConfig::default(), Fused::default());
+        let (cfg, mut f) = (cfg(), Fused::default());
         f.step(&cfg, &obs(0, 1000, 900, 0)); // need 100: 130
                                              // The guest allocated 400 MiB more: need 500 at size 600 (avail 100): jump to 530.
         assert_eq!(mib(f.step(&cfg, &obs(1, 600, 100, 0))), 530.0);

@@ -135,8 +135,19 @@ impl WorkingSet {
             .zip(observations)
             .filter_map(|(vm, obs)| Some(backed(vm).as_f64() - costless(c, obs)?.as_f64()))
             .sum();
-        let free = domain.freeable.as_f64();
-        Some(Need::of(free, free + above, domain.total, c.thresholds()))
+        // What the VMs would still take if each filled its current size.
+        let growth: f64 = input
+            .vms
+            .iter()
+            .map(|vm| (vm.actual - backed(vm)).as_f64())
+            .sum();
+        Some(Need::of(
+            domain.freeable.as_f64() - growth,
+            domain.freeable.as_f64() + above,
+            domain.total,
+            c.ample_free,
+            c.short_free,
+        ))
     }
 }
 
@@ -154,6 +165,7 @@ fn beyond_swap(s: &crate::signals::Signals) -> Bytes {
 /// The rule name of a policy's estimator phase (static: reasons are made every tick).
 fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
     let known = match (policy, phase) {
+        ("memtide", "arrive") => "memtide.arrive",
         ("memtide", "start") => "memtide.start",
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
@@ -163,7 +175,6 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
-        ("memtide", "plenty") => "memtide.plenty",
         ("memtide", "back_off") => "memtide.back_off",
         ("tws", "fast") => "tws.fast",
         ("tws", "cool_down") => "tws.cool_down",
@@ -340,9 +351,13 @@ mod tests {
         })
     }
 
+    /// memtide, deciding from the first tick (no delay for arriving guests).
     fn memtide() -> WorkingSet {
         WorkingSet::new(
-            EstimatorConfig::Fused(FusedConfig::default()),
+            EstimatorConfig::Fused(FusedConfig {
+                arrive_s: 0.0,
+                ..FusedConfig::default()
+            }),
             WorkingSetConfig::default(),
             KsmConfig::default(),
         )
@@ -354,38 +369,22 @@ mod tests {
 
     #[test]
     fn each_vm_gets_its_estimate_when_memory_is_plentiful() {
-        // needs 1024-624 = 400 and 1024-824 = 200, plus a 30 MiB margin; from their full
-        // 1024 MiB at most 51 MiB (a fast probe step) a tick; from closer, all the way.
-        let o = decide(
-            &mut memtide(),
-            8192,
-            1000,
-            &[("a", 1024, 624, 1000, 400), ("b", 1024, 824, 1000, 200)],
-        );
-        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(972), Some(972)));
-        assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
-        // Every reason says which level of host need applied, and why: 1000 MiB freeable
-        // plus what the VMs hold above their costless sizes (593 and 793), of 8192.
-        let detail = &o.balloon["a"].reason.detail;
-        assert!(
-            detail.ends_with("; host need ample (29.1% free at costless sizes)"),
-            "{detail}"
-        );
-        // With 6000 MiB free as they stand, plenty: nothing is taken.
+        // needs 1024-624 = 400 and 1024-824 = 200, plus a 30 MiB margin.
         let o = decide(
             &mut memtide(),
             8192,
             6000,
             &[("a", 1024, 624, 1000, 400), ("b", 1024, 824, 1000, 200)],
         );
-        assert_eq!((target(&o, "a"), target(&o, "b")), (None, None));
-        let o = decide(
-            &mut memtide(),
-            8192,
-            1000,
-            &[("a", 450, 50, 1000, 400), ("b", 250, 50, 1000, 200)],
-        );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(230)));
+        assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
+        // Every reason says which level of host need applied, and why: 6000 MiB freeable
+        // plus what the VMs hold above their costless sizes (593 and 793), of 8192.
+        let detail = &o.balloon["a"].reason.detail;
+        assert!(
+            detail.ends_with("; host need ample (90.2% free at costless sizes)"),
+            "{detail}"
+        );
     }
 
     #[test]
@@ -395,8 +394,8 @@ mod tests {
         let o = decide(
             &mut memtide(),
             8192,
-            1000,
-            &[("a", 950, 550, 1000, 900), ("b", 260, 60, 1000, 200)],
+            6000,
+            &[("a", 1024, 624, 1000, 900), ("b", 1024, 824, 1000, 200)],
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(930), Some(230)));
         assert!(o.balloon["a"].reason.detail.contains("host need ample"));
