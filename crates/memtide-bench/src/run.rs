@@ -154,13 +154,12 @@ fn mib(b: Option<memtide_core::Bytes>) -> Option<f64> {
 }
 
 impl Bench<'_> {
+    /// An empty directory for one run's files in the work directory, named `name` — a
+    /// policy file by its file name alone, so that the directory stays inside the work
+    /// directory and its sockets' paths within a unix socket's 108 bytes.
     pub(crate) fn fresh_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
-        let dir = self.work_dir.join(name);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
-        }
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(dir)
+        let dir = self.work_dir.join(run_dir_name(name));
+        memtide_bench::fresh_dir(&dir).with_context(|| format!("emptying {}", dir.display()))
     }
 
     /// Boot one idle guest per kind (memory size and disks) and read size − MemAvailable.
@@ -513,6 +512,11 @@ impl Bench<'_> {
     }
 }
 
+/// A run directory's name: a policy file's file name alone.
+fn run_dir_name(name: &str) -> &std::ffi::OsStr {
+    Path::new(name).file_name().unwrap_or(name.as_ref())
+}
+
 /// Where guest/build.sh put the kernel and initramfs.
 pub fn kernel_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     memtide_testbed::guest_dir(given).map_err(|e| anyhow::anyhow!("{e} (or pass --guest-dir)"))
@@ -531,5 +535,13 @@ not json
         let (d, a) = super::count_events(log);
         assert_eq!(d["agent_unavailable"], 2);
         assert_eq!(a["mom.shrink"], 1);
+    }
+
+    #[test]
+    fn a_policy_file_runs_in_a_directory_named_after_its_file() {
+        // Not target/crates/...: the run's directory stays in the work directory.
+        let name = super::run_dir_name("../../crates/memtide-lang/policies/balloon.policy");
+        assert_eq!(name, "balloon.policy");
+        assert_eq!(super::run_dir_name("memtide"), "memtide");
     }
 }
