@@ -20,7 +20,7 @@
 use crate::daemon::{config_text, Daemon};
 use crate::guest::{sleep, Guest};
 use crate::measure::{self, parse_line, Line};
-use crate::run::{count_events, Base, Bench};
+use crate::run::{Base, Bench};
 use crate::scenario::{Density, VmSpec, BASELINE};
 use anyhow::Context;
 use memtide_sim::density::{SLO, SLO_SHARE};
@@ -326,12 +326,7 @@ impl Bench<'_> {
             run.vms.push(vm);
         }
         drop(admitted);
-        let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
-        (run.diagnostics, run.action_rules) = count_events(&events);
-        log!("{} / {policy}: done", s.name);
-        if let Some(e) = &run.error {
-            log!("{} / {policy}: {e}", s.name);
-        }
+        (run.diagnostics, run.action_rules) = self.finish(&dir, policy, run.error.as_deref());
         Ok(run)
     }
 }

@@ -132,8 +132,11 @@ fn host_pswpin() -> Option<u64> {
     measure::proc_value(&text, "pswpin")
 }
 
+/// Diagnostics and actions, each by rule.
+pub type Counts = (BTreeMap<String, u64>, BTreeMap<String, u64>);
+
 /// Count diagnostics and actions by rule in a daemon event log (JSON lines).
-pub fn count_events(text: &str) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+pub fn count_events(text: &str) -> Counts {
     let (mut diagnostics, mut actions) = (BTreeMap::new(), BTreeMap::new());
     for line in text.lines() {
         let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -356,13 +359,19 @@ impl Bench<'_> {
             }
         }
         drop(guests);
-        let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
-        (run.diagnostics, run.action_rules) = count_events(&events);
-        log!("{} / {policy}: done", s.name);
-        if let Some(e) = &run.error {
-            log!("{} / {policy}: {e}", s.name);
-        }
+        (run.diagnostics, run.action_rules) = self.finish(&dir, policy, run.error.as_deref());
         Ok(run)
+    }
+
+    /// Log a run's end, and count its daemon's diagnostics and actions by rule from the
+    /// event log in `dir`.
+    pub(crate) fn finish(&self, dir: &Path, policy: &str, error: Option<&str>) -> Counts {
+        log!("{} / {policy}: done", self.scenario.name);
+        if let Some(e) = error {
+            log!("{} / {policy}: {e}", self.scenario.name);
+        }
+        let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
+        count_events(&events)
     }
 
     /// Wait up to `quiet_wait` while other QEMUs run or others keep a core busy.
