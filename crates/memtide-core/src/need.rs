@@ -42,7 +42,7 @@ pub struct Need {
     pub free_share: f64,
     /// The domain's free share with every VM at its full current size (what is free now,
     /// less what the VMs would take filling their sizes).
-    pub free_now: f64,
+    pub free_at_full: f64,
 }
 
 impl Need {
@@ -50,7 +50,7 @@ impl Need {
     /// its full current size and `headroom` with every VM at its costless size; `ample`
     /// and `short` are free shares (0–1).
     pub fn of(free: f64, headroom: f64, total: Bytes, ample: f64, short: f64) -> Need {
-        let free_now = free / total.as_f64().max(1.0);
+        let free_at_full = free / total.as_f64().max(1.0);
         let free_share = headroom / total.as_f64().max(1.0);
         let level = if free_share >= ample {
             NeedLevel::Ample
@@ -62,7 +62,7 @@ impl Need {
         Need {
             level,
             free_share,
-            free_now,
+            free_at_full,
         }
     }
 }

@@ -13,7 +13,8 @@
 //! guest recovering, not a new shortage. What the guest commits more is given at once,
 //! what it frees taken back at once; when its need grows, probing restarts fast only if it
 //! had found cold memory below Committed_AS. It never goes below the guest's
-//! unreclaimable memory plus a floor.
+//! unreclaimable memory plus a floor. A guest first seen while the host does not need
+//! memory is left at its size for a few seconds: it may be booting.
 
 use super::{clamp, epochs, Estimate, Observation};
 use crate::need::NeedLevel;
@@ -204,16 +205,16 @@ impl Fused {
                 .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
         };
         // A guest first seen while the host does not need memory (ample at costless sizes,
-        // and with every VM at its full size) is left at its size for a while (`arrive_s`) before its first
-        // estimate: it may be booting, its agent
-        // answering before its programs allocate (found on real guests in the density
-        // benchmark: a guest ballooned to its 83 MiB boot-time need two seconds before
-        // its workload committed 192 MiB thrashed for 40 s).
+        // and with every VM at its full size) is left at its size for `arrive_s` before its
+        // first estimate: it may be booting, its agent answering before its programs
+        // allocate (found on real guests in the density benchmark: a guest ballooned to
+        // its 83 MiB boot-time need two seconds before its workload committed 192 MiB
+        // thrashed for 40 s).
         let first_seen = *self.first_seen.get_or_insert(obs.at);
-        let free_now = obs.need.map_or(0.0, |n| n.free_now);
+        let free_at_full = obs.need.map_or(0.0, |n| n.free_at_full);
         if self.estimate.is_none()
             && level == NeedLevel::Ample
-            && free_now >= cfg.ample_free
+            && free_at_full >= cfg.ample_free
             && obs.at < first_seen + secs(cfg.arrive_s)
         {
             let wss = clamp(obs.size, floor, obs.configured);
@@ -539,7 +540,7 @@ mod tests {
         o.need = Some(crate::need::Need {
             level,
             free_share: 0.0,
-            free_now: if level == NeedLevel::Ample { 0.5 } else { 0.0 },
+            free_at_full: if level == NeedLevel::Ample { 0.5 } else { 0.0 },
         });
         o
     }
@@ -633,7 +634,7 @@ mod tests {
         let mut h = Fused::default();
         let mut o = ample(committed(obs(0, 1000, 900, 0), 100));
         o.need = o.need.map(|n| crate::need::Need {
-            free_now: 0.02,
+            free_at_full: 0.02,
             ..n
         });
         assert_eq!(mib(h.step(&cfg, &o)), 130.0);
