@@ -90,6 +90,17 @@ pub fn start_mib(spec: &VmSpec, baseline: bool) -> Option<u64> {
     }
 }
 
+/// Balloon actions the daemon has carried out, from its status.
+pub fn balloon_actions(status: &Status) -> u64 {
+    status
+        .counters
+        .actions
+        .get("balloon")
+        .and_then(|r| r.get("ok"))
+        .copied()
+        .unwrap_or(0)
+}
+
 /// A daemon running on its own thread.
 pub struct Daemon {
     /// Its control socket.

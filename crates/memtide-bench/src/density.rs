@@ -17,7 +17,7 @@
 //! guests that ran together before the first violation or OOM kill (all admitted if there
 //! was none).
 
-use crate::daemon::{config_text, Daemon};
+use crate::daemon::{balloon_actions, config_text, Daemon};
 use crate::guest::{sleep, Guest};
 use crate::measure::{self, parse_line, Line};
 use crate::run::{Base, Bench};
@@ -282,13 +282,7 @@ impl Bench<'_> {
             run.error = Some(format!("{e:#}"));
         }
         if let Ok(st) = daemon.status(self.rt) {
-            run.balloon_actions = st
-                .counters
-                .actions
-                .get("balloon")
-                .and_then(|r| r.get("ok"))
-                .copied()
-                .unwrap_or(0);
+            run.balloon_actions = balloon_actions(&st);
         }
         if let Some(e) = daemon.stop() {
             run.error.get_or_insert(e);

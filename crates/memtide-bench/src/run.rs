@@ -2,7 +2,7 @@
 //! each policy in turn boot fresh guests, warm up, start the daemon, sample every second
 //! for the run, stop, read the guests' counters, and tear everything down.
 
-use crate::daemon::{config_text, start_mib, Daemon};
+use crate::daemon::{balloon_actions, config_text, start_mib, Daemon};
 use crate::guest::{self, sleep, Guest};
 use crate::measure::{self, parse_line, Line};
 use crate::scenario::{Scenario, VmSpec, BASELINE};
@@ -459,13 +459,7 @@ impl Bench<'_> {
             }
             last_at = at;
             if let Some(st) = &status {
-                run.balloon_actions = st
-                    .counters
-                    .actions
-                    .get("balloon")
-                    .and_then(|r| r.get("ok"))
-                    .copied()
-                    .unwrap_or(0);
+                run.balloon_actions = balloon_actions(st);
             }
             for (g, vm) in guests.iter_mut().zip(&mut run.vms) {
                 if let Err(why) = g.alive() {
