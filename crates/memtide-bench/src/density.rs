@@ -48,8 +48,11 @@ struct Admitted {
     first_line_s: Option<f64>,
     lines: Vec<Line>,
     oom_kills: u64,
+    /// When the first of them was seen.
+    first_kill_s: Option<f64>,
     exit: Option<(f64, String)>,
-    actual_mib: Vec<(f64, f64)>,
+    /// Its balloon size each second once it is up, MiB.
+    actual_mib: Vec<f64>,
 }
 
 /// One policy's run.
@@ -208,6 +211,7 @@ impl Bench<'_> {
                             first_line_s: None,
                             lines: Vec::new(),
                             oom_kills: 0,
+                            first_kill_s: None,
                             exit: None,
                             actual_mib: Vec::new(),
                         });
@@ -236,6 +240,7 @@ impl Bench<'_> {
                         // No host swap behind the domain: a QEMU that ends was killed
                         // for memory (the cgroup's OOM killer).
                         a.oom_kills += 1;
+                        a.first_kill_s.get_or_insert(t);
                         continue;
                     }
                     for line in a.guest.new_lines() {
@@ -244,6 +249,7 @@ impl Bench<'_> {
                         }
                         if line.contains("Out of memory: Killed process") {
                             a.oom_kills += 1;
+                            a.first_kill_s.get_or_insert(t);
                         }
                         if let Some(l) = a
                             .spec
@@ -257,7 +263,7 @@ impl Bench<'_> {
                     }
                     if a.ready {
                         if let Ok(m) = a.guest.actual_mib(self.rt) {
-                            a.actual_mib.push((t, m));
+                            a.actual_mib.push(m);
                             allocated += m;
                         }
                     }
@@ -292,15 +298,16 @@ impl Bench<'_> {
             let until = a.exit.as_ref().map_or(end, |(t, _)| *t);
             run.vm_seconds += (until - a.at_s).max(0.0);
             run.oom_kills += a.oom_kills;
-            if a.oom_kills > 0 {
-                let at = a.exit.as_ref().map_or(until, |(t, _)| *t);
-                run.first_kill_s = Some(run.first_kill_s.map_or(at, |f: f64| f.min(at)));
-            }
+            run.first_kill_s = run
+                .first_kill_s
+                .into_iter()
+                .chain(a.first_kill_s)
+                .min_by(f64::total_cmp);
             let mut vm = json!({
                 "name": a.spec.name,
                 "memory_mib": a.spec.memory_mib,
                 "admitted_s": measure::round2(a.at_s),
-                "allocation_mib_mean": mean(a.actual_mib.iter().map(|(_, m)| *m)),
+                "allocation_mib_mean": mean(a.actual_mib.iter().copied()),
                 "oom_kills": a.oom_kills,
                 "exit": a.exit.as_ref().map(|(t, why)| format!("{why} at {t:.0} s")),
             });
