@@ -62,7 +62,7 @@ pub struct DensityRun {
     t_s: Vec<f64>,
     running: Vec<usize>,
     used_mib: Vec<Option<f64>>,
-    allocated_mib: Vec<Option<f64>>,
+    allocated_mib: Vec<f64>,
     vms: Vec<Value>,
     /// Each busy guest's windows: (start, throughput ÷ solo).
     busy: Vec<Vec<(f64, f64)>>,
@@ -272,7 +272,7 @@ impl Bench<'_> {
                 run.running
                     .push(admitted.iter().filter(|a| a.exit.is_none()).count());
                 run.used_mib.push(used);
-                run.allocated_mib.push(Some(allocated));
+                run.allocated_mib.push(allocated);
                 if k % 30 == 0 {
                     log!(
                         "{} / {policy}: {t:.0} s: {} guests, domain {:.0} of {limit:.0} MiB",
@@ -354,17 +354,13 @@ impl DensityRun {
     /// The first moment the service level broke: the start of the first window below
     /// the SLO, or the first OOM kill.
     fn broken_at(&self) -> Option<f64> {
-        let violation = self
-            .busy
+        self.busy
             .iter()
             .flatten()
             .filter(|(_, r)| *r < SLO)
             .map(|(t, _)| *t)
-            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
-        match (violation, self.first_kill_s) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+            .chain(self.first_kill_s)
+            .min_by(f64::total_cmp)
     }
 
     /// The policy's result, as JSON.
@@ -394,7 +390,7 @@ impl DensityRun {
             "slo_broken_at_s": broken.map(measure::round2),
             "oom_kills": self.oom_kills,
             "windows": windows,
-            "allocation_mib_mean": mean(self.allocated_mib.iter().flatten().copied()),
+            "allocation_mib_mean": mean(self.allocated_mib.iter().copied()),
             "domain_used_mib_mean": mean(self.used_mib.iter().flatten().copied()),
             "balloon_actions": self.balloon_actions,
             "action_rules": self.action_rules,
@@ -405,15 +401,16 @@ impl DensityRun {
                 "t_s": self.t_s.iter().map(|t| measure::round2(*t)).collect::<Vec<_>>(),
                 "running": self.running,
                 "domain_used_mib": self.used_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
-                "allocation_mib": self.allocated_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
+                "allocation_mib": self.allocated_mib.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
             },
         })
     }
 }
 
-/// The results document: `{scenario, command, commit, environment, settings, solo,
-/// needs, order, policies: {POLICY: {guests_at_slo, vms_admitted, vm_hours,
-/// slo_violation_share, oom_kills, ...}}, targets}`.
+/// The results document: `{scenario, description, command, commit, environment,
+/// settings, candidates (with each one's expected need), solo_mib_per_s, order, policies:
+/// {POLICY: {guests_at_slo, vms_admitted, vm_hours, slo_violation_share, oom_kills, ...}},
+/// targets}`.
 pub fn document(
     b: &Bench<'_>,
     bases: &BTreeMap<String, Base>,

@@ -129,18 +129,14 @@ impl WorkingSet {
             return None;
         };
         let domain = &input.host_latest().domain;
-        let above: f64 = input
-            .vms
-            .iter()
-            .zip(observations)
-            .filter_map(|(vm, obs)| Some(backed(vm).as_f64() - costless(c, obs)?.as_f64()))
-            .sum();
-        // What the VMs would still take if each filled its current size.
-        let growth: f64 = input
-            .vms
-            .iter()
-            .map(|vm| (vm.actual - backed(vm)).as_f64())
-            .sum();
+        // What the VMs hold above their costless sizes, and what they would still take
+        // if each filled its current size.
+        let (mut above, mut growth) = (0.0, 0.0);
+        for (vm, obs) in input.vms.iter().zip(observations) {
+            let backed = backed(vm);
+            above += costless(c, obs).map_or(0.0, |cl| backed.as_f64() - cl.as_f64());
+            growth += (vm.actual - backed).as_f64();
+        }
         Some(Need::of(
             domain.freeable.as_f64() - growth,
             domain.freeable.as_f64() + above,
