@@ -20,3 +20,20 @@ pub fn fresh_dir(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
     std::fs::create_dir_all(dir)?;
     dir.canonicalize()
 }
+
+/// Write `doc` as pretty JSON to `path` (creating its directory) and say so on stderr
+/// as `who`.
+pub fn write_json(
+    who: &str,
+    path: &std::path::Path,
+    doc: &serde_json::Value,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("{who}: wrote {}", path.display());
+    Ok(())
+}

@@ -257,13 +257,7 @@ async fn main() -> anyhow::Result<()> {
             "log_bytes_per_min": MAX_LOG_PER_MIN, "honest_vm_managed": true},
         "cases": Value::Object(results),
     });
-    if let Some(dir) = cli.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&cli.out, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("writing {}", cli.out.display()))?;
-    eprintln!("hostile-guests: wrote {}", cli.out.display());
-    Ok(())
+    memtide_bench::write_json("hostile-guests", &cli.out, &doc)
 }
 
 /// Serve a case's hostile endpoints in `dir`; returns the configuration lines that point

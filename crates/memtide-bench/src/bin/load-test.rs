@@ -3,7 +3,6 @@
 //! qemu-ga for a quiet 256 MiB guest). Measures the daemon's CPU per VM per tick, its peak
 //! RSS and its late ticks; writes `bench/results/load-500.json`. See docs/benchmarks.md.
 
-use anyhow::Context;
 use clap::Parser;
 use memtide_bench::daemon_process::{Daemon, Launch};
 use memtide_bench::fake::agent::{self, Agent};
@@ -101,13 +100,7 @@ async fn main() -> anyhow::Result<()> {
         "targets": {"cpu_us_per_vm_tick": CPU_US_PER_VM_TICK, "rss_mib": rss_target, "late_ticks": 0},
         "met": per_vm_tick_us <= CPU_US_PER_VM_TICK && measured.peak_rss_mib <= rss_target && measured.late_ticks == 0,
     });
-    if let Some(dir) = cli.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&cli.out, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("writing {}", cli.out.display()))?;
-    eprintln!("load-test: wrote {}", cli.out.display());
-    Ok(())
+    memtide_bench::write_json("load-test", &cli.out, &doc)
 }
 
 /// VMs the status's last decision managed.
