@@ -25,6 +25,9 @@ pub enum DiagnosticKind {
     /// keeps memory it claims to have given back. Its balloon is released and it is no
     /// longer managed.
     UndeliveredBalloon,
+    /// Memory was divided, and the guest's own figures claimed more than its fair share
+    /// and than the host saw it use: the excess was not honoured.
+    UnbackedClaim,
     /// The VM's guest agent did not answer; its /proc figures are missing.
     AgentUnavailable,
     /// virtio-mem memory is plugged but the guest never onlined it.
@@ -48,6 +51,7 @@ impl DiagnosticKind {
                 | DiagnosticKind::ImplausibleStats
                 | DiagnosticKind::PolicyError
                 | DiagnosticKind::UndeliveredBalloon
+                | DiagnosticKind::UnbackedClaim
         )
     }
 
@@ -60,6 +64,7 @@ impl DiagnosticKind {
             DiagnosticKind::PolicyError => "policy_error",
             DiagnosticKind::TargetNotReached => "target_not_reached",
             DiagnosticKind::UndeliveredBalloon => "undelivered_balloon",
+            DiagnosticKind::UnbackedClaim => "unbacked_claim",
             DiagnosticKind::AgentUnavailable => "agent_unavailable",
             DiagnosticKind::MemoryNotOnlined => "memory_not_onlined",
             DiagnosticKind::GuestReset => "guest_reset",

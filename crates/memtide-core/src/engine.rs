@@ -118,6 +118,13 @@ impl Engine {
                 message: format!("policy {}: {}", self.policy.name(), fault.message),
             });
         }
+        for claim in &output.unbacked {
+            diagnostics.push(Diagnostic {
+                vm: Some(claim.vm.clone()),
+                kind: DiagnosticKind::UnbackedClaim,
+                message: claim.message.clone(),
+            });
+        }
         for s in &sampled {
             let report = &mut reports[s.index];
             let name = &s.snap.name;

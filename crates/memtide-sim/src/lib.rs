@@ -12,6 +12,7 @@ pub mod backend;
 pub mod density;
 pub mod guest;
 pub mod host;
+pub mod lie;
 pub mod pressure;
 pub mod record;
 pub mod replay;

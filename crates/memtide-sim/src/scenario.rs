@@ -204,6 +204,9 @@ pub struct VmSpec {
     /// What runs in the guest.
     #[serde(default)]
     pub workload: WorkloadSpec,
+    /// How the guest misreports its memory, if it is hostile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lie: Option<crate::lie::Lie>,
 }
 
 fn default_count() -> u32 {

@@ -3,6 +3,7 @@
 
 use crate::guest::{bytes, pages, Guest, GuestParams};
 use crate::host::Host;
+use crate::lie::Lie;
 use crate::rng::Rng;
 use crate::scenario::{Costs, Scenario};
 use crate::workload::{Demand, Workload};
@@ -33,6 +34,8 @@ pub struct VmSide {
     pub balloon_device: bool,
     /// Whether the guest runs an agent reporting its own /proc figures.
     pub agent: bool,
+    /// How the guest misreports its memory, if it does.
+    lie: Option<Lie>,
     /// Times the host killed this VM.
     pub host_oom_kills: u64,
     /// Time until the workload restarts after an OOM kill (s).
@@ -65,6 +68,7 @@ impl World {
                 demand: Demand::default(),
                 balloon_device: spec.balloon,
                 agent: spec.agent,
+                lie: spec.lie,
                 host_oom_kills: 0,
                 down_s: 0.0,
                 events: Vec::new(),
@@ -126,11 +130,19 @@ impl World {
     pub fn sample(&mut self, i: usize) -> VmSample {
         let g = &self.guests[i];
         let side = &mut self.vms[i];
+        let mut stats = g.stats(self.t as u64);
+        let mut agent = side.agent.then(|| g.agent_stats());
+        if let Some(lie) = side.lie {
+            lie.balloon(&mut stats, self.t);
+            if let Some(a) = &mut agent {
+                lie.agent(a, self.t);
+            }
+        }
         VmSample {
             configured: bytes(g.params().configured),
             balloon: side.balloon_device.then(|| bytes(g.actual())),
-            stats: g.stats(self.t as u64),
-            agent: side.agent.then(|| Ok(g.agent_stats())),
+            stats,
+            agent: agent.map(Ok),
             rss: Some(bytes(g.host_resident())),
             referenced: Some(bytes(g.last.referenced as u64)),
             virtio_mem: None,

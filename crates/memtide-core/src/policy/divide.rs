@@ -31,6 +31,28 @@ pub fn backed(vm: &VmInput<'_>) -> Bytes {
     vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual))
 }
 
+/// What each VM's own word may claim when memory is divided, in order: its fair share of
+/// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
+/// or more only as far as the host backs it (its hypervisor's resident memory, within its
+/// size). A guest's figures may move memory within its own bounds, but beyond its fair
+/// share they take nothing from its neighbours unless the host sees the memory behind
+/// them: a guest claiming to use more than it holds cannot grow at the others' expense.
+pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>]) -> Vec<Bytes> {
+    let everything: Vec<Claim> = vms
+        .iter()
+        .map(|vm| Claim {
+            min: vm.limits.min,
+            want: vm.limits.max.max(vm.limits.min),
+            weight: f64::from(vm.limits.shares),
+        })
+        .collect();
+    divide(capacity, &everything)
+        .into_iter()
+        .zip(vms)
+        .map(|(fair, vm)| fair.max(backed(vm)))
+        .collect()
+}
+
 /// One VM's claim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {

@@ -8,6 +8,7 @@ pub mod mom;
 pub mod none;
 pub mod proxmox;
 pub mod routed;
+pub mod trust;
 pub mod working_set;
 
 use crate::action::{KsmSettings, Reason};
@@ -89,6 +90,16 @@ pub struct PolicyFault {
     pub message: String,
 }
 
+/// A VM whose own figures claimed, while memory was divided, more than its fair share and
+/// than the host saw it use: the excess was not honoured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnbackedClaim {
+    /// The VM.
+    pub vm: String,
+    /// What it claimed and what it was credited, in words.
+    pub message: String,
+}
+
 /// What a policy proposes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyOutput {
@@ -102,6 +113,8 @@ pub struct PolicyOutput {
     pub ksm: Option<KsmProposal>,
     /// Failures; VMs not named here were still decided.
     pub faults: Vec<PolicyFault>,
+    /// Claims not honoured for want of evidence (see [`divide::credible`]).
+    pub unbacked: Vec<UnbackedClaim>,
 }
 
 impl PolicyOutput {

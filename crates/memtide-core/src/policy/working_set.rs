@@ -4,9 +4,10 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{backed, capacity_of, divide_by_use, Claim};
+use super::divide::{backed, capacity, capacity_of, credible, divide_by_use, Claim};
 use super::ksmtuned::{self, KsmConfig};
-use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
+use super::trust::Trust;
+use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
 use crate::action::Reason;
 use crate::estimate::fused::{costless, Fused, FusedConfig};
 use crate::estimate::sampled::{Sampled, SampledConfig};
@@ -108,6 +109,7 @@ pub struct WorkingSet {
     config: WorkingSetConfig,
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
+    trust: FxHashMap<String, Trust>,
 }
 
 impl WorkingSet {
@@ -118,13 +120,21 @@ impl WorkingSet {
             config,
             ksm,
             states: FxHashMap::default(),
+            trust: FxHashMap::default(),
         }
     }
 
     /// How much the host needs memory, for memtide's estimator: the domain's free memory
     /// with every VM at its costless size (a VM the host backs less than that will grow
-    /// into free memory).
-    fn need(&self, input: &PolicyInput<'_>, observations: &[Observation]) -> Option<Need> {
+    /// into free memory), each costless size no more than the VM's figures may credibly
+    /// claim (a guest cannot make its neighbours probed harder by claiming what the host
+    /// does not see it use).
+    fn need(
+        &self,
+        input: &PolicyInput<'_>,
+        costless: &[Option<Bytes>],
+        credible: &[Bytes],
+    ) -> Option<Need> {
         let EstimatorConfig::Fused(c) = &self.estimator else {
             return None;
         };
@@ -132,9 +142,9 @@ impl WorkingSet {
         // What the VMs hold above their costless sizes, and what they would still take
         // if each filled its current size.
         let (mut above, mut growth) = (0.0, 0.0);
-        for (vm, obs) in input.vms.iter().zip(observations) {
+        for ((vm, costless), credible) in input.vms.iter().zip(costless).zip(credible) {
             let backed = backed(vm);
-            above += costless(c, obs).map_or(0.0, |cl| backed.as_f64() - cl.as_f64());
+            above += costless.map_or(0.0, |cl| backed.as_f64() - cl.min(*credible).as_f64());
             growth += (vm.actual - backed).as_f64();
         }
         Some(Need::of(
@@ -144,6 +154,41 @@ impl WorkingSet {
             c.ample_free,
             c.short_free,
         ))
+    }
+
+    /// What each VM's own figures may claim when memory is divided, in input order: no
+    /// limit while they are credible; once the host has contradicted them for a while
+    /// ([`trust`](super::trust)), the larger of its fair share and what the host backs.
+    /// Also says which VMs' figures are not credible.
+    fn credible(
+        &mut self,
+        input: &PolicyInput<'_>,
+        costless: &[Option<Bytes>],
+        capacity: Bytes,
+    ) -> (Vec<Bytes>, Vec<bool>) {
+        let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
+        let bounds = credible(capacity, &vms);
+        let mut distrusted = Vec::with_capacity(vms.len());
+        let limits = vms
+            .iter()
+            .zip(costless)
+            .zip(bounds)
+            .map(|((vm, costless), bound)| {
+                let claimed = costless
+                    .unwrap_or_default()
+                    .max(beyond_swap(vm.signals))
+                    .min(vm.actual);
+                let trust = self.trust.entry(vm.name.to_string()).or_default();
+                let doubt = trust.observe(input.at, claimed, backed(vm), vm.latest().configured);
+                distrusted.push(doubt);
+                if doubt {
+                    bound
+                } else {
+                    Bytes(u64::MAX)
+                }
+            })
+            .collect();
+        (limits, distrusted)
     }
 }
 
@@ -207,64 +252,91 @@ impl Policy for WorkingSet {
         let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
         self.states
             .retain(|name, _| present.contains(name.as_str()));
+        self.trust.retain(|name, _| present.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
-        let need = self.need(input, &observations);
+        let costless: Vec<Option<Bytes>> = observations
+            .iter()
+            .map(|obs| match &self.estimator {
+                EstimatorConfig::Fused(c) => costless(c, obs),
+                _ => None,
+            })
+            .collect();
+        for vm in input.vms.iter().filter(|vm| vm.history.len() == 1) {
+            // New, or reset: start afresh.
+            self.states.remove(vm.name);
+            self.trust.remove(vm.name);
+        }
+        let domain = &input.host_latest().domain;
+        let reserve = domain.total.scale(self.config.host_reserve);
+        let (credible, distrusted) = self.credible(input, &costless, capacity(input, reserve));
+        let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
-        for (vm, mut obs) in input.vms.iter().zip(observations) {
-            if vm.history.len() == 1 {
-                self.states.remove(vm.name); // new, or reset: start afresh
-            }
+        for (((vm, mut obs), first), credible) in input
+            .vms
+            .iter()
+            .zip(observations)
+            .zip(costless)
+            .zip(&credible)
+        {
             obs.need = need;
             let state = self
                 .states
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
-            let first = match &self.estimator {
-                EstimatorConfig::Fused(c) => costless(c, &obs),
-                _ => None,
-            };
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first)),
+                Ok(e) => estimated.push((vm, e, first, *credible)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
                 }),
             }
         }
-        let domain = &input.host_latest().domain;
+        for ((vm, credible), doubt) in input.vms.iter().zip(&credible).zip(distrusted) {
+            if doubt {
+                out.unbacked.push(UnbackedClaim {
+                    vm: vm.name.to_string(),
+                    message: format!(
+                        "its figures have claimed more in use than its hypervisor holds \
+                         ({}) for over {} s: beyond {credible} they count for nothing when \
+                         memory is divided",
+                        backed(vm),
+                        super::trust::GRACE.as_secs()
+                    ),
+                });
+            }
+        }
         // Memory of VMs without an estimate stays where it is: it is not divided among
         // the others (#18: a VM that gave no figures was counted as memory to hand out).
-        let reserve = domain.total.scale(self.config.host_reserve);
-        let capacity = capacity_of(input, estimated.iter().map(|(vm, _, _)| *vm), reserve);
-        let claims: Vec<Claim> = estimated
-            .iter()
-            .map(|(vm, e, _)| {
-                let want = e.wss.max(vm.limits.min).min(vm.limits.max);
-                Claim {
-                    min: vm.limits.min.max(beyond_swap(vm.signals).min(want)),
-                    want,
-                    weight: f64::from(vm.limits.shares),
-                }
-            })
-            .collect();
-        let wanted: Bytes = claims.iter().map(|c| c.want).sum();
+        let capacity = capacity_of(input, estimated.iter().map(|(vm, ..)| *vm), reserve);
         // Scarce memory goes first to what each guest uses now (its costless size, where
         // the estimator knows it), then to the rest of its estimate by shares (found in
         // the simulator's density runs: a database whose estimate a back-off had raised
         // to its full size was divided down to the same share as a build server, below
-        // its working set, while idle guests kept their estimates).
-        let first: Vec<Bytes> = claims
-            .iter()
-            .zip(&estimated)
-            .map(|(c, (_, _, first))| first.unwrap_or(c.min))
-            .collect();
+        // its working set, while idle guests kept their estimates). What a guest says it
+        // uses or has committed counts only as far as it is credible.
+        let mut claims = Vec::with_capacity(estimated.len());
+        let mut first = Vec::with_capacity(estimated.len());
+        for (vm, e, costless, credible) in &estimated {
+            let want = e.wss.max(vm.limits.min).min(vm.limits.max);
+            let min = vm
+                .limits
+                .min
+                .max(beyond_swap(vm.signals).min(want).min(*credible));
+            claims.push(Claim {
+                min,
+                want,
+                weight: f64::from(vm.limits.shares),
+            });
+            first.push(costless.map_or(min, |c| c.min(*credible)));
+        }
+        let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide_by_use(capacity, &claims, &first);
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
         let policy = self.estimator.policy_name();
-        for ((vm, e, _), target) in estimated.into_iter().zip(given) {
+        for ((vm, e, ..), target) in estimated.into_iter().zip(given) {
             out.estimates.insert(vm.name.to_string(), e.wss);
             let rule = rule(policy, e.phase);
             let mut detail = e.detail;

@@ -1,0 +1,129 @@
+//! Guests that lie: what a hostile guest reports instead of the truth, through its
+//! balloon statistics and its agent, so that tests can check that its claims take nothing
+//! from honest neighbours (`docs/security.md`). Each lie is consistent enough to pass the
+//! engine's plausibility checks: absurd figures are refused at ingest, these are not.
+
+use memtide_core::stats::{AgentStats, GuestStats, Psi, PsiLine};
+use memtide_core::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// How a guest misreports its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lie {
+    /// All its memory in use, all of it committed and its swap full: it needs everything
+    /// it has and more.
+    NeedsAll,
+    /// Swap-ins, refaults, allocation stalls and memory pressure that are not happening:
+    /// it seems to thrash, whatever it is given.
+    Thrashing,
+}
+
+/// Pages per second of invented swap-ins and refaults (40 MiB/s).
+const FAKE_FAULTS_PER_S: u64 = 10_240;
+
+impl Lie {
+    /// Rewrite the balloon statistics of a guest `at_s` seconds into the run.
+    pub fn balloon(self, s: &mut GuestStats, at_s: f64) {
+        match self {
+            Lie::NeedsAll => {
+                let little = s.total.map(|t| t.scale(0.01));
+                s.free = little;
+                s.available = little;
+                s.disk_caches = Some(Bytes::ZERO);
+            }
+            Lie::Thrashing => {
+                let fake = fake_count(at_s);
+                s.swap_in = Some(s.swap_in.unwrap_or_default() + Bytes::from_kib(4 * fake));
+                s.major_faults = Some(s.major_faults.unwrap_or_default() + fake);
+                s.alloc_stalls = Some(s.alloc_stalls.unwrap_or_default() + fake / 64);
+            }
+        }
+    }
+
+    /// Rewrite what the guest's agent reports `at_s` seconds into the run.
+    pub fn agent(self, a: &mut AgentStats, at_s: f64) {
+        match self {
+            Lie::NeedsAll => {
+                let m = &mut a.meminfo;
+                let little = m.total.scale(0.01);
+                m.free = little;
+                m.available = Some(little);
+                m.cached = Bytes::ZERO;
+                m.active_file = Some(Bytes::ZERO);
+                m.inactive_file = Some(Bytes::ZERO);
+                m.anon_pages = Some(m.total - little);
+                m.active_anon = Some(m.total - little);
+                m.inactive_anon = Some(Bytes::ZERO);
+                m.committed_as = Some(m.total + m.swap_total);
+                m.swap_free = Bytes::ZERO;
+            }
+            Lie::Thrashing => {
+                let fake = fake_count(at_s);
+                let v = &mut a.vmstat;
+                let add = |c: &mut Option<u64>, n: u64| *c = Some(c.unwrap_or_default() + n);
+                add(&mut v.pswpin, fake);
+                add(&mut v.pgmajfault, fake);
+                add(&mut v.workingset_refault_anon, fake);
+                add(&mut v.allocstall, fake / 64);
+                let line = PsiLine {
+                    avg10: 40.0,
+                    avg60: 40.0,
+                    avg300: 40.0,
+                    total_us: (at_s * 400_000.0) as u64,
+                };
+                a.psi = Some(Psi {
+                    some: line,
+                    full: Some(line),
+                });
+            }
+        }
+    }
+}
+
+/// Invented events so far, growing steadily with time.
+fn fake_count(at_s: f64) -> u64 {
+    (at_s.max(0.0) as u64).saturating_mul(FAKE_FAULTS_PER_S)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::stats::MemInfo;
+
+    #[test]
+    fn a_guest_that_needs_everything_reports_no_room_and_a_full_commitment() {
+        let mut a = AgentStats {
+            meminfo: MemInfo {
+                total: Bytes::from_mib(1000),
+                free: Bytes::from_mib(800),
+                swap_total: Bytes::from_mib(500),
+                swap_free: Bytes::from_mib(500),
+                ..MemInfo::default()
+            },
+            vmstat: Default::default(),
+            psi: None,
+        };
+        Lie::NeedsAll.agent(&mut a, 10.0);
+        assert_eq!(a.meminfo.available, Some(Bytes::from_mib(10)));
+        assert_eq!(a.meminfo.committed_as, Some(Bytes::from_mib(1500)));
+        assert_eq!(a.meminfo.swap_free, Bytes::ZERO);
+    }
+
+    #[test]
+    fn a_thrashing_guest_counts_faults_that_keep_growing() {
+        let mut a = AgentStats {
+            meminfo: MemInfo::default(),
+            vmstat: Default::default(),
+            psi: None,
+        };
+        let mut b = a.clone();
+        Lie::Thrashing.agent(&mut a, 10.0);
+        Lie::Thrashing.agent(&mut b, 11.0);
+        assert_eq!(
+            b.vmstat.pswpin.unwrap() - a.vmstat.pswpin.unwrap(),
+            FAKE_FAULTS_PER_S
+        );
+        assert!(b.psi.unwrap().some.avg10 > 10.0);
+    }
+}
