@@ -86,7 +86,13 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         recent_events: Vec::new(),
     }));
     let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
-    let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
+    let _control = control::serve(
+        &config.daemon.socket,
+        &config.control,
+        status.clone(),
+        requests,
+    )
+    .await?;
     if let Some(addr) = settings.http {
         let addr = http::serve(addr, status.clone(), http::Limits::under(nofile)).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
