@@ -162,6 +162,7 @@ fn beyond_swap(s: &crate::signals::Signals) -> Bytes {
 fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
     let known = match (policy, phase) {
         ("memtide", "arrive") => "memtide.arrive",
+        ("memtide", "adopt") => "memtide.adopt",
         ("memtide", "start") => "memtide.start",
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
