@@ -116,10 +116,8 @@ fn fake_host(root: &Path) {
     }
 }
 
-#[test]
-fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+/// Run the daemon for three ticks on fake trees in `root`, logging events to `events`.
+fn run_on_fake_trees(root: &Path, events: &Path) -> std::process::Output {
     fake_host(root);
     let config = format!(
         "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = [{:?}]\n\
@@ -128,14 +126,33 @@ fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
         root.join("sys"),
         root.join("qmp/*.sock").display().to_string(),
         root.join("memtide.sock"),
-        root.join("events.jsonl"),
+        events,
     );
     std::fs::write(root.join("memtide.toml"), config).unwrap();
-    let o = memtide()
+    memtide()
         .args(["run", "--ticks", "3", "--config"])
         .arg(root.join("memtide.toml"))
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn an_event_log_on_a_full_disk_is_logged_once_and_does_not_stop_the_daemon() {
+    // /dev/full fails every write with ENOSPC.
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_on_fake_trees(dir.path(), Path::new("/dev/full"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.matches("write failed").count(), 1, "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("memtide stopped"), "{err}");
+}
+
+#[test]
+fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let o = run_on_fake_trees(root, &root.join("events.jsonl"));
     assert!(o.status.success(), "{}", stderr(&o));
     // ~10% free: ksmtuned runs ksmd, boosting pages_to_scan by 300 per tick from the
     // kernel's 100 — written only to the fake sysfs.

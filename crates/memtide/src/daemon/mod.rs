@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod connect;
 pub mod events;
 pub mod fleet;
+pub mod writes;
 
 use crate::config::Config;
 use crate::control::Request;
@@ -45,6 +46,7 @@ struct Daemon {
     counters: Counters,
     start: Instant,
     recorder: Option<Recorder>,
+    recording: writes::Retry,
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
@@ -122,6 +124,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         counters: Counters::default(),
         start: Instant::now(),
         recorder,
+        recording: writes::Retry::default(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -253,15 +256,18 @@ impl Daemon {
         self.publish(Some(decision), None, t0);
     }
 
-    /// Record the tick for replay; a failure stops recording (and says so) but not the daemon.
+    /// Record the tick for replay; a failure (a full disk) pauses recording, not the daemon.
     fn record(&mut self, snapshot: &Snapshot, decision: &Decision) {
         let Some(recorder) = &mut self.recorder else {
             return;
         };
-        if let Err(e) = recorder.record(snapshot, decision) {
-            self.events
-                .log("host_error", None, None, format!("recording stopped: {e}"));
-            self.recorder = None;
+        let tick = self.counters.ticks;
+        if self.recording.due(tick) {
+            let result = recorder.record(snapshot, decision);
+            let result = result.map_err(|e| e.to_string());
+            let (events, counters) = (&mut self.events, &mut self.counters);
+            self.recording
+                .outcome("recording", tick, result, events, counters);
         }
     }
 
@@ -340,6 +346,10 @@ impl Daemon {
         s.waiting = self.fleet.waiting();
         for w in &mut s.waiting {
             w.error = w.error.as_deref().map(guest_text::clean);
+        }
+        let lost = self.events.write_errors();
+        if lost > 0 {
+            self.counters.write_errors.insert("event_log".into(), lost);
         }
         s.counters = self.counters.clone();
         s.recent_events = self.events.recent();

@@ -101,12 +101,16 @@ impl Daemon {
         })
     }
 
-    /// The daemon's event log, one JSON value per line.
+    /// The daemon's event log, one JSON value per event (panics on a torn line).
     pub fn event_log(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
+        if !self.events.exists() {
+            return Vec::new();
+        }
+        let (events, torn) = memtide::daemon::events::read_log(&self.events).unwrap();
+        assert_eq!(torn, None, "a torn line in the event log");
+        events
+            .into_iter()
+            .map(|e| serde_json::to_value(e).unwrap())
             .collect()
     }
 
