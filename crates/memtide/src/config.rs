@@ -79,6 +79,9 @@ pub struct DaemonConfig {
     pub http: String,
     /// JSON-lines event log; empty to disable.
     pub event_log: PathBuf,
+    /// What a restarted daemon must not forget (balloon targets, estimator state),
+    /// rewritten atomically every tick; empty to disable. Not used in a dry run.
+    pub state_file: PathBuf,
     /// Limit for every call to a hypervisor, in milliseconds.
     pub call_timeout_ms: u64,
     /// Record every snapshot and decision here (gzip JSON lines, for `memtide replay`);
@@ -216,6 +219,7 @@ impl Default for DaemonConfig {
             socket: "/run/memtide/memtide.sock".into(),
             http: "127.0.0.1:9315".into(),
             event_log: "/var/log/memtide/events.jsonl".into(),
+            state_file: "/var/lib/memtide/state.json".into(),
             call_timeout_ms: 2000,
             record_dir: PathBuf::new(),
             record_file_mib: 64,

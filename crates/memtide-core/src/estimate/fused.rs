@@ -140,6 +140,23 @@ pub struct Fused {
     exact: bool,
 }
 
+/// What a guest's estimator must not forget when the daemon restarts: where probing
+/// stands, and the cool-down it has earned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FusedMemory {
+    /// The estimate.
+    pub estimate: Bytes,
+    /// The guest's own need at the last rebase.
+    pub base: Bytes,
+    /// Back-offs since the last rebase (the cool-down doubles with each).
+    pub backoffs: u32,
+    /// Seconds of cool-down left.
+    pub hold_s: f64,
+    /// The last failed probe found no cold memory below the guest's commitment.
+    pub exact: bool,
+}
+
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or_default()
 }
@@ -190,6 +207,33 @@ fn committed_in_memory(obs: &Observation) -> Bytes {
 }
 
 impl Fused {
+    /// What to keep across a restart, at `at`; none before the first estimate.
+    pub fn memory(&self, at: Duration) -> Option<FusedMemory> {
+        Some(FusedMemory {
+            estimate: self.estimate?,
+            base: self.base,
+            backoffs: self.backoffs,
+            hold_s: self.hold_until.saturating_sub(at).as_secs_f64(),
+            exact: self.exact,
+        })
+    }
+
+    /// The estimator of a guest found again after a restart, at `at`, from what
+    /// [`Fused::memory`] kept: its estimate, probing state and what is left of its
+    /// cool-down (what it learnt from the guest's last ticks is learnt again).
+    pub fn recall(m: &FusedMemory, at: Duration) -> Fused {
+        Fused {
+            estimate: Some(m.estimate),
+            first_seen: Some(at),
+            base: m.base,
+            freed_from: Some((m.base, None)),
+            hold_until: at + secs(m.hold_s),
+            backoffs: m.backoffs,
+            exact: m.exact,
+            ..Fused::default()
+        }
+    }
+
     /// The cool-down after the back-offs so far: doubling with each, up to the longest.
     fn hold_s(&self, cfg: &FusedConfig) -> f64 {
         (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1)).min(cfg.max_cool_down_s)
@@ -706,6 +750,40 @@ mod tests {
         let mut h = Fused::default();
         let full = at(committed(obs(0, 1000, 700, 0), 400), NeedLevel::Short);
         assert_eq!(h.step(&cfg, &full).unwrap().phase, "start");
+    }
+
+    #[test]
+    fn a_recalled_estimator_goes_on_where_the_last_one_stood() {
+        // Probed to 560 MiB, then backed off: 3 s of an 8 s cool-down done.
+        let cfg = cfg();
+        let mut f = Fused::default();
+        let short = |o| at(o, NeedLevel::Short);
+        f.step(&cfg, &short(committed(obs(0, 1000, 700, 0), 400)));
+        for t in 1..6 {
+            f.step(&cfg, &short(committed(obs(t, 330, 30, 0), 400)));
+        }
+        let e = f
+            .step(&cfg, &short(committed(obs(6, 300, 0, 2560), 400)))
+            .unwrap();
+        assert_eq!(e.phase, "back_off");
+        let m = f.memory(Duration::from_secs(9)).unwrap();
+        assert_eq!((m.estimate, m.backoffs, m.hold_s), (e.wss, 1, 5.0));
+        // A new daemon, its clock at 0: the hold goes on for what was left of it.
+        let mut g = Fused::recall(&m, Duration::ZERO);
+        let held = g
+            .step(&cfg, &short(committed(obs(2, 330, 30, 0), 400)))
+            .unwrap();
+        assert_eq!((held.phase, held.wss), ("hold", e.wss));
+        let probe = g
+            .step(&cfg, &short(committed(obs(5, 330, 30, 0), 400)))
+            .unwrap();
+        assert_eq!(probe.phase, "probe");
+        assert!(probe.wss < e.wss, "slowly below the level that failed");
+        assert_eq!(
+            e.wss - probe.wss,
+            Bytes::from_mib(10),
+            "at 1% a tick: after a back-off"
+        );
     }
 
     #[test]

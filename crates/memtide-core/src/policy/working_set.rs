@@ -8,7 +8,7 @@ use super::divide::{backed, capacity_of, divide_by_use, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
-use crate::estimate::fused::{costless, Fused, FusedConfig};
+use crate::estimate::fused::{costless, Fused, FusedConfig, FusedMemory};
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
@@ -18,7 +18,9 @@ use crate::units::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::time::Duration;
 
 /// Settings shared by the working-set policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,6 +110,9 @@ pub struct WorkingSet {
     config: WorkingSetConfig,
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
+    /// Estimator states kept from before a restart, each with its VM's configured size,
+    /// for VMs not seen yet.
+    recalled: BTreeMap<String, (Bytes, FusedMemory)>,
 }
 
 impl WorkingSet {
@@ -118,6 +123,7 @@ impl WorkingSet {
             config,
             ksm,
             states: FxHashMap::default(),
+            recalled: BTreeMap::new(),
         }
     }
 
@@ -202,6 +208,18 @@ impl Policy for WorkingSet {
         self.estimator.policy_name()
     }
 
+    fn memory(&self, at: Duration) -> BTreeMap<String, FusedMemory> {
+        let fused = self.states.iter().filter_map(|(name, state)| match state {
+            State::Fused(f) => Some((name.clone(), f.memory(at)?)),
+            _ => None,
+        });
+        fused.collect()
+    }
+
+    fn recall(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.recalled = memory;
+    }
+
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&self.ksm, input);
@@ -214,7 +232,17 @@ impl Policy for WorkingSet {
         let mut estimated = Vec::new();
         for (vm, mut obs) in input.vms.iter().zip(observations) {
             if vm.history.len() == 1 {
-                self.states.remove(vm.name); // new, or reset: start afresh
+                // New, or reset: start afresh, or where a daemon before a restart stood
+                // (the same VM: its name and configured size).
+                self.states.remove(vm.name);
+                if let (EstimatorConfig::Fused(_), Some((configured, m))) =
+                    (&self.estimator, self.recalled.remove(vm.name))
+                {
+                    if configured == obs.configured {
+                        let recalled = State::Fused(Fused::recall(&m, input.at));
+                        self.states.insert(vm.name.to_string(), recalled);
+                    }
+                }
             }
             obs.need = need;
             let state = self

@@ -25,9 +25,10 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 5] = [
+const ALWAYS: [&str; 6] = [
     "started",
     "stopped",
+    "state",
     "action",
     "policy_reloaded",
     "policy_rejected",

@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod connect;
 pub mod events;
 pub mod fleet;
+pub mod state;
 pub mod writes;
 
 use crate::config::Config;
@@ -19,6 +20,7 @@ use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
 use memtide_sim::Recorder;
+use state::StateFile;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
@@ -47,6 +49,8 @@ struct Daemon {
     start: Instant,
     recorder: Option<Recorder>,
     recording: writes::Retry,
+    state: Option<StateFile>,
+    state_writes: writes::Retry,
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
@@ -100,7 +104,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
     let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
-    let engine = Engine::new(config.engine.clone(), policy);
+    let mut engine = Engine::new(config.engine.clone(), policy);
     let mode = if options.dry_run {
         " (dry run: nothing is changed)"
     } else {
@@ -112,6 +116,12 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         engine.policy_name()
     );
     events.log("started", None, None, message);
+    let state = state::open(
+        &config.daemon.state_file,
+        &options,
+        &mut engine,
+        &mut events,
+    );
 
     let mut daemon = Daemon {
         config,
@@ -125,6 +135,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         start: Instant::now(),
         recorder,
         recording: writes::Retry::default(),
+        state,
+        state_writes: writes::Retry::default(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -235,6 +247,9 @@ impl Daemon {
         };
         let (mut vms, lost) = self.fleet.sample().await;
         vms.iter_mut().for_each(clean_guest_text);
+        if let Some(state) = &mut self.state {
+            state.restore_targets(&mut vms);
+        }
         self.log_fleet(&lost);
         let snapshot = Snapshot {
             at: self.start.elapsed(),
@@ -244,6 +259,7 @@ impl Daemon {
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
         self.actuate(&decision).await;
+        self.save_state(&decision);
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
             *self
@@ -268,6 +284,21 @@ impl Daemon {
             let (events, counters) = (&mut self.events, &mut self.counters);
             self.recording
                 .outcome("recording", tick, result, events, counters);
+        }
+    }
+
+    /// Write the state file after the tick's actions; a failure (a full disk) is retried.
+    fn save_state(&mut self, decision: &Decision) {
+        let Some(state) = &self.state else {
+            return;
+        };
+        let tick = self.counters.ticks;
+        if self.state_writes.due(tick) {
+            let result = state.write(decision, &self.engine);
+            let result = result.map_err(|e| e.to_string());
+            let (events, counters) = (&mut self.events, &mut self.counters);
+            self.state_writes
+                .outcome("state", tick, result, events, counters);
         }
     }
 

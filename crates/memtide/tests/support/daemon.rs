@@ -16,6 +16,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub log: PathBuf,
     pub events: PathBuf,
+    /// The state file.
+    pub state: PathBuf,
     child: Child,
 }
 
@@ -26,10 +28,12 @@ impl Daemon {
         let socket = dir.join("memtide.sock");
         let events = dir.join("events.jsonl");
         let log = dir.join("daemon.log");
+        let state = dir.join("state.json");
         let text = format!(
-            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\ncall_timeout_ms = 2000\n",
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = {:?}\nhttp = \"127.0.0.1:{http_port}\"\ncall_timeout_ms = 2000\n",
             socket.display().to_string(),
             events.display().to_string(),
+            state.display().to_string(),
         );
         let path = dir.join("memtide.toml");
         std::fs::write(&path, text).unwrap();
@@ -46,6 +50,7 @@ impl Daemon {
             socket,
             log,
             events,
+            state,
             child,
         };
         let up = wait_for(Duration::from_secs(10), || d.try_status());
