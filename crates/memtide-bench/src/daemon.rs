@@ -41,6 +41,7 @@ pub fn config_text(
     let mut daemon = toml::Table::new();
     daemon.insert("socket".into(), path(&dir.join("memtide.sock")));
     daemon.insert("event_log".into(), path(&dir.join("events.jsonl")));
+    daemon.insert("state_file".into(), path(&dir.join("state.json")));
     daemon.insert("http".into(), Value::String(String::new()));
     daemon.insert("call_timeout_ms".into(), Value::Integer(2000));
     t.insert("daemon".into(), Value::Table(daemon));

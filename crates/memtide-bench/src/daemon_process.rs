@@ -91,9 +91,10 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let recordings = launch.record.then(|| dir.join("recordings"));
         let mut text = format!(
-            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\n",
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = {:?}\nhttp = \"127.0.0.1:{http_port}\"\n",
             socket.display().to_string(),
             events.display().to_string(),
+            dir.join("state.json").display().to_string(),
         );
         if let Some(dir) = &recordings {
             text.push_str(&format!("record_dir = {:?}\n", dir.display().to_string()));

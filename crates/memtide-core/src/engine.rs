@@ -6,6 +6,7 @@
 use crate::action::{Action, KsmSettings, Reason};
 use crate::config::EngineConfig;
 use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport, VmState};
+use crate::estimate::fused::FusedMemory;
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
 use crate::sanitize::{bounded_actual, implausible_agent, sanitize, undelivered};
@@ -64,6 +65,17 @@ impl Engine {
     /// The name of the policy in force.
     pub fn policy_name(&self) -> &str {
         self.policy.name()
+    }
+
+    /// What the policy must not forget about each VM across a restart, at `at`.
+    pub fn memory(&self, at: Duration) -> std::collections::BTreeMap<String, FusedMemory> {
+        self.policy.memory(at)
+    }
+
+    /// Take back what [`Engine::memory`] kept before a restart, each VM's with its
+    /// configured size; used for each VM when first seen at that size.
+    pub fn recall(&mut self, memory: std::collections::BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.policy.recall(memory);
     }
 
     /// Replace the policy; histories are kept.

@@ -379,3 +379,38 @@ fn a_guest_that_keeps_what_its_balloon_gave_is_released_and_not_divided() {
         "managed again after a reset"
     );
 }
+
+#[test]
+fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
+    // memtide restarted: a 1000 MiB guest is found with its balloon at 600 MiB, 200 MiB
+    // of it free. Whether the host is short (220 MiB free, its reserve 200) or has memory
+    // to spare, the first decisions
+    // keep it where it is: neither toward its full size nor down to its need or its min.
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    for freeable in [220, 1500, 3500] {
+        let memtide = WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        let mut engine = Engine::new(EngineConfig::default(), Box::new(memtide));
+        for t in [0, 2, 4, 6] {
+            let found = vm("found", 1000, 600, 200);
+            let d = engine.tick(&snapshot(t, host(4000, freeable), vec![found]));
+            assert_eq!(
+                targets_of(&d, "found"),
+                [] as [u64; 0],
+                "{freeable} MiB free, t = {t}"
+            );
+            let rule = &d.vms[0].reason.as_ref().unwrap().rule;
+            let phase = if t == 0 {
+                "memtide.adopt"
+            } else {
+                "memtide.hold"
+            };
+            assert_eq!(rule, phase, "{freeable} MiB free, t = {t}");
+        }
+    }
+}

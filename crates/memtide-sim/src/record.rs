@@ -146,21 +146,24 @@ impl Recorder {
     }
 
     /// Append one tick. Each line is flushed, so a reader sees every tick recorded so far
-    /// even if the recorder dies.
+    /// even if the recorder dies. After a failed write (a full disk) the file is left as
+    /// it is, readable up to its last whole line, and the next tick starts a new one.
     pub fn record(&mut self, snapshot: &Snapshot, decision: &Decision) -> Result<(), RecordError> {
         if self.current.is_none() {
             self.start_file()?;
         }
         let (path, encoder) = self.current.as_mut().expect("a file was just started");
-        let io_err = |source| RecordError::Io {
-            path: path.clone(),
-            source,
-        };
         let line = serde_json::to_vec(&RecordRef { snapshot, decision })
             .expect("snapshots and decisions serialize");
-        encoder.write_all(&line).map_err(io_err)?;
-        encoder.write_all(b"\n").map_err(io_err)?;
-        encoder.flush().map_err(io_err)?;
+        let written = encoder
+            .write_all(&line)
+            .and_then(|()| encoder.write_all(b"\n"))
+            .and_then(|()| encoder.flush());
+        if let Err(source) = written {
+            let path = path.clone();
+            self.current = None;
+            return Err(RecordError::Io { path, source });
+        }
         if encoder.get_ref().written >= self.config.max_file_bytes {
             self.finish_file()?;
         }
@@ -226,8 +229,8 @@ pub struct Records {
     files: VecDeque<PathBuf>,
     /// The file being read, the number of its last line read, and its lines.
     current: Option<(PathBuf, usize, FileLines)>,
-    /// Files that ended before their gzip stream did (a recorder that died): every
-    /// complete line before the cut was read.
+    /// Files that ended before their gzip stream did (a recorder that died, a full
+    /// disk): every complete line before the cut was read, a torn one after it skipped.
     pub truncated: Vec<PathBuf>,
 }
 

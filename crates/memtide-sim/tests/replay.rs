@@ -144,3 +144,26 @@ fn a_line_that_is_not_a_tick_names_file_and_line() {
         "{e}"
     );
 }
+
+#[test]
+fn a_torn_last_tick_before_the_cut_is_skipped() {
+    // A recorder killed mid-line: the gzip stream ends inside a line whose start was
+    // flushed (a sync flush after half a line), so the reader sees the half line then
+    // the cut.
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), 3, RecorderConfig::default());
+    let path = dir.path().join("record-0.jsonl.gz");
+    let text = Records::open(std::slice::from_ref(&path))
+        .map(|r| serde_json::to_string(&r.unwrap()).unwrap() + "\n")
+        .collect::<String>();
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, text.as_bytes()).unwrap();
+    std::io::Write::write_all(&mut enc, &text.as_bytes()[..text.len() / 5]).unwrap();
+    std::io::Write::flush(&mut enc).unwrap();
+    std::fs::write(&path, enc.get_ref()).unwrap();
+    let mut records = Records::open(std::slice::from_ref(&path));
+    let read: Vec<_> = records.by_ref().collect();
+    assert_eq!(read.len(), 3, "{read:?}");
+    assert!(read.iter().all(Result::is_ok));
+    assert_eq!(records.truncated, vec![path]);
+}

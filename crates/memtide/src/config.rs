@@ -30,6 +30,8 @@ pub struct Config {
     pub policy_dir: Option<PathBuf>,
     /// The daemon's own endpoints.
     pub daemon: DaemonConfig,
+    /// Who besides root may use the control socket.
+    pub control: ControlConfig,
     /// Where the host's files are and what the VM memory domain is.
     pub host: HostConfig,
     /// Where to find QEMU VMs by their QMP sockets, besides the `[[vm]]` list.
@@ -77,6 +79,9 @@ pub struct DaemonConfig {
     pub http: String,
     /// JSON-lines event log; empty to disable.
     pub event_log: PathBuf,
+    /// What a restarted daemon must not forget (balloon targets, estimator state),
+    /// rewritten atomically every tick; empty to disable. Not used in a dry run.
+    pub state_file: PathBuf,
     /// Limit for every call to a hypervisor, in milliseconds.
     pub call_timeout_ms: u64,
     /// Record every snapshot and decision here (gzip JSON lines, for `memtide replay`);
@@ -86,6 +91,18 @@ pub struct DaemonConfig {
     pub record_file_mib: u64,
     /// Recording files kept (the oldest are deleted).
     pub record_keep: usize,
+}
+
+/// Who besides root (and the daemon's own user) may use the control socket: its peer's
+/// uid, or its peer's primary gid, as the kernel reports them (SO_PEERCRED). With either
+/// list set the socket is created mode 0666, and this check is what refuses the others.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlConfig {
+    /// User ids allowed.
+    pub allow_uids: Vec<u32>,
+    /// Group ids allowed (a peer's primary group).
+    pub allow_gids: Vec<u32>,
 }
 
 /// Where the host's files are.
@@ -174,6 +191,7 @@ impl Default for Config {
             policy: "memtide".into(),
             policy_dir: None,
             daemon: DaemonConfig::default(),
+            control: ControlConfig::default(),
             host: HostConfig::default(),
             discovery: DiscoveryConfig::default(),
             libvirt: LibvirtConfig::default(),
@@ -201,6 +219,7 @@ impl Default for DaemonConfig {
             socket: "/run/memtide/memtide.sock".into(),
             http: "127.0.0.1:9315".into(),
             event_log: "/var/log/memtide/events.jsonl".into(),
+            state_file: "/var/lib/memtide/state.json".into(),
             call_timeout_ms: 2000,
             record_dir: PathBuf::new(),
             record_file_mib: 64,
@@ -448,6 +467,18 @@ impl Config {
                 let message =
                     "this memtide was built without libvirt support (cargo feature `libvirt`)";
                 return bad(&field, message.into());
+            }
+        }
+        let ids = [
+            ("control.allow_uids", &self.control.allow_uids),
+            ("control.allow_gids", &self.control.allow_gids),
+        ];
+        for (field, ids) in ids {
+            if let Some(i) = ids.iter().position(|id| *id == u32::MAX) {
+                return bad(
+                    &format!("{field}[{i}]"),
+                    "4294967295 is (uid_t)-1, no user or group".into(),
+                );
             }
         }
         let sections = [
@@ -744,6 +775,10 @@ mod tests {
             (
                 "[daemon]\nrecord_dir = \"/r\"\nrecord_file_mib = 0\n",
                 "daemon.record_file_mib: 0 is not a number of MiB",
+            ),
+            (
+                "[control]\nallow_uids = [1000, 4294967295]\n",
+                "control.allow_uids[1]: 4294967295 is (uid_t)-1, no user or group",
             ),
             (
                 "[memtide]\ncool_down_s = -1.0\n",

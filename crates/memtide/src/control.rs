@@ -1,14 +1,19 @@
 //! The control socket: a unix socket (mode 0600) answering one JSON request per line.
 //! `{"command": "status"}` returns the daemon's status; `{"command": "reload"}` reloads
-//! the policy and returns `{"ok": "..."}` or `{"error": "..."}`.
+//! the policy and returns `{"ok": "..."}` or `{"error": "..."}`. Each peer is checked by
+//! the credentials the kernel gives for it (SO_PEERCRED): root, the daemon's own user and
+//! those `[control]` allows are served; the others get an error and a log line (at most
+//! one a minute, with a count of the rest).
 
 use crate::accept;
+use crate::config::ControlConfig;
 use crate::status::Status;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -22,6 +27,52 @@ pub enum Request {
 /// Longest request accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
 
+/// Refusals logged per [`REFUSAL_WINDOW`]: one, then a count.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+
+/// Who may use the socket: root, its owner (the daemon's user), and those configured.
+#[derive(Debug, Clone, PartialEq)]
+struct Access {
+    owner: u32,
+    uids: Vec<u32>,
+    gids: Vec<u32>,
+}
+
+impl Access {
+    /// Whether a peer of user `uid` and primary group `gid` may use the socket.
+    fn admits(&self, uid: u32, gid: u32) -> bool {
+        uid == 0 || uid == self.owner || self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+}
+
+/// Refused peers: the first of each window logged, the rest counted.
+#[derive(Default)]
+struct Refusals {
+    window: Option<(Instant, u64)>,
+}
+
+impl Refusals {
+    /// The line to log for a refusal of `who` at `now`: none when one was logged less
+    /// than a window ago (that refusal is counted, and the count given with the next).
+    fn line(&mut self, who: &str, now: Instant) -> Option<String> {
+        if let Some((start, held)) = &mut self.window {
+            if now - *start < REFUSAL_WINDOW {
+                *held += 1;
+                return None;
+            }
+        }
+        let more = match self.window.map_or(0, |(_, held)| held) {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last such line)"),
+        };
+        self.window = Some((now, 0));
+        Some(format!(
+            "control socket: refused {who}: only root and the users and groups in \
+             [control] allow_uids and allow_gids may use it{more}"
+        ))
+    }
+}
+
 /// A bound control socket; the file is removed when this is dropped.
 pub struct ControlSocket {
     path: PathBuf,
@@ -33,13 +84,22 @@ impl Drop for ControlSocket {
     }
 }
 
-/// Bind the control socket and serve status from `status`. Refuses to start when another
-/// daemon answers on the socket; removes a stale socket file left by a dead one.
+/// Bind the control socket and serve status from `status` to the peers `allowed` admits
+/// (and root). Refuses to start when another daemon answers on the socket; removes a
+/// stale socket file left by a dead one.
 pub async fn serve(
     path: &Path,
+    allowed: &ControlConfig,
     status: Arc<RwLock<Status>>,
     requests: mpsc::Sender<Request>,
 ) -> anyhow::Result<ControlSocket> {
+    // Others reach the socket only when some are allowed; the peer check refuses the rest.
+    let shared = !(allowed.allow_uids.is_empty() && allowed.allow_gids.is_empty());
+    let (dir_mode, mode) = if shared {
+        (0o755, 0o666)
+    } else {
+        (0o700, 0o600)
+    };
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -47,7 +107,7 @@ pub async fn serve(
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(dir_mode)
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -61,10 +121,34 @@ pub async fn serve(
         std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
     let listener =
-        bind_private(dir, path).with_context(|| format!("binding {}", path.display()))?;
+        bind_private(dir, path, mode).with_context(|| format!("binding {}", path.display()))?;
+    let access = Arc::new(Access {
+        owner: std::fs::metadata(path)?.uid(),
+        uids: allowed.allow_uids.clone(),
+        gids: allowed.allow_gids.clone(),
+    });
+    let refusals = Arc::new(Mutex::new(Refusals::default()));
     tokio::spawn(async move {
-        let answer = |(stream, _)| {
-            tokio::spawn(answer(stream, status.clone(), requests.clone()));
+        let answer = |(stream, _): (UnixStream, _)| {
+            let peer = stream.peer_cred();
+            let refused = match peer {
+                Ok(c) if access.admits(c.uid(), c.gid()) => None,
+                Ok(c) => Some(match c.pid() {
+                    Some(pid) => format!("uid {} gid {} (pid {pid})", c.uid(), c.gid()),
+                    None => format!("uid {} gid {}", c.uid(), c.gid()),
+                }),
+                Err(e) => Some(format!("a peer whose credentials are unknown ({e})")),
+            };
+            if let Some(who) = &refused {
+                let line = refusals
+                    .lock()
+                    .expect("refusals lock")
+                    .line(who, Instant::now());
+                if let Some(line) = line {
+                    tracing::warn!("{line}");
+                }
+            }
+            tokio::spawn(answer(stream, refused, status.clone(), requests.clone()));
         };
         accept::serve("control socket", || listener.accept(), answer).await;
     });
@@ -73,16 +157,16 @@ pub async fn serve(
     })
 }
 
-/// Bind a unix socket at `path` (in `dir`) that has mode 0600 from the moment it exists
-/// there: it is bound in a private directory (0700) in `dir`, made 0600, then renamed
-/// into place. (Changing the umask around `bind` would race with the daemon's other
-/// threads, which create files too.)
-fn bind_private(dir: &Path, path: &Path) -> std::io::Result<UnixListener> {
+/// Bind a unix socket at `path` (in `dir`) that has `mode` from the moment it exists
+/// there: it is bound in a private directory (0700) in `dir`, given its mode, then
+/// renamed into place. (Changing the umask around `bind` would race with the daemon's
+/// other threads, which create files too.)
+fn bind_private(dir: &Path, path: &Path, mode: u32) -> std::io::Result<UnixListener> {
     let private = dir.join(format!(".memtide-bind-{}", std::process::id()));
     std::fs::DirBuilder::new().mode(0o700).create(&private)?;
     let bound = private.join("s");
     let listener = UnixListener::bind(&bound).and_then(|listener| {
-        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(mode))?;
         std::fs::rename(&bound, path)?;
         Ok(listener)
     });
@@ -91,22 +175,35 @@ fn bind_private(dir: &Path, path: &Path) -> std::io::Result<UnixListener> {
     listener
 }
 
-async fn answer(stream: UnixStream, status: Arc<RwLock<Status>>, requests: mpsc::Sender<Request>) {
+/// Read one request and answer it; a peer `refused` (naming it) is told why instead.
+async fn answer(
+    stream: UnixStream,
+    refused: Option<String>,
+    status: Arc<RwLock<Status>>,
+    requests: mpsc::Sender<Request>,
+) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
     if reader.read_line(&mut line).await.is_err() {
         return;
     }
-    let reply = match serde_json::from_str::<Value>(&line) {
-        Ok(req) => match req.get("command").and_then(Value::as_str) {
+    let reply = match (refused, serde_json::from_str::<Value>(&line)) {
+        (Some(who), _) => {
+            let message = format!(
+                "permission denied: {who} may not use the memtide control socket (root and \
+                 the users and groups in [control] allow_uids and allow_gids may)"
+            );
+            json!({ "error": message })
+        }
+        (None, Ok(req)) => match req.get("command").and_then(Value::as_str) {
             Some("status") => serde_json::to_value(&*status.read().expect("status lock"))
                 .expect("status serializes"),
             Some("reload") => reload(&requests).await,
             Some(other) => json!({"error": format!("unknown command {other:?}")}),
             None => json!({"error": "no command"}),
         },
-        Err(e) => json!({"error": format!("invalid request: {e}")}),
+        (None, Err(e)) => json!({"error": format!("invalid request: {e}")}),
     };
     let mut out = reply.to_string();
     out.push('\n');
@@ -177,7 +274,8 @@ mod tests {
         inotify.watches().add(dir.path(), mask).unwrap();
         let path = dir.path().join("memtide.sock");
         let (requests, _) = mpsc::channel(1);
-        let _socket = serve(&path, Arc::default(), requests).await.unwrap();
+        let none = ControlConfig::default();
+        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let mut buffer = [0; 4096];
@@ -191,5 +289,115 @@ mod tests {
         assert_eq!(events, [EventMask::MOVED_TO]);
         let status = request_status(&path).await.unwrap();
         assert_eq!(status, Status::default());
+    }
+
+    /// Send `line` to the socket at `path` from a thread running as `uid` and `gid`, and
+    /// read the reply. Credentials belong to a thread in the kernel, and the raw system
+    /// calls (unlike libc's wrappers) change only the calling thread's.
+    fn ask_as(uid: u32, gid: u32, path: &Path, line: &str) -> std::io::Result<String> {
+        use std::io::{BufRead, Write};
+        let (path, line) = (path.to_path_buf(), line.to_string());
+        std::thread::spawn(move || {
+            // SAFETY: setresgid/setresuid change this thread's credentials only; it ends
+            // right after.
+            unsafe {
+                assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+            }
+            let mut stream = std::os::unix::net::UnixStream::connect(&path)?;
+            stream.write_all(line.as_bytes())?;
+            let mut reply = String::new();
+            std::io::BufReader::new(stream).read_line(&mut reply)?;
+            Ok(reply)
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Whether this test runs as root (changing a thread's credentials needs it).
+    fn root() -> bool {
+        // SAFETY: geteuid(2) cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[tokio::test]
+    async fn only_root_and_the_configured_users_and_groups_are_served() {
+        if !root() {
+            eprintln!("skipped: changing a thread's uid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("memtide.sock");
+        let allowed = ControlConfig {
+            allow_uids: vec![4242],
+            allow_gids: vec![777],
+        };
+        let (requests, _) = mpsc::channel(1);
+        let _socket = serve(&path, &allowed, Arc::default(), requests)
+            .await
+            .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666, "others must reach the peer check");
+        let status = "{\"command\": \"status\"}\n";
+        let ask = |uid, gid| {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || ask_as(uid, gid, &path, status))
+        };
+        for (uid, gid) in [(0, 0), (4242, 100), (5000, 777)] {
+            let reply = ask(uid, gid).await.unwrap().unwrap();
+            let reply: Value = serde_json::from_str(&reply).unwrap();
+            assert!(reply.get("error").is_none(), "{uid}/{gid}: {reply}");
+            assert!(reply.get("counters").is_some(), "{uid}/{gid}: {reply}");
+        }
+        let reply = ask(65534, 65534).await.unwrap().unwrap();
+        let reply: Value = serde_json::from_str(&reply).unwrap();
+        let error = reply["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("permission denied: uid 65534 gid 65534 (pid "),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_allowed_users_the_socket_stays_private_to_root() {
+        if !root() {
+            eprintln!("skipped: changing a thread's uid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("memtide.sock");
+        let (requests, _) = mpsc::channel(1);
+        let none = ControlConfig::default();
+        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
+        let refused = tokio::task::spawn_blocking(move || ask_as(4242, 4242, &path, "{}\n"));
+        // Mode 0600: the kernel refuses the connection before the peer check sees it.
+        let error = refused.await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied);
+    }
+
+    #[test]
+    fn refusals_are_logged_once_a_minute_with_a_count() {
+        let mut refusals = Refusals::default();
+        let t0 = Instant::now();
+        let first = refusals.line("uid 7 gid 7", t0).unwrap();
+        assert!(
+            first.starts_with("control socket: refused uid 7 gid 7: only root"),
+            "{first}"
+        );
+        assert!(!first.contains("more refused"), "{first}");
+        for s in 1..=3 {
+            assert_eq!(
+                refusals.line("uid 7 gid 7", t0 + Duration::from_secs(s)),
+                None
+            );
+        }
+        let next = refusals.line("uid 8 gid 8", t0 + REFUSAL_WINDOW).unwrap();
+        assert!(
+            next.contains("refused uid 8 gid 8")
+                && next.ends_with(" (3 more refused since the last such line)"),
+            "{next}"
+        );
     }
 }

@@ -1,11 +1,14 @@
-//! The HTTP endpoint: `/metrics` (OpenMetrics text) and `/api/v1/status` (JSON).
+//! The HTTP endpoint: `/metrics` (OpenMetrics text) and `/api/v1/status` (JSON). It is
+//! read-only: GET and HEAD only, no request body read, request headers at most
+//! [`MAX_HEADERS`] bytes.
 
 use crate::status::Status;
 use crate::{accept, metrics};
 use anyhow::Context;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use hyper::server::conn::http1;
@@ -16,6 +19,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::Semaphore;
+
+/// Most bytes of a request's line and headers; a longer one is answered 431 and the
+/// connection closed (hyper's smallest buffer is 8 KiB).
+pub const MAX_HEADERS: usize = 16 * 1024;
 
 #[derive(Clone)]
 struct AppState {
@@ -29,6 +36,33 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, content_type)],
         metrics::render(&s.registry),
     )
+}
+
+/// Refuse what a read-only endpoint has no use for, before any handler runs: methods
+/// other than GET and HEAD (405), and requests that announce a body (413; the body is
+/// never read, and the connection is closed).
+async fn read_only(request: Request, next: Next) -> Response {
+    let reply = |code, text: &'static str| {
+        let close = [(header::CONNECTION, "close")];
+        (code, close, text).into_response()
+    };
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "read-only endpoint: GET or HEAD only\n",
+        );
+    }
+    let headers = request.headers();
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|l| l.as_bytes() != b"0");
+    if length || headers.contains_key(header::TRANSFER_ENCODING) {
+        return reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "read-only endpoint: requests carry no body\n",
+        );
+    }
+    next.run(request).await
 }
 
 async fn status_json(State(s): State<AppState>) -> Json<Status> {
@@ -71,7 +105,8 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/api/v1/status", get(status_json))
-        .with_state(AppState { status, registry });
+        .with_state(AppState { status, registry })
+        .layer(middleware::from_fn(read_only));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding http {addr}"))?;
@@ -91,6 +126,7 @@ pub async fn serve(
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
+                .max_buf_size(MAX_HEADERS)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(limits.lifetime, connection).await;
@@ -169,6 +205,54 @@ mod tests {
         // A client that asks in time is still served.
         let mut client = TcpStream::connect(addr).await.unwrap();
         assert!(scrape(&mut client).await.starts_with("HTTP/1.1 200 OK"));
+    }
+
+    /// Send `request` on a new connection and read the reply until the server closes it.
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // The server may answer and close before reading all of a long request.
+        let _ = stream.write_all(request).await;
+        let mut reply = Vec::new();
+        let read = stream.read_to_end(&mut reply);
+        let done = tokio::time::timeout(Duration::from_secs(10), read).await;
+        assert!(done.is_ok(), "not answered and closed within 10 s");
+        String::from_utf8_lossy(&reply).into_owned()
+    }
+
+    #[tokio::test]
+    async fn it_is_read_only_and_bounds_what_a_request_may_send() {
+        let addr = start(limits(4, 10_000)).await;
+        let post = b"POST /api/v1/status HTTP/1.1\r\nHost: m\r\nContent-Length: 2\r\n\r\n{}";
+        let reply = exchange(addr, post).await;
+        assert!(reply.starts_with("HTTP/1.1 405 "), "{reply}");
+        for method in ["PUT", "DELETE", "PATCH"] {
+            let request = format!("{method} /metrics HTTP/1.1\r\nHost: m\r\n\r\n");
+            let reply = exchange(addr, request.as_bytes()).await;
+            assert!(reply.starts_with("HTTP/1.1 405 "), "{method}: {reply}");
+        }
+        // A body announced on GET is refused before it is sent, not read then dropped.
+        let announced = b"GET /metrics HTTP/1.1\r\nHost: m\r\nContent-Length: 1000000000\r\n\r\n";
+        let reply = exchange(addr, announced).await;
+        assert!(reply.starts_with("HTTP/1.1 413 "), "{reply}");
+        let chunked = b"GET /metrics HTTP/1.1\r\nHost: m\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let reply = exchange(addr, chunked).await;
+        assert!(reply.starts_with("HTTP/1.1 413 "), "{reply}");
+        // Headers past the bound: refused whole, with no reply body built from them.
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nHost: m\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(4 * MAX_HEADERS)
+        );
+        let reply = exchange(addr, long.as_bytes()).await;
+        assert!(reply.starts_with("HTTP/1.1 431 "), "{reply}");
+        // Just under the bound is served.
+        let fits = format!(
+            "GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(MAX_HEADERS / 2)
+        );
+        let reply = exchange(addr, fits.as_bytes()).await;
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        let head = b"HEAD /api/v1/status HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n";
+        assert!(exchange(addr, head).await.starts_with("HTTP/1.1 200 OK"));
     }
 
     #[test]

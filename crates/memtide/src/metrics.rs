@@ -134,6 +134,17 @@ impl Collector for StatusCollector {
             "Diagnostics (errors and warnings), by kind.",
             diags,
         )?;
+        let writes = c
+            .write_errors
+            .iter()
+            .map(|(f, n)| (vec![("file", f.as_str())], *n))
+            .collect();
+        counters(
+            &mut enc,
+            "memtide_write_errors",
+            "Failed writes (a full disk), by file: event_log, recording, state.",
+            writes,
+        )?;
         gauges(
             &mut enc,
             "memtide_last_tick_seconds",

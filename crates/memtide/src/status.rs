@@ -23,6 +23,9 @@ pub struct Counters {
     pub actions: BTreeMap<String, BTreeMap<String, u64>>,
     /// Diagnostics seen, by kind, one per VM and tick.
     pub diagnostics: BTreeMap<String, u64>,
+    /// Failed writes, by file (`event_log`, `recording`, `state`): what they held is lost.
+    #[serde(default)]
+    pub write_errors: BTreeMap<String, u64>,
 }
 
 impl Counters {

@@ -116,26 +116,43 @@ fn fake_host(root: &Path) {
     }
 }
 
-#[test]
-fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+/// Run the daemon for three ticks on fake trees in `root`, logging events to `events`.
+fn run_on_fake_trees(root: &Path, events: &Path) -> std::process::Output {
     fake_host(root);
     let config = format!(
         "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = [{:?}]\n\
-         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"\"\n",
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"\"\n",
         root.join("proc"),
         root.join("sys"),
         root.join("qmp/*.sock").display().to_string(),
         root.join("memtide.sock"),
-        root.join("events.jsonl"),
+        events,
     );
     std::fs::write(root.join("memtide.toml"), config).unwrap();
-    let o = memtide()
+    memtide()
         .args(["run", "--ticks", "3", "--config"])
         .arg(root.join("memtide.toml"))
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn an_event_log_on_a_full_disk_is_logged_once_and_does_not_stop_the_daemon() {
+    // /dev/full fails every write with ENOSPC.
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_on_fake_trees(dir.path(), Path::new("/dev/full"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.matches("write failed").count(), 1, "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("memtide stopped"), "{err}");
+}
+
+#[test]
+fn the_daemon_runs_on_fake_trees_and_tunes_ksm_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let o = run_on_fake_trees(root, &root.join("events.jsonl"));
     assert!(o.status.success(), "{}", stderr(&o));
     // ~10% free: ksmtuned runs ksmd, boosting pages_to_scan by 300 per tick from the
     // kernel's 100 — written only to the fake sysfs.
@@ -183,7 +200,7 @@ fn idle_http_clients_never_make_a_tick_skip() {
     let port = support::free_port();
     let config = format!(
         "interval_s = 0.1\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
-         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{port}\"\n",
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"127.0.0.1:{port}\"\n",
         root.join("proc"),
         root.join("sys"),
         root.join("memtide.sock"),
@@ -266,7 +283,7 @@ proptest! {
         let number = |v: toml::Value| v.to_string();
         let config = format!(
             "interval_s = {}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
-             [daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n\
+             [daemon]\nsocket = {:?}\nevent_log = \"\"\nstate_file = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n\
              call_timeout_ms = {}\nrecord_file_mib = {}\n[engine]\nsettle_s = {}\n\
              [memtide]\ncool_down_s = {}\n",
             number(interval_s.into()),
@@ -306,7 +323,7 @@ proptest! {
 fn a_missing_proc_file_stops_the_daemon_at_start_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[host]\nproc = {:?}\n[daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\n",
+        "[host]\nproc = {:?}\n[daemon]\nsocket = {:?}\nevent_log = \"\"\nstate_file = \"\"\nhttp = \"\"\n",
         dir.path().join("proc"),
         dir.path().join("s.sock")
     );
@@ -409,7 +426,7 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 300)\n").unwrap();
     let config = format!(
         "interval_s = 0.2\npolicy = {:?}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
-         [daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"\"\n",
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"\"\n",
         policy, root.join("proc"), root.join("sys"), root.join("memtide.sock"), root.join("events.jsonl"),
     );
     std::fs::write(root.join("memtide.toml"), config).unwrap();
@@ -536,7 +553,7 @@ fn the_daemon_records_and_replay_reads_it() {
     let config = format!(
         "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
          [engine]\nksm_control = false\n\
-         [daemon]\nsocket = {:?}\nevent_log = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n",
+         [daemon]\nsocket = {:?}\nevent_log = \"\"\nstate_file = \"\"\nhttp = \"\"\nrecord_dir = {:?}\n",
         root.join("proc"),
         root.join("sys"),
         root.join("memtide.sock"),

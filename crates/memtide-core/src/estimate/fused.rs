@@ -14,7 +14,9 @@
 //! what it frees taken back at once; when its need grows, probing restarts fast only if it
 //! had found cold memory below Committed_AS. It never goes below the guest's
 //! unreclaimable memory plus a floor. A guest first seen while the host does not need
-//! memory is left at its size for a few seconds: it may be booting.
+//! memory is left at its size for a few seconds: it may be booting. A guest first seen
+//! with its balloon already inflated (managed before: memtide restarted) starts from its
+//! current size, held for a cool-down, not from its need afresh.
 
 use super::{clamp, epochs, Estimate, Observation};
 use crate::need::NeedLevel;
@@ -138,6 +140,23 @@ pub struct Fused {
     exact: bool,
 }
 
+/// What a guest's estimator must not forget when the daemon restarts: where probing
+/// stands, and the cool-down it has earned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FusedMemory {
+    /// The estimate.
+    pub estimate: Bytes,
+    /// The guest's own need at the last rebase.
+    pub base: Bytes,
+    /// Back-offs since the last rebase (the cool-down doubles with each).
+    pub backoffs: u32,
+    /// Seconds of cool-down left.
+    pub hold_s: f64,
+    /// The last failed probe found no cold memory below the guest's commitment.
+    pub exact: bool,
+}
+
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or_default()
 }
@@ -188,6 +207,33 @@ fn committed_in_memory(obs: &Observation) -> Bytes {
 }
 
 impl Fused {
+    /// What to keep across a restart, at `at`; none before the first estimate.
+    pub fn memory(&self, at: Duration) -> Option<FusedMemory> {
+        Some(FusedMemory {
+            estimate: self.estimate?,
+            base: self.base,
+            backoffs: self.backoffs,
+            hold_s: self.hold_until.saturating_sub(at).as_secs_f64(),
+            exact: self.exact,
+        })
+    }
+
+    /// The estimator of a guest found again after a restart, at `at`, from what
+    /// [`Fused::memory`] kept: its estimate, probing state and what is left of its
+    /// cool-down (what it learnt from the guest's last ticks is learnt again).
+    pub fn recall(m: &FusedMemory, at: Duration) -> Fused {
+        Fused {
+            estimate: Some(m.estimate),
+            first_seen: Some(at),
+            base: m.base,
+            freed_from: Some((m.base, None)),
+            hold_until: at + secs(m.hold_s),
+            backoffs: m.backoffs,
+            exact: m.exact,
+            ..Fused::default()
+        }
+    }
+
     /// The cool-down after the back-offs so far: doubling with each, up to the longest.
     fn hold_s(&self, cfg: &FusedConfig) -> f64 {
         (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1)).min(cfg.max_cool_down_s)
@@ -211,6 +257,29 @@ impl Fused {
         // its 83 MiB boot-time need two seconds before its workload committed 192 MiB
         // thrashed for 40 s).
         let first_seen = *self.first_seen.get_or_insert(obs.at);
+        // A guest whose balloon already holds memory when first seen was managed before (a
+        // memtide that restarted, or its operator): it starts from the size it lives at,
+        // which probing may have brought below its need and cache, and is held for a
+        // cool-down, as after a back-off, before the usual rules move it (its need from
+        // scratch would undo what probing found cold, or squeeze it at once).
+        if self.estimate.is_none() && obs.size + Bytes::from_mib(1) < obs.configured {
+            let wss = clamp(obs.size.max(base), floor, obs.configured);
+            self.estimate = Some(wss);
+            (self.base, self.freed_from) = (base, Some((base, s.committed_as)));
+            (self.last_size, self.last_committed) = (Some(obs.size), s.committed_as);
+            // Probing may have found its working set already: slowly, as after a back-off.
+            (self.hold_until, self.backoffs) = (obs.at + secs(cfg.cool_down_s), 1);
+            let detail = format!(
+                "estimate {wss}: found with its balloon at {}, below its configured {}: start \
+                 from there, hold {:.0} s, then probe slowly; it counts {need} needed",
+                obs.size, obs.configured, cfg.cool_down_s
+            );
+            return Some(Estimate {
+                wss,
+                phase: "adopt",
+                detail,
+            });
+        }
         let free_at_full = obs.need.map_or(0.0, |n| n.free_at_full);
         if self.estimate.is_none()
             && level == NeedLevel::Ample
@@ -641,6 +710,83 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_found_ballooned_starts_from_its_size_not_its_need() {
+        // memtide restarted: a 1000 MiB guest probed down to 600 MiB, where it counts 300
+        // needed and uses 250 MiB of cache. Afresh it would start at need + cache + margin
+        // (580, and more when the host is ample); adopted it stays at 600 for the
+        // cool-down, then probes down from there.
+        let cfg = cfg();
+        for level in [NeedLevel::Short, NeedLevel::Tight, NeedLevel::Ample] {
+            let mut f = Fused::default();
+            let found = |t| {
+                let mut o = at(committed(obs(t, 600, 300, 0), 400), level);
+                o.signals.active_file = Some(Bytes::from_mib(250));
+                o
+            };
+            let e = f.step(&cfg, &found(0)).unwrap();
+            assert_eq!((e.wss.mib_f64(), e.phase), (600.0, "adopt"), "{level:?}");
+            assert!(
+                e.detail.contains("found with its balloon at 600 MiB"),
+                "{}",
+                e.detail
+            );
+            let e = f.step(&cfg, &found(2)).unwrap();
+            assert_eq!(e.phase, "hold", "{level:?}");
+            assert!(e.wss.mib_f64() <= 600.0, "{level:?}: {}", e.wss);
+        }
+        // Short after the cool-down: probe from 600, slowly (a step of 1%, not 5%).
+        let mut f = Fused::default();
+        let short = |t| at(committed(obs(t, 600, 300, 0), 400), NeedLevel::Short);
+        f.step(&cfg, &short(0)).unwrap();
+        let e = f.step(&cfg, &short(8)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (590.0, "probe"));
+        // Its need above its size (MemAvailable below the margin): raised to it at once.
+        let mut g = Fused::default();
+        let e = g
+            .step(&cfg, &at(obs(0, 600, 10, 0), NeedLevel::Short))
+            .unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (620.0, "adopt"));
+        // Found at its configured size: the usual start, at its need and margin.
+        let mut h = Fused::default();
+        let full = at(committed(obs(0, 1000, 700, 0), 400), NeedLevel::Short);
+        assert_eq!(h.step(&cfg, &full).unwrap().phase, "start");
+    }
+
+    #[test]
+    fn a_recalled_estimator_goes_on_where_the_last_one_stood() {
+        // Probed to 560 MiB, then backed off: 3 s of an 8 s cool-down done.
+        let cfg = cfg();
+        let mut f = Fused::default();
+        let short = |o| at(o, NeedLevel::Short);
+        f.step(&cfg, &short(committed(obs(0, 1000, 700, 0), 400)));
+        for t in 1..6 {
+            f.step(&cfg, &short(committed(obs(t, 330, 30, 0), 400)));
+        }
+        let e = f
+            .step(&cfg, &short(committed(obs(6, 300, 0, 2560), 400)))
+            .unwrap();
+        assert_eq!(e.phase, "back_off");
+        let m = f.memory(Duration::from_secs(9)).unwrap();
+        assert_eq!((m.estimate, m.backoffs, m.hold_s), (e.wss, 1, 5.0));
+        // A new daemon, its clock at 0: the hold goes on for what was left of it.
+        let mut g = Fused::recall(&m, Duration::ZERO);
+        let held = g
+            .step(&cfg, &short(committed(obs(2, 330, 30, 0), 400)))
+            .unwrap();
+        assert_eq!((held.phase, held.wss), ("hold", e.wss));
+        let probe = g
+            .step(&cfg, &short(committed(obs(5, 330, 30, 0), 400)))
+            .unwrap();
+        assert_eq!(probe.phase, "probe");
+        assert!(probe.wss < e.wss, "slowly below the level that failed");
+        assert_eq!(
+            e.wss - probe.wss,
+            Bytes::from_mib(10),
+            "at 1% a tick: after a back-off"
+        );
+    }
+
+    #[test]
     fn the_costless_size_keeps_the_page_cache_in_use_and_drops_the_rest() {
         let mut o = obs(0, 1000, 700, 0);
         o.signals.active_file = Some(Bytes::from_mib(150));
@@ -775,10 +921,23 @@ mod tests {
         f.step(&cfg, &obs(0, 1000, 700, 0));
         assert_eq!(f.step(&cfg, &obs(1, 330, 30, 600)).unwrap().phase, "probe");
         // Not inflating: the same few pages are a shortage, a handful (0.02%) is not.
-        let mut g = Fused::default();
-        g.step(&cfg, &obs(0, 330, 30, 0));
-        assert_eq!(g.step(&cfg, &obs(1, 330, 30, 50)).unwrap().phase, "probe");
-        let e = g.step(&cfg, &obs(2, 330, 30, 600)).unwrap();
+        // (Found at 330 MiB, adopted there: no cool-down, to probe at once.)
+        let (adopted, mut g) = (
+            FusedConfig {
+                cool_down_s: 0.0,
+                ..cfg.clone()
+            },
+            Fused::default(),
+        );
+        assert_eq!(
+            g.step(&adopted, &obs(0, 330, 30, 0)).unwrap().phase,
+            "adopt"
+        );
+        assert_eq!(
+            g.step(&adopted, &obs(1, 330, 30, 50)).unwrap().phase,
+            "probe"
+        );
+        let e = g.step(&adopted, &obs(2, 330, 30, 600)).unwrap();
         assert_eq!(e.phase, "back_off");
         // Heavy faulting right after a probe: raised by a bounded step (280 + 50 + 20),
         // not to Committed_AS (930).

@@ -12,12 +12,14 @@ pub mod trust;
 pub mod working_set;
 
 use crate::action::{KsmSettings, Reason};
+use crate::estimate::fused::FusedMemory;
 use crate::history::History;
 use crate::signals::Signals;
 use crate::snapshot::{VmLimits, VmSample};
 use crate::stats::HostStats;
 use crate::units::Bytes;
 use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One VM as a policy sees it: only VMs with a balloon and a fresh sample are shown.
@@ -139,4 +141,12 @@ pub trait Policy: Send {
     fn name(&self) -> &str;
     /// Decide one tick.
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput;
+    /// What the policy must not forget about each VM when the daemon restarts, at `at`
+    /// (memtide's estimator only, so far; other policies keep nothing).
+    fn memory(&self, _at: Duration) -> BTreeMap<String, FusedMemory> {
+        BTreeMap::new()
+    }
+    /// Take back what [`Policy::memory`] kept before a restart, each VM's with its
+    /// configured size: used when the VM is first seen, at that size.
+    fn recall(&mut self, _memory: BTreeMap<String, (Bytes, FusedMemory)>) {}
 }

@@ -9,7 +9,7 @@ use super::ksmtuned::{self, KsmConfig};
 use super::trust::Trust;
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
 use crate::action::Reason;
-use crate::estimate::fused::{costless, Fused, FusedConfig};
+use crate::estimate::fused::{costless, Fused, FusedConfig, FusedMemory};
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
@@ -19,7 +19,9 @@ use crate::units::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::time::Duration;
 
 /// Settings shared by the working-set policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -110,6 +112,9 @@ pub struct WorkingSet {
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
     trust: FxHashMap<String, Trust>,
+    /// Estimator states kept from before a restart, each with its VM's configured size,
+    /// for VMs not seen yet.
+    recalled: BTreeMap<String, (Bytes, FusedMemory)>,
 }
 
 impl WorkingSet {
@@ -121,6 +126,7 @@ impl WorkingSet {
             ksm,
             states: FxHashMap::default(),
             trust: FxHashMap::default(),
+            recalled: BTreeMap::new(),
         }
     }
 
@@ -207,6 +213,7 @@ fn beyond_swap(s: &crate::signals::Signals) -> Bytes {
 fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
     let known = match (policy, phase) {
         ("memtide", "arrive") => "memtide.arrive",
+        ("memtide", "adopt") => "memtide.adopt",
         ("memtide", "start") => "memtide.start",
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
@@ -246,6 +253,18 @@ impl Policy for WorkingSet {
         self.estimator.policy_name()
     }
 
+    fn memory(&self, at: Duration) -> BTreeMap<String, FusedMemory> {
+        let fused = self.states.iter().filter_map(|(name, state)| match state {
+            State::Fused(f) => Some((name.clone(), f.memory(at)?)),
+            _ => None,
+        });
+        fused.collect()
+    }
+
+    fn recall(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.recalled = memory;
+    }
+
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&self.ksm, input);
@@ -263,9 +282,18 @@ impl Policy for WorkingSet {
             })
             .collect();
         for vm in input.vms.iter().filter(|vm| vm.history.len() == 1) {
-            // New, or reset: start afresh.
+            // New, or reset: start afresh, or where a daemon before a restart stood (the
+            // same VM: its name and configured size).
             self.states.remove(vm.name);
             self.trust.remove(vm.name);
+            if let (EstimatorConfig::Fused(_), Some((configured, m))) =
+                (&self.estimator, self.recalled.remove(vm.name))
+            {
+                if configured == vm.latest().configured {
+                    let recalled = State::Fused(Fused::recall(&m, input.at));
+                    self.states.insert(vm.name.to_string(), recalled);
+                }
+            }
         }
         let domain = &input.host_latest().domain;
         let reserve = domain.total.scale(self.config.host_reserve);

@@ -3,12 +3,17 @@
 //! the latest few in memory for status. What others make happen (a VM lost, a guest
 //! reset, a failed action) is logged at most five times a minute per VM and kind; the
 //! rest are counted, and the count logged when the minute is over.
+//!
+//! Crash safety: each event is one `write()` to a file opened with O_APPEND, so a kill
+//! leaves whole lines; a write the disk cuts short is taken back (the file truncated to
+//! where it was), and a write that fails (ENOSPC) is counted, logged once until writing
+//! works again, and never stops the daemon. [`read_log`] skips a torn last line.
 
 use memtide_core::{guest_text, Decision, Diagnostic, DiagnosticKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -20,9 +25,10 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 5] = [
+const ALWAYS: [&str; 6] = [
     "started",
     "stopped",
+    "state",
     "action",
     "policy_reloaded",
     "policy_rejected",
@@ -73,6 +79,10 @@ pub struct EventLog {
     conditions: BTreeSet<(Option<String>, DiagnosticKind)>,
     /// The rate limit's windows.
     windows: HashMap<Key, Window>,
+    /// Events that could not be written to the file.
+    write_errors: u64,
+    /// Failed writes since the last one that worked (the first is logged).
+    failing: u64,
 }
 
 impl EventLog {
@@ -84,6 +94,8 @@ impl EventLog {
             recent: VecDeque::new(),
             conditions: BTreeSet::new(),
             windows: HashMap::new(),
+            write_errors: 0,
+            failing: 0,
         };
         if !path.as_os_str().is_empty() {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -171,8 +183,27 @@ impl EventLog {
             event.message
         );
         if let Some(f) = &mut self.file {
-            if let Err(e) = write_line(f, &event) {
-                tracing::error!("event log write failed: {e}");
+            match append_line(f, &event) {
+                Ok(()) if self.failing > 0 => {
+                    tracing::warn!(
+                        "event log {}: writing again, {} events lost",
+                        self.path.display(),
+                        self.failing
+                    );
+                    self.failing = 0;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    if self.failing == 0 {
+                        tracing::error!(
+                            "event log {}: write failed, events are lost until it works \
+                             again (counted in memtide_write_errors_total): {e}",
+                            self.path.display()
+                        );
+                    }
+                    self.failing += 1;
+                    self.write_errors += 1;
+                }
             }
         }
         if self.recent.len() == RECENT {
@@ -222,6 +253,11 @@ impl EventLog {
         }
     }
 
+    /// Events that could not be written to the file since the daemon started.
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors
+    }
+
     /// The latest events, oldest first.
     pub fn recent(&self) -> Vec<Event> {
         self.recent.iter().cloned().collect()
@@ -229,12 +265,60 @@ impl EventLog {
 }
 
 /// Write `event` as one JSON line in one `write` call, so that a line is never split nor
-/// interleaved with another writer's (`write_all` writes again only after a short write,
-/// which an appended file gives when the disk is full).
-fn write_line(out: &mut impl Write, event: &Event) -> std::io::Result<()> {
+/// interleaved with another writer's; returns the bytes written, fewer than the line's
+/// when the disk is full.
+fn write_line(out: &mut impl Write, event: &Event) -> io::Result<(usize, usize)> {
     let mut line = serde_json::to_vec(event).expect("events serialize");
     line.push(b'\n');
-    out.write_all(&line)
+    Ok((out.write(&line)?, line.len()))
+}
+
+/// Append `event` to `file` (opened O_APPEND) whole or not at all: what a short write
+/// left is cut off again, so that the next line does not continue a torn one.
+fn append_line(file: &mut File, event: &Event) -> io::Result<()> {
+    let (written, len) = write_line(file, event)?;
+    if written == len {
+        return Ok(());
+    }
+    cut_back(file, written)?;
+    Err(io::Error::new(
+        io::ErrorKind::WriteZero,
+        format!("short write ({written} of {len} bytes): the disk is full"),
+    ))
+}
+
+/// Cut the last `written` bytes off `file`: what a short write appended.
+fn cut_back(file: &File, written: usize) -> io::Result<()> {
+    let end = file.metadata()?.len();
+    file.set_len(end.saturating_sub(written as u64))
+}
+
+/// The events in the log at `path`, and a note on a torn last line (a write cut short
+/// by a crash or a full disk) that was skipped. Any other line that is not an event is
+/// an error naming its number.
+pub fn read_log(path: &Path) -> io::Result<(Vec<Event>, Option<String>)> {
+    let text = std::fs::read(path)?;
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut events = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(e) => events.push(e),
+            Err(_) if i + 1 == lines.len() && !line.ends_with('\n') => {
+                let note = format!(
+                    "{}: torn last line skipped ({} bytes, no newline)",
+                    path.display(),
+                    line.len()
+                );
+                return Ok((events, Some(note)));
+            }
+            Err(e) => {
+                let message = format!("{}:{}: not an event: {e}", path.display(), i + 1);
+                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+            }
+        }
+    }
+    Ok((events, None))
 }
 
 #[cfg(test)]
@@ -284,13 +368,11 @@ mod tests {
         assert_eq!(log.recent().len(), 2);
     }
 
-    /// The events in the file at `path`.
+    /// The events in the file at `path` (which has no torn line).
     fn read(path: &Path) -> Vec<Event> {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        let (events, torn) = read_log(path).unwrap();
+        assert_eq!(torn, None);
+        events
     }
 
     #[test]
@@ -391,8 +473,87 @@ mod tests {
         assert!(event.message.len() <= guest_text::MAX_LEN);
         assert_eq!(event.vm.as_deref(), Some("a\\u{1b}"));
         let mut out = Writes::default();
-        write_line(&mut out, &event).unwrap();
+        let (written, len) = write_line(&mut out, &event).unwrap();
+        assert_eq!(written, len);
         assert_eq!(out.0.len(), 1);
         assert!(out.0[0].ends_with(b"}\n"));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_with_a_note_and_other_garbage_is_an_error() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        log.log("started", None, None, "one".into());
+        log.log("stopped", None, None, "two".into());
+        let whole = std::fs::read(&path).unwrap();
+        let second = whole.len() - (whole.iter().position(|b| *b == b'\n').unwrap() + 1);
+        // A kill (or a full disk) in the middle of the second line.
+        let cut = whole.len() - 10;
+        std::fs::write(&path, &whole[..cut]).unwrap();
+        let (events, torn) = read_log(&path).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].message, "one");
+        let torn = torn.unwrap();
+        let note = format!("torn last line skipped ({} bytes, no newline)", second - 10);
+        assert!(torn.ends_with(&note), "{torn}");
+        // A torn line followed by others is not a crash's doing: an error, with its line.
+        let mut spliced = whole[..cut].to_vec();
+        spliced.extend_from_slice(b"\n");
+        spliced.extend_from_slice(&whole);
+        std::fs::write(&path, spliced).unwrap();
+        let error = read_log(&path).unwrap_err().to_string();
+        assert!(error.contains("events.jsonl:2: not an event"), "{error}");
+    }
+
+    #[test]
+    fn a_full_disk_loses_events_counted_and_the_daemon_goes_on() {
+        // /dev/full fails every write with ENOSPC.
+        let mut log = EventLog::open(Path::new("/dev/full")).unwrap();
+        for i in 0..10 {
+            log.log("action", Some("a"), Some("r"), format!("balloon {i}"));
+        }
+        assert_eq!(log.write_errors(), 10);
+        assert_eq!(log.failing, 10);
+        assert_eq!(log.recent().len(), 10, "status still shows them");
+        // Space again: writing resumes where the file stands.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        log.path = path.clone();
+        log.reopen().unwrap();
+        log.log("action", Some("a"), Some("r"), "balloon 10".into());
+        assert_eq!((log.write_errors(), log.failing), (10, 0));
+        assert_eq!(read(&path).len(), 1);
+    }
+
+    #[test]
+    fn what_a_short_write_left_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, b"{\"whole\": 1}\n{\"torn").unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        /// A file the disk fills after 6 more bytes.
+        struct Short<'f>(&'f mut File);
+        impl Write for Short<'_> {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.write(&buf[..6])
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let event = Event {
+            ts: "t".into(),
+            kind: "k".into(),
+            vm: None,
+            rule: None,
+            message: "m".into(),
+        };
+        let (written, len) = write_line(&mut Short(&mut file), &event).unwrap();
+        assert!(written < len);
+        cut_back(&file, written).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"whole\": 1}\n{\"torn");
     }
 }

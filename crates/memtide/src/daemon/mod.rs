@@ -5,6 +5,8 @@ pub mod backoff;
 pub mod connect;
 pub mod events;
 pub mod fleet;
+pub mod state;
+pub mod writes;
 
 use crate::config::Config;
 use crate::control::Request;
@@ -18,6 +20,7 @@ use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
 use memtide_sim::Recorder;
+use state::StateFile;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
@@ -45,6 +48,9 @@ struct Daemon {
     counters: Counters,
     start: Instant,
     recorder: Option<Recorder>,
+    recording: writes::Retry,
+    state: Option<StateFile>,
+    state_writes: writes::Retry,
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
@@ -86,13 +92,19 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         recent_events: Vec::new(),
     }));
     let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
-    let _control = control::serve(&config.daemon.socket, status.clone(), requests).await?;
+    let _control = control::serve(
+        &config.daemon.socket,
+        &config.control,
+        status.clone(),
+        requests,
+    )
+    .await?;
     if let Some(addr) = settings.http {
         let addr = http::serve(addr, status.clone(), http::Limits::under(nofile)).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
     let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
-    let engine = Engine::new(config.engine.clone(), policy);
+    let mut engine = Engine::new(config.engine.clone(), policy);
     let mode = if options.dry_run {
         " (dry run: nothing is changed)"
     } else {
@@ -104,6 +116,12 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         engine.policy_name()
     );
     events.log("started", None, None, message);
+    let state = state::open(
+        &config.daemon.state_file,
+        &options,
+        &mut engine,
+        &mut events,
+    );
 
     let mut daemon = Daemon {
         config,
@@ -116,6 +134,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         counters: Counters::default(),
         start: Instant::now(),
         recorder,
+        recording: writes::Retry::default(),
+        state,
+        state_writes: writes::Retry::default(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -226,6 +247,9 @@ impl Daemon {
         };
         let (mut vms, lost) = self.fleet.sample().await;
         vms.iter_mut().for_each(clean_guest_text);
+        if let Some(state) = &mut self.state {
+            state.restore_targets(&mut vms);
+        }
         self.log_fleet(&lost);
         let snapshot = Snapshot {
             at: self.start.elapsed(),
@@ -235,6 +259,7 @@ impl Daemon {
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
         self.actuate(&decision).await;
+        self.save_state(&decision);
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
             *self
@@ -247,15 +272,33 @@ impl Daemon {
         self.publish(Some(decision), None, t0);
     }
 
-    /// Record the tick for replay; a failure stops recording (and says so) but not the daemon.
+    /// Record the tick for replay; a failure (a full disk) pauses recording, not the daemon.
     fn record(&mut self, snapshot: &Snapshot, decision: &Decision) {
         let Some(recorder) = &mut self.recorder else {
             return;
         };
-        if let Err(e) = recorder.record(snapshot, decision) {
-            self.events
-                .log("host_error", None, None, format!("recording stopped: {e}"));
-            self.recorder = None;
+        let tick = self.counters.ticks;
+        if self.recording.due(tick) {
+            let result = recorder.record(snapshot, decision);
+            let result = result.map_err(|e| e.to_string());
+            let (events, counters) = (&mut self.events, &mut self.counters);
+            self.recording
+                .outcome("recording", tick, result, events, counters);
+        }
+    }
+
+    /// Write the state file after the tick's actions; a failure (a full disk) is retried.
+    fn save_state(&mut self, decision: &Decision) {
+        let Some(state) = &self.state else {
+            return;
+        };
+        let tick = self.counters.ticks;
+        if self.state_writes.due(tick) {
+            let result = state.write(decision, &self.engine);
+            let result = result.map_err(|e| e.to_string());
+            let (events, counters) = (&mut self.events, &mut self.counters);
+            self.state_writes
+                .outcome("state", tick, result, events, counters);
         }
     }
 
@@ -334,6 +377,10 @@ impl Daemon {
         s.waiting = self.fleet.waiting();
         for w in &mut s.waiting {
             w.error = w.error.as_deref().map(guest_text::clean);
+        }
+        let lost = self.events.write_errors();
+        if lost > 0 {
+            self.counters.write_errors.insert("event_log".into(), lost);
         }
         s.counters = self.counters.clone();
         s.recent_events = self.events.recent();

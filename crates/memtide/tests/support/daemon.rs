@@ -16,6 +16,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub log: PathBuf,
     pub events: PathBuf,
+    /// The state file.
+    pub state: PathBuf,
     child: Child,
 }
 
@@ -26,10 +28,12 @@ impl Daemon {
         let socket = dir.join("memtide.sock");
         let events = dir.join("events.jsonl");
         let log = dir.join("daemon.log");
+        let state = dir.join("state.json");
         let text = format!(
-            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nhttp = \"127.0.0.1:{http_port}\"\ncall_timeout_ms = 2000\n",
+            "{config}\n[daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = {:?}\nhttp = \"127.0.0.1:{http_port}\"\ncall_timeout_ms = 2000\n",
             socket.display().to_string(),
             events.display().to_string(),
+            state.display().to_string(),
         );
         let path = dir.join("memtide.toml");
         std::fs::write(&path, text).unwrap();
@@ -46,6 +50,7 @@ impl Daemon {
             socket,
             log,
             events,
+            state,
             child,
         };
         let up = wait_for(Duration::from_secs(10), || d.try_status());
@@ -101,12 +106,16 @@ impl Daemon {
         })
     }
 
-    /// The daemon's event log, one JSON value per line.
+    /// The daemon's event log, one JSON value per event (panics on a torn line).
     pub fn event_log(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
+        if !self.events.exists() {
+            return Vec::new();
+        }
+        let (events, torn) = memtide::daemon::events::read_log(&self.events).unwrap();
+        assert_eq!(torn, None, "a torn line in the event log");
+        events
+            .into_iter()
+            .map(|e| serde_json::to_value(e).unwrap())
             .collect()
     }
 

@@ -1,0 +1,309 @@
+//! The state file: what a restarted daemon must not forget about each VM — the balloon
+//! target it asked for, and what memtide's estimator learnt (its estimate, probing state
+//! and cool-down). Written every tick, atomically (a temporary file, fsync, rename), as
+//! small versioned JSON; read at start. A VM's state is used when the VM is found again
+//! under its name at the same configured size; a file that is unreadable, of another
+//! version or older than [`MAX_AGE`] is ignored, with the reason logged.
+
+use super::events::EventLog;
+use super::RunOptions;
+use memtide_core::estimate::fused::FusedMemory;
+use memtide_core::{Bytes, Decision, Engine, VmSnapshot};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The format's version; a file of another is ignored.
+const VERSION: u32 = 1;
+/// State older than this is ignored: what it says of the guests no longer holds.
+pub const MAX_AGE: Duration = Duration::from_secs(600);
+
+/// The daemon's state file at `path` (none when empty or in a dry run, whose decisions
+/// are not carried out), with what it held given to `engine` and logged to `events`.
+pub fn open(
+    path: &Path,
+    options: &RunOptions,
+    engine: &mut Engine,
+    events: &mut EventLog,
+) -> Option<StateFile> {
+    if path.as_os_str().is_empty() || options.dry_run {
+        return None;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            let message = format!("creating {}: {e}", dir.display());
+            events.log("write_failed", None, Some("state"), message);
+        }
+    }
+    let (state, message) = StateFile::open(path, engine);
+    events.log("state", None, None, message);
+    Some(state)
+}
+
+/// The file's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    version: u32,
+    /// When it was written, in seconds since the Unix epoch.
+    written: u64,
+    vms: BTreeMap<String, SavedVm>,
+}
+
+/// One VM's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedVm {
+    /// Its configured size: the state is used only for a VM of the same size.
+    configured: Bytes,
+    /// The balloon target in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<Bytes>,
+    /// memtide's estimator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    memtide: Option<FusedMemory>,
+}
+
+/// The state file, and the targets restored from it for VMs not seen again yet.
+pub struct StateFile {
+    path: PathBuf,
+    targets: BTreeMap<String, (Bytes, Bytes)>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl StateFile {
+    /// The state file at `path`, and what a previous daemon left there given to `engine`;
+    /// returns a sentence for the event log saying what was restored or why nothing was.
+    pub fn open(path: &Path, engine: &mut Engine) -> (StateFile, String) {
+        let mut state = StateFile {
+            path: path.to_path_buf(),
+            targets: BTreeMap::new(),
+        };
+        let saved = match std::fs::read(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return (
+                    state,
+                    format!("no state file at {}: starting afresh", path.display()),
+                )
+            }
+            Err(e) => Err(e.to_string()),
+            Ok(bytes) => serde_json::from_slice::<Saved>(&bytes).map_err(|e| e.to_string()),
+        };
+        let age = |s: &Saved| unix_now().saturating_sub(s.written);
+        let saved = match saved {
+            Ok(s) if s.version != VERSION => Err(format!("version {}, not {VERSION}", s.version)),
+            Ok(s) if age(&s) > MAX_AGE.as_secs() => Err(format!(
+                "written {} s ago, more than {} s",
+                age(&s),
+                MAX_AGE.as_secs()
+            )),
+            other => other,
+        };
+        let saved = match saved {
+            Ok(s) => s,
+            Err(why) => {
+                let message = format!(
+                    "state file {} ignored ({why}): starting afresh",
+                    path.display()
+                );
+                return (state, message);
+            }
+        };
+        let elapsed = age(&saved) as f64;
+        let mut memory = BTreeMap::new();
+        for (name, vm) in &saved.vms {
+            if let Some(m) = &vm.memtide {
+                let hold_s = (m.hold_s - elapsed).max(0.0);
+                memory.insert(
+                    name.clone(),
+                    (
+                        vm.configured,
+                        FusedMemory {
+                            hold_s,
+                            ..m.clone()
+                        },
+                    ),
+                );
+            }
+            if let Some(target) = vm.target {
+                state.targets.insert(name.clone(), (vm.configured, target));
+            }
+        }
+        let message = format!(
+            "state of {} VMs restored from {} (written {elapsed} s ago): {} estimator states, {} balloon targets",
+            saved.vms.len(),
+            path.display(),
+            memory.len(),
+            state.targets.len()
+        );
+        engine.recall(memory);
+        (state, message)
+    }
+
+    /// Give VMs seen for the first time since the start the target restored for them
+    /// (same configured size), unless their backend knows its own.
+    pub fn restore_targets(&mut self, vms: &mut [VmSnapshot]) {
+        for vm in vms {
+            let Some((configured, target)) = self.targets.remove(&vm.name) else {
+                continue;
+            };
+            let same = vm.sample.as_ref().is_ok_and(|s| s.configured == configured);
+            if same && vm.target.is_none() {
+                vm.target = Some(target);
+            }
+        }
+    }
+
+    /// Write the state after `decision`, with `engine`'s memory at the decision's time.
+    pub fn write(&self, decision: &Decision, engine: &Engine) -> std::io::Result<()> {
+        let mut memory = engine.memory(decision.at);
+        let vms = decision
+            .vms
+            .iter()
+            .filter_map(|vm| {
+                let vm_state = SavedVm {
+                    configured: vm.configured?,
+                    target: vm.target,
+                    memtide: memory.remove(&vm.name),
+                };
+                Some((vm.name.clone(), vm_state))
+            })
+            .collect();
+        let saved = Saved {
+            version: VERSION,
+            written: unix_now(),
+            vms,
+        };
+        let bytes = serde_json::to_vec(&saved).expect("state serializes");
+        write_atomically(&self.path, &bytes)
+    }
+}
+
+/// Replace `path` by `bytes` so that a crash at any point leaves the old file or the new
+/// one, whole: write a temporary file beside it, fsync it, rename it over, fsync the
+/// directory.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = dir.join(name);
+    let mut file = std::fs::File::create(&tmp)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::EngineConfig;
+
+    fn memtide() -> Engine {
+        let policy = WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        Engine::new(EngineConfig::default(), Box::new(policy))
+    }
+
+    /// The rule behind the first decision about VM `a` of a new engine given `path`'s
+    /// state, the message logged, and the target restored for `a` (configured 1000 MiB).
+    fn restart(path: &Path, configured: u64) -> (String, String, Option<Bytes>) {
+        let mut engine = memtide();
+        let (mut state, message) = StateFile::open(path, &mut engine);
+        let mut vms = vec![vm("a", configured, 600, 200)];
+        state.restore_targets(&mut vms);
+        let target = vms[0].target;
+        let d = engine.tick(&snapshot(0, host(4000, 1500), vms));
+        let rule = d.vms[0].reason.as_ref().unwrap().rule.to_string();
+        (rule, message, target)
+    }
+
+    #[test]
+    fn a_restarted_daemon_goes_on_where_the_last_one_stood() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        // A guest shrunk from 1000 to 600 MiB over a few ticks, then memtide killed.
+        let mut engine = memtide();
+        let mut d = None;
+        for (t, size) in [(0, 1000), (2, 800), (4, 600), (6, 600)] {
+            let mut a = vm("a", 1000, size, 200);
+            a.target = Some(Bytes::from_mib(580));
+            d = Some(engine.tick(&snapshot(t, host(4000, 1500), vec![a])));
+        }
+        let d = d.unwrap();
+        let in_force = d.vms[0].target;
+        assert!(in_force.is_some());
+        let file = StateFile::open(&path, &mut memtide()).0;
+        file.write(&d, &engine).unwrap();
+        let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(saved.version, VERSION);
+        let a = &saved.vms["a"];
+        assert_eq!(a.configured, Bytes::from_mib(1000));
+        assert!(a.memtide.is_some());
+        assert!(!dir.path().join("state.json.tmp").exists());
+        let (rule, message, target) = restart(&path, 1000);
+        assert!(rule != "memtide.adopt" && rule != "memtide.start", "{rule}");
+        assert!(
+            message.starts_with("state of 1 VMs restored from"),
+            "{message}"
+        );
+        assert_eq!(target, in_force);
+        // The same name at another size is another VM: adopted as found.
+        let (rule, _, target) = restart(&path, 2000);
+        assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+    }
+
+    #[test]
+    fn unusable_state_is_ignored_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let (rule, message, _) = restart(&path, 1000);
+        assert_eq!(rule, "memtide.adopt");
+        assert!(message.starts_with("no state file at"), "{message}");
+        let stale = Saved {
+            version: VERSION,
+            written: unix_now() - MAX_AGE.as_secs() - 5,
+            vms: BTreeMap::new(),
+        };
+        let other = Saved {
+            version: VERSION + 1,
+            ..stale.clone()
+        };
+        let cases = [
+            (b"{\"version\": 1, \"writ".to_vec(), "EOF while parsing"),
+            (
+                serde_json::to_vec(&stale).unwrap(),
+                "s ago, more than 600 s",
+            ),
+            (serde_json::to_vec(&other).unwrap(), "version 2, not 1"),
+        ];
+        for (bytes, why) in cases {
+            std::fs::write(&path, bytes).unwrap();
+            let (rule, message, target) = restart(&path, 1000);
+            assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+            assert!(
+                message.contains("ignored (") && message.contains(why),
+                "{message}"
+            );
+        }
+    }
+}
