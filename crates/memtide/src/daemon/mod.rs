@@ -3,8 +3,10 @@
 
 pub mod backoff;
 pub mod connect;
+pub mod endpoint;
 pub mod events;
 pub mod fleet;
+pub mod vm_task;
 
 use crate::config::Config;
 use crate::control::Request;
@@ -13,16 +15,23 @@ use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
-use fleet::{Fleet, FleetEvent};
+use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
 use memtide_sim::Recorder;
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
+
+/// The share of the interval a tick waits for samples: a VM whose sample has not
+/// arrived by then is left out of the decision.
+const SAMPLE_SHARE: f64 = 0.5;
+/// The share of the interval by which a tick stops waiting for balloon commands to be
+/// answered: one answered later is reported by a later tick.
+const ACTUATION_SHARE: f64 = 0.75;
 
 /// How to run.
 #[derive(Debug, Clone, Default)]
@@ -37,6 +46,7 @@ pub struct RunOptions {
 struct Daemon {
     config: Config,
     options: RunOptions,
+    interval: Duration,
     host: LinuxHost,
     fleet: Fleet,
     engine: Engine,
@@ -82,6 +92,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         policy_error: None,
         decision: None,
         waiting: Vec::new(),
+        sampling: Vec::new(),
         counters: Counters::default(),
         recent_events: Vec::new(),
     }));
@@ -108,6 +119,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let mut daemon = Daemon {
         config,
         options,
+        interval: settings.interval,
         host,
         fleet,
         engine,
@@ -224,17 +236,22 @@ impl Daemon {
                 return;
             }
         };
-        let (mut vms, lost) = self.fleet.sample().await;
-        vms.iter_mut().for_each(clean_guest_text);
-        self.log_fleet(&lost);
+        let mut sampled = self
+            .fleet
+            .sample(t0 + self.interval.mul_f64(SAMPLE_SHARE))
+            .await;
+        sampled.vms.iter_mut().for_each(clean_guest_text);
+        self.log_fleet(&sampled.events);
+        sampled.balloons.iter().for_each(|a| self.answered_late(a));
         let snapshot = Snapshot {
             at: self.start.elapsed(),
             host,
-            vms,
+            vms: sampled.vms,
         };
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
-        self.actuate(&decision).await;
+        self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
+            .await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
             *self
@@ -276,8 +293,9 @@ impl Daemon {
         }
     }
 
-    /// Carry out the decision's actions (unless in a dry run) and log each with its result.
-    async fn actuate(&mut self, decision: &Decision) {
+    /// Carry out the decision's actions (unless in a dry run) and log each with its result,
+    /// or as pending when its answer has not come by `deadline`.
+    async fn actuate(&mut self, decision: &Decision, deadline: Instant) {
         let balloons: Vec<_> = decision
             .actions
             .iter()
@@ -289,7 +307,7 @@ impl Daemon {
         let mut balloon_results = if self.options.dry_run {
             Vec::new()
         } else {
-            self.fleet.set_balloons(&balloons).await
+            self.fleet.set_balloons(&balloons, deadline).await
         }
         .into_iter();
         for action in &decision.actions {
@@ -300,7 +318,9 @@ impl Daemon {
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
-                Action::SetKsm { settings, .. } => Some(self.host.apply_ksm(settings)),
+                Action::SetKsm { settings, .. } => {
+                    Some(Sent::Answered(self.host.apply_ksm(settings)))
+                }
             };
             let rule = Some(action.reason().rule.as_ref());
             match result {
@@ -309,15 +329,38 @@ impl Daemon {
                     self.events
                         .log("action", vm, rule, format!("would set {action} (dry run)"));
                 }
-                Some(Ok(())) => {
+                Some(Sent::Answered(Ok(()))) => {
                     self.counters.action(kind, "ok");
                     self.events.log("action", vm, rule, action.to_string());
                 }
-                Some(Err(e)) => {
+                Some(Sent::Answered(Err(e))) => {
                     self.counters.action(kind, "error");
                     self.events
                         .log("action_failed", vm, rule, format!("{action} failed: {e}"));
                 }
+                Some(Sent::InFlight) => self.events.log(
+                    "action_pending",
+                    vm,
+                    rule,
+                    format!("{action} sent, not answered by the tick's deadline"),
+                ),
+            }
+        }
+    }
+
+    /// Count and log a balloon command answered after the tick that sent it.
+    fn answered_late(&mut self, a: &Answered) {
+        let vm = Some(a.vm.as_str());
+        let action = format!("{}: balloon target {}, answered late", a.vm, a.target);
+        match &a.result {
+            Ok(()) => {
+                self.counters.action("balloon", "ok");
+                self.events.log("action", vm, None, action);
+            }
+            Err(e) => {
+                self.counters.action("balloon", "error");
+                self.events
+                    .log("action_failed", vm, None, format!("{action}: failed: {e}"));
             }
         }
     }
@@ -332,6 +375,7 @@ impl Daemon {
         self.counters
             .tick_took(s.last_tick_ms, s.interval_s * 1000.0);
         s.waiting = self.fleet.waiting();
+        s.sampling = self.fleet.sampling();
         for w in &mut s.waiting {
             w.error = w.error.as_deref().map(guest_text::clean);
         }
