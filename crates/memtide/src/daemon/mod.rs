@@ -243,8 +243,10 @@ impl Daemon {
         sampled.vms.iter_mut().for_each(clean_guest_text);
         self.log_fleet(&sampled.events);
         sampled.balloons.iter().for_each(|a| self.answered_late(a));
+        // Dated when the samples were asked for: the tick's start, not when the slowest
+        // answer came, so that a late VM shifts no one's timeline.
         let snapshot = Snapshot {
-            at: self.start.elapsed(),
+            at: t0.duration_since(self.start),
             host,
             vms: sampled.vms,
         };
