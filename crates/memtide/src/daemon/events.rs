@@ -51,7 +51,7 @@ pub struct Event {
     /// Wall-clock time (RFC 3339, UTC).
     pub ts: String,
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
-    /// `action_failed`, `action_pending`, `diagnostic`, `diagnostic_cleared`, `host_error`.
+    /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`.
     pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -401,57 +401,29 @@ impl Fleet {
     /// until `deadline`. A VM whose call (this sample, or an earlier call still in flight)
     /// has not answered by then is late: it goes into this decision with an error sample
     /// (so the policy decides nothing for it and divides none of its memory), is counted
-    /// and marked stale, and keeps its call; nothing else waits for it. Answers that came
-    /// after an earlier tick's deadline are taken in first: balloon results are returned
-    /// for reporting, a late sample is superseded by this tick's. VMs whose connection is
-    /// gone are dropped (and reported); the rest are returned in name order.
+    /// and marked stale, and keeps its call; nothing else waits for it. A call from an
+    /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
+    /// result is returned for reporting. VMs whose connection is gone are dropped (and
+    /// reported); the rest are returned in name order.
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
         let mut out = Sampled::default();
-        let mut late_answers = Vec::new();
-        for (name, m) in &mut self.managed {
-            if let Some(answer) = m.task.answer_by(start).await {
-                late_answers.push((name.clone(), answer));
-            }
-        }
-        for (name, answer) in late_answers {
-            match answer {
-                Answer::Balloon(target, result) => {
-                    self.balloon_answered(&name, target, result, &mut out)
-                }
-                Answer::Sample(Err(BackendError::Disconnected(why))) => {
-                    self.lose_reported(&name, why, &mut out)
-                }
-                Answer::Sample(_) => {}
-            }
-        }
-        let mut gone = Vec::new();
-        for (name, m) in &mut self.managed {
-            if !m.task.start(Call::Sample) && m.task.in_flight().is_none() {
-                gone.push(name.clone());
-            }
-        }
-        for name in gone {
-            self.lose_reported(&name, "its task ended".into(), &mut out);
-        }
-        let answers = join_all(
+        let collected = join_all(
             self.managed
                 .iter_mut()
-                .map(|(name, m)| async move { (name.clone(), m.task.answer_by(deadline).await) }),
+                .map(|(name, m)| async move { (name.clone(), m.task.sample_by(deadline).await) }),
         )
         .await;
-        for (name, answer) in answers {
-            let sample = match answer {
-                Some(Answer::Sample(Err(BackendError::Disconnected(why)))) => {
+        for (name, collected) in collected {
+            if let Some((target, result)) = collected.balloon {
+                self.balloon_answered(&name, target, result, &mut out);
+            }
+            let sample = match collected.sample {
+                Some(Err(BackendError::Disconnected(why))) => {
                     self.lose_reported(&name, why, &mut out);
                     continue;
                 }
-                Some(Answer::Sample(sample)) => Some(sample.map(|s| *s)),
-                Some(Answer::Balloon(target, result)) => {
-                    self.balloon_answered(&name, target, result, &mut out);
-                    None
-                }
-                None => None,
+                sample => sample.map(|s| s.map(|s| *s)),
             };
             let m = self
                 .managed
@@ -1051,7 +1023,9 @@ mod tests {
         assert_eq!(deaf, [true, false, false], "late while its command is out");
         // Its command times out at 5 s and is reported at the next tick (6 s); its sample
         // is asked for again, and the failure starts the balloon backoff.
-        let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;
+        let t0 = Instant::now();
+        let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "nothing to wait for");
         assert_eq!(
             late.into_iter().chain(sampled.balloons).collect::<Vec<_>>(),
             [Answered {
@@ -1062,6 +1036,31 @@ mod tests {
         );
         assert!(sampled.vms[0].sample.is_ok(), "deaf sampled again");
         assert!(fleet.managed["deaf"].actuation.error.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_whose_balloon_command_is_answered_during_the_tick_is_sampled_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "deaf", Behaviour::IgnoresBalloon, 1_800).await;
+        let t0 = Instant::now();
+        let target = Bytes::from_mib(300);
+        let sent = fleet
+            .set_balloons(&[("deaf".into(), target)], t0 + INTERVAL * 3 / 4)
+            .await;
+        assert_eq!(sent, [Sent::InFlight]);
+        // It times out 1.8 s after it was sent, inside the next sample window.
+        let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(1800));
+        let failed = Err(BackendError::Timeout(1800));
+        let answered = Answered {
+            vm: "deaf".into(),
+            target,
+            result: failed,
+        };
+        assert_eq!(sampled.balloons, [answered]);
+        assert!(sampled.vms[0].sample.is_ok(), "sampled once free");
+        assert!(!fleet.sampling()[0].stale);
     }
 
     #[tokio::test(start_paused = true)]

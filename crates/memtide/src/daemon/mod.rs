@@ -18,8 +18,11 @@ use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
-use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
+use memtide_core::{
+    guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+};
 use memtide_sim::Recorder;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
@@ -53,6 +56,8 @@ struct Daemon {
     events: EventLog,
     status: Arc<RwLock<Status>>,
     counters: Counters,
+    /// Balloon commands sent and not answered yet, by VM.
+    pending: HashMap<String, Action>,
     start: Instant,
     recorder: Option<Recorder>,
 }
@@ -126,6 +131,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         events,
         status,
         counters: Counters::default(),
+        pending: HashMap::new(),
         start: Instant::now(),
         recorder,
     };
@@ -295,8 +301,8 @@ impl Daemon {
         }
     }
 
-    /// Carry out the decision's actions (unless in a dry run) and log each with its result,
-    /// or as pending when its answer has not come by `deadline`.
+    /// Carry out the decision's actions (unless in a dry run) and log each with its result;
+    /// a balloon command not answered by `deadline` is logged when its answer comes.
     async fn actuate(&mut self, decision: &Decision, deadline: Instant) {
         let balloons: Vec<_> = decision
             .actions
@@ -313,10 +319,6 @@ impl Daemon {
         }
         .into_iter();
         for action in &decision.actions {
-            let (kind, vm) = match action {
-                Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
-                Action::SetKsm { .. } => ("ksm", None),
-            };
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
@@ -324,45 +326,54 @@ impl Daemon {
                     Some(Sent::Answered(self.host.apply_ksm(settings)))
                 }
             };
-            let rule = Some(action.reason().rule.as_ref());
-            match result {
-                None => {
-                    self.counters.action(kind, "dry_run");
-                    self.events
-                        .log("action", vm, rule, format!("would set {action} (dry run)"));
+            match (result, action) {
+                (Some(Sent::InFlight), Action::SetBalloon { vm, .. }) => {
+                    self.pending.insert(vm.clone(), action.clone());
                 }
-                Some(Sent::Answered(Ok(()))) => {
-                    self.counters.action(kind, "ok");
-                    self.events.log("action", vm, rule, action.to_string());
-                }
-                Some(Sent::Answered(Err(e))) => {
-                    self.counters.action(kind, "error");
-                    self.events
-                        .log("action_failed", vm, rule, format!("{action} failed: {e}"));
-                }
-                Some(Sent::InFlight) => self.events.log(
-                    "action_pending",
-                    vm,
-                    rule,
-                    format!("{action} sent, not answered by the tick's deadline"),
-                ),
+                (Some(Sent::Answered(result)), _) => self.log_action(action, Some(&result), ""),
+                _ => self.log_action(action, None, ""),
             }
         }
     }
 
     /// Count and log a balloon command answered after the tick that sent it.
     fn answered_late(&mut self, a: &Answered) {
-        let vm = Some(a.vm.as_str());
-        let action = format!("{}: balloon target {}, answered late", a.vm, a.target);
-        match &a.result {
-            Ok(()) => {
-                self.counters.action("balloon", "ok");
-                self.events.log("action", vm, None, action);
-            }
-            Err(e) => {
-                self.counters.action("balloon", "error");
+        if let Some(action) = self.pending.remove(&a.vm) {
+            self.log_action(&action, Some(&a.result), " (answered after its tick)");
+        }
+    }
+
+    /// Count and log an action with its result (`None`: a dry run), `note` added to it.
+    fn log_action(
+        &mut self,
+        action: &Action,
+        result: Option<&Result<(), BackendError>>,
+        note: &str,
+    ) {
+        let (kind, vm) = match action {
+            Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
+            Action::SetKsm { .. } => ("ksm", None),
+        };
+        let rule = Some(action.reason().rule.as_ref());
+        match result {
+            None => {
+                self.counters.action(kind, "dry_run");
                 self.events
-                    .log("action_failed", vm, None, format!("{action}: failed: {e}"));
+                    .log("action", vm, rule, format!("would set {action} (dry run)"));
+            }
+            Some(Ok(())) => {
+                self.counters.action(kind, "ok");
+                self.events
+                    .log("action", vm, rule, format!("{action}{note}"));
+            }
+            Some(Err(e)) => {
+                self.counters.action(kind, "error");
+                self.events.log(
+                    "action_failed",
+                    vm,
+                    rule,
+                    format!("{action} failed{note}: {e}"),
+                );
             }
         }
     }

@@ -29,6 +29,15 @@ pub enum Answer {
     Balloon(Bytes, Result<(), BackendError>),
 }
 
+/// What a VM answered by a tick's sample deadline.
+#[derive(Debug, PartialEq)]
+pub struct Collected {
+    /// The answer to a balloon command sent at an earlier tick, when it came.
+    pub balloon: Option<(Bytes, Result<(), BackendError>)>,
+    /// This tick's sample (or word that the connection is gone); `None`: late.
+    pub sample: Option<Result<Box<VmSample>, BackendError>>,
+}
+
 /// A call in flight: what it is, when it started, and the task that hands the backend back.
 struct InFlight {
     call: Call,
@@ -96,6 +105,47 @@ impl VmTask {
             task,
         });
         true
+    }
+
+    /// This tick's sample, asked for as soon as the VM is free: a call still in flight
+    /// from an earlier tick is waited for first (a balloon command's answer is returned
+    /// too; a sample late for its own tick is superseded, unless it says the connection
+    /// is gone). Waits until `deadline` at the most.
+    pub async fn sample_by(&mut self, deadline: Instant) -> Collected {
+        let mut balloon = None;
+        let mut asked = false;
+        loop {
+            if !asked {
+                asked = self.start(Call::Sample);
+                if !asked && self.in_flight.is_none() {
+                    let gone = BackendError::Disconnected("its task ended".into());
+                    let sample = Some(Err(gone));
+                    return Collected { balloon, sample };
+                }
+            }
+            match self.answer_by(deadline).await {
+                None => {
+                    return Collected {
+                        balloon,
+                        sample: None,
+                    }
+                }
+                Some(Answer::Balloon(target, result)) => balloon = Some((target, result)),
+                Some(Answer::Sample(sample @ Err(BackendError::Disconnected(_)))) => {
+                    return Collected {
+                        balloon,
+                        sample: Some(sample),
+                    }
+                }
+                Some(Answer::Sample(sample)) if asked => {
+                    return Collected {
+                        balloon,
+                        sample: Some(sample),
+                    }
+                }
+                Some(Answer::Sample(_)) => {}
+            }
+        }
     }
 
     /// The call in flight and how long it has been waiting, if one is.
