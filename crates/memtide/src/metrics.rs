@@ -356,6 +356,34 @@ impl Collector for StatusCollector {
             "Guest swap-outs.",
             per_vm(vms, |v| v.swap_out_per_s),
         )?;
+        let sampling = &status.sampling;
+        counters(
+            &mut enc,
+            "memtide_vm_late_samples",
+            "Samples that missed their tick's deadline (the VM was left out of that decision).",
+            sampling
+                .iter()
+                .map(|s| (vec![("vm", s.name.as_str())], s.late_samples))
+                .collect(),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_stale",
+            "1 when the VM's sample missed the last tick's deadline.",
+            sampling
+                .iter()
+                .map(|s| (vec![("vm", s.name.as_str())], f64::from(u8::from(s.stale))))
+                .collect(),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_sample_age_seconds",
+            "Seconds since the VM's latest sample arrived.",
+            sampling
+                .iter()
+                .filter_map(|s| Some((vec![("vm", s.name.as_str())], s.age_s?)))
+                .collect(),
+        )?;
         Ok(())
     }
 }
@@ -378,6 +406,7 @@ pub fn render(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::fleet::Sampling;
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{Engine, EngineConfig};
@@ -396,7 +425,18 @@ mod tests {
             ..Status::default()
         };
         status.counters.diagnostics.insert(name.into(), 1);
+        status.sampling.push(Sampling {
+            name: name.into(),
+            stale: true,
+            age_s: Some(4.0),
+            late_samples: 2,
+        });
         let text = render(&registry(Arc::new(RwLock::new(status))));
+        let late =
+            r#"memtide_vm_late_samples_total{vm="a\"} 1\nmemtide_injected_total{x=\"1\\"} 2"#;
+        assert!(text.lines().any(|l| l == late), "{text}");
+        let stale = r#"memtide_vm_stale{vm="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1.0"#;
+        assert!(text.lines().any(|l| l == stale), "{text}");
         assert!(!text.contains("\nmemtide_injected"), "{text}");
         let up = r#"memtide_vm_up{vm="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1.0"#;
         assert!(text.lines().any(|l| l == up), "{text}");

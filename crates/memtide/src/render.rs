@@ -118,6 +118,16 @@ pub fn status(s: &Status) -> String {
             vm.reason.as_ref().expect("filtered")
         );
     }
+    for p in s.sampling.iter().filter(|p| p.stale) {
+        let age = p
+            .age_s
+            .map_or_else(|| "none yet".into(), |a| format!("{a:.0} s ago"));
+        let _ = writeln!(
+            out,
+            "  {}: stale: no sample by the tick's deadline, left out of the decision (latest sample {age}, {} late in all)",
+            p.name, p.late_samples
+        );
+    }
     if !s.waiting.is_empty() {
         let _ = writeln!(out, "\nnot connected:");
         for w in &s.waiting {
@@ -170,6 +180,7 @@ fn scope(s: &DomainScope) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::fleet::Sampling;
     use crate::status::Counters;
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
@@ -195,6 +206,12 @@ mod tests {
             policy_error: None,
             decision: Some(decision),
             waiting: Vec::new(),
+            sampling: vec![Sampling {
+                name: "down".into(),
+                stale: true,
+                age_s: Some(6.2),
+                late_samples: 3,
+            }],
             counters: Counters::default(),
             recent_events: Vec::new(),
         };
@@ -220,6 +237,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("down             unreachable"), "{text}");
+        assert!(
+            text.contains("  down: stale: no sample by the tick's deadline, left out of the decision (latest sample 6 s ago, 3 late in all)\n"),
+            "{text}"
+        );
         assert!(
             text.contains("problems:\n  down: unreachable: not sampled: no answer within 2000 ms"),
             "{text}"

@@ -1,7 +1,7 @@
 //! The daemon's status: what `memtide status`, `/api/v1/status` and `/metrics` show.
 
 use crate::daemon::events::Event;
-use crate::daemon::fleet::Waiting;
+use crate::daemon::fleet::{Sampling, Waiting};
 use memtide_core::Decision;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -67,6 +67,9 @@ pub struct Status {
     pub decision: Option<Decision>,
     /// VMs known but not connected.
     pub waiting: Vec<Waiting>,
+    /// How each managed VM's samples are arriving: stale ones and late counts.
+    #[serde(default)]
+    pub sampling: Vec<Sampling>,
     /// Counters.
     pub counters: Counters,
     /// The latest events, oldest first.

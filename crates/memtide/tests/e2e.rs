@@ -28,6 +28,122 @@ fn actual_mib(status: &Value, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// One observed decision: its tick number, time (s), whether `a` was sampled and managed,
+/// whether `b` was marked stale, and how long the tick took (ms).
+struct Seen {
+    tick: u64,
+    at: f64,
+    a_managed: bool,
+    b_stale: bool,
+    tick_ms: f64,
+}
+
+#[test]
+#[ignore = "boots real QEMU guests; run by scripts/test.sh"]
+fn a_stopped_guest_delays_no_other_guests_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-e2e-deadline");
+    let boot = |name| {
+        Guest::boot(
+            name,
+            dir.path(),
+            &cgroup.procs(),
+            GUEST_MIB,
+            "memknobs",
+            "32:100000",
+        )
+    };
+    let (mut a, mut b) = (boot("a"), boot("b"));
+    for g in [&mut a, &mut b] {
+        g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    }
+    let interval_s = 1.0;
+    let config = format!(
+        "interval_s = {interval_s}\npolicy = \"mom\"\n\
+         [discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [[vm]]\nname = \"a\"\nqmp = {:?}\n\
+         [[vm]]\nname = \"b\"\nqmp = {:?}\n",
+        a.qmp().display().to_string(),
+        b.qmp().display().to_string(),
+    );
+    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+    daemon.wait_until("both guests managed", Duration::from_secs(60), |s| {
+        managed(s, "a") && managed(s, "b")
+    });
+
+    // b's QEMU stops: its monitor accepts bytes and never answers (then its connection
+    // is dropped after the call timeout and retried in the background).
+    b.signal("STOP");
+    let start = Instant::now();
+    let mut seen: Vec<Seen> = Vec::new();
+    while start.elapsed() < Duration::from_secs(12) {
+        let s = daemon.try_status().unwrap();
+        let tick = s["counters"]["ticks"].as_u64().unwrap();
+        if seen.last().is_none_or(|l| l.tick != tick) {
+            let b_stale = s["sampling"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "b" && p["stale"] == true);
+            seen.push(Seen {
+                tick,
+                at: s["decision"]["at"].as_f64().unwrap(),
+                a_managed: managed(&s, "a"),
+                b_stale,
+                tick_ms: s["last_tick_ms"].as_f64().unwrap(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    b.signal("CONT");
+    let spacing: Vec<f64> = seen
+        .windows(2)
+        .filter(|w| w[1].tick == w[0].tick + 1)
+        .map(|w| w[1].at - w[0].at)
+        .collect();
+    let ticks_ms: Vec<f64> = seen.iter().map(|s| s.tick_ms).collect();
+    eprintln!("decision spacing (s) with b stopped: {spacing:.3?}; ticks (ms): {ticks_ms:.0?}");
+    assert!(
+        seen.iter().any(|s| s.b_stale),
+        "b is shown stale while stopped"
+    );
+    assert!(
+        seen.iter().all(|s| s.a_managed),
+        "a is decided on every tick"
+    );
+    assert!(
+        spacing.len() >= 6,
+        "enough consecutive decisions seen: {spacing:?}"
+    );
+    assert!(
+        spacing
+            .iter()
+            .all(|d| (d - interval_s).abs() <= 0.1 * interval_s),
+        "a's decisions come every {interval_s} s within 10%: {spacing:?}"
+    );
+    // Before: a tick waited the call timeout (2 s) for the stopped monitor.
+    assert!(
+        ticks_ms.iter().all(|&t| t < 0.6 * interval_s * 1000.0),
+        "no tick waits beyond its sample deadline: {ticks_ms:?}"
+    );
+    let log = daemon.event_log();
+    assert!(
+        log.iter().any(|e| e["vm"] == "b"
+            && e["kind"] == "diagnostic"
+            && e["message"]
+                .as_str()
+                .unwrap()
+                .contains("not sampled: no answer within")),
+        "b's late sample is reported"
+    );
+    daemon.wait_until(
+        "a resumed guest is managed again",
+        Duration::from_secs(30),
+        |s| managed(s, "b"),
+    );
+}
+
 #[test]
 #[ignore = "boots real QEMU guests; run by scripts/test.sh"]
 fn two_guests_in_a_cgroup_domain() {

@@ -1,6 +1,6 @@
 //! The connector the daemon uses: each endpoint kind to its adapter.
 
-use super::fleet::{Connection, Connector, Endpoint};
+use super::endpoint::{Connection, Connector, Endpoint};
 use crate::config::Config;
 use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
@@ -82,7 +82,7 @@ fn no_libvirt() -> BackendError {
 
 #[cfg(feature = "libvirt")]
 mod libvirt {
-    use super::super::fleet::Connection;
+    use super::super::endpoint::Connection;
     use crate::config::Config;
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
     use memtide_core::BackendError;

@@ -1,114 +1,25 @@
 //! The VMs memtide manages: found from the configuration, socket globs and libvirt
-//! connections, connected in the background with backoff, sampled and actuated
-//! concurrently under a timeout each, and dropped cleanly when their hypervisor goes away.
+//! connections, connected in the background with backoff, each sampled and actuated by
+//! its own task (`vm_task`) under the tick's deadline, and dropped cleanly when their
+//! hypervisor goes away.
 
 use super::backoff::Backoff;
+use super::endpoint::{Connection, Connector, Endpoint};
+use super::vm_task::{Answer, Call, VmTask};
 use crate::config::{Bounds, Config, VmConfig};
-use async_trait::async_trait;
 use futures::future::join_all;
-use memtide_core::backend::VmBackend;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::{timeout, Instant};
-use tracing::Instrument;
 
 /// A VM connected at least this long when it is lost starts its reconnection backoff
 /// afresh; one lost sooner keeps doubling it.
 const STABLE: Duration = Duration::from_secs(60);
-
-/// Where a VM is reached.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Endpoint {
-    /// QEMU's QMP socket.
-    Qmp(PathBuf),
-    /// A domain on a libvirt connection.
-    Libvirt {
-        /// The connection URI.
-        uri: String,
-        /// The domain's name.
-        domain: String,
-    },
-    /// Firecracker's API socket.
-    Firecracker(PathBuf),
-    /// Cloud Hypervisor's API socket.
-    CloudHypervisor(PathBuf),
-}
-
-impl Endpoint {
-    /// The endpoint a configured VM names.
-    fn of(vm: &VmConfig) -> Option<Endpoint> {
-        let libvirt = vm.libvirt.clone().map(|uri| Endpoint::Libvirt {
-            uri,
-            domain: vm.name.clone(),
-        });
-        vm.qmp
-            .clone()
-            .map(Endpoint::Qmp)
-            .or(libvirt)
-            .or_else(|| vm.firecracker.clone().map(Endpoint::Firecracker))
-            .or_else(|| vm.cloud_hypervisor.clone().map(Endpoint::CloudHypervisor))
-    }
-
-    /// The socket, for endpoints that are one.
-    fn socket(&self) -> Option<&Path> {
-        match self {
-            Endpoint::Qmp(p) | Endpoint::Firecracker(p) | Endpoint::CloudHypervisor(p) => Some(p),
-            Endpoint::Libvirt { .. } => None,
-        }
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Qmp(p) => write!(f, "{}", p.display()),
-            Endpoint::Libvirt { uri, domain } => write!(f, "{uri} domain {domain}"),
-            Endpoint::Firecracker(p) => write!(f, "firecracker {}", p.display()),
-            Endpoint::CloudHypervisor(p) => write!(f, "cloud-hypervisor {}", p.display()),
-        }
-    }
-}
-
-/// A connected VM and the bounds its hypervisor's configuration sets (libvirt's domain
-/// description), which the memtide configuration overrides.
-pub struct Connection {
-    /// The backend.
-    pub backend: Box<dyn VmBackend>,
-    /// Never below this (unless the configuration says otherwise).
-    pub min: Option<Bytes>,
-    /// Never above this (unless the configuration says otherwise).
-    pub max: Option<Bytes>,
-}
-
-impl Connection {
-    /// A connection whose hypervisor sets no bounds.
-    pub fn new(backend: Box<dyn VmBackend>) -> Connection {
-        Connection {
-            backend,
-            min: None,
-            max: None,
-        }
-    }
-}
-
-/// Opens connections to VMs, and lists the VMs a hypervisor manager knows.
-#[async_trait]
-pub trait Connector: Send + Sync + 'static {
-    /// Connect to the VM at `endpoint`, with its guest agent's socket if it has one.
-    async fn connect(
-        &self,
-        endpoint: &Endpoint,
-        agent: Option<&Path>,
-    ) -> Result<Connection, BackendError>;
-    /// The names of the running domains on the libvirt connection `uri`.
-    async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError>;
-}
 
 /// Something that happened to the fleet, for the event log.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +66,8 @@ struct Candidate {
     error: Option<String>,
     /// Kept while it reconnects: a VM does not escape the backoff by dropping its session.
     actuation: Actuation,
+    /// Kept while it reconnects.
+    late_samples: u64,
 }
 
 /// Balloon commands wait out this backoff after one fails (a VM that ignores them costs
@@ -166,6 +79,64 @@ struct Actuation {
     error: Option<String>,
 }
 
+impl Actuation {
+    /// Take in a balloon command's result: a success clears the backoff, a failure
+    /// starts or extends it.
+    fn took(&mut self, result: &Result<(), BackendError>) {
+        match result {
+            Ok(()) => *self = Actuation::default(),
+            Err(e) => {
+                self.backoff.failed(Instant::now());
+                self.error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// What a tick's sampling found.
+#[derive(Debug, Default)]
+pub struct Sampled {
+    /// The managed VMs in name order, a late one with an error sample.
+    pub vms: Vec<VmSnapshot>,
+    /// VMs lost.
+    pub events: Vec<FleetEvent>,
+    /// Balloon commands answered after the deadline of the tick that sent them.
+    pub balloons: Vec<Answered>,
+}
+
+/// A balloon command answered after its tick.
+#[derive(Debug, PartialEq)]
+pub struct Answered {
+    /// The VM.
+    pub vm: String,
+    /// The target it was sent.
+    pub target: Bytes,
+    /// Its result.
+    pub result: Result<(), BackendError>,
+}
+
+/// What became of a balloon command by the tick's deadline.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sent {
+    /// Answered, or not sent (the error says why).
+    Answered(Result<(), BackendError>),
+    /// Sent, not answered yet: a later tick reports it.
+    InFlight,
+}
+
+/// How a managed VM's samples are arriving, shown in status and metrics.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Sampling {
+    /// Its name.
+    pub name: String,
+    /// Its sample missed the last tick's deadline: it was left out of that decision.
+    pub stale: bool,
+    /// Seconds since its latest sample arrived (`None`: none yet).
+    pub age_s: Option<f64>,
+    /// Samples that missed their tick's deadline since the daemon started.
+    pub late_samples: u64,
+}
+
 /// A connected VM.
 struct Managed {
     endpoint: Endpoint,
@@ -173,10 +144,16 @@ struct Managed {
     config: Option<VmConfig>,
     bounds: Bounds,
     discovered: bool,
-    backend: Box<dyn VmBackend>,
+    task: VmTask,
     /// The configured size, once a sample has told it.
     configured: Option<Bytes>,
     actuation: Actuation,
+    /// Samples that missed their tick's deadline.
+    late_samples: u64,
+    /// When its latest sample arrived.
+    sampled: Option<Instant>,
+    /// This tick's sample missed the deadline.
+    stale: bool,
     /// The reconnection backoff it had when it connected, and when that was: a VM lost
     /// soon after connecting waits longer each time.
     reconnect: Backoff,
@@ -224,6 +201,7 @@ impl Fleet {
                     discovered: false,
                     backoff: Backoff::default(),
                     actuation: Actuation::default(),
+                    late_samples: 0,
                     error: None,
                 };
                 Some((Endpoint::of(vm)?, c))
@@ -287,9 +265,12 @@ impl Fleet {
                         config: c.config,
                         bounds,
                         discovered: c.discovered,
-                        backend: connection.backend,
+                        task: VmTask::new(&c.name, connection.backend, self.call_timeout),
                         configured: None,
                         actuation: c.actuation,
+                        late_samples: c.late_samples,
+                        sampled: None,
+                        stale: false,
                         reconnect: c.backoff,
                         connected: now,
                     };
@@ -347,6 +328,7 @@ impl Fleet {
             backoff: Backoff::default(),
             error: None,
             actuation: Actuation::default(),
+            late_samples: 0,
         }
     }
 
@@ -415,49 +397,94 @@ impl Fleet {
         });
     }
 
-    /// Sample every managed VM concurrently, each bounded by the call timeout. VMs whose
-    /// connection is gone are dropped (and reported); the rest are returned in name order.
-    pub async fn sample(&mut self) -> (Vec<VmSnapshot>, Vec<FleetEvent>) {
-        let limit = self.call_timeout;
-        let results = join_all(self.managed.iter_mut().map(|(name, m)| async move {
-            let span = tracing::info_span!("vm", name = name.as_str());
-            let sample = timeout(limit, m.backend.sample().instrument(span))
-                .await
-                .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
-            (name.clone(), sample)
-        }))
+    /// Ask every managed VM for a sample, each through its own task, and wait for them
+    /// until `deadline`. A VM whose call (this sample, or an earlier call still in flight)
+    /// has not answered by then is late: it goes into this decision with an error sample
+    /// (so the policy decides nothing for it and divides none of its memory), is counted
+    /// and marked stale, and keeps its call; nothing else waits for it. A call from an
+    /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
+    /// result is returned for reporting. VMs whose connection is gone are dropped (and
+    /// reported); the rest are returned in name order.
+    pub async fn sample(&mut self, deadline: Instant) -> Sampled {
+        let start = Instant::now();
+        let mut out = Sampled::default();
+        let collected = join_all(
+            self.managed
+                .iter_mut()
+                .map(|(name, m)| async move { (name.clone(), m.task.sample_by(deadline).await) }),
+        )
         .await;
-        let mut vms = Vec::new();
-        let mut events = Vec::new();
-        for (name, sample) in results {
-            if let Err(BackendError::Disconnected(why)) = &sample {
-                self.lose(&name, why.clone());
-                events.push(FleetEvent::Lost {
-                    vm: name,
-                    why: why.clone(),
-                });
-                continue;
+        for (name, collected) in collected {
+            if let Some((target, result)) = collected.balloon {
+                self.balloon_answered(&name, target, result, &mut out);
             }
+            let sample = match collected.sample {
+                Some(Err(BackendError::Disconnected(why))) => {
+                    self.lose_reported(&name, why, &mut out);
+                    continue;
+                }
+                sample => sample.map(|s| s.map(|s| *s)),
+            };
             let m = self
                 .managed
                 .get_mut(&name)
                 .expect("sampled VMs are managed");
-            if let Ok(s) = &sample {
-                m.configured = Some(s.configured);
-            }
+            m.stale = sample.is_none();
+            let sample = match sample {
+                Some(sample) => {
+                    m.sampled = m.task.answered();
+                    if let Ok(s) = &sample {
+                        m.configured = Some(s.configured);
+                    }
+                    sample
+                }
+                None => {
+                    m.late_samples += 1;
+                    let waited = m.task.in_flight().map_or(deadline - start, |(_, age)| age);
+                    Err(BackendError::timeout(waited))
+                }
+            };
             let limits = m.bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
-            vms.push(VmSnapshot {
+            out.vms.push(VmSnapshot {
                 limits,
-                target: m.backend.target(),
+                target: m.task.target(),
                 name,
                 sample,
             });
         }
-        (vms, events)
+        out
+    }
+
+    /// Take in the answer to a balloon command sent at an earlier tick.
+    fn balloon_answered(
+        &mut self,
+        name: &str,
+        target: Bytes,
+        result: Result<(), BackendError>,
+        out: &mut Sampled,
+    ) {
+        if let Some(m) = self.managed.get_mut(name) {
+            m.actuation.took(&result);
+        }
+        out.balloons.push(Answered {
+            vm: name.to_string(),
+            target,
+            result,
+        });
+    }
+
+    /// [`Fleet::lose`], with its event.
+    fn lose_reported(&mut self, name: &str, why: String, out: &mut Sampled) {
+        self.lose(name, why.clone());
+        out.events.push(FleetEvent::Lost {
+            vm: name.to_string(),
+            why,
+        });
     }
 
     /// Move a managed VM back to the candidates, to be reconnected with backoff (config
     /// VMs) or rediscovered while its socket exists or libvirt lists it (discovered VMs).
+    /// A call it has in flight is abandoned.
     fn lose(&mut self, name: &str, why: String) {
         let Some(m) = self.managed.remove(name) else {
             return;
@@ -476,57 +503,91 @@ impl Fleet {
             backoff,
             error: Some(why),
             actuation: m.actuation,
+            late_samples: m.late_samples,
         };
         self.candidates.insert(m.endpoint, c);
     }
 
-    /// Set balloon targets concurrently, each bounded by the call timeout. A VM whose last
-    /// balloon command failed is not asked again until its backoff ends.
+    /// Send balloon targets, each through its VM's task, and wait for the answers until
+    /// `deadline`; one not in by then stays in flight and is reported by a later
+    /// [`Fleet::sample`]. Nothing is sent to a VM with a call in flight, nor to one whose
+    /// last balloon command failed until its backoff ends.
     pub async fn set_balloons(
         &mut self,
         targets: &[(String, Bytes)],
-    ) -> Vec<Result<(), BackendError>> {
-        let limit = self.call_timeout;
+        deadline: Instant,
+    ) -> Vec<Sent> {
         let now = Instant::now();
-        let mut by_name: BTreeMap<&str, &mut Managed> = self
-            .managed
-            .iter_mut()
-            .map(|(n, m)| (n.as_str(), m))
-            .collect();
-        let mut calls = Vec::new();
-        for (name, target) in targets {
-            let call = by_name.remove(name.as_str()).map(|m| async move {
-                let a = &mut m.actuation;
+        let mut sent: Vec<Option<Sent>> = targets
+            .iter()
+            .map(|(name, target)| {
+                let Some(m) = self.managed.get_mut(name) else {
+                    return Some(Sent::Answered(Err(BackendError::Disconnected(
+                        "the VM is no longer connected".into(),
+                    ))));
+                };
+                let a = &m.actuation;
                 if !a.backoff.ready(now) {
-                    return Err(BackendError::Protocol(format!(
+                    return Some(Sent::Answered(Err(BackendError::Protocol(format!(
                         "not sent: the last balloon command failed ({}); next attempt in {} s",
                         a.error.as_deref().unwrap_or("unknown"),
                         a.backoff.remaining(now).as_secs().max(1)
-                    )));
+                    )))));
                 }
-                let result = timeout(limit, m.backend.set_balloon(*target))
-                    .await
-                    .unwrap_or_else(|_| Err(BackendError::timeout(limit)));
-                match &result {
-                    Ok(()) => m.actuation = Actuation::default(),
-                    Err(e) => {
-                        m.actuation.backoff.failed(Instant::now());
-                        m.actuation.error = Some(e.to_string());
-                    }
+                if !m.task.start(Call::Balloon(*target)) {
+                    return Some(Sent::Answered(Err(BackendError::Busy(
+                        "not sent: its previous call is still in flight".into(),
+                    ))));
                 }
-                result
-            });
-            calls.push(call);
-        }
-        join_all(calls.into_iter().map(|call| async move {
-            match call {
-                Some(call) => call.await,
-                None => Err(BackendError::Disconnected(
-                    "the VM is no longer connected".into(),
-                )),
-            }
-        }))
+                None
+            })
+            .collect();
+        let waiting: HashSet<&str> = targets
+            .iter()
+            .zip(&sent)
+            .filter(|(_, s)| s.is_none())
+            .map(|((name, _), _)| name.as_str())
+            .collect();
+        let answers: BTreeMap<String, Sent> = join_all(
+            self.managed
+                .iter_mut()
+                .filter(|(name, _)| waiting.contains(name.as_str()))
+                .map(|(name, m)| async move {
+                    let sent = match m.task.answer_by(deadline).await {
+                        Some(Answer::Balloon(_, result)) => {
+                            m.actuation.took(&result);
+                            Sent::Answered(result)
+                        }
+                        Some(Answer::Sample(_)) => unreachable!("a balloon command was started"),
+                        None => Sent::InFlight,
+                    };
+                    (name.clone(), sent)
+                }),
+        )
         .await
+        .into_iter()
+        .collect();
+        for ((name, _), s) in targets.iter().zip(&mut sent) {
+            if s.is_none() {
+                *s = answers.get(name).cloned();
+            }
+        }
+        sent.into_iter()
+            .map(|s| s.expect("every target sent or refused"))
+            .collect()
+    }
+
+    /// How each managed VM's samples are arriving.
+    pub fn sampling(&self) -> Vec<Sampling> {
+        self.managed
+            .iter()
+            .map(|(name, m)| Sampling {
+                name: name.clone(),
+                stale: m.stale,
+                age_s: m.sampled.map(|t| t.elapsed().as_secs_f64()),
+                late_samples: m.late_samples,
+            })
+            .collect()
     }
 
     /// VMs known but not connected.
@@ -547,8 +608,12 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memtide_core::{VmSample, VmSnapshot};
+    use async_trait::async_trait;
+    use memtide_core::backend::VmBackend;
+    use memtide_core::VmSample;
     use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Mutex;
 
     /// How a fake VM behaves.
@@ -569,9 +634,11 @@ mod tests {
         attempts: Mutex<Vec<PathBuf>>,
         /// Running domains by libvirt URI (a URI not listed: libvirtd is down).
         domains: Mutex<HashMap<String, Vec<String>>>,
+        /// Balloon commands sent, by socket.
+        balloons_sent: Mutex<HashMap<PathBuf, Arc<AtomicU32>>>,
     }
 
-    struct FakeVm(Behaviour);
+    struct FakeVm(Behaviour, Arc<AtomicU32>);
 
     #[async_trait]
     impl VmBackend for FakeVm {
@@ -593,6 +660,7 @@ mod tests {
             }
         }
         async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
             if self.0 == Behaviour::IgnoresBalloon {
                 std::future::pending::<()>().await;
             }
@@ -608,6 +676,14 @@ mod tests {
         match endpoint {
             Endpoint::Libvirt { uri, domain } => PathBuf::from(format!("{uri}/{domain}")),
             e => e.socket().unwrap().to_path_buf(),
+        }
+    }
+
+    impl FakeConnector {
+        /// The count of balloon commands sent to the VM at `socket`.
+        fn sent_to(&self, socket: &Path) -> Arc<AtomicU32> {
+            let mut sent = self.balloons_sent.lock().unwrap();
+            sent.entry(socket.to_path_buf()).or_default().clone()
         }
     }
 
@@ -630,7 +706,7 @@ mod tests {
             {
                 Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
                 b => Ok(Connection {
-                    backend: Box::new(FakeVm(b)),
+                    backend: Box::new(FakeVm(b, self.sent_to(&socket))),
                     min: Some(Bytes::from_mib(200)),
                     max: None,
                 }),
@@ -649,6 +725,25 @@ mod tests {
         vms.iter().map(|v| v.name.as_str()).collect()
     }
 
+    /// One tick's sampling, waiting up to a second.
+    async fn sample(fleet: &mut Fleet) -> (Vec<VmSnapshot>, Vec<FleetEvent>) {
+        let sampled = fleet.sample(Instant::now() + Duration::from_secs(1)).await;
+        (sampled.vms, sampled.events)
+    }
+
+    /// Balloon targets set, waiting up to a second.
+    async fn set_balloons(fleet: &mut Fleet, targets: &[(String, Bytes)]) -> Vec<Sent> {
+        fleet
+            .set_balloons(targets, Instant::now() + Duration::from_secs(1))
+            .await
+    }
+
+    /// Make the connected VM `name` behave as `behaviour` from now on.
+    fn turn(fleet: &mut Fleet, name: &str, behaviour: Behaviour) {
+        let backend = Box::new(FakeVm(behaviour, Arc::default()));
+        fleet.managed.get_mut(name).unwrap().task = VmTask::new(name, backend, fleet.call_timeout);
+    }
+
     /// Let background connection attempts finish.
     async fn settle(fleet: &mut Fleet) -> Vec<FleetEvent> {
         fleet.refresh();
@@ -657,9 +752,14 @@ mod tests {
     }
 
     fn fleet(dir: &Path, connector: Arc<FakeConnector>) -> Fleet {
+        fleet_timing_out(dir, connector, 100)
+    }
+
+    /// A fleet whose calls time out after `call_timeout_ms`.
+    fn fleet_timing_out(dir: &Path, connector: Arc<FakeConnector>, call_timeout_ms: u64) -> Fleet {
         let mut config = Config::default();
         config.discovery.qmp_glob = vec![dir.join("*.sock").display().to_string()];
-        config.daemon.call_timeout_ms = 100;
+        config.daemon.call_timeout_ms = call_timeout_ms;
         Fleet::new(&config, connector)
     }
 
@@ -678,7 +778,7 @@ mod tests {
                 endpoint: dir.path().join("web.sock").display().to_string()
             }]
         );
-        let (vms, _) = fleet.sample().await;
+        let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["web"]);
         assert_eq!(
             vms[0].limits.max,
@@ -697,8 +797,8 @@ mod tests {
             .lock()
             .unwrap()
             .insert(dir.path().join("web.sock"), Behaviour::Refuses);
-        fleet.managed.get_mut("web").unwrap().backend = Box::new(FakeVm(Behaviour::Dies));
-        let (vms, events) = fleet.sample().await;
+        turn(&mut fleet, "web", Behaviour::Dies);
+        let (vms, events) = sample(&mut fleet).await;
         assert!(vms.is_empty());
         assert_eq!(
             events,
@@ -780,7 +880,7 @@ mod tests {
         for _ in 0..3 {
             settle(&mut fleet).await;
         }
-        let (vms, _) = fleet.sample().await;
+        let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db", "web"]);
         assert_eq!(
             vms[0].limits.min,
@@ -797,17 +897,17 @@ mod tests {
         set(&["web", "db", "cache"]);
         settle(&mut fleet).await;
         settle(&mut fleet).await;
-        let (vms, _) = fleet.sample().await;
+        let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["cache", "db", "web"]);
 
         // It stops: its sample fails, it waits, and it is forgotten when no longer listed.
-        fleet.managed.get_mut("cache").unwrap().backend = Box::new(FakeVm(Behaviour::Dies));
+        turn(&mut fleet, "cache", Behaviour::Dies);
         connector
             .behaviour
             .lock()
             .unwrap()
             .insert(PathBuf::from("qemu:///system/cache"), Behaviour::Refuses);
-        let (vms, events) = fleet.sample().await;
+        let (vms, events) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db", "web"]);
         assert!(matches!(&events[..], [FleetEvent::Lost { vm, .. }] if vm == "cache"));
         assert_eq!(fleet.waiting()[0].endpoint, "qemu:///system domain cache");
@@ -820,12 +920,23 @@ mod tests {
         connector.domains.lock().unwrap().clear();
         settle(&mut fleet).await;
         settle(&mut fleet).await;
-        let (vms, _) = fleet.sample().await;
+        let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db", "web"]);
     }
 
     /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.
     async fn odd_and_ok(dir: &Path, odd: &str, behaviour: Behaviour) -> Fleet {
+        odd_and_ok_timing_out(dir, odd, behaviour, 100).await.0
+    }
+
+    /// [`odd_and_ok`], with calls timing out after `call_timeout_ms`, and the count of
+    /// balloon commands sent to `odd`.
+    async fn odd_and_ok_timing_out(
+        dir: &Path,
+        odd: &str,
+        behaviour: Behaviour,
+        call_timeout_ms: u64,
+    ) -> (Fleet, Arc<AtomicU32>) {
         for name in [odd, "ok"] {
             std::fs::write(dir.join(format!("{name}.sock")), "").unwrap();
         }
@@ -835,9 +946,121 @@ mod tests {
             .lock()
             .unwrap()
             .insert(dir.join(format!("{odd}.sock")), behaviour);
-        let mut fleet = fleet(dir, connector);
+        let sent = connector.sent_to(&dir.join(format!("{odd}.sock")));
+        let mut fleet = fleet_timing_out(dir, connector, call_timeout_ms);
         settle(&mut fleet).await;
-        fleet
+        (fleet, sent)
+    }
+
+    const INTERVAL: Duration = Duration::from_secs(2);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_that_never_answers_is_left_out_at_the_deadline_and_the_others_decided_every_tick()
+    {
+        // Before: every tick waited for the slowest VM, up to the call timeout.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "hung", Behaviour::Hangs, 30_000).await;
+        for tick in 1..=10u64 {
+            let t0 = Instant::now();
+            let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+            assert_eq!(
+                t0.elapsed(),
+                INTERVAL / 2,
+                "tick {tick}: the deadline bounds it"
+            );
+            assert!(sampled.events.is_empty(), "a late VM is kept");
+            assert_eq!(names(&sampled.vms), ["hung", "ok"]);
+            assert!(sampled.vms[1].sample.is_ok(), "ok decided at tick {tick}");
+            // Its one sample call waits on (30 s), and says for how long.
+            let waited = 1000 + 2000 * (tick - 1);
+            assert_eq!(sampled.vms[0].sample, Err(BackendError::Timeout(waited)));
+            let [hung, ok] = &fleet.sampling()[..] else {
+                panic!("{:?}", fleet.sampling());
+            };
+            assert!(hung.stale && hung.late_samples == tick && hung.age_s.is_none());
+            assert!(!ok.stale && ok.late_samples == 0 && ok.age_s == Some(1.0));
+            tokio::time::sleep_until(t0 + INTERVAL).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_balloon_command_holds_back_no_tick_and_is_never_sent_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, sent) =
+            odd_and_ok_timing_out(dir.path(), "deaf", Behaviour::IgnoresBalloon, 5_000).await;
+        let targets = [
+            ("deaf".to_string(), Bytes::from_mib(300)),
+            ("ok".to_string(), Bytes::from_mib(300)),
+        ];
+        let mut deaf = Vec::new();
+        let mut late = Vec::new();
+        for tick in 1..=3 {
+            let t0 = Instant::now();
+            let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+            late.extend(sampled.balloons);
+            assert!(sampled.vms[1].sample.is_ok(), "ok decided at tick {tick}");
+            deaf.push(sampled.vms[0].sample.is_ok());
+            let results = fleet.set_balloons(&targets, t0 + INTERVAL * 3 / 4).await;
+            assert!(t0.elapsed() <= INTERVAL * 3 / 4, "tick {tick}");
+            assert_eq!(
+                results[1],
+                Sent::Answered(Ok(())),
+                "ok actuated at tick {tick}"
+            );
+            match tick {
+                1 => assert_eq!(results[0], Sent::InFlight),
+                _ => assert!(
+                    matches!(&results[0], Sent::Answered(Err(BackendError::Busy(why)))
+                        if why == "not sent: its previous call is still in flight"),
+                    "tick {tick}: {:?}",
+                    results[0]
+                ),
+            }
+            assert_eq!(sent.load(Ordering::SeqCst), 1, "tick {tick}: sent once");
+            tokio::time::sleep_until(t0 + INTERVAL).await;
+        }
+        assert_eq!(deaf, [true, false, false], "late while its command is out");
+        // Its command times out at 5 s and is reported at the next tick (6 s); its sample
+        // is asked for again, and the failure starts the balloon backoff.
+        let t0 = Instant::now();
+        let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "nothing to wait for");
+        assert_eq!(
+            late.into_iter().chain(sampled.balloons).collect::<Vec<_>>(),
+            [Answered {
+                vm: "deaf".into(),
+                target: Bytes::from_mib(300),
+                result: Err(BackendError::Timeout(5000))
+            }]
+        );
+        assert!(sampled.vms[0].sample.is_ok(), "deaf sampled again");
+        assert!(fleet.managed["deaf"].actuation.error.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_whose_balloon_command_is_answered_during_the_tick_is_sampled_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "deaf", Behaviour::IgnoresBalloon, 1_800).await;
+        let t0 = Instant::now();
+        let target = Bytes::from_mib(300);
+        let sent = fleet
+            .set_balloons(&[("deaf".into(), target)], t0 + INTERVAL * 3 / 4)
+            .await;
+        assert_eq!(sent, [Sent::InFlight]);
+        // It times out 1.8 s after it was sent, inside the next sample window.
+        let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(1800));
+        let failed = Err(BackendError::Timeout(1800));
+        let answered = Answered {
+            vm: "deaf".into(),
+            target,
+            result: failed,
+        };
+        assert_eq!(sampled.balloons, [answered]);
+        assert!(sampled.vms[0].sample.is_ok(), "sampled once free");
+        assert!(!fleet.sampling()[0].stale);
     }
 
     #[tokio::test(start_paused = true)]
@@ -845,7 +1068,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut fleet = odd_and_ok(dir.path(), "hung", Behaviour::Hangs).await;
         let start = Instant::now();
-        let (vms, events) = fleet.sample().await;
+        let (vms, events) = sample(&mut fleet).await;
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(100),
@@ -866,16 +1089,16 @@ mod tests {
             ("ok".to_string(), Bytes::from_mib(300)),
         ];
         let start = Instant::now();
-        let results = fleet.set_balloons(&targets).await;
+        let results = set_balloons(&mut fleet, &targets).await;
         assert_eq!(start.elapsed(), Duration::from_millis(100));
-        assert_eq!(results[0], Err(BackendError::Timeout(100)));
-        assert_eq!(results[1], Ok(()));
+        assert_eq!(results[0], Sent::Answered(Err(BackendError::Timeout(100))));
+        assert_eq!(results[1], Sent::Answered(Ok(())));
         // The next ticks within the backoff cost nothing and say why.
         for _ in 0..3 {
             let start = Instant::now();
-            let results = fleet.set_balloons(&targets).await;
+            let results = set_balloons(&mut fleet, &targets).await;
             assert_eq!(start.elapsed(), Duration::ZERO, "no call timeout waited");
-            let Err(BackendError::Protocol(why)) = &results[0] else {
+            let Sent::Answered(Err(BackendError::Protocol(why))) = &results[0] else {
                 panic!("{results:?}");
             };
             assert!(
@@ -884,13 +1107,17 @@ mod tests {
                 ),
                 "{why}"
             );
-            assert_eq!(results[1], Ok(()), "the other VM is not held back");
+            assert_eq!(
+                results[1],
+                Sent::Answered(Ok(())),
+                "the other VM is not held back"
+            );
             tokio::time::advance(Duration::from_millis(300)).await;
         }
         // Past the first second: asked again, and the backoff doubles after a new failure.
         tokio::time::advance(Duration::from_millis(200)).await;
-        let results = fleet.set_balloons(&targets).await;
-        assert_eq!(results[0], Err(BackendError::Timeout(100)));
+        let results = set_balloons(&mut fleet, &targets).await;
+        assert_eq!(results[0], Sent::Answered(Err(BackendError::Timeout(100))));
         // Dropping its session does not clear the backoff (the QMP client closes a session
         // after a timeout, and the VM reconnects a second later).
         fleet.lose("deaf", "a call timed out".into());
@@ -899,8 +1126,8 @@ mod tests {
         assert!(fleet.managed.contains_key("deaf"), "reconnected");
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(matches!(
-            fleet.set_balloons(&targets).await[0],
-            Err(BackendError::Protocol(_))
+            set_balloons(&mut fleet, &targets).await[0],
+            Sent::Answered(Err(BackendError::Protocol(_)))
         ));
     }
 

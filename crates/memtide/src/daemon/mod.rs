@@ -3,9 +3,11 @@
 
 pub mod backoff;
 pub mod connect;
+pub mod endpoint;
 pub mod events;
 pub mod fleet;
 pub mod state;
+pub mod vm_task;
 pub mod writes;
 
 use crate::config::Config;
@@ -15,17 +17,27 @@ use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
-use fleet::{Fleet, FleetEvent};
+use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
-use memtide_core::{guest_text, Action, Decision, Engine, Snapshot, VmSample, VmSnapshot};
+use memtide_core::{
+    guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+};
 use memtide_sim::Recorder;
 use state::StateFile;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
+
+/// The share of the interval a tick waits for samples: a VM whose sample has not
+/// arrived by then is left out of the decision.
+const SAMPLE_SHARE: f64 = 0.5;
+/// The share of the interval by which a tick stops waiting for balloon commands to be
+/// answered: one answered later is reported by a later tick.
+const ACTUATION_SHARE: f64 = 0.75;
 
 /// How to run.
 #[derive(Debug, Clone, Default)]
@@ -40,12 +52,15 @@ pub struct RunOptions {
 struct Daemon {
     config: Config,
     options: RunOptions,
+    interval: Duration,
     host: LinuxHost,
     fleet: Fleet,
     engine: Engine,
     events: EventLog,
     status: Arc<RwLock<Status>>,
     counters: Counters,
+    /// Balloon commands sent and not answered yet, by VM.
+    pending: HashMap<String, Action>,
     start: Instant,
     recorder: Option<Recorder>,
     recording: writes::Retry,
@@ -88,6 +103,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         policy_error: None,
         decision: None,
         waiting: Vec::new(),
+        sampling: Vec::new(),
         counters: Counters::default(),
         recent_events: Vec::new(),
     }));
@@ -126,12 +142,14 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let mut daemon = Daemon {
         config,
         options,
+        interval: settings.interval,
         host,
         fleet,
         engine,
         events,
         status,
         counters: Counters::default(),
+        pending: HashMap::new(),
         start: Instant::now(),
         recorder,
         recording: writes::Retry::default(),
@@ -245,20 +263,27 @@ impl Daemon {
                 return;
             }
         };
-        let (mut vms, lost) = self.fleet.sample().await;
-        vms.iter_mut().for_each(clean_guest_text);
+        let mut sampled = self
+            .fleet
+            .sample(t0 + self.interval.mul_f64(SAMPLE_SHARE))
+            .await;
+        sampled.vms.iter_mut().for_each(clean_guest_text);
         if let Some(state) = &mut self.state {
-            state.restore_targets(&mut vms);
+            state.restore_targets(&mut sampled.vms);
         }
-        self.log_fleet(&lost);
+        self.log_fleet(&sampled.events);
+        sampled.balloons.iter().for_each(|a| self.answered_late(a));
+        // Dated when the samples were asked for: the tick's start, not when the slowest
+        // answer came, so that a late VM shifts no one's timeline.
         let snapshot = Snapshot {
-            at: self.start.elapsed(),
+            at: t0.duration_since(self.start),
             host,
-            vms,
+            vms: sampled.vms,
         };
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
-        self.actuate(&decision).await;
+        self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
+            .await;
         self.save_state(&decision);
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
@@ -319,8 +344,9 @@ impl Daemon {
         }
     }
 
-    /// Carry out the decision's actions (unless in a dry run) and log each with its result.
-    async fn actuate(&mut self, decision: &Decision) {
+    /// Carry out the decision's actions (unless in a dry run) and log each with its result;
+    /// a balloon command not answered by `deadline` is logged when its answer comes.
+    async fn actuate(&mut self, decision: &Decision, deadline: Instant) {
         let balloons: Vec<_> = decision
             .actions
             .iter()
@@ -332,35 +358,65 @@ impl Daemon {
         let mut balloon_results = if self.options.dry_run {
             Vec::new()
         } else {
-            self.fleet.set_balloons(&balloons).await
+            self.fleet.set_balloons(&balloons, deadline).await
         }
         .into_iter();
         for action in &decision.actions {
-            let (kind, vm) = match action {
-                Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
-                Action::SetKsm { .. } => ("ksm", None),
-            };
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
-                Action::SetKsm { settings, .. } => Some(self.host.apply_ksm(settings)),
+                Action::SetKsm { settings, .. } => {
+                    Some(Sent::Answered(self.host.apply_ksm(settings)))
+                }
             };
-            let rule = Some(action.reason().rule.as_ref());
-            match result {
-                None => {
-                    self.counters.action(kind, "dry_run");
-                    self.events
-                        .log("action", vm, rule, format!("would set {action} (dry run)"));
+            match (result, action) {
+                (Some(Sent::InFlight), Action::SetBalloon { vm, .. }) => {
+                    self.pending.insert(vm.clone(), action.clone());
                 }
-                Some(Ok(())) => {
-                    self.counters.action(kind, "ok");
-                    self.events.log("action", vm, rule, action.to_string());
-                }
-                Some(Err(e)) => {
-                    self.counters.action(kind, "error");
-                    self.events
-                        .log("action_failed", vm, rule, format!("{action} failed: {e}"));
-                }
+                (Some(Sent::Answered(result)), _) => self.log_action(action, Some(&result), ""),
+                _ => self.log_action(action, None, ""),
+            }
+        }
+    }
+
+    /// Count and log a balloon command answered after the tick that sent it.
+    fn answered_late(&mut self, a: &Answered) {
+        if let Some(action) = self.pending.remove(&a.vm) {
+            self.log_action(&action, Some(&a.result), " (answered after its tick)");
+        }
+    }
+
+    /// Count and log an action with its result (`None`: a dry run), `note` added to it.
+    fn log_action(
+        &mut self,
+        action: &Action,
+        result: Option<&Result<(), BackendError>>,
+        note: &str,
+    ) {
+        let (kind, vm) = match action {
+            Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
+            Action::SetKsm { .. } => ("ksm", None),
+        };
+        let rule = Some(action.reason().rule.as_ref());
+        match result {
+            None => {
+                self.counters.action(kind, "dry_run");
+                self.events
+                    .log("action", vm, rule, format!("would set {action} (dry run)"));
+            }
+            Some(Ok(())) => {
+                self.counters.action(kind, "ok");
+                self.events
+                    .log("action", vm, rule, format!("{action}{note}"));
+            }
+            Some(Err(e)) => {
+                self.counters.action(kind, "error");
+                self.events.log(
+                    "action_failed",
+                    vm,
+                    rule,
+                    format!("{action} failed{note}: {e}"),
+                );
             }
         }
     }
@@ -375,6 +431,7 @@ impl Daemon {
         self.counters
             .tick_took(s.last_tick_ms, s.interval_s * 1000.0);
         s.waiting = self.fleet.waiting();
+        s.sampling = self.fleet.sampling();
         for w in &mut s.waiting {
             w.error = w.error.as_deref().map(guest_text::clean);
         }

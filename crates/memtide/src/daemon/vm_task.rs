@@ -1,0 +1,258 @@
+//! One managed VM's backend, lent to one call at a time: a sample or a balloon command
+//! runs as a task of its own, bounded by the call timeout, so a VM that does not answer
+//! holds back only itself. The tick waits for a call until its own deadline and takes the
+//! answer then, or at a later tick when it comes later; no second call to the VM starts
+//! while one is in flight (a balloon command is never sent twice at once).
+
+use memtide_core::backend::VmBackend;
+use memtide_core::{BackendError, Bytes, VmSample};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, timeout_at, Instant};
+use tracing::Instrument;
+
+/// A call to a VM.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Call {
+    /// Read its sample.
+    Sample,
+    /// Set its balloon target.
+    Balloon(Bytes),
+}
+
+/// What a VM answered to a call.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// Its sample (boxed: it is large, and moved through the task).
+    Sample(Result<Box<VmSample>, BackendError>),
+    /// The result of setting its balloon to this target.
+    Balloon(Bytes, Result<(), BackendError>),
+}
+
+/// What a VM answered by a tick's sample deadline.
+#[derive(Debug, PartialEq)]
+pub struct Collected {
+    /// The answer to a balloon command sent at an earlier tick, when it came.
+    pub balloon: Option<(Bytes, Result<(), BackendError>)>,
+    /// This tick's sample (or word that the connection is gone); `None`: late.
+    pub sample: Option<Result<Box<VmSample>, BackendError>>,
+}
+
+/// A call in flight: what it is, when it started, and the task that hands the backend back.
+struct InFlight {
+    call: Call,
+    since: Instant,
+    /// Hands back the backend, the answer and when it came.
+    task: JoinHandle<(Box<dyn VmBackend>, Answer, Instant)>,
+}
+
+/// A managed VM's backend, idle or lent to the call in flight.
+pub struct VmTask {
+    name: String,
+    call_timeout: Duration,
+    /// The backend while no call is in flight.
+    idle: Option<Box<dyn VmBackend>>,
+    in_flight: Option<InFlight>,
+    /// The balloon target the backend last reported (kept while it is lent).
+    target: Option<Bytes>,
+    /// When the latest answer came.
+    answered: Option<Instant>,
+}
+
+impl VmTask {
+    /// The task of VM `name`, each of its calls bounded by `call_timeout`.
+    pub fn new(name: &str, backend: Box<dyn VmBackend>, call_timeout: Duration) -> VmTask {
+        VmTask {
+            name: name.to_string(),
+            call_timeout,
+            target: backend.target(),
+            idle: Some(backend),
+            in_flight: None,
+            answered: None,
+        }
+    }
+
+    /// Start `call`, unless a call is in flight (then false: nothing is sent).
+    pub fn start(&mut self, call: Call) -> bool {
+        let Some(mut backend) = self.idle.take() else {
+            return false;
+        };
+        let limit = self.call_timeout;
+        let span = tracing::info_span!("vm", name = self.name.as_str());
+        let task = tokio::spawn(
+            async move {
+                let answer = match call {
+                    Call::Sample => Answer::Sample(
+                        timeout(limit, backend.sample())
+                            .await
+                            .unwrap_or_else(|_| Err(BackendError::timeout(limit)))
+                            .map(Box::new),
+                    ),
+                    Call::Balloon(target) => Answer::Balloon(
+                        target,
+                        timeout(limit, backend.set_balloon(target))
+                            .await
+                            .unwrap_or_else(|_| Err(BackendError::timeout(limit))),
+                    ),
+                };
+                (backend, answer, Instant::now())
+            }
+            .instrument(span),
+        );
+        self.in_flight = Some(InFlight {
+            call,
+            since: Instant::now(),
+            task,
+        });
+        true
+    }
+
+    /// This tick's sample, asked for as soon as the VM is free: a call still in flight
+    /// from an earlier tick is waited for first (a balloon command's answer is returned
+    /// too; a sample late for its own tick is superseded, unless it says the connection
+    /// is gone). Waits until `deadline` at the most.
+    pub async fn sample_by(&mut self, deadline: Instant) -> Collected {
+        let mut balloon = None;
+        let mut asked = false;
+        loop {
+            if !asked {
+                asked = self.start(Call::Sample);
+                if !asked && self.in_flight.is_none() {
+                    let gone = BackendError::Disconnected("its task ended".into());
+                    let sample = Some(Err(gone));
+                    return Collected { balloon, sample };
+                }
+            }
+            match self.answer_by(deadline).await {
+                None => {
+                    return Collected {
+                        balloon,
+                        sample: None,
+                    }
+                }
+                Some(Answer::Balloon(target, result)) => balloon = Some((target, result)),
+                Some(Answer::Sample(sample @ Err(BackendError::Disconnected(_)))) => {
+                    return Collected {
+                        balloon,
+                        sample: Some(sample),
+                    }
+                }
+                Some(Answer::Sample(sample)) if asked => {
+                    return Collected {
+                        balloon,
+                        sample: Some(sample),
+                    }
+                }
+                Some(Answer::Sample(_)) => {}
+            }
+        }
+    }
+
+    /// The call in flight and how long it has been waiting, if one is.
+    pub fn in_flight(&self) -> Option<(Call, Duration)> {
+        self.in_flight.as_ref().map(|f| (f.call, f.since.elapsed()))
+    }
+
+    /// Wait until the call in flight answers or `deadline` passes (a deadline already
+    /// passed takes an answer that is there). `None`: no call, or no answer yet.
+    pub async fn answer_by(&mut self, deadline: Instant) -> Option<Answer> {
+        let flight = self.in_flight.as_mut()?;
+        let joined = timeout_at(deadline, &mut flight.task).await.ok()?;
+        let call = self.in_flight.take().expect("checked above").call;
+        Some(match joined {
+            Ok((backend, answer, at)) => {
+                self.answered = Some(at);
+                self.target = backend.target();
+                self.idle = Some(backend);
+                answer
+            }
+            // The backend went with the task: the VM is treated as disconnected.
+            Err(e) => {
+                let gone = BackendError::Disconnected(format!("its task ended: {e}"));
+                match call {
+                    Call::Sample => Answer::Sample(Err(gone)),
+                    Call::Balloon(target) => Answer::Balloon(target, Err(gone)),
+                }
+            }
+        })
+    }
+
+    /// When the answer [`VmTask::answer_by`] last took came.
+    pub fn answered(&self) -> Option<Instant> {
+        self.answered
+    }
+
+    /// The balloon target the backend last reported.
+    pub fn target(&self) -> Option<Bytes> {
+        self.target
+    }
+}
+
+impl Drop for VmTask {
+    /// A VM that is dropped takes its call in flight with it.
+    fn drop(&mut self) {
+        if let Some(flight) = &self.in_flight {
+            flight.task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// Never answers a balloon command; counts those it was sent.
+    struct Deaf(Arc<AtomicU32>);
+
+    #[async_trait]
+    impl VmBackend for Deaf {
+        async fn sample(&mut self) -> Result<VmSample, BackendError> {
+            Err(BackendError::Protocol("not sampled here".into()))
+        }
+        async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            std::future::pending().await
+        }
+        fn target(&self) -> Option<Bytes> {
+            Some(Bytes::from_mib(1))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_in_flight_is_never_doubled_and_answers_after_its_deadline() {
+        let sent = Arc::new(AtomicU32::new(0));
+        let mut task = VmTask::new("deaf", Box::new(Deaf(sent.clone())), Duration::from_secs(2));
+        let target = Bytes::from_mib(300);
+        assert!(task.start(Call::Balloon(target)));
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_millis(500);
+        assert_eq!(
+            task.answer_by(deadline).await,
+            None,
+            "no answer by the deadline"
+        );
+        assert_eq!(t0.elapsed(), Duration::from_millis(500));
+        assert!(
+            !task.start(Call::Balloon(target)),
+            "not sent again while in flight"
+        );
+        assert!(!task.start(Call::Sample), "nor sampled");
+        assert_eq!(task.target(), Some(Bytes::from_mib(1)), "known while lent");
+        assert_eq!(
+            task.in_flight(),
+            Some((Call::Balloon(target), Duration::from_millis(500)))
+        );
+        // The call timeout ends it; its answer is taken at a later deadline.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        assert_eq!(
+            task.answer_by(Instant::now()).await,
+            Some(Answer::Balloon(target, Err(BackendError::Timeout(2000))))
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "sent once");
+        assert_eq!(task.in_flight(), None);
+        assert!(task.start(Call::Sample), "idle again");
+    }
+}
