@@ -10,6 +10,7 @@
 pub mod anon;
 pub mod cli;
 pub mod fileset;
+pub mod lie;
 pub mod pattern;
 pub mod progress;
 pub mod region;
