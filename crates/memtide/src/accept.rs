@@ -3,7 +3,9 @@
 //! once and retried after a pause that doubles, instead of at once in a spin.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Pause after the first failed accept; doubled on each failure in a row.
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
@@ -39,6 +41,29 @@ where
             }
         }
     }
+}
+
+/// Like [`serve`], with at most `slots` connections served at once: a connection is
+/// accepted only when a slot is free (the others wait in the kernel's queue, holding none
+/// of the daemon's descriptors) and handed to `handle` with its slot, to drop when done.
+pub async fn serve_capped<T, A, F>(
+    what: &str,
+    slots: usize,
+    mut accept: A,
+    handle: impl FnMut((T, OwnedSemaphorePermit)),
+) where
+    A: FnMut() -> F,
+    F: Future<Output = std::io::Result<T>>,
+{
+    let slots = Arc::new(Semaphore::new(slots));
+    let next = || {
+        let (slots, accepted) = (slots.clone(), accept());
+        async move {
+            let slot = slots.acquire_owned().await.expect("never closed");
+            Ok((accepted.await?, slot))
+        }
+    };
+    serve(what, next, handle).await;
 }
 
 #[cfg(test)]

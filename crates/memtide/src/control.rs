@@ -3,7 +3,9 @@
 //! the policy and returns `{"ok": "..."}` or `{"error": "..."}`. Each peer is checked by
 //! the credentials the kernel gives for it (SO_PEERCRED): root, the daemon's own user and
 //! those `[control]` allows are served; the others get an error and a log line (at most
-//! one a minute, with a count of the rest).
+//! one a minute, with a count of the rest). At most [`MAX_CONNECTIONS`] are served at
+//! once (the others wait to be accepted), and each has [`IO_TIMEOUT`] to send its request
+//! and again to take its reply: idle clients cannot hold the daemon's descriptors.
 
 use crate::accept;
 use crate::config::ControlConfig;
@@ -16,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 /// A request the daemon itself must handle.
 pub enum Request {
@@ -26,6 +28,12 @@ pub enum Request {
 
 /// Longest request accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
+
+/// Most connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Time a client has to send its request, and again to take its reply.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Refusals logged per [`REFUSAL_WINDOW`]: one, then a count.
 const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
@@ -129,7 +137,7 @@ pub async fn serve(
     });
     let refusals = Arc::new(Mutex::new(Refusals::default()));
     tokio::spawn(async move {
-        let answer = |(stream, _): (UnixStream, _)| {
+        let answer = |((stream, _), slot): ((UnixStream, _), OwnedSemaphorePermit)| {
             let peer = stream.peer_cred();
             let refused = match peer {
                 Ok(c) if access.admits(c.uid(), c.gid()) => None,
@@ -148,9 +156,14 @@ pub async fn serve(
                     tracing::warn!("{line}");
                 }
             }
-            tokio::spawn(answer(stream, refused, status.clone(), requests.clone()));
+            let answered = answer(stream, refused, status.clone(), requests.clone());
+            tokio::spawn(async move {
+                answered.await;
+                drop(slot);
+            });
         };
-        accept::serve("control socket", || listener.accept(), answer).await;
+        let accept = || listener.accept();
+        accept::serve_capped("control socket", MAX_CONNECTIONS, accept, answer).await;
     });
     Ok(ControlSocket {
         path: path.to_path_buf(),
@@ -185,7 +198,8 @@ async fn answer(
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
-    if reader.read_line(&mut line).await.is_err() {
+    let read = tokio::time::timeout(IO_TIMEOUT, reader.read_line(&mut line)).await;
+    if !matches!(read, Ok(Ok(_))) {
         return;
     }
     let reply = match (refused, serde_json::from_str::<Value>(&line)) {
@@ -207,7 +221,7 @@ async fn answer(
     };
     let mut out = reply.to_string();
     out.push('\n');
-    let _ = write.write_all(out.as_bytes()).await;
+    let _ = tokio::time::timeout(IO_TIMEOUT, write.write_all(out.as_bytes())).await;
 }
 
 async fn reload(requests: &mpsc::Sender<Request>) -> Value {
@@ -375,6 +389,29 @@ mod tests {
         // Mode 0600: the kernel refuses the connection before the peer check sees it.
         let error = refused.await.unwrap().unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_clients_are_dropped_and_at_most_64_served_at_once() {
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memtide.sock");
+        let (requests, _) = mpsc::channel(1);
+        let none = ControlConfig::default();
+        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(UnixStream::connect(&path).await.unwrap());
+        }
+        // One more waits to be accepted until an idle client is dropped (the paused
+        // clock runs on to the timeout once nothing else is ready).
+        let asked = tokio::time::Instant::now();
+        let status = request_status(&path).await.unwrap();
+        assert_eq!(status, Status::default());
+        assert_eq!(asked.elapsed(), IO_TIMEOUT, "served once a slot was free");
+        let mut byte = [0; 1];
+        let read = idle[0].read(&mut byte).await.unwrap();
+        assert_eq!(read, 0, "the idle client was hung up on");
     }
 
     #[test]

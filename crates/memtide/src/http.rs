@@ -18,7 +18,6 @@ use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::sync::Semaphore;
 
 /// Most bytes of a request's line and headers; a longer one is answered 431 and the
 /// connection closed (hyper's smallest buffer is 8 KiB).
@@ -111,17 +110,8 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding http {addr}"))?;
     let bound = listener.local_addr()?;
-    let slots = Arc::new(Semaphore::new(limits.connections));
     tokio::spawn(async move {
-        let listener = &listener;
-        let accept = || {
-            let slots = slots.clone();
-            async move {
-                let slot = slots.acquire_owned().await.expect("never closed");
-                Ok((listener.accept().await?.0, slot))
-            }
-        };
-        let serve = |(stream, slot)| {
+        let serve = |((stream, _), slot)| {
             let service = TowerToHyperService::new(app.clone());
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -133,7 +123,8 @@ pub async fn serve(
                 drop(slot);
             });
         };
-        accept::serve("http", accept, serve).await;
+        let accept = || listener.accept();
+        accept::serve_capped("http", limits.connections, accept, serve).await;
     });
     Ok(bound)
 }

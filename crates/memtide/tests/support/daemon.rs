@@ -135,6 +135,40 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// How many descriptors the daemon has open (/proc/PID/fd).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("the daemon runs")
+            .count()
+    }
+
+    /// Its exit status, once it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+}
+
+/// A configuration managing `vms` (name, QMP socket, guest agent socket) with memtide's
+/// policy and the host declared short (`ample_free`/`short_free` above 1, as
+/// bench/scenarios/converge.toml does): it probes at once and the balloons keep moving.
+pub fn probing_config(vms: &[(&str, &Path, Option<&Path>)]) -> String {
+    let mut text = String::from(
+        "interval_s = 1\npolicy = \"memtide\"\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n[memtide]\nample_free = 1.01\nshort_free = 1.01\n",
+    );
+    for (name, qmp, agent) in vms {
+        text += &format!(
+            "[[vm]]\nname = {name:?}\nqmp = {:?}\n",
+            qmp.display().to_string()
+        );
+        if let Some(agent) = agent {
+            text += &format!("agent = {:?}\n", agent.display().to_string());
+        }
+    }
+    text
+}
+
 /// A policy (in the policy language) giving every guest `mib` (within its bounds).
 pub fn fixed_policy(mib: u64) -> String {
     format!(

@@ -63,6 +63,33 @@ impl Guest {
         Guest(guest)
     }
 
+    /// Like [`Guest::boot`], with a second QMP socket for the test itself
+    /// ([`Guest::harness_qmp`]).
+    pub fn boot_watched(
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        mem_mib: u64,
+        workload: &str,
+        args: &str,
+    ) -> Guest {
+        let guest = Boot::new(name, dir, &guest_dir(), mem_mib.to_string())
+            .kernel_args(&format!("memtide.workload={workload} memtide.args={args}"))
+            .qmp("qmp")
+            .qmp("hqmp")
+            .device(BALLOON)
+            .disk("swap", 128)
+            .agent()
+            .spawn(procs)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Guest(guest)
+    }
+
+    /// The test's own QMP socket (see [`Guest::boot_watched`]).
+    pub fn harness_qmp(&self) -> &Path {
+        &self.0.qmp[1]
+    }
+
     /// Its QMP socket.
     pub fn qmp(&self) -> &Path {
         &self.0.qmp[0]

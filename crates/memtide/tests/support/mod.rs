@@ -67,3 +67,4 @@ pub fn http_get(port: u16, path: &str) -> String {
     assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
     body.to_string()
 }
+pub mod harness;
