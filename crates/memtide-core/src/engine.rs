@@ -9,7 +9,7 @@ use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport
 use crate::estimate::fused::FusedMemory;
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
-use crate::sanitize::{bounded_actual, implausible_agent, sanitize, undelivered};
+use crate::sanitize::{bounded_actual, implausible_agent, sanitize, stale, undelivered};
 use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{HostStats, KsmState};
@@ -242,6 +242,9 @@ impl Engine {
             ..sample.clone()
         };
         for p in sanitize(&mut clean.stats, sample.configured) {
+            diag(DiagnosticKind::ImplausibleStats, p);
+        }
+        if let Some(p) = stale(&mut clean.stats, at, &memory.history) {
             diag(DiagnosticKind::ImplausibleStats, p);
         }
         if let Some(Ok(a)) = &clean.agent {

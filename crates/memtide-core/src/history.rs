@@ -62,6 +62,21 @@ impl<T> History<T> {
         (n > 0).then(|| sum / n as f64)
     }
 
+    /// When the run of latest samples that all give `value` as `v` began (`None` if the
+    /// latest does not): how long `v` has not changed, as far as the history reaches.
+    pub fn unchanged_since<V: PartialEq>(
+        &self,
+        v: &V,
+        value: impl Fn(&T) -> V,
+    ) -> Option<Duration> {
+        self.samples
+            .iter()
+            .rev()
+            .take_while(|(_, s)| value(s) == *v)
+            .last()
+            .map(|(at, _)| *at)
+    }
+
     /// Time between the two latest samples.
     pub fn interval(&self) -> Option<Duration> {
         let n = self.samples.len();

@@ -1,8 +1,15 @@
 //! Guest statistics are untrusted input: a buggy or hostile guest can report anything.
 //! Values that contradict what the host knows are dropped before any policy sees them.
 
+use crate::history::History;
+use crate::snapshot::VmSample;
 use crate::stats::{GuestStats, MemInfo};
 use crate::units::Bytes;
+use std::time::Duration;
+
+/// Balloon statistics whose update time has not moved for this long (and for three
+/// sample intervals) are stale.
+const STALE: Duration = Duration::from_secs(8);
 
 /// Slack allowed above the configured size (guest kernels report MemTotal slightly below
 /// the RAM size; never above it, but allow rounding).
@@ -38,6 +45,32 @@ pub fn sanitize(stats: &mut GuestStats, configured: Bytes) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Balloon statistics that stopped being updated: QEMU answers with the last figures the
+/// guest's driver sent, so a guest whose driver was unloaded, or which hangs, looks
+/// unchanged forever (seen on a real guest: after `rmmod virtio_balloon` it kept
+/// reporting 19 MiB free with its whole size back). Drops the figures (in place, keeping
+/// their date) when the date `stats` carry at `at` has not moved since `STALE` ago and
+/// three sample intervals; `history` holds the earlier samples. Returns why.
+pub fn stale(stats: &mut GuestStats, at: Duration, history: &History<VmSample>) -> Option<String> {
+    let date = stats.last_update?;
+    let since = history
+        .unchanged_since(&Some(date), |s| s.stats.last_update)
+        .filter(|since| *since < at)?;
+    let age = at - since;
+    let spacing = history.interval().unwrap_or_default();
+    if age < STALE.max(spacing * 3) {
+        return None;
+    }
+    *stats = GuestStats {
+        last_update: Some(date),
+        ..GuestStats::default()
+    };
+    Some(format!(
+        "balloon statistics not updated for {} s (the guest's balloon driver stopped reporting): ignored",
+        age.as_secs()
+    ))
 }
 
 /// The guest agent's /proc figures, checked like the balloon statistics: a MemTotal above
@@ -97,6 +130,65 @@ pub fn undelivered(actual: Bytes, rss: Option<Bytes>, configured: Bytes) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statistics_whose_date_stopped_moving_are_dropped_as_stale() {
+        let stats = |date: u64| GuestStats {
+            free: Some(Bytes::from_mib(19)),
+            last_update: Some(date),
+            ..GuestStats::default()
+        };
+        let sample = |date| VmSample {
+            configured: Bytes::from_mib(384),
+            balloon: Some(Bytes::from_mib(384)),
+            stats: stats(date),
+            agent: None,
+            rss: None,
+            referenced: None,
+            virtio_mem: None,
+            free_page_reporting: false,
+            events: Vec::new(),
+        };
+        let s = Duration::from_secs;
+        let mut h = History::new(10);
+        // Updated every second: never stale.
+        for t in 0..10 {
+            h.push(s(t), sample(1000 + t));
+        }
+        assert_eq!(stale(&mut stats(1010), s(10), &h), None);
+        // The driver stops at date 1002 (t = 2 s): stale 8 s later, the
+        // figures dropped and the date kept.
+        let mut h = History::new(10);
+        for t in 0..10 {
+            h.push(s(t), sample(1000 + t.min(2)));
+        }
+        let mut fresh = stats(1002);
+        assert!(
+            stale(&mut fresh, s(10), &h).is_some(),
+            "unchanged since 2 s"
+        );
+        assert_eq!(fresh.free, None);
+        assert_eq!(fresh.last_update, Some(1002));
+        let mut h = History::new(10);
+        for t in 0..10 {
+            h.push(s(t), sample(1000 + t.min(5)));
+        }
+        assert_eq!(
+            stale(&mut stats(1005), s(10), &h),
+            None,
+            "unchanged for 5 s only"
+        );
+        // Samples 4 s apart: three intervals (12 s) before the figures are called stale.
+        let mut h = History::new(10);
+        for t in 0..3 {
+            h.push(s(4 * t), sample(1000));
+        }
+        assert_eq!(stale(&mut stats(1000), s(8), &h), None);
+        assert!(stale(&mut stats(1000), s(12), &h).is_some());
+        // No date: nothing to judge.
+        let mut undated = GuestStats::default();
+        assert_eq!(stale(&mut undated, s(100), &h), None);
+    }
 
     #[test]
     fn undelivered_memory_is_what_the_host_holds_beyond_size_and_overhead() {

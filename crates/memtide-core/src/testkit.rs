@@ -51,7 +51,9 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             stats: GuestStats {
                 free: Some(Bytes::from_mib(free_mib)),
                 total: Some(Bytes::from_mib(actual_mib)),
-                last_update: Some(1),
+                // Undated, as a fixture reused at any time must be (a fixed date would
+                // make its statistics stale).
+                last_update: None,
                 ..GuestStats::default()
             },
             agent: None,

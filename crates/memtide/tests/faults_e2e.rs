@@ -297,11 +297,26 @@ fn the_balloon_driver_unloaded_in_the_guest_and_loaded_again() {
         popped.is_some(),
         "the balloon deflated with its driver gone"
     );
-    std::thread::sleep(5 * TICK);
-    let without = daemon.try_status().expect("the daemon answers");
+    // QEMU goes on answering with the driver's last statistics: memtide must see that
+    // they stopped moving and stop using them.
+    let without = daemon.wait_until(
+        "the frozen balloon statistics dropped as stale",
+        Duration::from_secs(30),
+        |s| vm(s, "g").is_some_and(|v| v["guest_free"].is_null()),
+    );
     eprintln!(
         "without the driver: {}",
         serde_json::to_string(&vm(&without, "g")).unwrap()
+    );
+    assert!(
+        without["decision"]["diagnostics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["kind"] == "implausible_stats"
+                && d["message"].as_str().unwrap().contains("not updated")),
+        "the stale statistics are reported: {}",
+        without["decision"]["diagnostics"]
     );
 
     let insmod = agent.run_sh(
