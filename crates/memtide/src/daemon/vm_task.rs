@@ -5,6 +5,7 @@
 //! while one is in flight (a balloon command is never sent twice at once).
 
 use memtide_core::backend::VmBackend;
+use memtide_core::snapshot::VmEvent;
 use memtide_core::{BackendError, Bytes, VmSample};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -57,6 +58,9 @@ pub struct VmTask {
     target: Option<Bytes>,
     /// When the latest answer came.
     answered: Option<Instant>,
+    /// Events that came with a sample superseded before any tick used it (a reset seen
+    /// while the VM answered late): handed on with the next sample, never lost.
+    events: Vec<VmEvent>,
 }
 
 impl VmTask {
@@ -69,6 +73,7 @@ impl VmTask {
             idle: Some(backend),
             in_flight: None,
             answered: None,
+            events: Vec::new(),
         }
     }
 
@@ -137,13 +142,21 @@ impl VmTask {
                         sample: Some(sample),
                     }
                 }
-                Some(Answer::Sample(sample)) if asked => {
+                Some(Answer::Sample(mut sample)) if asked => {
+                    if let Ok(s) = &mut sample {
+                        let later = std::mem::take(&mut s.events);
+                        s.events = std::mem::take(&mut self.events);
+                        s.events.extend(later);
+                    }
                     return Collected {
                         balloon,
                         sample: Some(sample),
-                    }
+                    };
                 }
-                Some(Answer::Sample(_)) => {}
+                Some(Answer::Sample(Ok(mut superseded))) => {
+                    self.events.append(&mut superseded.events);
+                }
+                Some(Answer::Sample(Err(_))) => {}
             }
         }
     }
@@ -254,5 +267,44 @@ mod tests {
         assert_eq!(sent.load(Ordering::SeqCst), 1, "sent once");
         assert_eq!(task.in_flight(), None);
         assert!(task.start(Call::Sample), "idle again");
+    }
+
+    /// Answers its first sample late, with a reset among its events; the next at once.
+    struct SlowOnce(u32);
+
+    #[async_trait]
+    impl VmBackend for SlowOnce {
+        async fn sample(&mut self) -> Result<VmSample, BackendError> {
+            self.0 += 1;
+            let events = if self.0 == 1 {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                vec![VmEvent::Reset]
+            } else {
+                Vec::new()
+            };
+            let mut s = memtide_core::testkit::vm("v", 512, 512, 100)
+                .sample
+                .unwrap();
+            s.events = events;
+            Ok(s)
+        }
+        async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn target(&self) -> Option<Bytes> {
+            None
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_of_a_sample_too_late_for_its_tick_come_with_the_next() {
+        let mut task = VmTask::new("v", Box::new(SlowOnce(0)), Duration::from_secs(2));
+        let tick = |ms| Instant::now() + Duration::from_millis(ms);
+        let late = task.sample_by(tick(500)).await;
+        assert_eq!(late.sample, None, "late for its tick");
+        let next = task.sample_by(tick(500)).await.sample.unwrap().unwrap();
+        assert_eq!(next.events, vec![VmEvent::Reset], "the reset is not lost");
+        let after = task.sample_by(tick(500)).await.sample.unwrap().unwrap();
+        assert!(after.events.is_empty(), "and given once");
     }
 }
