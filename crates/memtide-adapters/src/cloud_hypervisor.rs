@@ -46,7 +46,8 @@ pub fn sizes(info: &Value) -> Result<(Bytes, Bytes, bool), BackendError> {
     Ok((configured, actual, balloon))
 }
 
-fn check_state(info: &Value) -> Result<(), BackendError> {
+/// `Ok` when `vm.info` says the VM runs; why it cannot be managed otherwise.
+pub fn check_state(info: &Value) -> Result<(), BackendError> {
     match info.get("state").and_then(Value::as_str) {
         Some("Running") => Ok(()),
         Some("Paused") => Err(BackendError::Busy("the VM is paused".into())),
@@ -55,6 +56,16 @@ fn check_state(info: &Value) -> Result<(), BackendError> {
             other.unwrap_or("unknown")
         ))),
     }
+}
+
+/// The guest's statistics in a `vm.balloon-stats` answer.
+pub fn balloon_stats(v: &Value) -> GuestStats {
+    let mut s = guest_stats(&v["stats"]);
+    s.last_update = v["last_update"]
+        .as_u64()
+        .filter(|t| *t > 0)
+        .map(|ms| ms / 1000);
+    s
 }
 
 impl CloudHypervisorVm {
@@ -91,14 +102,7 @@ impl CloudHypervisorVm {
             .call(Method::GET, "/api/v1/vm.balloon-stats", None)
             .await
         {
-            Ok(v) => {
-                let mut s = guest_stats(&v["stats"]);
-                s.last_update = v["last_update"]
-                    .as_u64()
-                    .filter(|t| *t > 0)
-                    .map(|ms| ms / 1000);
-                Ok(s)
-            }
+            Ok(v) => Ok(balloon_stats(&v)),
             Err(e) if e.status().is_some() => {
                 tracing::info!("{e}: no balloon statistics from this VM");
                 self.stats = false;

@@ -22,7 +22,7 @@ const CHUNK: u64 = 64 * 1024;
 const MAX_FILE: usize = 256 << 10;
 /// Most `guest-file-read` calls per file: a guest answering a byte at a time with `eof`
 /// false must not hold the sample (#18 defect 4); files up to `MAX_FILE` need 4 chunks.
-const MAX_READS: usize = 8;
+pub const MAX_READS: usize = 8;
 /// Most bytes skipped while looking for the sync delimiter, and most stale replies read
 /// after it: a guest streaming bytes with no 0xFF must not fill the daemon's memory
 /// (#18 defect 3).
@@ -151,20 +151,7 @@ impl GuestAgent {
         .await
         .map_err(|_| QgaError::Timeout(limit))??;
         self.in_sync = true;
-        match (reply.get("return"), reply.get("error")) {
-            (Some(v), _) => Ok(v.clone()),
-            (None, Some(e)) => Err(QgaError::Command {
-                class: e
-                    .get("class")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Unknown")
-                    .into(),
-                desc: e.get("desc").and_then(Value::as_str).unwrap_or("").into(),
-            }),
-            (None, None) => Err(QgaError::Protocol(format!(
-                "reply without return or error: {reply}"
-            ))),
-        }
+        reply_value(&reply)
     }
 
     /// Read a whole guest file (not just a first chunk), closing it whatever happens.
@@ -177,6 +164,24 @@ impl GuestAgent {
 impl AgentChannel for GuestAgent {
     async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
         GuestAgent::execute(self, command, arguments).await
+    }
+}
+
+/// An agent's reply: its `return` value, or the error it carries.
+pub fn reply_value(reply: &Value) -> Result<Value, QgaError> {
+    match (reply.get("return"), reply.get("error")) {
+        (Some(v), _) => Ok(v.clone()),
+        (None, Some(e)) => Err(QgaError::Command {
+            class: e
+                .get("class")
+                .and_then(Value::as_str)
+                .unwrap_or("Unknown")
+                .into(),
+            desc: e.get("desc").and_then(Value::as_str).unwrap_or("").into(),
+        }),
+        (None, None) => Err(QgaError::Protocol(format!(
+            "reply without return or error: {reply}"
+        ))),
     }
 }
 
