@@ -61,10 +61,11 @@ pub fn check_state(info: &Value) -> Result<(), BackendError> {
 /// The guest's statistics in a `vm.balloon-stats` answer.
 pub fn balloon_stats(v: &Value) -> GuestStats {
     let mut s = guest_stats(&v["stats"]);
+    // In milliseconds; 0 s means never, as everywhere (found by fuzzing: 176 ms gave 0).
     s.last_update = v["last_update"]
         .as_u64()
-        .filter(|t| *t > 0)
-        .map(|ms| ms / 1000);
+        .map(|ms| ms / 1000)
+        .filter(|t| *t > 0);
     s
 }
 
@@ -155,5 +156,22 @@ impl VmBackend for CloudHypervisorVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn balloon_stats_date_their_update_in_seconds() {
+        let stats =
+            |ms: u64| balloon_stats(&json!({"last_update": ms, "stats": {"free_memory": 4096}}));
+        assert_eq!(stats(1_764_060_000_123).last_update, Some(1_764_060_000));
+        assert_eq!(stats(1_764_060_000_123).free, Some(Bytes(4096)));
+        // Under a second is no date (the fuzzer's case: `"last_update":176`).
+        assert_eq!(stats(176).last_update, None);
+        assert_eq!(stats(0).last_update, None);
     }
 }
