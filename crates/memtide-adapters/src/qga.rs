@@ -7,6 +7,7 @@
 //! it is discarded, and only the answer carrying our random token ends the sync.
 
 use crate::procfs;
+use crate::qmp::client::qapi_outcome;
 use async_trait::async_trait;
 use memtide_core::stats::AgentStats;
 use serde_json::{json, Value};
@@ -169,17 +170,10 @@ impl AgentChannel for GuestAgent {
 
 /// An agent's reply: its `return` value, or the error it carries.
 pub fn reply_value(reply: &Value) -> Result<Value, QgaError> {
-    match (reply.get("return"), reply.get("error")) {
-        (Some(v), _) => Ok(v.clone()),
-        (None, Some(e)) => Err(QgaError::Command {
-            class: e
-                .get("class")
-                .and_then(Value::as_str)
-                .unwrap_or("Unknown")
-                .into(),
-            desc: e.get("desc").and_then(Value::as_str).unwrap_or("").into(),
-        }),
-        (None, None) => Err(QgaError::Protocol(format!(
+    match qapi_outcome(reply) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err((class, desc))) => Err(QgaError::Command { class, desc }),
+        None => Err(QgaError::Protocol(format!(
             "reply without return or error: {reply}"
         ))),
     }

@@ -70,13 +70,8 @@ fn meminfo_text(m: &MemInfo) -> String {
         ("Shmem", m.shmem),
         ("SUnreclaim", m.slab_unreclaimable),
     ];
-    let mut text = String::new();
-    for (name, value) in fields {
-        if let Some(Bytes(v)) = value {
-            let _ = writeln!(text, "{name}: {v}");
-        }
-    }
-    text
+    let fields = fields.map(|(name, value)| (name, value.map(|b| b.0)));
+    fields_text(&fields, ": ")
 }
 
 fn vmstat_text(v: &VmStat) -> String {
@@ -90,10 +85,15 @@ fn vmstat_text(v: &VmStat) -> String {
         ("oom_kill", v.oom_kill),
         ("allocstall", v.allocstall),
     ];
+    fields_text(&fields, " ")
+}
+
+/// `name`, `separator`, value: a line per field that has a value.
+fn fields_text(fields: &[(&str, Option<u64>)], separator: &str) -> String {
     let mut text = String::new();
     for (name, value) in fields {
         if let Some(value) = value {
-            let _ = writeln!(text, "{name} {value}");
+            let _ = writeln!(text, "{name}{separator}{value}");
         }
     }
     text

@@ -2,7 +2,7 @@
 //! over mutations of them (bytes overwritten, inserted, removed, lines spliced from other
 //! seeds), a few hundred inputs each. cargo-fuzz runs the same functions for long.
 
-use memtide_fuzz::{seeds, target, Target, TARGETS};
+use memtide_fuzz::{seeds, seeds_dir, target, Target, TARGETS};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -117,6 +117,27 @@ fn short_run(t: &Target) {
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+}
+
+/// cargo-fuzz knows every target: a `[[bin]]` of `fuzz/Cargo.toml` and its file.
+#[test]
+fn every_target_is_a_cargo_fuzz_target() {
+    let fuzz = seeds_dir().join("..");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).expect("fuzz/Cargo.toml");
+    for t in TARGETS {
+        assert!(
+            manifest.contains(&format!("name = \"{}\"", t.name)),
+            "{}",
+            t.name
+        );
+        let source = std::fs::read_to_string(fuzz.join(format!("fuzz_targets/{}.rs", t.name)))
+            .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        assert!(
+            source.contains(&format!("target(\"{}\")", t.name)),
+            "{}",
+            t.name
+        );
+    }
 }
 
 macro_rules! short_runs {

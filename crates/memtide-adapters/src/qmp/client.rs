@@ -253,6 +253,24 @@ pub enum Message {
     Ignored,
 }
 
+/// A command's outcome in a QAPI reply (QMP's and the guest agent's): its `return`
+/// value, else its `error`'s class and description; `None` with neither.
+pub fn qapi_outcome(reply: &Value) -> Option<Result<Value, (String, String)>> {
+    match (reply.get("return"), reply.get("error")) {
+        (Some(value), _) => Some(Ok(value.clone())),
+        (None, Some(e)) => {
+            let text = |key: &str, absent: &str| {
+                e.get(key)
+                    .and_then(Value::as_str)
+                    .unwrap_or(absent)
+                    .to_string()
+            };
+            Some(Err((text("class", "Unknown"), text("desc", ""))))
+        }
+        (None, None) => None,
+    }
+}
+
 /// Classify one message from QEMU (a parsed line).
 pub fn message(msg: &Value) -> Message {
     if let Some(name) = msg.get("event").and_then(Value::as_str) {
@@ -272,21 +290,10 @@ pub fn message(msg: &Value) -> Message {
     let Some(id) = msg.get("id").and_then(Value::as_u64) else {
         return Message::Ignored;
     };
-    let reply = match (msg.get("return"), msg.get("error")) {
-        (Some(v), _) => Ok(v.clone()),
-        (None, Some(e)) => Err(QmpError::Command {
-            class: e
-                .get("class")
-                .and_then(Value::as_str)
-                .unwrap_or("Unknown")
-                .to_string(),
-            desc: e
-                .get("desc")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        }),
-        (None, None) => Err(QmpError::Protocol(format!(
+    let reply = match qapi_outcome(msg) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err((class, desc))) => Err(QmpError::Command { class, desc }),
+        None => Err(QmpError::Protocol(format!(
             "reply without return or error: {msg}"
         ))),
     };
