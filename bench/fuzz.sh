@@ -3,7 +3,8 @@
 # of fuzz/ (bodies in crates/memtide-fuzz) for SECONDS, one after the other, from a
 # corpus seeded with the captured files (fuzz/seeds/), and writes
 # bench/results/fuzz.json: {"targets": {NAME: {"seconds", "crashes", "execs",
-# "max_rss_mib"}}, "command", "commit", "limits"}.
+# "max_rss_mib"}}, "command", "commit", "limits", "goal_met" (every target fuzzed for
+# 30 minutes without a crash)}.
 #
 #   bench/fuzz.sh [SECONDS] [TARGET...]   (default: 1800 s each, every target)
 #
@@ -56,7 +57,11 @@ for i in range(0, len(rows), 5):
     name, seconds, crashes, execs, peak = rows[i:i + 5]
     targets[name] = {"seconds": int(seconds), "crashes": int(crashes),
                      "execs": json.loads(execs), "max_rss_mib": json.loads(peak)}
+# Issue #16's goal: 30 minutes per target without a crash, hang or unbounded allocation.
+goal_s = 1800
+met = all(t["seconds"] >= goal_s and t["crashes"] == 0 for t in targets.values())
 print(json.dumps({"command": command.strip(), "commit": commit,
+                  "goal_s_per_target": goal_s, "goal_met": met,
                   "limits": {"rss_limit_mb": int(rss), "malloc_limit_mb": int(malloc),
                              "timeout_s": int(timeout), "max_len": int(max_len)},
                   "targets": targets}, indent=2))
