@@ -174,27 +174,38 @@ impl ApiSocket {
             }
             Err(e) => return Err(ApiError::Http(method, path.to_string(), e.to_string())),
         };
-        let text = String::from_utf8_lossy(&bytes);
-        if !status.is_success() {
-            // Firecracker answers errors with {"fault_message": "..."}; Cloud Hypervisor
-            // with the error's text.
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v.get("fault_message")?.as_str().map(str::to_string))
-                .unwrap_or_else(|| text.trim().to_string());
-            return Err(ApiError::Status {
-                method,
-                path: path.to_string(),
-                status,
-                message,
-            });
-        }
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text)
-            .map_err(|e| ApiError::Body(method, path.to_string(), format!("invalid JSON ({e})")))
+        decode_response(method, path, status, &bytes)
     }
+}
+
+/// A response's JSON (`Null` for an empty body, as 204 No Content has), or the error
+/// its status and body tell.
+pub fn decode_response(
+    method: Method,
+    path: &str,
+    status: StatusCode,
+    bytes: &[u8],
+) -> Result<Value, ApiError> {
+    let text = String::from_utf8_lossy(bytes);
+    if !status.is_success() {
+        // Firecracker answers errors with {"fault_message": "..."}; Cloud Hypervisor
+        // with the error's text.
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("fault_message")?.as_str().map(str::to_string))
+            .unwrap_or_else(|| text.trim().to_string());
+        return Err(ApiError::Status {
+            method,
+            path: path.to_string(),
+            status,
+            message,
+        });
+    }
+    if text.trim().is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_str(&text)
+        .map_err(|e| ApiError::Body(method, path.to_string(), format!("invalid JSON ({e})")))
 }
 
 /// Firecracker's and Cloud Hypervisor's balloon statistics (same names, sizes in bytes)

@@ -38,6 +38,23 @@ pub(crate) fn field(v: &Value, name: &str, what: &str) -> Result<u64, BackendErr
         .ok_or_else(|| BackendError::Protocol(format!("{what}: no {name} in {v}")))
 }
 
+/// The guest's memory in a `GET /machine-config` answer.
+pub fn machine_memory(machine: &Value) -> Result<Bytes, BackendError> {
+    field(machine, "mem_size_mib", "GET /machine-config").map(Bytes::from_mib)
+}
+
+/// What the guest keeps of `mem` with the balloon at `reply[name]` MiB (`amount_mib` of
+/// `GET /balloon`, `actual_mib` of `GET /balloon/statistics`); `what` names the call.
+pub fn guest_keeps(
+    mem: Bytes,
+    reply: &Value,
+    name: &str,
+    what: &str,
+) -> Result<Bytes, BackendError> {
+    let inflated = Bytes::from_mib(field(reply, name, what)?);
+    Ok(mem.saturating_sub(inflated))
+}
+
 impl FirecrackerVm {
     /// Connect: read the VM's size and balloon, and set the statistics interval.
     pub async fn connect(
@@ -46,7 +63,7 @@ impl FirecrackerVm {
     ) -> Result<FirecrackerVm, BackendError> {
         let api = ApiSocket::new(socket, opts.call_timeout);
         let machine = api.call(Method::GET, "/machine-config", None).await?;
-        let mem = Bytes::from_mib(field(&machine, "mem_size_mib", "GET /machine-config")?);
+        let mem = machine_memory(&machine)?;
         let (stats, no_balloon) = match api.call(Method::GET, "/balloon", None).await {
             Ok(b) => {
                 let interval = b.get("stats_polling_interval_s").and_then(Value::as_u64);
@@ -88,17 +105,14 @@ impl VmBackend for FirecrackerVm {
                     .api
                     .call(Method::GET, "/balloon/statistics", None)
                     .await?;
-                let inflated = Bytes::from_mib(field(&v, "actual_mib", "GET /balloon/statistics")?);
-                (Some(self.mem.saturating_sub(inflated)), guest_stats(&v))
+                let keeps = guest_keeps(self.mem, &v, "actual_mib", "GET /balloon/statistics")?;
+                (Some(keeps), guest_stats(&v))
             }
             // Without statistics Firecracker tells only the balloon's target size.
             (None, false) => {
                 let v = self.api.call(Method::GET, "/balloon", None).await?;
-                let inflated = Bytes::from_mib(field(&v, "amount_mib", "GET /balloon")?);
-                (
-                    Some(self.mem.saturating_sub(inflated)),
-                    GuestStats::default(),
-                )
+                let keeps = guest_keeps(self.mem, &v, "amount_mib", "GET /balloon")?;
+                (Some(keeps), GuestStats::default())
             }
         };
         let rss = self

@@ -7,6 +7,7 @@
 //! it is discarded, and only the answer carrying our random token ends the sync.
 
 use crate::procfs;
+use crate::qmp::client::qapi_outcome;
 use async_trait::async_trait;
 use memtide_core::stats::AgentStats;
 use serde_json::{json, Value};
@@ -22,7 +23,7 @@ const CHUNK: u64 = 64 * 1024;
 const MAX_FILE: usize = 256 << 10;
 /// Most `guest-file-read` calls per file: a guest answering a byte at a time with `eof`
 /// false must not hold the sample (#18 defect 4); files up to `MAX_FILE` need 4 chunks.
-const MAX_READS: usize = 8;
+pub const MAX_READS: usize = 8;
 /// Most bytes skipped while looking for the sync delimiter, and most stale replies read
 /// after it: a guest streaming bytes with no 0xFF must not fill the daemon's memory
 /// (#18 defect 3).
@@ -151,20 +152,7 @@ impl GuestAgent {
         .await
         .map_err(|_| QgaError::Timeout(limit))??;
         self.in_sync = true;
-        match (reply.get("return"), reply.get("error")) {
-            (Some(v), _) => Ok(v.clone()),
-            (None, Some(e)) => Err(QgaError::Command {
-                class: e
-                    .get("class")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Unknown")
-                    .into(),
-                desc: e.get("desc").and_then(Value::as_str).unwrap_or("").into(),
-            }),
-            (None, None) => Err(QgaError::Protocol(format!(
-                "reply without return or error: {reply}"
-            ))),
-        }
+        reply_value(&reply)
     }
 
     /// Read a whole guest file (not just a first chunk), closing it whatever happens.
@@ -177,6 +165,17 @@ impl GuestAgent {
 impl AgentChannel for GuestAgent {
     async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
         GuestAgent::execute(self, command, arguments).await
+    }
+}
+
+/// An agent's reply: its `return` value, or the error it carries.
+pub fn reply_value(reply: &Value) -> Result<Value, QgaError> {
+    match qapi_outcome(reply) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err((class, desc))) => Err(QgaError::Command { class, desc }),
+        None => Err(QgaError::Protocol(format!(
+            "reply without return or error: {reply}"
+        ))),
     }
 }
 

@@ -25,10 +25,10 @@ const MAX_LINE: u64 = 4 << 20;
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
 /// or QEMU flooding events holds no memory (#18 defect 6).
-const QUEUED_EVENTS: [&str; 3] = ["RESET", "SHUTDOWN", "BALLOON_CHANGE"];
+pub const QUEUED_EVENTS: [&str; 3] = ["RESET", "SHUTDOWN", "BALLOON_CHANGE"];
 /// Largest event data kept (serialized); larger data is dropped, the event kept: with
 /// the queue's length this bounds what events hold to about 4 MiB.
-const MAX_EVENT_DATA: usize = 4096;
+pub const MAX_EVENT_DATA: usize = 4096;
 
 /// A QMP failure.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,8 @@ pub struct QmpEvent {
     pub data: Value,
 }
 
-type Reply = Result<Value, QmpError>;
+/// A call's outcome: its `return` value, or why there is none.
+pub type Reply = Result<Value, QmpError>;
 
 /// State shared with the reader task.
 #[derive(Default)]
@@ -241,6 +242,64 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
     })
 }
 
+/// What one message from QEMU is to the session.
+#[derive(Debug)]
+pub enum Message {
+    /// An event memtide acts on, its data dropped when larger than `MAX_EVENT_DATA`.
+    Event(QmpEvent),
+    /// The answer to the call with this id.
+    Reply(u64, Reply),
+    /// Anything else: an event memtide does not act on, a message without an id.
+    Ignored,
+}
+
+/// A command's outcome in a QAPI reply (QMP's and the guest agent's): its `return`
+/// value, else its `error`'s class and description; `None` with neither.
+pub fn qapi_outcome(reply: &Value) -> Option<Result<Value, (String, String)>> {
+    match (reply.get("return"), reply.get("error")) {
+        (Some(value), _) => Some(Ok(value.clone())),
+        (None, Some(e)) => {
+            let text = |key: &str, absent: &str| {
+                e.get(key)
+                    .and_then(Value::as_str)
+                    .unwrap_or(absent)
+                    .to_string()
+            };
+            Some(Err((text("class", "Unknown"), text("desc", ""))))
+        }
+        (None, None) => None,
+    }
+}
+
+/// Classify one message from QEMU (a parsed line).
+pub fn message(msg: &Value) -> Message {
+    if let Some(name) = msg.get("event").and_then(Value::as_str) {
+        if !QUEUED_EVENTS.contains(&name) {
+            return Message::Ignored;
+        }
+        let data = msg
+            .get("data")
+            .filter(|d| d.to_string().len() <= MAX_EVENT_DATA)
+            .cloned()
+            .unwrap_or(Value::Null);
+        return Message::Event(QmpEvent {
+            name: name.to_string(),
+            data,
+        });
+    }
+    let Some(id) = msg.get("id").and_then(Value::as_u64) else {
+        return Message::Ignored;
+    };
+    let reply = match qapi_outcome(msg) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err((class, desc))) => Err(QmpError::Command { class, desc }),
+        None => Err(QmpError::Protocol(format!(
+            "reply without return or error: {msg}"
+        ))),
+    };
+    Message::Reply(id, reply)
+}
+
 /// Route replies to their callers and events to the queue until the connection ends.
 async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
     mut reader: R,
@@ -253,43 +312,17 @@ async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
             Ok(None) => break "end of stream".to_string(),
             Err(e) => break e.to_string(),
         };
-        if let Some(name) = msg.get("event").and_then(Value::as_str) {
-            if !QUEUED_EVENTS.contains(&name) {
+        let (id, reply) = match message(&msg) {
+            Message::Event(event) => {
+                // A full queue means nobody drained for a long time: drop the newest.
+                let _ = events.try_send(event);
                 continue;
             }
-            let data = msg
-                .get("data")
-                .filter(|d| d.to_string().len() <= MAX_EVENT_DATA)
-                .cloned()
-                .unwrap_or(Value::Null);
-            // A full queue means nobody drained for a long time: drop the newest.
-            let _ = events.try_send(QmpEvent {
-                name: name.to_string(),
-                data,
-            });
-            continue;
-        }
-        let Some(id) = msg.get("id").and_then(Value::as_u64) else {
-            tracing::debug!(%msg, "qmp message without id ignored");
-            continue;
-        };
-        let reply = match (msg.get("return"), msg.get("error")) {
-            (Some(v), _) => Ok(v.clone()),
-            (None, Some(e)) => Err(QmpError::Command {
-                class: e
-                    .get("class")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Unknown")
-                    .to_string(),
-                desc: e
-                    .get("desc")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-            }),
-            (None, None) => Err(QmpError::Protocol(format!(
-                "reply without return or error: {msg}"
-            ))),
+            Message::Reply(id, reply) => (id, reply),
+            Message::Ignored => {
+                tracing::debug!(%msg, "qmp message ignored");
+                continue;
+            }
         };
         let sender = shared.lock().expect("qmp state lock").pending.remove(&id);
         if let Some(tx) = sender {

@@ -254,7 +254,7 @@ impl QmpVm {
 }
 
 /// The events memtide follows.
-fn vm_event(e: &QmpEvent) -> Option<VmEvent> {
+pub fn vm_event(e: &QmpEvent) -> Option<VmEvent> {
     match e.name.as_str() {
         "RESET" => Some(VmEvent::Reset),
         "SHUTDOWN" => Some(VmEvent::Shutdown),

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Fuzzing every parser of untrusted input (issue #16 item 4): runs each cargo-fuzz target
+# of fuzz/ (bodies in crates/memtide-fuzz) for SECONDS, one after the other, from a
+# corpus seeded with the captured files (fuzz/seeds/), and writes
+# bench/results/fuzz.json: {"targets": {NAME: {"seconds", "crashes", "execs",
+# "max_rss_mib"}}, "command", "commit", "limits", "goal_met" (every target fuzzed for
+# 30 minutes without a crash)}.
+#
+#   bench/fuzz.sh [SECONDS] [TARGET...]   (default: 1800 s each, every target)
+#
+# A crash, a hang (an input running past -timeout) and unbounded allocation (past
+# -rss_limit_mb in all, or one allocation past -malloc_limit_mb) all end a target's run
+# with a reproducer in fuzz/artifacts/TARGET/ and count as a crash. Needs a nightly
+# toolchain (cargo-fuzz builds with sanitizers); installs cargo-fuzz when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-1800}
+shift || true
+targets=("$@")
+rss_limit_mb=2048
+malloc_limit_mb=512
+timeout_s=10
+max_len=65536
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cd fuzz && cargo +nightly fuzz list)
+cargo run -q -p memtide-fuzz --bin fuzz-seeds -- fuzz/corpus
+logs=fuzz/logs
+mkdir -p "$logs"
+results=()
+for t in "${targets[@]}"; do
+  mkdir -p "fuzz/artifacts/$t"
+  before=$(ls "fuzz/artifacts/$t" | wc -l)
+  start=$(date +%s)
+  # -a: debug assertions (integer overflow checks) on.
+  rc=0
+  (cd fuzz && cargo +nightly fuzz run -a "$t" "corpus/$t" -- \
+    -max_total_time="$seconds" -rss_limit_mb=$rss_limit_mb -malloc_limit_mb=$malloc_limit_mb \
+    -timeout=$timeout_s -max_len=$max_len -print_final_stats=1) >"$logs/$t.log" 2>&1 || rc=$?
+  # Seconds fuzzed, as libFuzzer counts them (the build before is not counted).
+  elapsed=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$logs/$t.log" | tail -1)
+  elapsed=${elapsed:-$(($(date +%s) - start))}
+  found=$(($(ls "fuzz/artifacts/$t" | wc -l) - before))
+  # A failure that left no reproducer (a build failure) still counts.
+  [ "$rc" -eq 0 ] || [ "$found" -gt 0 ] || found=1
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
+  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$logs/$t.log" | tail -1)
+  echo "$t: ${elapsed} s, ${execs:-?} execs, peak RSS ${rss:-?} MiB, crashes $found (log $logs/$t.log)"
+  results+=("$t" "$elapsed" "$found" "${execs:-null}" "${rss:-null}")
+done
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
+python3 - "bench/fuzz.sh $seconds $*" "$commit" "$rss_limit_mb" "$malloc_limit_mb" "$timeout_s" \
+  "$max_len" "${results[@]}" >bench/results/fuzz.json <<'PY'
+import json, sys
+command, commit, rss, malloc, timeout, max_len, *rows = sys.argv[1:]
+targets = {}
+for i in range(0, len(rows), 5):
+    name, seconds, crashes, execs, peak = rows[i:i + 5]
+    targets[name] = {"seconds": int(seconds), "crashes": int(crashes),
+                     "execs": json.loads(execs), "max_rss_mib": json.loads(peak)}
+# Issue #16's goal: 30 minutes per target without a crash, hang or unbounded allocation.
+goal_s = 1800
+met = all(t["seconds"] >= goal_s and t["crashes"] == 0 for t in targets.values())
+print(json.dumps({"command": command.strip(), "commit": commit,
+                  "goal_s_per_target": goal_s, "goal_met": met,
+                  "limits": {"rss_limit_mb": int(rss), "malloc_limit_mb": int(malloc),
+                             "timeout_s": int(timeout), "max_len": int(max_len)},
+                  "targets": targets}, indent=2))
+PY
+echo "bench/results/fuzz.json written"

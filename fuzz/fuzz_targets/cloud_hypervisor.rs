@@ -1,0 +1,5 @@
+//! The `cloud_hypervisor` target of `memtide-fuzz` under libFuzzer.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| (memtide_fuzz::target("cloud_hypervisor").expect("a target").run)(data));

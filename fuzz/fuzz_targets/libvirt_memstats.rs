@@ -1,0 +1,5 @@
+//! The `libvirt_memstats` target of `memtide-fuzz` under libFuzzer.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| (memtide_fuzz::target("libvirt_memstats").expect("a target").run)(data));
