@@ -139,15 +139,8 @@ mod tests {
             ..GuestStats::default()
         };
         let sample = |date| VmSample {
-            configured: Bytes::from_mib(384),
-            balloon: Some(Bytes::from_mib(384)),
             stats: stats(date),
-            agent: None,
-            rss: None,
-            referenced: None,
-            virtio_mem: None,
-            free_page_reporting: false,
-            events: Vec::new(),
+            ..crate::testkit::vm("v", 384, 384, 19).sample.unwrap()
         };
         let s = Duration::from_secs;
         let mut h = History::new(10);
