@@ -10,7 +10,7 @@ use memtide_core::{Decision, Snapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Lines, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// One recorded tick.
@@ -221,8 +221,34 @@ impl Drop for Recorder {
     }
 }
 
-/// The lines of one recording file.
-type FileLines = Lines<BufReader<MultiGzDecoder<File>>>;
+/// One recording file, decompressed as it is read.
+type FileLines = BufReader<MultiGzDecoder<File>>;
+
+/// The longest line a recording may hold (a tick of 1000 VMs is about 2 MiB): a corrupt
+/// or hostile file (a gzip bomb of one endless line) cannot make replay allocate without
+/// bound.
+const MAX_LINE: u64 = 64 << 20;
+
+/// The next line of `r` without its newline, at most [`MAX_LINE`] bytes (`None` at the
+/// end): `Ok(Err(why))` for a line too long or not UTF-8.
+fn next_line(r: &mut FileLines) -> Option<io::Result<Result<String, String>>> {
+    let mut buf = Vec::new();
+    match r.by_ref().take(MAX_LINE + 1).read_until(b'\n', &mut buf) {
+        Ok(0) => None,
+        Err(e) => Some(Err(e)),
+        Ok(_) if buf.len() as u64 > MAX_LINE => {
+            Some(Ok(Err(format!("line longer than {} MiB", MAX_LINE >> 20))))
+        }
+        Ok(_) => {
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+            }
+            Some(Ok(
+                String::from_utf8(buf).map_err(|_| "not UTF-8 text".to_string())
+            ))
+        }
+    }
+}
 
 /// The ticks of recording files, read one at a time, in the order of the files given.
 pub struct Records {
@@ -254,26 +280,28 @@ impl Iterator for Records {
                 let path = self.files.pop_front()?;
                 match File::open(&path) {
                     Ok(f) => {
-                        let lines = BufReader::new(MultiGzDecoder::new(f)).lines();
+                        let lines = BufReader::new(MultiGzDecoder::new(f));
                         self.current = Some((path, 0, lines));
                     }
                     Err(source) => return Some(Err(RecordError::Io { path, source })),
                 }
             }
             let (path, number, lines) = self.current.as_mut().expect("opened above");
-            match lines.next() {
+            match next_line(lines) {
                 None => self.current = None,
                 Some(Err(_)) => {
                     self.truncated.push(path.clone());
                     self.current = None;
                 }
-                Some(Ok(line)) if line.trim().is_empty() => *number += 1,
+                Some(Ok(Ok(line))) if line.trim().is_empty() => *number += 1,
                 Some(Ok(line)) => {
                     *number += 1;
-                    return Some(serde_json::from_str(&line).map_err(|e| RecordError::Parse {
+                    let parsed =
+                        line.and_then(|l| serde_json::from_str(&l).map_err(|e| e.to_string()));
+                    return Some(parsed.map_err(|message| RecordError::Parse {
                         path: path.clone(),
                         line: *number,
-                        message: e.to_string(),
+                        message,
                     }));
                 }
             }

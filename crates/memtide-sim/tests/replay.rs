@@ -167,3 +167,38 @@ fn a_torn_last_tick_before_the_cut_is_skipped() {
     assert!(read.iter().all(Result::is_ok));
     assert_eq!(records.truncated, vec![path]);
 }
+
+#[test]
+fn a_line_too_long_or_not_text_is_an_error_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, lines: &[&[u8]]| {
+        let path = dir.path().join(name);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        for line in lines {
+            std::io::Write::write_all(&mut enc, line).unwrap();
+        }
+        std::fs::write(&path, enc.finish().unwrap()).unwrap();
+        path
+    };
+    let first_error = |path| {
+        Records::open(&[path])
+            .next()
+            .unwrap()
+            .unwrap_err()
+            .to_string()
+    };
+    let binary = write("record-0.jsonl.gz", &[b"\xff\xfe{}\n"]);
+    let e = first_error(binary);
+    assert!(
+        e.contains("record-0.jsonl.gz:1:") && e.contains("not UTF-8 text"),
+        "{e}"
+    );
+    // One endless line (65 MiB of spaces, 65 KiB compressed): refused, not read whole.
+    let endless = vec![b' '; 65 << 20];
+    let bomb = write("record-1.jsonl.gz", &[&endless, b"\n"]);
+    let e = first_error(bomb);
+    assert!(
+        e.contains("record-1.jsonl.gz:1:") && e.contains("line longer than 64 MiB"),
+        "{e}"
+    );
+}
