@@ -46,7 +46,8 @@ pub struct QmpVm {
     /// QOM path of the balloon device, when found (needed for statistics).
     balloon_path: Option<String>,
     target: Option<Bytes>,
-    status_file: Option<PathBuf>,
+    /// The QEMU process, for its resident memory.
+    process: Option<procfs::ProcessRss>,
     agent: Option<AgentLink>,
     access: Option<AccessSampler>,
 }
@@ -176,9 +177,9 @@ impl QmpVm {
                 "value": opts.stats_interval_s.max(1)});
             client.execute("qom-set", Some(args)).await?;
         }
-        let status_file = client
+        let process = client
             .peer_pid()
-            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         let agent = agent.map(|a| {
             AgentLink::new(
                 a.to_path_buf(),
@@ -215,7 +216,7 @@ impl QmpVm {
             has_balloon,
             balloon_path,
             target: None,
-            status_file,
+            process,
             agent,
             access,
         })
@@ -331,11 +332,7 @@ impl VmBackend for QmpVm {
             }
             None => GuestStats::default(),
         };
-        let rss = self
-            .status_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|t| procfs::status_rss(&t));
+        let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         let events = self.events();
         let agent = match &mut self.agent {
             Some(link) => Some(link.read().await),
