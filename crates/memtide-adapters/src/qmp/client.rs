@@ -152,43 +152,64 @@ impl QmpClient {
         command: &str,
         arguments: Option<Value>,
     ) -> Result<Value, QmpError> {
-        self.next_id += 1;
-        let id = self.next_id;
-        let (tx, rx) = oneshot::channel();
+        let mut replies = self.execute_all(vec![(command, arguments)]).await?;
+        replies.pop().expect("one reply per command")
+    }
+
+    /// Send `commands` in one write and wait for all their replies, within one call
+    /// timeout: one round trip for all of them (QEMU answers each in turn). The outer
+    /// error is the session's; each inner one, QEMU's answer to its command.
+    pub async fn execute_all(
+        &mut self,
+        commands: Vec<(&str, Option<Value>)>,
+    ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
+        let first = self.next_id + 1;
+        let mut lines = Vec::new();
+        let mut receivers = Vec::with_capacity(commands.len());
         {
             let mut shared = self.shared.lock().expect("qmp state lock");
             if let Some(why) = &shared.closed {
                 return Err(QmpError::Closed(why.clone()));
             }
-            shared.pending.insert(id, tx);
+            for (command, arguments) in commands {
+                self.next_id += 1;
+                let (tx, rx) = oneshot::channel();
+                shared.pending.insert(self.next_id, tx);
+                receivers.push(rx);
+                let mut request = Map::new();
+                request.insert("execute".into(), command.into());
+                if let Some(args) = arguments {
+                    request.insert("arguments".into(), args);
+                }
+                request.insert("id".into(), self.next_id.into());
+                serde_json::to_writer(&mut lines, &request).expect("a JSON map serializes");
+                lines.push(b'\n');
+            }
         }
-        let mut request = Map::new();
-        request.insert("execute".into(), command.into());
-        if let Some(args) = arguments {
-            request.insert("arguments".into(), args);
-        }
-        request.insert("id".into(), id.into());
-        let mut line = Value::Object(request).to_string();
-        line.push('\n');
         let limit = self.timeout;
-        // Until the reply arrives, a timeout here or the caller dropping this future
-        // abandons the call: the session is closed (half a command may be in the
+        // Until the replies arrive, a timeout here or the caller dropping this future
+        // abandons the calls: the session is closed (half a command may be in the
         // socket, a reply may come late), and the owner reconnects (#18 defect 10).
         let mut abandoned = Abandoned {
             shared: &self.shared,
-            id,
+            ids: first..self.next_id + 1,
             armed: true,
         };
         let outcome = timeout(limit, async {
-            self.writer.write_all(line.as_bytes()).await?;
-            rx.await
-                .unwrap_or_else(|_| Err(QmpError::Closed("reader stopped".into())))
+            self.writer.write_all(&lines).await?;
+            let mut replies = Vec::with_capacity(receivers.len());
+            for rx in receivers {
+                let reply = rx.await;
+                replies
+                    .push(reply.unwrap_or_else(|_| Err(QmpError::Closed("reader stopped".into()))));
+            }
+            Ok(replies)
         })
         .await;
         match outcome {
-            Ok(reply) => {
+            Ok(replies) => {
                 abandoned.armed = false;
-                reply
+                replies
             }
             Err(_) => Err(QmpError::Timeout(limit)),
         }
@@ -200,10 +221,10 @@ impl QmpClient {
     }
 }
 
-/// Closes the session when a call is abandoned before its reply (see `execute`).
+/// Closes the session when calls are abandoned before their replies (see `execute_all`).
 struct Abandoned<'a> {
     shared: &'a Mutex<Shared>,
-    id: u64,
+    ids: std::ops::Range<u64>,
     armed: bool,
 }
 
@@ -211,7 +232,9 @@ impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if self.armed {
             let mut shared = self.shared.lock().expect("qmp state lock");
-            shared.pending.remove(&self.id);
+            for id in self.ids.clone() {
+                shared.pending.remove(&id);
+            }
             shared
                 .closed
                 .get_or_insert_with(|| "a call timed out or was cancelled: reconnect".into());
@@ -421,6 +444,35 @@ mod tests {
             err.to_string(),
             "DeviceNotActive: No balloon device has been activated"
         );
+    }
+
+    #[tokio::test]
+    async fn commands_sent_at_once_get_their_own_replies() {
+        // The server answers the first command only once the second has come, and in
+        // reverse order: a client that waited for each reply before sending the next
+        // command would time out.
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "query-balloon" => vec![],
+            "qom-get" => {
+                let first = json!({"id": req["id"].as_u64().unwrap() - 1});
+                vec![
+                    json!({"error": {"class": "GenericError", "desc": "no such property"}, "id": req["id"]}).to_string(),
+                    ok(&first, json!({"actual": 1024})),
+                ]
+            }
+            _ => vec![ok(&req, json!({}))],
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        let calls = vec![
+            ("query-balloon", None),
+            ("qom-get", Some(json!({"path": "/x", "property": "y"}))),
+        ];
+        let mut replies = c.execute_all(calls).await.unwrap().into_iter();
+        assert_eq!(replies.next().unwrap().unwrap(), json!({"actual": 1024}));
+        let err = replies.next().unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "GenericError: no such property");
+        assert!(!c.is_closed(), "a refused command leaves the session open");
     }
 
     #[tokio::test]

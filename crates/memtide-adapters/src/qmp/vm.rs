@@ -315,9 +315,20 @@ impl VmBackend for QmpVm {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
             None => None,
         };
+        // The balloon and its statistics in one round trip.
+        let mut calls = Vec::new();
+        if self.has_balloon {
+            calls.push(("query-balloon", None));
+        }
+        if let Some(path) = &self.balloon_path {
+            let args = json!({"path": path, "property": "guest-stats"});
+            calls.push(("qom-get", Some(args)));
+        }
+        let mut replies = self.client.execute_all(calls).await?.into_iter();
+        let mut reply = || replies.next().expect("one reply per command");
         // QEMU's balloon works on the base memory only: plugged memory comes on top.
         let base_actual = if self.has_balloon {
-            let b = self.client.execute("query-balloon", None).await?;
+            let b = reply()?;
             let actual = b.get("actual").and_then(Value::as_u64);
             Some(Bytes(actual.ok_or_else(|| {
                 BackendError::Protocol(format!("no actual in {b}"))
@@ -326,10 +337,7 @@ impl VmBackend for QmpVm {
             None
         };
         let stats = match &self.balloon_path {
-            Some(path) => {
-                let args = json!({"path": path, "property": "guest-stats"});
-                super::stats::parse(&self.client.execute("qom-get", Some(args)).await?)
-            }
+            Some(_) => super::stats::parse(&reply()?),
             None => GuestStats::default(),
         };
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
