@@ -6,13 +6,14 @@
 //! with `guest-sync-delimited`: the answer is preceded by a 0xFF byte, everything before
 //! it is discarded, and only the answer carrying our random token ends the sync.
 
+use crate::framing::Framed;
 use crate::procfs;
 use async_trait::async_trait;
 use memtide_core::stats::AgentStats;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
@@ -26,10 +27,10 @@ const MAX_READS: usize = 8;
 /// Most bytes skipped while looking for the sync delimiter, and most stale replies read
 /// after it: a guest streaming bytes with no 0xFF must not fill the daemon's memory
 /// (#18 defect 3).
-const MAX_SYNC_SKIP: u64 = 64 << 10;
+const MAX_SYNC_SKIP: usize = 64 << 10;
 const MAX_STALE_REPLIES: usize = 16;
 /// Longest reply line accepted (base64 of a chunk plus framing).
-const MAX_LINE: u64 = 2 * CHUNK + 4096;
+const MAX_LINE: usize = 2 * CHUNK as usize + 4096;
 
 /// A guest agent failure.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +56,7 @@ pub enum QgaError {
 
 /// A session with a guest agent.
 pub struct GuestAgent {
-    stream: BufReader<UnixStream>,
+    stream: Framed<UnixStream>,
     call_timeout: Duration,
     in_sync: bool,
 }
@@ -67,7 +68,7 @@ impl GuestAgent {
             .await
             .map_err(|_| QgaError::Timeout(call_timeout))??;
         let mut agent = GuestAgent {
-            stream: BufReader::new(stream),
+            stream: Framed::new(stream),
             call_timeout,
             in_sync: false,
         };
@@ -84,13 +85,9 @@ impl GuestAgent {
         timeout(limit, async {
             self.send(&request).await?;
             for _ in 0..MAX_STALE_REPLIES {
-                let mut skipped = Vec::new();
-                let n = (&mut self.stream)
-                    .take(MAX_SYNC_SKIP)
-                    .read_until(0xFF, &mut skipped)
-                    .await?;
+                let skipped = self.stream.read_until(0xFF, MAX_SYNC_SKIP).await?;
                 if skipped.last() != Some(&0xFF) {
-                    return Err(QgaError::Protocol(if n as u64 == MAX_SYNC_SKIP {
+                    return Err(QgaError::Protocol(if skipped.len() == MAX_SYNC_SKIP {
                         format!("no sync delimiter within {MAX_SYNC_SKIP} bytes")
                     } else {
                         "connection closed during sync".into()
@@ -119,12 +116,8 @@ impl GuestAgent {
     }
 
     async fn read_reply(&mut self) -> Result<Value, QgaError> {
-        let mut line = Vec::new();
-        let n = (&mut self.stream)
-            .take(MAX_LINE)
-            .read_until(b'\n', &mut line)
-            .await?;
-        if n == 0 {
+        let line = self.stream.read_until(b'\n', MAX_LINE).await?;
+        if line.is_empty() {
             return Err(QgaError::Protocol("connection closed".into()));
         }
         serde_json::from_slice(&line).map_err(|e| {
@@ -443,6 +436,7 @@ fn sync_token() -> u64 {
 mod tests {
     use super::*;
     use memtide_core::Bytes;
+    use tokio::io::{AsyncBufReadExt, BufReader};
     use tokio::net::UnixListener;
 
     /// The real Debian qemu-ga in unix-listen mode on the host, serving its own files.

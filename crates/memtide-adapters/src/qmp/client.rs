@@ -7,12 +7,13 @@
 //! replies by id and queues events, and every call has a timeout, so a reply that arrives
 //! after its caller gave up is discarded instead of being mistaken for the next answer.
 
+use crate::framing::Framed;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
@@ -20,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 /// Longest line accepted from QEMU; a longer one means a broken peer.
-const MAX_LINE: u64 = 4 << 20;
+const MAX_LINE: usize = 4 << 20;
 /// Events queued between two drains; beyond that the newest are dropped.
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
@@ -101,7 +102,7 @@ impl QmpClient {
             .map_err(|_| QmpError::Timeout(call_timeout))??;
         let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
         let (read, writer) = stream.into_split();
-        let mut reader = BufReader::new(read);
+        let mut reader = Framed::new(read);
         let greeting = timeout(call_timeout, read_line(&mut reader))
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??
@@ -243,15 +244,14 @@ impl Drop for Abandoned<'_> {
 }
 
 /// Read one JSON line; `None` at end of stream.
-async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
-    reader: &mut R,
+async fn read_line<R: AsyncRead + Unpin>(
+    reader: &mut Framed<R>,
 ) -> Result<Option<Value>, QmpError> {
-    let mut buf = Vec::new();
-    let n = reader.take(MAX_LINE).read_until(b'\n', &mut buf).await?;
-    if n == 0 {
+    let buf = reader.read_until(b'\n', MAX_LINE).await?;
+    if buf.is_empty() {
         return Ok(None);
     }
-    if buf.last() != Some(&b'\n') && n as u64 == MAX_LINE {
+    if buf.last() != Some(&b'\n') && buf.len() == MAX_LINE {
         return Err(QmpError::Protocol(format!(
             "line longer than {MAX_LINE} bytes"
         )));
@@ -265,8 +265,8 @@ async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
 }
 
 /// Route replies to their callers and events to the queue until the connection ends.
-async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
-    mut reader: R,
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut reader: Framed<R>,
     shared: Arc<Mutex<Shared>>,
     events: mpsc::Sender<QmpEvent>,
 ) {
@@ -330,6 +330,7 @@ async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::io::{AsyncBufReadExt, BufReader};
     use tokio::net::UnixListener;
 
     /// Answer from a scripted server that makes it hang up.
