@@ -7,16 +7,16 @@
 //! replies by id and queues events, and every call has a timeout, so a reply that arrives
 //! after its caller gave up is discarded instead of being mistaken for the next answer.
 
-use crate::framing::Framed;
+use crate::framing::{Framed, Socket};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
@@ -73,17 +73,17 @@ struct Shared {
     pending: HashMap<u64, oneshot::Sender<Reply>>,
     /// Why the connection closed, once it has.
     closed: Option<String>,
+    /// Events not drained yet, at most [`EVENT_QUEUE`] (no room held while empty).
+    events: VecDeque<QmpEvent>,
 }
 
 /// A connected, negotiated QMP session.
 pub struct QmpClient {
     writer: OwnedWriteHalf,
     shared: Arc<Mutex<Shared>>,
-    events: mpsc::Receiver<QmpEvent>,
     reader: JoinHandle<()>,
     next_id: u64,
     timeout: Duration,
-    greeting: Value,
     peer_pid: Option<i32>,
 }
 
@@ -107,34 +107,23 @@ impl QmpClient {
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??
             .ok_or_else(|| QmpError::Closed("no greeting".into()))?;
-        let greeting = match greeting.get("QMP") {
-            Some(g) => g.clone(),
-            None => {
-                return Err(QmpError::Protocol(format!(
-                    "expected a QMP greeting, got {greeting}"
-                )))
-            }
-        };
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Protocol(format!(
+                "expected a QMP greeting, got {greeting}"
+            )));
+        }
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let (tx, events) = mpsc::channel(EVENT_QUEUE);
-        let reader = tokio::spawn(read_loop(reader, shared.clone(), tx));
+        let reader = tokio::spawn(read_loop(reader, shared.clone()));
         let mut client = QmpClient {
             writer,
             shared,
-            events,
             reader,
             next_id: 0,
             timeout: call_timeout,
-            greeting,
             peer_pid,
         };
         client.execute("qmp_capabilities", None).await?;
         Ok(client)
-    }
-
-    /// QEMU's greeting (`version`, `capabilities`).
-    pub fn greeting(&self) -> &Value {
-        &self.greeting
     }
 
     /// The QEMU process id, from the socket's peer credentials.
@@ -218,7 +207,8 @@ impl QmpClient {
 
     /// The events received since the last call.
     pub fn drain_events(&mut self) -> Vec<QmpEvent> {
-        std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+        let mut shared = self.shared.lock().expect("qmp state lock");
+        shared.events.drain(..).collect()
     }
 }
 
@@ -244,9 +234,7 @@ impl Drop for Abandoned<'_> {
 }
 
 /// Read one JSON line; `None` at end of stream.
-async fn read_line<R: AsyncRead + Unpin>(
-    reader: &mut Framed<R>,
-) -> Result<Option<Value>, QmpError> {
+async fn read_line<R: Socket>(reader: &mut Framed<R>) -> Result<Option<Value>, QmpError> {
     let buf = reader.read_until(b'\n', MAX_LINE).await?;
     if buf.is_empty() {
         return Ok(None);
@@ -265,11 +253,7 @@ async fn read_line<R: AsyncRead + Unpin>(
 }
 
 /// Route replies to their callers and events to the queue until the connection ends.
-async fn read_loop<R: AsyncRead + Unpin>(
-    mut reader: Framed<R>,
-    shared: Arc<Mutex<Shared>>,
-    events: mpsc::Sender<QmpEvent>,
-) {
+async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>) {
     let why = loop {
         let msg = match read_line(&mut reader).await {
             Ok(Some(msg)) => msg,
@@ -286,10 +270,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 .cloned()
                 .unwrap_or(Value::Null);
             // A full queue means nobody drained for a long time: drop the newest.
-            let _ = events.try_send(QmpEvent {
-                name: name.to_string(),
-                data,
-            });
+            let mut shared = shared.lock().expect("qmp state lock");
+            if shared.events.len() < EVENT_QUEUE {
+                let name = name.to_string();
+                shared.events.push_back(QmpEvent { name, data });
+            }
             continue;
         }
         let Some(id) = msg.get("id").and_then(Value::as_u64) else {
@@ -386,7 +371,6 @@ mod tests {
         })
         .await;
         let mut c = QmpClient::connect(&path, T).await.unwrap();
-        assert_eq!(c.greeting()["version"]["qemu"]["major"], 7);
         let r = c.execute("query-balloon", None).await.unwrap();
         assert_eq!(r["actual"], 268435456);
         let ev = c.drain_events();
