@@ -17,14 +17,14 @@ use memtide_core::backend::VmBackend;
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A Cloud Hypervisor VM.
 pub struct CloudHypervisorVm {
     api: ApiSocket,
     /// `vm.balloon-stats` answered at least once, or was not tried yet.
     stats: bool,
-    status_file: Option<PathBuf>,
+    process: Option<procfs::ProcessRss>,
     target: Option<Bytes>,
     configured: Bytes,
 }
@@ -79,14 +79,14 @@ impl CloudHypervisorVm {
         let info = api.call(Method::GET, "/api/v1/vm.info", None).await?;
         check_state(&info)?;
         let (configured, _, _) = sizes(&info)?;
-        let status_file = api
+        let process = api
             .peer_pid()
             .await?
-            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         Ok(CloudHypervisorVm {
             api,
             stats: true,
-            status_file,
+            process,
             target: None,
             configured,
         })
@@ -126,11 +126,7 @@ impl VmBackend for CloudHypervisorVm {
         } else {
             GuestStats::default()
         };
-        let rss = self
-            .status_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|t| procfs::status_rss(&t));
+        let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         Ok(VmSample {
             configured,
             balloon: balloon.then_some(actual),

@@ -18,7 +18,7 @@ use memtide_core::backend::VmBackend;
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A Firecracker microVM.
 pub struct FirecrackerVm {
@@ -28,7 +28,7 @@ pub struct FirecrackerVm {
     stats: bool,
     /// Why the VM cannot be ballooned, when it cannot.
     no_balloon: Option<String>,
-    status_file: Option<PathBuf>,
+    process: Option<procfs::ProcessRss>,
     target: Option<Bytes>,
 }
 
@@ -80,16 +80,16 @@ impl FirecrackerVm {
             api.call(Method::PATCH, "/balloon/statistics", Some(body))
                 .await?;
         }
-        let status_file = api
+        let process = api
             .peer_pid()
             .await?
-            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         Ok(FirecrackerVm {
             api,
             mem,
             stats,
             no_balloon,
-            status_file,
+            process,
             target: None,
         })
     }
@@ -115,11 +115,7 @@ impl VmBackend for FirecrackerVm {
                 (Some(keeps), GuestStats::default())
             }
         };
-        let rss = self
-            .status_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|t| procfs::status_rss(&t));
+        let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         Ok(VmSample {
             configured: self.mem,
             balloon,

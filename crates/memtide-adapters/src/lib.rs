@@ -6,6 +6,7 @@ pub mod api_socket;
 pub mod cgroup;
 pub mod cloud_hypervisor;
 pub mod firecracker;
+pub mod framing;
 pub mod host;
 pub mod ksm;
 pub mod libvirt;

@@ -6,6 +6,7 @@
 //! with `guest-sync-delimited`: the answer is preceded by a 0xFF byte, everything before
 //! it is discarded, and only the answer carrying our random token ends the sync.
 
+use crate::framing::Framed;
 use crate::procfs;
 use crate::qmp::client::qapi_outcome;
 use async_trait::async_trait;
@@ -13,7 +14,7 @@ use memtide_core::stats::AgentStats;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::time::{timeout, Instant};
 
@@ -27,10 +28,10 @@ pub const MAX_READS: usize = 8;
 /// Most bytes skipped while looking for the sync delimiter, and most stale replies read
 /// after it: a guest streaming bytes with no 0xFF must not fill the daemon's memory
 /// (#18 defect 3).
-const MAX_SYNC_SKIP: u64 = 64 << 10;
+const MAX_SYNC_SKIP: usize = 64 << 10;
 const MAX_STALE_REPLIES: usize = 16;
 /// Longest reply line accepted (base64 of a chunk plus framing).
-const MAX_LINE: u64 = 2 * CHUNK + 4096;
+const MAX_LINE: usize = 2 * CHUNK as usize + 4096;
 
 /// A guest agent failure.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +57,7 @@ pub enum QgaError {
 
 /// A session with a guest agent.
 pub struct GuestAgent {
-    stream: BufReader<UnixStream>,
+    stream: Framed<UnixStream>,
     call_timeout: Duration,
     in_sync: bool,
 }
@@ -68,7 +69,7 @@ impl GuestAgent {
             .await
             .map_err(|_| QgaError::Timeout(call_timeout))??;
         let mut agent = GuestAgent {
-            stream: BufReader::new(stream),
+            stream: Framed::new(stream),
             call_timeout,
             in_sync: false,
         };
@@ -85,13 +86,9 @@ impl GuestAgent {
         timeout(limit, async {
             self.send(&request).await?;
             for _ in 0..MAX_STALE_REPLIES {
-                let mut skipped = Vec::new();
-                let n = (&mut self.stream)
-                    .take(MAX_SYNC_SKIP)
-                    .read_until(0xFF, &mut skipped)
-                    .await?;
+                let skipped = self.stream.read_until(0xFF, MAX_SYNC_SKIP).await?;
                 if skipped.last() != Some(&0xFF) {
-                    return Err(QgaError::Protocol(if n as u64 == MAX_SYNC_SKIP {
+                    return Err(QgaError::Protocol(if skipped.len() == MAX_SYNC_SKIP {
                         format!("no sync delimiter within {MAX_SYNC_SKIP} bytes")
                     } else {
                         "connection closed during sync".into()
@@ -120,12 +117,8 @@ impl GuestAgent {
     }
 
     async fn read_reply(&mut self) -> Result<Value, QgaError> {
-        let mut line = Vec::new();
-        let n = (&mut self.stream)
-            .take(MAX_LINE)
-            .read_until(b'\n', &mut line)
-            .await?;
-        if n == 0 {
+        let line = self.stream.read_until(b'\n', MAX_LINE).await?;
+        if line.is_empty() {
             return Err(QgaError::Protocol("connection closed".into()));
         }
         serde_json::from_slice(&line).map_err(|e| {
@@ -139,20 +132,41 @@ impl GuestAgent {
     /// Run a command and return its `return` value. A timeout leaves the stream out of
     /// sync; the next call syncs again first.
     pub async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
+        let mut replies = self.execute_all(&[(command, arguments)]).await?;
+        replies.pop().expect("one reply per command")
+    }
+
+    /// Send `commands` in one write and read their replies, in order (the agent answers
+    /// each in turn): one round trip for all of them. The outer error is the session's
+    /// (it is then out of sync, and the next call syncs again first); each inner one is
+    /// the agent's answer to its command.
+    pub async fn execute_all(
+        &mut self,
+        commands: &[(&str, Value)],
+    ) -> Result<Vec<Result<Value, QgaError>>, QgaError> {
         if !self.in_sync {
             self.sync().await?;
         }
         let limit = self.call_timeout;
         self.in_sync = false;
-        let reply = timeout(limit, async {
-            self.send(&json!({"execute": command, "arguments": arguments}))
-                .await?;
-            self.read_reply().await
+        let mut out = Vec::new();
+        for (command, arguments) in commands {
+            let request = json!({"execute": command, "arguments": arguments});
+            serde_json::to_writer(&mut out, &request).expect("a JSON value serializes");
+            out.push(b'\n');
+        }
+        let replies = timeout(limit, async {
+            self.stream.get_mut().write_all(&out).await?;
+            let mut replies = Vec::with_capacity(commands.len());
+            for _ in commands {
+                replies.push(self.read_reply().await?);
+            }
+            Ok::<_, QgaError>(replies)
         })
         .await
         .map_err(|_| QgaError::Timeout(limit))??;
         self.in_sync = true;
-        reply_value(&reply)
+        Ok(replies.iter().map(reply_value).collect())
     }
 
     /// Read a whole guest file (not just a first chunk), closing it whatever happens.
@@ -165,6 +179,13 @@ impl GuestAgent {
 impl AgentChannel for GuestAgent {
     async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError> {
         GuestAgent::execute(self, command, arguments).await
+    }
+
+    async fn execute_all(
+        &mut self,
+        commands: &[(&str, Value)],
+    ) -> Result<Vec<Result<Value, QgaError>>, QgaError> {
+        GuestAgent::execute_all(self, commands).await
     }
 }
 
@@ -185,44 +206,119 @@ pub fn reply_value(reply: &Value) -> Result<Value, QgaError> {
 pub trait AgentChannel: Send {
     /// Run a command and return its `return` value.
     async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QgaError>;
+
+    /// Run `commands` in order: the outer error is the channel's (the rest are not run),
+    /// each inner one the agent's refusal of its command. One after the other unless the
+    /// channel can send them at once.
+    async fn execute_all(
+        &mut self,
+        commands: &[(&str, Value)],
+    ) -> Result<Vec<Result<Value, QgaError>>, QgaError> {
+        let mut replies = Vec::with_capacity(commands.len());
+        for (command, arguments) in commands {
+            match self.execute(command, arguments.clone()).await {
+                Err(e @ (QgaError::Io(_) | QgaError::Timeout(_))) => return Err(e),
+                reply => replies.push(reply),
+            }
+        }
+        Ok(replies)
+    }
 }
 
 /// Read a whole guest file (not just a first chunk) with `guest-file-open`/`-read`/`-close`,
 /// closing it whatever happens.
 pub async fn read_file(agent: &mut impl AgentChannel, path: &str) -> Result<String, QgaError> {
-    let handle = agent
+    let opened = agent
         .execute("guest-file-open", json!({"path": path, "mode": "r"}))
         .await?;
-    let handle = handle
-        .as_u64()
-        .ok_or_else(|| QgaError::Protocol(format!("guest-file-open returned {handle}")))?;
+    let handle = handle(opened)?;
     let content = read_all(agent, handle).await;
     let closed = agent
         .execute("guest-file-close", json!({"handle": handle}))
         .await;
     let content = content?;
     closed?;
+    utf8(path, content)
+}
+
+/// Read whole guest files in two round trips however many they are (where the channel
+/// sends commands at once): all opened, then each read and closed. A file longer than
+/// one chunk (not at its end after the first read) is read again on its own by
+/// [`read_file`]. The outer error is the channel's; each inner one, its file's.
+pub async fn read_files(
+    agent: &mut impl AgentChannel,
+    paths: &[&str],
+) -> Result<Vec<Result<String, QgaError>>, QgaError> {
+    let opens: Vec<_> = paths
+        .iter()
+        .map(|path| ("guest-file-open", json!({"path": path, "mode": "r"})))
+        .collect();
+    let handles: Vec<_> = agent.execute_all(&opens).await?;
+    let handles: Vec<_> = handles.into_iter().map(|h| h.and_then(handle)).collect();
+    let mut calls = Vec::new();
+    for handle in handles.iter().flatten() {
+        calls.push(("guest-file-read", json!({"handle": handle, "count": CHUNK})));
+        calls.push(("guest-file-close", json!({"handle": handle})));
+    }
+    let mut replies = agent.execute_all(&calls).await?.into_iter();
+    let mut files = Vec::with_capacity(paths.len());
+    for (path, handle) in paths.iter().zip(handles) {
+        if let Err(e) = handle {
+            files.push(Err(e));
+            continue;
+        }
+        let (read, closed) = (replies.next(), replies.next());
+        let (Some(read), Some(closed)) = (read, closed) else {
+            return Err(QgaError::Protocol("fewer replies than commands".into()));
+        };
+        let file = match read.and_then(|r| chunk(&r)) {
+            Err(e) => Err(e),
+            Ok((content, true)) => closed.and_then(|_| utf8(path, content)),
+            Ok((_, false)) => read_file(agent, path).await,
+        };
+        files.push(file);
+    }
+    Ok(files)
+}
+
+/// The handle `guest-file-open` returned.
+fn handle(opened: Value) -> Result<u64, QgaError> {
+    opened
+        .as_u64()
+        .ok_or_else(|| QgaError::Protocol(format!("guest-file-open returned {opened}")))
+}
+
+/// A file's content as text.
+fn utf8(path: &str, content: Vec<u8>) -> Result<String, QgaError> {
     String::from_utf8(content).map_err(|_| QgaError::Protocol(format!("{path} is not UTF-8")))
 }
 
-async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>, QgaError> {
+/// The bytes a `guest-file-read` returned, and whether the file ended there (its `eof`,
+/// or nothing read).
+fn chunk(read: &Value) -> Result<(Vec<u8>, bool), QgaError> {
     use base64::Engine;
+    let b64 = read.get("buf-b64").and_then(Value::as_str).unwrap_or("");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| QgaError::Protocol(format!("bad base64 from guest-file-read: {e}")))?;
+    let eof = read.get("eof").and_then(Value::as_bool).unwrap_or(true) || bytes.is_empty();
+    Ok((bytes, eof))
+}
+
+async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>, QgaError> {
     let mut content = Vec::new();
     for _ in 0..MAX_READS {
         let r = agent
             .execute("guest-file-read", json!({"handle": handle, "count": CHUNK}))
             .await?;
-        let b64 = r.get("buf-b64").and_then(Value::as_str).unwrap_or("");
-        let chunk = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| QgaError::Protocol(format!("bad base64 from guest-file-read: {e}")))?;
-        content.extend_from_slice(&chunk);
+        let (bytes, eof) = chunk(&r)?;
+        content.extend_from_slice(&bytes);
         if content.len() > MAX_FILE {
             return Err(QgaError::Protocol(format!(
                 "file larger than {MAX_FILE} bytes"
             )));
         }
-        if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || chunk.is_empty() {
+        if eof {
             return Ok(content);
         }
     }
@@ -231,16 +327,20 @@ async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>,
     )))
 }
 
+/// The guest files [`read_proc`] reads: meminfo, vmstat and (on kernels with PSI) memory
+/// pressure.
+const PROC_FILES: [&str; 3] = ["/proc/meminfo", "/proc/vmstat", "/proc/pressure/memory"];
+
 /// The guest's own /proc figures: meminfo, vmstat and (on kernels with PSI) memory pressure.
 pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, String> {
-    let meminfo = read_file(agent, "/proc/meminfo")
+    let files = read_files(agent, &PROC_FILES)
         .await
         .map_err(|e| e.to_string())?;
-    let vmstat = read_file(agent, "/proc/vmstat")
-        .await
-        .map_err(|e| e.to_string())?;
+    let [meminfo, vmstat, psi] = <[_; 3]>::try_from(files).expect("one result per file");
+    let meminfo = meminfo.map_err(|e| e.to_string())?;
+    let vmstat = vmstat.map_err(|e| e.to_string())?;
     // Guest kernels without PSI have no such file: not an error.
-    let psi = read_file(agent, "/proc/pressure/memory").await.ok();
+    let psi = psi.ok();
     Ok(AgentStats {
         meminfo: procfs::meminfo(&meminfo).map_err(|e| format!("guest {e}"))?,
         vmstat: procfs::vmstat(&vmstat),
@@ -327,6 +427,8 @@ fn sync_token() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memtide_core::Bytes;
+    use tokio::io::{AsyncBufReadExt, BufReader};
     use tokio::net::UnixListener;
 
     /// The real Debian qemu-ga in unix-listen mode on the host, serving its own files.
@@ -393,6 +495,91 @@ mod tests {
             .await
             .unwrap()
             .contains("pgmajfault"));
+    }
+
+    #[tokio::test]
+    async fn reads_several_files_at_once_through_the_real_agent() {
+        let agent = real_agent();
+        let mut qga = GuestAgent::connect(&agent.path, T).await.unwrap();
+        let small = agent._dir.path().join("small.txt");
+        std::fs::write(&small, "some avg10=0.00\n").unwrap();
+        // Longer than a chunk: read again on its own.
+        let big = agent._dir.path().join("big.txt");
+        let text: String = (0..150_000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        std::fs::write(&big, &text).unwrap();
+        let (small, big) = (small.to_str().unwrap(), big.to_str().unwrap());
+        let descriptors = || {
+            std::fs::read_dir(format!("/proc/{}/fd", agent.child.id()))
+                .unwrap()
+                .count()
+        };
+        let open_before = descriptors();
+        let files = read_files(&mut qga, &[small, "/nonexistent", big, "/proc/meminfo"])
+            .await
+            .unwrap();
+        assert_eq!(files[0].as_ref().unwrap(), "some avg10=0.00\n");
+        let err = files[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("failed to open file '/nonexistent'"), "{err}");
+        assert_eq!(files[2].as_ref().unwrap(), &text);
+        assert!(crate::procfs::meminfo(files[3].as_ref().unwrap()).is_ok());
+        assert_eq!(descriptors(), open_before, "every file closed");
+        // The session is in sync after the batches.
+        let stats = read_proc(&mut qga).await.unwrap();
+        assert!(stats.meminfo.total.0 > 0);
+    }
+
+    /// An agent channel that runs commands one at a time and counts its batches.
+    #[derive(Default)]
+    struct Counting {
+        batches: usize,
+        calls: usize,
+    }
+
+    #[async_trait]
+    impl AgentChannel for Counting {
+        async fn execute(&mut self, command: &str, args: Value) -> Result<Value, QgaError> {
+            self.calls += 1;
+            Ok(match command {
+                "guest-file-open" if args["path"] == "/proc/pressure/memory" => {
+                    return Err(QgaError::Command {
+                        class: "GenericError".into(),
+                        desc: "no PSI".into(),
+                    })
+                }
+                "guest-file-open" => json!(self.calls),
+                "guest-file-read" => {
+                    use base64::Engine;
+                    let text = "MemTotal: 100 kB\nMemFree: 50 kB\nBuffers: 0 kB\nCached: 10 kB\n";
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(text);
+                    json!({"count": text.len(), "buf-b64": b64, "eof": true})
+                }
+                _ => json!({}),
+            })
+        }
+
+        async fn execute_all(
+            &mut self,
+            commands: &[(&str, Value)],
+        ) -> Result<Vec<Result<Value, QgaError>>, QgaError> {
+            self.batches += 1;
+            let mut replies = Vec::new();
+            for (command, args) in commands {
+                replies.push(self.execute(command, args.clone()).await);
+            }
+            Ok(replies)
+        }
+    }
+
+    #[tokio::test]
+    async fn the_proc_files_take_two_batches_of_calls() {
+        // Before: nine calls one after the other (open, read, close per file).
+        let mut agent = Counting::default();
+        let stats = read_proc(&mut agent).await.unwrap();
+        assert_eq!(stats.meminfo.total, Bytes::from_kib(100));
+        assert_eq!(stats.psi, None, "no PSI file: not an error");
+        assert_eq!((agent.batches, agent.calls), (2, 7));
     }
 
     #[tokio::test]

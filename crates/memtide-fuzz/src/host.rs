@@ -1,4 +1,4 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/status and smaps, cgroup
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm and smaps, cgroup
 //! limit, usage and memory.stat files, KSM's one-number files. The same bytes go to
 //! every parser; what parses must print back, in the file's own format, to itself.
 
@@ -21,8 +21,9 @@ pub fn run(data: &[u8]) {
         check_psi(&psi);
         assert_eq!(procfs::psi(&psi_text(&psi)), Ok(psi));
     }
-    if let Some(rss) = procfs::status_rss(&text) {
-        assert!(rss.0 % 1024 == 0 || rss.0 == u64::MAX);
+    let page = Bytes(4096);
+    if let Some(rss) = procfs::statm_rss(&text, page) {
+        assert_eq!(rss.0 % page.0, 0, "whole pages");
     }
     for mib in SIZES_MIB {
         procfs::smaps_referenced(&text, Bytes::from_mib(mib));

@@ -154,7 +154,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             ticks,
         } => {
             let config = load(config.as_ref())?;
-            daemon::run(config, RunOptions { dry_run, ticks }).await
+            // A task on the runtime's workers rather than `block_on`'s thread: the VMs'
+            // answers then wake the tick without unparking another thread each time.
+            let run = tokio::spawn(daemon::run(config, RunOptions { dry_run, ticks }));
+            match run.await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(e.into()),
+            }
         }
         Command::Status {
             json,

@@ -7,20 +7,21 @@
 //! replies by id and queues events, and every call has a timeout, so a reply that arrives
 //! after its caller gave up is discarded instead of being mistaken for the next answer.
 
+use crate::framing::{Framed, Socket};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 /// Longest line accepted from QEMU; a longer one means a broken peer.
-const MAX_LINE: u64 = 4 << 20;
+const MAX_LINE: usize = 4 << 20;
 /// Events queued between two drains; beyond that the newest are dropped.
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
@@ -73,17 +74,17 @@ struct Shared {
     pending: HashMap<u64, oneshot::Sender<Reply>>,
     /// Why the connection closed, once it has.
     closed: Option<String>,
+    /// Events not drained yet, at most [`EVENT_QUEUE`] (no room held while empty).
+    events: VecDeque<QmpEvent>,
 }
 
 /// A connected, negotiated QMP session.
 pub struct QmpClient {
     writer: OwnedWriteHalf,
     shared: Arc<Mutex<Shared>>,
-    events: mpsc::Receiver<QmpEvent>,
     reader: JoinHandle<()>,
     next_id: u64,
     timeout: Duration,
-    greeting: Value,
     peer_pid: Option<i32>,
 }
 
@@ -102,39 +103,28 @@ impl QmpClient {
             .map_err(|_| QmpError::Timeout(call_timeout))??;
         let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
         let (read, writer) = stream.into_split();
-        let mut reader = BufReader::new(read);
+        let mut reader = Framed::new(read);
         let greeting = timeout(call_timeout, read_line(&mut reader))
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??
             .ok_or_else(|| QmpError::Closed("no greeting".into()))?;
-        let greeting = match greeting.get("QMP") {
-            Some(g) => g.clone(),
-            None => {
-                return Err(QmpError::Protocol(format!(
-                    "expected a QMP greeting, got {greeting}"
-                )))
-            }
-        };
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Protocol(format!(
+                "expected a QMP greeting, got {greeting}"
+            )));
+        }
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let (tx, events) = mpsc::channel(EVENT_QUEUE);
-        let reader = tokio::spawn(read_loop(reader, shared.clone(), tx));
+        let reader = tokio::spawn(read_loop(reader, shared.clone()));
         let mut client = QmpClient {
             writer,
             shared,
-            events,
             reader,
             next_id: 0,
             timeout: call_timeout,
-            greeting,
             peer_pid,
         };
         client.execute("qmp_capabilities", None).await?;
         Ok(client)
-    }
-
-    /// QEMU's greeting (`version`, `capabilities`).
-    pub fn greeting(&self) -> &Value {
-        &self.greeting
     }
 
     /// The QEMU process id, from the socket's peer credentials.
@@ -153,43 +143,64 @@ impl QmpClient {
         command: &str,
         arguments: Option<Value>,
     ) -> Result<Value, QmpError> {
-        self.next_id += 1;
-        let id = self.next_id;
-        let (tx, rx) = oneshot::channel();
+        let mut replies = self.execute_all(vec![(command, arguments)]).await?;
+        replies.pop().expect("one reply per command")
+    }
+
+    /// Send `commands` in one write and wait for all their replies, within one call
+    /// timeout: one round trip for all of them (QEMU answers each in turn). The outer
+    /// error is the session's; each inner one, QEMU's answer to its command.
+    pub async fn execute_all(
+        &mut self,
+        commands: Vec<(&str, Option<Value>)>,
+    ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
+        let first = self.next_id + 1;
+        let mut lines = Vec::new();
+        let mut receivers = Vec::with_capacity(commands.len());
         {
             let mut shared = self.shared.lock().expect("qmp state lock");
             if let Some(why) = &shared.closed {
                 return Err(QmpError::Closed(why.clone()));
             }
-            shared.pending.insert(id, tx);
+            for (command, arguments) in commands {
+                self.next_id += 1;
+                let (tx, rx) = oneshot::channel();
+                shared.pending.insert(self.next_id, tx);
+                receivers.push(rx);
+                let mut request = Map::new();
+                request.insert("execute".into(), command.into());
+                if let Some(args) = arguments {
+                    request.insert("arguments".into(), args);
+                }
+                request.insert("id".into(), self.next_id.into());
+                serde_json::to_writer(&mut lines, &request).expect("a JSON map serializes");
+                lines.push(b'\n');
+            }
         }
-        let mut request = Map::new();
-        request.insert("execute".into(), command.into());
-        if let Some(args) = arguments {
-            request.insert("arguments".into(), args);
-        }
-        request.insert("id".into(), id.into());
-        let mut line = Value::Object(request).to_string();
-        line.push('\n');
         let limit = self.timeout;
-        // Until the reply arrives, a timeout here or the caller dropping this future
-        // abandons the call: the session is closed (half a command may be in the
+        // Until the replies arrive, a timeout here or the caller dropping this future
+        // abandons the calls: the session is closed (half a command may be in the
         // socket, a reply may come late), and the owner reconnects (#18 defect 10).
         let mut abandoned = Abandoned {
             shared: &self.shared,
-            id,
+            ids: first..self.next_id + 1,
             armed: true,
         };
         let outcome = timeout(limit, async {
-            self.writer.write_all(line.as_bytes()).await?;
-            rx.await
-                .unwrap_or_else(|_| Err(QmpError::Closed("reader stopped".into())))
+            self.writer.write_all(&lines).await?;
+            let mut replies = Vec::with_capacity(receivers.len());
+            for rx in receivers {
+                let reply = rx.await;
+                replies
+                    .push(reply.unwrap_or_else(|_| Err(QmpError::Closed("reader stopped".into()))));
+            }
+            Ok(replies)
         })
         .await;
         match outcome {
-            Ok(reply) => {
+            Ok(replies) => {
                 abandoned.armed = false;
-                reply
+                replies
             }
             Err(_) => Err(QmpError::Timeout(limit)),
         }
@@ -197,14 +208,15 @@ impl QmpClient {
 
     /// The events received since the last call.
     pub fn drain_events(&mut self) -> Vec<QmpEvent> {
-        std::iter::from_fn(|| self.events.try_recv().ok()).collect()
+        let mut shared = self.shared.lock().expect("qmp state lock");
+        shared.events.drain(..).collect()
     }
 }
 
-/// Closes the session when a call is abandoned before its reply (see `execute`).
+/// Closes the session when calls are abandoned before their replies (see `execute_all`).
 struct Abandoned<'a> {
     shared: &'a Mutex<Shared>,
-    id: u64,
+    ids: std::ops::Range<u64>,
     armed: bool,
 }
 
@@ -212,7 +224,9 @@ impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if self.armed {
             let mut shared = self.shared.lock().expect("qmp state lock");
-            shared.pending.remove(&self.id);
+            for id in self.ids.clone() {
+                shared.pending.remove(&id);
+            }
             shared
                 .closed
                 .get_or_insert_with(|| "a call timed out or was cancelled: reconnect".into());
@@ -221,15 +235,12 @@ impl Drop for Abandoned<'_> {
 }
 
 /// Read one JSON line; `None` at end of stream.
-async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
-    reader: &mut R,
-) -> Result<Option<Value>, QmpError> {
-    let mut buf = Vec::new();
-    let n = reader.take(MAX_LINE).read_until(b'\n', &mut buf).await?;
-    if n == 0 {
+async fn read_line<R: Socket>(reader: &mut Framed<R>) -> Result<Option<Value>, QmpError> {
+    let buf = reader.read_until(b'\n', MAX_LINE).await?;
+    if buf.is_empty() {
         return Ok(None);
     }
-    if buf.last() != Some(&b'\n') && n as u64 == MAX_LINE {
+    if buf.last() != Some(&b'\n') && buf.len() == MAX_LINE {
         return Err(QmpError::Protocol(format!(
             "line longer than {MAX_LINE} bytes"
         )));
@@ -301,11 +312,7 @@ pub fn message(msg: &Value) -> Message {
 }
 
 /// Route replies to their callers and events to the queue until the connection ends.
-async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
-    mut reader: R,
-    shared: Arc<Mutex<Shared>>,
-    events: mpsc::Sender<QmpEvent>,
-) {
+async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>) {
     let why = loop {
         let msg = match read_line(&mut reader).await {
             Ok(Some(msg)) => msg,
@@ -315,7 +322,10 @@ async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
         let (id, reply) = match message(&msg) {
             Message::Event(event) => {
                 // A full queue means nobody drained for a long time: drop the newest.
-                let _ = events.try_send(event);
+                let mut shared = shared.lock().expect("qmp state lock");
+                if shared.events.len() < EVENT_QUEUE {
+                    shared.events.push_back(event);
+                }
                 continue;
             }
             Message::Reply(id, reply) => (id, reply),
@@ -340,6 +350,7 @@ async fn read_loop<R: tokio::io::AsyncBufRead + Unpin>(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::io::{AsyncBufReadExt, BufReader};
     use tokio::net::UnixListener;
 
     /// Answer from a scripted server that makes it hang up.
@@ -395,7 +406,6 @@ mod tests {
         })
         .await;
         let mut c = QmpClient::connect(&path, T).await.unwrap();
-        assert_eq!(c.greeting()["version"]["qemu"]["major"], 7);
         let r = c.execute("query-balloon", None).await.unwrap();
         assert_eq!(r["actual"], 268435456);
         let ev = c.drain_events();
@@ -454,6 +464,35 @@ mod tests {
             err.to_string(),
             "DeviceNotActive: No balloon device has been activated"
         );
+    }
+
+    #[tokio::test]
+    async fn commands_sent_at_once_get_their_own_replies() {
+        // The server answers the first command only once the second has come, and in
+        // reverse order: a client that waited for each reply before sending the next
+        // command would time out.
+        let (_d, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "query-balloon" => vec![],
+            "qom-get" => {
+                let first = json!({"id": req["id"].as_u64().unwrap() - 1});
+                vec![
+                    json!({"error": {"class": "GenericError", "desc": "no such property"}, "id": req["id"]}).to_string(),
+                    ok(&first, json!({"actual": 1024})),
+                ]
+            }
+            _ => vec![ok(&req, json!({}))],
+        })
+        .await;
+        let mut c = QmpClient::connect(&path, T).await.unwrap();
+        let calls = vec![
+            ("query-balloon", None),
+            ("qom-get", Some(json!({"path": "/x", "property": "y"}))),
+        ];
+        let mut replies = c.execute_all(calls).await.unwrap().into_iter();
+        assert_eq!(replies.next().unwrap().unwrap(), json!({"actual": 1024}));
+        let err = replies.next().unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "GenericError: no such property");
+        assert!(!c.is_closed(), "a refused command leaves the session open");
     }
 
     #[tokio::test]

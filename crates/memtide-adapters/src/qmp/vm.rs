@@ -46,7 +46,8 @@ pub struct QmpVm {
     /// QOM path of the balloon device, when found (needed for statistics).
     balloon_path: Option<String>,
     target: Option<Bytes>,
-    status_file: Option<PathBuf>,
+    /// The QEMU process, for its resident memory.
+    process: Option<procfs::ProcessRss>,
     agent: Option<AgentLink>,
     access: Option<AccessSampler>,
 }
@@ -176,9 +177,9 @@ impl QmpVm {
                 "value": opts.stats_interval_s.max(1)});
             client.execute("qom-set", Some(args)).await?;
         }
-        let status_file = client
+        let process = client
             .peer_pid()
-            .map(|pid| opts.proc.join(pid.to_string()).join("status"));
+            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         let agent = agent.map(|a| {
             AgentLink::new(
                 a.to_path_buf(),
@@ -215,7 +216,7 @@ impl QmpVm {
             has_balloon,
             balloon_path,
             target: None,
-            status_file,
+            process,
             agent,
             access,
         })
@@ -314,9 +315,20 @@ impl VmBackend for QmpVm {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
             None => None,
         };
+        // The balloon and its statistics in one round trip.
+        let mut calls = Vec::new();
+        if self.has_balloon {
+            calls.push(("query-balloon", None));
+        }
+        if let Some(path) = &self.balloon_path {
+            let args = json!({"path": path, "property": "guest-stats"});
+            calls.push(("qom-get", Some(args)));
+        }
+        let mut replies = self.client.execute_all(calls).await?.into_iter();
+        let mut reply = || replies.next().expect("one reply per command");
         // QEMU's balloon works on the base memory only: plugged memory comes on top.
         let base_actual = if self.has_balloon {
-            let b = self.client.execute("query-balloon", None).await?;
+            let b = reply()?;
             let actual = b.get("actual").and_then(Value::as_u64);
             Some(Bytes(actual.ok_or_else(|| {
                 BackendError::Protocol(format!("no actual in {b}"))
@@ -325,17 +337,10 @@ impl VmBackend for QmpVm {
             None
         };
         let stats = match &self.balloon_path {
-            Some(path) => {
-                let args = json!({"path": path, "property": "guest-stats"});
-                super::stats::parse(&self.client.execute("qom-get", Some(args)).await?)
-            }
+            Some(_) => super::stats::parse(&reply()?),
             None => GuestStats::default(),
         };
-        let rss = self
-            .status_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|t| procfs::status_rss(&t));
+        let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         let events = self.events();
         let agent = match &mut self.agent {
             Some(link) => Some(link.read().await),
