@@ -139,7 +139,7 @@ impl WorkingSet {
         &self,
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
-        credible: &[Bytes],
+        credible: &[Option<Bytes>],
     ) -> Option<Need> {
         let EstimatorConfig::Fused(c) = &self.estimator else {
             return None;
@@ -150,7 +150,7 @@ impl WorkingSet {
         let (mut above, mut growth) = (0.0, 0.0);
         for ((vm, costless), credible) in input.vms.iter().zip(costless).zip(credible) {
             let backed = backed(vm);
-            above += costless.map_or(0.0, |cl| backed.as_f64() - cl.min(*credible).as_f64());
+            above += costless.map_or(0.0, |cl| backed.as_f64() - within(cl, *credible).as_f64());
             growth += (vm.actual - backed).as_f64();
         }
         Some(Need::of(
@@ -162,40 +162,44 @@ impl WorkingSet {
         ))
     }
 
-    /// What each VM's own figures may claim when memory is divided, in input order: no
-    /// limit while they are credible; once the host has contradicted them for a while
-    /// ([`trust`](super::trust)), the larger of its fair share and what the host backs.
-    /// Also says which VMs' figures are not credible.
-    fn credible(
+    /// Hold each VM's claims against what the host backs for it ([`Trust`]) and say, in
+    /// input order, the most a VM whose figures are not credible may claim when memory is
+    /// divided ([`credible`], within `capacity`); `None` for the VMs still believed. The
+    /// fair shares are worked out only when some VM is doubted.
+    fn doubted(
         &mut self,
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
-        capacity: Bytes,
-    ) -> (Vec<Bytes>, Vec<bool>) {
-        let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
-        let bounds = credible(capacity, &vms);
-        let mut distrusted = Vec::with_capacity(vms.len());
-        let limits = vms
+        capacity: impl FnOnce() -> Bytes,
+    ) -> Vec<Option<Bytes>> {
+        let doubts: Vec<bool> = input
+            .vms
             .iter()
             .zip(costless)
-            .zip(bounds)
-            .map(|((vm, costless), bound)| {
+            .map(|(vm, costless)| {
                 let claimed = costless
                     .unwrap_or_default()
                     .max(beyond_swap(vm.signals))
                     .min(vm.actual);
                 let trust = self.trust.entry(vm.name.to_string()).or_default();
-                let doubt = trust.observe(input.at, claimed, backed(vm), vm.latest().configured);
-                distrusted.push(doubt);
-                if doubt {
-                    bound
-                } else {
-                    Bytes(u64::MAX)
-                }
+                trust.observe(input.at, claimed, backed(vm), vm.latest().configured)
             })
             .collect();
-        (limits, distrusted)
+        if !doubts.contains(&true) {
+            return vec![None; doubts.len()];
+        }
+        let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
+        credible(capacity(), &vms)
+            .into_iter()
+            .zip(doubts)
+            .map(|(bound, doubt)| doubt.then_some(bound))
+            .collect()
     }
+}
+
+/// `claim`, no more than `credible` where there is a bound.
+fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
+    credible.map_or(claim, |c| claim.min(c))
 }
 
 /// What a guest holds or has committed beyond its free swap: below it, its next
@@ -297,7 +301,7 @@ impl Policy for WorkingSet {
         }
         let domain = &input.host_latest().domain;
         let reserve = domain.total.scale(self.config.host_reserve);
-        let (credible, distrusted) = self.credible(input, &costless, capacity(input, reserve));
+        let credible = self.doubted(input, &costless, || capacity(input, reserve));
         let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
         for (((vm, mut obs), first), credible) in input
@@ -320,8 +324,8 @@ impl Policy for WorkingSet {
                 }),
             }
         }
-        for ((vm, credible), doubt) in input.vms.iter().zip(&credible).zip(distrusted) {
-            if doubt {
+        for (vm, credible) in input.vms.iter().zip(&credible) {
+            if let Some(credible) = credible {
                 out.unbacked.push(UnbackedClaim {
                     vm: vm.name.to_string(),
                     message: format!(
@@ -350,13 +354,13 @@ impl Policy for WorkingSet {
             let min = vm
                 .limits
                 .min
-                .max(beyond_swap(vm.signals).min(want).min(*credible));
+                .max(within(beyond_swap(vm.signals).min(want), *credible));
             claims.push(Claim {
                 min,
                 want,
                 weight: f64::from(vm.limits.shares),
             });
-            first.push(costless.map_or(min, |c| c.min(*credible)));
+            first.push(costless.map_or(min, |c| within(c, *credible)));
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide_by_use(capacity, &claims, &first);
