@@ -6,18 +6,8 @@
 /// MemTotal, no page cache, the rest anonymous and active, SwapFree 0, Committed_AS
 /// MemTotal + SwapTotal; other lines as they are. `None` without MemTotal.
 pub fn meminfo(real: &str) -> Option<String> {
-    let kib = |name: &str| {
-        real.lines().find_map(|l| {
-            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-    };
-    let total = kib("MemTotal")?;
-    let swap = kib("SwapTotal").unwrap_or(0);
+    let total = kib(real, "MemTotal")?;
+    let swap = kib(real, "SwapTotal").unwrap_or(0);
     let little = total / 100;
     let lie = |name: &str| -> Option<u64> {
         Some(match name {
@@ -42,6 +32,14 @@ pub fn meminfo(real: &str) -> Option<String> {
         }
     }
     Some(out)
+}
+
+/// The value of `name` (KiB) in /proc/meminfo text.
+pub fn kib(meminfo: &str, name: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+        rest.trim().trim_end_matches("kB").trim().parse().ok()
+    })
 }
 
 #[cfg(test)]

@@ -56,7 +56,5 @@ fn rewrite(truth: &str) -> Option<u64> {
     let fake = lie::meminfo(&real)?;
     let mut file = fs::File::create(FAKE).ok()?;
     file.write_all(fake.as_bytes()).ok()?;
-    real.lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    lie::kib(&real, "MemTotal")
 }
