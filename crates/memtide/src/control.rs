@@ -334,15 +334,24 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
-    #[tokio::test]
-    async fn only_root_and_the_configured_users_and_groups_are_served() {
+    /// A socket path in a directory other users may traverse; `None` (the test skipped)
+    /// unless the test runs as root.
+    fn socket_others_reach() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
         if !root() {
             eprintln!("skipped: changing a thread's uid needs root");
-            return;
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().join("memtide.sock");
+        Some((dir, path))
+    }
+
+    #[tokio::test]
+    async fn only_root_and_the_configured_users_and_groups_are_served() {
+        let Some((_dir, path)) = socket_others_reach() else {
+            return;
+        };
         let allowed = ControlConfig {
             allow_uids: vec![4242],
             allow_gids: vec![777],
@@ -375,13 +384,9 @@ mod tests {
 
     #[tokio::test]
     async fn without_allowed_users_the_socket_stays_private_to_root() {
-        if !root() {
-            eprintln!("skipped: changing a thread's uid needs root");
+        let Some((_dir, path)) = socket_others_reach() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = dir.path().join("memtide.sock");
+        };
         let (requests, _) = mpsc::channel(1);
         let none = ControlConfig::default();
         let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();

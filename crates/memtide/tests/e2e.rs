@@ -10,7 +10,7 @@ mod support;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
-use support::daemon::{mib, vm, Daemon};
+use support::daemon::{actual_mib, mib, vm, Daemon};
 use support::guest::Guest;
 
 const GUEST_MIB: u64 = 384;
@@ -20,12 +20,6 @@ const CALL_TIMEOUT_MS: f64 = 2000.0;
 
 fn managed(status: &Value, name: &str) -> bool {
     vm(status, name).is_some_and(|v| v["state"] == "managed" && v["actual"].is_u64())
-}
-
-fn actual_mib(status: &Value, name: &str) -> f64 {
-    vm(status, name)
-        .and_then(|v| mib(v, "actual"))
-        .unwrap_or(f64::NAN)
 }
 
 /// One observed decision: its tick number, time (s), whether `a` was sampled and managed,

@@ -14,7 +14,7 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{fixed_policy, memtide, mib, vm, Daemon};
+use support::daemon::{actual_mib, fixed_policy, memtide, mib, vm, Daemon};
 use support::libvirtd::{Domain, Libvirtd};
 use support::wait_for;
 
@@ -24,12 +24,6 @@ const WORKLOAD_MIB: u64 = 160;
 
 fn managed(status: &Value, name: &str) -> bool {
     vm(status, name).is_some_and(|v| v["state"] == "managed" && v["actual"].is_u64())
-}
-
-fn actual_mib(status: &Value, name: &str) -> f64 {
-    vm(status, name)
-        .and_then(|v| mib(v, "actual"))
-        .unwrap_or(f64::NAN)
 }
 
 #[test]

@@ -11,18 +11,12 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{mib, vm, Daemon};
+use support::daemon::{actual_mib, mib, vm, Daemon};
 use support::guest::Guest;
 
 const GUEST_MIB: u64 = 384;
 /// Anonymous memory the honest guest's workload keeps touching.
 const WORKLOAD_MIB: u64 = 160;
-
-fn actual_mib(status: &Value, name: &str) -> f64 {
-    vm(status, name)
-        .and_then(|v| mib(v, "actual"))
-        .unwrap_or(f64::NAN)
-}
 
 fn unbacked(status: &Value) -> Vec<&Value> {
     status["decision"]["diagnostics"]

@@ -195,6 +195,13 @@ pub fn vm<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
         .find(|v| v["name"] == name)
 }
 
+/// VM `name`'s balloon size in a status, in MiB (NaN when not reported).
+pub fn actual_mib(status: &Value, name: &str) -> f64 {
+    vm(status, name)
+        .and_then(|v| mib(v, "actual"))
+        .unwrap_or(f64::NAN)
+}
+
 /// A VM's size field (bytes) in MiB.
 pub fn mib(vm: &Value, field: &str) -> Option<f64> {
     vm[field].as_u64().map(|b| b as f64 / (1 << 20) as f64)

@@ -50,17 +50,8 @@ impl Guest {
         devices: &[&str],
         append: &str,
     ) -> Guest {
-        let guest = Boot::new(name, dir, &guest_dir(), mem)
-            .kernel_args(&format!(
-                "memtide.workload={workload} memtide.args={args} {append}"
-            ))
-            .qmp("qmp")
-            .args(devices)
-            .disk("swap", 128)
-            .agent()
-            .spawn(procs)
-            .unwrap_or_else(|e| panic!("{e}"));
-        Guest(guest)
+        let boot = Guest::with_workload(name, dir, mem, workload, args, append).args(devices);
+        Guest::spawn(boot, procs)
     }
 
     /// Like [`Guest::boot`], with a second QMP socket for the test itself
@@ -73,11 +64,33 @@ impl Guest {
         workload: &str,
         args: &str,
     ) -> Guest {
-        let guest = Boot::new(name, dir, &guest_dir(), mem_mib.to_string())
-            .kernel_args(&format!("memtide.workload={workload} memtide.args={args}"))
-            .qmp("qmp")
+        let mem = mem_mib.to_string();
+        let boot = Guest::with_workload(name, dir, &mem, workload, args, "")
             .qmp("hqmp")
-            .device(BALLOON)
+            .device(BALLOON);
+        Guest::spawn(boot, procs)
+    }
+
+    /// The tests' guest running `workload` with `args`, with its QMP socket.
+    fn with_workload(
+        name: &str,
+        dir: &Path,
+        mem: &str,
+        workload: &str,
+        args: &str,
+        append: &str,
+    ) -> Boot {
+        Boot::new(name, dir, &guest_dir(), mem)
+            .kernel_args(&format!(
+                "memtide.workload={workload} memtide.args={args} {append}"
+            ))
+            .qmp("qmp")
+    }
+
+    /// Start `boot` with the tests' swap disk and guest agent in the cgroup whose
+    /// `cgroup.procs` is `procs`.
+    fn spawn(boot: Boot, procs: &Path) -> Guest {
+        let guest = boot
             .disk("swap", 128)
             .agent()
             .spawn(procs)
