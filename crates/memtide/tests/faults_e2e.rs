@@ -90,18 +90,6 @@ fn managed_again(
     (s, took)
 }
 
-/// The daemon's open descriptors once the count holds for 2 s (its connections to the
-/// guest's monitor and agent may still be opening), or the most seen in 10 s.
-fn steady_fds(daemon: &Daemon) -> usize {
-    let mut seen = Vec::new();
-    let steady = support::wait_for(Duration::from_secs(10), || {
-        seen.push(daemon.open_fds());
-        let last = &seen[seen.len().saturating_sub(10)..];
-        (last.len() == 10 && last.iter().all(|n| *n == last[0])).then_some(last[0])
-    });
-    steady.unwrap_or_else(|| seen.into_iter().max().unwrap())
-}
-
 /// The daemon still runs, and is back to no more descriptors open than `before` within
 /// a few ticks (one may be open for a moment: a connection being served).
 fn no_exit_no_leak(daemon: &mut Daemon, before: usize) {
@@ -145,7 +133,7 @@ fn a_guest_reset_during_an_inflation_starts_it_afresh() {
     let config = probing_config(&[("g", guest.qmp(), Some(guest.agent()))]);
     let mut daemon = Daemon::start(dir.path(), &config, 0);
     let target = inflating(&daemon);
-    let fds = steady_fds(&daemon);
+    let fds = daemon.steady_fds();
     let at = qmp.balloon_mib().unwrap();
     qmp.execute("system_reset", None).expect("system_reset");
     let fault = Instant::now();
@@ -210,7 +198,7 @@ fn the_guest_agent_killed_in_the_guest_and_started_again() {
         Duration::from_secs(15),
         with_agent,
     );
-    let fds = steady_fds(&daemon);
+    let fds = daemon.steady_fds();
 
     guest.wait_console(KILLED, 1, Duration::from_secs(30));
     let fault = Instant::now();
@@ -240,7 +228,7 @@ fn qemu_killed_during_an_inflation_and_started_again() {
     let config = probing_config(&[("g", guest.qmp(), Some(guest.agent()))]);
     let mut daemon = Daemon::start(dir.path(), &config, 0);
     let target = inflating(&daemon);
-    let fds = steady_fds(&daemon);
+    let fds = daemon.steady_fds();
     guest.signal("KILL");
     let fault = Instant::now();
     eprintln!("QEMU killed while inflating to {target:.0} MiB");
@@ -279,7 +267,7 @@ fn the_balloon_driver_unloaded_in_the_guest_and_loaded_again() {
             .and_then(|v| mib(v, "actual"))
             .is_some_and(|a| a < GUEST_MIB as f64 - 32.0)
     });
-    let fds = steady_fds(&daemon);
+    let fds = daemon.steady_fds();
 
     let at = qmp.balloon_mib().unwrap();
     let rmmod = agent.run_sh(
@@ -357,7 +345,7 @@ fn the_control_socket_and_http_port_flooded_from_loopback() {
     let config = probing_config(&[("g", guest.qmp(), Some(guest.agent()))]);
     let mut daemon = Daemon::start(dir.path(), &config, port);
     let before = daemon.wait_until("managed", Duration::from_secs(30), |s| managed(s).is_some());
-    let fds = steady_fds(&daemon);
+    let fds = daemon.steady_fds();
 
     // Idle connections that send nothing, and two clients asking as fast as they are
     // answered: one for the status on the control socket, one for /metrics.

@@ -461,8 +461,12 @@ impl Fused {
             }
             if allocated {
                 "allocate"
-            } else {
+            } else if self.estimate.is_none() {
                 "start"
+            } else {
+                // Told apart from the first estimate: after a restart a recalled
+                // estimator goes on, and its first rule says so.
+                "rebase"
             }
         } else if let Some(freed) = freed {
             // What the guest freed is free: take it back at once, down to what it still
@@ -503,7 +507,7 @@ impl Fused {
                 .max(costless(cfg, obs).unwrap_or(base))
                 .max(committed_in_memory(obs) + margin);
         }
-        if inflating || matches!(phase, "start" | "allocate" | "release") {
+        if inflating || matches!(phase, "start" | "rebase" | "allocate" | "release") {
             self.freed_from = Some((base, s.committed_as));
         }
         self.last_probe = (phase == "probe").then_some(probe);
@@ -522,6 +526,9 @@ impl Fused {
                 ),
                 None => format!("estimate {wss}: the guest counts {need} needed: start there; floor {floor}"),
             },
+            "rebase" => format!(
+                "estimate {wss}: the guest's need grew to {need}: go up to it; floor {floor}"
+            ),
             "hold" => format!("estimate {wss}: holding for a cool-down (after a back-off or new demand)"),
             "settle" => format!(
                 "estimate {wss}: holding until the guest comes down to it (now {})",
@@ -784,6 +791,16 @@ mod tests {
             Bytes::from_mib(10),
             "at 1% a tick: after a back-off"
         );
+        // Its need grown by more than 10% by the time the new daemon first sees it: the
+        // recalled estimate goes up to it, and says so; `start` is for a first estimate
+        // only (found by the restart test on a real guest, whose first rule after a kill
+        // read as a fresh start).
+        let mut h = Fused::recall(&m, Duration::ZERO);
+        let grown = h
+            .step(&cfg, &short(committed(obs(1, 400, 0, 0), 400)))
+            .unwrap();
+        assert_eq!(grown.phase, "rebase", "{}", grown.detail);
+        assert_eq!(grown.wss, Bytes::from_mib(400 + 30));
     }
 
     #[test]

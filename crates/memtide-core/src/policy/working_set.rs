@@ -219,6 +219,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "arrive") => "memtide.arrive",
         ("memtide", "adopt") => "memtide.adopt",
         ("memtide", "start") => "memtide.start",
+        ("memtide", "rebase") => "memtide.rebase",
         ("memtide", "probe") => "memtide.probe",
         ("memtide", "hold") => "memtide.hold",
         ("memtide", "allocate") => "memtide.allocate",

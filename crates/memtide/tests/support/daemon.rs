@@ -143,6 +143,18 @@ impl Daemon {
             .count()
     }
 
+    /// Its open descriptors once the count holds for 2 s (its connections to a guest's
+    /// monitor and agent may still be opening), or the most seen in 10 s.
+    pub fn steady_fds(&self) -> usize {
+        let mut seen = Vec::new();
+        let steady = wait_for(Duration::from_secs(10), || {
+            seen.push(self.open_fds());
+            let last = &seen[seen.len().saturating_sub(10)..];
+            (last.len() == 10 && last.iter().all(|n| *n == last[0])).then_some(last[0])
+        });
+        steady.unwrap_or_else(|| seen.into_iter().max().unwrap())
+    }
+
     /// Its exit status, once it has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().unwrap()

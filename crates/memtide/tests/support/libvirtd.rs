@@ -36,6 +36,8 @@ pub struct Libvirtd {
     pub dir: PathBuf,
     /// The URI to reach it (`qemu+unix:///session?socket=...`).
     pub uri: String,
+    /// The cgroup it (and so each QEMU it starts) joins.
+    procs: PathBuf,
     child: Child,
 }
 
@@ -89,47 +91,39 @@ impl Libvirtd {
             }
             up = up.parent().unwrap().to_path_buf();
         }
-        let env = [
-            ("HOME", dir.join("home")),
-            ("XDG_CONFIG_HOME", dir.join("config")),
-            ("XDG_RUNTIME_DIR", dir.join("run")),
-            ("XDG_CACHE_HOME", dir.join("cache")),
-        ];
-        let child = Command::new("sh")
-            .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-            .arg(procs)
-            .args([
-                "setpriv",
-                "--reuid",
-                USER,
-                "--regid",
-                "nogroup",
-                "--clear-groups",
-            ])
-            .args(["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
-            .args(env.iter().map(|(k, v)| format!("{k}={}", v.display())))
-            .arg("libvirtd")
-            .arg("--config")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("libvirtd.log")).unwrap())
-            .spawn()
-            .expect(
-                "starting libvirtd (Debian package libvirt-daemon; scripts/test.sh installs it)",
-            );
         let uri = format!(
             "qemu+unix:///session?socket={}",
             dir.join("run/libvirt-sock").display()
         );
-        let d = Libvirtd { dir, uri, child };
-        let answered = wait_for(Duration::from_secs(60), || d.virsh(&["version"]).ok());
+        let child = spawn(&dir, procs);
+        let d = Libvirtd {
+            dir,
+            uri,
+            procs: procs.to_path_buf(),
+            child,
+        };
+        d.wait_answering();
+        d
+    }
+
+    fn wait_answering(&self) {
+        let answered = wait_for(Duration::from_secs(60), || self.virsh(&["version"]).ok());
         assert!(
             answered.is_some(),
             "libvirtd did not answer; its log:\n{}",
-            std::fs::read_to_string(d.dir.join("libvirtd.log")).unwrap_or_default()
+            std::fs::read_to_string(self.dir.join("libvirtd.log")).unwrap_or_default()
         );
-        d
+    }
+
+    /// Stop the daemon (SIGTERM: its domains go on running), run `while_down`, start it
+    /// again on the same directory and wait until it answers.
+    pub fn restart(&mut self, while_down: impl FnOnce()) {
+        signal(self.child.id(), "TERM");
+        let stopped = wait_for(Duration::from_secs(30), || self.child.try_wait().unwrap());
+        assert!(stopped.is_some(), "libvirtd did not stop on SIGTERM");
+        while_down();
+        self.child = spawn(&self.dir, &self.procs);
+        self.wait_answering();
     }
 
     /// Run `virsh -c URI ARGS`: its output, or its error output.
@@ -238,6 +232,43 @@ impl Libvirtd {
             .parse()
             .unwrap()
     }
+}
+
+/// Start `libvirtd` as [`USER`] on the configuration in `dir`, joining the cgroup whose
+/// `cgroup.procs` is `procs`; its log is appended to `dir/libvirtd.log`.
+fn spawn(dir: &Path, procs: &Path) -> Child {
+    let env = [
+        ("HOME", dir.join("home")),
+        ("XDG_CONFIG_HOME", dir.join("config")),
+        ("XDG_RUNTIME_DIR", dir.join("run")),
+        ("XDG_CACHE_HOME", dir.join("cache")),
+    ];
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("libvirtd.log"))
+        .unwrap();
+    Command::new("sh")
+        .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+        .arg(procs)
+        .args([
+            "setpriv",
+            "--reuid",
+            USER,
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+        ])
+        .args(["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+        .args(env.iter().map(|(k, v)| format!("{k}={}", v.display())))
+        .arg("libvirtd")
+        .arg("--config")
+        .arg(dir.join("config/libvirt/libvirtd.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting libvirtd (Debian package libvirt-daemon; scripts/test.sh installs it)")
 }
 
 impl Drop for Libvirtd {
