@@ -249,7 +249,11 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
     }
 }
 
-#[tokio::main]
+// One worker: the daemon's work per tick is milliseconds even at 500 VMs, and a second
+// worker cost more in cross-thread wake-ups than it gave (bench/load-test.sh, see
+// docs/benchmarks.md); blocking work (libvirt calls, the state file's fsyncs) runs on
+// the blocking pool.
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("MEMTIDE_LOG")

@@ -284,7 +284,7 @@ impl Daemon {
         self.record(&snapshot, &decision);
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
-        self.save_state(&decision);
+        self.save_state(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
             *self
@@ -313,13 +313,14 @@ impl Daemon {
     }
 
     /// Write the state file after the tick's actions; a failure (a full disk) is retried.
-    fn save_state(&mut self, decision: &Decision) {
+    async fn save_state(&mut self, decision: &Decision) {
         let Some(state) = &self.state else {
             return;
         };
         let tick = self.counters.ticks;
         if self.state_writes.due(tick) {
-            let result = state.write(decision, &self.engine);
+            let bytes = state.encode(decision, &self.engine);
+            let result = state.write_off_worker(bytes).await;
             let result = result.map_err(|e| e.to_string());
             let (events, counters) = (&mut self.events, &mut self.counters);
             self.state_writes

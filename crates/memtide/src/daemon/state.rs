@@ -161,8 +161,17 @@ impl StateFile {
         }
     }
 
-    /// Write the state after `decision`, with `engine`'s memory at the decision's time.
-    pub fn write(&self, decision: &Decision, engine: &Engine) -> std::io::Result<()> {
+    /// Write [`StateFile::encode`]'s bytes off the runtime's worker, which serves every
+    /// VM's I/O: the two fsyncs take milliseconds.
+    pub async fn write_off_worker(&self, bytes: Vec<u8>) -> std::io::Result<()> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
+    /// The state after `decision`, with `engine`'s memory at the decision's time.
+    pub fn encode(&self, decision: &Decision, engine: &Engine) -> Vec<u8> {
         let mut memory = engine.memory(decision.at);
         let vms = decision
             .vms
@@ -181,8 +190,7 @@ impl StateFile {
             written: unix_now(),
             vms,
         };
-        let bytes = serde_json::to_vec(&saved).expect("state serializes");
-        write_atomically(&self.path, &bytes)
+        serde_json::to_vec(&saved).expect("state serializes")
     }
 }
 
@@ -253,7 +261,7 @@ mod tests {
         let in_force = d.vms[0].target;
         assert!(in_force.is_some());
         let file = StateFile::open(&path, &mut memtide()).0;
-        file.write(&d, &engine).unwrap();
+        write_atomically(&path, &file.encode(&d, &engine)).unwrap();
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(saved.version, VERSION);
         let a = &saved.vms["a"];
