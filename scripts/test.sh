@@ -22,6 +22,7 @@ command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
 guest/build.sh
 cargo fmt --all --check
+scripts/rust-version.sh
 # The libvirt connector is a cargo feature (it links against libvirt): lint and test
 # with it, and lint the crates it touches without it too.
 cargo clippy --workspace --all-targets --locked --features memtide/libvirt -- -D warnings

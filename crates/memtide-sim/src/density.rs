@@ -206,7 +206,7 @@ fn run_one(
         let t = (tick - 1) as f64 * scenario.tick_s;
         let head = admitted.len();
         let arrived = head < vms.len() && t >= head as f64 * spec.arrive_every_s;
-        let settled = last_admit.map_or(true, |at| t - at >= spec.settle_s);
+        let settled = last_admit.is_none_or(|at| t - at >= spec.settle_s);
         if arrived && settled {
             let size = pages(vms[head].1.memory_mib);
             let fits = if static_partitioning {

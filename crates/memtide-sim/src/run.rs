@@ -277,7 +277,7 @@ impl Measure {
         self.host_free_sum += free as f64;
         self.host_free_min = self.host_free_min.min(free);
         self.ksm_saved_sum += world.host.ksm_saved() as f64;
-        let keep = tick % self.every == 0;
+        let keep = tick.is_multiple_of(self.every);
         if keep {
             let s = &mut self.series;
             s.t_s.push(tick as f64 * self.tick_s);

@@ -1,7 +1,7 @@
 //! `memtide`: memory overcommitment manager for Linux/KVM hosts.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use memtide::config::Config;
 use memtide::daemon::{self, RunOptions};
 use memtide::policy_cmd::{self, Format};
@@ -17,14 +17,34 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// What to log: a level (error, warn, info, debug, trace) or a tracing filter such as
+    /// `info,memtide::daemon=debug` (default: $MEMTIDE_LOG, else info).
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
+    /// How to log to stderr: text, or one JSON object a line (for journald and log
+    /// shippers).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
 }
+
+/// The format of the log on stderr.
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Where every subcommand looks for its configuration when none is given (and
+/// $MEMTIDE_CONFIG is unset): the Debian package's conffile.
+const DEFAULT_CONFIG: &str = "/etc/memtide/memtide.toml";
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: find VMs, decide every interval, act, and explain.
     Run {
-        /// Configuration file (TOML); without it, built-in defaults are used.
-        #[arg(long, short)]
+        /// Configuration file (TOML) [default: /etc/memtide/memtide.toml if it exists, else
+        /// built-in defaults].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
         /// Decide and log, but change nothing.
         #[arg(long)]
@@ -38,25 +58,29 @@ enum Command {
         /// Print the status as JSON.
         #[arg(long)]
         json: bool,
-        /// The daemon's control socket (default: the one in --config, else /run/memtide/memtide.sock).
+        /// The daemon's control socket (default: the one in the configuration, else
+        /// /run/memtide/memtide.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// Configuration file naming the control socket.
-        #[arg(long, short)]
+        /// Configuration file naming the control socket [default: /etc/memtide/memtide.toml
+        /// if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
     /// Check a configuration file and exit.
     CheckConfig {
-        /// The file.
-        config: PathBuf,
+        /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
+        config: Option<PathBuf>,
     },
     /// Make the running daemon reload its policy (as SIGHUP does).
     Reload {
-        /// The daemon's control socket (default: the one in --config, else /run/memtide/memtide.sock).
+        /// The daemon's control socket (default: the one in the configuration, else
+        /// /run/memtide/memtide.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// Configuration file naming the control socket.
-        #[arg(long, short)]
+        /// Configuration file naming the control socket [default: /etc/memtide/memtide.toml
+        /// if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
     /// Check or evaluate policy files (the policy language; see docs/policy-language.md).
@@ -88,10 +112,19 @@ enum Command {
         /// OOM kills it prevents are counted apart.
         #[arg(long)]
         deflate_on_oom: bool,
-        /// Configuration whose policy constants to use.
-        #[arg(long, short)]
+        /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
+        /// it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Print a shell completion script for memtide (e.g. `memtide completions bash >
+    /// /usr/share/bash-completion/completions/memtide`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print memtide's man page (roff; `memtide man | man -l -`).
+    Man,
     /// Run another policy over recorded ticks and show where its decisions differ.
     Replay {
         /// Recording files (record-N.jsonl.gz) or directories of them.
@@ -103,8 +136,9 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
-        /// Configuration whose policy constants to use.
-        #[arg(long, short)]
+        /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
+        /// it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
 }
@@ -139,8 +173,11 @@ fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<P
     })
 }
 
+/// The configuration at `path`, else at [`DEFAULT_CONFIG`] if there is one, else the
+/// built-in defaults.
 fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
-    Ok(match path {
+    let default = PathBuf::from(DEFAULT_CONFIG);
+    Ok(match path.or(default.exists().then_some(&default)) {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     })
@@ -184,6 +221,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig { config } => {
+            let config = config
+                .or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from))
+                .unwrap_or_else(|| DEFAULT_CONFIG.into());
             Config::load(&config)?;
             println!("{}: ok", config.display());
             Ok(())
@@ -227,6 +267,18 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             json,
             config,
         } => sim_cmd::replay_cmd(&recordings, &policy, json, &load(config.as_ref())?),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "memtide",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("writing the man page"),
         Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
         Command::Policy(PolicyCommand::Eval {
             files,
@@ -256,14 +308,26 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MEMTIDE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let filter = match &cli.log_level {
+        Some(f) => match tracing_subscriber::EnvFilter::try_new(f) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("memtide: --log-level {f:?}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => tracing_subscriber::EnvFilter::try_from_env("MEMTIDE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => log.json().init(),
+        LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     match main_inner(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Reported>() => ExitCode::from(1),

@@ -118,6 +118,15 @@ fn fake_host(root: &Path) {
 
 /// Run the daemon for three ticks on fake trees in `root`, logging events to `events`.
 fn run_on_fake_trees(root: &Path, events: &Path) -> std::process::Output {
+    run_on_fake_trees_with(root, events, |_| {})
+}
+
+/// [`run_on_fake_trees`], with `configure` given the command before it runs.
+fn run_on_fake_trees_with(
+    root: &Path,
+    events: &Path,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> std::process::Output {
     fake_host(root);
     let config = format!(
         "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = [{:?}]\n\
@@ -129,11 +138,114 @@ fn run_on_fake_trees(root: &Path, events: &Path) -> std::process::Output {
         events,
     );
     std::fs::write(root.join("memtide.toml"), config).unwrap();
-    memtide()
-        .args(["run", "--ticks", "3", "--config"])
-        .arg(root.join("memtide.toml"))
-        .output()
-        .unwrap()
+    let mut cmd = memtide();
+    cmd.args(["run", "--ticks", "3", "--config"])
+        .arg(root.join("memtide.toml"));
+    configure(&mut cmd);
+    cmd.output().unwrap()
+}
+
+#[test]
+fn under_systemd_the_daemon_says_when_it_is_ready_and_when_it_stops() {
+    // The unit's Type=notify: systemd's socket stands in as a datagram socket of ours.
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    systemd
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let root = dir.path().join("host");
+    let o = run_on_fake_trees_with(&root, &root.join("events.jsonl"), |cmd| {
+        cmd.env("NOTIFY_SOCKET", &notify);
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut said = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = systemd.recv(&mut buf) {
+        said.push(String::from_utf8_lossy(&buf[..n]).trim_end().to_string());
+        if said.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(said, ["READY=1", "STOPPING=1"]);
+}
+
+#[test]
+fn logs_can_be_json_lines_at_a_chosen_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let o = run_on_fake_trees_with(root, &root.join("events.jsonl"), |cmd| {
+        cmd.args(["--log-format", "json", "--log-level", "info"]);
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stderr(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("memtide stopped")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l["level"].is_string()), "{lines:?}");
+    // A level that is not one says so and stops before anything runs.
+    let o = run(&["--log-level", "loud[", "status"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--log-level \"loud[\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn every_subcommand_finds_its_configuration_without_flags() {
+    // $MEMTIDE_CONFIG stands in for /etc/memtide/memtide.toml, the default.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("memtide.toml");
+    let socket = dir.path().join("elsewhere.sock");
+    std::fs::write(&config, format!("[daemon]\nsocket = {socket:?}\n")).unwrap();
+    let with_env = |args: &[&str]| {
+        memtide()
+            .args(args)
+            .env("MEMTIDE_CONFIG", &config)
+            .output()
+            .unwrap()
+    };
+    let o = with_env(&["check-config"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("{}: ok", config.display())
+    );
+    let o = with_env(&["status"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&socket.display().to_string()),
+        "status asks the socket the configuration names: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_command_line_definition() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = run(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        for sub in ["run", "status", "check-config", "reload", "sim", "replay"] {
+            assert!(text.contains(sub), "{shell} completes {sub}");
+        }
+    }
+    let o = run(&["completions", "tcsh"]);
+    assert!(!o.status.success(), "an unknown shell is refused");
+    let o = run(&["man"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = String::from_utf8_lossy(&o.stdout);
+    assert!(page.contains(".TH memtide 1"), "{page}");
+    assert!(page.contains("check\\-config"), "{page}");
 }
 
 #[test]

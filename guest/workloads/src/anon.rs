@@ -20,7 +20,7 @@ pub fn touch_until(
     deadline: Option<Instant>,
     progress: &Progress,
 ) {
-    let in_time = || deadline.map_or(true, |deadline| Instant::now() < deadline);
+    let in_time = || deadline.is_none_or(|deadline| Instant::now() < deadline);
     if size == 0 {
         while in_time() {
             match deadline {
@@ -57,7 +57,10 @@ mod tests {
         touch_until(&mut region, 3 * PAGE, Some(deadline), &progress);
         assert!(Instant::now() >= deadline);
         let bytes = progress.snapshot().bytes;
-        assert!(bytes > 0 && bytes % (3 * PAGE as u64) == 0, "{bytes}");
+        assert!(
+            bytes > 0 && bytes.is_multiple_of(3 * PAGE as u64),
+            "{bytes}"
+        );
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl FileSet {
         );
         let blocks = set / self.block as u64;
         let mut buf = vec![0; self.block];
-        while deadline.map_or(true, |deadline| Instant::now() < deadline) {
+        while deadline.is_none_or(|deadline| Instant::now() < deadline) {
             let offset = self.rng.below(blocks) * self.block as u64;
             self.file.read_exact_at(&mut buf, offset)?;
             progress.add(buf.len() as u64);
@@ -182,7 +182,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_millis(20);
         set.read_until(2 << 20, Some(deadline), &progress).unwrap();
         let bytes = progress.snapshot().bytes;
-        assert!(bytes > 0 && bytes % 4096 == 0, "{bytes}");
+        assert!(bytes > 0 && bytes.is_multiple_of(4096), "{bytes}");
 
         // Opened again: longer needs only the missing part, shorter nothing.
         assert_eq!(FileSet::prepare(&path, 4 << 20, 4096).unwrap().1, 1 << 20);

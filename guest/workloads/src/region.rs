@@ -95,8 +95,8 @@ impl Region {
 
     fn check(&self, bytes: &Range<usize>) {
         assert!(
-            bytes.start % PAGE == 0
-                && bytes.end % PAGE == 0
+            bytes.start.is_multiple_of(PAGE)
+                && bytes.end.is_multiple_of(PAGE)
                 && bytes.start <= bytes.end
                 && bytes.end <= self.len,
             "{bytes:?} is not a page-aligned range of a {}-byte region",

@@ -143,7 +143,7 @@ mod tests {
         let interval = Duration::from_millis(100);
         let mut ticker = Ticker::new(interval);
         let first = ticker.wait();
-        assert!(first >= interval && first.as_nanos() % interval.as_nanos() == 0);
+        assert!(first >= interval && first.as_nanos().is_multiple_of(interval.as_nanos()));
         thread::sleep(interval * 4);
         let after_stall = ticker.wait();
         assert!(

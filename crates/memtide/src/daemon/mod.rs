@@ -161,6 +161,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    // Under systemd (Type=notify) the unit is started once the control socket and HTTP
+    // answer and the signals are handled; elsewhere NOTIFY_SOCKET is unset and this does
+    // nothing.
+    notify(sd_notify::NotifyState::Ready);
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -191,10 +195,18 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             break;
         }
     }
+    notify(sd_notify::NotifyState::Stopping);
     daemon
         .events
         .log("stopped", None, None, "memtide stopped".into());
     Ok(())
+}
+
+/// Tell systemd `state`; a failure is logged, never fatal (the daemon works without it).
+fn notify(state: sd_notify::NotifyState) {
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
 }
 
 /// Raise the soft limit on open descriptors to the hard one, and return the limit in
