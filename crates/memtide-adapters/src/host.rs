@@ -2,9 +2,14 @@
 
 use crate::{cgroup, ksm, procfs};
 use memtide_core::backend::HostBackend;
-use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain};
+use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain, OtherManager};
 use memtide_core::{BackendError, KsmSettings};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often the process table is scanned for other memory managers: a scan reads one
+/// file per process.
+const SCAN_EVERY: Duration = Duration::from_secs(30);
 
 /// Where the host's files are. Tests point these at fake trees.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,17 +35,57 @@ impl Default for HostPaths {
 /// The host memtide runs on.
 pub struct LinuxHost {
     paths: HostPaths,
+    /// The other memory managers found by the last scan, and when it was.
+    others: Option<(Instant, Vec<OtherManager>)>,
 }
 
 impl LinuxHost {
     /// A host reading from `paths`.
     pub fn new(paths: HostPaths) -> Self {
-        LinuxHost { paths }
+        LinuxHost {
+            paths,
+            others: None,
+        }
+    }
+
+    /// The other memory managers running, scanned again when the last scan is
+    /// [`SCAN_EVERY`] old.
+    fn other_managers(&mut self) -> Vec<OtherManager> {
+        match &self.others {
+            Some((at, found)) if at.elapsed() < SCAN_EVERY => found.clone(),
+            _ => {
+                let found = other_managers(&self.paths.proc);
+                self.others = Some((Instant::now(), found.clone()));
+                found
+            }
+        }
     }
 
     fn ksm_dir(&self) -> PathBuf {
         self.paths.sys.join("kernel/mm/ksm")
     }
+}
+
+/// The processes under `proc` whose name (`comm`) is one of [`OtherManager::KNOWN`]. A
+/// process that ends during the scan, or whose files cannot be read, is passed over.
+fn other_managers(proc: &Path) -> Vec<OtherManager> {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    let mut found: Vec<OtherManager> = entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let name = comm.trim_end();
+            OtherManager::KNOWN.contains(&name).then(|| OtherManager {
+                name: name.to_string(),
+                pid,
+            })
+        })
+        .collect();
+    found.sort_by_key(|o| o.pid);
+    found
 }
 
 fn read(path: &Path) -> Result<String, BackendError> {
@@ -100,6 +145,7 @@ impl HostBackend for LinuxHost {
             psi,
             ksm: ksm::read(&self.ksm_dir()),
             domain,
+            other_managers: self.other_managers(),
         })
     }
 
@@ -152,6 +198,24 @@ mod tests {
         );
         assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
         assert!(s.psi.is_some());
+    }
+
+    #[test]
+    fn other_memory_managers_are_found_by_process_name() {
+        let (_root, paths) = fake_tree();
+        for (pid, comm) in [("123", "ksmtuned\n"), ("77", "pvestatd\n"), ("5", "bash\n")] {
+            std::fs::create_dir_all(paths.proc.join(pid)).unwrap();
+            std::fs::write(paths.proc.join(pid).join("comm"), comm).unwrap();
+        }
+        // A process that ended between the listing and the read has no comm.
+        std::fs::create_dir_all(paths.proc.join("999")).unwrap();
+        let s = LinuxHost::new(paths).sample().unwrap();
+        let found: Vec<(&str, u32)> = s
+            .other_managers
+            .iter()
+            .map(|o| (o.name.as_str(), o.pid))
+            .collect();
+        assert_eq!(found, [("pvestatd", 77), ("ksmtuned", 123)]);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub enum DiagnosticKind {
     GuestReset,
     /// The guest shut down.
     GuestShutdown,
+    /// Another memory manager runs on the host and acts on the same knobs.
+    OtherManager,
 }
 
 impl DiagnosticKind {
@@ -52,6 +54,7 @@ impl DiagnosticKind {
                 | DiagnosticKind::PolicyError
                 | DiagnosticKind::UndeliveredBalloon
                 | DiagnosticKind::UnbackedClaim
+                | DiagnosticKind::OtherManager
         )
     }
 
@@ -69,6 +72,7 @@ impl DiagnosticKind {
             DiagnosticKind::MemoryNotOnlined => "memory_not_onlined",
             DiagnosticKind::GuestReset => "guest_reset",
             DiagnosticKind::GuestShutdown => "guest_shutdown",
+            DiagnosticKind::OtherManager => "other_manager",
         }
     }
 }

@@ -163,9 +163,29 @@ impl Engine {
         }
 
         let host = self.host_report(snap, output.ksm.as_ref().map(|k| &k.reason));
+        // Two managers on the same knobs undo each other's work: KSM is left to a running
+        // ksmtuned; one that sets balloon targets is reported (memtide cannot tell which
+        // VMs it acts on).
+        let others = &snap.host.other_managers;
+        for other in others {
+            let mut message = format!("{} (pid {}) {}", other.name, other.pid, other.what());
+            if other.tunes_ksm() && self.config.ksm_control {
+                message += ": memtide leaves KSM to it";
+            }
+            if other.sets_balloons() {
+                message += "; each undoes the other's balloon targets: stop it, or leave the \
+                            VMs it manages out of memtide's configuration";
+            }
+            diagnostics.push(Diagnostic {
+                vm: None,
+                kind: DiagnosticKind::OtherManager,
+                message,
+            });
+        }
+        let ksm_is_ours = !others.iter().any(|o| o.tunes_ksm());
         if let (Some(proposal), Some(state)) = (&output.ksm, &snap.host.ksm) {
             let changed = ksm_changes(&proposal.settings, state);
-            if self.config.ksm_control && !changed.is_empty() {
+            if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
                 actions.push(Action::SetKsm {
                     settings: changed,
                     reason: proposal.reason.clone(),
@@ -366,15 +386,14 @@ impl Engine {
     fn host_report(&self, snap: &Snapshot, ksm_reason: Option<&Reason>) -> HostReport {
         let domain = &snap.host.domain;
         let psi = snap.host.psi.map(|p| p.some.avg10);
+        let tuner = snap.host.other_managers.iter().find(|o| o.tunes_ksm());
         let ksm_reason = ksm_reason.map(|r| {
-            if self.config.ksm_control {
-                r.clone()
-            } else {
-                Reason::new(
-                    r.rule.clone(),
-                    format!("{} (not applied: ksm_control is off)", r.detail),
-                )
-            }
+            let why = match tuner {
+                _ if !self.config.ksm_control => "ksm_control is off".to_string(),
+                Some(o) => format!("{} (pid {}) tunes KSM", o.name, o.pid),
+                None => return r.clone(),
+            };
+            Reason::new(r.rule.clone(), format!("{} (not applied: {why})", r.detail))
         });
         HostReport {
             scope: domain.scope.clone(),

@@ -230,4 +230,41 @@ pub struct HostStats {
     pub ksm: Option<KsmState>,
     /// The VM memory domain.
     pub domain: MemoryDomain,
+    /// Other memory managers running on the host, which act on the same knobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_managers: Vec<OtherManager>,
+}
+
+/// Another memory manager found running: a process of a known name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherManager {
+    /// Its process name: `ksmtuned`, `momd` or `pvestatd`.
+    pub name: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+impl OtherManager {
+    /// The process names of the managers memtide knows (oVirt's MOM, ksmtuned, Proxmox
+    /// VE's statistics daemon, which does its auto-ballooning).
+    pub const KNOWN: [&'static str; 3] = ["ksmtuned", "momd", "pvestatd"];
+
+    /// True for a manager that tunes KSM (memtide then leaves KSM to it).
+    pub fn tunes_ksm(&self) -> bool {
+        matches!(self.name.as_str(), "ksmtuned" | "momd")
+    }
+
+    /// True for a manager that sets balloon targets.
+    pub fn sets_balloons(&self) -> bool {
+        matches!(self.name.as_str(), "momd" | "pvestatd")
+    }
+
+    /// What it does that memtide does too.
+    pub fn what(&self) -> &'static str {
+        match self.name.as_str() {
+            "ksmtuned" => "tunes KSM",
+            "momd" => "sets balloon targets and tunes KSM (oVirt MOM)",
+            _ => "sets balloon targets (Proxmox VE's auto-ballooning)",
+        }
+    }
 }

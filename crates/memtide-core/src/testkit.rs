@@ -31,6 +31,7 @@ pub fn host(total_mib: u64, freeable_mib: u64) -> HostStats {
             used: total - freeable,
             freeable,
         },
+        other_managers: Vec::new(),
     }
 }
 

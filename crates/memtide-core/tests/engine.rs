@@ -1,7 +1,8 @@
 //! The engine's behaviour across ticks: isolation of failures, safeguards, verification.
 
-use memtide_core::decision::VmState;
+use memtide_core::decision::{Diagnostic, VmState};
 use memtide_core::policy::mom::Mom;
+use memtide_core::stats::OtherManager;
 use memtide_core::testkit::{host, snapshot, vm, Fixed};
 use memtide_core::{
     Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, Reason, VmEvent,
@@ -224,6 +225,57 @@ fn ksm_knobs_are_written_only_when_they_differ() {
         .unwrap()
         .detail
         .ends_with("(not applied: ksm_control is off)"));
+}
+
+#[test]
+fn another_manager_keeps_its_knobs_and_is_reported() {
+    let with = |name: &str| {
+        let mut h = host(16384, 1024);
+        h.other_managers = vec![OtherManager {
+            name: name.into(),
+            pid: 4242,
+        }];
+        engine().tick(&snapshot(0, h, vec![vm("a", 8192, 8192, 10)]))
+    };
+    // ksmtuned tunes KSM: memtide writes no knob, and says why.
+    let d = with("ksmtuned");
+    assert!(
+        !d.actions.iter().any(|a| matches!(a, Action::SetKsm { .. })),
+        "{:?}",
+        d.actions
+    );
+    assert!(d
+        .host
+        .ksm_reason
+        .as_ref()
+        .unwrap()
+        .detail
+        .ends_with("(not applied: ksmtuned (pid 4242) tunes KSM)"));
+    let others: Vec<&Diagnostic> = d
+        .diagnostics
+        .iter()
+        .filter(|g| g.kind == DiagnosticKind::OtherManager)
+        .collect();
+    assert_eq!(others.len(), 1);
+    assert_eq!(
+        others[0].message,
+        "ksmtuned (pid 4242) tunes KSM: memtide leaves KSM to it"
+    );
+    // Proxmox VE's pvestatd sets balloon targets: reported, KSM still memtide's.
+    let d = with("pvestatd");
+    assert!(d.actions.iter().any(|a| matches!(a, Action::SetKsm { .. })));
+    let report = d
+        .diagnostics
+        .iter()
+        .find(|g| g.kind == DiagnosticKind::OtherManager)
+        .unwrap();
+    assert!(
+        report
+            .message
+            .contains("each undoes the other's balloon targets"),
+        "{}",
+        report.message
+    );
 }
 
 #[test]

@@ -318,6 +318,7 @@ impl Host {
                 used: total - freeable,
                 freeable,
             },
+            other_managers: Vec::new(),
         }
     }
 }

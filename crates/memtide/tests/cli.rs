@@ -146,6 +146,36 @@ fn run_on_fake_trees_with(
 }
 
 #[test]
+fn a_running_ksmtuned_keeps_ksm_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("proc/4242")).unwrap();
+    std::fs::write(root.join("proc/4242/comm"), "ksmtuned\n").unwrap();
+    let o = run_on_fake_trees(root, &root.join("events.jsonl"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The knobs stay as the kernel (and ksmtuned) left them.
+    let ksm = |k: &str| std::fs::read_to_string(root.join("sys/kernel/mm/ksm").join(k)).unwrap();
+    assert_eq!(
+        (ksm("run").trim(), ksm("pages_to_scan").trim()),
+        ("0", "100")
+    );
+    let events = std::fs::read_to_string(root.join("events.jsonl")).unwrap();
+    let reported: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["rule"] == "other_manager")
+        .collect();
+    assert_eq!(reported.len(), 1, "logged once, as a condition: {events}");
+    assert!(
+        reported[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ksmtuned (pid 4242) tunes KSM: memtide leaves KSM to it"),
+        "{events}"
+    );
+}
+
+#[test]
 fn under_systemd_the_daemon_says_when_it_is_ready_and_when_it_stops() {
     // The unit's Type=notify: systemd's socket stands in as a datagram socket of ours.
     let dir = tempfile::tempdir().unwrap();
