@@ -4,7 +4,8 @@
 # agent client is tested against the real one, and the test guest carries it), the test
 # guest (built from Debian's cloud kernel and busybox by guest/build.sh), libvirt (its
 # C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
-# which starts one of its own as user nobody), cargo-nextest.
+# which starts one of its own as user nobody), cargo-nextest, and for the Debian package
+# cargo-deb and systemd's systemd-analyze (scripts/package-test.sh).
 # Needs root: apt, and memory cgroups for the end-to-end tests. Changes no host-global
 # setting: the tests create only their own cgroups, processes and temporary files.
 set -euo pipefail
@@ -27,6 +28,9 @@ scripts/rust-version.sh
 # with it, and lint the crates it touches without it too.
 cargo clippy --workspace --all-targets --locked --features memtide/libvirt -- -D warnings
 cargo clippy -p memtide -p memtide-adapters --all-targets --locked -- -D warnings
+# The Debian package: built, its unit checked by systemd-analyze, its binary started as
+# the unit would start it (in namespaces of its own: nothing on the host changes).
+scripts/package-test.sh
 # --run-ignored all: include the end-to-end tests that boot guests; not the one that
 # rewrites the committed recording (run by hand when the model or the format changes).
 cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all \

@@ -660,6 +660,14 @@ mod tests {
     }
 
     #[test]
+    fn the_packaged_configuration_is_the_defaults() {
+        // /etc/memtide/memtide.toml as the Debian package ships it: every key commented,
+        // so the service starts on any host.
+        let c = Config::parse(include_str!("../../../contrib/memtide.toml"), "package").unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
     fn a_full_example_parses() {
         let c = Config::parse(include_str!("../../../examples/memtide.toml"), "example").unwrap();
         assert_eq!(c.vms.len(), 2);

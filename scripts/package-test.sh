@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# Builds memtide's Debian package with cargo-deb and checks it, without installing it and
+# without touching the host:
+#   (a) dpkg-deb --info/--contents: /etc/memtide/memtide.toml is a conffile, the binary
+#       and the systemd unit are in it (with what the unit's ExecStart names), and the
+#       maintainer scripts neither enable nor start the unit;
+#   (b) the unit, extracted: `systemd-analyze verify` is clean and
+#       `systemd-analyze security --offline=true` rates its exposure at most 4.0;
+#   (c) the extracted binary, started as the unit would start it (its ExecStart with
+#       --dry-run --ticks 3, its UMask, its CapabilityBoundingSet, no new privileges)
+#       with the shipped configuration, inside a private mount and network namespace:
+#       tmpfs over /run/memtide, /var/lib/memtide and /var/log/memtide (the unit's
+#       Runtime/State/LogsDirectory), every other mount read-only (ProtectSystem=strict,
+#       as far as a mount namespace can tell), its own loopback: check-config and run
+#       must exit 0, and the event log must appear in /var/log/memtide.
+# Prints `package-test: N passed, 0 failed` at the end; stops at the first failure with
+# what failed. Needs root (namespaces, mounts) on Debian; installs cargo-deb, systemd
+# (for systemd-analyze) and iproute2 if they are missing. The mount points it needs are
+# created (and removed afterwards) only where missing; nothing is mounted outside its
+# own namespace. The package is left in target/package-test/ ($CARGO_TARGET_DIR's if set).
+#
+#   scripts/package-test.sh
+#   MEMTIDE_DEB_PROFILE=release scripts/package-test.sh   # package a release build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MAX_EXPOSURE=4.0
+# Debug build by default: CI has built the workspace in the dev profile already, so this
+# costs a relink of memtide, where a release build would compile everything again (the
+# binary is stripped, so the package is small either way); MEMTIDE_DEB_PROFILE=release
+# packages a release build.
+PROFILE=${MEMTIDE_DEB_PROFILE:-dev}
+OUT_DIR=${CARGO_TARGET_DIR:-target}/package-test
+
+passed=0
+fail() {
+    echo "package-test: FAIL: $*" >&2
+    echo "package-test: $passed passed, 1 failed" >&2
+    exit 1
+}
+pass() {
+    passed=$((passed + 1))
+    echo "package-test: ok $passed - $*"
+}
+
+[[ $(id -u) -eq 0 ]] || fail "needs root (mount and network namespaces, tmpfs mounts)"
+
+missing=()
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v ip >/dev/null || missing+=(iproute2)
+if ((${#missing[@]})); then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+for tool in dpkg-deb unshare setpriv timeout; do
+    command -v "$tool" >/dev/null || fail "$tool is missing (dpkg, util-linux, coreutils)"
+done
+
+tmp=$(mktemp -d)
+created=()
+cleanup() {
+    local d
+    for d in "${created[@]}"; do rmdir "$d" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# --- build ---------------------------------------------------------------------------
+rm -rf "$OUT_DIR"
+echo "package-test: building the package (scripts/package.sh, profile $PROFILE)"
+deb=$(MEMTIDE_DEB_PROFILE=$PROFILE scripts/package.sh "$OUT_DIR" | tail -n1) ||
+    fail "scripts/package.sh (profile $PROFILE) failed (above)"
+[[ -f $deb ]] || fail "scripts/package.sh did not name a package it wrote (got: '$deb')"
+echo "package-test: $deb"
+
+# --- (a) metadata and contents -------------------------------------------------------
+dpkg-deb --info "$deb" >"$tmp/info" || fail "dpkg-deb --info $deb failed"
+conffiles=$(dpkg-deb --info "$deb" conffiles 2>/dev/null) ||
+    fail "the package declares no conffiles (dpkg-deb --info $deb conffiles)"
+grep -qx /etc/memtide/memtide.toml <<<"$conffiles" ||
+    fail "/etc/memtide/memtide.toml is not a declared conffile; conffiles: $conffiles"
+pass "/etc/memtide/memtide.toml is a declared conffile"
+
+dpkg-deb --contents "$deb" >"$tmp/contents" || fail "dpkg-deb --contents $deb failed"
+# "-rwxr-xr-x 0/0 SIZE DATE TIME ./usr/bin/memtide": the mode and the path.
+entry() { awk -v p="./$1" '$NF == p { print $1 }' "$tmp/contents"; }
+[[ $(entry usr/bin/memtide) == -rwx* ]] ||
+    fail "no executable ./usr/bin/memtide in the package"
+[[ $(entry etc/memtide/memtide.toml) == -* ]] ||
+    fail "no ./etc/memtide/memtide.toml in the package"
+unit_path=
+for p in usr/lib/systemd/system/memtide.service lib/systemd/system/memtide.service; do
+    [[ $(entry "$p") == -* ]] && unit_path=$p
+done
+[[ -n $unit_path ]] ||
+    fail "no memtide.service under ./usr/lib/systemd/system or ./lib/systemd/system"
+pass "the binary (usr/bin/memtide), the configuration and the unit ($unit_path) are in the package"
+
+for p in usr/share/man/man1/memtide.1 usr/share/bash-completion/completions/memtide \
+    usr/share/zsh/vendor-completions/_memtide usr/share/fish/vendor_completions.d/memtide.fish; do
+    [[ $(entry "$p") == -* || $(entry "$p.gz") == -* ]] || fail "no ./$p in the package"
+done
+pass "the man page and the bash, zsh and fish completions are in the package"
+
+root=$tmp/root
+mkdir "$root"
+dpkg-deb -x "$deb" "$root" || fail "dpkg-deb -x $deb failed"
+unit=$root/$unit_path
+# The value of a [Service] setting in the unit (the last one given).
+unit_value() { sed -n "s/^$1=//p" "$unit" | tail -n1; }
+read -r -a exec_start <<<"$(unit_value ExecStart)"
+((${#exec_start[@]})) || fail "the unit has no ExecStart="
+# ExecStart as it runs from the extracted tree: each absolute path the package holds is
+# taken from there.
+sandboxed_exec=()
+for word in "${exec_start[@]}"; do
+    if [[ $word == /* ]]; then
+        [[ -e $root$word ]] || fail "the unit's ExecStart names $word, which the package does not hold"
+        word=$root$word
+    fi
+    sandboxed_exec+=("$word")
+done
+pass "the unit's ExecStart (${exec_start[*]}) names files the package holds"
+
+scripts=""
+for s in preinst postinst prerm postrm; do
+    scripts+=$(dpkg-deb --info "$deb" "$s" 2>/dev/null || true)$'\n'
+done
+# Only try-restart (on upgrade, if it runs) is allowed; deb-systemd-helper enable only
+# where the operator had enabled it (below `if ... was-enabled`).
+if grep -nE 'deb-systemd-invoke +(start|restart)|systemctl [^;|&]*(start|enable)' <<<"$scripts" >&2; then
+    fail "the maintainer scripts start or enable memtide.service (lines above)"
+fi
+awk '/was-enabled/ { guarded = 1 } /^[[:space:]]*fi[[:space:]]*$/ { guarded = 0 }
+     /deb-systemd-helper +enable/ && !guarded { print; bad = 1 } END { exit bad }' \
+    <<<"$scripts" >&2 || fail "the maintainer scripts enable memtide.service unconditionally (above)"
+pass "the maintainer scripts neither enable nor start memtide.service"
+
+# --- (b) the unit --------------------------------------------------------------------
+# `systemd-analyze verify --root=` (systemd 252) resolves every path inside the root:
+# sysinit.target and the other default dependencies, /bin/kill of ExecReload. An
+# extracted package has none of those, so the unit is verified from a copy whose
+# ExecStart names the extracted binary instead of /usr/bin/memtide.
+mkdir "$tmp/verify"
+sed "s|^ExecStart=${exec_start[0]}|ExecStart=$root${exec_start[0]}|" "$unit" >"$tmp/verify/memtide.service"
+if ! SYSTEMD_COLORS=0 systemd-analyze verify "$tmp/verify/memtide.service" >"$tmp/verify.out" 2>&1 ||
+    grep -q memtide "$tmp/verify.out"; then
+    cat "$tmp/verify.out" >&2
+    fail "systemd-analyze verify memtide.service is not clean (above)"
+fi
+pass "systemd-analyze verify memtide.service: clean"
+
+SYSTEMD_COLORS=0 systemd-analyze security --offline=true "$unit" >"$tmp/security.out" 2>&1 || {
+    cat "$tmp/security.out" >&2
+    fail "systemd-analyze security --offline=true failed (above)"
+}
+exposure=$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' "$tmp/security.out")
+[[ -n $exposure ]] || {
+    tail -n5 "$tmp/security.out" >&2
+    fail "no overall exposure level in systemd-analyze security's output"
+}
+awk -v e="$exposure" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(e <= m) }' || {
+    grep '✗' "$tmp/security.out" >&2 || true
+    fail "memtide.service's exposure is $exposure, above $MAX_EXPOSURE (the settings that cost, above)"
+}
+pass "systemd-analyze security: exposure $exposure (at most $MAX_EXPOSURE)"
+
+# --- (c) the daemon, as the unit starts it -------------------------------------------
+state_dirs=(/run/memtide /var/lib/memtide /var/log/memtide)
+for d in "${state_dirs[@]}"; do
+    if [[ ! -e $d ]]; then
+        mkdir "$d"
+        created+=("$d")
+    fi
+done
+umask_value=$(unit_value UMask)
+# CapabilityBoundingSet=CAP_A CAP_B -> setpriv's -all,+a,+b
+bounding=-all
+for cap in $(unit_value CapabilityBoundingSet); do
+    cap=${cap,,}
+    bounding+=",+${cap#cap_}"
+done
+
+# in_sandbox EXPECTED_FILE CMD...: run CMD as the unit would, in private mount and
+# network namespaces; then require EXPECTED_FILE (if not "") to exist there.
+in_sandbox() {
+    # shellcheck disable=SC2016 # the script is expanded by the inner bash
+    unshare --mount --net --fork -- bash -euo pipefail -c '
+        umask_value=$1 bounding=$2 expect=$3
+        shift 3
+        # ProtectSystem=strict: every mount read-only but the API file systems.
+        findmnt -rn -o TARGET | while read -r m; do
+            case $m in /proc | /proc/* | /sys | /sys/* | /dev | /dev/*) continue ;; esac
+            mount -o remount,bind,ro "$m" 2>/dev/null || true
+        done
+        # RuntimeDirectory= (0755), StateDirectory= and LogsDirectory= (0700).
+        mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run/memtide
+        mount -t tmpfs -o mode=0700,nosuid,nodev tmpfs /var/lib/memtide
+        mount -t tmpfs -o mode=0700,nosuid,nodev tmpfs /var/log/memtide
+        ip link set lo up
+        umask "${umask_value:-0022}"
+        set +e
+        timeout 120 setpriv --bounding-set "$bounding" --inh-caps=-all --no-new-privs -- "$@"
+        rc=$?
+        set -e
+        if [[ $rc -eq 0 && -n $expect && ! -e $expect ]]; then
+            echo "$expect was not written" >&2
+            exit 97
+        fi
+        exit "$rc"
+    ' sandbox "$umask_value" "$bounding" "$1" "${@:2}"
+}
+
+config=$root/etc/memtide/memtide.toml
+in_sandbox "" "$root/usr/bin/memtide" check-config "$config" >"$tmp/check.out" 2>&1 || {
+    cat "$tmp/check.out" >&2
+    fail "memtide check-config $config exited non-zero (above)"
+}
+pass "memtide check-config with the shipped /etc/memtide/memtide.toml"
+
+in_sandbox /var/log/memtide/events.jsonl "${sandboxed_exec[@]}" --dry-run --ticks 3 \
+    >"$tmp/run.out" 2>&1 || {
+    rc=$?
+    cat "$tmp/run.out" >&2
+    fail "'${exec_start[*]} --dry-run --ticks 3' (the unit's ExecStart, from the package) exited $rc (above)"
+}
+pass "memtide run as the unit starts it (--dry-run --ticks 3, umask ${umask_value:-0022}, capabilities $bounding): exit 0, event log written"
+
+echo "package-test: $passed passed, 0 failed"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds memtide's Debian package with cargo-deb: the binary, the systemd unit
+# (contrib/systemd/memtide.service), /etc/memtide/memtide.toml (contrib/memtide.toml, a
+# conffile), the man page and shell completions (made by the binary from its command
+# line definition), and the docs. Prints the package's path on its last line.
+#
+#   scripts/package.sh [OUT_DIR]                  # a release build, in target/debian
+#   MEMTIDE_DEB_PROFILE=dev scripts/package.sh    # a debug build (what CI checks: faster)
+#
+# Installs cargo-deb if missing. cargo-deb 3.8 packages a dev build with a warning that
+# it may refuse in the future: hence the pinned version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PROFILE=${MEMTIDE_DEB_PROFILE:-release}
+OUT_DIR=${1:-${CARGO_TARGET_DIR:-target}/debian}
+command -v cargo-deb >/dev/null || cargo install --locked cargo-deb --version "~3.8"
+
+# The generated assets go beside the binary, where Cargo.toml's "target/release/"
+# placeholder points for any profile.
+bin_dir=${CARGO_TARGET_DIR:-target}/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
+cargo build -p memtide --locked --profile "$PROFILE" >&2
+"$bin_dir/memtide" man >"$bin_dir/memtide.1"
+for shell in bash zsh fish; do
+    "$bin_dir/memtide" completions "$shell" >"$bin_dir/memtide.$shell"
+done
+cargo deb -p memtide --locked --profile "$PROFILE" --strip --fast --no-build -o "$OUT_DIR" | tail -n1
