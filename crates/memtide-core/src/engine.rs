@@ -33,6 +33,17 @@ struct VmMemory {
     /// The guest kept memory its balloon claimed to give back for the settle time: it is
     /// released and no longer managed, until it resets.
     released: bool,
+    /// The target memtide had in force at the last tick, and the lowest one it asked for
+    /// within the settle time with when it was replaced: the guest may still be inflating
+    /// to it for a while after a higher one was sent.
+    asked: Option<Bytes>,
+    asked_lower: Option<(Bytes, Duration)>,
+    /// Another manager moved the balloon: why memtide leaves the VM alone, until
+    /// [`Engine::manage_again`].
+    foreign: Option<String>,
+    /// Managed again: its target is sent even if memtide's last one is still in force
+    /// (the other manager's is QEMU's now).
+    resend: bool,
 }
 
 /// The decision engine.
@@ -76,6 +87,21 @@ impl Engine {
     /// configured size; used for each VM when first seen at that size.
     pub fn recall(&mut self, memory: std::collections::BTreeMap<String, (Bytes, FusedMemory)>) {
         self.policy.recall(memory);
+    }
+
+    /// Manage again the VMs left alone because another manager moved their balloons (the
+    /// operator said so: `memtide reload`); returns their names.
+    pub fn manage_again(&mut self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .vms
+            .iter_mut()
+            .filter_map(|(name, m)| {
+                m.resend |= m.foreign.is_some();
+                m.foreign.take().map(|_| name.clone())
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     /// Replace the policy; histories are kept.
@@ -144,7 +170,11 @@ impl Engine {
             if let Some(p) = output.balloon.remove(name) {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
                 let delivered = s.snap.target.or(report.actual);
-                if delivered == Some(target) {
+                let resend = self
+                    .vms
+                    .get_mut(name)
+                    .is_some_and(|m| std::mem::take(&mut m.resend));
+                if delivered == Some(target) && !resend {
                     reason.rule = "safeguard.unchanged".into();
                     reason.detail.push_str("; that is already the target");
                     report.reason = Some(reason);
@@ -221,6 +251,10 @@ impl Engine {
                 unreached: None,
                 undelivered_since: None,
                 released: false,
+                asked: None,
+                asked_lower: None,
+                foreign: None,
+                resend: false,
             };
             self.vms.insert(vm.name.clone(), fresh);
         }
@@ -280,6 +314,7 @@ impl Engine {
             }
             clean.balloon = Some(actual);
         }
+        let before = memory.history.latest().and_then(|s| s.balloon);
         memory.history.push(at, clean);
         let signals = Signals::derive(&memory.history);
         let latest = memory.history.latest().expect("just pushed");
@@ -355,6 +390,15 @@ impl Engine {
             report.reason = Some(reason);
             return (report, None);
         }
+        if let Some(why) = foreign(memory, vm, actual, before, at, settle) {
+            memory.foreign.get_or_insert(why);
+        }
+        if let Some(why) = &memory.foreign {
+            report.state = VmState::Unmanaged;
+            diag(DiagnosticKind::OtherManager, why.clone());
+            report.reason = Some(Reason::new("safeguard.other_manager", why.clone()));
+            return (report, None);
+        }
         memory.unreached = match (vm.target, memory.unreached.take()) {
             (Some(target), _) if reached(actual, target) => None,
             (Some(target), Some(u)) if u.target == target => {
@@ -408,6 +452,42 @@ impl Engine {
             ksm_reason,
         }
     }
+}
+
+/// Why the VM's balloon was moved by another manager, if it was: it shrank this tick to
+/// below the lowest target memtide asked for lately (a guest never inflates its own
+/// balloon; after memtide raised its target, the guest may go on inflating to the last
+/// one for a while). Keeps track of the targets asked for.
+fn foreign(
+    memory: &mut VmMemory,
+    vm: &VmSnapshot,
+    actual: Bytes,
+    before: Option<Bytes>,
+    at: Duration,
+    settle: Duration,
+) -> Option<String> {
+    let target = vm.target?;
+    if let Some(last) = memory.asked.replace(target).filter(|l| *l != target) {
+        let lower = match memory.asked_lower {
+            Some((l, since)) if at.saturating_sub(since) < settle => l.min(last),
+            _ => last,
+        };
+        memory.asked_lower = Some((lower, at));
+    }
+    let lowest = match memory.asked_lower {
+        Some((l, since)) if at.saturating_sub(since) < settle => l.min(target),
+        _ => target,
+    };
+    let slack = Bytes::from_mib(4).max(vm.limits.max.scale(0.02));
+    // Shrinking by more than a page's rounding.
+    let shrank = before.is_some_and(|b| actual + Bytes::from_mib(1) < b);
+    (actual + slack < lowest && shrank).then(|| {
+        format!(
+            "its balloon was inflated to {actual}, below the {lowest} memtide asked for: \
+             another manager sets its balloon target; memtide leaves this VM alone (its \
+             memory not divided among the others) until `memtide reload`"
+        )
+    })
 }
 
 /// A target is reached when the guest is within 1 MiB or 1% of it.

@@ -279,6 +279,56 @@ fn another_manager_keeps_its_knobs_and_is_reported() {
 }
 
 #[test]
+fn a_balloon_moved_by_another_manager_is_left_alone_until_told_otherwise() {
+    // memtide keeps the 1000 MiB guest at 600 MiB (Fixed); t is the tick, `actual` the
+    // balloon QEMU reports, `target` the one memtide had in force.
+    let mut e = Engine::new(
+        EngineConfig::default(),
+        Box::new(Fixed(Bytes::from_mib(600))),
+    );
+    let tick = |e: &mut Engine, t: u64, actual: u64, target: u64| {
+        let mut a = vm("a", 1000, actual, 300);
+        a.target = Some(Bytes::from_mib(target));
+        e.tick(&snapshot(t, host(16384, 8192), vec![a]))
+    };
+    let foreign = |d: &Decision| {
+        d.diagnostics
+            .iter()
+            .any(|g| g.kind == DiagnosticKind::OtherManager && g.vm.as_deref() == Some("a"))
+    };
+    // Deflating to a raised target, and still inflating to a lower one just replaced by a
+    // higher one: memtide's own doing.
+    for (t, actual, target) in [(0, 600, 600), (1, 620, 800), (2, 700, 800), (3, 640, 800)] {
+        let d = tick(&mut e, t, actual, target);
+        assert!(!foreign(&d), "t={t}: {:?}", d.diagnostics);
+    }
+    // Below the lowest target memtide asked for, and shrinking: someone else inflated it.
+    let d = tick(&mut e, 4, 500, 800);
+    assert!(foreign(&d), "{:?}", d.diagnostics);
+    assert_eq!(d.vms[0].state, VmState::Unmanaged);
+    assert_eq!(
+        d.vms[0].reason.as_ref().unwrap().rule,
+        "safeguard.other_manager"
+    );
+    assert!(
+        d.actions.is_empty(),
+        "memtide does not fight it: {:?}",
+        d.actions
+    );
+    // It stays left alone, wherever the balloon goes...
+    let d = tick(&mut e, 30, 500, 800);
+    assert_eq!(d.vms[0].state, VmState::Unmanaged);
+    assert!(d.actions.is_empty());
+    // ...until the operator says otherwise: then memtide's target is sent again, though
+    // the last one it sent (here 600) is the one it had in force.
+    assert_eq!(e.manage_again(), ["a"]);
+    let d = tick(&mut e, 31, 500, 600);
+    assert_eq!(d.vms[0].state, VmState::Managed);
+    assert!(!foreign(&d));
+    assert_eq!(balloon_targets(&d.actions), [("a".to_string(), 600)]);
+}
+
+#[test]
 fn vms_that_leave_are_forgotten() {
     let mut e = engine();
     e.tick(&snapshot(0, host(4000, 400), vec![vm("a", 1000, 800, 600)]));

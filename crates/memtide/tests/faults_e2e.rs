@@ -437,3 +437,76 @@ fn the_control_socket_and_http_port_flooded_from_loopback() {
     assert!(support::http_get(port, "/metrics").contains("memtide_vm_actual_bytes"));
     no_exit_no_leak(&mut daemon, fds);
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_balloon_moved_by_another_manager_is_left_alone_until_reload() {
+    // Another manager (pvestatd, momd, an operator's `virsh setmem`) sets the balloon
+    // through its own QMP session, here the test's: memtide does not fight it.
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-faults");
+    let guest = boot(dir.path(), &cgroup);
+    let mut qmp = Qmp::connect(guest.harness_qmp());
+    let policy = dir.path().join("fixed.policy");
+    std::fs::write(&policy, support::daemon::fixed_policy(300)).unwrap();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n[[vm]]\nname = \"g\"\nqmp = {:?}\nagent = {:?}\n",
+        policy.display().to_string(),
+        guest.qmp().display().to_string(),
+        guest.agent().display().to_string(),
+    );
+    let mut daemon = Daemon::start(dir.path(), &config, 0);
+    let at_300 = |s: &Value| managed(s).is_some_and(|v| mib(v, "actual") == Some(300.0));
+    daemon.wait_until(
+        "memtide brings the guest to 300 MiB",
+        Duration::from_secs(60),
+        at_300,
+    );
+    let fds = daemon.steady_fds();
+
+    qmp.execute("balloon", Some(serde_json::json!({"value": 200u64 << 20})))
+        .expect("balloon");
+    let left = daemon.wait_until(
+        "the guest left alone as another manager's",
+        Duration::from_secs(20),
+        |s| {
+            vm(s, "g").is_some_and(|v| {
+                v["state"] == "unmanaged" && v["reason"]["rule"] == "safeguard.other_manager"
+            })
+        },
+    );
+    eprintln!(
+        "left alone: {}",
+        vm(&left, "g").unwrap()["reason"]["detail"]
+    );
+    assert_eq!(
+        logged(
+            &daemon,
+            "diagnostic",
+            "another manager sets its balloon target"
+        ),
+        1,
+        "reported once, as a condition"
+    );
+    // memtide does not undo the other manager's target.
+    std::thread::sleep(4 * TICK);
+    let held = qmp.balloon_mib().unwrap();
+    assert!(
+        (held - 200.0).abs() < 4.0,
+        "the balloon stays at 200 MiB: {held}"
+    );
+
+    // `memtide reload`: the operator says memtide manages it again.
+    daemon.reload();
+    daemon.wait_until(
+        "managed again after the reload, at memtide's 300 MiB",
+        Duration::from_secs(30),
+        at_300,
+    );
+    assert_eq!(
+        logged(&daemon, "vm_managed_again", "managed again on reload"),
+        1
+    );
+    no_exit_no_leak(&mut daemon, fds);
+}

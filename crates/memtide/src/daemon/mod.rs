@@ -235,6 +235,13 @@ impl Daemon {
     /// Load the policy again; a policy that fails to load is rejected and the running
     /// one stays in force.
     fn reload(&mut self) -> Result<String, String> {
+        // The operator's word: VMs left alone because another manager moved their
+        // balloons are managed again.
+        for vm in self.engine.manage_again() {
+            let message = "managed again on reload (another manager had moved its balloon)";
+            self.events
+                .log("vm_managed_again", Some(&vm), None, message.into());
+        }
         let result = match policies::load(&self.config) {
             Ok(policy) => {
                 let name = policy.name().to_string();
