@@ -44,6 +44,9 @@ struct VmMemory {
     /// Managed again: its target is sent even if memtide's last one is still in force
     /// (the other manager's is QEMU's now).
     resend: bool,
+    /// When memtide began to watch for other managers: its first sight of the VM, or its
+    /// first sample after the reload that let memtide manage it again.
+    since: Option<Duration>,
 }
 
 /// The decision engine.
@@ -96,8 +99,9 @@ impl Engine {
             .vms
             .iter_mut()
             .filter_map(|(name, m)| {
-                m.resend |= m.foreign.is_some();
-                m.foreign.take().map(|_| name.clone())
+                m.foreign.take()?;
+                (m.resend, m.since) = (true, None);
+                Some(name.clone())
             })
             .collect();
         names.sort();
@@ -255,6 +259,7 @@ impl Engine {
                 asked_lower: None,
                 foreign: None,
                 resend: false,
+                since: None,
             };
             self.vms.insert(vm.name.clone(), fresh);
         }
@@ -457,7 +462,10 @@ impl Engine {
 /// Why the VM's balloon was moved by another manager, if it was: it shrank this tick to
 /// below the lowest target memtide asked for lately (a guest never inflates its own
 /// balloon; after memtide raised its target, the guest may go on inflating to the last
-/// one for a while). Keeps track of the targets asked for.
+/// one for a while). Keeps track of the targets asked for. Not judged within `settle` of
+/// the VM's first sight (a memtide killed after sending a target and before saving it
+/// finds the guest inflating to a target it does not know), nor of its first sample
+/// after it is managed again (the other manager's inflation may still be under way).
 fn foreign(
     memory: &mut VmMemory,
     vm: &VmSnapshot,
@@ -478,6 +486,9 @@ fn foreign(
         Some((l, since)) if at.saturating_sub(since) < settle => l.min(target),
         _ => target,
     };
+    if at.saturating_sub(*memory.since.get_or_insert(at)) < settle {
+        return None;
+    }
     let slack = Bytes::from_mib(4).max(vm.limits.max.scale(0.02));
     // Shrinking by more than a page's rounding.
     let shrank = before.is_some_and(|b| actual + Bytes::from_mib(1) < b);
