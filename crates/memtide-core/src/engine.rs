@@ -33,11 +33,10 @@ struct VmMemory {
     /// The guest kept memory its balloon claimed to give back for the settle time: it is
     /// released and no longer managed, until it resets.
     released: bool,
-    /// The target memtide had in force at the last tick, and the lowest one it asked for
-    /// within the settle time with when it was replaced: the guest may still be inflating
-    /// to it for a while after a higher one was sent.
-    asked: Option<Bytes>,
-    asked_lower: Option<(Bytes, Duration)>,
+    /// The lowest target memtide asked for (sent, or had in force) lately, and when it
+    /// last did: the guest may still be inflating to it for a while after a higher one
+    /// was sent, and a command whose answer never came may have been carried out.
+    asked: Option<(Bytes, Duration)>,
     /// Another manager moved the balloon: why memtide leaves the VM alone, until
     /// [`Engine::manage_again`].
     foreign: Option<String>,
@@ -183,6 +182,10 @@ impl Engine {
                     reason.detail.push_str("; that is already the target");
                     report.reason = Some(reason);
                 } else {
+                    if let Some(m) = self.vms.get_mut(name) {
+                        let settle = Duration::from_secs(self.config.settle_s);
+                        asked(m, target, at, settle);
+                    }
                     actions.push(Action::SetBalloon {
                         vm: name.clone(),
                         target,
@@ -256,7 +259,6 @@ impl Engine {
                 undelivered_since: None,
                 released: false,
                 asked: None,
-                asked_lower: None,
                 foreign: None,
                 resend: false,
                 since: None,
@@ -462,10 +464,10 @@ impl Engine {
 /// Why the VM's balloon was moved by another manager, if it was: it shrank this tick to
 /// below the lowest target memtide asked for lately (a guest never inflates its own
 /// balloon; after memtide raised its target, the guest may go on inflating to the last
-/// one for a while). Keeps track of the targets asked for. Not judged within `settle` of
-/// the VM's first sight (a memtide killed after sending a target and before saving it
-/// finds the guest inflating to a target it does not know), nor of its first sample
-/// after it is managed again (the other manager's inflation may still be under way).
+/// one for a while). Not judged within `settle` of the VM's first sight (a memtide killed
+/// after sending a target and before saving it finds the guest inflating to a target it
+/// does not know), nor of its first sample after it is managed again (the other
+/// manager's inflation may still be under way).
 fn foreign(
     memory: &mut VmMemory,
     vm: &VmSnapshot,
@@ -475,17 +477,7 @@ fn foreign(
     settle: Duration,
 ) -> Option<String> {
     let target = vm.target?;
-    if let Some(last) = memory.asked.replace(target).filter(|l| *l != target) {
-        let lower = match memory.asked_lower {
-            Some((l, since)) if at.saturating_sub(since) < settle => l.min(last),
-            _ => last,
-        };
-        memory.asked_lower = Some((lower, at));
-    }
-    let lowest = match memory.asked_lower {
-        Some((l, since)) if at.saturating_sub(since) < settle => l.min(target),
-        _ => target,
-    };
+    let lowest = asked(memory, target, at, settle);
     if at.saturating_sub(*memory.since.get_or_insert(at)) < settle {
         return None;
     }
@@ -499,6 +491,17 @@ fn foreign(
              memory not divided among the others) until `memtide reload`"
         )
     })
+}
+
+/// Note that memtide asked the VM for `target` at `at`; the lowest target asked for
+/// within `settle`.
+fn asked(memory: &mut VmMemory, target: Bytes, at: Duration, settle: Duration) -> Bytes {
+    let lowest = match memory.asked {
+        Some((low, when)) if at.saturating_sub(when) < settle && low < target => (low, when),
+        _ => (target, at),
+    };
+    memory.asked = Some(lowest);
+    lowest.0
 }
 
 /// A target is reached when the guest is within 1 MiB or 1% of it.
