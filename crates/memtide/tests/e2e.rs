@@ -322,7 +322,11 @@ fn two_guests_in_a_cgroup_domain() {
         let s = daemon.try_status().unwrap();
         assert!(
             managed(&s, "a"),
-            "a is still sampled and managed while b hangs"
+            "a is still sampled and managed while b hangs: {}",
+            vm(&s, "a").map_or("not listed".into(), |v| format!(
+                "{} ({})",
+                v["state"], v["reason"]
+            ))
         );
         ticks.push(s["last_tick_ms"].as_f64().unwrap());
         std::thread::sleep(Duration::from_millis(700));
