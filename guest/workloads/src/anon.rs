@@ -43,6 +43,16 @@ pub fn touch_until(
     }
 }
 
+/// Writes one word to every page of the first `size` bytes of `region`
+/// once, counting each page in `progress`.
+pub fn touch_once(region: &mut Region, size: usize, progress: &Progress) {
+    for start in (0..size).step_by(CHUNK) {
+        let end = (start + CHUNK).min(size);
+        region.touch(start..end, 1);
+        progress.add((end - start) as u64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +71,17 @@ mod tests {
             bytes > 0 && bytes.is_multiple_of(3 * PAGE as u64),
             "{bytes}"
         );
+    }
+
+    #[test]
+    fn touching_once_backs_every_page_once() {
+        let size = CHUNK + 3 * PAGE;
+        let mut region = Region::new(size).unwrap();
+        let progress = Progress::new();
+        assert_eq!(region.resident_pages().unwrap(), 0);
+        touch_once(&mut region, size, &progress);
+        assert_eq!(region.resident_pages().unwrap(), size / PAGE);
+        assert_eq!(progress.snapshot().bytes, size as u64);
     }
 
     #[test]

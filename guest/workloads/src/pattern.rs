@@ -38,6 +38,9 @@ pub enum Kind {
     File,
     /// Nothing: the process sleeps, holding no anonymous memory.
     Idle,
+    /// Anonymous memory written once and then kept, untouched, until the
+    /// program exits: a service's heap filled at start-up and never read again.
+    Hold,
 }
 
 impl Kind {
@@ -47,6 +50,7 @@ impl Kind {
             Kind::Anon => "anon",
             Kind::File => "file",
             Kind::Idle => "idle",
+            Kind::Hold => "hold",
         }
     }
 }
@@ -90,7 +94,8 @@ impl fmt::Display for PatternError {
 impl std::error::Error for PatternError {}
 
 const SIZED: &str = "SIZE_MIB:SECONDS[,SIZE_MIB:SECONDS...], e.g. 200:30";
-const MIXED: &str = "KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file or idle, e.g. anon:120:30";
+const MIXED: &str =
+    "KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file, hold or idle, e.g. anon:120:30";
 
 /// Parses a memknobs pattern, `SIZE_MIB:SECONDS[,SIZE_MIB:SECONDS...]`.
 pub fn parse(text: &str) -> Result<Vec<Phase>, PatternError> {
@@ -100,8 +105,8 @@ pub fn parse(text: &str) -> Result<Vec<Phase>, PatternError> {
     })
 }
 
-/// Parses a mix pattern, `KIND:SIZE_MIB:SECONDS[,...]`: `anon` and `file`
-/// phases have a size of at least 1 MiB, `idle` ones a size of 0.
+/// Parses a mix pattern, `KIND:SIZE_MIB:SECONDS[,...]`: `anon`, `file` and
+/// `hold` phases have a size of at least 1 MiB, `idle` ones a size of 0.
 pub fn parse_mix(text: &str) -> Result<Vec<MixPhase>, PatternError> {
     parse_items(text, MIXED, |item| {
         let (kind, rest) = item.split_once(':').ok_or("missing ':'")?;
@@ -109,13 +114,14 @@ pub fn parse_mix(text: &str) -> Result<Vec<MixPhase>, PatternError> {
             "anon" => Kind::Anon,
             "file" => Kind::File,
             "idle" => Kind::Idle,
+            "hold" => Kind::Hold,
             _ => return Err("unknown kind"),
         };
         let (size, secs) = rest.split_once(':').ok_or("missing second ':'")?;
         let phase = sized(size, secs)?;
         match (kind, phase.size_mib) {
             (Kind::Idle, 1..) => Err("an idle phase holds nothing: its size must be 0"),
-            (Kind::Anon | Kind::File, 0) => Err("size must be at least 1 MiB"),
+            (Kind::Anon | Kind::File | Kind::Hold, 0) => Err("size must be at least 1 MiB"),
             _ => Ok(MixPhase { kind, phase }),
         }
     })
@@ -225,16 +231,17 @@ mod tests {
             phase: phase(size_mib, secs),
         };
         assert_eq!(
-            parse_mix("anon:120:30,file:80:30,idle:0:20").unwrap(),
+            parse_mix("anon:120:30,file:80:30,hold:64:5,idle:0:20").unwrap(),
             vec![
                 mix(Kind::Anon, 120, 30),
                 mix(Kind::File, 80, 30),
+                mix(Kind::Hold, 64, 5),
                 mix(Kind::Idle, 0, 20)
             ]
         );
         assert_eq!(
-            [Kind::Anon, Kind::File, Kind::Idle].map(Kind::name),
-            ["anon", "file", "idle"]
+            [Kind::Anon, Kind::File, Kind::Hold, Kind::Idle].map(Kind::name),
+            ["anon", "file", "hold", "idle"]
         );
     }
 
@@ -261,6 +268,7 @@ mod tests {
         );
         assert_eq!(reason("anon:0:20"), (1, "size must be at least 1 MiB"));
         assert_eq!(reason("file:0:20"), (1, "size must be at least 1 MiB"));
+        assert_eq!(reason("hold:0:20"), (1, "size must be at least 1 MiB"));
     }
 
     #[test]
@@ -272,7 +280,7 @@ mod tests {
         assert_eq!(
             parse_mix("idle:1:1").unwrap_err().to_string(),
             "phase 1 \"idle:1:1\": an idle phase holds nothing: its size must be 0 \
-             (expected KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file or idle, e.g. anon:120:30)"
+             (expected KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file, hold or idle, e.g. anon:120:30)"
         );
     }
 }

@@ -1,6 +1,8 @@
 //! mix: runs phases of different kinds in turn: an anonymous working set
 //! (pages written over and over, as memknobs does), a page cache working set
-//! (random block reads of a file set, as filecache does) or idle. Reports the
+//! (random block reads of a file set, as filecache does), anonymous memory
+//! written once and held to the end (cold memory only a working-set estimate
+//! finds) or idle. Reports the
 //! current phase and its throughput (MiB of pages written or MiB read per
 //! second), with the guest's page cache refaults since the previous line:
 //!
@@ -54,6 +56,8 @@ fn main() -> ExitCode {
         move || report_forever(&progress, &phases, ticker)
     });
 
+    // What hold phases wrote: kept, untouched, until the program exits.
+    let mut held = Vec::new();
     let runs = if options.once {
         options.phases.len()
     } else {
@@ -66,12 +70,8 @@ fn main() -> ExitCode {
             // Each anonymous phase allocates its own buffer, freed when the phase ends.
             Kind::Anon => {
                 let size = phase.size_bytes();
-                let mut region = match Region::new(size) {
-                    Ok(region) => region,
-                    Err(err) => {
-                        eprintln!("{NAME}: cannot map {size} bytes: {err}");
-                        return ExitCode::FAILURE;
-                    }
+                let Some(mut region) = map(size) else {
+                    return ExitCode::FAILURE;
                 };
                 anon::touch_until(&mut region, size, Some(deadline), &progress)
             }
@@ -86,10 +86,26 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
+            Kind::Hold => {
+                let size = phase.size_bytes();
+                let Some(mut region) = map(size) else {
+                    return ExitCode::FAILURE;
+                };
+                anon::touch_once(&mut region, size, &progress);
+                held.push(region);
+                thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            }
             Kind::Idle => thread::sleep(deadline.saturating_duration_since(Instant::now())),
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Maps `size` bytes of anonymous memory, saying why when it cannot.
+fn map(size: usize) -> Option<Region> {
+    Region::new(size)
+        .inspect_err(|err| eprintln!("{NAME}: cannot map {size} bytes: {err}"))
+        .ok()
 }
 
 /// Opens the file set, writing it up to `bytes` if needed, with a setup line.

@@ -29,8 +29,9 @@ pub fn usage() -> String {
          Runs the phases in order, repeating them forever unless --once: anon:N:T\n\
          writes to every page of N MiB of anonymous memory for T seconds, file:N:T\n\
          reads random blocks of the first N MiB of a file through the page cache,\n\
-         idle:0:T sleeps. Anonymous memory is freed when an anon phase ends or\n\
-         shrinks. Prints one report line every S seconds (default 1).\n\
+         hold:N:T writes every page of N MiB of anonymous memory once and keeps it,\n\
+         untouched, until the program exits, idle:0:T sleeps. An anon phase's memory\n\
+         is freed when the phase ends. Prints one report line every S seconds (default 1).\n\
          {FILE_SET_USAGE}"
     )
 }
@@ -106,7 +107,7 @@ mod tests {
         assert_eq!(
             err("--phases anon:1:1,disk:1:1"),
             "--phases \"anon:1:1,disk:1:1\": phase 2 \"disk:1:1\": unknown kind \
-             (expected KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file or idle, e.g. anon:120:30)"
+             (expected KIND:SIZE_MIB:SECONDS[,...] with KIND anon, file, hold or idle, e.g. anon:120:30)"
         );
         assert_eq!(
             err("--phases file:1:1 --block-kib 5"),
