@@ -89,7 +89,7 @@ pub struct Diagnostic {
 }
 
 /// A VM's state this tick.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VmState {
     /// Sampled and managed.
@@ -99,6 +99,17 @@ pub enum VmState {
     Unmanaged,
     /// Not sampled this tick.
     Unreachable,
+}
+
+impl VmState {
+    /// Its name, as status, metrics and the live view show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmState::Managed => "managed",
+            VmState::Unmanaged => "unmanaged",
+            VmState::Unreachable => "unreachable",
+        }
+    }
 }
 
 /// One VM's line in the decision: its numbers, and what was decided and why.
@@ -150,6 +161,32 @@ pub struct VmReport {
     pub free_page_reporting: bool,
     /// What was decided for this VM and why (a new target, or why it holds).
     pub reason: Option<Reason>,
+    /// The guest's cumulative counters as it last reported them. Absent in recordings
+    /// made before they were reported.
+    #[serde(default, skip_serializing_if = "GuestTotals::is_empty")]
+    pub totals: GuestTotals,
+}
+
+/// A guest's cumulative counters since it booted, as it reports them (they start
+/// again from zero when the guest reboots).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GuestTotals {
+    /// Bytes swapped in.
+    pub swapped_in: Option<Bytes>,
+    /// Bytes swapped out.
+    pub swapped_out: Option<Bytes>,
+    /// Major page faults.
+    pub major_faults: Option<u64>,
+    /// Evicted pages faulted back (workingset refaults, through the guest agent).
+    pub refaults: Option<u64>,
+}
+
+impl GuestTotals {
+    /// Nothing reported.
+    pub fn is_empty(&self) -> bool {
+        *self == GuestTotals::default()
+    }
 }
 
 /// The host's line in the decision.
@@ -171,6 +208,12 @@ pub struct HostReport {
     pub swap_in_per_s: Option<f64>,
     /// Pages swapped out per second on the host.
     pub swap_out_per_s: Option<f64>,
+    /// Pages swapped in on the host since it booted. Absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swapped_in_pages: Option<u64>,
+    /// Pages swapped out on the host since it booted. Absent in older recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swapped_out_pages: Option<u64>,
     /// KSM state as read this tick.
     pub ksm: Option<KsmState>,
     /// What was decided for KSM and why.

@@ -5,7 +5,9 @@
 
 use crate::action::{Action, KsmSettings, Reason};
 use crate::config::EngineConfig;
-use crate::decision::{Decision, Diagnostic, DiagnosticKind, HostReport, VmReport, VmState};
+use crate::decision::{
+    Decision, Diagnostic, DiagnosticKind, GuestTotals, HostReport, VmReport, VmState,
+};
 use crate::estimate::fused::FusedMemory;
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
@@ -357,6 +359,7 @@ impl Engine {
         report.major_faults_per_s = signals.major_faults_per_s;
         report.swap_in_per_s = signals.swap_in_per_s;
         report.swap_out_per_s = signals.swap_out_per_s;
+        report.totals = totals(latest);
         report.rss = sample.rss;
 
         let Some(actual) = latest.balloon else {
@@ -455,6 +458,8 @@ impl Engine {
             psi_some_avg10: psi,
             swap_in_per_s: self.host.rate(|h| h.vmstat.pswpin),
             swap_out_per_s: self.host.rate(|h| h.vmstat.pswpout),
+            swapped_in_pages: snap.host.vmstat.pswpin,
+            swapped_out_pages: snap.host.vmstat.pswpout,
             ksm: snap.host.ksm.clone(),
             ksm_reason,
         }
@@ -560,5 +565,26 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         plugged: None,
         free_page_reporting: false,
         reason: None,
+        totals: GuestTotals::default(),
+    }
+}
+
+/// The cumulative counters of a VM's (sanitized) sample.
+fn totals(sample: &VmSample) -> GuestTotals {
+    let vmstat = sample
+        .agent
+        .as_ref()
+        .and_then(|a| a.as_ref().ok())
+        .map(|a| &a.vmstat);
+    let refaults = vmstat.and_then(|v| {
+        let (anon, file) = (v.workingset_refault_anon, v.workingset_refault_file);
+        anon.or(file)
+            .map(|_| anon.unwrap_or(0).saturating_add(file.unwrap_or(0)))
+    });
+    GuestTotals {
+        swapped_in: sample.stats.swap_in,
+        swapped_out: sample.stats.swap_out,
+        major_faults: sample.stats.major_faults,
+        refaults,
     }
 }

@@ -47,7 +47,7 @@ fn a_failing_vm_does_not_stop_the_others() {
         "not sampled: no answer within 2000 ms"
     );
     assert_eq!(d.vms.len(), 3, "every VM is reported");
-    let states: Vec<_> = d.vms.iter().map(|v| v.state.clone()).collect();
+    let states: Vec<_> = d.vms.iter().map(|v| v.state).collect();
     assert_eq!(
         states,
         vec![VmState::Managed, VmState::Unreachable, VmState::Managed]

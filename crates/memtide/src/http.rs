@@ -1,4 +1,5 @@
-//! The HTTP endpoint: `/metrics` (OpenMetrics text) and `/api/v1/status` (JSON). It is
+//! The HTTP endpoint: `/metrics` (OpenMetrics text to scrapers that ask for it, the
+//! classic Prometheus text format to others) and `/api/v1/status` (JSON). It is
 //! read-only: GET and HEAD only, no request body read, request headers at most
 //! [`MAX_HEADERS`] bytes.
 
@@ -6,7 +7,7 @@ use crate::status::Status;
 use crate::{accept, metrics};
 use anyhow::Context;
 use axum::extract::{Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,12 +30,25 @@ struct AppState {
     registry: Arc<Registry>,
 }
 
-async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
-    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    (
-        [(header::CONTENT_TYPE, content_type)],
-        metrics::render(&s.registry),
-    )
+/// The metrics, in OpenMetrics when the client's `Accept` names it (Prometheus does),
+/// else in the classic text format (curl, promtool, older scrapers).
+async fn metrics_text(State(s): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
+    let text = metrics::render(&s.registry);
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        ([(header::CONTENT_TYPE, content_type)], text)
+    } else {
+        let content_type = "text/plain; version=0.0.4; charset=utf-8";
+        (
+            [(header::CONTENT_TYPE, content_type)],
+            metrics::classic(&text),
+        )
+    }
 }
 
 /// Refuse what a read-only endpoint has no use for, before any handler runs: methods
@@ -151,7 +165,13 @@ mod tests {
 
     /// GET `/metrics` on `stream` and read the reply to its end.
     async fn scrape(stream: &mut TcpStream) -> String {
-        let request = "GET /metrics HTTP/1.1\r\nHost: memtide\r\nConnection: close\r\n\r\n";
+        scrape_with(stream, "").await
+    }
+
+    /// GET `/metrics` with `headers` (each line ending in CRLF) and read the reply.
+    async fn scrape_with(stream: &mut TcpStream, headers: &str) -> String {
+        let request =
+            format!("GET /metrics HTTP/1.1\r\nHost: memtide\r\n{headers}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut reply = String::new();
         let read = stream.read_to_string(&mut reply);
@@ -160,6 +180,27 @@ mod tests {
             .expect("an answer within 10 s")
             .unwrap();
         reply
+    }
+
+    #[tokio::test]
+    async fn openmetrics_to_scrapers_that_ask_for_it_the_classic_format_to_others() {
+        let addr = start(limits(4, 60_000)).await;
+        let connect = || TcpStream::connect(addr);
+        let accept = "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n";
+        let open = scrape_with(&mut connect().await.unwrap(), accept).await;
+        assert!(
+            open.contains("content-type: application/openmetrics-text; version=1.0.0")
+                && open.contains("# TYPE memtide_ticks counter")
+                && open.ends_with("# EOF\n"),
+            "{open}"
+        );
+        let classic = scrape(&mut connect().await.unwrap()).await;
+        assert!(
+            classic.contains("content-type: text/plain; version=0.0.4")
+                && classic.contains("# TYPE memtide_ticks_total counter")
+                && !classic.contains("# EOF"),
+            "{classic}"
+        );
     }
 
     #[tokio::test]

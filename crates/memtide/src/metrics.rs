@@ -5,10 +5,11 @@ use crate::status::Status;
 use memtide_core::decision::{VmReport, VmState};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::fmt::Write;
 use std::sync::{Arc, RwLock};
@@ -64,13 +65,17 @@ fn gauges(
     Ok(())
 }
 
-/// Encode one counter family (a single unlabelled row is its one value).
+/// Encode one counter family (a single unlabelled row is its one value); empty families
+/// are omitted.
 fn counters(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     rows: Vec<(Labels<'_>, u64)>,
 ) -> std::fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
     let mut family =
         enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
     for (labels, value) in rows {
@@ -83,10 +88,10 @@ fn counters(
 }
 
 /// Per-VM rows of a value that may be missing.
-fn per_vm<'a>(
+fn per_vm<'a, T>(
     vms: &'a [VmReport],
-    value: impl Fn(&VmReport) -> Option<f64>,
-) -> Vec<(Labels<'a>, f64)> {
+    value: impl Fn(&VmReport) -> Option<T>,
+) -> Vec<(Labels<'a>, T)> {
     vms.iter()
         .filter_map(|vm| Some((vec![("vm", vm.name.as_str())], value(vm)?)))
         .collect()
@@ -96,6 +101,12 @@ impl Collector for StatusCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let status = self.0.read().expect("status lock");
         let c = &status.counters;
+        gauges(
+            &mut enc,
+            "memtide_build_info",
+            "memtide's version, as a label; the value is always 1.",
+            vec![(vec![("version", status.version.as_str())], 1.0)],
+        )?;
         counters(
             &mut enc,
             "memtide_ticks",
@@ -123,6 +134,17 @@ impl Collector for StatusCollector {
             "Actions carried out, by kind and result.",
             actions,
         )?;
+        let rules = c
+            .rules
+            .iter()
+            .map(|(rule, n)| (vec![("rule", rule.as_str())], *n))
+            .collect();
+        counters(
+            &mut enc,
+            "memtide_actions_by_rule",
+            "Actions, by the rule that decided them (the reason's rule, e.g. memtide.probe).",
+            rules,
+        )?;
         let diags = c
             .diagnostics
             .iter()
@@ -147,15 +169,22 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
-            "memtide_last_tick_seconds",
-            "Duration of the last tick.",
-            vec![(vec![], status.last_tick_ms / 1000.0)],
+            "memtide_policy_last_reload_successful",
+            "0 when the last policy reload was rejected (the previous policy stays in force).",
+            vec![(vec![], f64::from(u8::from(status.policy_error.is_none())))],
         )?;
-        gauges(
-            &mut enc,
-            "memtide_tick_seconds_max",
-            "Duration of the longest tick since the daemon started.",
-            vec![(vec![], c.max_tick_ms / 1000.0)],
+        let ticks = &c.tick_durations;
+        let mut family = enc.encode_descriptor(
+            "memtide_tick_duration_seconds",
+            "How long ticks took (sampling, deciding, acting).",
+            None,
+            MetricType::Histogram,
+        )?;
+        family.encode_histogram::<NoLabelSet>(
+            ticks.sum_s,
+            ticks.count(),
+            &ticks.buckets(),
+            None,
         )?;
         counters(
             &mut enc,
@@ -193,24 +222,26 @@ impl Collector for StatusCollector {
             "Freeable share averaged over the history.",
             host(h.free_ratio_avg),
         )?;
-        let opt = |v: Option<f64>| v.map(host).unwrap_or_default();
         gauges(
             &mut enc,
-            "memtide_host_psi_some_avg10",
-            "Memory pressure: % of time some tasks stalled (10 s).",
-            opt(h.psi_some_avg10),
+            "memtide_host_memory_pressure_ratio",
+            "Share of the last 10 s some tasks stalled on memory (PSI some avg10, 0-1).",
+            h.psi_some_avg10
+                .map(|p| host(p / 100.0))
+                .unwrap_or_default(),
         )?;
-        gauges(
+        let total = |v: Option<u64>| v.map(|v| vec![(vec![], v)]).unwrap_or_default();
+        counters(
             &mut enc,
-            "memtide_host_swap_in_pages_per_second",
-            "Host swap-ins.",
-            opt(h.swap_in_per_s),
+            "memtide_host_swapped_in_pages",
+            "Pages the host swapped in since it booted.",
+            total(h.swapped_in_pages),
         )?;
-        gauges(
+        counters(
             &mut enc,
-            "memtide_host_swap_out_pages_per_second",
-            "Host swap-outs.",
-            opt(h.swap_out_per_s),
+            "memtide_host_swapped_out_pages",
+            "Pages the host swapped out since it booted.",
+            total(h.swapped_out_pages),
         )?;
         if let Some(k) = &h.ksm {
             gauges(
@@ -227,9 +258,9 @@ impl Collector for StatusCollector {
             )?;
             gauges(
                 &mut enc,
-                "memtide_ksm_sleep_milliseconds",
+                "memtide_ksm_sleep_seconds",
                 "KSM sleep between wake-ups.",
-                host(k.sleep_millisecs as f64),
+                host(k.sleep_millisecs as f64 / 1000.0),
             )?;
             gauges(
                 &mut enc,
@@ -246,6 +277,32 @@ impl Collector for StatusCollector {
         }
 
         let vms = &d.vms;
+        let sampling = &status.sampling;
+        let connector = |name: &str| {
+            sampling
+                .iter()
+                .find(|s| s.name == name)
+                .map_or("", |s| s.connector.as_str())
+        };
+        let info = vms
+            .iter()
+            .map(|vm| {
+                let labels = vec![
+                    ("vm", vm.name.as_str()),
+                    ("connector", connector(&vm.name)),
+                    ("policy", d.policy.as_str()),
+                    ("state", vm.state.name()),
+                ];
+                (labels, 1.0)
+            })
+            .collect();
+        gauges(
+            &mut enc,
+            "memtide_vm_info",
+            "Each VM's connector, policy and state (managed, unmanaged, unreachable), as \
+             labels; the value is always 1.",
+            info,
+        )?;
         let bytes = |b: Option<memtide_core::Bytes>| b.map(|b| b.as_f64());
         let up = per_vm(vms, |v| {
             Some(if v.state == VmState::Unreachable {
@@ -322,41 +379,42 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
-            "memtide_vm_refaults_per_second",
-            "Guest refaults (major faults without the agent).",
-            per_vm(vms, |v| v.refaults_per_s),
-        )?;
-        gauges(
-            &mut enc,
-            "memtide_vm_psi_some_avg10",
-            "Guest memory pressure: % of time some tasks stalled (10 s).",
-            per_vm(vms, |v| v.guest_psi_some_avg10),
-        )?;
-        gauges(
-            &mut enc,
             "memtide_vm_rss_bytes",
             "Resident memory of the QEMU process.",
             per_vm(vms, |v| bytes(v.rss)),
         )?;
         gauges(
             &mut enc,
-            "memtide_vm_major_faults_per_second",
-            "Guest major faults.",
-            per_vm(vms, |v| v.major_faults_per_s),
+            "memtide_vm_memory_pressure_ratio",
+            "Share of the last 10 s some guest tasks stalled on memory (PSI some avg10, 0-1; \
+             guest agent).",
+            per_vm(vms, |v| v.guest_psi_some_avg10.map(|p| p / 100.0)),
         )?;
-        gauges(
+        let guest_bytes = |b: Option<memtide_core::Bytes>| b.map(|b| b.0);
+        counters(
             &mut enc,
-            "memtide_vm_swap_in_bytes_per_second",
-            "Guest swap-ins.",
-            per_vm(vms, |v| v.swap_in_per_s),
+            "memtide_vm_swapped_in_bytes",
+            "Bytes the guest swapped in since it booted, as it reports them.",
+            per_vm(vms, |v| guest_bytes(v.totals.swapped_in)),
         )?;
-        gauges(
+        counters(
             &mut enc,
-            "memtide_vm_swap_out_bytes_per_second",
-            "Guest swap-outs.",
-            per_vm(vms, |v| v.swap_out_per_s),
+            "memtide_vm_swapped_out_bytes",
+            "Bytes the guest swapped out since it booted, as it reports them.",
+            per_vm(vms, |v| guest_bytes(v.totals.swapped_out)),
         )?;
-        let sampling = &status.sampling;
+        counters(
+            &mut enc,
+            "memtide_vm_major_faults",
+            "Major page faults in the guest since it booted, as it reports them.",
+            per_vm(vms, |v| v.totals.major_faults),
+        )?;
+        counters(
+            &mut enc,
+            "memtide_vm_refaults",
+            "Evicted pages the guest faulted back since it booted (guest agent).",
+            per_vm(vms, |v| v.totals.refaults),
+        )?;
         counters(
             &mut enc,
             "memtide_vm_late_samples",
@@ -403,6 +461,50 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// `openmetrics` (as [`render`] writes it) in the classic Prometheus text format
+/// (0.0.4): a counter family is named as its samples are, with `_total`, and there is
+/// no `# EOF` nor `# UNIT`. prometheus-client writes only OpenMetrics, which the classic
+/// parsers (promtool's among them) misread, so the few differences are rewritten here.
+pub fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len() + 256);
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            if let Some(previous) = help.replace(line) {
+                push_line(&mut out, previous);
+            }
+            continue;
+        }
+        let counter = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.strip_suffix(" counter"));
+        match (counter, help.take()) {
+            (Some(name), help) => {
+                if let Some(text) = help.and_then(|h| h.strip_prefix("# HELP ")) {
+                    let text = text.strip_prefix(name).unwrap_or(text);
+                    push_line(&mut out, &format!("# HELP {name}_total{text}"));
+                }
+                push_line(&mut out, &format!("# TYPE {name}_total counter"));
+            }
+            (None, help) => {
+                if let Some(help) = help {
+                    push_line(&mut out, help);
+                }
+                push_line(&mut out, line);
+            }
+        }
+    }
+    out
+}
+
+fn push_line(out: &mut String, line: &str) {
+    out.push_str(line);
+    out.push('\n');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +529,7 @@ mod tests {
         status.counters.diagnostics.insert(name.into(), 1);
         status.sampling.push(Sampling {
             name: name.into(),
+            connector: "qmp".into(),
             stale: true,
             age_s: Some(4.0),
             late_samples: 2,
@@ -442,5 +545,61 @@ mod tests {
         assert!(text.lines().any(|l| l == up), "{text}");
         let kind = r#"memtide_diagnostics_total{kind="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1"#;
         assert!(text.lines().any(|l| l == kind), "{text}");
+    }
+
+    #[test]
+    fn counters_and_info_follow_the_conventions() {
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut snap = snapshot(0, host(4000, 400), vec![vm("web", 1000, 800, 600)]);
+        snap.host.vmstat.pswpin = Some(7);
+        let sample = snap.vms[0].sample.as_mut().unwrap();
+        sample.stats.swap_in = Some(memtide_core::Bytes(4096 * 3));
+        sample.stats.major_faults = Some(12);
+        let mut status = Status {
+            version: "9.8.7".into(),
+            decision: Some(engine.tick(&snap)),
+            ..Status::default()
+        };
+        status.counters.ticks = 1;
+        status.counters.tick_took(30.0, 1000.0);
+        status.sampling.push(Sampling {
+            name: "web".into(),
+            connector: "qmp".into(),
+            stale: false,
+            age_s: Some(0.5),
+            late_samples: 0,
+        });
+        let open = render(&registry(Arc::new(RwLock::new(status))));
+        let text = classic(&open);
+        for line in [
+            "memtide_build_info{version=\"9.8.7\"} 1.0",
+            "# TYPE memtide_ticks_total counter",
+            "# HELP memtide_ticks_total Decisions made.",
+            "memtide_ticks_total 1",
+            "memtide_host_swapped_in_pages_total 7",
+            "memtide_vm_swapped_in_bytes_total{vm=\"web\"} 12288",
+            "memtide_vm_major_faults_total{vm=\"web\"} 12",
+            "memtide_vm_info{vm=\"web\",connector=\"qmp\",policy=\"mom\",state=\"managed\"} 1.0",
+            "memtide_tick_duration_seconds_bucket{le=\"0.05\"} 1",
+            "memtide_tick_duration_seconds_count 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("# EOF") && open.ends_with("# EOF\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("per_second") && !text.contains("milliseconds"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            open.lines().filter(|l| !l.starts_with('#')).count(),
+            "every sample is kept"
+        );
     }
 }

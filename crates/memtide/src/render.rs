@@ -1,7 +1,6 @@
 //! `memtide status` as text: a header, the host, one line per VM, why, and what went wrong.
 
 use crate::status::Status;
-use memtide_core::decision::VmState;
 use memtide_core::stats::DomainScope;
 use memtide_core::{guest_text, Bytes};
 use serde_json::Value;
@@ -15,17 +14,9 @@ fn rate(r: Option<f64>) -> String {
     r.map_or_else(|| "-".into(), |r| format!("{r:.0}"))
 }
 
-fn state(s: &VmState) -> &'static str {
-    match s {
-        VmState::Managed => "managed",
-        VmState::Unmanaged => "unmanaged",
-        VmState::Unreachable => "unreachable",
-    }
-}
-
 /// Every text in `s` with its control characters escaped, so that none reaches the
 /// terminal: VM names, messages and errors come from guests, hypervisors and socket names.
-fn printable(s: &Status) -> Status {
+pub(crate) fn printable(s: &Status) -> Status {
     fn escape(v: &mut Value) {
         match v {
             Value::String(text) => *text = guest_text::escape(text),
@@ -98,7 +89,7 @@ pub fn status(s: &Status) -> String {
             .map_or_else(|| "-".into(), |r| Bytes::from_f64(r).to_string());
         out.push_str(&row([
             &vm.name,
-            state(&vm.state),
+            vm.state.name(),
             &size(vm.configured),
             &size(vm.actual),
             &size(vm.target),
@@ -208,6 +199,7 @@ mod tests {
             waiting: Vec::new(),
             sampling: vec![Sampling {
                 name: "down".into(),
+                connector: "qmp".into(),
                 stale: true,
                 age_s: Some(6.2),
                 late_samples: 3,

@@ -19,8 +19,14 @@ pub struct Counters {
     /// The longest tick, in milliseconds.
     #[serde(default)]
     pub max_tick_ms: f64,
+    /// How long ticks took.
+    #[serde(default)]
+    pub tick_durations: Durations,
     /// Actions carried out, by kind (`balloon`, `ksm`) and result (`ok`, `error`, `dry_run`).
     pub actions: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Actions, by the rule that decided them (whatever their result).
+    #[serde(default)]
+    pub rules: BTreeMap<String, u64>,
     /// Diagnostics seen, by kind, one per VM and tick.
     pub diagnostics: BTreeMap<String, u64>,
     /// Failed writes, by file (`event_log`, `recording`, `state`): what they held is lost.
@@ -33,6 +39,12 @@ impl Counters {
     pub fn tick_took(&mut self, ms: f64, interval_ms: f64) {
         self.max_tick_ms = self.max_tick_ms.max(ms);
         self.late_ticks += u64::from(ms > interval_ms);
+        self.tick_durations.observe(ms / 1000.0);
+    }
+
+    /// Count one action decided by `rule`.
+    pub fn rule(&mut self, rule: &str) {
+        *self.rules.entry(rule.to_string()).or_default() += 1;
     }
 
     /// Count one action of `kind` with `result`.
@@ -76,9 +88,47 @@ pub struct Status {
     pub recent_events: Vec<Event>,
 }
 
+/// A histogram of durations, in seconds, over [`Durations::BOUNDS`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Durations {
+    /// How many fell in each bucket: at most its bound and above the previous one; the
+    /// last counts those above every bound.
+    pub counts: Vec<u64>,
+    /// Their sum.
+    pub sum_s: f64,
+}
+
+impl Durations {
+    /// The buckets' upper bounds, in seconds: from a fast tick to several intervals.
+    pub const BOUNDS: [f64; 11] = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+
+    /// Count one duration.
+    pub fn observe(&mut self, secs: f64) {
+        self.counts.resize(Self::BOUNDS.len() + 1, 0);
+        let bucket = Self::BOUNDS.partition_point(|&bound| bound < secs);
+        self.counts[bucket] += 1;
+        self.sum_s += secs;
+    }
+
+    /// (upper bound, count) per bucket, the last one's bound `f64::MAX` (+Inf).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        let bounds = Self::BOUNDS.iter().copied().chain([f64::MAX]);
+        bounds
+            .zip(self.counts.iter().copied().chain(std::iter::repeat(0)))
+            .collect()
+    }
+
+    /// How many were counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Counters;
+    use super::{Counters, Durations};
 
     #[test]
     fn ticks_longer_than_the_interval_are_counted_late() {
@@ -87,5 +137,22 @@ mod tests {
             c.tick_took(ms, 2000.0);
         }
         assert_eq!((c.late_ticks, c.max_tick_ms), (1, 2150.0));
+    }
+
+    #[test]
+    fn tick_durations_fall_in_the_bucket_of_their_bound() {
+        let mut c = Counters::default();
+        for ms in [4.0, 5.0, 5.1, 2150.0, 60_000.0] {
+            c.tick_took(ms, 2000.0);
+        }
+        let d = &c.tick_durations;
+        assert_eq!(d.count(), 5);
+        assert!((d.sum_s - 62.1641).abs() < 1e-9, "{}", d.sum_s);
+        let nonzero: Vec<(f64, u64)> = d.buckets().into_iter().filter(|b| b.1 > 0).collect();
+        assert_eq!(nonzero, [(0.005, 2), (0.01, 1), (2.5, 1), (f64::MAX, 1)]);
+        assert_eq!(
+            Durations::default().buckets().len(),
+            Durations::BOUNDS.len() + 1
+        );
     }
 }

@@ -270,6 +270,17 @@ fn two_guests_in_a_cgroup_domain() {
         metrics.contains("memtide_actions_total{kind=\"balloon\",result=\"ok\"}"),
         "{metrics}"
     );
+    // The live metrics follow Prometheus's conventions, and a's guest agent figures
+    // arrive as counters.
+    support::promtool_check_metrics(&metrics);
+    for family in [
+        "memtide_vm_info{vm=\"a\",connector=\"qmp\",policy=\"mom\",state=\"managed\"} 1",
+        "memtide_vm_refaults_total{vm=\"a\"}",
+        "memtide_vm_swapped_in_bytes_total{vm=\"b\"}",
+        "memtide_tick_duration_seconds_count",
+    ] {
+        assert!(metrics.contains(family), "{family} in {metrics}");
+    }
     let api: Value = serde_json::from_str(&support::http_get(port, "/api/v1/status")).unwrap();
     assert!(api["decision"]["vms"].as_array().unwrap().len() == 2);
     assert!(

@@ -40,6 +40,16 @@ impl Endpoint {
             .or_else(|| vm.cloud_hypervisor.clone().map(Endpoint::CloudHypervisor))
     }
 
+    /// The connector's name, as metrics label it.
+    pub(super) fn connector(&self) -> &'static str {
+        match self {
+            Endpoint::Qmp(_) => "qmp",
+            Endpoint::Libvirt { .. } => "libvirt",
+            Endpoint::Firecracker(_) => "firecracker",
+            Endpoint::CloudHypervisor(_) => "cloud_hypervisor",
+        }
+    }
+
     /// The socket, for endpoints that are one.
     pub(super) fn socket(&self) -> Option<&Path> {
         match self {
@@ -69,6 +79,8 @@ pub struct Connection {
     pub min: Option<Bytes>,
     /// Never above this (unless the configuration says otherwise).
     pub max: Option<Bytes>,
+    /// Its weight when memory is divided (unless the configuration says otherwise).
+    pub shares: Option<u32>,
 }
 
 impl Connection {
@@ -78,6 +90,7 @@ impl Connection {
             backend,
             min: None,
             max: None,
+            shares: None,
         }
     }
 }

@@ -129,6 +129,9 @@ pub enum Sent {
 pub struct Sampling {
     /// Its name.
     pub name: String,
+    /// How memtide reaches it: `qmp`, `libvirt`, `firecracker` or `cloud_hypervisor`.
+    #[serde(default)]
+    pub connector: String,
     /// Its sample missed the last tick's deadline: it was left out of that decision.
     pub stale: bool,
     /// Seconds since its latest sample arrived (`None`: none yet).
@@ -257,6 +260,7 @@ impl Fleet {
                     let bounds = Bounds::new(c.config.as_ref(), &self.defaults).under(
                         connection.min,
                         connection.max,
+                        connection.shares,
                         c.config.as_ref(),
                     );
                     let m = Managed {
@@ -583,6 +587,7 @@ impl Fleet {
             .iter()
             .map(|(name, m)| Sampling {
                 name: name.clone(),
+                connector: m.endpoint.connector().into(),
                 stale: m.stale,
                 age_s: m.sampled.map(|t| t.elapsed().as_secs_f64()),
                 late_samples: m.late_samples,
@@ -709,6 +714,7 @@ mod tests {
                     backend: Box::new(FakeVm(b, self.sent_to(&socket))),
                     min: Some(Bytes::from_mib(200)),
                     max: None,
+                    shares: None,
                 }),
             }
         }

@@ -418,6 +418,7 @@ impl Daemon {
             Action::SetKsm { .. } => ("ksm", None),
         };
         let rule = Some(action.reason().rule.as_ref());
+        self.counters.rule(&action.reason().rule);
         match result {
             None => {
                 self.counters.action(kind, "dry_run");

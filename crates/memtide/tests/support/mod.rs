@@ -8,8 +8,9 @@ pub mod cgroup;
 pub mod daemon;
 pub mod guest;
 pub mod libvirtd;
+pub mod tmux;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The built test guest (`guest/build.sh`; `$MEMTIDE_GUEST_DIR` or target/guest): its
@@ -67,4 +68,51 @@ pub fn http_get(port: u16, path: &str) -> String {
     assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
     body.to_string()
 }
+
+/// Lints `metrics` (the classic text format, as `/metrics` serves it to clients that do
+/// not ask for OpenMetrics) with `promtool check metrics`, from Debian's prometheus
+/// package, which `scripts/test.sh` installs.
+pub fn promtool_check_metrics(metrics: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/test.sh installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The metric families `files` (paths from the workspace root: dashboards, rule files)
+/// query: every `memtide_…` name in them.
+pub fn families_queried(files: &[&str]) -> std::collections::BTreeSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut names = std::collections::BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for (at, _) in text.match_indices("memtide_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
 pub mod harness;
