@@ -3,7 +3,7 @@
 use crate::{cgroup, ksm, procfs};
 use memtide_core::backend::HostBackend;
 use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain, OtherManager};
-use memtide_core::{BackendError, KsmSettings};
+use memtide_core::{BackendError, Bytes, KsmSettings};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -92,24 +92,26 @@ fn read(path: &Path) -> Result<String, BackendError> {
     std::fs::read_to_string(path).map_err(|e| BackendError::Io(format!("{}: {e}", path.display())))
 }
 
-/// The domain when it is the whole host: MOM's freeable memory over MemTotal.
-fn host_domain(m: &MemInfo) -> MemoryDomain {
+/// The domain when it is the whole host: MOM's freeable memory, and what the ZFS ARC
+/// would give back, over MemTotal.
+fn host_domain(m: &MemInfo, arc: Bytes) -> MemoryDomain {
     MemoryDomain {
         scope: DomainScope::Host,
         total: m.total,
         used: m.total - m.free,
-        freeable: m.freeable(),
+        freeable: (m.freeable() + arc).min(m.total),
     }
 }
 
 /// The domain when it is a cgroup: its limit (at most MemTotal), with free memory being
 /// the room below the limit plus the cgroup's file cache — but never more than the
-/// whole host has freeable, since the limit is no promise that memory exists.
-fn cgroup_domain(dir: &Path, m: &MemInfo, c: &cgroup::CgroupMemory) -> MemoryDomain {
+/// whole host has freeable (the ZFS ARC's reclaimable part included: it is not charged
+/// to the cgroup), since the limit is no promise that memory exists.
+fn cgroup_domain(dir: &Path, m: &MemInfo, arc: Bytes, c: &cgroup::CgroupMemory) -> MemoryDomain {
     let total = c.limit.map_or(m.total, |l| l.min(m.total));
     let freeable = ((total - c.usage) + c.file_cache)
         .min(total)
-        .min(m.freeable());
+        .min(m.freeable() + arc);
     MemoryDomain {
         scope: DomainScope::Cgroup {
             path: dir.display().to_string(),
@@ -131,12 +133,17 @@ impl HostBackend for LinuxHost {
         let host_psi = std::fs::read_to_string(proc.join("pressure/memory"))
             .ok()
             .and_then(|t| procfs::psi(&t).ok());
+        // No ZFS on most hosts: no arcstats, nothing to add.
+        let arc = std::fs::read_to_string(proc.join("spl/kstat/zfs/arcstats"))
+            .ok()
+            .and_then(|t| procfs::zfs_arc_reclaimable(&t))
+            .unwrap_or_default();
         let (domain, psi) = match &self.paths.domain_cgroup {
-            None => (host_domain(&meminfo), host_psi),
+            None => (host_domain(&meminfo, arc), host_psi),
             Some(dir) => {
                 let c = cgroup::read(dir)
                     .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
-                (cgroup_domain(dir, &meminfo, &c), c.psi.or(host_psi))
+                (cgroup_domain(dir, &meminfo, arc, &c), c.psi.or(host_psi))
             }
         };
         Ok(HostStats {
@@ -157,7 +164,6 @@ impl HostBackend for LinuxHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memtide_core::Bytes;
 
     /// A fake /proc and /sys built from captured files.
     fn fake_tree() -> (tempfile::TempDir, HostPaths) {
@@ -198,6 +204,33 @@ mod tests {
         );
         assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
         assert!(s.psi.is_some());
+    }
+
+    #[test]
+    fn the_zfs_arc_above_its_floor_counts_as_freeable() {
+        let (_root, paths) = fake_tree();
+        let kstat = paths.proc.join("spl/kstat/zfs");
+        std::fs::create_dir_all(&kstat).unwrap();
+        let arc = |size_mib: u64| {
+            let text = format!(
+                "13 1 0x01 123 33456 1 2\nname type data\nc_min 4 {}\nsize 4 {}\n",
+                1 << 20,
+                (size_mib + 1) << 20
+            );
+            std::fs::write(kstat.join("arcstats"), text).unwrap();
+        };
+        let mut host = LinuxHost::new(paths);
+        arc(100);
+        assert_eq!(
+            host.sample().unwrap().domain.freeable,
+            Bytes::from_kib(22992484 + 24712 + 1435084) + Bytes::from_mib(100)
+        );
+        arc(64 << 10);
+        assert_eq!(
+            host.sample().unwrap().domain.freeable,
+            Bytes::from_kib(24682416),
+            "never more than the host's memory"
+        );
     }
 
     #[test]

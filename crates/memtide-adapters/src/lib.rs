@@ -11,6 +11,7 @@ pub mod host;
 pub mod ksm;
 pub mod libvirt;
 pub mod procfs;
+pub mod proxmox;
 pub mod qga;
 pub mod qmp;
 pub mod virtio_mem;

@@ -36,6 +36,22 @@ pub fn key_values(text: &str) -> HashMap<&str, u64> {
         .collect()
 }
 
+/// What the ZFS ARC would give back under memory pressure, from
+/// `/proc/spl/kstat/zfs/arcstats` (`name type data` lines after a two-line header): its
+/// size above its floor `c_min`. The ARC is kernel memory that /proc/meminfo counts as
+/// neither free nor cache, yet the ARC shrinks to its floor when memory runs short.
+/// `None` when either figure is missing.
+pub fn zfs_arc_reclaimable(text: &str) -> Option<Bytes> {
+    let figure = |name: &str| {
+        text.lines().find_map(|line| {
+            let mut it = line.split_whitespace();
+            (it.next()? == name).then_some(())?;
+            it.nth(1)?.parse::<u64>().ok()
+        })
+    };
+    Some(Bytes(figure("size")?.saturating_sub(figure("c_min")?)))
+}
+
 /// Parse /proc/meminfo (`Name:   value kB` lines).
 pub fn meminfo(text: &str) -> Result<MemInfo, ParseError> {
     let mut fields = HashMap::new();
@@ -216,6 +232,30 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
         }
     }
     total
+}
+
+#[cfg(test)]
+mod zfs_tests {
+    use super::*;
+
+    #[test]
+    fn the_arc_gives_back_what_it_holds_above_its_floor() {
+        let text = "13 1 0x01 123 33456 8385094380 1245784290617\n\
+                    name                            type data\n\
+                    hits                            4    1000\n\
+                    c_min                           4    1054351360\n\
+                    c_max                           4    16869621760\n\
+                    size                            4    4294967296\n";
+        assert_eq!(
+            zfs_arc_reclaimable(text),
+            Some(Bytes(4294967296 - 1054351360))
+        );
+        let below = text.replace("4294967296", "1000");
+        assert_eq!(zfs_arc_reclaimable(&below), Some(Bytes(0)));
+        assert_eq!(zfs_arc_reclaimable("name type data\nsize 4 10\n"), None);
+        assert_eq!(zfs_arc_reclaimable("size 4 x\nc_min 4 1\n"), None);
+        assert_eq!(zfs_arc_reclaimable(""), None);
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,11 @@ pub struct DiscoveryConfig {
     /// A discovered VM's guest agent socket is its QMP socket with this extension
     /// (`web1.sock` → `web1.qga`), when that file exists; empty: no agents.
     pub agent_extension: String,
+    /// Proxmox VE's VM configuration directory (`/etc/pve/qemu-server`): a VM found
+    /// through `qmp_glob` is named by its VMID (`101.sock`), and its `memory`, `balloon`
+    /// and `shares` there are its bounds and shares, as PVE's own auto-ballooning would
+    /// use them (`docs/connectors/proxmox.md`). Unset: not a Proxmox host.
+    pub pve_config_dir: Option<PathBuf>,
 }
 
 /// libvirt connections.
@@ -244,6 +249,7 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             qmp_glob: vec!["/run/memtide/qmp/*.sock".into()],
             agent_extension: "qga".into(),
+            pve_config_dir: None,
         }
     }
 }
@@ -622,14 +628,22 @@ impl Bounds {
         }
     }
 
-    /// These bounds, with the hypervisor's own (`min`, `max`: e.g. from a libvirt domain's
-    /// description) for what the VM's configuration entry leaves unset.
-    pub fn under(self, min: Option<Bytes>, max: Option<Bytes>, vm: Option<&VmConfig>) -> Bounds {
+    /// These bounds, with the hypervisor's own (`min`, `max`, `shares`: from a libvirt
+    /// domain's description or a Proxmox VE configuration) for what the VM's
+    /// configuration entry leaves unset.
+    pub fn under(
+        self,
+        min: Option<Bytes>,
+        max: Option<Bytes>,
+        shares: Option<u32>,
+        vm: Option<&VmConfig>,
+    ) -> Bounds {
         let set_min = vm.and_then(|v| v.min_mib);
+        let set_shares = vm.and_then(|v| v.shares);
         Bounds {
             min_mib: set_min.or(min.map(Bytes::mib)).unwrap_or(self.min_mib),
             max_mib: self.max_mib.or(max.map(Bytes::mib)),
-            shares: self.shares,
+            shares: set_shares.or(shares).unwrap_or(self.shares),
         }
     }
 
@@ -836,15 +850,22 @@ mod tests {
         // The hypervisor's bounds fill in what the configuration leaves unset.
         let hv = (Some(Bytes::from_mib(200)), Some(Bytes::from_mib(300)));
         let l = Bounds::new(None, &d)
-            .under(hv.0, hv.1, None)
+            .under(hv.0, hv.1, Some(2000), None)
             .limits(Bytes::from_mib(384));
-        assert_eq!((l.min, l.max), (Bytes::from_mib(200), Bytes::from_mib(300)));
-        let l = Bounds::new(Some(&vm), &d)
-            .under(hv.0, hv.1, Some(&vm))
+        assert_eq!(
+            (l.min, l.max, l.shares),
+            (Bytes::from_mib(200), Bytes::from_mib(300), 2000)
+        );
+        let shares_set = VmConfig {
+            shares: Some(500),
+            ..vm.clone()
+        };
+        let l = Bounds::new(Some(&shares_set), &d)
+            .under(hv.0, hv.1, Some(2000), Some(&shares_set))
             .limits(Bytes::from_mib(8192));
         assert_eq!(
-            (l.min, l.max),
-            (Bytes::from_mib(512), Bytes::from_mib(4096))
+            (l.min, l.max, l.shares),
+            (Bytes::from_mib(512), Bytes::from_mib(4096), 500)
         );
     }
 }

@@ -6,13 +6,16 @@ use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
 use memtide_adapters::firecracker::FirecrackerVm;
+use memtide_adapters::proxmox;
 use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::BackendError;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Connects to QEMU (QMP), libvirt domains, Firecracker and Cloud Hypervisor.
 pub struct Connectors {
     qmp: QmpVmOptions,
+    /// Proxmox VE's VM configurations, where QMP VMs take their bounds from.
+    pve_config_dir: Option<PathBuf>,
     api: ApiVmOptions,
     #[cfg(feature = "libvirt")]
     libvirt: libvirt::Connections,
@@ -29,6 +32,7 @@ impl Connectors {
                 proc: config.host.proc.clone(),
                 sample_access: config.sample_access(),
             },
+            pve_config_dir: config.discovery.pve_config_dir.clone(),
             api: ApiVmOptions {
                 call_timeout: config.call_timeout(),
                 stats_interval_s,
@@ -40,6 +44,19 @@ impl Connectors {
     }
 }
 
+/// The memory settings of the Proxmox VE VM whose QMP socket is `socket` (named by its
+/// VMID: `101.sock` → `dir/101.conf`).
+fn pve_memory(dir: &Path, socket: &Path) -> Result<proxmox::PveMemory, BackendError> {
+    let vmid = socket.file_stem().unwrap_or_default();
+    let conf = dir.join(vmid).with_extension("conf");
+    let text = std::fs::read_to_string(&conf).map_err(|e| {
+        BackendError::Io(format!("Proxmox VE configuration {}: {e}", conf.display()))
+    })?;
+    proxmox::memory(&text).map_err(|e| {
+        BackendError::Protocol(format!("Proxmox VE configuration {}: {e}", conf.display()))
+    })
+}
+
 #[async_trait]
 impl Connector for Connectors {
     async fn connect(
@@ -49,7 +66,20 @@ impl Connector for Connectors {
     ) -> Result<Connection, BackendError> {
         Ok(match endpoint {
             Endpoint::Qmp(socket) => {
-                Connection::new(Box::new(QmpVm::connect(socket, agent, &self.qmp).await?))
+                // Read first: a VM whose PVE configuration cannot be read is not connected
+                // (its bounds are unknown), and is retried with the others.
+                let pve = match &self.pve_config_dir {
+                    Some(dir) => Some(pve_memory(dir, socket)?),
+                    None => None,
+                };
+                let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
+                let mut connection = Connection::new(Box::new(vm));
+                if let Some(m) = pve {
+                    connection.min = Some(m.min);
+                    connection.max = Some(m.memory);
+                    connection.shares = m.shares;
+                }
+                connection
             }
             Endpoint::Firecracker(socket) => {
                 Connection::new(Box::new(FirecrackerVm::connect(socket, &self.api).await?))
@@ -130,11 +160,42 @@ mod libvirt {
                 backend: Box::new(vm),
                 min,
                 max,
+                shares: None,
             })
         }
 
         pub async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
             Ok(self.get(uri)?.running_domains().await?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::Bytes;
+
+    #[test]
+    fn a_proxmox_vm_takes_its_bounds_from_its_configuration_named_by_vmid() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = "memory: 2048\nballoon: 512\nshares: 300\nname: db\n";
+        std::fs::write(dir.path().join("101.conf"), conf).unwrap();
+        std::fs::write(dir.path().join("102.conf"), "memory: 2G\n").unwrap();
+        let m = pve_memory(dir.path(), Path::new("/run/memtide/qmp/101.sock")).unwrap();
+        assert_eq!(
+            (m.memory, m.min, m.shares),
+            (Bytes::from_mib(2048), Bytes::from_mib(512), Some(300))
+        );
+        let missing = pve_memory(dir.path(), Path::new("/run/memtide/qmp/103.sock"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("Proxmox VE configuration") && missing.contains("103.conf"),
+            "{missing}"
+        );
+        let bad = pve_memory(dir.path(), Path::new("/q/102.sock"))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.ends_with("102.conf: bad memory: \"2G\""), "{bad}");
     }
 }
