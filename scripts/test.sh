@@ -4,8 +4,11 @@
 # agent client is tested against the real one, and the test guest carries it), the test
 # guest (built from Debian's cloud kernel and busybox by guest/build.sh), libvirt (its
 # C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
-# which starts one of its own as user nobody), cargo-nextest, and for the Debian package
-# cargo-deb and systemd's systemd-analyze (scripts/package-test.sh).
+# which starts one of its own as user nobody), tmux (`memtide top` is driven in it),
+# cargo-nextest, for the Debian package cargo-deb and systemd's systemd-analyze
+# (scripts/package-test.sh), and promtool (the live /metrics and the alert rules are
+# checked with it), unpacked from Debian's prometheus package into target/tools rather
+# than installed: installing it would enable a Prometheus server.
 # Needs root: apt, and memory cgroups for the end-to-end tests. Changes no host-global
 # setting: the tests create only their own cgroups, processes and temporary files.
 set -euo pipefail
@@ -13,13 +16,23 @@ cd "$(dirname "$0")/.."
 
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null ||
     ! command -v libvirtd >/dev/null || ! command -v virsh >/dev/null ||
+    ! command -v tmux >/dev/null ||
     ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null; then
     apt-get update -qq # stale package lists fetch versions the mirror no longer has
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev \
+        qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev tmux \
         libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients >/dev/null
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+if ! command -v promtool >/dev/null; then
+    tools="$PWD/target/tools"
+    if [ ! -x "$tools/usr/bin/promtool" ]; then
+        mkdir -p "$tools"
+        (cd "$tools" && apt-get download -qq prometheus && dpkg-deb -x prometheus_*.deb . &&
+            rm prometheus_*.deb)
+    fi
+    export PATH="$tools/usr/bin:$PATH"
+fi
 
 guest/build.sh
 cargo fmt --all --check
@@ -31,6 +44,9 @@ cargo clippy -p memtide -p memtide-adapters --all-targets --locked -- -D warning
 # The Debian package: built, its unit checked by systemd-analyze, its binary started as
 # the unit would start it (in namespaces of its own: nothing on the host changes).
 scripts/package-test.sh
+# The alert rules: valid, and each alert fires on its fixture and not on its neighbours.
+promtool check rules contrib/prometheus/memtide-alerts.yml
+promtool test rules contrib/prometheus/memtide-alerts.test.yml
 # --run-ignored all: include the end-to-end tests that boot guests; not the one that
 # rewrites the committed recording (run by hand when the model or the format changes).
 cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all \

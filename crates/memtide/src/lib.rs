@@ -13,3 +13,4 @@ pub mod policy_cmd;
 pub mod render;
 pub mod sim_cmd;
 pub mod status;
+pub mod top;

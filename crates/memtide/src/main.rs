@@ -67,6 +67,18 @@ enum Command {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// A full-screen live view of the running daemon: each VM's size, working set and
+    /// last decision, refreshed every tick (q quits, s sorts, / filters by name).
+    Top {
+        /// The daemon's control socket (default: the one in the configuration, else
+        /// /run/memtide/memtide.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Configuration file naming the control socket [default: /etc/memtide/memtide.toml
+        /// if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Check a configuration file and exit.
     CheckConfig {
         /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
@@ -219,6 +231,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", render::status(&status));
             }
             Ok(())
+        }
+        Command::Top { socket, config } => {
+            let socket = match socket {
+                Some(s) => s,
+                None => load(config.as_ref())?.daemon.socket,
+            };
+            memtide::top::run(socket).await
         }
         Command::CheckConfig { config } => {
             let config = config

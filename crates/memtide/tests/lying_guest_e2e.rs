@@ -13,6 +13,7 @@ use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::daemon::{actual_mib, mib, vm, Daemon};
 use support::guest::Guest;
+use support::tmux::Screen;
 
 const GUEST_MIB: u64 = 384;
 /// Anonymous memory the honest guest's workload keeps touching.
@@ -132,6 +133,20 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
         metrics.contains("memtide_diagnostics_total{kind=\"unbacked_claim\"}"),
         "the lie is counted in the metrics"
     );
+    // Every family the shipped dashboard and alert rules query is on a live /metrics.
+    let queried = support::families_queried(&[
+        "contrib/grafana/memtide.json",
+        "contrib/prometheus/memtide-alerts.yml",
+    ]);
+    assert!(queried.len() >= 15, "{queried:?}");
+    for family in queried {
+        assert!(
+            metrics.lines().any(|l| l
+                .strip_prefix(family.as_str())
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))),
+            "{family} is queried but not on /metrics:\n{metrics}"
+        );
+    }
     let logged = daemon
         .event_log()
         .into_iter()
@@ -141,5 +156,36 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
     assert!(
         logged <= 3,
         "a condition is logged when it starts, not every tick: {logged} events"
+    );
+
+    // The live view shows both VMs with the rule of their last decision, filters by name,
+    // sorts, and quits on q.
+    let command = format!(
+        "{} top --socket {}",
+        env!("CARGO_BIN_EXE_memtide"),
+        daemon.socket.display()
+    );
+    let screen = Screen::start(&command, 160, 30);
+    let table = |text: &str, name: &str| text.lines().any(|l| l.starts_with(&format!("│{name} ")));
+    let both = screen.wait_until("both VMs", |t| table(t, "honest") && table(t, "liar"));
+    assert!(
+        both.contains("memtide.") && both.contains("GIVEN"),
+        "{both}"
+    );
+    screen.keys(&["/", "lia", "Enter"]);
+    let filtered = screen.wait_until("the filtered table", |t| {
+        table(t, "liar") && !table(t, "honest") && t.contains("filter: lia")
+    });
+    assert!(
+        filtered.contains(" liar "),
+        "the selected VM's detail: {filtered}"
+    );
+    screen.keys(&["s"]);
+    screen.wait_until("the next sort key", |t| t.contains("s sort (working set)"));
+    screen.keys(&["q"]);
+    assert!(
+        support::wait_for(Duration::from_secs(5), || screen.ended().then_some(())).is_some(),
+        "q quits: {}",
+        screen.text()
     );
 }
