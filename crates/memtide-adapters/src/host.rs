@@ -92,26 +92,37 @@ fn read(path: &Path) -> Result<String, BackendError> {
     std::fs::read_to_string(path).map_err(|e| BackendError::Io(format!("{}: {e}", path.display())))
 }
 
-/// The domain when it is the whole host: MOM's freeable memory, and what the ZFS ARC
-/// would give back, over MemTotal.
+/// Anonymous memory on the host's LRU lists that no process maps (shmem aside): huge
+/// pages of which a balloon discarded 4 KiB pieces, awaiting their deferred split, and
+/// swap cache. The kernel frees it on demand; MemFree does not count it.
+fn unmapped_anon(m: &MemInfo) -> Bytes {
+    let lru = m.active_anon.zip(m.inactive_anon).map(|(a, i)| a + i);
+    let mapped = m.anon_pages.map(|a| a + m.shmem.unwrap_or_default());
+    lru.zip(mapped)
+        .map_or(Bytes(0), |(lru, mapped)| Bytes(lru.0.saturating_sub(mapped.0)))
+}
+
+/// The domain when it is the whole host: MOM's freeable memory, what the ZFS ARC would
+/// give back, and anonymous memory no process maps, over MemTotal.
 fn host_domain(m: &MemInfo, arc: Bytes) -> MemoryDomain {
     MemoryDomain {
         scope: DomainScope::Host,
         total: m.total,
         used: m.total - m.free,
-        freeable: (m.freeable() + arc).min(m.total),
+        freeable: (m.freeable() + arc + unmapped_anon(m)).min(m.total),
     }
 }
 
 /// The domain when it is a cgroup: its limit (at most MemTotal), with free memory being
-/// the room below the limit plus the cgroup's file cache — but never more than the
-/// whole host has freeable (the ZFS ARC's reclaimable part included: it is not charged
-/// to the cgroup), since the limit is no promise that memory exists.
+/// the room below the limit plus the cgroup's file cache and the anonymous memory no
+/// process maps — but never more than the whole host has freeable (the ZFS ARC's
+/// reclaimable part included: it is not charged to the cgroup), since the limit is no
+/// promise that memory exists.
 fn cgroup_domain(dir: &Path, m: &MemInfo, arc: Bytes, c: &cgroup::CgroupMemory) -> MemoryDomain {
     let total = c.limit.map_or(m.total, |l| l.min(m.total));
-    let freeable = ((total - c.usage) + c.file_cache)
+    let freeable = ((total - c.usage) + c.file_cache + c.unmapped_anon)
         .min(total)
-        .min(m.freeable() + arc);
+        .min(m.freeable() + arc + unmapped_anon(m));
     MemoryDomain {
         scope: DomainScope::Cgroup {
             path: dir.display().to_string(),
@@ -231,6 +242,29 @@ mod tests {
             Bytes::from_kib(24682416),
             "never more than the host's memory"
         );
+    }
+
+    #[test]
+    fn anonymous_memory_no_process_maps_is_freeable() {
+        let mib = |n| Some(Bytes::from_mib(n));
+        let m = MemInfo {
+            active_anon: mib(40),
+            inactive_anon: mib(300),
+            anon_pages: mib(200),
+            shmem: mib(30),
+            ..MemInfo::default()
+        };
+        assert_eq!(unmapped_anon(&m), Bytes::from_mib(110));
+        let all_mapped = MemInfo {
+            anon_pages: mib(400),
+            ..m.clone()
+        };
+        assert_eq!(unmapped_anon(&all_mapped), Bytes(0));
+        let old_kernel = MemInfo {
+            anon_pages: None,
+            ..m
+        };
+        assert_eq!(unmapped_anon(&old_kernel), Bytes(0), "unknown: nothing");
     }
 
     #[test]

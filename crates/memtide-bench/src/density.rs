@@ -4,8 +4,9 @@
 //! The scenario's VMs arrive one after another (`arrive_every_s`) into a queue, in the
 //! order of its `[[vm]]` entries. One admission rule serves every policy, as in the
 //! simulator's density benchmark (`memtide_sim::density`): the VM at the head is booted
-//! when the domain's free memory (its limit less what it holds, page cache excepted), as
-//! the policy leaves it, covers the VM's expected need (its measured base, its hot set and
+//! when the domain's free memory (its limit less what it holds, page cache and anonymous
+//! memory no process maps excepted: the kernel gives both back on demand), as the policy
+//! leaves it, covers the VM's expected need (its measured base, its hot set and
 //! QEMU's own overhead) plus a reserve; under `none` the VMs' configured sizes (plus
 //! QEMU's overhead) must fit the domain less the reserve: static partitioning. At least
 //! `settle_s` passes between two admissions. There is no host swap behind the domain:
@@ -174,7 +175,7 @@ impl Bench<'_> {
                     .cgroup
                     .usage()
                     .ok()
-                    .zip(self.cgroup.file_cache().ok())
+                    .zip(self.cgroup.reclaimable().ok())
                     .map(|(u, c)| u.saturating_sub(c) as f64 / (1u64 << 20) as f64);
                 // Admission.
                 let next = admitted.len();

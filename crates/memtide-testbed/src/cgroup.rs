@@ -78,6 +78,14 @@ impl Cgroup {
         Ok(memtide_adapters::cgroup::read(&self.dir)?.file_cache.0)
     }
 
+    /// What the kernel gives back on demand of what the cgroup holds: its file cache and
+    /// the anonymous memory no process maps (huge pages a balloon split, awaiting their
+    /// deferred split), in bytes.
+    pub fn reclaimable(&self) -> Result<u64, Error> {
+        let m = memtide_adapters::cgroup::read(&self.dir)?;
+        Ok(m.file_cache.0 + m.unmapped_anon.0)
+    }
+
     /// Set the memory limit, in bytes.
     pub fn set_limit(&self, bytes: u64) -> Result<(), Error> {
         let path = self.dir.join(self.limit_file());
