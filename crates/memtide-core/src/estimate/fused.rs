@@ -138,6 +138,9 @@ pub struct Fused {
     /// The last failed probe failed as soon as it went below what the guest has
     /// committed: it touches all it allocates, so a rebase does not restart fast probing.
     exact: bool,
+    /// The level at which a probe last failed since the guest's need last changed: no
+    /// probe goes that deep again until it changes.
+    failed_at: Option<Bytes>,
 }
 
 /// What a guest's estimator must not forget when the daemon restarts: where probing
@@ -426,6 +429,7 @@ impl Fused {
             // fine was not below what the guest has committed, none of that was cold.
             if let Some(p) = after_probe {
                 self.exact = s.committed_as.is_some_and(|c| obs.size + p >= c);
+                self.failed_at = Some(obs.size);
             }
             // A back-off that interrupts probing doubles the next hold (the probe failed
             // again at this level); one during a hold restarts the same hold.
@@ -459,6 +463,8 @@ impl Fused {
                     self.backoffs = 0;
                 }
             }
+            // A new need: what failed before says nothing of it.
+            self.failed_at = None;
             if allocated {
                 "allocate"
             } else if self.estimate.is_none() {
@@ -474,6 +480,7 @@ impl Fused {
             // probing down to it a step at a time (found on real guests: a 384 MiB guest
             // that freed 170 MiB gave it back at 4 MiB a tick while its neighbours swapped).
             estimate = (estimate - freed).max(estimate.min(base));
+            self.failed_at = None;
             "release"
         } else if obs.at < self.hold_until {
             "hold"
@@ -492,6 +499,15 @@ impl Fused {
             // below its working set stopped answering, its balloon statistics showed no
             // swap-ins, and the next probe went 9 MiB deeper).
             "no_agent"
+        } else if self
+            .failed_at
+            .is_some_and(|failed| estimate - probe <= failed)
+        {
+            // A probe failed at the next level down, and the guest's need has not changed
+            // since: probing there again would only fail again (seen on real guests: a
+            // busy guest probed down to the same level after each hold, 254 MiB faulted
+            // back each time, five times in four minutes).
+            "probed"
         } else {
             // Fine below what it has committed: there is cold memory to find.
             if s.committed_as.is_some_and(|c| obs.size < c) {
@@ -535,6 +551,10 @@ impl Fused {
                 obs.size
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
+            "probed" => format!(
+                "estimate {wss}: holding: a probe failed at {} and the guest's need has not changed since",
+                self.failed_at.unwrap_or_default()
+            ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
             ),
@@ -1031,6 +1051,38 @@ mod tests {
         // As many again: a shortage still (340 + 10 + 20).
         let e = f.step(&cfg, &obs(14, 340, 0, 2560)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (370.0, "back_off"));
+    }
+
+    #[test]
+    fn a_level_where_a_probe_failed_is_not_probed_again_until_the_need_changes() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        f.step(&cfg, &obs(0, 1000, 700, 0));
+        f.step(&cfg, &obs(1, 330, 30, 0));
+        assert_eq!(f.step(&cfg, &obs(2, 330, 30, 0)).unwrap().phase, "probe");
+        // Short at the probed level: back off, and hold.
+        let back = f.step(&cfg, &obs(3, 320, 20, 2560)).unwrap();
+        assert_eq!(back.phase, "back_off");
+        // After the hold, probing goes down to the last level above the one that failed.
+        let mut phases = Vec::new();
+        let mut size = back.wss.mib();
+        for t in 12..40 {
+            let e = f.step(&cfg, &obs(t, size, 30, 0)).unwrap();
+            size = e.wss.mib();
+            phases.push(e.phase);
+        }
+        assert!(phases.contains(&"probe"), "{phases:?}");
+        assert_eq!(phases.last(), Some(&"probed"), "{phases:?}");
+        assert_eq!(size, 330, "a step above the 320 MiB that failed");
+        assert!(f
+            .step(&cfg, &obs(40, 330, 30, 0))
+            .unwrap()
+            .detail
+            .contains("failed at 320 MiB"));
+        // The guest's need changes (it commits 200 MiB more): probing may go anywhere again.
+        f.step(&cfg, &committed(obs(41, 330, 30, 0), 300));
+        let grown = f.step(&cfg, &committed(obs(42, 330, 30, 0), 500)).unwrap();
+        assert_eq!(grown.phase, "allocate", "{}", grown.detail);
+        assert_eq!(f.failed_at, None);
     }
 
     #[test]

@@ -221,6 +221,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "start") => "memtide.start",
         ("memtide", "rebase") => "memtide.rebase",
         ("memtide", "probe") => "memtide.probe",
+        ("memtide", "probed") => "memtide.probed",
         ("memtide", "hold") => "memtide.hold",
         ("memtide", "allocate") => "memtide.allocate",
         ("memtide", "release") => "memtide.release",
