@@ -98,8 +98,9 @@ fn read(path: &Path) -> Result<String, BackendError> {
 fn unmapped_anon(m: &MemInfo) -> Bytes {
     let lru = m.active_anon.zip(m.inactive_anon).map(|(a, i)| a + i);
     let mapped = m.anon_pages.map(|a| a + m.shmem.unwrap_or_default());
-    lru.zip(mapped)
-        .map_or(Bytes(0), |(lru, mapped)| Bytes(lru.0.saturating_sub(mapped.0)))
+    lru.zip(mapped).map_or(Bytes(0), |(lru, mapped)| {
+        Bytes(lru.0.saturating_sub(mapped.0))
+    })
 }
 
 /// The domain when it is the whole host: MOM's freeable memory, what the ZFS ARC would

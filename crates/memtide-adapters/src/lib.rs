@@ -9,6 +9,7 @@ pub mod firecracker;
 pub mod framing;
 pub mod host;
 pub mod ksm;
+pub mod kubevirt;
 pub mod libvirt;
 pub mod procfs;
 pub mod proxmox;

@@ -143,6 +143,10 @@ pub struct LibvirtConfig {
     /// Connection URIs (`qemu:///system`); every running domain on them is managed, by
     /// its domain name.
     pub uris: Vec<String>,
+    /// Also manage the VMs of KubeVirt's virt-launcher pods on this node, each through its
+    /// pod's own libvirt daemon, found through `[host] proc` (memtide runs with the host's
+    /// PID namespace: `docs/connectors/kubevirt.md`).
+    pub kubevirt: bool,
 }
 
 /// Discovery of VMs by their API sockets (Firecracker, Cloud Hypervisor).
@@ -679,6 +683,22 @@ mod tests {
         // so the service starts on any host.
         let c = Config::parse(include_str!("../../../contrib/memtide.toml"), "package").unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn the_kubevirt_daemonsets_configuration_parses() {
+        let yaml = include_str!("../../../contrib/kubevirt/memtide-daemonset.yaml");
+        let block: String = yaml
+            .lines()
+            .skip_while(|l| !l.ends_with("memtide.toml: |"))
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        let c = Config::parse(&block, "daemonset").unwrap();
+        assert!(c.libvirt.kubevirt && c.discovery.qmp_glob.is_empty());
+        assert_eq!(c.daemon.http, "0.0.0.0:9315");
+        c.settings().expect("the daemon would start with it");
     }
 
     #[test]

@@ -103,6 +103,13 @@ impl Connector for Connectors {
             Err(no_libvirt())
         }
     }
+
+    fn forget(&self, uri: &str) {
+        #[cfg(feature = "libvirt")]
+        self.libvirt.forget(uri);
+        #[cfg(not(feature = "libvirt"))]
+        let _ = uri;
+    }
 }
 
 #[cfg(not(feature = "libvirt"))]
@@ -117,44 +124,46 @@ mod libvirt {
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
     use memtide_core::BackendError;
     use std::collections::BTreeMap;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
-    /// One shared connection per libvirt URI in the configuration.
+    /// One shared connection per libvirt URI: those in the configuration, and those
+    /// found on the node (KubeVirt's launchers), made when first asked for.
     pub struct Connections {
-        by_uri: BTreeMap<String, Arc<Libvirt>>,
+        by_uri: Mutex<BTreeMap<String, Arc<Libvirt>>>,
+        call_timeout: Duration,
         opts: LibvirtVmOptions,
     }
 
     impl Connections {
         pub fn new(config: &Config, stats_interval_s: u64) -> Connections {
-            let vm_uris = config.vms.iter().filter_map(|vm| vm.libvirt.as_ref());
-            let by_uri = config
-                .libvirt
-                .uris
-                .iter()
-                .chain(vm_uris)
-                .map(|uri| {
-                    (
-                        uri.clone(),
-                        Arc::new(Libvirt::new(uri, config.call_timeout())),
-                    )
-                })
-                .collect();
             Connections {
-                by_uri,
+                by_uri: Mutex::default(),
+                call_timeout: config.call_timeout(),
                 opts: LibvirtVmOptions { stats_interval_s },
             }
         }
 
-        fn get(&self, uri: &str) -> Result<&Libvirt, BackendError> {
+        /// The connection to `uri`, made (not opened: that waits for its first call) if
+        /// there is none.
+        fn get(&self, uri: &str) -> Arc<Libvirt> {
+            let mut by_uri = self.by_uri.lock().expect("libvirt connections lock");
+            by_uri
+                .entry(uri.to_string())
+                .or_insert_with(|| Arc::new(Libvirt::new(uri, self.call_timeout)))
+                .clone()
+        }
+
+        /// Drop the connection to `uri` (its VMs keep theirs until they fail).
+        pub fn forget(&self, uri: &str) {
             self.by_uri
-                .get(uri)
-                .map(|l| l.as_ref())
-                .ok_or_else(|| BackendError::Protocol(format!("{uri}: not configured")))
+                .lock()
+                .expect("libvirt connections lock")
+                .remove(uri);
         }
 
         pub async fn connect(&self, uri: &str, domain: &str) -> Result<Connection, BackendError> {
-            let vm = LibvirtVm::connect(self.get(uri)?, domain, &self.opts).await?;
+            let vm = LibvirtVm::connect(&self.get(uri), domain, &self.opts).await?;
             let (min, max) = vm.bounds();
             Ok(Connection {
                 backend: Box::new(vm),
@@ -165,7 +174,7 @@ mod libvirt {
         }
 
         pub async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
-            Ok(self.get(uri)?.running_domains().await?)
+            Ok(self.get(uri).running_domains().await?)
         }
     }
 }

@@ -106,4 +106,6 @@ pub trait Connector: Send + Sync + 'static {
     ) -> Result<Connection, BackendError>;
     /// The names of the running domains on the libvirt connection `uri`.
     async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError>;
+    /// Drop what is kept for the libvirt connection `uri`: its daemon is gone.
+    fn forget(&self, _uri: &str) {}
 }

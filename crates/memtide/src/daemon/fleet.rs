@@ -174,11 +174,18 @@ enum SocketKind {
     CloudHypervisor,
 }
 
+/// How often the process table is scanned for KubeVirt's launcher daemons.
+const LAUNCHER_SCAN: Duration = Duration::from_secs(10);
+
 /// All VMs, connected or not.
 pub struct Fleet {
     connector: Arc<dyn Connector>,
     globs: Vec<(SocketKind, String)>,
+    /// The configured libvirt URIs, and with them those found on this node.
     libvirt_uris: Vec<String>,
+    /// Where KubeVirt's launcher daemons are looked for (`/proc`), when they are, and
+    /// what the last look found, when.
+    kubevirt: Option<(PathBuf, Option<Instant>, Vec<String>)>,
     agent_extension: String,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
@@ -225,6 +232,10 @@ impl Fleet {
                 .flat_map(|(kind, patterns)| patterns.iter().map(move |p| (kind, p.clone())))
                 .collect(),
             libvirt_uris: config.libvirt.uris.clone(),
+            kubevirt: config
+                .libvirt
+                .kubevirt
+                .then(|| (config.host.proc.clone(), None, Vec::new())),
             agent_extension: config.discovery.agent_extension.clone(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
@@ -289,6 +300,7 @@ impl Fleet {
         }
         self.take_listings();
         self.discover();
+        self.find_launchers(now);
         for (endpoint, c) in &self.candidates {
             if c.backoff.ready(now) && self.in_flight.insert(endpoint.clone()) {
                 let (connector, endpoint, limit) =
@@ -333,6 +345,38 @@ impl Fleet {
             error: None,
             actuation: Actuation::default(),
             late_samples: 0,
+        }
+    }
+
+    /// Look for KubeVirt launcher daemons every [`LAUNCHER_SCAN`]: a new one is listed
+    /// like a configured URI; the candidates of one that is gone are forgotten, and so is
+    /// its connection (the pod ended; its managed VM is lost when its calls fail).
+    fn find_launchers(&mut self, now: Instant) {
+        let Some((proc, scanned, found)) = &mut self.kubevirt else {
+            return;
+        };
+        if scanned.is_some_and(|at| now.duration_since(at) < LAUNCHER_SCAN) {
+            return;
+        }
+        *scanned = Some(now);
+        let now_found = memtide_adapters::kubevirt::launcher_uris(proc);
+        let gone: Vec<String> = found
+            .iter()
+            .filter(|u| !now_found.contains(u))
+            .cloned()
+            .collect();
+        self.libvirt_uris.retain(|u| !gone.contains(u));
+        for uri in &now_found {
+            if !self.libvirt_uris.contains(uri) {
+                self.libvirt_uris.push(uri.clone());
+            }
+        }
+        *found = now_found;
+        self.candidates.retain(
+            |endpoint, _| !matches!(endpoint, Endpoint::Libvirt { uri, .. } if gone.contains(uri)),
+        );
+        for uri in &gone {
+            self.connector.forget(uri);
         }
     }
 
@@ -641,6 +685,8 @@ mod tests {
         domains: Mutex<HashMap<String, Vec<String>>>,
         /// Balloon commands sent, by socket.
         balloons_sent: Mutex<HashMap<PathBuf, Arc<AtomicU32>>>,
+        /// libvirt URIs forgotten.
+        forgotten: Mutex<Vec<String>>,
     }
 
     struct FakeVm(Behaviour, Arc<AtomicU32>);
@@ -717,6 +763,10 @@ mod tests {
                     shares: None,
                 }),
             }
+        }
+
+        fn forget(&self, uri: &str) {
+            self.forgotten.lock().unwrap().push(uri.into());
         }
 
         async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
@@ -928,6 +978,55 @@ mod tests {
         settle(&mut fleet).await;
         let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db", "web"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kubevirt_launchers_are_found_on_the_node_and_forgotten_when_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        // A non-root launcher's virtqemud, reached through its root.
+        let launcher = proc.join("4100");
+        let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        std::fs::write(&socket, "").unwrap();
+        std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
+        std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
+        let uri = format!("qemu+unix:///session?socket={}", socket.display());
+        let connector = Arc::new(FakeConnector::default());
+        connector
+            .domains
+            .lock()
+            .unwrap()
+            .insert(uri.clone(), vec!["default_web".into()]);
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.host.proc = proc.clone();
+        config.libvirt.kubevirt = true;
+        let mut fleet = Fleet::new(&config, connector.clone());
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["default_web"]);
+        assert_eq!(
+            fleet.managed["default_web"].endpoint.to_string(),
+            format!("{uri} domain default_web")
+        );
+
+        // The pod ends before its VM was connected again: at the next scan its URI is no
+        // longer listed, its candidates are forgotten, and so is its connection.
+        std::fs::remove_dir_all(&launcher).unwrap();
+        fleet.candidates.insert(
+            Endpoint::Libvirt {
+                uri: uri.clone(),
+                domain: "default_db".into(),
+            },
+            Fleet::discovered("default_db", None),
+        );
+        fleet.find_launchers(Instant::now() + LAUNCHER_SCAN);
+        assert!(fleet.libvirt_uris.is_empty(), "{:?}", fleet.libvirt_uris);
+        assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
+        assert_eq!(*connector.forgotten.lock().unwrap(), [uri]);
     }
 
     /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.
