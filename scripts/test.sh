@@ -6,9 +6,10 @@
 # C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
 # which starts one of its own as user nobody), tmux (`memtide top` is driven in it),
 # cargo-nextest, for the Debian package cargo-deb and systemd's systemd-analyze
-# (scripts/package-test.sh), and promtool (the live /metrics and the alert rules are
-# checked with it), unpacked from Debian's prometheus package into target/tools rather
-# than installed: installing it would enable a Prometheus server.
+# (scripts/package-test.sh), promtool (the live /metrics and the alert rules are checked
+# with it), unpacked from Debian's prometheus package into target/tools rather than
+# installed: installing it would enable a Prometheus server, and python3-venv for
+# kubernetes-validate (the KubeVirt manifest against the Kubernetes API schema).
 # Needs root: apt, and memory cgroups for the end-to-end tests. Changes no host-global
 # setting: the tests create only their own cgroups, processes and temporary files.
 set -euo pipefail
@@ -16,11 +17,11 @@ cd "$(dirname "$0")/.."
 
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null ||
     ! command -v libvirtd >/dev/null || ! command -v virsh >/dev/null ||
-    ! command -v tmux >/dev/null ||
+    ! command -v tmux >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/null ||
     ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null; then
     apt-get update -qq # stale package lists fetch versions the mirror no longer has
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev tmux \
+        qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev tmux python3-venv \
         libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients >/dev/null
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
@@ -47,6 +48,12 @@ scripts/package-test.sh
 # The alert rules: valid, and each alert fires on its fixture and not on its neighbours.
 promtool check rules contrib/prometheus/memtide-alerts.yml
 promtool test rules contrib/prometheus/memtide-alerts.test.yml
+# The KubeVirt manifest against the Kubernetes API schema (kubernetes-validate, from PyPI,
+# in a virtual environment of its own under target/tools).
+venv=target/tools/venv
+[ -x "$venv/bin/kubernetes-validate" ] ||
+    { python3 -m venv "$venv" && "$venv/bin/pip" install -q kubernetes-validate==1.37.0; }
+"$venv/bin/kubernetes-validate" --strict --quiet contrib/kubevirt/memtide-daemonset.yaml
 # --run-ignored all: include the end-to-end tests that boot guests; not the one that
 # rewrites the committed recording (run by hand when the model or the format changes).
 cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all \

@@ -45,6 +45,13 @@ pub fn launcher_uris(proc: &Path) -> Vec<String> {
     uris
 }
 
+/// The name of the VM behind a launcher's libvirt domain: KubeVirt names the domain
+/// `NAMESPACE_NAME`, and a namespace (a DNS label) has no `_`, so the first one is the
+/// separator: `NAMESPACE/NAME`, as `kubectl` shows it.
+pub fn vm_name(domain: &str) -> String {
+    domain.replacen('_', "/", 1)
+}
+
 /// The real uid in a `/proc/PID/status` text.
 fn real_uid(status: &str) -> Option<u32> {
     status
@@ -95,6 +102,13 @@ mod tests {
             ]
         );
         assert!(launcher_uris(&proc.join("missing")).is_empty());
+    }
+
+    #[test]
+    fn a_domain_is_named_as_kubevirt_names_its_vm() {
+        assert_eq!(vm_name("default_web"), "default/web");
+        assert_eq!(vm_name("team-a_db_replica_2"), "team-a/db_replica_2");
+        assert_eq!(vm_name("plain"), "plain");
     }
 
     #[test]

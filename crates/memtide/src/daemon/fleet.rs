@@ -393,16 +393,25 @@ impl Fleet {
                     continue;
                 }
             };
-            for name in &names {
+            let launcher = self
+                .kubevirt
+                .as_ref()
+                .is_some_and(|(_, _, found)| found.contains(&uri));
+            for domain in &names {
                 let endpoint = Endpoint::Libvirt {
                     uri: uri.clone(),
-                    domain: name.clone(),
+                    domain: domain.clone(),
+                };
+                // A launcher's domain is named as KubeVirt names its VM: namespace/name.
+                let name = match launcher {
+                    true => memtide_adapters::kubevirt::vm_name(domain),
+                    false => domain.clone(),
                 };
                 let known = self.candidates.contains_key(&endpoint)
                     || self.managed.values().any(|m| m.endpoint == endpoint);
-                if !known && !self.taken(name) {
+                if !known && !self.taken(&name) {
                     self.candidates
-                        .insert(endpoint, Fleet::discovered(name, None));
+                        .insert(endpoint, Fleet::discovered(&name, None));
                 }
             }
             self.candidates.retain(|endpoint, c| match endpoint {
@@ -1007,9 +1016,13 @@ mod tests {
             settle(&mut fleet).await;
         }
         let (vms, _) = sample(&mut fleet).await;
-        assert_eq!(names(&vms), ["default_web"]);
         assert_eq!(
-            fleet.managed["default_web"].endpoint.to_string(),
+            names(&vms),
+            ["default/web"],
+            "named as KubeVirt names its VMs"
+        );
+        assert_eq!(
+            fleet.managed["default/web"].endpoint.to_string(),
             format!("{uri} domain default_web")
         );
 
