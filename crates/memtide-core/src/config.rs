@@ -12,6 +12,10 @@ pub struct EngineConfig {
     pub settle_s: u64,
     /// Let policies change KSM knobs.
     pub ksm_control: bool,
+    /// Tune KSM also when the VM memory domain is a cgroup. KSM is host-wide: it then
+    /// scans and merges memory outside the domain too, so by default it is tuned only
+    /// when the domain is the whole host.
+    pub ksm_in_cgroup_domain: bool,
 }
 
 impl Default for EngineConfig {
@@ -20,6 +24,7 @@ impl Default for EngineConfig {
             history_len: 10,
             settle_s: 30,
             ksm_control: true,
+            ksm_in_cgroup_domain: false,
         }
     }
 }

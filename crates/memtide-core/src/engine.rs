@@ -14,7 +14,7 @@ use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
 use crate::sanitize::{bounded_actual, implausible_agent, sanitize, stale, undelivered};
 use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
-use crate::stats::{HostStats, KsmState};
+use crate::stats::{DomainScope, HostStats, KsmState};
 use crate::units::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::Duration;
@@ -221,7 +221,7 @@ impl Engine {
                 message,
             });
         }
-        let ksm_is_ours = !others.iter().any(|o| o.tunes_ksm());
+        let ksm_is_ours = !others.iter().any(|o| o.tunes_ksm()) && self.ksm_domain(snap);
         if let (Some(proposal), Some(state)) = (&output.ksm, &snap.host.ksm) {
             let changed = ksm_changes(&proposal.settings, state);
             if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
@@ -437,6 +437,12 @@ impl Engine {
         (report, Some(signals))
     }
 
+    /// KSM is host-wide: tuned for a domain that is the whole host, or a cgroup when the
+    /// operator says so.
+    fn ksm_domain(&self, snap: &Snapshot) -> bool {
+        snap.host.domain.scope == DomainScope::Host || self.config.ksm_in_cgroup_domain
+    }
+
     fn host_report(&self, snap: &Snapshot, ksm_reason: Option<&Reason>) -> HostReport {
         let domain = &snap.host.domain;
         let psi = snap.host.psi.map(|p| p.some.avg10);
@@ -445,6 +451,9 @@ impl Engine {
             let why = match tuner {
                 _ if !self.config.ksm_control => "ksm_control is off".to_string(),
                 Some(o) => format!("{} (pid {}) tunes KSM", o.name, o.pid),
+                None if !self.ksm_domain(snap) => "KSM is host-wide and the domain is a cgroup \
+                    (set [engine] ksm_in_cgroup_domain to tune it anyway)"
+                    .to_string(),
                 None => return r.clone(),
             };
             Reason::new(r.rule.clone(), format!("{} (not applied: {why})", r.detail))

@@ -2,7 +2,7 @@
 
 use memtide_core::decision::{Diagnostic, VmState};
 use memtide_core::policy::mom::Mom;
-use memtide_core::stats::OtherManager;
+use memtide_core::stats::{DomainScope, OtherManager};
 use memtide_core::testkit::{host, snapshot, vm, Fixed};
 use memtide_core::{
     Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, Reason, VmEvent,
@@ -225,6 +225,36 @@ fn ksm_knobs_are_written_only_when_they_differ() {
         .unwrap()
         .detail
         .ends_with("(not applied: ksm_control is off)"));
+}
+
+#[test]
+fn ksm_is_tuned_for_a_cgroup_domain_only_when_the_operator_says_so() {
+    let cgroup_host = || {
+        let mut h = host(16384, 1024);
+        h.domain.scope = DomainScope::Cgroup {
+            path: "/sys/fs/cgroup/machine.slice".into(),
+            version: 2,
+        };
+        h
+    };
+    let sets_ksm = |d: &Decision| d.actions.iter().any(|a| matches!(a, Action::SetKsm { .. }));
+    let d = engine().tick(&snapshot(0, cgroup_host(), vec![vm("a", 8192, 8192, 10)]));
+    assert!(!sets_ksm(&d), "{:?}", d.actions);
+    let why = d.host.ksm_reason.unwrap().detail;
+    assert!(
+        why.contains("KSM is host-wide and the domain is a cgroup"),
+        "{why}"
+    );
+    let cfg = EngineConfig {
+        ksm_in_cgroup_domain: true,
+        ..EngineConfig::default()
+    };
+    let d = Engine::new(cfg, Box::<Mom>::default()).tick(&snapshot(
+        0,
+        cgroup_host(),
+        vec![vm("a", 8192, 8192, 10)],
+    ));
+    assert!(sets_ksm(&d), "{:?}", d.actions);
 }
 
 #[test]
