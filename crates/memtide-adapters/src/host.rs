@@ -66,26 +66,12 @@ impl LinuxHost {
     }
 }
 
-/// The processes under `proc` whose name (`comm`) is one of [`OtherManager::KNOWN`]. A
-/// process that ends during the scan, or whose files cannot be read, is passed over.
+/// The processes under `proc` whose name (`comm`) is one of [`OtherManager::KNOWN`], by pid.
 fn other_managers(proc: &Path) -> Vec<OtherManager> {
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return Vec::new();
-    };
-    let mut found: Vec<OtherManager> = entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            let name = comm.trim_end();
-            OtherManager::KNOWN.contains(&name).then(|| OtherManager {
-                name: name.to_string(),
-                pid,
-            })
-        })
-        .collect();
-    found.sort_by_key(|o| o.pid);
-    found
+    procfs::processes(proc, |name| OtherManager::KNOWN.contains(&name))
+        .into_iter()
+        .map(|(pid, name, _)| OtherManager { name, pid })
+        .collect()
 }
 
 fn read(path: &Path) -> Result<String, BackendError> {
@@ -103,27 +89,37 @@ fn unmapped_anon(m: &MemInfo) -> Bytes {
     })
 }
 
-/// The domain when it is the whole host: MOM's freeable memory, what the ZFS ARC would
-/// give back, and anonymous memory no process maps, over MemTotal.
-fn host_domain(m: &MemInfo, arc: Bytes) -> MemoryDomain {
+/// What the whole host could free: MOM's freeable memory, what the ZFS ARC would give
+/// back (`arc`), and anonymous memory no process maps, at most MemTotal.
+fn host_freeable(m: &MemInfo, arc: Bytes) -> Bytes {
+    (m.freeable() + arc + unmapped_anon(m)).min(m.total)
+}
+
+/// The domain when it is the whole host: what it could free (`freeable`) over MemTotal.
+fn host_domain(m: &MemInfo, freeable: Bytes) -> MemoryDomain {
     MemoryDomain {
         scope: DomainScope::Host,
         total: m.total,
         used: m.total - m.free,
-        freeable: (m.freeable() + arc + unmapped_anon(m)).min(m.total),
+        freeable,
     }
 }
 
 /// The domain when it is a cgroup: its limit (at most MemTotal), with free memory being
 /// the room below the limit plus the cgroup's file cache and the anonymous memory no
-/// process maps — but never more than the whole host has freeable (the ZFS ARC's
-/// reclaimable part included: it is not charged to the cgroup), since the limit is no
-/// promise that memory exists.
-fn cgroup_domain(dir: &Path, m: &MemInfo, arc: Bytes, c: &cgroup::CgroupMemory) -> MemoryDomain {
+/// process maps — but never more than the whole host could free (`host_freeable`: the
+/// ZFS ARC's reclaimable part included, which is not charged to the cgroup), since the
+/// limit is no promise that memory exists.
+fn cgroup_domain(
+    dir: &Path,
+    m: &MemInfo,
+    host_freeable: Bytes,
+    c: &cgroup::CgroupMemory,
+) -> MemoryDomain {
     let total = c.limit.map_or(m.total, |l| l.min(m.total));
     let freeable = ((total - c.usage) + c.file_cache + c.unmapped_anon)
         .min(total)
-        .min(m.freeable() + arc + unmapped_anon(m));
+        .min(host_freeable);
     MemoryDomain {
         scope: DomainScope::Cgroup {
             path: dir.display().to_string(),
@@ -150,12 +146,16 @@ impl HostBackend for LinuxHost {
             .ok()
             .and_then(|t| procfs::zfs_arc_reclaimable(&t))
             .unwrap_or_default();
+        let host_freeable = host_freeable(&meminfo, arc);
         let (domain, psi) = match &self.paths.domain_cgroup {
-            None => (host_domain(&meminfo, arc), host_psi),
+            None => (host_domain(&meminfo, host_freeable), host_psi),
             Some(dir) => {
                 let c = cgroup::read(dir)
                     .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
-                (cgroup_domain(dir, &meminfo, arc, &c), c.psi.or(host_psi))
+                (
+                    cgroup_domain(dir, &meminfo, host_freeable, &c),
+                    c.psi.or(host_psi),
+                )
             }
         };
         Ok(HostStats {

@@ -5,6 +5,7 @@
 //! KubeVirt's own virt-handler does). A pod whose launcher runs as non-root (KubeVirt's
 //! default, uid 107) runs the daemon in session mode; a root launcher in system mode.
 
+use crate::procfs;
 use std::path::Path;
 
 /// The daemon's process name (`comm`).
@@ -16,22 +17,14 @@ const SOCKET: &str = "var/run/libvirt/virtqemud-sock";
 /// `virtqemud` process whose socket exists below its root. Processes that end during the
 /// scan, or whose files cannot be read, are passed over.
 pub fn launcher_uris(proc: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return Vec::new();
-    };
-    let mut uris: Vec<String> = entries
-        .flatten()
-        .filter_map(|e| {
-            e.file_name().to_str()?.parse::<u32>().ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            if comm.trim_end() != DAEMON {
-                return None;
-            }
-            let socket = e.path().join("root").join(SOCKET);
+    let mut uris: Vec<String> = procfs::processes(proc, |name| name == DAEMON)
+        .into_iter()
+        .filter_map(|(_, _, dir)| {
+            let socket = dir.join("root").join(SOCKET);
             if !socket.exists() {
                 return None;
             }
-            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let status = std::fs::read_to_string(dir.join("status")).ok()?;
             let mode = if real_uid(&status)? == 0 {
                 "system"
             } else {

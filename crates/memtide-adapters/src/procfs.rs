@@ -5,7 +5,7 @@
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
 use memtide_core::Bytes;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A file that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,6 +34,26 @@ pub fn key_values(text: &str) -> HashMap<&str, u64> {
             Some((it.next()?, it.next()?.parse().ok()?))
         })
         .collect()
+}
+
+/// The processes under `proc` (a procfs mount) whose name (`comm`) `wanted` accepts, as
+/// (pid, name, the process's directory), by pid. A process that ends during the scan, or
+/// whose files cannot be read, is passed over.
+pub fn processes(proc: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(u32, String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u32, String, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let name = comm.trim_end();
+            wanted(name).then(|| (pid, name.to_string(), e.path()))
+        })
+        .collect();
+    found.sort_by_key(|(pid, ..)| *pid);
+    found
 }
 
 /// What the ZFS ARC would give back under memory pressure, from
@@ -235,7 +255,7 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
 }
 
 #[cfg(test)]
-mod zfs_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -256,11 +276,6 @@ mod zfs_tests {
         assert_eq!(zfs_arc_reclaimable("size 4 x\nc_min 4 1\n"), None);
         assert_eq!(zfs_arc_reclaimable(""), None);
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     const MEMINFO: &str = include_str!("../tests/data/proc/meminfo");
 
