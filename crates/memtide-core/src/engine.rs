@@ -580,20 +580,11 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
 
 /// The cumulative counters of a VM's (sanitized) sample.
 fn totals(sample: &VmSample) -> GuestTotals {
-    let vmstat = sample
-        .agent
-        .as_ref()
-        .and_then(|a| a.as_ref().ok())
-        .map(|a| &a.vmstat);
-    let refaults = vmstat.and_then(|v| {
-        let (anon, file) = (v.workingset_refault_anon, v.workingset_refault_file);
-        anon.or(file)
-            .map(|_| anon.unwrap_or(0).saturating_add(file.unwrap_or(0)))
-    });
+    let agent = sample.agent.as_ref().and_then(|a| a.as_ref().ok());
     GuestTotals {
         swapped_in: sample.stats.swap_in,
         swapped_out: sample.stats.swap_out,
         major_faults: sample.stats.major_faults,
-        refaults,
+        refaults: agent.and_then(|a| a.vmstat.refaults()),
     }
 }

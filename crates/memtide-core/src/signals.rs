@@ -94,12 +94,8 @@ impl Signals {
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
             .or_else(|| history.delta(|s| s.stats.swap_in.map(|b| b.0 / PAGE)));
-        let refaults = agent_delta(|a| {
-            // Guest figures can be anything: a sum must not overflow (#18 defect 9).
-            let anon = a.vmstat.workingset_refault_anon.unwrap_or(0);
-            Some(anon.saturating_add(a.vmstat.workingset_refault_file?))
-        })
-        .or_else(|| history.delta(|s| s.stats.major_faults));
+        let refaults = agent_delta(|a| a.vmstat.refaults())
+            .or_else(|| history.delta(|s| s.stats.major_faults));
         Signals {
             used,
             total,

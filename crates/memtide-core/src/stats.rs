@@ -131,6 +131,16 @@ pub struct VmStat {
     pub allocstall: Option<u64>,
 }
 
+impl VmStat {
+    /// Evicted pages faulted back, anonymous and file (the kernel has counted both apart
+    /// since 5.9; `None` without the file count). Guest figures can be anything: the sum
+    /// must not overflow (#18 defect 9).
+    pub fn refaults(&self) -> Option<u64> {
+        let anon = self.workingset_refault_anon.unwrap_or(0);
+        Some(anon.saturating_add(self.workingset_refault_file?))
+    }
+}
+
 /// One line of a PSI file: the share of time tasks stalled, and the total stall time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PsiLine {
