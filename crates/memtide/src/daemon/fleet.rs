@@ -177,15 +177,25 @@ enum SocketKind {
 /// How often the process table is scanned for KubeVirt's launcher daemons.
 const LAUNCHER_SCAN: Duration = Duration::from_secs(10);
 
+/// KubeVirt's launcher daemons found on this node: their libvirt URIs are listed as the
+/// configured ones are.
+struct Launchers {
+    /// Where they are looked for (the host's `/proc`).
+    proc: PathBuf,
+    /// When they were last looked for.
+    scanned: Option<Instant>,
+    /// Their URIs, as the last look found them.
+    uris: Vec<String>,
+}
+
 /// All VMs, connected or not.
 pub struct Fleet {
     connector: Arc<dyn Connector>,
     globs: Vec<(SocketKind, String)>,
-    /// The configured libvirt URIs, and with them those found on this node.
+    /// The configured libvirt URIs.
     libvirt_uris: Vec<String>,
-    /// Where KubeVirt's launcher daemons are looked for (`/proc`), when they are, and
-    /// what the last look found, when.
-    kubevirt: Option<(PathBuf, Option<Instant>, Vec<String>)>,
+    /// KubeVirt's launcher daemons on this node, when they are looked for.
+    launchers: Option<Launchers>,
     agent_extension: String,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
@@ -232,10 +242,11 @@ impl Fleet {
                 .flat_map(|(kind, patterns)| patterns.iter().map(move |p| (kind, p.clone())))
                 .collect(),
             libvirt_uris: config.libvirt.uris.clone(),
-            kubevirt: config
-                .libvirt
-                .kubevirt
-                .then(|| (config.host.proc.clone(), None, Vec::new())),
+            launchers: config.libvirt.kubevirt.then(|| Launchers {
+                proc: config.host.proc.clone(),
+                scanned: None,
+                uris: Vec::new(),
+            }),
             agent_extension: config.discovery.agent_extension.clone(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
@@ -315,7 +326,8 @@ impl Fleet {
                 });
             }
         }
-        for uri in &self.libvirt_uris {
+        let launched = self.launchers.iter().flat_map(|l| &l.uris);
+        for uri in self.libvirt_uris.iter().chain(launched) {
             if self.listing_in_flight.insert(uri.clone()) {
                 let (connector, uri, limit) =
                     (self.connector.clone(), uri.clone(), self.call_timeout);
@@ -352,26 +364,21 @@ impl Fleet {
     /// like a configured URI; the candidates of one that is gone are forgotten, and so is
     /// its connection (the pod ended; its managed VM is lost when its calls fail).
     fn find_launchers(&mut self, now: Instant) {
-        let Some((proc, scanned, found)) = &mut self.kubevirt else {
+        let Some(launchers) = &mut self.launchers else {
             return;
         };
-        if scanned.is_some_and(|at| now.duration_since(at) < LAUNCHER_SCAN) {
+        if launchers
+            .scanned
+            .is_some_and(|at| now.duration_since(at) < LAUNCHER_SCAN)
+        {
             return;
         }
-        *scanned = Some(now);
-        let now_found = memtide_adapters::kubevirt::launcher_uris(proc);
-        let gone: Vec<String> = found
-            .iter()
-            .filter(|u| !now_found.contains(u))
-            .cloned()
+        launchers.scanned = Some(now);
+        let found = memtide_adapters::kubevirt::launcher_uris(&launchers.proc);
+        let gone: Vec<String> = std::mem::replace(&mut launchers.uris, found)
+            .into_iter()
+            .filter(|u| !launchers.uris.contains(u))
             .collect();
-        self.libvirt_uris.retain(|u| !gone.contains(u));
-        for uri in &now_found {
-            if !self.libvirt_uris.contains(uri) {
-                self.libvirt_uris.push(uri.clone());
-            }
-        }
-        *found = now_found;
         self.candidates.retain(
             |endpoint, _| !matches!(endpoint, Endpoint::Libvirt { uri, .. } if gone.contains(uri)),
         );
@@ -394,9 +401,9 @@ impl Fleet {
                 }
             };
             let launcher = self
-                .kubevirt
+                .launchers
                 .as_ref()
-                .is_some_and(|(_, _, found)| found.contains(&uri));
+                .is_some_and(|l| l.uris.contains(&uri));
             for domain in &names {
                 let endpoint = Endpoint::Libvirt {
                     uri: uri.clone(),
@@ -1037,7 +1044,11 @@ mod tests {
             Fleet::discovered("default_db", None),
         );
         fleet.find_launchers(Instant::now() + LAUNCHER_SCAN);
-        assert!(fleet.libvirt_uris.is_empty(), "{:?}", fleet.libvirt_uris);
+        let listed = &fleet.launchers.as_ref().unwrap().uris;
+        assert!(
+            fleet.libvirt_uris.is_empty() && listed.is_empty(),
+            "{listed:?}"
+        );
         assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
         assert_eq!(*connector.forgotten.lock().unwrap(), [uri]);
     }
