@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, RwLock};
 
@@ -278,12 +279,12 @@ impl Collector for StatusCollector {
 
         let vms = &d.vms;
         let sampling = &status.sampling;
-        let connector = |name: &str| {
-            sampling
-                .iter()
-                .find(|s| s.name == name)
-                .map_or("", |s| s.connector.as_str())
-        };
+        // Looked up once per VM: a map, not a search of the list each time.
+        let connectors: HashMap<&str, &str> = sampling
+            .iter()
+            .map(|s| (s.name.as_str(), s.connector.as_str()))
+            .collect();
+        let connector = |name: &str| connectors.get(name).copied().unwrap_or("");
         let info = vms
             .iter()
             .map(|vm| {
