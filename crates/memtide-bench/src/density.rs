@@ -173,10 +173,9 @@ impl Bench<'_> {
                 }
                 let used = self
                     .cgroup
-                    .usage()
+                    .held()
                     .ok()
-                    .zip(self.cgroup.reclaimable().ok())
-                    .map(|(u, c)| u.saturating_sub(c) as f64 / (1u64 << 20) as f64);
+                    .map(|held| held as f64 / (1u64 << 20) as f64);
                 // Admission.
                 let next = admitted.len();
                 let arrived = next < s.vms.len() && t >= next as f64 * d.arrive_every_s;

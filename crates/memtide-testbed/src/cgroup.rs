@@ -78,12 +78,12 @@ impl Cgroup {
         Ok(memtide_adapters::cgroup::read(&self.dir)?.file_cache.0)
     }
 
-    /// What the kernel gives back on demand of what the cgroup holds: its file cache and
-    /// the anonymous memory no process maps (huge pages a balloon split, awaiting their
-    /// deferred split), in bytes.
-    pub fn reclaimable(&self) -> Result<u64, Error> {
+    /// What the cgroup holds that the kernel would not give back on demand, in bytes:
+    /// its usage less its file cache and the anonymous memory no process maps (huge
+    /// pages a balloon split, awaiting their deferred split). One read of the cgroup.
+    pub fn held(&self) -> Result<u64, Error> {
         let m = memtide_adapters::cgroup::read(&self.dir)?;
-        Ok(m.file_cache.0 + m.unmapped_anon.0)
+        Ok(m.usage.0.saturating_sub(m.file_cache.0 + m.unmapped_anon.0))
     }
 
     /// Set the memory limit, in bytes.
