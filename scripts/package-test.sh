@@ -2,7 +2,9 @@
 # Builds memtide's Debian package with cargo-deb and checks it, without installing it and
 # without touching the host:
 #   (a) dpkg-deb --info/--contents: /etc/memtide/memtide.toml is a conffile, the binary
-#       and the systemd unit are in it (with what the unit's ExecStart names), and the
+#       and the systemd unit are in it (with what the unit's ExecStart names), it depends
+#       on libvirt0 (the libvirt connector is built in), its tmpfiles.d entry makes
+#       /run/memtide/qmp (systemd-tmpfiles --root) and the postinst applies it, and the
 #       maintainer scripts neither enable nor start the unit;
 #   (b) the unit, extracted: `systemd-analyze verify` is clean and
 #       `systemd-analyze security --offline=true` rates its exposure at most 4.0;
@@ -103,9 +105,27 @@ for p in usr/share/man/man1/memtide.1 usr/share/bash-completion/completions/memt
 done
 pass "the man page and the bash, zsh and fish completions are in the package"
 
+# The libvirt connector is in the binary: the package depends on the library it links.
+depends=$(sed -n 's/^ *Depends: //p' "$tmp/info")
+grep -qE '(^|, )libvirt0( |,|$)' <<<"$depends" ||
+    fail "the package does not depend on libvirt0 (built without the libvirt feature?): Depends: $depends"
+pass "the package depends on libvirt0 (the libvirt connector is built in)"
+
 root=$tmp/root
 mkdir "$root"
 dpkg-deb -x "$deb" "$root" || fail "dpkg-deb -x $deb failed"
+# /run/memtide/qmp is made at boot and on installation (systemd-tmpfiles), so that VMs
+# started before memtide can put their sockets there.
+tmpfiles=usr/lib/tmpfiles.d/memtide.conf
+[[ -f $root/$tmpfiles ]] || fail "no ./$tmpfiles in the package"
+grep -q "systemd-tmpfiles --create memtide.conf" <<<"$(dpkg-deb --info "$deb" postinst 2>/dev/null)" ||
+    fail "the postinst does not apply $tmpfiles"
+mkdir "$tmp/tmpfiles-root"
+systemd-tmpfiles --create --root="$tmp/tmpfiles-root" "$root/$tmpfiles" >&2 ||
+    fail "systemd-tmpfiles --create $tmpfiles failed (above)"
+[[ $(stat -c %a "$tmp/tmpfiles-root/run/memtide/qmp" 2>/dev/null) == 755 ]] ||
+    fail "systemd-tmpfiles did not make /run/memtide/qmp (mode 0755) from $tmpfiles"
+pass "$tmpfiles makes /run/memtide/qmp, and the postinst applies it"
 unit=$root/$unit_path
 # The value of a [Service] setting in the unit (the last one given).
 unit_value() { sed -n "s/^$1=//p" "$unit" | tail -n1; }

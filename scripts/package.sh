@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds memtide's Debian package with cargo-deb: the binary, the systemd unit
-# (contrib/systemd/memtide.service), /etc/memtide/memtide.toml (contrib/memtide.toml, a
-# conffile), the man page and shell completions (made by the binary from its command
-# line definition), and the docs. Prints the package's path on its last line.
+# Builds memtide's Debian package with cargo-deb: the binary (with the libvirt connector:
+# it needs libvirt-dev to build, and the package depends on libvirt0), the systemd unit
+# (contrib/systemd/memtide.service) and its tmpfiles.d entry (contrib/systemd/
+# memtide.tmpfile), /etc/memtide/memtide.toml (contrib/memtide.toml, a conffile), the man
+# page and shell completions (made by the binary from its command line definition), and
+# the docs. Prints the package's path on its last line.
 #
 #   scripts/package.sh [OUT_DIR]                  # a release build, in target/debian
 #   MEMTIDE_DEB_PROFILE=dev scripts/package.sh    # a debug build (what CI checks: faster)
@@ -18,7 +20,7 @@ command -v cargo-deb >/dev/null || cargo install --locked cargo-deb --version "~
 # The generated assets go beside the binary, where Cargo.toml's "target/release/"
 # placeholder points for any profile.
 bin_dir=${CARGO_TARGET_DIR:-target}/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
-cargo build -p memtide --locked --profile "$PROFILE" >&2
+cargo build -p memtide --locked --features libvirt --profile "$PROFILE" >&2
 "$bin_dir/memtide" man >"$bin_dir/memtide.1"
 for shell in bash zsh fish; do
     "$bin_dir/memtide" completions "$shell" >"$bin_dir/memtide.$shell"

@@ -136,6 +136,7 @@ impl VmBackend for CloudHypervisorVm {
             referenced: None,
             virtio_mem: None,
             free_page_reporting: false,
+            fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
             events: Vec::new(),
         })
     }

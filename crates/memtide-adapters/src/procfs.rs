@@ -3,7 +3,7 @@
 //! hypervisor process's memory, [`ProcessRss`].
 
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
-use memtide_core::Bytes;
+use memtide_core::{Bytes, FixedMemory};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -194,14 +194,52 @@ pub fn statm_rss(text: &str, page: Bytes) -> Option<Bytes> {
     Some(Bytes(pages.checked_mul(page.0)?))
 }
 
+/// Memory a balloon cannot give back, from a /proc/PID/status text: locked or pinned
+/// (`VmLck`, `VmPin`: the larger, as VFIO accounts its pinning in one or the other
+/// depending on the kernel) and hugetlbfs pages (`HugetlbPages`, since Linux 4.4).
+/// `None` when the text has none of these fields (not a process's status).
+pub fn status_fixed(text: &str) -> Option<FixedMemory> {
+    let (mut locked, mut hugetlb, mut found) = (Bytes::ZERO, Bytes::ZERO, false);
+    for line in text.lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let kib = || {
+            let mut words = value.split_whitespace();
+            let n = words.next()?.parse::<u64>().ok()?;
+            (words.next() == Some("kB")).then(|| Bytes::from_kib(n))
+        };
+        match name {
+            "VmLck" | "VmPin" => {
+                locked = locked.max(kib()?);
+                found = true;
+            }
+            "HugetlbPages" => {
+                hugetlb = kib()?;
+                found = true;
+            }
+            _ => {}
+        }
+    }
+    found.then_some(FixedMemory { locked, hugetlb })
+}
+
+/// How many reads of a process's RSS between two reads of its fixed memory: locked,
+/// pinned and huge-page memory change only when the hypervisor's backends or devices do.
+const FIXED_EVERY: u32 = 60;
+
 /// A process's resident set size, read from /proc/PID/statm when asked. The file stays
 /// open: each read is one `pread` (where reading it by path took five system calls and a
 /// lookup of the process, 8% of the daemon's CPU at 500 VMs), and a process that ends
-/// reads as gone even if its pid is reused.
+/// reads as gone even if its pid is reused. Its fixed memory ([`status_fixed`]) is read
+/// from /proc/PID/status now and then.
 #[derive(Debug)]
 pub struct ProcessRss {
     statm: Option<std::fs::File>,
     page: Bytes,
+    status: PathBuf,
+    /// The last fixed memory read, and the reads of it left before the next.
+    fixed: (Option<FixedMemory>, u32),
 }
 
 impl ProcessRss {
@@ -209,10 +247,27 @@ impl ProcessRss {
     pub fn new(proc: &Path, pid: i32) -> ProcessRss {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let dir = proc.join(pid.to_string());
         ProcessRss {
-            statm: std::fs::File::open(proc.join(pid.to_string()).join("statm")).ok(),
+            statm: std::fs::File::open(dir.join("statm")).ok(),
             page: Bytes(u64::try_from(page).unwrap_or(4096)),
+            status: dir.join("status"),
+            fixed: (None, 0),
         }
+    }
+
+    /// Its memory a balloon cannot give back: read on the first call and every
+    /// [`FIXED_EVERY`] calls after; `None` when status is unreadable.
+    pub fn fixed(&mut self) -> Option<FixedMemory> {
+        let (last, left) = &mut self.fixed;
+        if *left == 0 {
+            *last = std::fs::read_to_string(&self.status)
+                .ok()
+                .and_then(|t| status_fixed(&t));
+            *left = FIXED_EVERY;
+        }
+        *left -= 1;
+        *last
     }
 
     /// Its resident set size now; `None` when the file is unreadable (the process ended).
@@ -371,6 +426,35 @@ mod tests {
         );
         assert_eq!(smaps_referenced(smaps, Bytes::from_mib(4096)), None);
         assert_eq!(smaps_referenced("", Bytes::from_mib(192)), None);
+    }
+
+    #[test]
+    fn fixed_memory_is_read_from_status() {
+        let status = "Name:\tqemu-system-x86\nVmPeak:\t 1200000 kB\nVmLck:\t  524288 kB\n\
+                      VmPin:\t       0 kB\nVmRSS:\t  600000 kB\nHugetlbPages:\t       0 kB\n";
+        let fixed = status_fixed(status).unwrap();
+        assert_eq!(fixed.locked, Bytes::from_mib(512));
+        assert_eq!(fixed.hugetlb, Bytes::ZERO);
+        // VFIO's pinning on kernels that account it as pinned, and huge pages.
+        let fixed = status_fixed("VmLck:\t0 kB\nVmPin:\t1048576 kB\nHugetlbPages:\t2048 kB\n");
+        assert_eq!(
+            fixed,
+            Some(FixedMemory {
+                locked: Bytes::from_mib(1024),
+                hugetlb: Bytes::from_mib(2),
+            })
+        );
+        assert_eq!(status_fixed("Name:\tx\nVmRSS:\t10 kB\n"), None);
+        assert_eq!(status_fixed("VmLck:\tlots kB\n"), None);
+        assert_eq!(status_fixed("VmLck:\t10 pages\n"), None);
+        // A live process, read through ProcessRss: this test's own locks nothing.
+        let mut own = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
+        assert_eq!(own.fixed().map(|f| f.locked), Some(Bytes::ZERO));
+        assert_eq!(
+            ProcessRss::new(Path::new("/proc"), i32::MAX).fixed(),
+            None,
+            "no such process"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub enum DiagnosticKind {
     GuestShutdown,
     /// Another memory manager runs on the host and acts on the same knobs.
     OtherManager,
+    /// The guest's memory is locked, pinned or in huge pages: a balloon frees nothing.
+    FixedMemory,
 }
 
 impl DiagnosticKind {
@@ -55,6 +57,7 @@ impl DiagnosticKind {
                 | DiagnosticKind::UndeliveredBalloon
                 | DiagnosticKind::UnbackedClaim
                 | DiagnosticKind::OtherManager
+                | DiagnosticKind::FixedMemory
         )
     }
 
@@ -73,6 +76,7 @@ impl DiagnosticKind {
             DiagnosticKind::GuestReset => "guest_reset",
             DiagnosticKind::GuestShutdown => "guest_shutdown",
             DiagnosticKind::OtherManager => "other_manager",
+            DiagnosticKind::FixedMemory => "fixed_memory",
         }
     }
 }
@@ -94,8 +98,9 @@ pub struct Diagnostic {
 pub enum VmState {
     /// Sampled and managed.
     Managed,
-    /// Sampled, but not managed: it has no balloon device, or keeps the memory its
-    /// balloon claims to have given back.
+    /// Sampled, but not managed: it has no balloon device, keeps the memory its balloon
+    /// claims to have given back, or has memory no balloon frees (locked, pinned, huge
+    /// pages).
     Unmanaged,
     /// Not sampled this tick.
     Unreachable,

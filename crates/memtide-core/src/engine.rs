@@ -11,7 +11,9 @@ use crate::decision::{
 use crate::estimate::fused::FusedMemory;
 use crate::history::History;
 use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
-use crate::sanitize::{bounded_actual, implausible_agent, sanitize, stale, undelivered};
+use crate::sanitize::{
+    bounded_actual, fixed_memory, implausible_agent, sanitize, stale, undelivered,
+};
 use crate::signals::Signals;
 use crate::snapshot::{Snapshot, VmEvent, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{DomainScope, HostStats, KsmState};
@@ -244,7 +246,8 @@ impl Engine {
 
     /// Take in one VM's sample: record it, follow its balloon target, report it.
     /// Returns the VM's signals when a policy may decide for it; a VM that keeps memory
-    /// its balloon claims to have given back gets, instead, its balloon released.
+    /// its balloon claims to have given back, or whose memory no balloon frees, gets,
+    /// instead, its balloon released.
     fn ingest(
         &mut self,
         at: Duration,
@@ -370,16 +373,32 @@ impl Engine {
             );
             return (report, None);
         };
-        // The host must see the memory a balloon takes (#18 defect 5): a guest that keeps
-        // it is not managed, so that what it holds is never divided among the others.
+        // The host must see the memory a balloon takes (#18 defect 5, #14): a guest whose
+        // memory no balloon frees (locked, pinned, in huge pages), or that keeps what its
+        // balloon claims to have given back, is not managed, so that what it holds is never
+        // divided among the others.
         let excess = undelivered(actual, latest.rss, sample.configured);
         memory.undelivered_since = excess.and(memory.undelivered_since.or(Some(at)));
         if let Some(since) = memory.undelivered_since {
             memory.released |= at.saturating_sub(since) >= settle;
         }
-        if memory.released {
-            report.state = VmState::Unmanaged;
-            let full = vm.limits.max;
+        let full = vm.limits.max;
+        let fixed = sample
+            .fixed
+            .as_ref()
+            .and_then(|f| fixed_memory(f, sample.configured));
+        // A balloon is released to the full size when memtide moved it, or, for a guest
+        // keeping what it gave, when anyone did.
+        let moved = vm.target.is_some_and(|t| t != full);
+        let unmanaged = if let Some(why) = fixed {
+            let detail = format!("{why}: not managed, its memory not divided among the others");
+            Some((
+                DiagnosticKind::FixedMemory,
+                "safeguard.fixed_memory",
+                detail,
+                moved,
+            ))
+        } else if memory.released {
             let detail = format!(
                 "QEMU holds {} while the guest reports a balloon size of {actual}, more than \
                  QEMU's own overhead explains: the guest keeps memory its balloon claims to \
@@ -387,9 +406,21 @@ impl Engine {
                  resets), its memory not divided among the others",
                 latest.rss.unwrap_or(actual)
             );
-            diag(DiagnosticKind::UndeliveredBalloon, detail.clone());
-            let reason = Reason::new("safeguard.undelivered", detail);
-            if vm.target.unwrap_or(actual) != full {
+            let release = vm.target.unwrap_or(actual) != full;
+            Some((
+                DiagnosticKind::UndeliveredBalloon,
+                "safeguard.undelivered",
+                detail,
+                release,
+            ))
+        } else {
+            None
+        };
+        if let Some((kind, rule, detail, release)) = unmanaged {
+            report.state = VmState::Unmanaged;
+            diag(kind, detail.clone());
+            let reason = Reason::new(rule, detail);
+            if release {
                 actions.push(Action::SetBalloon {
                     vm: vm.name.clone(),
                     target: full,

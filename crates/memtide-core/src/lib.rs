@@ -25,5 +25,7 @@ pub use action::{Action, KsmSettings, Reason};
 pub use config::EngineConfig;
 pub use decision::{Decision, Diagnostic, DiagnosticKind};
 pub use engine::Engine;
-pub use snapshot::{BackendError, Snapshot, VirtioMem, VmEvent, VmLimits, VmSample, VmSnapshot};
+pub use snapshot::{
+    BackendError, FixedMemory, Snapshot, VirtioMem, VmEvent, VmLimits, VmSample, VmSnapshot,
+};
 pub use units::Bytes;

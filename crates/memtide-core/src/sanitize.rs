@@ -2,7 +2,7 @@
 //! Values that contradict what the host knows are dropped before any policy sees them.
 
 use crate::history::History;
-use crate::snapshot::VmSample;
+use crate::snapshot::{FixedMemory, VmSample};
 use crate::stats::{GuestStats, MemInfo};
 use crate::units::Bytes;
 use std::time::Duration;
@@ -127,6 +127,30 @@ pub fn undelivered(actual: Bytes, rss: Option<Bytes>, configured: Bytes) -> Opti
     (rss > actual + overhead_allowance(configured)).then(|| rss - actual)
 }
 
+/// Why a balloon frees nothing for the host, when the hypervisor holds the guest's memory
+/// so: half its size or more locked or pinned (the kernel never reclaims it: QEMU's
+/// `mem-lock`, or VFIO pinning all guest RAM for a passthrough device's DMA), or any of it
+/// in hugetlbfs pages (a huge page is given back only whole, and QEMU's balloon discards
+/// nothing in hugetlbfs-backed RAM). `None` for ordinary memory.
+pub fn fixed_memory(fixed: &FixedMemory, configured: Bytes) -> Option<String> {
+    if fixed.hugetlb >= Bytes::from_mib(2) {
+        Some(format!(
+            "the hypervisor maps {} of hugetlbfs pages: its guest RAM is backed by huge \
+             pages, which a balloon does not give back",
+            fixed.hugetlb
+        ))
+    } else if fixed.locked >= configured.scale(0.5) {
+        Some(format!(
+            "the hypervisor holds {} locked or pinned in RAM (mlock, as with QEMU's \
+             mem-lock=on, or a VFIO passthrough device's DMA pinning): a balloon frees \
+             nothing of it",
+            fixed.locked
+        ))
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +205,22 @@ mod tests {
         // No date: nothing to judge.
         let mut undated = GuestStats::default();
         assert_eq!(stale(&mut undated, s(100), &h), None);
+    }
+
+    #[test]
+    fn memory_locked_pinned_or_in_huge_pages_is_fixed() {
+        let mib = Bytes::from_mib;
+        let fixed = |locked, hugetlb| FixedMemory {
+            locked: mib(locked),
+            hugetlb: mib(hugetlb),
+        };
+        assert_eq!(fixed_memory(&fixed(0, 0), mib(512)), None);
+        // A few locked pages (QEMU's own, a vhost ring) are no reason.
+        assert_eq!(fixed_memory(&fixed(8, 0), mib(512)), None);
+        let locked = fixed_memory(&fixed(512, 0), mib(512)).unwrap();
+        assert!(locked.contains("512 MiB locked or pinned"), "{locked}");
+        let huge = fixed_memory(&fixed(0, 256), mib(512)).unwrap();
+        assert!(huge.contains("256 MiB of hugetlbfs pages"), "{huge}");
     }
 
     #[test]

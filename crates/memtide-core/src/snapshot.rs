@@ -57,9 +57,23 @@ pub struct VmSample {
     /// reporting): the hypervisor's resident memory, not the guest's size, is what it holds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub free_page_reporting: bool,
+    /// Memory the hypervisor process holds in a way no balloon gives back, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<FixedMemory>,
     /// Events since the previous sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<VmEvent>,
+}
+
+/// Memory of the hypervisor process that a balloon cannot give back to the host: pages
+/// locked or pinned in RAM (QEMU's `-overcommit mem-lock=on`, a VFIO device's DMA
+/// mappings) and hugetlbfs pages (a guest page freed inside a huge page frees nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FixedMemory {
+    /// Locked or pinned (`VmLck`, `VmPin` of /proc/PID/status, the larger).
+    pub locked: Bytes,
+    /// Hugetlbfs pages mapped (`HugetlbPages`).
+    pub hugetlb: Bytes,
 }
 
 /// A virtio-mem device: memory plugged into the guest in blocks, beyond its base memory.

@@ -62,6 +62,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             referenced: None,
             virtio_mem: None,
             free_page_reporting: false,
+            fixed: None,
             events: Vec::new(),
         }),
     }

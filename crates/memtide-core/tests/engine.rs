@@ -537,6 +537,51 @@ fn a_guest_that_keeps_what_its_balloon_gave_is_released_and_not_divided() {
 }
 
 #[test]
+fn a_guest_whose_memory_no_balloon_frees_is_left_alone_and_not_divided() {
+    // A VFIO guest (all its RAM pinned) and a hugetlbfs-backed one beside an ordinary
+    // guest, on a host short of memory: from their first sample, neither is managed and
+    // their memory is not divided among the others (#14).
+    use memtide_core::FixedMemory;
+    let tick = |e: &mut Engine, t, vms: Vec<VmSnapshot>| e.tick(&snapshot(t, host(2048, 100), vms));
+    let with = |name, locked, hugetlb| {
+        let mut v = vm(name, 1024, 1024, 100);
+        v.sample.as_mut().unwrap().fixed = Some(FixedMemory {
+            locked: Bytes::from_mib(locked),
+            hugetlb: Bytes::from_mib(hugetlb),
+        });
+        v
+    };
+    let (vfio, huge) = (with("vfio", 1024, 0), with("huge", 0, 1024));
+    let plain = vm("plain", 1024, 1024, 100);
+    let (mut e, mut alone) = (engine(), engine());
+    let d = tick(&mut e, 0, vec![vfio.clone(), huge.clone(), plain.clone()]);
+    let without = tick(&mut alone, 0, vec![plain.clone()]);
+    for (name, says) in [("vfio", "1.0 GiB locked or pinned"), ("huge", "hugetlbfs")] {
+        let report = d.vms.iter().find(|r| r.name == name).unwrap();
+        assert_eq!(report.state, VmState::Unmanaged, "{name}");
+        assert_eq!(kinds(&d, name), vec![DiagnosticKind::FixedMemory]);
+        let reason = report.reason.as_ref().unwrap();
+        assert_eq!(reason.rule, "safeguard.fixed_memory");
+        assert!(reason.detail.contains(says), "{}", reason.detail);
+        assert!(
+            targets_of(&d, name).is_empty(),
+            "{name}: its balloon untouched"
+        );
+    }
+    assert!(
+        !targets_of(&without, "plain").is_empty(),
+        "the host is short"
+    );
+    assert_eq!(targets_of(&d, "plain"), targets_of(&without, "plain"));
+    // A balloon memtide had moved before the device was plugged is given back.
+    let mut late = with("vfio", 1024, 0);
+    late.target = Some(Bytes::from_mib(600));
+    late.sample.as_mut().unwrap().balloon = Some(Bytes::from_mib(600));
+    let d = tick(&mut e, 1, vec![late, huge, plain]);
+    assert_eq!(targets_of(&d, "vfio"), vec![1024]);
+}
+
+#[test]
 fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
     // memtide restarted: a 1000 MiB guest is found with its balloon at 600 MiB, 200 MiB
     // of it free. Whether the host is short (220 MiB free, its reserve 200) or has memory

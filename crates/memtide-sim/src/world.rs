@@ -147,6 +147,7 @@ impl World {
             referenced: Some(bytes(g.last.referenced as u64)),
             virtio_mem: None,
             free_page_reporting: false,
+            fixed: None,
             events: std::mem::take(&mut side.events),
         }
     }

@@ -157,3 +157,60 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
     assert_eq!(mib(fpr_now, "actual"), Some(384.0), "no balloon was needed");
     drop(daemon);
 }
+
+#[test]
+#[ignore = "boots real QEMU guests; run by scripts/test.sh"]
+fn a_guest_whose_memory_is_locked_is_left_unmanaged() {
+    // QEMU's `-overcommit mem-lock=on` locks all guest RAM, as VFIO's pinning does for a
+    // passthrough device: a balloon would free nothing for the host (#14).
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-locked");
+    let procs = cgroup.procs();
+    let locked = [
+        "-device",
+        memtide_testbed::BALLOON,
+        "-overcommit",
+        "mem-lock=on",
+    ];
+    let mut pinned = Guest::boot_with("pinned", dir.path(), &procs, "256", "", "", &locked, "");
+    let mut plain = Guest::boot("plain", dir.path(), &procs, 256, "", "");
+    for g in [&mut pinned, &mut plain] {
+        g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    }
+    let policy = dir.path().join("fixed.policy");
+    std::fs::write(&policy, fixed_policy(160)).unwrap();
+    let vms: String = [&pinned, &plain]
+        .iter()
+        .map(|g| {
+            let qmp = g.qmp().display().to_string();
+            format!("[[vm]]\nname = {:?}\nqmp = {qmp:?}\n", g.name)
+        })
+        .collect();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
+        policy.display().to_string()
+    );
+    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+    let status = daemon.wait_until(
+        "the plain guest is resized, the locked one left alone",
+        Duration::from_secs(60),
+        |s| {
+            vm(s, "plain").is_some_and(|v| (mib(v, "actual").unwrap_or(0.0) - 160.0).abs() < 4.0)
+                && diagnosed(s, "pinned", "fixed_memory")
+        },
+    );
+    let v = vm(&status, "pinned").unwrap();
+    assert_eq!(v["state"], "unmanaged", "{v:#}");
+    assert_eq!(v["reason"]["rule"], "safeguard.fixed_memory", "{v:#}");
+    let detail = v["reason"]["detail"].as_str().unwrap();
+    assert!(detail.contains("locked or pinned"), "{detail}");
+    assert_eq!(mib(v, "actual"), Some(256.0), "its balloon never moved");
+    let events = daemon.event_log();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["vm"] == "pinned" && e["kind"] == "action"),
+        "no action for the locked guest"
+    );
+    drop(daemon);
+}

@@ -213,6 +213,7 @@ impl VmBackend for LibvirtVm {
             referenced: None,
             virtio_mem,
             free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),
+            fixed: Some(self.description.fixed),
             events,
         })
     }

@@ -15,7 +15,7 @@
 //! ```
 
 use crate::virtio_mem::Device;
-use memtide_core::Bytes;
+use memtide_core::{Bytes, FixedMemory};
 use std::ops::Range;
 
 /// The namespace of memtide's metadata element.
@@ -37,6 +37,10 @@ pub struct DomainXml {
     pub agent_channel: bool,
     /// The first virtio-mem device (`<memory model='virtio-mem'>` among the devices).
     pub virtio_mem: Option<VirtioMemDevice>,
+    /// Memory no balloon gives back: all of it locked (`<memoryBacking><locked/>`, or a
+    /// PCI `<hostdev>`, which VFIO pins whole for its DMA) or in huge pages
+    /// (`<memoryBacking><hugepages/>`).
+    pub fixed: FixedMemory,
 }
 
 impl DomainXml {
@@ -185,7 +189,18 @@ pub fn parse(text: &str) -> Result<DomainXml, XmlError> {
             })
         })
     });
+    let backing = child(domain, "memoryBacking");
+    let passthrough = devices.is_some_and(|d| {
+        d.children()
+            .any(|c| c.has_tag_name("hostdev") && c.attribute("type") == Some("pci"))
+    });
+    let all_if = |yes: bool| if yes { memory } else { Bytes::ZERO };
+    let fixed = FixedMemory {
+        locked: all_if(passthrough || backing.and_then(|b| child(b, "locked")).is_some()),
+        hugetlb: all_if(backing.and_then(|b| child(b, "hugepages")).is_some()),
+    };
     Ok(DomainXml {
+        fixed,
         memory,
         min: min_guarantee.or(mib("min_mib")?),
         max: mib("max_mib")?,
@@ -298,6 +313,26 @@ mod tests {
         assert_eq!(b.model, "virtio");
         assert!(b.free_page_reporting);
         assert!(d.agent_channel);
+    }
+
+    #[test]
+    fn memory_locked_in_huge_pages_or_pinned_for_passthrough_is_fixed() {
+        let domain = |inside: &str| {
+            format!("<domain><memory unit='MiB'>512</memory>{inside}<devices/></domain>")
+        };
+        let fixed = |text: &str| parse(text).unwrap().fixed;
+        assert_eq!(fixed(&domain("")), FixedMemory::default());
+        let huge = fixed(&domain("<memoryBacking><hugepages/></memoryBacking>"));
+        assert_eq!(huge.hugetlb, Bytes::from_mib(512));
+        let locked = fixed(&domain("<memoryBacking><locked/></memoryBacking>"));
+        assert_eq!(locked.locked, Bytes::from_mib(512));
+        // A PCI device passed through (VFIO); a USB one pins nothing.
+        let vfio = "<domain><memory unit='MiB'>512</memory><devices><hostdev mode='subsystem' \
+                    type='pci' managed='yes'><source><address domain='0x0000' bus='0x06' \
+                    slot='0x02' function='0x0'/></source></hostdev></devices></domain>";
+        assert_eq!(fixed(vfio).locked, Bytes::from_mib(512));
+        let usb = vfio.replace("type='pci'", "type='usb'");
+        assert_eq!(fixed(&usb), FixedMemory::default());
     }
 
     /// A running domain with a virtio-mem device as libvirt 9.0 described it, shortened:

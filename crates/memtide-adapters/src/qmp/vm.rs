@@ -369,6 +369,7 @@ impl VmBackend for QmpVm {
             referenced: self.access.as_mut().and_then(|a| a.sample(self.base)),
             virtio_mem,
             free_page_reporting: self.free_page_reporting,
+            fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
             events,
         })
     }

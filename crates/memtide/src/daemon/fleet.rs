@@ -722,6 +722,7 @@ mod tests {
                     referenced: None,
                     virtio_mem: None,
                     free_page_reporting: false,
+                    fixed: None,
                     events: Vec::new(),
                 }),
             }
