@@ -116,7 +116,7 @@ pub struct HostConfig {
     /// A memory cgroup holding the VMs (v1 or v2 directory); unset: the whole host.
     pub domain_cgroup: Option<PathBuf>,
     /// Measure the guest memory each QEMU touches between ticks (/proc/PID/smaps and
-    /// clear_refs; TCG only). Unset: on when a policy needs it (sampled, esx).
+    /// clear_refs; TCG only). Unset: on when a policy uses it (memtide, sampled, esx).
     pub sample_access: Option<bool>,
 }
 
@@ -552,7 +552,7 @@ impl Config {
     /// Whether to sample guest memory accesses on the host: as configured, else when a
     /// policy in use needs it.
     pub fn sample_access(&self) -> bool {
-        let needs = |p: &str| matches!(p, "sampled" | "esx");
+        let needs = |p: &str| matches!(p, "memtide" | "sampled" | "esx");
         self.host.sample_access.unwrap_or_else(|| {
             needs(&self.policy)
                 || self
