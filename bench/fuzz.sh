@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fuzzing every parser of untrusted input (issue #16 item 4): runs each cargo-fuzz target
 # of fuzz/ (bodies in crates/memtide-fuzz) for SECONDS, one after the other, from a
-# corpus seeded with the captured files (fuzz/seeds/), and writes
+# corpus seeded with the captured files (fuzz/seeds/), and records each in
 # bench/results/fuzz.json: {"targets": {NAME: {"seconds", "crashes", "execs",
-# "max_rss_mib"}}, "command", "commit", "limits", "goal_met" (every target fuzzed for
-# 30 minutes without a crash)}.
+# "max_rss_mib", "command", "commit"}}, "limits", "goal_met" (every target fuzzed for 30
+# minutes without a crash)}. A run of some targets replaces only their entries, so the
+# half-hour runs can be spread over several sittings (the machine has two cores).
 #
 #   bench/fuzz.sh [SECONDS] [TARGET...]   (default: 1800 s each, every target)
 #
@@ -48,22 +49,35 @@ for t in "${targets[@]}"; do
   results+=("$t" "$elapsed" "$found" "${execs:-null}" "${rss:-null}")
 done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
+all_targets=$(cd fuzz && cargo +nightly fuzz list | tr '\n' ' ')
 python3 - "bench/fuzz.sh $seconds $*" "$commit" "$rss_limit_mb" "$malloc_limit_mb" "$timeout_s" \
-  "$max_len" "${results[@]}" >bench/results/fuzz.json <<'PY'
-import json, sys
-command, commit, rss, malloc, timeout, max_len, *rows = sys.argv[1:]
+  "$max_len" "$all_targets" "${results[@]}" <<'PY'
+import json, os, sys
+command, commit, rss, malloc, timeout, max_len, every, *rows = sys.argv[1:]
+path = "bench/results/fuzz.json"
+limits = {"rss_limit_mb": int(rss), "malloc_limit_mb": int(malloc),
+          "timeout_s": int(timeout), "max_len": int(max_len)}
+old = json.load(open(path)) if os.path.exists(path) else {}
+# Entries of earlier runs are kept when they ran under the same limits (those of the
+# first format carry the run's command and commit at the top level).
 targets = {}
+if old.get("limits") == limits:
+    for name, t in old.get("targets", {}).items():
+        t.setdefault("command", old.get("command"))
+        t.setdefault("commit", old.get("commit"))
+        targets[name] = t
 for i in range(0, len(rows), 5):
     name, seconds, crashes, execs, peak = rows[i:i + 5]
     targets[name] = {"seconds": int(seconds), "crashes": int(crashes),
-                     "execs": json.loads(execs), "max_rss_mib": json.loads(peak)}
+                     "execs": json.loads(execs), "max_rss_mib": json.loads(peak),
+                     "command": command.strip(), "commit": commit}
 # Issue #16's goal: 30 minutes per target without a crash, hang or unbounded allocation.
 goal_s = 1800
-met = all(t["seconds"] >= goal_s and t["crashes"] == 0 for t in targets.values())
-print(json.dumps({"command": command.strip(), "commit": commit,
-                  "goal_s_per_target": goal_s, "goal_met": met,
-                  "limits": {"rss_limit_mb": int(rss), "malloc_limit_mb": int(malloc),
-                             "timeout_s": int(timeout), "max_len": int(max_len)},
-                  "targets": targets}, indent=2))
+met = all(name in targets and targets[name]["seconds"] >= goal_s
+          and targets[name]["crashes"] == 0 for name in every.split())
+with open(path, "w") as f:
+    json.dump({"goal_s_per_target": goal_s, "goal_met": met, "limits": limits,
+               "targets": dict(sorted(targets.items()))}, f, indent=2)
+    f.write("\n")
 PY
 echo "bench/results/fuzz.json written"
