@@ -164,10 +164,13 @@ impl Daemon {
 /// A configuration managing `vms` (name, QMP socket, guest agent socket) with memtide's
 /// policy and the host declared short (`ample_free`/`short_free` above 1, as
 /// bench/scenarios/converge.toml does): it probes at once and the balloons keep moving.
+/// Without host-side access sampling, which would stop probing above each guest's hot
+/// set (under TCG it sees it): these tests need the balloons to move.
 pub fn probing_config(vms: &[(&str, &Path, Option<&Path>)]) -> String {
     let mut text = String::from(
         "interval_s = 1\npolicy = \"memtide\"\n[discovery]\nqmp_glob = []\n\
-         [engine]\nksm_control = false\n[memtide]\nample_free = 1.01\nshort_free = 1.01\n",
+         [host]\nsample_access = false\n[engine]\nksm_control = false\n\
+         [memtide]\nample_free = 1.01\nshort_free = 1.01\n",
     );
     for (name, qmp, agent) in vms {
         text += &format!(
