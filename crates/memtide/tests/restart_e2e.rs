@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
 use support::daemon::{mib, probing_config, vm, Daemon};
 use support::guest::Guest;
-use support::harness::Qmp;
+use support::harness::{Agent, Qmp};
 
 const GUEST_MIB: u64 = 384;
 /// `[defaults] min_mib`.
@@ -183,6 +183,13 @@ fn sigkill_and_restart_go_on_where_the_daemon_stood() {
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     guest.wait_console("mib_per_s=", 1, Duration::from_secs(120));
     let watch = Watch::start(guest.harness_qmp());
+    // A second program takes 64 MiB for 6 s every 16 s: the guest's need rises and falls,
+    // and the daemon inflates the balloon again each time it falls (probing alone may
+    // settle before step 2: a level where a probe failed is not probed again). Started
+    // through the agent, which serves one client, before the daemon takes it.
+    let mut agent = Agent::connect(guest.agent());
+    agent.spawn_sh("memknobs 64:6,1:10 >/dev/null 2>&1");
+    drop(agent);
     let config = probing_config(&[("r", guest.qmp(), Some(guest.agent()))]);
     let port = 0; // no HTTP endpoint
     let daemon = Daemon::start(dir.path(), &config, port);
