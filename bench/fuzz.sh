@@ -23,7 +23,8 @@ malloc_limit_mb=512
 timeout_s=10
 max_len=65536
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
-[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cd fuzz && cargo +nightly fuzz list)
+mapfile -t every < <(cd fuzz && cargo +nightly fuzz list)
+[ ${#targets[@]} -gt 0 ] || targets=("${every[@]}")
 cargo run -q -p memtide-fuzz --bin fuzz-seeds -- fuzz/corpus
 logs=fuzz/logs
 mkdir -p "$logs"
@@ -49,9 +50,8 @@ for t in "${targets[@]}"; do
   results+=("$t" "$elapsed" "$found" "${execs:-null}" "${rss:-null}")
 done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
-all_targets=$(cd fuzz && cargo +nightly fuzz list | tr '\n' ' ')
 python3 - "bench/fuzz.sh $seconds $*" "$commit" "$rss_limit_mb" "$malloc_limit_mb" "$timeout_s" \
-  "$max_len" "$all_targets" "${results[@]}" <<'PY'
+  "$max_len" "${every[*]}" "${results[@]}" <<'PY'
 import json, os, sys
 command, commit, rss, malloc, timeout, max_len, every, *rows = sys.argv[1:]
 path = "bench/results/fuzz.json"

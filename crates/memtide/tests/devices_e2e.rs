@@ -26,6 +26,31 @@ fn diagnosed(status: &Value, name: &str, kind: &str) -> bool {
         .is_some_and(|d| d.iter().any(|x| x["vm"] == name && x["kind"] == kind))
 }
 
+/// A configuration managing `vms` (each with its `min_mib`, if any) through their QMP
+/// sockets under a policy giving every guest `mib`, written to `dir/fixed.policy`; returns
+/// the policy's path (to rewrite it and reload) and the configuration.
+fn fixed_config(
+    dir: &std::path::Path,
+    mib: u64,
+    vms: &[(&Guest, Option<u64>)],
+) -> (std::path::PathBuf, String) {
+    let policy = dir.join("fixed.policy");
+    std::fs::write(&policy, fixed_policy(mib)).unwrap();
+    let vms: String = vms
+        .iter()
+        .map(|(g, min)| {
+            let qmp = g.qmp().display().to_string();
+            let min = min.map_or(String::new(), |m| format!("min_mib = {m}\n"));
+            format!("[[vm]]\nname = {:?}\nqmp = {qmp:?}\n{min}", g.name)
+        })
+        .collect();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
+        policy.display().to_string()
+    );
+    (policy, config)
+}
+
 #[test]
 #[ignore = "boots real QEMU guests; run by scripts/test.sh"]
 fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
@@ -73,22 +98,11 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     }
 
-    let policy = dir.path().join("fixed.policy");
-    std::fs::write(&policy, fixed_policy(640)).unwrap();
     // The policy gives every guest the same size; the FPR guest's floor keeps it whole.
-    let vms: String = [(&hot, 128), (&cold, 128), (&fpr, 384)]
-        .iter()
-        .map(|(g, min)| {
-            format!(
-                "[[vm]]\nname = {:?}\nqmp = {:?}\nmin_mib = {min}\n",
-                g.name,
-                g.qmp().display().to_string()
-            )
-        })
-        .collect();
-    let config = format!(
-        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
-        policy.display().to_string()
+    let (policy, config) = fixed_config(
+        dir.path(),
+        640,
+        &[(&hot, Some(128)), (&cold, Some(128)), (&fpr, Some(384))],
     );
     let daemon = Daemon::start(dir.path(), &config, support::free_port());
 
@@ -177,19 +191,7 @@ fn a_guest_whose_memory_is_locked_is_left_unmanaged() {
     for g in [&mut pinned, &mut plain] {
         g.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     }
-    let policy = dir.path().join("fixed.policy");
-    std::fs::write(&policy, fixed_policy(160)).unwrap();
-    let vms: String = [&pinned, &plain]
-        .iter()
-        .map(|g| {
-            let qmp = g.qmp().display().to_string();
-            format!("[[vm]]\nname = {:?}\nqmp = {qmp:?}\n", g.name)
-        })
-        .collect();
-    let config = format!(
-        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
-        policy.display().to_string()
-    );
+    let (_, config) = fixed_config(dir.path(), 160, &[(&pinned, None), (&plain, None)]);
     let daemon = Daemon::start(dir.path(), &config, support::free_port());
     let status = daemon.wait_until(
         "the plain guest is resized, the locked one left alone",

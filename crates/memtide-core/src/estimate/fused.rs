@@ -268,7 +268,7 @@ impl Fused {
             None => self.touched.clear(),
         }
         // Touched in each of the latest samples: memory the guest uses, seen by the host.
-        let hot = (cfg.touched_samples > 0 && self.touched.len() == cfg.touched_samples)
+        let hot = (self.touched.len() == cfg.touched_samples)
             .then(|| self.touched.iter().copied().min())
             .flatten();
         let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
