@@ -149,10 +149,17 @@ impl Engine {
                 signals: &s.signals,
             })
             .collect();
+        let unreachable: Vec<&str> = snap
+            .vms
+            .iter()
+            .filter(|vm| vm.sample.is_err())
+            .map(|vm| vm.name.as_str())
+            .collect();
         let mut output = self.policy.decide(&PolicyInput {
             at,
             host: &self.host,
             vms: &inputs,
+            unreachable: &unreachable,
         });
         drop(inputs);
 

@@ -80,6 +80,7 @@ fn decide(policy: &mut dyn Policy, host: &(u64, Vec<u64>, u64), vms: &[VmCase]) 
         at: Duration::ZERO,
         host: &host_history,
         vms: &inputs,
+        unreachable: &[],
     })
 }
 
@@ -154,6 +155,7 @@ fn guests_without_statistics_are_not_shown_and_say_why() {
         at: Duration::ZERO,
         host: &host,
         vms: &vms,
+        unreachable: &[],
     });
     assert_eq!(out.faults.len(), 1);
     assert_eq!(out.faults[0].vm.as_deref(), Some("quiet"));

@@ -225,6 +225,11 @@ fn sigkill_and_restart_go_on_where_the_daemon_stood() {
     restarts.push(r);
     std::thread::sleep(AFTER_RESTART);
 
+    // What the daemons diagnosed (a late sample, a lost agent), to explain a failure.
+    let log = daemon.event_log();
+    for e in log.iter().filter(|e| e["kind"] == "diagnostic") {
+        eprintln!("{} diagnostic {}: {}", e["ts"], e["rule"], e["message"]);
+    }
     for (i, r) in restarts.iter().enumerate() {
         let until = restarts
             .get(i + 1)
@@ -268,7 +273,6 @@ fn sigkill_and_restart_go_on_where_the_daemon_stood() {
 
     // The event log: whole lines only (the reader fails on garbage), every start in it,
     // and each restart's state restored.
-    let log = daemon.event_log();
     let of_kind =
         |kind: &str| -> Vec<&Value> { log.iter().filter(|e| e["kind"] == kind).collect() };
     assert_eq!(of_kind("started").len(), 4, "four starts logged");

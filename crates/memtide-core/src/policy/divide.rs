@@ -181,6 +181,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
+            unreachable: &[],
         };
         // 1024 (RSS unknown: its size) + 300 (the rest is in the host's free memory) +
         // 1024 (QEMU's own overhead is not guest memory) + 1000 freeable − 100 reserve.

@@ -114,8 +114,9 @@ impl Policy for Esx {
         let free = domain.free_ratio();
         let (state, step) = self.state(free);
         let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
-        self.activity
-            .retain(|name, _| present.contains(name.as_str()));
+        self.activity.retain(|name, _| {
+            present.contains(name.as_str()) || input.unreachable.contains(&name.as_str())
+        });
         // Entitlement: what the VMs hold plus what is free, less the high-state reserve,
         // divided by shares-per-page with idle memory taxed.
         let capacity = capacity(input, domain.total.scale(self.config.high));
@@ -222,6 +223,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &inputs,
+            unreachable: &[],
         })
     }
 

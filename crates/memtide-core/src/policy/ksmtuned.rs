@@ -163,6 +163,7 @@ mod tests {
                 at: Duration::ZERO,
                 host: &h,
                 vms: &vms,
+                unreachable: &[],
             },
         )
     }

@@ -54,6 +54,9 @@ pub struct PolicyInput<'a> {
     pub host: &'a History<HostStats>,
     /// The VMs.
     pub vms: &'a [VmInput<'a>],
+    /// The VMs that could not be sampled this tick (a late or lost connection): not
+    /// decided, but what a policy learnt of them is kept.
+    pub unreachable: &'a [&'a str],
 }
 
 impl PolicyInput<'_> {

@@ -245,6 +245,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
+            unreachable: &[],
         })
     }
 
@@ -317,6 +318,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
+            unreachable: &[],
         });
         assert!(out.balloon.is_empty());
         assert_eq!(out.faults.len(), 1);

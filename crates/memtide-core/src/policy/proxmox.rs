@@ -211,6 +211,7 @@ mod tests {
             at: Duration::from_secs(t),
             host: &host,
             vms: &inputs,
+            unreachable: &[],
         })
     }
 

@@ -3,7 +3,10 @@
 //! policy's group.
 
 use super::{Policy, PolicyInput, PolicyOutput, VmInput};
-use std::collections::BTreeSet;
+use crate::estimate::fused::FusedMemory;
+use crate::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 /// The host's policy, with per-VM exceptions.
 pub struct Routed {
@@ -66,6 +69,23 @@ impl Policy for Routed {
         }
         out
     }
+
+    fn memory(&self, at: Duration) -> BTreeMap<String, FusedMemory> {
+        let mut memory = self.host.memory(at);
+        for (_, policy) in &self.exceptions {
+            memory.extend(policy.memory(at));
+        }
+        memory
+    }
+
+    fn recall(&mut self, mut memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        for (names, policy) in &mut self.exceptions {
+            let (mine, rest) = memory.into_iter().partition(|(vm, _)| names.contains(vm));
+            policy.recall(mine);
+            memory = rest;
+        }
+        self.host.recall(memory);
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +137,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
+            unreachable: &[],
         });
         let mut targets: Vec<_> = out
             .balloon
@@ -126,5 +147,53 @@ mod tests {
         targets.sort();
         assert_eq!(targets, [("db", 900), ("web", 500)]);
         assert!(out.holds.contains_key("batch"));
+    }
+
+    /// A policy that keeps whatever estimator states it is given.
+    struct Keeps(BTreeMap<String, FusedMemory>);
+
+    impl Policy for Keeps {
+        fn name(&self) -> &str {
+            "keeps"
+        }
+        fn decide(&mut self, _: &PolicyInput<'_>) -> PolicyOutput {
+            PolicyOutput::default()
+        }
+        fn memory(&self, _: Duration) -> BTreeMap<String, FusedMemory> {
+            self.0.clone()
+        }
+        fn recall(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+            self.0 = memory.into_iter().map(|(vm, (_, m))| (vm, m)).collect();
+        }
+    }
+
+    #[test]
+    fn what_each_policy_learnt_is_kept_across_a_restart_and_given_back_to_it() {
+        let m = |mib| FusedMemory {
+            estimate: Bytes::from_mib(mib),
+            base: Bytes::from_mib(mib),
+            backoffs: 0,
+            hold_s: 0.0,
+            exact: false,
+        };
+        let keeps = || Box::new(Keeps(BTreeMap::new()));
+        // "db" is decided by a policy that keeps nothing: what was saved for it is not
+        // given to the host's policy.
+        let mut routed = Routed::new(
+            keeps(),
+            vec![
+                (["db".to_string()].into(), Box::new(Unmanaged)),
+                (["batch".to_string()].into(), keeps()),
+            ],
+        );
+        let saved = [("db", 100), ("web", 200), ("batch", 300)]
+            .map(|(vm, mib)| (vm.to_string(), (Bytes::from_mib(1024), m(mib))));
+        routed.recall(saved.into());
+        let kept: Vec<_> = routed
+            .memory(Duration::ZERO)
+            .into_iter()
+            .map(|(vm, m)| (vm, m.estimate.mib()))
+            .collect();
+        assert_eq!(kept, [("batch".to_string(), 300), ("web".to_string(), 200)]);
     }
 }

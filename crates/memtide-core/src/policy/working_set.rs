@@ -274,10 +274,14 @@ impl Policy for WorkingSet {
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&self.ksm, input);
+        // What was learnt of a VM is kept while it is sampled or only unreachable for a
+        // while: a late sample must not restart its probing (nor its trust) from scratch.
         let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
-        self.states
-            .retain(|name, _| present.contains(name.as_str()));
-        self.trust.retain(|name, _| present.contains(name.as_str()));
+        let kept = |name: &String| {
+            present.contains(name.as_str()) || input.unreachable.contains(&name.as_str())
+        };
+        self.states.retain(|name, _| kept(name));
+        self.trust.retain(|name, _| kept(name));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
@@ -450,6 +454,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &inputs,
+            unreachable: &[],
         })
     }
 
@@ -572,6 +577,7 @@ mod tests {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
+            unreachable: &[],
         });
         assert_eq!(o.faults[0].vm.as_deref(), Some("mute"));
         let why = &o.holds["b"].detail;

@@ -333,7 +333,7 @@ impl Daemon {
 
     /// Write the state file after the tick's actions; a failure (a full disk) is retried.
     async fn save_state(&mut self, decision: &Decision) {
-        let Some(state) = &self.state else {
+        let Some(state) = &mut self.state else {
             return;
         };
         let tick = self.counters.ticks;

@@ -66,10 +66,12 @@ struct SavedVm {
     memtide: Option<FusedMemory>,
 }
 
-/// The state file, and the targets restored from it for VMs not seen again yet.
+/// The state file, the targets restored from it for VMs not seen again yet, and what it
+/// holds now.
 pub struct StateFile {
     path: PathBuf,
     targets: BTreeMap<String, (Bytes, Bytes)>,
+    last: BTreeMap<String, SavedVm>,
 }
 
 fn unix_now() -> u64 {
@@ -85,6 +87,7 @@ impl StateFile {
         let mut state = StateFile {
             path: path.to_path_buf(),
             targets: BTreeMap::new(),
+            last: BTreeMap::new(),
         };
         let saved = match std::fs::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -144,6 +147,7 @@ impl StateFile {
             state.targets.len()
         );
         engine.recall(memory);
+        state.last = saved.vms;
         (state, message)
     }
 
@@ -170,17 +174,29 @@ impl StateFile {
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
-    /// The state after `decision`, with `engine`'s memory at the decision's time.
-    pub fn encode(&self, decision: &Decision, engine: &Engine) -> Vec<u8> {
+    /// The state after `decision`, with `engine`'s memory at the decision's time. A VM
+    /// not sampled this tick (unreachable) keeps what the file held for it, with the
+    /// estimator the engine still has; a VM gone from the decision is dropped.
+    pub fn encode(&mut self, decision: &Decision, engine: &Engine) -> Vec<u8> {
         let mut memory = engine.memory(decision.at);
-        let vms = decision
+        let vms: BTreeMap<String, SavedVm> = decision
             .vms
             .iter()
             .filter_map(|vm| {
-                let vm_state = SavedVm {
-                    configured: vm.configured?,
-                    target: vm.target,
-                    memtide: memory.remove(&vm.name),
+                let memtide = memory.remove(&vm.name);
+                let vm_state = match vm.configured {
+                    Some(configured) => SavedVm {
+                        configured,
+                        target: vm.target,
+                        memtide,
+                    },
+                    None => {
+                        let last = self.last.remove(&vm.name)?;
+                        SavedVm {
+                            memtide: memtide.or(last.memtide),
+                            ..last
+                        }
+                    }
                 };
                 Some((vm.name.clone(), vm_state))
             })
@@ -190,7 +206,9 @@ impl StateFile {
             written: unix_now(),
             vms,
         };
-        serde_json::to_vec(&saved).expect("state serializes")
+        let bytes = serde_json::to_vec(&saved).expect("state serializes");
+        self.last = saved.vms;
+        bytes
     }
 }
 
@@ -220,6 +238,7 @@ mod tests {
     use memtide_core::estimate::fused::FusedConfig;
     use memtide_core::policy::ksmtuned::KsmConfig;
     use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    use memtide_core::snapshot::BackendError;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::EngineConfig;
 
@@ -260,7 +279,7 @@ mod tests {
         let d = d.unwrap();
         let in_force = d.vms[0].target;
         assert!(in_force.is_some());
-        let file = StateFile::open(&path, &mut memtide()).0;
+        let mut file = StateFile::open(&path, &mut memtide()).0;
         write_atomically(&path, &file.encode(&d, &engine)).unwrap();
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(saved.version, VERSION);
@@ -278,6 +297,43 @@ mod tests {
         // The same name at another size is another VM: adopted as found.
         let (rule, _, target) = restart(&path, 2000);
         assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+    }
+
+    #[test]
+    fn a_vm_not_sampled_for_a_tick_keeps_what_was_learnt_of_it() {
+        // A guest shrunk to 600 MiB, then one tick whose sample came too late: its
+        // estimator goes on afterwards, and the state file written then still holds it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let mut engine = memtide();
+        let mut file = StateFile::open(&path, &mut memtide()).0;
+        let shrunk = || {
+            let mut a = vm("a", 1000, 600, 200);
+            a.target = Some(Bytes::from_mib(580));
+            a
+        };
+        for t in [0, 2, 4, 6] {
+            let d = engine.tick(&snapshot(t, host(4000, 1500), vec![shrunk()]));
+            file.encode(&d, &engine);
+        }
+        let late = VmSnapshot {
+            sample: Err(BackendError::timeout(std::time::Duration::from_secs(1))),
+            ..shrunk()
+        };
+        let d = engine.tick(&snapshot(8, host(4000, 1500), vec![late]));
+        write_atomically(&path, &file.encode(&d, &engine)).unwrap();
+        let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let a = &saved.vms["a"];
+        assert_eq!(a.configured, Bytes::from_mib(1000));
+        assert_eq!(a.target, Some(Bytes::from_mib(580)));
+        assert!(a.memtide.is_some());
+        let d = engine.tick(&snapshot(10, host(4000, 1500), vec![shrunk()]));
+        let rule = d.vms[0].reason.as_ref().unwrap().rule.to_string();
+        assert!(rule != "memtide.adopt" && rule != "memtide.start", "{rule}");
+        // A VM gone from the decision is dropped from the file.
+        let d = engine.tick(&snapshot(12, host(4000, 1500), vec![]));
+        file.encode(&d, &engine);
+        assert!(file.last.is_empty());
     }
 
     #[test]
