@@ -6,6 +6,9 @@ use crate::snapshot::{BackendError, VmSample};
 use crate::stats::HostStats;
 use crate::units::Bytes;
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Duration;
 
 /// A connection to one VM's hypervisor.
 #[async_trait]
@@ -16,6 +19,37 @@ pub trait VmBackend: Send {
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError>;
     /// The last target delivered since connecting (cleared when the guest resets).
     fn target(&self) -> Option<Bytes>;
+    /// Save the guest's memory and device state into the files of the existing directory
+    /// `dir`, the guest stopped meanwhile, and leave it as `then` says. Connectors that
+    /// cannot say so.
+    async fn save(&mut self, _dir: &Path, _then: AfterSave) -> Result<Saved, BackendError> {
+        Err(BackendError::Protocol(
+            "this connector cannot save a VM's memory".into(),
+        ))
+    }
+}
+
+/// What becomes of a VM once its memory is saved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterSave {
+    /// It runs on (a snapshot).
+    Run,
+    /// Its hypervisor process quits, its memory freed (hibernation).
+    Quit,
+}
+
+/// What a save did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Saved {
+    /// How the state was written, e.g. "qmp migrate to fd".
+    pub mechanism: String,
+    /// The guest was running when the save began (a restore resumes it).
+    pub was_running: bool,
+    /// How long the guest was stopped (until it ran again, or its process quit).
+    pub downtime: Duration,
+    /// Guest RAM the hypervisor counted in the state, when it says.
+    pub ram_bytes: Option<u64>,
 }
 
 /// The host's statistics and knobs.

@@ -67,6 +67,27 @@ pub struct Config {
     pub esx: EsxConfig,
     /// Constants of Proxmox VE's auto-ballooning.
     pub proxmox: ProxmoxConfig,
+    /// Where VM memory snapshots are kept (`memtide snapshot`).
+    pub snapshots: SnapshotConfig,
+}
+
+/// VM memory snapshots (`docs/snapshots.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotConfig {
+    /// The store: a directory per VM, one per snapshot in it.
+    pub dir: PathBuf,
+    /// The longest a save or a restore may take, in seconds.
+    pub timeout_s: u64,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            dir: "/var/lib/memtide/snapshots".into(),
+            timeout_s: 600,
+        }
+    }
 }
 
 /// The daemon's endpoints and timeouts.
@@ -191,6 +212,10 @@ pub struct VmConfig {
     pub shares: Option<u32>,
     /// This VM's own policy (a built-in name or a policy file), instead of the host's.
     pub policy: Option<String>,
+    /// The command line that starts its QEMU (program first), for `memtide snapshot
+    /// restore` of a VM reached through `qmp`: memtide adds `-incoming defer` and a
+    /// monitor of its own.
+    pub launch: Option<Vec<String>>,
 }
 
 impl Default for Config {
@@ -218,6 +243,7 @@ impl Default for Config {
             sampled: SampledConfig::default(),
             esx: EsxConfig::default(),
             proxmox: ProxmoxConfig::default(),
+            snapshots: SnapshotConfig::default(),
         }
     }
 }
@@ -478,6 +504,23 @@ impl Config {
                     "this memtide was built without libvirt support (cargo feature `libvirt`)";
                 return bad(&field, message.into());
             }
+        }
+        for (i, vm) in self.vms.iter().enumerate() {
+            match &vm.launch {
+                Some(launch) if launch.is_empty() => {
+                    return bad(&format!("vm[{i}].launch"), "an empty command".into())
+                }
+                Some(_) if vm.qmp.is_none() => {
+                    let message = "only a VM reached through `qmp` is started by memtide; \
+                                   libvirt, Firecracker and Cloud Hypervisor start their own";
+                    return bad(&format!("vm[{i}].launch"), message.into());
+                }
+                _ => {}
+            }
+        }
+        if !(1..=86_400).contains(&self.snapshots.timeout_s) {
+            let message = format!("{} is not 1 to 86400 seconds", self.snapshots.timeout_s);
+            return bad("snapshots.timeout_s", message);
         }
         let ids = [
             ("control.allow_uids", &self.control.allow_uids),
@@ -838,6 +881,19 @@ mod tests {
                 "[mom]\nmax_change = nan\n",
                 "mom.max_change: NaN is not a ratio between 0 and 1",
             ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nlaunch = []\n",
+                "vm[0].launch: an empty command",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nfirecracker = \"/fc.sock\"\nlaunch = [\"fc\"]\n",
+                "vm[0].launch: only a VM reached through `qmp` is started by memtide; libvirt, \
+                 Firecracker and Cloud Hypervisor start their own",
+            ),
+            (
+                "[snapshots]\ntimeout_s = 0\n",
+                "snapshots.timeout_s: 0 is not 1 to 86400 seconds",
+            ),
         ];
         for (text, expected) in cases {
             assert_eq!(err(text), format!("memtide.toml: {expected}"), "{text}");
@@ -864,6 +920,7 @@ mod tests {
             max_mib: Some(4096),
             shares: None,
             policy: None,
+            launch: None,
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));

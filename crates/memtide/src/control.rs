@@ -1,6 +1,8 @@
 //! The control socket: a unix socket (mode 0600) answering one JSON request per line.
 //! `{"command": "status"}` returns the daemon's status; `{"command": "reload"}` reloads
-//! the policy and returns `{"ok": "..."}` or `{"error": "..."}`. Each peer is checked by
+//! the policy and returns `{"ok": "..."}` or `{"error": "..."}`; `{"command":
+//! "snapshot", "vm": NAME, "then": "run"|"quit"}` saves a VM's memory (root and the
+//! daemon's user only) and returns the snapshot's description. Each peer is checked by
 //! the credentials the kernel gives for it (SO_PEERCRED): root, the daemon's own user and
 //! those `[control]` allows are served; the others get an error and a log line (at most
 //! one a minute, with a count of the rest). At most [`MAX_CONNECTIONS`] are served at
@@ -11,6 +13,7 @@ use crate::accept;
 use crate::config::ControlConfig;
 use crate::status::Status;
 use anyhow::{bail, Context};
+use memtide_core::backend::AfterSave;
 use serde_json::{json, Value};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -24,6 +27,16 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 pub enum Request {
     /// Reload the policy; the reply says what was loaded, or why not.
     Reload(oneshot::Sender<Result<String, String>>),
+    /// Save a VM's memory into the snapshot store; the reply is the snapshot's
+    /// description, or why there is none.
+    Save {
+        /// The VM.
+        vm: String,
+        /// What becomes of it after.
+        then: AfterSave,
+        /// Takes the outcome.
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
 }
 
 /// Longest request accepted.
@@ -139,6 +152,9 @@ pub async fn serve(
     tokio::spawn(async move {
         let answer = |((stream, _), slot): ((UnixStream, _), OwnedSemaphorePermit)| {
             let peer = stream.peer_cred();
+            let owner = peer
+                .as_ref()
+                .is_ok_and(|c| c.uid() == 0 || c.uid() == access.owner);
             let refused = match peer {
                 Ok(c) if access.admits(c.uid(), c.gid()) => None,
                 Ok(c) => Some(match c.pid() {
@@ -156,7 +172,7 @@ pub async fn serve(
                     tracing::warn!("{line}");
                 }
             }
-            let answered = answer(stream, refused, status.clone(), requests.clone());
+            let answered = answer(stream, refused, owner, status.clone(), requests.clone());
             tokio::spawn(async move {
                 answered.await;
                 drop(slot);
@@ -189,9 +205,12 @@ fn bind_private(dir: &Path, path: &Path, mode: u32) -> std::io::Result<UnixListe
 }
 
 /// Read one request and answer it; a peer `refused` (naming it) is told why instead.
+/// Only root and the daemon's own user (`owner`) may save snapshots: a save stops the
+/// guest, and a hibernation ends its QEMU.
 async fn answer(
     stream: UnixStream,
     refused: Option<String>,
+    owner: bool,
     status: Arc<RwLock<Status>>,
     requests: mpsc::Sender<Request>,
 ) {
@@ -214,6 +233,9 @@ async fn answer(
             Some("status") => serde_json::to_value(&*status.read().expect("status lock"))
                 .expect("status serializes"),
             Some("reload") => reload(&requests).await,
+            Some("snapshot") if !owner => json!({"error": "permission denied: only root and \
+                the daemon's own user may save snapshots"}),
+            Some("snapshot") => save(&requests, &req).await,
             Some(other) => json!({"error": format!("unknown command {other:?}")}),
             None => json!({"error": "no command"}),
         },
@@ -236,8 +258,42 @@ async fn reload(requests: &mpsc::Sender<Request>) -> Value {
     }
 }
 
+/// `{"command": "snapshot", "vm": NAME, "then": "run"|"quit"}`: hand the save to the
+/// daemon and wait for its outcome.
+async fn save(requests: &mpsc::Sender<Request>, req: &Value) -> Value {
+    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
+        return json!({"error": "no vm"});
+    };
+    let then = match req.get("then") {
+        None => AfterSave::Run,
+        Some(t) => match serde_json::from_value(t.clone()) {
+            Ok(then) => then,
+            Err(_) => return json!({"error": format!("then: {t} is not \"run\" or \"quit\"")}),
+        },
+    };
+    let (reply, rx) = oneshot::channel();
+    let vm = vm.to_string();
+    if requests
+        .send(Request::Save { vm, then, reply })
+        .await
+        .is_err()
+    {
+        return json!({"error": "the daemon is stopping"});
+    }
+    match rx.await {
+        Ok(Ok(snapshot)) => json!({ "ok": snapshot }),
+        Ok(Err(e)) => json!({ "error": e }),
+        Err(_) => json!({"error": "the daemon is stopping"}),
+    }
+}
+
 /// Send one command to a running daemon and return its reply.
 async fn request(path: &Path, command: &str) -> anyhow::Result<Value> {
+    send(path, &json!({ "command": command })).await
+}
+
+/// Send one request to a running daemon and return its reply.
+async fn send(path: &Path, request: &Value) -> anyhow::Result<Value> {
     let stream = UnixStream::connect(path).await.with_context(|| {
         format!(
             "cannot reach memtide at {} (is `memtide run` running?)",
@@ -245,9 +301,7 @@ async fn request(path: &Path, command: &str) -> anyhow::Result<Value> {
         )
     })?;
     let (read, mut write) = stream.into_split();
-    write
-        .write_all(format!("{}\n", json!({"command": command})).as_bytes())
-        .await?;
+    write.write_all(format!("{request}\n").as_bytes()).await?;
     let mut line = String::new();
     BufReader::new(read).read_line(&mut line).await?;
     serde_json::from_str(&line).context("invalid reply from the daemon")
@@ -259,6 +313,20 @@ pub async fn request_reload(path: &Path) -> anyhow::Result<String> {
     match (reply.get("ok"), reply.get("error")) {
         (Some(ok), _) => Ok(ok.as_str().unwrap_or_default().to_string()),
         (_, Some(e)) => bail!("policy not reloaded: {}", e.as_str().unwrap_or_default()),
+        _ => bail!("unexpected reply from the daemon: {reply}"),
+    }
+}
+
+/// Ask a running daemon to save VM `vm`'s memory; returns the snapshot's description.
+pub async fn request_save(path: &Path, vm: &str, then: AfterSave) -> anyhow::Result<Value> {
+    let reply = send(
+        path,
+        &json!({"command": "snapshot", "vm": vm, "then": then}),
+    )
+    .await?;
+    match (reply.get("ok"), reply.get("error")) {
+        (Some(ok), _) => Ok(ok.clone()),
+        (_, Some(e)) => bail!("{vm} not saved: {}", e.as_str().unwrap_or_default()),
         _ => bail!("unexpected reply from the daemon: {reply}"),
     }
 }
@@ -380,6 +448,46 @@ mod tests {
             error.starts_with("permission denied: uid 65534 gid 65534 (pid "),
             "{error}"
         );
+    }
+
+    #[tokio::test]
+    async fn allowed_users_may_not_save_snapshots_and_the_owner_is_answered_by_the_daemon() {
+        let Some((_dir, path)) = socket_others_reach() else {
+            return;
+        };
+        let allowed = ControlConfig {
+            allow_uids: vec![4242],
+            allow_gids: vec![],
+        };
+        let (requests, mut incoming) = mpsc::channel(1);
+        let _socket = serve(&path, &allowed, Arc::default(), requests)
+            .await
+            .unwrap();
+        let save = "{\"command\": \"snapshot\", \"vm\": \"web\", \"then\": \"quit\"}\n";
+        let ask = |uid| {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || ask_as(uid, uid, &path, save))
+        };
+        let reply: Value = serde_json::from_str(&ask(4242).await.unwrap().unwrap()).unwrap();
+        let error = reply["error"].as_str().unwrap();
+        assert!(
+            error.contains("only root and the daemon's own user"),
+            "{error}"
+        );
+        // Root's request reaches the daemon, whose answer comes back.
+        let asked = ask(0);
+        let Some(Request::Save { vm, then, reply }) = incoming.recv().await else {
+            panic!("no save request reached the daemon");
+        };
+        assert_eq!((vm.as_str(), then), ("web", AfterSave::Quit));
+        reply.send(Err("VM web is not connected".into())).unwrap();
+        let reply: Value = serde_json::from_str(&asked.await.unwrap().unwrap()).unwrap();
+        assert_eq!(reply["error"], "VM web is not connected");
+        let bad = "{\"command\": \"snapshot\", \"vm\": \"web\", \"then\": \"later\"}\n";
+        let path = path.clone();
+        let reply = tokio::task::spawn_blocking(move || ask_as(0, 0, &path, bad));
+        let reply: Value = serde_json::from_str(&reply.await.unwrap().unwrap()).unwrap();
+        assert_eq!(reply["error"], "then: \"later\" is not \"run\" or \"quit\"");
     }
 
     #[tokio::test]

@@ -12,5 +12,7 @@ pub mod policies;
 pub mod policy_cmd;
 pub mod render;
 pub mod sim_cmd;
+pub mod snapshot_cmd;
+pub mod snapshots;
 pub mod status;
 pub mod top;

@@ -6,7 +6,9 @@ use memtide::config::Config;
 use memtide::daemon::{self, RunOptions};
 use memtide::policy_cmd::{self, Format};
 use memtide::sim_cmd;
+use memtide::snapshot_cmd;
 use memtide::{control, render};
+use memtide_core::backend::AfterSave;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -98,6 +100,9 @@ enum Command {
     /// Check or evaluate policy files (the policy language; see docs/policy-language.md).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Save, list, restore and delete VM memory snapshots (see docs/snapshots.md).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
     Sim {
         /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000, no-overcommit,
@@ -150,6 +155,60 @@ enum Command {
         json: bool,
         /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
         /// it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Save a VM's memory and device state into the store, through the running daemon:
+    /// the guest is stopped meanwhile, then runs on (or, with --hibernate, its QEMU quits
+    /// and its memory is freed).
+    Save {
+        /// The VM.
+        vm: String,
+        /// Quit the VM's QEMU once saved (restore it with `memtide snapshot restore`).
+        #[arg(long)]
+        hibernate: bool,
+        /// The daemon's control socket (default: the one in the configuration, else
+        /// /run/memtide/memtide.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// List the snapshots in the store.
+    List {
+        /// Only this VM's.
+        vm: Option<String>,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Start a stopped VM again from a snapshot, its checksums verified first (a VM with
+    /// `qmp` and `launch` in the configuration).
+    Restore {
+        /// The VM.
+        vm: String,
+        /// The snapshot (default: the VM's latest).
+        #[arg(long)]
+        id: Option<String>,
+        /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Delete a snapshot.
+    Delete {
+        /// The VM.
+        vm: String,
+        /// The snapshot.
+        id: String,
+        /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -298,6 +357,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         Command::Man => clap_mangen::Man::new(Cli::command())
             .render(&mut std::io::stdout())
             .context("writing the man page"),
+        Command::Snapshot(command) => snapshot(command).await,
         Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
         Command::Policy(PolicyCommand::Eval {
             files,
@@ -305,6 +365,43 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             format,
         }) => ok_or_fail(policy_cmd::eval(&files, input.as_deref(), format)?),
     }
+}
+
+async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
+    match command {
+        SnapshotCommand::Save {
+            vm,
+            hibernate,
+            socket,
+            config,
+        } => {
+            let then = match hibernate {
+                true => AfterSave::Quit,
+                false => AfterSave::Run,
+            };
+            let socket = self::socket(socket, config.as_ref())?;
+            let saved = control::request_save(&socket, &vm, then).await?;
+            println!("{}", snapshot_cmd::saved_line(&saved)?);
+        }
+        SnapshotCommand::List { vm, json, config } => {
+            print!(
+                "{}",
+                snapshot_cmd::list(&load(config.as_ref())?, vm.as_deref(), json)?
+            );
+        }
+        SnapshotCommand::Restore { vm, id, config } => {
+            let config = load(config.as_ref())?;
+            println!(
+                "{}",
+                snapshot_cmd::restore(&config, &vm, id.as_deref()).await?
+            );
+        }
+        SnapshotCommand::Delete { vm, id, config } => {
+            let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id)?;
+            println!("snapshot {} of {} deleted", deleted.id, deleted.vm);
+        }
+    }
+    Ok(())
 }
 
 /// A failure already reported on the output: exit 1 without another message.

@@ -10,10 +10,11 @@
 use crate::framing::{Framed, Socket};
 use serde_json::{Map, Value};
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
@@ -154,6 +155,25 @@ impl QmpClient {
         &mut self,
         commands: Vec<(&str, Option<Value>)>,
     ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
+        self.send(commands, None).await
+    }
+
+    /// Hand QEMU the open file `fd` under `name` (`getfd`, the descriptor passed with
+    /// SCM_RIGHTS), for a later command to use as `fd:NAME`: QEMU then writes or reads a
+    /// file memtide opened, with no path or shell in between.
+    pub async fn pass_fd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<(), QmpError> {
+        let args = serde_json::json!({ "fdname": name });
+        let mut replies = self.send(vec![("getfd", Some(args))], Some(fd)).await?;
+        replies.pop().expect("one reply per command").map(drop)
+    }
+
+    /// Send `commands`, with `fd` attached to the first byte when given, and wait for
+    /// their replies (see [`QmpClient::execute_all`]).
+    async fn send(
+        &mut self,
+        commands: Vec<(&str, Option<Value>)>,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
         let first = self.next_id + 1;
         let mut lines = Vec::new();
         let mut receivers = Vec::with_capacity(commands.len());
@@ -187,7 +207,19 @@ impl QmpClient {
             armed: true,
         };
         let outcome = timeout(limit, async {
-            self.writer.write_all(&lines).await?;
+            let mut start = 0;
+            if let Some(fd) = fd {
+                let stream: &UnixStream = self.writer.as_ref();
+                loop {
+                    stream.writable().await?;
+                    match stream.try_io(Interest::WRITABLE, || send_with_fd(stream, &lines, fd)) {
+                        Ok(n) => break start = n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            self.writer.write_all(&lines[start..]).await?;
             let mut replies = Vec::with_capacity(receivers.len());
             for rx in receivers {
                 let reply = rx.await;
@@ -211,6 +243,22 @@ impl QmpClient {
         let mut shared = self.shared.lock().expect("qmp state lock");
         shared.events.drain(..).collect()
     }
+}
+
+/// `sendmsg` of `bytes` with `fd` as SCM_RIGHTS: how a unix socket hands a descriptor over.
+fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let iov = [std::io::IoSlice::new(bytes)];
+    Ok(rustix::net::sendmsg(
+        stream,
+        &iov,
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?)
 }
 
 /// Closes the session when calls are abandoned before their replies (see `execute_all`).
@@ -347,18 +395,18 @@ async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
     use tokio::io::{AsyncBufReadExt, BufReader};
     use tokio::net::UnixListener;
 
     /// Answer from a scripted server that makes it hang up.
-    const HANG_UP: &str = "hang up";
+    pub(crate) const HANG_UP: &str = "hang up";
 
     /// A scripted QMP server: greets, then answers each request with `respond`'s lines
     /// (closing the connection at [`HANG_UP`]).
-    async fn serve(
+    pub(crate) async fn serve(
         respond: impl Fn(Value) -> Vec<String> + Send + 'static,
     ) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -389,7 +437,7 @@ mod tests {
         (dir, path)
     }
 
-    fn ok(req: &Value, ret: Value) -> String {
+    pub(crate) fn ok(req: &Value, ret: Value) -> String {
         json!({"return": ret, "id": req["id"]}).to_string()
     }
 

@@ -5,7 +5,7 @@
 
 use super::backoff::Backoff;
 use super::endpoint::{Connection, Connector, Endpoint};
-use super::vm_task::{Answer, Call, VmTask};
+use super::vm_task::{Answer, Call, SaveJob, VmTask};
 use crate::config::{Bounds, Config, VmConfig};
 use futures::future::join_all;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
@@ -161,6 +161,8 @@ struct Managed {
     /// soon after connecting waits longer each time.
     reconnect: Backoff,
     connected: Instant,
+    /// A save asked for and not started yet: it starts when no call is in flight.
+    save: Option<SaveJob>,
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -299,6 +301,7 @@ impl Fleet {
                         stale: false,
                         reconnect: c.backoff,
                         connected: now,
+                        save: None,
                     };
                     self.managed.insert(c.name, m);
                 }
@@ -472,6 +475,11 @@ impl Fleet {
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
         let mut out = Sampled::default();
+        for m in self.managed.values_mut() {
+            if let Some(save) = m.save.take() {
+                m.save = m.task.start_save(save).err();
+            }
+        }
         let collected = join_all(
             self.managed
                 .iter_mut()
@@ -622,7 +630,9 @@ impl Fleet {
                             m.actuation.took(&result);
                             Sent::Answered(result)
                         }
-                        Some(Answer::Sample(_)) => unreachable!("a balloon command was started"),
+                        Some(Answer::Sample(_) | Answer::Saved) => {
+                            unreachable!("a balloon command was started")
+                        }
                         None => Sent::InFlight,
                     };
                     (name.clone(), sent)
@@ -639,6 +649,26 @@ impl Fleet {
         sent.into_iter()
             .map(|s| s.expect("every target sent or refused"))
             .collect()
+    }
+
+    /// Save VM `vm`'s memory as `save` says: started before the next tick's sample, or
+    /// as soon after as the VM has no call in flight; the VM is left out of the decisions
+    /// meanwhile (its samples wait). Refused for a VM not connected, or with a save
+    /// already asked for.
+    pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
+        let Some(m) = self.managed.get_mut(vm) else {
+            return Err((save, format!("VM {vm} is not connected")));
+        };
+        if m.save.is_some() || m.task.in_flight().is_some_and(|(c, _)| c == Call::Save) {
+            return Err((save, format!("VM {vm} is being saved already")));
+        }
+        m.save = Some(save);
+        Ok(())
+    }
+
+    /// VM `vm`'s configured size, once a sample told it.
+    pub fn configured(&self, vm: &str) -> Option<Bytes> {
+        self.managed.get(vm)?.configured
     }
 
     /// How each managed VM's samples are arriving.
@@ -946,6 +976,7 @@ mod tests {
             max_mib: None,
             shares: None,
             policy: None,
+            launch: None,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.
         std::fs::write(dir.path().join("web.sock"), "").unwrap();

@@ -13,12 +13,14 @@ pub mod writes;
 use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
+use crate::snapshots::{self, Pending, Store};
 use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
+use memtide_core::backend::AfterSave;
 use memtide_core::backend::HostBackend;
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
@@ -29,8 +31,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
+use vm_task::SaveJob;
 
 /// The share of the interval a tick waits for samples: a VM whose sample has not
 /// arrived by then is left out of the decision.
@@ -66,6 +70,19 @@ struct Daemon {
     recording: writes::Retry,
     state: Option<StateFile>,
     state_writes: writes::Retry,
+    store: Store,
+    /// Where a save's outcome comes back to the daemon, to be logged and answered.
+    saves: mpsc::Sender<SaveDone>,
+}
+
+/// Where a VM's task hands over a save's result.
+type SaveReply = oneshot::Receiver<Result<memtide_core::backend::Saved, BackendError>>;
+
+/// A save that ended, and who waits for its outcome.
+struct SaveDone {
+    vm: String,
+    result: Result<snapshots::Snapshot, String>,
+    reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
@@ -107,7 +124,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         counters: Counters::default(),
         recent_events: Vec::new(),
     }));
-    let (requests, mut incoming) = tokio::sync::mpsc::channel(8);
+    let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
         &config.daemon.socket,
         &config.control,
@@ -139,6 +156,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         &mut events,
     );
 
+    let (saves, mut saved) = mpsc::channel(8);
+    let store = Store::new(&config.snapshots.dir);
     let mut daemon = Daemon {
         config,
         options,
@@ -155,6 +174,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         recording: writes::Retry::default(),
         state,
         state_writes: writes::Retry::default(),
+        store,
+        saves,
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -177,8 +198,15 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
                 let _ = daemon.reload();
                 continue;
             }
-            Some(Request::Reload(reply)) = incoming.recv() => {
-                let _ = reply.send(daemon.reload());
+            Some(request) = incoming.recv() => {
+                match request {
+                    Request::Reload(reply) => drop(reply.send(daemon.reload())),
+                    Request::Save { vm, then, reply } => daemon.save(vm, then, reply),
+                }
+                continue;
+            }
+            Some(done) = saved.recv() => {
+                daemon.saved(done);
                 continue;
             }
         }
@@ -266,6 +294,97 @@ impl Daemon {
         };
         self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
         result
+    }
+
+    /// Start saving VM `vm`'s memory into the store; `reply` takes the outcome when the
+    /// save ends ([`Daemon::saved`]), or at once why it cannot start.
+    fn save(
+        &mut self,
+        vm: String,
+        then: AfterSave,
+        reply: oneshot::Sender<Result<serde_json::Value, String>>,
+    ) {
+        let (pending, rx) = match self.start_save(&vm, then) {
+            Ok(started) => started,
+            Err(why) => return drop(reply.send(Err(why))),
+        };
+        let done = self.saves.clone();
+        tokio::spawn(async move {
+            let result = match rx.await {
+                Ok(Ok(saved)) => {
+                    let finish = move || pending.finish(&saved, then);
+                    match tokio::task::spawn_blocking(finish).await {
+                        Ok(r) => r.map_err(|e| format!("{e:#}")),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+                Ok(Err(e)) => {
+                    pending.abandon();
+                    Err(e.to_string())
+                }
+                Err(_) => {
+                    pending.abandon();
+                    Err("the VM was lost before its save ended".into())
+                }
+            };
+            let _ = done.send(SaveDone { vm, result, reply }).await;
+        });
+    }
+
+    /// The snapshot begun for VM `vm` and the save handed to its task, or why not.
+    fn start_save(&mut self, vm: &str, then: AfterSave) -> Result<(Pending, SaveReply), String> {
+        if self.options.dry_run {
+            return Err("a dry run changes nothing: not saved".into());
+        }
+        let Some(configured) = self.fleet.configured(vm) else {
+            return Err(format!("VM {vm} is not connected, or not sampled yet"));
+        };
+        let pending = self.store.begin(vm, configured).map_err(|e| {
+            let message = format!("{e:#}");
+            self.events
+                .log("snapshot_failed", Some(vm), None, message.clone());
+            self.counters.action("snapshot", "error");
+            message
+        })?;
+        let (tx, rx) = oneshot::channel();
+        let job = SaveJob {
+            dir: pending.dir().to_path_buf(),
+            then,
+            limit: Duration::from_secs(self.config.snapshots.timeout_s),
+            reply: tx,
+        };
+        if let Err((_, why)) = self.fleet.save(vm, job) {
+            pending.abandon();
+            return Err(why);
+        }
+        let message = match then {
+            AfterSave::Run => format!("saving its memory into {}", pending.dir().display()),
+            AfterSave::Quit => format!(
+                "hibernating: saving its memory into {}, then its QEMU quits",
+                pending.dir().display()
+            ),
+        };
+        self.events.log("snapshot_started", Some(vm), None, message);
+        Ok((pending, rx))
+    }
+
+    /// Log and count a save that ended, and answer whoever asked for it.
+    fn saved(&mut self, done: SaveDone) {
+        let SaveDone { vm, result, reply } = done;
+        match &result {
+            Ok(s) => {
+                let message = s.summary();
+                self.events.log("snapshot_saved", Some(&vm), None, message);
+                self.counters.action("snapshot", "ok");
+            }
+            Err(e) => {
+                let message = format!("not saved: {e}");
+                self.events.log("snapshot_failed", Some(&vm), None, message);
+                self.counters.action("snapshot", "error");
+            }
+        }
+        let reply_value = result.map(|s| serde_json::to_value(s).expect("a snapshot serializes"));
+        let _ = reply.send(reply_value);
     }
 
     async fn tick(&mut self) {

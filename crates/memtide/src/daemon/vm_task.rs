@@ -4,10 +4,12 @@
 //! answer then, or at a later tick when it comes later; no second call to the VM starts
 //! while one is in flight (a balloon command is never sent twice at once).
 
-use memtide_core::backend::VmBackend;
+use memtide_core::backend::{AfterSave, Saved, VmBackend};
 use memtide_core::snapshot::VmEvent;
 use memtide_core::{BackendError, Bytes, VmSample};
+use std::path::PathBuf;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, timeout_at, Instant};
 use tracing::Instrument;
@@ -19,6 +21,8 @@ pub enum Call {
     Sample,
     /// Set its balloon target.
     Balloon(Bytes),
+    /// Save its memory (a snapshot): its result goes to whoever asked for it.
+    Save,
 }
 
 /// What a VM answered to a call.
@@ -28,6 +32,21 @@ pub enum Answer {
     Sample(Result<Box<VmSample>, BackendError>),
     /// The result of setting its balloon to this target.
     Balloon(Bytes, Result<(), BackendError>),
+    /// A save ended; its result was handed over.
+    Saved,
+}
+
+/// A save asked of a VM: where to, what then, within what time, and who takes the result.
+#[derive(Debug)]
+pub struct SaveJob {
+    /// The snapshot's directory.
+    pub dir: PathBuf,
+    /// What becomes of the VM after.
+    pub then: AfterSave,
+    /// The longest it may take.
+    pub limit: Duration,
+    /// Takes the result.
+    pub reply: oneshot::Sender<Result<Saved, BackendError>>,
 }
 
 /// What a VM answered by a tick's sample deadline.
@@ -77,28 +96,55 @@ impl VmTask {
         }
     }
 
-    /// Start `call`, unless a call is in flight (then false: nothing is sent).
+    /// Start `call` (a sample or a balloon command), unless a call is in flight (then
+    /// false: nothing is sent).
     pub fn start(&mut self, call: Call) -> bool {
-        let Some(mut backend) = self.idle.take() else {
-            return false;
+        let job = match call {
+            Call::Sample => Job::Sample,
+            Call::Balloon(target) => Job::Balloon(target),
+            Call::Save => unreachable!("a save is started with start_save"),
         };
+        self.lend(job).is_ok()
+    }
+
+    /// Start `save`, unless a call is in flight (then it is given back).
+    pub fn start_save(&mut self, save: SaveJob) -> Result<(), SaveJob> {
+        self.lend(Job::Save(save)).map_err(|job| match job {
+            Job::Save(save) => save,
+            _ => unreachable!("the job given"),
+        })
+    }
+
+    /// Lend the backend to `job`, unless a call is in flight (then the job comes back).
+    fn lend(&mut self, job: Job) -> Result<(), Job> {
+        let Some(mut backend) = self.idle.take() else {
+            return Err(job);
+        };
+        let call = job.call();
         let limit = self.call_timeout;
         let span = tracing::info_span!("vm", name = self.name.as_str());
         let task = tokio::spawn(
             async move {
-                let answer = match call {
-                    Call::Sample => Answer::Sample(
+                let answer = match job {
+                    Job::Sample => Answer::Sample(
                         timeout(limit, backend.sample())
                             .await
                             .unwrap_or_else(|_| Err(BackendError::timeout(limit)))
                             .map(Box::new),
                     ),
-                    Call::Balloon(target) => Answer::Balloon(
+                    Job::Balloon(target) => Answer::Balloon(
                         target,
                         timeout(limit, backend.set_balloon(target))
                             .await
                             .unwrap_or_else(|_| Err(BackendError::timeout(limit))),
                     ),
+                    Job::Save(save) => {
+                        let result = timeout(save.limit, backend.save(&save.dir, save.then))
+                            .await
+                            .unwrap_or_else(|_| Err(BackendError::timeout(save.limit)));
+                        let _ = save.reply.send(result);
+                        Answer::Saved
+                    }
                 };
                 (backend, answer, Instant::now())
             }
@@ -109,7 +155,7 @@ impl VmTask {
             since: Instant::now(),
             task,
         });
-        true
+        Ok(())
     }
 
     /// This tick's sample, asked for as soon as the VM is free: a call still in flight
@@ -136,6 +182,7 @@ impl VmTask {
                     }
                 }
                 Some(Answer::Balloon(target, result)) => balloon = Some((target, result)),
+                Some(Answer::Saved) => {}
                 Some(Answer::Sample(sample @ Err(BackendError::Disconnected(_)))) => {
                     return Collected {
                         balloon,
@@ -185,6 +232,8 @@ impl VmTask {
                 match call {
                     Call::Sample => Answer::Sample(Err(gone)),
                     Call::Balloon(target) => Answer::Balloon(target, Err(gone)),
+                    // The save's reply went with the task: its asker hears it closed.
+                    Call::Save => Answer::Saved,
                 }
             }
         })
@@ -198,6 +247,23 @@ impl VmTask {
     /// The balloon target the backend last reported.
     pub fn target(&self) -> Option<Bytes> {
         self.target
+    }
+}
+
+/// What a call does, with what it needs.
+enum Job {
+    Sample,
+    Balloon(Bytes),
+    Save(SaveJob),
+}
+
+impl Job {
+    fn call(&self) -> Call {
+        match self {
+            Job::Sample => Call::Sample,
+            Job::Balloon(target) => Call::Balloon(*target),
+            Job::Save(_) => Call::Save,
+        }
     }
 }
 

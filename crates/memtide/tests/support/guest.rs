@@ -71,6 +71,26 @@ impl Guest {
         Guest::spawn(boot, procs)
     }
 
+    /// Like [`Guest::boot`], and the command line that started it (program first), to
+    /// start it again the same way (`[[vm]] launch`, for a snapshot's restore).
+    pub fn boot_restorable(
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        mem_mib: u64,
+        workload: &str,
+        args: &str,
+    ) -> (Guest, Vec<String>) {
+        let boot = Guest::with_workload(name, dir, &mem_mib.to_string(), workload, args, "");
+        let boot = Guest::equipped(boot.device(BALLOON));
+        let command = boot.command(procs);
+        let text = |s: &std::ffi::OsStr| s.to_str().expect("a UTF-8 argument").to_string();
+        let launch = std::iter::once(text(command.get_program()))
+            .chain(command.get_args().map(text))
+            .collect();
+        (Guest::started(boot, procs), launch)
+    }
+
     /// The tests' guest running `workload` with `args`, with its QMP socket.
     fn with_workload(
         name: &str,
@@ -90,12 +110,17 @@ impl Guest {
     /// Start `boot` with the tests' swap disk and guest agent in the cgroup whose
     /// `cgroup.procs` is `procs`.
     fn spawn(boot: Boot, procs: &Path) -> Guest {
-        let guest = boot
-            .disk("swap", 128)
-            .agent()
-            .spawn(procs)
-            .unwrap_or_else(|e| panic!("{e}"));
-        Guest(guest)
+        Guest::started(Guest::equipped(boot), procs)
+    }
+
+    /// `boot` with the tests' swap disk and guest agent.
+    fn equipped(boot: Boot) -> Boot {
+        boot.disk("swap", 128).agent()
+    }
+
+    /// Start `boot` in the cgroup whose `cgroup.procs` is `procs`.
+    fn started(boot: Boot, procs: &Path) -> Guest {
+        Guest(boot.spawn(procs).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// The test's own QMP socket (see [`Guest::boot_watched`]).

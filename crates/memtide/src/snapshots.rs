@@ -1,0 +1,488 @@
+//! The snapshot store: under `[snapshots] dir`, a directory per VM and, in it, one per
+//! snapshot, named by when it was taken, holding the connector's files and
+//! `snapshot.json` (what was saved, how, and each file's SHA-256). A snapshot is written
+//! into `ID.partial` and renamed to `ID` once every file is on disk and checksummed: a
+//! crash or a full disk mid-save leaves no snapshot that looks good, and the next save
+//! of the VM removes what it left.
+
+use anyhow::{bail, Context};
+use memtide_core::backend::{AfterSave, Saved};
+use memtide_core::Bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The description file in each snapshot's directory.
+const META: &str = "snapshot.json";
+/// The suffix of a snapshot being written.
+const PARTIAL: &str = ".partial";
+/// Room left on the file system beyond the guest's size before a save starts.
+const HEADROOM: Bytes = Bytes::from_mib(64);
+
+/// One snapshot, as described by its `snapshot.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// The VM's name.
+    pub vm: String,
+    /// Its identifier: when it was taken (UTC, `YYYYMMDDTHHMMSS.mmmZ`).
+    pub id: String,
+    /// When it was taken (RFC 3339).
+    pub created: String,
+    /// How the connector wrote it.
+    pub mechanism: String,
+    /// What became of the VM: it ran on, or its process quit (hibernation).
+    pub then: AfterSave,
+    /// The guest ran when it was saved: a restore resumes it.
+    pub was_running: bool,
+    /// The VM's configured memory.
+    pub configured: Bytes,
+    /// How long the guest was stopped, in seconds.
+    pub downtime_s: f64,
+    /// From the request to the snapshot on disk, checksummed, in seconds.
+    pub save_s: f64,
+    /// Each file: its size and SHA-256.
+    pub files: BTreeMap<String, FileSum>,
+}
+
+/// A file's size and checksum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSum {
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its SHA-256, in hex.
+    pub sha256: String,
+}
+
+impl Snapshot {
+    /// The size of its files together.
+    pub fn bytes(&self) -> u64 {
+        self.files.values().map(|f| f.bytes).sum()
+    }
+
+    /// A sentence saying what was saved.
+    pub fn summary(&self) -> String {
+        let quit = match self.then {
+            AfterSave::Run => "",
+            AfterSave::Quit => "; its QEMU quit (hibernated)",
+        };
+        format!(
+            "{} saved as {} ({}) in {:.1} s, the guest stopped {:.1} s{quit}",
+            self.vm,
+            self.id,
+            Bytes(self.bytes()),
+            self.save_s,
+            self.downtime_s
+        )
+    }
+}
+
+/// The store at a directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// A snapshot being written: its directory, to hand to the connector.
+#[derive(Debug)]
+pub struct Pending {
+    vm: String,
+    id: String,
+    dir: PathBuf,
+    configured: Bytes,
+    started: std::time::Instant,
+}
+
+impl Store {
+    /// The store at `dir` (created when the first snapshot is written).
+    pub fn new(dir: &Path) -> Store {
+        Store {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The directory of VM `vm`'s snapshots: its name with every byte other than ASCII
+    /// letters, digits, `_`, `-` and a `.` not in first place written as `%XX`, so that
+    /// no name (`..`, `a/b`) leaves the store.
+    pub fn vm_dir(&self, vm: &str) -> PathBuf {
+        let mut name = String::new();
+        for (i, b) in vm.bytes().enumerate() {
+            match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => name.push(b as char),
+                b'.' if i > 0 => name.push('.'),
+                _ => name.push_str(&format!("%{b:02X}")),
+            }
+        }
+        self.dir.join(name)
+    }
+
+    /// The directory of snapshot `s`.
+    pub fn dir_of(&self, s: &Snapshot) -> PathBuf {
+        self.vm_dir(&s.vm).join(&s.id)
+    }
+
+    /// Start a snapshot of VM `vm`, `configured` large: what an earlier save left
+    /// half-written is removed, and the save is refused when the file system has less
+    /// room than the guest's size and a margin.
+    pub fn begin(&self, vm: &str, configured: Bytes) -> anyhow::Result<Pending> {
+        if vm.is_empty() {
+            bail!("a VM with no name cannot be saved");
+        }
+        let vm_dir = self.vm_dir(vm);
+        std::fs::create_dir_all(&vm_dir)
+            .with_context(|| format!("creating {}", vm_dir.display()))?;
+        for entry in std::fs::read_dir(&vm_dir)?.flatten() {
+            if entry.file_name().to_string_lossy().ends_with(PARTIAL) {
+                std::fs::remove_dir_all(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+            }
+        }
+        let free = free_space(&vm_dir)?;
+        if free < configured + HEADROOM {
+            bail!(
+                "{} has {free} free, less than the guest's {configured} and {HEADROOM} to spare: \
+                 not saved",
+                vm_dir.display()
+            );
+        }
+        let stamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let base: String = stamp.chars().filter(|c| *c != '-' && *c != ':').collect();
+        let mut id = base.clone();
+        for n in 2.. {
+            if !vm_dir.join(&id).exists() {
+                break;
+            }
+            id = format!("{base}-{n}");
+        }
+        let dir = vm_dir.join(format!("{id}{PARTIAL}"));
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Pending {
+            vm: vm.to_string(),
+            id,
+            dir,
+            configured,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// VM `vm`'s complete snapshots, oldest first; one whose description is unreadable
+    /// is skipped with a warning.
+    pub fn list(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
+        let vm_dir = self.vm_dir(vm);
+        let entries = match std::fs::read_dir(&vm_dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            other => other.with_context(|| format!("reading {}", vm_dir.display()))?,
+        };
+        let mut found = Vec::new();
+        for entry in entries.flatten() {
+            let meta = entry.path().join(META);
+            if entry.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
+                continue;
+            }
+            match read_meta(&meta) {
+                Ok(s) => found.push(s),
+                Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
+            }
+        }
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(found)
+    }
+
+    /// Every VM's snapshots, by VM then oldest first.
+    pub fn list_all(&self) -> anyhow::Result<Vec<Snapshot>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            other => other.with_context(|| format!("reading {}", self.dir.display()))?,
+        };
+        let mut all = Vec::new();
+        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+            for id in std::fs::read_dir(entry.path())?.flatten() {
+                if let Ok(s) = read_meta(&id.path().join(META)) {
+                    all.push(s);
+                }
+            }
+        }
+        all.sort_by(|a, b| (&a.vm, &a.id).cmp(&(&b.vm, &b.id)));
+        Ok(all)
+    }
+
+    /// VM `vm`'s snapshot `id`, or its latest when `id` is `None`.
+    pub fn find(&self, vm: &str, id: Option<&str>) -> anyhow::Result<Snapshot> {
+        let all = self.list(vm)?;
+        let found = match id {
+            Some(id) => all.into_iter().find(|s| s.id == id),
+            None => all.into_iter().next_back(),
+        };
+        found.with_context(|| match id {
+            Some(id) => format!("VM {vm} has no snapshot {id} in {}", self.dir.display()),
+            None => format!("VM {vm} has no snapshot in {}", self.dir.display()),
+        })
+    }
+
+    /// Check every file of `s` against its checksum.
+    pub fn verify(&self, s: &Snapshot) -> anyhow::Result<()> {
+        let dir = self.dir_of(s);
+        for (name, sum) in &s.files {
+            let found = checksum(&dir.join(name))?;
+            if found != *sum {
+                bail!(
+                    "snapshot {} of {}: {name} is {} bytes with SHA-256 {}, not {} bytes with {}: \
+                     damaged, not used",
+                    s.id,
+                    s.vm,
+                    found.bytes,
+                    found.sha256,
+                    sum.bytes,
+                    sum.sha256
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete `s`: renamed away first, so that a crash midway leaves no snapshot that
+    /// looks whole.
+    pub fn delete(&self, s: &Snapshot) -> anyhow::Result<()> {
+        let dir = self.dir_of(s);
+        let doomed = dir.with_file_name(format!("{}{PARTIAL}", s.id));
+        std::fs::rename(&dir, &doomed).with_context(|| format!("removing {}", dir.display()))?;
+        std::fs::remove_dir_all(&doomed).with_context(|| format!("removing {}", dir.display()))
+    }
+}
+
+impl Pending {
+    /// The directory the connector writes into.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Checksum what the connector wrote, describe it, and make the snapshot whole; on
+    /// failure (a full disk) what was written is removed.
+    pub fn finish(self, saved: &Saved, then: AfterSave) -> anyhow::Result<Snapshot> {
+        let dir = self.dir.clone();
+        let finished = self.complete(saved, then);
+        if finished.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        finished
+    }
+
+    fn complete(self, saved: &Saved, then: AfterSave) -> anyhow::Result<Snapshot> {
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            files.insert(name, checksum(&entry.path())?);
+        }
+        if files.is_empty() {
+            bail!("the connector wrote nothing into {}", self.dir.display());
+        }
+        let snapshot = Snapshot {
+            created: self.created(),
+            vm: self.vm.clone(),
+            id: self.id.clone(),
+            mechanism: saved.mechanism.clone(),
+            then,
+            was_running: saved.was_running,
+            configured: self.configured,
+            downtime_s: saved.downtime.as_secs_f64(),
+            save_s: self.started.elapsed().as_secs_f64(),
+            files,
+        };
+        let meta = self.dir.join(META);
+        let bytes = serde_json::to_vec_pretty(&snapshot).expect("a snapshot serializes");
+        write_synced(&meta, &bytes)?;
+        let done = self.dir.with_file_name(&self.id);
+        std::fs::rename(&self.dir, &done)
+            .with_context(|| format!("renaming {} to {}", self.dir.display(), done.display()))?;
+        sync_dir(done.parent().expect("a snapshot's directory has a parent"))?;
+        Ok(snapshot)
+    }
+
+    /// The time the save began, RFC 3339.
+    fn created(&self) -> String {
+        let ago = self.started.elapsed();
+        let at = SystemTime::now() - ago;
+        humantime::format_rfc3339_millis(at).to_string()
+    }
+
+    /// Remove what was written: the save failed.
+    pub fn abandon(self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// A file's size and SHA-256, read in 1 MiB blocks.
+fn checksum(path: &Path) -> anyhow::Result<FileSum> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let sha256 = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(FileSum { bytes, sha256 })
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut file =
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))
+}
+
+/// Room left for an unprivileged writer on the file system of `dir`.
+fn free_space(dir: &Path) -> anyhow::Result<Bytes> {
+    let st = rustix::fs::statvfs(dir).with_context(|| format!("statvfs {}", dir.display()))?;
+    Ok(Bytes(st.f_bavail.saturating_mul(st.f_frsize)))
+}
+
+/// How long ago `s` was taken, when its time reads.
+pub fn age(s: &Snapshot) -> Option<Duration> {
+    let at = humantime::parse_rfc3339(&s.created).ok()?;
+    SystemTime::now().duration_since(at).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved() -> Saved {
+        Saved {
+            mechanism: "test".into(),
+            was_running: true,
+            downtime: Duration::from_millis(1500),
+            ram_bytes: None,
+        }
+    }
+
+    /// A snapshot of `vm` whose connector wrote `content` into its memory file.
+    fn take(store: &Store, vm: &str, content: &[u8]) -> Snapshot {
+        let pending = store.begin(vm, Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), content).unwrap();
+        pending.finish(&saved(), AfterSave::Run).unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_is_listed_only_once_whole_and_its_files_checksummed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        assert!(store.list("web").unwrap().is_empty(), "no store yet");
+        // A save in progress (or one a crash ended) is not a snapshot.
+        let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"half").unwrap();
+        assert!(store.list("web").unwrap().is_empty());
+        assert!(store.list_all().unwrap().is_empty());
+        // The next save removes what it left.
+        let s = take(&store, "web", b"guest memory");
+        assert!(!pending.dir().exists(), "the half-written save was removed");
+        assert_eq!(store.list("web").unwrap(), std::slice::from_ref(&s));
+        assert_eq!(s.files["memory"].bytes, 12);
+        // sha256("guest memory"), from coreutils' sha256sum.
+        assert_eq!(
+            s.files["memory"].sha256,
+            "c787ab22685cefed1fcb16c45d663282786a1f0f5383873a4019028b966fdab4"
+        );
+        assert!(s.was_running);
+        assert_eq!(s.downtime_s, 1.5);
+        store.verify(&s).unwrap();
+        assert_eq!(store.find("web", None).unwrap(), s);
+        assert_eq!(store.find("web", Some(&s.id)).unwrap(), s);
+        let e = store.find("web", Some("nope")).unwrap_err().to_string();
+        assert!(e.contains("has no snapshot nope"), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_snapshot_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let s = take(&store, "db", b"0123456789");
+        let file = store.dir_of(&s).join("memory");
+        std::fs::write(&file, b"0123456788").unwrap();
+        let e = store.verify(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("memory is 10 bytes") && e.contains("damaged"),
+            "{e}"
+        );
+        std::fs::write(&file, b"01234").unwrap();
+        let e = store.verify(&s).unwrap_err().to_string();
+        assert!(e.contains("memory is 5 bytes"), "{e}");
+        std::fs::remove_file(&file).unwrap();
+        assert!(store.verify(&s).is_err());
+    }
+
+    #[test]
+    fn snapshots_are_kept_apart_by_vm_and_time_and_deleted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let a1 = take(&store, "a", b"1");
+        let a2 = take(&store, "a", b"2");
+        let b = take(&store, "b", b"3");
+        assert!(a1.id < a2.id, "{} then {}", a1.id, a2.id);
+        assert_eq!(store.find("a", None).unwrap(), a2, "the latest");
+        assert_eq!(store.list_all().unwrap(), [a1.clone(), a2.clone(), b]);
+        store.delete(&a1).unwrap();
+        assert_eq!(store.list("a").unwrap(), [a2]);
+        assert!(!store.dir_of(&a1).exists());
+    }
+
+    #[test]
+    fn no_vm_name_leaves_the_store() {
+        let store = Store::new(Path::new("/store"));
+        let cases = [
+            ("web-1.example", "web-1.example"),
+            ("..", "%2E."),
+            (".hidden", "%2Ehidden"),
+            ("a/../../etc", "a%2F..%2F..%2Fetc"),
+            ("x y'z", "x%20y%27z"),
+        ];
+        for (name, dir) in cases {
+            assert_eq!(
+                store.vm_dir(name),
+                Path::new("/store").join(dir),
+                "{name:?}"
+            );
+        }
+        let e = store.begin("", Bytes::from_mib(1)).unwrap_err().to_string();
+        assert!(e.contains("no name"), "{e}");
+    }
+
+    #[test]
+    fn a_save_is_refused_when_the_file_system_lacks_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let huge = Bytes::from_gib(1 << 30);
+        let e = store.begin("big", huge).unwrap_err().to_string();
+        assert!(
+            e.contains("free, less than the guest's") && e.contains("not saved"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(store.vm_dir("big")).unwrap().collect();
+        assert!(left.is_empty(), "nothing left behind");
+    }
+}

@@ -1,0 +1,243 @@
+//! VM memory snapshots end to end (#13) on a real test guest managed by the daemon:
+//! saved while it runs, hibernated (its QEMU quits), restored from the store by its
+//! configured launch command with the state of its memory intact (a file in its RAM
+//! and its checksum), and a save whose QEMU is killed midway leaves no snapshot.
+//!
+//! Boots a guest under TCG, so it is ignored by a plain `cargo test`; `scripts/test.sh`
+//! runs it.
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+use support::cgroup::TestCgroup;
+use support::daemon::{memtide, vm, Daemon};
+use support::guest::Guest;
+use support::harness::Agent;
+use support::wait_for;
+
+const GUEST_MIB: u64 = 384;
+
+/// `memtide snapshot ARGS --config CONFIG`.
+fn snapshot(config: &Path, args: &[&str]) -> Output {
+    memtide()
+        .arg("snapshot")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The store's snapshots of VM `s`.
+fn listed(config: &Path) -> Vec<Value> {
+    let out = snapshot(config, &["list", "s", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap()
+}
+
+/// A QEMU process started by a restore, killed when the test ends.
+struct Restored(u32);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        support::signal(self.0, "KILL");
+    }
+}
+
+/// The pid a restore printed ("... (QEMU pid N, ...").
+fn restored_pid(out: &str) -> u32 {
+    let after = out.split("QEMU pid ").nth(1).expect("a pid in the output");
+    after
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-snapshot");
+    let (mut guest, launch) = Guest::boot_restorable(
+        "s",
+        dir.path(),
+        &cgroup.procs(),
+        GUEST_MIB,
+        "memknobs",
+        "120:100000",
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    // 16 MiB of random bytes in the guest's RAM (its root is an initramfs) and their
+    // checksum: the state a restore must bring back.
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+
+    let store = dir.path().join("snapshots");
+    let launch: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
+    let config_text = format!(
+        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"s\"\nqmp = {:?}\nlaunch = [{}]\n",
+        store.display().to_string(),
+        guest.qmp().display().to_string(),
+        launch.join(", ")
+    );
+    let daemon = Daemon::start(dir.path(), &config_text, 0);
+    let config = dir.path().join("memtide.toml");
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "s").is_some_and(|v| v["configured"].is_u64())
+    });
+
+    // 1. A snapshot: the guest runs on.
+    let out = snapshot(&config, &["save", "s"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    assert!(guest.running(), "the guest runs on after a snapshot");
+    let first = listed(&config);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0]["then"], "run");
+    assert_eq!(first[0]["was_running"], true);
+    let memory_bytes = first[0]["files"]["memory"]["bytes"].as_u64().unwrap();
+    assert!(
+        memory_bytes > 16 << 20,
+        "the state holds the guest's RAM: {memory_bytes}"
+    );
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0
+    );
+    drop(agent);
+
+    // 2. Hibernation: saved, then its QEMU quits and its memory is freed.
+    let rss_kib = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let held = rss_kib(guest.pid());
+    let out = snapshot(&config, &["save", "s", "--hibernate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let quit = wait_for(Duration::from_secs(30), || (!guest.running()).then_some(()));
+    assert!(quit.is_some(), "QEMU quit after the hibernation");
+    eprintln!("hibernated: QEMU held {} MiB, now none", held / 1024);
+    let both = listed(&config);
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert_eq!(both[1]["then"], "quit");
+
+    // 3. Restored from the latest, by the configured launch command: the state is intact.
+    let t0 = Instant::now();
+    let out = snapshot(&config, &["restore", "s"]);
+    let wake = t0.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!(
+        "{} (the command: {:.2} s)",
+        text(&out).trim(),
+        wake.as_secs_f64()
+    );
+    let restored = Restored(restored_pid(&text(&out)));
+    assert!(alive(restored.0), "the restored QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory came back intact"
+    );
+    drop(agent);
+    // Its workload goes on, and the daemon manages it again.
+    let console = dir.path().join("s.serial");
+    let lines = wait_for(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        text.contains("mib_per_s=").then_some(())
+    });
+    assert!(
+        lines.is_some(),
+        "the workload reports again after the restore"
+    );
+    daemon.wait_until("the restored guest managed", Duration::from_secs(90), |s| {
+        vm(s, "s").is_some_and(|v| v["configured"].is_u64())
+    });
+    // A running VM is not restored over.
+    let out = snapshot(&config, &["restore", "s"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("is running"), "{}", text(&out));
+
+    // 4. A save whose QEMU dies midway: an error, and no snapshot that looks whole.
+    let saving = std::thread::spawn({
+        let config = config.clone();
+        move || snapshot(&config, &["save", "s"])
+    });
+    // Killed as soon as the save's file appears: while QEMU writes its state into it.
+    let vm_dir = store.join("s");
+    let began = Instant::now();
+    let writing = || {
+        std::fs::read_dir(&vm_dir).ok()?.flatten().find(|e| {
+            e.file_name().to_string_lossy().ends_with(".partial")
+                && e.path().join("memory").exists()
+        })
+    };
+    while writing().is_none() {
+        assert!(began.elapsed() < Duration::from_secs(30), "the save began");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: kill(2) of the QEMU this test restored; no memory is involved.
+    assert_eq!(unsafe { libc::kill(restored.0 as i32, libc::SIGKILL) }, 0);
+    let out = saving.join().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("not saved"), "{}", text(&out));
+    assert_eq!(listed(&config).len(), 2, "no third snapshot");
+    let partial = std::fs::read_dir(store.join("s"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .count();
+    assert_eq!(partial, 0, "what the failed save wrote was removed");
+
+    // The event log tells each save.
+    let log = daemon.event_log();
+    let kinds: Vec<&str> = log
+        .iter()
+        .filter(|e| e["vm"] == "s")
+        .filter_map(|e| e["kind"].as_str())
+        .filter(|k| k.starts_with("snapshot"))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "snapshot_started",
+            "snapshot_saved",
+            "snapshot_started",
+            "snapshot_saved",
+            "snapshot_started",
+            "snapshot_failed"
+        ]
+    );
+}
