@@ -48,6 +48,8 @@ pub struct Saved {
     pub was_running: bool,
     /// How long the guest was stopped (until it ran again, or its process quit).
     pub downtime: Duration,
+    /// From stopping the guest to its state on disk, synced.
+    pub written: Duration,
     /// Guest RAM the hypervisor counted in the state, when it says.
     pub ram_bytes: Option<u64>,
 }

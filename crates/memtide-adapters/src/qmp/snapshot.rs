@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 pub const MEMORY_FILE: &str = "memory";
 /// How often a migration's progress is asked for.
 const POLL: Duration = Duration::from_millis(50);
+/// A migration bandwidth no disk reaches (bytes/s): no cap.
+const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
 const FD_NAME: &str = "memtide-snapshot";
 
@@ -59,6 +61,7 @@ pub async fn save(
         mechanism: "qmp migrate to fd".into(),
         was_running: running,
         downtime,
+        written: stopped.elapsed(),
         ram_bytes: stats.get("ram").and_then(|r| r["total"].as_u64()),
     })
 }
@@ -70,14 +73,29 @@ async fn migrate_out(
     file: &std::fs::File,
     limit: Duration,
 ) -> Result<Value, BackendError> {
-    client.pass_fd(FD_NAME, file.as_fd()).await?;
-    let uri = format!("fd:{FD_NAME}");
+    // QEMU caps a migration at 128 MiB/s by default (it was made for networks): a save
+    // to a file goes as fast as the disk, and the VM's own cap is put back after.
+    let params = client.execute("query-migrate-parameters", None).await?;
+    let cap = params.get("max-bandwidth").cloned();
+    let unlimited = json!({ "max-bandwidth": UNLIMITED });
     client
-        .execute("migrate", Some(json!({ "uri": uri })))
+        .execute("migrate-set-parameters", Some(unlimited))
         .await?;
-    let result = wait_for_migration(client, limit).await;
+    let result = async {
+        client.pass_fd(FD_NAME, file.as_fd()).await?;
+        let uri = format!("fd:{FD_NAME}");
+        client
+            .execute("migrate", Some(json!({ "uri": uri })))
+            .await?;
+        wait_for_migration(client, limit).await
+    }
+    .await;
     if result.is_err() {
         let _ = client.execute("migrate_cancel", None).await;
+    }
+    if let Some(cap) = cap {
+        let back = json!({ "max-bandwidth": cap });
+        let _ = client.execute("migrate-set-parameters", Some(back)).await;
     }
     result
 }
@@ -224,6 +242,9 @@ mod tests {
             match command.as_str() {
                 "query-status" => vec![ok(&req, json!({"running": true, "status": "running"}))],
                 "query-migrate" => vec![ok(&req, migration.clone())],
+                "query-migrate-parameters" => {
+                    vec![ok(&req, json!({"max-bandwidth": 134217728}))]
+                }
                 "quit" => vec![HANG_UP.into()],
                 _ => vec![ok(&req, json!({}))],
             }
@@ -249,10 +270,13 @@ mod tests {
             "qmp_capabilities",
             "query-status",
             "stop",
+            "query-migrate-parameters",
+            "migrate-set-parameters",
             "getfd",
             "migrate",
             "query-migrate",
             "migrate_cancel",
+            "migrate-set-parameters",
             "cont",
         ];
         assert_eq!(sent, expected, "resumed, not quit");
@@ -271,6 +295,7 @@ mod tests {
         assert_eq!(saved.ram_bytes, Some(402653184));
         assert!(dir.path().join(MEMORY_FILE).exists());
         let sent = sent.lock().unwrap().clone();
-        assert_eq!(sent[sent.len() - 2..], ["query-migrate", "quit"]);
+        let tail = ["query-migrate", "migrate-set-parameters", "quit"];
+        assert_eq!(sent[sent.len() - 3..], tail, "the VM's cap put back");
     }
 }

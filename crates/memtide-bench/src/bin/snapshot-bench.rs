@@ -1,0 +1,319 @@
+//! snapshot-bench: VM memory snapshots (#13) on a real test guest, through the release
+//! daemon and CLI as an operator runs them: save throughput against the disk's own
+//! sequential write bandwidth measured beside it, the guest's downtime, hibernation (the
+//! host memory it gives back) and the wake-up (restore to a running guest, its RAM
+//! checked). Writes `bench/results/snapshots.json`; see docs/snapshots.md.
+
+use anyhow::{bail, ensure, Context};
+use clap::Parser;
+use memtide_adapters::qga::GuestAgent;
+use memtide_bench::daemon_process::{Daemon, Launch};
+use memtide_testbed::{guest_dir, Boot, BALLOON};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Measure snapshots of a real guest.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// Where to write the results.
+    #[arg(long, default_value = "bench/results/snapshots.json")]
+    out: PathBuf,
+    /// The test guest's directory (default: $MEMTIDE_GUEST_DIR or target/guest).
+    #[arg(long)]
+    guest_dir: Option<PathBuf>,
+    /// The guest's memory, MiB.
+    #[arg(long, default_value_t = 384)]
+    guest_mib: u64,
+    /// Random bytes the guest holds in its RAM (the state saved and checked), MiB: a
+    /// file in its root, a tmpfs of half its memory.
+    #[arg(long, default_value_t = 128)]
+    state_mib: u64,
+    /// Snapshots taken (the guest runs on) before the hibernation.
+    #[arg(long, default_value_t = 3)]
+    saves: usize,
+    /// Directory for the guest, the daemon and the store, emptied first.
+    #[arg(long, default_value = "target/bench-runs/snapshots")]
+    work_dir: PathBuf,
+}
+
+const CALL: Duration = Duration::from_secs(10);
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let memtide = memtide_bench::daemon_process::release_binary("bench/snapshots.sh")?;
+    let work = memtide_bench::fresh_dir(&cli.work_dir)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let boot = Boot::new(
+        "snap",
+        &work,
+        &guest_dir(cli.guest_dir.as_deref())?,
+        cli.guest_mib.to_string(),
+    )
+    .kernel_args("memtide.workload=memknobs memtide.args=32:100000")
+    .qmp("qmp")
+    .args(["-device", BALLOON])
+    .agent();
+    // Not in a cgroup of its own: `procs` is a plain file the launch writes its pid to.
+    let procs = work.join("procs");
+    let command = boot.command(&procs);
+    let launch: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut guest = boot.spawn_with(&procs, |cmd| {
+        // SAFETY: prctl is async-signal-safe. QEMU dies with the harness however it ends.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    })?;
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120))?;
+    let agent = guest.agent.clone().context("the guest agent")?;
+    let fill = format!(
+        "head -c {} /dev/urandom > /state && md5sum /state > /state.md5",
+        cli.state_mib << 20
+    );
+    ensure!(rt.block_on(run_sh(&agent, &fill, Duration::from_secs(300)))? == 0);
+
+    let store = work.join("store");
+    let quoted: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
+    let config = format!(
+        "interval_s = 2\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"snap\"\nqmp = {:?}\nlaunch = [{}]\n",
+        store.display().to_string(),
+        guest.qmp[0].display().to_string(),
+        quoted.join(", ")
+    );
+    let launch_daemon = Launch {
+        nofile: None,
+        record: false,
+    };
+    let daemon = Daemon::start(&memtide, &work, &config, 0, &launch_daemon)?;
+    let config_file = work.join("memtide.toml");
+    wait(Duration::from_secs(60), "the guest sampled", || {
+        Ok(memtide_bench::daemon_process::managed(
+            &daemon.status()?,
+            "snap",
+        ))
+    })?;
+
+    let mut saves = Vec::new();
+    for _ in 0..cli.saves {
+        saves.push(cli_json(&memtide, &config_file, &["save", "snap"])?);
+    }
+    let bytes = saves[0]["files"]["memory"]["bytes"].as_u64().unwrap_or(0);
+    let disk = disk_write_gib_s(&store, bytes)?;
+
+    let held = rss_bytes(guest.pid());
+    let available = mem_available()?;
+    let hibernated = cli_json(&memtide, &config_file, &["save", "snap", "--hibernate"])?;
+    wait(Duration::from_secs(30), "QEMU to quit", || {
+        Ok(guest.alive().is_err())
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    let freed = mem_available()?.saturating_sub(available);
+
+    let t0 = Instant::now();
+    let out = memtide_cmd(&memtide, &config_file, &["restore", "snap"])?;
+    let wake_s = t0.elapsed().as_secs_f64();
+    let restored_pid = out
+        .split("QEMU pid ")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse::<i32>().ok())
+        .context("the restored QEMU's pid")?;
+    let intact = rt.block_on(run_sh(
+        &agent,
+        "md5sum -c /state.md5",
+        Duration::from_secs(120),
+    ));
+    let answered_s = t0.elapsed().as_secs_f64();
+    // SAFETY: kill(2) of the QEMU the restore started; no memory is involved.
+    unsafe { libc::kill(restored_pid, libc::SIGKILL) };
+    drop(daemon);
+    ensure!(
+        intact? == 0,
+        "the restored guest's state does not match its checksum"
+    );
+
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let stat = |key: &str| -> Vec<f64> { saves.iter().filter_map(|s| s[key].as_f64()).collect() };
+    let downtime = stat("downtime_s");
+    let save_s = stat("save_s");
+    let save_gib_s: Vec<f64> = stat("write_s").iter().map(|w| gib(bytes) / w).collect();
+    let doc = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "commit": memtide_bench::git(&["rev-parse", "--short", "HEAD"]),
+        "dirty": memtide_bench::git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "qemu": qemu_version(),
+        "mechanism": saves[0]["mechanism"],
+        "guest_mib": cli.guest_mib,
+        "state_mib": cli.state_mib,
+        "snapshot_bytes": bytes,
+        "save_gib_s": median(&save_gib_s),
+        "save_gib_s_each": save_gib_s,
+        "write_s_each": stat("write_s"),
+        "downtime_s_each": downtime,
+        "save_with_checksum_s_each": save_s,
+        "disk_write_gib_s": disk,
+        "save_share_of_disk": median(&save_gib_s) / disk,
+        "hibernate_held_mib": held as f64 / (1u64 << 20) as f64,
+        "hibernate_freed_mib": freed as f64 / (1u64 << 20) as f64,
+        "hibernate_freed_share": freed as f64 / held.max(1) as f64,
+        "hibernate_save_s": hibernated["save_s"],
+        "restore_s": wake_s,
+        "wake_s": wake_s,
+        "wake_to_agent_s": answered_s,
+        "state_intact": true,
+        "lazy_restore_s": null,
+        "clone4_memory_ratio": null,
+        "not_measured": {
+            "lazy_restore_s": "restores copy the whole state in (QEMU's migration stream); no lazy mapping yet",
+            "clone4_memory_ratio": "clones sharing memory are not built yet",
+            "mapped_ram": "QEMU 7.2 here has no mapped-ram capability (QEMU >= 9.0)",
+        },
+    });
+    memtide_bench::write_json("snapshot-bench", &cli.out, &doc)
+}
+
+/// `memtide snapshot ARGS --config CONFIG`, its output; an error with it when it fails.
+fn memtide_cmd(memtide: &Path, config: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(memtide)
+        .arg("snapshot")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("memtide snapshot {}: {text}", args.join(" "));
+    }
+    eprintln!("snapshot-bench: {}", text.trim());
+    Ok(text)
+}
+
+/// Run `memtide snapshot ARGS`, then describe the VM's latest snapshot.
+fn cli_json(memtide: &Path, config: &Path, args: &[&str]) -> anyhow::Result<Value> {
+    memtide_cmd(memtide, config, args)?;
+    let list = memtide_cmd(memtide, config, &["list", "snap", "--json"])?;
+    let all: Vec<Value> = serde_json::from_str(list.trim())?;
+    all.last().cloned().context("no snapshot listed")
+}
+
+/// Run `sh -c script` in the guest through its agent; its exit status.
+async fn run_sh(agent: &Path, script: &str, limit: Duration) -> anyhow::Result<i64> {
+    let start = Instant::now();
+    let mut session = loop {
+        match GuestAgent::connect(agent, CALL).await {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => bail!("guest agent: {e}"),
+        }
+    };
+    let args = json!({"path": "/bin/sh", "arg": ["-c", script]});
+    let pid = session.execute("guest-exec", args).await?["pid"]
+        .as_u64()
+        .context("guest-exec returns a pid")?;
+    while start.elapsed() < limit {
+        let s = session
+            .execute("guest-exec-status", json!({ "pid": pid }))
+            .await?;
+        if s["exited"] == true {
+            return Ok(s["exitcode"].as_i64().unwrap_or(-1));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("sh -c {script:?} did not end within {limit:?}")
+}
+
+/// Sequential write bandwidth of `dir`'s file system: `bytes` of incompressible data in
+/// 1 MiB writes, then fsync, as a save writes its file.
+fn disk_write_gib_s(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
+    let path = dir.join("disk-bandwidth.tmp");
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in block.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let start = Instant::now();
+    let mut file = std::fs::File::create(&path)?;
+    for _ in 0..bytes.div_ceil(1 << 20) {
+        file.write_all(&block)?;
+    }
+    file.sync_all()?;
+    let s = start.elapsed().as_secs_f64();
+    std::fs::remove_file(&path)?;
+    Ok(bytes as f64 / (1u64 << 30) as f64 / s)
+}
+
+/// What the process alone holds: its anonymous and shared-memory resident pages (the
+/// guest's RAM, QEMU's heap), not the libraries other processes map too.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib << 10)
+    };
+    field("RssAnon:") + field("RssShmem:")
+}
+
+fn mem_available() -> anyhow::Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .context("no MemAvailable in /proc/meminfo")
+}
+
+fn qemu_version() -> Option<String> {
+    let out = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .ok()?;
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .to_string(),
+    )
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Poll `check` every 200 ms until it is true; an error naming `what` after `limit`.
+fn wait(
+    limit: Duration,
+    what: &str,
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().unwrap_or(false) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("gave up waiting for {what} after {limit:?}")
+}
