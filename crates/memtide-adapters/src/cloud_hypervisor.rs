@@ -133,6 +133,7 @@ impl VmBackend for CloudHypervisorVm {
             stats,
             agent: None,
             rss,
+            cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             referenced: None,
             virtio_mem: None,
             free_page_reporting: false,

@@ -122,6 +122,7 @@ impl VmBackend for FirecrackerVm {
             stats,
             agent: None,
             rss,
+            cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             referenced: None,
             virtio_mem: None,
             free_page_reporting: false,

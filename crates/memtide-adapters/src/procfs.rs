@@ -236,7 +236,10 @@ const FIXED_EVERY: u32 = 60;
 #[derive(Debug)]
 pub struct ProcessRss {
     statm: Option<std::fs::File>,
+    stat: Option<std::fs::File>,
     page: Bytes,
+    /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
+    ticks: f64,
     status: PathBuf,
     /// The last fixed memory read, and the reads of it left before the next.
     fixed: (Option<FixedMemory>, u32),
@@ -247,10 +250,14 @@ impl ProcessRss {
     pub fn new(proc: &Path, pid: i32) -> ProcessRss {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         let dir = proc.join(pid.to_string());
         ProcessRss {
             statm: std::fs::File::open(dir.join("statm")).ok(),
+            stat: std::fs::File::open(dir.join("stat")).ok(),
             page: Bytes(u64::try_from(page).unwrap_or(4096)),
+            ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
             fixed: (None, 0),
         }
@@ -278,6 +285,26 @@ impl ProcessRss {
         let n = self.statm.as_ref()?.read_at(&mut buf, 0).ok()?;
         statm_rss(std::str::from_utf8(&buf[..n]).ok()?, self.page)
     }
+
+    /// The CPU time it has used (user and system), in seconds; `None` when unreadable.
+    pub fn cpu_s(&self) -> Option<f64> {
+        use std::os::unix::fs::FileExt;
+        // 52 fields, the command name at most 64 bytes in parentheses.
+        let mut buf = [0; 1024];
+        let n = self.stat.as_ref()?.read_at(&mut buf, 0).ok()?;
+        stat_cpu_s(std::str::from_utf8(&buf[..n]).ok()?, self.ticks)
+    }
+}
+
+/// User plus system CPU time in /proc/PID/stat (fields 14 and 15, in clock ticks of
+/// `ticks` per second), in seconds. The command name (field 2, in parentheses) may hold
+/// spaces and parentheses: fields are counted after its last `)`.
+pub fn stat_cpu_s(text: &str, ticks: f64) -> Option<f64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / ticks)
 }
 
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
@@ -330,6 +357,22 @@ mod tests {
         assert_eq!(zfs_arc_reclaimable("name type data\nsize 4 10\n"), None);
         assert_eq!(zfs_arc_reclaimable("size 4 x\nc_min 4 1\n"), None);
         assert_eq!(zfs_arc_reclaimable(""), None);
+    }
+
+    #[test]
+    fn cpu_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        // A QEMU's stat as read on this host (utime 4520, stime 1310 ticks), its name
+        // replaced by a hostile one.
+        let real = "14291 (qemu-system-x86) S 14288 14288 14852 0 -1 4194624 98520 0 3 0 \
+                    4520 1310 0 0 20 0 5 0 3233532 1636474880 93210 18446744073709551615 1 1 \
+                    0 0 0 0 0 4096 17635 0 0 0 17 1 0 0 0 0 0";
+        assert_eq!(stat_cpu_s(real, 100.0), Some(58.3));
+        let hostile = real.replace("(qemu-system-x86)", "(a) 1 2 3 4 5 6 7 8 9 10 11 12 (b)");
+        assert_eq!(stat_cpu_s(&hostile, 100.0), Some(58.3));
+        assert_eq!(stat_cpu_s("14291 (qemu) S 1 2", 100.0), None, "cut short");
+        assert_eq!(stat_cpu_s("no parentheses", 100.0), None);
+        let me = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
+        assert!(me.cpu_s().is_some_and(|c| c >= 0.0));
     }
 
     const MEMINFO: &str = include_str!("../tests/data/proc/meminfo");

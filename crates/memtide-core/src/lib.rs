@@ -9,6 +9,7 @@ pub mod decision;
 pub mod engine;
 pub mod estimate;
 pub mod guest_text;
+pub mod hibernate;
 pub mod history;
 pub mod need;
 pub mod policy;

@@ -46,6 +46,9 @@ pub struct VmSample {
     pub agent: Option<Result<AgentStats, String>>,
     /// Resident memory of the hypervisor process, when known.
     pub rss: Option<Bytes>,
+    /// CPU time the hypervisor process has used, in seconds, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<f64>,
     /// Guest memory the hypervisor saw touched since the previous sample (host-side
     /// access sampling), when enabled and possible.
     #[serde(default, skip_serializing_if = "Option::is_none")]

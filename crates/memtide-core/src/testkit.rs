@@ -59,6 +59,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             },
             agent: None,
             rss: None,
+            cpu_s: None,
             referenced: None,
             virtio_mem: None,
             free_page_reporting: false,

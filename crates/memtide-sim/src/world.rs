@@ -144,6 +144,7 @@ impl World {
             stats,
             agent: agent.map(Ok),
             rss: Some(bytes(g.host_resident())),
+            cpu_s: None,
             referenced: Some(bytes(g.last.referenced as u64)),
             virtio_mem: None,
             free_page_reporting: false,

@@ -6,6 +6,7 @@ use memtide_core::estimate::fused::FusedConfig;
 use memtide_core::estimate::sampled::SampledConfig;
 use memtide_core::estimate::selfballoon::SelfBalloonConfig;
 use memtide_core::estimate::tws::TwsConfig;
+use memtide_core::hibernate::HibernateConfig;
 use memtide_core::policy::esx::EsxConfig;
 use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::MomConfig;
@@ -69,6 +70,8 @@ pub struct Config {
     pub proxmox: ProxmoxConfig,
     /// Where VM memory snapshots are kept (`memtide snapshot`).
     pub snapshots: SnapshotConfig,
+    /// When a VM that allows it (`[[vm]] hibernate_after_s`) is hibernated.
+    pub hibernate: HibernateConfig,
 }
 
 /// VM memory snapshots (`docs/snapshots.md`).
@@ -216,6 +219,10 @@ pub struct VmConfig {
     /// restore` of a VM reached through `qmp`: memtide adds `-incoming defer` and a
     /// monitor of its own.
     pub launch: Option<Vec<String>>,
+    /// Hibernate the VM (save it, then quit its QEMU) once it has been idle this many
+    /// seconds while the host is short of memory (`[hibernate]`); needs `launch`, so that
+    /// `memtide snapshot restore` can wake it. Unset: never.
+    pub hibernate_after_s: Option<u64>,
 }
 
 impl Default for Config {
@@ -244,6 +251,7 @@ impl Default for Config {
             esx: EsxConfig::default(),
             proxmox: ProxmoxConfig::default(),
             snapshots: SnapshotConfig::default(),
+            hibernate: HibernateConfig::default(),
         }
     }
 }
@@ -517,6 +525,23 @@ impl Config {
                 }
                 _ => {}
             }
+            if vm.hibernate_after_s.is_some() && vm.launch.is_none() {
+                let message = "needs `launch`: a hibernated VM is woken by starting it again";
+                return bad(&format!("vm[{i}].hibernate_after_s"), message.into());
+            }
+        }
+        let h = &self.hibernate;
+        if !(h.idle_cpu > 0.0 && h.idle_cpu <= 1.0) {
+            return bad(
+                "hibernate.idle_cpu",
+                format!("{} must be a share of one CPU in (0, 1]", h.idle_cpu),
+            );
+        }
+        if !(0.0..=1.0).contains(&h.free_below) {
+            return bad(
+                "hibernate.free_below",
+                format!("{} must be a share in [0, 1]", h.free_below),
+            );
         }
         if !(1..=86_400).contains(&self.snapshots.timeout_s) {
             let message = format!("{} is not 1 to 86400 seconds", self.snapshots.timeout_s);
@@ -921,6 +946,7 @@ mod tests {
             shares: None,
             policy: None,
             launch: None,
+            hibernate_after_s: None,
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));

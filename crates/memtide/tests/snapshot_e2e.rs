@@ -241,3 +241,60 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
         ]
     );
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn an_idle_guest_that_allows_it_is_hibernated_while_the_host_is_short_and_woken() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-hibernate");
+    // No workload: the guest idles once booted.
+    let (mut guest, launch) =
+        Guest::boot_restorable("h", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let store = dir.path().join("snapshots");
+    let launch: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
+    // The host counts as short whatever it has free (`free_below = 1`); idle is below
+    // half a CPU (QEMU under TCG spends a few percent on an idle guest's timers).
+    let config_text = format!(
+        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [hibernate]\nidle_cpu = 0.5\nfree_below = 1.0\n[snapshots]\ndir = {:?}\n\
+         [[vm]]\nname = \"h\"\nqmp = {:?}\nlaunch = [{}]\nhibernate_after_s = 5\n",
+        store.display().to_string(),
+        guest.qmp().display().to_string(),
+        launch.join(", ")
+    );
+    let daemon = Daemon::start(dir.path(), &config_text, 0);
+    let config = dir.path().join("memtide.toml");
+    let quit = wait_for(Duration::from_secs(90), || (!guest.running()).then_some(()));
+    assert!(
+        quit.is_some(),
+        "the idle guest was hibernated; the daemon's log:\n{}",
+        daemon.log_text()
+    );
+    let log = daemon.event_log();
+    let hibernate = log
+        .iter()
+        .find(|e| e["kind"] == "hibernate" && e["vm"] == "h")
+        .expect("a hibernate event");
+    let reason = hibernate["message"].as_str().unwrap();
+    assert!(
+        reason.starts_with("idle ") && reason.contains("hibernated to give back"),
+        "{reason}"
+    );
+    let saved = wait_for(Duration::from_secs(30), || {
+        let listed = snapshot(&config, &["list", "h", "--json"]);
+        let all: Vec<Value> = serde_json::from_slice(&listed.stdout).ok()?;
+        all.into_iter().find(|s| s["then"] == "quit")
+    });
+    assert!(saved.is_some(), "its snapshot is in the store");
+
+    // Woken by hand; the daemon, whose allowed VM is idle again, waits a whole idle time
+    // before it could hibernate it again.
+    let out = snapshot(&config, &["restore", "h"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let restored = Restored(restored_pid(&text(&out)));
+    assert!(alive(restored.0), "woken");
+    daemon.wait_until("the woken guest managed", Duration::from_secs(90), |s| {
+        vm(s, "h").is_some_and(|v| v["configured"].is_u64())
+    });
+}

@@ -210,6 +210,7 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
+            cpu_s: None,
             referenced: None,
             virtio_mem,
             free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),

@@ -367,6 +367,7 @@ impl VmBackend for QmpVm {
             stats,
             agent,
             rss,
+            cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             // Guest RAM proper; virtio-mem memory is a mapping of its own.
             referenced: self.access.as_mut().and_then(|a| a.sample(self.base)),
             virtio_mem,

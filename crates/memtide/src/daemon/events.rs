@@ -25,13 +25,17 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 6] = [
+const ALWAYS: [&str; 10] = [
     "started",
     "stopped",
     "state",
     "action",
     "policy_reloaded",
     "policy_rejected",
+    "hibernate",
+    "snapshot_started",
+    "snapshot_saved",
+    "snapshot_failed",
 ];
 
 /// What the rate limit tells events apart by: kind, VM, rule.
@@ -57,7 +61,8 @@ pub struct Event {
     /// Wall-clock time (RFC 3339, UTC).
     pub ts: String,
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
-    /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`.
+    /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`, `hibernate`,
+    /// `snapshot_started`, `snapshot_saved`, `snapshot_failed`.
     pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]

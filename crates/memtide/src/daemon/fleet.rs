@@ -749,6 +749,7 @@ mod tests {
                     stats: Default::default(),
                     agent: None,
                     rss: None,
+                    cpu_s: None,
                     referenced: None,
                     virtio_mem: None,
                     free_page_reporting: false,
@@ -977,6 +978,7 @@ mod tests {
             shares: None,
             policy: None,
             launch: None,
+            hibernate_after_s: None,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.
         std::fs::write(dir.path().join("web.sock"), "").unwrap();

@@ -22,6 +22,7 @@ use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::AfterSave;
 use memtide_core::backend::HostBackend;
+use memtide_core::hibernate::{self, Idleness};
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
@@ -73,6 +74,8 @@ struct Daemon {
     store: Store,
     /// Where a save's outcome comes back to the daemon, to be logged and answered.
     saves: mpsc::Sender<SaveDone>,
+    /// How long each VM has been idle, for hibernation.
+    idleness: Idleness,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -176,6 +179,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         state_writes: writes::Retry::default(),
         store,
         saves,
+        idleness: Idleness::default(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -368,6 +372,42 @@ impl Daemon {
         Ok((pending, rx))
     }
 
+    /// Hibernate the VM that is due, if one is (`memtide_core::hibernate`: idle past its
+    /// `hibernate_after_s` while the host is short); not in a dry run.
+    fn hibernate_idle(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        let cpu = snapshot.vms.iter().map(|vm| {
+            let cpu_s = vm.sample.as_ref().ok().and_then(|s| s.cpu_s);
+            (vm.name.as_str(), cpu_s)
+        });
+        self.idleness
+            .observe(snapshot.at, cpu, &self.config.hibernate);
+        let allowed: Vec<(String, Duration, memtide_core::Bytes)> = self
+            .config
+            .vms
+            .iter()
+            .filter_map(|vm| {
+                let after = Duration::from_secs(vm.hibernate_after_s?);
+                let report = decision.vms.iter().find(|r| r.name == vm.name)?;
+                let held = report.rss.or(report.actual).unwrap_or_default();
+                Some((vm.name.clone(), after, held))
+            })
+            .collect();
+        if allowed.is_empty() || self.options.dry_run {
+            return;
+        }
+        let free = decision.host.free_ratio_avg;
+        let Some(due) = hibernate::due(&self.idleness, &allowed, free, &self.config.hibernate)
+        else {
+            return;
+        };
+        self.idleness.restart(&due.vm);
+        self.events
+            .log("hibernate", Some(&due.vm), None, due.reason);
+        // Nobody waits for the outcome: it is logged as any save's.
+        let (reply, _) = oneshot::channel();
+        self.save(due.vm, AfterSave::Quit, reply);
+    }
+
     /// Log and count a save that ended, and answer whoever asked for it.
     fn saved(&mut self, done: SaveDone) {
         let SaveDone { vm, result, reply } = done;
@@ -422,6 +462,7 @@ impl Daemon {
         self.record(&snapshot, &decision);
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
+        self.hibernate_idle(&snapshot, &decision);
         self.save_state(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
