@@ -51,9 +51,9 @@ pub struct Due {
 }
 
 impl Idleness {
-    /// Take in the CPU time (seconds, cumulative) of each VM sampled at `at`; a VM whose
-    /// CPU time is unknown, or went back (a new process), starts over, and VMs not given
-    /// are forgotten.
+    /// Take in the CPU time (seconds, cumulative) of each VM at `at`: a VM not sampled
+    /// this tick (`None`: unreachable, or being saved) keeps what was seen of it; one
+    /// whose CPU time went back (a new process) starts over; VMs not given are forgotten.
     pub fn observe<'a>(
         &mut self,
         at: Duration,
@@ -63,6 +63,9 @@ impl Idleness {
         let mut seen = FxHashMap::default();
         for (name, cpu_s) in vms {
             let Some(cpu_s) = cpu_s.filter(|c| c.is_finite() && *c >= 0.0) else {
+                if let Some(t) = self.vms.get(name) {
+                    seen.insert(name.to_string(), *t);
+                }
                 continue;
             };
             let idle_since = match self.vms.get(name) {
@@ -200,11 +203,18 @@ mod tests {
         // Its process restarted: CPU time went back.
         idle.observe(s(130), [("b", Some(0.1))], &cfg);
         assert_eq!(idle.idle_for("b"), None);
-        // Unknown CPU time, or a VM no longer given: forgotten.
-        idle.observe(s(140), [("b", None)], &cfg);
-        idle.observe(s(150), [("b", Some(0.1))], &cfg);
+        // A tick without its CPU time (it was being saved) keeps what was seen; the
+        // next interval spans it.
+        idle.observe(s(140), [("b", Some(0.1))], &cfg);
+        idle.observe(s(150), [("b", None)], &cfg);
+        assert_eq!(idle.idle_for("b"), Some(s(10)));
+        idle.observe(s(160), [("b", Some(0.3))], &cfg);
+        assert_eq!(idle.idle_for("b"), Some(s(30)));
+        // A VM no longer given: forgotten.
+        idle.observe(s(170), [("a", Some(0.0))], &cfg);
         assert_eq!(idle.idle_for("b"), None);
-        assert_eq!(idle.idle_for("a"), None);
+        idle.observe(s(180), [("b", Some(0.3))], &cfg);
+        assert_eq!(idle.idle_for("b"), None);
     }
 
     #[test]

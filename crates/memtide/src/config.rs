@@ -223,6 +223,17 @@ pub struct VmConfig {
     /// seconds while the host is short of memory (`[hibernate]`); needs `launch`, so that
     /// `memtide snapshot restore` can wake it. Unset: never.
     pub hibernate_after_s: Option<u64>,
+    /// Save a snapshot of the VM (it runs on) every this many seconds, for rolling back.
+    /// Unset: never.
+    pub snapshot_every_s: Option<u64>,
+    /// Snapshots taken every `snapshot_every_s` kept (the oldest deleted; hibernations
+    /// and snapshots taken by hand are never deleted).
+    #[serde(default = "default_snapshot_keep")]
+    pub snapshot_keep: usize,
+}
+
+fn default_snapshot_keep() -> usize {
+    3
 }
 
 impl Default for Config {
@@ -524,6 +535,16 @@ impl Config {
                     return bad(&format!("vm[{i}].launch"), message.into());
                 }
                 _ => {}
+            }
+            if vm.snapshot_every_s.is_some_and(|s| s < 10) {
+                let message = "must be at least 10 seconds: each save stops the guest".into();
+                return bad(&format!("vm[{i}].snapshot_every_s"), message);
+            }
+            if vm.snapshot_keep == 0 {
+                return bad(
+                    &format!("vm[{i}].snapshot_keep"),
+                    "must be at least 1".into(),
+                );
             }
             if vm.hibernate_after_s.is_some() && vm.launch.is_none() {
                 let message = "needs `launch`: a hibernated VM is woken by starting it again";
@@ -947,6 +968,8 @@ mod tests {
             policy: None,
             launch: None,
             hibernate_after_s: None,
+            snapshot_every_s: None,
+            snapshot_keep: 3,
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));

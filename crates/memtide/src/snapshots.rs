@@ -36,6 +36,9 @@ pub struct Snapshot {
     pub mechanism: String,
     /// What became of the VM: it ran on, or its process quit (hibernation).
     pub then: AfterSave,
+    /// Who asked for it.
+    #[serde(default)]
+    pub by: TakenBy,
     /// The guest ran when it was saved: a restore resumes it.
     pub was_running: bool,
     /// The VM's configured memory.
@@ -48,6 +51,19 @@ pub struct Snapshot {
     pub save_s: f64,
     /// Each file: its size and SHA-256.
     pub files: BTreeMap<String, FileSum>,
+}
+
+/// Who asked for a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TakenBy {
+    /// The operator (`memtide snapshot save`): kept until deleted by hand.
+    #[default]
+    Operator,
+    /// The VM's `snapshot_every_s`: the oldest beyond `snapshot_keep` are deleted.
+    Schedule,
+    /// The daemon's hibernation of an idle VM: kept until deleted by hand.
+    Hibernation,
 }
 
 /// A file's size and checksum.
@@ -246,6 +262,15 @@ impl Store {
         Ok(())
     }
 
+    /// Delete VM `vm`'s scheduled snapshots beyond the `keep` newest; returns those deleted.
+    pub fn prune(&self, vm: &str, keep: usize) -> anyhow::Result<Vec<Snapshot>> {
+        let doomed = expired(self.list(vm)?, keep);
+        for s in &doomed {
+            self.delete(s)?;
+        }
+        Ok(doomed)
+    }
+
     /// Delete `s`: renamed away first, so that a crash midway leaves no snapshot that
     /// looks whole.
     pub fn delete(&self, s: &Snapshot) -> anyhow::Result<()> {
@@ -264,16 +289,16 @@ impl Pending {
 
     /// Checksum what the connector wrote, describe it, and make the snapshot whole; on
     /// failure (a full disk) what was written is removed.
-    pub fn finish(self, saved: &Saved, then: AfterSave) -> anyhow::Result<Snapshot> {
+    pub fn finish(self, saved: &Saved, then: AfterSave, by: TakenBy) -> anyhow::Result<Snapshot> {
         let dir = self.dir.clone();
-        let finished = self.complete(saved, then);
+        let finished = self.complete(saved, then, by);
         if finished.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
         }
         finished
     }
 
-    fn complete(self, saved: &Saved, then: AfterSave) -> anyhow::Result<Snapshot> {
+    fn complete(self, saved: &Saved, then: AfterSave, by: TakenBy) -> anyhow::Result<Snapshot> {
         let mut files = BTreeMap::new();
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -288,6 +313,7 @@ impl Pending {
             id: self.id.clone(),
             mechanism: saved.mechanism.clone(),
             then,
+            by,
             was_running: saved.was_running,
             configured: self.configured,
             downtime_s: saved.downtime.as_secs_f64(),
@@ -316,6 +342,17 @@ impl Pending {
     pub fn abandon(self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Of `all` (oldest first), the scheduled snapshots beyond the `keep` newest of them.
+fn expired(all: Vec<Snapshot>, keep: usize) -> Vec<Snapshot> {
+    let mut scheduled: Vec<Snapshot> = all
+        .into_iter()
+        .filter(|s| s.by == TakenBy::Schedule)
+        .collect();
+    let n = scheduled.len().saturating_sub(keep);
+    scheduled.truncate(n);
+    scheduled
 }
 
 fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
@@ -392,7 +429,9 @@ mod tests {
     fn take(store: &Store, vm: &str, content: &[u8]) -> Snapshot {
         let pending = store.begin(vm, Bytes::from_mib(1)).unwrap();
         std::fs::write(pending.dir().join("memory"), content).unwrap();
-        pending.finish(&saved(), AfterSave::Run).unwrap()
+        pending
+            .finish(&saved(), AfterSave::Run, TakenBy::Operator)
+            .unwrap()
     }
 
     #[test]
@@ -456,6 +495,25 @@ mod tests {
         store.delete(&a1).unwrap();
         assert_eq!(store.list("a").unwrap(), [a2]);
         assert!(!store.dir_of(&a1).exists());
+    }
+
+    #[test]
+    fn only_the_oldest_scheduled_snapshots_beyond_the_kept_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let by = |by| {
+            let pending = store.begin("ci", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), b"x").unwrap();
+            pending.finish(&saved(), AfterSave::Run, by).unwrap()
+        };
+        let hand = by(TakenBy::Operator);
+        let s1 = by(TakenBy::Schedule);
+        let slept = by(TakenBy::Hibernation);
+        let s2 = by(TakenBy::Schedule);
+        let s3 = by(TakenBy::Schedule);
+        assert!(store.prune("ci", 3).unwrap().is_empty());
+        assert_eq!(store.prune("ci", 2).unwrap(), [s1]);
+        assert_eq!(store.list("ci").unwrap(), [hand, slept, s2, s3]);
     }
 
     #[test]

@@ -244,7 +244,7 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
-fn an_idle_guest_that_allows_it_is_hibernated_while_the_host_is_short_and_woken() {
+fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_short_and_woken() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-hibernate");
     // No workload: the guest idles once booted.
@@ -253,12 +253,14 @@ fn an_idle_guest_that_allows_it_is_hibernated_while_the_host_is_short_and_woken(
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     let store = dir.path().join("snapshots");
     let launch: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
-    // The host counts as short whatever it has free (`free_below = 1`); idle is below
-    // half a CPU (QEMU under TCG spends a few percent on an idle guest's timers).
+    // A snapshot every 10 s, the newest kept; hibernated after 25 s idle. The host counts
+    // as short whatever it has free (`free_below = 1`); idle is below half a CPU (QEMU
+    // under TCG spends a few percent on an idle guest's timers).
     let config_text = format!(
         "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
          [hibernate]\nidle_cpu = 0.5\nfree_below = 1.0\n[snapshots]\ndir = {:?}\n\
-         [[vm]]\nname = \"h\"\nqmp = {:?}\nlaunch = [{}]\nhibernate_after_s = 5\n",
+         [[vm]]\nname = \"h\"\nqmp = {:?}\nlaunch = [{}]\nhibernate_after_s = 25\n\
+         snapshot_every_s = 10\nsnapshot_keep = 1\n",
         store.display().to_string(),
         guest.qmp().display().to_string(),
         launch.join(", ")
@@ -287,6 +289,21 @@ fn an_idle_guest_that_allows_it_is_hibernated_while_the_host_is_short_and_woken(
         all.into_iter().find(|s| s["then"] == "quit")
     });
     assert!(saved.is_some(), "its snapshot is in the store");
+    // Scheduled snapshots were taken meanwhile (the saves did not count as work), and
+    // all but the newest deleted; the hibernation's is kept.
+    let by: Vec<String> = {
+        let listed = snapshot(&config, &["list", "h", "--json"]);
+        let all: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+        all.iter()
+            .map(|s| s["by"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(by, ["schedule", "hibernation"]);
+    let deleted = log
+        .iter()
+        .filter(|e| e["kind"] == "snapshot_deleted")
+        .count();
+    assert!(deleted >= 1, "the older scheduled snapshots were deleted");
 
     // Woken by hand; the daemon, whose allowed VM is idle again, waits a whole idle time
     // before it could hibernate it again.

@@ -25,7 +25,7 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 10] = [
+const ALWAYS: [&str; 11] = [
     "started",
     "stopped",
     "state",
@@ -36,6 +36,7 @@ const ALWAYS: [&str; 10] = [
     "snapshot_started",
     "snapshot_saved",
     "snapshot_failed",
+    "snapshot_deleted",
 ];
 
 /// What the rate limit tells events apart by: kind, VM, rule.
@@ -62,7 +63,7 @@ pub struct Event {
     pub ts: String,
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
     /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`, `hibernate`,
-    /// `snapshot_started`, `snapshot_saved`, `snapshot_failed`.
+    /// `snapshot_started`, `snapshot_saved`, `snapshot_failed`, `snapshot_deleted`.
     pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -979,6 +979,8 @@ mod tests {
             policy: None,
             launch: None,
             hibernate_after_s: None,
+            snapshot_every_s: None,
+            snapshot_keep: 3,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.
         std::fs::write(dir.path().join("web.sock"), "").unwrap();

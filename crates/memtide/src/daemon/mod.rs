@@ -13,7 +13,7 @@ pub mod writes;
 use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
-use crate::snapshots::{self, Pending, Store};
+use crate::snapshots::{self, Pending, Store, TakenBy};
 use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
@@ -76,6 +76,8 @@ struct Daemon {
     saves: mpsc::Sender<SaveDone>,
     /// How long each VM has been idle, for hibernation.
     idleness: Idleness,
+    /// When each VM with `snapshot_every_s` is due for its next snapshot.
+    next_snapshot: HashMap<String, Instant>,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -84,6 +86,7 @@ type SaveReply = oneshot::Receiver<Result<memtide_core::backend::Saved, BackendE
 /// A save that ended, and who waits for its outcome.
 struct SaveDone {
     vm: String,
+    by: TakenBy,
     result: Result<snapshots::Snapshot, String>,
     reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
@@ -180,6 +183,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         store,
         saves,
         idleness: Idleness::default(),
+        next_snapshot: HashMap::new(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -205,7 +209,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             Some(request) = incoming.recv() => {
                 match request {
                     Request::Reload(reply) => drop(reply.send(daemon.reload())),
-                    Request::Save { vm, then, reply } => daemon.save(vm, then, reply),
+                    Request::Save { vm, then, reply } => {
+                        daemon.save(vm, then, TakenBy::Operator, reply)
+                    }
                 }
                 continue;
             }
@@ -306,6 +312,7 @@ impl Daemon {
         &mut self,
         vm: String,
         then: AfterSave,
+        by: TakenBy,
         reply: oneshot::Sender<Result<serde_json::Value, String>>,
     ) {
         let (pending, rx) = match self.start_save(&vm, then) {
@@ -316,7 +323,7 @@ impl Daemon {
         tokio::spawn(async move {
             let result = match rx.await {
                 Ok(Ok(saved)) => {
-                    let finish = move || pending.finish(&saved, then);
+                    let finish = move || pending.finish(&saved, then, by);
                     match tokio::task::spawn_blocking(finish).await {
                         Ok(r) => r.map_err(|e| format!("{e:#}")),
                         Err(e) => Err(e.to_string()),
@@ -331,7 +338,13 @@ impl Daemon {
                     Err("the VM was lost before its save ended".into())
                 }
             };
-            let _ = done.send(SaveDone { vm, result, reply }).await;
+            let done_save = SaveDone {
+                vm,
+                by,
+                result,
+                reply,
+            };
+            let _ = done.send(done_save).await;
         });
     }
 
@@ -405,12 +418,69 @@ impl Daemon {
             .log("hibernate", Some(&due.vm), None, due.reason);
         // Nobody waits for the outcome: it is logged as any save's.
         let (reply, _) = oneshot::channel();
-        self.save(due.vm, AfterSave::Quit, reply);
+        self.save(due.vm, AfterSave::Quit, TakenBy::Hibernation, reply);
+    }
+
+    /// Start the snapshots due by their VM's `snapshot_every_s` (the first one period
+    /// after the VM is first seen connected); not in a dry run.
+    fn snapshot_on_schedule(&mut self) {
+        if self.options.dry_run {
+            return;
+        }
+        let now = Instant::now();
+        let scheduled: Vec<(String, Duration)> = self
+            .config
+            .vms
+            .iter()
+            .filter_map(|vm| Some((vm.name.clone(), Duration::from_secs(vm.snapshot_every_s?))))
+            .collect();
+        for (vm, every) in scheduled {
+            if self.fleet.configured(&vm).is_none() {
+                continue;
+            }
+            let next = *self.next_snapshot.entry(vm.clone()).or_insert(now + every);
+            if now < next {
+                continue;
+            }
+            self.next_snapshot.insert(vm.clone(), now + every);
+            let (reply, _) = oneshot::channel();
+            self.save(vm, AfterSave::Run, TakenBy::Schedule, reply);
+        }
+    }
+
+    /// Delete VM `vm`'s scheduled snapshots beyond its `snapshot_keep`, each logged.
+    fn prune(&mut self, vm: &str) {
+        let Some(keep) = self.config.vms.iter().find(|v| v.name == vm) else {
+            return;
+        };
+        match self.store.prune(vm, keep.snapshot_keep) {
+            Ok(deleted) => {
+                for s in deleted {
+                    let message = format!(
+                        "scheduled snapshot {} deleted: {} newer kept",
+                        s.id, keep.snapshot_keep
+                    );
+                    self.events.log("snapshot_deleted", Some(vm), None, message);
+                }
+            }
+            Err(e) => {
+                let message = format!("old scheduled snapshots not deleted: {e:#}");
+                self.events.log("snapshot_failed", Some(vm), None, message);
+            }
+        }
     }
 
     /// Log and count a save that ended, and answer whoever asked for it.
     fn saved(&mut self, done: SaveDone) {
-        let SaveDone { vm, result, reply } = done;
+        let SaveDone {
+            vm,
+            by,
+            result,
+            reply,
+        } = done;
+        if result.is_ok() && by == TakenBy::Schedule {
+            self.prune(&vm);
+        }
         match &result {
             Ok(s) => {
                 let message = s.summary();
@@ -463,6 +533,7 @@ impl Daemon {
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
         self.hibernate_idle(&snapshot, &decision);
+        self.snapshot_on_schedule();
         self.save_state(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
