@@ -304,7 +304,7 @@ pub fn stat_cpu_s(text: &str, ticks: f64) -> Option<f64> {
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / ticks)
+    Some((utime as f64 + stime as f64) / ticks)
 }
 
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)

@@ -1,4 +1,4 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm and smaps, cgroup
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, cgroup
 //! limit, usage and memory.stat files, KSM's one-number files. The same bytes go to
 //! every parser; what parses must print back, in the file's own format, to itself.
 
@@ -24,6 +24,9 @@ pub fn run(data: &[u8]) {
     let page = Bytes(4096);
     if let Some(rss) = procfs::statm_rss(&text, page) {
         assert_eq!(rss.0 % page.0, 0, "whole pages");
+    }
+    if let Some(cpu_s) = procfs::stat_cpu_s(&text, 100.0) {
+        assert!(cpu_s.is_finite() && cpu_s >= 0.0, "{cpu_s}");
     }
     for mib in SIZES_MIB {
         procfs::smaps_referenced(&text, Bytes::from_mib(mib));
