@@ -15,4 +15,5 @@ pub mod procfs;
 pub mod proxmox;
 pub mod qga;
 pub mod qmp;
+pub mod tiers;
 pub mod virtio_mem;

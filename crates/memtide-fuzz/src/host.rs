@@ -1,8 +1,9 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, cgroup
-//! limit, usage and memory.stat files, KSM's one-number files. The same bytes go to
-//! every parser; what parses must print back, in the file's own format, to itself.
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, NUMA
+//! node lists and meminfo, cgroup limit, usage and memory.stat files, KSM's one-number
+//! files. The same bytes go to every parser; what parses must print back, in the file's
+//! own format, to itself.
 
-use memtide_adapters::{cgroup, procfs};
+use memtide_adapters::{cgroup, procfs, tiers};
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
 use memtide_core::Bytes;
 use std::fmt::Write as _;
@@ -25,6 +26,13 @@ pub fn run(data: &[u8]) {
     if let Some(rss) = procfs::statm_rss(&text, page) {
         assert_eq!(rss.0 % page.0, 0, "whole pages");
     }
+    if let Some(ids) = tiers::parse_list(&text) {
+        assert!(
+            ids.len() <= 1025 * text.len(),
+            "a list no longer than its text allows"
+        );
+    }
+    tiers::node_meminfo(&text);
     if let Some(cpu_s) = procfs::stat_cpu_s(&text, 100.0) {
         assert!(cpu_s.is_finite() && cpu_s >= 0.0, "{cpu_s}");
     }

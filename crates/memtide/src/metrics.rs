@@ -194,6 +194,50 @@ impl Collector for StatusCollector {
             vec![(vec![], c.late_ticks)],
         )?;
 
+        let t = &status.tiers;
+        let ids: Vec<(String, String)> = t
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.id.to_string(),
+                    n.tier.map_or(String::new(), |t| t.to_string()),
+                )
+            })
+            .collect();
+        let per_node = |value: &dyn Fn(&memtide_adapters::tiers::Node) -> f64| {
+            t.nodes
+                .iter()
+                .zip(&ids)
+                .map(|(n, (id, tier))| {
+                    (
+                        vec![("node", id.as_str()), ("tier", tier.as_str())],
+                        value(n),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        gauges(
+            &mut enc,
+            "memtide_node_memory_bytes",
+            "Memory of each NUMA node, with the memory tier the kernel put it in (larger: slower).",
+            per_node(&|n| n.total.as_f64()),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_node_free_bytes",
+            "Free memory of each NUMA node.",
+            per_node(&|n| n.free.as_f64()),
+        )?;
+        if let Some(z) = &t.zswap {
+            gauges(
+                &mut enc,
+                "memtide_zswap_enabled",
+                "zswap takes pages (1) or not (0).",
+                vec![(vec![], f64::from(u8::from(z.enabled)))],
+            )?;
+        }
+
         let Some(d) = &status.decision else {
             return Ok(());
         };
@@ -563,6 +607,13 @@ mod tests {
         };
         status.counters.ticks = 1;
         status.counters.tick_took(30.0, 1000.0);
+        status.tiers.nodes = vec![memtide_adapters::tiers::Node {
+            id: 1,
+            total: memtide_core::Bytes::from_gib(4),
+            tier: Some(22),
+            ..Default::default()
+        }];
+        status.tiers.zswap = Some(Default::default());
         status.sampling.push(Sampling {
             name: "web".into(),
             connector: "qmp".into(),
@@ -583,6 +634,9 @@ mod tests {
             "memtide_vm_info{vm=\"web\",connector=\"qmp\",policy=\"mom\",state=\"managed\"} 1.0",
             "memtide_tick_duration_seconds_bucket{le=\"0.05\"} 1",
             "memtide_tick_duration_seconds_count 1",
+            "memtide_node_memory_bytes{node=\"1\",tier=\"22\"} 4294967296.0",
+            "memtide_node_free_bytes{node=\"1\",tier=\"22\"} 0.0",
+            "memtide_zswap_enabled 0.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -1,6 +1,7 @@
 //! `memtide status` as text: a header, the host, one line per VM, why, and what went wrong.
 
 use crate::status::Status;
+use memtide_adapters::tiers::Tiers;
 use memtide_core::stats::DomainScope;
 use memtide_core::{guest_text, Bytes};
 use serde_json::Value;
@@ -28,6 +29,38 @@ pub(crate) fn printable(s: &Status) -> Status {
     let mut value = serde_json::to_value(s).expect("status serializes");
     escape(&mut value);
     serde_json::from_value(value).expect("an escaped status is a status")
+}
+
+/// The host's memory tiers on one line, when it has more than one node or a compressed
+/// tier: each node's memory and tier, then zswap and swap.
+fn tiers(t: &Tiers) -> Option<String> {
+    if t.nodes.len() < 2 && t.zswap.as_ref().is_none_or(|z| !z.enabled) {
+        return None;
+    }
+    let mut parts: Vec<String> = t
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut p = format!("node {} ", n.id);
+            p += if n.cpus { "(CPUs" } else { "(memory only" };
+            if let Some(tier) = n.tier {
+                p += &format!(", tier {tier}");
+            }
+            if let Some(ns) = n.read_latency_ns {
+                p += &format!(", {ns} ns");
+            }
+            if let Some(mbps) = n.read_bandwidth_mbps {
+                p += &format!(", {mbps} MB/s");
+            }
+            p + &format!(") {} free of {}", n.free, n.total)
+        })
+        .collect();
+    if let Some(z) = &t.zswap {
+        let state = if z.enabled { "on" } else { "off" };
+        parts.push(format!("zswap {state} ({})", z.compressor));
+    }
+    parts.push(format!("swap {} free of {}", t.swap_free, t.swap_total));
+    Some(parts.join(" · "))
 }
 
 /// Render a status for a terminal.
@@ -69,6 +102,9 @@ pub fn status(s: &Status) -> String {
     );
     if let Some(r) = &h.ksm_reason {
         let _ = writeln!(out, "  ksm: {r}");
+    }
+    if let Some(line) = tiers(&s.tiers) {
+        let _ = writeln!(out, "  tiers: {line}");
     }
     let row = |cols: [&str; 11]| {
         let mut line = format!("{:<16} {:<11}", cols[0], cols[1]);
@@ -173,6 +209,7 @@ mod tests {
     use super::*;
     use crate::daemon::fleet::Sampling;
     use crate::status::Counters;
+    use memtide_adapters::tiers::{Node, Zswap};
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{BackendError, Engine, EngineConfig};
@@ -206,9 +243,44 @@ mod tests {
             }],
             counters: Counters::default(),
             recent_events: Vec::new(),
+            tiers: Tiers {
+                nodes: vec![
+                    Node {
+                        id: 0,
+                        cpus: true,
+                        total: Bytes::from_gib(2),
+                        free: Bytes::from_gib(1),
+                        tier: Some(4),
+                        ..Node::default()
+                    },
+                    Node {
+                        id: 1,
+                        total: Bytes::from_gib(4),
+                        free: Bytes::from_gib(4),
+                        tier: Some(22),
+                        read_latency_ns: Some(240),
+                        read_bandwidth_mbps: Some(20000),
+                        ..Node::default()
+                    },
+                ],
+                zswap: Some(Zswap {
+                    enabled: true,
+                    compressor: "zstd".into(),
+                    max_pool_percent: Some(20),
+                }),
+                swap_total: Bytes::from_gib(1),
+                swap_free: Bytes::from_gib(1),
+            },
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.iter().find(|l| l.starts_with("  tiers:")).copied().unwrap_or_default(),
+            "  tiers: node 0 (CPUs, tier 4) 1.0 GiB free of 2.0 GiB · node 1 (memory only, tier 22, \
+             240 ns, 20000 MB/s) 4.0 GiB free of 4.0 GiB · zswap on (zstd) · swap 1.0 GiB free of \
+             1.0 GiB",
+            "{text}"
+        );
         assert!(
             lines[0].starts_with("memtide 9.9 · policy mom") && lines[0].ends_with("DRY RUN"),
             "{text}"

@@ -2,6 +2,7 @@
 
 use crate::daemon::events::Event;
 use crate::daemon::fleet::{Sampling, Waiting};
+use memtide_adapters::tiers::Tiers;
 use memtide_core::Decision;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -86,6 +87,9 @@ pub struct Status {
     pub counters: Counters,
     /// The latest events, oldest first.
     pub recent_events: Vec<Event>,
+    /// The host's memory tiers: NUMA nodes, zswap, swap.
+    #[serde(default)]
+    pub tiers: Tiers,
 }
 
 /// A histogram of durations, in seconds, over [`Durations::BOUNDS`].

@@ -44,6 +44,9 @@ const SAMPLE_SHARE: f64 = 0.5;
 /// answered: one answered later is reported by a later tick.
 const ACTUATION_SHARE: f64 = 0.75;
 
+/// Ticks between two readings of the host's memory tiers.
+const TIERS_EVERY: u64 = 30;
+
 /// How to run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -129,6 +132,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         sampling: Vec::new(),
         counters: Counters::default(),
         recent_events: Vec::new(),
+        tiers: Default::default(),
     }));
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
@@ -674,7 +678,15 @@ impl Daemon {
     }
 
     fn publish(&mut self, decision: Option<Decision>, host_error: Option<String>, t0: Instant) {
+        // The host's tiers change only with hotplug: read now and then.
+        let tiers =
+            self.counters.ticks.is_multiple_of(TIERS_EVERY).then(|| {
+                memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc)
+            });
         let mut s = self.status.write().expect("status lock");
+        if let Some(tiers) = tiers {
+            s.tiers = tiers;
+        }
         if decision.is_some() {
             s.decision = decision;
         }

@@ -89,6 +89,13 @@ impl Agent {
         r["pid"].as_u64().expect("guest-exec returns a pid")
     }
 
+    /// A guest file's content.
+    pub fn read_file(&mut self, path: &str) -> String {
+        self.rt
+            .block_on(self.agent.read_file(path))
+            .unwrap_or_else(|e| panic!("reading {path} in the guest: {e}"))
+    }
+
     /// Run `sh -c script` in the guest and wait (up to `limit`) for its exit status.
     pub fn run_sh(&mut self, script: &str, limit: Duration) -> i64 {
         let pid = self.spawn_sh(script);
