@@ -1,14 +1,14 @@
 //! snapshot-bench: VM memory snapshots (#13) on a real test guest, through the release
 //! daemon and CLI as an operator runs them: save throughput against the disk's own
-//! sequential write bandwidth measured beside it, the guest's downtime, hibernation (the
-//! host memory it gives back) and the wake-up (restore to a running guest, its RAM
-//! checked). Writes `bench/results/snapshots.json`; see docs/snapshots.md.
+//! sequential write bandwidth measured beside it, the guest's downtime, hibernation (what
+//! QEMU's memory cgroup was charged, given back) and the wake-up (restore to a running
+//! guest, its RAM checked). Writes `bench/results/snapshots.json`; see docs/snapshots.md.
 
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use memtide_adapters::qga::GuestAgent;
 use memtide_bench::daemon_process::{Daemon, Launch};
-use memtide_testbed::{guest_dir, Boot, BALLOON};
+use memtide_testbed::{guest_dir, Boot, Cgroup, BALLOON};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -58,8 +58,10 @@ fn main() -> anyhow::Result<()> {
     .qmp("qmp")
     .args(["-device", BALLOON])
     .agent();
-    // Not in a cgroup of its own: `procs` is a plain file the launch writes its pid to.
-    let procs = work.join("procs");
+    // QEMU (and the one a restore starts) in a memory cgroup of its own: what it holds
+    // is what the cgroup is charged, page cache included.
+    let cgroup = Cgroup::create("snapshot-bench")?;
+    let procs = cgroup.procs();
     let command = boot.command(&procs);
     let launch: Vec<String> = std::iter::once(command.get_program())
         .chain(command.get_args())
@@ -111,14 +113,14 @@ fn main() -> anyhow::Result<()> {
     let bytes = saves[0]["files"]["memory"]["bytes"].as_u64().unwrap_or(0);
     let disk = disk_write_gib_s(&store, bytes)?;
 
-    let held = rss_bytes(guest.pid());
-    let available = mem_available()?;
+    let held = cgroup.usage()?;
     let hibernated = cli_json(&memtide, &config_file, &["save", "snap", "--hibernate"])?;
     wait(Duration::from_secs(30), "QEMU to quit", || {
         Ok(guest.alive().is_err())
     })?;
     std::thread::sleep(Duration::from_secs(2));
-    let freed = mem_available()?.saturating_sub(available);
+    let left = cgroup.usage()?;
+    let freed = held.saturating_sub(left);
 
     let t0 = Instant::now();
     let out = memtide_cmd(&memtide, &config_file, &["restore", "snap"])?;
@@ -165,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         "disk_write_gib_s": disk,
         "save_share_of_disk": median(&save_gib_s) / disk,
         "hibernate_held_mib": held as f64 / (1u64 << 20) as f64,
+        "hibernate_left_mib": left as f64 / (1u64 << 20) as f64,
         "hibernate_freed_mib": freed as f64 / (1u64 << 20) as f64,
         "hibernate_freed_share": freed as f64 / held.max(1) as f64,
         "hibernate_save_s": hibernated["save_s"],
@@ -257,30 +260,6 @@ fn disk_write_gib_s(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
     let s = start.elapsed().as_secs_f64();
     std::fs::remove_file(&path)?;
     Ok(bytes as f64 / (1u64 << 30) as f64 / s)
-}
-
-/// What the process alone holds: its anonymous and shared-memory resident pages (the
-/// guest's RAM, QEMU's heap), not the libraries other processes map too.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kib| kib << 10)
-    };
-    field("RssAnon:") + field("RssShmem:")
-}
-
-fn mem_available() -> anyhow::Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kib| kib << 10)
-        .context("no MemAvailable in /proc/meminfo")
 }
 
 fn qemu_version() -> Option<String> {
