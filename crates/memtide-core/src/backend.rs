@@ -52,6 +52,9 @@ pub struct Saved {
     pub written: Duration,
     /// Guest RAM the hypervisor counted in the state, when it says.
     pub ram_bytes: Option<u64>,
+    /// The hypervisor's name for the guest's RAM (QEMU's memory backend, `pc.ram`), which
+    /// a clone's RAM must take, when it says.
+    pub ram_backend: Option<String>,
 }
 
 /// The host's statistics and knobs.

@@ -18,6 +18,17 @@ pub use guest::{guest_dir, Boot, Guest, BALLOON};
 
 use std::path::PathBuf;
 
+/// The proportional set size of process `pid` (its share of each page it maps, from
+/// `/proc/PID/smaps_rollup`), in bytes; 0 when unreadable.
+pub fn pss(pid: u32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib << 10)
+}
+
 /// What went wrong setting up or watching the test bed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -219,6 +219,11 @@ pub struct VmConfig {
     /// restore` of a VM reached through `qmp`: memtide adds `-incoming defer` and a
     /// monitor of its own.
     pub launch: Option<Vec<String>>,
+    /// The command line that starts a clone of the VM (`memtide snapshot clone`): as
+    /// `launch`, with `{n}` (the clone's number, or `template`) in each path that must
+    /// be the clone's own — its QMP socket, disks, console. memtide adds the RAM backend
+    /// the clones share, `-incoming defer` and a monitor of its own.
+    pub clone_launch: Option<Vec<String>>,
     /// Hibernate the VM (save it, then quit its QEMU) once it has been idle this many
     /// seconds while the host is short of memory (`[hibernate]`); needs `launch`, so that
     /// `memtide snapshot restore` can wake it. Unset: never.
@@ -545,6 +550,17 @@ impl Config {
                     &format!("vm[{i}].snapshot_keep"),
                     "must be at least 1".into(),
                 );
+            }
+            if let Some(clone) = &vm.clone_launch {
+                if vm.qmp.is_none() {
+                    let message = "only a VM reached through `qmp` is cloned by memtide".into();
+                    return bad(&format!("vm[{i}].clone_launch"), message);
+                }
+                if !clone.iter().any(|a| a.contains("{n}")) {
+                    let message =
+                        "no `{n}`: every clone would take the same sockets and disks".into();
+                    return bad(&format!("vm[{i}].clone_launch"), message);
+                }
             }
             if vm.hibernate_after_s.is_some() && vm.launch.is_none() {
                 let message = "needs `launch`: a hibernated VM is woken by starting it again";
@@ -940,6 +956,10 @@ mod tests {
                 "[snapshots]\ntimeout_s = 0\n",
                 "snapshots.timeout_s: 0 is not 1 to 86400 seconds",
             ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nclone_launch = [\"qemu\", \"-qmp\", \"/a\"]\n",
+                "vm[0].clone_launch: no `{n}`: every clone would take the same sockets and disks",
+            ),
         ];
         for (text, expected) in cases {
             assert_eq!(err(text), format!("memtide.toml: {expected}"), "{text}");
@@ -967,6 +987,7 @@ mod tests {
             shares: None,
             policy: None,
             launch: None,
+            clone_launch: None,
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,

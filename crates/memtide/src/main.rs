@@ -202,6 +202,21 @@ enum SnapshotCommand {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Start clones of a VM from a snapshot, sharing its memory until they write it (a
+    /// VM with `clone_launch` in the configuration).
+    Clone {
+        /// The VM.
+        vm: String,
+        /// How many clones.
+        #[arg(default_value_t = 1)]
+        count: u32,
+        /// The snapshot (default: the VM's latest).
+        #[arg(long)]
+        id: Option<String>,
+        /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Delete a snapshot.
     Delete {
         /// The VM.
@@ -395,6 +410,17 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 "{}",
                 snapshot_cmd::restore(&config, &vm, id.as_deref()).await?
             );
+        }
+        SnapshotCommand::Clone {
+            vm,
+            count,
+            id,
+            config,
+        } => {
+            let config = load(config.as_ref())?;
+            for line in snapshot_cmd::clone(&config, &vm, count, id.as_deref()).await? {
+                println!("{line}");
+            }
         }
         SnapshotCommand::Delete { vm, id, config } => {
             let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id)?;

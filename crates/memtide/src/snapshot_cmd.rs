@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::snapshots::{self, Snapshot, Store};
 use anyhow::{bail, Context};
-use memtide_adapters::qmp::snapshot as qmp_snapshot;
+use memtide_adapters::qmp::snapshot::{self as qmp_snapshot, Incoming, TemplateRam};
 use memtide_core::Bytes;
 use std::time::Duration;
 
@@ -79,7 +79,8 @@ pub async fn restore(config: &Config, vm: &str, id: Option<&str>) -> anyhow::Res
     let vm_dir = store.vm_dir(vm);
     let (monitor, log) = (vm_dir.join("restore.qmp"), vm_dir.join("restore.log"));
     let limit = Duration::from_secs(config.snapshots.timeout_s);
-    let restored = qmp_snapshot::restore(launch, &dir, &monitor, &log, snapshot.was_running, limit)
+    let qemu = Incoming::new(launch, &monitor, &log, limit);
+    let restored = qmp_snapshot::restore(&qemu, &dir, snapshot.was_running)
         .await
         .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
     Ok(format!(
@@ -89,6 +90,83 @@ pub async fn restore(config: &Config, vm: &str, id: Option<&str>) -> anyhow::Res
         restored.pid,
         log.display()
     ))
+}
+
+/// Start `count` clones of VM `vm` from its snapshot `id` (its latest by default), each
+/// by the VM's `clone_launch` with `{n}` its number, all sharing the snapshot's memory
+/// until they write it: the snapshot is made a template first (its RAM in a file, kept in
+/// the snapshot's directory for the next clones). Returns a line per clone.
+pub async fn clone(
+    config: &Config,
+    vm: &str,
+    count: u32,
+    id: Option<&str>,
+) -> anyhow::Result<Vec<String>> {
+    let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
+        bail!("VM {vm} is not among the configuration's [[vm]] entries");
+    };
+    let Some(launch) = &vm_config.clone_launch else {
+        bail!("VM {vm} has no `clone_launch` command in the configuration: memtide cannot start its clones");
+    };
+    let store = Store::new(&config.snapshots.dir);
+    let snapshot = store.find(vm, id)?;
+    store.verify(&snapshot)?;
+    let dir = store.dir_of(&snapshot);
+    let vm_dir = store.vm_dir(vm);
+    let limit = Duration::from_secs(config.snapshots.timeout_s);
+    // The QEMU started as `name` (its monitor and output beside the snapshots) by the
+    // clone command numbered `n`.
+    let numbered = |name: &str, n: &str| {
+        let launch: Vec<String> = launch.iter().map(|a| a.replace("{n}", n)).collect();
+        let (monitor, log) = (
+            vm_dir.join(format!("{name}.qmp")),
+            vm_dir.join(format!("{name}.log")),
+        );
+        (launch, monitor, log)
+    };
+    let size = snapshot.configured.0;
+    // QEMU names x86 machines' RAM `pc.ram` unless told otherwise.
+    let ram_id = snapshot.ram_backend.as_deref().unwrap_or("pc.ram");
+    let template = dir.join("template");
+    if !template.join("devices").exists() {
+        let partial = dir.join("template.partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir(&partial).with_context(|| format!("creating {}", partial.display()))?;
+        let (launch, monitor, log) = numbered("template", "template");
+        let qemu = Incoming::new(&launch, &monitor, &log, limit);
+        let ram = TemplateRam {
+            file: &partial.join("ram"),
+            size,
+            id: ram_id,
+        };
+        qmp_snapshot::make_template(&qemu, &dir, &ram, &partial.join("devices"))
+            .await
+            .with_context(|| format!("making a clone template of {vm} from {}", snapshot.id))?;
+        std::fs::rename(&partial, &template)
+            .with_context(|| format!("renaming {}", partial.display()))?;
+    }
+    let mut lines = Vec::new();
+    for n in 1..=count {
+        let (launch, monitor, log) = numbered(&format!("clone-{n}"), &n.to_string());
+        let qemu = Incoming::new(&launch, &monitor, &log, limit);
+        let ram = TemplateRam {
+            file: &template.join("ram"),
+            size,
+            id: ram_id,
+        };
+        let devices = template.join("devices");
+        let started = qmp_snapshot::clone(&qemu, &ram, &devices, snapshot.was_running)
+            .await
+            .with_context(|| format!("starting clone {n} of {vm}"))?;
+        lines.push(format!(
+            "{vm} clone {n} started from {} in {:.2} s (QEMU pid {}, its output in {})",
+            snapshot.id,
+            started.elapsed.as_secs_f64(),
+            started.pid,
+            log.display()
+        ));
+    }
+    Ok(lines)
 }
 
 /// Delete VM `vm`'s snapshot `id`.

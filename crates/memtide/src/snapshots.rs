@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub was_running: bool,
     /// The VM's configured memory.
     pub configured: Bytes,
+    /// The hypervisor's name for the guest's RAM, when it said (QEMU: `pc.ram`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram_backend: Option<String>,
     /// How long the guest was stopped, in seconds.
     pub downtime_s: f64,
     /// From stopping the guest to its state on disk, synced, in seconds.
@@ -316,6 +319,7 @@ impl Pending {
             by,
             was_running: saved.was_running,
             configured: self.configured,
+            ram_backend: saved.ram_backend.clone(),
             downtime_s: saved.downtime.as_secs_f64(),
             write_s: saved.written.as_secs_f64(),
             save_s: self.started.elapsed().as_secs_f64(),
@@ -421,6 +425,7 @@ mod tests {
             was_running: true,
             downtime: Duration::from_millis(1500),
             written: Duration::from_millis(2000),
+            ram_backend: None,
             ram_bytes: None,
         }
     }

@@ -315,3 +315,78 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
         vm(s, "h").is_some_and(|v| v["configured"].is_u64())
     });
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-clone");
+    let (guest, launch) =
+        Guest::boot_restorable("c", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    let mut guest = guest;
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0);
+    drop(agent);
+    // Each clone's own sockets, console and swap disk: the guest's, numbered.
+    let clone_launch: Vec<String> = launch.iter().map(|a| a.replace("/c.", "/c-{n}.")).collect();
+    for n in ["template", "1", "2", "3", "4"] {
+        let img = dir.path().join(format!("c-{n}.swap.img"));
+        std::fs::File::create(img)
+            .unwrap()
+            .set_len(128 << 20)
+            .unwrap();
+    }
+    let quoted = |args: &[String]| -> String {
+        let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+        quoted.join(", ")
+    };
+    let config_text = format!(
+        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"c\"\nqmp = {:?}\nclone_launch = [{}]\n",
+        dir.path().join("snapshots").display().to_string(),
+        guest.qmp().display().to_string(),
+        quoted(&clone_launch)
+    );
+    let daemon = Daemon::start(dir.path(), &config_text, 0);
+    let config = dir.path().join("memtide.toml");
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "c").is_some_and(|v| v["configured"].is_u64())
+    });
+    let out = snapshot(&config, &["save", "c"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = snapshot(&config, &["clone", "c", "4"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let clones: Vec<Restored> = text(&out)
+        .lines()
+        .map(|l| Restored(restored_pid(l)))
+        .collect();
+    assert_eq!(clones.len(), 4);
+    assert!(clones.iter().all(|c| alive(c.0)), "every clone runs");
+    // A clone has the guest's memory as it was saved.
+    let mut agent = Agent::connect(&dir.path().join("c-3.qga"));
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0
+    );
+    drop(agent);
+    // They share it: together they use far less than four copies of the guest.
+    std::thread::sleep(Duration::from_secs(3));
+    let one = memtide_testbed::pss(guest.pid());
+    let four: u64 = clones.iter().map(|c| memtide_testbed::pss(c.0)).sum();
+    eprintln!(
+        "the guest {} MiB, its 4 clones {} MiB together",
+        one >> 20,
+        four >> 20
+    );
+    assert!(
+        one > 0 && four < 2 * one,
+        "the clones share their memory: {four} vs {one}"
+    );
+}

@@ -36,6 +36,13 @@ pub async fn save(
 ) -> Result<Saved, BackendError> {
     let status = client.execute("query-status", None).await?;
     let running = status.get("running").and_then(Value::as_bool) == Some(true);
+    let backend = json!({"path": "/machine", "property": "memory-backend"});
+    let ram_backend = client
+        .execute("qom-get", Some(backend))
+        .await
+        .ok()
+        .and_then(|v| Some(v.as_str()?.trim_start_matches("/objects/").to_string()))
+        .filter(|id| !id.is_empty());
     let file = std::fs::File::create(dir.join(MEMORY_FILE))
         .map_err(|e| BackendError::Io(format!("creating {}: {e}", dir.display())))?;
     let stopped = Instant::now();
@@ -64,6 +71,7 @@ pub async fn save(
         downtime,
         written: stopped.elapsed(),
         ram_bytes: stats.get("ram").and_then(|r| r["total"].as_u64()),
+        ram_backend,
     })
 }
 
@@ -132,77 +140,206 @@ pub struct Restored {
     pub elapsed: Duration,
 }
 
-/// Start the VM again from the snapshot in `dir`: `launch` (its QEMU command line, as
-/// configured) with `-incoming defer` and a monitor on `monitor` added, detached in a
-/// session of its own with its output in `log`; the snapshot migrated in; the guest
-/// resumed when it was running at the save. A QEMU that fails to restore is killed.
-pub async fn restore(
-    launch: &[String],
-    dir: &Path,
-    monitor: &Path,
-    log: &Path,
-    resume: bool,
-    limit: Duration,
-) -> Result<Restored, BackendError> {
-    let start = Instant::now();
-    let (program, args) = launch
-        .split_first()
-        .ok_or_else(|| BackendError::Protocol("the launch command is empty".into()))?;
-    let file = std::fs::File::open(dir.join(MEMORY_FILE))
-        .map_err(|e| BackendError::Io(format!("opening {}: {e}", dir.display())))?;
-    let _ = std::fs::remove_file(monitor);
-    let output = std::fs::File::create(log)
-        .map_err(|e| BackendError::Io(format!("creating {}: {e}", log.display())))?;
-    let mut command = std::process::Command::new(program);
-    command
-        .args(args)
-        .arg("-incoming")
-        .arg("defer")
-        .arg("-qmp")
-        .arg(format!("unix:{},server=on,wait=off", monitor.display()))
-        .stdin(std::process::Stdio::null())
-        .stdout(output.try_clone().map_err(io)?)
-        .stderr(output);
-    // Its own session: the VM outlives the command that restored it.
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command
-        .spawn()
-        .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
-    let pid = child.id();
-    let result = migrate_in(monitor, &file, resume, start, limit).await;
-    if let Err(e) = result {
-        let _ = child.kill();
-        let _ = child.wait();
-        let log_tail = std::fs::read_to_string(log).unwrap_or_default();
-        let tail: String = log_tail
-            .lines()
-            .rev()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(match tail.is_empty() {
-            true => e,
-            false => BackendError::Protocol(format!("{e} (QEMU: {tail})")),
-        });
+/// A QEMU to start from saved state: its command line, what memtide adds to it, and
+/// where its own monitor and output go.
+pub struct Incoming<'a> {
+    /// The VM's QEMU command line (program first), as configured.
+    pub launch: &'a [String],
+    /// Arguments added before memtide's `-incoming defer` and monitor.
+    pub extra: Vec<String>,
+    /// memtide's own monitor socket for it.
+    pub monitor: &'a Path,
+    /// Its output.
+    pub log: &'a Path,
+    /// The whole restore may take this long.
+    pub limit: Duration,
+}
+
+impl<'a> Incoming<'a> {
+    /// A QEMU started by `launch`, with memtide's monitor on `monitor`, its output in
+    /// `log`, given `limit` to take its state in.
+    pub fn new(launch: &'a [String], monitor: &'a Path, log: &'a Path, limit: Duration) -> Self {
+        Incoming {
+            launch,
+            extra: Vec::new(),
+            monitor,
+            log,
+            limit,
+        }
     }
-    Ok(Restored {
-        pid,
-        elapsed: start.elapsed(),
-    })
+}
+
+/// Start the VM again from the snapshot in `dir`: its launch command with `-incoming
+/// defer` and memtide's monitor added, detached in a session of its own; the snapshot
+/// migrated in; the guest resumed when it was running at the save. A QEMU that fails to
+/// restore is killed, the last lines of its output in the error.
+pub async fn restore(
+    qemu: &Incoming<'_>,
+    dir: &Path,
+    resume: bool,
+) -> Result<Restored, BackendError> {
+    let file = open(&dir.join(MEMORY_FILE))?;
+    let (mut client, restored) = start_incoming(qemu, &file, false).await?;
+    if resume {
+        client.execute("cont", None).await?;
+    }
+    Ok(restored)
+}
+
+/// The RAM backend memtide gives a template and its clones: guest RAM in the file `ram`,
+/// shared (the template writes it) or private (a clone's writes are its own, copied on
+/// write; what it only reads stays the file's pages, one copy for every clone).
+fn file_ram(ram: &Path, size: u64, shared: bool, id: &str) -> Vec<String> {
+    let share = if shared { "on" } else { "off" };
+    vec![
+        "-object".into(),
+        format!(
+            "memory-backend-file,id={id},size={size},mem-path={},share={share}",
+            ram.display()
+        ),
+        "-machine".into(),
+        format!("memory-backend={id}"),
+    ]
+}
+
+/// Guest RAM as a clone template gives it: a file, the size of the guest, under the name
+/// the saved guest's RAM had (migration finds RAM by name).
+pub struct TemplateRam<'a> {
+    /// The file.
+    pub file: &'a Path,
+    /// The guest's RAM size, bytes.
+    pub size: u64,
+    /// QEMU's name for it (`pc.ram` on x86's machines).
+    pub id: &'a str,
+}
+
+/// Make a clone template of the snapshot in `dir`: started from it with its RAM in the
+/// file `ram`, then its devices alone saved into `devices` (QEMU's `x-ignore-shared`:
+/// the RAM is the file) and quit.
+pub async fn make_template(
+    qemu: &Incoming<'_>,
+    dir: &Path,
+    ram: &TemplateRam<'_>,
+    devices: &Path,
+) -> Result<(), BackendError> {
+    let file = open(&dir.join(MEMORY_FILE))?;
+    let qemu = Incoming {
+        extra: file_ram(ram.file, ram.size, true, ram.id),
+        ..*qemu
+    };
+    let (mut client, _) = start_incoming(&qemu, &file, false).await?;
+    let out = std::fs::File::create(devices)
+        .map_err(|e| BackendError::Io(format!("creating {}: {e}", devices.display())))?;
+    ignore_shared(&mut client).await?;
+    migrate_out(&mut client, &out, qemu.limit).await?;
+    out.sync_all().map_err(io)?;
+    // Its answer may not come before the connection closes.
+    let _ = client.execute("quit", None).await;
+    Ok(())
+}
+
+/// Start a clone from the template (`ram`, `devices`), by its own launch command; resumed
+/// when the original ran when saved.
+pub async fn clone(
+    qemu: &Incoming<'_>,
+    ram: &TemplateRam<'_>,
+    devices: &Path,
+    resume: bool,
+) -> Result<Restored, BackendError> {
+    let file = open(devices)?;
+    let qemu = Incoming {
+        extra: file_ram(ram.file, ram.size, false, ram.id),
+        ..*qemu
+    };
+    let (mut client, restored) = start_incoming(&qemu, &file, true).await?;
+    if resume {
+        client.execute("cont", None).await?;
+    }
+    Ok(restored)
+}
+
+/// Migrate RAM blocks backed by shared files by reference: not into the stream.
+async fn ignore_shared(client: &mut QmpClient) -> Result<(), BackendError> {
+    let caps = json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]});
+    client
+        .execute("migrate-set-capabilities", Some(caps))
+        .await?;
+    Ok(())
+}
+
+fn open(path: &Path) -> Result<std::fs::File, BackendError> {
+    std::fs::File::open(path)
+        .map_err(|e| BackendError::Io(format!("opening {}: {e}", path.display())))
 }
 
 fn io(e: std::io::Error) -> BackendError {
     BackendError::Io(e.to_string())
 }
 
-/// Connect to the new QEMU's monitor once it listens, migrate `file` in, and resume.
+/// Start `qemu` waiting for its state, migrate `file` in (by reference for shared RAM
+/// when `by_reference`), and hand back its monitor with the guest paused. A QEMU that
+/// fails is killed, the last lines of its output in the error.
+async fn start_incoming(
+    qemu: &Incoming<'_>,
+    file: &std::fs::File,
+    by_reference: bool,
+) -> Result<(QmpClient, Restored), BackendError> {
+    let start = Instant::now();
+    let (program, args) = qemu
+        .launch
+        .split_first()
+        .ok_or_else(|| BackendError::Protocol("the launch command is empty".into()))?;
+    let _ = std::fs::remove_file(qemu.monitor);
+    let output = std::fs::File::create(qemu.log)
+        .map_err(|e| BackendError::Io(format!("creating {}: {e}", qemu.log.display())))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .args(args)
+        .args(&qemu.extra)
+        .arg("-incoming")
+        .arg("defer")
+        .arg("-qmp")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            qemu.monitor.display()
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(output.try_clone().map_err(io)?)
+        .stderr(output);
+    // Its own session: the VM outlives the command that started it.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .spawn()
+        .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
+    match migrate_in(qemu.monitor, file, by_reference, start, qemu.limit).await {
+        Ok(client) => Ok((
+            client,
+            Restored {
+                pid: child.id(),
+                elapsed: start.elapsed(),
+            },
+        )),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(qemu.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            Err(match tail.is_empty() {
+                true => e,
+                false => BackendError::Protocol(format!("{e} (QEMU: {})", tail.join("; "))),
+            })
+        }
+    }
+}
+
+/// Connect to the new QEMU's monitor once it listens and migrate `file` in.
 async fn migrate_in(
     monitor: &Path,
     file: &std::fs::File,
-    resume: bool,
+    by_reference: bool,
     start: Instant,
     limit: Duration,
-) -> Result<(), BackendError> {
+) -> Result<QmpClient, BackendError> {
     let call = Duration::from_secs(5);
     let mut client = loop {
         match QmpClient::connect(monitor, call).await {
@@ -214,16 +351,16 @@ async fn migrate_in(
             }
         }
     };
+    if by_reference {
+        ignore_shared(&mut client).await?;
+    }
     client.pass_fd(FD_NAME, file.as_fd()).await?;
     let uri = format!("fd:{FD_NAME}");
     client
         .execute("migrate-incoming", Some(json!({ "uri": uri })))
         .await?;
     wait_for_migration(&mut client, limit.saturating_sub(start.elapsed())).await?;
-    if resume {
-        client.execute("cont", None).await?;
-    }
-    Ok(())
+    Ok(client)
 }
 
 #[cfg(test)]
@@ -270,6 +407,7 @@ mod tests {
         let expected = [
             "qmp_capabilities",
             "query-status",
+            "qom-get",
             "stop",
             "query-migrate-parameters",
             "migrate-set-parameters",

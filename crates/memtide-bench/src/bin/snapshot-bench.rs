@@ -2,7 +2,9 @@
 //! daemon and CLI as an operator runs them: save throughput against the disk's own
 //! sequential write bandwidth measured beside it, the guest's downtime, hibernation (what
 //! QEMU's memory cgroup was charged, given back) and the wake-up (restore to a running
-//! guest, its RAM checked). Writes `bench/results/snapshots.json`; see docs/snapshots.md.
+//! guest, its RAM checked), and four clones started from a snapshot (their memory
+//! against the guest's, and how fast each starts with its RAM mapped from the template).
+//! Writes `bench/results/snapshots.json`; see docs/snapshots.md.
 
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
@@ -85,13 +87,22 @@ fn main() -> anyhow::Result<()> {
     ensure!(rt.block_on(run_sh(&agent, &fill, Duration::from_secs(300)))? == 0);
 
     let store = work.join("store");
-    let quoted: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
+    let quoted = |args: &[String]| -> String {
+        let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+        quoted.join(", ")
+    };
+    // A clone's own sockets and console: the guest's, numbered.
+    let clone_launch: Vec<String> = launch
+        .iter()
+        .map(|a| a.replace("/snap.", "/snap-{n}."))
+        .collect();
     let config = format!(
         "interval_s = 2\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"snap\"\nqmp = {:?}\nlaunch = [{}]\n",
+         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"snap\"\nqmp = {:?}\nlaunch = [{}]\nclone_launch = [{}]\n",
         store.display().to_string(),
         guest.qmp[0].display().to_string(),
-        quoted.join(", ")
+        quoted(&launch),
+        quoted(&clone_launch)
     );
     let launch_daemon = Launch {
         nofile: None,
@@ -137,6 +148,9 @@ fn main() -> anyhow::Result<()> {
         Duration::from_secs(120),
     ));
     let answered_s = t0.elapsed().as_secs_f64();
+    // Clones of the woken guest's snapshot, beside it (after the hibernation: the
+    // template's file pages would count in what QEMU's cgroup holds).
+    let clones = clone4(&memtide, &config_file, restored_pid as u32)?;
     // SAFETY: kill(2) of the QEMU the restore started; no memory is involved.
     unsafe { libc::kill(restored_pid, libc::SIGKILL) };
     drop(daemon);
@@ -175,15 +189,77 @@ fn main() -> anyhow::Result<()> {
         "wake_s": wake_s,
         "wake_to_agent_s": answered_s,
         "state_intact": true,
-        "lazy_restore_s": null,
-        "clone4_memory_ratio": null,
+        "lazy_restore_s": clones.start_s,
+        "clone_template_s": clones.template_s,
+        "clone4_memory_ratio": clones.ratio,
+        "clone4_pss_mib": clones.four_mib,
+        "guest_pss_mib": clones.one_mib,
         "not_measured": {
-            "lazy_restore_s": "restores copy the whole state in (QEMU's migration stream); no lazy mapping yet",
-            "clone4_memory_ratio": "clones sharing memory are not built yet",
+            "lazy_restore_slowdown": "the slowdown over a lazily restored guest's first 10 s is not measured",
             "mapped_ram": "QEMU 7.2 here has no mapped-ram capability (QEMU >= 9.0)",
         },
     });
     memtide_bench::write_json("snapshot-bench", &cli.out, &doc)
+}
+
+/// What four clones of the guest cost, against the guest itself.
+struct Clones {
+    /// Median time from starting a clone's QEMU to the clone running (its RAM mapped from
+    /// the template, read as it is touched): a lazy restore.
+    start_s: f64,
+    /// Making the template from the latest snapshot (once per snapshot).
+    template_s: f64,
+    /// The clones' proportional set sizes together, ÷ the guest's.
+    ratio: f64,
+    four_mib: f64,
+    one_mib: f64,
+}
+
+/// Start 4 clones of the guest (QEMU pid `guest`) from its latest snapshot, measure them
+/// after 3 s, and stop them.
+fn clone4(memtide: &Path, config: &Path, guest: u32) -> anyhow::Result<Clones> {
+    let t0 = Instant::now();
+    let out = memtide_cmd(memtide, config, &["clone", "snap", "4"])?;
+    let total_s = t0.elapsed().as_secs_f64();
+    let field = |line: &str, after: &str, until: char| -> Option<String> {
+        let rest = line.split(after).nth(1)?;
+        Some(rest.split(until).next()?.to_string())
+    };
+    let mut starts = Vec::new();
+    let mut pids = Vec::new();
+    for line in out.lines().filter(|l| l.contains(" clone ")) {
+        starts.push(
+            field(line, " in ", ' ')
+                .and_then(|s| s.parse::<f64>().ok())
+                .context("a start time")?,
+        );
+        pids.push(
+            field(line, "QEMU pid ", ',')
+                .and_then(|p| p.parse::<i32>().ok())
+                .context("a pid")?,
+        );
+    }
+    ensure!(pids.len() == 4, "4 clones started: {out}");
+    std::thread::sleep(Duration::from_secs(3));
+    let four: u64 = pids.iter().map(|p| memtide_testbed::pss(*p as u32)).sum();
+    let one = memtide_testbed::pss(guest);
+    for pid in &pids {
+        // SAFETY: kill(2) of a clone this harness started; no memory is involved.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    wait(Duration::from_secs(10), "the clones to end", || {
+        Ok(pids
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}/exe")).exists()))
+    })?;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    Ok(Clones {
+        start_s: median(&starts),
+        template_s: total_s - starts.iter().sum::<f64>(),
+        ratio: four as f64 / one.max(1) as f64,
+        four_mib: mib(four),
+        one_mib: mib(one),
+    })
 }
 
 /// `memtide snapshot ARGS --config CONFIG`, its output; an error with it when it fails.

@@ -978,6 +978,7 @@ mod tests {
             shares: None,
             policy: None,
             launch: None,
+            clone_launch: None,
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
