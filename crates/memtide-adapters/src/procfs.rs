@@ -289,10 +289,11 @@ impl ProcessRss {
     /// The CPU time it has used (user and system), in seconds; `None` when unreadable.
     pub fn cpu_s(&self) -> Option<f64> {
         use std::os::unix::fs::FileExt;
-        // 52 fields, the command name at most 64 bytes in parentheses.
+        // 52 fields, the command name at most 16 bytes (TASK_COMM_LEN) in parentheses,
+        // and any bytes at all: read as text whatever they are.
         let mut buf = [0; 1024];
         let n = self.stat.as_ref()?.read_at(&mut buf, 0).ok()?;
-        stat_cpu_s(std::str::from_utf8(&buf[..n]).ok()?, self.ticks)
+        stat_cpu_s(&String::from_utf8_lossy(&buf[..n]), self.ticks)
     }
 }
 

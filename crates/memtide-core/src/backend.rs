@@ -20,14 +20,33 @@ pub trait VmBackend: Send {
     /// The last target delivered since connecting (cleared when the guest resets).
     fn target(&self) -> Option<Bytes>;
     /// Save the guest's memory and device state into the files of the existing directory
-    /// `dir`, the guest stopped meanwhile, and leave it as `then` says. Connectors that
-    /// cannot say so.
-    async fn save(&mut self, _dir: &Path, _then: AfterSave) -> Result<Saved, BackendError> {
+    /// `dir`, the guest stopped meanwhile, within `limit`, then `seal` what was written
+    /// (make the snapshot whole) and leave the guest as `then` says: a guest that runs on
+    /// is resumed before the seal; a hibernated one's process quits only once the seal
+    /// succeeded, and runs on when it failed. A save that fails leaves the guest as it
+    /// was. Connectors that cannot save say so.
+    async fn save(
+        &mut self,
+        _dir: &Path,
+        _then: AfterSave,
+        _limit: Duration,
+        _seal: Seal,
+    ) -> Result<Saved, BackendError> {
         Err(BackendError::Protocol(
             "this connector cannot save a VM's memory".into(),
         ))
     }
 }
+
+/// What makes a saved snapshot whole (checksums, its name): given what the save did,
+/// it says whether it could.
+pub type Seal = Box<
+    dyn FnOnce(
+            Saved,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send,
+>;
 
 /// What becomes of a VM once its memory is saved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,8 +69,6 @@ pub struct Saved {
     pub downtime: Duration,
     /// From stopping the guest to its state on disk, synced.
     pub written: Duration,
-    /// Guest RAM the hypervisor counted in the state, when it says.
-    pub ram_bytes: Option<u64>,
     /// The hypervisor's name for the guest's RAM (QEMU's memory backend, `pc.ram`), which
     /// a clone's RAM must take, when it says.
     pub ram_backend: Option<String>,

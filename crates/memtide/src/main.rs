@@ -198,6 +198,10 @@ enum SnapshotCommand {
         /// The snapshot (default: the VM's latest).
         #[arg(long)]
         id: Option<String>,
+        /// Restore a snapshot whose guest ran on after it (or was woken from it): only
+        /// safe when its disks were rolled back to that moment.
+        #[arg(long)]
+        force: bool,
         /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
@@ -404,12 +408,15 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 snapshot_cmd::list(&load(config.as_ref())?, vm.as_deref(), json)?
             );
         }
-        SnapshotCommand::Restore { vm, id, config } => {
+        SnapshotCommand::Restore {
+            vm,
+            id,
+            force,
+            config,
+        } => {
             let config = load(config.as_ref())?;
-            println!(
-                "{}",
-                snapshot_cmd::restore(&config, &vm, id.as_deref()).await?
-            );
+            let restored = snapshot_cmd::restore(&config, &vm, id.as_deref(), force).await?;
+            println!("{restored}");
         }
         SnapshotCommand::Clone {
             vm,

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::snapshots::{self, Snapshot, Store};
 use anyhow::{bail, Context};
 use memtide_adapters::qmp::snapshot::{self as qmp_snapshot, Incoming, TemplateRam};
+use memtide_core::backend::AfterSave;
 use memtide_core::Bytes;
 use std::time::Duration;
 
@@ -55,8 +56,15 @@ fn humantime_short(d: Duration) -> String {
 
 /// Start VM `vm` again from its snapshot `id` (its latest by default): the VM must be
 /// one reached through `qmp` with a `launch` command, and not running; the snapshot's
-/// checksums are verified first. Returns a line saying what was done.
-pub async fn restore(config: &Config, vm: &str, id: Option<&str>) -> anyhow::Result<String> {
+/// checksums are verified first. Only a hibernation not woken from yet matches the
+/// guest's disk: another snapshot (its guest ran on) is restored only with `force`.
+/// Returns a line saying what was done.
+pub async fn restore(
+    config: &Config,
+    vm: &str,
+    id: Option<&str>,
+    force: bool,
+) -> anyhow::Result<String> {
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!(
             "VM {vm} is not among the configuration's [[vm]] entries: memtide restores only \
@@ -74,6 +82,19 @@ pub async fn restore(config: &Config, vm: &str, id: Option<&str>) -> anyhow::Res
     }
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
+    let asleep = snapshot.then == AfterSave::Quit && snapshot.woken.is_none();
+    if !asleep && !force {
+        let why = match &snapshot.woken {
+            Some(at) => format!("its guest was woken from it at {at}"),
+            None => "its guest ran on after it".into(),
+        };
+        bail!(
+            "snapshot {} of {vm}: {why}, so its disk has changed since; restoring this memory \
+             over it can corrupt the guest's file systems. Pass --force if its disks were \
+             rolled back to that moment",
+            snapshot.id
+        );
+    }
     store.verify(&snapshot)?;
     let dir = store.dir_of(&snapshot);
     let vm_dir = store.vm_dir(vm);
@@ -83,6 +104,9 @@ pub async fn restore(config: &Config, vm: &str, id: Option<&str>) -> anyhow::Res
     let restored = qmp_snapshot::restore(&qemu, &dir, snapshot.was_running)
         .await
         .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
+    if asleep {
+        store.mark_woken(&snapshot)?;
+    }
     Ok(format!(
         "{vm} restored from {} in {:.2} s (QEMU pid {}, its output in {})",
         snapshot.id,
@@ -131,7 +155,7 @@ pub async fn clone(
     if !template.join("devices").exists() {
         let partial = dir.join("template.partial");
         let _ = std::fs::remove_dir_all(&partial);
-        std::fs::create_dir(&partial).with_context(|| format!("creating {}", partial.display()))?;
+        crate::snapshots::private_dirs(&partial)?;
         let (launch, monitor, log) = numbered("template", "template");
         let qemu = Incoming::new(&launch, &monitor, &log, limit);
         let ram = TemplateRam {
@@ -146,7 +170,12 @@ pub async fn clone(
             .with_context(|| format!("renaming {}", partial.display()))?;
     }
     let mut lines = Vec::new();
-    for n in 1..=count {
+    // The lowest numbers whose clone is not running (its monitor does not answer).
+    let free = (1..).filter(|n| {
+        let monitor = vm_dir.join(format!("clone-{n}.qmp"));
+        std::os::unix::net::UnixStream::connect(monitor).is_err()
+    });
+    for n in free.take(count as usize).collect::<Vec<u32>>() {
         let (launch, monitor, log) = numbered(&format!("clone-{n}"), &n.to_string());
         let qemu = Incoming::new(&launch, &monitor, &log, limit);
         let ram = TemplateRam {

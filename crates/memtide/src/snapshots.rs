@@ -39,6 +39,9 @@ pub struct Snapshot {
     /// Who asked for it.
     #[serde(default)]
     pub by: TakenBy,
+    /// When a hibernated guest was woken from it (RFC 3339): its disk has moved on since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub woken: Option<String>,
     /// The guest ran when it was saved: a restore resumes it.
     pub was_running: bool,
     /// The VM's configured memory.
@@ -116,6 +119,8 @@ pub struct Pending {
     dir: PathBuf,
     configured: Bytes,
     started: std::time::Instant,
+    /// Made whole: not removed when dropped.
+    done: bool,
 }
 
 impl Store {
@@ -154,8 +159,7 @@ impl Store {
             bail!("a VM with no name cannot be saved");
         }
         let vm_dir = self.vm_dir(vm);
-        std::fs::create_dir_all(&vm_dir)
-            .with_context(|| format!("creating {}", vm_dir.display()))?;
+        private_dirs(&vm_dir)?;
         for entry in std::fs::read_dir(&vm_dir)?.flatten() {
             if entry.file_name().to_string_lossy().ends_with(PARTIAL) {
                 std::fs::remove_dir_all(entry.path())
@@ -180,13 +184,14 @@ impl Store {
             id = format!("{base}-{n}");
         }
         let dir = vm_dir.join(format!("{id}{PARTIAL}"));
-        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        private_dirs(&dir)?;
         Ok(Pending {
             vm: vm.to_string(),
             id,
             dir,
             configured,
             started: std::time::Instant::now(),
+            done: false,
         })
     }
 
@@ -221,9 +226,18 @@ impl Store {
         };
         let mut all = Vec::new();
         for entry in entries.flatten().filter(|e| e.path().is_dir()) {
-            for id in std::fs::read_dir(entry.path())?.flatten() {
-                if let Ok(s) = read_meta(&id.path().join(META)) {
-                    all.push(s);
+            let Ok(ids) = std::fs::read_dir(entry.path()) else {
+                tracing::warn!("{}: unreadable, skipped", entry.path().display());
+                continue;
+            };
+            for id in ids.flatten() {
+                let meta = id.path().join(META);
+                if id.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
+                    continue;
+                }
+                match read_meta(&meta) {
+                    Ok(s) => all.push(s),
+                    Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
                 }
             }
         }
@@ -265,6 +279,19 @@ impl Store {
         Ok(())
     }
 
+    /// Record that a hibernated guest was woken from `s`, now.
+    pub fn mark_woken(&self, s: &Snapshot) -> anyhow::Result<()> {
+        let woken = Snapshot {
+            woken: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+            ..s.clone()
+        };
+        let meta = self.dir_of(s).join(META);
+        let tmp = meta.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&woken).expect("a snapshot serializes");
+        write_synced(&tmp, &bytes)?;
+        std::fs::rename(&tmp, &meta).with_context(|| format!("writing {}", meta.display()))
+    }
+
     /// Delete VM `vm`'s scheduled snapshots beyond the `keep` newest; returns those deleted.
     pub fn prune(&self, vm: &str, keep: usize) -> anyhow::Result<Vec<Snapshot>> {
         let doomed = expired(self.list(vm)?, keep);
@@ -292,16 +319,18 @@ impl Pending {
 
     /// Checksum what the connector wrote, describe it, and make the snapshot whole; on
     /// failure (a full disk) what was written is removed.
-    pub fn finish(self, saved: &Saved, then: AfterSave, by: TakenBy) -> anyhow::Result<Snapshot> {
-        let dir = self.dir.clone();
+    pub fn finish(
+        mut self,
+        saved: &Saved,
+        then: AfterSave,
+        by: TakenBy,
+    ) -> anyhow::Result<Snapshot> {
         let finished = self.complete(saved, then, by);
-        if finished.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+        self.done = finished.is_ok();
         finished
     }
 
-    fn complete(self, saved: &Saved, then: AfterSave, by: TakenBy) -> anyhow::Result<Snapshot> {
+    fn complete(&self, saved: &Saved, then: AfterSave, by: TakenBy) -> anyhow::Result<Snapshot> {
         let mut files = BTreeMap::new();
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -317,6 +346,7 @@ impl Pending {
             mechanism: saved.mechanism.clone(),
             then,
             by,
+            woken: None,
             was_running: saved.was_running,
             configured: self.configured,
             ram_backend: saved.ram_backend.clone(),
@@ -341,10 +371,14 @@ impl Pending {
         let at = SystemTime::now() - ago;
         humantime::format_rfc3339_millis(at).to_string()
     }
+}
 
-    /// Remove what was written: the save failed.
-    pub fn abandon(self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// A snapshot never made whole (its save failed, or its task ended) leaves nothing.
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -357,6 +391,17 @@ fn expired(all: Vec<Snapshot>, keep: usize) -> Vec<Snapshot> {
     let n = scheduled.len().saturating_sub(keep);
     scheduled.truncate(n);
     scheduled
+}
+
+/// Create `dir` and the directories above it that are missing, for their owner alone
+/// (mode 0700): snapshots hold guests' memory, keys and all.
+pub fn private_dirs(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
 }
 
 fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
@@ -426,7 +471,6 @@ mod tests {
             downtime: Duration::from_millis(1500),
             written: Duration::from_millis(2000),
             ram_backend: None,
-            ram_bytes: None,
         }
     }
 

@@ -220,6 +220,13 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
         .count();
     assert_eq!(partial, 0, "what the failed save wrote was removed");
+    // The guest was woken from its hibernation: that memory no longer matches its disk,
+    // and is not restored again unless forced.
+    let out = snapshot(&config, &["restore", "s"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("was woken from it"), "{}", text(&out));
+    let listed = listed(&config);
+    assert!(listed[1]["woken"].is_string(), "{listed:?}");
 
     // The event log tells each save.
     let log = daemon.event_log();

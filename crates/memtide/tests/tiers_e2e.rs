@@ -67,9 +67,17 @@ fn a_guest_with_a_far_memory_only_node_shows_its_tiers() {
         panic!("two nodes with memory: {t:?}\n{dump}");
     };
     assert!(near.cpus && !far.cpus, "node 1 is memory-only");
-    // The kernel keeps some of each node's memory for itself.
-    assert!(near.total > Bytes::from_mib(200) && near.total <= Bytes::from_mib(256));
-    assert!(far.total > Bytes::from_mib(100) && far.total <= Bytes::from_mib(128));
+    // The kernel keeps some of the 384 MiB for itself, and where the boundary between
+    // the nodes falls moves by some MiB from boot to boot (seen: 219 + 126, 251 + 94).
+    let both = near.total + far.total;
+    assert!(
+        both > Bytes::from_mib(300) && both <= Bytes::from_mib(384),
+        "{t:?}"
+    );
+    assert!(
+        far.total > Bytes::from_mib(64) && near.total > far.total,
+        "{t:?}"
+    );
     assert!(far.free <= far.total);
     // The firmware's figures, as the kernel reports them (HMAT): ns and MB/s.
     assert_eq!(

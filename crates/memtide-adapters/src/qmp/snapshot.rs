@@ -8,10 +8,11 @@
 //! state it was taken with (a hibernated guest's, untouched since).
 
 use super::client::{QmpClient, QmpError};
-use memtide_core::backend::{AfterSave, Saved};
+use memtide_core::backend::{AfterSave, Saved, Seal};
 use memtide_core::BackendError;
 use serde_json::{json, Value};
 use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -25,14 +26,16 @@ const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
 const FD_NAME: &str = "memtide-snapshot";
 
-/// Save the VM behind `client` into `dir` (which must exist), stopping it meanwhile; it
-/// then runs again or its QEMU quits (`then`). A save that fails leaves the VM as it was
-/// (running again if it ran) and returns QEMU's reason. `limit` bounds the whole save.
+/// Save the VM behind `client` into `dir` (which must exist), stopping it meanwhile, then
+/// seal the snapshot and leave the VM as `then` says (see `VmBackend::save`): a VM that
+/// runs on is resumed first; a hibernated one's QEMU quits only once the seal succeeded.
+/// A save that fails or outlasts `limit` is cancelled and leaves the VM as it was.
 pub async fn save(
     client: &mut QmpClient,
     dir: &Path,
     then: AfterSave,
     limit: Duration,
+    seal: Seal,
 ) -> Result<Saved, BackendError> {
     let status = client.execute("query-status", None).await?;
     let running = status.get("running").and_then(Value::as_bool) == Some(true);
@@ -43,36 +46,67 @@ pub async fn save(
         .ok()
         .and_then(|v| Some(v.as_str()?.trim_start_matches("/objects/").to_string()))
         .filter(|id| !id.is_empty());
-    let file = std::fs::File::create(dir.join(MEMORY_FILE))
-        .map_err(|e| BackendError::Io(format!("creating {}: {e}", dir.display())))?;
+    let path = dir.join(MEMORY_FILE);
+    // Guest RAM: for root alone (the store's directories are too).
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| BackendError::Io(format!("creating {}: {e}", path.display())))?;
     let stopped = Instant::now();
     if running {
         client.execute("stop", None).await?;
     }
-    let migrated = migrate_out(client, &file, limit).await;
-    let resumed = match (&migrated, then) {
-        (Ok(_), AfterSave::Quit) => client.execute("quit", None).await.map(drop),
-        _ if running => client.execute("cont", None).await.map(drop),
-        _ => Ok(()),
-    };
-    let downtime = stopped.elapsed();
-    let stats = migrated?;
-    // A quit may close the connection before its answer: the save is done either way.
-    if let Err(e) = resumed {
-        if then != AfterSave::Quit || !matches!(e, QmpError::Closed(_) | QmpError::Io(_)) {
-            return Err(e.into());
-        }
+    let written = async {
+        migrate_out(client, &file, limit).await?;
+        file.sync_all()
+            .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())))
     }
-    file.sync_all()
-        .map_err(|e| BackendError::Io(format!("writing {}: {e}", dir.display())))?;
-    Ok(Saved {
+    .await;
+    if let Err(e) = written {
+        resume(client, running).await?;
+        return Err(e);
+    }
+    let mut saved = Saved {
         mechanism: "qmp migrate to fd".into(),
         was_running: running,
-        downtime,
+        downtime: stopped.elapsed(),
         written: stopped.elapsed(),
-        ram_bytes: stats.get("ram").and_then(|r| r["total"].as_u64()),
         ram_backend,
-    })
+    };
+    match then {
+        AfterSave::Run => {
+            resume(client, running).await?;
+            saved.downtime = stopped.elapsed();
+            seal(saved.clone()).await.map_err(BackendError::Io)?;
+        }
+        AfterSave::Quit => {
+            if let Err(e) = seal(saved.clone()).await {
+                resume(client, running).await?;
+                return Err(BackendError::Io(format!("{e}; the guest runs on")));
+            }
+            // QEMU may close the connection before it answers: it quit all the same.
+            match client.execute("quit", None).await {
+                Ok(_) | Err(QmpError::Closed(_) | QmpError::Io(_)) => {}
+                Err(e) => {
+                    resume(client, running).await?;
+                    return Err(BackendError::Protocol(format!(
+                        "saved, but QEMU did not quit ({e}); the guest runs on"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(saved)
+}
+
+/// Let the guest run again if it ran before the save.
+async fn resume(client: &mut QmpClient, running: bool) -> Result<(), BackendError> {
+    if running {
+        client.execute("cont", None).await?;
+    }
+    Ok(())
 }
 
 /// Migrate the stopped VM into `file`; the final `query-migrate` answer, or why it failed
@@ -101,10 +135,16 @@ async fn migrate_out(
     .await;
     if result.is_err() {
         let _ = client.execute("migrate_cancel", None).await;
+        // QEMU keeps a descriptor it was given until it uses or closes it.
+        let _ = client
+            .execute("closefd", Some(json!({ "fdname": FD_NAME })))
+            .await;
     }
     if let Some(cap) = cap {
         let back = json!({ "max-bandwidth": cap });
-        let _ = client.execute("migrate-set-parameters", Some(back)).await;
+        if let Err(e) = client.execute("migrate-set-parameters", Some(back)).await {
+            tracing::warn!("the VM's migration bandwidth cap could not be put back: {e}");
+        }
     }
     result
 }
@@ -179,11 +219,8 @@ pub async fn restore(
     resume: bool,
 ) -> Result<Restored, BackendError> {
     let file = open(&dir.join(MEMORY_FILE))?;
-    let (mut client, restored) = start_incoming(qemu, &file, false).await?;
-    if resume {
-        client.execute("cont", None).await?;
-    }
-    Ok(restored)
+    let started = start_incoming(qemu, &file, false).await?;
+    started.run(resume).await
 }
 
 /// The RAM backend memtide gives a template and its clones: guest RAM in the file `ram`,
@@ -227,15 +264,19 @@ pub async fn make_template(
         extra: file_ram(ram.file, ram.size, true, ram.id),
         ..*qemu
     };
-    let (mut client, _) = start_incoming(&qemu, &file, false).await?;
-    let out = std::fs::File::create(devices)
-        .map_err(|e| BackendError::Io(format!("creating {}: {e}", devices.display())))?;
-    ignore_shared(&mut client).await?;
-    migrate_out(&mut client, &out, qemu.limit).await?;
-    out.sync_all().map_err(io)?;
-    // Its answer may not come before the connection closes.
-    let _ = client.execute("quit", None).await;
-    Ok(())
+    let mut started = start_incoming(&qemu, &file, false).await?;
+    let saved = async {
+        let out = std::fs::File::create(devices)
+            .map_err(|e| BackendError::Io(format!("creating {}: {e}", devices.display())))?;
+        ignore_shared(&mut started.client).await?;
+        migrate_out(&mut started.client, &out, qemu.limit).await?;
+        out.sync_all().map_err(io)
+    }
+    .await;
+    // Its answer may not come before the connection closes; it is reaped either way.
+    let _ = started.client.execute("quit", None).await;
+    started.kill();
+    saved
 }
 
 /// Start a clone from the template (`ram`, `devices`), by its own launch command; resumed
@@ -251,11 +292,8 @@ pub async fn clone(
         extra: file_ram(ram.file, ram.size, false, ram.id),
         ..*qemu
     };
-    let (mut client, restored) = start_incoming(&qemu, &file, true).await?;
-    if resume {
-        client.execute("cont", None).await?;
-    }
-    Ok(restored)
+    let started = start_incoming(&qemu, &file, true).await?;
+    started.run(resume).await
 }
 
 /// Migrate RAM blocks backed by shared files by reference: not into the stream.
@@ -276,14 +314,44 @@ fn io(e: std::io::Error) -> BackendError {
     BackendError::Io(e.to_string())
 }
 
-/// Start `qemu` waiting for its state, migrate `file` in (by reference for shared RAM
-/// when `by_reference`), and hand back its monitor with the guest paused. A QEMU that
-/// fails is killed, the last lines of its output in the error.
+/// A QEMU that took its state in, its guest paused.
+struct Started {
+    child: std::process::Child,
+    client: QmpClient,
+    start: Instant,
+}
+
+impl Started {
+    /// Resume the guest when `resume` (it ran when saved) and let the QEMU go on by
+    /// itself; one whose guest cannot be resumed is killed.
+    async fn run(mut self, resume: bool) -> Result<Restored, BackendError> {
+        if resume {
+            if let Err(e) = self.client.execute("cont", None).await {
+                self.kill();
+                return Err(e.into());
+            }
+        }
+        Ok(Restored {
+            pid: self.child.id(),
+            elapsed: self.start.elapsed(),
+        })
+    }
+
+    /// Kill the QEMU (if it has not ended) and reap it.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `qemu` waiting for its state and migrate `file` in (by reference for shared RAM
+/// when `by_reference`), the guest left paused. A QEMU that fails is killed, the last
+/// lines of its output in the error.
 async fn start_incoming(
     qemu: &Incoming<'_>,
     file: &std::fs::File,
     by_reference: bool,
-) -> Result<(QmpClient, Restored), BackendError> {
+) -> Result<Started, BackendError> {
     let start = Instant::now();
     let (program, args) = qemu
         .launch
@@ -311,14 +379,21 @@ async fn start_incoming(
     let mut child = command
         .spawn()
         .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
-    match migrate_in(qemu.monitor, file, by_reference, start, qemu.limit).await {
-        Ok(client) => Ok((
+    match migrate_in(
+        &mut child,
+        qemu.monitor,
+        file,
+        by_reference,
+        start,
+        qemu.limit,
+    )
+    .await
+    {
+        Ok(client) => Ok(Started {
+            child,
             client,
-            Restored {
-                pid: child.id(),
-                elapsed: start.elapsed(),
-            },
-        )),
+            start,
+        }),
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
@@ -332,8 +407,10 @@ async fn start_incoming(
     }
 }
 
-/// Connect to the new QEMU's monitor once it listens and migrate `file` in.
+/// Connect to the new QEMU's monitor once it listens and migrate `file` in; a QEMU that
+/// exits first (a bad command line) is reported at once.
 async fn migrate_in(
+    child: &mut std::process::Child,
     monitor: &Path,
     file: &std::fs::File,
     by_reference: bool,
@@ -344,6 +421,10 @@ async fn migrate_in(
     let mut client = loop {
         match QmpClient::connect(monitor, call).await {
             Ok(c) => break c,
+            Err(_) if child.try_wait().is_ok_and(|s| s.is_some()) => {
+                let why = "QEMU exited before it took its state in".to_string();
+                return Err(BackendError::Disconnected(why));
+            }
             Err(_) if start.elapsed() < limit => tokio::time::sleep(POLL).await,
             Err(e) => {
                 let why = format!("QEMU's monitor {} did not answer: {e}", monitor.display());
@@ -394,15 +475,28 @@ mod tests {
         (dir, client, sent)
     }
 
+    /// A seal that says `outcome`, and whether it ran.
+    fn seal(outcome: Result<(), String>) -> (Seal, Arc<Mutex<bool>>) {
+        let ran = Arc::new(Mutex::new(false));
+        let flag = ran.clone();
+        let seal: Seal = Box::new(move |_| {
+            *flag.lock().unwrap() = true;
+            Box::pin(async move { outcome })
+        });
+        (seal, ran)
+    }
+
     #[tokio::test]
     async fn a_failed_save_is_cancelled_and_the_guest_resumed() {
         let failed = json!({"status": "failed", "error-desc": "No space left on device"});
         let (dir, mut client, sent) = qemu(failed).await;
         let limit = Duration::from_secs(5);
-        let e = save(&mut client, dir.path(), AfterSave::Quit, limit)
+        let (sealed, ran) = seal(Ok(()));
+        let e = save(&mut client, dir.path(), AfterSave::Quit, limit, sealed)
             .await
             .unwrap_err();
         assert_eq!(e.to_string(), "migration failed: No space left on device");
+        assert!(!*ran.lock().unwrap(), "nothing to seal");
         let sent = sent.lock().unwrap().clone();
         let expected = [
             "qmp_capabilities",
@@ -415,6 +509,7 @@ mod tests {
             "migrate",
             "query-migrate",
             "migrate_cancel",
+            "closefd",
             "migrate-set-parameters",
             "cont",
         ];
@@ -422,19 +517,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_hibernation_quits_once_the_state_is_written() {
-        let done = json!({"status": "completed", "ram": {"total": 402653184u64}});
+    async fn a_hibernation_quits_only_once_its_snapshot_is_sealed() {
+        let done = json!({"status": "completed"});
         let (dir, mut client, sent) = qemu(done).await;
         let limit = Duration::from_secs(5);
         // QEMU closes the connection as it quits, before answering: saved all the same.
-        let saved = save(&mut client, dir.path(), AfterSave::Quit, limit)
+        let (sealed, ran) = seal(Ok(()));
+        let saved = save(&mut client, dir.path(), AfterSave::Quit, limit, sealed)
             .await
             .unwrap();
-        assert!(saved.was_running);
-        assert_eq!(saved.ram_bytes, Some(402653184));
+        assert!(saved.was_running && *ran.lock().unwrap());
         assert!(dir.path().join(MEMORY_FILE).exists());
         let sent = sent.lock().unwrap().clone();
         let tail = ["query-migrate", "migrate-set-parameters", "quit"];
         assert_eq!(sent[sent.len() - 3..], tail, "the VM's cap put back");
+    }
+
+    #[tokio::test]
+    async fn a_hibernation_whose_snapshot_cannot_be_sealed_runs_on() {
+        let done = json!({"status": "completed"});
+        let (dir, mut client, sent) = qemu(done).await;
+        let limit = Duration::from_secs(5);
+        let (sealed, _) = seal(Err("No space left on device".into()));
+        let e = save(&mut client, dir.path(), AfterSave::Quit, limit, sealed)
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), "No space left on device; the guest runs on");
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent.last().map(String::as_str), Some("cont"), "{sent:?}");
+        assert!(!sent.iter().any(|c| c == "quit"), "{sent:?}");
     }
 }

@@ -5,7 +5,7 @@ use super::virtio_mem;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
-use memtide_core::backend::{AfterSave, Saved, VmBackend};
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::{AgentStats, GuestStats};
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
@@ -404,8 +404,13 @@ impl VmBackend for QmpVm {
         self.target
     }
 
-    async fn save(&mut self, dir: &Path, then: AfterSave) -> Result<Saved, BackendError> {
-        // Bounded by the caller: a save takes as long as writing the guest's memory does.
-        super::snapshot::save(&mut self.client, dir, then, Duration::MAX).await
+    async fn save(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        super::snapshot::save(&mut self.client, dir, then, limit, seal).await
     }
 }

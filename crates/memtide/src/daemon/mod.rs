@@ -13,22 +13,22 @@ pub mod writes;
 use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
-use crate::snapshots::{self, Pending, Store, TakenBy};
+use crate::snapshots::{self, Store, TakenBy};
 use crate::status::{Counters, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
-use memtide_core::backend::AfterSave;
 use memtide_core::backend::HostBackend;
+use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
 use memtide_sim::Recorder;
 use state::StateFile;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
@@ -81,10 +81,14 @@ struct Daemon {
     idleness: Idleness,
     /// When each VM with `snapshot_every_s` is due for its next snapshot.
     next_snapshot: HashMap<String, Instant>,
+    /// The VMs being saved, from the save's start to its snapshot made whole.
+    saving: HashSet<String>,
 }
 
 /// Where a VM's task hands over a save's result.
 type SaveReply = oneshot::Receiver<Result<memtide_core::backend::Saved, BackendError>>;
+/// Where a save's seal hands over the snapshot it made whole, or why it could not.
+type SealReply = oneshot::Receiver<Result<snapshots::Snapshot, String>>;
 
 /// A save that ended, and who waits for its outcome.
 struct SaveDone {
@@ -188,6 +192,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         saves,
         idleness: Idleness::default(),
         next_snapshot: HashMap::new(),
+        saving: HashSet::new(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -311,7 +316,7 @@ impl Daemon {
     }
 
     /// Start saving VM `vm`'s memory into the store; `reply` takes the outcome when the
-    /// save ends ([`Daemon::saved`]), or at once why it cannot start.
+    /// save ends ([`Daemon::saved`]), or at once why it cannot start (logged either way).
     fn save(
         &mut self,
         vm: String,
@@ -319,28 +324,24 @@ impl Daemon {
         by: TakenBy,
         reply: oneshot::Sender<Result<serde_json::Value, String>>,
     ) {
-        let (pending, rx) = match self.start_save(&vm, then) {
+        let (saved, sealed) = match self.start_save(&vm, then, by) {
             Ok(started) => started,
-            Err(why) => return drop(reply.send(Err(why))),
+            Err(why) => {
+                let message = format!("not saved: {why}");
+                self.events.log("snapshot_failed", Some(&vm), None, message);
+                self.counters.action("snapshot", "error");
+                return drop(reply.send(Err(why)));
+            }
         };
         let done = self.saves.clone();
         tokio::spawn(async move {
-            let result = match rx.await {
-                Ok(Ok(saved)) => {
-                    let finish = move || pending.finish(&saved, then, by);
-                    match tokio::task::spawn_blocking(finish).await {
-                        Ok(r) => r.map_err(|e| format!("{e:#}")),
-                        Err(e) => Err(e.to_string()),
-                    }
-                }
-                Ok(Err(e)) => {
-                    pending.abandon();
-                    Err(e.to_string())
-                }
-                Err(_) => {
-                    pending.abandon();
-                    Err("the VM was lost before its save ended".into())
-                }
+            let result = match saved.await {
+                // The seal's outcome: the snapshot made whole, or why not.
+                Ok(Ok(_)) => sealed
+                    .await
+                    .unwrap_or_else(|_| Err("the snapshot was not made whole".into())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("the VM was lost before its save ended".into()),
             };
             let done_save = SaveDone {
                 vm,
@@ -352,41 +353,62 @@ impl Daemon {
         });
     }
 
-    /// The snapshot begun for VM `vm` and the save handed to its task, or why not.
-    fn start_save(&mut self, vm: &str, then: AfterSave) -> Result<(Pending, SaveReply), String> {
+    /// The snapshot begun for VM `vm` and the save handed to its task, or why not: where
+    /// the save's result and the seal's (the snapshot made whole) will come.
+    fn start_save(
+        &mut self,
+        vm: &str,
+        then: AfterSave,
+        by: TakenBy,
+    ) -> Result<(SaveReply, SealReply), String> {
         if self.options.dry_run {
-            return Err("a dry run changes nothing: not saved".into());
+            return Err("a dry run changes nothing".into());
+        }
+        // One save of a VM at a time, from its start to its snapshot made whole: a
+        // second one would remove the first's files as half-written.
+        if self.saving.contains(vm) {
+            return Err(format!("VM {vm} is being saved already"));
         }
         let Some(configured) = self.fleet.configured(vm) else {
             return Err(format!("VM {vm} is not connected, or not sampled yet"));
         };
-        let pending = self.store.begin(vm, configured).map_err(|e| {
-            let message = format!("{e:#}");
-            self.events
-                .log("snapshot_failed", Some(vm), None, message.clone());
-            self.counters.action("snapshot", "error");
-            message
-        })?;
-        let (tx, rx) = oneshot::channel();
+        let pending = self
+            .store
+            .begin(vm, configured)
+            .map_err(|e| format!("{e:#}"))?;
+        let (tx, saved) = oneshot::channel();
+        let (sealed_tx, sealed) = oneshot::channel();
+        let dir = pending.dir().to_path_buf();
+        let seal: Seal = Box::new(move |saved| {
+            Box::pin(async move {
+                let finish = move || pending.finish(&saved, then, by);
+                let result = match tokio::task::spawn_blocking(finish).await {
+                    Ok(r) => r.map_err(|e| format!("{e:#}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                let outcome = result.as_ref().map(drop).map_err(Clone::clone);
+                let _ = sealed_tx.send(result);
+                outcome
+            })
+        });
         let job = SaveJob {
-            dir: pending.dir().to_path_buf(),
+            dir: dir.clone(),
             then,
             limit: Duration::from_secs(self.config.snapshots.timeout_s),
+            seal,
             reply: tx,
         };
-        if let Err((_, why)) = self.fleet.save(vm, job) {
-            pending.abandon();
-            return Err(why);
-        }
+        self.fleet.save(vm, job).map_err(|(_, why)| why)?;
+        self.saving.insert(vm.to_string());
         let message = match then {
-            AfterSave::Run => format!("saving its memory into {}", pending.dir().display()),
+            AfterSave::Run => format!("saving its memory into {}", dir.display()),
             AfterSave::Quit => format!(
                 "hibernating: saving its memory into {}, then its QEMU quits",
-                pending.dir().display()
+                dir.display()
             ),
         };
         self.events.log("snapshot_started", Some(vm), None, message);
-        Ok((pending, rx))
+        Ok((saved, sealed))
     }
 
     /// Hibernate the VM that is due, if one is (`memtide_core::hibernate`: idle past its
@@ -402,6 +424,7 @@ impl Daemon {
             .config
             .vms
             .iter()
+            .filter(|vm| !self.saving.contains(&vm.name))
             .filter_map(|vm| {
                 let after = Duration::from_secs(vm.hibernate_after_s?);
                 let report = decision.vms.iter().find(|r| r.name == vm.name)?;
@@ -439,7 +462,7 @@ impl Daemon {
             .filter_map(|vm| Some((vm.name.clone(), Duration::from_secs(vm.snapshot_every_s?))))
             .collect();
         for (vm, every) in scheduled {
-            if self.fleet.configured(&vm).is_none() {
+            if self.fleet.configured(&vm).is_none() || self.saving.contains(&vm) {
                 continue;
             }
             let next = *self.next_snapshot.entry(vm.clone()).or_insert(now + every);
@@ -482,6 +505,7 @@ impl Daemon {
             result,
             reply,
         } = done;
+        self.saving.remove(&vm);
         if result.is_ok() && by == TakenBy::Schedule {
             self.prune(&vm);
         }
@@ -678,11 +702,10 @@ impl Daemon {
     }
 
     fn publish(&mut self, decision: Option<Decision>, host_error: Option<String>, t0: Instant) {
-        // The host's tiers change only with hotplug: read now and then.
-        let tiers =
-            self.counters.ticks.is_multiple_of(TIERS_EVERY).then(|| {
-                memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc)
-            });
+        // The host's tiers change only with hotplug: read at the first tick (`ticks` is 1
+        // when it is published) and now and then after.
+        let tiers = (self.counters.ticks % TIERS_EVERY == 1)
+            .then(|| memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc));
         let mut s = self.status.write().expect("status lock");
         if let Some(tiers) = tiers {
             s.tiers = tiers;

@@ -4,7 +4,7 @@
 //! answer then, or at a later tick when it comes later; no second call to the VM starts
 //! while one is in flight (a balloon command is never sent twice at once).
 
-use memtide_core::backend::{AfterSave, Saved, VmBackend};
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::snapshot::VmEvent;
 use memtide_core::{BackendError, Bytes, VmSample};
 use std::path::PathBuf;
@@ -36,8 +36,8 @@ pub enum Answer {
     Saved,
 }
 
-/// A save asked of a VM: where to, what then, within what time, and who takes the result.
-#[derive(Debug)]
+/// A save asked of a VM: where to, what then, within what time, what makes it whole,
+/// and who takes the result.
 pub struct SaveJob {
     /// The snapshot's directory.
     pub dir: PathBuf,
@@ -45,9 +45,15 @@ pub struct SaveJob {
     pub then: AfterSave,
     /// The longest it may take.
     pub limit: Duration,
+    /// Makes the snapshot whole once written (see `VmBackend::save`).
+    pub seal: Seal,
     /// Takes the result.
     pub reply: oneshot::Sender<Result<Saved, BackendError>>,
 }
+
+/// Time a save's own cancellation and resumption may take beyond its limit before its
+/// task gives up on it.
+const SAVE_GRACE: Duration = Duration::from_secs(30);
 
 /// What a VM answered by a tick's sample deadline.
 #[derive(Debug, PartialEq)]
@@ -139,9 +145,13 @@ impl VmTask {
                             .unwrap_or_else(|_| Err(BackendError::timeout(limit))),
                     ),
                     Job::Save(save) => {
-                        let result = timeout(save.limit, backend.save(&save.dir, save.then))
+                        // The backend cancels a save past its limit and resumes the guest;
+                        // this bound is for a backend that cannot even do that.
+                        let saving = backend.save(&save.dir, save.then, save.limit, save.seal);
+                        let bound = save.limit + SAVE_GRACE;
+                        let result = timeout(bound, saving)
                             .await
-                            .unwrap_or_else(|_| Err(BackendError::timeout(save.limit)));
+                            .unwrap_or_else(|_| Err(BackendError::timeout(bound)));
                         let _ = save.reply.send(result);
                         Answer::Saved
                     }
