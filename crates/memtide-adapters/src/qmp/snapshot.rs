@@ -58,31 +58,40 @@ pub async fn save(
     if running {
         client.execute("stop", None).await?;
     }
-    let written = async {
-        migrate_out(client, &file, limit).await?;
-        file.sync_all()
-            .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())))
-    }
-    .await;
-    if let Err(e) = written {
+    if let Err(e) = migrate_out(client, &file, limit).await {
         resume(client, running).await?;
         return Err(e);
     }
-    let mut saved = Saved {
+    // A guest that runs on is resumed as soon as its state is out of QEMU; a hibernated
+    // one stays stopped until the snapshot is on disk and whole.
+    let downtime = match then {
+        AfterSave::Run => {
+            resume(client, running).await?;
+            Some(stopped.elapsed())
+        }
+        AfterSave::Quit => None,
+    };
+    let synced = file
+        .sync_all()
+        .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())));
+    let saved = Saved {
         mechanism: "qmp migrate to fd".into(),
         was_running: running,
-        downtime: stopped.elapsed(),
+        downtime: downtime.unwrap_or_else(|| stopped.elapsed()),
         written: stopped.elapsed(),
         ram_backend,
     };
     match then {
         AfterSave::Run => {
-            resume(client, running).await?;
-            saved.downtime = stopped.elapsed();
+            synced?;
             seal(saved.clone()).await.map_err(BackendError::Io)?;
         }
         AfterSave::Quit => {
-            if let Err(e) = seal(saved.clone()).await {
+            let sealed = match synced {
+                Ok(()) => seal(saved.clone()).await,
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = sealed {
                 resume(client, running).await?;
                 return Err(BackendError::Io(format!("{e}; the guest runs on")));
             }
