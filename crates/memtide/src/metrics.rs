@@ -229,6 +229,12 @@ impl Collector for StatusCollector {
             "Free memory of each NUMA node.",
             per_node(&|n| n.free.as_f64()),
         )?;
+        gauges(
+            &mut enc,
+            "memtide_vms_hibernated",
+            "VMs hibernated and not woken yet (their memory on disk, given back to the host).",
+            vec![(vec![], status.hibernated.len() as f64)],
+        )?;
         if let Some(z) = &t.zswap {
             gauges(
                 &mut enc,
@@ -637,6 +643,7 @@ mod tests {
             "memtide_node_memory_bytes{node=\"1\",tier=\"22\"} 4294967296.0",
             "memtide_node_free_bytes{node=\"1\",tier=\"22\"} 0.0",
             "memtide_zswap_enabled 0.0",
+            "memtide_vms_hibernated 0.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -106,6 +106,13 @@ pub fn status(s: &Status) -> String {
     if let Some(line) = tiers(&s.tiers) {
         let _ = writeln!(out, "  tiers: {line}");
     }
+    for h in &s.hibernated {
+        let _ = writeln!(
+            out,
+            "  hibernated: {} ({}) since {}, snapshot {} (memtide snapshot restore {} wakes it)",
+            h.vm, h.configured, h.since, h.id, h.vm
+        );
+    }
     let row = |cols: [&str; 11]| {
         let mut line = format!("{:<16} {:<11}", cols[0], cols[1]);
         for c in &cols[2..] {
@@ -208,7 +215,7 @@ fn scope(s: &DomainScope) -> String {
 mod tests {
     use super::*;
     use crate::daemon::fleet::Sampling;
-    use crate::status::Counters;
+    use crate::status::{Counters, Hibernated};
     use memtide_adapters::tiers::{Node, Zswap};
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
@@ -271,9 +278,22 @@ mod tests {
                 swap_total: Bytes::from_gib(1),
                 swap_free: Bytes::from_gib(1),
             },
+            hibernated: vec![Hibernated {
+                vm: "ci-7".into(),
+                id: "20261126T001500.000Z".into(),
+                since: "2026-11-26T00:15:00.000Z".into(),
+                configured: Bytes::from_gib(2),
+            }],
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.contains(
+                &"  hibernated: ci-7 (2.0 GiB) since 2026-11-26T00:15:00.000Z, snapshot \
+                  20261126T001500.000Z (memtide snapshot restore ci-7 wakes it)"
+            ),
+            "{text}"
+        );
         assert_eq!(
             lines.iter().find(|l| l.starts_with("  tiers:")).copied().unwrap_or_default(),
             "  tiers: node 0 (CPUs, tier 4) 1.0 GiB free of 2.0 GiB · node 1 (memory only, tier 22, \

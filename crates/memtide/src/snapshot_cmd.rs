@@ -6,7 +6,6 @@ use crate::config::Config;
 use crate::snapshots::{self, Snapshot, Store};
 use anyhow::{bail, Context};
 use memtide_adapters::qmp::snapshot::{self as qmp_snapshot, Incoming, TemplateRam};
-use memtide_core::backend::AfterSave;
 use memtide_core::Bytes;
 use std::time::Duration;
 
@@ -82,7 +81,7 @@ pub async fn restore(
     }
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
-    let asleep = snapshot.then == AfterSave::Quit && snapshot.woken.is_none();
+    let asleep = snapshot.asleep();
     if !asleep && !force {
         let why = match &snapshot.woken {
             Some(at) => format!("its guest was woken from it at {at}"),

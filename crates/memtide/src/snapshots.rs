@@ -88,6 +88,11 @@ impl Snapshot {
         self.files.values().map(|f| f.bytes).sum()
     }
 
+    /// A hibernation no guest was woken from yet: its memory matches the guest's disk.
+    pub fn asleep(&self) -> bool {
+        self.then == AfterSave::Quit && self.woken.is_none()
+    }
+
     /// A sentence saying what was saved.
     pub fn summary(&self) -> String {
         let quit = match self.then {
@@ -243,6 +248,12 @@ impl Store {
         }
         all.sort_by(|a, b| (&a.vm, &a.id).cmp(&(&b.vm, &b.id)));
         Ok(all)
+    }
+
+    /// The hibernations no guest was woken from yet, by VM.
+    pub fn asleep(&self) -> anyhow::Result<Vec<Snapshot>> {
+        let all = self.list_all()?;
+        Ok(all.into_iter().filter(Snapshot::asleep).collect())
     }
 
     /// VM `vm`'s snapshot `id`, or its latest when `id` is `None`.

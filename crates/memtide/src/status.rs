@@ -90,6 +90,22 @@ pub struct Status {
     /// The host's memory tiers: NUMA nodes, zswap, swap.
     #[serde(default)]
     pub tiers: Tiers,
+    /// VMs hibernated and not woken yet, from the snapshot store.
+    #[serde(default)]
+    pub hibernated: Vec<Hibernated>,
+}
+
+/// A VM hibernated and not woken yet.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Hibernated {
+    /// The VM.
+    pub vm: String,
+    /// Its hibernation's snapshot.
+    pub id: String,
+    /// When it was hibernated (RFC 3339).
+    pub since: String,
+    /// The memory it held (its configured size).
+    pub configured: memtide_core::Bytes,
 }
 
 /// A histogram of durations, in seconds, over [`Durations::BOUNDS`].

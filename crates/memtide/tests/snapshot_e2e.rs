@@ -299,6 +299,9 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
         all.into_iter().find(|s| s["then"] == "quit")
     });
     assert!(saved.is_some(), "its snapshot is in the store");
+    daemon.wait_until("the hibernated VM shown", Duration::from_secs(10), |s| {
+        s["hibernated"][0]["vm"] == "h"
+    });
     // Scheduled snapshots were taken meanwhile (the saves did not count as work), and
     // all but the newest deleted; the hibernation's is kept.
     let by: Vec<String> = {
@@ -321,9 +324,14 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
     assert!(out.status.success(), "{}", text(&out));
     let restored = Restored(restored_pid(&text(&out)));
     assert!(alive(restored.0), "woken");
-    daemon.wait_until("the woken guest managed", Duration::from_secs(90), |s| {
-        vm(s, "h").is_some_and(|v| v["configured"].is_u64())
-    });
+    daemon.wait_until(
+        "the woken guest managed, no longer hibernated",
+        Duration::from_secs(90),
+        |s| {
+            vm(s, "h").is_some_and(|v| v["configured"].is_u64())
+                && s["hibernated"].as_array().is_some_and(|h| h.is_empty())
+        },
+    );
 }
 
 #[test]

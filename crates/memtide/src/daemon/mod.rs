@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
-use crate::status::{Counters, Status};
+use crate::status::{Counters, Hibernated, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
@@ -83,6 +83,8 @@ struct Daemon {
     next_snapshot: HashMap<String, Instant>,
     /// The VMs being saved, from the save's start to its snapshot made whole.
     saving: HashSet<String>,
+    /// The hibernated VMs shown may have changed: read the store again.
+    recount_hibernated: bool,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -137,6 +139,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         counters: Counters::default(),
         recent_events: Vec::new(),
         tiers: Default::default(),
+        hibernated: Vec::new(),
     }));
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
@@ -193,6 +196,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         idleness: Idleness::default(),
         next_snapshot: HashMap::new(),
         saving: HashSet::new(),
+        recount_hibernated: true,
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -506,6 +510,7 @@ impl Daemon {
             reply,
         } = done;
         self.saving.remove(&vm);
+        self.recount_hibernated |= result.as_ref().is_ok_and(snapshots::Snapshot::asleep);
         if result.is_ok() && by == TakenBy::Schedule {
             self.prune(&vm);
         }
@@ -606,7 +611,28 @@ impl Daemon {
         }
     }
 
+    /// The VMs hibernated and not woken yet, from the store (an unreadable store shows
+    /// none, with a warning).
+    fn hibernated(&self) -> Vec<Hibernated> {
+        let asleep = self.store.asleep().unwrap_or_else(|e| {
+            tracing::warn!("snapshot store: {e:#}");
+            Vec::new()
+        });
+        asleep
+            .into_iter()
+            .map(|s| Hibernated {
+                vm: s.vm,
+                id: s.id,
+                since: s.created,
+                configured: s.configured,
+            })
+            .collect()
+    }
+
     fn log_fleet(&mut self, events: &[FleetEvent]) {
+        // A VM (re)connected may have been woken from its hibernation.
+        let connected = |e: &FleetEvent| matches!(e, FleetEvent::Connected { .. });
+        self.recount_hibernated |= events.iter().any(connected);
         for e in events {
             match e {
                 FleetEvent::Connected { vm, endpoint } => self.events.log(
@@ -706,9 +732,14 @@ impl Daemon {
         // when it is published) and now and then after.
         let tiers = (self.counters.ticks % TIERS_EVERY == 1)
             .then(|| memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc));
+        let hibernated = (tiers.is_some() || std::mem::take(&mut self.recount_hibernated))
+            .then(|| self.hibernated());
         let mut s = self.status.write().expect("status lock");
         if let Some(tiers) = tiers {
             s.tiers = tiers;
+        }
+        if let Some(hibernated) = hibernated {
+            s.hibernated = hibernated;
         }
         if decision.is_some() {
             s.decision = decision;
