@@ -33,6 +33,8 @@ for t in "${targets[@]}"; do
   mkdir -p "fuzz/artifacts/$t"
   before=$(ls "fuzz/artifacts/$t" | wc -l)
   start=$(date +%s)
+  # The code fuzzed: the tree as cargo-fuzz builds it now (later commits are not in it).
+  commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
   # -a: debug assertions (integer overflow checks) on.
   rc=0
   (cd fuzz && cargo +nightly fuzz run -a "$t" "corpus/$t" -- \
@@ -47,13 +49,12 @@ for t in "${targets[@]}"; do
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$logs/$t.log" | tail -1)
   echo "$t: ${elapsed} s, ${execs:-?} execs, peak RSS ${rss:-?} MiB, crashes $found (log $logs/$t.log)"
-  results+=("$t" "$elapsed" "$found" "${execs:-null}" "${rss:-null}")
+  results+=("$t" "$elapsed" "$found" "${execs:-null}" "${rss:-null}" "$commit")
 done
-commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
-python3 - "bench/fuzz.sh $seconds $*" "$commit" "$rss_limit_mb" "$malloc_limit_mb" "$timeout_s" \
+python3 - "bench/fuzz.sh $seconds $*" "$rss_limit_mb" "$malloc_limit_mb" "$timeout_s" \
   "$max_len" "${every[*]}" "${results[@]}" <<'PY'
 import json, os, sys
-command, commit, rss, malloc, timeout, max_len, every, *rows = sys.argv[1:]
+command, rss, malloc, timeout, max_len, every, *rows = sys.argv[1:]
 path = "bench/results/fuzz.json"
 limits = {"rss_limit_mb": int(rss), "malloc_limit_mb": int(malloc),
           "timeout_s": int(timeout), "max_len": int(max_len)}
@@ -66,8 +67,8 @@ if old.get("limits") == limits:
         t.setdefault("command", old.get("command"))
         t.setdefault("commit", old.get("commit"))
         targets[name] = t
-for i in range(0, len(rows), 5):
-    name, seconds, crashes, execs, peak = rows[i:i + 5]
+for i in range(0, len(rows), 6):
+    name, seconds, crashes, execs, peak, commit = rows[i:i + 6]
     targets[name] = {"seconds": int(seconds), "crashes": int(crashes),
                      "execs": json.loads(execs), "max_rss_mib": json.loads(peak),
                      "command": command.strip(), "commit": commit}
