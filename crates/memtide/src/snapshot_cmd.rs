@@ -152,6 +152,8 @@ pub async fn clone(
     let ram_id = snapshot.ram_backend.as_deref().unwrap_or("pc.ram");
     let template = dir.join("template");
     if !template.join("devices").exists() {
+        // The template's RAM file is as large as the guest.
+        crate::snapshots::room_for(&dir, snapshot.configured).context("no clone template")?;
         let partial = dir.join("template.partial");
         let _ = std::fs::remove_dir_all(&partial);
         crate::snapshots::private_dirs(&partial)?;

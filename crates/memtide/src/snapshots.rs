@@ -171,14 +171,7 @@ impl Store {
                     .with_context(|| format!("removing {}", entry.path().display()))?;
             }
         }
-        let free = free_space(&vm_dir)?;
-        if free < configured + HEADROOM {
-            bail!(
-                "{} has {free} free, less than the guest's {configured} and {HEADROOM} to spare: \
-                 not saved",
-                vm_dir.display()
-            );
-        }
+        room_for(&vm_dir, configured).context("not saved")?;
         let stamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let base: String = stamp.chars().filter(|c| *c != '-' && *c != ':').collect();
         let mut id = base.clone();
@@ -459,6 +452,18 @@ fn sync_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("syncing {}", dir.display()))
 }
 
+/// An error unless the file system of `dir` has room for a guest's `memory` and a margin.
+pub fn room_for(dir: &Path, memory: Bytes) -> anyhow::Result<()> {
+    let free = free_space(dir)?;
+    if free < memory + HEADROOM {
+        bail!(
+            "{} has {free} free, less than the guest's {memory} and {HEADROOM} to spare",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Room left for an unprivileged writer on the file system of `dir`.
 fn free_space(dir: &Path) -> anyhow::Result<Bytes> {
     let st = rustix::fs::statvfs(dir).with_context(|| format!("statvfs {}", dir.display()))?;
@@ -602,9 +607,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
         let huge = Bytes::from_gib(1 << 30);
-        let e = store.begin("big", huge).unwrap_err().to_string();
+        let e = format!("{:#}", store.begin("big", huge).unwrap_err());
         assert!(
-            e.contains("free, less than the guest's") && e.contains("not saved"),
+            e.starts_with("not saved: ") && e.contains("free, less than the guest's"),
             "{e}"
         );
         let left: Vec<_> = std::fs::read_dir(store.vm_dir("big")).unwrap().collect();
