@@ -197,26 +197,16 @@ impl Store {
     /// is skipped with a warning.
     pub fn list(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
         let vm_dir = self.vm_dir(vm);
-        let entries = match std::fs::read_dir(&vm_dir) {
+        let mut found = match snapshots_in(&vm_dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             other => other.with_context(|| format!("reading {}", vm_dir.display()))?,
         };
-        let mut found = Vec::new();
-        for entry in entries.flatten() {
-            let meta = entry.path().join(META);
-            if entry.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
-                continue;
-            }
-            match read_meta(&meta) {
-                Ok(s) => found.push(s),
-                Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
-            }
-        }
         found.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(found)
     }
 
-    /// Every VM's snapshots, by VM then oldest first.
+    /// Every VM's snapshots, by VM then oldest first; a VM's directory that cannot be
+    /// read is skipped with a warning.
     pub fn list_all(&self) -> anyhow::Result<Vec<Snapshot>> {
         let entries = match std::fs::read_dir(&self.dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -224,19 +214,9 @@ impl Store {
         };
         let mut all = Vec::new();
         for entry in entries.flatten().filter(|e| e.path().is_dir()) {
-            let Ok(ids) = std::fs::read_dir(entry.path()) else {
-                tracing::warn!("{}: unreadable, skipped", entry.path().display());
-                continue;
-            };
-            for id in ids.flatten() {
-                let meta = id.path().join(META);
-                if id.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
-                    continue;
-                }
-                match read_meta(&meta) {
-                    Ok(s) => all.push(s),
-                    Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
-                }
+            match snapshots_in(&entry.path()) {
+                Ok(found) => all.extend(found),
+                Err(e) => tracing::warn!("{}: {e}, skipped", entry.path().display()),
             }
         }
         all.sort_by(|a, b| (&a.vm, &a.id).cmp(&(&b.vm, &b.id)));
@@ -384,6 +364,23 @@ impl Drop for Pending {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The complete snapshots in one VM's directory, in no order; one whose description is
+/// unreadable is skipped with a warning.
+fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(vm_dir)?.flatten() {
+        let meta = entry.path().join(META);
+        if entry.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
+            continue;
+        }
+        match read_meta(&meta) {
+            Ok(s) => found.push(s),
+            Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
+        }
+    }
+    Ok(found)
 }
 
 /// Of `all` (oldest first), the scheduled snapshots beyond the `keep` newest of them.
