@@ -9,7 +9,7 @@
 mod support;
 
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
@@ -37,6 +37,31 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// A TOML array of `args`.
+fn toml_list(args: &[String]) -> String {
+    let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// The daemon (policy `none`, its store in `dir/snapshots`, `sections` added) managing
+/// `guest` as VM `name` (its `[[vm]]` entry with `vm_keys` added), and its configuration
+/// file.
+fn start_daemon(
+    dir: &Path,
+    guest: &Guest,
+    name: &str,
+    sections: &str,
+    vm_keys: &str,
+) -> (Daemon, PathBuf) {
+    let text = format!(
+        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         {sections}[snapshots]\ndir = {:?}\n[[vm]]\nname = {name:?}\nqmp = {:?}\n{vm_keys}",
+        dir.join("snapshots").display().to_string(),
+        guest.qmp().display().to_string(),
+    );
+    (Daemon::start(dir, &text, 0), dir.join("memtide.toml"))
 }
 
 /// The store's snapshots of VM `s`.
@@ -98,16 +123,8 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
     drop(agent);
 
     let store = dir.path().join("snapshots");
-    let launch: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
-    let config_text = format!(
-        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"s\"\nqmp = {:?}\nlaunch = [{}]\n",
-        store.display().to_string(),
-        guest.qmp().display().to_string(),
-        launch.join(", ")
-    );
-    let daemon = Daemon::start(dir.path(), &config_text, 0);
-    let config = dir.path().join("memtide.toml");
+    let launch = format!("launch = {}\n", toml_list(&launch));
+    let (daemon, config) = start_daemon(dir.path(), &guest, "s", "", &launch);
     daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
         vm(s, "s").is_some_and(|v| v["configured"].is_u64())
     });
@@ -261,22 +278,15 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
     let (mut guest, launch) =
         Guest::boot_restorable("h", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
-    let store = dir.path().join("snapshots");
-    let launch: Vec<String> = launch.iter().map(|a| format!("{a:?}")).collect();
     // A snapshot every 10 s, the newest kept; hibernated after 25 s idle. The host counts
     // as short whatever it has free (`free_below = 1`); idle is below half a CPU (QEMU
     // under TCG spends a few percent on an idle guest's timers).
-    let config_text = format!(
-        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [hibernate]\nidle_cpu = 0.5\nfree_below = 1.0\n[snapshots]\ndir = {:?}\n\
-         [[vm]]\nname = \"h\"\nqmp = {:?}\nlaunch = [{}]\nhibernate_after_s = 25\n\
-         snapshot_every_s = 10\nsnapshot_keep = 1\n",
-        store.display().to_string(),
-        guest.qmp().display().to_string(),
-        launch.join(", ")
+    let hibernate = "[hibernate]\nidle_cpu = 0.5\nfree_below = 1.0\n";
+    let vm_keys = format!(
+        "launch = {}\nhibernate_after_s = 25\nsnapshot_every_s = 10\nsnapshot_keep = 1\n",
+        toml_list(&launch)
     );
-    let daemon = Daemon::start(dir.path(), &config_text, 0);
-    let config = dir.path().join("memtide.toml");
+    let (daemon, config) = start_daemon(dir.path(), &guest, "h", hibernate, &vm_keys);
     let quit = wait_for(Duration::from_secs(90), || (!guest.running()).then_some(()));
     assert!(
         quit.is_some(),
@@ -359,19 +369,8 @@ fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {
             .set_len(128 << 20)
             .unwrap();
     }
-    let quoted = |args: &[String]| -> String {
-        let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
-        quoted.join(", ")
-    };
-    let config_text = format!(
-        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"c\"\nqmp = {:?}\nclone_launch = [{}]\n",
-        dir.path().join("snapshots").display().to_string(),
-        guest.qmp().display().to_string(),
-        quoted(&clone_launch)
-    );
-    let daemon = Daemon::start(dir.path(), &config_text, 0);
-    let config = dir.path().join("memtide.toml");
+    let clone_launch = format!("clone_launch = {}\n", toml_list(&clone_launch));
+    let (daemon, config) = start_daemon(dir.path(), &guest, "c", "", &clone_launch);
     daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
         vm(s, "c").is_some_and(|v| v["configured"].is_u64())
     });
