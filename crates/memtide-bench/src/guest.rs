@@ -10,7 +10,6 @@ use memtide_adapters::qmp::QmpClient;
 use memtide_testbed::{Boot, BALLOON};
 use serde_json::json;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,15 +89,8 @@ impl Guest {
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let vm = boot.spawn_with(procs, |cmd| {
             cmd.stdout(Stdio::null()).stderr(stderr);
-            // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill QEMU when
-            // the harness's main thread (which spawns every guest) dies, so that no QEMU
-            // outlives a harness killed with SIGKILL.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
+            // The harness's main thread spawns every guest.
+            memtide_bench::dies_with_harness(cmd);
         })?;
         Ok(Guest {
             workload: if idle { None } else { spec.workload.clone() },

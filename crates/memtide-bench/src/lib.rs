@@ -14,6 +14,20 @@ pub fn git(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Make the process `cmd` starts die with the harness's thread that starts it, however
+/// the harness ends (SIGKILL included): no QEMU outlives a benchmark.
+pub fn dies_with_harness(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child when
+    // its parent thread dies.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 /// `dir`, emptied (created if missing), as an absolute path.
 pub fn fresh_dir(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
     let _ = std::fs::remove_dir_all(dir);

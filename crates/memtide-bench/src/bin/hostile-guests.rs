@@ -14,7 +14,6 @@ use memtide_bench::fake::vmm;
 use memtide_testbed::{guest_dir, Boot, BALLOON};
 use serde_json::{json, Value};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -147,16 +146,8 @@ async fn main() -> anyhow::Result<()> {
     .qmp("qmp")
     .args(["-device", BALLOON])
     .agent()
-    .spawn_with(&procs, |cmd| {
-        // SAFETY: prctl is async-signal-safe. QEMU dies with the harness, however it
-        // ends (the spawning thread is the main one, alive until the end).
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-    })?;
+    // The spawning thread is the main one, alive until the end.
+    .spawn_with(&procs, memtide_bench::dies_with_harness)?;
     honest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120))?;
     let honest_vm = format!(
         "[[vm]]\nname = \"honest\"\nqmp = {:?}\nagent = {:?}\n",

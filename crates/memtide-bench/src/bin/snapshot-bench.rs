@@ -13,7 +13,6 @@ use memtide_bench::daemon_process::{Daemon, Launch};
 use memtide_testbed::{guest_dir, Boot, Cgroup, BALLOON};
 use serde_json::{json, Value};
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -69,15 +68,7 @@ fn main() -> anyhow::Result<()> {
         .chain(command.get_args())
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let mut guest = boot.spawn_with(&procs, |cmd| {
-        // SAFETY: prctl is async-signal-safe. QEMU dies with the harness however it ends.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-    })?;
+    let mut guest = boot.spawn_with(&procs, memtide_bench::dies_with_harness)?;
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120))?;
     let agent = guest.agent.clone().context("the guest agent")?;
     let fill = format!(
