@@ -13,7 +13,7 @@ use super::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::action::Reason;
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::units::{Bytes, Percent};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 /// The constants (ESX's published values by default).
@@ -113,10 +113,9 @@ impl Policy for Esx {
         let domain = &input.host_latest().domain;
         let free = domain.free_ratio();
         let (state, step) = self.state(free);
-        let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
-        self.activity.retain(|name, _| {
-            present.contains(name.as_str()) || input.unreachable.contains(&name.as_str())
-        });
+        let known = input.known();
+        self.activity
+            .retain(|name, _| known.contains(name.as_str()));
         // Entitlement: what the VMs hold plus what is free, less the high-state reserve,
         // divided by shares-per-page with idle memory taxed.
         let capacity = capacity(input, domain.total.scale(self.config.high));

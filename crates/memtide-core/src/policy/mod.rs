@@ -18,7 +18,7 @@ use crate::signals::Signals;
 use crate::snapshot::{VmLimits, VmSample};
 use crate::stats::HostStats;
 use crate::units::Bytes;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -65,6 +65,13 @@ impl PolicyInput<'_> {
         self.host
             .latest()
             .expect("policy inputs have at least one host sample")
+    }
+
+    /// The VMs whose learnt state a policy keeps: those sampled this tick and those only
+    /// unreachable for it (a late sample must not start them over).
+    pub fn known(&self) -> FxHashSet<&str> {
+        let sampled = self.vms.iter().map(|vm| vm.name);
+        sampled.chain(self.unreachable.iter().copied()).collect()
     }
 }
 

@@ -16,7 +16,7 @@ use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
 use crate::need::Need;
 use crate::units::Bytes;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -274,14 +274,9 @@ impl Policy for WorkingSet {
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&self.ksm, input);
-        // What was learnt of a VM is kept while it is sampled or only unreachable for a
-        // while: a late sample must not restart its probing (nor its trust) from scratch.
-        let present: FxHashSet<&str> = input.vms.iter().map(|vm| vm.name).collect();
-        let kept = |name: &String| {
-            present.contains(name.as_str()) || input.unreachable.contains(&name.as_str())
-        };
-        self.states.retain(|name, _| kept(name));
-        self.trust.retain(|name, _| kept(name));
+        let known = input.known();
+        self.states.retain(|name, _| known.contains(name.as_str()));
+        self.trust.retain(|name, _| known.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
