@@ -22,7 +22,7 @@ use crate::daemon::{balloon_actions, config_text, Daemon};
 use crate::guest::{sleep, Guest};
 use crate::measure::{self, parse_line, Line};
 use crate::run::{Base, Bench};
-use crate::scenario::{Density, VmSpec, BASELINE};
+use crate::scenario::{Density, Scenario, VmSpec, BASELINE};
 use anyhow::Context;
 use memtide_sim::density::{SLO, SLO_SHARE};
 use serde_json::{json, Value};
@@ -462,6 +462,62 @@ pub fn document(
     doc
 }
 
+/// One document from those of harnesses that each ran some of a density scenario's
+/// policies side by side (`--merge`): every policy in one table, each keeping the solo
+/// throughput its own harness measured (its windows are relative to it) and that
+/// harness's command and commit, and the scenario's targets checked over all of them.
+/// Documents of another scenario or other settings are refused, as is a policy twice.
+pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::Result<Value> {
+    let mut merged: Option<Value> = None;
+    for mut d in docs {
+        anyhow::ensure!(
+            d["scenario"] == json!(scenario.name),
+            "a results file of scenario {} is not one of {}",
+            d["scenario"],
+            scenario.name
+        );
+        let harness = [
+            ("solo_mib_per_s", d["solo_mib_per_s"].clone()),
+            ("command", d["command"].clone()),
+            ("commit", d["commit"].clone()),
+        ];
+        for p in d["order"].as_array().cloned().unwrap_or_default() {
+            let entry = &mut d["policies"][p.as_str().unwrap_or_default()];
+            for (key, value) in &harness {
+                entry[*key] = value.clone();
+            }
+        }
+        let Some(m) = merged.as_mut() else {
+            merged = Some(d);
+            continue;
+        };
+        anyhow::ensure!(
+            d["settings"] == m["settings"],
+            "the results files ran {} under other settings: {} against {}",
+            scenario.name,
+            d["settings"],
+            m["settings"]
+        );
+        for p in d["order"].as_array().cloned().unwrap_or_default() {
+            let name = p.as_str().unwrap_or_default();
+            anyhow::ensure!(
+                m["policies"].get(name).is_none(),
+                "policy {name} is in two results files"
+            );
+            m["policies"][name] = d["policies"][name].take();
+            m["order"].as_array_mut().context("no order")?.push(p);
+        }
+    }
+    let mut doc = merged.context("no results file to merge")?;
+    doc["command"] = json!(command);
+    doc["targets"] = json!(scenario
+        .targets
+        .iter()
+        .map(|t| crate::results::check_target(&doc, t))
+        .collect::<Vec<_>>());
+    Ok(doc)
+}
+
 /// One line per policy, then the targets.
 pub fn summary(doc: &Value) -> String {
     let mut out = format!(
@@ -545,6 +601,57 @@ mod tests {
         let r = run(&[1, 2, 3, 4], vec![(0.0, 1.0), (2.0, 0.99)], Some(1.5));
         assert_eq!(r.to_json()["guests_at_slo"], 2);
         assert_eq!(r.to_json()["slo_met"], false);
+    }
+
+    /// A harness's document of one policy, as `document` writes it.
+    fn harness_doc(policy: &str, guests_at_slo: u64, solo: f64, run_s: f64) -> Value {
+        json!({
+            "scenario": "density",
+            "command": format!("memtide-bench density.toml --policies {policy}"),
+            "commit": "abc1234",
+            "settings": {"run_s": run_s},
+            "solo_mib_per_s": {"busy": solo},
+            "order": [policy],
+            "policies": {policy: {"guests_at_slo": guests_at_slo}},
+            "targets": [],
+        })
+    }
+
+    #[test]
+    fn merged_harnesses_are_one_table_with_the_targets_checked_over_all() {
+        let scenario = Scenario::load(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../bench/scenarios/density.toml"
+        )))
+        .unwrap();
+        let docs = vec![
+            harness_doc("mom", 5, 100.0, 300.0),
+            harness_doc("memtide", 7, 98.0, 300.0),
+        ];
+        let m = merge(&scenario, docs, "merged".into()).unwrap();
+        assert_eq!(m["order"], json!(["mom", "memtide"]));
+        assert_eq!(m["policies"]["memtide"]["solo_mib_per_s"]["busy"], 98.0);
+        assert_eq!(m["policies"]["mom"]["solo_mib_per_s"]["busy"], 100.0);
+        assert_eq!(m["command"], "merged");
+        let of_mom = &m["targets"][1];
+        assert_eq!(of_mom["target"], "memtide guests_at_slo ≥ 1.2 × mom");
+        assert_eq!(
+            (&of_mom["bound"], &of_mom["met"]),
+            (&json!(6.0), &json!(true))
+        );
+        // Another run length, or a policy twice, is not one comparison.
+        let other = vec![
+            harness_doc("mom", 5, 100.0, 300.0),
+            harness_doc("memtide", 7, 98.0, 200.0),
+        ];
+        let e = merge(&scenario, other, "m".into()).unwrap_err().to_string();
+        assert!(e.contains("other settings"), "{e}");
+        let twice = vec![
+            harness_doc("mom", 5, 100.0, 300.0),
+            harness_doc("mom", 6, 98.0, 300.0),
+        ];
+        let e = merge(&scenario, twice, "m".into()).unwrap_err().to_string();
+        assert!(e.contains("policy mom is in two results files"), "{e}");
     }
 
     #[test]

@@ -45,7 +45,8 @@ struct Cli {
     /// The test guest's directory (default: $MEMTIDE_GUEST_DIR or target/guest).
     #[arg(long)]
     guest_dir: Option<PathBuf>,
-    /// Only these policies (comma-separated), instead of the scenario's; for trials.
+    /// Only these policies (comma-separated), instead of the scenario's; for trials. The
+    /// baseline `none` always runs first, except in a density scenario that does not name it.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
     /// Override the scenario's run_s; for trials.
@@ -68,6 +69,11 @@ struct Cli {
     /// results files, printed and written to `<out>/resize.json`.
     #[arg(long, value_name = "RESULTS_JSON", num_args = 1.., conflicts_with_all = ["scenario", "render"])]
     resize: Vec<PathBuf>,
+    /// Instead of running: the density results of harnesses that each ran some of the
+    /// scenario's policies side by side (`--policies`, one `--out` each), as one
+    /// `<out>/<scenario>.json` and `.svg` with the scenario's targets checked over all.
+    #[arg(long, value_name = "RESULTS_JSON", num_args = 1.., requires = "scenario", conflicts_with_all = ["render", "resize"])]
+    merge: Vec<PathBuf>,
 }
 
 static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -233,6 +239,21 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         anyhow::bail!("no scenario file given (see --help)");
     };
     let mut scenario = Scenario::load(path)?;
+    if !cli.merge.is_empty() {
+        let docs = cli
+            .merge
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+            })
+            .collect::<anyhow::Result<Vec<Value>>>()?;
+        let doc = density::merge(&scenario, docs, command_line())?;
+        write_outputs(&cli.out, &scenario.name, &doc)?;
+        print!("{}", density::summary(&doc));
+        return Ok(true);
+    }
     if let Some(p) = &cli.policies {
         scenario.policies = p.iter().filter(|p| *p != BASELINE).cloned().collect();
         let known = |x: &str| x == BASELINE || p.iter().any(|q| q == x);
@@ -305,8 +326,18 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     let bases = b.measure_bases()?;
     if scenario.density.is_some() {
         let solo = b.solo_runs()?;
+        // Each busy guest's solo run is the reference, so `none` (static partitioning) is
+        // a policy like the others here: with --policies it runs only when named, and
+        // the policies can run in harnesses of their own side by side.
+        let none = cli
+            .policies
+            .as_ref()
+            .is_none_or(|p| p.iter().any(|x| x == BASELINE))
+            .then_some(BASELINE);
         let mut runs = Vec::new();
-        for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str))
+        for policy in none
+            .into_iter()
+            .chain(scenario.policies.iter().map(String::as_str))
         {
             runs.push(b.run_density(policy, &bases, &solo)?);
         }
