@@ -229,6 +229,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
+        ("memtide", "touched") => "memtide.touched",
         ("memtide", "back_off") => "memtide.back_off",
         ("tws", "fast") => "tws.fast",
         ("tws", "cool_down") => "tws.cool_down",
