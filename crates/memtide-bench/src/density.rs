@@ -465,9 +465,16 @@ pub fn document(
 /// One document from those of harnesses that each ran some of a density scenario's
 /// policies side by side (`--merge`): every policy in one table, each keeping the solo
 /// throughput its own harness measured (its windows are relative to it) and that
-/// harness's command and commit, and the scenario's targets checked over all of them.
-/// Documents of another scenario or other settings are refused, as is a policy twice.
+/// harness's command and commit, and the scenario's targets checked over all of them; the
+/// rest (settings, candidates, environment) is the first file's. Refused: a scenario
+/// without `[density]`, files of another scenario or run under other settings, a file
+/// with no policy list, a policy twice.
 pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        scenario.density.is_some(),
+        "scenario {} has no [density] section: only density results are merged",
+        scenario.name
+    );
     let mut merged: Option<Value> = None;
     for mut d in docs {
         anyhow::ensure!(
@@ -476,15 +483,15 @@ pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::
             d["scenario"],
             scenario.name
         );
-        let harness = [
-            ("solo_mib_per_s", d["solo_mib_per_s"].clone()),
-            ("command", d["command"].clone()),
-            ("commit", d["commit"].clone()),
-        ];
-        for p in d["order"].as_array().cloned().unwrap_or_default() {
-            let entry = &mut d["policies"][p.as_str().unwrap_or_default()];
-            for (key, value) in &harness {
-                entry[*key] = value.clone();
+        let order = d["order"]
+            .as_array()
+            .cloned()
+            .with_context(|| format!("a results file of {} lists no policies", scenario.name))?;
+        // Each policy keeps what its own harness measured it against.
+        for key in ["solo_mib_per_s", "command", "commit"] {
+            let value = d[key].take();
+            for p in &order {
+                d["policies"][p.as_str().unwrap_or_default()][key] = value.clone();
             }
         }
         let Some(m) = merged.as_mut() else {
@@ -498,7 +505,7 @@ pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::
             d["settings"],
             m["settings"]
         );
-        for p in d["order"].as_array().cloned().unwrap_or_default() {
+        for p in order {
             let name = p.as_str().unwrap_or_default();
             anyhow::ensure!(
                 m["policies"].get(name).is_none(),
@@ -510,6 +517,7 @@ pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::
     }
     let mut doc = merged.context("no results file to merge")?;
     doc["command"] = json!(command);
+    doc["commit"] = doc["environment"]["git_commit"].clone();
     doc["targets"] = json!(scenario
         .targets
         .iter()
@@ -652,6 +660,12 @@ mod tests {
         ];
         let e = merge(&scenario, twice, "m".into()).unwrap_err().to_string();
         assert!(e.contains("policy mom is in two results files"), "{e}");
+        let mut unlisted = harness_doc("mom", 5, 100.0, 300.0);
+        unlisted.as_object_mut().unwrap().remove("order");
+        let e = merge(&scenario, vec![unlisted], "m".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lists no policies"), "{e}");
     }
 
     #[test]

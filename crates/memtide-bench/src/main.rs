@@ -46,7 +46,8 @@ struct Cli {
     #[arg(long)]
     guest_dir: Option<PathBuf>,
     /// Only these policies (comma-separated), instead of the scenario's; for trials. The
-    /// baseline `none` always runs first, except in a density scenario that does not name it.
+    /// baseline `none` runs first all the same, except in a density scenario, where it
+    /// runs only when named here.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
     /// Override the scenario's run_s; for trials.
@@ -192,9 +193,7 @@ fn summary(doc: &Value) -> String {
 fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
     let mut files = serde_json::Map::new();
     for path in &cli.resize {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let doc: Value = serde_json::from_str(&text)?;
+        let doc = read_json(path)?;
         let name = doc["scenario"].as_str().unwrap_or("?").to_string();
         let policies = resize::latencies(&doc);
         for (policy, r) in &policies {
@@ -222,14 +221,26 @@ fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// A results file, parsed.
+fn read_json(path: &Path) -> anyhow::Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Whether every policy of a density results document ran without an error.
+fn all_ran(doc: &Value) -> bool {
+    doc["policies"]
+        .as_object()
+        .is_some_and(|m| m.values().all(|r| r["error"].is_null()))
+}
+
 fn bench(cli: &Cli) -> anyhow::Result<bool> {
     if !cli.resize.is_empty() {
         return resize_report(cli);
     }
     if let Some(path) = &cli.render {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let doc: Value = serde_json::from_str(&text)?;
+        let doc = read_json(path)?;
         let svg_path = path.with_extension("svg");
         std::fs::write(&svg_path, svg::render_any(&doc))?;
         eprintln!("memtide-bench: wrote {}", svg_path.display());
@@ -243,20 +254,18 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         let docs = cli
             .merge
             .iter()
-            .map(|p| {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading {}", p.display()))?;
-                serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
-            })
-            .collect::<anyhow::Result<Vec<Value>>>()?;
+            .map(|p| read_json(p))
+            .collect::<Result<_, _>>()?;
         let doc = density::merge(&scenario, docs, command_line())?;
         write_outputs(&cli.out, &scenario.name, &doc)?;
         print!("{}", density::summary(&doc));
-        return Ok(true);
+        return Ok(all_ran(&doc));
     }
     if let Some(p) = &cli.policies {
         scenario.policies = p.iter().filter(|p| *p != BASELINE).cloned().collect();
-        let known = |x: &str| x == BASELINE || p.iter().any(|q| q == x);
+        // The baseline runs anyway, except in a density scenario that does not name it.
+        let baseline_runs = scenario.density.is_none() || p.iter().any(|q| q == BASELINE);
+        let known = |x: &str| (x == BASELINE && baseline_runs) || p.iter().any(|q| q == x);
         scenario.targets.retain(|t| {
             let of_known = match t.of.as_deref() {
                 None | Some("ideal") => true,
@@ -346,9 +355,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         let doc = density::document(&b, &bases, &solo, &runs, command_line(), environment);
         write_outputs(&cli.out, &scenario.name, &doc)?;
         print!("{}", density::summary(&doc));
-        return Ok(doc["policies"]
-            .as_object()
-            .is_some_and(|m| m.values().all(|r| r["error"].is_null())));
+        return Ok(all_ran(&doc));
     }
     let mut limit = None;
     let mut runs = Vec::new();
