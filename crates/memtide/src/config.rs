@@ -467,6 +467,13 @@ impl Config {
                 format!("{short} must be between 0 and ample_free {ample}"),
             );
         }
+        let share = self.memtide.touched_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return bad(
+                "memtide.touched_share",
+                format!("{share} must be in (0, 1]"),
+            );
+        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -855,6 +862,10 @@ mod tests {
         assert_eq!(
             err("[memtide]\nample_free = 0.05\nshort_free = 0.1\n"),
             "memtide.toml: memtide.short_free: 0.1 must be between 0 and ample_free 0.05"
+        );
+        assert_eq!(
+            err("[memtide]\ntouched_share = 0\n"),
+            "memtide.toml: memtide.touched_share: 0 must be in (0, 1]"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),

@@ -3,10 +3,11 @@
 //! stepping down from Committed_AS, then probes below that the TWS way to find memory the
 //! guest holds but does not use (cold anonymous memory, stale cache): fast until the
 //! first sign of shortage, slowly after, each probe only once the balloon has brought
-//! the guest to the last, and not while the guest agent is silent, nor below what the host
-//! saw the guest touch in each of its latest samples where the hypervisor shows it
-//! (host-side access sampling), nor below the guest's need when it touches nearly all of
-//! it, nor before sampling has its samples, nor within a step of a level that failed. Any sign of
+//! the guest to the last, and not while the guest agent is silent, nor below its floor and
+//! what the host saw it touch in each of its latest samples, over the share of its need it
+//! is taken to touch (at most its need), where the hypervisor shows it (host-side access
+//! sampling), nor before sampling has its samples, nor within a step of a level that
+//! failed. Any sign of
 //! shortage — swap-ins, refaults, OOM kills, and memory pressure and allocation stalls the balloon's
 //! own inflation did not cause — backs it off within the same tick: after a failed probe
 //! to near the last level that was fine; straight to Committed_AS on a new allocation, or
@@ -90,10 +91,11 @@ pub struct FusedConfig {
     /// and the margin (the least of a few, not the latest: the guest's own swap-out after
     /// a probe is read by the hypervisor and shows as touched for a tick).
     pub touched_samples: usize,
-    /// Share of what the guest counts needed above its floor that, seen touched in each of
-    /// the latest samples, makes its need the lowest probe: the guest uses nearly all it
-    /// holds, and what it needs without touching it every sample (its kernel's own
-    /// memory, programs it runs now and then) is more than the floor counts.
+    /// The least share of what a guest needs above its floor that it is taken to touch in
+    /// each sample: no probe goes below its floor and what the host saw it touch divided
+    /// by this share (nor, where that is more, below its need). What a guest needs
+    /// without touching it every sample (its kernel's own memory, programs it runs now
+    /// and then) is more than the floor counts. In (0, 1]; 1 leaves only the floor.
     pub touched_share: f64,
 }
 
@@ -158,6 +160,8 @@ pub struct Fused {
     failed_at: Option<Bytes>,
     /// Guest memory the hypervisor saw touched in the latest samples, oldest first.
     touched: std::collections::VecDeque<Bytes>,
+    /// When the hypervisor last gave a sample of what the guest touched.
+    sampled_at: Option<Duration>,
 }
 
 /// What a guest's estimator must not forget when the daemon restarts: where probing
@@ -267,6 +271,7 @@ impl Fused {
         let base = need + margin;
         match obs.referenced {
             Some(r) => {
+                self.sampled_at = Some(obs.at);
                 self.touched.push_back(r);
                 while self.touched.len() > cfg.touched_samples {
                     self.touched.pop_front();
@@ -278,6 +283,12 @@ impl Fused {
         let hot = (self.touched.len() == cfg.touched_samples)
             .then(|| self.touched.iter().copied().min())
             .flatten();
+        // The time its samples span: sampling missed for longer has stopped.
+        let samples_span = s
+            .interval
+            .unwrap_or(secs(cfg.epoch_s))
+            .checked_mul(u32::try_from(cfg.touched_samples).unwrap_or(u32::MAX))
+            .unwrap_or(Duration::MAX);
         let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
         let step = |share: f64| {
             obs.configured
@@ -344,8 +355,8 @@ impl Fused {
         (self.last_size, self.shrank) = (Some(obs.size), shrank);
         let rebase = self.estimate.is_none()
             || base.as_f64() > self.base.as_f64() * (1.0 + cfg.rebase_change);
-        // The guest's own need fell as much while no balloon of ours squeezed it (below
-        // its need, a guest's need follows its size down): it freed memory — as much as
+        // The guest's own need fell as much while no balloon of ours squeezed it below
+        // that need (there, a guest's need follows its size down): it freed memory — as much as
         // its commitment fell too, where it reports one (a program restarting frees its
         // buffer and allocates it again within the tick, then fills it over the next
         // seconds: found in the simulator, memknobs guests lost their memory at every
@@ -363,13 +374,20 @@ impl Fused {
             (Some(now), Some(last)) => last - now,
             _ => Bytes(u64::MAX),
         };
+        // Squeezed: the balloon took the guest below its need's highest, which its need
+        // then follows down. A balloon shrinking a guest that stays above it (memory
+        // divided among VMs short of it, say) explains no fall of its need (found on real
+        // guests: a guest whose phase ended while the division shrank it from 384 to
+        // 304 MiB kept its 384 MiB estimate, its need down to 112, and the guest entering
+        // its phase beside it was given too little and swapped).
+        let squeezed = inflating && obs.size < from;
         let freed = (self.estimate.is_some()
-            && !inflating
+            && !squeezed
             && base.as_f64() < from.as_f64() * (1.0 - cfg.rebase_change))
             .then(|| (from - base).min(uncommitted))
             .filter(|f| *f > Bytes::ZERO);
         self.freed_from = Some((from, from_committed));
-        self.base = base;
+        let last_base = std::mem::replace(&mut self.base, base);
         let faults = s.faults();
         // Allocation stalls and memory pressure while the balloon inflates (this tick or
         // the last: the guest's counters may lag its size by a tick) are its own reclaim,
@@ -411,7 +429,11 @@ impl Fused {
         // guest had been fine at; in the simulator a database touching its cold pages
         // now and then took a minute to fault them back, and every other tick of it
         // raised the estimate, to the guest's full size).
-        let recovering = kills == 0 && self.last_backoff_faults.is_some_and(|last| faults < last);
+        // A new allocation is new demand, not recovery (found on real guests: a guest
+        // entering a 200 MiB phase right after a back-off was held as recovering for a
+        // tick while it thrashed).
+        let recovering =
+            kills == 0 && !allocated && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
         // The lowest probe host-side access sampling allows, when it holds one back.
         let mut touched_limit = None;
@@ -448,6 +470,13 @@ impl Fused {
                 if let Some(committed) = s.committed_as {
                     estimate = estimate.max(committed + margin);
                 }
+            }
+            // What it committed more comes on top of what it needed before: Committed_AS
+            // leaves out the kernel's own memory (found on real guests: a guest entering a
+            // 200 MiB phase was raised to its Committed_AS and margin, 237 MiB, against the
+            // 280 it needed, and faulted 34 000 pages back over the three back-offs after).
+            if let Some(grown) = allocation {
+                estimate = estimate.max(last_base + grown);
             }
             // An OOM kill is the shortage a guest does not recover from: the killed task's
             // memory is gone from every figure, so nothing tells what it needed. Give the
@@ -544,20 +573,23 @@ impl Fused {
             // whenever the host's need fell from ample to tight, and ran at 0.8 of its solo
             // throughput there).
             "probed"
-        } else if obs.referenced.is_some() && hot.is_none() {
-            // Host-side access sampling has begun and has not all its samples yet: no
-            // probe before it can tell what the guest touches (without this, a guest first
-            // seen while the host is short is probed twice before its third sample).
-            "touched"
+        } else if hot.is_none()
+            && cfg.touched_samples > 0
+            && self
+                .sampled_at
+                .is_some_and(|at| obs.at.saturating_sub(at) < samples_span)
+        {
+            // Host-side access sampling gives figures but has not all its samples yet (it
+            // has just begun, or missed one): no probe before it can tell what the guest
+            // touches (without this, a guest first seen while the host is short is probed
+            // twice before its third sample).
+            "sampling"
         } else if let Some(lowest) = hot
             .map(|h| {
-                let lowest = h + floor;
-                // Touching nearly all it needs: no probe below its need either.
-                if h.as_f64() >= cfg.touched_share * (need - floor).as_f64() {
-                    lowest.max(need)
-                } else {
-                    lowest
-                }
+                // What it needs without touching it each sample is more than the floor:
+                // at least what it touched, over the share, up to its need.
+                let above_floor = Bytes::from_f64(h.as_f64() / cfg.touched_share);
+                (h + floor).max((floor + above_floor).min(need))
             })
             .filter(|lowest| estimate - probe < *lowest + margin)
         {
@@ -569,12 +601,12 @@ impl Fused {
             // or two of thrashing, 0.66 of its solo throughput over the coldmem benchmark;
             // in the density benchmark a busy guest touching 230 MiB every 2 s, 277 MiB
             // needed, probed to 271 MiB, faulted 186 MiB back and ran at 0.7-0.8 of its
-            // solo throughput for the rest of the run, its memory long given back). A guest
-            // touching nearly all it counts needed above its floor is not probed below its
-            // need either: the floor does not count all it needs without touching it every
-            // sample (seen on real guests: on a host whose QEMU backs guest RAM with 4 KiB
-            // pages, the same busy guest showed about 200 MiB touched, not 230, was probed
-            // to 271 MiB and ran at 0.76 of its solo throughput for 20 s).
+            // solo throughput for the rest of the run, its memory long given back). What
+            // it touched counts for the share it is taken to touch of what it needs above
+            // its floor: the floor does not count all it needs without touching it each
+            // sample (seen on real guests: on a host whose guest RAM was not in huge pages,
+            // the same busy guest probed to 271 MiB, below touched + floor + margin, and ran
+            // at 0.76 of its solo throughput for 20 s).
             "touched"
         } else {
             // Fine below what it has committed: there is cold memory to find.
@@ -591,7 +623,7 @@ impl Fused {
                 .max(costless(cfg, obs).unwrap_or(base))
                 .max(committed_in_memory(obs) + margin);
         }
-        if inflating || matches!(phase, "start" | "rebase" | "allocate" | "release") {
+        if squeezed || matches!(phase, "start" | "rebase" | "allocate" | "release") {
             self.freed_from = Some((base, s.committed_as));
         }
         self.last_probe = (phase == "probe").then_some(probe);
@@ -623,21 +655,21 @@ impl Fused {
                 "estimate {wss}: holding: a probe failed at {} and the guest's need has not changed since",
                 self.failed_at.unwrap_or_default()
             ),
-            "touched" => match touched_limit {
-                Some(lowest) => format!(
-                    "estimate {wss}: holding: the host saw {} of guest memory touched in each of \
-                     the last {} samples, {lowest} with the floor {floor} or the guest's need \
-                     {need}: no probe below that and the margin",
-                    hot.unwrap_or_default(),
-                    cfg.touched_samples,
-                ),
-                None => format!(
-                    "estimate {wss}: holding: {} of {} host-side access samples taken; no probe \
-                     before they tell what the guest touches",
-                    self.touched.len(),
-                    cfg.touched_samples
-                ),
-            },
+            "touched" => format!(
+                "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
+                 last {} samples; the guest needs at least {} (its floor {floor} and that ÷ {}, \
+                 at most its need {need}): no probe below it and the margin",
+                hot.unwrap_or_default(),
+                cfg.touched_samples,
+                touched_limit.unwrap_or_default(),
+                cfg.touched_share
+            ),
+            "sampling" => format!(
+                "estimate {wss}: holding: {} of {} host-side access samples in; no probe before \
+                 they tell what the guest touches",
+                self.touched.len(),
+                cfg.touched_samples
+            ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
             ),
@@ -940,6 +972,57 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_shrunk_above_its_need_that_frees_memory_has_it_taken_back() {
+        // Needing 600 MiB, then freeing 300 while memory divided among VMs shrinks it
+        // 1000 → 900 → 800 MiB, above the 630 it needed with its margin: released. Shrunk
+        // to 500 instead, below that need, the fall is the balloon's doing: not released.
+        let cfg = cfg();
+        let last = |size: u64| {
+            let mut f = Fused::default();
+            f.step(&cfg, &committed(obs(0, 1000, 400, 0), 600));
+            f.step(&cfg, &committed(obs(1, 900, 300, 0), 600));
+            f.step(&cfg, &committed(obs(2, size, size - 300, 0), 300))
+                .unwrap()
+        };
+        let freed = last(800);
+        assert_eq!(
+            (freed.phase, freed.wss.mib()),
+            ("release", 330),
+            "{}",
+            freed.detail
+        );
+        let squeezed = last(500);
+        assert_ne!(squeezed.phase, "release", "{}", squeezed.detail);
+    }
+
+    #[test]
+    fn an_allocation_that_meets_a_shortage_comes_on_top_of_what_the_guest_needed() {
+        // Needing 300 MiB of which it has committed 200 (the rest is its kernel's), the
+        // guest commits 300 more and stalls: it needs 600, and its margin. Committed_AS
+        // and the margin, 530, would be 100 short.
+        let (cfg, mut f) = (cfg(), Fused::default());
+        f.step(
+            &cfg,
+            &at(committed(obs(0, 1000, 700, 0), 200), NeedLevel::Ample),
+        );
+        f.step(
+            &cfg,
+            &at(committed(obs(1, 330, 30, 0), 200), NeedLevel::Ample),
+        );
+        let e = f
+            .step(&cfg, &committed(obs(2, 330, 30, 25_600), 500))
+            .unwrap();
+        assert_eq!((e.phase, e.wss.mib()), ("back_off", 630), "{}", e.detail);
+        // The next tick it faults less, as a guest recovering would, but commits more:
+        // new demand, not recovery.
+        let e = f
+            .step(&cfg, &committed(obs(3, 630, 30, 1000), 600))
+            .unwrap();
+        assert_eq!(e.phase, "back_off", "{}", e.detail);
+        assert!(e.wss.mib() > 630, "{}", e.detail);
+    }
+
+    #[test]
     fn the_first_estimate_keeps_the_active_page_cache() {
         let (cfg, mut f) = (cfg(), Fused::default());
         let with_cache = |mut o: Observation| {
@@ -1205,10 +1288,10 @@ mod tests {
     #[test]
     fn no_probe_goes_below_what_the_host_saw_touched_in_each_latest_sample() {
         let (cfg, mut f) = (cfg(), Fused::default());
-        // 250 MiB touched each tick, 400 once (the guest's swap-out after a probe, read by
-        // the hypervisor): the least of the last three counts, 250 + the 72 MiB floor + the
-        // 30 MiB margin: 352 MiB.
-        let touched = [250, 250, 400, 250, 250, 250, 250, 250, 250, 250];
+        // 200 MiB touched each tick, 400 once (the guest's swap-out after a probe, read by
+        // the hypervisor): the least of the last three counts, 200 ÷ 0.8 + the 72 MiB floor
+        // + the 30 MiB margin: 352 MiB.
+        let touched = [200, 200, 400, 200, 200, 200, 200, 200, 200, 200];
         let mut size = 1000;
         let mut phases = Vec::new();
         for (t, mib) in touched.into_iter().enumerate() {
@@ -1221,8 +1304,9 @@ mod tests {
         }
         assert_eq!(phases.last(), Some(&"touched"), "{phases:?}");
         assert!(size < 402, "probed down to near it: {size} MiB");
-        // Without sampling, probing goes on below it.
-        let mut o = obs(10, size, 0, 0);
+        // Without sampling (for longer than its three samples span), probing goes on
+        // below it.
+        let mut o = obs(13, size, 0, 0);
         o.referenced = None;
         assert_eq!(f.step(&cfg, &o).unwrap().phase, "probe");
     }
@@ -1230,21 +1314,56 @@ mod tests {
     #[test]
     fn a_guest_touching_nearly_all_it_needs_is_not_probed_below_its_need() {
         let (cfg, mut f) = (cfg(), Fused::default());
-        // 400 MiB needed, 300 of it seen touched each tick: 0.91 of the 328 above the
-        // 72 MiB floor. Touched + floor is 372, below the need: the need and the 30 MiB
-        // margin hold, 430 MiB.
+        // 400 MiB needed, 270 of it seen touched each tick. Touched + floor (72) is 342:
+        // a probe to 380 would pass that and the 30 MiB margin. But 270 ÷ 0.8 above the
+        // floor is 409, more than the need: the need and the margin hold, 430 MiB.
         let mut size = 1000;
         for t in 0..20 {
             let mut o = obs(t, size, size.saturating_sub(400), 0);
-            o.referenced = Some(Bytes::from_mib(300));
+            o.referenced = Some(Bytes::from_mib(270));
             let e = f.step(&cfg, &o).unwrap();
             size = e.wss.mib();
             assert!(size >= 430, "tick {t}: {}", e.detail);
             if t >= 3 {
                 assert_eq!(e.phase, "touched", "tick {t}: {}", e.detail);
-                assert!(e.detail.contains("400 MiB with the floor"), "{}", e.detail);
+                assert!(e.detail.contains("needs at least 400 MiB"), "{}", e.detail);
             }
         }
+        // Touching less, it is probed down to its floor and the touched share: 72 + 100
+        // ÷ 0.8 = 197 MiB, and the margin.
+        for t in 20..60 {
+            let mut o = obs(t, size, size.saturating_sub(400), 0);
+            o.referenced = Some(Bytes::from_mib(100));
+            size = f.step(&cfg, &o).unwrap().wss.mib();
+        }
+        assert!(
+            (227..=280).contains(&size),
+            "probed to near 227 MiB: {size}"
+        );
+    }
+
+    #[test]
+    fn no_probe_before_access_sampling_has_its_samples_nor_while_it_misses_a_few() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        // A guest needing 300 MiB, touching 10 of it, its balloon following at once.
+        let mut size = 1000;
+        let mut step = |t: u64, referenced: Option<u64>| {
+            let mut o = obs(t, size, size.saturating_sub(300), 0);
+            o.referenced = referenced.map(Bytes::from_mib);
+            let e = f.step(&cfg, &o).unwrap();
+            size = e.wss.mib();
+            e
+        };
+        assert_eq!(step(0, Some(10)).phase, "start");
+        let e = step(1, Some(10));
+        assert_eq!(e.phase, "sampling", "{}", e.detail);
+        assert!(e.detail.contains("2 of 3"), "{}", e.detail);
+        assert_eq!(step(2, Some(10)).phase, "probe", "the third sample is in");
+        // A sample missed: the history starts again, and no probe for the samples' span.
+        assert_eq!(step(3, None).phase, "sampling");
+        assert_eq!(step(4, None).phase, "sampling");
+        // Sampling gone for longer than that: probing goes on without it.
+        assert_eq!(step(5, None).phase, "probe");
     }
 
     #[test]

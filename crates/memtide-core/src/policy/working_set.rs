@@ -230,6 +230,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
         ("memtide", "touched") => "memtide.touched",
+        ("memtide", "sampling") => "memtide.sampling",
         ("memtide", "back_off") => "memtide.back_off",
         ("tws", "fast") => "tws.fast",
         ("tws", "cool_down") => "tws.cool_down",
