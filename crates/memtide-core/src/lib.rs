@@ -20,6 +20,7 @@ pub mod snapshot;
 pub mod stats;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod tiering;
 pub mod units;
 
 pub use action::{Action, KsmSettings, Reason};

@@ -235,6 +235,10 @@ pub struct Guest {
     pub counters: GuestCounters,
     /// What happened in the last tick.
     pub last: GuestCounters,
+    /// On a two-tier host: the extra time an access takes on average because part of the
+    /// working set is in the slow tier, as a share of an access's time with it all in
+    /// DRAM (set by [`crate::tiers`]; 0 on a one-tier host).
+    pub tier_slowdown: f64,
     pressure: Pressure,
 }
 
@@ -263,6 +267,7 @@ impl Guest {
             anon_pending: 0,
             counters: GuestCounters::default(),
             last: GuestCounters::default(),
+            tier_slowdown: 0.0,
             pressure: Pressure::default(),
             wmark: Watermarks::for_ram(params.configured),
             params,
@@ -303,6 +308,11 @@ impl Guest {
     pub fn set_target(&mut self, target: u64) {
         let target = target.clamp(self.kernel.pages, self.params.configured);
         self.balloon_target = self.params.configured - target;
+    }
+
+    /// Working-set pages out of guest memory: in guest swap, or file data not cached.
+    pub fn ws_missing(&self) -> u64 {
+        self.swap_ws + self.file_unread + self.file_evicted
     }
 
     /// The working set the workload wants resident (pages).
@@ -559,7 +569,7 @@ impl Guest {
         };
         let guest_us = p_anon * costs.guest_swap_in_us + p_file * costs.file_read_us;
         let host_us = p_host * costs.host_swap_in_us + (p_anon + p_file) * frame_us;
-        let per_page_s = 1.0 / rate + (guest_us + host_us) * 1e-6;
+        let per_page_s = (1.0 + self.tier_slowdown) / rate + (guest_us + host_us) * 1e-6;
         let touched = time / per_page_s;
         self.counters.touched += touched;
         // Distinct pages among `touched` accesses spread over the working set.
@@ -623,7 +633,7 @@ impl Guest {
 
     /// The share of accesses that go to the coldest `u` of the working set (the part the
     /// guest's LRU keeps out of memory).
-    fn access_share(&self, u: f64) -> f64 {
+    pub fn access_share(&self, u: f64) -> f64 {
         let (hot, access) = (self.params.hot, self.params.hot_access);
         let cold = 1.0 - hot;
         if cold <= 0.0 {

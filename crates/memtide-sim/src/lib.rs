@@ -2,7 +2,7 @@
 //!
 //! The simulator models guests (anonymous memory and page cache with an LRU
 //! approximation, guest swap, balloon, reclaim and OOM), a host (machine memory, host
-//! swap blind to what guests use, KSM) and workloads described in TOML scenario files.
+//! swap blind to what guests use, KSM, optionally a slower memory tier) and workloads described in TOML scenario files.
 //! It implements memtide's adapter traits ([`SimVm`], [`SimHost`]), so the engine decides
 //! for simulated VMs exactly as for real ones. Replay runs another policy over recordings
 //! of what the daemon saw ([`Recorder`], [`replay`]). Reports come with SVG plots
@@ -22,6 +22,7 @@ pub mod rng;
 pub mod run;
 pub mod scenario;
 pub mod svg;
+pub mod tiers;
 pub mod workload;
 pub mod world;
 

@@ -55,8 +55,32 @@ pub struct Summary {
     pub ksm_saved_mean_mib: f64,
     /// Wall-clock time of the run (s): the only value that differs between equal runs.
     pub wall_s: f64,
+    /// On a two-tier host: where the guests' memory was and what moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierSummary>,
     /// Per VM, in scenario order.
     pub per_vm: Vec<VmSummary>,
+}
+
+/// What a two-tier host did over a run (`summary.json`'s `tiers`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierSummary {
+    /// How pages were placed (`memtide`, `first-touch`).
+    pub placement: String,
+    /// Fast memory the guests could use (MiB).
+    pub fast_mib: f64,
+    /// Guest memory on the slow tier, over guest memory in host RAM (time means).
+    pub slow_share: f64,
+    /// Share of the workloads' accesses that landed on the slow tier.
+    pub slow_access_share: f64,
+    /// Pages moved to the slow tier.
+    pub demotions: u64,
+    /// Pages moved to the fast tier.
+    pub promotions: u64,
+    /// Promotions per minute over the mean working set (%), over the whole run.
+    pub promotions_ws_pct_min: f64,
+    /// The same over the second half of the run, once first placements have settled.
+    pub promotions_ws_pct_min_late: f64,
 }
 
 /// One VM's numbers.
@@ -323,6 +347,7 @@ mod tests {
             host_free_min_mib: 0.0,
             ksm_saved_mean_mib: 0.0,
             wall_s: 0.0,
+            tiers: None,
             per_vm: Vec::new(),
         };
         let series = Series::default();

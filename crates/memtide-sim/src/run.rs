@@ -3,7 +3,7 @@
 
 use crate::backend::{SharedWorld, SimHost, SimVm};
 use crate::guest::{bytes, mib, mib_of, pages, PAGE_SIZE};
-use crate::report::{CompareReport, Report, Series, Summary, VmSeries, VmSummary};
+use crate::report::{CompareReport, Report, Series, Summary, TierSummary, VmSeries, VmSummary};
 use crate::resize::{ResizeTracker, Tick};
 use crate::scenario::Scenario;
 use crate::world::World;
@@ -370,6 +370,23 @@ impl Measure {
             })
             .collect();
         let host = &world.host.counters;
+        let ws_mean: f64 = self.vms.iter().map(|m| m.working_set / n).sum();
+        let tiers = world.tiers.as_ref().map(|t| {
+            let c = &t.counters;
+            let per_min_pct = |promoted: f64, minutes: f64| {
+                100.0 * promoted / minutes.max(f64::MIN_POSITIVE) / ws_mean.max(1.0)
+            };
+            TierSummary {
+                placement: t.placement().as_str().to_string(),
+                fast_mib: mib_of(t.fast_pages()),
+                slow_share: c.slow_sum / c.resident_sum.max(1.0),
+                slow_access_share: c.touched_slow / c.touched.max(1.0),
+                demotions: c.demotions.round() as u64,
+                promotions: c.promotions.round() as u64,
+                promotions_ws_pct_min: per_min_pct(c.promotions, secs / 60.0),
+                promotions_ws_pct_min_late: per_min_pct(c.promotions_late, secs / 120.0),
+            }
+        });
         let summary = Summary {
             scenario,
             policy,
@@ -391,6 +408,7 @@ impl Measure {
             host_free_min_mib: mib(self.host_free_min),
             ksm_saved_mean_mib: mib_of(self.ksm_saved_sum / n),
             wall_s,
+            tiers,
             per_vm,
         };
         Report {

@@ -53,6 +53,82 @@ pub struct Scenario {
     /// Admission settings of the density benchmark (`memtide sim --density`).
     #[serde(default)]
     pub density: Option<DensitySpec>,
+    /// A two-tier host: part of its memory is a slower tier (see [`crate::tiers`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierSpec>,
+}
+
+/// How guest pages are placed between the fast and the slow tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierPlacement {
+    /// memtide's per-VM placement (`memtide_core::tiering`): fast budgets from each VM's
+    /// hot set and shares, cold memory demoted, hot memory promoted, rate-limited.
+    Memtide,
+    /// The kernel's default with no per-VM knowledge: a page is placed where it is first
+    /// backed, in the fast tier while it has free memory, and never moved.
+    FirstTouch,
+}
+
+impl TierPlacement {
+    /// The name used in scenario files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierPlacement::Memtide => "memtide",
+            TierPlacement::FirstTouch => "first-touch",
+        }
+    }
+}
+
+impl std::str::FromStr for TierPlacement {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [TierPlacement::Memtide, TierPlacement::FirstTouch]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("no tier placement {s:?} (memtide, first-touch)"))
+    }
+}
+
+/// A two-tier host: `fast_mib` of the host's memory is DRAM, the rest a slower tier.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSpec {
+    /// Fast memory (DRAM), the host's own memory (`host.reserved_mib`) included (MiB);
+    /// the rest of `host.memory_mib` is the slow tier.
+    pub fast_mib: f64,
+    /// Slow-tier access latency over DRAM's (CXL memory: about 2).
+    #[serde(default = "default_latency_factor")]
+    pub latency_factor: f64,
+    /// How pages are placed.
+    #[serde(default = "default_placement")]
+    pub placement: TierPlacement,
+    /// memtide's placement: most memory moved per VM per second (MiB/s).
+    #[serde(default = "default_tier_rate_mib_s")]
+    pub rate_mib_s: f64,
+    /// memtide's placement: fast memory given above a hot set (% of it).
+    #[serde(default = "default_margin_pct")]
+    pub margin_pct: f64,
+    /// memtide's placement: fast memory kept free (MiB).
+    #[serde(default)]
+    pub reserve_mib: f64,
+}
+
+fn default_latency_factor() -> f64 {
+    2.0
+}
+
+fn default_placement() -> TierPlacement {
+    TierPlacement::Memtide
+}
+
+fn default_tier_rate_mib_s() -> f64 {
+    256.0
+}
+
+fn default_margin_pct() -> f64 {
+    10.0
 }
 
 /// How VMs arrive and are admitted in the density benchmark (see [`crate::density`]).
@@ -201,6 +277,10 @@ pub struct VmSpec {
     /// Whether the guest runs an agent reporting its /proc/meminfo, /proc/vmstat and PSI.
     #[serde(default = "default_true")]
     pub agent: bool,
+    /// The operator's fast-memory budget on a two-tier host (MiB), in place of one
+    /// derived from the VM's hot set.
+    #[serde(default)]
+    pub fast_mib: Option<f64>,
     /// What runs in the guest.
     #[serde(default)]
     pub workload: WorkloadSpec,
@@ -242,7 +322,7 @@ impl VmSpec {
 }
 
 /// The built-in scenarios: name and TOML text.
-const BUILTIN: [(&str, &str); 9] = [
+const BUILTIN: [(&str, &str); 10] = [
     ("memknobs-32", include_str!("../scenarios/memknobs-32.toml")),
     ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
     ("quick", include_str!("../scenarios/quick.toml")),
@@ -255,6 +335,10 @@ const BUILTIN: [(&str, &str); 9] = [
     ("cloud-mix", include_str!("../scenarios/cloud-mix.toml")),
     ("small-vms", include_str!("../scenarios/small-vms.toml")),
     ("density", include_str!("../scenarios/density.toml")),
+    (
+        "tiered-redis",
+        include_str!("../scenarios/tiered-redis.toml"),
+    ),
 ];
 
 impl Scenario {
@@ -277,6 +361,24 @@ impl Scenario {
     /// The names of the built-in scenarios.
     pub fn builtin_names() -> Vec<&'static str> {
         BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// Make the host two-tier with `share` of its memory fast (the host's own memory
+    /// included), keeping the scenario's other tier settings if it has them.
+    pub fn set_fast_share(&mut self, share: f64) -> Result<(), ScenarioError> {
+        let fast_mib = (share * self.host.memory_mib).round();
+        self.tiers = Some(match self.tiers.take() {
+            Some(t) => TierSpec { fast_mib, ..t },
+            None => TierSpec {
+                fast_mib,
+                latency_factor: default_latency_factor(),
+                placement: default_placement(),
+                rate_mib_s: default_tier_rate_mib_s(),
+                margin_pct: default_margin_pct(),
+                reserve_mib: 0.0,
+            },
+        });
+        self.validate()
     }
 
     /// Every VM, groups expanded: its name and description, in file order.
@@ -386,6 +488,11 @@ impl Scenario {
             if !pct(vm.kernel_shareable_pct) {
                 return Err(invalid(at("kernel_shareable_pct"), "must be 0 to 100"));
             }
+            if let Some(fast) = vm.fast_mib {
+                if !(size(fast) && fast <= vm.memory_mib) {
+                    return Err(invalid(at("fast_mib"), "must be between 0 and memory_mib"));
+                }
+            }
             let w = &vm.workload;
             if !positive(w.base_mib_s) {
                 return Err(invalid(at("workload.base_mib_s"), "must be positive"));
@@ -394,6 +501,7 @@ impl Scenario {
                 ("hot_pct", w.hot_pct),
                 ("hot_access_pct", w.hot_access_pct),
                 ("shareable_pct", w.shareable_pct),
+                ("memory_bound_pct", w.memory_bound_pct),
             ] {
                 if !pct(v) {
                     return Err(invalid(at(&format!("workload.{name}")), "must be 0 to 100"));
@@ -420,6 +528,26 @@ impl Scenario {
         for (name, _) in self.expand() {
             if !names.insert(name.clone()) {
                 return Err(invalid("vm".into(), &format!("two VMs are named {name:?}")));
+            }
+        }
+        if let Some(t) = &self.tiers {
+            if !(size(t.fast_mib) && t.fast_mib > h.reserved_mib && t.fast_mib <= h.memory_mib) {
+                return Err(invalid(
+                    "tiers.fast_mib".into(),
+                    "must exceed host.reserved_mib and be at most host.memory_mib",
+                ));
+            }
+            if !(t.latency_factor.is_finite() && t.latency_factor >= 1.0) {
+                return Err(invalid("tiers.latency_factor".into(), "must be at least 1"));
+            }
+            if !positive(t.rate_mib_s) {
+                return Err(invalid("tiers.rate_mib_s".into(), "must be positive"));
+            }
+            if !size(t.margin_pct) {
+                return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
+            }
+            if !size(t.reserve_mib) {
+                return Err(invalid("tiers.reserve_mib".into(), "must be a size ≥ 0"));
             }
         }
         if let Some(d) = &self.density {
@@ -476,6 +604,20 @@ mod tests {
         let s = Scenario::from_toml(&text).unwrap();
         let names: Vec<String> = s.expand().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["a-01", "a-02", "a-03"]);
+    }
+
+    #[test]
+    fn a_fast_share_makes_any_scenario_two_tier() {
+        let mut s = Scenario::from_toml(SMALL).unwrap();
+        s.set_fast_share(0.25).unwrap();
+        let t = s.tiers.as_ref().unwrap();
+        assert_eq!((t.fast_mib, t.latency_factor), (1024.0, 2.0));
+        assert_eq!(t.placement, TierPlacement::Memtide);
+        // The fast tier must hold at least the host's own memory.
+        let e = s.set_fast_share(0.1).unwrap_err().to_string();
+        assert!(e.contains("tiers.fast_mib"), "{e}");
+        assert_eq!("first-touch".parse(), Ok(TierPlacement::FirstTouch));
+        assert!("lru".parse::<TierPlacement>().is_err());
     }
 
     #[test]

@@ -128,6 +128,9 @@ pub struct WorkloadSpec {
     /// After the guest's OOM killer kills the workload, it is started again this much
     /// later (s), as a service manager would; it does no work meanwhile.
     pub oom_restart_s: f64,
+    /// Share of the work's time spent waiting on memory with everything in DRAM (%): how
+    /// much slower tier memory slows it (only with a scenario's `[tiers]`).
+    pub memory_bound_pct: f64,
 }
 
 impl Default for WorkloadSpec {
@@ -144,6 +147,7 @@ impl Default for WorkloadSpec {
             restart: false,
             shareable_pct: 0.0,
             oom_restart_s: 30.0,
+            memory_bound_pct: 25.0,
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::host::Host;
 use crate::lie::Lie;
 use crate::rng::Rng;
 use crate::scenario::{Costs, Scenario};
+use crate::tiers::Tiers;
 use crate::workload::{Demand, Workload};
 use memtide_core::snapshot::{VmEvent, VmSample};
 use memtide_core::stats::HostStats;
@@ -22,6 +23,8 @@ pub struct World {
     pub guests: Vec<Guest>,
     /// Per guest: what runs in it and how it is connected.
     pub vms: Vec<VmSide>,
+    /// The host's fast and slow tiers, on a two-tier host.
+    pub tiers: Option<Tiers>,
 }
 
 /// A guest's workload, devices and what the host did to it.
@@ -81,6 +84,7 @@ impl World {
             host: Host::new(&scenario.host, vms.len(), Rng::fork(seed, 0)),
             guests,
             vms: sides,
+            tiers: Tiers::new(scenario),
         }
     }
 
@@ -123,6 +127,9 @@ impl World {
             let side = &mut self.vms[i];
             side.host_oom_kills += 1;
             side.events.push(VmEvent::Reset);
+        }
+        if let Some(tiers) = &mut self.tiers {
+            tiers.step(&mut self.guests, dt);
         }
     }
 

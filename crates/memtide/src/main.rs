@@ -106,7 +106,7 @@ enum Command {
     /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
     Sim {
         /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000, no-overcommit,
-        /// burst, cloud-mix, small-vms) or a scenario file.
+        /// burst, cloud-mix, small-vms, tiered-redis) or a scenario file.
         scenario: String,
         /// The policy: a built-in name or a policy file.
         #[arg(long, default_value = "memtide", conflicts_with = "compare")]
@@ -129,6 +129,13 @@ enum Command {
         /// OOM kills it prevents are counted apart.
         #[arg(long)]
         deflate_on_oom: bool,
+        /// Make the host two-tier: this share of its memory (0 to 1) is DRAM, the rest a
+        /// slower tier (the scenario's `[tiers]`, see docs/tiering.md); 1 is all DRAM.
+        #[arg(long, value_name = "FAST_SHARE")]
+        tiers: Option<f64>,
+        /// How a two-tier host places guest pages: memtide or first-touch.
+        #[arg(long)]
+        tier_placement: Option<memtide_sim::scenario::TierPlacement>,
         /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
         /// it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
@@ -338,6 +345,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             seed,
             density,
             deflate_on_oom,
+            tiers,
+            tier_placement,
             config,
         } => {
             let policies = if compare.is_empty() {
@@ -349,6 +358,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 density,
                 deflate_on_oom,
+                fast_share: tiers,
+                tier_placement,
             };
             sim_cmd::sim(
                 &scenario,

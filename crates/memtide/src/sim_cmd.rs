@@ -4,6 +4,7 @@ use crate::config::Config;
 use crate::policies::PolicySource;
 use anyhow::{bail, Context};
 use memtide_core::policy::Policy;
+use memtide_sim::scenario::TierPlacement;
 use memtide_sim::{compare, recording_files, replay, run, Scenario};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +37,10 @@ pub struct SimOptions {
     pub density: bool,
     /// Give the guests' balloons deflate-on-oom.
     pub deflate_on_oom: bool,
+    /// Make the host two-tier with this share of its memory fast.
+    pub fast_share: Option<f64>,
+    /// How a two-tier host places pages.
+    pub tier_placement: Option<TierPlacement>,
 }
 
 /// Run a scenario under one policy, or under several with `compare`; print a summary and
@@ -49,6 +54,15 @@ pub fn sim(
 ) -> anyhow::Result<()> {
     let mut scenario = scenario(scenario_name)?;
     scenario.host.deflate_on_oom |= options.deflate_on_oom;
+    if let Some(share) = options.fast_share {
+        scenario.set_fast_share(share)?;
+    }
+    if let Some(placement) = options.tier_placement {
+        match scenario.tiers.as_mut() {
+            Some(t) => t.placement = placement,
+            None => bail!("--tier-placement needs --tiers or a scenario with [tiers]"),
+        }
+    }
     let seed = options.seed.unwrap_or(scenario.seed);
     if options.density {
         return density(&scenario, policies, out, seed, config);

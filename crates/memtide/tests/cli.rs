@@ -688,6 +688,39 @@ fn sim_compares_policies_and_writes_reports() {
 }
 
 #[test]
+fn sim_tiers_make_any_scenario_two_tier() {
+    let summary = |args: &[&str]| {
+        let o = run(args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let one = summary(&["sim", "quick", "--policy", "none"]);
+    assert!(one.get("tiers").is_none(), "{one}");
+    let s = summary(&["sim", "quick", "--policy", "none", "--tiers", "0.5"]);
+    assert_eq!(s["tiers"]["placement"], "memtide");
+    assert!(s["tiers"]["slow_share"].as_f64().unwrap() > 0.0, "{s}");
+    let s = summary(&[
+        "sim",
+        "quick",
+        "--policy",
+        "none",
+        "--tiers",
+        "0.5",
+        "--tier-placement",
+        "first-touch",
+    ]);
+    assert_eq!(s["tiers"]["placement"], "first-touch");
+    for (args, says) in [
+        (&["--tier-placement", "first-touch"][..], "needs --tiers"),
+        (&["--tiers", "0.01"][..], "tiers.fast_mib"),
+    ] {
+        let o = run(&[&["sim", "quick"][..], args].concat());
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
+}
+
+#[test]
 fn the_daemon_records_and_replay_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();

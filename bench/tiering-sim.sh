@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Memory tiering in the simulator (docs/tiering.md): the built-in `tiered-redis` (a
+# Redis-like cache with a third of its guest memory in DRAM, the rest CXL memory at twice
+# DRAM's latency) all in DRAM, under memtide's placement and under first touch; then every
+# other built-in scenario all in DRAM and with FAST_SHARE of the host's memory DRAM (the
+# rest slow), under both placements. The balloon policy is memtide's throughout. Writes
+# bench/results/tiering.json (with the command and commit) and prints a table.
+#
+#   bench/tiering-sim.sh [FAST_SHARE]   (default 0.6)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+cargo build --release -p memtide
+share=${1:-0.6}
+scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+sim() { "$target/release/memtide" sim "$@" --policy memtide 2>/dev/null; }
+sim tiered-redis --tiers 1 >"$out/redis-dram.json"
+sim tiered-redis >"$out/redis-memtide.json"
+sim tiered-redis --tier-placement first-touch >"$out/redis-first-touch.json"
+for s in "${scenarios[@]}"; do
+  sim "$s" >"$out/$s-dram.json"
+  sim "$s" --tiers "$share" >"$out/$s-memtide.json"
+  sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
+done
+commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
+python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "${scenarios[@]}" \
+  >bench/results/tiering.json <<'PY'
+import json, sys
+out, commit, command, share, scenarios = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4]), sys.argv[5:]
+load = lambda name: json.load(open(f"{out}/{name}.json"))
+
+def tiered(name, placement):
+    dram, run = load(f"{name}-dram"), load(f"{name}-{placement}")
+    t = run["tiers"]
+    return {
+        "throughput_mib_s": round(run["total_throughput"], 1),
+        "slowdown": round(1 - run["total_throughput"] / dram["total_throughput"], 4),
+        "slow_tier_share": round(t["slow_share"], 4),
+        "slow_access_share": round(t["slow_access_share"], 4),
+        "promotions_ws_pct_min": round(t["promotions_ws_pct_min"], 4),
+        "promotions_ws_pct_min_late": round(t["promotions_ws_pct_min_late"], 4),
+        "demotions": t["demotions"],
+        "promotions": t["promotions"],
+        "oom_kills": run["oom_kills"],
+    }
+
+def both(name):
+    dram = load(f"{name}-dram")
+    return {
+        "scenario": name,
+        "dram_throughput_mib_s": round(dram["total_throughput"], 1),
+        "memtide": tiered(name, "memtide"),
+        "first_touch": tiered(name, "first-touch"),
+    }
+
+redis = both("redis")
+redis["scenario"] = "tiered-redis"
+redis["fast_mib"] = load("redis-memtide")["tiers"]["fast_mib"]
+rows = [both(s) for s in scenarios]
+mean = lambda xs: round(sum(xs) / len(xs), 4)
+report = {
+    "command": command,
+    "commit": commit,
+    "latency_model": "time per access = (1 + s * (latency_factor - 1) * memory_bound) / base rate"
+    " + fault costs; s = share of accesses on slow-tier pages; latency_factor 2.0 (CXL);"
+    " memory_bound 0.30 for tiered-redis, 0.25 for every other workload (docs/tiering.md)",
+    "placement": None,
+    "compressed": None,
+    "sim": {
+        "slowdown_at_third_fast": redis["memtide"]["slowdown"],
+        "fast_share": share,
+        "slow_tier_share": mean([r["memtide"]["slow_tier_share"] for r in rows]),
+        "slow_tier_share_min": min(r["memtide"]["slow_tier_share"] for r in rows),
+        "slowdown": max(r["memtide"]["slowdown"] for r in rows),
+        "slowdown_mean": mean([r["memtide"]["slowdown"] for r in rows]),
+        "first_touch_slowdown": max(r["first_touch"]["slowdown"] for r in rows),
+        "promotions_ws_pct_min": max(r["memtide"]["promotions_ws_pct_min"] for r in rows),
+        "promotions_ws_pct_min_late": max(r["memtide"]["promotions_ws_pct_min_late"] for r in rows),
+        "redis": redis,
+        "scenarios": rows,
+    },
+}
+print(json.dumps(report, indent=2))
+print(f"{'scenario':<14} {'DRAM MiB/s':>11} {'slow share':>10} {'slowdown':>9} {'first-touch':>11} {'promo %ws/min':>13}", file=sys.stderr)
+for r in [redis] + rows:
+    m, f = r["memtide"], r["first_touch"]
+    print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>13.4f}", file=sys.stderr)
+PY
+echo "bench/results/tiering.json written"
