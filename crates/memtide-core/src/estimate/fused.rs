@@ -657,8 +657,8 @@ impl Fused {
             ),
             "touched" => format!(
                 "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
-                 last {} samples; the guest needs at least {} (its floor {floor} and that ÷ {}, \
-                 at most its need {need}): no probe below it and the margin",
+                 last {} samples: no probe below {} and the margin (its floor {floor} and the \
+                 touched taken as {} of what it needs above it, up to its need {need})",
                 hot.unwrap_or_default(),
                 cfg.touched_samples,
                 touched_limit.unwrap_or_default(),
@@ -1326,7 +1326,7 @@ mod tests {
             assert!(size >= 430, "tick {t}: {}", e.detail);
             if t >= 3 {
                 assert_eq!(e.phase, "touched", "tick {t}: {}", e.detail);
-                assert!(e.detail.contains("needs at least 400 MiB"), "{}", e.detail);
+                assert!(e.detail.contains("no probe below 400 MiB"), "{}", e.detail);
             }
         }
         // Touching less, it is probed down to its floor and the touched share: 72 + 100
