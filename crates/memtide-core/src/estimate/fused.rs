@@ -283,12 +283,6 @@ impl Fused {
         let hot = (self.touched.len() == cfg.touched_samples)
             .then(|| self.touched.iter().copied().min())
             .flatten();
-        // The time its samples span: sampling missed for longer has stopped.
-        let samples_span = s
-            .interval
-            .unwrap_or(secs(cfg.epoch_s))
-            .checked_mul(u32::try_from(cfg.touched_samples).unwrap_or(u32::MAX))
-            .unwrap_or(Duration::MAX);
         let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
         let step = |share: f64| {
             obs.configured
@@ -435,8 +429,14 @@ impl Fused {
         let recovering =
             kills == 0 && !allocated && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
-        // The lowest probe host-side access sampling allows, when it holds one back.
-        let mut touched_limit = None;
+        // The least the guest needs by what the host saw it touch: its floor and that,
+        // taken as the share it touches of what it needs above the floor, up to its need
+        // (the floor does not count all it needs without touching it each sample), and
+        // never less than the touched memory and the floor.
+        let touched_need = hot.map(|h| {
+            let above_floor = Bytes::from_f64(h.as_f64() / cfg.touched_share);
+            (h + floor).max((floor + above_floor).min(need))
+        });
         // Fast until the first back-off since the last rebase (TWS's FAST), then slowly;
         // only slowly while the host's need is merely tight.
         let probe = step(if self.backoffs == 0 && level == NeedLevel::Short {
@@ -575,25 +575,22 @@ impl Fused {
             "probed"
         } else if hot.is_none()
             && cfg.touched_samples > 0
-            && self
-                .sampled_at
-                .is_some_and(|at| obs.at.saturating_sub(at) < samples_span)
+            && self.sampled_at.is_some_and(|at| {
+                // The time its samples span: sampling missed for longer has stopped.
+                let span = s
+                    .interval
+                    .unwrap_or(secs(cfg.epoch_s))
+                    .checked_mul(u32::try_from(cfg.touched_samples).unwrap_or(u32::MAX))
+                    .unwrap_or(Duration::MAX);
+                obs.at.saturating_sub(at) < span
+            })
         {
             // Host-side access sampling gives figures but has not all its samples yet (it
             // has just begun, or missed one): no probe before it can tell what the guest
             // touches (without this, a guest first seen while the host is short is probed
             // twice before its third sample).
             "sampling"
-        } else if let Some(lowest) = hot
-            .map(|h| {
-                // What it needs without touching it each sample is more than the floor:
-                // at least what it touched, over the share, up to its need.
-                let above_floor = Bytes::from_f64(h.as_f64() / cfg.touched_share);
-                (h + floor).max((floor + above_floor).min(need))
-            })
-            .filter(|lowest| estimate - probe < *lowest + margin)
-        {
-            touched_limit = Some(lowest);
+        } else if touched_need.is_some_and(|lowest| estimate - probe < lowest + margin) {
             // The host saw the guest touch this much in each of its latest samples, on top
             // of which it needs its kernel's memory (the floor) and what it touches less
             // often than a sample: probing below that would only evict what the guest uses
@@ -661,7 +658,7 @@ impl Fused {
                  touched taken as {} of what it needs above it, up to its need {need})",
                 hot.unwrap_or_default(),
                 cfg.touched_samples,
-                touched_limit.unwrap_or_default(),
+                touched_need.unwrap_or_default(),
                 cfg.touched_share
             ),
             "sampling" => format!(
