@@ -179,6 +179,11 @@ pub struct FusedMemory {
     pub hold_s: f64,
     /// The last failed probe found no cold memory below the guest's commitment.
     pub exact: bool,
+    /// The hypervisor was sampling what the guest touches: the estimator recalled waits
+    /// for its samples before it probes, as after a missed one (files written before this
+    /// field read as false).
+    #[serde(default)]
+    pub sampling: bool,
 }
 
 fn secs(s: f64) -> Duration {
@@ -239,14 +244,18 @@ impl Fused {
             backoffs: self.backoffs,
             hold_s: self.hold_until.saturating_sub(at).as_secs_f64(),
             exact: self.exact,
+            sampling: !self.touched.is_empty(),
         })
     }
 
     /// The estimator of a guest found again after a restart, at `at`, from what
     /// [`Fused::memory`] kept: its estimate, probing state and what is left of its
-    /// cool-down (what it learnt from the guest's last ticks is learnt again).
+    /// cool-down (what it learnt from the guest's last ticks is learnt again; samples of
+    /// what it touches are awaited as if one had come at `at`, since the new daemon's
+    /// sampler gives none at its first tick).
     pub fn recall(m: &FusedMemory, at: Duration) -> Fused {
         Fused {
+            sampled_at: m.sampling.then_some(at),
             estimate: Some(m.estimate),
             first_seen: Some(at),
             base: m.base,
@@ -1361,6 +1370,42 @@ mod tests {
         assert_eq!(step(4, None).phase, "sampling");
         // Sampling gone for longer than that: probing goes on without it.
         assert_eq!(step(5, None).phase, "probe");
+    }
+
+    #[test]
+    fn a_recalled_estimator_awaits_access_sampling_as_it_had_it() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        // A guest needing 300 MiB, touching 10 of it: started at 330 MiB, its samples
+        // coming in when the daemon is killed.
+        for (t, (size, avail)) in [(1000, 700), (330, 30)].into_iter().enumerate() {
+            let mut o = obs(t as u64, size, avail, 0);
+            o.referenced = Some(Bytes::from_mib(10));
+            f.step(&cfg, &o);
+        }
+        let m = f.memory(Duration::from_secs(2)).unwrap();
+        assert!(m.sampling);
+        assert_eq!(m.estimate, Bytes::from_mib(330));
+        // A new daemon: its sampler gives nothing at its first tick (it has just cleared
+        // the guest's accessed bits), nor at the next when it misses: no probe meanwhile.
+        let mut g = Fused::recall(&m, Duration::ZERO);
+        for t in 0..3 {
+            let e = g.step(&cfg, &obs(t, 330, 30, 0)).unwrap();
+            assert_eq!(e.phase, "sampling", "tick {t}: {}", e.detail);
+            assert_eq!(e.wss, m.estimate);
+        }
+        // Sampling gone for longer than its samples span: probing goes on without it.
+        assert_eq!(g.step(&cfg, &obs(3, 330, 30, 0)).unwrap().phase, "probe");
+        // An estimator that was not sampled is not held for it.
+        let unsampled = FusedMemory {
+            sampling: false,
+            ..m.clone()
+        };
+        let mut h = Fused::recall(&unsampled, Duration::ZERO);
+        assert_eq!(h.step(&cfg, &obs(0, 330, 30, 0)).unwrap().phase, "probe");
+        // A state file written before the field existed reads as not sampled.
+        let old = r#"{"estimate":300,"base":300,"backoffs":0,"hold_s":0.0,"exact":false}"#;
+        let read: Result<FusedMemory, _> = serde_json::from_str(old);
+        assert!(read.is_ok_and(|r| !r.sampling), "{old}");
     }
 
     #[test]

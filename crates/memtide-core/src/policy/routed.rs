@@ -175,6 +175,7 @@ mod tests {
             backoffs: 0,
             hold_s: 0.0,
             exact: false,
+            sampling: false,
         };
         let keeps = || Box::new(Keeps(BTreeMap::new()));
         // "db" is decided by a policy that keeps nothing: what was saved for it is not
