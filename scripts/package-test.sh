@@ -2,7 +2,8 @@
 # Builds memtide's Debian package with cargo-deb and checks it, without installing it and
 # without touching the host:
 #   (a) dpkg-deb --info/--contents: /etc/memtide/memtide.toml is a conffile, the binary
-#       and the systemd unit are in it (with what the unit's ExecStart names), it depends
+#       and the systemd unit are in it (with what the unit's ExecStart names), its
+#       Maintainer is MEMTIDE_DEB_MAINTAINER or Cargo.toml's, it depends
 #       on libvirt0 (the libvirt connector is built in), its tmpfiles.d entry makes
 #       /run/memtide/qmp (systemd-tmpfiles --root) and the postinst applies it, and the
 #       maintainer scripts neither enable nor start the unit;
@@ -23,6 +24,7 @@
 #
 #   scripts/package-test.sh
 #   MEMTIDE_DEB_PROFILE=release scripts/package-test.sh   # package a release build
+#   MEMTIDE_DEB_MAINTAINER="Name <address>" scripts/package-test.sh   # and stamp it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,6 +106,14 @@ for p in usr/share/man/man1/memtide.1 usr/share/bash-completion/completions/memt
     [[ $(entry "$p") == -* || $(entry "$p.gz") == -* ]] || fail "no ./$p in the package"
 done
 pass "the man page and the bash, zsh and fish completions are in the package"
+
+# The Maintainer field: MEMTIDE_DEB_MAINTAINER when given, else Cargo.toml's, which says
+# that memtide has no public address; never the placeholder identity it once had.
+maintainer=$(sed -n 's/^ *Maintainer: //p' "$tmp/info")
+expected=${MEMTIDE_DEB_MAINTAINER:-memtide developers <memtide@localhost>}
+[[ $maintainer == "$expected" ]] ||
+    fail "the package's Maintainer is '$maintainer', not '$expected'"
+pass "Maintainer: $maintainer"
 
 # The libvirt connector is in the binary: the package depends on the library it links.
 depends=$(sed -n 's/^ *Depends: //p' "$tmp/info")

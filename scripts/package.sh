@@ -8,6 +8,8 @@
 #
 #   scripts/package.sh [OUT_DIR]                  # a release build, in target/debian
 #   MEMTIDE_DEB_PROFILE=dev scripts/package.sh    # a debug build (what CI checks: faster)
+#   MEMTIDE_DEB_MAINTAINER="Name <address>" scripts/package.sh   # the package's Maintainer
+#       (Cargo.toml's says that memtide has no public address: memtide@localhost)
 #
 # Installs cargo-deb if missing. cargo-deb 3.8 packages a dev build with a warning that
 # it may refuse in the future: hence the pinned version.
@@ -25,4 +27,7 @@ cargo build -p memtide --locked --features libvirt --profile "$PROFILE" >&2
 for shell in bash zsh fish; do
     "$bin_dir/memtide" completions "$shell" >"$bin_dir/memtide.$shell"
 done
-cargo deb -p memtide --locked --profile "$PROFILE" --strip --fast --no-build -o "$OUT_DIR" | tail -n1
+maintainer=()
+[[ -n ${MEMTIDE_DEB_MAINTAINER:-} ]] && maintainer=(--maintainer "$MEMTIDE_DEB_MAINTAINER")
+cargo deb -p memtide --locked --profile "$PROFILE" --strip --fast --no-build \
+    "${maintainer[@]}" -o "$OUT_DIR" | tail -n1

@@ -161,7 +161,7 @@ pub struct DiscoveryConfig {
 }
 
 /// libvirt connections.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LibvirtConfig {
     /// Connection URIs (`qemu:///system`); every running domain on them is managed, by
@@ -171,6 +171,24 @@ pub struct LibvirtConfig {
     /// pod's own libvirt daemon, found through `[host] proc` (memtide runs with the host's
     /// PID namespace: `docs/connectors/kubevirt.md`).
     pub kubevirt: bool,
+    /// KubeVirt VMs take their bounds from their launcher pods: the pod's memory request
+    /// as the VM's minimum, its limit as its maximum, listed from the Kubernetes API
+    /// server with the pod's service account (needs `kubevirt`, and the node's name in
+    /// `NODE_NAME`).
+    pub kubevirt_pod_bounds: bool,
+    /// Seconds between two lists of the node's launcher pods.
+    pub kubevirt_pod_refresh_s: f64,
+}
+
+impl Default for LibvirtConfig {
+    fn default() -> LibvirtConfig {
+        LibvirtConfig {
+            uris: Vec::new(),
+            kubevirt: false,
+            kubevirt_pod_bounds: false,
+            kubevirt_pod_refresh_s: 30.0,
+        }
+    }
 }
 
 /// Discovery of VMs by their API sockets (Firecracker, Cloud Hypervisor).
@@ -424,6 +442,18 @@ impl Config {
                 self.daemon.call_timeout_ms
             );
             return bad("daemon.call_timeout_ms", message);
+        }
+        let lv = &self.libvirt;
+        if lv.kubevirt_pod_bounds && !lv.kubevirt {
+            let message = "KubeVirt VMs' bounds come with kubevirt = true".to_string();
+            return bad("libvirt.kubevirt_pod_bounds", message);
+        }
+        if !(1.0..=3600.0).contains(&lv.kubevirt_pod_refresh_s) {
+            let message = format!(
+                "{} is not a number of seconds from 1 to 3600",
+                lv.kubevirt_pod_refresh_s
+            );
+            return bad("libvirt.kubevirt_pod_refresh_s", message);
         }
         let http = match self.daemon.http.as_str() {
             "" => None,
@@ -809,8 +839,26 @@ mod tests {
             .collect();
         let c = Config::parse(&block, "daemonset").unwrap();
         assert!(c.libvirt.kubevirt && c.discovery.qmp_glob.is_empty());
+        assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 30.0);
         assert_eq!(c.daemon.http, "0.0.0.0:9315");
         c.settings().expect("the daemon would start with it");
+    }
+
+    #[test]
+    fn kubevirt_pod_bounds_need_kubevirt_and_a_sane_refresh() {
+        assert_eq!(
+            err("[libvirt]\nkubevirt_pod_bounds = true\n"),
+            "memtide.toml: libvirt.kubevirt_pod_bounds: KubeVirt VMs' bounds come with \
+             kubevirt = true"
+        );
+        let on = "[libvirt]\nkubevirt = true\nkubevirt_pod_bounds = true\n";
+        assert_eq!(
+            err(&format!("{on}kubevirt_pod_refresh_s = 0.5\n")),
+            "memtide.toml: libvirt.kubevirt_pod_refresh_s: 0.5 is not a number of seconds \
+             from 1 to 3600"
+        );
+        let c = Config::parse(&format!("{on}kubevirt_pod_refresh_s = 60\n"), "x").unwrap();
+        assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 60.0);
     }
 
     #[test]

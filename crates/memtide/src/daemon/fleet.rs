@@ -5,6 +5,7 @@
 
 use super::backoff::Backoff;
 use super::endpoint::{Connection, Connector, Endpoint};
+use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
 use crate::config::{Bounds, Config, VmConfig};
 use futures::future::join_all;
@@ -145,7 +146,10 @@ struct Managed {
     endpoint: Endpoint,
     agent: Option<PathBuf>,
     config: Option<VmConfig>,
-    bounds: Bounds,
+    /// The bounds its hypervisor gave when it connected: min, max, shares.
+    own: (Option<Bytes>, Option<Bytes>, Option<u32>),
+    /// The VM of a KubeVirt launcher pod on this node.
+    launcher: bool,
     discovered: bool,
     task: VmTask,
     /// The configured size, once a sample has told it.
@@ -198,6 +202,8 @@ pub struct Fleet {
     libvirt_uris: Vec<String>,
     /// KubeVirt's launcher daemons on this node, when they are looked for.
     launchers: Option<Launchers>,
+    /// Their pods' memory, when their VMs take their bounds from it.
+    pods: Option<Arc<PodBounds>>,
     agent_extension: String,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
@@ -249,6 +255,7 @@ impl Fleet {
                 scanned: None,
                 uris: Vec::new(),
             }),
+            pods: None,
             agent_extension: config.discovery.agent_extension.clone(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
@@ -281,17 +288,19 @@ impl Fleet {
                         vm: c.name.clone(),
                         endpoint: endpoint.to_string(),
                     });
-                    let bounds = Bounds::new(c.config.as_ref(), &self.defaults).under(
-                        connection.min,
-                        connection.max,
-                        connection.shares,
-                        c.config.as_ref(),
-                    );
+                    let launcher = matches!(&endpoint, Endpoint::Libvirt { uri, .. }
+                        if self.launchers.as_ref().is_some_and(|l| l.uris.contains(uri)));
+                    if let Some(pods) = self.pods.as_ref().filter(|_| launcher) {
+                        if pods.get(&c.name).is_none() {
+                            pods.ask(); // a pod started since the last list
+                        }
+                    }
                     let m = Managed {
                         endpoint,
                         agent: c.agent,
                         config: c.config,
-                        bounds,
+                        own: (connection.min, connection.max, connection.shares),
+                        launcher,
                         discovered: c.discovered,
                         task: VmTask::new(&c.name, connection.backend, self.call_timeout),
                         configured: None,
@@ -343,6 +352,33 @@ impl Fleet {
             }
         }
         events
+    }
+
+    /// Take KubeVirt VMs' bounds from their launcher pods' memory: a pod's request as the
+    /// VM's minimum and its limit as its maximum, where the last list holds the pod and
+    /// the pod sets them; the domain's own bounds otherwise. A `[[vm]]` entry's bounds
+    /// still win, and neither exceeds the VM's configured size
+    /// ([`Bounds::limits`]).
+    pub fn take_pod_bounds(&mut self, pods: Arc<PodBounds>) {
+        self.pods = Some(pods);
+    }
+
+    /// Managed VM `name`'s bounds now: its configuration's, then its pod's, then its
+    /// hypervisor's, then the defaults.
+    fn bounds(&self, name: &str) -> Bounds {
+        let m = &self.managed[name];
+        let (mut min, mut max, shares) = m.own;
+        if let Some(pod) = self
+            .pods
+            .as_ref()
+            .filter(|_| m.launcher)
+            .and_then(|p| p.get(name))
+        {
+            let (pod_min, pod_max) = pod.bounds();
+            min = pod_min.or(min);
+            max = pod_max.or(max);
+        }
+        Bounds::new(m.config.as_ref(), &self.defaults).under(min, max, shares, m.config.as_ref())
     }
 
     /// True when `name` is taken by a managed VM or another candidate.
@@ -497,6 +533,7 @@ impl Fleet {
                 }
                 sample => sample.map(|s| s.map(|s| *s)),
             };
+            let bounds = self.bounds(&name);
             let m = self
                 .managed
                 .get_mut(&name)
@@ -516,7 +553,7 @@ impl Fleet {
                     Err(BackendError::timeout(waited))
                 }
             };
-            let limits = m.bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
+            let limits = bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
             out.vms.push(VmSnapshot {
                 limits,
                 target: m.task.target(),
@@ -1088,6 +1125,98 @@ mod tests {
         );
         assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
         assert_eq!(*connector.forgotten.lock().unwrap(), [uri]);
+    }
+
+    #[tokio::test]
+    async fn kubevirt_vms_take_their_pods_memory_as_bounds_and_their_domains_when_the_api_is_down()
+    {
+        use super::super::pods::fake_api::{FakeApi, TOKEN};
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let launcher = proc.join("4100");
+        let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        std::fs::write(&socket, "").unwrap();
+        std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
+        std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
+        let uri = format!("qemu+unix:///session?socket={}", socket.display());
+        let connector = Arc::new(FakeConnector::default());
+        let domains = vec![
+            "default_web".into(),
+            "team-a_db".into(),
+            "default_new".into(),
+        ];
+        connector.domains.lock().unwrap().insert(uri, domains);
+        // Each guest has 512 MiB; each domain says min 200 MiB (FakeConnector).
+        let pod = |ns: &str, vmi: &str, resources: &str| {
+            format!(
+                r#"{{"metadata": {{"name": "virt-launcher-{vmi}-x", "namespace": "{ns}",
+                    "labels": {{"kubevirt.io": "virt-launcher"}},
+                    "annotations": {{"kubevirt.io/domain": "{vmi}"}}}},
+                  "spec": {{"nodeName": "node-1", "containers": [{{"name": "compute",
+                    "resources": {resources}}}]}},
+                  "status": {{"phase": "Running"}}}}"#
+            )
+        };
+        let list = format!(
+            r#"{{"kind": "PodList", "apiVersion": "v1", "items": [{}, {}]}}"#,
+            pod(
+                "default",
+                "web",
+                r#"{"requests": {"memory": "300Mi"}, "limits": {"memory": "400Mi"}}"#
+            ),
+            pod("team-a", "db", r#"{"requests": {"memory": "1Gi"}}"#),
+        );
+        let api = FakeApi::start(&list).await;
+        let token = dir.path().join("token");
+        std::fs::write(&token, TOKEN).unwrap();
+        let every = Duration::from_millis(100); // the last list kept 1 s
+        let pods = super::super::pods::start(api.client(&token), "node-1".into(), every);
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.host.proc = proc;
+        config.libvirt.kubevirt = true;
+        let mut fleet = Fleet::new(&config, connector.clone());
+        fleet.take_pod_bounds(pods.clone());
+        for _ in 0..100 {
+            if pods.get("default/web").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let limits = |vms: &[VmSnapshot]| -> Vec<(String, u64, u64)> {
+            vms.iter()
+                .map(|v| (v.name.clone(), v.limits.min.mib(), v.limits.max.mib()))
+                .collect()
+        };
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(
+            limits(&vms),
+            [
+                ("default/new".into(), 200, 512), // no pod listed: its domain's
+                ("default/web".into(), 300, 400), // its pod's request and limit
+                ("team-a/db".into(), 512, 512),   // a request above its size: held there
+            ]
+        );
+        assert!(api.requests.lock().unwrap()[0].contains("spec.nodeName%3Dnode-1"));
+
+        // The API server goes away: the last list holds for 1 s, then the domains' bounds.
+        api.stop();
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(limits(&vms)[1], ("default/web".into(), 300, 400));
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(
+            limits(&vms),
+            [
+                ("default/new".into(), 200, 512),
+                ("default/web".into(), 200, 512),
+                ("team-a/db".into(), 200, 512),
+            ]
+        );
     }
 
     /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.

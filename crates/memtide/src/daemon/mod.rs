@@ -6,6 +6,7 @@ pub mod connect;
 pub mod endpoint;
 pub mod events;
 pub mod fleet;
+pub mod pods;
 pub mod state;
 pub mod vm_task;
 pub mod writes;
@@ -153,7 +154,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         let addr = http::serve(addr, status.clone(), http::Limits::under(nofile)).await?;
         tracing::info!("serving /metrics and /api/v1/status on http://{addr}");
     }
-    let fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
+    let mut fleet = Fleet::new(&config, Arc::new(connect::Connectors::new(&config)));
+    if config.libvirt.kubevirt_pod_bounds {
+        fleet.take_pod_bounds(start_pod_bounds(&config)?);
+    }
     let mut engine = Engine::new(config.engine.clone(), policy);
     let mode = if options.dry_run {
         " (dry run: nothing is changed)"
@@ -251,6 +255,28 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         .events
         .log("stopped", None, None, "memtide stopped".into());
     Ok(())
+}
+
+/// Start listing this node's KubeVirt launcher pods from the Kubernetes API server
+/// (`[libvirt] kubevirt_pod_bounds`). A pod without a service account, or without its
+/// node's name in `NODE_NAME`, is a setup error, refused at start; an API server that
+/// does not answer is not ([`pods`]).
+fn start_pod_bounds(config: &Config) -> anyhow::Result<Arc<pods::PodBounds>> {
+    let context = "[libvirt] kubevirt_pod_bounds";
+    let node = std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .with_context(|| {
+            format!("{context}: NODE_NAME is not set (the DaemonSet sets it to spec.nodeName)")
+        })?;
+    let api = memtide_adapters::kubevirt::api::ApiServer::in_cluster(config.call_timeout() * 4)
+        .context(context)?;
+    let every = Duration::from_secs_f64(config.libvirt.kubevirt_pod_refresh_s);
+    tracing::info!(
+        "KubeVirt pod bounds: listing the launcher pods on {node} every {} s",
+        every.as_secs_f64()
+    );
+    Ok(pods::start(api, node, every))
 }
 
 /// Tell systemd `state`; a failure is logged, never fatal (the daemon works without it).

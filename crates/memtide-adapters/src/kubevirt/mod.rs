@@ -4,6 +4,12 @@
 //! host's PID namespace reaches through the daemon's root: `/proc/PID/root/...` (as
 //! KubeVirt's own virt-handler does). A pod whose launcher runs as non-root (KubeVirt's
 //! default, uid 107) runs the daemon in session mode; a root launcher in system mode.
+//!
+//! Each launcher pod's memory request and limit, read from the Kubernetes API server
+//! ([`api`], [`pods`]), give its VM's bounds.
+
+pub mod api;
+pub mod pods;
 
 use crate::procfs;
 use std::path::Path;
