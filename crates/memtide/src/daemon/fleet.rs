@@ -818,6 +818,7 @@ mod tests {
                     min: Some(Bytes::from_mib(200)),
                     max: None,
                     shares: None,
+                    pid: None,
                 }),
             }
         }

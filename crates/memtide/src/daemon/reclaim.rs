@@ -177,8 +177,8 @@ mod tests {
 
     #[test]
     fn only_configured_vms_or_unballooned_ones_are_served() {
-        let ballooned = vm("a", 1024, 1024);
-        let mut bare = vm("b", 1024, 1024);
+        let ballooned = vm("a", 1024, 1024, 512);
+        let mut bare = vm("b", 1024, 1024, 512);
         bare.sample.as_mut().unwrap().balloon = None;
         let mut config = ReclaimConfig::default();
         assert!(!serves(&config, None, &ballooned) && !serves(&config, None, &bare));
