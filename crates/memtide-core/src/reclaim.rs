@@ -5,7 +5,8 @@
 //! While the cgroup's memory pressure is under the target, the step is a share of its
 //! usage per second, scaled down as pressure nears the target; at or above the target, or
 //! when refaults show reclaimed memory coming back, nothing is reclaimed. Usage is never
-//! pushed below what the VM keeps (its working set plus a floor, never under its minimum).
+//! pushed below what the VM keeps (its working set plus a floor, never under its minimum),
+//! and a step takes at most half the way down to it.
 
 use crate::action::Reason;
 use crate::units::{Bytes, Percent};
@@ -13,6 +14,10 @@ use std::time::Duration;
 
 /// Memory a refault brings back: one page (the base page of x86-64 and arm64 hosts).
 const PAGE: u64 = 4096;
+/// The least step taken near what a VM keeps: the kernel reclaims at least a batch of 32
+/// pages whatever it is asked, and usage moves by itself by some pages meanwhile (a test
+/// guest's cgroup went 60 KiB below it when asked for 60 KiB with 150 KiB to go).
+const MIN_STEP: Bytes = Bytes::from_mib(1);
 
 /// What one reading of a VM's cgroup says.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,8 +149,11 @@ impl Pacer {
                 ),
             );
         }
-        let room = now.usage - keep_at;
-        if room.0 < PAGE {
+        // Half the way down at most: the kernel may reclaim more than it is asked (a
+        // test guest's cgroup asked for 8 MiB gave 14), so usage nears what the VM keeps
+        // in halves instead of landing on it.
+        let room = (now.usage - keep_at).scale(0.5);
+        if room < MIN_STEP {
             return hold(
                 "reclaim.floor",
                 format!("usage {} at what it keeps {keep_at} ({basis})", now.usage),
@@ -275,13 +283,13 @@ mod tests {
     }
 
     #[test]
-    fn usage_is_never_pushed_below_the_working_set_and_floor_or_the_minimum() {
+    fn usage_nears_the_working_set_and_floor_or_the_minimum_by_halves() {
         let config = PaceConfig {
             step_per_s: 1.0,
             ..PaceConfig::default()
         };
         let near = pace_after(reading(10, GIB, 0, 0), keep(Some(900)), &config);
-        assert_eq!(near.reclaim, Bytes::from_mib(1024 - 900 - 64));
+        assert_eq!(near.reclaim, Bytes::from_mib((1024 - 900 - 64) / 2));
         let at = pace_after(reading(10, GIB, 0, 0), keep(Some(960)), &config);
         assert_eq!(
             (at.reclaim, at.reason.rule.as_ref()),
@@ -292,7 +300,14 @@ mod tests {
             min: Bytes::from_mib(1000),
         };
         let pace = pace_after(reading(10, GIB, 0, 0), min, &config);
-        assert_eq!(pace.reclaim, Bytes::from_mib(24));
+        assert_eq!(pace.reclaim, Bytes::from_mib(12));
+        // Less than twice the least step to go: held.
+        let close = Keep {
+            working_set: None,
+            min: GIB - Bytes::from_mib(2) + Bytes(PAGE),
+        };
+        let pace = pace_after(reading(10, GIB, 0, 0), close, &config);
+        assert_eq!(pace.reason.rule, "reclaim.floor");
     }
 
     #[test]
