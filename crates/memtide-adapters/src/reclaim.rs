@@ -137,9 +137,9 @@ pub fn reclaim(dir: &Path, amount: Bytes) -> Result<Reclaimed, ReclaimError> {
         Ok(f) => f,
         Err(e) => return io(e),
     };
-    // One write: the kernel parses the whole amount from it.
-    match file.write(amount.0.to_string().as_bytes()) {
-        Ok(_) => Ok(Reclaimed::All),
+    // A few bytes: one write, which the kernel parses whole.
+    match file.write_all(amount.0.to_string().as_bytes()) {
+        Ok(()) => Ok(Reclaimed::All),
         Err(e) => io(e),
     }
 }

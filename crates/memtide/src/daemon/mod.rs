@@ -21,7 +21,6 @@ use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
 use memtide_adapters::host::{HostPaths, LinuxHost};
-use memtide_adapters::reclaim::Reclaimed;
 use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
@@ -735,47 +734,15 @@ impl Daemon {
 
     /// Count and log one VM's reclaim (nothing when it held back).
     fn log_reclaim(&mut self, o: reclaim::Outcome) {
-        use reclaim::Done;
-        let rule = o.pace.as_ref().map(|p| p.reason.rule.as_ref());
-        let vm = Some(o.vm.as_str());
-        let what = |p: &memtide_core::reclaim::Pace| {
-            let dir = o.cgroup.as_deref().unwrap_or(std::path::Path::new("?"));
-            format!(
-                "reclaim {} from {} ({})",
-                p.reclaim,
-                dir.display(),
-                p.reason
-            )
+        let Some(e) = o.event() else {
+            return;
         };
-        let (result, kind, message) = match (&o.done, &o.pace) {
-            (Done::Held, _) => return,
-            (Done::DryRun, Some(p)) => {
-                ("dry_run", "action", format!("would {} (dry run)", what(p)))
-            }
-            (Done::Reclaimed(r), Some(p)) => {
-                self.counters.reclaim_asked_bytes += p.reclaim.0;
-                match r {
-                    Reclaimed::All => ("ok", "action", what(p)),
-                    Reclaimed::Partly => (
-                        "partly",
-                        "action",
-                        format!("{}: the kernel found less to reclaim", what(p)),
-                    ),
-                }
-            }
-            (Done::Failed(why), Some(p)) => (
-                "error",
-                "action_failed",
-                format!("{} failed: {why}", what(p)),
-            ),
-            (Done::Failed(why), None) => ("error", "reclaim_failed", format!("no reclaim: {why}")),
-            (_, None) => unreachable!("a pace is made before anything is written"),
-        };
-        if let Some(rule) = rule {
+        if let Some(rule) = e.rule {
             self.counters.rule(rule);
         }
-        self.counters.action("reclaim", result);
-        self.events.log(kind, vm, rule, message);
+        self.counters.reclaim_asked_bytes += e.asked.0;
+        self.counters.action("reclaim", e.result);
+        self.events.log(e.kind, Some(&o.vm), e.rule, e.message);
     }
 
     /// Count and log a balloon command answered after the tick that sent it.

@@ -71,6 +71,74 @@ pub enum Done {
     Failed(String),
 }
 
+/// How an outcome is logged and counted.
+#[derive(Debug, PartialEq)]
+pub struct Logged<'a> {
+    /// The event's kind: `action`, `action_failed` or `reclaim_failed`.
+    pub kind: &'static str,
+    /// The action's result (`memtide_actions_total{kind="reclaim"}`): `ok`, `partly`,
+    /// `error`, `dry_run`.
+    pub result: &'static str,
+    /// The pace's rule, when there was one.
+    pub rule: Option<&'a str>,
+    /// Memory asked of the kernel (zero unless written).
+    pub asked: Bytes,
+    /// The event's text.
+    pub message: String,
+}
+
+impl Outcome {
+    /// How it is logged and counted; `None` when the VM held back (nothing to tell).
+    pub fn event(&self) -> Option<Logged<'_>> {
+        let what = |p: &Pace| {
+            let dir = self.cgroup.as_deref().unwrap_or(std::path::Path::new("?"));
+            format!(
+                "reclaim {} from {} ({})",
+                p.reclaim,
+                dir.display(),
+                p.reason
+            )
+        };
+        let pace = self.pace.as_ref();
+        let (kind, result, asked, message) = match (&self.done, pace) {
+            (Done::Held, _) => return None,
+            (Done::DryRun, Some(p)) => (
+                "action",
+                "dry_run",
+                Bytes::ZERO,
+                format!("would {} (dry run)", what(p)),
+            ),
+            (Done::Reclaimed(Reclaimed::All), Some(p)) => ("action", "ok", p.reclaim, what(p)),
+            (Done::Reclaimed(Reclaimed::Partly), Some(p)) => (
+                "action",
+                "partly",
+                p.reclaim,
+                format!("{}: the kernel found less to reclaim", what(p)),
+            ),
+            (Done::Failed(why), Some(p)) => (
+                "action_failed",
+                "error",
+                Bytes::ZERO,
+                format!("{} failed: {why}", what(p)),
+            ),
+            (Done::Failed(why), None) => (
+                "reclaim_failed",
+                "error",
+                Bytes::ZERO,
+                format!("no reclaim: {why}"),
+            ),
+            (_, None) => unreachable!("a pace is made before anything is written"),
+        };
+        Some(Logged {
+            kind,
+            result,
+            rule: pace.map(|p| p.reason.rule.as_ref()),
+            asked,
+            message,
+        })
+    }
+}
+
 /// The VMs' pacers and where their cgroups are looked for.
 pub struct Reclaimer {
     pace: PaceConfig,
@@ -228,5 +296,47 @@ mod tests {
         r.pass(&[], Duration::from_secs(25), false);
         let again = r.pass(&targets[..1], Duration::from_secs(30), false);
         assert_eq!(again[0].done, Done::Held);
+    }
+
+    #[test]
+    fn reclaims_and_failures_are_logged_with_their_rule_and_holding_back_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let a = root.path().join("a");
+        cgroup(&a, 1024, 0);
+        let mut r = Reclaimer::new(&ReclaimConfig::default(), root.path().join("proc"));
+        let targets = [
+            target("a", Place::Cgroup(a.clone())),
+            target("b", Place::Unknown),
+        ];
+        let first = r.pass(&targets, Duration::from_secs(10), false);
+        assert_eq!(first[0].event(), None);
+        let failed = first[1].event().unwrap();
+        assert_eq!(
+            (failed.kind, failed.result, failed.rule, failed.asked),
+            ("reclaim_failed", "error", None, Bytes::ZERO)
+        );
+        assert_eq!(
+            failed.message,
+            "no reclaim: its connector gives no process id: set [[vm]] reclaim_cgroup"
+        );
+        let second = r.pass(&targets[..1], Duration::from_secs(15), false);
+        let done = second[0].event().unwrap();
+        assert_eq!(
+            (done.kind, done.result, done.rule),
+            ("action", "ok", Some("reclaim.probe"))
+        );
+        assert_eq!(done.asked, second[0].pace.as_ref().unwrap().reclaim);
+        let expected = format!("reclaim 10 MiB from {} (reclaim.probe: ", a.display());
+        assert!(done.message.starts_with(&expected), "{}", done.message);
+        // The file gone (a kernel without memory.reclaim): the write fails, named.
+        std::fs::remove_file(a.join("memory.reclaim")).unwrap();
+        let third = r.pass(&targets[..1], Duration::from_secs(20), false);
+        let failed = third[0].event().unwrap();
+        assert_eq!((failed.kind, failed.result), ("action_failed", "error"));
+        assert!(
+            failed.message.ends_with("memory.reclaim: missing (memory.reclaim needs Linux 5.19+ and the memory controller)"),
+            "{}",
+            failed.message
+        );
     }
 }
