@@ -232,3 +232,83 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
         keep / MIB
     );
 }
+
+/// The daemon's side: a QEMU guest without a balloon device, `[reclaim] vms =
+/// "unballooned"`, and the VM's cgroup configured (`reclaim_cgroup`). This host has
+/// cgroup v1, so the cgroup is a directory of the files the kernel would show (no
+/// pressure, no refaults, 300 MiB charged): what is checked is the daemon's part — that
+/// the VM is served because it has no balloon, that the amount its pacing decides is
+/// written to `memory.reclaim`, logged as an action with its reason and counted.
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn the_daemon_reclaims_from_a_vm_without_a_balloon_and_logs_and_counts_it() {
+    use support::daemon::Daemon;
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-reclaim-daemon");
+    let mut guest = Guest::boot_with("nb", dir.path(), &cgroup.procs(), "256", "", "", &[], "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let vm_cgroup = dir.path().join("vm.scope");
+    std::fs::create_dir(&vm_cgroup).unwrap();
+    for (name, text) in [
+        ("memory.current", format!("{}\n", 300 * MIB)),
+        (
+            "memory.pressure",
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n\
+             full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                .into(),
+        ),
+        (
+            "memory.stat",
+            "anon 314572800\nworkingset_refault_anon 0\nworkingset_refault_file 0\n".into(),
+        ),
+        ("memory.reclaim", String::new()),
+    ] {
+        std::fs::write(vm_cgroup.join(name), text).unwrap();
+    }
+    let config = format!(
+        "interval_s = 1\npolicy = \"memtide\"\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [reclaim]\nvms = \"unballooned\"\nstep_pct_per_s = 5\n\
+         [[vm]]\nname = \"nb\"\nqmp = {:?}\nreclaim_cgroup = {:?}\n",
+        guest.qmp().display().to_string(),
+        vm_cgroup.display().to_string(),
+    );
+    let port = support::free_port();
+    let daemon = Daemon::start(dir.path(), &config, port);
+    let reclaimed = wait_for(Duration::from_secs(30), || {
+        daemon
+            .event_log()
+            .into_iter()
+            .find(|e| e["kind"] == "action" && e["rule"] == "reclaim.probe")
+    })
+    .unwrap_or_else(|| panic!("no reclaim logged:\n{:#?}", daemon.event_log()));
+    eprintln!("{reclaimed}");
+    assert_eq!(reclaimed["vm"], "nb");
+    let message = reclaimed["message"].as_str().unwrap();
+    let from = format!(" from {} (reclaim.probe: ", vm_cgroup.display());
+    assert!(message.contains(&from), "{message}");
+    assert!(
+        message.contains("keeping 128 MiB (no working-set estimate: floor 64 MiB)"),
+        "{message}"
+    );
+    // What the latest tick wrote: 5% of 300 MiB a second since the reading before (a
+    // tick or two: a tick may miss a sample), in whole pages, at most half the way down
+    // to the 128 MiB kept (the VM's min_mib).
+    let written: u64 = std::fs::read_to_string(vm_cgroup.join("memory.reclaim"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(written % 4096, 0);
+    assert!((12 * MIB..=86 * MIB).contains(&written), "{written}");
+    let metrics = support::http_get(port, "/metrics");
+    let ok = metrics
+        .lines()
+        .find(|l| l.starts_with("memtide_actions_total{kind=\"reclaim\",result=\"ok\"}"));
+    assert!(ok.is_some(), "{metrics}");
+    let asked = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("memtide_reclaim_asked_bytes_total "))
+        .map(|v| v.parse::<f64>().unwrap());
+    assert!(asked.is_some_and(|a| a >= written as f64), "{metrics}");
+    assert!(metrics.contains("rule=\"reclaim.probe\""), "{metrics}");
+}
