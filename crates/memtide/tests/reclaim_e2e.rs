@@ -300,11 +300,13 @@ fn the_daemon_reclaims_from_a_vm_without_a_balloon_and_logs_and_counts_it() {
         .unwrap();
     assert_eq!(written % 4096, 0);
     assert!((12 * MIB..=86 * MIB).contains(&written), "{written}");
-    let metrics = support::http_get(port, "/metrics");
-    let ok = metrics
-        .lines()
-        .find(|l| l.starts_with("memtide_actions_total{kind=\"reclaim\",result=\"ok\"}"));
-    assert!(ok.is_some(), "{metrics}");
+    // The counters are published at the end of the tick that logged the event.
+    let counted = "memtide_actions_total{kind=\"reclaim\",result=\"ok\"}";
+    let metrics = wait_for(Duration::from_secs(10), || {
+        let m = support::http_get(port, "/metrics");
+        m.contains(counted).then_some(m)
+    })
+    .unwrap_or_else(|| panic!("no {counted}:\n{}", support::http_get(port, "/metrics")));
     let asked = metrics
         .lines()
         .find_map(|l| l.strip_prefix("memtide_reclaim_asked_bytes_total "))
