@@ -313,4 +313,6 @@ fn the_daemon_reclaims_from_a_vm_without_a_balloon_and_logs_and_counts_it() {
         .map(|v| v.parse::<f64>().unwrap());
     assert!(asked.is_some_and(|a| a >= written as f64), "{metrics}");
     assert!(metrics.contains("rule=\"reclaim.probe\""), "{metrics}");
+    // The new families follow Prometheus's conventions.
+    support::promtool_check_metrics(&metrics);
 }
