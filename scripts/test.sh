@@ -10,6 +10,8 @@
 # with it), unpacked from Debian's prometheus package into target/tools rather than
 # installed: installing it would enable a Prometheus server, and python3-venv for
 # kubernetes-validate (the KubeVirt manifest against the Kubernetes API schema).
+# reclaim_e2e also uses ldd, objcopy and mke2fs (libc-bin, binutils, e2fsprogs: there
+# wherever Rust builds on Debian) to carry memtide's binary into the guest.
 # Needs root: apt, and memory cgroups for the end-to-end tests. Changes no host-global
 # setting: the tests create only their own cgroups, processes and temporary files.
 set -euo pipefail

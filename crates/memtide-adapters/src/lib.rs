@@ -15,5 +15,6 @@ pub mod procfs;
 pub mod proxmox;
 pub mod qga;
 pub mod qmp;
+pub mod reclaim;
 pub mod tiers;
 pub mod virtio_mem;

@@ -13,6 +13,7 @@ pub mod hibernate;
 pub mod history;
 pub mod need;
 pub mod policy;
+pub mod reclaim;
 pub mod sanitize;
 pub mod serde_secs;
 pub mod signals;

@@ -1,9 +1,9 @@
 //! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, NUMA
-//! node lists and meminfo, cgroup limit, usage and memory.stat files, KSM's one-number
-//! files. The same bytes go to every parser; what parses must print back, in the file's
+//! node lists and meminfo, cgroup limit, usage and memory.stat files (refaults among
+//! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser; what parses must print back, in the file's
 //! own format, to itself.
 
-use memtide_adapters::{cgroup, procfs, tiers};
+use memtide_adapters::{cgroup, procfs, reclaim, tiers};
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
 use memtide_core::Bytes;
 use std::fmt::Write as _;
@@ -47,6 +47,21 @@ pub fn run(data: &[u8]) {
     }
     if let Ok(usage) = cgroup::parse_usage(&text) {
         assert_eq!(cgroup::parse_usage(&usage.0.to_string()), Ok(usage));
+    }
+    if let Some(path) = reclaim::parse_v2_path(&text) {
+        assert!(!path.starts_with('/'), "relative to the hierarchy's root");
+        assert_eq!(reclaim::parse_v2_path(&format!("0::/{path}\n")), Some(path));
+    }
+    if let Some(n) = reclaim::parse_refaults(&text) {
+        let kv = procfs::key_values(&text);
+        let split = kv
+            .get("workingset_refault_anon")
+            .zip(kv.get("workingset_refault_file"));
+        let expected = match split {
+            Some((anon, file)) => anon.saturating_add(*file),
+            None => kv["workingset_refault"],
+        };
+        assert_eq!(n, expected, "the split counts when there are both");
     }
     for (key, value) in procfs::key_values(&text) {
         assert!(!key.is_empty() && !key.contains(char::is_whitespace));

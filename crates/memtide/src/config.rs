@@ -12,6 +12,7 @@ use memtide_core::policy::ksmtuned::KsmConfig;
 use memtide_core::policy::mom::MomConfig;
 use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
+use memtide_core::reclaim::PaceConfig;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use memtide_sim::RecorderConfig;
 use serde::Deserialize;
@@ -72,6 +73,65 @@ pub struct Config {
     pub snapshots: SnapshotConfig,
     /// When a VM that allows it (`[[vm]] hibernate_after_s`) is hibernated.
     pub hibernate: HibernateConfig,
+    /// Proactive reclaim through cgroup v2 `memory.reclaim`, for VMs no balloon serves.
+    pub reclaim: ReclaimConfig,
+}
+
+/// Which VMs proactive reclaim serves, unless a VM's own `reclaim` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimVms {
+    /// None.
+    Off,
+    /// Those without a balloon device.
+    Unballooned,
+    /// All of them.
+    All,
+}
+
+/// Proactive reclaim (`docs/tiering.md`): each VM's cold memory pushed out of its own
+/// cgroup v2 with `memory.reclaim`, paced by its memory pressure and refaults.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReclaimConfig {
+    /// Which VMs it serves (default: none).
+    pub vms: ReclaimVms,
+    /// The memory stall, in percent of time, up to which reclaim goes on.
+    pub target_stall_pct: f64,
+    /// The largest step, in percent of the VM's usage per second.
+    pub step_pct_per_s: f64,
+    /// Refaulted memory, in percent of usage per second, above which reclaim stops.
+    pub refault_pct_per_s: f64,
+    /// MiB kept above the VM's working-set estimate.
+    pub floor_mib: u64,
+    /// Where the cgroup v2 hierarchy is mounted.
+    pub cgroup_root: PathBuf,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        let pace = PaceConfig::default();
+        ReclaimConfig {
+            vms: ReclaimVms::Off,
+            target_stall_pct: pace.target_stall * 100.0,
+            step_pct_per_s: pace.step_per_s * 100.0,
+            refault_pct_per_s: pace.refault_per_s * 100.0,
+            floor_mib: pace.floor.mib(),
+            cgroup_root: "/sys/fs/cgroup".into(),
+        }
+    }
+}
+
+impl ReclaimConfig {
+    /// The pacing settings.
+    pub fn pace(&self) -> PaceConfig {
+        PaceConfig {
+            target_stall: self.target_stall_pct / 100.0,
+            step_per_s: self.step_pct_per_s / 100.0,
+            refault_per_s: self.refault_pct_per_s / 100.0,
+            floor: Bytes::from_mib(self.floor_mib),
+        }
+    }
 }
 
 /// VM memory snapshots (`docs/snapshots.md`).
@@ -253,6 +313,12 @@ pub struct VmConfig {
     /// and snapshots taken by hand are never deleted).
     #[serde(default = "default_snapshot_keep")]
     pub snapshot_keep: usize,
+    /// Reclaim its memory proactively (`[reclaim]`), or never, whatever `[reclaim] vms`
+    /// says.
+    pub reclaim: Option<bool>,
+    /// Its cgroup v2 directory for reclaim; unset: the cgroup its QEMU process is in,
+    /// which must hold that process alone.
+    pub reclaim_cgroup: Option<PathBuf>,
 }
 
 fn default_snapshot_keep() -> usize {
@@ -286,6 +352,7 @@ impl Default for Config {
             proxmox: ProxmoxConfig::default(),
             snapshots: SnapshotConfig::default(),
             hibernate: HibernateConfig::default(),
+            reclaim: ReclaimConfig::default(),
         }
     }
 }
@@ -602,6 +669,17 @@ impl Config {
             if vm.hibernate_after_s.is_some() && vm.launch.is_none() {
                 let message = "needs `launch`: a hibernated VM is woken by starting it again";
                 return bad(&format!("vm[{i}].hibernate_after_s"), message.into());
+            }
+        }
+        let r = &self.reclaim;
+        let pcts = [
+            ("reclaim.target_stall_pct", r.target_stall_pct),
+            ("reclaim.step_pct_per_s", r.step_pct_per_s),
+            ("reclaim.refault_pct_per_s", r.refault_pct_per_s),
+        ];
+        for (field, pct) in pcts {
+            if !(pct > 0.0 && pct <= 100.0) {
+                return bad(field, format!("{pct} must be a percentage in (0, 100]"));
             }
         }
         let h = &self.hibernate;
@@ -1012,6 +1090,14 @@ mod tests {
                  Firecracker and Cloud Hypervisor start their own",
             ),
             (
+                "[reclaim]\nvms = \"unballooned\"\nstep_pct_per_s = 0\n",
+                "reclaim.step_pct_per_s: 0 must be a percentage in (0, 100]",
+            ),
+            (
+                "[reclaim]\ntarget_stall_pct = nan\n",
+                "reclaim.target_stall_pct: NaN must be a percentage in (0, 100]",
+            ),
+            (
                 "[snapshots]\ntimeout_s = 0\n",
                 "snapshots.timeout_s: 0 is not 1 to 86400 seconds",
             ),
@@ -1050,6 +1136,8 @@ mod tests {
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
+            reclaim: None,
+            reclaim_cgroup: None,
         };
         let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));

@@ -10,6 +10,7 @@ pub mod http;
 pub mod metrics;
 pub mod policies;
 pub mod policy_cmd;
+pub mod reclaim_cmd;
 pub mod render;
 pub mod sim_cmd;
 pub mod snapshot_cmd;

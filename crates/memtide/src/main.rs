@@ -3,14 +3,19 @@
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use memtide::config::Config;
+use memtide::daemon::reclaim::Place;
 use memtide::daemon::{self, RunOptions};
 use memtide::policy_cmd::{self, Format};
+use memtide::reclaim_cmd;
 use memtide::sim_cmd;
 use memtide::snapshot_cmd;
 use memtide::{control, render};
 use memtide_core::backend::AfterSave;
+use memtide_core::reclaim::Keep;
+use memtide_core::Bytes;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Watches each VM, takes back the memory it does not use, and gives it back before the
 /// guest suffers.
@@ -94,6 +99,34 @@ enum Command {
         socket: Option<PathBuf>,
         /// Configuration file naming the control socket [default: /etc/memtide/memtide.toml
         /// if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Reclaim one cgroup v2's cold memory in the foreground, paced as the daemon paces
+    /// its VMs' (`[reclaim]` of the configuration; see docs/tiering.md), a line a tick.
+    Reclaim {
+        /// The process whose cgroup (holding it alone) to reclaim from.
+        #[arg(long, conflicts_with = "cgroup", required_unless_present = "cgroup")]
+        pid: Option<u32>,
+        /// The cgroup v2 directory to reclaim from.
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// Its working set, in MiB: never reclaimed below this plus `[reclaim] floor_mib`.
+        #[arg(long)]
+        working_set_mib: Option<u64>,
+        /// Never reclaimed below this many MiB.
+        #[arg(long, default_value_t = 0)]
+        min_mib: u64,
+        /// Seconds between two ticks.
+        #[arg(long, default_value_t = 1.0)]
+        interval_s: f64,
+        /// Stop after this many ticks.
+        #[arg(long, default_value_t = 60)]
+        ticks: u64,
+        /// Decide and print, but write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Configuration file (TOML) for `[reclaim]` and `[host] proc`.
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -330,6 +363,40 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 .unwrap_or_else(|| DEFAULT_CONFIG.into());
             Config::load(&config)?;
             println!("{}: ok", config.display());
+            Ok(())
+        }
+        Command::Reclaim {
+            pid,
+            cgroup,
+            working_set_mib,
+            min_mib,
+            interval_s,
+            ticks,
+            dry_run,
+            config,
+        } => {
+            let config = load(config.as_ref())?;
+            let interval = Duration::try_from_secs_f64(interval_s)
+                .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?;
+            let options = reclaim_cmd::Options {
+                place: match (cgroup, pid) {
+                    (Some(dir), _) => Place::Cgroup(dir),
+                    (None, Some(pid)) => Place::Process(pid),
+                    (None, None) => unreachable!("clap requires one"),
+                },
+                keep: Keep {
+                    working_set: working_set_mib.map(Bytes::from_mib),
+                    min: Bytes::from_mib(min_mib),
+                },
+                interval,
+                ticks,
+                dry_run,
+            };
+            let proc = config.host.proc.clone();
+            tokio::task::spawn_blocking(move || {
+                reclaim_cmd::run(&config.reclaim, proc, &options, &mut std::io::stdout())
+            })
+            .await??;
             Ok(())
         }
         Command::Reload { socket, config } => {

@@ -135,6 +135,12 @@ impl Collector for StatusCollector {
             "Actions carried out, by kind and result.",
             actions,
         )?;
+        counters(
+            &mut enc,
+            "memtide_reclaim_asked_bytes",
+            "Memory asked of VMs' cgroup v2 memory.reclaim (proactive reclaim).",
+            vec![(vec![], c.reclaim_asked_bytes)],
+        )?;
         let rules = c
             .rules
             .iter()

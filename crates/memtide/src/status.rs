@@ -33,6 +33,9 @@ pub struct Counters {
     /// Failed writes, by file (`event_log`, `recording`, `state`): what they held is lost.
     #[serde(default)]
     pub write_errors: BTreeMap<String, u64>,
+    /// Memory asked of VMs' `memory.reclaim` (proactive reclaim), in bytes.
+    #[serde(default)]
+    pub reclaim_asked_bytes: u64,
 }
 
 impl Counters {

@@ -797,3 +797,73 @@ fn replay_runs_another_policy_over_the_committed_recording() {
         "no management differs almost every tick"
     );
 }
+
+#[test]
+fn reclaim_paces_a_cgroup_a_line_a_tick_and_names_what_it_cannot_read() {
+    // A cgroup v2 directory as the kernel shows it (this host has cgroup v1): 1 GiB
+    // charged, no pressure, no refaults.
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write("memory.current", "1073741824\n");
+    write(
+        "memory.pressure",
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+    );
+    write(
+        "memory.stat",
+        "workingset_refault_anon 0\nworkingset_refault_file 0\n",
+    );
+    write("memory.reclaim", "");
+    let config = dir.path().join("memtide.toml");
+    std::fs::write(&config, "[reclaim]\nstep_pct_per_s = 10\n").unwrap();
+    let o = memtide()
+        .args([
+            "reclaim",
+            "--ticks",
+            "2",
+            "--interval-s",
+            "0.5",
+            "--working-set-mib",
+            "256",
+        ])
+        .arg("--cgroup")
+        .arg(dir.path())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].ends_with("asked=0 result=held reclaim.first: first reading: no rates yet"),
+        "{out}"
+    );
+    let written = std::fs::read_to_string(dir.path().join("memory.reclaim")).unwrap();
+    assert!(
+        lines[1].contains(&format!("asked={written} result=ok reclaim.probe: ")),
+        "{out}"
+    );
+    assert!(
+        lines[1].ends_with("keeping 320 MiB (working set 256 MiB + floor 64 MiB)"),
+        "{out}"
+    );
+    // About 10% of 1 GiB a second for half a second.
+    let written: u64 = written.parse().unwrap();
+    assert!((40 << 20..80 << 20).contains(&written), "{written}");
+    // A process that is not there (above the kernel's largest pid_max): every tick says
+    // why.
+    let o = memtide()
+        .args(["reclaim", "--ticks", "1", "--pid", "4999999"])
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("asked=0 result=error (/proc/4999999/cgroup: No such file"),
+        "{out}"
+    );
+}

@@ -73,7 +73,9 @@ impl Connector for Connectors {
                     None => None,
                 };
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
+                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
                 let mut connection = Connection::new(Box::new(vm));
+                connection.pid = pid;
                 if let Some(m) = pve {
                     connection.min = Some(m.min);
                     connection.max = Some(m.memory);
@@ -170,6 +172,7 @@ mod libvirt {
                 min,
                 max,
                 shares: None,
+                pid: None,
             })
         }
 

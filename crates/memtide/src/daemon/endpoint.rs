@@ -81,6 +81,8 @@ pub struct Connection {
     pub max: Option<Bytes>,
     /// Its weight when memory is divided (unless the configuration says otherwise).
     pub shares: Option<u32>,
+    /// Its hypervisor's process, when known (for its cgroup).
+    pub pid: Option<u32>,
 }
 
 impl Connection {
@@ -91,6 +93,7 @@ impl Connection {
             min: None,
             max: None,
             shares: None,
+            pid: None,
         }
     }
 }

@@ -62,8 +62,9 @@ pub struct Event {
     /// Wall-clock time (RFC 3339, UTC).
     pub ts: String,
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
-    /// `action_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`, `hibernate`,
-    /// `snapshot_started`, `snapshot_saved`, `snapshot_failed`, `snapshot_deleted`.
+    /// `action_failed`, `reclaim_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`,
+    /// `hibernate`, `snapshot_started`, `snapshot_saved`, `snapshot_failed`,
+    /// `snapshot_deleted`.
     pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -167,6 +167,8 @@ struct Managed {
     connected: Instant,
     /// A save asked for and not started yet: it starts when no call is in flight.
     save: Option<SaveJob>,
+    /// Its hypervisor's process, when known.
+    pid: Option<u32>,
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -311,6 +313,7 @@ impl Fleet {
                         reconnect: c.backoff,
                         connected: now,
                         save: None,
+                        pid: connection.pid,
                     };
                     self.managed.insert(c.name, m);
                 }
@@ -708,6 +711,12 @@ impl Fleet {
         self.managed.get(vm)?.configured
     }
 
+    /// VM `vm`'s hypervisor process, when known, and its `[[vm]]` entry, if any.
+    pub fn process(&self, vm: &str) -> Option<(Option<u32>, Option<&VmConfig>)> {
+        let m = self.managed.get(vm)?;
+        Some((m.pid, m.config.as_ref()))
+    }
+
     /// How each managed VM's samples are arriving.
     pub fn sampling(&self) -> Vec<Sampling> {
         self.managed
@@ -846,6 +855,7 @@ mod tests {
                     min: Some(Bytes::from_mib(200)),
                     max: None,
                     shares: None,
+                    pid: None,
                 }),
             }
         }
@@ -1019,6 +1029,8 @@ mod tests {
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
+            reclaim: None,
+            reclaim_cgroup: None,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.
         std::fs::write(dir.path().join("web.sock"), "").unwrap();

@@ -7,6 +7,7 @@ pub mod endpoint;
 pub mod events;
 pub mod fleet;
 pub mod pods;
+pub mod reclaim;
 pub mod state;
 pub mod vm_task;
 pub mod writes;
@@ -24,6 +25,7 @@ use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
+use memtide_core::reclaim::Keep;
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
@@ -86,6 +88,8 @@ struct Daemon {
     saving: HashSet<String>,
     /// The hibernated VMs shown may have changed: read the store again.
     recount_hibernated: bool,
+    /// Proactive reclaim's pacers (taken while a pass runs off the runtime).
+    reclaimer: Option<reclaim::Reclaimer>,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -201,6 +205,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         next_snapshot: HashMap::new(),
         saving: HashSet::new(),
         recount_hibernated: true,
+        reclaimer: None,
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -591,6 +596,7 @@ impl Daemon {
         self.record(&snapshot, &decision);
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
+        self.reclaim(&snapshot, &decision).await;
         self.hibernate_idle(&snapshot, &decision);
         self.snapshot_on_schedule();
         self.save_state(&decision).await;
@@ -708,6 +714,61 @@ impl Daemon {
                 _ => self.log_action(action, None, ""),
             }
         }
+    }
+
+    /// Proactive reclaim for the VMs it serves: one pass over their cgroups, its file
+    /// I/O off the runtime; each reclaim and each failure logged and counted.
+    async fn reclaim(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        let config = &self.config.reclaim;
+        let targets: Vec<reclaim::Target> = snapshot
+            .vms
+            .iter()
+            .zip(&decision.vms)
+            .filter_map(|(vm, report)| {
+                let (pid, vm_config) = self.fleet.process(&vm.name)?;
+                reclaim::serves(config, vm_config, vm).then(|| reclaim::Target {
+                    vm: vm.name.clone(),
+                    place: match (vm_config.and_then(|c| c.reclaim_cgroup.clone()), pid) {
+                        (Some(dir), _) => reclaim::Place::Cgroup(dir),
+                        (None, Some(pid)) => reclaim::Place::Process(pid),
+                        (None, None) => reclaim::Place::Unknown,
+                    },
+                    keep: Keep {
+                        working_set: report.estimate,
+                        min: vm.limits.min,
+                    },
+                })
+            })
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let mut reclaimer = self.reclaimer.take().unwrap_or_else(|| {
+            reclaim::Reclaimer::new(&self.config.reclaim, self.config.host.proc.clone())
+        });
+        let (at, dry_run) = (snapshot.at, self.options.dry_run);
+        let pass = tokio::task::spawn_blocking(move || {
+            let outcomes = reclaimer.pass(&targets, at, dry_run);
+            (reclaimer, outcomes)
+        });
+        let (reclaimer, outcomes) = pass.await.expect("the reclaim pass does not panic");
+        self.reclaimer = Some(reclaimer);
+        for o in outcomes {
+            self.log_reclaim(o);
+        }
+    }
+
+    /// Count and log one VM's reclaim (nothing when it held back).
+    fn log_reclaim(&mut self, o: reclaim::Outcome) {
+        let Some(e) = o.event() else {
+            return;
+        };
+        if let Some(rule) = e.rule {
+            self.counters.rule(rule);
+        }
+        self.counters.reclaim_asked_bytes += e.asked.0;
+        self.counters.action("reclaim", e.result);
+        self.events.log(e.kind, Some(&o.vm), e.rule, e.message);
     }
 
     /// Count and log a balloon command answered after the tick that sent it.

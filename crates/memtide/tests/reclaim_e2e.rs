@@ -1,0 +1,318 @@
+//! Proactive reclaim on a real kernel (#12 item 3): this host has cgroup v1, so a test
+//! guest (Debian's 6.1 kernel: cgroup v2 memory, PSI, `memory.reclaim`, a swap disk)
+//! runs a process standing in for QEMU — coldalloc: a cold buffer written once, a hot
+//! one written over and over — in a cgroup v2 of its own, and memtide's own binary
+//! (`memtide reclaim`, the daemon's pacing and I/O) reclaims from that cgroup. The
+//! binary and the libraries it links reach the guest on a data disk.
+//!
+//! Boots a guest under TCG, so it is ignored by a plain `cargo test`; `scripts/test.sh`
+//! runs it.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use support::cgroup::TestCgroup;
+use support::guest::Guest;
+use support::harness::Agent;
+use support::wait_for;
+
+const COLD_MIB: u64 = 120;
+const HOT_MIB: u64 = 32;
+/// `[reclaim] floor_mib` in the guest's configuration: with the hot set given as the
+/// working set, reclaim never takes the cgroup below HOT_MIB + FLOOR_MIB.
+const FLOOR_MIB: u64 = 16;
+const MIB: u64 = 1 << 20;
+
+/// An ext2 image holding memtide's binary (debug info stripped), the shared libraries
+/// it links against (the guest runs it through their loader) and its configuration.
+fn data_disk(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("data");
+    let lib = root.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let memtide = env!("CARGO_BIN_EXE_memtide");
+    let ok = Command::new("objcopy")
+        .args(["--strip-debug", memtide])
+        .arg(root.join("memtide"))
+        .status()
+        .unwrap();
+    assert!(ok.success(), "objcopy --strip-debug {memtide}");
+    let ldd = Command::new("ldd").arg(memtide).output().unwrap();
+    let ldd = String::from_utf8(ldd.stdout).unwrap();
+    for path in ldd.split_whitespace().filter(|w| w.starts_with('/')) {
+        let name = Path::new(path).file_name().unwrap();
+        std::fs::copy(path, lib.join(name)).unwrap();
+    }
+    std::fs::write(
+        root.join("memtide.toml"),
+        format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n"),
+    )
+    .unwrap();
+    let size: u64 = walk(&root);
+    let image = dir.join("data.img");
+    let ok = Command::new("mke2fs")
+        .args(["-q", "-t", "ext2", "-b", "4096", "-d"])
+        .arg(&root)
+        .arg(&image)
+        .arg(format!("{}M", size / MIB * 5 / 4 + 16))
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mke2fs -d {}", root.display());
+    image
+}
+
+fn walk(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                walk(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}
+
+/// A `/proc/PID/status` field in bytes (`VmSwap:    1234 kB`).
+fn status_field(status: &str, name: &str) -> u64 {
+    let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// A field of coldalloc's latest report line (`... cold_resident_mib=187.3`), in bytes.
+fn reported(log: &str, name: &str) -> u64 {
+    let line = log.lines().rev().find(|l| l.contains(name)).unwrap();
+    let value = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .unwrap();
+    (value.parse::<f64>().unwrap() * MIB as f64) as u64
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = data_disk(dir.path());
+    let cgroup = TestCgroup::create("memtide-reclaim");
+    let drive = format!("if=none,id=data,file={},format=raw", image.display());
+    let devices = [
+        "-drive",
+        &drive,
+        "-device",
+        "virtio-blk-pci,drive=data,serial=memtide-data",
+    ];
+    let mut guest = Guest::boot_with(
+        "r",
+        dir.path(),
+        &cgroup.procs(),
+        "384",
+        "",
+        "",
+        &devices,
+        "",
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    assert!(guest.console().contains("on /data"), "{}", guest.console());
+    let mut agent = Agent::connect(guest.agent());
+    let setup = "mount -t cgroup2 none /sys/fs/cgroup && \
+                 echo +memory > /sys/fs/cgroup/cgroup.subtree_control && \
+                 mkdir /sys/fs/cgroup/vm";
+    assert_eq!(agent.run_sh(setup, Duration::from_secs(30)), 0);
+    let pid = agent.spawn_sh(&format!(
+        "echo $$ > /sys/fs/cgroup/vm/cgroup.procs && exec /bin/coldalloc --cold-mib {COLD_MIB} \
+         --hot-mib {HOT_MIB} --interval-s 1 > /tmp/cold.log 2>&1"
+    ));
+    let written = "grep -q cold_resident_mib /tmp/cold.log";
+    wait_for(Duration::from_secs(60), || {
+        (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
+    })
+    .expect("coldalloc wrote its buffers");
+    let cold_before = reported(&agent.read_file("/tmp/cold.log"), "cold_resident_mib=");
+    assert!(
+        cold_before >= (COLD_MIB - 4) * MIB,
+        "cold all resident first"
+    );
+    // Watch the cgroup's usage apart from memtide, twice a second.
+    agent.spawn_sh(
+        "while :; do cat /sys/fs/cgroup/vm/memory.current >> /tmp/usage; usleep 500000; done",
+    );
+    let memtide = "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
+    let run = format!(
+        "{memtide} reclaim --config /data/memtide.toml --pid {pid} --working-set-mib {HOT_MIB} \
+         --interval-s 1 --ticks 40 > /tmp/reclaim.log 2>&1"
+    );
+    let status = agent.run_sh(&run, Duration::from_secs(240));
+    let log = agent.read_file("/tmp/reclaim.log");
+    eprintln!("{log}");
+    assert_eq!(status, 0, "memtide reclaim: {log}");
+    assert!(!log.contains("error"), "{log}");
+    let asked: u64 = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(log.contains("result=ok reclaim.probe"), "{log}");
+
+    // coldalloc knows which of its cold pages are in memory (mincore: mapped, or in the
+    // swap cache); the anonymous memory it maps is the rest of the cold buffer, the hot
+    // one and a little heap and stack. A hot page pushed out comes back at once (the hot
+    // loop writes every page), as a refault.
+    let cold_log = agent.read_file("/tmp/cold.log");
+    let cold_resident = reported(&cold_log, "cold_resident_mib=");
+    let status = agent.read_file(&format!("/proc/{pid}/status"));
+    let (anon, swap) = (
+        status_field(&status, "RssAnon:"),
+        status_field(&status, "VmSwap:"),
+    );
+    let stat = agent.read_file("/sys/fs/cgroup/vm/memory.stat");
+    let stat_field = |k: &str| -> u64 {
+        let line = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(k))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let refaulted = stat_field("workingset_refault_anon") * 4096;
+    let usage: Vec<u64> = agent
+        .read_file("/tmp/usage")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let least = *usage.iter().min().expect("usage watched");
+    eprintln!(
+        "asked {} MiB; cold in memory {} -> {} MiB; RssAnon {} MiB, VmSwap {} MiB, \
+         anonymous refaults {} KiB; cgroup usage {} MiB -> least {} KiB ({} readings)\n{}",
+        asked / MIB,
+        cold_before / MIB,
+        cold_resident / MIB,
+        anon / MIB,
+        swap / MIB,
+        refaulted >> 10,
+        usage[0] / MIB,
+        least >> 10,
+        usage.len(),
+        cold_log
+            .lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    assert!(
+        cold_resident <= COLD_MIB * MIB / 2 && swap >= COLD_MIB * MIB / 2,
+        "at least half the cold buffer went to swap: {} MiB resident, {} MiB swapped",
+        cold_resident / MIB,
+        swap / MIB
+    );
+    assert!(
+        anon >= (HOT_MIB - 1) * MIB,
+        "the hot buffer stays resident: RssAnon {} MiB",
+        anon / MIB
+    );
+    assert!(
+        refaulted <= 2 * MIB,
+        "the hot buffer was not pushed out: {} KiB refaulted",
+        refaulted >> 10
+    );
+    let keep = (HOT_MIB + FLOOR_MIB) * MIB;
+    assert!(
+        least >= keep,
+        "usage {} KiB went below the working set and floor, {} KiB",
+        least >> 10,
+        keep / MIB
+    );
+}
+
+/// The daemon's side: a QEMU guest without a balloon device, `[reclaim] vms =
+/// "unballooned"`, and the VM's cgroup configured (`reclaim_cgroup`). This host has
+/// cgroup v1, so the cgroup is a directory of the files the kernel would show (no
+/// pressure, no refaults, 300 MiB charged): what is checked is the daemon's part — that
+/// the VM is served because it has no balloon, that the amount its pacing decides is
+/// written to `memory.reclaim`, logged as an action with its reason and counted.
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn the_daemon_reclaims_from_a_vm_without_a_balloon_and_logs_and_counts_it() {
+    use support::daemon::Daemon;
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-reclaim-daemon");
+    let mut guest = Guest::boot_with("nb", dir.path(), &cgroup.procs(), "256", "", "", &[], "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let vm_cgroup = dir.path().join("vm.scope");
+    std::fs::create_dir(&vm_cgroup).unwrap();
+    for (name, text) in [
+        ("memory.current", format!("{}\n", 300 * MIB)),
+        (
+            "memory.pressure",
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n\
+             full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                .into(),
+        ),
+        (
+            "memory.stat",
+            "anon 314572800\nworkingset_refault_anon 0\nworkingset_refault_file 0\n".into(),
+        ),
+        ("memory.reclaim", String::new()),
+    ] {
+        std::fs::write(vm_cgroup.join(name), text).unwrap();
+    }
+    let config = format!(
+        "interval_s = 1\npolicy = \"memtide\"\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [reclaim]\nvms = \"unballooned\"\nstep_pct_per_s = 5\n\
+         [[vm]]\nname = \"nb\"\nqmp = {:?}\nreclaim_cgroup = {:?}\n",
+        guest.qmp().display().to_string(),
+        vm_cgroup.display().to_string(),
+    );
+    let port = support::free_port();
+    let daemon = Daemon::start(dir.path(), &config, port);
+    let reclaimed = wait_for(Duration::from_secs(30), || {
+        daemon
+            .event_log()
+            .into_iter()
+            .find(|e| e["kind"] == "action" && e["rule"] == "reclaim.probe")
+    })
+    .unwrap_or_else(|| panic!("no reclaim logged:\n{:#?}", daemon.event_log()));
+    eprintln!("{reclaimed}");
+    assert_eq!(reclaimed["vm"], "nb");
+    let message = reclaimed["message"].as_str().unwrap();
+    let from = format!(" from {} (reclaim.probe: ", vm_cgroup.display());
+    assert!(message.contains(&from), "{message}");
+    assert!(
+        message.contains("keeping 128 MiB (no working-set estimate: floor 64 MiB)"),
+        "{message}"
+    );
+    // What the latest tick wrote: 5% of 300 MiB a second since the reading before (a
+    // tick or two: a tick may miss a sample), in whole pages, at most half the way down
+    // to the 128 MiB kept (the VM's min_mib).
+    let written: u64 = std::fs::read_to_string(vm_cgroup.join("memory.reclaim"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(written % 4096, 0);
+    assert!((12 * MIB..=86 * MIB).contains(&written), "{written}");
+    // The counters are published at the end of the tick that logged the event.
+    let counted = "memtide_actions_total{kind=\"reclaim\",result=\"ok\"}";
+    let metrics = wait_for(Duration::from_secs(10), || {
+        let m = support::http_get(port, "/metrics");
+        m.contains(counted).then_some(m)
+    })
+    .unwrap_or_else(|| panic!("no {counted}:\n{}", support::http_get(port, "/metrics")));
+    let asked = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("memtide_reclaim_asked_bytes_total "))
+        .map(|v| v.parse::<f64>().unwrap());
+    assert!(asked.is_some_and(|a| a >= written as f64), "{metrics}");
+    assert!(metrics.contains("rule=\"reclaim.probe\""), "{metrics}");
+    // The new families follow Prometheus's conventions.
+    support::promtool_check_metrics(&metrics);
+}
