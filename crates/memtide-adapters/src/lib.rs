@@ -17,3 +17,4 @@ pub mod qga;
 pub mod qmp;
 pub mod tiers;
 pub mod virtio_mem;
+pub mod vmm_snapshot;

@@ -5,10 +5,11 @@ use super::{stats, xml, Libvirt};
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
 use crate::virtio_mem::{self, Device, Follower};
 use async_trait::async_trait;
-use memtide_core::backend::VmBackend;
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use virt::domain::Domain;
@@ -23,10 +24,12 @@ pub struct LibvirtVmOptions {
 
 /// A running libvirt domain.
 pub struct LibvirtVm {
-    session: Arc<Session>,
-    domain: Arc<Domain>,
+    pub(super) session: Arc<Session>,
+    pub(super) domain: Arc<Domain>,
     name: String,
-    call_timeout: Duration,
+    /// The connection's URI.
+    pub(super) uri: String,
+    pub(super) call_timeout: Duration,
     description: xml::DomainXml,
     /// The memory the balloon works on: `<memory>` less the virtio-mem device's maximum.
     base: Bytes,
@@ -81,6 +84,7 @@ impl LibvirtVm {
             session,
             domain,
             name: name.to_string(),
+            uri: libvirt.uri().to_string(),
             call_timeout: limit,
             base: description.base_memory(),
             description,
@@ -256,6 +260,16 @@ impl VmBackend for LibvirtVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    async fn save(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        self.save_into(dir, then, limit, seal).await
     }
 }
 
