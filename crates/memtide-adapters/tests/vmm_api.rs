@@ -197,13 +197,12 @@ async fn firecracker_load(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The files a seal found and whether the guest was paused then (`None`: it did not run).
+type Seen = Arc<Mutex<Option<(Vec<String>, bool)>>>;
+
 /// A seal that finds the files of `dir` and whether `fake`'s guest was paused when it
 /// ran (`None`: it did not run), and ends as `outcome` says.
-fn seal(
-    dir: &Path,
-    fake: &Shared,
-    outcome: Result<(), String>,
-) -> (Seal, Arc<Mutex<Option<(Vec<String>, bool)>>>) {
+fn seal(dir: &Path, fake: &Shared, outcome: Result<(), String>) -> (Seal, Seen) {
     let seen = Arc::new(Mutex::new(None));
     let (found, dir, fake) = (seen.clone(), dir.to_path_buf(), fake.clone());
     let seal: Seal = Box::new(move |_| {
@@ -341,10 +340,11 @@ async fn firecracker_restores_into_a_fresh_process_by_its_launch_command() {
     kill(restored.pid);
     let load = json!({"snapshot_path": snap.path().join("vmstate"), "resume_vm": true,
         "mem_backend": {"backend_type": "File", "backend_path": snap.path().join("memory")}});
-    let f = fake.lock().unwrap();
-    assert_eq!(f.log, [format!("PUT /snapshot/load {load}")]);
-    assert!(!f.paused, "resumed as it ran when saved");
-    drop(f);
+    {
+        let f = fake.lock().unwrap();
+        assert_eq!(f.log, [format!("PUT /snapshot/load {load}")]);
+        assert!(!f.paused, "resumed as it ran when saved");
+    }
 
     // A snapshot Firecracker cannot load: the process is killed, the fault in the error.
     std::fs::remove_file(snap.path().join("vmstate")).unwrap();
@@ -748,16 +748,17 @@ async fn cloud_hypervisor_restores_into_a_fresh_process_and_resumes() {
         .unwrap();
     kill(restored.pid);
     let url = format!("file://{}", snap.path().display());
-    let f = fake.lock().unwrap();
-    assert_eq!(
-        f.log,
-        [
-            format!("PUT /api/v1/vm.restore {}", json!({"source_url": url})),
-            "PUT /api/v1/vm.resume".to_string(),
-        ]
-    );
-    assert!(!f.paused);
-    drop(f);
+    {
+        let f = fake.lock().unwrap();
+        assert_eq!(
+            f.log,
+            [
+                format!("PUT /api/v1/vm.restore {}", json!({"source_url": url})),
+                "PUT /api/v1/vm.resume".to_string(),
+            ]
+        );
+        assert!(!f.paused);
+    }
     std::fs::remove_file(snap.path().join("state.json")).unwrap();
     let e = cloud_hypervisor::restore(&launch, snap.path(), false)
         .await
