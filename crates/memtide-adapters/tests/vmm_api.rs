@@ -298,6 +298,82 @@ async fn a_firecracker_hibernation_whose_seal_fails_runs_on() {
     assert!(!fake.lock().unwrap().paused);
 }
 
+/// A stand-in for Firecracker's process: a proxy to the fake's socket, so that the
+/// socket's peer credentials name a process a hibernation may kill (not the test's own).
+const PROXY: &str = "
+import socket, sys, threading
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen()
+while True:
+    c, _ = listener.accept()
+    u = socket.socket(socket.AF_UNIX)
+    u.connect(sys.argv[2])
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+";
+
+#[tokio::test]
+async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let served = serve(dir.path(), firecracker(fake.clone(), true));
+    let socket = dir.path().join("fc.sock");
+    let mut process = std::process::Command::new("python3")
+        .args(["-c", PROXY])
+        .args([&socket, &served])
+        .spawn()
+        .expect("python3, to stand in for Firecracker's process");
+    let listening = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        socket.exists()
+    });
+    assert!(listening, "the stand-in did not listen");
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    let saved = vm.save(out.path(), AfterSave::Quit, LIMIT, sealed).await;
+    let ended = (0..300).find_map(|_| {
+        let status = process.try_wait().unwrap();
+        if status.is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        status
+    });
+    if ended.is_none() {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+    saved.unwrap();
+    let files = ["memory".to_string(), "vmstate".to_string()];
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((files.to_vec(), true)),
+        "sealed while paused"
+    );
+    let signal = ended.and_then(|status| status.signal());
+    assert_eq!(signal, Some(9), "killed by the hibernation: {ended:?}");
+    let log = fake.lock().unwrap().log.clone();
+    assert!(
+        log.last().unwrap().starts_with("PUT /snapshot/create"),
+        "not resumed: {log:?}"
+    );
+}
+
 /// A launch command that "starts a VMM": its API socket becomes a link to `served` (the
 /// fake's), and it waits.
 fn linking_launch(served: &Path, socket: &Path) -> Vec<String> {
