@@ -214,3 +214,68 @@ fn a_domain_saved_hibernated_and_restored_through_libvirt_keeps_its_memory() {
         ]
     );
 }
+
+#[test]
+#[ignore = "starts libvirtd and boots a real guest; run by scripts/test.sh"]
+fn an_idle_domain_is_hibernated_by_the_daemon_and_woken_through_libvirt() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-libvirt-hibernate");
+    let libvirtd = Libvirtd::start(dir.path(), &cgroup.procs());
+    // No workload: the guest idles once booted.
+    let console = libvirtd.boot(
+        "h",
+        &Domain {
+            mem_mib: GUEST_MIB,
+            ..Domain::default()
+        },
+    );
+    let ready = wait_for(Duration::from_secs(180), || {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        text.contains("memtide-guest: ready").then_some(())
+    });
+    assert!(ready.is_some(), "the guest did not boot");
+    // Hibernated after 25 s idle (its CPU time from libvirt), the host counting as short
+    // whatever it has free; no `launch`: libvirt wakes the domain.
+    let store = dir.path().join("snapshots");
+    let config_text = format!(
+        "interval_s = 1\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n[hibernate]\nidle_cpu = 0.5\nfree_below = 1.0\n\
+         [snapshots]\ndir = {:?}\n\
+         [[vm]]\nname = \"h\"\nlibvirt = {:?}\nhibernate_after_s = 25\n",
+        store.display().to_string(),
+        libvirtd.uri
+    );
+    let daemon = Daemon::start(dir.path(), &config_text, 0);
+    let config = dir.path().join("memtide.toml");
+    let asleep = wait_for(Duration::from_secs(120), || {
+        (domstate(&libvirtd, "h") == "shut off").then_some(())
+    });
+    assert!(
+        asleep.is_some(),
+        "the idle domain was not hibernated; the daemon's log:\n{}",
+        daemon.log_text()
+    );
+    let log = daemon.event_log();
+    let hibernate = log
+        .iter()
+        .find(|e| e["kind"] == "hibernate" && e["vm"] == "h")
+        .expect("a hibernate event");
+    let reason = hibernate["message"].as_str().unwrap();
+    assert!(reason.starts_with("idle "), "{reason}");
+    let saved = wait_for(Duration::from_secs(30), || {
+        let listed = snapshot(&config, &["list", "h", "--json"]);
+        let all: Vec<Value> = serde_json::from_slice(&listed.stdout).ok()?;
+        all.into_iter().find(|s| s["by"] == "hibernation")
+    });
+    let saved = saved.expect("the hibernation's snapshot in the store");
+    assert_eq!(saved["then"], "quit");
+    assert_eq!(saved["mechanism"], "libvirt virDomainSaveFlags");
+
+    let out = snapshot(&config, &["restore", "h"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(domstate(&libvirtd, "h"), "running");
+    daemon.wait_until("the woken domain managed", Duration::from_secs(90), |s| {
+        vm(s, "h").is_some_and(|v| v["configured"].is_u64())
+            && s["hibernated"].as_array().is_some_and(|h| h.is_empty())
+    });
+}

@@ -20,7 +20,7 @@ use memtide_core::backend::{AfterSave, Saved, Seal};
 use memtide_core::BackendError;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use virt::connect::Connect;
@@ -239,7 +239,9 @@ impl LibvirtVm {
                 // A failed seal removes the snapshot's directory: a second link to the
                 // file, beside it, lets the guest run on from it.
                 let rescue = dir.with_extension("rescue.partial");
-                let linked = std::fs::create_dir(&rescue)
+                let linked = std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&rescue)
                     .and_then(|()| std::fs::hard_link(&path, rescue.join(MEMORY_FILE)));
                 let sealed = match (synced, linked) {
                     (Ok(()), Ok(())) => seal(saved.clone()).await,

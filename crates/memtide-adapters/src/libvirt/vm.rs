@@ -44,6 +44,8 @@ struct Raw {
     state: (u32, i32),
     job: Option<(i32, Option<i32>)>,
     memory: Vec<(u32, u64)>,
+    /// CPU time the domain has used, in nanoseconds (`virDomainGetInfo`).
+    cpu_ns: Option<u64>,
     /// The live XML, for the virtio-mem device's sizes (only when it has one).
     xml: Option<String>,
 }
@@ -151,6 +153,7 @@ impl VmBackend for LibvirtVm {
                     state: (state, reason),
                     job: None,
                     memory: Vec::new(),
+                    cpu_ns: None,
                     xml: None,
                 });
             }
@@ -165,6 +168,7 @@ impl VmBackend for LibvirtVm {
                 state: (state, reason),
                 job,
                 memory: memory.iter().map(|m| (m.tag, m.val)).collect(),
+                cpu_ns: d.get_info().ok().map(|info| info.cpu_time),
                 xml,
             })
         })
@@ -214,7 +218,8 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
-            cpu_s: None,
+            // The idle time a hibernation waits for.
+            cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,
             virtio_mem,
             free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),
