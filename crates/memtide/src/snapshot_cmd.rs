@@ -409,6 +409,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_vmm_whose_socket_answers_is_not_restored_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("fc.sock");
+        let _listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let keys = format!("firecracker = {socket:?}\nlaunch = [\"firecracker\"]\n");
+        let c = config(dir.path(), &keys);
+        let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "VM a is running (its API socket {} answers): stop it before restoring it",
+                socket.display()
+            )
+        );
+    }
+
+    #[tokio::test]
     async fn a_snapshot_is_restored_only_by_the_connector_that_saved_it_and_clones_are_qemus() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
