@@ -97,6 +97,15 @@ impl ApiSocket {
         }
     }
 
+    /// The same socket, its calls bounded by `call_timeout` (a snapshot takes longer
+    /// than the other calls).
+    pub fn with_timeout(&self, call_timeout: Duration) -> ApiSocket {
+        ApiSocket {
+            path: self.path.clone(),
+            call_timeout,
+        }
+    }
+
     /// The VMM's process id, from the socket's peer credentials.
     pub async fn peer_pid(&self) -> Result<Option<i32>, ApiError> {
         let stream = self.connect().await?;

@@ -7,17 +7,24 @@
 //! balloon's size in bytes; 204 on success), and, in newer releases,
 //! `GET /api/v1/vm.balloon-stats` (`balloon_actual`, `last_update` in milliseconds, and the
 //! guest's statistics under `stats`). Errors come as a status with the error's text.
+//!
+//! Snapshots: `PUT /api/v1/vm.pause`, `vm.snapshot {destination_url: "file:///DIR"}` (the
+//! VM paused; Cloud Hypervisor writes its files into the existing directory DIR),
+//! `vm.resume`, `vmm.shutdown` (the process ends); on a fresh process with no VM yet,
+//! `vm.restore {source_url}`, which leaves the VM paused.
 
-use crate::api_socket::{guest_stats, ApiSocket, ApiVmOptions};
+use crate::api_socket::{guest_stats, ApiError, ApiSocket, ApiVmOptions};
 use crate::firecracker::field;
 use crate::procfs;
+use crate::vmm_snapshot::{self, utf8, Launch, Restored, SnapshotSteps};
 use async_trait::async_trait;
 use hyper::Method;
-use memtide_core::backend::VmBackend;
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
 use std::path::Path;
+use std::time::Duration;
 
 /// A Cloud Hypervisor VM.
 pub struct CloudHypervisorVm {
@@ -154,6 +161,92 @@ impl VmBackend for CloudHypervisorVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    async fn save(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        vmm_snapshot::save(self, dir, then, limit, seal).await
+    }
+}
+
+/// `dir` as the `file://` URL Cloud Hypervisor's snapshot calls take.
+fn file_url(dir: &Path) -> Result<String, BackendError> {
+    Ok(format!("file://{}", utf8(dir)?))
+}
+
+/// `PUT /api/v1/CALL` with `body`.
+async fn put(api: &ApiSocket, call: &str, body: Option<Value>) -> Result<(), BackendError> {
+    api.call(Method::PUT, &format!("/api/v1/{call}"), body)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl SnapshotSteps for CloudHypervisorVm {
+    fn mechanism(&self) -> &'static str {
+        "cloud-hypervisor vm.snapshot"
+    }
+
+    fn cannot_quit(&self) -> Option<String> {
+        None
+    }
+
+    async fn running(&mut self) -> Result<bool, BackendError> {
+        let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
+        Ok(info.get("state").and_then(Value::as_str) == Some("Running"))
+    }
+
+    async fn pause(&mut self) -> Result<(), BackendError> {
+        put(&self.api, "vm.pause", None).await
+    }
+
+    async fn resume(&mut self) -> Result<(), BackendError> {
+        put(&self.api, "vm.resume", None).await
+    }
+
+    async fn write(&mut self, dir: &Path, limit: Duration) -> Result<(), BackendError> {
+        let body = json!({"destination_url": file_url(dir)?});
+        put(&self.api.with_timeout(limit), "vm.snapshot", Some(body)).await
+    }
+
+    async fn quit(&mut self) -> Result<(), BackendError> {
+        // The process may end before its answer is read: it quit all the same.
+        match self
+            .api
+            .call(Method::PUT, "/api/v1/vmm.shutdown", None)
+            .await
+        {
+            Ok(_) | Err(ApiError::Http(..)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Start a Cloud Hypervisor process by `launch`, restore the snapshot in `dir` into it
+/// and resume it when `resume` (it ran when saved).
+pub async fn restore(
+    launch: &Launch<'_>,
+    dir: &Path,
+    resume: bool,
+) -> Result<Restored, BackendError> {
+    let body = json!({"source_url": file_url(dir)?});
+    let started = vmm_snapshot::start(launch).await?;
+    let restored = async {
+        put(&started.api, "vm.restore", Some(body)).await?;
+        if resume {
+            put(&started.api, "vm.resume", None).await?;
+        }
+        Ok::<(), BackendError>(())
+    }
+    .await;
+    match restored {
+        Ok(()) => Ok(started.restored()),
+        Err(e) => Err(started.fail(e, launch.log)),
     }
 }
 

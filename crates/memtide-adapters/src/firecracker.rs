@@ -9,16 +9,30 @@
 //! virtio-balloon statistics in bytes; 400 when statistics are off), and
 //! `PATCH /balloon/statistics {stats_polling_interval_s}` (only while statistics are on:
 //! they cannot be turned on or off after boot). Errors carry `{"fault_message": ...}`.
+//!
+//! Snapshots (`docs/snapshotting/snapshot-support.md`): `GET /` (`state`: `Not started`,
+//! `Running`, `Paused`), `PATCH /vm {state: Paused|Resumed}`, `PUT /snapshot/create
+//! {snapshot_type: Full, snapshot_path, mem_file_path}` on a paused VM, and, on a fresh
+//! Firecracker process not configured yet, `PUT /snapshot/load {snapshot_path,
+//! mem_backend: {backend_type: File, backend_path}, resume_vm}`. Firecracker has no call
+//! that ends its process: a hibernation kills it.
 
 use crate::api_socket::{guest_stats, ApiError, ApiSocket, ApiVmOptions};
 use crate::procfs;
+use crate::vmm_snapshot::{self, utf8, Launch, Restored, SnapshotSteps};
 use async_trait::async_trait;
 use hyper::Method;
-use memtide_core::backend::VmBackend;
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
 use std::path::Path;
+use std::time::Duration;
+
+/// The file, in a snapshot's directory, that holds the microVM's state (devices, vCPUs).
+pub const STATE_FILE: &str = "vmstate";
+/// The file, in a snapshot's directory, that holds the guest's memory.
+pub const MEMORY_FILE: &str = "memory";
 
 /// A Firecracker microVM.
 pub struct FirecrackerVm {
@@ -29,6 +43,8 @@ pub struct FirecrackerVm {
     /// Why the VM cannot be ballooned, when it cannot.
     no_balloon: Option<String>,
     process: Option<procfs::ProcessRss>,
+    /// Firecracker's process, from the API socket's peer credentials.
+    pid: Option<i32>,
     target: Option<Bytes>,
 }
 
@@ -80,16 +96,15 @@ impl FirecrackerVm {
             api.call(Method::PATCH, "/balloon/statistics", Some(body))
                 .await?;
         }
-        let process = api
-            .peer_pid()
-            .await?
-            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
+        let pid = api.peer_pid().await?;
+        let process = pid.map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         Ok(FirecrackerVm {
             api,
             mem,
             stats,
             no_balloon,
             process,
+            pid,
             target: None,
         })
     }
@@ -151,5 +166,95 @@ impl VmBackend for FirecrackerVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    async fn save(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        vmm_snapshot::save(self, dir, then, limit, seal).await
+    }
+}
+
+#[async_trait]
+impl SnapshotSteps for FirecrackerVm {
+    fn mechanism(&self) -> &'static str {
+        "firecracker snapshot/create"
+    }
+
+    fn cannot_quit(&self) -> Option<String> {
+        self.pid
+            .is_none()
+            .then(|| "Firecracker's process is unknown (no peer credentials on its socket)".into())
+    }
+
+    async fn running(&mut self) -> Result<bool, BackendError> {
+        let info = self.api.call(Method::GET, "/", None).await?;
+        Ok(info.get("state").and_then(Value::as_str) == Some("Running"))
+    }
+
+    async fn pause(&mut self) -> Result<(), BackendError> {
+        let body = json!({"state": "Paused"});
+        self.api.call(Method::PATCH, "/vm", Some(body)).await?;
+        Ok(())
+    }
+
+    async fn resume(&mut self) -> Result<(), BackendError> {
+        let body = json!({"state": "Resumed"});
+        self.api.call(Method::PATCH, "/vm", Some(body)).await?;
+        Ok(())
+    }
+
+    async fn write(&mut self, dir: &Path, limit: Duration) -> Result<(), BackendError> {
+        let body = json!({
+            "snapshot_type": "Full",
+            "snapshot_path": utf8(&dir.join(STATE_FILE))?,
+            "mem_file_path": utf8(&dir.join(MEMORY_FILE))?,
+        });
+        let api = self.api.with_timeout(limit);
+        api.call(Method::PUT, "/snapshot/create", Some(body))
+            .await?;
+        Ok(())
+    }
+
+    async fn quit(&mut self) -> Result<(), BackendError> {
+        let pid = self
+            .pid
+            .ok_or_else(|| BackendError::Protocol("no process".into()))?;
+        // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(BackendError::Io(format!(
+                "killing Firecracker ({pid}): {e}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Start a Firecracker process by `launch` and load the snapshot in `dir` into it,
+/// resumed when `resume` (it ran when saved). Firecracker maps the memory file private:
+/// the guest's memory is read as it touches it, and the file must stay while it runs.
+pub async fn restore(
+    launch: &Launch<'_>,
+    dir: &Path,
+    resume: bool,
+) -> Result<Restored, BackendError> {
+    let body = json!({
+        "snapshot_path": utf8(&dir.join(STATE_FILE))?,
+        "mem_backend": {"backend_type": "File", "backend_path": utf8(&dir.join(MEMORY_FILE))?},
+        "resume_vm": resume,
+    });
+    let started = vmm_snapshot::start(launch).await?;
+    match started
+        .api
+        .call(Method::PUT, "/snapshot/load", Some(body))
+        .await
+    {
+        Ok(_) => Ok(started.restored()),
+        Err(e) => Err(started.fail(e.into(), launch.log)),
     }
 }

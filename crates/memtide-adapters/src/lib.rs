@@ -18,3 +18,4 @@ pub mod qmp;
 pub mod reclaim;
 pub mod tiers;
 pub mod virtio_mem;
+pub mod vmm_snapshot;

@@ -8,9 +8,10 @@ use axum::http::StatusCode;
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use memtide_adapters::api_socket::ApiVmOptions;
-use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
-use memtide_adapters::firecracker::FirecrackerVm;
-use memtide_core::backend::VmBackend;
+use memtide_adapters::cloud_hypervisor::{self, CloudHypervisorVm};
+use memtide_adapters::firecracker::{self, FirecrackerVm};
+use memtide_adapters::vmm_snapshot::Launch;
+use memtide_core::backend::{AfterSave, Seal, VmBackend};
 use memtide_core::{BackendError, Bytes};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -27,6 +28,12 @@ struct Fake {
     balloon: u64,
     /// Answer the next requests this late.
     delay: Duration,
+    /// The guest is paused.
+    paused: bool,
+    /// Refuse snapshots with this error.
+    refuse: Option<&'static str>,
+    /// The VMM was told to end its process.
+    shut_down: bool,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -117,7 +124,327 @@ fn firecracker(fake: Shared, stats_on: bool) -> Router {
                 },
             ),
         )
+        .route("/", get(firecracker_info))
+        .route("/vm", axum::routing::patch(firecracker_vm_state))
+        .route("/snapshot/create", put(firecracker_snapshot))
+        .route("/snapshot/load", put(firecracker_load))
         .with_state(fake)
+}
+
+async fn firecracker_info(State(f): State<Shared>) -> Json<Value> {
+    let state = if f.lock().unwrap().paused {
+        "Paused"
+    } else {
+        "Running"
+    };
+    Json(
+        json!({"app_name": "Firecracker", "id": "anonymous-instance", "state": state,
+        "vmm_version": "1.7.0"}),
+    )
+}
+
+async fn firecracker_vm_state(
+    State(f): State<Shared>,
+    Json(body): Json<Value>,
+) -> Result<StatusCode, (StatusCode, Json<Value>)> {
+    record(&f, format!("PATCH /vm {body}")).await;
+    match body["state"].as_str() {
+        Some("Paused") => f.lock().unwrap().paused = true,
+        Some("Resumed") => f.lock().unwrap().paused = false,
+        _ => return Err(fault(StatusCode::BAD_REQUEST, "unknown variant")),
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Firecracker writes the microVM's state and memory by path, on a paused VM only.
+async fn firecracker_snapshot(
+    State(f): State<Shared>,
+    Json(body): Json<Value>,
+) -> Result<StatusCode, (StatusCode, Json<Value>)> {
+    record(&f, format!("PUT /snapshot/create {body}")).await;
+    let (paused, refuse) = {
+        let f = f.lock().unwrap();
+        (f.paused, f.refuse)
+    };
+    if !paused {
+        let why = "The requested operation is not supported while the microVM is running.";
+        return Err(fault(StatusCode::BAD_REQUEST, why));
+    }
+    if let Some(why) = refuse {
+        return Err(fault(StatusCode::BAD_REQUEST, why));
+    }
+    let write = |name: &str, bytes: Vec<u8>| std::fs::write(body[name].as_str().unwrap(), bytes);
+    write("snapshot_path", b"firecracker microvm state".to_vec()).unwrap();
+    write("mem_file_path", vec![0xa5; 1 << 20]).unwrap();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A fresh Firecracker loads a snapshot whose files exist, then runs it if asked.
+async fn firecracker_load(
+    State(f): State<Shared>,
+    Json(body): Json<Value>,
+) -> Result<StatusCode, (StatusCode, Json<Value>)> {
+    record(&f, format!("PUT /snapshot/load {body}")).await;
+    let state = body["snapshot_path"].as_str().unwrap_or_default();
+    let memory = body["mem_backend"]["backend_path"]
+        .as_str()
+        .unwrap_or_default();
+    if !(Path::new(state).exists() && Path::new(memory).exists()) {
+        let why = format!("Load microVM snapshot error: Cannot open snapshot file {state}");
+        return Err(fault(StatusCode::BAD_REQUEST, &why));
+    }
+    f.lock().unwrap().paused = body["resume_vm"] != json!(true);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The files a seal found and whether the guest was paused then (`None`: it did not run).
+type Seen = Arc<Mutex<Option<(Vec<String>, bool)>>>;
+
+/// A seal that finds the files of `dir` and whether `fake`'s guest was paused when it
+/// ran (`None`: it did not run), and ends as `outcome` says.
+fn seal(dir: &Path, fake: &Shared, outcome: Result<(), String>) -> (Seal, Seen) {
+    let seen = Arc::new(Mutex::new(None));
+    let (found, dir, fake) = (seen.clone(), dir.to_path_buf(), fake.clone());
+    let seal: Seal = Box::new(move |_| {
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        *found.lock().unwrap() = Some((files, fake.lock().unwrap().paused));
+        Box::pin(async move { outcome })
+    });
+    (seal, seen)
+}
+
+const LIMIT: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn firecracker_saves_paused_and_resumes_before_the_seal() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let socket = serve(dir.path(), firecracker(fake.clone(), true));
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    let saved = vm
+        .save(out.path(), AfterSave::Run, LIMIT, sealed)
+        .await
+        .unwrap();
+    assert!(saved.was_running);
+    assert_eq!(saved.mechanism, "firecracker snapshot/create");
+    let files = ["memory".to_string(), "vmstate".to_string()];
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((files.to_vec(), false)),
+        "resumed, then sealed"
+    );
+    let mode = std::fs::metadata(out.path().join("memory"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "guest memory for its owner alone");
+    let create = json!({"snapshot_type": "Full",
+        "snapshot_path": out.path().join("vmstate"), "mem_file_path": out.path().join("memory")});
+    assert_eq!(
+        fake.lock().unwrap().log[1..],
+        [
+            "PATCH /vm {\"state\":\"Paused\"}".to_string(),
+            format!("PUT /snapshot/create {create}"),
+            "PATCH /vm {\"state\":\"Resumed\"}".to_string(),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn firecracker_refusing_a_snapshot_leaves_the_guest_running_and_nothing_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    fake.lock().unwrap().refuse = Some("Cannot write the memory file: No space left on device");
+    let socket = serve(dir.path(), firecracker(fake.clone(), true));
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    for then in [AfterSave::Run, AfterSave::Quit] {
+        let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+        let e = vm.save(out.path(), then, LIMIT, sealed).await.unwrap_err();
+        assert!(e.to_string().ends_with("No space left on device"), "{e}");
+        assert_eq!(*seen.lock().unwrap(), None, "nothing to seal");
+        let f = fake.lock().unwrap();
+        assert!(!f.paused, "resumed");
+        assert_eq!(f.log.last().unwrap(), "PATCH /vm {\"state\":\"Resumed\"}");
+    }
+}
+
+#[tokio::test]
+async fn a_firecracker_hibernation_whose_seal_fails_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let socket = serve(dir.path(), firecracker(fake.clone(), true));
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    // The process to kill would be this test's own (it serves the socket): the seal fails.
+    let (sealed, seen) = seal(out.path(), &fake, Err("No space left on device".into()));
+    let e = vm
+        .save(out.path(), AfterSave::Quit, LIMIT, sealed)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "No space left on device; the guest runs on");
+    let seen = seen.lock().unwrap().clone().unwrap();
+    assert!(
+        seen.1,
+        "still paused while sealing: a hibernation resumes only on failure"
+    );
+    assert!(!fake.lock().unwrap().paused);
+}
+
+/// A stand-in for Firecracker's process: a proxy to the fake's socket, so that the
+/// socket's peer credentials name a process a hibernation may kill (not the test's own).
+const PROXY: &str = "
+import socket, sys, threading
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen()
+while True:
+    c, _ = listener.accept()
+    u = socket.socket(socket.AF_UNIX)
+    u.connect(sys.argv[2])
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+";
+
+#[tokio::test]
+async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let served = serve(dir.path(), firecracker(fake.clone(), true));
+    let socket = dir.path().join("fc.sock");
+    let mut process = std::process::Command::new("python3")
+        .args(["-c", PROXY])
+        .args([&socket, &served])
+        .spawn()
+        .expect("python3, to stand in for Firecracker's process");
+    let listening = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        socket.exists()
+    });
+    assert!(listening, "the stand-in did not listen");
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    let saved = vm.save(out.path(), AfterSave::Quit, LIMIT, sealed).await;
+    let ended = (0..300).find_map(|_| {
+        let status = process.try_wait().unwrap();
+        if status.is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        status
+    });
+    if ended.is_none() {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+    saved.unwrap();
+    let files = ["memory".to_string(), "vmstate".to_string()];
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((files.to_vec(), true)),
+        "sealed while paused"
+    );
+    let signal = ended.and_then(|status| status.signal());
+    assert_eq!(signal, Some(9), "killed by the hibernation: {ended:?}");
+    let log = fake.lock().unwrap().log.clone();
+    assert!(
+        log.last().unwrap().starts_with("PUT /snapshot/create"),
+        "not resumed: {log:?}"
+    );
+}
+
+/// A launch command that "starts a VMM": its API socket becomes a link to `served` (the
+/// fake's), and it waits.
+fn linking_launch(served: &Path, socket: &Path) -> Vec<String> {
+    let script = format!(
+        "ln -s {} {} && exec sleep 30",
+        served.display(),
+        socket.display()
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// End the process a restore started.
+fn kill(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}
+
+#[tokio::test]
+async fn firecracker_restores_into_a_fresh_process_by_its_launch_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    fake.lock().unwrap().paused = true;
+    let served = serve(dir.path(), firecracker(fake.clone(), true));
+    let snap = tempfile::tempdir().unwrap();
+    std::fs::write(snap.path().join("vmstate"), "state").unwrap();
+    std::fs::write(snap.path().join("memory"), "memory").unwrap();
+    let (socket, log) = (dir.path().join("fc.sock"), dir.path().join("fc.log"));
+    let command = linking_launch(&served, &socket);
+    let launch = Launch {
+        command: &command,
+        socket: &socket,
+        ping: "/",
+        log: &log,
+        limit: LIMIT,
+    };
+    let restored = firecracker::restore(&launch, snap.path(), true)
+        .await
+        .unwrap();
+    kill(restored.pid);
+    let load = json!({"snapshot_path": snap.path().join("vmstate"), "resume_vm": true,
+        "mem_backend": {"backend_type": "File", "backend_path": snap.path().join("memory")}});
+    {
+        let f = fake.lock().unwrap();
+        assert_eq!(f.log, [format!("PUT /snapshot/load {load}")]);
+        assert!(!f.paused, "resumed as it ran when saved");
+    }
+
+    // A snapshot Firecracker cannot load: the process is killed, the fault in the error.
+    std::fs::remove_file(snap.path().join("vmstate")).unwrap();
+    let e = firecracker::restore(&launch, snap.path(), true)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("Cannot open snapshot file"), "{e}");
+    // A launch command that fails at once is reported with its output.
+    let command = [
+        "sh".to_string(),
+        "-c".into(),
+        "echo no KVM here >&2; exit 1".into(),
+    ];
+    let launch = Launch {
+        command: &command,
+        ..launch
+    };
+    let e = firecracker::restore(&launch, snap.path(), true)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "disconnected: sh exited before its API socket answered (its output: no KVM here)"
+    );
 }
 
 #[tokio::test]
@@ -264,7 +591,7 @@ fn cloud_hypervisor(fake: Shared, state: &'static str, stats: bool) -> Router {
                         "balloon": {"size": balloon, "deflate_on_oom": true, "free_page_reporting": true},
                         "payload": {"kernel": "/vmlinux"}
                     },
-                    "state": state,
+                    "state": if f.lock().unwrap().paused { "Paused" } else { state },
                     "memory_actual_size": (1u64 << 30) - balloon
                 }))
             }),
@@ -285,6 +612,29 @@ fn cloud_hypervisor(fake: Shared, state: &'static str, stats: bool) -> Router {
                 }
             }),
         );
+    let router = router
+        .route(
+            "/api/v1/vm.pause",
+            put(|State(f): State<Shared>| ch_pause(f, true)),
+        )
+        .route(
+            "/api/v1/vm.resume",
+            put(|State(f): State<Shared>| ch_pause(f, false)),
+        )
+        .route("/api/v1/vm.snapshot", put(ch_snapshot))
+        .route("/api/v1/vm.restore", put(ch_restore))
+        .route(
+            "/api/v1/vmm.ping",
+            get(|| async { Json(json!({"version": "v43.0"})) }),
+        )
+        .route(
+            "/api/v1/vmm.shutdown",
+            put(|State(f): State<Shared>| async move {
+                record(&f, "PUT /api/v1/vmm.shutdown".into()).await;
+                f.lock().unwrap().shut_down = true;
+                StatusCode::NO_CONTENT
+            }),
+        );
     let router = if stats {
         router.route(
             "/api/v1/vm.balloon-stats",
@@ -301,6 +651,195 @@ fn cloud_hypervisor(fake: Shared, state: &'static str, stats: bool) -> Router {
         router
     };
     router.with_state(fake)
+}
+
+async fn ch_pause(f: Shared, pause: bool) -> (StatusCode, String) {
+    let call = if pause { "vm.pause" } else { "vm.resume" };
+    record(&f, format!("PUT /api/v1/{call}")).await;
+    let mut f = f.lock().unwrap();
+    if f.paused == pause {
+        let why = format!("Error from API: The VM could not be {call}d: invalid state");
+        return (StatusCode::INTERNAL_SERVER_ERROR, why);
+    }
+    f.paused = pause;
+    (StatusCode::NO_CONTENT, String::new())
+}
+
+/// Cloud Hypervisor writes its files into the directory of a `file://` URL, of a paused
+/// VM only.
+async fn ch_snapshot(State(f): State<Shared>, Json(body): Json<Value>) -> (StatusCode, String) {
+    record(&f, format!("PUT /api/v1/vm.snapshot {body}")).await;
+    let (paused, refuse) = {
+        let f = f.lock().unwrap();
+        (f.paused, f.refuse)
+    };
+    let fail = |why: &str| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Error from API: {why}"),
+        )
+    };
+    if !paused {
+        return fail("The VM could not be snapshotted: the VM is not paused");
+    }
+    if let Some(why) = refuse {
+        return fail(why);
+    }
+    let Some(dir) = body["destination_url"]
+        .as_str()
+        .and_then(|u| u.strip_prefix("file://"))
+    else {
+        return fail("The VM could not be snapshotted: invalid URL");
+    };
+    let dir = Path::new(dir);
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    std::fs::write(dir.join("state.json"), "{}").unwrap();
+    std::fs::write(dir.join("memory-ranges"), vec![0x5a; 1 << 20]).unwrap();
+    (StatusCode::NO_CONTENT, String::new())
+}
+
+/// A fresh Cloud Hypervisor restores a snapshot whose files exist, paused.
+async fn ch_restore(State(f): State<Shared>, Json(body): Json<Value>) -> (StatusCode, String) {
+    record(&f, format!("PUT /api/v1/vm.restore {body}")).await;
+    let dir = body["source_url"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("file://");
+    if !Path::new(dir).join("state.json").exists() {
+        let why = "Error from API: The VM could not be restored: missing state.json";
+        return (StatusCode::INTERNAL_SERVER_ERROR, why.into());
+    }
+    f.lock().unwrap().paused = true;
+    (StatusCode::NO_CONTENT, String::new())
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_hibernates_paused_and_ends_its_process_once_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    let saved = vm
+        .save(out.path(), AfterSave::Quit, LIMIT, sealed)
+        .await
+        .unwrap();
+    assert!(saved.was_running);
+    let files = ["config.json", "memory-ranges", "state.json"].map(String::from);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some((files.to_vec(), true)),
+        "sealed while paused"
+    );
+    let url = format!("file://{}", out.path().display());
+    assert_eq!(
+        fake.lock().unwrap().log,
+        [
+            "PUT /api/v1/vm.pause".to_string(),
+            format!(
+                "PUT /api/v1/vm.snapshot {}",
+                json!({"destination_url": url})
+            ),
+            "PUT /api/v1/vmm.shutdown".to_string(),
+        ]
+    );
+
+    // A snapshot that runs on: resumed before the seal, the process left alone.
+    let fake = Shared::default();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    vm.save(out.path(), AfterSave::Run, LIMIT, sealed)
+        .await
+        .unwrap();
+    assert!(
+        !seen.lock().unwrap().clone().unwrap().1,
+        "resumed, then sealed"
+    );
+    let f = fake.lock().unwrap();
+    assert_eq!(f.log.last().unwrap(), "PUT /api/v1/vm.resume");
+    assert!(!f.shut_down);
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_refusals_and_failed_seals_leave_the_guest_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    fake.lock().unwrap().refuse = Some("The VM could not be snapshotted: No space left on device");
+    let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, seen) = seal(out.path(), &fake, Ok(()));
+    let e = vm
+        .save(out.path(), AfterSave::Quit, LIMIT, sealed)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().ends_with("No space left on device"), "{e}");
+    assert_eq!(*seen.lock().unwrap(), None, "nothing to seal");
+    {
+        let f = fake.lock().unwrap();
+        assert!(!f.paused && !f.shut_down);
+        assert_eq!(f.log.last().unwrap(), "PUT /api/v1/vm.resume");
+    }
+    // Written, but the seal fails (a full disk): the hibernation is called off.
+    fake.lock().unwrap().refuse = None;
+    let (sealed, _) = seal(out.path(), &fake, Err("No space left on device".into()));
+    let e = vm
+        .save(out.path(), AfterSave::Quit, LIMIT, sealed)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "No space left on device; the guest runs on");
+    let f = fake.lock().unwrap();
+    assert!(!f.paused && !f.shut_down, "{:?}", f.log);
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_restores_into_a_fresh_process_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let served = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
+    let snap = tempfile::tempdir().unwrap();
+    std::fs::write(snap.path().join("state.json"), "{}").unwrap();
+    let (socket, log) = (dir.path().join("ch.sock"), dir.path().join("ch.log"));
+    let command = linking_launch(&served, &socket);
+    let ping = "/api/v1/vmm.ping";
+    let launch = Launch {
+        command: &command,
+        socket: &socket,
+        ping,
+        log: &log,
+        limit: LIMIT,
+    };
+    let restored = cloud_hypervisor::restore(&launch, snap.path(), true)
+        .await
+        .unwrap();
+    kill(restored.pid);
+    let url = format!("file://{}", snap.path().display());
+    {
+        let f = fake.lock().unwrap();
+        assert_eq!(
+            f.log,
+            [
+                format!("PUT /api/v1/vm.restore {}", json!({"source_url": url})),
+                "PUT /api/v1/vm.resume".to_string(),
+            ]
+        );
+        assert!(!f.paused);
+    }
+    std::fs::remove_file(snap.path().join("state.json")).unwrap();
+    let e = cloud_hypervisor::restore(&launch, snap.path(), false)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("missing state.json"), "{e}");
 }
 
 #[tokio::test]

@@ -293,9 +293,11 @@ pub struct VmConfig {
     pub shares: Option<u32>,
     /// This VM's own policy (a built-in name or a policy file), instead of the host's.
     pub policy: Option<String>,
-    /// The command line that starts its QEMU (program first), for `memtide snapshot
-    /// restore` of a VM reached through `qmp`: memtide adds `-incoming defer` and a
-    /// monitor of its own.
+    /// The command line that starts its hypervisor (program first), for `memtide
+    /// snapshot restore`: for a VM reached through `qmp`, its QEMU (memtide adds
+    /// `-incoming defer` and a monitor of its own); through `firecracker` or
+    /// `cloud_hypervisor`, a VMM process serving the configured API socket, with no VM
+    /// yet (memtide loads the snapshot into it). libvirt domains need none.
     pub launch: Option<Vec<String>>,
     /// The command line that starts a clone of the VM (`memtide snapshot clone`): as
     /// `launch`, with `{n}` (the clone's number, or `template`) in each path that must
@@ -303,8 +305,8 @@ pub struct VmConfig {
     /// the clones share, `-incoming defer` and a monitor of its own.
     pub clone_launch: Option<Vec<String>>,
     /// Hibernate the VM (save it, then quit its QEMU) once it has been idle this many
-    /// seconds while the host is short of memory (`[hibernate]`); needs `launch`, so that
-    /// `memtide snapshot restore` can wake it. Unset: never.
+    /// seconds while the host is short of memory (`[hibernate]`); needs `launch` (but
+    /// for a libvirt domain), so that `memtide snapshot restore` can wake it. Unset: never.
     pub hibernate_after_s: Option<u64>,
     /// Save a snapshot of the VM (it runs on) every this many seconds, for rolling back.
     /// Unset: never.
@@ -638,9 +640,9 @@ impl Config {
                 Some(launch) if launch.is_empty() => {
                     return bad(&format!("vm[{i}].launch"), "an empty command".into())
                 }
-                Some(_) if vm.qmp.is_none() => {
-                    let message = "only a VM reached through `qmp` is started by memtide; \
-                                   libvirt, Firecracker and Cloud Hypervisor start their own";
+                Some(_) if vm.libvirt.is_some() => {
+                    let message = "libvirt starts its domains itself: memtide restores one \
+                                   through libvirt, with no launch command";
                     return bad(&format!("vm[{i}].launch"), message.into());
                 }
                 _ => {}
@@ -666,7 +668,7 @@ impl Config {
                     return bad(&format!("vm[{i}].clone_launch"), message);
                 }
             }
-            if vm.hibernate_after_s.is_some() && vm.launch.is_none() {
+            if vm.hibernate_after_s.is_some() && vm.launch.is_none() && vm.libvirt.is_none() {
                 let message = "needs `launch`: a hibernated VM is woken by starting it again";
                 return bad(&format!("vm[{i}].hibernate_after_s"), message.into());
             }
@@ -893,6 +895,34 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_command_goes_with_the_connectors_memtide_starts_a_vm_through() {
+        for endpoint in [
+            "qmp = \"/a\"",
+            "firecracker = \"/fc.sock\"",
+            "cloud_hypervisor = \"/ch.sock\"",
+        ] {
+            let text = format!(
+                "[[vm]]\nname = \"a\"\n{endpoint}\nlaunch = [\"x\"]\nhibernate_after_s = 60\n"
+            );
+            Config::parse(&text, "x").unwrap();
+            let text = format!("[[vm]]\nname = \"a\"\n{endpoint}\nhibernate_after_s = 60\n");
+            assert!(
+                err(&text).contains("hibernate_after_s: needs `launch`"),
+                "{endpoint}"
+            );
+        }
+        if cfg!(feature = "libvirt") {
+            let domain = "[[vm]]\nname = \"a\"\nlibvirt = \"qemu:///system\"\n";
+            Config::parse(&format!("{domain}hibernate_after_s = 60\n"), "x").unwrap();
+            assert_eq!(
+                err(&format!("{domain}launch = [\"virsh\"]\n")),
+                "memtide.toml: vm[0].launch: libvirt starts its domains itself: memtide restores \
+                 one through libvirt, with no launch command"
+            );
+        }
+    }
+
+    #[test]
     fn an_empty_file_gives_the_defaults() {
         assert_eq!(Config::parse("", "x").unwrap(), Config::default());
     }
@@ -1083,11 +1113,6 @@ mod tests {
             (
                 "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nlaunch = []\n",
                 "vm[0].launch: an empty command",
-            ),
-            (
-                "[[vm]]\nname = \"a\"\nfirecracker = \"/fc.sock\"\nlaunch = [\"fc\"]\n",
-                "vm[0].launch: only a VM reached through `qmp` is started by memtide; libvirt, \
-                 Firecracker and Cloud Hypervisor start their own",
             ),
             (
                 "[reclaim]\nvms = \"unballooned\"\nstep_pct_per_s = 0\n",

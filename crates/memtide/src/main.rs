@@ -203,12 +203,13 @@ enum Command {
 #[derive(Subcommand)]
 enum SnapshotCommand {
     /// Save a VM's memory and device state into the store, through the running daemon:
-    /// the guest is stopped meanwhile, then runs on (or, with --hibernate, its QEMU quits
-    /// and its memory is freed).
+    /// the guest is stopped meanwhile, then runs on (or, with --hibernate, its hypervisor
+    /// process quits and its memory is freed).
     Save {
         /// The VM.
         vm: String,
-        /// Quit the VM's QEMU once saved (restore it with `memtide snapshot restore`).
+        /// End the VM's hypervisor process once saved (libvirt: leave the domain stopped);
+        /// restore it with `memtide snapshot restore`.
         #[arg(long)]
         hibernate: bool,
         /// The daemon's control socket (default: the one in the configuration, else
@@ -230,8 +231,9 @@ enum SnapshotCommand {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Start a stopped VM again from a snapshot, its checksums verified first (a VM with
-    /// `qmp` and `launch` in the configuration).
+    /// Start a stopped VM again from a snapshot, its checksums verified first, through
+    /// the connector that saved it (a `[[vm]]` with `qmp`, `firecracker` or
+    /// `cloud_hypervisor` and `launch`, or with `libvirt`).
     Restore {
         /// The VM.
         vm: String,
@@ -247,7 +249,7 @@ enum SnapshotCommand {
         config: Option<PathBuf>,
     },
     /// Start clones of a VM from a snapshot, sharing its memory until they write it (a
-    /// VM with `clone_launch` in the configuration).
+    /// VM with `qmp` and `clone_launch` in the configuration).
     Clone {
         /// The VM.
         vm: String,

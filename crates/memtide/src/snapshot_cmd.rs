@@ -2,11 +2,13 @@
 //! (a save goes through the running daemon, which holds the VMs' connections:
 //! [`crate::control::request_save`]).
 
-use crate::config::Config;
+use crate::config::{Config, VmConfig};
 use crate::snapshots::{self, Snapshot, Store};
 use anyhow::{bail, Context};
 use memtide_adapters::qmp::snapshot::{self as qmp_snapshot, Incoming, TemplateRam};
+use memtide_adapters::{cloud_hypervisor, firecracker, vmm_snapshot};
 use memtide_core::Bytes;
+use std::path::Path;
 use std::time::Duration;
 
 /// A table of `snapshots` (every VM's when `vm` is `None`), or JSON.
@@ -53,11 +55,84 @@ fn humantime_short(d: Duration) -> String {
     }
 }
 
-/// Start VM `vm` again from its snapshot `id` (its latest by default): the VM must be
-/// one reached through `qmp` with a `launch` command, and not running; the snapshot's
-/// checksums are verified first. Only a hibernation not woken from yet matches the
-/// guest's disk: another snapshot (its guest ran on) is restored only with `force`.
-/// Returns a line saying what was done.
+/// How a VM is started again from a snapshot, by its `[[vm]]` entry.
+#[derive(Debug, PartialEq)]
+enum Starter<'a> {
+    /// Its QEMU, by `launch`, over memtide's own monitor.
+    Qemu { qmp: &'a Path, launch: &'a [String] },
+    /// A Firecracker process, by `launch`, over its API socket.
+    Firecracker {
+        socket: &'a Path,
+        launch: &'a [String],
+    },
+    /// A Cloud Hypervisor process, by `launch`, over its API socket.
+    CloudHypervisor {
+        socket: &'a Path,
+        launch: &'a [String],
+    },
+    /// libvirt, which starts the domain itself.
+    Libvirt { uri: &'a str },
+}
+
+impl<'a> Starter<'a> {
+    /// How `vm` is started, or why memtide cannot start it.
+    fn of(vm: &'a VmConfig) -> anyhow::Result<Starter<'a>> {
+        let name = &vm.name;
+        let no_launch = |what: &str| {
+            anyhow::anyhow!(
+                "VM {name} has no `launch` command in the configuration: memtide cannot start \
+                 its {what} to restore it into"
+            )
+        };
+        let launch = vm.launch.as_deref();
+        Ok(if let Some(qmp) = &vm.qmp {
+            let launch = launch.ok_or_else(|| no_launch("QEMU"))?;
+            Starter::Qemu { qmp, launch }
+        } else if let Some(socket) = &vm.firecracker {
+            let launch = launch.ok_or_else(|| no_launch("Firecracker process"))?;
+            Starter::Firecracker { socket, launch }
+        } else if let Some(socket) = &vm.cloud_hypervisor {
+            let launch = launch.ok_or_else(|| no_launch("Cloud Hypervisor process"))?;
+            Starter::CloudHypervisor { socket, launch }
+        } else if let Some(uri) = &vm.libvirt {
+            Starter::Libvirt { uri }
+        } else {
+            bail!("VM {name} has no connector in the configuration")
+        })
+    }
+
+    /// The connector's word that begins the mechanism of the snapshots it saves.
+    fn connector(&self) -> &'static str {
+        match self {
+            Starter::Qemu { .. } => "qmp",
+            Starter::Firecracker { .. } => "firecracker",
+            Starter::CloudHypervisor { .. } => "cloud-hypervisor",
+            Starter::Libvirt { .. } => "libvirt",
+        }
+    }
+
+    /// Why the VM cannot be restored now: its socket answers, it runs (libvirt checks
+    /// its domain itself).
+    fn running(&self) -> Option<String> {
+        let (socket, what) = match self {
+            Starter::Qemu { qmp, .. } => (qmp, "QMP socket"),
+            Starter::Firecracker { socket, .. } | Starter::CloudHypervisor { socket, .. } => {
+                (socket, "API socket")
+            }
+            Starter::Libvirt { .. } => return None,
+        };
+        std::os::unix::net::UnixStream::connect(socket)
+            .is_ok()
+            .then(|| format!("its {what} {} answers", socket.display()))
+    }
+}
+
+/// Start VM `vm` again from its snapshot `id` (its latest by default), through the
+/// connector that saved it: QEMU, Firecracker and Cloud Hypervisor by the VM's `launch`
+/// command, a libvirt domain by libvirt. The VM must not run; the snapshot's checksums
+/// are verified first. Only a hibernation not woken from yet matches the guest's disk:
+/// another snapshot (its guest ran on) is restored only with `force`. Returns a line
+/// saying what was done.
 pub async fn restore(
     config: &Config,
     vm: &str,
@@ -67,20 +142,25 @@ pub async fn restore(
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!(
             "VM {vm} is not among the configuration's [[vm]] entries: memtide restores only \
-             VMs it knows how to start (`qmp` and `launch`)"
+             VMs it knows how to start (`qmp`, `firecracker` or `cloud_hypervisor` with \
+             `launch`, or `libvirt`)"
         );
     };
-    let (Some(qmp), Some(launch)) = (&vm_config.qmp, &vm_config.launch) else {
-        bail!("VM {vm} has no `launch` command (and `qmp` socket) in the configuration: memtide cannot start its QEMU");
-    };
-    if std::os::unix::net::UnixStream::connect(qmp).is_ok() {
-        bail!(
-            "VM {vm} is running (its QMP socket {} answers): stop it before restoring it",
-            qmp.display()
-        );
+    let starter = Starter::of(vm_config)?;
+    if let Some(why) = starter.running() {
+        bail!("VM {vm} is running ({why}): stop it before restoring it");
     }
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
+    let saved_by = snapshot.mechanism.split_whitespace().next().unwrap_or("");
+    if saved_by != starter.connector() {
+        bail!(
+            "snapshot {} of {vm} was saved through {saved_by}, and the VM is configured \
+             through {}: each connector restores only its own snapshots",
+            snapshot.id,
+            starter.connector()
+        );
+    }
     let asleep = snapshot.asleep();
     if !asleep && !force {
         let why = match &snapshot.woken {
@@ -97,22 +177,84 @@ pub async fn restore(
     store.verify(&snapshot)?;
     let dir = store.dir_of(&snapshot);
     let vm_dir = store.vm_dir(vm);
-    let (monitor, log) = (vm_dir.join("restore.qmp"), vm_dir.join("restore.log"));
+    let log = vm_dir.join("restore.log");
     let limit = Duration::from_secs(config.snapshots.timeout_s);
-    let qemu = Incoming::new(launch, &monitor, &log, limit);
-    let restored = qmp_snapshot::restore(&qemu, &dir, snapshot.was_running)
-        .await
-        .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
+    let resume = snapshot.was_running;
+    let program = match starter {
+        Starter::Firecracker { .. } => "Firecracker",
+        Starter::CloudHypervisor { .. } => "Cloud Hypervisor",
+        _ => "QEMU",
+    };
+    let vmm = |command, socket, ping| vmm_snapshot::Launch {
+        command,
+        socket,
+        ping,
+        log: &log,
+        limit,
+    };
+    let restored = match starter {
+        Starter::Qemu { launch, .. } => {
+            let monitor = vm_dir.join("restore.qmp");
+            let qemu = Incoming::new(launch, &monitor, &log, limit);
+            qmp_snapshot::restore(&qemu, &dir, resume).await
+        }
+        Starter::Firecracker { socket, launch } => {
+            firecracker::restore(&vmm(launch, socket, "/"), &dir, resume).await
+        }
+        Starter::CloudHypervisor { socket, launch } => {
+            let ping = "/api/v1/vmm.ping";
+            cloud_hypervisor::restore(&vmm(launch, socket, ping), &dir, resume).await
+        }
+        Starter::Libvirt { uri } => {
+            let done = restore_domain(uri, vm, &dir, resume, limit)
+                .await
+                .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
+            if asleep {
+                store.mark_woken(&snapshot)?;
+            }
+            return Ok(format!(
+                "{vm} restored from {} in {:.2} s by libvirt ({uri})",
+                snapshot.id,
+                done.as_secs_f64()
+            ));
+        }
+    }
+    .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
     if asleep {
         store.mark_woken(&snapshot)?;
     }
     Ok(format!(
-        "{vm} restored from {} in {:.2} s (QEMU pid {}, its output in {})",
+        "{vm} restored from {} in {:.2} s ({program} pid {}, its output in {})",
         snapshot.id,
         restored.elapsed.as_secs_f64(),
         restored.pid,
         log.display()
     ))
+}
+
+/// libvirt domain `vm` on `uri` started again from the snapshot in `dir`.
+#[cfg(feature = "libvirt")]
+async fn restore_domain(
+    uri: &str,
+    vm: &str,
+    dir: &Path,
+    resume: bool,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    use memtide_adapters::libvirt::snapshot::{restore, MEMORY_FILE};
+    Ok(restore(uri, vm, &dir.join(MEMORY_FILE), resume, limit).await?)
+}
+
+/// Without libvirt support, no domain is restored.
+#[cfg(not(feature = "libvirt"))]
+async fn restore_domain(
+    _: &str,
+    _: &str,
+    _: &Path,
+    _: bool,
+    _: Duration,
+) -> anyhow::Result<Duration> {
+    bail!("this memtide was built without libvirt support (cargo feature `libvirt`)")
 }
 
 /// Start `count` clones of VM `vm` from its snapshot `id` (its latest by default), each
@@ -128,6 +270,13 @@ pub async fn clone(
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!("VM {vm} is not among the configuration's [[vm]] entries");
     };
+    if vm_config.qmp.is_none() {
+        let connector = Starter::of(vm_config).map_or("its connector", |s| s.connector());
+        bail!(
+            "VM {vm} is reached through {connector}: memtide clones only QEMU VMs reached \
+             through `qmp` (with `clone_launch`)"
+        );
+    }
     let Some(launch) = &vm_config.clone_launch else {
         bail!("VM {vm} has no `clone_launch` command in the configuration: memtide cannot start its clones");
     };
@@ -212,4 +361,104 @@ pub fn saved_line(snapshot: &serde_json::Value) -> anyhow::Result<String> {
     let s: Snapshot =
         serde_json::from_value(snapshot.clone()).context("unexpected snapshot description")?;
     Ok(s.summary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::backend::{AfterSave, Saved};
+
+    /// A configuration with VM `a` reached as `keys` say, its store in `store`.
+    fn config(store: &Path, keys: &str) -> Config {
+        let text = format!("[snapshots]\ndir = {store:?}\n[[vm]]\nname = \"a\"\n{keys}");
+        Config::parse(&text, "memtide.toml").unwrap()
+    }
+
+    #[test]
+    fn a_vm_is_started_by_its_connector_or_the_reason_it_cannot_be_is_given() {
+        let store = Path::new("/store");
+        for (keys, what) in [
+            ("qmp = \"/a.qmp\"", "QEMU"),
+            ("firecracker = \"/fc.sock\"", "Firecracker process"),
+            (
+                "cloud_hypervisor = \"/ch.sock\"",
+                "Cloud Hypervisor process",
+            ),
+        ] {
+            let c = config(store, &format!("{keys}\n"));
+            assert_eq!(
+                Starter::of(&c.vms[0]).unwrap_err().to_string(),
+                format!(
+                    "VM a has no `launch` command in the configuration: memtide cannot start \
+                     its {what} to restore it into"
+                )
+            );
+        }
+        let c = config(
+            store,
+            "firecracker = \"/fc.sock\"\nlaunch = [\"firecracker\"]\n",
+        );
+        let launch = ["firecracker".to_string()];
+        let socket = Path::new("/fc.sock");
+        let expected = Starter::Firecracker {
+            socket,
+            launch: &launch,
+        };
+        assert_eq!(Starter::of(&c.vms[0]).unwrap(), expected);
+        assert_eq!(expected.running(), None, "nothing answers on /fc.sock");
+    }
+
+    #[tokio::test]
+    async fn a_vmm_whose_socket_answers_is_not_restored_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("fc.sock");
+        let _listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let keys = format!("firecracker = {socket:?}\nlaunch = [\"firecracker\"]\n");
+        let c = config(dir.path(), &keys);
+        let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "VM a is running (its API socket {} answers): stop it before restoring it",
+                socket.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_restored_only_by_the_connector_that_saved_it_and_clones_are_qemus() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"qemu's stream").unwrap();
+        let saved = Saved {
+            mechanism: "qmp migrate to fd".into(),
+            was_running: true,
+            downtime: Duration::ZERO,
+            written: Duration::ZERO,
+            ram_backend: None,
+        };
+        let taken = pending
+            .finish(&saved, AfterSave::Quit, snapshots::TakenBy::Operator)
+            .unwrap();
+        let c = config(
+            dir.path(),
+            "cloud_hypervisor = \"/nonexistent/ch.sock\"\nlaunch = [\"cloud-hypervisor\"]\n",
+        );
+        let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "snapshot {} of a was saved through qmp, and the VM is configured through \
+                 cloud-hypervisor: each connector restores only its own snapshots",
+                taken.id
+            )
+        );
+        let e = clone(&c, "a", 2, None).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "VM a is reached through cloud-hypervisor: memtide clones only QEMU VMs reached \
+             through `qmp` (with `clone_launch`)"
+        );
+    }
 }

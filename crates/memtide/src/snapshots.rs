@@ -97,7 +97,7 @@ impl Snapshot {
     pub fn summary(&self) -> String {
         let quit = match self.then {
             AfterSave::Run => "",
-            AfterSave::Quit => "; its QEMU quit (hibernated)",
+            AfterSave::Quit => "; its hypervisor process quit (hibernated)",
         };
         format!(
             "{} saved as {} ({}) in {:.1} s, the guest stopped {:.1} s{quit}",

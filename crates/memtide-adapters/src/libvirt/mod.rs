@@ -11,6 +11,8 @@ pub mod xml;
 #[cfg(feature = "libvirt")]
 mod session;
 #[cfg(feature = "libvirt")]
+pub mod snapshot;
+#[cfg(feature = "libvirt")]
 mod vm;
 
 #[cfg(feature = "libvirt")]

@@ -319,6 +319,11 @@ impl Libvirt {
         })
     }
 
+    /// The connection's URI.
+    pub(crate) fn uri(&self) -> &str {
+        &self.uri
+    }
+
     /// The call timeout.
     pub(crate) fn call_timeout(&self) -> Duration {
         self.call_timeout

@@ -5,10 +5,11 @@ use super::{stats, xml, Libvirt};
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
 use crate::virtio_mem::{self, Device, Follower};
 use async_trait::async_trait;
-use memtide_core::backend::VmBackend;
+use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use virt::domain::Domain;
@@ -23,10 +24,12 @@ pub struct LibvirtVmOptions {
 
 /// A running libvirt domain.
 pub struct LibvirtVm {
-    session: Arc<Session>,
-    domain: Arc<Domain>,
+    pub(super) session: Arc<Session>,
+    pub(super) domain: Arc<Domain>,
     name: String,
-    call_timeout: Duration,
+    /// The connection's URI.
+    pub(super) uri: String,
+    pub(super) call_timeout: Duration,
     description: xml::DomainXml,
     /// The memory the balloon works on: `<memory>` less the virtio-mem device's maximum.
     base: Bytes,
@@ -41,6 +44,8 @@ struct Raw {
     state: (u32, i32),
     job: Option<(i32, Option<i32>)>,
     memory: Vec<(u32, u64)>,
+    /// CPU time the domain has used, in nanoseconds (`virDomainGetInfo`).
+    cpu_ns: Option<u64>,
     /// The live XML, for the virtio-mem device's sizes (only when it has one).
     xml: Option<String>,
 }
@@ -81,6 +86,7 @@ impl LibvirtVm {
             session,
             domain,
             name: name.to_string(),
+            uri: libvirt.uri().to_string(),
             call_timeout: limit,
             base: description.base_memory(),
             description,
@@ -147,6 +153,7 @@ impl VmBackend for LibvirtVm {
                     state: (state, reason),
                     job: None,
                     memory: Vec::new(),
+                    cpu_ns: None,
                     xml: None,
                 });
             }
@@ -161,6 +168,7 @@ impl VmBackend for LibvirtVm {
                 state: (state, reason),
                 job,
                 memory: memory.iter().map(|m| (m.tag, m.val)).collect(),
+                cpu_ns: d.get_info().ok().map(|info| info.cpu_time),
                 xml,
             })
         })
@@ -210,7 +218,8 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
-            cpu_s: None,
+            // The idle time a hibernation waits for.
+            cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,
             virtio_mem,
             free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),
@@ -256,6 +265,16 @@ impl VmBackend for LibvirtVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    async fn save(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        self.save_into(dir, then, limit, seal).await
     }
 }
 

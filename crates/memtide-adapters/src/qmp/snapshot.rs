@@ -180,14 +180,7 @@ async fn wait_for_migration(
     }
 }
 
-/// A restored VM: its new QEMU process and how long the restore took.
-#[derive(Debug)]
-pub struct Restored {
-    /// The QEMU process.
-    pub pid: u32,
-    /// From starting QEMU to the guest running (or paused, as it was saved).
-    pub elapsed: Duration,
-}
+pub use crate::vmm_snapshot::Restored;
 
 /// A QEMU to start from saved state: its command line, what memtide adds to it, and
 /// where its own monitor and output go.

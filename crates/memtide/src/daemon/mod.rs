@@ -438,7 +438,7 @@ impl Daemon {
         let message = match then {
             AfterSave::Run => format!("saving its memory into {}", dir.display()),
             AfterSave::Quit => format!(
-                "hibernating: saving its memory into {}, then its QEMU quits",
+                "hibernating: saving its memory into {}, then its hypervisor process quits",
                 dir.display()
             ),
         };

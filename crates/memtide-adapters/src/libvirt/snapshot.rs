@@ -1,0 +1,335 @@
+//! Memory snapshots of libvirt domains: `virDomainSaveFlags` writes the domain's state
+//! (libvirt's header and domain XML, then QEMU's migration stream) to a file of the
+//! store and stops the domain; `virDomainRestoreFlags` starts it again from that file.
+//!
+//! Not managed save: its file lives where libvirt keeps it (`.../qemu/save/NAME.save`),
+//! outside memtide's store, so it could be neither checksummed, nor written under a
+//! temporary name and renamed when whole, nor kept beside a VM's other snapshots; and
+//! libvirt starts a domain from it by itself on the next `virDomainCreate`, whatever
+//! became of the disks. A save stops the domain in both: a snapshot whose guest runs on
+//! is a save and an immediate restore (the guest is stopped for both).
+//!
+//! libvirtd opens the file by path, as its own user: a session daemon of another user
+//! (a `qemu+unix:///session?socket=PATH` URI, the daemon being the socket's owner) is
+//! lent the snapshot's directory for the call (see [`Lent`]).
+
+use super::session::blocking;
+use super::vm::LibvirtVm;
+use super::Libvirt;
+use memtide_core::backend::{AfterSave, Saved, Seal};
+use memtide_core::BackendError;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::error::Error;
+use virt_sys as sys;
+
+/// The file, in a snapshot's directory, that libvirt saves the domain into.
+pub const MEMORY_FILE: &str = "memory";
+
+/// The socket a libvirt URI names with `socket=` (a daemon other than the default one).
+pub fn socket_param(uri: &str) -> Option<&str> {
+    let (_, query) = uri.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("socket="))
+        .filter(|s| !s.is_empty())
+}
+
+/// The user (uid, gid) libvirtd opens files as, where it is not memtide's own: the owner
+/// of the socket the URI names. A system daemon runs as root; a session daemon reached
+/// without `socket=` is the connecting user's.
+fn daemon_user(uri: &str) -> Result<Option<(u32, u32)>, BackendError> {
+    let Some(socket) = socket_param(uri) else {
+        return Ok(None);
+    };
+    let meta = std::fs::metadata(socket)
+        .map_err(|e| BackendError::Io(format!("libvirt socket {socket}: {e}")))?;
+    Ok((meta.uid() != euid()).then_some((meta.uid(), meta.gid())))
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+fn egid() -> u32 {
+    // SAFETY: getegid(2) cannot fail and touches no memory.
+    unsafe { libc::getegid() }
+}
+
+/// A snapshot's directory and its files lent to libvirtd's user for a save or a restore
+/// (owned by it, mode 0700/0600 kept), given back to memtide's user when dropped. The
+/// directories above it — the VM's and the store's — are made traversable by others
+/// (`o+x`: no listing; every snapshot's directory stays its owner's alone).
+struct Lent {
+    dir: PathBuf,
+}
+
+impl Lent {
+    /// Lend `dir` to `user`; nothing to lend when libvirtd runs as memtide's user or root.
+    fn new(dir: &Path, user: Option<(u32, u32)>) -> Result<Option<Lent>, BackendError> {
+        let Some((uid, gid)) = user else {
+            return Ok(None);
+        };
+        for up in dir.ancestors().skip(1).take(2) {
+            let mode = std::fs::metadata(up).map_err(io(up))?.permissions().mode();
+            if mode & 0o001 == 0 {
+                let traversable = std::fs::Permissions::from_mode(mode | 0o001);
+                std::fs::set_permissions(up, traversable).map_err(io(up))?;
+            }
+        }
+        own(dir, uid, gid).map_err(|e| {
+            BackendError::Io(format!(
+                "{e}: libvirtd runs as uid {uid}, and only root may give it the snapshot's directory"
+            ))
+        })?;
+        Ok(Some(Lent {
+            dir: dir.to_path_buf(),
+        }))
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Err(e) = own(&self.dir, euid(), egid()) {
+            tracing::warn!("{e}: the snapshot's files stay libvirtd's user's");
+        }
+    }
+}
+
+/// Give `dir` and the files in it to `uid`:`gid`.
+fn own(dir: &Path, uid: u32, gid: u32) -> Result<(), BackendError> {
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io(dir))?;
+    for entry in std::fs::read_dir(dir).map_err(io(dir))?.flatten() {
+        let path = entry.path();
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(io(&path))?;
+    }
+    Ok(())
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> BackendError + '_ {
+    move |e| BackendError::Io(format!("{}: {e}", path.display()))
+}
+
+fn c_path(path: &Path) -> Result<CString, BackendError> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| BackendError::Io(format!("{} holds a NUL byte", path.display())))
+}
+
+/// `virDomainSaveFlags`: the domain's state into `path`, the domain stopped.
+fn save_to(domain: &Domain, path: &CString) -> Result<(), Error> {
+    // SAFETY: a live domain and a NUL-terminated path; no XML override (null).
+    let ret =
+        unsafe { sys::virDomainSaveFlags(domain.as_ptr(), path.as_ptr(), std::ptr::null(), 0) };
+    match ret {
+        0.. => Ok(()),
+        _ => Err(Error::last_error()),
+    }
+}
+
+/// `virDomainRestoreFlags`: the domain started again from `path`, running or paused.
+fn restore_from(conn: &Connect, path: &CString, running: bool) -> Result<(), Error> {
+    let flags = match running {
+        true => sys::VIR_DOMAIN_SAVE_RUNNING,
+        false => sys::VIR_DOMAIN_SAVE_PAUSED,
+    };
+    // SAFETY: an open connection and a NUL-terminated path; no XML override (null).
+    let ret = unsafe {
+        sys::virDomainRestoreFlags(conn.as_ptr(), path.as_ptr(), std::ptr::null(), flags)
+    };
+    match ret {
+        0.. => Ok(()),
+        _ => Err(Error::last_error()),
+    }
+}
+
+impl LibvirtVm {
+    /// Start the domain again from the file `path` in the snapshot's directory (lent to
+    /// libvirtd's user meanwhile), running or paused as it was.
+    async fn restore_now(
+        &self,
+        path: &Path,
+        running: bool,
+        limit: Duration,
+    ) -> Result<(), BackendError> {
+        let dir = path.parent().expect("a snapshot file is in a directory");
+        let _lent = Lent::new(dir, daemon_user(&self.uri)?)?;
+        let (session, path) = (self.session.clone(), c_path(path)?);
+        blocking(limit, move || restore_from(&session.conn, &path, running)).await
+    }
+
+    /// See `VmBackend::save`: the domain saved into `dir` by libvirt (which stops it),
+    /// then started again from the file at once, or left stopped (hibernation) once the
+    /// snapshot is sealed — started again from the file if the seal fails.
+    pub(super) async fn save_into(
+        &mut self,
+        dir: &Path,
+        then: AfterSave,
+        limit: Duration,
+        seal: Seal,
+    ) -> Result<Saved, BackendError> {
+        let d = self.domain.clone();
+        let (state, _) = blocking(self.call_timeout, move || d.get_state()).await?;
+        let running = state == sys::VIR_DOMAIN_RUNNING;
+        let path = dir.join(MEMORY_FILE);
+        let stopped = Instant::now();
+        {
+            let _lent = Lent::new(dir, daemon_user(&self.uri)?)?;
+            let (d, c) = (self.domain.clone(), c_path(&path)?);
+            let saved = blocking(limit, move || save_to(&d, &c)).await;
+            if let Err(e) = saved {
+                if matches!(e, BackendError::Timeout(_)) {
+                    // libvirt resumes the domain once its save job is aborted.
+                    let d = self.domain.clone();
+                    // SAFETY: a live domain.
+                    let abort = move || match unsafe { sys::virDomainAbortJob(d.as_ptr()) } {
+                        0.. => Ok(()),
+                        _ => Err(Error::last_error()),
+                    };
+                    let _ = blocking(self.call_timeout, abort).await;
+                }
+                return Err(e);
+            }
+        }
+        let written = stopped.elapsed();
+        let mut restarted = None;
+        if then == AfterSave::Run {
+            restarted = Some(self.restore_now(&path, running, limit).await);
+        }
+        let downtime = stopped.elapsed();
+        let synced = std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("reading {}: {e}", path.display()));
+        let saved = Saved {
+            mechanism: "libvirt virDomainSaveFlags".into(),
+            was_running: running,
+            downtime,
+            written,
+            ram_backend: None,
+        };
+        match (then, restarted) {
+            (AfterSave::Run, Some(Err(e))) => {
+                // The domain is stopped, its state only in the file: keep it whole.
+                let kept = match synced {
+                    Ok(()) => seal(saved).await,
+                    Err(e) => Err(e),
+                };
+                let kept = match kept {
+                    Ok(()) => {
+                        "the snapshot is kept: restore it with `memtide snapshot restore --force`"
+                            .into()
+                    }
+                    Err(why) => format!("and the snapshot could not be kept ({why})"),
+                };
+                Err(BackendError::Protocol(format!(
+                    "saved, but the domain did not start again from its snapshot ({e}); {kept}"
+                )))
+            }
+            (AfterSave::Run, _) => {
+                synced.map_err(BackendError::Io)?;
+                seal(saved.clone()).await.map_err(BackendError::Io)?;
+                Ok(saved)
+            }
+            (AfterSave::Quit, _) => {
+                // A failed seal removes the snapshot's directory: a second link to the
+                // file, beside it, lets the guest run on from it.
+                let rescue = dir.with_extension("rescue.partial");
+                let linked = std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&rescue)
+                    .and_then(|()| std::fs::hard_link(&path, rescue.join(MEMORY_FILE)));
+                let sealed = match (synced, linked) {
+                    (Ok(()), Ok(())) => seal(saved.clone()).await,
+                    (Err(e), _) => Err(e),
+                    (_, Err(e)) => Err(format!("linking {}: {e}", rescue.display())),
+                };
+                let result = match sealed {
+                    Ok(()) => Ok(saved),
+                    Err(why) => match self
+                        .restore_now(&rescue.join(MEMORY_FILE), running, limit)
+                        .await
+                    {
+                        Ok(()) => Err(BackendError::Io(format!("{why}; the guest runs on"))),
+                        Err(e) => Err(BackendError::Io(format!(
+                            "{why}; and the domain did not start again from its state ({e})"
+                        ))),
+                    },
+                };
+                let _ = std::fs::remove_dir_all(&rescue);
+                result
+            }
+        }
+    }
+}
+
+/// Start libvirt domain `name` on `uri` again from the snapshot file `path` (its
+/// directory lent to libvirtd's user meanwhile), running or paused as it was saved,
+/// within `limit`. Refused while the domain runs.
+pub async fn restore(
+    uri: &str,
+    name: &str,
+    path: &Path,
+    running: bool,
+    limit: Duration,
+) -> Result<Duration, BackendError> {
+    let start = Instant::now();
+    let libvirt = Libvirt::new(uri, limit);
+    let session = libvirt.session().await?;
+    let (s, n) = (session.clone(), name.to_string());
+    let active = blocking(limit, move || match Domain::lookup_by_name(&s.conn, &n) {
+        Ok(d) => d.is_active(),
+        Err(e) if matches!(e.code(), virt::error::ErrorNumber::NoDomain) => Ok(false),
+        Err(e) => Err(e),
+    })
+    .await?;
+    if active {
+        return Err(BackendError::Protocol(format!(
+            "domain {name} is running on {uri}: stop it before restoring it"
+        )));
+    }
+    let dir = path.parent().expect("a snapshot file is in a directory");
+    let _lent = Lent::new(dir, daemon_user(uri)?)?;
+    let c = c_path(path)?;
+    blocking(limit, move || restore_from(&session.conn, &c, running))
+        .await
+        .map_err(|e| match e {
+            BackendError::Disconnected(m) | BackendError::Protocol(m) => {
+                BackendError::Protocol(format!("libvirt did not restore {name}: {m}"))
+            }
+            other => other,
+        })?;
+    Ok(start.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_a_uri_names_is_found_in_its_query() {
+        let uri = "qemu+unix:///session?socket=/tmp/x/libvirt-sock";
+        assert_eq!(socket_param(uri), Some("/tmp/x/libvirt-sock"));
+        let uri = "qemu+unix:///system?mode=direct&socket=/run/l.sock";
+        assert_eq!(socket_param(uri), Some("/run/l.sock"));
+        assert_eq!(socket_param("qemu:///system"), None);
+        assert_eq!(socket_param("qemu:///session?socket="), None);
+        assert_eq!(socket_param("qemu:///session?mode=legacy"), None);
+    }
+
+    #[test]
+    fn no_directory_is_lent_when_libvirtd_runs_as_memtide() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Lent::new(dir.path(), None).unwrap().is_none());
+        let socket = dir.path().join("sock");
+        std::fs::write(&socket, "").unwrap();
+        let uri = format!("qemu+unix:///session?socket={}", socket.display());
+        assert_eq!(daemon_user(&uri).unwrap(), None, "the socket is ours");
+        let e = daemon_user("qemu+unix:///session?socket=/nonexistent/sock").unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/sock"), "{e}");
+    }
+}

@@ -1,0 +1,235 @@
+//! Memory snapshots through a VMM's own API (Firecracker, Cloud Hypervisor): the order a
+//! save follows whatever the VMM — pause, write the snapshot, resume or quit, seal — and
+//! a VMM process started by the VM's launch command for a restore.
+//!
+//! The VMM writes the snapshot's files itself, by path, into the store's directory for
+//! it: it must reach that path (not from a jail) with the right to create files there.
+
+use crate::api_socket::ApiSocket;
+use async_trait::async_trait;
+use hyper::Method;
+use memtide_core::backend::{AfterSave, Saved, Seal};
+use memtide_core::BackendError;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How often a starting VMM's API socket is tried.
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a VMM does for a save, each step one or two API calls.
+#[async_trait]
+pub trait SnapshotSteps: Send {
+    /// How the state is written, for the snapshot's description.
+    fn mechanism(&self) -> &'static str;
+    /// Why the VMM's process cannot be made to quit (a hibernation), when it cannot.
+    fn cannot_quit(&self) -> Option<String>;
+    /// Whether the guest runs now.
+    async fn running(&mut self) -> Result<bool, BackendError>;
+    /// Pause the guest.
+    async fn pause(&mut self) -> Result<(), BackendError>;
+    /// Let the guest run again.
+    async fn resume(&mut self) -> Result<(), BackendError>;
+    /// Write the paused guest's snapshot into the files of `dir`, within `limit`.
+    async fn write(&mut self, dir: &Path, limit: Duration) -> Result<(), BackendError>;
+    /// End the VMM's process (the guest paused, its snapshot sealed).
+    async fn quit(&mut self) -> Result<(), BackendError>;
+}
+
+/// Save the VM into `dir` as `VmBackend::save` says: the guest paused while its VMM
+/// writes the snapshot, then resumed before the seal, or (`AfterSave::Quit`) its VMM
+/// ended once the seal succeeded; a snapshot the VMM refuses, or a seal that fails,
+/// leaves the guest running as it was.
+pub async fn save(
+    vmm: &mut dyn SnapshotSteps,
+    dir: &Path,
+    then: AfterSave,
+    limit: Duration,
+    seal: Seal,
+) -> Result<Saved, BackendError> {
+    if then == AfterSave::Quit {
+        if let Some(why) = vmm.cannot_quit() {
+            return Err(BackendError::Protocol(format!("cannot hibernate: {why}")));
+        }
+    }
+    let running = vmm.running().await?;
+    let stopped = Instant::now();
+    if running {
+        vmm.pause().await?;
+    }
+    if let Err(e) = vmm.write(dir, limit).await {
+        resume(vmm, running).await?;
+        return Err(e);
+    }
+    let downtime = match then {
+        AfterSave::Run => {
+            resume(vmm, running).await?;
+            Some(stopped.elapsed())
+        }
+        AfterSave::Quit => None,
+    };
+    let synced = sync_files(dir);
+    let saved = Saved {
+        mechanism: vmm.mechanism().into(),
+        was_running: running,
+        downtime: downtime.unwrap_or_else(|| stopped.elapsed()),
+        written: stopped.elapsed(),
+        ram_backend: None,
+    };
+    let sealed = match synced {
+        Ok(()) => seal(saved.clone()).await.map_err(BackendError::Io),
+        Err(e) => Err(e),
+    };
+    match (then, sealed) {
+        (AfterSave::Run, sealed) => sealed?,
+        (AfterSave::Quit, Err(e)) => {
+            resume(vmm, running).await?;
+            return Err(BackendError::Io(format!("{e}; the guest runs on")));
+        }
+        (AfterSave::Quit, Ok(())) => {
+            if let Err(e) = vmm.quit().await {
+                resume(vmm, running).await?;
+                return Err(BackendError::Protocol(format!(
+                    "saved, but the VMM did not quit ({e}); the guest runs on"
+                )));
+            }
+        }
+    }
+    Ok(saved)
+}
+
+/// Let the guest run again if it ran before the save.
+async fn resume(vmm: &mut dyn SnapshotSteps, running: bool) -> Result<(), BackendError> {
+    if running {
+        vmm.resume().await?;
+    }
+    Ok(())
+}
+
+/// Sync every file the VMM wrote into `dir` (by path, with its own umask) and make it
+/// readable by its owner alone, as every memory file in the store is.
+fn sync_files(dir: &Path) -> Result<(), BackendError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |e: std::io::Error| BackendError::Io(format!("syncing {}: {e}", dir.display()));
+    for entry in std::fs::read_dir(dir).map_err(fail)? {
+        let path = entry.map_err(fail)?.path();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::File::open(&path)?.sync_all())
+            .map_err(|e| BackendError::Io(format!("syncing {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// A restored VM: its new hypervisor process and how long the restore took.
+#[derive(Debug)]
+pub struct Restored {
+    /// The hypervisor's process.
+    pub pid: u32,
+    /// From starting the process to the guest running (or paused, as it was saved).
+    pub elapsed: Duration,
+}
+
+/// `path` as the UTF-8 text a VMM's JSON API takes.
+pub fn utf8(path: &Path) -> Result<&str, BackendError> {
+    path.to_str()
+        .ok_or_else(|| BackendError::Io(format!("{} is not UTF-8", path.display())))
+}
+
+/// A VMM process to start for a restore: its command line, the API socket it serves,
+/// the path that answers once it listens, its output.
+pub struct Launch<'a> {
+    /// The VM's configured launch command (program first); it must serve `socket`.
+    pub command: &'a [String],
+    /// The API socket.
+    pub socket: &'a Path,
+    /// A `GET` path the VMM answers as soon as it listens.
+    pub ping: &'a str,
+    /// Its output.
+    pub log: &'a Path,
+    /// The whole restore may take this long; each API call too.
+    pub limit: Duration,
+}
+
+/// A VMM process started by [`start`], answering on its socket.
+pub struct Started {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its API.
+    pub api: ApiSocket,
+    /// When it was started.
+    pub start: Instant,
+}
+
+impl Started {
+    /// The guest restored (by the caller's API calls): the process left to run.
+    pub fn restored(self) -> Restored {
+        Restored {
+            pid: self.child.id(),
+            elapsed: self.start.elapsed(),
+        }
+    }
+
+    /// Kill the process and reap it, the last lines of its output in `e`.
+    pub fn fail(mut self, e: BackendError, log: &Path) -> BackendError {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        with_log_tail(e, log)
+    }
+}
+
+/// `e` with the last lines of the VMM's output in `log`, if it wrote any.
+fn with_log_tail(e: BackendError, log: &Path) -> BackendError {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(3).collect();
+    match tail.is_empty() {
+        true => e,
+        false => BackendError::Protocol(format!("{e} (its output: {})", tail.join("; "))),
+    }
+}
+
+/// Start the VMM by `launch.command`, detached in a session of its own (it outlives the
+/// command), and wait until its API socket answers. A stale socket file is removed
+/// first: the caller checked that nothing answers on it. A process that exits or does
+/// not answer in time is killed, the last lines of its output in the error.
+pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
+    let start = Instant::now();
+    let (program, args) = launch
+        .command
+        .split_first()
+        .ok_or_else(|| BackendError::Protocol("the launch command is empty".into()))?;
+    let _ = std::fs::remove_file(launch.socket);
+    let output = std::fs::File::create(launch.log)
+        .map_err(|e| BackendError::Io(format!("creating {}: {e}", launch.log.display())))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(
+            output
+                .try_clone()
+                .map_err(|e| BackendError::Io(e.to_string()))?,
+        )
+        .stderr(output);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let child = command
+        .spawn()
+        .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
+    let mut started = Started {
+        child,
+        api: ApiSocket::new(launch.socket, launch.limit),
+        start,
+    };
+    loop {
+        match started.api.call(Method::GET, launch.ping, None).await {
+            Ok(_) => return Ok(started),
+            Err(_) if started.child.try_wait().is_ok_and(|s| s.is_some()) => {
+                let why = format!("{program} exited before its API socket answered");
+                return Err(started.fail(BackendError::Disconnected(why), launch.log));
+            }
+            Err(_) if start.elapsed() < launch.limit => tokio::time::sleep(POLL).await,
+            Err(e) => {
+                let why = format!("{program} did not answer on its API socket: {e}");
+                return Err(started.fail(BackendError::Disconnected(why), launch.log));
+            }
+        }
+    }
+}
