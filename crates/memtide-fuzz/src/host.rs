@@ -1,7 +1,7 @@
 //! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, NUMA
 //! node lists and meminfo, cgroup limit, usage and memory.stat files (refaults among
-//! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser; what parses must print back, in the file's
-//! own format, to itself.
+//! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser;
+//! what parses must print back, in the file's own format, to itself.
 
 use memtide_adapters::{cgroup, procfs, reclaim, tiers};
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};

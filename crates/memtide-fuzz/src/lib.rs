@@ -7,6 +7,7 @@
 
 mod config;
 mod host;
+mod kubevirt;
 mod libvirt;
 mod policy;
 mod qga;
@@ -53,6 +54,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "cloud_hypervisor",
         run: vmm::cloud_hypervisor,
+    },
+    Target {
+        name: "kubevirt_pods",
+        run: kubevirt::run,
     },
     Target {
         name: "config",

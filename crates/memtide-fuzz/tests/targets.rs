@@ -168,6 +168,7 @@ short_runs!(
     libvirt_memstats,
     firecracker,
     cloud_hypervisor,
+    kubevirt_pods,
     config,
     recording,
     policy,
