@@ -106,15 +106,31 @@ async fn resume(vmm: &mut dyn SnapshotSteps, running: bool) -> Result<(), Backen
 }
 
 /// Sync every file the VMM wrote into `dir` (by path, with its own umask) and make it
-/// readable by its owner alone, as every memory file in the store is.
+/// readable by its owner alone, as every memory file in the store is. Each is opened
+/// without following a link and must be a regular file: a VMM is not trusted to have
+/// left only files there, and memtide, as root, must not change or read what a link
+/// points to.
 fn sync_files(dir: &Path) -> Result<(), BackendError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let fail = |e: std::io::Error| BackendError::Io(format!("syncing {}: {e}", dir.display()));
     for entry in std::fs::read_dir(dir).map_err(fail)? {
         let path = entry.map_err(fail)?.path();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| std::fs::File::open(&path)?.sync_all())
-            .map_err(|e| BackendError::Io(format!("syncing {}: {e}", path.display())))?;
+        let failed =
+            |e: std::io::Error| BackendError::Io(format!("syncing {}: {e}", path.display()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(failed)?;
+        if !file.metadata().map_err(failed)?.is_file() {
+            return Err(BackendError::Io(format!(
+                "{}: not a regular file: the VMM left something else in the snapshot",
+                path.display()
+            )));
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| file.sync_all())
+            .map_err(failed)?;
     }
     Ok(())
 }
@@ -231,5 +247,33 @@ pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
                 return Err(started.fail(BackendError::Disconnected(why), launch.log));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn what_the_vmm_wrote_is_synced_and_closed_but_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::write(&state, "vm state").unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o644)).unwrap();
+        sync_files(dir.path()).unwrap();
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A link to a file outside the snapshot: refused, and the file left as it was.
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("memory")).unwrap();
+        let e = sync_files(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("memory"), "{e}");
+        let mode = std::fs::metadata(outside.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o644, "not followed");
     }
 }

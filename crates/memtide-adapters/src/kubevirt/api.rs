@@ -222,18 +222,18 @@ fn percent_encode(text: &str) -> String {
         .collect()
 }
 
-/// The message of a Kubernetes `Status` answer, or the start of the body.
+/// The message of a Kubernetes `Status` answer, or the body, at most its first 200
+/// characters either way (it is logged).
 fn status_message(body: &[u8]) -> String {
     #[derive(serde::Deserialize)]
     struct Status {
         message: String,
     }
-    match serde_json::from_slice::<Status>(body) {
+    let text = match serde_json::from_slice::<Status>(body) {
         Ok(s) => s.message,
-        Err(_) => String::from_utf8_lossy(&body[..body.len().min(200)])
-            .trim()
-            .to_string(),
-    }
+        Err(_) => String::from_utf8_lossy(&body[..body.len().min(800)]).into_owned(),
+    };
+    text.trim().chars().take(200).collect()
 }
 
 #[cfg(test)]
@@ -256,6 +256,15 @@ mod tests {
             "message":"pods is forbidden: User \"system:serviceaccount:memtide:memtide\" cannot list resource \"pods\"","reason":"Forbidden","code":403}"#;
         assert!(status_message(body).starts_with("pods is forbidden: User"));
         assert_eq!(status_message(b" Unauthorized\n"), "Unauthorized");
+        let long = format!(
+            r#"{{"kind": "Status", "message": "{}"}}"#,
+            "x".repeat(1 << 20)
+        );
+        assert_eq!(
+            status_message(long.as_bytes()).len(),
+            200,
+            "what is logged is bounded"
+        );
     }
 
     #[test]

@@ -63,8 +63,9 @@ impl std::error::Error for PodsError {}
 /// which `spec.hostname` may change). Pods not running (a finished launcher of the same
 /// VMI), without the annotation or without a `compute` container are passed over; two
 /// running pods for one VMI (never on one node) leave it out, as neither can be chosen.
-/// A pod whose memory cannot be read fails the whole list, naming the pod: a list read
-/// in part would hide it.
+/// A pod whose memory cannot be read is passed over too, with a warning naming it: anyone
+/// who may create pods on the node can label and annotate one as a launcher, and its
+/// quantities must not cost every VM of the node its bounds.
 pub fn launcher_pods(json: &[u8]) -> Result<BTreeMap<String, PodMemory>, PodsError> {
     let list: PodList =
         serde_json::from_slice(json).map_err(|e| PodsError(format!("not a pod list: {e}")))?;
@@ -90,9 +91,17 @@ pub fn launcher_pods(json: &[u8]) -> Result<BTreeMap<String, PodMemory>, PodsErr
             })
         };
         let resources = &compute.resources;
-        let memory = PodMemory {
-            request: memory("requests.memory", resources.requests.get("memory"))?,
-            limit: memory("limits.memory", resources.limits.get("memory"))?,
+        let read =
+            memory("requests.memory", resources.requests.get("memory")).and_then(|request| {
+                let limit = memory("limits.memory", resources.limits.get("memory"))?;
+                Ok(PodMemory { request, limit })
+            });
+        let memory = match read {
+            Ok(memory) => memory,
+            Err(e) => {
+                tracing::warn!("{e}: its VM takes its domain's bounds");
+                continue;
+            }
         };
         let name = format!("{}/{vmi}", meta.namespace);
         if pods.insert(name.clone(), memory).is_some() {
@@ -149,6 +158,8 @@ pub fn quantity(text: &str) -> Result<Bytes, PodsError> {
             let power = "KMGTPE".find(&suffix[..1]).expect("a binary prefix") as u32 + 1;
             binary = 1 << (10 * power);
         }
+        "n" => scale -= 9,
+        "u" => scale -= 6,
         "m" => scale -= 3,
         "k" | "M" | "G" | "T" | "P" | "E" => {
             scale += 3 * ("kMGTPE".find(suffix).expect("a decimal prefix") as i64 + 1);
@@ -264,6 +275,9 @@ mod tests {
             ("1P", 1_000_000_000_000_000),
             ("1E", 1_000_000_000_000_000_000),
             ("1500m", 2),
+            ("1u", 1),
+            ("5n", 1),
+            ("2000000000n", 2),
             ("1000m", 1),
             ("0.1", 1),
             (".5Ki", 512),
@@ -393,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_list_or_quantity_is_an_error_naming_the_pod() {
+    fn a_bad_list_is_an_error_and_a_pod_of_bad_quantities_is_passed_over() {
         let e = launcher_pods(b"{\"kind\": \"Status\"}")
             .unwrap_err()
             .to_string();
@@ -401,14 +415,25 @@ mod tests {
             e.starts_with("not a pod list: missing field `items`"),
             "{e}"
         );
-        let json = r#"{"items": [{"metadata": {"name": "virt-launcher-x", "namespace": "ns",
-            "annotations": {"kubevirt.io/domain": "x"}},
-            "spec": {"containers": [{"name": "compute",
-              "resources": {"limits": {"memory": "lots"}}}]},
-            "status": {"phase": "Running"}}]}"#;
+        let pod = |name: &str, limit: &str| {
+            format!(
+                r#"{{"metadata": {{"name": "{name}", "namespace": "ns",
+                    "annotations": {{"kubevirt.io/domain": "{name}"}}}},
+                  "spec": {{"containers": [{{"name": "compute",
+                    "resources": {{"limits": {{"memory": "{limit}"}}}}}}]}},
+                  "status": {{"phase": "Running"}}}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"items": [{}, {}]}}"#,
+            pod("x", "lots"),
+            pod("y", "1Gi")
+        );
+        let pods = launcher_pods(json.as_bytes()).unwrap();
         assert_eq!(
-            launcher_pods(json.as_bytes()).unwrap_err().to_string(),
-            "pod ns/virt-launcher-x: limits.memory: bad quantity \"lots\": no number"
+            pods.keys().collect::<Vec<_>>(),
+            ["ns/y"],
+            "the other pods keep their bounds"
         );
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! libvirtd opens the file by path, as its own user: a session daemon of another user
 //! (a `qemu+unix:///session?socket=PATH` URI, the daemon being the socket's owner) is
-//! lent the snapshot's directory for the call (see [`Lent`]).
+//! lent the snapshot's file for the call (see [`Lent`]).
 
 use super::session::blocking;
 use super::vm::LibvirtVm;
@@ -62,20 +62,33 @@ fn egid() -> u32 {
     unsafe { libc::getegid() }
 }
 
-/// A snapshot's directory and its files lent to libvirtd's user for a save or a restore
-/// (owned by it, mode 0700/0600 kept), given back to memtide's user when dropped. The
-/// directories above it — the VM's and the store's — are made traversable by others
-/// (`o+x`: no listing; every snapshot's directory stays its owner's alone).
+/// A snapshot's memory file lent to libvirtd's user for a save or a restore. memtide
+/// opens it itself (a save creates it), never through a link, and gives it to that user
+/// through the descriptor it holds; the file is given back, mode 0600, when this is
+/// dropped. The directories stay memtide's: the snapshot's is opened to others for
+/// traversal only (0711) while the file is lent, so libvirtd can open the file by its
+/// path but can neither list the directory nor put anything in it (a directory lent
+/// whole let its borrower plant links that memtide, as root, would have followed). The
+/// VM's and the store's directories are made traversable by others for good (`o+x`: no
+/// listing; each snapshot's directory is closed again after its call).
 struct Lent {
+    file: std::fs::File,
     dir: PathBuf,
 }
 
 impl Lent {
-    /// Lend `dir` to `user`; nothing to lend when libvirtd runs as memtide's user or root.
-    fn new(dir: &Path, user: Option<(u32, u32)>) -> Result<Option<Lent>, BackendError> {
+    /// Lend the file `path` to `user` (created empty if `create`); nothing to lend when
+    /// libvirtd runs as memtide's user or root.
+    fn new(
+        path: &Path,
+        create: bool,
+        user: Option<(u32, u32)>,
+    ) -> Result<Option<Lent>, BackendError> {
         let Some((uid, gid)) = user else {
             return Ok(None);
         };
+        let dir = path.parent().expect("a snapshot file is in a directory");
+        let file = open_own(path, create)?;
         for up in dir.ancestors().skip(1).take(2) {
             let mode = std::fs::metadata(up).map_err(io(up))?.permissions().mode();
             if mode & 0o001 == 0 {
@@ -83,33 +96,65 @@ impl Lent {
                 std::fs::set_permissions(up, traversable).map_err(io(up))?;
             }
         }
-        own(dir, uid, gid).map_err(|e| {
+        // The guard first: whatever fails below is undone when it drops.
+        let lent = Lent {
+            file,
+            dir: dir.to_path_buf(),
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(io(dir))?;
+        std::os::unix::fs::fchown(&lent.file, Some(uid), Some(gid)).map_err(|e| {
             BackendError::Io(format!(
-                "{e}: libvirtd runs as uid {uid}, and only root may give it the snapshot's directory"
+                "{}: {e}: libvirtd runs as uid {uid}, and only root may lend it the snapshot's file",
+                path.display()
             ))
         })?;
-        Ok(Some(Lent {
-            dir: dir.to_path_buf(),
-        }))
+        Ok(Some(lent))
     }
 }
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Err(e) = own(&self.dir, euid(), egid()) {
-            tracing::warn!("{e}: the snapshot's files stay libvirtd's user's");
+        let back =
+            std::os::unix::fs::fchown(&self.file, Some(euid()), Some(egid())).and_then(|()| {
+                self.file
+                    .set_permissions(std::fs::Permissions::from_mode(0o600))
+            });
+        if let Err(e) = back {
+            tracing::warn!(
+                "{}: {e}: the snapshot's file stays libvirtd's user's",
+                self.dir.display()
+            );
+        }
+        let closed = std::fs::Permissions::from_mode(0o700);
+        if let Err(e) = std::fs::set_permissions(&self.dir, closed) {
+            tracing::warn!(
+                "{}: {e}: the snapshot's directory stays traversable",
+                self.dir.display()
+            );
         }
     }
 }
 
-/// Give `dir` and the files in it to `uid`:`gid`.
-fn own(dir: &Path, uid: u32, gid: u32) -> Result<(), BackendError> {
-    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io(dir))?;
-    for entry in std::fs::read_dir(dir).map_err(io(dir))?.flatten() {
-        let path = entry.path();
-        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(io(&path))?;
+/// The regular file `path`, opened without following a link (created, mode 0600, if
+/// `create`); refused if it is anything else.
+fn open_own(path: &Path, create: bool) -> Result<std::fs::File, BackendError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(create)
+        .create_new(create)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io(path))?;
+    let meta = file.metadata().map_err(io(path))?;
+    if !meta.is_file() {
+        return Err(BackendError::Io(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
     }
-    Ok(())
+    Ok(file)
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> BackendError + '_ {
@@ -157,8 +202,7 @@ impl LibvirtVm {
         running: bool,
         limit: Duration,
     ) -> Result<(), BackendError> {
-        let dir = path.parent().expect("a snapshot file is in a directory");
-        let _lent = Lent::new(dir, daemon_user(&self.uri)?)?;
+        let _lent = Lent::new(path, false, daemon_user(&self.uri)?)?;
         let (session, path) = (self.session.clone(), c_path(path)?);
         blocking(limit, move || restore_from(&session.conn, &path, running)).await
     }
@@ -179,7 +223,7 @@ impl LibvirtVm {
         let path = dir.join(MEMORY_FILE);
         let stopped = Instant::now();
         {
-            let _lent = Lent::new(dir, daemon_user(&self.uri)?)?;
+            let _lent = Lent::new(&path, true, daemon_user(&self.uri)?)?;
             let (d, c) = (self.domain.clone(), c_path(&path)?);
             let saved = blocking(limit, move || save_to(&d, &c)).await;
             if let Err(e) = saved {
@@ -267,8 +311,8 @@ impl LibvirtVm {
     }
 }
 
-/// Start libvirt domain `name` on `uri` again from the snapshot file `path` (its
-/// directory lent to libvirtd's user meanwhile), running or paused as it was saved,
+/// Start libvirt domain `name` on `uri` again from the snapshot file `path` (lent to
+/// libvirtd's user meanwhile), running or paused as it was saved,
 /// within `limit`. Refused while the domain runs.
 pub async fn restore(
     uri: &str,
@@ -292,8 +336,7 @@ pub async fn restore(
             "domain {name} is running on {uri}: stop it before restoring it"
         )));
     }
-    let dir = path.parent().expect("a snapshot file is in a directory");
-    let _lent = Lent::new(dir, daemon_user(uri)?)?;
+    let _lent = Lent::new(path, false, daemon_user(uri)?)?;
     let c = c_path(path)?;
     blocking(limit, move || restore_from(&session.conn, &c, running))
         .await
@@ -324,12 +367,56 @@ mod tests {
     #[test]
     fn no_directory_is_lent_when_libvirtd_runs_as_memtide() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(Lent::new(dir.path(), None).unwrap().is_none());
+        assert!(Lent::new(&dir.path().join("m"), true, None)
+            .unwrap()
+            .is_none());
         let socket = dir.path().join("sock");
         std::fs::write(&socket, "").unwrap();
         let uri = format!("qemu+unix:///session?socket={}", socket.display());
         assert_eq!(daemon_user(&uri).unwrap(), None, "the socket is ours");
         let e = daemon_user("qemu+unix:///session?socket=/nonexistent/sock").unwrap_err();
         assert!(e.to_string().contains("/nonexistent/sock"), "{e}");
+    }
+
+    #[test]
+    fn only_the_file_is_lent_never_through_a_link_and_it_comes_back() {
+        let store = tempfile::tempdir().unwrap();
+        let dir = store.path().join("vm").join("snap.partial");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let nobody = Some((65534, 65534));
+        // A link where the file should be is refused, and what it points to is untouched.
+        let target = store.path().join("precious");
+        std::fs::write(&target, "root's").unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("link")).unwrap();
+        let e = Lent::new(&dir.join("link"), false, nobody)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("link"), "{e}");
+        assert_eq!(std::fs::metadata(&target).unwrap().uid(), euid());
+        let file = dir.join(MEMORY_FILE);
+        match Lent::new(&file, true, nobody) {
+            Ok(lent) => {
+                assert!(lent.is_some());
+                let meta = std::fs::metadata(&file).unwrap();
+                assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+                let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+                assert_eq!(
+                    mode & 0o777,
+                    0o711,
+                    "traversable, not writable nor listable"
+                );
+                drop(lent);
+                let meta = std::fs::metadata(&file).unwrap();
+                assert_eq!(
+                    (meta.uid(), meta.permissions().mode() & 0o777),
+                    (euid(), 0o600)
+                );
+                let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o700, "closed again");
+            }
+            // Not root: the lend fails, and says why.
+            Err(e) => assert!(e.to_string().contains("only root"), "{e}"),
+        }
     }
 }
