@@ -26,6 +26,11 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 
+/// How often, and how many times, a VMM whose shutdown answer broke off is asked whether
+/// it still answers (2 s in all).
+const QUIT_CHECK_EVERY: Duration = Duration::from_millis(100);
+const QUIT_CHECKS: u32 = 20;
+
 /// A Cloud Hypervisor VM.
 pub struct CloudHypervisorVm {
     api: ApiSocket,
@@ -215,13 +220,26 @@ impl SnapshotSteps for CloudHypervisorVm {
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {
-        // The process may end before its answer is read: it quit all the same.
+        // The process may end before its answer is read: it quit all the same if its
+        // socket then refuses connections (an exchange that broke off before the request
+        // was sent must not pass for a shutdown).
         match self
             .api
             .call(Method::PUT, "/api/v1/vmm.shutdown", None)
             .await
         {
-            Ok(_) | Err(ApiError::Http(..)) => Ok(()),
+            Ok(_) => Ok(()),
+            Err(ApiError::Http(..)) => {
+                for _ in 0..QUIT_CHECKS {
+                    match self.api.call(Method::GET, "/api/v1/vmm.ping", None).await {
+                        Err(ApiError::Connect { .. }) => return Ok(()),
+                        _ => tokio::time::sleep(QUIT_CHECK_EVERY).await,
+                    }
+                }
+                Err(BackendError::Protocol(
+                    "vmm.shutdown broke off and the VMM still answers".into(),
+                ))
+            }
             Err(e) => Err(e.into()),
         }
     }

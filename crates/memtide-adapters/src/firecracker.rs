@@ -221,9 +221,20 @@ impl SnapshotSteps for FirecrackerVm {
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {
-        let pid = self
-            .pid
-            .ok_or_else(|| BackendError::Protocol("no process".into()))?;
+        // Firecracker has no call to end itself: its process is killed, the one serving
+        // the API socket now (asked again: the pid seen when memtide connected may be
+        // another process's by now, if Firecracker was restarted on the same socket).
+        let pid = self.api.peer_pid().await?;
+        let pid = match (pid, self.pid) {
+            (Some(now), Some(known)) if now == known => now,
+            (Some(now), _) => {
+                return Err(BackendError::Protocol(format!(
+                    "the API socket is served by process {now}, not the {} memtide connected to",
+                    self.pid.map_or("unknown one".into(), |p| p.to_string())
+                )))
+            }
+            (None, _) => return Err(BackendError::Protocol("no process".into())),
+        };
         // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
         if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
             let e = std::io::Error::last_os_error();

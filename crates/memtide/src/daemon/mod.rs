@@ -368,14 +368,21 @@ impl Daemon {
                 return drop(reply.send(Err(why)));
             }
         };
-        let done = self.saves.clone();
+        let (done, store) = (self.saves.clone(), self.store.clone());
         tokio::spawn(async move {
             let result = match saved.await {
                 // The seal's outcome: the snapshot made whole, or why not.
                 Ok(Ok(_)) => sealed
                     .await
                     .unwrap_or_else(|_| Err("the snapshot was not made whole".into())),
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Err(e)) => {
+                    let sealed = sealed.await.ok().and_then(Result::ok);
+                    let e = e.to_string();
+                    let ran_on = move || failed_after_seal(&store, sealed, e);
+                    Err(tokio::task::spawn_blocking(ran_on)
+                        .await
+                        .unwrap_or_else(|e| e.to_string()))
+                }
                 Err(_) => Err("the VM was lost before its save ended".into()),
             };
             let done_save = SaveDone {
@@ -849,12 +856,63 @@ impl Daemon {
     }
 }
 
+/// Why a save failed, for a save whose backend failed with `e` after `sealed` (if its
+/// snapshot was sealed): a hibernation sealed whose VM did not stop (its VMM did not
+/// quit) runs on, so its snapshot is marked woken, and no restore without --force brings
+/// back memory the guest has moved on from.
+fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: String) -> String {
+    match sealed {
+        Some(s) if s.asleep() => match store.mark_woken(&s) {
+            Ok(()) => format!("{e}; its snapshot is marked woken"),
+            Err(w) => format!(
+                "{e}; and its snapshot could not be marked woken ({w:#}): do not restore it \
+                 while the guest runs"
+            ),
+        },
+        _ => e,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{BackendError, EngineConfig};
+
+    #[test]
+    fn a_hibernation_whose_vm_did_not_stop_is_marked_woken() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let saved = memtide_core::backend::Saved {
+            mechanism: "test".into(),
+            was_running: true,
+            downtime: Duration::from_secs(1),
+            written: Duration::from_secs(1),
+            ram_backend: None,
+        };
+        let take = |then, by| {
+            let pending = store
+                .begin("web", memtide_core::Bytes::from_mib(1))
+                .unwrap();
+            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+            pending.finish(&saved, then, by).unwrap()
+        };
+        let asleep = take(AfterSave::Quit, TakenBy::Hibernation);
+        assert!(asleep.asleep());
+        let why = failed_after_seal(&store, Some(asleep), "the VMM did not quit".into());
+        assert_eq!(why, "the VMM did not quit; its snapshot is marked woken");
+        let listed = store.list("web").unwrap();
+        assert!(
+            !listed[0].asleep() && listed[0].woken.is_some(),
+            "{listed:?}"
+        );
+        // A save that failed before its seal, or a snapshot whose guest ran on anyway,
+        // is told as it failed.
+        assert_eq!(failed_after_seal(&store, None, "refused".into()), "refused");
+        let ran = take(AfterSave::Run, TakenBy::Operator);
+        assert_eq!(failed_after_seal(&store, Some(ran), "x".into()), "x");
+    }
 
     #[test]
     fn guest_text_is_bounded_before_the_engine_keeps_it() {
