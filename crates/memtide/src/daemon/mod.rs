@@ -90,6 +90,8 @@ struct Daemon {
     recount_hibernated: bool,
     /// Proactive reclaim's pacers (taken while a pass runs off the runtime).
     reclaimer: Option<reclaim::Reclaimer>,
+    /// The reclaim pass running off the runtime, if any: the pacers and what they did.
+    reclaiming: Option<tokio::task::JoinHandle<(reclaim::Reclaimer, Vec<reclaim::Outcome>)>>,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -206,6 +208,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         saving: HashSet::new(),
         recount_hibernated: true,
         reclaimer: None,
+        reclaiming: None,
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -723,9 +726,26 @@ impl Daemon {
         }
     }
 
-    /// Proactive reclaim for the VMs it serves: one pass over their cgroups, its file
-    /// I/O off the runtime; each reclaim and each failure logged and counted.
+    /// Proactive reclaim for the VMs it serves: one pass over their cgroups, run off the
+    /// runtime and not waited for (a `memory.reclaim` write returns once the kernel has
+    /// reclaimed, seconds for a large step): a pass still running from an earlier tick
+    /// is let be, and none starts beside it; each reclaim and each failure is logged and
+    /// counted when its pass has ended.
     async fn reclaim(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        match self.reclaiming.take() {
+            Some(pass) if !pass.is_finished() => return self.reclaiming = Some(pass),
+            Some(pass) => match pass.await {
+                Ok((reclaimer, outcomes)) => {
+                    self.reclaimer = Some(reclaimer);
+                    for o in outcomes {
+                        self.log_reclaim(o);
+                    }
+                }
+                // Its pacers are lost with it: the next pass starts afresh.
+                Err(e) => tracing::error!("the reclaim pass ended abnormally: {e}"),
+            },
+            None => {}
+        }
         let config = &self.config.reclaim;
         let targets: Vec<reclaim::Target> = snapshot
             .vms
@@ -754,15 +774,10 @@ impl Daemon {
             reclaim::Reclaimer::new(&self.config.reclaim, self.config.host.proc.clone())
         });
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
-        let pass = tokio::task::spawn_blocking(move || {
+        self.reclaiming = Some(tokio::task::spawn_blocking(move || {
             let outcomes = reclaimer.pass(&targets, at, dry_run);
             (reclaimer, outcomes)
-        });
-        let (reclaimer, outcomes) = pass.await.expect("the reclaim pass does not panic");
-        self.reclaimer = Some(reclaimer);
-        for o in outcomes {
-            self.log_reclaim(o);
-        }
+        }));
     }
 
     /// Count and log one VM's reclaim (nothing when it held back).
