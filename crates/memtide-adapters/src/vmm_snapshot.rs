@@ -57,12 +57,11 @@ pub async fn save(
         vmm.pause().await?;
     }
     if let Err(e) = vmm.write(dir, limit).await {
-        resume(vmm, running).await?;
-        return Err(e);
+        return Err(also(e, resume(vmm, running, limit).await));
     }
     let downtime = match then {
         AfterSave::Run => {
-            resume(vmm, running).await?;
+            resume(vmm, running, limit).await?;
             Some(stopped.elapsed())
         }
         AfterSave::Quit => None,
@@ -82,27 +81,53 @@ pub async fn save(
     match (then, sealed) {
         (AfterSave::Run, sealed) => sealed?,
         (AfterSave::Quit, Err(e)) => {
-            resume(vmm, running).await?;
-            return Err(BackendError::Io(format!("{e}; the guest runs on")));
+            let e = BackendError::Io(format!("{e}; the guest runs on"));
+            return Err(also(e, resume(vmm, running, limit).await));
         }
         (AfterSave::Quit, Ok(())) => {
             if let Err(e) = vmm.quit().await {
-                resume(vmm, running).await?;
-                return Err(BackendError::Protocol(format!(
+                let e = BackendError::Protocol(format!(
                     "saved, but the VMM did not quit ({e}); the guest runs on"
-                )));
+                ));
+                return Err(also(e, resume(vmm, running, limit).await));
             }
         }
     }
     Ok(saved)
 }
 
-/// Let the guest run again if it ran before the save.
-async fn resume(vmm: &mut dyn SnapshotSteps, running: bool) -> Result<(), BackendError> {
-    if running {
-        vmm.resume().await?;
+/// Let the guest run again if it ran before the save: asked again until `limit` while
+/// the VMM does not answer (it may still be writing a snapshot whose call timed out).
+async fn resume(
+    vmm: &mut dyn SnapshotSteps,
+    running: bool,
+    limit: Duration,
+) -> Result<(), BackendError> {
+    if !running {
+        return Ok(());
     }
-    Ok(())
+    let deadline = Instant::now() + limit;
+    loop {
+        match vmm.resume().await {
+            Err(BackendError::Timeout(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(RESUME_RETRY).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long to wait before asking a busy VMM again to resume.
+const RESUME_RETRY: Duration = Duration::from_millis(200);
+
+/// `e`, and the guest left paused if it could not be resumed after it.
+fn also(e: BackendError, resumed: Result<(), BackendError>) -> BackendError {
+    match resumed {
+        Ok(()) => e,
+        Err(r) => BackendError::Protocol(format!(
+            "{e}; and the guest could not be resumed ({r}): it is paused"
+        )),
+    }
 }
 
 /// Sync every file the VMM wrote into `dir` (by path, with its own umask) and make it
@@ -202,8 +227,8 @@ fn with_log_tail(e: BackendError, log: &Path) -> BackendError {
     }
 }
 
-/// Start the VMM by `launch.command`, detached in a session of its own (it outlives the
-/// command), and wait until its API socket answers. A stale socket file is removed
+/// Start the VMM by `launch.command`, detached in a process group of its own (it outlives
+/// the command), and wait until its API socket answers. A stale socket file is removed
 /// first: the caller checked that nothing answers on it. A process that exits or does
 /// not answer in time is killed, the last lines of its output in the error.
 pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
@@ -254,6 +279,74 @@ pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A VMM whose snapshot times out and which stays busy: it answers nothing but
+    /// timeouts, `busy` times, then every call.
+    struct Busy {
+        busy: u32,
+        resumed: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl SnapshotSteps for Busy {
+        fn mechanism(&self) -> &'static str {
+            "test"
+        }
+        fn cannot_quit(&self) -> Option<String> {
+            None
+        }
+        async fn running(&mut self) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        async fn pause(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn resume(&mut self) -> Result<(), BackendError> {
+            if self.busy > 0 {
+                self.busy -= 1;
+                return Err(BackendError::timeout(Duration::from_millis(1)));
+            }
+            self.resumed = true;
+            Ok(())
+        }
+        async fn write(&mut self, _: &Path, limit: Duration) -> Result<(), BackendError> {
+            Err(BackendError::timeout(limit))
+        }
+        async fn quit(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    fn no_seal() -> Seal {
+        Box::new(|_| Box::pin(async { panic!("nothing to seal") }))
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_that_timed_out_resumes_the_guest_once_its_vmm_answers_or_says_it_is_paused()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = Duration::from_secs(1);
+        let mut vmm = Busy {
+            busy: 2,
+            resumed: false,
+        };
+        let e = save(&mut vmm, dir.path(), AfterSave::Run, limit, no_seal()).await;
+        let e = e.unwrap_err().to_string();
+        assert!(vmm.resumed, "resumed once the VMM answered: {e}");
+        assert!(!e.contains("paused"), "{e}");
+        // A VMM that never answers again: both told, the guest said to be paused.
+        let mut vmm = Busy {
+            busy: u32::MAX,
+            resumed: false,
+        };
+        let e = save(&mut vmm, dir.path(), AfterSave::Run, limit, no_seal()).await;
+        let e = e.unwrap_err().to_string();
+        assert!(!vmm.resumed);
+        assert!(
+            e.contains("could not be resumed") && e.contains("it is paused"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn what_the_vmm_wrote_is_synced_and_closed_but_a_link_is_refused() {

@@ -395,11 +395,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 dry_run,
             };
             let proc = config.host.proc.clone();
-            tokio::task::spawn_blocking(move || {
+            let ticks = options.ticks;
+            let failed = tokio::task::spawn_blocking(move || {
                 reclaim_cmd::run(&config.reclaim, proc, &options, &mut std::io::stdout())
             })
             .await??;
-            Ok(())
+            match failed {
+                0 => Ok(()),
+                n => anyhow::bail!("{n} of {ticks} ticks failed"),
+            }
         }
         Command::Reload { socket, config } => {
             let loaded = control::request_reload(&self::socket(socket, config.as_ref())?).await?;

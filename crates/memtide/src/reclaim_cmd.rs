@@ -25,31 +25,33 @@ pub struct Options {
     pub dry_run: bool,
 }
 
-/// Run `options.ticks` ticks with `config`'s pacing, writing a line per tick to `out`.
+/// Run `options.ticks` ticks with `config`'s pacing, writing a line per tick to `out`;
+/// returns how many ticks failed.
 pub fn run(
     config: &ReclaimConfig,
     proc: PathBuf,
     options: &Options,
     out: &mut impl Write,
-) -> std::io::Result<()> {
+) -> std::io::Result<u64> {
     let mut reclaimer = Reclaimer::new(config, proc);
     let target = Target {
         vm: "cgroup".into(),
         place: options.place.clone(),
         keep: options.keep,
     };
-    let start = Instant::now();
+    let (start, mut failed) = (Instant::now(), 0);
     for tick in 0..options.ticks {
         if tick > 0 {
             std::thread::sleep(options.interval);
         }
         let at = start.elapsed();
         for o in reclaimer.pass(std::slice::from_ref(&target), at, options.dry_run) {
+            failed += u64::from(matches!(o.done, Done::Failed(_)));
             writeln!(out, "{}", line(at, &o))?;
         }
         out.flush()?;
     }
-    Ok(())
+    Ok(failed)
 }
 
 /// One tick's line: `t=SECONDS asked=BYTES result=… rule: detail`.

@@ -860,7 +860,8 @@ fn reclaim_paces_a_cgroup_a_line_a_tick_and_names_what_it_cannot_read() {
         .arg(&config)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!o.status.success(), "a failed tick fails the command");
+    assert!(stderr(&o).contains("1 of 1 ticks failed"), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("asked=0 result=error (/proc/4999999/cgroup: No such file"),

@@ -42,11 +42,19 @@ pub fn socket_param(uri: &str) -> Option<&str> {
 
 /// The user (uid, gid) libvirtd opens files as, where it is not memtide's own: the owner
 /// of the socket the URI names. A system daemon runs as root; a session daemon reached
-/// without `socket=` is the connecting user's.
+/// without `socket=` is the connecting user's. A daemon reached through another
+/// process's root (`/proc/PID/root/...`: a KubeVirt launcher's) sees a file system of
+/// its own, not memtide's store: refused before anything is lent.
 fn daemon_user(uri: &str) -> Result<Option<(u32, u32)>, BackendError> {
     let Some(socket) = socket_param(uri) else {
         return Ok(None);
     };
+    if socket.starts_with("/proc/") {
+        return Err(BackendError::Protocol(format!(
+            "libvirt daemon {socket} runs in a file system of its own (a KubeVirt launcher's): \
+             memtide's snapshot store is not there"
+        )));
+    }
     let meta = std::fs::metadata(socket)
         .map_err(|e| BackendError::Io(format!("libvirt socket {socket}: {e}")))?;
     Ok((meta.uid() != euid()).then_some((meta.uid(), meta.gid())))
@@ -226,8 +234,9 @@ impl LibvirtVm {
             let _lent = Lent::new(&path, true, daemon_user(&self.uri)?)?;
             let (d, c) = (self.domain.clone(), c_path(&path)?);
             let saved = blocking(limit, move || save_to(&d, &c)).await;
-            if let Err(e) = saved {
-                if matches!(e, BackendError::Timeout(_)) {
+            match saved {
+                Ok(()) => {}
+                Err(e @ BackendError::Timeout(_)) => {
                     // libvirt resumes the domain once its save job is aborted.
                     let d = self.domain.clone();
                     // SAFETY: a live domain.
@@ -236,8 +245,16 @@ impl LibvirtVm {
                         _ => Err(Error::last_error()),
                     };
                     let _ = blocking(self.call_timeout, abort).await;
+                    // Unless the save ended before the abort reached it: a domain shut off
+                    // has its state in the file alone, which must be kept.
+                    let d = self.domain.clone();
+                    let state = blocking(self.call_timeout, move || d.get_state()).await;
+                    if !matches!(state, Ok((sys::VIR_DOMAIN_SHUTOFF, _))) {
+                        return Err(e);
+                    }
+                    tracing::warn!("{e}, but the save ended before it could be aborted: kept");
                 }
-                return Err(e);
+                Err(e) => return Err(e),
             }
         }
         let written = stopped.elapsed();
@@ -376,6 +393,9 @@ mod tests {
         assert_eq!(daemon_user(&uri).unwrap(), None, "the socket is ours");
         let e = daemon_user("qemu+unix:///session?socket=/nonexistent/sock").unwrap_err();
         assert!(e.to_string().contains("/nonexistent/sock"), "{e}");
+        let launcher = "qemu+unix:///session?socket=/proc/7/root/var/run/libvirt/virtqemud-sock";
+        let e = daemon_user(launcher).unwrap_err();
+        assert!(e.to_string().contains("KubeVirt launcher"), "{e}");
     }
 
     #[test]
