@@ -37,6 +37,8 @@ pub struct CloudHypervisorVm {
     /// `vm.balloon-stats` answered at least once, or was not tried yet.
     stats: bool,
     process: Option<procfs::ProcessRss>,
+    /// Its process, from the socket's peer credentials.
+    pid: Option<i32>,
     target: Option<Bytes>,
     configured: Bytes,
 }
@@ -91,17 +93,21 @@ impl CloudHypervisorVm {
         let info = api.call(Method::GET, "/api/v1/vm.info", None).await?;
         check_state(&info)?;
         let (configured, _, _) = sizes(&info)?;
-        let process = api
-            .peer_pid()
-            .await?
-            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
+        let pid = api.peer_pid().await?;
+        let process = pid.map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         Ok(CloudHypervisorVm {
             api,
             stats: true,
             process,
+            pid,
             target: None,
             configured,
         })
+    }
+
+    /// Its process, when the socket's peer credentials gave it.
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
     }
 
     /// The guest's balloon statistics, where this Cloud Hypervisor has them; a release

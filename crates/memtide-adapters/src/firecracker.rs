@@ -72,6 +72,11 @@ pub fn guest_keeps(
 }
 
 impl FirecrackerVm {
+    /// Its process, when the socket's peer credentials gave it.
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
     /// Connect: read the VM's size and balloon, and set the statistics interval.
     pub async fn connect(
         socket: &Path,

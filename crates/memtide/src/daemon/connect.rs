@@ -83,12 +83,21 @@ impl Connector for Connectors {
                 }
                 connection
             }
+            // Each with its process, where proactive reclaim finds its cgroup.
             Endpoint::Firecracker(socket) => {
-                Connection::new(Box::new(FirecrackerVm::connect(socket, &self.api).await?))
+                let vm = FirecrackerVm::connect(socket, &self.api).await?;
+                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
+                let mut connection = Connection::new(Box::new(vm));
+                connection.pid = pid;
+                connection
             }
-            Endpoint::CloudHypervisor(socket) => Connection::new(Box::new(
-                CloudHypervisorVm::connect(socket, &self.api).await?,
-            )),
+            Endpoint::CloudHypervisor(socket) => {
+                let vm = CloudHypervisorVm::connect(socket, &self.api).await?;
+                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
+                let mut connection = Connection::new(Box::new(vm));
+                connection.pid = pid;
+                connection
+            }
             #[cfg(feature = "libvirt")]
             Endpoint::Libvirt { uri, domain } => self.libvirt.connect(uri, domain).await?,
             #[cfg(not(feature = "libvirt"))]
