@@ -13,33 +13,13 @@ mod support;
 use serde_json::{json, Value};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{memtide, vm, Daemon};
+use support::daemon::{snapshot, text, vm, Daemon};
 use support::libvirtd::{Domain, Libvirtd};
 use support::wait_for;
 
 const GUEST_MIB: u64 = 384;
-
-/// `memtide snapshot ARGS --config CONFIG`.
-fn snapshot(config: &Path, args: &[&str]) -> Output {
-    memtide()
-        .arg("snapshot")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// Run `sh -c script` in domain `name` through libvirt's agent channel: its exit code.
 fn run_sh(libvirtd: &Libvirtd, name: &str, script: &str) -> i64 {

@@ -10,34 +10,14 @@ mod support;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
-use support::daemon::{memtide, vm, Daemon};
+use support::daemon::{snapshot, text, vm, Daemon};
 use support::guest::Guest;
 use support::harness::Agent;
 use support::wait_for;
 
 const GUEST_MIB: u64 = 384;
-
-/// `memtide snapshot ARGS --config CONFIG`.
-fn snapshot(config: &Path, args: &[&str]) -> Output {
-    memtide()
-        .arg("snapshot")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// A TOML array of `args`.
 fn toml_list(args: &[String]) -> String {

@@ -8,6 +8,7 @@ use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
 use memtide_adapters::firecracker::FirecrackerVm;
 use memtide_adapters::proxmox;
 use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
+use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
 use std::path::{Path, PathBuf};
 
@@ -73,9 +74,7 @@ impl Connector for Connectors {
                     None => None,
                 };
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
-                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
-                let mut connection = Connection::new(Box::new(vm));
-                connection.pid = pid;
+                let mut connection = with_pid(vm.pid(), Box::new(vm));
                 if let Some(m) = pve {
                     connection.min = Some(m.min);
                     connection.max = Some(m.memory);
@@ -86,17 +85,11 @@ impl Connector for Connectors {
             // Each with its process, where proactive reclaim finds its cgroup.
             Endpoint::Firecracker(socket) => {
                 let vm = FirecrackerVm::connect(socket, &self.api).await?;
-                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
-                let mut connection = Connection::new(Box::new(vm));
-                connection.pid = pid;
-                connection
+                with_pid(vm.pid(), Box::new(vm))
             }
             Endpoint::CloudHypervisor(socket) => {
                 let vm = CloudHypervisorVm::connect(socket, &self.api).await?;
-                let pid = vm.pid().and_then(|p| u32::try_from(p).ok());
-                let mut connection = Connection::new(Box::new(vm));
-                connection.pid = pid;
-                connection
+                with_pid(vm.pid(), Box::new(vm))
             }
             #[cfg(feature = "libvirt")]
             Endpoint::Libvirt { uri, domain } => self.libvirt.connect(uri, domain).await?,
@@ -121,6 +114,13 @@ impl Connector for Connectors {
         #[cfg(not(feature = "libvirt"))]
         let _ = uri;
     }
+}
+
+/// A connection to a VM whose hypervisor process is `pid` (from its socket's peer).
+fn with_pid(pid: Option<i32>, backend: Box<dyn VmBackend>) -> Connection {
+    let mut connection = Connection::new(backend);
+    connection.pid = pid.and_then(|p| u32::try_from(p).ok());
+    connection
 }
 
 #[cfg(not(feature = "libvirt"))]

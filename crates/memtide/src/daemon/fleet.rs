@@ -1082,11 +1082,9 @@ mod tests {
         assert_eq!(names(&vms), ["db", "web"]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn kubevirt_launchers_are_found_on_the_node_and_forgotten_when_they_end() {
-        let dir = tempfile::tempdir().unwrap();
-        let proc = dir.path().join("proc");
-        // A non-root launcher's virtqemud, reached through its root.
+    /// A non-root KubeVirt launcher's virtqemud under `proc` (pid 4100), reached through
+    /// its root: its /proc directory and the libvirt URI memtide finds for it.
+    fn kubevirt_launcher(proc: &Path) -> (PathBuf, String) {
         let launcher = proc.join("4100");
         let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
@@ -1094,6 +1092,14 @@ mod tests {
         std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
         std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
         let uri = format!("qemu+unix:///session?socket={}", socket.display());
+        (launcher, uri)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kubevirt_launchers_are_found_on_the_node_and_forgotten_when_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let (launcher, uri) = kubevirt_launcher(&proc);
         let connector = Arc::new(FakeConnector::default());
         connector
             .domains
@@ -1145,13 +1151,7 @@ mod tests {
         use super::super::pods::fake_api::{FakeApi, TOKEN};
         let dir = tempfile::tempdir().unwrap();
         let proc = dir.path().join("proc");
-        let launcher = proc.join("4100");
-        let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
-        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-        std::fs::write(&socket, "").unwrap();
-        std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
-        std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
-        let uri = format!("qemu+unix:///session?socket={}", socket.display());
+        let (_, uri) = kubevirt_launcher(&proc);
         let connector = Arc::new(FakeConnector::default());
         let domains = vec![
             "default_web".into(),

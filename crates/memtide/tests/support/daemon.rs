@@ -11,6 +11,26 @@ pub fn memtide() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtide"))
 }
 
+/// `memtide snapshot ARGS --config CONFIG`, run to its end.
+pub fn snapshot(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    memtide()
+        .arg("snapshot")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+/// What a command printed, stdout then stderr.
+pub fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A running daemon; stopped with SIGTERM on drop.
 pub struct Daemon {
     pub socket: PathBuf,
