@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// How often, and how many times, a VMM whose shutdown answer broke off is asked whether
-/// it still answers (2 s in all).
+/// it still answers (2 s in all, and each call's own timeout).
 const QUIT_CHECK_EVERY: Duration = Duration::from_millis(100);
 const QUIT_CHECKS: u32 = 20;
 
@@ -237,8 +237,17 @@ impl SnapshotSteps for CloudHypervisorVm {
             Ok(_) => Ok(()),
             Err(ApiError::Http(..)) => {
                 for _ in 0..QUIT_CHECKS {
+                    // Only a socket nobody listens on (or gone) says the process ended.
                     match self.api.call(Method::GET, "/api/v1/vmm.ping", None).await {
-                        Err(ApiError::Connect { .. }) => return Ok(()),
+                        Err(ApiError::Connect { error, .. })
+                            if matches!(
+                                error.kind(),
+                                std::io::ErrorKind::ConnectionRefused
+                                    | std::io::ErrorKind::NotFound
+                            ) =>
+                        {
+                            return Ok(())
+                        }
                         _ => tokio::time::sleep(QUIT_CHECK_EVERY).await,
                     }
                 }

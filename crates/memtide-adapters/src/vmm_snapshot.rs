@@ -61,7 +61,11 @@ pub async fn save(
     }
     let downtime = match then {
         AfterSave::Run => {
-            resume(vmm, running, limit).await?;
+            resume(vmm, running, limit).await.map_err(|r| {
+                BackendError::Protocol(format!(
+                    "written, but the guest could not be resumed ({r}): it is paused"
+                ))
+            })?;
             Some(stopped.elapsed())
         }
         AfterSave::Quit => None,

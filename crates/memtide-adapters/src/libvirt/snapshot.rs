@@ -31,6 +31,13 @@ use virt_sys as sys;
 /// The file, in a snapshot's directory, that libvirt saves the domain into.
 pub const MEMORY_FILE: &str = "memory";
 
+/// The first bytes of a libvirt QEMU save image once it is whole (libvirt writes
+/// `LibvirtQemudPart` first and this when the save completes).
+const SAVE_MAGIC: &[u8; 16] = b"LibvirtQemudSave";
+
+/// How many times a save whose abort was asked for is looked at for its job's end.
+const ABORT_POLLS: u32 = 100;
+
 /// The socket a libvirt URI names with `socket=` (a daemon other than the default one).
 pub fn socket_param(uri: &str) -> Option<&str> {
     let (_, query) = uri.split_once('?')?;
@@ -96,6 +103,15 @@ impl Lent {
             return Ok(None);
         };
         let dir = path.parent().expect("a snapshot file is in a directory");
+        // The directory must be memtide's own (a crash during the directory lends of
+        // earlier releases could have left one to libvirtd's user).
+        let owner = std::fs::symlink_metadata(dir).map_err(io(dir))?.uid();
+        if owner != euid() {
+            return Err(BackendError::Io(format!(
+                "{}: owned by uid {owner}, not memtide's: not lent",
+                dir.display()
+            )));
+        }
         let file = open_own(path, create)?;
         for up in dir.ancestors().skip(1).take(2) {
             let mode = std::fs::metadata(up).map_err(io(up))?.permissions().mode();
@@ -122,14 +138,16 @@ impl Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        let back =
-            std::os::unix::fs::fchown(&self.file, Some(euid()), Some(egid())).and_then(|()| {
-                self.file
-                    .set_permissions(std::fs::Permissions::from_mode(0o600))
-            });
-        if let Err(e) = back {
+        if let Err(e) = std::os::unix::fs::fchown(&self.file, Some(euid()), Some(egid())) {
             tracing::warn!(
                 "{}: {e}: the snapshot's file stays libvirtd's user's",
+                self.dir.display()
+            );
+        }
+        let owner_only = std::fs::Permissions::from_mode(0o600);
+        if let Err(e) = self.file.set_permissions(owner_only) {
+            tracing::warn!(
+                "{}: {e}: the snapshot's file keeps its mode",
                 self.dir.display()
             );
         }
@@ -215,6 +233,26 @@ impl LibvirtVm {
         blocking(limit, move || restore_from(&session.conn, &path, running)).await
     }
 
+    /// Whether a save whose abort was asked for finished all the same: waited for until
+    /// the domain has no job (at most ten call timeouts), then the domain shut off and the
+    /// file's header libvirt's mark of a whole image (a partial one has another).
+    async fn save_finished_after_abort(&self, path: &Path) -> bool {
+        for _ in 0..ABORT_POLLS {
+            let d = self.domain.clone();
+            match blocking(self.call_timeout, move || super::session::job(&d)).await {
+                Ok((kind, _)) if kind as u32 == sys::VIR_DOMAIN_JOB_NONE => break,
+                _ => tokio::time::sleep(self.call_timeout / 10).await,
+            }
+        }
+        let d = self.domain.clone();
+        let state = blocking(self.call_timeout, move || d.get_state()).await;
+        let mut magic = [0u8; 16];
+        let whole = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok_and(|()| &magic == SAVE_MAGIC);
+        matches!(state, Ok((sys::VIR_DOMAIN_SHUTOFF, _))) && whole
+    }
+
     /// See `VmBackend::save`: the domain saved into `dir` by libvirt (which stops it),
     /// then started again from the file at once, or left stopped (hibernation) once the
     /// snapshot is sealed — started again from the file if the seal fails.
@@ -245,11 +283,10 @@ impl LibvirtVm {
                         _ => Err(Error::last_error()),
                     };
                     let _ = blocking(self.call_timeout, abort).await;
-                    // Unless the save ended before the abort reached it: a domain shut off
-                    // has its state in the file alone, which must be kept.
-                    let d = self.domain.clone();
-                    let state = blocking(self.call_timeout, move || d.get_state()).await;
-                    if !matches!(state, Ok((sys::VIR_DOMAIN_SHUTOFF, _))) {
+                    // The abort only asks: the job ends when it ends, the domain paused
+                    // meanwhile. Unless it ended by finishing the save (the domain shut off,
+                    // a whole image in the file), its file is no snapshot.
+                    if !self.save_finished_after_abort(&path).await {
                         return Err(e);
                     }
                     tracing::warn!("{e}, but the save ended before it could be aborted: kept");
@@ -304,17 +341,21 @@ impl LibvirtVm {
                     .mode(0o700)
                     .create(&rescue)
                     .and_then(|()| std::fs::hard_link(&path, rescue.join(MEMORY_FILE)));
+                let linked_ok = linked.is_ok();
                 let sealed = match (synced, linked) {
                     (Ok(()), Ok(())) => seal(saved.clone()).await,
                     (Err(e), _) => Err(e),
                     (_, Err(e)) => Err(format!("linking {}: {e}", rescue.display())),
                 };
+                // The state to start the guest again from: the rescue link, or, if it
+                // could not be made, the file itself (no seal ran to remove it).
+                let state = match linked_ok {
+                    true => rescue.join(MEMORY_FILE),
+                    false => path.clone(),
+                };
                 let result = match sealed {
                     Ok(()) => Ok(saved),
-                    Err(why) => match self
-                        .restore_now(&rescue.join(MEMORY_FILE), running, limit)
-                        .await
-                    {
+                    Err(why) => match self.restore_now(&state, running, limit).await {
                         Ok(()) => Err(BackendError::Io(format!("{why}; the guest runs on"))),
                         Err(e) => Err(BackendError::Io(format!(
                             "{why}; and the domain did not start again from its state ({e})"

@@ -150,8 +150,8 @@ pub struct Fused {
     last_probe: Option<Bytes>,
     /// The pages faulted back at the previous tick, if it backed off or recovered.
     last_backoff_faults: Option<u64>,
-    /// Committed_AS at the previous tick.
-    last_committed: Option<Bytes>,
+    /// Committed_AS at the last tick that had it, and how many ticks since lacked it.
+    last_committed: Option<(Bytes, u32)>,
     /// The last failed probe failed as soon as it went below what the guest has
     /// committed: it touches all it allocates, so a rebase does not restart fast probing.
     exact: bool,
@@ -185,6 +185,9 @@ pub struct FusedMemory {
     #[serde(default)]
     pub sampling: bool,
 }
+
+/// Ticks without Committed_AS across which the last figure is still compared.
+const COMMITTED_KEPT_TICKS: u32 = 3;
 
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or_default()
@@ -313,7 +316,8 @@ impl Fused {
             let wss = clamp(obs.size.max(base), floor, obs.configured);
             self.estimate = Some(wss);
             (self.base, self.freed_from) = (base, Some((base, s.committed_as)));
-            (self.last_size, self.last_committed) = (Some(obs.size), s.committed_as);
+            self.last_size = Some(obs.size);
+            self.last_committed = s.committed_as.map(|c| (c, 0));
             // Probing may have found its working set already: slowly, as after a back-off.
             (self.hold_until, self.backoffs) = (obs.at + secs(cfg.cool_down_s), 1);
             let detail = format!(
@@ -410,19 +414,25 @@ impl Fused {
         let faulted = Bytes(faults.saturating_mul(PAGE));
         // The guest allocated more than a probe step since the last tick: new demand,
         // which no probe of ours explains.
+        // A tick or two without the figure (the agent late) keeps the last one: the jump
+        // they missed still shows at the next (found on real guests: a sample lost at the
+        // tick a guest committed 168 MiB more hid the allocation, and the guest was raised
+        // by five back-offs over 5 s, swapping 5 000-8 000 pages a second). After longer
+        // without it, growth over the silence is no jump.
+        let last = self
+            .last_committed
+            .filter(|(_, missed)| *missed <= COMMITTED_KEPT_TICKS)
+            .map(|(c, _)| c);
         let allocation = s
             .committed_as
-            .zip(self.last_committed)
+            .zip(last)
             .map(|(now, last)| now - last)
             .filter(|grown| *grown > step(cfg.probe_step));
         let allocated = allocation.is_some();
-        // A tick without the figure (the agent late) keeps the last one: the jump it
-        // missed still shows at the next (found on real guests: a sample lost at the tick
-        // a guest committed 168 MiB more hid the allocation, and the guest was raised by
-        // five back-offs over 5 s, swapping 5 000-8 000 pages a second).
-        if s.committed_as.is_some() {
-            self.last_committed = s.committed_as;
-        }
+        self.last_committed = match (s.committed_as, self.last_committed) {
+            (Some(c), _) => Some((c, 0)),
+            (None, kept) => kept.map(|(c, missed)| (c, missed.saturating_add(1))),
+        };
         // Reclaim is the balloon's own only while the guest asks for nothing new.
         let balloon_reclaim = inflating && !allocated;
         let stalls = s.alloc_stalls.filter(|_| !balloon_reclaim).unwrap_or(0);
@@ -1424,6 +1434,14 @@ mod tests {
         let e = f.step(&cfg, &committed(obs(2, 330, 30, 0), 800)).unwrap();
         assert_eq!(e.phase, "allocate", "{}", e.detail);
         assert!(e.wss >= Bytes::from_mib(300 + 500 - 30), "{}", e.detail);
+        // Four ticks without the figure: growth over the silence is no jump.
+        let mut g = Fused::default();
+        g.step(&cfg, &committed(obs(0, 1000, 700, 0), 300));
+        for t in 1..5 {
+            g.step(&cfg, &obs(t, 330, 30, 0));
+        }
+        let e = g.step(&cfg, &committed(obs(5, 330, 30, 0), 800)).unwrap();
+        assert_ne!(e.phase, "allocate", "{}", e.detail);
     }
 
     #[test]

@@ -366,47 +366,17 @@ impl Policy for WorkingSet {
             first.push(costless.map_or(min, |c| within(c, *credible)));
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
-        let mut given = divide_by_use(capacity, &claims, &first);
-        // A guest whose demand jumped this tick, or that is short of memory now, is given
-        // what its estimate says at once, past the division, as far as the host has free
-        // swap for the excess: the host holds it for the ticks the others' balloons take
-        // to give memory back, where the division would make the guest swap while it
-        // writes what it allocated, which leaves it slower for as long as it runs, not
-        // only while it swaps in (bench/swap-layout.py: 0.80 of an untouched guest's work
-        // per CPU second; the real overcommit benchmark's guests ran at 0.67-0.85 of no
-        // management after their first such phase change). At most half the host's free
-        // swap is spent so.
-        let mut spill = input.host_latest().meminfo.swap_free.scale(0.5);
-        let mut spilled = vec![Bytes::ZERO; given.len()];
-        for ((vm, e, ..), ((claim, target), more)) in estimated
-            .iter()
-            .zip(claims.iter().zip(&mut given).zip(&mut spilled))
-        {
-            if matches!(e.phase, "allocate" | "back_off") && *target < claim.want {
-                *more = (claim.want - *target)
-                    .min(spill)
-                    .min(vm.limits.max - *target);
-                *target += *more;
-                spill = spill - *more;
-            }
-        }
+        let given = divide_by_use(capacity, &claims, &first);
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
         let policy = self.estimator.policy_name();
-        for (((vm, e, ..), target), more) in estimated.into_iter().zip(given).zip(spilled) {
+        for ((vm, e, ..), target) in estimated.into_iter().zip(given) {
             out.estimates.insert(vm.name.to_string(), e.wss);
             let rule = rule(policy, e.phase);
             let mut detail = e.detail;
             if let Some(d) = &divided {
                 detail.push_str(d);
-            }
-            if more > Bytes::ZERO {
-                let _ = write!(
-                    detail,
-                    "; {more} more than its share at once, for the host's swap to hold until \
-                     the others' balloons give memory back"
-                );
             }
             if let Some(n) = &need {
                 let _ = write!(detail, "; {n}");
@@ -533,93 +503,6 @@ mod tests {
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(930), Some(230)));
         assert!(o.balloon["a"].reason.detail.contains("host need ample"));
-    }
-
-    #[test]
-    fn a_guest_allocating_in_a_shortage_gets_it_at_once_where_the_host_has_swap_for_it() {
-        // Two 1024 MiB guests on a 1400 MiB host with 10 MiB freeable: "busy" holds 900
-        // MiB and needs 870; "b" holds 300, needs 200, and commits 500 MiB more at the
-        // second tick. The division cannot give b all of it: the host's swap can hold the
-        // excess until balloons give memory back, up to half of what it has free.
-        let run = |swap_free_mib: u64| {
-            let mut p = memtide();
-            let mut host_stats = testkit::host(1400, 10);
-            host_stats.meminfo.swap_free = Bytes::from_mib(swap_free_mib);
-            let mut host = History::new(10);
-            let (mut busy, mut b) = (History::new(10), History::new(10));
-            let limits = VmLimits {
-                min: Bytes::from_mib(64),
-                max: Bytes::from_mib(1024),
-                shares: 1000,
-            };
-            let mut out = None;
-            for (t, committed) in [(0, 200), (1, 700)] {
-                let at = Duration::from_secs(t);
-                host.push(at, host_stats.clone());
-                busy.push(at, testkit::vm("busy", 1024, 900, 0).sample.unwrap());
-                b.push(at, testkit::vm("b", 1024, 300, 0).sample.unwrap());
-                let busy_signals = Signals {
-                    available: Some(Bytes::from_mib(30)),
-                    committed_as: Some(Bytes::from_mib(870)),
-                    ..Signals::default()
-                };
-                let b_signals = Signals {
-                    available: Some(Bytes::from_mib(if t == 0 { 100 } else { 0 })),
-                    committed_as: Some(Bytes::from_mib(committed)),
-                    ..Signals::default()
-                };
-                let vms = [
-                    VmInput {
-                        name: "busy",
-                        limits: &limits,
-                        history: &busy,
-                        actual: Bytes::from_mib(900),
-                        signals: &busy_signals,
-                    },
-                    VmInput {
-                        name: "b",
-                        limits: &limits,
-                        history: &b,
-                        actual: Bytes::from_mib(300),
-                        signals: &b_signals,
-                    },
-                ];
-                out = Some(p.decide(&PolicyInput {
-                    at,
-                    host: &host,
-                    vms: &vms,
-                    unreachable: &[],
-                }));
-            }
-            out.unwrap()
-        };
-        let (without, with) = (run(0), run(1000));
-        let b = &with.balloon["b"];
-        assert_eq!(b.reason.rule, "memtide.allocate");
-        assert_eq!(
-            b.target, with.estimates["b"],
-            "all it allocated: {}",
-            b.reason.detail
-        );
-        assert!(
-            b.reason.detail.contains("more than its share at once"),
-            "{}",
-            b.reason.detail
-        );
-        let divided = without.balloon["b"].target;
-        assert!(divided < b.target, "without host swap, divided: {divided}");
-        assert!(!without.balloon["b"]
-            .reason
-            .detail
-            .contains("its share at once"));
-        // Its neighbour's share is the same either way; and the excess is bounded by half
-        // the host's free swap.
-        assert_eq!(
-            with.balloon.get("busy").map(|p| p.target),
-            without.balloon.get("busy").map(|p| p.target)
-        );
-        let little = run(100).balloon["b"].target;
-        assert_eq!(little, divided + Bytes::from_mib(50));
     }
 
     #[test]
