@@ -28,10 +28,18 @@ mapfile -t every < <(cd fuzz && cargo +nightly fuzz list)
 cargo run -q -p memtide-fuzz --bin fuzz-seeds -- fuzz/corpus
 logs=fuzz/logs
 mkdir -p "$logs"
+# Reproducers of failures in target $1's artifacts: libFuzzer's crash-, leak-, timeout- and
+# oom- files. Its slow-unit- files are reports, not failures (an input that took
+# -report_slow_units seconds: seen once for an input that runs in 0.05 s, while the
+# fuzzer at nice 19 waited for a busy CPU); a hang past -timeout is a timeout- file.
+failures() {
+  find "fuzz/artifacts/$1" -maxdepth 1 -type f \
+    \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l
+}
 results=()
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/artifacts/$t"
-  before=$(ls "fuzz/artifacts/$t" | wc -l)
+  before=$(failures "$t")
   start=$(date +%s)
   # The code fuzzed: the tree as cargo-fuzz builds it now (later commits are not in it).
   commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo '+changes')"
@@ -43,7 +51,7 @@ for t in "${targets[@]}"; do
   # Seconds fuzzed, as libFuzzer counts them (the build before is not counted).
   elapsed=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$logs/$t.log" | tail -1)
   elapsed=${elapsed:-$(($(date +%s) - start))}
-  found=$(($(ls "fuzz/artifacts/$t" | wc -l) - before))
+  found=$(($(failures "$t") - before))
   # A failure that left no reproducer (a build failure) still counts.
   [ "$rc" -eq 0 ] || [ "$found" -gt 0 ] || found=1
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
