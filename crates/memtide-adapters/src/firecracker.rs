@@ -144,6 +144,7 @@ impl VmBackend for FirecrackerVm {
             rss,
             cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             referenced: None,
+            cold: None,
             virtio_mem: None,
             free_page_reporting: false,
             fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),

@@ -53,6 +53,11 @@ pub struct VmSample {
     /// access sampling), when enabled and possible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub referenced: Option<Bytes>,
+    /// Guest memory the host backs that the hypervisor saw untouched for at least the
+    /// access tracker's cold age (host-side access tracking), when enabled and possible:
+    /// memory the guest can give up at the cost of writing it out once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<Bytes>,
     /// The VM's virtio-mem device, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_mem: Option<VirtioMem>,

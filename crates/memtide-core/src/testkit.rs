@@ -61,6 +61,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             rss: None,
             cpu_s: None,
             referenced: None,
+            cold: None,
             virtio_mem: None,
             free_page_reporting: false,
             fixed: None,

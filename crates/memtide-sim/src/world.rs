@@ -153,6 +153,7 @@ impl World {
             rss: Some(bytes(g.host_resident())),
             cpu_s: None,
             referenced: Some(bytes(g.last.referenced as u64)),
+            cold: None,
             virtio_mem: None,
             free_page_reporting: false,
             fixed: None,

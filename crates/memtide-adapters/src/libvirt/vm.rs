@@ -221,6 +221,7 @@ impl VmBackend for LibvirtVm {
             // The idle time a hibernation waits for.
             cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,
+            cold: None,
             virtio_mem,
             free_page_reporting: balloon.is_some_and(|b| b.free_page_reporting),
             fixed: Some(self.description.fixed),

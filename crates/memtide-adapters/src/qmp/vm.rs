@@ -370,6 +370,7 @@ impl VmBackend for QmpVm {
             cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             // Guest RAM proper; virtio-mem memory is a mapping of its own.
             referenced: self.access.as_mut().and_then(|a| a.sample(self.base)),
+            cold: None,
             virtio_mem,
             free_page_reporting: self.free_page_reporting,
             fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),

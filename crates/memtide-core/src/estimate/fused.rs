@@ -725,6 +725,7 @@ mod tests {
             size: Bytes::from_mib(size),
             configured: Bytes::from_mib(1000),
             referenced: None,
+            cold: None,
             signals: Signals {
                 available: Some(Bytes::from_mib(avail)),
                 unreclaimable: Some(Bytes::from_mib(40)),

@@ -32,6 +32,9 @@ pub struct Observation {
     pub configured: Bytes,
     /// Guest memory the hypervisor saw touched in the last window, when sampled.
     pub referenced: Option<Bytes>,
+    /// Guest memory the host backs that went untouched for the access tracker's cold
+    /// age, when tracked.
+    pub cold: Option<Bytes>,
     /// Derived guest signals.
     pub signals: Signals,
     /// How much the host needs memory, for estimators whose probing scales with it

@@ -138,6 +138,7 @@ mod tests {
             size: Bytes::from_mib(1024),
             configured: Bytes::from_mib(2048),
             referenced: None,
+            cold: None,
             signals: Signals {
                 committed_as: Some(Bytes::from_mib(committed_mib)),
                 swap_ins: Some(faults),

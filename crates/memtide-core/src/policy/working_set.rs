@@ -252,6 +252,7 @@ pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
         size: vm.actual,
         configured: latest.configured,
         referenced: latest.referenced,
+        cold: latest.cold,
         signals: vm.signals.clone(),
     }
 }

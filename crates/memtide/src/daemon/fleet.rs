@@ -797,6 +797,7 @@ mod tests {
                     rss: None,
                     cpu_s: None,
                     referenced: None,
+                    cold: None,
                     virtio_mem: None,
                     free_page_reporting: false,
                     fixed: None,
