@@ -33,6 +33,9 @@ pub struct Signals {
     /// Active(file): page cache the guest used more than once lately (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_file: Option<Bytes>,
+    /// Inactive(file): the rest of its page cache (needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactive_file: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
     /// and the anonymous memory that does not fit in its free swap (needs the agent).
     pub unreclaimable: Option<Bytes>,
@@ -102,6 +105,7 @@ impl Signals {
             available,
             committed_as: a.and_then(|a| a.meminfo.committed_as),
             active_file: a.and_then(|a| a.meminfo.active_file),
+            inactive_file: a.and_then(|a| a.meminfo.inactive_file),
             swap_free: a.map(|a| a.meminfo.swap_free),
             swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
             unreclaimable,

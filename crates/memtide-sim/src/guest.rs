@@ -340,6 +340,35 @@ impl Guest {
         self.pools().iter().map(|p| p.host_resident()).sum()
     }
 
+    /// Host-backed pages an access tracker finds untouched for `age_s` at this moment's
+    /// make-up: the idle pools (idle anonymous memory, page cache outside the working
+    /// set, free pages) and the resident working-set pages the workload's accesses, at
+    /// its base rate, miss for that long (its hot and cold parts each touched uniformly).
+    pub fn untouched_for(&self, age_s: f64) -> f64 {
+        let idle = self.anon_idle.host_resident()
+            + self.file_idle.host_resident()
+            + self.free_backed.host_resident();
+        let resident = (self.anon_ws.host_resident() + self.file_ws.host_resident()) as f64;
+        let ws = self.working_set() as f64;
+        let touches = self.params.base_pages_s * age_s;
+        // The share of the working set that is `part` of it, getting `access` of the
+        // touches, and missed by all of them.
+        let missed = |part: f64, access: f64| {
+            if part <= 0.0 || ws <= 0.0 {
+                0.0
+            } else {
+                part * (-touches * access / (part * ws)).exp()
+            }
+        };
+        let (hot, access) = (self.params.hot, self.params.hot_access);
+        let untouched = if hot <= 0.0 || hot >= 1.0 {
+            missed(1.0, 1.0)
+        } else {
+            missed(hot, access) + missed(1.0 - hot, 1.0 - access)
+        };
+        idle as f64 + resident * untouched
+    }
+
     /// Guest pages in host swap.
     pub fn host_swapped(&self) -> u64 {
         self.pools().iter().map(|p| p.host_swapped).sum()

@@ -47,6 +47,50 @@ pub struct VmSide {
     /// When the VM was started (s); `None` while it waits to be admitted (it holds no
     /// memory and does not run). Its workload's timeline starts then.
     pub started_at: Option<f64>,
+    /// Its guest's untouched pages over the last cold age.
+    untouched: WindowMin,
+}
+
+/// How long guest memory must go untouched for the host's access tracking to count it
+/// cold (memtide's tracker's default; Google's far-memory work uses 120 s, ASPLOS'19).
+pub const COLD_AGE_S: f64 = 120.0;
+
+/// The least of a figure over the last [`COLD_AGE_S`]: no more pages can have gone
+/// untouched for that long than the fewest that were untouched at any moment of it.
+#[derive(Clone, Debug, Default)]
+struct WindowMin {
+    /// (time, value), values rising from front to back: the front is the least.
+    samples: std::collections::VecDeque<(f64, f64)>,
+    since: f64,
+}
+
+impl WindowMin {
+    fn restart(&mut self, t: f64) {
+        self.samples.clear();
+        self.since = t;
+    }
+
+    fn push(&mut self, t: f64, value: f64) {
+        while self.samples.back().is_some_and(|(_, v)| *v >= value) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((t, value));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(at, _)| *at < t - COLD_AGE_S)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The least over the window ending at `t`; none before a whole window has passed.
+    fn least(&self, t: f64) -> f64 {
+        match self.samples.front() {
+            Some((_, v)) if t - self.since >= COLD_AGE_S => *v,
+            _ => 0.0,
+        }
+    }
 }
 
 impl World {
@@ -76,6 +120,7 @@ impl World {
                 down_s: 0.0,
                 events: Vec::new(),
                 started_at: Some(0.0),
+                untouched: WindowMin::default(),
             });
         }
         World {
@@ -100,6 +145,7 @@ impl World {
     pub fn start(&mut self, i: usize) {
         self.guests[i].reboot();
         self.vms[i].started_at = Some(self.t);
+        self.vms[i].untouched.restart(self.t);
     }
 
     /// Advance by `dt` seconds: every workload runs in its guest, then the host settles.
@@ -119,6 +165,7 @@ impl World {
                 side.workload.demand(self.t - started_at)
             };
             g.step(dt, &side.demand, &self.costs);
+            side.untouched.push(self.t, g.untouched_for(COLD_AGE_S));
             if g.last.oom_kills > 0 {
                 side.down_s = side.workload.spec().oom_restart_s;
             }
@@ -153,7 +200,7 @@ impl World {
             rss: Some(bytes(g.host_resident())),
             cpu_s: None,
             referenced: Some(bytes(g.last.referenced as u64)),
-            cold: None,
+            cold: Some(bytes(side.untouched.least(self.t) as u64)),
             virtio_mem: None,
             free_page_reporting: false,
             fixed: None,

@@ -573,6 +573,13 @@ impl Config {
                 format!("{share} must be in (0, 1]"),
             );
         }
+        let fill = self.memtide.fill_s;
+        if !(fill.is_finite() && fill >= 0.0) {
+            return bad(
+                "memtide.fill_s",
+                format!("{fill} is not a number of seconds"),
+            );
+        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -1022,6 +1029,10 @@ mod tests {
         assert_eq!(
             err("[memtide]\ntouched_share = 0\n"),
             "memtide.toml: memtide.touched_share: 0 must be in (0, 1]"
+        );
+        assert_eq!(
+            err("[memtide]\nfill_s = -1\n"),
+            "memtide.toml: memtide.fill_s: -1 is not a number of seconds"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),

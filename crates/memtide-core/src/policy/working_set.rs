@@ -229,6 +229,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
+        ("memtide", "cold") => "memtide.cold",
         ("memtide", "touched") => "memtide.touched",
         ("memtide", "sampling") => "memtide.sampling",
         ("memtide", "back_off") => "memtide.back_off",
@@ -253,6 +254,7 @@ pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
         configured: latest.configured,
         referenced: latest.referenced,
         cold: latest.cold,
+        backed: latest.rss.map(|rss| rss.min(vm.actual)),
         signals: vm.signals.clone(),
     }
 }
