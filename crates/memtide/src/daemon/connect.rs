@@ -1,7 +1,7 @@
 //! The connector the daemon uses: each endpoint kind to its adapter.
 
 use super::endpoint::{Connection, Connector, Endpoint};
-use crate::config::Config;
+use crate::config::{BoundFrom, Config};
 use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
@@ -76,8 +76,8 @@ impl Connector for Connectors {
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
                 let mut connection = with_pid(vm.pid(), Box::new(vm));
                 if let Some(m) = pve {
-                    connection.min = Some(m.min);
-                    connection.max = Some(m.memory);
+                    connection.min = Some((m.min, BoundFrom::Proxmox));
+                    connection.max = Some((m.memory, BoundFrom::Proxmox));
                     connection.shares = m.shares;
                 }
                 connection
@@ -131,9 +131,9 @@ fn no_libvirt() -> BackendError {
 #[cfg(feature = "libvirt")]
 mod libvirt {
     use super::super::endpoint::Connection;
-    use crate::config::Config;
+    use crate::config::{BoundFrom, Config};
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
-    use memtide_core::BackendError;
+    use memtide_core::{BackendError, Bytes};
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -176,10 +176,11 @@ mod libvirt {
         pub async fn connect(&self, uri: &str, domain: &str) -> Result<Connection, BackendError> {
             let vm = LibvirtVm::connect(&self.get(uri), domain, &self.opts).await?;
             let (min, max) = vm.bounds();
+            let domain = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Libvirt));
             Ok(Connection {
                 backend: Box::new(vm),
-                min,
-                max,
+                min: domain(min),
+                max: domain(max),
                 shares: None,
                 pid: None,
             })

@@ -7,7 +7,7 @@ use super::backoff::Backoff;
 use super::endpoint::{Connection, Connector, Endpoint};
 use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
-use crate::config::{Bounds, Config, VmConfig};
+use crate::config::{BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
@@ -139,6 +139,9 @@ pub struct Sampling {
     pub age_s: Option<f64>,
     /// Samples that missed their tick's deadline since the daemon started.
     pub late_samples: u64,
+    /// Where its bounds came from (`None`: its size is not known yet).
+    #[serde(default)]
+    pub bounds_from: Option<BoundsFrom>,
 }
 
 /// A connected VM.
@@ -147,7 +150,13 @@ struct Managed {
     agent: Option<PathBuf>,
     config: Option<VmConfig>,
     /// The bounds its hypervisor gave when it connected: min, max, shares.
-    own: (Option<Bytes>, Option<Bytes>, Option<u32>),
+    own: (
+        Option<(Bytes, BoundFrom)>,
+        Option<(Bytes, BoundFrom)>,
+        Option<u32>,
+    ),
+    /// Where its bounds at the latest sample came from.
+    bounds_from: Option<BoundsFrom>,
     /// The VM of a KubeVirt launcher pod on this node.
     launcher: bool,
     discovered: bool,
@@ -302,6 +311,7 @@ impl Fleet {
                         agent: c.agent,
                         config: c.config,
                         own: (connection.min, connection.max, connection.shares),
+                        bounds_from: None,
                         launcher,
                         discovered: c.discovered,
                         task: VmTask::new(&c.name, connection.backend, self.call_timeout),
@@ -378,8 +388,9 @@ impl Fleet {
             .and_then(|p| p.get(name))
         {
             let (pod_min, pod_max) = pod.bounds();
-            min = pod_min.or(min);
-            max = pod_max.or(max);
+            let pod = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Pod));
+            min = pod(pod_min).or(min);
+            max = pod(pod_max).or(max);
         }
         Bounds::new(m.config.as_ref(), &self.defaults).under(min, max, shares, m.config.as_ref())
     }
@@ -556,7 +567,8 @@ impl Fleet {
                     Err(BackendError::timeout(waited))
                 }
             };
-            let limits = bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
+            let (limits, from) = bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
+            m.bounds_from = m.configured.is_some().then_some(from);
             out.vms.push(VmSnapshot {
                 limits,
                 target: m.task.target(),
@@ -727,6 +739,7 @@ impl Fleet {
                 stale: m.stale,
                 age_s: m.sampled.map(|t| t.elapsed().as_secs_f64()),
                 late_samples: m.late_samples,
+                bounds_from: m.bounds_from,
             })
             .collect()
     }
@@ -852,7 +865,7 @@ mod tests {
                 Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
                 b => Ok(Connection {
                     backend: Box::new(FakeVm(b, self.sent_to(&socket))),
-                    min: Some(Bytes::from_mib(200)),
+                    min: Some((Bytes::from_mib(200), BoundFrom::Libvirt)),
                     max: None,
                     shares: None,
                     pid: None,
@@ -1088,7 +1101,7 @@ mod tests {
         let launcher = proc.join("4100");
         let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-        std::fs::write(&socket, "").unwrap();
+        std::os::unix::net::UnixListener::bind(&socket).unwrap();
         std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
         std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
         let uri = format!("qemu+unix:///session?socket={}", socket.display());
@@ -1213,6 +1226,24 @@ mod tests {
                 ("team-a/db".into(), 512, 512),   // a request above its size: held there
             ]
         );
+        let from = |fleet: &Fleet| -> Vec<(String, &str, &str)> {
+            fleet
+                .sampling()
+                .into_iter()
+                .map(|s| {
+                    let f = s.bounds_from.expect("sampled");
+                    (s.name, f.min.name(), f.max.name())
+                })
+                .collect()
+        };
+        assert_eq!(
+            from(&fleet),
+            [
+                ("default/new".into(), "libvirt", "size"),
+                ("default/web".into(), "pod", "pod"),
+                ("team-a/db".into(), "size", "size"),
+            ]
+        );
         assert!(api.requests.lock().unwrap()[0].contains("spec.nodeName%3Dnode-1"));
 
         // The API server goes away: the last list holds for 1 s, then the domains' bounds.
@@ -1229,6 +1260,7 @@ mod tests {
                 ("team-a/db".into(), 200, 512),
             ]
         );
+        assert_eq!(from(&fleet)[1], ("default/web".into(), "libvirt", "size"));
     }
 
     /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.

@@ -2,7 +2,8 @@
 //! server by a task of their own, as their VMs' bounds
 //! (`memtide_adapters::kubevirt::pods`). A list that fails keeps the last one in force
 //! for a while, then the VMs take their domains' own bounds; the failure is logged once,
-//! then every [`LOG_EVERY`] while it lasts, and the daemon goes on.
+//! then every [`LOG_EVERY`] while it lasts, and the daemon goes on. A pod whose memory
+//! cannot be read is logged once, and again only when why changes.
 
 use memtide_adapters::kubevirt::api::ApiServer;
 use memtide_adapters::kubevirt::pods::PodMemory;
@@ -72,6 +73,7 @@ pub fn start(api: ApiServer, node: String, every: Duration) -> Arc<PodBounds> {
 
 async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBounds>) {
     let mut failures = Failures::default();
+    let mut unreadable = BTreeMap::new();
     loop {
         let result = api.launcher_pods(&node).await;
         let Some(bounds) = weak.upgrade() else {
@@ -84,10 +86,16 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
                     tracing::info!(
                         "KubeVirt pod bounds: the Kubernetes API answers again after {failed} \
                          failed lists; {} launcher pods on {node}",
-                        pods.len()
+                        pods.memory.len()
                     );
                 }
-                bounds.set(pods, now);
+                for (pod, why) in newly_unreadable(&mut unreadable, pods.unreadable) {
+                    tracing::warn!(
+                        "KubeVirt pod bounds: pod {pod}: {why}: its VM takes its domain's \
+                         bounds (logged again only if this changes)"
+                    );
+                }
+                bounds.set(pods.memory, now);
             }
             Err(e) => {
                 if let Some(n) = failures.failed(now) {
@@ -108,6 +116,22 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
             _ = bounds.wake.notified() => tokio::time::sleep_until(now + EARLIEST).await,
         }
     }
+}
+
+/// The pods of `now` (why each cannot be read) not in `logged` with the same why, which
+/// becomes `now`: a pod is logged once while it stays unreadable for the same reason, and
+/// again if it is fixed and breaks again.
+fn newly_unreadable(
+    logged: &mut BTreeMap<String, String>,
+    now: BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let new = now
+        .iter()
+        .filter(|&(pod, why)| logged.get(pod) != Some(why))
+        .map(|(pod, why)| (pod.clone(), why.clone()))
+        .collect();
+    *logged = now;
+    new
 }
 
 /// When a failing list is logged: at the first failure, then every [`LOG_EVERY`].
@@ -285,6 +309,48 @@ mod tests {
         assert_eq!(f.failed(t0 + Duration::from_secs(800)), Some(1), "afresh");
     }
 
+    #[test]
+    fn an_unreadable_pod_is_logged_once_per_reason() {
+        let mut logged = BTreeMap::new();
+        let list = |pods: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pods.iter()
+                .map(|(p, w)| (p.to_string(), w.to_string()))
+                .collect()
+        };
+        let bad = list(&[
+            ("ns/a", "limits.memory: bad"),
+            ("ns/b", "requests.memory: bad"),
+        ]);
+        assert_eq!(newly_unreadable(&mut logged, bad.clone()).len(), 2);
+        for _ in 0..3 {
+            assert_eq!(
+                newly_unreadable(&mut logged, bad.clone()),
+                [],
+                "listed again"
+            );
+        }
+        let changed = list(&[
+            ("ns/a", "limits.memory: worse"),
+            ("ns/b", "requests.memory: bad"),
+        ]);
+        assert_eq!(
+            newly_unreadable(&mut logged, changed),
+            list(&[("ns/a", "limits.memory: worse")])
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
+        // b fixed, then broken again in the same way: logged again.
+        assert_eq!(
+            newly_unreadable(&mut logged, list(&[("ns/a", "limits.memory: worse")])),
+            []
+        );
+        let again = newly_unreadable(&mut logged, list(&[("ns/b", "requests.memory: bad")]));
+        assert_eq!(
+            again,
+            [("ns/b".to_string(), "requests.memory: bad".to_string())]
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_list_is_in_force_until_it_is_too_old() {
         let bounds = PodBounds::new(Duration::from_secs(300));
@@ -319,7 +385,7 @@ mod tests {
         let api = FakeApi::start(fixture).await;
         let pods = api.client(&token).launcher_pods("node-1").await.unwrap();
         assert_eq!(
-            pods.keys().collect::<Vec<_>>(),
+            pods.memory.keys().collect::<Vec<_>>(),
             ["default/web", "team-a/db"]
         );
         assert_eq!(
