@@ -865,6 +865,9 @@ impl BoundFrom {
     }
 }
 
+/// A bound in bytes, and where it came from.
+pub type Bound = (Bytes, BoundFrom);
+
 /// Operator bounds for a VM, resolved against its configured size, each with where it
 /// came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -894,12 +897,12 @@ impl Bounds {
     /// for what the VM's configuration entry leaves unset.
     pub fn under(
         self,
-        min: Option<(Bytes, BoundFrom)>,
-        max: Option<(Bytes, BoundFrom)>,
+        min: Option<Bound>,
+        max: Option<Bound>,
         shares: Option<u32>,
         vm: Option<&VmConfig>,
     ) -> Bounds {
-        let mib = |(b, from): (Bytes, BoundFrom)| (Bytes::mib(b), from);
+        let mib = |(b, from): Bound| (Bytes::mib(b), from);
         let set_min = vm.and_then(|v| v.min_mib).map(|m| (m, BoundFrom::Config));
         let set_shares = vm.and_then(|v| v.shares);
         Bounds {

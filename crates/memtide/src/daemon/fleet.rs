@@ -7,7 +7,7 @@ use super::backoff::Backoff;
 use super::endpoint::{Connection, Connector, Endpoint};
 use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
-use crate::config::{BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
+use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
@@ -150,11 +150,7 @@ struct Managed {
     agent: Option<PathBuf>,
     config: Option<VmConfig>,
     /// The bounds its hypervisor gave when it connected: min, max, shares.
-    own: (
-        Option<(Bytes, BoundFrom)>,
-        Option<(Bytes, BoundFrom)>,
-        Option<u32>,
-    ),
+    own: (Option<Bound>, Option<Bound>, Option<u32>),
     /// Where its bounds at the latest sample came from.
     bounds_from: Option<BoundsFrom>,
     /// The VM of a KubeVirt launcher pod on this node.
