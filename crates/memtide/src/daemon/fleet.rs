@@ -3,7 +3,7 @@
 //! its own task (`vm_task`) under the tick's deadline, and dropped cleanly when their
 //! hypervisor goes away.
 
-use super::backoff::Backoff;
+use super::backoff::{Backoff, Failures, LOG_EVERY};
 use super::endpoint::{Connection, Connector, Endpoint};
 use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
@@ -11,7 +11,7 @@ use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,6 +220,9 @@ pub struct Fleet {
     in_flight: HashSet<Endpoint>,
     listing: JoinSet<Listing>,
     listing_in_flight: HashSet<String>,
+    /// libvirt URIs whose listing fails, each logged at first and then every
+    /// [`LOG_EVERY`], not at every tick.
+    listing_failures: HashMap<String, Failures>,
 }
 
 impl Fleet {
@@ -272,6 +275,7 @@ impl Fleet {
             in_flight: HashSet::new(),
             listing: JoinSet::new(),
             listing_in_flight: HashSet::new(),
+            listing_failures: HashMap::new(),
         }
     }
 
@@ -433,6 +437,7 @@ impl Fleet {
         );
         for uri in &gone {
             self.connector.forget(uri);
+            self.listing_failures.remove(uri);
         }
     }
 
@@ -443,9 +448,24 @@ impl Fleet {
             let Ok((uri, names)) = done else { continue };
             self.listing_in_flight.remove(&uri);
             let names = match names {
-                Ok(names) => names,
+                Ok(names) => {
+                    let failed = self.listing_failures.remove(&uri);
+                    if let Some(n) = failed.and_then(|mut f| f.succeeded()) {
+                        tracing::info!(
+                            "listing the domains of {uri} works again after {n} failures"
+                        );
+                    }
+                    names
+                }
                 Err(e) => {
-                    tracing::warn!("listing the domains of {uri}: {e}");
+                    let failures = self.listing_failures.entry(uri.clone()).or_default();
+                    if let Some(n) = failures.failed(Instant::now()) {
+                        tracing::warn!(
+                            "listing the domains of {uri}: {e} ({n} failed listings; tried \
+                             again every tick, logged again in {} s while it fails)",
+                            LOG_EVERY.as_secs()
+                        );
+                    }
                     continue;
                 }
             };
@@ -921,6 +941,64 @@ mod tests {
         config.discovery.qmp_glob = vec![dir.join("*.sock").display().to_string()];
         config.daemon.call_timeout_ms = call_timeout_ms;
         Fleet::new(&config, connector)
+    }
+
+    /// What `tracing` logs on this thread until the guard is dropped, as text.
+    fn captured_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+        #[derive(Clone)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(logs.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_listing_is_logged_at_first_then_every_five_minutes_not_every_tick() {
+        let (logs, _guard) = captured_logs();
+        let count = |what: &str| {
+            let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+            text.lines().filter(|l| l.contains(what)).count()
+        };
+        let uri = "qemu+unix:///session?socket=/launcher";
+        let connector = Arc::new(FakeConnector::default()); // it lists nothing: down
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.libvirt.uris = vec![uri.into()];
+        let mut fleet = Fleet::new(&config, connector.clone());
+        let failed = format!("listing the domains of {uri}: disconnected: libvirtd is down (");
+        for _ in 0..20 {
+            settle(&mut fleet).await;
+        }
+        assert_eq!(count(&failed), 1, "logged once, not at each of 40 listings");
+        tokio::time::advance(LOG_EVERY).await;
+        settle(&mut fleet).await;
+        assert_eq!(count(&failed), 2, "and again five minutes later");
+        connector
+            .domains
+            .lock()
+            .unwrap()
+            .insert(uri.into(), vec!["web".into()]);
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        assert_eq!(
+            count(&format!("listing the domains of {uri} works again after")),
+            1
+        );
+        assert!(fleet.listing_failures.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

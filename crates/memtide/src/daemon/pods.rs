@@ -5,6 +5,7 @@
 //! then every [`LOG_EVERY`] while it lasts, and the daemon goes on. A pod whose memory
 //! cannot be read is logged once, and again only when why changes.
 
+use super::backoff::{Failures, LOG_EVERY};
 use memtide_adapters::kubevirt::api::ApiServer;
 use memtide_adapters::kubevirt::pods::PodMemory;
 use std::collections::BTreeMap;
@@ -13,8 +14,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// A failing list is logged at most this often.
-pub const LOG_EVERY: Duration = Duration::from_secs(300);
 /// A list asked for early (a VM whose pod is not known yet) waits at least this long
 /// after the previous one.
 const EARLIEST: Duration = Duration::from_secs(2);
@@ -132,33 +131,6 @@ fn newly_unreadable(
         .collect();
     *logged = now;
     new
-}
-
-/// When a failing list is logged: at the first failure, then every [`LOG_EVERY`].
-#[derive(Default)]
-struct Failures {
-    count: u64,
-    logged: Option<Instant>,
-}
-
-impl Failures {
-    /// A list failed at `now`: the count of failures so far, if this one is logged.
-    fn failed(&mut self, now: Instant) -> Option<u64> {
-        self.count += 1;
-        let due = self
-            .logged
-            .is_none_or(|at| now.duration_since(at) >= LOG_EVERY);
-        due.then(|| {
-            self.logged = Some(now);
-            self.count
-        })
-    }
-
-    /// A list succeeded: the count of failures before it, if there were any.
-    fn succeeded(&mut self) -> Option<u64> {
-        let count = std::mem::take(self).count;
-        (count > 0).then_some(count)
-    }
 }
 
 /// A fake Kubernetes API server on 127.0.0.1: HTTPS with a self-signed certificate,
@@ -294,20 +266,6 @@ pub mod fake_api {
 mod tests {
     use super::fake_api::{FakeApi, TOKEN};
     use super::*;
-
-    #[test]
-    fn a_failing_list_is_logged_at_first_then_every_five_minutes() {
-        let mut f = Failures::default();
-        let t0 = Instant::now();
-        let logged: Vec<u64> = (0..25u64)
-            .filter_map(|i| f.failed(t0 + Duration::from_secs(30 * i)))
-            .collect();
-        // At 0 s, 300 s (the 11th) and 600 s (the 21st).
-        assert_eq!(logged, [1, 11, 21]);
-        assert_eq!(f.succeeded(), Some(25));
-        assert_eq!(f.succeeded(), None, "nothing failed since");
-        assert_eq!(f.failed(t0 + Duration::from_secs(800)), Some(1), "afresh");
-    }
 
     #[test]
     fn an_unreadable_pod_is_logged_once_per_reason() {
