@@ -112,6 +112,18 @@ impl ApiSocket {
         Ok(stream.peer_cred().ok().and_then(|c| c.pid()))
     }
 
+    /// Whether nobody serves the socket: connections are refused, or it is gone. A VMM
+    /// that answers, or is too slow to, has not ended.
+    pub async fn refused(&self) -> bool {
+        match self.connect().await {
+            Err(ApiError::Connect { error, .. }) => matches!(
+                error.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ),
+            _ => false,
+        }
+    }
+
     async fn connect(&self) -> Result<UnixStream, ApiError> {
         let connect = timeout(self.call_timeout, UnixStream::connect(&self.path)).await;
         let error = match connect {

@@ -208,6 +208,10 @@ impl SnapshotSteps for CloudHypervisorVm {
         None
     }
 
+    async fn ended(&mut self) -> bool {
+        self.api.refused().await
+    }
+
     async fn running(&mut self) -> Result<bool, BackendError> {
         let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
         Ok(info.get("state").and_then(Value::as_str) == Some("Running"))
@@ -239,18 +243,10 @@ impl SnapshotSteps for CloudHypervisorVm {
             Err(ApiError::Http(..)) => {
                 for _ in 0..QUIT_CHECKS {
                     // Only a socket nobody listens on (or gone) says the process ended.
-                    match self.api.call(Method::GET, "/api/v1/vmm.ping", None).await {
-                        Err(ApiError::Connect { error, .. })
-                            if matches!(
-                                error.kind(),
-                                std::io::ErrorKind::ConnectionRefused
-                                    | std::io::ErrorKind::NotFound
-                            ) =>
-                        {
-                            return Ok(())
-                        }
-                        _ => tokio::time::sleep(QUIT_CHECK_EVERY).await,
+                    if self.api.refused().await {
+                        return Ok(());
                     }
+                    tokio::time::sleep(QUIT_CHECK_EVERY).await;
                 }
                 Err(BackendError::Protocol(
                     "vmm.shutdown broke off and the VMM still answers".into(),

@@ -18,6 +18,7 @@
 //! that ends its process: a hibernation kills it.
 
 use crate::api_socket::{guest_stats, ApiError, ApiSocket, ApiVmOptions};
+use crate::pidfd::Pidfd;
 use crate::procfs;
 use crate::vmm_snapshot::{self, utf8, Launch, Restored, SnapshotSteps};
 use async_trait::async_trait;
@@ -226,29 +227,35 @@ impl SnapshotSteps for FirecrackerVm {
         Ok(())
     }
 
+    async fn ended(&mut self) -> bool {
+        self.api.refused().await
+    }
+
     async fn quit(&mut self) -> Result<(), BackendError> {
-        // Firecracker has no call to end itself: its process is killed, the one serving
-        // the API socket now (asked again: the pid seen when memtide connected may be
-        // another process's by now, if Firecracker was restarted on the same socket).
-        let pid = self.api.peer_pid().await?;
-        let pid = match (pid, self.pid) {
-            (Some(now), Some(known)) if now == known => now,
-            (Some(now), _) => {
+        // Firecracker has no call to end itself: its process is killed, if it is the one
+        // serving the API socket now (asked again: the pid seen when memtide connected
+        // may be another process's by now, if Firecracker was restarted on the same
+        // socket). The process is held by a pidfd before it is checked, and signalled
+        // through it: one that ends after the check, its pid taken by another, is the one
+        // the signal would reach, and it reaches none.
+        let known = self
+            .pid
+            .ok_or_else(|| BackendError::Protocol("no process".into()))?;
+        let process = Pidfd::open(known)
+            .map_err(|e| BackendError::Io(format!("Firecracker's process {known}: {e}")))?;
+        match self.api.peer_pid().await? {
+            Some(now) if now == known => {}
+            Some(now) => {
                 return Err(BackendError::Protocol(format!(
-                    "the API socket is served by process {now}, not the {} memtide connected to",
-                    self.pid.map_or("unknown one".into(), |p| p.to_string())
+                    "the API socket is served by process {now}, not the {known} memtide \
+                     connected to"
                 )))
             }
-            (None, _) => return Err(BackendError::Protocol("no process".into())),
-        };
-        // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(BackendError::Io(format!(
-                "killing Firecracker ({pid}): {e}"
-            )));
+            None => return Err(BackendError::Protocol("no process".into())),
         }
-        Ok(())
+        process
+            .signal(libc::SIGKILL)
+            .map_err(|e| BackendError::Io(format!("killing Firecracker ({known}): {e}")))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod host;
 pub mod ksm;
 pub mod kubevirt;
 pub mod libvirt;
+pub mod pidfd;
 pub mod procfs;
 pub mod proxmox;
 pub mod qga;

@@ -26,6 +26,14 @@ pub struct PveMemory {
     pub shares: Option<u32>,
 }
 
+impl PveMemory {
+    /// Whether PVE's own auto-ballooning (pvestatd) moves this VM's balloon: it may
+    /// shrink it (`balloon` below `memory`) and `shares` is not 0.
+    pub fn auto_ballooned(&self) -> bool {
+        self.shares.is_some() && self.min < self.memory
+    }
+}
+
 /// PVE's default size when `memory` is unset, and default shares.
 const DEFAULT_MEMORY_MIB: u64 = 512;
 const DEFAULT_SHARES: u32 = 1000;
@@ -154,6 +162,20 @@ balloon: 0
         );
         let above = memory("memory: 1024\nballoon: 4096\n").unwrap();
         assert_eq!(above.min, Bytes::from_mib(1024), "never above the size");
+    }
+
+    #[test]
+    fn pve_auto_balloons_a_vm_it_may_shrink_unless_its_shares_are_0() {
+        for (text, auto) in [
+            (CONF, true),
+            ("memory: 2048\nballoon: 512\n", true), // PVE's default shares
+            ("memory: 2048\nballoon: 512\nshares: 0\n", false),
+            ("memory: 2048\n", false),
+            ("memory: 2048\nballoon: 0\nshares: 500\n", false),
+            ("memory: 2048\nballoon: 2048\n", false),
+        ] {
+            assert_eq!(memory(text).unwrap().auto_ballooned(), auto, "{text}");
+        }
     }
 
     #[test]

@@ -33,12 +33,17 @@ pub trait SnapshotSteps: Send {
     async fn write(&mut self, dir: &Path, limit: Duration) -> Result<(), BackendError>;
     /// End the VMM's process (the guest paused, its snapshot sealed).
     async fn quit(&mut self) -> Result<(), BackendError>;
+    /// Whether the VMM's process has ended (its API socket refuses connections or is
+    /// gone).
+    async fn ended(&mut self) -> bool;
 }
 
 /// Save the VM into `dir` as `VmBackend::save` says: the guest paused while its VMM
 /// writes the snapshot, then resumed before the seal, or (`AfterSave::Quit`) its VMM
 /// ended once the seal succeeded; a snapshot the VMM refuses, or a seal that fails,
-/// leaves the guest running as it was.
+/// leaves the guest running as it was. A VMM that did not quit when asked is hibernated
+/// all the same if it has ended; one that still runs is asked to resume the guest, and
+/// the error says whether it did.
 pub async fn save(
     vmm: &mut dyn SnapshotSteps,
     dir: &Path,
@@ -90,10 +95,20 @@ pub async fn save(
         }
         (AfterSave::Quit, Ok(())) => {
             if let Err(e) = vmm.quit().await {
-                let e = BackendError::Protocol(format!(
-                    "saved, but the VMM did not quit ({e}); the guest runs on"
+                // Ended all the same, with its guest paused since the snapshot.
+                if vmm.ended().await {
+                    return Ok(saved);
+                }
+                let e = format!("saved, but the VMM did not quit ({e}) and still runs");
+                return Err(BackendError::Protocol(
+                    match resume(vmm, running, limit).await {
+                        Ok(()) if running => format!("{e}; the guest runs on"),
+                        Ok(()) => format!("{e}; the guest stays paused, as it was"),
+                        Err(r) => {
+                            format!("{e}; the guest could not be resumed ({r}): it is paused")
+                        }
+                    },
                 ));
-                return Err(also(e, resume(vmm, running, limit).await));
             }
         }
     }
@@ -318,6 +333,88 @@ mod tests {
         }
         async fn quit(&mut self) -> Result<(), BackendError> {
             Ok(())
+        }
+        async fn ended(&mut self) -> bool {
+            false
+        }
+    }
+
+    /// A VMM whose quit fails: it has `ended` anyway or not, and resumes or not.
+    struct NoQuit {
+        ended: bool,
+        resumes: bool,
+        resumed: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl SnapshotSteps for NoQuit {
+        fn mechanism(&self) -> &'static str {
+            "test"
+        }
+        fn cannot_quit(&self) -> Option<String> {
+            None
+        }
+        async fn running(&mut self) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        async fn pause(&mut self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn resume(&mut self) -> Result<(), BackendError> {
+            if !self.resumes {
+                return Err(BackendError::Protocol("no".into()));
+            }
+            self.resumed = true;
+            Ok(())
+        }
+        async fn write(&mut self, _: &Path, _: Duration) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn quit(&mut self) -> Result<(), BackendError> {
+            Err(BackendError::Io("killing it: EPERM".into()))
+        }
+        async fn ended(&mut self) -> bool {
+            self.ended
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vmm_that_did_not_quit_is_hibernated_if_it_ended_and_told_as_it_runs_if_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = Duration::from_secs(1);
+        let sealed = || -> Seal { Box::new(|_| Box::pin(async { Ok(()) })) };
+        for (ended, resumes, told) in [
+            (true, true, None),
+            (
+                false,
+                true,
+                Some("saved, but the VMM did not quit (killing it: EPERM) and still runs; the guest runs on"),
+            ),
+            (
+                false,
+                false,
+                Some(
+                    "saved, but the VMM did not quit (killing it: EPERM) and still runs; the guest \
+                     could not be resumed (no): it is paused",
+                ),
+            ),
+        ] {
+            let mut vmm = NoQuit {
+                ended,
+                resumes,
+                resumed: false,
+            };
+            let saved = save(&mut vmm, dir.path(), AfterSave::Quit, limit, sealed()).await;
+            match told {
+                None => {
+                    assert!(saved.is_ok(), "{saved:?}");
+                    assert!(!vmm.resumed, "an ended VMM is not asked to resume");
+                }
+                Some(told) => {
+                    assert_eq!(saved.unwrap_err().to_string(), told);
+                    assert_eq!(vmm.resumed, resumes);
+                }
+            }
         }
     }
 

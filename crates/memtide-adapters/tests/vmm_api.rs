@@ -333,16 +333,7 @@ async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
     let fake = Shared::default();
     let served = serve(dir.path(), firecracker(fake.clone(), true));
     let socket = dir.path().join("fc.sock");
-    let mut process = std::process::Command::new("python3")
-        .args(["-c", PROXY])
-        .args([&socket, &served])
-        .spawn()
-        .expect("python3, to stand in for Firecracker's process");
-    let listening = (0..500).any(|_| {
-        std::thread::sleep(Duration::from_millis(10));
-        socket.exists()
-    });
-    assert!(listening, "the stand-in did not listen");
+    let mut process = stand_in(&socket, &served);
     let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
     let out = tempfile::tempdir().unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
@@ -372,6 +363,56 @@ async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
         log.last().unwrap().starts_with("PUT /snapshot/create"),
         "not resumed: {log:?}"
     );
+}
+
+/// A stand-in for Firecracker's process serving `socket` (a proxy to `served`).
+fn stand_in(socket: &Path, served: &Path) -> std::process::Child {
+    let process = std::process::Command::new("python3")
+        .args(["-c", PROXY])
+        .args([socket, served])
+        .spawn()
+        .expect("python3, to stand in for Firecracker's process");
+    let listening = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        socket.exists()
+    });
+    assert!(listening, "the stand-in did not listen");
+    process
+}
+
+#[tokio::test]
+async fn a_firecracker_replaced_on_its_socket_is_not_killed_and_its_guest_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let served = serve(dir.path(), firecracker(fake.clone(), true));
+    let socket = dir.path().join("fc.sock");
+    let mut first = stand_in(&socket, &served);
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    assert_eq!(vm.pid(), Some(i32::try_from(first.id()).unwrap()));
+    // The process memtide connected to ends; another serves the same socket.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::fs::remove_file(&socket).unwrap();
+    let mut second = stand_in(&socket, &served);
+    let out = tempfile::tempdir().unwrap();
+    let (sealed, _) = seal(out.path(), &fake, Ok(()));
+    let e = vm
+        .save(out.path(), AfterSave::Quit, LIMIT, sealed)
+        .await
+        .unwrap_err()
+        .to_string();
+    let alive = second.try_wait().unwrap().is_none();
+    let _ = second.kill();
+    let _ = second.wait();
+    assert!(alive, "the process serving the socket now is not killed");
+    assert!(
+        e.starts_with("saved, but the VMM did not quit (")
+            && e.ends_with(") and still runs; the guest runs on"),
+        "{e}"
+    );
+    let f = fake.lock().unwrap();
+    assert!(!f.paused, "resumed");
+    assert_eq!(f.log.last().unwrap(), "PATCH /vm {\"state\":\"Resumed\"}");
 }
 
 /// A launch command that "starts a VMM": its API socket becomes a link to `served` (the

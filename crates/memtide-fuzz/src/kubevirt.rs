@@ -7,7 +7,7 @@ use memtide_core::Bytes;
 
 pub fn run(data: &[u8]) {
     if let Ok(pods) = launcher_pods(data) {
-        for (name, memory) in pods {
+        for (name, memory) in pods.memory {
             let (min, max) = memory.bounds();
             if let (Some(min), Some(request)) = (min, memory.request) {
                 assert!(

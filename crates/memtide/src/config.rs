@@ -840,13 +840,49 @@ fn check_numbers(table: &toml::Table, prefix: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// Operator bounds for a VM, resolved against its configured size.
+/// Where one of a VM's bounds came from, as `memtide status` and `/metrics` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundFrom {
+    /// Its `[[vm]]` entry.
+    Config,
+    /// Its KubeVirt launcher pod: the memory request (min) or limit (max).
+    Pod,
+    /// Its libvirt domain's description.
+    Libvirt,
+    /// Its Proxmox VE configuration: `balloon:` (min) or `memory:` (max).
+    Proxmox,
+    /// `[defaults] min_mib` (a minimum only).
+    Default,
+    /// The VM's configured size: no maximum set, or one above it.
+    Size,
+}
+
+impl BoundFrom {
+    /// Its name in status and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            BoundFrom::Config => "config",
+            BoundFrom::Pod => "pod",
+            BoundFrom::Libvirt => "libvirt",
+            BoundFrom::Proxmox => "proxmox",
+            BoundFrom::Default => "default",
+            BoundFrom::Size => "size",
+        }
+    }
+}
+
+/// A bound in bytes, and where it came from.
+pub type Bound = (Bytes, BoundFrom);
+
+/// Operator bounds for a VM, resolved against its configured size, each with where it
+/// came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bounds {
     /// Minimum in MiB.
-    pub min_mib: u64,
+    pub min_mib: (u64, BoundFrom),
     /// Maximum in MiB, if set.
-    pub max_mib: Option<u64>,
+    pub max_mib: Option<(u64, BoundFrom)>,
     /// Shares.
     pub shares: u32,
 }
@@ -854,43 +890,67 @@ pub struct Bounds {
 impl Bounds {
     /// The bounds for a VM given in the configuration, or the defaults for a discovered one.
     pub fn new(vm: Option<&VmConfig>, defaults: &VmDefaults) -> Bounds {
+        let config = |m: Option<u64>| m.map(|m| (m, BoundFrom::Config));
         Bounds {
-            min_mib: vm.and_then(|v| v.min_mib).unwrap_or(defaults.min_mib),
-            max_mib: vm.and_then(|v| v.max_mib),
+            min_mib: config(vm.and_then(|v| v.min_mib))
+                .unwrap_or((defaults.min_mib, BoundFrom::Default)),
+            max_mib: config(vm.and_then(|v| v.max_mib)),
             shares: vm.and_then(|v| v.shares).unwrap_or(defaults.shares),
         }
     }
 
-    /// These bounds, with the hypervisor's own (`min`, `max`, `shares`: from a libvirt
-    /// domain's description or a Proxmox VE configuration) for what the VM's
-    /// configuration entry leaves unset.
+    /// These bounds, with others (`min`, `max`: from a KubeVirt pod, a libvirt domain's
+    /// description or a Proxmox VE configuration, each with where it came from; `shares`)
+    /// for what the VM's configuration entry leaves unset.
     pub fn under(
         self,
-        min: Option<Bytes>,
-        max: Option<Bytes>,
+        min: Option<Bound>,
+        max: Option<Bound>,
         shares: Option<u32>,
         vm: Option<&VmConfig>,
     ) -> Bounds {
-        let set_min = vm.and_then(|v| v.min_mib);
+        let mib = |(b, from): Bound| (Bytes::mib(b), from);
+        let set_min = vm.and_then(|v| v.min_mib).map(|m| (m, BoundFrom::Config));
         let set_shares = vm.and_then(|v| v.shares);
         Bounds {
-            min_mib: set_min.or(min.map(Bytes::mib)).unwrap_or(self.min_mib),
-            max_mib: self.max_mib.or(max.map(Bytes::mib)),
+            min_mib: set_min.or(min.map(mib)).unwrap_or(self.min_mib),
+            max_mib: self.max_mib.or(max.map(mib)),
             shares: set_shares.or(shares).unwrap_or(self.shares),
         }
     }
 
-    /// Limits for a VM of `configured` size: max at most the configured size, min at most max.
-    pub fn limits(&self, configured: Bytes) -> VmLimits {
-        let max = self
-            .max_mib
-            .map_or(configured, |m| Bytes::from_mib(m).min(configured));
-        VmLimits {
-            min: Bytes::from_mib(self.min_mib).min(max),
-            max,
+    /// Limits for a VM of `configured` size: max at most the configured size, min at most
+    /// max; and where each came from: a maximum above the size gives way to it, a minimum
+    /// above the maximum to that.
+    pub fn limits(&self, configured: Bytes) -> (VmLimits, BoundsFrom) {
+        let max = match self.max_mib {
+            Some((m, from)) if Bytes::from_mib(m) <= configured => (Bytes::from_mib(m), from),
+            _ => (configured, BoundFrom::Size),
+        };
+        let min = (Bytes::from_mib(self.min_mib.0), self.min_mib.1);
+        let min = if min.0 > max.0 { max } else { min };
+        let limits = VmLimits {
+            min: min.0,
+            max: max.0,
             shares: self.shares,
-        }
+        };
+        (
+            limits,
+            BoundsFrom {
+                min: min.1,
+                max: max.1,
+            },
+        )
     }
+}
+
+/// Where a VM's bounds in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct BoundsFrom {
+    /// The minimum's source.
+    pub min: BoundFrom,
+    /// The maximum's source.
+    pub max: BoundFrom,
 }
 
 #[cfg(test)]
@@ -1152,10 +1212,13 @@ mod tests {
     }
 
     #[test]
-    fn bounds_never_exceed_the_configured_size() {
+    fn bounds_never_exceed_the_configured_size_and_say_where_they_came_from() {
+        use BoundFrom::{Config, Default, Libvirt, Pod, Proxmox, Size};
+        let from = |min, max| BoundsFrom { min, max };
         let d = VmDefaults::default();
-        let l = Bounds::new(None, &d).limits(Bytes::from_mib(384));
+        let (l, f) = Bounds::new(None, &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(128), Bytes::from_mib(384)));
+        assert_eq!(f, from(Default, Size));
         let vm = VmConfig {
             name: "a".into(),
             qmp: Some("/a".into()),
@@ -1175,27 +1238,53 @@ mod tests {
             reclaim: None,
             reclaim_cgroup: None,
         };
-        let l = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
+        // Both above the size: the size is both.
+        let (l, f) = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));
         assert_eq!((l.min, l.max), (Bytes::from_mib(384), Bytes::from_mib(384)));
+        assert_eq!(f, from(Size, Size));
+        let (_, f) = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(4096));
+        assert_eq!(
+            f,
+            from(Config, Config),
+            "a maximum equal to the size is its own"
+        );
         // The hypervisor's bounds fill in what the configuration leaves unset.
-        let hv = (Some(Bytes::from_mib(200)), Some(Bytes::from_mib(300)));
-        let l = Bounds::new(None, &d)
+        let hv = (
+            Some((Bytes::from_mib(200), Proxmox)),
+            Some((Bytes::from_mib(300), Proxmox)),
+        );
+        let (l, f) = Bounds::new(None, &d)
             .under(hv.0, hv.1, Some(2000), None)
             .limits(Bytes::from_mib(384));
         assert_eq!(
             (l.min, l.max, l.shares),
             (Bytes::from_mib(200), Bytes::from_mib(300), 2000)
         );
+        assert_eq!(f, from(Proxmox, Proxmox));
+        // A pod's request above a domain's maximum: the request is capped at it.
+        let (l, f) = Bounds::new(None, &d)
+            .under(
+                Some((Bytes::from_mib(600), Pod)),
+                Some((Bytes::from_mib(500), Libvirt)),
+                None,
+                None,
+            )
+            .limits(Bytes::from_mib(1024));
+        assert_eq!((l.min, l.max), (Bytes::from_mib(500), Bytes::from_mib(500)));
+        assert_eq!(f, from(Libvirt, Libvirt));
         let shares_set = VmConfig {
             shares: Some(500),
+            max_mib: None,
             ..vm.clone()
         };
-        let l = Bounds::new(Some(&shares_set), &d)
-            .under(hv.0, hv.1, Some(2000), Some(&shares_set))
+        let pve_max = Some((Bytes::from_mib(1024), Proxmox));
+        let (l, f) = Bounds::new(Some(&shares_set), &d)
+            .under(hv.0, pve_max, Some(2000), Some(&shares_set))
             .limits(Bytes::from_mib(8192));
         assert_eq!(
             (l.min, l.max, l.shares),
-            (Bytes::from_mib(512), Bytes::from_mib(4096), 500)
+            (Bytes::from_mib(512), Bytes::from_mib(1024), 500)
         );
+        assert_eq!(f, from(Config, Proxmox), "each bound from its own source");
     }
 }

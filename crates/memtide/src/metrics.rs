@@ -1,6 +1,7 @@
 //! Prometheus metrics, rendered from the latest status on every scrape, so VMs that
 //! leave simply stop appearing.
 
+use crate::daemon::fleet::Sampling;
 use crate::status::Status;
 use memtide_core::decision::{VmReport, VmState};
 use prometheus_client::collector::Collector;
@@ -336,19 +337,20 @@ impl Collector for StatusCollector {
         let vms = &d.vms;
         let sampling = &status.sampling;
         // Looked up once per VM: a map, not a search of the list each time.
-        let connectors: HashMap<&str, &str> = sampling
-            .iter()
-            .map(|s| (s.name.as_str(), s.connector.as_str()))
-            .collect();
-        let connector = |name: &str| connectors.get(name).copied().unwrap_or("");
+        let by_name: HashMap<&str, &Sampling> =
+            sampling.iter().map(|s| (s.name.as_str(), s)).collect();
         let info = vms
             .iter()
             .map(|vm| {
+                let s = by_name.get(vm.name.as_str());
+                let from = s.and_then(|s| s.bounds_from);
                 let labels = vec![
                     ("vm", vm.name.as_str()),
-                    ("connector", connector(&vm.name)),
+                    ("connector", s.map_or("", |s| s.connector.as_str())),
                     ("policy", d.policy.as_str()),
                     ("state", vm.state.name()),
+                    ("min_from", from.map_or("", |f| f.min.name())),
+                    ("max_from", from.map_or("", |f| f.max.name())),
                 ];
                 (labels, 1.0)
             })
@@ -356,8 +358,8 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_info",
-            "Each VM's connector, policy and state (managed, unmanaged, unreachable), as \
-             labels; the value is always 1.",
+            "Each VM's connector, policy, state (managed, unmanaged, unreachable) and where \
+             its bounds came from, as labels; the value is always 1.",
             info,
         )?;
         let bytes = |b: Option<memtide_core::Bytes>| b.map(|b| b.as_f64());
@@ -565,7 +567,7 @@ fn push_line(out: &mut String, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::fleet::Sampling;
+    use crate::config::{BoundFrom, BoundsFrom};
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{Engine, EngineConfig};
@@ -590,6 +592,7 @@ mod tests {
             stale: true,
             age_s: Some(4.0),
             late_samples: 2,
+            bounds_from: None,
         });
         let text = render(&registry(Arc::new(RwLock::new(status))));
         let late =
@@ -632,6 +635,10 @@ mod tests {
             stale: false,
             age_s: Some(0.5),
             late_samples: 0,
+            bounds_from: Some(BoundsFrom {
+                min: BoundFrom::Proxmox,
+                max: BoundFrom::Config,
+            }),
         });
         let open = render(&registry(Arc::new(RwLock::new(status))));
         let text = classic(&open);
@@ -643,7 +650,8 @@ mod tests {
             "memtide_host_swapped_in_pages_total 7",
             "memtide_vm_swapped_in_bytes_total{vm=\"web\"} 12288",
             "memtide_vm_major_faults_total{vm=\"web\"} 12",
-            "memtide_vm_info{vm=\"web\",connector=\"qmp\",policy=\"mom\",state=\"managed\"} 1.0",
+            "memtide_vm_info{vm=\"web\",connector=\"qmp\",policy=\"mom\",state=\"managed\",\
+             min_from=\"proxmox\",max_from=\"config\"} 1.0",
             "memtide_tick_duration_seconds_bucket{le=\"0.05\"} 1",
             "memtide_tick_duration_seconds_count 1",
             "memtide_node_memory_bytes{node=\"1\",tier=\"22\"} 4294967296.0",

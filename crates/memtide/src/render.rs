@@ -1,10 +1,12 @@
 //! `memtide status` as text: a header, the host, one line per VM, why, and what went wrong.
 
+use crate::config::BoundsFrom;
 use crate::status::Status;
 use memtide_adapters::tiers::Tiers;
 use memtide_core::stats::DomainScope;
 use memtide_core::{guest_text, Bytes};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 fn size(b: Option<Bytes>) -> String {
@@ -162,6 +164,30 @@ pub fn status(s: &Status) -> String {
             p.name, p.late_samples
         );
     }
+    let from: HashMap<&str, BoundsFrom> = s
+        .sampling
+        .iter()
+        .filter_map(|p| Some((p.name.as_str(), p.bounds_from?)))
+        .collect();
+    let bounded: Vec<_> = d
+        .vms
+        .iter()
+        .filter_map(|vm| Some((vm, from.get(vm.name.as_str())?)))
+        .collect();
+    if !bounded.is_empty() {
+        let _ = writeln!(out, "\nbounds:");
+        for (vm, from) in bounded {
+            let _ = writeln!(
+                out,
+                "  {}: min {} ({}) · max {} ({})",
+                vm.name,
+                vm.min,
+                from.min.name(),
+                vm.max,
+                from.max.name()
+            );
+        }
+    }
     if !s.waiting.is_empty() {
         let _ = writeln!(out, "\nnot connected:");
         for w in &s.waiting {
@@ -214,6 +240,7 @@ fn scope(s: &DomainScope) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BoundFrom;
     use crate::daemon::fleet::Sampling;
     use crate::status::{Counters, Hibernated};
     use memtide_adapters::tiers::{Node, Zswap};
@@ -241,13 +268,27 @@ mod tests {
             policy_error: None,
             decision: Some(decision),
             waiting: Vec::new(),
-            sampling: vec![Sampling {
-                name: "down".into(),
-                connector: "qmp".into(),
-                stale: true,
-                age_s: Some(6.2),
-                late_samples: 3,
-            }],
+            sampling: vec![
+                Sampling {
+                    name: "down".into(),
+                    connector: "qmp".into(),
+                    stale: true,
+                    age_s: Some(6.2),
+                    late_samples: 3,
+                    bounds_from: None,
+                },
+                Sampling {
+                    name: "web".into(),
+                    connector: "libvirt".into(),
+                    stale: false,
+                    age_s: Some(0.2),
+                    late_samples: 0,
+                    bounds_from: Some(BoundsFrom {
+                        min: BoundFrom::Pod,
+                        max: BoundFrom::Size,
+                    }),
+                },
+            ],
             counters: Counters::default(),
             recent_events: Vec::new(),
             tiers: Tiers {
@@ -321,6 +362,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("down             unreachable"), "{text}");
+        assert!(
+            text.contains("\nbounds:\n  web: min 64 MiB (pod) · max 1000 MiB (size)\n\n"),
+            "only the VM whose bounds are known: {text}"
+        );
         assert!(
             text.contains("  down: stale: no sample by the tick's deadline, left out of the decision (latest sample 6 s ago, 3 late in all)\n"),
             "{text}"

@@ -274,7 +274,8 @@ fn two_guests_in_a_cgroup_domain() {
     // arrive as counters.
     support::promtool_check_metrics(&metrics);
     for family in [
-        "memtide_vm_info{vm=\"a\",connector=\"qmp\",policy=\"mom\",state=\"managed\"} 1",
+        "memtide_vm_info{vm=\"a\",connector=\"qmp\",policy=\"mom\",state=\"managed\",\
+         min_from=\"default\",max_from=\"size\"} 1",
         "memtide_vm_refaults_total{vm=\"a\"}",
         "memtide_vm_swapped_in_bytes_total{vm=\"b\"}",
         "memtide_tick_duration_seconds_count",

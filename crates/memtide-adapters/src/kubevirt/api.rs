@@ -7,14 +7,13 @@
 //! node (`fieldSelector=spec.nodeName=`) and label (`kubevirt.io=virt-launcher`) from its
 //! cache (`resourceVersion=0`) to a service account that may only read pods.
 
-use super::pods::{launcher_pods, PodMemory, PodsError};
+use super::pods::{launcher_pods, LauncherPods, PodsError};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::body::Bytes as Body;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -132,9 +131,8 @@ impl ApiServer {
         })
     }
 
-    /// The memory of the running launcher pods on node `node`, by VM name
-    /// ([`launcher_pods`]).
-    pub async fn launcher_pods(&self, node: &str) -> Result<BTreeMap<String, PodMemory>, ApiError> {
+    /// The memory of the running launcher pods on node `node` ([`launcher_pods`]).
+    pub async fn launcher_pods(&self, node: &str) -> Result<LauncherPods, ApiError> {
         let path = launcher_pods_path(node);
         let body = tokio::time::timeout(self.timeout, self.get(&path))
             .await

@@ -5,6 +5,13 @@
 //! KubeVirt's own virt-handler does). A pod whose launcher runs as non-root (KubeVirt's
 //! default, uid 107) runs the daemon in session mode; a root launcher in system mode.
 //!
+//! The pod owns the files below its root. The kernel resolves an absolute symbolic link
+//! met below `/proc/PID/root` from memtide's own root, not the pod's, and `..` can climb
+//! out of it: a pod whose `var/run` pointed at `/run` would hand memtide the node's own
+//! libvirt socket. So the socket's path is resolved here, each link within the pod's root
+//! ([`socket_in_root`]), and memtide connects through the resulting path, which holds no
+//! link at all.
+//!
 //! Each launcher pod's memory request and limit, read from the Kubernetes API server
 //! ([`api`], [`pods`]), give its VM's bounds.
 
@@ -12,7 +19,8 @@ pub mod api;
 pub mod pods;
 
 use crate::procfs;
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
 
 /// The daemon's process name (`comm`).
 const DAEMON: &str = "virtqemud";
@@ -20,16 +28,13 @@ const DAEMON: &str = "virtqemud";
 const SOCKET: &str = "var/run/libvirt/virtqemud-sock";
 
 /// The libvirt URIs of the virt-launcher daemons running under `proc`, sorted: one per
-/// `virtqemud` process whose socket exists below its root. Processes that end during the
-/// scan, or whose files cannot be read, are passed over.
+/// `virtqemud` process whose socket exists below its root ([`socket_in_root`]).
+/// Processes that end during the scan, or whose files cannot be read, are passed over.
 pub fn launcher_uris(proc: &Path) -> Vec<String> {
     let mut uris: Vec<String> = procfs::processes(proc, |name| name == DAEMON)
         .into_iter()
         .filter_map(|(_, _, dir)| {
-            let socket = dir.join("root").join(SOCKET);
-            if !socket.exists() {
-                return None;
-            }
+            let socket = socket_in_root(&dir.join("root"))?;
             let status = std::fs::read_to_string(dir.join("status")).ok()?;
             let mode = if real_uid(&status)? == 0 {
                 "system"
@@ -42,6 +47,59 @@ pub fn launcher_uris(proc: &Path) -> Vec<String> {
     uris.sort();
     uris.dedup();
     uris
+}
+
+/// The most symbolic links followed on the way to a socket, as the kernel's own limit.
+const MAX_LINKS: u32 = 40;
+
+/// The daemon's socket below `root` (a process's `/proc/PID/root`), by a path with no
+/// symbolic link in it: each link on the way is resolved as if `root` were `/` (an
+/// absolute target from `root`, `..` never above it). `None` when there is none, the
+/// path meets something other than a directory on the way or a socket at its end, or
+/// more than [`MAX_LINKS`] links.
+pub fn socket_in_root(root: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    // The components still to walk, last first; and those walked.
+    let mut todo: Vec<OsString> = components(Path::new(SOCKET)).rev().collect();
+    let mut walked: Vec<OsString> = Vec::new();
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            walked.pop();
+            continue;
+        }
+        let path = walked
+            .iter()
+            .fold(root.to_path_buf(), |p, c| p.join(c))
+            .join(&name);
+        let kind = std::fs::symlink_metadata(&path).ok()?.file_type();
+        if kind.is_symlink() {
+            links += 1;
+            if links > MAX_LINKS {
+                return None;
+            }
+            let target = std::fs::read_link(&path).ok()?;
+            if target.is_absolute() {
+                walked.clear();
+            }
+            todo.extend(components(&target).rev());
+        } else if kind.is_dir() && !todo.is_empty() || kind.is_socket() && todo.is_empty() {
+            walked.push(name);
+        } else {
+            return None;
+        }
+    }
+    // An empty walk is the root itself, not a socket.
+    (!walked.is_empty()).then(|| walked.iter().fold(root.to_path_buf(), |p, c| p.join(c)))
+}
+
+/// A path's normal components and `..`, as names (`/` and `.` dropped).
+fn components(path: &Path) -> impl DoubleEndedIterator<Item = OsString> + '_ {
+    path.components().filter_map(|c| match c {
+        Component::Normal(name) => Some(name.to_os_string()),
+        Component::ParentDir => Some("..".into()),
+        Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+    })
 }
 
 /// The name of the VM behind a launcher's libvirt domain: KubeVirt names the domain
@@ -76,10 +134,106 @@ mod tests {
         let status = format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n");
         std::fs::write(dir.join("status"), status).unwrap();
         if socket {
-            let sock = root.join(SOCKET);
-            std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
-            std::fs::write(sock, "").unwrap();
+            bind(&root.join(SOCKET));
         }
+    }
+
+    /// A unix socket at `path` (its file stays when the listener is dropped).
+    fn bind(path: &Path) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::net::UnixListener::bind(path).unwrap();
+    }
+
+    fn link(target: impl AsRef<Path>, at: &Path) {
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, at).unwrap();
+    }
+
+    #[test]
+    fn links_in_a_pods_root_are_followed_within_it_only() {
+        let dir = tempfile::tempdir().unwrap();
+        // A socket of the node's, outside every pod's root.
+        let node = dir.path().join("node/run/libvirt/virtqemud-sock");
+        bind(&node);
+        let root = |name: &str| dir.path().join(name);
+
+        // As in the launcher image: var/run -> ../run.
+        let relative = root("relative");
+        link("../run", &relative.join("var/run"));
+        bind(&relative.join("run/libvirt/virtqemud-sock"));
+        assert_eq!(
+            socket_in_root(&relative),
+            Some(relative.join("run/libvirt/virtqemud-sock"))
+        );
+
+        // An absolute link is the pod's own path, not the node's.
+        let absolute = root("absolute");
+        link("/run", &absolute.join("var/run"));
+        assert_eq!(socket_in_root(&absolute), None, "no /run in this pod");
+        bind(&absolute.join("run/libvirt/virtqemud-sock"));
+        assert_eq!(
+            socket_in_root(&absolute),
+            Some(absolute.join("run/libvirt/virtqemud-sock"))
+        );
+
+        // Links that would reach the node's socket: by its absolute path, and by climbing.
+        let escape = root("escape");
+        link(&node, &escape.join(SOCKET));
+        assert!(
+            escape.join(SOCKET).exists(),
+            "the kernel would follow it out"
+        );
+        assert_eq!(socket_in_root(&escape), None);
+        let climb = root("climb");
+        link("../../node/run", &climb.join("var/run"));
+        assert!(
+            climb.join(SOCKET).exists(),
+            "the kernel would follow it out"
+        );
+        assert_eq!(socket_in_root(&climb), None);
+        // Climbing stops at the root, as it does at `/`.
+        let stop = root("stop");
+        link("../../../run", &stop.join("var/run"));
+        bind(&stop.join("run/libvirt/virtqemud-sock"));
+        assert_eq!(
+            socket_in_root(&stop),
+            Some(stop.join("run/libvirt/virtqemud-sock"))
+        );
+
+        // Not a socket, a loop, a file on the way.
+        let file = root("file");
+        std::fs::create_dir_all(file.join("var/run/libvirt")).unwrap();
+        std::fs::write(file.join(SOCKET), "").unwrap();
+        assert_eq!(socket_in_root(&file), None);
+        let looped = root("loop");
+        link("../var/run", &looped.join("var/run"));
+        assert_eq!(socket_in_root(&looped), None);
+        let on_the_way = root("on-the-way");
+        std::fs::create_dir_all(on_the_way.join("var")).unwrap();
+        std::fs::write(on_the_way.join("var/run"), "").unwrap();
+        assert_eq!(socket_in_root(&on_the_way), None);
+        assert_eq!(socket_in_root(&root("missing")), None);
+    }
+
+    #[test]
+    fn a_launcher_whose_socket_leads_out_of_its_root_is_not_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let node = dir.path().join("node-sock");
+        bind(&node);
+        process(&proc, 500, "virtqemud", 0, false);
+        link(&node, &proc.join("500/root").join(SOCKET));
+        process(&proc, 600, "virtqemud", 107, false);
+        let root = proc.join("600/root");
+        link("../run", &root.join("var/run"));
+        bind(&root.join("run/libvirt/virtqemud-sock"));
+        assert_eq!(
+            launcher_uris(&proc),
+            [format!(
+                "qemu+unix:///session?socket={}",
+                root.join("run/libvirt/virtqemud-sock").display()
+            )]
+        );
     }
 
     #[test]

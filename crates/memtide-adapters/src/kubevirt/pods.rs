@@ -56,6 +56,16 @@ impl fmt::Display for PodsError {
 
 impl std::error::Error for PodsError {}
 
+/// A pod list as read: each running launcher pod's memory, and the pods whose memory
+/// cannot be read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LauncherPods {
+    /// Each pod's memory by its VM's name.
+    pub memory: BTreeMap<String, PodMemory>,
+    /// Why each pod passed over for its quantities cannot be read, by `NAMESPACE/POD`.
+    pub unreadable: BTreeMap<String, String>,
+}
+
 /// The memory of each running launcher pod in a pod list (`GET /api/v1/pods`), by the
 /// name memtide gives its VM: `NAMESPACE/VMI`, as [`super::vm_name`] names the pod's
 /// libvirt domain. A pod is named by its `kubevirt.io/domain` annotation, which KubeVirt
@@ -63,13 +73,13 @@ impl std::error::Error for PodsError {}
 /// which `spec.hostname` may change). Pods not running (a finished launcher of the same
 /// VMI), without the annotation or without a `compute` container are passed over; two
 /// running pods for one VMI (never on one node) leave it out, as neither can be chosen.
-/// A pod whose memory cannot be read is passed over too, with a warning naming it: anyone
-/// who may create pods on the node can label and annotate one as a launcher, and its
+/// A pod whose memory cannot be read is passed over too, and listed with why: anyone who
+/// may create pods on the node can label and annotate one as a launcher, and its
 /// quantities must not cost every VM of the node its bounds.
-pub fn launcher_pods(json: &[u8]) -> Result<BTreeMap<String, PodMemory>, PodsError> {
+pub fn launcher_pods(json: &[u8]) -> Result<LauncherPods, PodsError> {
     let list: PodList =
         serde_json::from_slice(json).map_err(|e| PodsError(format!("not a pod list: {e}")))?;
-    let mut pods = BTreeMap::new();
+    let mut pods = LauncherPods::default();
     let mut twice = Vec::new();
     for pod in list.items {
         let meta = &pod.metadata;
@@ -83,12 +93,9 @@ pub fn launcher_pods(json: &[u8]) -> Result<BTreeMap<String, PodMemory>, PodsErr
             continue;
         };
         let memory = |field: &str, q: Option<&String>| {
-            q.map(|q| quantity(q)).transpose().map_err(|e| {
-                PodsError(format!(
-                    "pod {}/{}: {field}: {e}",
-                    meta.namespace, meta.name
-                ))
-            })
+            q.map(|q| quantity(q))
+                .transpose()
+                .map_err(|e| format!("{field}: {e}"))
         };
         let resources = &compute.resources;
         let read =
@@ -98,18 +105,19 @@ pub fn launcher_pods(json: &[u8]) -> Result<BTreeMap<String, PodMemory>, PodsErr
             });
         let memory = match read {
             Ok(memory) => memory,
-            Err(e) => {
-                tracing::warn!("{e}: its VM takes its domain's bounds");
+            Err(why) => {
+                let pod = format!("{}/{}", meta.namespace, meta.name);
+                pods.unreadable.insert(pod, why);
                 continue;
             }
         };
         let name = format!("{}/{vmi}", meta.namespace);
-        if pods.insert(name.clone(), memory).is_some() {
+        if pods.memory.insert(name.clone(), memory).is_some() {
             twice.push(name);
         }
     }
     for name in twice {
-        pods.remove(&name);
+        pods.memory.remove(&name);
     }
     Ok(pods)
 }
@@ -360,8 +368,9 @@ mod tests {
     #[test]
     fn a_pod_list_gives_each_running_launchers_memory_by_vm_name() {
         let pods = launcher_pods(include_bytes!("testdata/launcher-pods.json")).unwrap();
+        assert!(pods.unreadable.is_empty());
         assert_eq!(
-            pods,
+            pods.memory,
             BTreeMap::from([
                 // Memory overcommit: its request is below its 2 GiB guest.
                 (
@@ -401,9 +410,9 @@ mod tests {
             pod("a", "1Gi"),
             pod("b", "2Gi")
         );
-        assert_eq!(launcher_pods(json.as_bytes()), Ok(BTreeMap::new()));
+        assert_eq!(launcher_pods(json.as_bytes()), Ok(LauncherPods::default()));
         let json = format!(r#"{{"items": [{}]}}"#, pod("a", "1Gi"));
-        assert_eq!(launcher_pods(json.as_bytes()).unwrap().len(), 1);
+        assert_eq!(launcher_pods(json.as_bytes()).unwrap().memory.len(), 1);
     }
 
     #[test]
@@ -431,9 +440,16 @@ mod tests {
         );
         let pods = launcher_pods(json.as_bytes()).unwrap();
         assert_eq!(
-            pods.keys().collect::<Vec<_>>(),
+            pods.memory.keys().collect::<Vec<_>>(),
             ["ns/y"],
             "the other pods keep their bounds"
+        );
+        assert_eq!(
+            pods.unreadable,
+            BTreeMap::from([(
+                "ns/x".to_string(),
+                "limits.memory: bad quantity \"lots\": no number".to_string()
+            )])
         );
     }
 }

@@ -98,16 +98,31 @@ pub async fn save(
             // QEMU may close the connection before it answers: it quit all the same.
             match client.execute("quit", None).await {
                 Ok(_) | Err(QmpError::Closed(_) | QmpError::Io(_)) => {}
-                Err(e) => {
-                    resume(client, running).await?;
-                    return Err(BackendError::Protocol(format!(
-                        "saved, but QEMU did not quit ({e}); the guest runs on"
-                    )));
-                }
+                Err(e) => return not_quit(client, running, e, saved).await,
             }
         }
     }
     Ok(saved)
+}
+
+/// A hibernation whose QEMU refused to quit with `e`: its guest resumed if it ran, and
+/// the error says how it was left; a QEMU that closes the connection meanwhile has ended
+/// all the same, its guest paused since the snapshot: hibernated.
+async fn not_quit(
+    client: &mut QmpClient,
+    running: bool,
+    e: QmpError,
+    saved: Saved,
+) -> Result<Saved, BackendError> {
+    let e = format!("saved, but QEMU did not quit ({e}) and still runs");
+    let command = if running { "cont" } else { "query-status" };
+    let told = match client.execute(command, None).await {
+        Err(QmpError::Closed(_) | QmpError::Io(_)) => return Ok(saved),
+        Ok(_) if running => format!("{e}; the guest runs on"),
+        Ok(_) => format!("{e}; the guest stays paused, as it was"),
+        Err(r) => format!("{e}; the guest could not be resumed ({r}): it is paused"),
+    };
+    Err(BackendError::Protocol(told))
 }
 
 /// Let the guest run again if it ran before the save.
@@ -455,18 +470,33 @@ mod tests {
     /// A scripted QEMU whose migration ends as `migration` says (its `query-migrate`),
     /// and the commands it was sent.
     async fn qemu(migration: Value) -> (tempfile::TempDir, QmpClient, Arc<Mutex<Vec<String>>>) {
+        scripted(migration, None).await
+    }
+
+    /// [`qemu`], refusing to quit when `refuses` is set: then it ends at `cont` if
+    /// `refuses` is `Some(true)`, and answers it otherwise.
+    async fn scripted(
+        migration: Value,
+        refuses: Option<bool>,
+    ) -> (tempfile::TempDir, QmpClient, Arc<Mutex<Vec<String>>>) {
         let sent = Arc::new(Mutex::new(Vec::new()));
         let log = sent.clone();
         let (dir, path) = serve(move |req| {
             let command = req["execute"].as_str().unwrap().to_string();
             log.lock().unwrap().push(command.clone());
-            match command.as_str() {
-                "query-status" => vec![ok(&req, json!({"running": true, "status": "running"}))],
-                "query-migrate" => vec![ok(&req, migration.clone())],
-                "query-migrate-parameters" => {
+            match (command.as_str(), refuses) {
+                ("query-status", _) => {
+                    vec![ok(&req, json!({"running": true, "status": "running"}))]
+                }
+                ("query-migrate", _) => vec![ok(&req, migration.clone())],
+                ("query-migrate-parameters", _) => {
                     vec![ok(&req, json!({"max-bandwidth": 134217728}))]
                 }
-                "quit" => vec![HANG_UP.into()],
+                ("quit", None) | ("cont", Some(true)) => vec![HANG_UP.into()],
+                ("quit", Some(_)) => {
+                    let error = json!({"class": "GenericError", "desc": "not now"});
+                    vec![json!({"error": error, "id": req["id"]}).to_string()]
+                }
                 _ => vec![ok(&req, json!({}))],
             }
         })
@@ -533,6 +563,42 @@ mod tests {
         let sent = sent.lock().unwrap().clone();
         let tail = ["query-migrate", "migrate-set-parameters", "quit"];
         assert_eq!(sent[sent.len() - 3..], tail, "the VM's cap put back");
+    }
+
+    #[tokio::test]
+    async fn a_qemu_that_refuses_to_quit_is_hibernated_if_it_ends_and_runs_on_if_not() {
+        let limit = Duration::from_secs(5);
+        let (dir, mut client, sent) = scripted(json!({"status": "completed"}), Some(false)).await;
+        let e = save(
+            &mut client,
+            dir.path(),
+            AfterSave::Quit,
+            limit,
+            seal(Ok(())).0,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "saved, but QEMU did not quit (GenericError: not now) and still runs; the guest \
+             runs on"
+        );
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
+        // It ends as it is asked to resume: the guest stopped at its snapshot, hibernated.
+        let (dir, mut client, sent) = scripted(json!({"status": "completed"}), Some(true)).await;
+        let saved = save(
+            &mut client,
+            dir.path(),
+            AfterSave::Quit,
+            limit,
+            seal(Ok(())).0,
+        )
+        .await
+        .unwrap();
+        assert!(saved.was_running);
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
     }
 
     #[tokio::test]

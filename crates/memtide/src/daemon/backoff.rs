@@ -1,4 +1,5 @@
-//! Exponential backoff between reconnection attempts, reset by success.
+//! Exponential backoff between reconnection attempts, reset by success; and how often a
+//! failure that repeats is logged.
 
 use std::time::Duration;
 use tokio::time::Instant;
@@ -43,6 +44,37 @@ impl Backoff {
     }
 }
 
+/// A failure that repeats is logged at most this often.
+pub const LOG_EVERY: Duration = Duration::from_secs(300);
+
+/// When a repeating failure (a list, a listing) is logged: at the first, then every
+/// [`LOG_EVERY`] while it lasts.
+#[derive(Debug, Default)]
+pub struct Failures {
+    count: u64,
+    logged: Option<Instant>,
+}
+
+impl Failures {
+    /// It failed at `now`: the count of failures so far, if this one is logged.
+    pub fn failed(&mut self, now: Instant) -> Option<u64> {
+        self.count += 1;
+        let due = self
+            .logged
+            .is_none_or(|at| now.duration_since(at) >= LOG_EVERY);
+        due.then(|| {
+            self.logged = Some(now);
+            self.count
+        })
+    }
+
+    /// It succeeded: the count of failures before it, if there were any.
+    pub fn succeeded(&mut self) -> Option<u64> {
+        let count = std::mem::take(self).count;
+        (count > 0).then_some(count)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +92,19 @@ mod tests {
         assert_eq!(waits, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
         assert!(!b.ready(t0 + Duration::from_secs(59)));
         assert!(b.ready(t0 + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_repeating_failure_is_logged_at_first_then_every_five_minutes() {
+        let mut f = Failures::default();
+        let t0 = Instant::now();
+        let logged: Vec<u64> = (0..25u64)
+            .filter_map(|i| f.failed(t0 + Duration::from_secs(30 * i)))
+            .collect();
+        // At 0 s, 300 s (the 11th) and 600 s (the 21st).
+        assert_eq!(logged, [1, 11, 21]);
+        assert_eq!(f.succeeded(), Some(25));
+        assert_eq!(f.succeeded(), None, "nothing failed since");
+        assert_eq!(f.failed(t0 + Duration::from_secs(800)), Some(1), "afresh");
     }
 }

@@ -1,7 +1,7 @@
 //! The connector the daemon uses: each endpoint kind to its adapter.
 
 use super::endpoint::{Connection, Connector, Endpoint};
-use crate::config::Config;
+use crate::config::{BoundFrom, Config};
 use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
@@ -46,9 +46,26 @@ impl Connectors {
 }
 
 /// The memory settings of the Proxmox VE VM whose QMP socket is `socket` (named by its
-/// VMID: `101.sock` → `dir/101.conf`).
+/// VMID: `101.sock` → `dir/101.conf`), refused while PVE's own auto-ballooning moves its
+/// balloon: two managers of one balloon undo each other's targets.
 fn pve_memory(dir: &Path, socket: &Path) -> Result<proxmox::PveMemory, BackendError> {
     let vmid = socket.file_stem().unwrap_or_default();
+    let m = pve_settings(dir, vmid)?;
+    if m.auto_ballooned() {
+        return Err(BackendError::Protocol(format!(
+            "Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon {} below \
+             memory {}, shares {}): `qm set {} --shares 0` leaves it to memtide",
+            m.min,
+            m.memory,
+            m.shares.unwrap_or_default(),
+            vmid.to_string_lossy()
+        )));
+    }
+    Ok(m)
+}
+
+/// The memory settings in `dir/VMID.conf`.
+fn pve_settings(dir: &Path, vmid: &std::ffi::OsStr) -> Result<proxmox::PveMemory, BackendError> {
     let conf = dir.join(vmid).with_extension("conf");
     let text = std::fs::read_to_string(&conf).map_err(|e| {
         BackendError::Io(format!("Proxmox VE configuration {}: {e}", conf.display()))
@@ -76,8 +93,8 @@ impl Connector for Connectors {
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
                 let mut connection = with_pid(vm.pid(), Box::new(vm));
                 if let Some(m) = pve {
-                    connection.min = Some(m.min);
-                    connection.max = Some(m.memory);
+                    connection.min = Some((m.min, BoundFrom::Proxmox));
+                    connection.max = Some((m.memory, BoundFrom::Proxmox));
                     connection.shares = m.shares;
                 }
                 connection
@@ -131,9 +148,9 @@ fn no_libvirt() -> BackendError {
 #[cfg(feature = "libvirt")]
 mod libvirt {
     use super::super::endpoint::Connection;
-    use crate::config::Config;
+    use crate::config::{BoundFrom, Config};
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
-    use memtide_core::BackendError;
+    use memtide_core::{BackendError, Bytes};
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -176,10 +193,11 @@ mod libvirt {
         pub async fn connect(&self, uri: &str, domain: &str) -> Result<Connection, BackendError> {
             let vm = LibvirtVm::connect(&self.get(uri), domain, &self.opts).await?;
             let (min, max) = vm.bounds();
+            let domain = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Libvirt));
             Ok(Connection {
                 backend: Box::new(vm),
-                min,
-                max,
+                min: domain(min),
+                max: domain(max),
                 shares: None,
                 pid: None,
             })
@@ -197,15 +215,30 @@ mod tests {
     use memtide_core::Bytes;
 
     #[test]
-    fn a_proxmox_vm_takes_its_bounds_from_its_configuration_named_by_vmid() {
+    fn a_proxmox_vm_takes_its_bounds_from_its_configuration_unless_pve_auto_balloons_it() {
         let dir = tempfile::tempdir().unwrap();
-        let conf = "memory: 2048\nballoon: 512\nshares: 300\nname: db\n";
+        let conf = "memory: 2048\nballoon: 512\nshares: 0\nname: db\n";
         std::fs::write(dir.path().join("101.conf"), conf).unwrap();
         std::fs::write(dir.path().join("102.conf"), "memory: 2G\n").unwrap();
         let m = pve_memory(dir.path(), Path::new("/run/memtide/qmp/101.sock")).unwrap();
         assert_eq!(
             (m.memory, m.min, m.shares),
-            (Bytes::from_mib(2048), Bytes::from_mib(512), Some(300))
+            (Bytes::from_mib(2048), Bytes::from_mib(512), None)
+        );
+        // Shares, but nothing to shrink: PVE leaves it at its size.
+        let conf = "memory: 2048\nshares: 300\n";
+        std::fs::write(dir.path().join("104.conf"), conf).unwrap();
+        let m = pve_memory(dir.path(), Path::new("/q/104.sock")).unwrap();
+        assert_eq!((m.min, m.shares), (Bytes::from_mib(2048), Some(300)));
+        // PVE's auto-ballooning moves it (shares unset: PVE's default 1000).
+        std::fs::write(dir.path().join("105.conf"), "memory: 2048\nballoon: 512\n").unwrap();
+        let refused = pve_memory(dir.path(), Path::new("/q/105.sock"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refused,
+            "Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon 512 MiB below \
+             memory 2.0 GiB, shares 1000): `qm set 105 --shares 0` leaves it to memtide"
         );
         let missing = pve_memory(dir.path(), Path::new("/run/memtide/qmp/103.sock"))
             .unwrap_err()

@@ -1,9 +1,9 @@
 //! Where a VM is reached, and how a connection to it is opened.
 
-use crate::config::VmConfig;
+use crate::config::{Bound, VmConfig};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
-use memtide_core::{BackendError, Bytes};
+use memtide_core::BackendError;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -75,10 +75,11 @@ impl fmt::Display for Endpoint {
 pub struct Connection {
     /// The backend.
     pub backend: Box<dyn VmBackend>,
-    /// Never below this (unless the configuration says otherwise).
-    pub min: Option<Bytes>,
-    /// Never above this (unless the configuration says otherwise).
-    pub max: Option<Bytes>,
+    /// Never below this (unless the configuration says otherwise), and where it came
+    /// from.
+    pub min: Option<Bound>,
+    /// Never above this (unless the configuration says otherwise), and where it came from.
+    pub max: Option<Bound>,
     /// Its weight when memory is divided (unless the configuration says otherwise).
     pub shares: Option<u32>,
     /// Its hypervisor's process, when known (for its cgroup).

@@ -3,15 +3,15 @@
 //! its own task (`vm_task`) under the tick's deadline, and dropped cleanly when their
 //! hypervisor goes away.
 
-use super::backoff::Backoff;
+use super::backoff::{Backoff, Failures, LOG_EVERY};
 use super::endpoint::{Connection, Connector, Endpoint};
 use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
-use crate::config::{Bounds, Config, VmConfig};
+use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +139,9 @@ pub struct Sampling {
     pub age_s: Option<f64>,
     /// Samples that missed their tick's deadline since the daemon started.
     pub late_samples: u64,
+    /// Where its bounds came from (`None`: its size is not known yet).
+    #[serde(default)]
+    pub bounds_from: Option<BoundsFrom>,
 }
 
 /// A connected VM.
@@ -147,7 +150,9 @@ struct Managed {
     agent: Option<PathBuf>,
     config: Option<VmConfig>,
     /// The bounds its hypervisor gave when it connected: min, max, shares.
-    own: (Option<Bytes>, Option<Bytes>, Option<u32>),
+    own: (Option<Bound>, Option<Bound>, Option<u32>),
+    /// Where its bounds at the latest sample came from.
+    bounds_from: Option<BoundsFrom>,
     /// The VM of a KubeVirt launcher pod on this node.
     launcher: bool,
     discovered: bool,
@@ -215,6 +220,9 @@ pub struct Fleet {
     in_flight: HashSet<Endpoint>,
     listing: JoinSet<Listing>,
     listing_in_flight: HashSet<String>,
+    /// libvirt URIs whose listing fails, each logged at first and then every
+    /// [`LOG_EVERY`], not at every tick.
+    listing_failures: HashMap<String, Failures>,
 }
 
 impl Fleet {
@@ -267,6 +275,7 @@ impl Fleet {
             in_flight: HashSet::new(),
             listing: JoinSet::new(),
             listing_in_flight: HashSet::new(),
+            listing_failures: HashMap::new(),
         }
     }
 
@@ -302,6 +311,7 @@ impl Fleet {
                         agent: c.agent,
                         config: c.config,
                         own: (connection.min, connection.max, connection.shares),
+                        bounds_from: None,
                         launcher,
                         discovered: c.discovered,
                         task: VmTask::new(&c.name, connection.backend, self.call_timeout),
@@ -378,8 +388,9 @@ impl Fleet {
             .and_then(|p| p.get(name))
         {
             let (pod_min, pod_max) = pod.bounds();
-            min = pod_min.or(min);
-            max = pod_max.or(max);
+            let pod = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Pod));
+            min = pod(pod_min).or(min);
+            max = pod(pod_max).or(max);
         }
         Bounds::new(m.config.as_ref(), &self.defaults).under(min, max, shares, m.config.as_ref())
     }
@@ -426,6 +437,7 @@ impl Fleet {
         );
         for uri in &gone {
             self.connector.forget(uri);
+            self.listing_failures.remove(uri);
         }
     }
 
@@ -436,9 +448,24 @@ impl Fleet {
             let Ok((uri, names)) = done else { continue };
             self.listing_in_flight.remove(&uri);
             let names = match names {
-                Ok(names) => names,
+                Ok(names) => {
+                    let failed = self.listing_failures.remove(&uri);
+                    if let Some(n) = failed.and_then(|mut f| f.succeeded()) {
+                        tracing::info!(
+                            "listing the domains of {uri} works again after {n} failures"
+                        );
+                    }
+                    names
+                }
                 Err(e) => {
-                    tracing::warn!("listing the domains of {uri}: {e}");
+                    let failures = self.listing_failures.entry(uri.clone()).or_default();
+                    if let Some(n) = failures.failed(Instant::now()) {
+                        tracing::warn!(
+                            "listing the domains of {uri}: {e} ({n} failed listings; tried \
+                             again every tick, logged again in {} s while it fails)",
+                            LOG_EVERY.as_secs()
+                        );
+                    }
                     continue;
                 }
             };
@@ -556,7 +583,8 @@ impl Fleet {
                     Err(BackendError::timeout(waited))
                 }
             };
-            let limits = bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
+            let (limits, from) = bounds.limits(m.configured.unwrap_or(Bytes::ZERO));
+            m.bounds_from = m.configured.is_some().then_some(from);
             out.vms.push(VmSnapshot {
                 limits,
                 target: m.task.target(),
@@ -727,6 +755,7 @@ impl Fleet {
                 stale: m.stale,
                 age_s: m.sampled.map(|t| t.elapsed().as_secs_f64()),
                 late_samples: m.late_samples,
+                bounds_from: m.bounds_from,
             })
             .collect()
     }
@@ -853,7 +882,7 @@ mod tests {
                 Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
                 b => Ok(Connection {
                     backend: Box::new(FakeVm(b, self.sent_to(&socket))),
-                    min: Some(Bytes::from_mib(200)),
+                    min: Some((Bytes::from_mib(200), BoundFrom::Libvirt)),
                     max: None,
                     shares: None,
                     pid: None,
@@ -913,6 +942,64 @@ mod tests {
         config.discovery.qmp_glob = vec![dir.join("*.sock").display().to_string()];
         config.daemon.call_timeout_ms = call_timeout_ms;
         Fleet::new(&config, connector)
+    }
+
+    /// What `tracing` logs on this thread until the guard is dropped, as text.
+    fn captured_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+        #[derive(Clone)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(logs.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_listing_is_logged_at_first_then_every_five_minutes_not_every_tick() {
+        let (logs, _guard) = captured_logs();
+        let count = |what: &str| {
+            let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+            text.lines().filter(|l| l.contains(what)).count()
+        };
+        let uri = "qemu+unix:///session?socket=/launcher";
+        let connector = Arc::new(FakeConnector::default()); // it lists nothing: down
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.libvirt.uris = vec![uri.into()];
+        let mut fleet = Fleet::new(&config, connector.clone());
+        let failed = format!("listing the domains of {uri}: disconnected: libvirtd is down (");
+        for _ in 0..20 {
+            settle(&mut fleet).await;
+        }
+        assert_eq!(count(&failed), 1, "logged once, not at each of 40 listings");
+        tokio::time::advance(LOG_EVERY).await;
+        settle(&mut fleet).await;
+        assert_eq!(count(&failed), 2, "and again five minutes later");
+        connector
+            .domains
+            .lock()
+            .unwrap()
+            .insert(uri.into(), vec!["web".into()]);
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        assert_eq!(
+            count(&format!("listing the domains of {uri} works again after")),
+            1
+        );
+        assert!(fleet.listing_failures.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1089,7 +1176,7 @@ mod tests {
         let launcher = proc.join("4100");
         let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-        std::fs::write(&socket, "").unwrap();
+        std::os::unix::net::UnixListener::bind(&socket).unwrap();
         std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
         std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
         let uri = format!("qemu+unix:///session?socket={}", socket.display());
@@ -1214,6 +1301,24 @@ mod tests {
                 ("team-a/db".into(), 512, 512),   // a request above its size: held there
             ]
         );
+        let from = |fleet: &Fleet| -> Vec<(String, &str, &str)> {
+            fleet
+                .sampling()
+                .into_iter()
+                .map(|s| {
+                    let f = s.bounds_from.expect("sampled");
+                    (s.name, f.min.name(), f.max.name())
+                })
+                .collect()
+        };
+        assert_eq!(
+            from(&fleet),
+            [
+                ("default/new".into(), "libvirt", "size"),
+                ("default/web".into(), "pod", "pod"),
+                ("team-a/db".into(), "size", "size"),
+            ]
+        );
         assert!(api.requests.lock().unwrap()[0].contains("spec.nodeName%3Dnode-1"));
 
         // The API server goes away: the last list holds for 1 s, then the domains' bounds.
@@ -1230,6 +1335,7 @@ mod tests {
                 ("team-a/db".into(), 200, 512),
             ]
         );
+        assert_eq!(from(&fleet)[1], ("default/web".into(), "libvirt", "size"));
     }
 
     /// A connected fleet of two VMs: `odd`, behaving as told, and a healthy `ok`.

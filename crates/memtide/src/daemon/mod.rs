@@ -887,15 +887,16 @@ impl Daemon {
 }
 
 /// Why a save failed, for a save whose backend failed with `e` after `sealed` (if its
-/// snapshot was sealed): a hibernation sealed whose VM did not stop (its VMM did not
-/// quit) runs on, so its snapshot is marked woken, and no restore without --force brings
-/// back memory the guest has moved on from.
+/// snapshot was sealed): a hibernation sealed whose VMM did not quit and still runs (one
+/// that ended all the same is a hibernation that succeeded) has its snapshot marked
+/// woken, and no restore without --force brings back memory the guest may have moved on
+/// from.
 fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: String) -> String {
     match sealed {
         Some(s) if s.asleep() => match store.mark_woken(&s) {
             Ok(()) => format!(
-                "{e}; its snapshot is marked woken (if the VM is gone after all, restore it \
-                 with --force)"
+                "{e}; its snapshot is marked woken (to go back to it, stop the VM and restore \
+                 it with --force, only if the guest has not run since)"
             ),
             Err(w) => format!(
                 "{e}; and its snapshot could not be marked woken ({w:#}): do not restore it \

@@ -2,8 +2,10 @@
 //! server by a task of their own, as their VMs' bounds
 //! (`memtide_adapters::kubevirt::pods`). A list that fails keeps the last one in force
 //! for a while, then the VMs take their domains' own bounds; the failure is logged once,
-//! then every [`LOG_EVERY`] while it lasts, and the daemon goes on.
+//! then every [`LOG_EVERY`] while it lasts, and the daemon goes on. A pod whose memory
+//! cannot be read is logged once, and again only when why changes.
 
+use super::backoff::{Failures, LOG_EVERY};
 use memtide_adapters::kubevirt::api::ApiServer;
 use memtide_adapters::kubevirt::pods::PodMemory;
 use std::collections::BTreeMap;
@@ -12,8 +14,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// A failing list is logged at most this often.
-pub const LOG_EVERY: Duration = Duration::from_secs(300);
 /// A list asked for early (a VM whose pod is not known yet) waits at least this long
 /// after the previous one.
 const EARLIEST: Duration = Duration::from_secs(2);
@@ -72,6 +72,7 @@ pub fn start(api: ApiServer, node: String, every: Duration) -> Arc<PodBounds> {
 
 async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBounds>) {
     let mut failures = Failures::default();
+    let mut unreadable = BTreeMap::new();
     loop {
         let result = api.launcher_pods(&node).await;
         let Some(bounds) = weak.upgrade() else {
@@ -84,10 +85,16 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
                     tracing::info!(
                         "KubeVirt pod bounds: the Kubernetes API answers again after {failed} \
                          failed lists; {} launcher pods on {node}",
-                        pods.len()
+                        pods.memory.len()
                     );
                 }
-                bounds.set(pods, now);
+                for (pod, why) in newly_unreadable(&mut unreadable, pods.unreadable) {
+                    tracing::warn!(
+                        "KubeVirt pod bounds: pod {pod}: {why}: its VM takes its domain's \
+                         bounds (logged again only if this changes)"
+                    );
+                }
+                bounds.set(pods.memory, now);
             }
             Err(e) => {
                 if let Some(n) = failures.failed(now) {
@@ -110,31 +117,20 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
     }
 }
 
-/// When a failing list is logged: at the first failure, then every [`LOG_EVERY`].
-#[derive(Default)]
-struct Failures {
-    count: u64,
-    logged: Option<Instant>,
-}
-
-impl Failures {
-    /// A list failed at `now`: the count of failures so far, if this one is logged.
-    fn failed(&mut self, now: Instant) -> Option<u64> {
-        self.count += 1;
-        let due = self
-            .logged
-            .is_none_or(|at| now.duration_since(at) >= LOG_EVERY);
-        due.then(|| {
-            self.logged = Some(now);
-            self.count
-        })
-    }
-
-    /// A list succeeded: the count of failures before it, if there were any.
-    fn succeeded(&mut self) -> Option<u64> {
-        let count = std::mem::take(self).count;
-        (count > 0).then_some(count)
-    }
+/// The pods of `now` (why each cannot be read) not in `logged` with the same why, which
+/// becomes `now`: a pod is logged once while it stays unreadable for the same reason, and
+/// again if it is fixed and breaks again.
+fn newly_unreadable(
+    logged: &mut BTreeMap<String, String>,
+    now: BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let new = now
+        .iter()
+        .filter(|&(pod, why)| logged.get(pod) != Some(why))
+        .map(|(pod, why)| (pod.clone(), why.clone()))
+        .collect();
+    *logged = now;
+    new
 }
 
 /// A fake Kubernetes API server on 127.0.0.1: HTTPS with a self-signed certificate,
@@ -272,17 +268,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failing_list_is_logged_at_first_then_every_five_minutes() {
-        let mut f = Failures::default();
-        let t0 = Instant::now();
-        let logged: Vec<u64> = (0..25u64)
-            .filter_map(|i| f.failed(t0 + Duration::from_secs(30 * i)))
-            .collect();
-        // At 0 s, 300 s (the 11th) and 600 s (the 21st).
-        assert_eq!(logged, [1, 11, 21]);
-        assert_eq!(f.succeeded(), Some(25));
-        assert_eq!(f.succeeded(), None, "nothing failed since");
-        assert_eq!(f.failed(t0 + Duration::from_secs(800)), Some(1), "afresh");
+    fn an_unreadable_pod_is_logged_once_per_reason() {
+        let mut logged = BTreeMap::new();
+        let list = |pods: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pods.iter()
+                .map(|(p, w)| (p.to_string(), w.to_string()))
+                .collect()
+        };
+        let bad = list(&[
+            ("ns/a", "limits.memory: bad"),
+            ("ns/b", "requests.memory: bad"),
+        ]);
+        assert_eq!(newly_unreadable(&mut logged, bad.clone()).len(), 2);
+        for _ in 0..3 {
+            assert_eq!(
+                newly_unreadable(&mut logged, bad.clone()),
+                [],
+                "listed again"
+            );
+        }
+        let changed = list(&[
+            ("ns/a", "limits.memory: worse"),
+            ("ns/b", "requests.memory: bad"),
+        ]);
+        assert_eq!(
+            newly_unreadable(&mut logged, changed),
+            list(&[("ns/a", "limits.memory: worse")])
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
+        // b fixed, then broken again in the same way: logged again.
+        assert_eq!(
+            newly_unreadable(&mut logged, list(&[("ns/a", "limits.memory: worse")])),
+            []
+        );
+        let again = newly_unreadable(&mut logged, list(&[("ns/b", "requests.memory: bad")]));
+        assert_eq!(
+            again,
+            [("ns/b".to_string(), "requests.memory: bad".to_string())]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -319,7 +343,7 @@ mod tests {
         let api = FakeApi::start(fixture).await;
         let pods = api.client(&token).launcher_pods("node-1").await.unwrap();
         assert_eq!(
-            pods.keys().collect::<Vec<_>>(),
+            pods.memory.keys().collect::<Vec<_>>(),
             ["default/web", "team-a/db"]
         );
         assert_eq!(
