@@ -232,24 +232,27 @@ fn need(cfg: &FusedConfig, obs: &Observation) -> Option<(Bytes, Bytes, Bytes)> {
 pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     let (need, margin, floor) = need(cfg, obs)?;
     let cache = obs.signals.active_file.unwrap_or_default();
-    let kept = (need + cache + margin).min(warm(cfg, obs, margin).unwrap_or(Bytes(u64::MAX)));
-    Some(clamp(kept, floor, obs.configured))
+    let cold = cold_need(cfg, obs).unwrap_or_default();
+    Some(clamp(need + cache + margin - cold, floor, obs.configured))
 }
 
-/// What the host backs of the guest less what its access tracking saw untouched for the
-/// cold age beyond the guest's page cache, and the margin: the guest gives up the rest at
-/// the cost of writing it out once (free memory costs nothing; memory a program holds
-/// and never touches, a swap-out). Cold page cache is left to the other rules: read
-/// again after longer than the cold age, it would come from disk (found in the
-/// simulator: web caches whose files came back every 15 min lost 2.5% of their
-/// throughput). `None` without tracking or without `take_cold`.
-fn warm(cfg: &FusedConfig, obs: &Observation, margin: Bytes) -> Option<Bytes> {
+/// What of the guest's own need its host's access tracking saw untouched for the cold age:
+/// the cold memory beyond all its page cache and free memory (which the tracker counts
+/// too, and the other rules take or keep), so memory its programs hold and do not touch.
+/// The guest gives it up at the cost of writing it out once. Cold page cache is left to
+/// the other rules: read again after longer than the cold age, it would come from disk
+/// (found in the simulator: web caches whose files came back every 15 min lost 2.5% of
+/// their throughput); so is free memory the host does not back (taking it frees nothing
+/// on the host, and memknobs guests lost the room they grew into). `None` without
+/// tracking or without `take_cold`.
+fn cold_need(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     if !cfg.take_cold {
         return None;
     }
     let s = &obs.signals;
     let cache = s.active_file.unwrap_or_default() + s.inactive_file.unwrap_or_default();
-    Some(obs.backed?.min(obs.size) - (obs.cold? - cache) + margin)
+    let free = s.used.map_or(Bytes::ZERO, |used| obs.size - used);
+    Some(obs.cold? - cache - free)
 }
 
 /// What the guest has committed less what of it is in its swap: the memory it has
@@ -462,25 +465,34 @@ impl Fused {
         if allocated {
             self.allocated_at = Some(obs.at);
         }
-        // Memory the host saw untouched for the cold age goes at any level of need, down
-        // to what is warm, but not below what the guest has committed while it may still
+        // Memory of its need the host saw untouched for the cold age goes at any level of
+        // the host's need, but not below what the guest has committed while it may still
         // be filling it (since it was first seen or last allocated).
-        let filling = warm(cfg, obs, margin).is_none()
-            || obs.at < self.allocated_at.unwrap_or(first_seen) + secs(cfg.fill_s);
+        let cold = cold_need(cfg, obs);
+        let filling =
+            cold.is_none() || obs.at < self.allocated_at.unwrap_or(first_seen) + secs(cfg.fill_s);
         let committed_kept = if filling {
             committed_in_memory(obs) + margin
         } else {
             Bytes::ZERO
         };
-        // Nor below what it has committed beyond its free swap: cold memory pushed out
-        // fills its swap, and the next allocation past it is an OOM kill (found in the
-        // simulator: 1000 OOM kills in fleet-1000 without this).
-        let beyond_swap = s
+        // Where cold memory is taken, no estimate leaves the guest more committed than its
+        // RAM and half its swap hold: a burst within a tick is met from free swap until the
+        // balloon deflates (found in the simulator: batch VMs whose idle memory had gone to
+        // swap, their next phase's memory taken back when it ended, were OOM-killed when
+        // it came again, 250 in fleet-1000; bounds by Committed_AS beyond free swap, or by
+        // half the swap free at the time of the take, did not help).
+        let swap_floor = s
             .committed_as
-            .zip(s.swap_free)
-            .map_or(Bytes::ZERO, |(c, free)| c - free);
-        let cold_target = warm(cfg, obs, margin)
-            .map(|w| w.max(floor).max(committed_kept).max(beyond_swap + margin));
+            .zip(s.swap_free.zip(s.swap_used))
+            .filter(|_| cold.is_some())
+            .map_or(Bytes::ZERO, |(c, (free, used))| {
+                c - (free + used).scale(0.5) + margin
+            });
+        let cold_target = cold.map(|cold| {
+            let kept = costless(cfg, obs).unwrap_or(base);
+            (cold, kept.max(committed_kept).max(swap_floor))
+        });
         self.last_committed = match (s.committed_as, self.last_committed) {
             (Some(c), _) => Some((c, 0)),
             (None, kept) => kept.map(|(c, missed)| (c, missed.saturating_add(1))),
@@ -628,11 +640,13 @@ impl Fused {
             // whose balloon took 7 ticks to inflate was probed down to its floor and
             // thrashed when it arrived).
             "settle"
-        } else if let Some(warm) = cold_target.filter(|warm| estimate > *warm + probe) {
+        } else if let Some((_, kept)) =
+            cold_target.filter(|(cold, kept)| *cold > probe && estimate > *kept + probe)
+        {
             // The host saw the rest untouched for its tracker's cold age: it goes at once
             // and at no cost but writing it out (found in the simulator: idle VMs that had
             // touched 1.5 GiB once kept it at every level of need, the host's need ample).
-            estimate = warm;
+            estimate = kept;
             "cold"
         } else if level == NeedLevel::Ample {
             // The host has ample memory without probing: what probing would find is not
@@ -708,7 +722,7 @@ impl Fused {
         }
         self.last_probe = (phase == "probe").then_some(probe);
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
-        let wss = clamp(estimate, floor, obs.configured);
+        let wss = clamp(estimate.max(swap_floor), floor, obs.configured);
         self.estimate = Some(wss);
         // One format per tick and VM: reasons are made for every VM every tick.
         let detail = match phase {
@@ -751,10 +765,9 @@ impl Fused {
                 cfg.touched_samples
             ),
             "cold" => format!(
-                "estimate {wss}: the host saw {} of the {} it backs untouched for the cold age: \
-                 keep the rest and the margin; it counts {need} needed",
-                obs.cold.unwrap_or_default(),
-                obs.backed.unwrap_or_default().min(obs.size)
+                "estimate {wss}: the host saw {} of what the guest counts needed ({need}) \
+                 untouched for the cold age: let it go",
+                cold.unwrap_or_default()
             ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
@@ -790,7 +803,6 @@ mod tests {
             configured: Bytes::from_mib(1000),
             referenced: None,
             cold: None,
-            backed: None,
             signals: Signals {
                 available: Some(Bytes::from_mib(avail)),
                 unreclaimable: Some(Bytes::from_mib(40)),
@@ -901,10 +913,8 @@ mod tests {
         }
     }
 
-    /// `o` with host-side tracking: `backed` MiB held by the host, `cold` of it untouched
-    /// for the cold age.
-    fn tracked(mut o: Observation, backed: u64, cold: u64) -> Observation {
-        o.backed = Some(Bytes::from_mib(backed));
+    /// `o` with host-side tracking: `cold` MiB of guest memory untouched for the cold age.
+    fn tracked(mut o: Observation, cold: u64) -> Observation {
         o.cold = Some(Bytes::from_mib(cold));
         o
     }
@@ -918,21 +928,24 @@ mod tests {
         let start = ample(0, 1000, 200);
         let mut f = Fused::default();
         assert_eq!(mib(f.step(&cfg, &start)), 830.0);
-        // With 500 of the 800 MiB the host backs untouched for the cold age, what lies
-        // above its commitment (700 + margin) goes while it may still be filling that.
-        let e = f
-            .step(&cfg, &tracked(ample(10, 830, 30), 800, 500))
-            .unwrap();
+        // With 500 MiB untouched for the cold age (none of it free memory or page cache),
+        // what lies above its commitment (700 + margin) goes while it may still be
+        // filling that.
+        let e = f.step(&cfg, &tracked(ample(10, 830, 30), 500)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (730.0, "cold"), "{}", e.detail);
-        // Once first seen `fill_s` ago with no allocation since, it keeps what is warm
-        // (730 backed, 430 of it cold) and the margin.
-        let e = f
-            .step(&cfg, &tracked(ample(121, 730, 0), 730, 430))
-            .unwrap();
+        // Once first seen `fill_s` ago with no allocation since, it keeps its need less
+        // the cold memory, and the margin.
+        let e = f.step(&cfg, &tracked(ample(121, 730, 0), 430)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "cold"), "{}", e.detail);
-        // There, the host backs 330 of it, 30 of that cold: it stays.
-        let e = f.step(&cfg, &tracked(ample(122, 330, 0), 330, 30)).unwrap();
+        // There, with 30 MiB cold, it stays.
+        let e = f.step(&cfg, &tracked(ample(122, 330, 0), 30)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "ample"), "{}", e.detail);
+        // Cold memory that is free memory or page cache is not its need's: left to the
+        // other rules.
+        let mut free = tracked(ample(123, 330, 0), 300);
+        free.signals.used = Some(Bytes::from_mib(130));
+        free.signals.inactive_file = Some(Bytes::from_mib(100));
+        assert_eq!(cold_need(&cfg, &free), Some(Bytes::ZERO));
         // The same guest without tracking keeps its need: nothing is taken blind; nor
         // with tracking where `take_cold` is off (the default).
         let mut g = Fused::default();
@@ -940,10 +953,7 @@ mod tests {
         assert_eq!(mib(g.step(&cfg, &ample(121, 830, 30))), 830.0);
         let mut h = Fused::default();
         h.step(&super::tests::cfg(), &start);
-        let e = h.step(
-            &super::tests::cfg(),
-            &tracked(ample(121, 830, 30), 800, 500),
-        );
+        let e = h.step(&super::tests::cfg(), &tracked(ample(121, 830, 30), 500));
         assert_eq!(mib(e), 830.0);
     }
 
@@ -958,23 +968,19 @@ mod tests {
             )
         };
         assert_eq!(mib(f.step(&cfg, &o(0, 1000, 600, 400))), 430.0);
-        // Cold memory found: it keeps what is warm and the margin.
-        let e = f
-            .step(&cfg, &tracked(o(130, 430, 30, 400), 420, 120))
-            .unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "cold"), "{}", e.detail);
+        // 120 MiB of its need found cold: it keeps the rest and the margin.
+        let e = f.step(&cfg, &tracked(o(130, 430, 30, 400), 120)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (310.0, "cold"), "{}", e.detail);
         // It allocates 300 MiB more and fills it slowly: what it committed and the margin
         // stay for `fill_s`, though the host sees most of it untouched; then it goes.
-        let e = f
-            .step(&cfg, &tracked(o(200, 330, 0, 700), 330, 30))
-            .unwrap();
+        let e = f.step(&cfg, &tracked(o(200, 310, 0, 700), 30)).unwrap();
         assert_eq!(
             (e.wss.mib_f64(), e.phase),
             (730.0, "allocate"),
             "{}",
             e.detail
         );
-        let filling = tracked(o(260, 730, 200, 700), 700, 400);
+        let filling = tracked(o(260, 730, 200, 700), 400);
         let e = f.step(&cfg, &filling).unwrap();
         assert_eq!(
             (e.wss.mib_f64(), e.phase),
@@ -985,7 +991,24 @@ mod tests {
         let mut later = filling;
         later.at = Duration::from_secs(321);
         let e = f.step(&cfg, &later).unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "cold"), "{}", e.detail);
+        assert_eq!((e.wss.mib_f64(), e.phase), (160.0, "cold"), "{}", e.detail);
+    }
+
+    #[test]
+    fn where_cold_memory_is_taken_the_guest_keeps_half_its_swap_for_bursts() {
+        // 900 MiB committed, 512 MiB of swap: no estimate leaves it more committed than
+        // its RAM and half its swap hold (900 − 256 + margin 30 = 674), though 600 MiB of
+        // its need is cold; without `take_cold` the bound does not apply.
+        let ample = |t| {
+            let mut o = at(committed(obs(t, 830, 30, 0), 900), NeedLevel::Ample);
+            o.signals.swap_free = Some(Bytes::from_mib(512));
+            o.signals.swap_used = Some(Bytes::ZERO);
+            tracked(o, 600)
+        };
+        let mut f = Fused::default();
+        f.step(&cold_cfg(), &ample(0));
+        let e = f.step(&cold_cfg(), &ample(121)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (674.0, "cold"), "{}", e.detail);
     }
 
     #[test]

@@ -35,9 +35,6 @@ pub struct Observation {
     /// Guest memory the host backs that went untouched for the access tracker's cold
     /// age, when tracked.
     pub cold: Option<Bytes>,
-    /// Guest memory the host backs (its hypervisor's resident memory, within its size),
-    /// when known.
-    pub backed: Option<Bytes>,
     /// Derived guest signals.
     pub signals: Signals,
     /// How much the host needs memory, for estimators whose probing scales with it

@@ -139,7 +139,6 @@ mod tests {
             configured: Bytes::from_mib(2048),
             referenced: None,
             cold: None,
-            backed: None,
             signals: Signals {
                 committed_as: Some(Bytes::from_mib(committed_mib)),
                 swap_ins: Some(faults),

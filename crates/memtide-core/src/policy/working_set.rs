@@ -60,7 +60,7 @@ enum State {
     Tws(Tws),
     SelfBalloon(SelfBalloon),
     Sampled(Sampled),
-    Fused(Fused),
+    Fused(Box<Fused>),
 }
 
 impl EstimatorConfig {
@@ -78,7 +78,7 @@ impl EstimatorConfig {
             EstimatorConfig::Tws(_) => State::Tws(Tws::default()),
             EstimatorConfig::SelfBalloon(_) => State::SelfBalloon(SelfBalloon),
             EstimatorConfig::Sampled(_) => State::Sampled(Sampled::default()),
-            EstimatorConfig::Fused(_) => State::Fused(Fused::default()),
+            EstimatorConfig::Fused(_) => State::Fused(Box::default()),
         }
     }
 
@@ -254,7 +254,6 @@ pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
         configured: latest.configured,
         referenced: latest.referenced,
         cold: latest.cold,
-        backed: latest.rss.map(|rss| rss.min(vm.actual)),
         signals: vm.signals.clone(),
     }
 }
@@ -300,7 +299,7 @@ impl Policy for WorkingSet {
                 (&self.estimator, self.recalled.remove(vm.name))
             {
                 if configured == vm.latest().configured {
-                    let recalled = State::Fused(Fused::recall(&m, input.at));
+                    let recalled = State::Fused(Box::new(Fused::recall(&m, input.at)));
                     self.states.insert(vm.name.to_string(), recalled);
                 }
             }
