@@ -14,6 +14,7 @@ pub mod history;
 pub mod need;
 pub mod policy;
 pub mod reclaim;
+pub mod recovery;
 pub mod sanitize;
 pub mod serde_secs;
 pub mod signals;

@@ -328,6 +328,137 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_whose_qemu_is_killed_is_restored_from_its_scheduled_snapshot_once_then_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-recovery");
+    let (mut guest, launch) =
+        Guest::boot_restorable("c", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // A snapshot every 20 s; one restore allowed per 10 minutes.
+    let vm_keys = format!(
+        "launch = {}\nsnapshot_every_s = 20\nsnapshot_keep = 1\nrestore_on_crash = true\n",
+        toml_list(&launch)
+    );
+    let recovery = "[recovery]\nmax_restores = 1\nwindow_s = 600\n";
+    let (daemon, config) = start_daemon(dir.path(), &guest, "c", recovery, &vm_keys);
+    let scheduled = wait_for(Duration::from_secs(90), || {
+        let out = snapshot(&config, &["list", "c", "--json"]);
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        all.into_iter().find(|s| s["by"] == "schedule")
+    })
+    .unwrap_or_else(|| panic!("no scheduled snapshot; the daemon:\n{}", daemon.log_text()));
+    // Written after the snapshot: a restore from it brings back a RAM without it. Then
+    // QEMU is killed, well before the next scheduled save.
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("echo later > /after", Duration::from_secs(10)),
+        0
+    );
+    drop(agent);
+    guest.signal("KILL");
+    assert!(
+        wait_for(Duration::from_secs(10), || (!guest.running()).then_some(())).is_some(),
+        "QEMU was killed"
+    );
+
+    // The daemon restores it, by its launch command, from that snapshot.
+    let restored = wait_for(Duration::from_secs(120), || {
+        let log = daemon.event_log();
+        let failed = log.iter().find(|e| e["kind"] == "restore_failed");
+        assert!(failed.is_none(), "{failed:?}");
+        log.into_iter()
+            .find(|e| e["kind"] == "restored" && e["vm"] == "c")
+    })
+    .unwrap_or_else(|| panic!("not restored; the daemon:\n{}", daemon.log_text()));
+    let line = restored["message"].as_str().unwrap();
+    eprintln!("{line}");
+    let id = scheduled["id"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("c restored from {id} in ")),
+        "{line}"
+    );
+    let first = Restored(restored_pid(line));
+    assert!(alive(first.0), "the restored QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory is the snapshot's"
+    );
+    assert_ne!(
+        agent.run_sh("test -e /after", Duration::from_secs(10)),
+        0,
+        "what the guest wrote after the snapshot is gone"
+    );
+    drop(agent);
+    daemon.wait_until("the restored guest managed", Duration::from_secs(90), |s| {
+        vm(s, "c").is_some_and(|v| v["configured"].is_u64())
+    });
+
+    // Killed again within the window: given up, left down.
+    // SAFETY: kill(2) of the QEMU the daemon restored; no memory is involved.
+    assert_eq!(unsafe { libc::kill(first.0 as i32, libc::SIGKILL) }, 0);
+    let given_up = wait_for(Duration::from_secs(60), || {
+        let log = daemon.event_log();
+        log.into_iter().find(|e| e["kind"] == "restore_given_up")
+    })
+    .unwrap_or_else(|| panic!("not given up; the daemon:\n{}", daemon.log_text()));
+    let why = given_up["message"].as_str().unwrap();
+    assert!(
+        why.starts_with("died again after 1 restores within 600 s"),
+        "{why}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let log = daemon.event_log();
+    let kinds: Vec<&str> = log
+        .iter()
+        .filter(|e| e["vm"] == "c")
+        .filter_map(|e| e["kind"].as_str())
+        .filter(|k| k.starts_with("restore"))
+        .collect();
+    assert_eq!(kinds, ["restore_started", "restored", "restore_given_up"]);
+    let out = snapshot(&config, &["restore", "c", "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let by_hand = Restored(restored_pid(&text(&out)));
+    assert!(
+        alive(by_hand.0),
+        "the operator can still restore it by hand"
+    );
+    let metrics = daemon.wait_until("the restores counted", Duration::from_secs(10), |s| {
+        s["counters"]["actions"]["restore"]["given_up"] == 1
+    });
+    assert_eq!(metrics["counters"]["actions"]["restore"]["ok"], 1);
+
+    // Stopped by the operator (SIGTERM, whose shutdown QEMU announces): not a crash.
+    daemon.wait_until(
+        "the hand-restored guest managed",
+        Duration::from_secs(90),
+        |s| vm(s, "c").is_some_and(|v| v["configured"].is_u64()),
+    );
+    // SAFETY: kill(2) of the QEMU this test restored; no memory is involved.
+    assert_eq!(unsafe { libc::kill(by_hand.0 as i32, libc::SIGTERM) }, 0);
+    let skipped = wait_for(Duration::from_secs(60), || {
+        let log = daemon.event_log();
+        log.into_iter().find(|e| e["kind"] == "restore_skipped")
+    })
+    .unwrap_or_else(|| panic!("no restore_skipped; the daemon:\n{}", daemon.log_text()));
+    let why = skipped["message"].as_str().unwrap();
+    assert_eq!(
+        why,
+        "not restored: it shut down (its hypervisor announced it)"
+    );
+    assert!(!alive(by_hand.0), "the QEMU quit");
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-clone");

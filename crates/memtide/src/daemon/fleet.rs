@@ -38,6 +38,10 @@ pub enum FleetEvent {
         vm: String,
         /// Why.
         why: String,
+        /// Its hypervisor announced a shutdown before it went.
+        shut_down: bool,
+        /// Its hypervisor process, when known.
+        pid: Option<u32>,
     },
 }
 
@@ -531,7 +535,11 @@ impl Fleet {
             }
             let sample = match collected.sample {
                 Some(Err(BackendError::Disconnected(why))) => {
-                    self.lose_reported(&name, why, &mut out);
+                    self.lose_reported(&name, why, false, &mut out);
+                    continue;
+                }
+                Some(Err(BackendError::ShutDown(why))) => {
+                    self.lose_reported(&name, format!("{why}, after it shut down"), true, &mut out);
                     continue;
                 }
                 sample => sample.map(|s| s.map(|s| *s)),
@@ -586,11 +594,14 @@ impl Fleet {
     }
 
     /// [`Fleet::lose`], with its event.
-    fn lose_reported(&mut self, name: &str, why: String, out: &mut Sampled) {
+    fn lose_reported(&mut self, name: &str, why: String, shut_down: bool, out: &mut Sampled) {
+        let pid = self.managed.get(name).and_then(|m| m.pid);
         self.lose(name, why.clone());
         out.events.push(FleetEvent::Lost {
             vm: name.to_string(),
             why,
+            shut_down,
+            pid,
         });
     }
 
@@ -955,7 +966,9 @@ mod tests {
             events,
             vec![FleetEvent::Lost {
                 vm: "web".into(),
-                why: "end of stream".into()
+                why: "end of stream".into(),
+                shut_down: false,
+                pid: None,
             }]
         );
         assert_eq!(fleet.waiting()[0].error.as_deref(), Some("end of stream"));
@@ -1029,6 +1042,7 @@ mod tests {
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
+            restore_on_crash: false,
             reclaim: None,
             reclaim_cgroup: None,
         }];

@@ -26,6 +26,7 @@ use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
 use memtide_core::reclaim::Keep;
+use memtide_core::recovery::{Gone, Recovery, Verdict};
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
@@ -93,6 +94,10 @@ struct Daemon {
     saving: HashSet<String>,
     /// The hibernated VMs shown may have changed: read the store again.
     recount_hibernated: bool,
+    /// The restores made after crashes, for their limit.
+    recovery: Recovery,
+    /// Where what crash recovery found out off the loop comes back.
+    recovering: mpsc::Sender<Recovering>,
     /// Proactive reclaim's pacers (taken while a pass runs off the runtime).
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
@@ -111,6 +116,21 @@ struct SaveDone {
     result: Result<snapshots::Snapshot, String>,
     reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
+
+/// Crash recovery's steps run off the loop (`[[vm]] restore_on_crash`).
+enum Recovering {
+    /// How VM `vm`'s QEMU went.
+    Judged { vm: String, gone: Gone },
+    /// A restore ended: a line saying what was done, or why it failed.
+    Restored {
+        vm: String,
+        result: Result<String, String>,
+    },
+}
+
+/// How long a QEMU whose connection closed is given to be gone before it counts as
+/// running: its process ends just after its sockets close.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
 pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
@@ -189,6 +209,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     );
 
     let (saves, mut saved) = mpsc::channel(8);
+    let (recovering, mut recovered) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
     let mut daemon = Daemon {
         config,
@@ -212,6 +233,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         next_snapshot: HashMap::new(),
         saving: HashSet::new(),
         recount_hibernated: true,
+        recovery: Recovery::default(),
+        recovering,
         reclaimer: None,
         reclaiming: None,
     };
@@ -247,6 +270,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             }
             Some(done) = saved.recv() => {
                 daemon.saved(done);
+                continue;
+            }
+            Some(step) = recovered.recv() => {
+                daemon.recover(step);
                 continue;
             }
         }
@@ -529,6 +556,86 @@ impl Daemon {
         }
     }
 
+    /// VM `vm` was lost: if it opted in to crash recovery, find out off the loop how its
+    /// QEMU went (`shut_down`: it announced it; its process `pid` given [`EXIT_GRACE`] to
+    /// be gone; a hibernation not woken from in the store), then [`Daemon::recover`] decides. Not in a dry run.
+    fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<u32>) {
+        let opted_in = self
+            .config
+            .vms
+            .iter()
+            .any(|v| v.name == vm && v.restore_on_crash);
+        if !opted_in || self.options.dry_run {
+            return;
+        }
+        let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.recovering.clone());
+        let proc = self.config.host.proc.clone();
+        tokio::spawn(async move {
+            let runs = |pid: u32| memtide_adapters::procfs::process_runs(&proc, pid);
+            let gone_by = Instant::now() + EXIT_GRACE;
+            let mut alive = pid.is_some_and(runs);
+            while alive && Instant::now() < gone_by {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                alive = pid.is_some_and(runs);
+            }
+            let name = vm.clone();
+            let asleep = tokio::task::spawn_blocking(move || store.asleep())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .is_some_and(|asleep| asleep.iter().any(|s| s.vm == name));
+            let gone = match () {
+                _ if shut_down => Gone::ShutDown,
+                _ if alive => Gone::ProcessAlive,
+                _ if asleep => Gone::Hibernated,
+                _ => Gone::Died,
+            };
+            let _ = tx.send(Recovering::Judged { vm, gone }).await;
+        });
+    }
+
+    /// A step of crash recovery: a lost VM judged (restored from its newest good
+    /// snapshot, left, or given up on: `memtide_core::recovery`), or a restore ended;
+    /// each logged and counted (`memtide_actions_total{kind="restore"}`).
+    fn recover(&mut self, step: Recovering) {
+        match step {
+            Recovering::Judged { vm, gone } => {
+                let at = self.start.elapsed();
+                match self.recovery.decide(&vm, gone, at, &self.config.recovery) {
+                    Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
+                    Verdict::GiveUp(why) => {
+                        self.counters.action("restore", "given_up");
+                        self.events.log("restore_given_up", Some(&vm), None, why);
+                    }
+                    Verdict::Restore => {
+                        let message = "its QEMU died without shutting down: restoring it from \
+                                       its newest good snapshot";
+                        self.events
+                            .log("restore_started", Some(&vm), None, message.into());
+                        let (config, tx) = (self.config.clone(), self.recovering.clone());
+                        tokio::spawn(async move {
+                            let result = crate::snapshot_cmd::recover(&config, &vm).await;
+                            let result = result.map_err(|e| format!("{e:#}"));
+                            let _ = tx.send(Recovering::Restored { vm, result }).await;
+                        });
+                    }
+                }
+            }
+            Recovering::Restored { vm, result } => match result {
+                Ok(line) => {
+                    self.counters.action("restore", "ok");
+                    self.recount_hibernated = true;
+                    self.events.log("restored", Some(&vm), None, line);
+                }
+                Err(e) => {
+                    self.counters.action("restore", "error");
+                    let message = format!("not restored: {e}");
+                    self.events.log("restore_failed", Some(&vm), None, message);
+                }
+            },
+        }
+    }
+
     /// Delete VM `vm`'s scheduled snapshots beyond its `snapshot_keep`, each logged.
     fn prune(&mut self, vm: &str) {
         let Some(keep) = self.config.vms.iter().find(|v| v.name == vm) else {
@@ -692,9 +799,15 @@ impl Daemon {
                     None,
                     format!("connected through {endpoint}"),
                 ),
-                FleetEvent::Lost { vm, why } => {
+                FleetEvent::Lost {
+                    vm,
+                    why,
+                    shut_down,
+                    pid,
+                } => {
                     self.events
-                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"))
+                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"));
+                    self.lost(vm, *shut_down, *pid);
                 }
             }
         }

@@ -193,7 +193,9 @@ impl VmTask {
                 }
                 Some(Answer::Balloon(target, result)) => balloon = Some((target, result)),
                 Some(Answer::Saved) => {}
-                Some(Answer::Sample(sample @ Err(BackendError::Disconnected(_)))) => {
+                Some(Answer::Sample(
+                    sample @ Err(BackendError::Disconnected(_) | BackendError::ShutDown(_)),
+                )) => {
                     return Collected {
                         balloon,
                         sample: Some(sample),
