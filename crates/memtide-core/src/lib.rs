@@ -24,6 +24,7 @@ pub mod stats;
 pub mod testkit;
 pub mod tiering;
 pub mod units;
+pub mod wake;
 
 pub use action::{Action, KsmSettings, Reason};
 pub use config::EngineConfig;

@@ -14,6 +14,7 @@ use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::reclaim::PaceConfig;
 use memtide_core::recovery::RecoveryConfig;
+use memtide_core::wake::TimeOfDay;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use memtide_sim::RecorderConfig;
 use serde::Deserialize;
@@ -324,6 +325,10 @@ pub struct VmConfig {
     /// `snapshot_every_s`.
     #[serde(default)]
     pub restore_on_crash: bool,
+    /// Times of day (`HH:MM`, UTC) at which the VM, if it is hibernated, is woken (as by
+    /// `memtide snapshot restore`); needs `launch` (but for a libvirt domain).
+    #[serde(default)]
+    pub wake_at: Vec<TimeOfDay>,
     /// Reclaim its memory proactively (`[reclaim]`), or never, whatever `[reclaim] vms`
     /// says.
     pub reclaim: Option<bool>,
@@ -692,9 +697,15 @@ impl Config {
                     return bad(&format!("vm[{i}].restore_on_crash"), message);
                 }
             }
-            if vm.hibernate_after_s.is_some() && vm.launch.is_none() && vm.libvirt.is_none() {
-                let message = "needs `launch`: a hibernated VM is woken by starting it again";
-                return bad(&format!("vm[{i}].hibernate_after_s"), message.into());
+            let wakes = [
+                ("hibernate_after_s", vm.hibernate_after_s.is_some()),
+                ("wake_at", !vm.wake_at.is_empty()),
+            ];
+            for (key, set) in wakes {
+                if set && vm.launch.is_none() && vm.libvirt.is_none() {
+                    let message = "needs `launch`: a hibernated VM is woken by starting it again";
+                    return bad(&format!("vm[{i}].{key}"), message.into());
+                }
             }
         }
         let r = &self.reclaim;
@@ -1157,6 +1168,10 @@ mod tests {
                  on a schedule",
             ),
             (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nwake_at = [\"07:30\"]\n",
+                "vm[0].wake_at: needs `launch`: a hibernated VM is woken by starting it again",
+            ),
+            (
                 "[recovery]\nwindow_s = 0\n",
                 "recovery.window_s: 0 is not 1 to 31536000 seconds",
             ),
@@ -1200,6 +1215,7 @@ mod tests {
             snapshot_every_s: None,
             snapshot_keep: 3,
             restore_on_crash: false,
+            wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
         };

@@ -459,6 +459,95 @@ fn a_guest_whose_qemu_is_killed_is_restored_from_its_scheduled_snapshot_once_the
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_hibernated_guest_is_woken_at_its_wake_at_time_with_its_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-wake");
+    let (mut guest, launch) =
+        Guest::boot_restorable("w", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // The first minute of the day (UTC) to begin at least 20 s from now: the hibernation
+    // is done by then.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let wake = (now + 20).div_ceil(60) * 60;
+    let hh_mm = format!("{:02}:{:02}", wake % 86_400 / 3600, wake % 3600 / 60);
+    let vm_keys = format!("launch = {}\nwake_at = [\"{hh_mm}\"]\n", toml_list(&launch));
+    let (daemon, config) = start_daemon(dir.path(), &guest, "w", "", &vm_keys);
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "w").is_some_and(|v| v["configured"].is_u64())
+    });
+    let out = snapshot(&config, &["save", "w", "--hibernate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let quit = wait_for(Duration::from_secs(30), || (!guest.running()).then_some(()));
+    assert!(quit.is_some(), "QEMU quit after the hibernation");
+    let slept = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(slept < wake, "hibernated before {hh_mm} UTC");
+    assert!(
+        daemon.event_log().iter().all(|e| e["kind"] != "wake"),
+        "not woken before its time"
+    );
+
+    let restored = wait_for(Duration::from_secs(wake - slept + 60), || {
+        let log = daemon.event_log();
+        let failed = log.iter().find(|e| e["kind"] == "restore_failed");
+        assert!(failed.is_none(), "{failed:?}");
+        log.into_iter()
+            .find(|e| e["kind"] == "restored" && e["vm"] == "w")
+    })
+    .unwrap_or_else(|| panic!("not woken; the daemon:\n{}", daemon.log_text()));
+    let woke_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(woke_at >= wake, "woken at {hh_mm} UTC, not before");
+    let line = restored["message"].as_str().unwrap();
+    eprintln!("{line} ({} s after {hh_mm} UTC)", woke_at - wake);
+    let woken = Restored(restored_pid(line));
+    let log = daemon.event_log();
+    let message = log
+        .iter()
+        .find(|e| e["kind"] == "wake")
+        .and_then(|e| e["message"].as_str())
+        .unwrap();
+    assert!(message.starts_with("woken on schedule ("), "{message}");
+    assert!(alive(woken.0), "the woken QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory came back intact"
+    );
+    drop(agent);
+    daemon.wait_until(
+        "the woken guest managed, no longer hibernated",
+        Duration::from_secs(90),
+        |s| {
+            vm(s, "w").is_some_and(|v| v["configured"].is_u64())
+                && s["hibernated"].as_array().is_some_and(|h| h.is_empty())
+        },
+    );
+    let wakes = daemon
+        .event_log()
+        .iter()
+        .filter(|e| e["kind"] == "wake")
+        .count();
+    assert_eq!(wakes, 1, "woken once");
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-clone");

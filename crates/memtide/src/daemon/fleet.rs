@@ -1043,6 +1043,7 @@ mod tests {
             snapshot_every_s: None,
             snapshot_keep: 3,
             restore_on_crash: false,
+            wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
         }];

@@ -96,8 +96,11 @@ struct Daemon {
     recount_hibernated: bool,
     /// The restores made after crashes, for their limit.
     recovery: Recovery,
-    /// Where what crash recovery found out off the loop comes back.
-    recovering: mpsc::Sender<Recovering>,
+    /// Where crash recovery's and scheduled wakes' steps run off the loop come back.
+    restoring: mpsc::Sender<Restoring>,
+    /// The latest `wake_at` time (seconds since the epoch) each VM was woken for, or
+    /// tried: a wake that failed is tried again only at its next time.
+    woken_for: HashMap<String, u64>,
     /// Proactive reclaim's pacers (taken while a pass runs off the runtime).
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
@@ -117,8 +120,9 @@ struct SaveDone {
     reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
 
-/// Crash recovery's steps run off the loop (`[[vm]] restore_on_crash`).
-enum Recovering {
+/// Crash recovery's (`[[vm]] restore_on_crash`) and scheduled wakes' (`wake_at`)
+/// steps run off the loop.
+enum Restoring {
     /// How VM `vm`'s QEMU went.
     Judged { vm: String, gone: Gone },
     /// A restore ended: a line saying what was done, or why it failed.
@@ -209,7 +213,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     );
 
     let (saves, mut saved) = mpsc::channel(8);
-    let (recovering, mut recovered) = mpsc::channel(8);
+    let (restoring, mut restored) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
     let mut daemon = Daemon {
         config,
@@ -234,7 +238,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         saving: HashSet::new(),
         recount_hibernated: true,
         recovery: Recovery::default(),
-        recovering,
+        restoring,
+        woken_for: HashMap::new(),
         reclaimer: None,
         reclaiming: None,
     };
@@ -272,7 +277,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
                 daemon.saved(done);
                 continue;
             }
-            Some(step) = recovered.recv() => {
+            Some(step) = restored.recv() => {
                 daemon.recover(step);
                 continue;
             }
@@ -568,7 +573,7 @@ impl Daemon {
         if !opted_in || self.options.dry_run {
             return;
         }
-        let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.recovering.clone());
+        let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.restoring.clone());
         let proc = self.config.host.proc.clone();
         tokio::spawn(async move {
             let runs = |pid: u32| memtide_adapters::procfs::process_runs(&proc, pid);
@@ -590,16 +595,73 @@ impl Daemon {
                 _ if asleep => Gone::Hibernated,
                 _ => Gone::Died,
             };
-            let _ = tx.send(Recovering::Judged { vm, gone }).await;
+            let _ = tx.send(Restoring::Judged { vm, gone }).await;
         });
     }
 
+    /// Wake the hibernated VMs whose `wake_at` time has come since they were hibernated
+    /// (`memtide_core::wake`), each as `memtide snapshot restore` would, its outcome
+    /// logged as a restore's; not in a dry run. Only VMs not connected are looked at.
+    fn wake_on_schedule(&mut self) {
+        if self.options.dry_run {
+            return;
+        }
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let scheduled: Vec<(String, Vec<memtide_core::wake::TimeOfDay>)> = self
+            .config
+            .vms
+            .iter()
+            .filter(|vm| !vm.wake_at.is_empty() && self.fleet.configured(&vm.name).is_none())
+            .map(|vm| (vm.name.clone(), vm.wake_at.clone()))
+            .collect();
+        for (vm, times) in scheduled {
+            let asleep = match self.store.list(&vm) {
+                Ok(list) => list.into_iter().rev().find(snapshots::Snapshot::asleep),
+                Err(e) => {
+                    tracing::warn!("snapshot store: {e:#}");
+                    continue;
+                }
+            };
+            let Some(asleep) = asleep else { continue };
+            let Some(since) = humantime::parse_rfc3339(&asleep.created)
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            else {
+                continue;
+            };
+            let Some(due) = memtide_core::wake::due(&times, since.as_secs(), now) else {
+                continue;
+            };
+            if self.woken_for.get(&vm).is_some_and(|at| *at >= due) {
+                continue;
+            }
+            self.woken_for.insert(vm.clone(), due);
+            let when = humantime::format_rfc3339_seconds(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(due),
+            );
+            let message = format!(
+                "woken on schedule ({when}, `wake_at`): restoring its hibernation {}",
+                asleep.id
+            );
+            self.events.log("wake", Some(&vm), None, message);
+            let (config, tx) = (self.config.clone(), self.restoring.clone());
+            tokio::spawn(async move {
+                let restore = crate::snapshot_cmd::restore(&config, &vm, Some(&asleep.id), false);
+                let result = restore.await.map_err(|e| format!("{e:#}"));
+                let _ = tx.send(Restoring::Restored { vm, result }).await;
+            });
+        }
+    }
+
     /// A step of crash recovery: a lost VM judged (restored from its newest good
-    /// snapshot, left, or given up on: `memtide_core::recovery`), or a restore ended;
-    /// each logged and counted (`memtide_actions_total{kind="restore"}`).
-    fn recover(&mut self, step: Recovering) {
+    /// snapshot, left, or given up on: `memtide_core::recovery`); or a restore (after a
+    /// crash, or a scheduled wake) ended. Each logged and counted
+    /// (`memtide_actions_total{kind="restore"}`).
+    fn recover(&mut self, step: Restoring) {
         match step {
-            Recovering::Judged { vm, gone } => {
+            Restoring::Judged { vm, gone } => {
                 let at = self.start.elapsed();
                 match self.recovery.decide(&vm, gone, at, &self.config.recovery) {
                     Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
@@ -612,16 +674,16 @@ impl Daemon {
                                        its newest good snapshot";
                         self.events
                             .log("restore_started", Some(&vm), None, message.into());
-                        let (config, tx) = (self.config.clone(), self.recovering.clone());
+                        let (config, tx) = (self.config.clone(), self.restoring.clone());
                         tokio::spawn(async move {
                             let result = crate::snapshot_cmd::recover(&config, &vm).await;
                             let result = result.map_err(|e| format!("{e:#}"));
-                            let _ = tx.send(Recovering::Restored { vm, result }).await;
+                            let _ = tx.send(Restoring::Restored { vm, result }).await;
                         });
                     }
                 }
             }
-            Recovering::Restored { vm, result } => match result {
+            Restoring::Restored { vm, result } => match result {
                 Ok(line) => {
                     self.counters.action("restore", "ok");
                     self.recount_hibernated = true;
@@ -725,6 +787,7 @@ impl Daemon {
         self.reclaim(&snapshot, &decision).await;
         self.hibernate_idle(&snapshot, &decision);
         self.snapshot_on_schedule();
+        self.wake_on_schedule();
         self.save_state(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
