@@ -561,16 +561,19 @@ impl Daemon {
         }
     }
 
-    /// VM `vm` was lost: if it opted in to crash recovery, find out off the loop how its
-    /// QEMU went (`shut_down`: it announced it; its process `pid` given [`EXIT_GRACE`] to
-    /// be gone; a hibernation not woken from in the store), then [`Daemon::recover`] decides. Not in a dry run.
+    /// VM `vm` was lost. Off the loop, its process `pid` is given [`EXIT_GRACE`] to be
+    /// gone (reaped if it is the daemon's own child: a QEMU a restore or a wake started);
+    /// then, if the VM opted in to crash recovery and this is no dry run, how it went
+    /// (`shut_down`: it announced it; its process still runs; a hibernation not woken from
+    /// in the store) goes to [`Daemon::recover`] to decide.
     fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<u32>) {
         let opted_in = self
             .config
             .vms
             .iter()
             .any(|v| v.name == vm && v.restore_on_crash);
-        if !opted_in || self.options.dry_run {
+        let judge = opted_in && !self.options.dry_run;
+        if !judge && pid.is_none() {
             return;
         }
         let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.restoring.clone());
@@ -582,6 +585,9 @@ impl Daemon {
             while alive && Instant::now() < gone_by {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 alive = pid.is_some_and(runs);
+            }
+            if !judge {
+                return;
             }
             let name = vm.clone();
             let asleep = tokio::task::spawn_blocking(move || store.asleep())
