@@ -705,12 +705,14 @@ impl Fleet {
     /// Save VM `vm`'s memory as `save` says: started before the next tick's sample, or
     /// as soon after as the VM has no call in flight; the VM is left out of the decisions
     /// meanwhile (its samples wait). Refused for a VM not connected, or with a save
-    /// already asked for.
+    /// already asked for or running.
     pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
         let Some(m) = self.managed.get_mut(vm) else {
             return Err((save, format!("VM {vm} is not connected")));
         };
-        if m.save.is_some() || m.task.in_flight().is_some_and(|(c, _)| c == Call::Save) {
+        // A save that ended (the daemon told) but whose backend the next sample takes
+        // back does not hold the next one up: it waits, queued, for that sample.
+        if m.save.is_some() || m.task.saving() {
             return Err((save, format!("VM {vm} is being saved already")));
         }
         m.save = Some(save);
