@@ -264,7 +264,8 @@ async fn start_from(
         Starter::Qemu { launch, .. } => {
             let monitor = vm_dir.join("restore.qmp");
             let qemu = Incoming::new(launch, &monitor, &log, limit);
-            qmp_snapshot::restore(&qemu, &dir, resume).await
+            let format = qmp_snapshot::Format::of(&snapshot.mechanism);
+            qmp_snapshot::restore(&qemu, &dir, format, resume).await
         }
         Starter::Firecracker { socket, launch } => {
             firecracker::restore(&vmm(launch, socket, "/"), &dir, resume).await
@@ -381,7 +382,8 @@ pub async fn clone(
             size,
             id: ram_id,
         };
-        qmp_snapshot::make_template(&qemu, &dir, &ram, &partial.join("devices"))
+        let format = qmp_snapshot::Format::of(&snapshot.mechanism);
+        qmp_snapshot::make_template(&qemu, &dir, format, &ram, &partial.join("devices"))
             .await
             .with_context(|| format!("making a clone template of {vm} from {}", snapshot.id))?;
         std::fs::rename(&partial, &template)

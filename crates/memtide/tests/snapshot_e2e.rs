@@ -546,6 +546,119 @@ fn a_hibernated_guest_is_woken_at_its_wake_at_time_with_its_memory() {
     assert_eq!(wakes, 1, "woken once");
 }
 
+/// The newer QEMU `scripts/newer-qemu.sh` unpacks: its binary and firmware directory.
+fn newer_qemu() -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/qemu10/root");
+    let qemu = root.join("usr/bin/qemu-system-x86_64");
+    assert!(
+        qemu.exists(),
+        "no {} (scripts/newer-qemu.sh fetches it; scripts/test.sh runs that)",
+        qemu.display()
+    );
+    (qemu, root.join("usr/share/qemu"))
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_under_qemu_10_is_hibernated_with_mapped_ram_and_woken_with_its_memory() {
+    let (qemu, firmware) = newer_qemu();
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-mapped-ram");
+    let (mut guest, launch) = Guest::boot_restorable_on(
+        &qemu,
+        &firmware,
+        "m",
+        dir.path(),
+        &cgroup.procs(),
+        GUEST_MIB,
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // A clone's own sockets, console and swap disk: the guest's, numbered.
+    let clone_launch: Vec<String> = launch.iter().map(|a| a.replace("/m.", "/m-{n}.")).collect();
+    for n in ["template", "1"] {
+        let img = dir.path().join(format!("m-{n}.swap.img"));
+        std::fs::File::create(img)
+            .unwrap()
+            .set_len(128 << 20)
+            .unwrap();
+    }
+    let keys = format!(
+        "launch = {}\nclone_launch = {}\n",
+        toml_list(&launch),
+        toml_list(&clone_launch)
+    );
+    let (daemon, config) = start_daemon(dir.path(), &guest, "m", "", &keys);
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "m").is_some_and(|v| v["configured"].is_u64())
+    });
+
+    let out = snapshot(&config, &["save", "m", "--hibernate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let quit = wait_for(Duration::from_secs(30), || (!guest.running()).then_some(()));
+    assert!(quit.is_some(), "QEMU quit after the hibernation");
+    let out = snapshot(&config, &["list", "m", "--json"]);
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["mechanism"], "qmp migrate mapped-ram to fdset");
+    // Each RAM page at its own offset: the file is as long as the guest's RAM and more,
+    // its zero pages holes.
+    let memory = dir
+        .path()
+        .join("snapshots/m")
+        .join(all[0]["id"].as_str().unwrap())
+        .join("memory");
+    let meta = std::fs::metadata(&memory).unwrap();
+    let written = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    eprintln!(
+        "mapped-ram file: {} bytes long, {written} written",
+        meta.len()
+    );
+    assert!(meta.len() >= GUEST_MIB << 20, "{}", meta.len());
+    assert!(written < meta.len(), "sparse: {written} of {}", meta.len());
+
+    let out = snapshot(&config, &["restore", "m"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let restored = Restored(restored_pid(&text(&out)));
+    assert!(alive(restored.0), "the restored QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory came back intact"
+    );
+    drop(agent);
+    daemon.wait_until("the restored guest managed", Duration::from_secs(90), |s| {
+        vm(s, "m").is_some_and(|v| v["configured"].is_u64())
+    });
+    // Saved again (the guest runs on): mapped-ram was turned off after the restore's
+    // migration, or this save's own turning it on would be all that is tested.
+    let out = snapshot(&config, &["save", "m"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(alive(restored.0), "runs on after its save");
+    // A clone of that mapped-ram snapshot: its template takes it in with the capability.
+    let out = snapshot(&config, &["clone", "m", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let clone = Restored(restored_pid(&text(&out)));
+    let mut agent = Agent::connect(&dir.path().join("m-1.qga"));
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the clone has the guest's memory"
+    );
+    drop(agent);
+    assert!(alive(clone.0));
+}
+
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {

@@ -293,6 +293,10 @@ fn newer_qemu(
                 meta.len(),
                 std::os::unix::fs::MetadataExt::blocks(&meta) * 512,
             );
+            // The first is kept for the restore; the others only take room.
+            if i > 0 {
+                std::fs::remove_file(&file)?;
+            }
         }
         let save_gib_s: Vec<f64> = write_s.iter().map(|s| gib(written) / s).collect();
         out.insert(
@@ -337,6 +341,7 @@ fn newer_qemu(
         entry["migrate_in_s"] = json!(migrated_s);
         entry["state_intact"] = json!(true);
     }
+    std::fs::remove_dir_all(&dir)?;
     out.insert("qemu".into(), version);
     Ok(Value::Object(out))
 }
