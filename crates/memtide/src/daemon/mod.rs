@@ -589,12 +589,13 @@ impl Daemon {
             if !judge {
                 return;
             }
+            // Hibernated: its newest snapshot is a hibernation not woken from.
             let name = vm.clone();
-            let asleep = tokio::task::spawn_blocking(move || store.asleep())
+            let asleep = tokio::task::spawn_blocking(move || store.list(&name))
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .is_some_and(|asleep| asleep.iter().any(|s| s.vm == name));
+                .is_some_and(|list| list.last().is_some_and(snapshots::Snapshot::asleep));
             let gone = match () {
                 _ if shut_down => Gone::ShutDown,
                 _ if alive => Gone::ProcessAlive,
