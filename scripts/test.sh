@@ -38,6 +38,8 @@ if ! command -v promtool >/dev/null; then
 fi
 
 guest/build.sh
+# QEMU 10 beside 7.2, for the mapped-ram snapshot test (docs/snapshots.md).
+scripts/newer-qemu.sh
 cargo fmt --all --check
 scripts/rust-version.sh
 # The libvirt connector is a cargo feature (it links against libvirt): lint and test

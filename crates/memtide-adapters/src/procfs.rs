@@ -308,6 +308,23 @@ pub fn stat_cpu_s(text: &str, ticks: f64) -> Option<f64> {
     Some((utime as f64 + stime as f64) / ticks)
 }
 
+/// Whether process `pid` runs: its /proc entry exists and it is not a zombie (a process
+/// that exited and waits for its parent to reap it). One that is this process's own child
+/// (a QEMU a restore started) is reaped if it has ended.
+pub fn process_runs(proc: &Path, pid: u32) -> bool {
+    // SAFETY: waitpid(2) without a status pointer; ECHILD for another's process.
+    unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+    std::fs::read_to_string(proc.join(pid.to_string()).join("stat"))
+        .ok()
+        .and_then(|text| Some(stat_state(&text)? != 'Z'))
+        .unwrap_or(false)
+}
+
+/// The state letter in /proc/PID/stat (field 3, after the command name's last `)`).
+fn stat_state(text: &str) -> Option<char> {
+    text[text.rfind(')')? + 1..].trim_start().chars().next()
+}
+
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
 /// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
 pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
@@ -339,6 +356,20 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_zombie_or_a_missing_process_does_not_run() {
+        let proc = tempfile::tempdir().unwrap();
+        let stat = |pid: &str, text: &str| {
+            std::fs::create_dir(proc.path().join(pid)).unwrap();
+            std::fs::write(proc.path().join(pid).join("stat"), text).unwrap();
+        };
+        stat("10", "10 (qemu (x) Z) S 1 10 10 0 -1 0");
+        stat("11", "11 (qemu) Z 1 11 11 0 -1 0");
+        assert!(super::process_runs(proc.path(), 10));
+        assert!(!super::process_runs(proc.path(), 11), "a zombie");
+        assert!(!super::process_runs(proc.path(), 12), "gone");
+    }
+
     use super::*;
 
     #[test]

@@ -29,6 +29,7 @@ pub fn clean_error(error: &mut BackendError) {
     match error {
         BackendError::Timeout(_) => {}
         BackendError::Disconnected(text)
+        | BackendError::ShutDown(text)
         | BackendError::Protocol(text)
         | BackendError::Io(text)
         | BackendError::Busy(text) => *text = clean(text),

@@ -14,6 +14,7 @@ pub mod history;
 pub mod need;
 pub mod policy;
 pub mod reclaim;
+pub mod recovery;
 pub mod sanitize;
 pub mod serde_secs;
 pub mod signals;
@@ -23,6 +24,7 @@ pub mod stats;
 pub mod testkit;
 pub mod tiering;
 pub mod units;
+pub mod wake;
 
 pub use action::{Action, KsmSettings, Reason};
 pub use config::EngineConfig;

@@ -108,6 +108,10 @@ pub enum BackendError {
     /// The connection is gone.
     #[error("disconnected: {0}")]
     Disconnected(String),
+    /// The connection is gone after the hypervisor announced a shutdown (a guest
+    /// poweroff, a `quit`, a SIGTERM): the VM was stopped, it did not crash.
+    #[error("shut down: {0}")]
+    ShutDown(String),
     /// The hypervisor answered with an error or something we could not understand.
     #[error("{0}")]
     Protocol(String),

@@ -50,6 +50,8 @@ pub struct Boot {
     /// (kind, MiB)
     disks: Vec<(String, u64)>,
     args: Vec<OsString>,
+    /// The QEMU binary (`qemu-system-x86_64` from PATH unless [`Boot::program`] says).
+    program: OsString,
     interrupted: Option<&'static AtomicBool>,
 }
 
@@ -68,8 +70,16 @@ impl Boot {
             agent: None,
             disks: Vec::new(),
             args: Vec::new(),
+            program: "qemu-system-x86_64".into(),
             interrupted: None,
         }
+    }
+
+    /// Start `program` as QEMU rather than `qemu-system-x86_64` from PATH (another
+    /// version; its firmware given with `-L` through [`Boot::args`]).
+    pub fn program(mut self, program: impl Into<OsString>) -> Boot {
+        self.program = program.into();
+        self
     }
 
     /// Add to the kernel command line (guest/init reads `memtide.workload=` and
@@ -138,7 +148,7 @@ impl Boot {
     /// The command that starts QEMU in the cgroup whose `cgroup.procs` is `procs`. It
     /// needs the disk images, which [`Boot::spawn`] creates.
     pub fn command(&self, procs: &Path) -> Command {
-        let mut cmd = command_in(procs, "qemu-system-x86_64");
+        let mut cmd = command_in(procs, &self.program);
         cmd.args(["-accel", "tcg,tb-size=16", "-cpu", "qemu64,+rdrand"])
             .args(["-m", &self.memory, "-smp", "1"])
             .args(["-nodefaults", "-display", "none", "-no-reboot"])
@@ -207,9 +217,11 @@ impl Boot {
         }
         let mut cmd = self.command(procs);
         configure(&mut cmd);
-        let child = cmd.spawn().map_err(Error::io(
-            "starting qemu-system-x86_64 (is QEMU installed?)",
-        ))?;
+        let what = format!(
+            "starting {} (is QEMU installed?)",
+            self.program.to_string_lossy()
+        );
+        let child = cmd.spawn().map_err(Error::io(what))?;
         Ok(Guest {
             name: self.name,
             qmp: self.qmp,
@@ -330,6 +342,10 @@ mod tests {
         assert_eq!(cmd.get_program(), "sh");
         let a = args(&cmd);
         assert_eq!(a[2..4], ["/cg/cgroup.procs", "qemu-system-x86_64"]);
+        let newer = boot.clone().program("/opt/qemu10/qemu-system-x86_64");
+        let newer = args(&newer.command(Path::new("/cg/cgroup.procs")));
+        assert_eq!(newer[3], "/opt/qemu10/qemu-system-x86_64");
+        assert_eq!(newer[4..], a[4..], "the rest as it was");
         let after = |flag: &str| {
             a.windows(2)
                 .filter(|w| w[0] == flag)

@@ -13,6 +13,8 @@ use memtide_core::policy::mom::MomConfig;
 use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::reclaim::PaceConfig;
+use memtide_core::recovery::RecoveryConfig;
+use memtide_core::wake::TimeOfDay;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use memtide_sim::RecorderConfig;
 use serde::Deserialize;
@@ -73,6 +75,8 @@ pub struct Config {
     pub snapshots: SnapshotConfig,
     /// When a VM that allows it (`[[vm]] hibernate_after_s`) is hibernated.
     pub hibernate: HibernateConfig,
+    /// How often a VM with `[[vm]] restore_on_crash` is restored after crashes.
+    pub recovery: RecoveryConfig,
     /// Proactive reclaim through cgroup v2 `memory.reclaim`, for VMs no balloon serves.
     pub reclaim: ReclaimConfig,
 }
@@ -315,6 +319,16 @@ pub struct VmConfig {
     /// and snapshots taken by hand are never deleted).
     #[serde(default = "default_snapshot_keep")]
     pub snapshot_keep: usize,
+    /// Restore the VM from its newest good snapshot when its QEMU dies by itself (a
+    /// crash, a SIGKILL: no `SHUTDOWN` announced, not hibernated), at most `[recovery]
+    /// max_restores` times within `window_s`; needs `qmp`, `launch` and
+    /// `snapshot_every_s`.
+    #[serde(default)]
+    pub restore_on_crash: bool,
+    /// Times of day (`HH:MM`, UTC) at which the VM, if it is hibernated, is woken (as by
+    /// `memtide snapshot restore`); needs `launch` (but for a libvirt domain).
+    #[serde(default)]
+    pub wake_at: Vec<TimeOfDay>,
     /// Reclaim its memory proactively (`[reclaim]`), or never, whatever `[reclaim] vms`
     /// says.
     pub reclaim: Option<bool>,
@@ -354,6 +368,7 @@ impl Default for Config {
             proxmox: ProxmoxConfig::default(),
             snapshots: SnapshotConfig::default(),
             hibernate: HibernateConfig::default(),
+            recovery: RecoveryConfig::default(),
             reclaim: ReclaimConfig::default(),
         }
     }
@@ -675,9 +690,29 @@ impl Config {
                     return bad(&format!("vm[{i}].clone_launch"), message);
                 }
             }
-            if vm.hibernate_after_s.is_some() && vm.launch.is_none() && vm.libvirt.is_none() {
-                let message = "needs `launch`: a hibernated VM is woken by starting it again";
-                return bad(&format!("vm[{i}].hibernate_after_s"), message.into());
+            if vm.restore_on_crash {
+                let missing = [
+                    ("qmp", vm.qmp.is_some()),
+                    ("launch", vm.launch.is_some()),
+                    ("snapshot_every_s", vm.snapshot_every_s.is_some()),
+                ];
+                if let Some((key, _)) = missing.iter().find(|(_, set)| !set) {
+                    let message = format!(
+                        "needs `{key}`: memtide restores a QEMU reached through `qmp`, by \
+                         its `launch` command, from the snapshots it takes on a schedule"
+                    );
+                    return bad(&format!("vm[{i}].restore_on_crash"), message);
+                }
+            }
+            let wakes = [
+                ("hibernate_after_s", vm.hibernate_after_s.is_some()),
+                ("wake_at", !vm.wake_at.is_empty()),
+            ];
+            for (key, set) in wakes {
+                if set && vm.launch.is_none() && vm.libvirt.is_none() {
+                    let message = "needs `launch`: a hibernated VM is woken by starting it again";
+                    return bad(&format!("vm[{i}].{key}"), message.into());
+                }
             }
         }
         let r = &self.reclaim;
@@ -703,6 +738,10 @@ impl Config {
                 "hibernate.free_below",
                 format!("{} must be a share in [0, 1]", h.free_below),
             );
+        }
+        if !(1..=31_536_000).contains(&self.recovery.window_s) {
+            let message = format!("{} is not 1 to 31536000 seconds", self.recovery.window_s);
+            return bad("recovery.window_s", message);
         }
         if !(1..=86_400).contains(&self.snapshots.timeout_s) {
             let message = format!("{} is not 1 to 86400 seconds", self.snapshots.timeout_s);
@@ -1194,6 +1233,20 @@ mod tests {
                 "reclaim.target_stall_pct: NaN must be a percentage in (0, 100]",
             ),
             (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nlaunch = [\"q\"]\nrestore_on_crash = true\n",
+                "vm[0].restore_on_crash: needs `snapshot_every_s`: memtide restores a QEMU \
+                 reached through `qmp`, by its `launch` command, from the snapshots it takes \
+                 on a schedule",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nwake_at = [\"07:30\"]\n",
+                "vm[0].wake_at: needs `launch`: a hibernated VM is woken by starting it again",
+            ),
+            (
+                "[recovery]\nwindow_s = 0\n",
+                "recovery.window_s: 0 is not 1 to 31536000 seconds",
+            ),
+            (
                 "[snapshots]\ntimeout_s = 0\n",
                 "snapshots.timeout_s: 0 is not 1 to 86400 seconds",
             ),
@@ -1235,6 +1288,8 @@ mod tests {
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
+            restore_on_crash: false,
+            wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
         };

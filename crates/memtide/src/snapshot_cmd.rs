@@ -152,7 +152,7 @@ pub async fn restore(
     }
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
-    let saved_by = snapshot.mechanism.split_whitespace().next().unwrap_or("");
+    let saved_by = saved_through(&snapshot);
     if saved_by != starter.connector() {
         bail!(
             "snapshot {} of {vm} was saved through {saved_by}, and the VM is configured \
@@ -175,7 +175,75 @@ pub async fn restore(
         );
     }
     store.verify(&snapshot)?;
-    let dir = store.dir_of(&snapshot);
+    start_from(config, vm, starter, &store, &snapshot).await
+}
+
+/// Start VM `vm` again after its QEMU died by itself (`[[vm]] restore_on_crash`), from
+/// its newest snapshot whose files match their checksums, whoever took it (a damaged one
+/// is skipped, and said): its guest ran on after it, so its disk has moved on since
+/// (docs/snapshots.md). Returns a line saying what was done.
+pub async fn recover(config: &Config, vm: &str) -> anyhow::Result<String> {
+    let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
+        bail!("VM {vm} is not among the configuration's [[vm]] entries");
+    };
+    let starter = Starter::of(vm_config)?;
+    if let Some(why) = starter.running() {
+        bail!("VM {vm} is running again ({why})");
+    }
+    let store = Store::new(&config.snapshots.dir);
+    let (snapshot, skipped) = {
+        let (store, vm, connector) = (store.clone(), vm.to_string(), starter.connector());
+        tokio::task::spawn_blocking(move || newest_good(&store, &vm, connector)).await??
+    };
+    let line = start_from(config, vm, starter, &store, &snapshot).await?;
+    Ok(match skipped.is_empty() {
+        true => line,
+        false => format!("{line}; newer ones damaged: {}", skipped.join("; ")),
+    })
+}
+
+/// The newest snapshot of `vm` saved through `connector` whose files match their
+/// checksums, and why each newer one was passed over.
+fn newest_good(
+    store: &Store,
+    vm: &str,
+    connector: &str,
+) -> anyhow::Result<(Snapshot, Vec<String>)> {
+    let mut skipped = Vec::new();
+    for s in store.list(vm)?.into_iter().rev() {
+        if saved_through(&s) != connector {
+            continue;
+        }
+        match store.verify(&s) {
+            Ok(()) => return Ok((s, skipped)),
+            Err(e) => skipped.push(format!("{}: {e:#}", s.id)),
+        }
+    }
+    match skipped.is_empty() {
+        true => bail!("no snapshot of {vm} saved through {connector} in the store"),
+        false => bail!(
+            "no good snapshot of {vm} in the store: {}",
+            skipped.join("; ")
+        ),
+    }
+}
+
+/// The connector that saved `s` (the first word of its mechanism).
+fn saved_through(s: &Snapshot) -> &str {
+    s.mechanism.split_whitespace().next().unwrap_or("")
+}
+
+/// Start VM `vm` from `snapshot`, checked and verified, through `starter`; marks a
+/// hibernation woken. Returns a line saying what was done.
+async fn start_from(
+    config: &Config,
+    vm: &str,
+    starter: Starter<'_>,
+    store: &Store,
+    snapshot: &Snapshot,
+) -> anyhow::Result<String> {
+    let asleep = snapshot.asleep();
+    let dir = store.dir_of(snapshot);
     let vm_dir = store.vm_dir(vm);
     let log = vm_dir.join("restore.log");
     let limit = Duration::from_secs(config.snapshots.timeout_s);
@@ -196,7 +264,8 @@ pub async fn restore(
         Starter::Qemu { launch, .. } => {
             let monitor = vm_dir.join("restore.qmp");
             let qemu = Incoming::new(launch, &monitor, &log, limit);
-            qmp_snapshot::restore(&qemu, &dir, resume).await
+            let format = qmp_snapshot::Format::of(&snapshot.mechanism);
+            qmp_snapshot::restore(&qemu, &dir, format, resume).await
         }
         Starter::Firecracker { socket, launch } => {
             firecracker::restore(&vmm(launch, socket, "/"), &dir, resume).await
@@ -210,7 +279,7 @@ pub async fn restore(
                 .await
                 .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
             if asleep {
-                store.mark_woken(&snapshot)?;
+                store.mark_woken(snapshot)?;
             }
             return Ok(format!(
                 "{vm} restored from {} in {:.2} s by libvirt ({uri})",
@@ -221,7 +290,7 @@ pub async fn restore(
     }
     .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
     if asleep {
-        store.mark_woken(&snapshot)?;
+        store.mark_woken(snapshot)?;
     }
     Ok(format!(
         "{vm} restored from {} in {:.2} s ({program} pid {}, its output in {})",
@@ -313,7 +382,8 @@ pub async fn clone(
             size,
             id: ram_id,
         };
-        qmp_snapshot::make_template(&qemu, &dir, &ram, &partial.join("devices"))
+        let format = qmp_snapshot::Format::of(&snapshot.mechanism);
+        qmp_snapshot::make_template(&qemu, &dir, format, &ram, &partial.join("devices"))
             .await
             .with_context(|| format!("making a clone template of {vm} from {}", snapshot.id))?;
         std::fs::rename(&partial, &template)
@@ -406,6 +476,43 @@ mod tests {
         };
         assert_eq!(Starter::of(&c.vms[0]).unwrap(), expected);
         assert_eq!(expected.running(), None, "nothing answers on /fc.sock");
+    }
+
+    #[test]
+    fn a_crashed_vm_is_restored_from_its_newest_snapshot_whose_checksums_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let saved = Saved {
+            mechanism: "qmp migrate to fd".into(),
+            was_running: true,
+            downtime: Duration::ZERO,
+            written: Duration::ZERO,
+            ram_backend: None,
+        };
+        let mut taken = Vec::new();
+        for memory in [&b"older"[..], b"newer"] {
+            let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), memory).unwrap();
+            let by = snapshots::TakenBy::Schedule;
+            taken.push(pending.finish(&saved, AfterSave::Run, by).unwrap());
+            // Snapshot ids are timestamps to the millisecond.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (found, skipped) = newest_good(&store, "a", "qmp").unwrap();
+        assert_eq!(found.id, taken[1].id, "the newest");
+        assert!(skipped.is_empty());
+        std::fs::write(store.dir_of(&taken[1]).join("memory"), b"NEWER").unwrap();
+        let (found, skipped) = newest_good(&store, "a", "qmp").unwrap();
+        assert_eq!(found.id, taken[0].id, "the damaged newest passed over");
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].starts_with(&taken[1].id), "{skipped:?}");
+        let e = newest_good(&store, "a", "firecracker")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "no snapshot of a saved through firecracker in the store");
+        std::fs::write(store.dir_of(&taken[0]).join("memory"), b"OLDER").unwrap();
+        let e = newest_good(&store, "a", "qmp").unwrap_err().to_string();
+        assert!(e.starts_with("no good snapshot of a in the store: "), "{e}");
     }
 
     #[tokio::test]

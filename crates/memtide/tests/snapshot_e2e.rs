@@ -328,6 +328,339 @@ fn an_idle_guest_is_snapshotted_on_schedule_then_hibernated_while_the_host_is_sh
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_whose_qemu_is_killed_is_restored_from_its_scheduled_snapshot_once_then_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-recovery");
+    let (mut guest, launch) =
+        Guest::boot_restorable("c", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // A snapshot every 20 s; one restore allowed per 10 minutes.
+    let vm_keys = format!(
+        "launch = {}\nsnapshot_every_s = 20\nsnapshot_keep = 1\nrestore_on_crash = true\n",
+        toml_list(&launch)
+    );
+    let recovery = "[recovery]\nmax_restores = 1\nwindow_s = 600\n";
+    let (daemon, config) = start_daemon(dir.path(), &guest, "c", recovery, &vm_keys);
+    let scheduled = wait_for(Duration::from_secs(90), || {
+        let out = snapshot(&config, &["list", "c", "--json"]);
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        all.into_iter().find(|s| s["by"] == "schedule")
+    })
+    .unwrap_or_else(|| panic!("no scheduled snapshot; the daemon:\n{}", daemon.log_text()));
+    // Written after the snapshot: a restore from it brings back a RAM without it. Then
+    // QEMU is killed, well before the next scheduled save.
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("echo later > /after", Duration::from_secs(10)),
+        0
+    );
+    drop(agent);
+    guest.signal("KILL");
+    assert!(
+        wait_for(Duration::from_secs(10), || (!guest.running()).then_some(())).is_some(),
+        "QEMU was killed"
+    );
+
+    // The daemon restores it, by its launch command, from that snapshot.
+    let restored = wait_for(Duration::from_secs(120), || {
+        let log = daemon.event_log();
+        let failed = log.iter().find(|e| e["kind"] == "restore_failed");
+        assert!(failed.is_none(), "{failed:?}");
+        log.into_iter()
+            .find(|e| e["kind"] == "restored" && e["vm"] == "c")
+    })
+    .unwrap_or_else(|| panic!("not restored; the daemon:\n{}", daemon.log_text()));
+    let line = restored["message"].as_str().unwrap();
+    eprintln!("{line}");
+    let id = scheduled["id"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("c restored from {id} in ")),
+        "{line}"
+    );
+    let first = Restored(restored_pid(line));
+    assert!(alive(first.0), "the restored QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory is the snapshot's"
+    );
+    assert_ne!(
+        agent.run_sh("test -e /after", Duration::from_secs(10)),
+        0,
+        "what the guest wrote after the snapshot is gone"
+    );
+    drop(agent);
+    daemon.wait_until("the restored guest managed", Duration::from_secs(90), |s| {
+        vm(s, "c").is_some_and(|v| v["configured"].is_u64())
+    });
+
+    // Killed again within the window: given up, left down.
+    // SAFETY: kill(2) of the QEMU the daemon restored; no memory is involved.
+    assert_eq!(unsafe { libc::kill(first.0 as i32, libc::SIGKILL) }, 0);
+    let given_up = wait_for(Duration::from_secs(60), || {
+        let log = daemon.event_log();
+        log.into_iter().find(|e| e["kind"] == "restore_given_up")
+    })
+    .unwrap_or_else(|| panic!("not given up; the daemon:\n{}", daemon.log_text()));
+    let why = given_up["message"].as_str().unwrap();
+    assert!(
+        why.starts_with("died again after 1 restores within 600 s"),
+        "{why}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let log = daemon.event_log();
+    let kinds: Vec<&str> = log
+        .iter()
+        .filter(|e| e["vm"] == "c")
+        .filter_map(|e| e["kind"].as_str())
+        .filter(|k| k.starts_with("restore"))
+        .collect();
+    assert_eq!(kinds, ["restore_started", "restored", "restore_given_up"]);
+    let out = snapshot(&config, &["restore", "c", "--force"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let by_hand = Restored(restored_pid(&text(&out)));
+    assert!(
+        alive(by_hand.0),
+        "the operator can still restore it by hand"
+    );
+    let metrics = daemon.wait_until("the restores counted", Duration::from_secs(10), |s| {
+        s["counters"]["actions"]["restore"]["given_up"] == 1
+    });
+    assert_eq!(metrics["counters"]["actions"]["restore"]["ok"], 1);
+
+    // Stopped by the operator (SIGTERM, whose shutdown QEMU announces): not a crash.
+    daemon.wait_until(
+        "the hand-restored guest managed",
+        Duration::from_secs(90),
+        |s| vm(s, "c").is_some_and(|v| v["configured"].is_u64()),
+    );
+    // SAFETY: kill(2) of the QEMU this test restored; no memory is involved.
+    assert_eq!(unsafe { libc::kill(by_hand.0 as i32, libc::SIGTERM) }, 0);
+    let skipped = wait_for(Duration::from_secs(60), || {
+        let log = daemon.event_log();
+        log.into_iter().find(|e| e["kind"] == "restore_skipped")
+    })
+    .unwrap_or_else(|| panic!("no restore_skipped; the daemon:\n{}", daemon.log_text()));
+    let why = skipped["message"].as_str().unwrap();
+    assert_eq!(
+        why,
+        "not restored: it shut down (its hypervisor announced it)"
+    );
+    assert!(!alive(by_hand.0), "the QEMU quit");
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_hibernated_guest_is_woken_at_its_wake_at_time_with_its_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-wake");
+    let (mut guest, launch) =
+        Guest::boot_restorable("w", dir.path(), &cgroup.procs(), GUEST_MIB, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // The first minute of the day (UTC) to begin at least 20 s from now: the hibernation
+    // is done by then.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let wake = (now + 20).div_ceil(60) * 60;
+    let hh_mm = format!("{:02}:{:02}", wake % 86_400 / 3600, wake % 3600 / 60);
+    let vm_keys = format!("launch = {}\nwake_at = [\"{hh_mm}\"]\n", toml_list(&launch));
+    let (daemon, config) = start_daemon(dir.path(), &guest, "w", "", &vm_keys);
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "w").is_some_and(|v| v["configured"].is_u64())
+    });
+    let out = snapshot(&config, &["save", "w", "--hibernate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let quit = wait_for(Duration::from_secs(30), || (!guest.running()).then_some(()));
+    assert!(quit.is_some(), "QEMU quit after the hibernation");
+    let slept = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(slept < wake, "hibernated before {hh_mm} UTC");
+    assert!(
+        daemon.event_log().iter().all(|e| e["kind"] != "wake"),
+        "not woken before its time"
+    );
+
+    let restored = wait_for(Duration::from_secs(wake - slept + 60), || {
+        let log = daemon.event_log();
+        let failed = log.iter().find(|e| e["kind"] == "restore_failed");
+        assert!(failed.is_none(), "{failed:?}");
+        log.into_iter()
+            .find(|e| e["kind"] == "restored" && e["vm"] == "w")
+    })
+    .unwrap_or_else(|| panic!("not woken; the daemon:\n{}", daemon.log_text()));
+    let woke_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(woke_at >= wake, "woken at {hh_mm} UTC, not before");
+    let line = restored["message"].as_str().unwrap();
+    eprintln!("{line} ({} s after {hh_mm} UTC)", woke_at - wake);
+    let woken = Restored(restored_pid(line));
+    let log = daemon.event_log();
+    let message = log
+        .iter()
+        .find(|e| e["kind"] == "wake")
+        .and_then(|e| e["message"].as_str())
+        .unwrap();
+    assert!(message.starts_with("woken on schedule ("), "{message}");
+    assert!(alive(woken.0), "the woken QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory came back intact"
+    );
+    drop(agent);
+    daemon.wait_until(
+        "the woken guest managed, no longer hibernated",
+        Duration::from_secs(90),
+        |s| {
+            vm(s, "w").is_some_and(|v| v["configured"].is_u64())
+                && s["hibernated"].as_array().is_some_and(|h| h.is_empty())
+        },
+    );
+    let wakes = daemon
+        .event_log()
+        .iter()
+        .filter(|e| e["kind"] == "wake")
+        .count();
+    assert_eq!(wakes, 1, "woken once");
+}
+
+/// The newer QEMU `scripts/newer-qemu.sh` unpacks: its binary and firmware directory.
+fn newer_qemu() -> (PathBuf, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/qemu10/root");
+    let qemu = root.join("usr/bin/qemu-system-x86_64");
+    assert!(
+        qemu.exists(),
+        "no {} (scripts/newer-qemu.sh fetches it; scripts/test.sh runs that)",
+        qemu.display()
+    );
+    (qemu, root.join("usr/share/qemu"))
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_under_qemu_10_is_hibernated_with_mapped_ram_and_woken_with_its_memory() {
+    let (qemu, firmware) = newer_qemu();
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-mapped-ram");
+    let (mut guest, launch) = Guest::boot_restorable_on(
+        &qemu,
+        &firmware,
+        "m",
+        dir.path(),
+        &cgroup.procs(),
+        GUEST_MIB,
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let mut agent = Agent::connect(guest.agent());
+    let made = agent.run_sh(
+        "head -c 16777216 /dev/urandom > /state && md5sum /state > /state.md5",
+        Duration::from_secs(60),
+    );
+    assert_eq!(made, 0, "the guest wrote its state");
+    drop(agent);
+    // A clone's own sockets, console and swap disk: the guest's, numbered.
+    let clone_launch: Vec<String> = launch.iter().map(|a| a.replace("/m.", "/m-{n}.")).collect();
+    for n in ["template", "1"] {
+        let img = dir.path().join(format!("m-{n}.swap.img"));
+        std::fs::File::create(img)
+            .unwrap()
+            .set_len(128 << 20)
+            .unwrap();
+    }
+    let keys = format!(
+        "launch = {}\nclone_launch = {}\n",
+        toml_list(&launch),
+        toml_list(&clone_launch)
+    );
+    let (daemon, config) = start_daemon(dir.path(), &guest, "m", "", &keys);
+    daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
+        vm(s, "m").is_some_and(|v| v["configured"].is_u64())
+    });
+
+    let out = snapshot(&config, &["save", "m", "--hibernate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let quit = wait_for(Duration::from_secs(30), || (!guest.running()).then_some(()));
+    assert!(quit.is_some(), "QEMU quit after the hibernation");
+    let out = snapshot(&config, &["list", "m", "--json"]);
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["mechanism"], "qmp migrate mapped-ram to fdset");
+    // Each RAM page at its own offset: the file is as long as the guest's RAM and more,
+    // its zero pages holes.
+    let memory = dir
+        .path()
+        .join("snapshots/m")
+        .join(all[0]["id"].as_str().unwrap())
+        .join("memory");
+    let meta = std::fs::metadata(&memory).unwrap();
+    let written = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    eprintln!(
+        "mapped-ram file: {} bytes long, {written} written",
+        meta.len()
+    );
+    assert!(meta.len() >= GUEST_MIB << 20, "{}", meta.len());
+    assert!(written < meta.len(), "sparse: {written} of {}", meta.len());
+
+    let out = snapshot(&config, &["restore", "m"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let restored = Restored(restored_pid(&text(&out)));
+    assert!(alive(restored.0), "the restored QEMU runs");
+    let mut agent = Agent::connect(guest.agent());
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the guest's memory came back intact"
+    );
+    drop(agent);
+    daemon.wait_until("the restored guest managed", Duration::from_secs(90), |s| {
+        vm(s, "m").is_some_and(|v| v["configured"].is_u64())
+    });
+    // Saved again (the guest runs on): mapped-ram was turned off after the restore's
+    // migration, or this save's own turning it on would be all that is tested.
+    let out = snapshot(&config, &["save", "m"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(alive(restored.0), "runs on after its save");
+    // A clone of that mapped-ram snapshot: its template takes it in with the capability.
+    let out = snapshot(&config, &["clone", "m", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!("{}", text(&out).trim());
+    let clone = Restored(restored_pid(&text(&out)));
+    let mut agent = Agent::connect(&dir.path().join("m-1.qga"));
+    assert_eq!(
+        agent.run_sh("md5sum -c /state.md5", Duration::from_secs(60)),
+        0,
+        "the clone has the guest's memory"
+    );
+    drop(agent);
+    assert!(alive(clone.0));
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn four_clones_start_from_a_snapshot_with_its_memory_and_share_it() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-clone");

@@ -167,6 +167,17 @@ impl QmpClient {
         replies.pop().expect("one reply per command").map(drop)
     }
 
+    /// Hand QEMU the open file `fd` in a new fd set (`add-fd`), for a later command to
+    /// open as `/dev/fdset/N` (QEMU >= 9.0's `file:` migration takes no `fd:`); the set's
+    /// number.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
+        let mut replies = self.send(vec![("add-fd", None)], Some(fd)).await?;
+        let added = replies.pop().expect("one reply per command")?;
+        added["fdset-id"]
+            .as_u64()
+            .ok_or_else(|| QmpError::Protocol(format!("no fdset-id in {added}")))
+    }
+
     /// Send `commands`, with `fd` attached to the first byte when given, and wait for
     /// their replies (see [`QmpClient::execute_all`]).
     async fn send(

@@ -2,7 +2,10 @@
 //! and devices) migrated into a file memtide opened and handed to QEMU (`getfd`, then
 //! `migrate` to `fd:`, which works from QEMU 2.x on, with no path or shell that a VM's
 //! name could break); a restore starts the VM's QEMU again with `-incoming defer` and a
-//! monitor of memtide's own, and migrates the file back in.
+//! monitor of memtide's own, and migrates the file back in. A QEMU that has the
+//! `mapped-ram` capability (9.0 on) is given the file in an fd set instead (`add-fd`) and
+//! migrates to `file:/dev/fdset/N` with it: each RAM page at its own offset of the file,
+//! which a restore reads straight into place (QEMU's docs/devel/migration/mapped-ram.rst).
 //!
 //! The disk is not part of a memory snapshot: restoring one is safe only onto the disk
 //! state it was taken with (a hibernated guest's, untouched since).
@@ -25,6 +28,124 @@ const POLL: Duration = Duration::from_millis(5);
 const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
 const FD_NAME: &str = "memtide-snapshot";
+/// How a snapshot of the plain migration stream says it was saved.
+const MECHANISM_STREAM: &str = "qmp migrate to fd";
+/// How a `mapped-ram` snapshot says it was saved: its restore needs the capability.
+pub const MECHANISM_MAPPED_RAM: &str = "qmp migrate mapped-ram to fdset";
+
+/// The migration's form: QEMU's stream through `fd:`, or `mapped-ram` through a `file:`
+/// URI naming an fd set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Format {
+    /// The plain stream.
+    Stream,
+    /// `mapped-ram`.
+    MappedRam,
+}
+
+impl Format {
+    /// The format a snapshot saved as `mechanism` was written in.
+    pub fn of(mechanism: &str) -> Format {
+        match mechanism == MECHANISM_MAPPED_RAM {
+            true => Format::MappedRam,
+            false => Format::Stream,
+        }
+    }
+}
+
+/// Whether the QEMU behind `client` has migration capability `name`.
+async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, BackendError> {
+    let caps = client.execute("query-migrate-capabilities", None).await?;
+    Ok(caps
+        .as_array()
+        .is_some_and(|caps| caps.iter().any(|c| c["capability"] == name)))
+}
+
+/// Turn `mapped-ram` on or off.
+async fn set_mapped_ram(client: &mut QmpClient, on: bool) -> Result<(), QmpError> {
+    let caps = json!({"capabilities": [{"capability": "mapped-ram", "state": on}]});
+    client
+        .execute("migrate-set-capabilities", Some(caps))
+        .await?;
+    Ok(())
+}
+
+/// Migrate in or out (`command`: `migrate`, `migrate-incoming`) through `file` as
+/// `format` says, within `limit`; an outgoing migration that fails is cancelled. After,
+/// whatever became of it, the descriptor is given back and `mapped-ram` turned off again:
+/// left on, it would bend the VM's next migration (one to another host) to it.
+async fn migrate_through(
+    client: &mut QmpClient,
+    command: &str,
+    file: &std::fs::File,
+    format: Format,
+    limit: Duration,
+) -> Result<Value, BackendError> {
+    let fdset = match format {
+        Format::Stream => {
+            client.pass_fd(FD_NAME, file.as_fd()).await?;
+            None
+        }
+        Format::MappedRam => {
+            set_mapped_ram(client, true).await?;
+            match client.add_fd(file.as_fd()).await {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    let _ = set_mapped_ram(client, false).await;
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    let uri = match fdset {
+        None => format!("fd:{FD_NAME}"),
+        Some(id) => format!("file:/dev/fdset/{id}"),
+    };
+    let result = async {
+        client.execute(command, Some(json!({ "uri": uri }))).await?;
+        wait_for_migration(client, limit).await
+    }
+    .await;
+    if result.is_err() && command == "migrate" {
+        let _ = client.execute("migrate_cancel", None).await;
+        settle(client).await;
+    }
+    match fdset {
+        // QEMU keeps a descriptor it was given until it uses or closes it.
+        None if result.is_err() => {
+            let args = json!({ "fdname": FD_NAME });
+            let _ = client.execute("closefd", Some(args)).await;
+        }
+        None => {}
+        Some(id) => {
+            let _ = client
+                .execute("remove-fd", Some(json!({ "fdset-id": id })))
+                .await;
+            if let Err(e) = set_mapped_ram(client, false).await {
+                tracing::warn!("mapped-ram could not be turned off again: {e}");
+            }
+        }
+    }
+    result
+}
+
+/// Wait (up to a second) for a cancelled migration to end: QEMU refuses to change
+/// capabilities while one is cancelling.
+async fn settle(client: &mut QmpClient) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        let Ok(info) = client.execute("query-migrate", None).await else {
+            return;
+        };
+        if !matches!(
+            info.get("status").and_then(Value::as_str),
+            Some("active" | "setup" | "cancelling" | "device")
+        ) {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 /// Save the VM behind `client` into `dir` (which must exist), stopping it meanwhile, then
 /// seal the snapshot and leave the VM as `then` says (see `VmBackend::save`): a VM that
@@ -46,6 +167,10 @@ pub async fn save(
         .ok()
         .and_then(|v| Some(v.as_str()?.trim_start_matches("/objects/").to_string()))
         .filter(|id| !id.is_empty());
+    let format = match has_capability(client, "mapped-ram").await? {
+        true => Format::MappedRam,
+        false => Format::Stream,
+    };
     let path = dir.join(MEMORY_FILE);
     // Guest RAM: for root alone (the store's directories are too).
     let file = std::fs::OpenOptions::new()
@@ -58,7 +183,7 @@ pub async fn save(
     if running {
         client.execute("stop", None).await?;
     }
-    if let Err(e) = migrate_out(client, &file, limit).await {
+    if let Err(e) = migrate_out(client, &file, format, limit).await {
         resume(client, running).await?;
         return Err(e);
     }
@@ -75,7 +200,11 @@ pub async fn save(
         .sync_all()
         .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())));
     let saved = Saved {
-        mechanism: "qmp migrate to fd".into(),
+        mechanism: match format {
+            Format::Stream => MECHANISM_STREAM,
+            Format::MappedRam => MECHANISM_MAPPED_RAM,
+        }
+        .into(),
         was_running: running,
         downtime: downtime.unwrap_or_else(|| stopped.elapsed()),
         written: stopped.elapsed(),
@@ -133,11 +262,12 @@ async fn resume(client: &mut QmpClient, running: bool) -> Result<(), BackendErro
     Ok(())
 }
 
-/// Migrate the stopped VM into `file`; the final `query-migrate` answer, or why it failed
-/// (a migration that fails or outlasts `limit` is cancelled).
+/// Migrate the stopped VM into `file` as `format` says; the final `query-migrate` answer,
+/// or why it failed (a migration that fails or outlasts `limit` is cancelled).
 async fn migrate_out(
     client: &mut QmpClient,
     file: &std::fs::File,
+    format: Format,
     limit: Duration,
 ) -> Result<Value, BackendError> {
     // QEMU caps a migration at 128 MiB/s by default (it was made for networks): a save
@@ -148,22 +278,7 @@ async fn migrate_out(
     client
         .execute("migrate-set-parameters", Some(unlimited))
         .await?;
-    let result = async {
-        client.pass_fd(FD_NAME, file.as_fd()).await?;
-        let uri = format!("fd:{FD_NAME}");
-        client
-            .execute("migrate", Some(json!({ "uri": uri })))
-            .await?;
-        wait_for_migration(client, limit).await
-    }
-    .await;
-    if result.is_err() {
-        let _ = client.execute("migrate_cancel", None).await;
-        // QEMU keeps a descriptor it was given until it uses or closes it.
-        let _ = client
-            .execute("closefd", Some(json!({ "fdname": FD_NAME })))
-            .await;
-    }
+    let result = migrate_through(client, "migrate", file, format, limit).await;
     if let Some(cap) = cap {
         let back = json!({ "max-bandwidth": cap });
         if let Err(e) = client.execute("migrate-set-parameters", Some(back)).await {
@@ -226,17 +341,18 @@ impl<'a> Incoming<'a> {
     }
 }
 
-/// Start the VM again from the snapshot in `dir`: its launch command with `-incoming
-/// defer` and memtide's monitor added, detached in a session of its own; the snapshot
+/// Start the VM again from the snapshot in `dir`, written in `format`: its launch command
+/// with `-incoming defer` and memtide's monitor added, detached in a session of its own; the snapshot
 /// migrated in; the guest resumed when it was running at the save. A QEMU that fails to
 /// restore is killed, the last lines of its output in the error.
 pub async fn restore(
     qemu: &Incoming<'_>,
     dir: &Path,
+    format: Format,
     resume: bool,
 ) -> Result<Restored, BackendError> {
     let file = open(&dir.join(MEMORY_FILE))?;
-    let started = start_incoming(qemu, &file, false).await?;
+    let started = start_incoming(qemu, &file, format, false).await?;
     started.run(resume).await
 }
 
@@ -267,12 +383,13 @@ pub struct TemplateRam<'a> {
     pub id: &'a str,
 }
 
-/// Make a clone template of the snapshot in `dir`: started from it with its RAM in the
+/// Make a clone template of the snapshot in `dir` (written in `format`): started from it with its RAM in the
 /// file `ram`, then its devices alone saved into `devices` (QEMU's `x-ignore-shared`:
 /// the RAM is the file) and quit.
 pub async fn make_template(
     qemu: &Incoming<'_>,
     dir: &Path,
+    format: Format,
     ram: &TemplateRam<'_>,
     devices: &Path,
 ) -> Result<(), BackendError> {
@@ -281,12 +398,12 @@ pub async fn make_template(
         extra: file_ram(ram.file, ram.size, true, ram.id),
         ..*qemu
     };
-    let mut started = start_incoming(&qemu, &file, false).await?;
+    let mut started = start_incoming(&qemu, &file, format, false).await?;
     let saved = async {
         let out = std::fs::File::create(devices)
             .map_err(|e| BackendError::Io(format!("creating {}: {e}", devices.display())))?;
         ignore_shared(&mut started.client).await?;
-        migrate_out(&mut started.client, &out, qemu.limit).await?;
+        migrate_out(&mut started.client, &out, Format::Stream, qemu.limit).await?;
         out.sync_all().map_err(io)
     }
     .await;
@@ -309,7 +426,7 @@ pub async fn clone(
         extra: file_ram(ram.file, ram.size, false, ram.id),
         ..*qemu
     };
-    let started = start_incoming(&qemu, &file, true).await?;
+    let started = start_incoming(&qemu, &file, Format::Stream, true).await?;
     started.run(resume).await
 }
 
@@ -361,12 +478,13 @@ impl Started {
     }
 }
 
-/// Start `qemu` waiting for its state and migrate `file` in (by reference for shared RAM
-/// when `by_reference`), the guest left paused. A QEMU that fails is killed, the last
+/// Start `qemu` waiting for its state and migrate `file` in (written in `format`; by
+/// reference for shared RAM when `by_reference`), the guest left paused. A QEMU that fails is killed, the last
 /// lines of its output in the error.
 async fn start_incoming(
     qemu: &Incoming<'_>,
     file: &std::fs::File,
+    format: Format,
     by_reference: bool,
 ) -> Result<Started, BackendError> {
     let start = Instant::now();
@@ -400,6 +518,7 @@ async fn start_incoming(
         &mut child,
         qemu.monitor,
         file,
+        format,
         by_reference,
         start,
         qemu.limit,
@@ -430,6 +549,7 @@ async fn migrate_in(
     child: &mut std::process::Child,
     monitor: &Path,
     file: &std::fs::File,
+    format: Format,
     by_reference: bool,
     start: Instant,
     limit: Duration,
@@ -452,12 +572,8 @@ async fn migrate_in(
     if by_reference {
         ignore_shared(&mut client).await?;
     }
-    client.pass_fd(FD_NAME, file.as_fd()).await?;
-    let uri = format!("fd:{FD_NAME}");
-    client
-        .execute("migrate-incoming", Some(json!({ "uri": uri })))
-        .await?;
-    wait_for_migration(&mut client, limit.saturating_sub(start.elapsed())).await?;
+    let left = limit.saturating_sub(start.elapsed());
+    migrate_through(&mut client, "migrate-incoming", file, format, left).await?;
     Ok(client)
 }
 
@@ -468,26 +584,51 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     /// A scripted QEMU whose migration ends as `migration` says (its `query-migrate`),
-    /// and the commands it was sent.
+    /// and the commands it was sent (a migration's with its URI, a capability change's
+    /// with it).
     async fn qemu(migration: Value) -> (tempfile::TempDir, QmpClient, Arc<Mutex<Vec<String>>>) {
-        scripted(migration, None).await
+        scripted(migration, None, json!([])).await
     }
 
-    /// [`qemu`], refusing to quit when `refuses` is set: then it ends at `cont` if
+    /// [`qemu`] with the migration capabilities `caps` (`query-migrate-capabilities`).
+    async fn qemu_with(
+        migration: Value,
+        caps: Value,
+    ) -> (tempfile::TempDir, QmpClient, Arc<Mutex<Vec<String>>>) {
+        scripted(migration, None, caps).await
+    }
+
+    /// [`qemu_with`], refusing to quit when `refuses` is set: then it ends at `cont` if
     /// `refuses` is `Some(true)`, and answers it otherwise.
     async fn scripted(
         migration: Value,
         refuses: Option<bool>,
+        caps: Value,
     ) -> (tempfile::TempDir, QmpClient, Arc<Mutex<Vec<String>>>) {
         let sent = Arc::new(Mutex::new(Vec::new()));
         let log = sent.clone();
         let (dir, path) = serve(move |req| {
             let command = req["execute"].as_str().unwrap().to_string();
-            log.lock().unwrap().push(command.clone());
+            let args = &req["arguments"];
+            let logged = match command.as_str() {
+                "migrate" => format!("migrate {}", args["uri"].as_str().unwrap()),
+                "migrate-set-capabilities" => {
+                    let cap = &args["capabilities"][0];
+                    format!(
+                        "{command} {} {}",
+                        cap["capability"].as_str().unwrap(),
+                        cap["state"]
+                    )
+                }
+                _ => command.clone(),
+            };
+            log.lock().unwrap().push(logged);
             match (command.as_str(), refuses) {
                 ("query-status", _) => {
                     vec![ok(&req, json!({"running": true, "status": "running"}))]
                 }
+                ("query-migrate-capabilities", _) => vec![ok(&req, caps.clone())],
+                ("add-fd", _) => vec![ok(&req, json!({"fdset-id": 7, "fd": 30}))],
                 ("query-migrate", _) => vec![ok(&req, migration.clone())],
                 ("query-migrate-parameters", _) => {
                     vec![ok(&req, json!({"max-bandwidth": 134217728}))]
@@ -534,18 +675,65 @@ mod tests {
             "qmp_capabilities",
             "query-status",
             "qom-get",
+            "query-migrate-capabilities",
             "stop",
             "query-migrate-parameters",
             "migrate-set-parameters",
             "getfd",
-            "migrate",
+            "migrate fd:memtide-snapshot",
             "query-migrate",
             "migrate_cancel",
+            "query-migrate",
             "closefd",
             "migrate-set-parameters",
             "cont",
         ];
         assert_eq!(sent, expected, "resumed, not quit");
+    }
+
+    #[tokio::test]
+    async fn a_qemu_with_mapped_ram_saves_through_an_fd_set_and_turns_it_off_after() {
+        let caps = json!([{"capability": "xbzrle", "state": false},
+                          {"capability": "mapped-ram", "state": false}]);
+        for (migration, saved) in [
+            (json!({"status": "completed"}), true),
+            (
+                json!({"status": "failed", "error-desc": "No space left on device"}),
+                false,
+            ),
+        ] {
+            let (dir, mut client, sent) = qemu_with(migration, caps.clone()).await;
+            let limit = Duration::from_secs(5);
+            let (sealed, _) = seal(Ok(()));
+            let result = save(&mut client, dir.path(), AfterSave::Run, limit, sealed).await;
+            assert_eq!(result.is_ok(), saved, "{result:?}");
+            if let Ok(s) = &result {
+                assert_eq!(s.mechanism, MECHANISM_MAPPED_RAM);
+                assert_eq!(Format::of(&s.mechanism), Format::MappedRam);
+            }
+            let sent = sent.lock().unwrap().clone();
+            let at = sent.iter().position(|c| c == "stop").unwrap();
+            let mut expected = vec![
+                "stop",
+                "query-migrate-parameters",
+                "migrate-set-parameters",
+                "migrate-set-capabilities mapped-ram true",
+                "add-fd",
+                "migrate file:/dev/fdset/7",
+                "query-migrate",
+            ];
+            if !saved {
+                expected.extend(["migrate_cancel", "query-migrate"]);
+            }
+            expected.extend([
+                "remove-fd",
+                "migrate-set-capabilities mapped-ram false",
+                "migrate-set-parameters",
+                "cont",
+            ]);
+            assert_eq!(sent[at..], expected, "saved: {saved}");
+        }
+        assert_eq!(Format::of("qmp migrate to fd"), Format::Stream);
     }
 
     #[tokio::test]
@@ -568,7 +756,8 @@ mod tests {
     #[tokio::test]
     async fn a_qemu_that_refuses_to_quit_is_hibernated_if_it_ends_and_runs_on_if_not() {
         let limit = Duration::from_secs(5);
-        let (dir, mut client, sent) = scripted(json!({"status": "completed"}), Some(false)).await;
+        let (dir, mut client, sent) =
+            scripted(json!({"status": "completed"}), Some(false), json!([])).await;
         let e = save(
             &mut client,
             dir.path(),
@@ -586,7 +775,8 @@ mod tests {
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
         // It ends as it is asked to resume: the guest stopped at its snapshot, hibernated.
-        let (dir, mut client, sent) = scripted(json!({"status": "completed"}), Some(true)).await;
+        let (dir, mut client, sent) =
+            scripted(json!({"status": "completed"}), Some(true), json!([])).await;
         let saved = save(
             &mut client,
             dir.path(),

@@ -50,6 +50,8 @@ pub struct QmpVm {
     process: Option<procfs::ProcessRss>,
     agent: Option<AgentLink>,
     access: Option<AccessSampler>,
+    /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
+    shut_down: bool,
 }
 
 /// Host-side access sampling: the guest RAM pages QEMU's page tables saw referenced since
@@ -221,6 +223,7 @@ impl QmpVm {
             process,
             agent,
             access,
+            shut_down: false,
         })
     }
 
@@ -248,6 +251,13 @@ impl QmpVm {
             .iter()
             .filter_map(vm_event)
             .collect();
+        for e in &events {
+            match e {
+                VmEvent::Shutdown => self.shut_down = true,
+                VmEvent::Reset => self.shut_down = false,
+                VmEvent::BalloonChange { .. } => {}
+            }
+        }
         if events.contains(&VmEvent::Reset) {
             // The guest's driver starts over; what it was last told is no longer known.
             self.target = None;
@@ -310,9 +320,9 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
     Ok(None)
 }
 
-#[async_trait]
-impl VmBackend for QmpVm {
-    async fn sample(&mut self) -> Result<VmSample, BackendError> {
+impl QmpVm {
+    /// A sample, read from QEMU.
+    async fn read_sample(&mut self) -> Result<VmSample, BackendError> {
         let device = match self.virtio_mem.clone() {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
             None => None,
@@ -378,6 +388,34 @@ impl VmBackend for QmpVm {
         })
     }
 
+    /// Whether QEMU announced a shutdown (`SHUTDOWN`, its queued events included) with
+    /// no reset since. A call can fail on the closed socket before the client's reader
+    /// has read what QEMU sent before it closed: the reader is given up to 200 ms to
+    /// reach the end.
+    async fn announced_shutdown(&mut self) -> bool {
+        for _ in 0..20 {
+            if self.client.is_closed() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.events();
+        self.shut_down
+    }
+}
+
+#[async_trait]
+impl VmBackend for QmpVm {
+    async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        match self.read_sample().await {
+            // The connection closed after QEMU said it shut down: stopped, not crashed.
+            Err(BackendError::Disconnected(why)) if self.announced_shutdown().await => {
+                Err(BackendError::ShutDown(why))
+            }
+            sample => sample,
+        }
+    }
+
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
         if !self.has_balloon && self.virtio_mem.is_none() {
             return Err(BackendError::Protocol(
@@ -413,5 +451,48 @@ impl VmBackend for QmpVm {
         seal: Seal,
     ) -> Result<Saved, BackendError> {
         super::snapshot::save(&mut self.client, dir, then, limit, seal).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qmp::client::tests::{ok, serve, HANG_UP};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A QEMU with a balloon that goes away at the second `query-balloon` (the first
+    /// sample's), announcing its shutdown first when `announce`.
+    async fn going_away(announce: bool) -> BackendError {
+        let balloons = AtomicU32::new(0);
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": 1u64 << 30}))],
+            "query-balloon" if balloons.fetch_add(1, Ordering::SeqCst) > 0 => {
+                let shutdown = r#"{"event": "SHUTDOWN", "data": {"guest": false, "reason": "host-qmp-quit"}, "timestamp": {"seconds": 1, "microseconds": 2}}"#;
+                let mut out = vec![HANG_UP.to_string()];
+                if announce {
+                    out.insert(0, shutdown.into());
+                }
+                out
+            }
+            "query-balloon" => vec![ok(&req, json!({"actual": 1u64 << 30}))],
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let opts = QmpVmOptions {
+            call_timeout: Duration::from_secs(2),
+            stats_interval_s: 1,
+            proc: "/proc".into(),
+            sample_access: false,
+        };
+        let mut vm = QmpVm::connect(&path, None, &opts).await.unwrap();
+        vm.sample().await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_qemu_that_announced_its_shutdown_is_told_from_one_that_vanished() {
+        let err = going_away(true).await;
+        assert!(matches!(err, BackendError::ShutDown(_)), "{err}");
+        let err = going_away(false).await;
+        assert!(matches!(err, BackendError::Disconnected(_)), "{err}");
     }
 }

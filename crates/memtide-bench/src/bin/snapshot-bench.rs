@@ -9,6 +9,7 @@
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use memtide_adapters::qga::GuestAgent;
+use memtide_adapters::qmp::client::QmpClient;
 use memtide_bench::daemon_process::{Daemon, Launch};
 use memtide_testbed::{guest_dir, Boot, Cgroup, BALLOON};
 use serde_json::{json, Value};
@@ -40,6 +41,17 @@ struct Cli {
     /// Directory for the guest, the daemon and the store, emptied first.
     #[arg(long, default_value = "target/bench-runs/snapshots")]
     work_dir: PathBuf,
+    /// A QEMU >= 9.0's qemu-system-x86_64 (e.g. Debian bookworm-backports' 10.0,
+    /// unpacked by `dpkg -x`): its migration to a file with and without `mapped-ram` is
+    /// measured on a second guest beside memtide's path on the system QEMU.
+    #[arg(long)]
+    newer_qemu: Option<PathBuf>,
+    /// That QEMU's firmware directory, given to it with `-L` (ROOT/usr/share/qemu).
+    #[arg(long, requires = "newer_qemu")]
+    newer_qemu_firmware: Option<PathBuf>,
+    /// multifd channels for the newer QEMU's `mapped-ram` save and restore with multifd.
+    #[arg(long, default_value_t = 4)]
+    multifd_channels: u32,
 }
 
 const CALL: Duration = Duration::from_secs(10);
@@ -155,6 +167,16 @@ fn main() -> anyhow::Result<()> {
         "the restored guest's state does not match its checksum"
     );
 
+    // The newer QEMU on a guest of its own, once the system QEMU's are gone.
+    let newer = match &cli.newer_qemu {
+        Some(qemu) => {
+            let g = guest_dir(cli.guest_dir.as_deref())?;
+            Some(newer_qemu(&cli, qemu, &work, &g, &procs, &rt)?)
+        }
+        None => None,
+    };
+    drop(guest);
+
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let stat = |key: &str| -> Vec<f64> { saves.iter().filter_map(|s| s[key].as_f64()).collect() };
     let downtime = stat("downtime_s");
@@ -193,10 +215,221 @@ fn main() -> anyhow::Result<()> {
         "guest_pss_mib": clones.one_mib,
         "not_measured": {
             "lazy_restore_slowdown": "the slowdown over a lazily restored guest's first 10 s is not measured",
-            "mapped_ram": "QEMU 7.2 here has no mapped-ram capability (QEMU >= 9.0)",
         },
     });
+    let mut doc = doc;
+    match newer {
+        Some(mut newer) => {
+            for (_, v) in newer.as_object_mut().into_iter().flatten() {
+                if let Some(save) = v["save_gib_s"].as_f64() {
+                    v["save_share_of_disk"] = json!(save / disk);
+                }
+            }
+            doc["newer_qemu"] = newer;
+        }
+        None => {
+            doc["not_measured"]["mapped_ram"] =
+                "no --newer-qemu given: the system QEMU 7.2 has no mapped-ram (QEMU >= 9.0)".into()
+        }
+    }
     memtide_bench::write_json("snapshot-bench", &cli.out, &doc)
+}
+
+/// The newer QEMU's saves to a file — the plain migration stream (`file:`, as memtide's
+/// fd path writes it), `mapped-ram` (each RAM page at a fixed offset of a sparse file),
+/// and `mapped-ram` with multifd channels — `cli.saves` of each from one guest holding
+/// the same state, stopped for each as memtide stops it; then a restore of each into a
+/// fresh QEMU (`-incoming defer`, the same capabilities), its state checked. Each save
+/// is timed from the migration's start to the file synced.
+fn newer_qemu(
+    cli: &Cli,
+    qemu: &Path,
+    work: &Path,
+    guest_dir: &Path,
+    procs: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Value> {
+    let mut boot = Boot::new("newer", work, guest_dir, cli.guest_mib.to_string())
+        .program(qemu)
+        .kernel_args("memtide.workload=memknobs memtide.args=32:100000")
+        .qmp("qmp")
+        .args(["-device", BALLOON])
+        .agent();
+    if let Some(firmware) = &cli.newer_qemu_firmware {
+        boot = boot.args([std::ffi::OsStr::new("-L"), firmware.as_os_str()]);
+    }
+    let mut guest = boot
+        .clone()
+        .spawn_with(procs, memtide_bench::dies_with_harness)?;
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120))?;
+    let agent = guest.agent.clone().context("the guest agent")?;
+    let fill = format!(
+        "head -c {} /dev/urandom > /state && md5sum /state > /state.md5",
+        cli.state_mib << 20
+    );
+    ensure!(rt.block_on(run_sh(&agent, &fill, Duration::from_secs(300)))? == 0);
+    let qmp = guest.qmp[0].clone();
+    let mut client = rt.block_on(QmpClient::connect(&qmp, CALL))?;
+    let version = rt.block_on(client.execute("query-version", None))?;
+    let variants = [
+        ("file", false, 0),
+        ("mapped_ram", true, 0),
+        ("mapped_ram_multifd", true, cli.multifd_channels),
+    ];
+    let dir = work.join("newer");
+    std::fs::create_dir_all(&dir)?;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let guest_bytes = cli.guest_mib << 20;
+    let mut out = serde_json::Map::new();
+    for (name, mapped, channels) in variants {
+        let mut write_s = Vec::new();
+        let (mut len, mut written) = (0, 0);
+        for i in 0..cli.saves {
+            let file = dir.join(format!("{name}-{i}"));
+            let _ = std::fs::remove_file(&file);
+            write_s.push(rt.block_on(save_to_file(&mut client, &file, mapped, channels))?);
+            let meta = std::fs::metadata(&file)?;
+            (len, written) = (
+                meta.len(),
+                std::os::unix::fs::MetadataExt::blocks(&meta) * 512,
+            );
+            // The first is kept for the restore; the others only take room.
+            if i > 0 {
+                std::fs::remove_file(&file)?;
+            }
+        }
+        let save_gib_s: Vec<f64> = write_s.iter().map(|s| gib(written) / s).collect();
+        out.insert(
+            name.into(),
+            json!({
+                "mapped_ram": mapped,
+                "multifd_channels": channels,
+                "file_bytes": len,
+                "written_bytes": written,
+                "write_s_each": write_s,
+                "save_gib_s": median(&save_gib_s),
+                "save_gib_s_each": save_gib_s,
+                "guest_gib_per_s": gib(guest_bytes) / median(&write_s),
+            }),
+        );
+    }
+    drop(client);
+    drop(guest);
+    for (name, mapped, channels) in variants {
+        let file = dir.join(format!("{name}-0"));
+        let t0 = Instant::now();
+        let restored = boot
+            .clone()
+            .args(["-incoming", "defer"])
+            .spawn_with(procs, memtide_bench::dies_with_harness)?;
+        let (migrated_s, client) =
+            rt.block_on(restore_from_file(&restored.qmp[0], &file, mapped, channels))?;
+        let wake_s = t0.elapsed().as_secs_f64();
+        let intact = rt.block_on(run_sh(
+            &agent,
+            "md5sum -c /state.md5",
+            Duration::from_secs(120),
+        ))?;
+        drop(client);
+        drop(restored);
+        ensure!(
+            intact == 0,
+            "{name}: the restored guest's state does not match its checksum"
+        );
+        let entry = &mut out[name];
+        entry["restore_s"] = json!(wake_s);
+        entry["migrate_in_s"] = json!(migrated_s);
+        entry["state_intact"] = json!(true);
+    }
+    std::fs::remove_dir_all(&dir)?;
+    out.insert("qemu".into(), version);
+    Ok(Value::Object(out))
+}
+
+/// The migration capabilities and parameters of a save or restore to a file: `mapped-ram`,
+/// multifd with `channels` (none: off), no bandwidth cap.
+async fn file_migration(client: &mut QmpClient, mapped: bool, channels: u32) -> anyhow::Result<()> {
+    let caps = json!({"capabilities": [
+        {"capability": "mapped-ram", "state": mapped},
+        {"capability": "multifd", "state": channels > 0},
+    ]});
+    client
+        .execute("migrate-set-capabilities", Some(caps))
+        .await?;
+    let mut params = json!({"max-bandwidth": 1u64 << 40});
+    if channels > 0 {
+        params["multifd-channels"] = json!(channels);
+    }
+    client
+        .execute("migrate-set-parameters", Some(params))
+        .await?;
+    Ok(())
+}
+
+/// Stop the guest, migrate it to `file` (`file:` URI), sync the file and resume it; the
+/// seconds from the migration's start to the file synced.
+async fn save_to_file(
+    client: &mut QmpClient,
+    file: &Path,
+    mapped: bool,
+    channels: u32,
+) -> anyhow::Result<f64> {
+    file_migration(client, mapped, channels).await?;
+    client.execute("stop", None).await?;
+    let t0 = Instant::now();
+    let uri = format!("file:{}", file.display());
+    client
+        .execute("migrate", Some(json!({ "uri": uri })))
+        .await?;
+    migration_done(client).await?;
+    std::fs::File::open(file)?.sync_all()?;
+    let s = t0.elapsed().as_secs_f64();
+    client.execute("cont", None).await?;
+    Ok(s)
+}
+
+/// Into the QEMU waiting on `monitor` (`-incoming defer`), migrate `file` in and resume
+/// the guest; the seconds from the migration's start to its end, and the monitor.
+async fn restore_from_file(
+    monitor: &Path,
+    file: &Path,
+    mapped: bool,
+    channels: u32,
+) -> anyhow::Result<(f64, QmpClient)> {
+    let start = Instant::now();
+    let mut client = loop {
+        match QmpClient::connect(monitor, CALL).await {
+            Ok(c) => break c,
+            Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Err(e) => bail!("the incoming QEMU's monitor: {e}"),
+        }
+    };
+    file_migration(&mut client, mapped, channels).await?;
+    let t0 = Instant::now();
+    let uri = format!("file:{}", file.display());
+    client
+        .execute("migrate-incoming", Some(json!({ "uri": uri })))
+        .await?;
+    migration_done(&mut client).await?;
+    let s = t0.elapsed().as_secs_f64();
+    client.execute("cont", None).await?;
+    Ok((s, client))
+}
+
+/// Poll `query-migrate` every 5 ms until the migration completed; an error if it failed.
+async fn migration_done(client: &mut QmpClient) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let m = client.execute("query-migrate", None).await?;
+        match m["status"].as_str() {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => bail!("migration {}: {m}", m["status"]),
+            _ if start.elapsed() > Duration::from_secs(300) => bail!("migration stuck: {m}"),
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
 }
 
 /// What four clones of the guest cost, against the guest itself.

@@ -25,7 +25,7 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 11] = [
+const ALWAYS: [&str; 17] = [
     "started",
     "stopped",
     "state",
@@ -37,6 +37,12 @@ const ALWAYS: [&str; 11] = [
     "snapshot_saved",
     "snapshot_failed",
     "snapshot_deleted",
+    "restore_started",
+    "restored",
+    "restore_failed",
+    "restore_skipped",
+    "restore_given_up",
+    "wake",
 ];
 
 /// What the rate limit tells events apart by: kind, VM, rule.
@@ -64,7 +70,8 @@ pub struct Event {
     /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
     /// `action_failed`, `reclaim_failed`, `diagnostic`, `diagnostic_cleared`, `host_error`,
     /// `hibernate`, `snapshot_started`, `snapshot_saved`, `snapshot_failed`,
-    /// `snapshot_deleted`.
+    /// `snapshot_deleted`, `restore_started`, `restored`, `restore_failed`,
+    /// `restore_skipped`, `restore_given_up`, `wake`.
     pub kind: String,
     /// The VM concerned.
     #[serde(skip_serializing_if = "Option::is_none")]

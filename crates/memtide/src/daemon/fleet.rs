@@ -38,6 +38,10 @@ pub enum FleetEvent {
         vm: String,
         /// Why.
         why: String,
+        /// Its hypervisor announced a shutdown before it went.
+        shut_down: bool,
+        /// Its hypervisor process, when known.
+        pid: Option<u32>,
     },
 }
 
@@ -558,7 +562,11 @@ impl Fleet {
             }
             let sample = match collected.sample {
                 Some(Err(BackendError::Disconnected(why))) => {
-                    self.lose_reported(&name, why, &mut out);
+                    self.lose_reported(&name, why, false, &mut out);
+                    continue;
+                }
+                Some(Err(BackendError::ShutDown(why))) => {
+                    self.lose_reported(&name, format!("{why}, after it shut down"), true, &mut out);
                     continue;
                 }
                 sample => sample.map(|s| s.map(|s| *s)),
@@ -614,11 +622,14 @@ impl Fleet {
     }
 
     /// [`Fleet::lose`], with its event.
-    fn lose_reported(&mut self, name: &str, why: String, out: &mut Sampled) {
+    fn lose_reported(&mut self, name: &str, why: String, shut_down: bool, out: &mut Sampled) {
+        let pid = self.managed.get(name).and_then(|m| m.pid);
         self.lose(name, why.clone());
         out.events.push(FleetEvent::Lost {
             vm: name.to_string(),
             why,
+            shut_down,
+            pid,
         });
     }
 
@@ -722,12 +733,14 @@ impl Fleet {
     /// Save VM `vm`'s memory as `save` says: started before the next tick's sample, or
     /// as soon after as the VM has no call in flight; the VM is left out of the decisions
     /// meanwhile (its samples wait). Refused for a VM not connected, or with a save
-    /// already asked for.
+    /// already asked for or running.
     pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
         let Some(m) = self.managed.get_mut(vm) else {
             return Err((save, format!("VM {vm} is not connected")));
         };
-        if m.save.is_some() || m.task.in_flight().is_some_and(|(c, _)| c == Call::Save) {
+        // A save that ended (the daemon told) but whose backend the next sample takes
+        // back does not hold the next one up: it waits, queued, for that sample.
+        if m.save.is_some() || m.task.saving() {
             return Err((save, format!("VM {vm} is being saved already")));
         }
         m.save = Some(save);
@@ -1043,7 +1056,9 @@ mod tests {
             events,
             vec![FleetEvent::Lost {
                 vm: "web".into(),
-                why: "end of stream".into()
+                why: "end of stream".into(),
+                shut_down: false,
+                pid: None,
             }]
         );
         assert_eq!(fleet.waiting()[0].error.as_deref(), Some("end of stream"));
@@ -1117,6 +1132,8 @@ mod tests {
             hibernate_after_s: None,
             snapshot_every_s: None,
             snapshot_keep: 3,
+            restore_on_crash: false,
+            wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
         }];

@@ -26,6 +26,7 @@ use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
 use memtide_core::reclaim::Keep;
+use memtide_core::recovery::{Gone, Recovery, Verdict};
 use memtide_core::{
     guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
@@ -93,6 +94,13 @@ struct Daemon {
     saving: HashSet<String>,
     /// The hibernated VMs shown may have changed: read the store again.
     recount_hibernated: bool,
+    /// The restores made after crashes, for their limit.
+    recovery: Recovery,
+    /// Where crash recovery's and scheduled wakes' steps run off the loop come back.
+    restoring: mpsc::Sender<Restoring>,
+    /// The latest `wake_at` time (seconds since the epoch) each VM was woken for, or
+    /// tried: a wake that failed is tried again only at its next time.
+    woken_for: HashMap<String, u64>,
     /// Proactive reclaim's pacers (taken while a pass runs off the runtime).
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
@@ -111,6 +119,22 @@ struct SaveDone {
     result: Result<snapshots::Snapshot, String>,
     reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
+
+/// Crash recovery's (`[[vm]] restore_on_crash`) and scheduled wakes' (`wake_at`)
+/// steps run off the loop.
+enum Restoring {
+    /// How VM `vm`'s QEMU went.
+    Judged { vm: String, gone: Gone },
+    /// A restore ended: a line saying what was done, or why it failed.
+    Restored {
+        vm: String,
+        result: Result<String, String>,
+    },
+}
+
+/// How long a QEMU whose connection closed is given to be gone before it counts as
+/// running: its process ends just after its sockets close.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
 pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
@@ -189,6 +213,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     );
 
     let (saves, mut saved) = mpsc::channel(8);
+    let (restoring, mut restored) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
     let mut daemon = Daemon {
         config,
@@ -212,6 +237,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         next_snapshot: HashMap::new(),
         saving: HashSet::new(),
         recount_hibernated: true,
+        recovery: Recovery::default(),
+        restoring,
+        woken_for: HashMap::new(),
         reclaimer: None,
         reclaiming: None,
     };
@@ -247,6 +275,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             }
             Some(done) = saved.recv() => {
                 daemon.saved(done);
+                continue;
+            }
+            Some(step) = restored.recv() => {
+                daemon.recover(step);
                 continue;
             }
         }
@@ -529,6 +561,150 @@ impl Daemon {
         }
     }
 
+    /// VM `vm` was lost. Off the loop, its process `pid` is given [`EXIT_GRACE`] to be
+    /// gone (reaped if it is the daemon's own child: a QEMU a restore or a wake started);
+    /// then, if the VM opted in to crash recovery and this is no dry run, how it went
+    /// (`shut_down`: it announced it; its process still runs; a hibernation not woken from
+    /// in the store) goes to [`Daemon::recover`] to decide.
+    fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<u32>) {
+        let opted_in = self
+            .config
+            .vms
+            .iter()
+            .any(|v| v.name == vm && v.restore_on_crash);
+        let judge = opted_in && !self.options.dry_run;
+        if !judge && pid.is_none() {
+            return;
+        }
+        let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.restoring.clone());
+        let proc = self.config.host.proc.clone();
+        tokio::spawn(async move {
+            let runs = |pid: u32| memtide_adapters::procfs::process_runs(&proc, pid);
+            let gone_by = Instant::now() + EXIT_GRACE;
+            let mut alive = pid.is_some_and(runs);
+            while alive && Instant::now() < gone_by {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                alive = pid.is_some_and(runs);
+            }
+            if !judge {
+                return;
+            }
+            // Hibernated: its newest snapshot is a hibernation not woken from.
+            let name = vm.clone();
+            let asleep = tokio::task::spawn_blocking(move || store.list(&name))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .is_some_and(|list| list.last().is_some_and(snapshots::Snapshot::asleep));
+            let gone = match () {
+                _ if shut_down => Gone::ShutDown,
+                _ if alive => Gone::ProcessAlive,
+                _ if asleep => Gone::Hibernated,
+                _ => Gone::Died,
+            };
+            let _ = tx.send(Restoring::Judged { vm, gone }).await;
+        });
+    }
+
+    /// Wake the hibernated VMs whose `wake_at` time has come since they were hibernated
+    /// (`memtide_core::wake`), each as `memtide snapshot restore` would, its outcome
+    /// logged as a restore's; not in a dry run. Only VMs not connected are looked at.
+    fn wake_on_schedule(&mut self) {
+        if self.options.dry_run {
+            return;
+        }
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let scheduled: Vec<(String, Vec<memtide_core::wake::TimeOfDay>)> = self
+            .config
+            .vms
+            .iter()
+            .filter(|vm| !vm.wake_at.is_empty() && self.fleet.configured(&vm.name).is_none())
+            .map(|vm| (vm.name.clone(), vm.wake_at.clone()))
+            .collect();
+        for (vm, times) in scheduled {
+            let asleep = match self.store.list(&vm) {
+                Ok(list) => list.into_iter().rev().find(snapshots::Snapshot::asleep),
+                Err(e) => {
+                    tracing::warn!("snapshot store: {e:#}");
+                    continue;
+                }
+            };
+            let Some(asleep) = asleep else { continue };
+            let Some(since) = humantime::parse_rfc3339(&asleep.created)
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            else {
+                continue;
+            };
+            let Some(due) = memtide_core::wake::due(&times, since.as_secs(), now) else {
+                continue;
+            };
+            if self.woken_for.get(&vm).is_some_and(|at| *at >= due) {
+                continue;
+            }
+            self.woken_for.insert(vm.clone(), due);
+            let when = humantime::format_rfc3339_seconds(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(due),
+            );
+            let message = format!(
+                "woken on schedule ({when}, `wake_at`): restoring its hibernation {}",
+                asleep.id
+            );
+            self.events.log("wake", Some(&vm), None, message);
+            let (config, tx) = (self.config.clone(), self.restoring.clone());
+            tokio::spawn(async move {
+                let restore = crate::snapshot_cmd::restore(&config, &vm, Some(&asleep.id), false);
+                let result = restore.await.map_err(|e| format!("{e:#}"));
+                let _ = tx.send(Restoring::Restored { vm, result }).await;
+            });
+        }
+    }
+
+    /// A step of crash recovery: a lost VM judged (restored from its newest good
+    /// snapshot, left, or given up on: `memtide_core::recovery`); or a restore (after a
+    /// crash, or a scheduled wake) ended. Each logged and counted
+    /// (`memtide_actions_total{kind="restore"}`).
+    fn recover(&mut self, step: Restoring) {
+        match step {
+            Restoring::Judged { vm, gone } => {
+                let at = self.start.elapsed();
+                match self.recovery.decide(&vm, gone, at, &self.config.recovery) {
+                    Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
+                    Verdict::GiveUp(why) => {
+                        self.counters.action("restore", "given_up");
+                        self.events.log("restore_given_up", Some(&vm), None, why);
+                    }
+                    Verdict::Restore => {
+                        let message = "its QEMU died without shutting down: restoring it from \
+                                       its newest good snapshot";
+                        self.events
+                            .log("restore_started", Some(&vm), None, message.into());
+                        let (config, tx) = (self.config.clone(), self.restoring.clone());
+                        tokio::spawn(async move {
+                            let result = crate::snapshot_cmd::recover(&config, &vm).await;
+                            let result = result.map_err(|e| format!("{e:#}"));
+                            let _ = tx.send(Restoring::Restored { vm, result }).await;
+                        });
+                    }
+                }
+            }
+            Restoring::Restored { vm, result } => match result {
+                Ok(line) => {
+                    self.counters.action("restore", "ok");
+                    self.recount_hibernated = true;
+                    self.events.log("restored", Some(&vm), None, line);
+                }
+                Err(e) => {
+                    self.counters.action("restore", "error");
+                    let message = format!("not restored: {e}");
+                    self.events.log("restore_failed", Some(&vm), None, message);
+                }
+            },
+        }
+    }
+
     /// Delete VM `vm`'s scheduled snapshots beyond its `snapshot_keep`, each logged.
     fn prune(&mut self, vm: &str) {
         let Some(keep) = self.config.vms.iter().find(|v| v.name == vm) else {
@@ -618,6 +794,7 @@ impl Daemon {
         self.reclaim(&snapshot, &decision).await;
         self.hibernate_idle(&snapshot, &decision);
         self.snapshot_on_schedule();
+        self.wake_on_schedule();
         self.save_state(&decision).await;
         self.events.diagnostics(&decision);
         for d in &decision.diagnostics {
@@ -692,9 +869,15 @@ impl Daemon {
                     None,
                     format!("connected through {endpoint}"),
                 ),
-                FleetEvent::Lost { vm, why } => {
+                FleetEvent::Lost {
+                    vm,
+                    why,
+                    shut_down,
+                    pid,
+                } => {
                     self.events
-                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"))
+                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"));
+                    self.lost(vm, *shut_down, *pid);
                 }
             }
         }

@@ -193,7 +193,9 @@ impl VmTask {
                 }
                 Some(Answer::Balloon(target, result)) => balloon = Some((target, result)),
                 Some(Answer::Saved) => {}
-                Some(Answer::Sample(sample @ Err(BackendError::Disconnected(_)))) => {
+                Some(Answer::Sample(
+                    sample @ Err(BackendError::Disconnected(_) | BackendError::ShutDown(_)),
+                )) => {
                     return Collected {
                         balloon,
                         sample: Some(sample),
@@ -216,6 +218,14 @@ impl VmTask {
                 Some(Answer::Sample(Err(_))) => {}
             }
         }
+    }
+
+    /// A save is running: lent the backend and not ended yet. One that ended (its result
+    /// handed over) waits only for the next sample to take the backend back.
+    pub fn saving(&self) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|f| f.call == Call::Save && !f.task.is_finished())
     }
 
     /// The call in flight and how long it has been waiting, if one is.
@@ -308,6 +318,33 @@ mod tests {
         fn target(&self) -> Option<Bytes> {
             Some(Bytes::from_mib(1))
         }
+    }
+
+    #[tokio::test]
+    async fn a_save_that_ended_is_no_longer_saving_before_its_backend_is_taken_back() {
+        let sent = Arc::new(AtomicU32::new(0));
+        let mut task = VmTask::new("deaf", Box::new(Deaf(sent)), Duration::from_secs(2));
+        let (reply, result) = oneshot::channel();
+        let save = SaveJob {
+            dir: "/nonexistent".into(),
+            then: AfterSave::Run,
+            limit: Duration::from_secs(5),
+            seal: Box::new(|_| Box::pin(async { Ok(()) })),
+            reply,
+        };
+        assert!(task.start_save(save).is_ok());
+        assert!(task.saving());
+        // Deaf cannot save: the save ends at once, with its error.
+        assert!(result.await.unwrap().is_err());
+        let ended = Instant::now() + Duration::from_secs(5);
+        while task.saving() && Instant::now() < ended {
+            tokio::task::yield_now().await;
+        }
+        assert!(!task.saving(), "ended");
+        assert!(
+            matches!(task.in_flight(), Some((Call::Save, _))),
+            "its backend not taken back yet"
+        );
     }
 
     #[tokio::test(start_paused = true)]

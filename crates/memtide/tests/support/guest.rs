@@ -82,6 +82,27 @@ impl Guest {
         args: &str,
     ) -> (Guest, Vec<String>) {
         let boot = Guest::with_workload(name, dir, &mem_mib.to_string(), workload, args, "");
+        Guest::restorable(boot, procs)
+    }
+
+    /// Like [`Guest::boot_restorable`] with no workload, under the QEMU `program` whose
+    /// firmware is in `firmware` (another version than the system's).
+    pub fn boot_restorable_on(
+        program: &Path,
+        firmware: &Path,
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        mem_mib: u64,
+    ) -> (Guest, Vec<String>) {
+        let boot = Guest::with_workload(name, dir, &mem_mib.to_string(), "", "", "")
+            .program(program)
+            .args([std::ffi::OsStr::new("-L"), firmware.as_os_str()]);
+        Guest::restorable(boot, procs)
+    }
+
+    /// `boot` equipped and started, and the command line that started it.
+    fn restorable(boot: Boot, procs: &Path) -> (Guest, Vec<String>) {
         let boot = Guest::equipped(boot.device(BALLOON));
         let command = boot.command(procs);
         let text = |s: &std::ffi::OsStr| s.to_str().expect("a UTF-8 argument").to_string();
