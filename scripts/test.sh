@@ -38,6 +38,8 @@ if ! command -v promtool >/dev/null; then
 fi
 
 guest/build.sh
+# access_e2e's guest kernel: none of Debian's has idle page tracking (cached once built).
+guest/build-idle-kernel.sh
 cargo fmt --all --check
 scripts/rust-version.sh
 # The libvirt connector is a cargo feature (it links against libvirt): lint and test
