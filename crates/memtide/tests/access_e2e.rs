@@ -150,3 +150,104 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
         "{cold_seen} scans past the cold age:\n{log}"
     );
 }
+
+/// The daemon's side, on this host: a QEMU guest under TCG, its samples recorded. With a
+/// file standing in for the kernel's idle bitmap (this host has none; the file keeps
+/// every mark, as if nothing were touched again), the daemon tracks QEMU's real guest
+/// RAM through pagemap and kpageflags: after the cold age the guest memory QEMU holds is
+/// cold, and only pages newly backed count as referenced. Without the bitmap it says so
+/// once and samples by clear_refs as before: referenced, no cold.
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-access-daemon");
+    let mut guest = Guest::boot("d", dir.path(), &cgroup.procs(), 256, "", "");
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let run = |name: &str, sys: &std::path::Path, access: &str| {
+        let rec = dir.path().join(format!("rec-{name}"));
+        let config = format!(
+            "interval_s = 1\npolicy = \"memtide\"\n\
+             [host]\nsys = {:?}\nsample_access = {access}\ncold_age_s = 2\n\
+             [daemon]\nsocket = {:?}\nevent_log = \"\"\nstate_file = \"\"\nhttp = \"\"\n\
+             record_dir = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+             [[vm]]\nname = \"d\"\nqmp = {:?}\n",
+            sys,
+            dir.path().join(format!("{name}.sock")),
+            rec,
+            guest.qmp(),
+        );
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, config).unwrap();
+        let o = support::daemon::memtide()
+            .args(["run", "--dry-run", "--ticks", "6", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{log}");
+        let files = memtide_sim::recording_files(&rec).unwrap();
+        let samples: Vec<memtide_core::VmSample> = memtide_sim::Records::open(&files)
+            .map(|r| r.unwrap().snapshot.vms)
+            .filter_map(|vms| vms.into_iter().next()?.sample.ok())
+            .collect();
+        assert!(samples.len() >= 4, "{} samples\n{log}", samples.len());
+        (samples, log)
+    };
+    let mib = |b: Option<memtide_core::Bytes>| b.map(|b| b.0 as f64 / MIB as f64);
+
+    // A sysfs with a stand-in bitmap, sparse, a bit for every frame of up to 1 TiB.
+    let sys = dir.path().join("sys");
+    std::fs::create_dir_all(sys.join("kernel/mm/ksm")).unwrap();
+    for (knob, v) in [
+        ("run", "0"),
+        ("pages_to_scan", "100"),
+        ("sleep_millisecs", "20"),
+    ] {
+        std::fs::write(sys.join("kernel/mm/ksm").join(knob), v).unwrap();
+    }
+    std::fs::create_dir_all(sys.join("kernel/mm/page_idle")).unwrap();
+    std::fs::File::create(sys.join("kernel/mm/page_idle/bitmap"))
+        .unwrap()
+        .set_len((1 << 40) / 4096 / 8)
+        .unwrap();
+    let (samples, log) = run("idle", &sys, "\"idle\"");
+    let held = std::fs::read_to_string(format!("/proc/{}/status", guest.pid())).unwrap();
+    eprintln!(
+        "idle: referenced {:?} MiB, cold {:?} MiB; QEMU {}",
+        samples
+            .iter()
+            .map(|s| mib(s.referenced))
+            .collect::<Vec<_>>(),
+        samples.iter().map(|s| mib(s.cold)).collect::<Vec<_>>(),
+        held.lines()
+            .find(|l| l.starts_with("RssAnon"))
+            .unwrap_or("")
+    );
+    assert!(!log.contains("idle page tracking"), "{log}");
+    for s in &samples {
+        // Only pages backed since the previous scan are new to the tracker.
+        let referenced = mib(s.referenced).expect("referenced every sample");
+        assert!(referenced < 64.0, "{referenced} MiB referenced");
+    }
+    let last = samples.last().unwrap();
+    let cold = mib(last.cold).expect("cold once the scans span 2 s");
+    let rss = mib(last.rss).unwrap();
+    // The guest RAM QEMU holds (its RSS less its own code and data), all of it cold.
+    assert!(
+        (16.0..=rss).contains(&cold),
+        "{cold} MiB cold of QEMU's {rss} MiB resident"
+    );
+
+    // The host's sysfs, which has no idle page tracking: clear_refs, as before.
+    let (samples, log) = run("fallback", std::path::Path::new("/sys"), "true");
+    let said = "no idle page tracking: /sys/kernel/mm/page_idle/bitmap is missing: the kernel \
+                has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING); host-side access \
+                sampling falls back to clear_refs";
+    assert_eq!(log.matches(said).count(), 1, "{log}");
+    assert!(samples.iter().all(|s| s.cold.is_none()));
+    assert!(
+        samples.iter().skip(1).all(|s| s.referenced.is_some()),
+        "clear_refs under TCG"
+    );
+}
