@@ -23,6 +23,7 @@ fn every_subcommand_has_help_and_there_is_a_version() {
         &["run", "--help"],
         &["status", "--help"],
         &["check-config", "--help"],
+        &["access", "--help"],
     ] {
         let o = run(sub);
         assert!(o.status.success(), "{sub:?}");
