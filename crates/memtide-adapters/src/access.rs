@@ -647,8 +647,9 @@ garbage
             .unwrap()
             .set_len((1 << 40) / 4096 / 8)
             .unwrap();
-        // 37 MiB: a size no other mapping of the test process has.
-        let pages = 37 * 256;
+        // 38 MiB, tracked as guest RAM of 37 MiB (to 2 MiB): sizes no other mapping of
+        // the test process has.
+        let pages = 38 * 256;
         let buffer = Buffer::new(pages);
         let mut tracker = Tracker::open(
             Path::new("/proc"),
@@ -705,8 +706,19 @@ garbage
         // Idle since the first scan, 2 s ago: cold, but for the 100 pages accessed.
         assert_eq!(touched.cold, Some(Bytes((pages as u64 - 100) * 4096)));
         assert_eq!(touched.resident, size);
+        // The mapping shrinks by 1 MiB: the pages left keep their ages.
+        // SAFETY: the buffer's last MiB, which nothing refers to.
+        assert_eq!(
+            unsafe { libc::munmap(buffer.at.add(37 << 20).cast(), 1 << 20) },
+            0
+        );
+        let shrunk = tracker.scan(s(3)).unwrap();
+        assert_eq!(shrunk.resident, Bytes(37 << 20));
+        assert_eq!(shrunk.accessed, Some(Bytes::ZERO));
+        // Two scans back (2 s) reach the cold age now; the 100 pages are one scan old.
+        assert_eq!(shrunk.cold, Some(Bytes((37 << 20) - 100 * 4096)));
         drop(buffer);
-        let gone = tracker.scan(s(3)).err().unwrap();
+        let gone = tracker.scan(s(4)).err().unwrap();
         assert!(matches!(gone, TrackError::NoMapping(..)), "{gone}");
     }
 
