@@ -11,7 +11,7 @@ use memtide_core::stats::{AgentStats, GuestStats};
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::{Arc, Mutex, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 /// QOM containers where user-created devices live (with and without an `id`).
@@ -78,7 +78,10 @@ pub struct QmpVm {
 /// How a VM's accesses are sampled.
 enum Access {
     ClearRefs(AccessSampler),
-    Idle(Box<IdleTracking>),
+    /// Scanned on the blocking pool (a scan reads and writes some bytes per guest page,
+    /// and the daemon's runtime has one worker), where a scan outlives a sample call
+    /// that timed out: the next one waits for it.
+    Idle(Arc<Mutex<IdleTracking>>),
 }
 
 /// Idle page tracking of a VM's guest RAM.
@@ -340,26 +343,24 @@ async fn access(
         AccessSampling::Off => return Ok(None),
         AccessSampling::ClearRefs => true,
         AccessSampling::Idle { cold_age, fallback } => {
+            let (proc, sys) = (opts.proc.clone(), opts.sys.clone());
             let since = Instant::now();
-            let tracked = Tracker::open(
-                &opts.proc,
-                &opts.sys,
-                pid,
-                Mappings::GuestRam(base),
-                cold_age,
-            )
-            .and_then(|mut tracker| {
+            let tracked = tokio::task::spawn_blocking(move || {
+                let mut tracker =
+                    Tracker::open(&proc, &sys, pid, Mappings::GuestRam(base), cold_age)?;
                 tracker.scan(since.elapsed())?;
-                Ok(tracker)
-            });
+                Ok::<_, TrackError>(tracker)
+            })
+            .await
+            .map_err(|e| BackendError::Io(format!("idle page tracking: {e}")))?;
             match tracked {
                 Ok(tracker) => {
-                    return Ok(Some(Access::Idle(Box::new(IdleTracking {
+                    return Ok(Some(Access::Idle(Arc::new(Mutex::new(IdleTracking {
                         socket: socket.display().to_string(),
                         tracker,
                         since,
                         failed: None,
-                    }))))
+                    })))))
                 }
                 // The host's reasons, the same for every VM: said once.
                 Err(e @ (TrackError::Unsupported(_) | TrackError::NoFrames(_))) => {
@@ -475,7 +476,14 @@ impl VmBackend for QmpVm {
         // Guest RAM proper; virtio-mem memory is a mapping of its own.
         let (referenced, cold) = match &mut self.access {
             Some(Access::ClearRefs(a)) => (a.sample(self.base), None),
-            Some(Access::Idle(t)) => t.scan(),
+            Some(Access::Idle(t)) => {
+                let t = Arc::clone(t);
+                tokio::task::spawn_blocking(move || {
+                    t.lock().unwrap_or_else(PoisonError::into_inner).scan()
+                })
+                .await
+                .unwrap_or((None, None))
+            }
             None => (None, None),
         };
         let (balloon, virtio_mem) = match &device {
