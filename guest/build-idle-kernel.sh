@@ -46,7 +46,7 @@ if [[ -z $version || $version == "(none)" ]]; then
     version=$(apt-cache policy linux-source-6.1 | awk '$1 == "Candidate:" { print $2 }')
 fi
 [[ -n $version && $version != "(none)" ]] || die "no candidate version for linux-source-6.1"
-stamp=$( (echo "$version" && sha256sum "${BASH_SOURCE[0]}") | sha256sum | cut -d' ' -f1)
+stamp=$( (echo "$version" && sha256sum <"${BASH_SOURCE[0]}") | sha256sum | cut -d' ' -f1)
 if [[ -f $OUT/vmlinuz && $(cat "$OUT/stamp" 2>/dev/null) == "$stamp" ]]; then
     ln -sfn ../initrd.img "$OUT/initrd.img"
     exit 0
