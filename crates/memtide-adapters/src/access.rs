@@ -339,9 +339,11 @@ impl Tracker {
         let mut tracked = std::mem::take(&mut self.tracked);
         let scanned = tracked.iter_mut().try_for_each(|t| {
             let page = self.page;
+            // The page before, carried across chunks: a huge page may straddle two.
+            let mut before = None;
             for (i, chunk) in t.ages.chunks_mut(CHUNK).enumerate() {
                 let first = t.start / page + (i * CHUNK) as u64;
-                let (a, r) = self.scan_chunk(first, chunk)?;
+                let (a, r) = self.scan_chunk(first, chunk, &mut before)?;
                 accessed += a;
                 resident += r;
             }
@@ -371,9 +373,15 @@ impl Tracker {
         })
     }
 
-    /// Scan `ages.len()` pages from virtual page number `first`; returns the pages
+    /// Scan `ages.len()` pages from virtual page number `first`, `before` the frame and
+    /// state of the page before them (updated to the last one's); returns the pages
     /// accessed and the pages resident.
-    fn scan_chunk(&self, first: u64, ages: &mut [u16]) -> Result<(u64, u64), TrackError> {
+    fn scan_chunk(
+        &self,
+        first: u64,
+        ages: &mut [u16],
+        before: &mut Option<(u64, Seen)>,
+    ) -> Result<(u64, u64), TrackError> {
         let mut entries = vec![0; ages.len()];
         self.pagemap.read_all_words(first, &mut entries)?;
         let frames: Vec<Option<u64>> = entries.iter().map(|&e| present_frame(e)).collect();
@@ -414,20 +422,19 @@ impl Tracker {
         // A tail takes its head's state from the frame before it, the page before it
         // when mapped in order (a huge page mapped whole); otherwise it is taken as
         // accessed, never as cold.
-        let mut before: Option<(u64, Seen)> = None;
         let seen: Vec<Seen> = frames
             .iter()
             .map(|frame| {
                 let s = match *frame {
                     None => Seen::Absent,
-                    Some(f) if tails.binary_search(&f).is_ok() => match before {
+                    Some(f) if tails.binary_search(&f).is_ok() => match *before {
                         Some((b, s)) if b + 1 == f => s,
                         _ => Seen::Accessed,
                     },
                     Some(f) if idle(f) => Seen::Idle,
                     Some(_) => Seen::Accessed,
                 };
-                before = frame.map(|f| (f, s));
+                *before = frame.map(|f| (f, s));
                 s
             })
             .collect();
