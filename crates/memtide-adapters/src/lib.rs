@@ -2,6 +2,7 @@
 //! Hypervisor, and the Linux host backend (procfs, KSM sysfs, memory cgroups). Every
 //! parser takes text, so it is tested on captured files.
 
+pub mod access;
 pub mod api_socket;
 pub mod cgroup;
 pub mod cloud_hypervisor;

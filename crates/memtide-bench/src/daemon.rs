@@ -229,7 +229,10 @@ mod tests {
         assert!(!c.engine.ksm_control);
         assert_eq!(c.engine.settle_s, 20, "scenario overrides are kept");
         assert_eq!(c.memtide.margin, 0.05);
-        assert_eq!(c.host.sample_access, Some(true));
+        assert_eq!(
+            c.host.sample_access,
+            Some(memtide::config::SampleAccess::Auto)
+        );
         assert_eq!(
             c.host.domain_cgroup.as_deref(),
             Some(Path::new("/sys/fs/cgroup/memory/x"))

@@ -1,9 +1,9 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat and smaps, NUMA
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat, smaps and maps, NUMA
 //! node lists and meminfo, cgroup limit, usage and memory.stat files (refaults among
 //! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser;
 //! what parses must print back, in the file's own format, to itself.
 
-use memtide_adapters::{cgroup, procfs, reclaim, tiers};
+use memtide_adapters::{access, cgroup, procfs, reclaim, tiers};
 use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
 use memtide_core::Bytes;
 use std::fmt::Write as _;
@@ -38,6 +38,9 @@ pub fn run(data: &[u8]) {
     }
     for mib in SIZES_MIB {
         procfs::smaps_referenced(&text, Bytes::from_mib(mib));
+    }
+    for range in access::private_writable(&text) {
+        assert!(range.start < range.end, "{range:?}: no empty mapping");
     }
     if let Ok(limit) = cgroup::parse_limit(&text) {
         assert!(

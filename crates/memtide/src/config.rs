@@ -2,6 +2,7 @@
 //! Unknown keys are errors, and every semantic check names the field it rejects.
 
 use crate::policies::PolicySource;
+use memtide_adapters::qmp::AccessSampling;
 use memtide_core::estimate::fused::FusedConfig;
 use memtide_core::estimate::sampled::SampledConfig;
 use memtide_core::estimate::selfballoon::SelfBalloonConfig;
@@ -203,9 +204,53 @@ pub struct HostConfig {
     pub sys: PathBuf,
     /// A memory cgroup holding the VMs (v1 or v2 directory); unset: the whole host.
     pub domain_cgroup: Option<PathBuf>,
-    /// Measure the guest memory each QEMU touches between ticks (/proc/PID/smaps and
-    /// clear_refs; TCG only). Unset: on when a policy uses it (memtide, sampled, esx).
-    pub sample_access: Option<bool>,
+    /// Measure the guest memory each QEMU touches between ticks: `"idle"` by idle page
+    /// tracking (sees KVM guests too; needs CONFIG_IDLE_PAGE_TRACKING and root),
+    /// `"clear_refs"` by /proc/PID/smaps and clear_refs (TCG only), `true` idle page
+    /// tracking where the host has it and clear_refs elsewhere, `false` none. Unset: `true`
+    /// when a policy uses it (memtide, sampled, esx), else `false`.
+    pub sample_access: Option<SampleAccess>,
+    /// Seconds a page of guest RAM must go untouched to count as cold (idle page
+    /// tracking).
+    pub cold_age_s: f64,
+}
+
+/// `[host] sample_access`: `true`, `false`, `"idle"` or `"clear_refs"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SampleAccessText")]
+pub enum SampleAccess {
+    /// None (`false`).
+    Off,
+    /// Idle page tracking where the host has it, clear_refs elsewhere (`true`).
+    Auto,
+    /// Idle page tracking only (`"idle"`).
+    Idle,
+    /// clear_refs only (`"clear_refs"`).
+    ClearRefs,
+}
+
+/// What `sample_access` is written as.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SampleAccessText {
+    Bool(bool),
+    Name(String),
+}
+
+impl TryFrom<SampleAccessText> for SampleAccess {
+    type Error = String;
+
+    fn try_from(text: SampleAccessText) -> Result<Self, Self::Error> {
+        match text {
+            SampleAccessText::Bool(false) => Ok(SampleAccess::Off),
+            SampleAccessText::Bool(true) => Ok(SampleAccess::Auto),
+            SampleAccessText::Name(n) if n == "idle" => Ok(SampleAccess::Idle),
+            SampleAccessText::Name(n) if n == "clear_refs" => Ok(SampleAccess::ClearRefs),
+            SampleAccessText::Name(n) => Err(format!(
+                "unknown access sampling {n:?}: true, false, \"idle\" or \"clear_refs\""
+            )),
+        }
+    }
 }
 
 /// Discovery of VMs by their QMP sockets.
@@ -396,6 +441,7 @@ impl Default for HostConfig {
             sys: "/sys".into(),
             domain_cgroup: None,
             sample_access: None,
+            cold_age_s: 120.0,
         }
     }
 }
@@ -574,6 +620,13 @@ impl Config {
 
     fn validate(&self) -> Result<(), FieldError> {
         self.settings()?;
+        let cold_age = self.host.cold_age_s;
+        if !(cold_age.is_finite() && cold_age > 0.0 && cold_age <= 86_400.0) {
+            return bad(
+                "host.cold_age_s",
+                format!("{cold_age} is not a number of seconds (0, 86400]"),
+            );
+        }
         let (ample, short) = (self.memtide.ample_free, self.memtide.short_free);
         if !(ample.is_finite() && short.is_finite() && (0.0..=ample).contains(&short)) {
             return bad(
@@ -817,17 +870,29 @@ impl Config {
         Ok(())
     }
 
-    /// Whether to sample guest memory accesses on the host: as configured, else when a
-    /// policy in use needs it.
-    pub fn sample_access(&self) -> bool {
+    /// How to sample guest memory accesses on the host: as configured, else
+    /// [`SampleAccess::Auto`] when a policy in use needs it.
+    pub fn sample_access(&self) -> AccessSampling {
         let needs = |p: &str| matches!(p, "memtide" | "sampled" | "esx");
-        self.host.sample_access.unwrap_or_else(|| {
-            needs(&self.policy)
-                || self
-                    .vms
-                    .iter()
-                    .any(|vm| vm.policy.as_deref().is_some_and(needs))
-        })
+        let needed = needs(&self.policy)
+            || self
+                .vms
+                .iter()
+                .any(|vm| vm.policy.as_deref().is_some_and(needs));
+        let cold_age = Duration::from_secs_f64(self.host.cold_age_s);
+        match self.host.sample_access {
+            Some(SampleAccess::Off) => AccessSampling::Off,
+            None if !needed => AccessSampling::Off,
+            None | Some(SampleAccess::Auto) => AccessSampling::Idle {
+                cold_age,
+                fallback: true,
+            },
+            Some(SampleAccess::Idle) => AccessSampling::Idle {
+                cold_age,
+                fallback: false,
+            },
+            Some(SampleAccess::ClearRefs) => AccessSampling::ClearRefs,
+        }
     }
 
     /// Where the policy comes from.
@@ -1026,6 +1091,47 @@ mod tests {
                  one through libvirt, with no launch command"
             );
         }
+    }
+
+    #[test]
+    fn sample_access_takes_a_boolean_or_a_tracker_and_a_cold_age() {
+        let sampling = |text: &str| Config::parse(text, "x").unwrap().sample_access();
+        let idle = |fallback| AccessSampling::Idle {
+            cold_age: Duration::from_secs(120),
+            fallback,
+        };
+        // Unset: on for the policies that use it, idle page tracking first.
+        assert_eq!(sampling("policy = \"memtide\"\n"), idle(true));
+        assert_eq!(sampling("policy = \"mom\"\n"), AccessSampling::Off);
+        // The booleans of older configurations keep their meaning, idle tracking first.
+        assert_eq!(sampling("[host]\nsample_access = true\n"), idle(true));
+        assert_eq!(
+            sampling("policy = \"esx\"\n[host]\nsample_access = false\n"),
+            AccessSampling::Off
+        );
+        assert_eq!(
+            sampling("[host]\nsample_access = \"idle\"\ncold_age_s = 30\n"),
+            AccessSampling::Idle {
+                cold_age: Duration::from_secs(30),
+                fallback: false
+            }
+        );
+        assert_eq!(
+            sampling("[host]\nsample_access = \"clear_refs\"\n"),
+            AccessSampling::ClearRefs
+        );
+        let e = err("[host]\nsample_access = \"damon\"\n");
+        assert!(
+            e.contains(
+                "unknown access sampling \"damon\": true, false, \"idle\" or \"clear_refs\""
+            ),
+            "{e}"
+        );
+        assert!(
+            err("[host]\ncold_age_s = 0\n")
+                .contains("host.cold_age_s: 0 is not a number of seconds"),
+            "cold age 0"
+        );
     }
 
     #[test]

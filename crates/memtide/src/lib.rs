@@ -3,6 +3,7 @@
 //! `memtide-adapters` (I/O).
 
 pub mod accept;
+pub mod access_cmd;
 pub mod config;
 pub mod control;
 pub mod daemon;

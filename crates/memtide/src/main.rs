@@ -10,6 +10,7 @@ use memtide::reclaim_cmd;
 use memtide::sim_cmd;
 use memtide::snapshot_cmd;
 use memtide::{control, render};
+use memtide_adapters::access::Mappings;
 use memtide_core::backend::AfterSave;
 use memtide_core::reclaim::Keep;
 use memtide_core::Bytes;
@@ -99,6 +100,31 @@ enum Command {
         socket: Option<PathBuf>,
         /// Configuration file naming the control socket [default: /etc/memtide/memtide.toml
         /// if it exists].
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Track one process's memory accesses by idle page tracking in the foreground, as the
+    /// daemon tracks a VM's guest RAM (see docs/tiering.md): a JSON line a scan with the
+    /// bytes accessed since the previous scan and the bytes cold. Needs root and a kernel
+    /// with CONFIG_IDLE_PAGE_TRACKING.
+    Access {
+        /// The process to track.
+        #[arg(long)]
+        pid: i32,
+        /// Track only its private writable mappings of this size (to 2 MiB), as the
+        /// daemon picks a QEMU's guest RAM; default: all of them.
+        #[arg(long)]
+        size_mib: Option<u64>,
+        /// Seconds a page must go untouched to be cold [default: `[host] cold_age_s`].
+        #[arg(long)]
+        cold_age_s: Option<f64>,
+        /// Seconds between two scans.
+        #[arg(long, default_value_t = 10.0)]
+        interval_s: f64,
+        /// Stop after this many scans.
+        #[arg(long, default_value_t = 13)]
+        count: u64,
+        /// Configuration file (TOML) for `[host]` proc, sys and cold_age_s.
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -366,6 +392,36 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             Config::load(&config)?;
             println!("{}: ok", config.display());
             Ok(())
+        }
+        Command::Access {
+            pid,
+            size_mib,
+            cold_age_s,
+            interval_s,
+            count,
+            config,
+        } => {
+            let config = load(config.as_ref())?;
+            let seconds = |flag: &str, s: f64| {
+                Duration::try_from_secs_f64(s)
+                    .map_err(|_| anyhow::anyhow!("{flag} {s} is not a duration"))
+            };
+            let options = memtide::access_cmd::Options {
+                pid,
+                mappings: match size_mib {
+                    Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
+                    None => Mappings::Private,
+                },
+                cold_age: seconds("--cold-age-s", cold_age_s.unwrap_or(config.host.cold_age_s))?,
+                interval: seconds("--interval-s", interval_s)?,
+                count,
+                proc: config.host.proc.clone(),
+                sys: config.host.sys.clone(),
+            };
+            tokio::task::spawn_blocking(move || {
+                memtide::access_cmd::run(&options, &mut std::io::stdout())
+            })
+            .await?
         }
         Command::Reclaim {
             pid,

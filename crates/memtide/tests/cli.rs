@@ -23,6 +23,7 @@ fn every_subcommand_has_help_and_there_is_a_version() {
         &["run", "--help"],
         &["status", "--help"],
         &["check-config", "--help"],
+        &["access", "--help"],
     ] {
         let o = run(sub);
         assert!(o.status.success(), "{sub:?}");
@@ -867,4 +868,70 @@ fn reclaim_paces_a_cgroup_a_line_a_tick_and_names_what_it_cannot_read() {
         out.contains("asked=0 result=error (/proc/4999999/cgroup: No such file"),
         "{out}"
     );
+}
+
+#[test]
+fn access_prints_a_json_line_a_scan_and_says_when_the_kernel_cannot_track() {
+    // A process to track: its data, heap and stack are private writable mappings.
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id().to_string();
+    let sys = tempfile::tempdir().unwrap();
+    let config = sys.path().join("memtide.toml");
+    std::fs::write(&config, format!("[host]\nsys = {:?}\n", sys.path())).unwrap();
+    let access = |count: &str| {
+        memtide()
+            .args([
+                "access",
+                "--pid",
+                &pid,
+                "--interval-s",
+                "0.1",
+                "--count",
+                count,
+            ])
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    // This host's kernel, like the fake sysfs, has no idle page tracking.
+    let o = access("1");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(
+            "kernel/mm/page_idle/bitmap is missing: the kernel has no idle page tracking \
+             (CONFIG_IDLE_PAGE_TRACKING)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // A file standing in for the kernel's bitmap, which keeps every mark: nothing is seen
+    // accessed after the first scan.
+    let mm = sys.path().join("kernel/mm/page_idle");
+    std::fs::create_dir_all(&mm).unwrap();
+    std::fs::File::create(mm.join("bitmap"))
+        .unwrap()
+        .set_len((1 << 40) / 4096 / 8)
+        .unwrap();
+    let o = access("2");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    if stderr(&o).contains("shows no page frame numbers: idle page tracking needs CAP_SYS_ADMIN") {
+        assert!(!o.status.success());
+        return; // not root: that is all there is to see
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["accessed"], serde_json::Value::Null);
+    assert_eq!(lines[0]["cold"], serde_json::Value::Null);
+    assert!(lines[0]["resident"].as_u64().unwrap() > 0, "{}", lines[0]);
+    assert_eq!(lines[1]["accessed"], 0, "{}", lines[1]);
+    assert!(lines[1]["t"].as_f64().unwrap() >= 0.1, "{}", lines[1]);
 }

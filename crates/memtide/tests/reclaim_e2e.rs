@@ -10,8 +10,6 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::guest::Guest;
@@ -24,58 +22,6 @@ const HOT_MIB: u64 = 32;
 /// working set, reclaim never takes the cgroup below HOT_MIB + FLOOR_MIB.
 const FLOOR_MIB: u64 = 16;
 const MIB: u64 = 1 << 20;
-
-/// An ext2 image holding memtide's binary (debug info stripped), the shared libraries
-/// it links against (the guest runs it through their loader) and its configuration.
-fn data_disk(dir: &Path) -> std::path::PathBuf {
-    let root = dir.join("data");
-    let lib = root.join("lib");
-    std::fs::create_dir_all(&lib).unwrap();
-    let memtide = env!("CARGO_BIN_EXE_memtide");
-    let ok = Command::new("objcopy")
-        .args(["--strip-debug", memtide])
-        .arg(root.join("memtide"))
-        .status()
-        .unwrap();
-    assert!(ok.success(), "objcopy --strip-debug {memtide}");
-    let ldd = Command::new("ldd").arg(memtide).output().unwrap();
-    let ldd = String::from_utf8(ldd.stdout).unwrap();
-    for path in ldd.split_whitespace().filter(|w| w.starts_with('/')) {
-        let name = Path::new(path).file_name().unwrap();
-        std::fs::copy(path, lib.join(name)).unwrap();
-    }
-    std::fs::write(
-        root.join("memtide.toml"),
-        format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n"),
-    )
-    .unwrap();
-    let size: u64 = walk(&root);
-    let image = dir.join("data.img");
-    let ok = Command::new("mke2fs")
-        .args(["-q", "-t", "ext2", "-b", "4096", "-d"])
-        .arg(&root)
-        .arg(&image)
-        .arg(format!("{}M", size / MIB * 5 / 4 + 16))
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mke2fs -d {}", root.display());
-    image
-}
-
-fn walk(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let m = e.metadata().unwrap();
-            if m.is_dir() {
-                walk(&e.path())
-            } else {
-                m.len()
-            }
-        })
-        .sum()
-}
 
 /// A `/proc/PID/status` field in bytes (`VmSwap:    1234 kB`).
 fn status_field(status: &str, name: &str) -> u64 {
@@ -102,7 +48,8 @@ fn reported(log: &str, name: &str) -> u64 {
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
     let dir = tempfile::tempdir().unwrap();
-    let image = data_disk(dir.path());
+    let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
+    let image = support::data_disk(dir.path(), &config);
     let cgroup = TestCgroup::create("memtide-reclaim");
     let drive = format!("if=none,id=data,file={},format=raw", image.display());
     let devices = [
@@ -146,7 +93,7 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
     agent.spawn_sh(
         "while :; do cat /sys/fs/cgroup/vm/memory.current >> /tmp/usage; usleep 500000; done",
     );
-    let memtide = "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
+    let memtide = support::GUEST_MEMTIDE;
     let run = format!(
         "{memtide} reclaim --config /data/memtide.toml --pid {pid} --working-set-mib {HOT_MIB} \
          --interval-s 1 --ticks 40 > /tmp/reclaim.log 2>&1"

@@ -8,4 +8,4 @@ pub mod virtio_mem;
 pub mod vm;
 
 pub use client::{QmpClient, QmpError, QmpEvent};
-pub use vm::{QmpVm, QmpVmOptions};
+pub use vm::{AccessSampling, QmpVm, QmpVmOptions};

@@ -2,6 +2,7 @@
 
 use super::client::{QmpClient, QmpError, QmpEvent};
 use super::virtio_mem;
+use crate::access::{Mappings, TrackError, Tracker};
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
@@ -10,7 +11,8 @@ use memtide_core::stats::{AgentStats, GuestStats};
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Once, PoisonError};
+use std::time::{Duration, Instant};
 
 /// QOM containers where user-created devices live (with and without an `id`).
 const DEVICE_CONTAINERS: [&str; 2] = ["/machine/peripheral", "/machine/peripheral-anon"];
@@ -24,8 +26,29 @@ pub struct QmpVmOptions {
     pub stats_interval_s: u64,
     /// The procfs mount, to read the QEMU process's RSS.
     pub proc: PathBuf,
-    /// Measure the guest memory QEMU touches between samples (host-side access sampling).
-    pub sample_access: bool,
+    /// The sysfs mount, for idle page tracking.
+    pub sys: PathBuf,
+    /// How to measure the guest memory touched between samples (host-side access
+    /// sampling).
+    pub sample_access: AccessSampling,
+}
+
+/// Host-side access sampling of a QEMU VM's guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessSampling {
+    /// None.
+    Off,
+    /// The pages QEMU's own page tables saw referenced (smaps and clear_refs): TCG only.
+    ClearRefs,
+    /// Idle page tracking (`crate::access`), which sees KVM's accesses too, and cold
+    /// memory: pages untouched for `cold_age`. With `fallback`, clear_refs where the
+    /// kernel or memtide's privileges do not allow it.
+    Idle {
+        /// How long a page goes untouched to be cold.
+        cold_age: Duration,
+        /// clear_refs where idle page tracking cannot be had.
+        fallback: bool,
+    },
 }
 
 /// A QEMU VM.
@@ -49,15 +72,58 @@ pub struct QmpVm {
     /// The QEMU process, for its resident memory.
     process: Option<procfs::ProcessRss>,
     agent: Option<AgentLink>,
-    access: Option<AccessSampler>,
+    access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
     shut_down: bool,
 }
 
+/// How a VM's accesses are sampled.
+enum Access {
+    ClearRefs(AccessSampler),
+    /// Scanned on the blocking pool (a scan reads and writes some bytes per guest page,
+    /// and the daemon's runtime has one worker), where a scan outlives a sample call
+    /// that timed out: the next one waits for it.
+    Idle(Arc<Mutex<IdleTracking>>),
+}
+
+/// Idle page tracking of a VM's guest RAM.
+struct IdleTracking {
+    /// The QMP socket, naming the VM in logs.
+    socket: String,
+    tracker: Tracker,
+    since: Instant,
+    /// The latest scan's error, logged once until a scan succeeds.
+    failed: Option<String>,
+}
+
+impl IdleTracking {
+    /// Guest RAM accessed since the previous scan, and cold; neither after a failed scan.
+    fn scan(&mut self) -> (Option<Bytes>, Option<Bytes>) {
+        match self.tracker.scan(self.since.elapsed()) {
+            Ok(scan) => {
+                self.failed = None;
+                (scan.accessed, scan.cold)
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.failed.as_ref() != Some(&e) {
+                    tracing::warn!("{}: idle page tracking: {e}", self.socket);
+                }
+                self.failed = Some(e);
+                (None, None)
+            }
+        }
+    }
+}
+
+/// Said once per process: the reason holds for every VM on the host.
+static NO_IDLE_TRACKING: Once = Once::new();
+
 /// Host-side access sampling: the guest RAM pages QEMU's page tables saw referenced since
 /// the last sample (/proc/PID/smaps), then cleared (/proc/PID/clear_refs). This sees the
 /// guest's accesses only when QEMU makes them (TCG); under KVM they go through the
-/// second-level page tables, which only idle page tracking or DAMON see.
+/// second-level page tables, which only idle page tracking ([`Access::Idle`]) or DAMON
+/// see.
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
@@ -189,25 +255,9 @@ impl QmpVm {
                 opts.call_timeout / 2,
             )
         });
-        let access = match (opts.sample_access, client.peer_pid()) {
-            (true, Some(pid)) if !uses_kvm(&mut client).await? => {
-                let dir = opts.proc.join(pid.to_string());
-                Some(AccessSampler {
-                    smaps: dir.join("smaps"),
-                    clear_refs: dir.join("clear_refs"),
-                    primed: false,
-                })
-            }
-            (true, _) => {
-                // Logged, not warned: memtide's default policy asks for sampling where it
-                // can be had, and under KVM (every production host) it cannot yet.
-                tracing::info!(
-                    "{}: no host-side access sampling: under KVM, guest accesses are invisible to QEMU's page tables",
-                    socket.display()
-                );
-                None
-            }
-            _ => None,
+        let access = match client.peer_pid() {
+            Some(pid) => access(&mut client, socket, opts, pid, base).await?,
+            None => None,
         };
         Ok(QmpVm {
             client,
@@ -290,6 +340,81 @@ async fn balloon_flag(client: &mut QmpClient, balloon: &Option<String>, name: &s
         .unwrap_or(false)
 }
 
+/// The VM's access sampling as `opts` asks for it and the host allows, its first scan
+/// made (which starts the first window).
+async fn access(
+    client: &mut QmpClient,
+    socket: &Path,
+    opts: &QmpVmOptions,
+    pid: i32,
+    base: Bytes,
+) -> Result<Option<Access>, BackendError> {
+    let fallback = match opts.sample_access {
+        AccessSampling::Off => return Ok(None),
+        AccessSampling::ClearRefs => true,
+        AccessSampling::Idle { cold_age, fallback } => {
+            let (proc, sys) = (opts.proc.clone(), opts.sys.clone());
+            let since = Instant::now();
+            let tracked = tokio::task::spawn_blocking(move || {
+                let mut tracker =
+                    Tracker::open(&proc, &sys, pid, Mappings::GuestRam(base), cold_age)?;
+                tracker.scan(since.elapsed())?;
+                Ok::<_, TrackError>(tracker)
+            })
+            .await
+            .map_err(|e| BackendError::Io(format!("idle page tracking: {e}")))?;
+            match tracked {
+                Ok(tracker) => {
+                    return Ok(Some(Access::Idle(Arc::new(Mutex::new(IdleTracking {
+                        socket: socket.display().to_string(),
+                        tracker,
+                        since,
+                        failed: None,
+                    })))))
+                }
+                // The host's reasons, the same for every VM: said once.
+                Err(e @ (TrackError::Unsupported(_) | TrackError::NoFrames(_))) => {
+                    NO_IDLE_TRACKING.call_once(|| {
+                        if fallback {
+                            tracing::info!("no idle page tracking: {e}; host-side access sampling falls back to clear_refs, which sees guest accesses under TCG only");
+                        } else {
+                            tracing::warn!("no host-side access sampling: {e}");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(
+                    "{}: no idle page tracking: {e}{}",
+                    socket.display(),
+                    if fallback {
+                        "; falling back to clear_refs"
+                    } else {
+                        ""
+                    }
+                ),
+            }
+            fallback
+        }
+    };
+    if !fallback {
+        return Ok(None);
+    }
+    if uses_kvm(client).await? {
+        // Logged, not warned: memtide's default policy asks for sampling where it can be
+        // had, and clear_refs cannot see a KVM guest's accesses.
+        tracing::info!(
+            "{}: no host-side access sampling: under KVM, guest accesses are invisible to QEMU's page tables",
+            socket.display()
+        );
+        return Ok(None);
+    }
+    let dir = opts.proc.join(pid.to_string());
+    Ok(Some(Access::ClearRefs(AccessSampler {
+        smaps: dir.join("smaps"),
+        clear_refs: dir.join("clear_refs"),
+        primed: false,
+    })))
+}
+
 /// True when the VM runs under KVM (`query-kvm`).
 async fn uses_kvm(client: &mut QmpClient) -> Result<bool, BackendError> {
     let kvm = client.execute("query-kvm", None).await?;
@@ -358,6 +483,19 @@ impl QmpVm {
             Some(link) => Some(link.read().await),
             None => None,
         };
+        // Guest RAM proper; virtio-mem memory is a mapping of its own.
+        let (referenced, cold) = match &mut self.access {
+            Some(Access::ClearRefs(a)) => (a.sample(self.base), None),
+            Some(Access::Idle(t)) => {
+                let t = Arc::clone(t);
+                tokio::task::spawn_blocking(move || {
+                    t.lock().unwrap_or_else(PoisonError::into_inner).scan()
+                })
+                .await
+                .unwrap_or((None, None))
+            }
+            None => (None, None),
+        };
         let (balloon, virtio_mem) = match &device {
             Some(d) => {
                 let (size, state) = self.vmem_follower.follow(
@@ -378,9 +516,8 @@ impl QmpVm {
             agent,
             rss,
             cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
-            // Guest RAM proper; virtio-mem memory is a mapping of its own.
-            referenced: self.access.as_mut().and_then(|a| a.sample(self.base)),
-            cold: None,
+            referenced,
+            cold,
             virtio_mem,
             free_page_reporting: self.free_page_reporting,
             fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
@@ -482,7 +619,8 @@ mod tests {
             call_timeout: Duration::from_secs(2),
             stats_interval_s: 1,
             proc: "/proc".into(),
-            sample_access: false,
+            sys: "/sys".into(),
+            sample_access: AccessSampling::Off,
         };
         let mut vm = QmpVm::connect(&path, None, &opts).await.unwrap();
         vm.sample().await.unwrap_err()

@@ -31,6 +31,7 @@ impl Connectors {
                 call_timeout: config.call_timeout(),
                 stats_interval_s,
                 proc: config.host.proc.clone(),
+                sys: config.host.sys.clone(),
                 sample_access: config.sample_access(),
             },
             pve_config_dir: config.discovery.pve_config_dir.clone(),

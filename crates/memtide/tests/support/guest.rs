@@ -54,6 +54,22 @@ impl Guest {
         Guest::spawn(boot, procs)
     }
 
+    /// Like [`Guest::boot_with`] with no balloon, booting the kernel and initramfs in
+    /// `kernel_dir` rather than the test guest's (e.g. guest/build-idle-kernel.sh's).
+    pub fn boot_kernel(
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        kernel_dir: &Path,
+        mem_mib: u64,
+        devices: &[&str],
+    ) -> Guest {
+        let boot = Boot::new(name, dir, kernel_dir, mem_mib.to_string())
+            .qmp("qmp")
+            .args(devices);
+        Guest::spawn(boot, procs)
+    }
+
     /// Like [`Guest::boot`], with a second QMP socket for the test itself
     /// ([`Guest::harness_qmp`]).
     pub fn boot_watched(

@@ -116,3 +116,60 @@ pub fn families_queried(files: &[&str]) -> std::collections::BTreeSet<String> {
 }
 
 pub mod harness;
+
+/// memtide's binary on a [`data_disk`], as the guest runs it.
+pub const GUEST_MEMTIDE: &str =
+    "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
+
+/// An ext2 image holding memtide's binary (debug info stripped), the shared libraries
+/// it links against (the guest runs it through their loader, [`GUEST_MEMTIDE`]) and
+/// `config` as memtide.toml, for a guest's data disk (mounted on /data).
+pub fn data_disk(dir: &Path, config: &str) -> PathBuf {
+    let root = dir.join("data");
+    let lib = root.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let memtide = env!("CARGO_BIN_EXE_memtide");
+    let ok = std::process::Command::new("objcopy")
+        .args(["--strip-debug", memtide])
+        .arg(root.join("memtide"))
+        .status()
+        .unwrap();
+    assert!(ok.success(), "objcopy --strip-debug {memtide}");
+    let ldd = std::process::Command::new("ldd")
+        .arg(memtide)
+        .output()
+        .unwrap();
+    let ldd = String::from_utf8(ldd.stdout).unwrap();
+    for path in ldd.split_whitespace().filter(|w| w.starts_with('/')) {
+        let name = Path::new(path).file_name().unwrap();
+        std::fs::copy(path, lib.join(name)).unwrap();
+    }
+    std::fs::write(root.join("memtide.toml"), config).unwrap();
+    let size: u64 = walk(&root);
+    const MIB: u64 = 1 << 20;
+    let image = dir.join("data.img");
+    let ok = std::process::Command::new("mke2fs")
+        .args(["-q", "-t", "ext2", "-b", "4096", "-d"])
+        .arg(&root)
+        .arg(&image)
+        .arg(format!("{}M", size / MIB * 5 / 4 + 16))
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mke2fs -d {}", root.display());
+    image
+}
+
+fn walk(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                walk(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}

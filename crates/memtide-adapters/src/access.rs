@@ -1,0 +1,781 @@
+//! Host-side access tracking by idle page tracking: which of a process's resident pages
+//! were accessed between two scans, and how long each has gone untouched.
+//!
+//! Each scan reads the pages' frame numbers from `/proc/PID/pagemap`, asks
+//! `/sys/kernel/mm/page_idle/bitmap` whether each frame is still idle, and marks the
+//! resident frames idle again. The kernel clears a frame's idle flag when any page table
+//! that maps it says it was accessed: the process's own and, through mmu notifiers,
+//! KVM's (Documentation/admin-guide/mm/idle_page_tracking.rst). So unlike clear_refs,
+//! which sees only the process's own page tables, this sees a KVM guest's accesses.
+//!
+//! Root only: the bitmap is root's, and pagemap shows frame numbers only to
+//! CAP_SYS_ADMIN (Documentation/admin-guide/mm/pagemap.rst).
+
+use memtide_core::Bytes;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A page's age for one not marked idle at the previous scan (not resident then, or not
+/// yet scanned): the next scan cannot tell whether it was accessed.
+const UNMARKED: u16 = u16::MAX;
+/// The most scans an age counts.
+const OLDEST: u16 = u16::MAX - 1;
+
+/// What one scan saw of one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Not in memory (never touched, swapped out, given back).
+    Absent,
+    /// In memory, and idle since the previous scan marked it.
+    Idle,
+    /// In memory, and accessed since the previous scan (or that cannot be told).
+    Accessed,
+}
+
+/// Update each page's age (consecutive scans that found it idle) with what a scan saw
+/// of it, in order; returns how many pages were accessed since the previous scan: those
+/// in memory that were not idle since it marked them, newly resident pages included.
+pub fn age(ages: &mut [u16], seen: impl IntoIterator<Item = Seen>) -> u64 {
+    let mut accessed = 0;
+    for (a, s) in ages.iter_mut().zip(seen) {
+        *a = match s {
+            Seen::Absent => UNMARKED,
+            Seen::Idle if *a != UNMARKED => (*a + 1).min(OLDEST),
+            Seen::Idle | Seen::Accessed => {
+                accessed += 1;
+                0
+            }
+        };
+    }
+    accessed
+}
+
+/// Pages in memory whose age is at least `least` scans.
+pub fn cold_pages(ages: &[u16], least: u16) -> u64 {
+    ages.iter()
+        .filter(|&&a| a != UNMARKED && a >= least)
+        .count() as u64
+}
+
+/// The times of the latest scans, as far back as the cold age reaches: how many scans a
+/// page must have been found idle in a row to have gone untouched for the cold age.
+#[derive(Debug, Clone)]
+pub struct ColdClock {
+    cold_age: Duration,
+    times: VecDeque<Duration>,
+}
+
+impl ColdClock {
+    /// A clock for pages untouched for `cold_age`.
+    pub fn new(cold_age: Duration) -> ColdClock {
+        ColdClock {
+            cold_age,
+            times: VecDeque::new(),
+        }
+    }
+
+    /// Record a scan at `at` (monotonic, not before the previous one). Returns the least
+    /// age that spans the cold age now — a page of age `a` was last marked `a` scans ago
+    /// and found idle at every scan since — or `None` while the scans so far span less
+    /// (or the cold age needs more scans than an age counts).
+    pub fn tick(&mut self, at: Duration) -> Option<u16> {
+        self.times.push_back(at);
+        // An age of 0 is a page marked now, never cold: at least one scan back.
+        while self.times.len() > 2 && at.saturating_sub(self.times[1]) >= self.cold_age {
+            self.times.pop_front();
+        }
+        if self.times.len() > usize::from(OLDEST) + 1 {
+            self.times.pop_front();
+        }
+        let spanned = self.times.len() > 1 && at.saturating_sub(self.times[0]) >= self.cold_age;
+        spanned.then(|| (self.times.len() - 1) as u16)
+    }
+}
+
+/// A `/proc/PID/pagemap` entry's frame number, when the page is in memory (bit 63); zero
+/// for a reader without CAP_SYS_ADMIN. `None` for a page not present, swapped out
+/// (bit 62) included (Documentation/admin-guide/mm/pagemap.rst).
+pub fn present_frame(entry: u64) -> Option<u64> {
+    (entry >> 63 == 1).then_some(entry & ((1 << 55) - 1))
+}
+
+/// `/proc/kpageflags` bit of a compound page's tail (pagemap.rst: KPF_COMPOUND_TAIL).
+const KPF_COMPOUND_TAIL: u64 = 1 << 16;
+
+/// The private writable mappings (`rw-p`) in `/proc/PID/maps` text, as address ranges.
+pub fn private_writable(maps: &str) -> Vec<std::ops::Range<u64>> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (range, perms) = (words.next()?, words.next()?);
+            let (start, end) = range.split_once('-')?;
+            let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+            (perms == "rw-p" && range.start < range.end).then_some(range)
+        })
+        .collect()
+}
+
+/// Which of the process's mappings to track.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mappings {
+    /// A hypervisor's guest RAM of this size: its private writable mappings of that size
+    /// (to 2 MiB of alignment), as `procfs::smaps_referenced` picks them.
+    GuestRam(Bytes),
+    /// Every private writable mapping (a process standing in for a hypervisor).
+    Private,
+}
+
+impl Mappings {
+    fn wants(&self, range: &std::ops::Range<u64>) -> bool {
+        match *self {
+            Mappings::GuestRam(size) => {
+                (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))
+            }
+            Mappings::Private => true,
+        }
+    }
+}
+
+/// Why a process's accesses cannot be tracked.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackError {
+    /// The kernel has no idle page tracking.
+    #[error("{0} is missing: the kernel has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING)")]
+    Unsupported(PathBuf),
+    /// pagemap hides frame numbers from this reader.
+    #[error("{0} shows no page frame numbers: idle page tracking needs CAP_SYS_ADMIN")]
+    NoFrames(PathBuf),
+    /// Nothing to track in the process.
+    #[error("{0}: no mapping to track ({1:?})")]
+    NoMapping(PathBuf, Mappings),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrackError + '_ {
+    move |source| TrackError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One scan's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scan {
+    /// Memory accessed since the previous scan; `None` at the first scan.
+    pub accessed: Option<Bytes>,
+    /// Memory in RAM untouched for at least the cold age; `None` until the scans span it.
+    pub cold: Option<Bytes>,
+    /// Memory of the tracked mappings in RAM.
+    pub resident: Bytes,
+}
+
+/// A file and its path, for errors.
+struct Named {
+    file: File,
+    path: PathBuf,
+}
+
+impl Named {
+    fn open(path: PathBuf, write: bool) -> Result<Named, TrackError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&path)
+            .map_err(io(&path))?;
+        Ok(Named { file, path })
+    }
+
+    /// Read native-endian 64-bit words from word index `at` into `out`, as many as the
+    /// file gives there: returns how many.
+    fn read_words(&self, at: u64, out: &mut [u64]) -> Result<usize, TrackError> {
+        let mut bytes = vec![0; out.len() * 8];
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.file.read_at(&mut bytes[done..], at * 8 + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io(&self.path)(e)),
+            }
+        }
+        for (w, b) in out.iter_mut().zip(bytes[..done].chunks_exact(8)) {
+            *w = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+        }
+        Ok(done / 8)
+    }
+
+    /// Read `out.len()` words from word index `at`, all of them or an error.
+    fn read_all_words(&self, at: u64, out: &mut [u64]) -> Result<(), TrackError> {
+        match self.read_words(at, out)? {
+            n if n == out.len() => Ok(()),
+            _ => Err(io(&self.path)(std::io::ErrorKind::UnexpectedEof.into())),
+        }
+    }
+
+    /// Write words from word index `at`, as many as the file takes there.
+    fn write_words(&self, at: u64, words: &[u64]) -> Result<(), TrackError> {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.file.write_at(&bytes[done..], at * 8 + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io(&self.path)(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Word indices read or written together when no more than this many apart: fewer
+/// system calls, and every frame in a word read is checked by the kernel anyway.
+const GAP: u64 = 8;
+
+/// Runs of sorted, distinct word indices, each `(first, last)`, gaps of up to [`GAP`]
+/// closed.
+fn runs(words: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &w in words {
+        match out.last_mut() {
+            Some((_, last)) if w <= *last + GAP => *last = w,
+            _ => out.push((w, w)),
+        }
+    }
+    out
+}
+
+/// Pages scanned at a time: their pagemap entries (8 bytes each) in one read.
+const CHUNK: usize = 1 << 15;
+
+/// One tracked mapping: its start address and its pages' ages.
+struct Tracked {
+    start: u64,
+    ages: Vec<u16>,
+}
+
+/// Tracks a process's accesses by idle page tracking, one scan at a time.
+pub struct Tracker {
+    maps: PathBuf,
+    pagemap: Named,
+    bitmap: Named,
+    kpageflags: Named,
+    which: Mappings,
+    page: u64,
+    tracked: Vec<Tracked>,
+    clock: ColdClock,
+    scans: u64,
+}
+
+impl Tracker {
+    /// Track process `pid`'s `which` mappings (procfs at `proc`, sysfs at `sys`), a page
+    /// being cold once untouched for `cold_age`.
+    pub fn open(
+        proc: &Path,
+        sys: &Path,
+        pid: i32,
+        which: Mappings,
+        cold_age: Duration,
+    ) -> Result<Tracker, TrackError> {
+        let bitmap = sys.join("kernel/mm/page_idle/bitmap");
+        let bitmap = match Named::open(bitmap.clone(), true) {
+            Err(TrackError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(TrackError::Unsupported(bitmap));
+            }
+            b => b?,
+        };
+        let dir = proc.join(pid.to_string());
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Ok(Tracker {
+            maps: dir.join("maps"),
+            pagemap: Named::open(dir.join("pagemap"), false)?,
+            bitmap,
+            kpageflags: Named::open(proc.join("kpageflags"), false)?,
+            which,
+            page: u64::try_from(page).unwrap_or(4096),
+            tracked: Vec::new(),
+            clock: ColdClock::new(cold_age),
+            scans: 0,
+        })
+    }
+
+    /// Scan at `at` (monotonic): read which pages were accessed since the previous scan,
+    /// age them, mark them idle again.
+    pub fn scan(&mut self, at: Duration) -> Result<Scan, TrackError> {
+        let maps = std::fs::read_to_string(&self.maps).map_err(io(&self.maps))?;
+        let ranges: Vec<_> = private_writable(&maps)
+            .into_iter()
+            .filter(|r| self.which.wants(r))
+            .collect();
+        if ranges.is_empty() {
+            return Err(TrackError::NoMapping(self.maps.clone(), self.which));
+        }
+        // Ages follow a mapping by its start address, whatever its size now.
+        let mut old = std::mem::take(&mut self.tracked);
+        for r in &ranges {
+            let pages = ((r.end - r.start) / self.page) as usize;
+            let mut ages = match old.iter().position(|t| t.start == r.start) {
+                Some(i) => old.swap_remove(i).ages,
+                None => Vec::new(),
+            };
+            ages.resize(pages, UNMARKED);
+            self.tracked.push(Tracked {
+                start: r.start,
+                ages,
+            });
+        }
+        let (mut accessed, mut resident) = (0, 0);
+        let mut tracked = std::mem::take(&mut self.tracked);
+        let scanned = tracked.iter_mut().try_for_each(|t| {
+            let page = self.page;
+            // The page before, carried across chunks: a huge page may straddle two.
+            let mut before = None;
+            for (i, chunk) in t.ages.chunks_mut(CHUNK).enumerate() {
+                let first = t.start / page + (i * CHUNK) as u64;
+                let (a, r) = self.scan_chunk(first, chunk, &mut before)?;
+                accessed += a;
+                resident += r;
+            }
+            Ok(())
+        });
+        self.tracked = tracked;
+        if let Err(e) = scanned {
+            // A partial scan leaves ages that no longer match the marks: start over.
+            self.tracked.clear();
+            self.scans = 0;
+            return Err(e);
+        }
+        let least = self.clock.tick(at);
+        let cold = least.map(|least| {
+            let pages: u64 = self
+                .tracked
+                .iter()
+                .map(|t| cold_pages(&t.ages, least))
+                .sum();
+            Bytes(pages * self.page)
+        });
+        self.scans += 1;
+        Ok(Scan {
+            accessed: (self.scans > 1).then_some(Bytes(accessed * self.page)),
+            cold,
+            resident: Bytes(resident * self.page),
+        })
+    }
+
+    /// Scan `ages.len()` pages from virtual page number `first`, `before` the frame and
+    /// state of the page before them (updated to the last one's); returns the pages
+    /// accessed and the pages resident.
+    fn scan_chunk(
+        &self,
+        first: u64,
+        ages: &mut [u16],
+        before: &mut Option<(u64, Seen)>,
+    ) -> Result<(u64, u64), TrackError> {
+        let mut entries = vec![0; ages.len()];
+        self.pagemap.read_all_words(first, &mut entries)?;
+        let frames: Vec<Option<u64>> = entries.iter().map(|&e| present_frame(e)).collect();
+        if frames.contains(&Some(0)) {
+            return Err(TrackError::NoFrames(self.pagemap.path.clone()));
+        }
+        let mut present: Vec<u64> = frames.iter().flatten().copied().collect();
+        present.sort_unstable();
+        present.dedup();
+        let tails = self.tails(&present)?;
+        // Idle flags are kept on a compound page's head only: its tails read as not idle
+        // and cannot be marked (idle_page_tracking.rst).
+        let heads: Vec<u64> = present
+            .iter()
+            .copied()
+            .filter(|f| tails.binary_search(f).is_err())
+            .collect();
+        let mut words: Vec<u64> = heads.iter().map(|f| f / 64).collect();
+        words.dedup();
+        // The kernel answers whole words below its highest frame only: the last word,
+        // when that frame is not at a word's end, reads as nothing (and writes as nothing,
+        // though its frames are marked) (mm/page_idle.c). Its frames count as accessed.
+        let mut bits: Vec<Option<u64>> = vec![None; words.len()];
+        for (lo, hi) in runs(&words) {
+            let mut run = vec![0; (hi - lo + 1) as usize];
+            let read = self.bitmap.read_words(lo, &mut run)?;
+            let from = words.partition_point(|&w| w < lo);
+            let to = words.partition_point(|&w| w <= hi);
+            for (k, w) in words[from..to].iter().enumerate() {
+                let i = (w - lo) as usize;
+                bits[from + k] = (i < read).then_some(run[i]);
+            }
+        }
+        let idle = |f: u64| {
+            let k = words.binary_search(&(f / 64)).expect("word read");
+            bits[k].is_some_and(|b| b >> (f % 64) & 1 == 1)
+        };
+        // A tail takes its head's state from the frame before it, the page before it
+        // when mapped in order (a huge page mapped whole); otherwise it is taken as
+        // accessed, never as cold.
+        let seen: Vec<Seen> = frames
+            .iter()
+            .map(|frame| {
+                let s = match *frame {
+                    None => Seen::Absent,
+                    Some(f) if tails.binary_search(&f).is_ok() => match *before {
+                        Some((b, s)) if b + 1 == f => s,
+                        _ => Seen::Accessed,
+                    },
+                    Some(f) if idle(f) => Seen::Idle,
+                    Some(_) => Seen::Accessed,
+                };
+                *before = frame.map(|f| (f, s));
+                s
+            })
+            .collect();
+        let accessed = age(ages, seen);
+        let resident = frames.iter().flatten().count() as u64;
+        // Mark every resident frame idle again (writing a set bit marks; a clear one does
+        // nothing, so gaps in a run are written as zeros).
+        let mut marks = vec![0u64; words.len()];
+        for f in heads {
+            let k = words.binary_search(&(f / 64)).expect("word read");
+            marks[k] |= 1 << (f % 64);
+        }
+        for (lo, hi) in runs(&words) {
+            let mut run = vec![0; (hi - lo + 1) as usize];
+            let from = words.partition_point(|&w| w < lo);
+            let to = words.partition_point(|&w| w <= hi);
+            for k in from..to {
+                run[(words[k] - lo) as usize] = marks[k];
+            }
+            self.bitmap.write_words(lo, &run)?;
+        }
+        Ok((accessed, resident))
+    }
+
+    /// Which of the sorted, distinct `frames` are compound pages' tails (`/proc/kpageflags`).
+    fn tails(&self, frames: &[u64]) -> Result<Vec<u64>, TrackError> {
+        let mut tails = Vec::new();
+        for (lo, hi) in runs(frames) {
+            let mut flags = vec![0; (hi - lo + 1) as usize];
+            self.kpageflags.read_all_words(lo, &mut flags)?;
+            let from = frames.partition_point(|&f| f < lo);
+            let to = frames.partition_point(|&f| f <= hi);
+            tails.extend(
+                frames[from..to]
+                    .iter()
+                    .filter(|&&f| flags[(f - lo) as usize] & KPF_COMPOUND_TAIL != 0),
+            );
+        }
+        Ok(tails)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use Seen::*;
+
+    fn fixture(name: &str) -> Vec<u64> {
+        let path = format!(
+            "{}/tests/data/proc/pagemap/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let bytes = std::fs::read(path).unwrap();
+        bytes
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn pagemap_entries_give_frames_of_present_pages_only() {
+        // Captured on x86-64 (little-endian): 8 anonymous pages, pages 0, 1 and 5 written.
+        let frames: Vec<_> = fixture("root.bin").into_iter().map(present_frame).collect();
+        assert_eq!(
+            frames,
+            [
+                Some(0x33ec03),
+                Some(0x417522),
+                None,
+                None,
+                None,
+                Some(0x59ecc4),
+                None,
+                None
+            ]
+        );
+        // The same read without CAP_SYS_ADMIN: present, frame numbers zeroed.
+        let hidden: Vec<_> = fixture("unprivileged.bin")
+            .into_iter()
+            .map(present_frame)
+            .collect();
+        assert_eq!(hidden[..2], [Some(0), Some(0)]);
+        assert_eq!(hidden[5], Some(0));
+        // Swapped out (bit 62, swap type and offset in bits 0–54): not in memory.
+        assert_eq!(present_frame(1 << 62 | 0x1234 << 5 | 3), None);
+    }
+
+    #[test]
+    fn maps_give_private_writable_ranges() {
+        let maps = "\
+55d0c8a00000-55d0c8a21000 r--p 00000000 08:01 131 /usr/bin/qemu-system-x86_64
+55d0c8c21000-55d0c8c42000 rw-p 00221000 08:01 131 /usr/bin/qemu-system-x86_64
+7f2a40000000-7f2a50000000 rw-p 00000000 00:00 0
+7f2a50000000-7f2a50200000 rw-s 00000000 00:01 7 /memfd:ram (deleted)
+7ffd1c3de000-7ffd1c3ff000 rw-p 00000000 00:00 0                          [stack]
+garbage
+";
+        assert_eq!(
+            private_writable(maps),
+            [
+                0x55d0c8c21000..0x55d0c8c42000,
+                0x7f2a40000000..0x7f2a50000000,
+                0x7ffd1c3de000..0x7ffd1c3ff000
+            ]
+        );
+        let ram = Mappings::GuestRam(Bytes::from_mib(256));
+        assert!(ram.wants(&(0x7f2a40000000..0x7f2a50000000)));
+        assert!(!ram.wants(&(0x7ffd1c3de000..0x7ffd1c3ff000)));
+    }
+
+    #[test]
+    fn ages_count_idle_scans_and_reset_on_access_or_absence() {
+        let mut ages = vec![UNMARKED; 4];
+        // First scan: nothing was marked, so every resident page counts as accessed.
+        assert_eq!(age(&mut ages, [Idle, Accessed, Absent, Idle]), 3);
+        assert_eq!(ages, [0, 0, UNMARKED, 0]);
+        assert_eq!(age(&mut ages, [Idle, Accessed, Idle, Idle]), 2);
+        assert_eq!(ages, [1, 0, 0, 1]);
+        assert_eq!(age(&mut ages, [Idle, Idle, Idle, Absent]), 0);
+        assert_eq!(ages, [2, 1, 1, UNMARKED]);
+        assert_eq!(cold_pages(&ages, 1), 3);
+        assert_eq!(cold_pages(&ages, 2), 1);
+        let mut old = vec![OLDEST];
+        age(&mut old, [Idle]);
+        assert_eq!(old, [OLDEST], "ages saturate");
+    }
+
+    #[test]
+    fn the_cold_age_is_counted_in_scans_from_their_times() {
+        let s = Duration::from_secs;
+        let mut clock = ColdClock::new(s(120));
+        // Scans every 30 s: an age of 4 (marked 120 s ago) spans the cold age at 120 s.
+        assert_eq!(clock.tick(s(0)), None);
+        assert_eq!(clock.tick(s(30)), None);
+        assert_eq!(clock.tick(s(60)), None);
+        assert_eq!(clock.tick(s(90)), None);
+        assert_eq!(clock.tick(s(120)), Some(4));
+        assert_eq!(clock.tick(s(150)), Some(4));
+        // A late scan: 3 scans back (105 s ago) is not enough, 4 (135 s) is.
+        assert_eq!(clock.tick(s(195)), Some(4));
+        // A long gap: the previous scan alone spans it.
+        assert_eq!(clock.tick(s(400)), Some(1));
+    }
+
+    #[test]
+    fn runs_close_small_gaps() {
+        assert_eq!(runs(&[]), []);
+        assert_eq!(runs(&[3, 4, 12, 21, 100]), [(3, 12), (21, 21), (100, 100)]);
+    }
+
+    /// An anonymous mapping of `pages` pages written once each, without huge pages.
+    struct Buffer {
+        at: *mut u8,
+        len: usize,
+    }
+
+    impl Buffer {
+        fn new(pages: usize) -> Buffer {
+            let len = pages * 4096;
+            // SAFETY: a fresh private anonymous mapping, unmapped on drop.
+            let at = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(at, libc::MAP_FAILED);
+            // SAFETY: the mapping just made; writing each page makes it resident.
+            unsafe {
+                assert_eq!(libc::madvise(at, len, libc::MADV_NOHUGEPAGE), 0);
+                for p in 0..pages {
+                    at.cast::<u8>().add(p * 4096).write_volatile(1);
+                }
+            }
+            Buffer { at: at.cast(), len }
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `new`.
+            unsafe { libc::munmap(self.at.cast(), self.len) };
+        }
+    }
+
+    /// The real pagemap and kpageflags of this process, with a file standing in for the
+    /// idle bitmap (this host's kernel has none): the tracker reads and marks the bits of
+    /// the right frames, and a frame whose bit is cleared — as the kernel clears it on an
+    /// access — counts as accessed and starts its age over.
+    #[test]
+    fn a_scan_reads_and_marks_the_idle_bits_of_the_mappings_frames() {
+        let sys = tempfile::tempdir().unwrap();
+        let mm = sys.path().join("kernel/mm/page_idle");
+        std::fs::create_dir_all(&mm).unwrap();
+        let err = Tracker::open(
+            Path::new("/proc"),
+            sys.path(),
+            std::process::id() as i32,
+            Mappings::Private,
+            Duration::from_secs(2),
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(err, TrackError::Unsupported(_)), "{err}");
+        assert!(
+            err.to_string().contains("CONFIG_IDLE_PAGE_TRACKING"),
+            "{err}"
+        );
+        let bitmap = mm.join("bitmap");
+        // A bit for every frame of up to 1 TiB of RAM, sparse.
+        File::create(&bitmap)
+            .unwrap()
+            .set_len((1 << 40) / 4096 / 8)
+            .unwrap();
+        // 38 MiB, tracked as guest RAM of 37 MiB (to 2 MiB): sizes no other mapping of
+        // the test process has.
+        let pages = 38 * 256;
+        let buffer = Buffer::new(pages);
+        let mut tracker = Tracker::open(
+            Path::new("/proc"),
+            sys.path(),
+            std::process::id() as i32,
+            Mappings::GuestRam(Bytes::from_mib(37)),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let s = Duration::from_secs;
+        let first = match tracker.scan(s(0)) {
+            Err(e @ TrackError::NoFrames(_)) => {
+                // Without CAP_SYS_ADMIN there is nothing more to see.
+                assert!(e.to_string().contains("CAP_SYS_ADMIN"), "{e}");
+                return;
+            }
+            scan => scan.unwrap(),
+        };
+        let size = Bytes((pages * 4096) as u64);
+        assert_eq!(
+            first,
+            Scan {
+                accessed: None,
+                cold: None,
+                resident: size
+            }
+        );
+        // The stand-in bitmap keeps the marks: every page was idle since.
+        let idle = tracker.scan(s(1)).unwrap();
+        assert_eq!(idle.accessed, Some(Bytes::ZERO));
+        assert_eq!(idle.cold, None);
+        // Clear the bits of the buffer's first 100 pages, as accesses would.
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        let bits = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&bitmap)
+            .unwrap();
+        for p in 0..100 {
+            let mut e = [0; 8];
+            pagemap
+                .read_exact_at(&mut e, (buffer.at as u64 / 4096 + p) * 8)
+                .unwrap();
+            let frame = present_frame(u64::from_ne_bytes(e)).unwrap();
+            let mut w = [0; 8];
+            bits.read_exact_at(&mut w, frame / 64 * 8).unwrap();
+            let word = u64::from_ne_bytes(w);
+            assert_eq!(word >> (frame % 64) & 1, 1, "page {p}'s frame marked idle");
+            bits.write_all_at(&(word & !(1 << (frame % 64))).to_ne_bytes(), frame / 64 * 8)
+                .unwrap();
+        }
+        let touched = tracker.scan(s(2)).unwrap();
+        assert_eq!(touched.accessed, Some(Bytes(100 * 4096)));
+        // Idle since the first scan, 2 s ago: cold, but for the 100 pages accessed.
+        assert_eq!(touched.cold, Some(Bytes((pages as u64 - 100) * 4096)));
+        assert_eq!(touched.resident, size);
+        // The mapping shrinks by 1 MiB: the pages left keep their ages.
+        // SAFETY: the buffer's last MiB, which nothing refers to.
+        assert_eq!(
+            unsafe { libc::munmap(buffer.at.add(37 << 20).cast(), 1 << 20) },
+            0
+        );
+        let shrunk = tracker.scan(s(3)).unwrap();
+        assert_eq!(shrunk.resident, Bytes(37 << 20));
+        assert_eq!(shrunk.accessed, Some(Bytes::ZERO));
+        // Two scans back (2 s) reach the cold age now; the 100 pages are one scan old.
+        assert_eq!(shrunk.cold, Some(Bytes((37 << 20) - 100 * 4096)));
+        drop(buffer);
+        let gone = tracker.scan(s(4)).err().unwrap();
+        assert!(matches!(gone, TrackError::NoMapping(..)), "{gone}");
+    }
+
+    proptest! {
+        /// Against the definitions, page by page: a page is cold when it is in memory and
+        /// some earlier scan at least the cold age ago found it in memory (and marked it)
+        /// and every scan since found it idle; it was accessed when it is in memory and
+        /// the previous scan did not find it in memory or this one did not find it idle.
+        #[test]
+        fn cold_and_accessed_match_their_definitions(
+            scans in prop::collection::vec(
+                (0u64..90, prop::collection::vec(0u8..3, 6)),
+                1..40,
+            ),
+            cold_age in 0u64..300,
+        ) {
+            let mut clock = ColdClock::new(Duration::from_secs(cold_age));
+            let mut ages = vec![UNMARKED; 6];
+            let (mut times, mut history) = (Vec::new(), Vec::<Vec<Seen>>::new());
+            let mut t = 0;
+            for (step, pages) in scans {
+                t += step;
+                let seen: Vec<Seen> =
+                    pages.iter().map(|&p| [Absent, Idle, Accessed][p as usize]).collect();
+                let accessed = age(&mut ages, seen.iter().copied());
+                times.push(t);
+                history.push(seen.clone());
+                let k = history.len() - 1;
+                let expected_accessed = (0..6)
+                    .filter(|&p| {
+                        seen[p] != Absent
+                            && (k == 0 || history[k - 1][p] == Absent || seen[p] != Idle)
+                    })
+                    .count() as u64;
+                prop_assert_eq!(accessed, expected_accessed);
+                let cold = clock
+                    .tick(Duration::from_secs(t))
+                    .map_or(0, |least| cold_pages(&ages, least));
+                let expected_cold = (0..6)
+                    .filter(|&p| {
+                        seen[p] != Absent
+                            && (0..k).any(|j| {
+                                t - times[j] >= cold_age
+                                    && history[j][p] != Absent
+                                    && (j + 1..=k).all(|i| history[i][p] == Idle)
+                            })
+                    })
+                    .count() as u64;
+                prop_assert_eq!(cold, expected_cold);
+            }
+        }
+    }
+}
