@@ -207,8 +207,8 @@ pub struct HostConfig {
     /// Measure the guest memory each QEMU touches between ticks: `"idle"` by idle page
     /// tracking (sees KVM guests too; needs CONFIG_IDLE_PAGE_TRACKING and root),
     /// `"clear_refs"` by /proc/PID/smaps and clear_refs (TCG only), `true` idle page
-    /// tracking where the host has it and clear_refs elsewhere, `false` none. Unset: `true`
-    /// when a policy uses it (memtide, sampled, esx), else `false`.
+    /// tracking where the host has it and clear_refs elsewhere, `false` none. Unset:
+    /// `"clear_refs"` when a policy uses it (memtide, sampled, esx), else `false`.
     pub sample_access: Option<SampleAccess>,
     /// Seconds a page of guest RAM must go untouched to count as cold (idle page
     /// tracking).
@@ -883,7 +883,11 @@ impl Config {
         match self.host.sample_access {
             Some(SampleAccess::Off) => AccessSampling::Off,
             None if !needed => AccessSampling::Off,
-            None | Some(SampleAccess::Auto) => AccessSampling::Idle {
+            // Unset: clear_refs, as before idle page tracking; idle tracking reads and
+            // writes some bytes per guest page each tick, its cost on a large host not
+            // measured yet, so it is the operator's choice.
+            None => AccessSampling::ClearRefs,
+            Some(SampleAccess::Auto) => AccessSampling::Idle {
                 cold_age,
                 fallback: true,
             },
@@ -1100,10 +1104,13 @@ mod tests {
             cold_age: Duration::from_secs(120),
             fallback,
         };
-        // Unset: on for the policies that use it, idle page tracking first.
-        assert_eq!(sampling("policy = \"memtide\"\n"), idle(true));
+        // Unset: clear_refs for the policies that use it (idle tracking is chosen).
+        assert_eq!(
+            sampling("policy = \"memtide\"\n"),
+            AccessSampling::ClearRefs
+        );
         assert_eq!(sampling("policy = \"mom\"\n"), AccessSampling::Off);
-        // The booleans of older configurations keep their meaning, idle tracking first.
+        // `true`: the best tracking the host has, idle page tracking first.
         assert_eq!(sampling("[host]\nsample_access = true\n"), idle(true));
         assert_eq!(
             sampling("policy = \"esx\"\n[host]\nsample_access = false\n"),
