@@ -104,6 +104,10 @@ pub fn present_frame(entry: u64) -> Option<u64> {
 
 /// `/proc/kpageflags` bit of a compound page's tail (pagemap.rst: KPF_COMPOUND_TAIL).
 const KPF_COMPOUND_TAIL: u64 = 1 << 16;
+/// `/proc/kpageflags` bit of an anonymous page (pagemap.rst: KPF_ANON).
+const KPF_ANON: u64 = 1 << 12;
+/// `/proc/kpageflags` bit of a page KSM merged (pagemap.rst: KPF_KSM).
+const KPF_KSM: u64 = 1 << 21;
 
 /// The private writable mappings (`rw-p`) in `/proc/PID/maps` text, as address ranges.
 pub fn private_writable(maps: &str) -> Vec<std::ops::Range<u64>> {
@@ -255,6 +259,15 @@ fn runs(words: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
+/// What `/proc/kpageflags` says of a scan's frames, each list sorted.
+#[derive(Default)]
+struct Flagged {
+    /// Compound pages' tails.
+    tails: Vec<u64>,
+    /// Frames other mappings share: merged by KSM, or not anonymous.
+    shared: Vec<u64>,
+}
+
 /// Pages scanned at a time: their pagemap entries (8 bytes each) in one read.
 const CHUNK: usize = 1 << 15;
 
@@ -391,13 +404,16 @@ impl Tracker {
         let mut present: Vec<u64> = frames.iter().flatten().copied().collect();
         present.sort_unstable();
         present.dedup();
-        let tails = self.tails(&present)?;
+        let Flagged { tails, shared } = self.flagged(&present)?;
         // Idle flags are kept on a compound page's head only: its tails read as not idle
-        // and cannot be marked (idle_page_tracking.rst).
+        // and cannot be marked (idle_page_tracking.rst). Pages others map too — merged by
+        // KSM, or not anonymous (a clone's template, shared memory) — count as accessed
+        // and are not marked: another tracker's scan of the same frame marks it idle
+        // again and would make it look cold here, and giving one up frees nothing.
         let heads: Vec<u64> = present
             .iter()
             .copied()
-            .filter(|f| tails.binary_search(f).is_err())
+            .filter(|f| tails.binary_search(f).is_err() && shared.binary_search(f).is_err())
             .collect();
         let mut words: Vec<u64> = heads.iter().map(|f| f / 64).collect();
         words.dedup();
@@ -427,6 +443,7 @@ impl Tracker {
             .map(|frame| {
                 let s = match *frame {
                     None => Seen::Absent,
+                    Some(f) if shared.binary_search(&f).is_ok() => Seen::Accessed,
                     Some(f) if tails.binary_search(&f).is_ok() => match *before {
                         Some((b, s)) if b + 1 == f => s,
                         _ => Seen::Accessed,
@@ -459,21 +476,26 @@ impl Tracker {
         Ok((accessed, resident))
     }
 
-    /// Which of the sorted, distinct `frames` are compound pages' tails (`/proc/kpageflags`).
-    fn tails(&self, frames: &[u64]) -> Result<Vec<u64>, TrackError> {
-        let mut tails = Vec::new();
+    /// Which of the sorted, distinct `frames` are compound pages' tails, and which are
+    /// shared with other mappings (`/proc/kpageflags`).
+    fn flagged(&self, frames: &[u64]) -> Result<Flagged, TrackError> {
+        let mut out = Flagged::default();
         for (lo, hi) in runs(frames) {
             let mut flags = vec![0; (hi - lo + 1) as usize];
             self.kpageflags.read_all_words(lo, &mut flags)?;
             let from = frames.partition_point(|&f| f < lo);
             let to = frames.partition_point(|&f| f <= hi);
-            tails.extend(
-                frames[from..to]
-                    .iter()
-                    .filter(|&&f| flags[(f - lo) as usize] & KPF_COMPOUND_TAIL != 0),
-            );
+            for &f in &frames[from..to] {
+                let flags = flags[(f - lo) as usize];
+                if flags & KPF_COMPOUND_TAIL != 0 {
+                    out.tails.push(f);
+                }
+                if flags & KPF_KSM != 0 || flags & KPF_ANON == 0 {
+                    out.shared.push(f);
+                }
+            }
         }
-        Ok(tails)
+        Ok(out)
     }
 }
 
@@ -727,6 +749,73 @@ garbage
         drop(buffer);
         let gone = tracker.scan(s(4)).err().unwrap();
         assert!(matches!(gone, TrackError::NoMapping(..)), "{gone}");
+    }
+
+    /// Pages a clone shares with its template — a private file mapping's pages it has
+    /// only read, page cache other mappings hold too — are never cold and never marked;
+    /// the pages it wrote (copied on write, anonymous) are tracked.
+    #[test]
+    fn pages_shared_with_other_mappings_are_never_cold() {
+        let sys = tempfile::tempdir().unwrap();
+        let mm = sys.path().join("kernel/mm/page_idle");
+        std::fs::create_dir_all(&mm).unwrap();
+        File::create(mm.join("bitmap"))
+            .unwrap()
+            .set_len((1 << 40) / 4096 / 8)
+            .unwrap();
+        // 27 MiB of a template file mapped privately: the first 3 MiB written, the rest
+        // read only.
+        let pages = 27 * 256;
+        let template = tempfile::tempfile().unwrap();
+        template.set_len((pages * 4096) as u64).unwrap();
+        let len = pages * 4096;
+        // SAFETY: a fresh private mapping of a file of that length, unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&template),
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let written = 3 * 256;
+        // SAFETY: within the mapping just made.
+        unsafe {
+            for p in 0..pages {
+                let page = at.cast::<u8>().add(p * 4096);
+                if p < written {
+                    page.write_volatile(1);
+                } else {
+                    page.read_volatile();
+                }
+            }
+        }
+        let mut tracker = Tracker::open(
+            Path::new("/proc"),
+            sys.path(),
+            std::process::id() as i32,
+            Mappings::GuestRam(Bytes::from_mib(26)),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let s = Duration::from_secs;
+        let scans = (0..3).map(|t| tracker.scan(s(t))).collect::<Vec<_>>();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(at, len) };
+        let last = match scans.into_iter().last().unwrap() {
+            Err(TrackError::NoFrames(_)) => return, // without CAP_SYS_ADMIN
+            scan => scan.unwrap(),
+        };
+        // Only the written pages went idle for the cold age: the read ones, the
+        // template's page cache, count as accessed at every scan.
+        assert_eq!(last.cold, Some(Bytes((written * 4096) as u64)));
+        assert_eq!(
+            last.accessed,
+            Some(Bytes(((pages - written) * 4096) as u64))
+        );
     }
 
     proptest! {

@@ -36,6 +36,10 @@ pub struct Signals {
     /// Inactive(file): the rest of its page cache (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inactive_file: Option<Bytes>,
+    /// AnonPages: programs' anonymous memory, the only kind its swap takes (needs the
+    /// agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anon: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
     /// and the anonymous memory that does not fit in its free swap (needs the agent).
     pub unreclaimable: Option<Bytes>,
@@ -106,6 +110,7 @@ impl Signals {
             committed_as: a.and_then(|a| a.meminfo.committed_as),
             active_file: a.and_then(|a| a.meminfo.active_file),
             inactive_file: a.and_then(|a| a.meminfo.inactive_file),
+            anon: a.and_then(|a| a.meminfo.anon_pages),
             swap_free: a.map(|a| a.meminfo.swap_free),
             swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
             unreclaimable,

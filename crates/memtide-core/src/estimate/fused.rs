@@ -97,10 +97,9 @@ pub struct FusedConfig {
     /// without touching it every sample (its kernel's own memory, programs it runs now
     /// and then) is more than the floor counts. In (0, 1]; 1 leaves only the floor.
     pub touched_share: f64,
-    /// Take memory the host's access tracking saw untouched for its cold age, at any
-    /// level of need (off by default: in the simulator it frees 1.6 × the memory MOM
-    /// frees on cloud-mix at 0.99 of its throughput, but fleet-1000's bursts then OOM-kill
-    /// guests whose cold memory filled their swap).
+    /// Take the part of a guest's need the host's access tracking saw untouched for its
+    /// cold age, at any level of need (off by default: in the simulator it frees 1.44 ×
+    /// the memory MOM frees on cloud-mix at the same throughput, but costs quick 6%).
     pub take_cold: bool,
     /// Seconds after a guest's last allocation during which it keeps what it has
     /// committed even where the host saw memory of it untouched for the tracker's cold
@@ -238,21 +237,25 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
 
 /// What of the guest's own need its host's access tracking saw untouched for the cold age:
 /// the cold memory beyond all its page cache and free memory (which the tracker counts
-/// too, and the other rules take or keep), so memory its programs hold and do not touch.
+/// too, and the other rules take or keep), no more than its anonymous memory and its free
+/// swap — what it can write out (hugetlb pages, shared memory and the like cannot go).
 /// The guest gives it up at the cost of writing it out once. Cold page cache is left to
 /// the other rules: read again after longer than the cold age, it would come from disk
 /// (found in the simulator: web caches whose files came back every 15 min lost 2.5% of
 /// their throughput); so is free memory the host does not back (taking it frees nothing
 /// on the host, and memknobs guests lost the room they grew into). `None` without
-/// tracking or without `take_cold`.
+/// tracking, without `take_cold`, or without every figure this needs from the guest's
+/// agent (a guest whose cache and free memory are unknown would count them as its need:
+/// found in review, a guest needing 300 MiB taken to 60).
 fn cold_need(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     if !cfg.take_cold {
         return None;
     }
     let s = &obs.signals;
-    let cache = s.active_file.unwrap_or_default() + s.inactive_file.unwrap_or_default();
-    let free = s.used.map_or(Bytes::ZERO, |used| obs.size - used);
-    Some(obs.cold? - cache - free)
+    s.committed_as?;
+    let cache = s.active_file? + s.inactive_file?;
+    let free = obs.size - s.used?;
+    Some((obs.cold? - cache - free).min(s.anon?).min(s.swap_free?))
 }
 
 /// What the guest has committed less what of it is in its swap: the memory it has
@@ -913,9 +916,15 @@ mod tests {
         }
     }
 
-    /// `o` with host-side tracking: `cold` MiB of guest memory untouched for the cold age.
+    /// `o` with host-side tracking: `cold` MiB of guest memory untouched for the cold age;
+    /// and the agent's figures it needs: no free memory, no page cache, all it holds
+    /// anonymous, 1000 MiB of free swap unless `o` says.
     fn tracked(mut o: Observation, cold: u64) -> Observation {
         o.cold = Some(Bytes::from_mib(cold));
+        let s = &mut o.signals;
+        (s.used, s.anon) = (Some(o.size), Some(o.size));
+        (s.active_file, s.inactive_file) = (Some(Bytes::ZERO), Some(Bytes::ZERO));
+        s.swap_free.get_or_insert(Bytes::from_mib(1000));
         o
     }
 
@@ -946,6 +955,16 @@ mod tests {
         free.signals.used = Some(Bytes::from_mib(130));
         free.signals.inactive_file = Some(Bytes::from_mib(100));
         assert_eq!(cold_need(&cfg, &free), Some(Bytes::ZERO));
+        // Nor is anything taken where a figure it needs is missing (no agent: cache and
+        // free memory unknown), nor beyond its anonymous memory or its free swap.
+        let mut blind = tracked(ample(123, 830, 30), 500);
+        blind.signals.inactive_file = None;
+        assert_eq!(cold_need(&cfg, &blind), None);
+        let mut locked = tracked(ample(123, 830, 30), 500);
+        locked.signals.anon = Some(Bytes::from_mib(200));
+        assert_eq!(cold_need(&cfg, &locked), Some(Bytes::from_mib(200)));
+        locked.signals.swap_free = Some(Bytes::from_mib(50));
+        assert_eq!(cold_need(&cfg, &locked), Some(Bytes::from_mib(50)));
         // The same guest without tracking keeps its need: nothing is taken blind; nor
         // with tracking where `take_cold` is off (the default).
         let mut g = Fused::default();
@@ -998,7 +1017,8 @@ mod tests {
     fn where_cold_memory_is_taken_the_guest_keeps_half_its_swap_for_bursts() {
         // 900 MiB committed, 512 MiB of swap: no estimate leaves it more committed than
         // its RAM and half its swap hold (900 − 256 + margin 30 = 674), though 600 MiB of
-        // its need is cold; without `take_cold` the bound does not apply.
+        // its need is cold; without `take_cold` the bound does not apply (nor is anything
+        // cold taken: it keeps what it committed, 900, and the margin).
         let ample = |t| {
             let mut o = at(committed(obs(t, 830, 30, 0), 900), NeedLevel::Ample);
             o.signals.swap_free = Some(Bytes::from_mib(512));
@@ -1009,6 +1029,9 @@ mod tests {
         f.step(&cold_cfg(), &ample(0));
         let e = f.step(&cold_cfg(), &ample(121)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (674.0, "cold"), "{}", e.detail);
+        let mut g = Fused::default();
+        g.step(&cfg(), &ample(0));
+        assert_eq!(mib(g.step(&cfg(), &ample(121))), 930.0);
     }
 
     #[test]
