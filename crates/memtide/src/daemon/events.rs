@@ -25,7 +25,7 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 18] = [
+const ALWAYS: [&str; 19] = [
     "started",
     "stopped",
     "state",
@@ -42,6 +42,7 @@ const ALWAYS: [&str; 18] = [
     "restored",
     "restore_failed",
     "restore_skipped",
+    "restore_waiting",
     "restore_given_up",
     "wake",
 ];

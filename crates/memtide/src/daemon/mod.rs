@@ -26,9 +26,9 @@ use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
 use memtide_core::reclaim::Keep;
-use memtide_core::recovery::{Gone, Recovery, Verdict};
+use memtide_core::recovery::{Gone, Recovery, Room, Verdict};
 use memtide_core::{
-    guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+    guest_text, Action, BackendError, Bytes, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
 use memtide_sim::Recorder;
 use state::StateFile;
@@ -99,6 +99,10 @@ struct Daemon {
     asleep: Vec<snapshots::Snapshot>,
     /// The VMs a restore (after a crash, or a scheduled wake) runs for: one at a time.
     restores: HashSet<String>,
+    /// The crashed VMs whose restore waits for the host to have room, with their size.
+    waiting: HashMap<String, Bytes>,
+    /// The host's memory at the last tick, for a restore to wait for room.
+    room: Room,
     /// The restores made after crashes, for their limit.
     recovery: Recovery,
     /// Where crash recovery's and scheduled wakes' steps run off the loop come back.
@@ -128,8 +132,8 @@ struct SaveDone {
 /// Crash recovery's (`[[vm]] restore_on_crash`) and scheduled wakes' (`wake_at`)
 /// steps run off the loop.
 enum Restoring {
-    /// How VM `vm`'s QEMU went.
-    Judged { vm: String, gone: Gone },
+    /// How VM `vm`'s QEMU went, and its configured memory (its newest snapshot's).
+    Judged { vm: String, gone: Gone, size: Bytes },
     /// A restore ended: what was done, or why it failed.
     Restored {
         vm: String,
@@ -244,6 +248,12 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         recount_hibernated: true,
         asleep: Vec::new(),
         restores: HashSet::new(),
+        waiting: HashMap::new(),
+        room: Room {
+            total: Bytes::ZERO,
+            freeable: Bytes::ZERO,
+            size: Bytes::ZERO,
+        },
         recovery: Recovery::default(),
         restoring,
         woken_for: HashMap::new(),
@@ -598,18 +608,20 @@ impl Daemon {
             }
             // Hibernated: its newest snapshot is a hibernation not woken from.
             let name = vm.clone();
-            let asleep = tokio::task::spawn_blocking(move || store.list(&name))
+            let newest = tokio::task::spawn_blocking(move || store.list(&name))
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .is_some_and(|list| list.last().is_some_and(snapshots::Snapshot::asleep));
+                .and_then(|mut list| list.pop());
+            let asleep = newest.as_ref().is_some_and(snapshots::Snapshot::asleep);
+            let size = newest.map_or(Bytes::ZERO, |s| s.configured);
             let gone = match () {
                 _ if shut_down => Gone::ShutDown,
                 _ if alive => Gone::ProcessAlive,
                 _ if asleep => Gone::Hibernated,
                 _ => Gone::Died,
             };
-            let _ = tx.send(Restoring::Judged { vm, gone }).await;
+            let _ = tx.send(Restoring::Judged { vm, gone, size }).await;
         });
     }
 
@@ -676,33 +688,7 @@ impl Daemon {
     /// (`memtide_actions_total{kind="restore"}`).
     fn recover(&mut self, step: Restoring) {
         match step {
-            Restoring::Judged { vm, .. } if self.restores.contains(&vm) => {
-                let why = "not restored again: a restore of it is under way".to_string();
-                self.events.log("restore_skipped", Some(&vm), None, why);
-            }
-            Restoring::Judged { vm, gone } => {
-                let at = self.start.elapsed();
-                match self.recovery.decide(&vm, gone, at, &self.config.recovery) {
-                    Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
-                    Verdict::GiveUp(why) => {
-                        self.counters.action("restore", "given_up");
-                        self.events.log("restore_given_up", Some(&vm), None, why);
-                    }
-                    Verdict::Restore => {
-                        let message = "its QEMU died without shutting down: restoring it from \
-                                       its newest good snapshot";
-                        self.events
-                            .log("restore_started", Some(&vm), None, message.into());
-                        self.restores.insert(vm.clone());
-                        let (config, tx) = (self.config.clone(), self.restoring.clone());
-                        tokio::spawn(async move {
-                            let result = crate::snapshot_cmd::recover(&config, &vm).await;
-                            let result = result.map_err(|e| format!("{e:#}"));
-                            let _ = tx.send(Restoring::Restored { vm, result }).await;
-                        });
-                    }
-                }
-            }
+            Restoring::Judged { vm, gone, size } => self.judge(vm, gone, size),
             Restoring::Restored { vm, result } => {
                 self.restores.remove(&vm);
                 self.recount_hibernated = true;
@@ -720,6 +706,65 @@ impl Daemon {
                         self.events.log("restore_failed", Some(&vm), None, message);
                     }
                 }
+            }
+        }
+    }
+
+    /// Decide about VM `vm`, gone as `gone`, of `size`, with the room the host had at
+    /// the last tick, and carry it out: a restore that must wait for room is tried
+    /// again each tick (its event logged once).
+    fn judge(&mut self, vm: String, gone: Gone, size: Bytes) {
+        if self.restores.contains(&vm) {
+            self.waiting.remove(&vm);
+            let why = "not restored again: a restore of it is under way".to_string();
+            self.events.log("restore_skipped", Some(&vm), None, why);
+            return;
+        }
+        let (at, cfg) = (self.start.elapsed(), &self.config.recovery);
+        let room = Room { size, ..self.room };
+        match self.recovery.decide(&vm, gone, at, room, cfg) {
+            Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
+            Verdict::GiveUp(why) => {
+                self.waiting.remove(&vm);
+                self.counters.action("restore", "given_up");
+                self.events.log("restore_given_up", Some(&vm), None, why);
+            }
+            Verdict::Wait(why) => {
+                if self.waiting.insert(vm.clone(), size).is_none() {
+                    self.events.log("restore_waiting", Some(&vm), None, why);
+                }
+            }
+            Verdict::Restore => {
+                self.waiting.remove(&vm);
+                let message = "its QEMU died without shutting down: restoring it from its \
+                               newest good snapshot";
+                self.events
+                    .log("restore_started", Some(&vm), None, message.into());
+                self.restores.insert(vm.clone());
+                let (config, tx) = (self.config.clone(), self.restoring.clone());
+                tokio::spawn(async move {
+                    let result = crate::snapshot_cmd::recover(&config, &vm).await;
+                    let result = result.map_err(|e| format!("{e:#}"));
+                    let _ = tx.send(Restoring::Restored { vm, result }).await;
+                });
+            }
+        }
+    }
+
+    /// Try again the restores waiting for room, with the host's room at this tick;
+    /// one whose VM came back meanwhile waits no more.
+    fn restore_waiting(&mut self, host: &memtide_core::decision::HostReport) {
+        self.room = Room {
+            total: host.total,
+            freeable: host.freeable,
+            size: Bytes::ZERO,
+        };
+        let waiting: Vec<(String, Bytes)> = self.waiting.drain().collect();
+        for (vm, size) in waiting {
+            if self.fleet.configured(&vm).is_none() {
+                // Still waiting: kept so that its event is not logged again.
+                self.waiting.insert(vm.clone(), size);
+                self.judge(vm, Gone::Died, size);
             }
         }
     }
@@ -812,6 +857,7 @@ impl Daemon {
             .await;
         self.reclaim(&snapshot, &decision).await;
         self.hibernate_idle(&snapshot, &decision);
+        self.restore_waiting(&decision.host);
         self.snapshot_on_schedule();
         self.reread_asleep();
         self.wake_on_schedule();
