@@ -11,9 +11,9 @@ use crate::framing::{Framed, Socket};
 use serde_json::{Map, Value};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -87,6 +87,7 @@ pub struct QmpClient {
     next_id: u64,
     timeout: Duration,
     peer_pid: Option<i32>,
+    socket: PathBuf,
 }
 
 impl Drop for QmpClient {
@@ -102,7 +103,12 @@ impl QmpClient {
         let stream = timeout(call_timeout, UnixStream::connect(path))
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??;
-        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        // A peer in another pid namespace has pid 0: unknown.
+        let peer_pid = stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .filter(|pid| *pid > 0);
         let (read, writer) = stream.into_split();
         let mut reader = Framed::new(read);
         let greeting = timeout(call_timeout, read_line(&mut reader))
@@ -123,14 +129,37 @@ impl QmpClient {
             next_id: 0,
             timeout: call_timeout,
             peer_pid,
+            socket: path.to_path_buf(),
         };
         client.execute("qmp_capabilities", None).await?;
         Ok(client)
     }
 
-    /// The QEMU process id, from the socket's peer credentials.
+    /// The QEMU process id, from the socket's peer credentials (`None` when they give
+    /// none, or 0: a peer in another pid namespace).
     pub fn peer_pid(&self) -> Option<i32> {
         self.peer_pid
+    }
+
+    /// Whether the QEMU behind this session has ended, for one that can no longer be
+    /// asked (a call timed out and closed the session), given `grace` to end: its
+    /// process gone (a zombie counts as gone) or, its pid unknown, its socket refusing
+    /// connections or removed.
+    pub async fn peer_ended(&self, grace: Duration) -> bool {
+        let by = Instant::now() + grace;
+        loop {
+            let ended = match self.peer_pid {
+                Some(pid) => !crate::procfs::process_runs(Path::new("/proc"), pid as u32),
+                None => UnixStream::connect(&self.socket).await.is_err_and(|e| {
+                    use std::io::ErrorKind::{ConnectionRefused, NotFound};
+                    matches!(e.kind(), ConnectionRefused | NotFound)
+                }),
+            };
+            if ended || Instant::now() >= by {
+                return ended;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// True once the connection has closed.

@@ -24,6 +24,8 @@ pub const MEMORY_FILE: &str = "memory";
 /// How often a migration's progress is asked for: a save of a small guest takes a tenth
 /// of a second, and every poll interval its end waits adds to the guest's downtime.
 const POLL: Duration = Duration::from_millis(5);
+/// How long a QEMU that did not answer `quit` is given to end before it counts as running.
+const QUIT_GRACE: Duration = Duration::from_secs(2);
 /// A migration bandwidth no disk reaches (bytes/s): no cap.
 const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
@@ -227,6 +229,15 @@ pub async fn save(
             // QEMU may close the connection before it answers: it quit all the same.
             match client.execute("quit", None).await {
                 Ok(_) | Err(QmpError::Closed(_) | QmpError::Io(_)) => {}
+                // No reply: the session is closed, so its process tells.
+                Err(e @ QmpError::Timeout(_)) => {
+                    if !client.peer_ended(QUIT_GRACE).await {
+                        return Err(BackendError::Protocol(format!(
+                            "saved, but QEMU did not answer `quit` ({e}) and still runs, \
+                             the guest paused; memtide's connection to it is closed"
+                        )));
+                    }
+                }
                 Err(e) => return not_quit(client, running, e, saved).await,
             }
         }
@@ -789,6 +800,34 @@ mod tests {
         assert!(saved.was_running);
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
+    }
+
+    #[tokio::test]
+    async fn a_hibernation_whose_quit_times_out_while_qemu_runs_is_not_reported_saved() {
+        // QEMU (this process, its pid the socket's peer) never answers `quit`: the
+        // session memtide closed says nothing, the process runs.
+        let (dir, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "quit" => vec![],
+            "query-status" => vec![ok(&req, json!({"running": true, "status": "running"}))],
+            "query-migrate-capabilities" => vec![ok(&req, json!([]))],
+            "query-migrate" => vec![ok(&req, json!({"status": "completed"}))],
+            _ => vec![ok(&req, json!({}))],
+        })
+        .await;
+        let mut client = QmpClient::connect(&path, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let (sealed, ran) = seal(Ok(()));
+        let limit = Duration::from_secs(5);
+        let e = save(&mut client, dir.path(), AfterSave::Quit, limit, sealed)
+            .await
+            .unwrap_err();
+        assert!(*ran.lock().unwrap(), "sealed before the quit");
+        assert_eq!(
+            e.to_string(),
+            "saved, but QEMU did not answer `quit` (no reply within 300 ms) and still runs, \
+             the guest paused; memtide's connection to it is closed"
+        );
     }
 
     #[tokio::test]
