@@ -103,12 +103,8 @@ impl QmpClient {
         let stream = timeout(call_timeout, UnixStream::connect(path))
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??;
-        // A peer in another pid namespace has pid 0: unknown.
-        let peer_pid = stream
-            .peer_cred()
-            .ok()
-            .and_then(|c| c.pid())
-            .filter(|pid| *pid > 0);
+        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        let peer_pid = peer_pid.and_then(crate::procfs::known_pid);
         let (read, writer) = stream.into_split();
         let mut reader = Framed::new(read);
         let greeting = timeout(call_timeout, read_line(&mut reader))
@@ -149,7 +145,7 @@ impl QmpClient {
         let by = Instant::now() + grace;
         loop {
             let ended = match self.peer_pid {
-                Some(pid) => !crate::procfs::process_runs(Path::new("/proc"), pid as u32),
+                Some(pid) => !crate::procfs::process_runs(Path::new("/proc"), pid.unsigned_abs()),
                 None => UnixStream::connect(&self.socket).await.is_err_and(|e| {
                     use std::io::ErrorKind::{ConnectionRefused, NotFound};
                     matches!(e.kind(), ConnectionRefused | NotFound)
