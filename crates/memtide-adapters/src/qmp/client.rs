@@ -23,7 +23,8 @@ use tokio::time::timeout;
 
 /// Longest line accepted from QEMU; a longer one means a broken peer.
 const MAX_LINE: usize = 4 << 20;
-/// Events queued between two drains; beyond that the newest are dropped.
+/// Events queued between two drains; beyond that the oldest are dropped, but for
+/// `SHUTDOWN` and `RESET` (see [`enqueue`]).
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
 /// or QEMU flooding events holds no memory (#18 defect 6).
@@ -395,6 +396,23 @@ pub fn message(msg: &Value) -> Message {
     Message::Reply(id, reply)
 }
 
+/// Queue `event` in `events`, at most [`EVENT_QUEUE`] long. A full queue means nobody
+/// drained for a long time: the oldest event other than a `SHUTDOWN` or `RESET` is
+/// dropped to make room, for these tell how the VM ended (a `SHUTDOWN` lost would have
+/// a VM that was shut down judged crashed). A queue of nothing else drops its oldest for
+/// one of them, and drops a new other event.
+fn enqueue(events: &mut VecDeque<QmpEvent>, event: QmpEvent) {
+    let kept = |e: &QmpEvent| matches!(e.name.as_str(), "SHUTDOWN" | "RESET");
+    if events.len() >= EVENT_QUEUE {
+        match events.iter().position(|e| !kept(e)) {
+            Some(i) => drop(events.remove(i)),
+            None if kept(&event) => drop(events.pop_front()),
+            None => return,
+        }
+    }
+    events.push_back(event);
+}
+
 /// Route replies to their callers and events to the queue until the connection ends.
 async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>) {
     let why = loop {
@@ -405,11 +423,7 @@ async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>)
         };
         let (id, reply) = match message(&msg) {
             Message::Event(event) => {
-                // A full queue means nobody drained for a long time: drop the newest.
-                let mut shared = shared.lock().expect("qmp state lock");
-                if shared.events.len() < EVENT_QUEUE {
-                    shared.events.push_back(event);
-                }
+                enqueue(&mut shared.lock().expect("qmp state lock").events, event);
                 continue;
             }
             Message::Reply(id, reply) => (id, reply),
@@ -533,6 +547,40 @@ pub(crate) mod tests {
         assert_eq!(names, ["BALLOON_CHANGE", "RESET"]);
         assert_eq!(ev[0].data, Value::Null, "oversized data dropped");
         assert_eq!(ev[1].data, json!({"guest": true}));
+    }
+
+    #[test]
+    fn a_full_event_queue_keeps_every_shutdown_and_reset_and_drops_older_events() {
+        let event = |name: &str, n: u64| QmpEvent {
+            name: name.into(),
+            data: json!({ "n": n }),
+        };
+        let mut q = VecDeque::new();
+        enqueue(&mut q, event("RESET", 0));
+        for n in 1..EVENT_QUEUE as u64 {
+            enqueue(&mut q, event("BALLOON_CHANGE", n));
+        }
+        assert_eq!(q.len(), EVENT_QUEUE);
+        // Full: the final SHUTDOWN takes the oldest BALLOON_CHANGE's place, the RESET stays.
+        enqueue(&mut q, event("SHUTDOWN", 9999));
+        assert_eq!(q.len(), EVENT_QUEUE);
+        assert_eq!(q.front(), Some(&event("RESET", 0)));
+        assert_eq!(q[1], event("BALLOON_CHANGE", 2), "the oldest other dropped");
+        assert_eq!(q.back(), Some(&event("SHUTDOWN", 9999)));
+        // A newer balloon value replaces an older one too.
+        enqueue(&mut q, event("BALLOON_CHANGE", 10_000));
+        assert_eq!(q[1], event("BALLOON_CHANGE", 3));
+        assert_eq!(q.back(), Some(&event("BALLOON_CHANGE", 10_000)));
+        // A queue of nothing but SHUTDOWN/RESET keeps the newest of them.
+        let mut q: VecDeque<_> = (0..EVENT_QUEUE as u64).map(|n| event("RESET", n)).collect();
+        enqueue(&mut q, event("BALLOON_CHANGE", 1));
+        assert_eq!(q.back(), Some(&event("RESET", EVENT_QUEUE as u64 - 1)));
+        enqueue(&mut q, event("SHUTDOWN", 1));
+        assert_eq!(
+            (q.len(), q.front()),
+            (EVENT_QUEUE, Some(&event("RESET", 1)))
+        );
+        assert_eq!(q.back(), Some(&event("SHUTDOWN", 1)));
     }
 
     #[tokio::test]
