@@ -194,10 +194,11 @@ impl QmpClient {
     }
 
     /// Hand QEMU the open file `fd` in a new fd set (`add-fd`), for a later command to
-    /// open as `/dev/fdset/N` (QEMU >= 9.0's `file:` migration takes no `fd:`); the set's
-    /// number.
-    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
-        let mut replies = self.send(vec![("add-fd", None)], Some(fd)).await?;
+    /// open as `/dev/fdset/N` (QEMU >= 9.0's `file:` migration takes no `fd:`), marked
+    /// `opaque` (`query-fdsets` shows it); the set's number.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>, opaque: &str) -> Result<u64, QmpError> {
+        let args = serde_json::json!({ "opaque": opaque });
+        let mut replies = self.send(vec![("add-fd", Some(args))], Some(fd)).await?;
         let added = replies.pop().expect("one reply per command")?;
         added["fdset-id"]
             .as_u64()

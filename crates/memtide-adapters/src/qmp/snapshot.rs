@@ -63,6 +63,57 @@ async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, Back
         .is_some_and(|caps| caps.iter().any(|c| c["capability"] == name)))
 }
 
+/// Undo what a save of memtide's cut short (a call timed out and closed its session)
+/// left in QEMU: its fd sets (`opaque` [`FD_NAME`]) removed and `mapped-ram` turned off,
+/// lest they hold a descriptor of the store's and bend the VM's next migration; nothing
+/// while a migration runs or is awaited (a save or restore under way). Best effort: a
+/// failure is logged (a command QEMU lacks, at debug level).
+pub async fn clean_up(client: &mut QmpClient) {
+    match try_clean_up(client).await {
+        Ok(()) => {}
+        Err(e @ QmpError::Command { .. }) => {
+            tracing::debug!("no clean-up of cut-short saves: {e}");
+        }
+        Err(e) => {
+            tracing::warn!("what a cut-short save left in QEMU could not be cleaned up: {e}");
+        }
+    }
+}
+
+async fn try_clean_up(client: &mut QmpClient) -> Result<(), QmpError> {
+    let status = client.execute("query-status", None).await?;
+    let migration = client.execute("query-migrate", None).await?;
+    let idle = matches!(
+        migration.get("status").and_then(Value::as_str),
+        None | Some("none" | "completed" | "failed" | "cancelled")
+    );
+    if status.get("status").and_then(Value::as_str) == Some("inmigrate") || !idle {
+        return Ok(());
+    }
+    let sets = match client.execute("query-fdsets", None).await {
+        Err(QmpError::Command { .. }) => Value::Null, // a QEMU without fd sets
+        other => other?,
+    };
+    for set in sets.as_array().into_iter().flatten() {
+        let ours = set["fds"]
+            .as_array()
+            .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == FD_NAME));
+        if ours {
+            let args = json!({ "fdset-id": set["fdset-id"] });
+            client.execute("remove-fd", Some(args)).await?;
+        }
+    }
+    let caps = client.execute("query-migrate-capabilities", None).await?;
+    let on = caps.as_array().is_some_and(|caps| {
+        caps.iter()
+            .any(|c| c["capability"] == "mapped-ram" && c["state"] == true)
+    });
+    if on {
+        set_mapped_ram(client, false).await?;
+    }
+    Ok(())
+}
+
 /// Turn `mapped-ram` on or off.
 async fn set_mapped_ram(client: &mut QmpClient, on: bool) -> Result<(), QmpError> {
     let caps = json!({"capabilities": [{"capability": "mapped-ram", "state": on}]});
@@ -90,7 +141,7 @@ async fn migrate_through(
         }
         Format::MappedRam => {
             set_mapped_ram(client, true).await?;
-            match client.add_fd(file.as_fd()).await {
+            match client.add_fd(file.as_fd(), FD_NAME).await {
                 Ok(id) => Some(id),
                 Err(e) => {
                     let _ = set_mapped_ram(client, false).await;
@@ -828,6 +879,58 @@ mod tests {
             "saved, but QEMU did not answer `quit` (no reply within 300 ms) and still runs, \
              the guest paused; memtide's connection to it is closed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_connection_removes_the_fd_sets_and_mapped_ram_a_cut_short_save_left() {
+        // A save whose call timed out left its fd set (and another's, kept) and
+        // mapped-ram on; a second QEMU is restoring (`inmigrate`): left alone.
+        for incoming in [false, true] {
+            let sent = Arc::new(Mutex::new(Vec::new()));
+            let log = sent.clone();
+            let (_dir, path) = serve(move |req| {
+                let command = req["execute"].as_str().unwrap().to_string();
+                log.lock()
+                    .unwrap()
+                    .push(format!("{command} {}", req["arguments"]));
+                let status = if incoming { "inmigrate" } else { "paused" };
+                vec![match command.as_str() {
+                    "query-status" => ok(&req, json!({"running": false, "status": status})),
+                    "query-migrate" => ok(&req, json!({"status": "cancelled"})),
+                    "query-fdsets" => ok(
+                        &req,
+                        json!([{"fdset-id": 3, "fds": [{"fd": 30, "opaque": "libvirt"}]},
+                               {"fdset-id": 7, "fds": [{"fd": 31, "opaque": FD_NAME}]}]),
+                    ),
+                    "query-migrate-capabilities" => ok(
+                        &req,
+                        json!([{"capability": "xbzrle", "state": true},
+                               {"capability": "mapped-ram", "state": true}]),
+                    ),
+                    _ => ok(&req, json!({})),
+                }]
+            })
+            .await;
+            let mut client = QmpClient::connect(&path, Duration::from_secs(2))
+                .await
+                .unwrap();
+            clean_up(&mut client).await;
+            let sent = sent.lock().unwrap().clone();
+            let mut expected = vec![
+                "qmp_capabilities null",
+                "query-status null",
+                "query-migrate null",
+            ];
+            if !incoming {
+                expected.extend([
+                    "query-fdsets null",
+                    r#"remove-fd {"fdset-id":7}"#,
+                    "query-migrate-capabilities null",
+                    r#"migrate-set-capabilities {"capabilities":[{"capability":"mapped-ram","state":false}]}"#,
+                ]);
+            }
+            assert_eq!(sent, expected, "incoming: {incoming}");
+        }
     }
 
     #[tokio::test]
