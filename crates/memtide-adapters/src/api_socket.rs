@@ -106,10 +106,12 @@ impl ApiSocket {
         }
     }
 
-    /// The VMM's process id, from the socket's peer credentials.
+    /// The VMM's process id, from the socket's peer credentials (`None` when they give
+    /// none, or 0: a peer in another pid namespace).
     pub async fn peer_pid(&self) -> Result<Option<i32>, ApiError> {
         let stream = self.connect().await?;
-        Ok(stream.peer_cred().ok().and_then(|c| c.pid()))
+        let pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        Ok(pid.and_then(crate::procfs::known_pid))
     }
 
     /// Whether nobody serves the socket: connections are refused, or it is gone. A VMM

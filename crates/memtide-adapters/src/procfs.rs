@@ -308,12 +308,23 @@ pub fn stat_cpu_s(text: &str, ticks: f64) -> Option<f64> {
     Some((utime as f64 + stime as f64) / ticks)
 }
 
+/// A process id from a socket's peer credentials, if it names a process: a peer in
+/// another pid namespace has pid 0 (and `waitpid(0)`, `kill(0)` mean this process's
+/// whole group), so it is unknown, as is a negative one.
+pub fn known_pid(pid: i32) -> Option<i32> {
+    (pid > 0).then_some(pid)
+}
+
 /// Whether process `pid` runs: its /proc entry exists and it is not a zombie (a process
 /// that exited and waits for its parent to reap it). One that is this process's own child
-/// (a QEMU a restore started) is reaped if it has ended.
+/// (a QEMU a restore started) is reaped if it has ended; pid 0 (or one beyond `i32`) is
+/// no process, and reaps nothing.
 pub fn process_runs(proc: &Path, pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid).ok().filter(|p| *p > 0) else {
+        return false;
+    };
     // SAFETY: waitpid(2) without a status pointer; ECHILD for another's process.
-    unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
     std::fs::read_to_string(proc.join(pid.to_string()).join("stat"))
         .ok()
         .and_then(|text| Some(stat_state(&text)? != 'Z'))
@@ -368,6 +379,30 @@ mod tests {
         assert!(super::process_runs(proc.path(), 10));
         assert!(!super::process_runs(proc.path(), 11), "a zombie");
         assert!(!super::process_runs(proc.path(), 12), "gone");
+    }
+
+    #[test]
+    fn pid_0_is_no_process_and_reaps_none_of_ours() {
+        assert_eq!(super::known_pid(0), None, "a peer in another pid namespace");
+        assert_eq!(super::known_pid(-1), None);
+        assert_eq!(super::known_pid(42), Some(42));
+        // A child of this process that has ended, a zombie until reaped: checking pid 0
+        // (or one that would be a negative pid_t, a process group) must not reap it.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(&stat).is_ok_and(|t| super::stat_state(&t) != Some('Z')) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child did not end"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let proc = std::path::Path::new("/proc");
+        assert!(!super::process_runs(proc, 0));
+        assert!(!super::process_runs(proc, u32::MAX));
+        let status = child.try_wait().expect("the child is still ours to reap");
+        assert!(status.is_some_and(|s| s.success()));
     }
 
     use super::*;

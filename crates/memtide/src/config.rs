@@ -796,6 +796,10 @@ impl Config {
             let message = format!("{} is not 1 to 31536000 seconds", self.recovery.window_s);
             return bad("recovery.window_s", message);
         }
+        if !(0.0..1.0).contains(&self.recovery.reserve) {
+            let message = format!("{} must be a share in [0, 1)", self.recovery.reserve);
+            return bad("recovery.reserve", message);
+        }
         if !(1..=86_400).contains(&self.snapshots.timeout_s) {
             let message = format!("{} is not 1 to 86400 seconds", self.snapshots.timeout_s);
             return bad("snapshots.timeout_s", message);
@@ -1358,6 +1362,10 @@ mod tests {
             (
                 "[recovery]\nwindow_s = 0\n",
                 "recovery.window_s: 0 is not 1 to 31536000 seconds",
+            ),
+            (
+                "[recovery]\nreserve = 1.0\n",
+                "recovery.reserve: 1 must be a share in [0, 1)",
             ),
             (
                 "[snapshots]\ntimeout_s = 0\n",

@@ -556,7 +556,10 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
         } => {
             let config = load(config.as_ref())?;
             let restored = snapshot_cmd::restore(&config, &vm, id.as_deref(), force).await?;
-            println!("{restored}");
+            println!("{}", restored.line);
+            if let Some(why) = restored.unmarked {
+                eprintln!("warning: {why}");
+            }
         }
         SnapshotCommand::Clone {
             vm,

@@ -131,14 +131,13 @@ impl<'a> Starter<'a> {
 /// connector that saved it: QEMU, Firecracker and Cloud Hypervisor by the VM's `launch`
 /// command, a libvirt domain by libvirt. The VM must not run; the snapshot's checksums
 /// are verified first. Only a hibernation not woken from yet matches the guest's disk:
-/// another snapshot (its guest ran on) is restored only with `force`. Returns a line
-/// saying what was done.
+/// another snapshot (its guest ran on) is restored only with `force`.
 pub async fn restore(
     config: &Config,
     vm: &str,
     id: Option<&str>,
     force: bool,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Started> {
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!(
             "VM {vm} is not among the configuration's [[vm]] entries: memtide restores only \
@@ -174,15 +173,18 @@ pub async fn restore(
             snapshot.id
         );
     }
-    store.verify(&snapshot)?;
+    // A checksum of the whole memory file: off the runtime's workers (the daemon's wake
+    // runs this on its single worker).
+    let (verifying, of) = (store.clone(), snapshot.clone());
+    tokio::task::spawn_blocking(move || verifying.verify(&of)).await??;
     start_from(config, vm, starter, &store, &snapshot).await
 }
 
 /// Start VM `vm` again after its QEMU died by itself (`[[vm]] restore_on_crash`), from
 /// its newest snapshot whose files match their checksums, whoever took it (a damaged one
 /// is skipped, and said): its guest ran on after it, so its disk has moved on since
-/// (docs/snapshots.md). Returns a line saying what was done.
-pub async fn recover(config: &Config, vm: &str) -> anyhow::Result<String> {
+/// (docs/snapshots.md).
+pub async fn recover(config: &Config, vm: &str) -> anyhow::Result<Started> {
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!("VM {vm} is not among the configuration's [[vm]] entries");
     };
@@ -195,11 +197,40 @@ pub async fn recover(config: &Config, vm: &str) -> anyhow::Result<String> {
         let (store, vm, connector) = (store.clone(), vm.to_string(), starter.connector());
         tokio::task::spawn_blocking(move || newest_good(&store, &vm, connector)).await??
     };
-    let line = start_from(config, vm, starter, &store, &snapshot).await?;
-    Ok(match skipped.is_empty() {
-        true => line,
-        false => format!("{line}; newer ones damaged: {}", skipped.join("; ")),
-    })
+    let mut started = start_from(config, vm, starter, &store, &snapshot).await?;
+    if !skipped.is_empty() {
+        started.line = format!(
+            "{}; newer ones damaged: {}",
+            started.line,
+            skipped.join("; ")
+        );
+    }
+    Ok(started)
+}
+
+/// A VM started from a snapshot.
+#[derive(Debug)]
+pub struct Started {
+    /// What was done.
+    pub line: String,
+    /// Why its hibernation could not be marked woken, if it could not: the VM runs all
+    /// the same, and the hibernation must not be restored over it.
+    pub unmarked: Option<String>,
+}
+
+/// Mark hibernation `snapshot` woken once its VM started from it (`line`).
+fn woken(store: &Store, snapshot: &Snapshot, line: String) -> Started {
+    let unmarked = match snapshot.asleep() {
+        true => store.mark_woken(snapshot).err().map(|e| {
+            format!(
+                "it runs, but its hibernation {} could not be marked woken ({e:#}): do not \
+                 restore it again while the guest runs",
+                snapshot.id
+            )
+        }),
+        false => None,
+    };
+    Started { line, unmarked }
 }
 
 /// The newest snapshot of `vm` saved through `connector` whose files match their
@@ -234,15 +265,14 @@ fn saved_through(s: &Snapshot) -> &str {
 }
 
 /// Start VM `vm` from `snapshot`, checked and verified, through `starter`; marks a
-/// hibernation woken. Returns a line saying what was done.
+/// hibernation woken.
 async fn start_from(
     config: &Config,
     vm: &str,
     starter: Starter<'_>,
     store: &Store,
     snapshot: &Snapshot,
-) -> anyhow::Result<String> {
-    let asleep = snapshot.asleep();
+) -> anyhow::Result<Started> {
     let dir = store.dir_of(snapshot);
     let vm_dir = store.vm_dir(vm);
     let log = vm_dir.join("restore.log");
@@ -278,27 +308,23 @@ async fn start_from(
             let done = restore_domain(uri, vm, &dir, resume, limit)
                 .await
                 .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
-            if asleep {
-                store.mark_woken(snapshot)?;
-            }
-            return Ok(format!(
+            let line = format!(
                 "{vm} restored from {} in {:.2} s by libvirt ({uri})",
                 snapshot.id,
                 done.as_secs_f64()
-            ));
+            );
+            return Ok(woken(store, snapshot, line));
         }
     }
     .with_context(|| format!("restoring {vm} from {}", snapshot.id))?;
-    if asleep {
-        store.mark_woken(snapshot)?;
-    }
-    Ok(format!(
+    let line = format!(
         "{vm} restored from {} in {:.2} s ({program} pid {}, its output in {})",
         snapshot.id,
         restored.elapsed.as_secs_f64(),
         restored.pid,
         log.display()
-    ))
+    );
+    Ok(woken(store, snapshot, line))
 }
 
 /// libvirt domain `vm` on `uri` started again from the snapshot in `dir`.
@@ -513,6 +539,42 @@ mod tests {
         std::fs::write(store.dir_of(&taken[0]).join("memory"), b"OLDER").unwrap();
         let e = newest_good(&store, "a", "qmp").unwrap_err().to_string();
         assert!(e.starts_with("no good snapshot of a in the store: "), "{e}");
+    }
+
+    #[test]
+    fn a_vm_started_whose_hibernation_cannot_be_marked_woken_is_started_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let saved = Saved {
+            mechanism: "qmp migrate to fd".into(),
+            was_running: true,
+            downtime: Duration::ZERO,
+            written: Duration::ZERO,
+            ram_backend: None,
+        };
+        let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"m").unwrap();
+        let asleep = pending
+            .finish(&saved, AfterSave::Quit, snapshots::TakenBy::Hibernation)
+            .unwrap();
+        let started = woken(&store, &asleep, "a restored".into());
+        assert_eq!(
+            (started.line.as_str(), started.unmarked),
+            ("a restored", None)
+        );
+        assert!(store.list("a").unwrap()[0].woken.is_some());
+        // Its directory gone: the VM runs, and the failure is said beside it.
+        std::fs::remove_dir_all(store.dir_of(&asleep)).unwrap();
+        let started = woken(&store, &asleep, "a restored".into());
+        assert_eq!(started.line, "a restored");
+        let why = started.unmarked.expect("the mark failed");
+        assert!(
+            why.starts_with(&format!(
+                "it runs, but its hibernation {} could not be marked woken",
+                asleep.id
+            )),
+            "{why}"
+        );
     }
 
     #[tokio::test]

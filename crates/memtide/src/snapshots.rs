@@ -223,10 +223,37 @@ impl Store {
         Ok(all)
     }
 
-    /// The hibernations no guest was woken from yet, by VM.
+    /// The VMs hibernated: each VM's newest snapshot, where it is a hibernation not
+    /// woken from yet, by VM.
     pub fn asleep(&self) -> anyhow::Result<Vec<Snapshot>> {
-        let all = self.list_all()?;
-        Ok(all.into_iter().filter(Snapshot::asleep).collect())
+        let mut newest: Vec<Snapshot> = Vec::new();
+        for s in self.list_all()? {
+            match newest.last_mut() {
+                Some(last) if last.vm == s.vm => *last = s,
+                _ => newest.push(s),
+            }
+        }
+        Ok(newest.into_iter().filter(Snapshot::asleep).collect())
+    }
+
+    /// VM `vm`'s hibernation to wake it from: its newest snapshot, if that is a
+    /// hibernation not woken from yet (an older one is not: the guest ran after it).
+    pub fn hibernation(&self, vm: &str) -> anyhow::Result<Option<Snapshot>> {
+        Ok(self.list(vm)?.pop().filter(Snapshot::asleep))
+    }
+
+    /// Mark every hibernation of VM `vm` not woken from yet woken, for a VM found
+    /// running that memtide did not start from it; returns those marked.
+    pub fn mark_all_woken(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
+        let asleep: Vec<Snapshot> = self
+            .list(vm)?
+            .into_iter()
+            .filter(Snapshot::asleep)
+            .collect();
+        for s in &asleep {
+            self.mark_woken(s)?;
+        }
+        Ok(asleep)
     }
 
     /// VM `vm`'s snapshot `id`, or its latest when `id` is `None`.
@@ -494,6 +521,31 @@ mod tests {
         pending
             .finish(&saved(), AfterSave::Run, TakenBy::Operator)
             .unwrap()
+    }
+
+    #[test]
+    fn only_a_newest_hibernation_is_woken_from_and_a_vm_seen_running_wakes_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let take = |vm, then, by| {
+            let pending = store.begin(vm, Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+            pending.finish(&saved(), then, by).unwrap()
+        };
+        // Hibernated, then booted fresh by hand and snapshotted on schedule: the old
+        // hibernation's memory no longer matches the disk.
+        let old = take("web", AfterSave::Quit, TakenBy::Hibernation);
+        assert_eq!(store.hibernation("web").unwrap(), Some(old.clone()));
+        take("web", AfterSave::Run, TakenBy::Schedule);
+        assert_eq!(store.hibernation("web").unwrap(), None);
+        let db = take("db", AfterSave::Quit, TakenBy::Operator);
+        assert_eq!(store.asleep().unwrap(), vec![db], "web's is not its newest");
+        // Seen running: marked woken, and only once.
+        let marked = store.mark_all_woken("web").unwrap();
+        assert_eq!(marked.iter().map(|s| &s.id).collect::<Vec<_>>(), [&old.id]);
+        assert!(store.list("web").unwrap()[0].woken.is_some());
+        assert!(store.mark_all_woken("web").unwrap().is_empty());
+        assert_eq!(store.hibernation("nobody").unwrap(), None);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use crate::framing::{Framed, Socket};
 use serde_json::{Map, Value};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -23,7 +23,8 @@ use tokio::time::timeout;
 
 /// Longest line accepted from QEMU; a longer one means a broken peer.
 const MAX_LINE: usize = 4 << 20;
-/// Events queued between two drains; beyond that the newest are dropped.
+/// Events queued between two drains; beyond that the oldest are dropped, but for
+/// `SHUTDOWN` and `RESET` (see [`enqueue`]).
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
 /// or QEMU flooding events holds no memory (#18 defect 6).
@@ -87,6 +88,7 @@ pub struct QmpClient {
     next_id: u64,
     timeout: Duration,
     peer_pid: Option<i32>,
+    socket: PathBuf,
 }
 
 impl Drop for QmpClient {
@@ -103,6 +105,7 @@ impl QmpClient {
             .await
             .map_err(|_| QmpError::Timeout(call_timeout))??;
         let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        let peer_pid = peer_pid.and_then(crate::procfs::known_pid);
         let (read, writer) = stream.into_split();
         let mut reader = Framed::new(read);
         let greeting = timeout(call_timeout, read_line(&mut reader))
@@ -123,14 +126,37 @@ impl QmpClient {
             next_id: 0,
             timeout: call_timeout,
             peer_pid,
+            socket: path.to_path_buf(),
         };
         client.execute("qmp_capabilities", None).await?;
         Ok(client)
     }
 
-    /// The QEMU process id, from the socket's peer credentials.
+    /// The QEMU process id, from the socket's peer credentials (`None` when they give
+    /// none, or 0: a peer in another pid namespace).
     pub fn peer_pid(&self) -> Option<i32> {
         self.peer_pid
+    }
+
+    /// Whether the QEMU behind this session has ended, for one that can no longer be
+    /// asked (a call timed out and closed the session), given `grace` to end: its
+    /// process gone (a zombie counts as gone) or, its pid unknown, its socket refusing
+    /// connections or removed.
+    pub async fn peer_ended(&self, grace: Duration) -> bool {
+        let by = Instant::now() + grace;
+        loop {
+            let ended = match self.peer_pid {
+                Some(pid) => !crate::procfs::process_runs(Path::new("/proc"), pid.unsigned_abs()),
+                None => UnixStream::connect(&self.socket).await.is_err_and(|e| {
+                    use std::io::ErrorKind::{ConnectionRefused, NotFound};
+                    matches!(e.kind(), ConnectionRefused | NotFound)
+                }),
+            };
+            if ended || Instant::now() >= by {
+                return ended;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// True once the connection has closed.
@@ -168,10 +194,11 @@ impl QmpClient {
     }
 
     /// Hand QEMU the open file `fd` in a new fd set (`add-fd`), for a later command to
-    /// open as `/dev/fdset/N` (QEMU >= 9.0's `file:` migration takes no `fd:`); the set's
-    /// number.
-    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
-        let mut replies = self.send(vec![("add-fd", None)], Some(fd)).await?;
+    /// open as `/dev/fdset/N` (QEMU >= 9.0's `file:` migration takes no `fd:`), marked
+    /// `opaque` (`query-fdsets` shows it); the set's number.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>, opaque: &str) -> Result<u64, QmpError> {
+        let args = serde_json::json!({ "opaque": opaque });
+        let mut replies = self.send(vec![("add-fd", Some(args))], Some(fd)).await?;
         let added = replies.pop().expect("one reply per command")?;
         added["fdset-id"]
             .as_u64()
@@ -370,6 +397,23 @@ pub fn message(msg: &Value) -> Message {
     Message::Reply(id, reply)
 }
 
+/// Queue `event` in `events`, at most [`EVENT_QUEUE`] long. A full queue means nobody
+/// drained for a long time: the oldest event other than a `SHUTDOWN` or `RESET` is
+/// dropped to make room, for these tell how the VM ended (a `SHUTDOWN` lost would have
+/// a VM that was shut down judged crashed). A queue of nothing else drops its oldest for
+/// one of them, and drops a new other event.
+fn enqueue(events: &mut VecDeque<QmpEvent>, event: QmpEvent) {
+    let kept = |e: &QmpEvent| matches!(e.name.as_str(), "SHUTDOWN" | "RESET");
+    if events.len() >= EVENT_QUEUE {
+        match events.iter().position(|e| !kept(e)) {
+            Some(i) => drop(events.remove(i)),
+            None if kept(&event) => drop(events.pop_front()),
+            None => return,
+        }
+    }
+    events.push_back(event);
+}
+
 /// Route replies to their callers and events to the queue until the connection ends.
 async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>) {
     let why = loop {
@@ -380,11 +424,7 @@ async fn read_loop<R: Socket>(mut reader: Framed<R>, shared: Arc<Mutex<Shared>>)
         };
         let (id, reply) = match message(&msg) {
             Message::Event(event) => {
-                // A full queue means nobody drained for a long time: drop the newest.
-                let mut shared = shared.lock().expect("qmp state lock");
-                if shared.events.len() < EVENT_QUEUE {
-                    shared.events.push_back(event);
-                }
+                enqueue(&mut shared.lock().expect("qmp state lock").events, event);
                 continue;
             }
             Message::Reply(id, reply) => (id, reply),
@@ -508,6 +548,40 @@ pub(crate) mod tests {
         assert_eq!(names, ["BALLOON_CHANGE", "RESET"]);
         assert_eq!(ev[0].data, Value::Null, "oversized data dropped");
         assert_eq!(ev[1].data, json!({"guest": true}));
+    }
+
+    #[test]
+    fn a_full_event_queue_keeps_every_shutdown_and_reset_and_drops_older_events() {
+        let event = |name: &str, n: u64| QmpEvent {
+            name: name.into(),
+            data: json!({ "n": n }),
+        };
+        let mut q = VecDeque::new();
+        enqueue(&mut q, event("RESET", 0));
+        for n in 1..EVENT_QUEUE as u64 {
+            enqueue(&mut q, event("BALLOON_CHANGE", n));
+        }
+        assert_eq!(q.len(), EVENT_QUEUE);
+        // Full: the final SHUTDOWN takes the oldest BALLOON_CHANGE's place, the RESET stays.
+        enqueue(&mut q, event("SHUTDOWN", 9999));
+        assert_eq!(q.len(), EVENT_QUEUE);
+        assert_eq!(q.front(), Some(&event("RESET", 0)));
+        assert_eq!(q[1], event("BALLOON_CHANGE", 2), "the oldest other dropped");
+        assert_eq!(q.back(), Some(&event("SHUTDOWN", 9999)));
+        // A newer balloon value replaces an older one too.
+        enqueue(&mut q, event("BALLOON_CHANGE", 10_000));
+        assert_eq!(q[1], event("BALLOON_CHANGE", 3));
+        assert_eq!(q.back(), Some(&event("BALLOON_CHANGE", 10_000)));
+        // A queue of nothing but SHUTDOWN/RESET keeps the newest of them.
+        let mut q: VecDeque<_> = (0..EVENT_QUEUE as u64).map(|n| event("RESET", n)).collect();
+        enqueue(&mut q, event("BALLOON_CHANGE", 1));
+        assert_eq!(q.back(), Some(&event("RESET", EVENT_QUEUE as u64 - 1)));
+        enqueue(&mut q, event("SHUTDOWN", 1));
+        assert_eq!(
+            (q.len(), q.front()),
+            (EVENT_QUEUE, Some(&event("RESET", 1)))
+        );
+        assert_eq!(q.back(), Some(&event("SHUTDOWN", 1)));
     }
 
     #[tokio::test]

@@ -24,6 +24,8 @@ pub const MEMORY_FILE: &str = "memory";
 /// How often a migration's progress is asked for: a save of a small guest takes a tenth
 /// of a second, and every poll interval its end waits adds to the guest's downtime.
 const POLL: Duration = Duration::from_millis(5);
+/// How long a QEMU that did not answer `quit` is given to end before it counts as running.
+const QUIT_GRACE: Duration = Duration::from_secs(2);
 /// A migration bandwidth no disk reaches (bytes/s): no cap.
 const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
@@ -61,6 +63,57 @@ async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, Back
         .is_some_and(|caps| caps.iter().any(|c| c["capability"] == name)))
 }
 
+/// Undo what a save of memtide's cut short (a call timed out and closed its session)
+/// left in QEMU: its fd sets (`opaque` [`FD_NAME`]) removed and `mapped-ram` turned off,
+/// lest they hold a descriptor of the store's and bend the VM's next migration; nothing
+/// while a migration runs or is awaited (a save or restore under way). Best effort: a
+/// failure is logged (a command QEMU lacks, at debug level).
+pub async fn clean_up(client: &mut QmpClient) {
+    match try_clean_up(client).await {
+        Ok(()) => {}
+        Err(e @ QmpError::Command { .. }) => {
+            tracing::debug!("no clean-up of cut-short saves: {e}");
+        }
+        Err(e) => {
+            tracing::warn!("what a cut-short save left in QEMU could not be cleaned up: {e}");
+        }
+    }
+}
+
+async fn try_clean_up(client: &mut QmpClient) -> Result<(), QmpError> {
+    let status = client.execute("query-status", None).await?;
+    let migration = client.execute("query-migrate", None).await?;
+    let idle = matches!(
+        migration.get("status").and_then(Value::as_str),
+        None | Some("none" | "completed" | "failed" | "cancelled")
+    );
+    if status.get("status").and_then(Value::as_str) == Some("inmigrate") || !idle {
+        return Ok(());
+    }
+    let sets = match client.execute("query-fdsets", None).await {
+        Err(QmpError::Command { .. }) => Value::Null, // a QEMU without fd sets
+        other => other?,
+    };
+    for set in sets.as_array().into_iter().flatten() {
+        let ours = set["fds"]
+            .as_array()
+            .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == FD_NAME));
+        if ours {
+            let args = json!({ "fdset-id": set["fdset-id"] });
+            client.execute("remove-fd", Some(args)).await?;
+        }
+    }
+    let caps = client.execute("query-migrate-capabilities", None).await?;
+    let on = caps.as_array().is_some_and(|caps| {
+        caps.iter()
+            .any(|c| c["capability"] == "mapped-ram" && c["state"] == true)
+    });
+    if on {
+        set_mapped_ram(client, false).await?;
+    }
+    Ok(())
+}
+
 /// Turn `mapped-ram` on or off.
 async fn set_mapped_ram(client: &mut QmpClient, on: bool) -> Result<(), QmpError> {
     let caps = json!({"capabilities": [{"capability": "mapped-ram", "state": on}]});
@@ -88,7 +141,7 @@ async fn migrate_through(
         }
         Format::MappedRam => {
             set_mapped_ram(client, true).await?;
-            match client.add_fd(file.as_fd()).await {
+            match client.add_fd(file.as_fd(), FD_NAME).await {
                 Ok(id) => Some(id),
                 Err(e) => {
                     let _ = set_mapped_ram(client, false).await;
@@ -227,6 +280,15 @@ pub async fn save(
             // QEMU may close the connection before it answers: it quit all the same.
             match client.execute("quit", None).await {
                 Ok(_) | Err(QmpError::Closed(_) | QmpError::Io(_)) => {}
+                // No reply: the session is closed, so its process tells.
+                Err(e @ QmpError::Timeout(_)) => {
+                    if !client.peer_ended(QUIT_GRACE).await {
+                        return Err(BackendError::Protocol(format!(
+                            "saved, but QEMU did not answer `quit` ({e}) and still runs, \
+                             the guest paused; memtide's connection to it is closed"
+                        )));
+                    }
+                }
                 Err(e) => return not_quit(client, running, e, saved).await,
             }
         }
@@ -789,6 +851,86 @@ mod tests {
         assert!(saved.was_running);
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
+    }
+
+    #[tokio::test]
+    async fn a_hibernation_whose_quit_times_out_while_qemu_runs_is_not_reported_saved() {
+        // QEMU (this process, its pid the socket's peer) never answers `quit`: the
+        // session memtide closed says nothing, the process runs.
+        let (dir, path) = serve(|req| match req["execute"].as_str().unwrap() {
+            "quit" => vec![],
+            "query-status" => vec![ok(&req, json!({"running": true, "status": "running"}))],
+            "query-migrate-capabilities" => vec![ok(&req, json!([]))],
+            "query-migrate" => vec![ok(&req, json!({"status": "completed"}))],
+            _ => vec![ok(&req, json!({}))],
+        })
+        .await;
+        let mut client = QmpClient::connect(&path, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let (sealed, ran) = seal(Ok(()));
+        let limit = Duration::from_secs(5);
+        let e = save(&mut client, dir.path(), AfterSave::Quit, limit, sealed)
+            .await
+            .unwrap_err();
+        assert!(*ran.lock().unwrap(), "sealed before the quit");
+        assert_eq!(
+            e.to_string(),
+            "saved, but QEMU did not answer `quit` (no reply within 300 ms) and still runs, \
+             the guest paused; memtide's connection to it is closed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_removes_the_fd_sets_and_mapped_ram_a_cut_short_save_left() {
+        // A save whose call timed out left its fd set (and another's, kept) and
+        // mapped-ram on; a second QEMU is restoring (`inmigrate`): left alone.
+        for incoming in [false, true] {
+            let sent = Arc::new(Mutex::new(Vec::new()));
+            let log = sent.clone();
+            let (_dir, path) = serve(move |req| {
+                let command = req["execute"].as_str().unwrap().to_string();
+                log.lock()
+                    .unwrap()
+                    .push(format!("{command} {}", req["arguments"]));
+                let status = if incoming { "inmigrate" } else { "paused" };
+                vec![match command.as_str() {
+                    "query-status" => ok(&req, json!({"running": false, "status": status})),
+                    "query-migrate" => ok(&req, json!({"status": "cancelled"})),
+                    "query-fdsets" => ok(
+                        &req,
+                        json!([{"fdset-id": 3, "fds": [{"fd": 30, "opaque": "libvirt"}]},
+                               {"fdset-id": 7, "fds": [{"fd": 31, "opaque": FD_NAME}]}]),
+                    ),
+                    "query-migrate-capabilities" => ok(
+                        &req,
+                        json!([{"capability": "xbzrle", "state": true},
+                               {"capability": "mapped-ram", "state": true}]),
+                    ),
+                    _ => ok(&req, json!({})),
+                }]
+            })
+            .await;
+            let mut client = QmpClient::connect(&path, Duration::from_secs(2))
+                .await
+                .unwrap();
+            clean_up(&mut client).await;
+            let sent = sent.lock().unwrap().clone();
+            let mut expected = vec![
+                "qmp_capabilities null",
+                "query-status null",
+                "query-migrate null",
+            ];
+            if !incoming {
+                expected.extend([
+                    "query-fdsets null",
+                    r#"remove-fd {"fdset-id":7}"#,
+                    "query-migrate-capabilities null",
+                    r#"migrate-set-capabilities {"capabilities":[{"capability":"mapped-ram","state":false}]}"#,
+                ]);
+            }
+            assert_eq!(sent, expected, "incoming: {incoming}");
+        }
     }
 
     #[tokio::test]

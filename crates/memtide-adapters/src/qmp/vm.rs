@@ -217,6 +217,7 @@ impl QmpVm {
         opts: &QmpVmOptions,
     ) -> Result<QmpVm, BackendError> {
         let mut client = QmpClient::connect(socket, opts.call_timeout).await?;
+        super::snapshot::clean_up(&mut client).await;
         let summary = client.execute("query-memory-size-summary", None).await?;
         let base = summary
             .get("base-memory")

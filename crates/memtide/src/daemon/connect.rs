@@ -134,10 +134,13 @@ impl Connector for Connectors {
     }
 }
 
-/// A connection to a VM whose hypervisor process is `pid` (from its socket's peer).
+/// A connection to a VM whose hypervisor process is `pid` (from its socket's peer;
+/// unknown where it is not a process: 0, a peer in another pid namespace).
 fn with_pid(pid: Option<i32>, backend: Box<dyn VmBackend>) -> Connection {
     let mut connection = Connection::new(backend);
-    connection.pid = pid.and_then(|p| u32::try_from(p).ok());
+    connection.pid = pid
+        .and_then(memtide_adapters::procfs::known_pid)
+        .map(i32::unsigned_abs);
     connection
 }
 

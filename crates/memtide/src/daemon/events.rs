@@ -25,7 +25,7 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 17] = [
+const ALWAYS: [&str; 19] = [
     "started",
     "stopped",
     "state",
@@ -37,10 +37,12 @@ const ALWAYS: [&str; 17] = [
     "snapshot_saved",
     "snapshot_failed",
     "snapshot_deleted",
+    "snapshot_woken",
     "restore_started",
     "restored",
     "restore_failed",
     "restore_skipped",
+    "restore_waiting",
     "restore_given_up",
     "wake",
 ];

@@ -26,9 +26,9 @@ use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
 use memtide_core::hibernate::{self, Idleness};
 use memtide_core::reclaim::Keep;
-use memtide_core::recovery::{Gone, Recovery, Verdict};
+use memtide_core::recovery::{Gone, Recovery, Room, Verdict};
 use memtide_core::{
-    guest_text, Action, BackendError, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+    guest_text, Action, BackendError, Bytes, Decision, Engine, Snapshot, VmSample, VmSnapshot,
 };
 use memtide_sim::Recorder;
 use state::StateFile;
@@ -92,8 +92,17 @@ struct Daemon {
     next_snapshot: HashMap<String, Instant>,
     /// The VMs being saved, from the save's start to its snapshot made whole.
     saving: HashSet<String>,
-    /// The hibernated VMs shown may have changed: read the store again.
+    /// The hibernated VMs may have changed: read the store again.
     recount_hibernated: bool,
+    /// The hibernated VMs, as last read from the store: each VM's newest snapshot where
+    /// it is a hibernation not woken from.
+    asleep: Vec<snapshots::Snapshot>,
+    /// The VMs a restore (after a crash, or a scheduled wake) runs for: one at a time.
+    restores: HashSet<String>,
+    /// The crashed VMs whose restore waits for the host to have room, with their size.
+    waiting: HashMap<String, Bytes>,
+    /// The host's memory at the last tick, for a restore to wait for room.
+    room: Room,
     /// The restores made after crashes, for their limit.
     recovery: Recovery,
     /// Where crash recovery's and scheduled wakes' steps run off the loop come back.
@@ -123,12 +132,12 @@ struct SaveDone {
 /// Crash recovery's (`[[vm]] restore_on_crash`) and scheduled wakes' (`wake_at`)
 /// steps run off the loop.
 enum Restoring {
-    /// How VM `vm`'s QEMU went.
-    Judged { vm: String, gone: Gone },
-    /// A restore ended: a line saying what was done, or why it failed.
+    /// How VM `vm`'s QEMU went, and its configured memory (its newest snapshot's).
+    Judged { vm: String, gone: Gone, size: Bytes },
+    /// A restore ended: what was done, or why it failed.
     Restored {
         vm: String,
-        result: Result<String, String>,
+        result: Result<crate::snapshot_cmd::Started, String>,
     },
 }
 
@@ -237,6 +246,14 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         next_snapshot: HashMap::new(),
         saving: HashSet::new(),
         recount_hibernated: true,
+        asleep: Vec::new(),
+        restores: HashSet::new(),
+        waiting: HashMap::new(),
+        room: Room {
+            total: Bytes::ZERO,
+            freeable: Bytes::ZERO,
+            size: Bytes::ZERO,
+        },
         recovery: Recovery::default(),
         restoring,
         woken_for: HashMap::new(),
@@ -591,24 +608,27 @@ impl Daemon {
             }
             // Hibernated: its newest snapshot is a hibernation not woken from.
             let name = vm.clone();
-            let asleep = tokio::task::spawn_blocking(move || store.list(&name))
+            let newest = tokio::task::spawn_blocking(move || store.list(&name))
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .is_some_and(|list| list.last().is_some_and(snapshots::Snapshot::asleep));
+                .and_then(|mut list| list.pop());
+            let asleep = newest.as_ref().is_some_and(snapshots::Snapshot::asleep);
+            let size = newest.map_or(Bytes::ZERO, |s| s.configured);
             let gone = match () {
                 _ if shut_down => Gone::ShutDown,
                 _ if alive => Gone::ProcessAlive,
                 _ if asleep => Gone::Hibernated,
                 _ => Gone::Died,
             };
-            let _ = tx.send(Restoring::Judged { vm, gone }).await;
+            let _ = tx.send(Restoring::Judged { vm, gone, size }).await;
         });
     }
 
     /// Wake the hibernated VMs whose `wake_at` time has come since they were hibernated
     /// (`memtide_core::wake`), each as `memtide snapshot restore` would, its outcome
-    /// logged as a restore's; not in a dry run. Only VMs not connected are looked at.
+    /// logged as a restore's; not in a dry run. Only VMs not connected, whose newest
+    /// snapshot is a hibernation not woken from, and not being restored are looked at.
     fn wake_on_schedule(&mut self) {
         if self.options.dry_run {
             return;
@@ -620,18 +640,17 @@ impl Daemon {
             .config
             .vms
             .iter()
-            .filter(|vm| !vm.wake_at.is_empty() && self.fleet.configured(&vm.name).is_none())
+            .filter(|vm| {
+                !vm.wake_at.is_empty()
+                    && self.fleet.configured(&vm.name).is_none()
+                    && !self.restores.contains(&vm.name)
+            })
             .map(|vm| (vm.name.clone(), vm.wake_at.clone()))
             .collect();
         for (vm, times) in scheduled {
-            let asleep = match self.store.list(&vm) {
-                Ok(list) => list.into_iter().rev().find(snapshots::Snapshot::asleep),
-                Err(e) => {
-                    tracing::warn!("snapshot store: {e:#}");
-                    continue;
-                }
+            let Some(asleep) = self.asleep.iter().find(|s| s.vm == vm).cloned() else {
+                continue;
             };
-            let Some(asleep) = asleep else { continue };
             let Some(since) = humantime::parse_rfc3339(&asleep.created)
                 .ok()
                 .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
@@ -653,6 +672,7 @@ impl Daemon {
                 asleep.id
             );
             self.events.log("wake", Some(&vm), None, message);
+            self.restores.insert(vm.clone());
             let (config, tx) = (self.config.clone(), self.restoring.clone());
             tokio::spawn(async move {
                 let restore = crate::snapshot_cmd::restore(&config, &vm, Some(&asleep.id), false);
@@ -668,40 +688,84 @@ impl Daemon {
     /// (`memtide_actions_total{kind="restore"}`).
     fn recover(&mut self, step: Restoring) {
         match step {
-            Restoring::Judged { vm, gone } => {
-                let at = self.start.elapsed();
-                match self.recovery.decide(&vm, gone, at, &self.config.recovery) {
-                    Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
-                    Verdict::GiveUp(why) => {
-                        self.counters.action("restore", "given_up");
-                        self.events.log("restore_given_up", Some(&vm), None, why);
+            Restoring::Judged { vm, gone, size } => self.judge(vm, gone, size),
+            Restoring::Restored { vm, result } => {
+                self.restores.remove(&vm);
+                self.recount_hibernated = true;
+                match result {
+                    Ok(started) => {
+                        self.counters.action("restore", "ok");
+                        self.events.log("restored", Some(&vm), None, started.line);
+                        if let Some(why) = started.unmarked {
+                            self.events.log("snapshot_failed", Some(&vm), None, why);
+                        }
                     }
-                    Verdict::Restore => {
-                        let message = "its QEMU died without shutting down: restoring it from \
-                                       its newest good snapshot";
-                        self.events
-                            .log("restore_started", Some(&vm), None, message.into());
-                        let (config, tx) = (self.config.clone(), self.restoring.clone());
-                        tokio::spawn(async move {
-                            let result = crate::snapshot_cmd::recover(&config, &vm).await;
-                            let result = result.map_err(|e| format!("{e:#}"));
-                            let _ = tx.send(Restoring::Restored { vm, result }).await;
-                        });
+                    Err(e) => {
+                        self.counters.action("restore", "error");
+                        let message = format!("not restored: {e}");
+                        self.events.log("restore_failed", Some(&vm), None, message);
                     }
                 }
             }
-            Restoring::Restored { vm, result } => match result {
-                Ok(line) => {
-                    self.counters.action("restore", "ok");
-                    self.recount_hibernated = true;
-                    self.events.log("restored", Some(&vm), None, line);
+        }
+    }
+
+    /// Decide about VM `vm`, gone as `gone`, of `size`, with the room the host had at
+    /// the last tick, and carry it out: a restore that must wait for room is tried
+    /// again each tick (its event logged once).
+    fn judge(&mut self, vm: String, gone: Gone, size: Bytes) {
+        if self.restores.contains(&vm) {
+            self.waiting.remove(&vm);
+            let why = "not restored again: a restore of it is under way".to_string();
+            self.events.log("restore_skipped", Some(&vm), None, why);
+            return;
+        }
+        let (at, cfg) = (self.start.elapsed(), &self.config.recovery);
+        let room = Room { size, ..self.room };
+        match self.recovery.decide(&vm, gone, at, room, cfg) {
+            Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
+            Verdict::GiveUp(why) => {
+                self.waiting.remove(&vm);
+                self.counters.action("restore", "given_up");
+                self.events.log("restore_given_up", Some(&vm), None, why);
+            }
+            Verdict::Wait(why) => {
+                if self.waiting.insert(vm.clone(), size).is_none() {
+                    self.events.log("restore_waiting", Some(&vm), None, why);
                 }
-                Err(e) => {
-                    self.counters.action("restore", "error");
-                    let message = format!("not restored: {e}");
-                    self.events.log("restore_failed", Some(&vm), None, message);
-                }
-            },
+            }
+            Verdict::Restore => {
+                self.waiting.remove(&vm);
+                let message = "its QEMU died without shutting down: restoring it from its \
+                               newest good snapshot";
+                self.events
+                    .log("restore_started", Some(&vm), None, message.into());
+                self.restores.insert(vm.clone());
+                let (config, tx) = (self.config.clone(), self.restoring.clone());
+                tokio::spawn(async move {
+                    let result = crate::snapshot_cmd::recover(&config, &vm).await;
+                    let result = result.map_err(|e| format!("{e:#}"));
+                    let _ = tx.send(Restoring::Restored { vm, result }).await;
+                });
+            }
+        }
+    }
+
+    /// Try again the restores waiting for room, with the host's room at this tick;
+    /// one whose VM came back meanwhile waits no more.
+    fn restore_waiting(&mut self, host: &memtide_core::decision::HostReport) {
+        self.room = Room {
+            total: host.total,
+            freeable: host.freeable,
+            size: Bytes::ZERO,
+        };
+        let waiting: Vec<(String, Bytes)> = self.waiting.drain().collect();
+        for (vm, size) in waiting {
+            if self.fleet.configured(&vm).is_none() {
+                // Still waiting: kept so that its event is not logged again.
+                self.waiting.insert(vm.clone(), size);
+                self.judge(vm, Gone::Died, size);
+            }
         }
     }
 
@@ -793,7 +857,9 @@ impl Daemon {
             .await;
         self.reclaim(&snapshot, &decision).await;
         self.hibernate_idle(&snapshot, &decision);
+        self.restore_waiting(&decision.host);
         self.snapshot_on_schedule();
+        self.reread_asleep();
         self.wake_on_schedule();
         self.save_state(&decision).await;
         self.events.diagnostics(&decision);
@@ -839,19 +905,27 @@ impl Daemon {
         }
     }
 
-    /// The VMs hibernated and not woken yet, from the store (an unreadable store shows
-    /// none, with a warning).
+    /// Read the hibernated VMs from the store again where they may have changed, and
+    /// every [`TIERS_EVERY`] ticks (an unreadable store shows none, with a warning).
+    fn reread_asleep(&mut self) {
+        let due = std::mem::take(&mut self.recount_hibernated)
+            | self.counters.ticks.is_multiple_of(TIERS_EVERY);
+        if due {
+            self.asleep = self.store.asleep().unwrap_or_else(|e| {
+                tracing::warn!("snapshot store: {e:#}");
+                Vec::new()
+            });
+        }
+    }
+
+    /// The VMs hibernated and not woken yet, as last read from the store.
     fn hibernated(&self) -> Vec<Hibernated> {
-        let asleep = self.store.asleep().unwrap_or_else(|e| {
-            tracing::warn!("snapshot store: {e:#}");
-            Vec::new()
-        });
-        asleep
-            .into_iter()
+        self.asleep
+            .iter()
             .map(|s| Hibernated {
-                vm: s.vm,
-                id: s.id,
-                since: s.created,
+                vm: s.vm.clone(),
+                id: s.id.clone(),
+                since: s.created.clone(),
                 configured: s.configured,
             })
             .collect()
@@ -863,12 +937,17 @@ impl Daemon {
         self.recount_hibernated |= events.iter().any(connected);
         for e in events {
             match e {
-                FleetEvent::Connected { vm, endpoint } => self.events.log(
-                    "vm_connected",
-                    Some(vm),
-                    None,
-                    format!("connected through {endpoint}"),
-                ),
+                FleetEvent::Connected { vm, endpoint } => {
+                    self.events.log(
+                        "vm_connected",
+                        Some(vm),
+                        None,
+                        format!("connected through {endpoint}"),
+                    );
+                    if !self.restores.contains(vm) {
+                        self.running_on(vm);
+                    }
+                }
                 FleetEvent::Lost {
                     vm,
                     why,
@@ -879,6 +958,31 @@ impl Daemon {
                         .log("vm_lost", Some(vm), None, format!("connection lost: {why}"));
                     self.lost(vm, *shut_down, *pid);
                 }
+            }
+        }
+    }
+
+    /// VM `vm` runs, and memtide is not restoring it: a hibernation of it not woken
+    /// from is not its memory any more (it was started afresh, or restored by hand), so
+    /// it is marked woken, each logged, and neither a wake nor a restore without
+    /// `--force` brings it back over the guest's disk.
+    fn running_on(&mut self, vm: &str) {
+        match self.store.mark_all_woken(vm) {
+            Ok(marked) => {
+                for s in marked {
+                    let message = format!(
+                        "it runs: its hibernation {} is marked woken (no longer woken from)",
+                        s.id
+                    );
+                    self.events.log("snapshot_woken", Some(vm), None, message);
+                }
+            }
+            Err(e) => {
+                let message = format!(
+                    "it runs, but its hibernations could not be marked woken ({e:#}): do not \
+                     restore them while the guest runs"
+                );
+                self.events.log("snapshot_failed", Some(vm), None, message);
             }
         }
     }
@@ -1039,15 +1143,12 @@ impl Daemon {
         // when it is published) and now and then after.
         let tiers = (self.counters.ticks % TIERS_EVERY == 1)
             .then(|| memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc));
-        let hibernated = (tiers.is_some() || std::mem::take(&mut self.recount_hibernated))
-            .then(|| self.hibernated());
+        let hibernated = self.hibernated();
         let mut s = self.status.write().expect("status lock");
         if let Some(tiers) = tiers {
             s.tiers = tiers;
         }
-        if let Some(hibernated) = hibernated {
-            s.hibernated = hibernated;
-        }
+        s.hibernated = hibernated;
         if decision.is_some() {
             s.decision = decision;
         }
