@@ -146,6 +146,10 @@ enum Command {
         /// The most of the process's memory the fast node may hold (MiB).
         #[arg(long)]
         budget_mib: u64,
+        /// Place only its private writable mappings of this size (to 2 MiB), as the
+        /// daemon picks a QEMU's guest RAM; default: all of them.
+        #[arg(long)]
+        size_mib: Option<u64>,
         /// Seconds between two intervals' scans.
         #[arg(long, default_value_t = 5.0)]
         interval_s: f64,
@@ -459,6 +463,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             fast_node,
             slow_node,
             budget_mib,
+            size_mib,
             interval_s,
             rate_mib_s,
             count,
@@ -470,6 +475,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 fast_node,
                 slow_node,
                 budget: Bytes::from_mib(budget_mib),
+                mappings: match size_mib {
+                    Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
+                    None => Mappings::Private,
+                },
                 interval: Duration::try_from_secs_f64(interval_s)
                     .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
                 rate_mib_s,

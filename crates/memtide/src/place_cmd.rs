@@ -1,6 +1,6 @@
 //! `memtide place`: one process's pages placed between a fast and a slow NUMA node in
 //! the foreground, a JSON line an interval. Each interval the access tracker scans the
-//! process, move_pages(2) says which node holds each resident page, `tiering::place`
+//! process's mappings (all its private writable ones, or a QEMU's guest RAM), move_pages(2) says which node holds each resident page, `tiering::place`
 //! decides how much to demote and promote within the fast budget and the rate limit,
 //! `tiering::pick_pages` picks the pages (the longest untouched fast pages down, the
 //! slow pages accessed since the previous scan up), and move_pages moves them.
@@ -25,6 +25,8 @@ pub struct Options {
     pub slow_node: i32,
     /// The most of the process's memory the fast node may hold.
     pub budget: Bytes,
+    /// Its mappings to place.
+    pub mappings: Mappings,
     /// Between two intervals' scans.
     pub interval: Duration,
     /// Most memory moved a second, demotions and promotions together (MiB/s).
@@ -75,12 +77,14 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         &options.proc,
         &options.sys,
         pid,
-        Mappings::Private,
+        options.mappings,
         options.interval,
     )?;
     let page = tracker.page_size();
+    // A process that ended is said to be gone, whatever failed: until it is reaped, its
+    // maps read empty and move_pages fails with EINVAL, not ESRCH.
     let gone = |e: anyhow::Error| {
-        if options.proc.join(pid.to_string()).exists() {
+        if alive(&options.proc, pid) {
             e
         } else {
             migrate::MoveError::Gone(pid).into()
@@ -99,7 +103,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         let at = start.elapsed();
         let scan = tracker.scan(at).map_err(|e| gone(e.into()))?;
         let (addrs, ages): (Vec<u64>, Vec<u16>) = tracker.pages().unzip();
-        let mut status = migrate::nodes(pid, &addrs)?;
+        let mut status = migrate::nodes(pid, &addrs).map_err(|e| gone(e.into()))?;
         // The pages on either node, as indices into `addrs`, and how placement sees them.
         let placed: Vec<usize> = (0..addrs.len())
             .filter(|&i| status[i] == fast || status[i] == slow)
@@ -140,7 +144,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             for (chosen, to, moved) in [(down, slow, &mut demoted), (up, fast, &mut promoted)] {
                 let which: Vec<usize> = chosen.iter().map(|&k| placed[k]).collect();
                 let at: Vec<u64> = which.iter().map(|&i| addrs[i]).collect();
-                let after = migrate::move_to(pid, &at, to)?;
+                let after = migrate::move_to(pid, &at, to).map_err(|e| gone(e.into()))?;
                 for (&i, s) in which.iter().zip(after) {
                     if s == to {
                         *moved += 1;
@@ -174,6 +178,16 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether process `pid` is there and not a zombie (`/proc/PID/stat`'s state, after the
+/// command's closing parenthesis; proc.rst).
+fn alive(proc: &std::path::Path, pid: i32) -> bool {
+    std::fs::read_to_string(proc.join(format!("{pid}/stat"))).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| !matches!(state, "Z" | "X"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +198,7 @@ mod tests {
             fast_node: fast,
             slow_node: slow,
             budget: Bytes::from_mib(64),
+            mappings: Mappings::Private,
             interval: Duration::from_millis(10),
             rate_mib_s: 64.0,
             count: 2,
@@ -197,6 +212,23 @@ mod tests {
         let e = run(o, &mut out).unwrap_err().to_string();
         assert!(out.is_empty(), "nothing printed before the error");
         e
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let proc = std::path::Path::new("/proc");
+        assert!(alive(proc, std::process::id() as i32));
+        // Exited, not yet waited for: a zombie until reaped.
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!alive(proc, pid));
+        child.wait().unwrap();
+        assert!(!alive(proc, pid));
     }
 
     #[test]
