@@ -4,7 +4,8 @@
 # DRAM's latency) all in DRAM, under memtide's placement and under first touch; then every
 # other built-in scenario all in DRAM and with FAST_SHARE of the host's memory DRAM (the
 # rest slow), under both placements. The balloon policy is memtide's throughout. Writes
-# bench/results/tiering.json (with the command and commit) and prints a table.
+# bench/results/tiering.json (with the command and commit; its `placement`, measured in a
+# test guest, is kept) and prints a table.
 #
 #   bench/tiering-sim.sh [FAST_SHARE]   (default 0.6)
 set -euo pipefail
@@ -25,10 +26,14 @@ for s in "${scenarios[@]}"; do
   sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
 done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
-python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "${scenarios[@]}" \
+# `placement` is measured in a test guest (place_e2e, docs/tiering.md), not here: kept.
+placement=$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("placement")))' \
+  bench/results/tiering.json 2>/dev/null || echo null)
+python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$placement" "${scenarios[@]}" \
   >bench/results/tiering.json <<'PY'
 import json, sys
-out, commit, command, share, scenarios = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4]), sys.argv[5:]
+out, commit, command, share = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4])
+placement, scenarios = json.loads(sys.argv[5]), sys.argv[6:]
 load = lambda name: json.load(open(f"{out}/{name}.json"))
 
 def tiered(name, placement):
@@ -66,7 +71,7 @@ report = {
     "latency_model": "time per access = (1 + s * (latency_factor - 1) * memory_bound) / base rate"
     " + fault costs; s = share of accesses on slow-tier pages; latency_factor 2.0 (CXL);"
     " memory_bound 0.30 for tiered-redis, 0.25 for every other workload (docs/tiering.md)",
-    "placement": None,
+    "placement": placement,
     "compressed": None,
     "sim": {
         "slowdown_at_third_fast": redis["memtide"]["slowdown"],

@@ -3,8 +3,10 @@
 # (CONFIG_IDLE_PAGE_TRACKING), which none of Debian's kernel packages has (6.1 and
 # 6.12, cloud and generic alike): a tinyconfig from Debian's linux-source-6.1 with the
 # test guest's needs built in (virtio PCI, block, console and balloon; ext2 through ext4;
-# swap; transparent huge pages; memory cgroups; idle page tracking and pagemap). It
-# boots with guest/build.sh's initramfs, whose modules then fail to load harmlessly
+# swap; transparent huge pages; memory cgroups; idle page tracking and pagemap; NUMA
+# from the firmware's ACPI SRAT, with page migration for move_pages(2) and
+# /proc/PID/numa_maps, and no automatic NUMA balancing to move pages behind a test's
+# back). It boots with guest/build.sh's initramfs, whose modules then fail to load harmlessly
 # (their drivers are built in).
 #
 #   guest/build-idle-kernel.sh  -> ${MEMTIDE_GUEST_DIR:-<repo>/target/guest}/idle/{vmlinuz,initrd.img}
@@ -75,12 +77,13 @@ options=(64BIT PRINTK TTY SERIAL_8250 SERIAL_8250_CONSOLE BLK_DEV_INITRD RD_GZIP
     VIRTIO_PCI VIRTIO_BLK VIRTIO_CONSOLE VIRTIO_BALLOON BLOCK EXT4_FS EXT4_USE_FOR_EXT2
     SWAP MMU TRANSPARENT_HUGEPAGE TRANSPARENT_HUGEPAGE_ALWAYS IDLE_PAGE_TRACKING
     PROC_PAGE_MONITOR CGROUPS MEMCG UNIX NET HW_RANDOM RTC_CLASS UNIX98_PTYS ELF_CORE
-    SYSVIPC)
+    SYSVIPC SMP ACPI NUMA X86_64_ACPI_NUMA ACPI_NUMA MIGRATION)
 enable=()
 for option in "${options[@]}"; do enable+=(-e "$option"); done
-"$src/scripts/config" --file "$src/.config" "${enable[@]}"
+"$src/scripts/config" --file "$src/.config" "${enable[@]}" -d NUMA_BALANCING
 quietly make -C "$src" olddefconfig
-for option in IDLE_PAGE_TRACKING VIRTIO_PCI VIRTIO_BLK TRANSPARENT_HUGEPAGE MEMCG; do
+for option in IDLE_PAGE_TRACKING VIRTIO_PCI VIRTIO_BLK TRANSPARENT_HUGEPAGE MEMCG NUMA \
+    ACPI_NUMA MIGRATION; do
     grep -qx "CONFIG_$option=y" "$src/.config" || die "CONFIG_$option did not stay on"
 done
 quietly make -C "$src" -j"$(nproc)" bzImage

@@ -332,6 +332,8 @@ impl Tracker {
             .filter(|r| self.which.wants(r))
             .collect();
         if ranges.is_empty() {
+            self.tracked.clear();
+            self.scans = 0;
             return Err(TrackError::NoMapping(self.maps.clone(), self.which));
         }
         // Ages follow a mapping by its start address, whatever its size now.
@@ -383,6 +385,22 @@ impl Tracker {
             accessed: (self.scans > 1).then_some(Bytes(accessed * self.page)),
             cold,
             resident: Bytes(resident * self.page),
+        })
+    }
+
+    /// The size of a page in bytes.
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// The resident pages of the tracked mappings at the last scan, each with its
+    /// address and age: the scans in a row that found it idle (0: accessed since the
+    /// previous scan, or not seen before). None after a failed scan.
+    pub fn pages(&self) -> impl Iterator<Item = (u64, u16)> + '_ {
+        self.tracked.iter().flat_map(move |t| {
+            (0..).zip(&t.ages).filter_map(move |(i, &age)| {
+                (age != UNMARKED).then_some((t.start + i * self.page, age))
+            })
         })
     }
 
@@ -735,6 +753,13 @@ garbage
         // Idle since the first scan, 2 s ago: cold, but for the 100 pages accessed.
         assert_eq!(touched.cold, Some(Bytes((pages as u64 - 100) * 4096)));
         assert_eq!(touched.resident, size);
+        // Page by page: the 100 pages accessed are of age 0, the others idle two scans.
+        let ages: Vec<(u64, u16)> = tracker.pages().collect();
+        assert_eq!(ages.len(), pages);
+        for (p, &(at, age)) in ages.iter().enumerate() {
+            assert_eq!(at, buffer.at as u64 + p as u64 * 4096);
+            assert_eq!(age, if p < 100 { 0 } else { 2 }, "page {p}");
+        }
         // The mapping shrinks by 1 MiB: the pages left keep their ages.
         // SAFETY: the buffer's last MiB, which nothing refers to.
         assert_eq!(
@@ -749,6 +774,7 @@ garbage
         drop(buffer);
         let gone = tracker.scan(s(4)).err().unwrap();
         assert!(matches!(gone, TrackError::NoMapping(..)), "{gone}");
+        assert_eq!(tracker.pages().count(), 0, "nothing after a failed scan");
     }
 
     /// Pages a clone shares with its template — a private file mapping's pages it has

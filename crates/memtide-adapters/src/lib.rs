@@ -12,6 +12,7 @@ pub mod host;
 pub mod ksm;
 pub mod kubevirt;
 pub mod libvirt;
+pub mod migrate;
 pub mod pidfd;
 pub mod procfs;
 pub mod proxmox;

@@ -10,6 +10,9 @@
 //! are rate-limited per VM: demotions down to the budget first, then promotions of hot
 //! memory found on the slow tier, into room under the budget or in exchange for cold
 //! memory on the fast tier.
+//!
+//! Page by page ([`count_pages`], [`pick_pages`]): given each resident page's access age
+//! and tier, the figures `place` takes, and which pages carry out its moves.
 
 use crate::action::Reason;
 use crate::policy::divide::{divide_by_use, Claim};
@@ -156,6 +159,60 @@ fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes) -> (Bytes, Bytes) {
     (down + exchange, fill + exchange)
 }
 
+/// A resident page as page placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageTier {
+    /// Scans in a row that found it untouched: 0 for a page accessed since the previous
+    /// scan.
+    pub age: u16,
+    /// On the fast tier (else on the slow one).
+    pub fast: bool,
+}
+
+/// Pages by tier and heat. A page is hot when accessed since the previous scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageCounts {
+    /// Pages on the fast tier.
+    pub fast: u64,
+    /// Pages on the slow tier.
+    pub slow: u64,
+    /// Hot pages, both tiers.
+    pub hot: u64,
+    /// Hot pages on the slow tier.
+    pub hot_on_slow: u64,
+}
+
+/// Count `pages` by tier and heat, for a [`TierVm`].
+pub fn count_pages(pages: &[PageTier]) -> PageCounts {
+    let mut c = PageCounts::default();
+    for p in pages {
+        let hot = u64::from(p.age == 0);
+        if p.fast {
+            c.fast += 1;
+        } else {
+            c.slow += 1;
+            c.hot_on_slow += hot;
+        }
+        c.hot += hot;
+    }
+    c
+}
+
+/// The pages that carry out a placement's moves, as indices into `pages`: `demote` of
+/// the fast pages, the longest untouched first, and `promote` of the hot pages on the
+/// slow tier (fewer when there are fewer). Ties go to the lower index.
+pub fn pick_pages(pages: &[PageTier], demote: u64, promote: u64) -> (Vec<usize>, Vec<usize>) {
+    let take = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let mut fast: Vec<usize> = (0..pages.len()).filter(|&i| pages[i].fast).collect();
+    fast.sort_by_key(|&i| std::cmp::Reverse(pages[i].age));
+    fast.truncate(take(demote));
+    let hot_on_slow = (0..pages.len())
+        .filter(|&i| !pages[i].fast && pages[i].age == 0)
+        .take(take(promote))
+        .collect();
+    (fast, hot_on_slow)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +354,90 @@ mod tests {
         let p = place(&[v], tier, FAST, 1.0);
         assert_eq!((p[0].fast_budget, mib(p[0].demote)), (Bytes::ZERO, 1000));
         assert!(place(&[], tier, FAST, 1.0).is_empty());
+    }
+
+    fn pages(spec: &[(u16, bool)]) -> Vec<PageTier> {
+        spec.iter()
+            .map(|&(age, fast)| PageTier { age, fast })
+            .collect()
+    }
+
+    #[test]
+    fn pages_are_counted_by_tier_and_heat() {
+        let p = pages(&[(0, true), (3, true), (0, false), (0, false), (9, false)]);
+        let c = count_pages(&p);
+        assert_eq!(
+            c,
+            PageCounts {
+                fast: 2,
+                slow: 3,
+                hot: 3,
+                hot_on_slow: 2
+            }
+        );
+        assert_eq!(count_pages(&[]), PageCounts::default());
+    }
+
+    #[test]
+    fn the_longest_untouched_fast_pages_are_demoted_and_hot_slow_pages_promoted() {
+        //            0          1         2          3          4           5          6
+        let p = pages(&[
+            (2, true),
+            (0, true),
+            (7, true),
+            (0, false),
+            (5, false),
+            (7, true),
+            (0, false),
+        ]);
+        let (demote, promote) = pick_pages(&p, 3, 1);
+        // The oldest first, ties by index; a hot fast page only once no cold one is left.
+        assert_eq!(demote, [2, 5, 0]);
+        assert_eq!(promote, [3]);
+        let (demote, promote) = pick_pages(&p, 10, 10);
+        assert_eq!(demote, [2, 5, 0, 1]);
+        // A cold page on the slow tier is never promoted.
+        assert_eq!(promote, [3, 6]);
+        assert_eq!(pick_pages(&p, 0, 0), (vec![], vec![]));
+        assert_eq!(pick_pages(&[], u64::MAX, u64::MAX), (vec![], vec![]));
+    }
+
+    #[test]
+    fn placing_counted_pages_converges_to_the_hot_set_within_the_budget() {
+        // 48 pages: 12 hot ones (age 0) on the slow tier, 36 cold ones on the fast tier;
+        // a budget of 16 pages, 8 pages moved a tick. Carrying out each tick's moves
+        // brings every hot page onto the fast tier and the fast tier to the budget.
+        let page = Bytes(4096);
+        let mut p: Vec<PageTier> = (0..48)
+            .map(|i| PageTier {
+                age: if i < 12 { 0 } else { 5 },
+                fast: i >= 12,
+            })
+            .collect();
+        let config = TierConfig {
+            margin: 0.1,
+            rate_mib_s: 8.0 * 4096.0 / (1024.0 * 1024.0),
+        };
+        for _ in 0..20 {
+            let c = count_pages(&p);
+            let vm = TierVm {
+                name: "a",
+                resident: Bytes(page.0 * (c.fast + c.slow)),
+                fast: Bytes(page.0 * c.fast),
+                hot: Bytes(page.0 * c.hot),
+                hot_on_slow: Bytes(page.0 * c.hot_on_slow),
+                shares: 1,
+                configured: Some(Bytes(page.0 * 16)),
+            };
+            let placed = &place(&[vm], tier(1000), config, 1.0)[0];
+            assert!(placed.demote.0 + placed.promote.0 <= 8 * page.0);
+            let (demote, promote) =
+                pick_pages(&p, placed.demote.0 / page.0, placed.promote.0 / page.0);
+            demote.iter().for_each(|&i| p[i].fast = false);
+            promote.iter().for_each(|&i| p[i].fast = true);
+        }
+        let c = count_pages(&p);
+        assert_eq!((c.fast, c.hot_on_slow), (16, 0));
     }
 
     proptest::proptest! {

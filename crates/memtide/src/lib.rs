@@ -9,6 +9,7 @@ pub mod control;
 pub mod daemon;
 pub mod http;
 pub mod metrics;
+pub mod place_cmd;
 pub mod policies;
 pub mod policy_cmd;
 pub mod reclaim_cmd;

@@ -128,6 +128,41 @@ enum Command {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Place one process's pages between a fast and a slow NUMA node in the foreground
+    /// (see docs/tiering.md): each interval, its pages least recently accessed beyond the
+    /// fast budget go to the slow node and its pages accessed since the previous scan on
+    /// the slow node come back, with move_pages(2); a JSON line an interval. Needs root,
+    /// NUMA and a kernel with CONFIG_IDLE_PAGE_TRACKING.
+    Place {
+        /// The process whose pages to place.
+        #[arg(long)]
+        pid: i32,
+        /// The fast tier's NUMA node.
+        #[arg(long)]
+        fast_node: i32,
+        /// The slow tier's NUMA node.
+        #[arg(long)]
+        slow_node: i32,
+        /// The most of the process's memory the fast node may hold (MiB).
+        #[arg(long)]
+        budget_mib: u64,
+        /// Place only its private writable mappings of this size (to 2 MiB), as the
+        /// daemon picks a QEMU's guest RAM; default: all of them.
+        #[arg(long)]
+        size_mib: Option<u64>,
+        /// Seconds between two intervals' scans.
+        #[arg(long, default_value_t = 5.0)]
+        interval_s: f64,
+        /// Most memory moved a second, both ways together (MiB/s).
+        #[arg(long, default_value_t = 256.0)]
+        rate_mib_s: f64,
+        /// Stop after this many intervals.
+        #[arg(long, default_value_t = 12)]
+        count: u64,
+        /// Configuration file (TOML) for `[host]` proc and sys.
+        #[arg(long, short, env = "MEMTIDE_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Reclaim one cgroup v2's cold memory in the foreground, paced as the daemon paces
     /// its VMs' (`[reclaim]` of the configuration; see docs/tiering.md), a line a tick.
     Reclaim {
@@ -420,6 +455,39 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             tokio::task::spawn_blocking(move || {
                 memtide::access_cmd::run(&options, &mut std::io::stdout())
+            })
+            .await?
+        }
+        Command::Place {
+            pid,
+            fast_node,
+            slow_node,
+            budget_mib,
+            size_mib,
+            interval_s,
+            rate_mib_s,
+            count,
+            config,
+        } => {
+            let config = load(config.as_ref())?;
+            let options = memtide::place_cmd::Options {
+                pid,
+                fast_node,
+                slow_node,
+                budget: Bytes::from_mib(budget_mib),
+                mappings: match size_mib {
+                    Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
+                    None => Mappings::Private,
+                },
+                interval: Duration::try_from_secs_f64(interval_s)
+                    .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
+                rate_mib_s,
+                count,
+                proc: config.host.proc.clone(),
+                sys: config.host.sys.clone(),
+            };
+            tokio::task::spawn_blocking(move || {
+                memtide::place_cmd::run(&options, &mut std::io::stdout())
             })
             .await?
         }

@@ -935,3 +935,141 @@ fn access_prints_a_json_line_a_scan_and_says_when_the_kernel_cannot_track() {
     assert_eq!(lines[1]["accessed"], 0, "{}", lines[1]);
     assert!(lines[1]["t"].as_f64().unwrap() >= 0.1, "{}", lines[1]);
 }
+
+/// `memtide place` on this host: a fake sysfs naming two nodes with memory and a file
+/// standing in for the idle bitmap (nothing is seen accessed after the first scan), the
+/// real move_pages(2) status of a process's pages.
+#[test]
+fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id().to_string();
+    let sys = tempfile::tempdir().unwrap();
+    let config = sys.path().join("memtide.toml");
+    std::fs::write(&config, format!("[host]\nsys = {:?}\n", sys.path())).unwrap();
+    let place = |budget_mib: &str| {
+        memtide()
+            .args([
+                "place",
+                "--pid",
+                &pid,
+                "--fast-node",
+                "0",
+                "--slow-node",
+                "1",
+            ])
+            .args([
+                "--budget-mib",
+                budget_mib,
+                "--interval-s",
+                "0.1",
+                "--count",
+                "3",
+            ])
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let o = place("1024");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("has_memory: no NUMA nodes"),
+        "{}",
+        stderr(&o)
+    );
+    let nodes = sys.path().join("devices/system/node");
+    std::fs::create_dir_all(nodes.join("node0")).unwrap();
+    std::fs::write(nodes.join("has_memory"), "0-1\n").unwrap();
+    std::fs::write(nodes.join("node0/meminfo"), "Node 0 MemFree:  1048576 kB\n").unwrap();
+    let mm = sys.path().join("kernel/mm/page_idle");
+    std::fs::create_dir_all(&mm).unwrap();
+    std::fs::File::create(mm.join("bitmap"))
+        .unwrap()
+        .set_len((1 << 40) / 4096 / 8)
+        .unwrap();
+    // Room for everything: nothing moves.
+    let o = place("1024");
+    if stderr(&o).contains("shows no page frame numbers") || stderr(&o).contains("EPERM") {
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        return; // not root: that is all there is to see
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("place.first"));
+    for l in &lines[1..] {
+        // (Pages the process faults in after a scan count as accessed at the next.)
+        assert_eq!(
+            (&l["demoted"], &l["promoted"]),
+            (&0.into(), &0.into()),
+            "{l}"
+        );
+        assert!(
+            l["reason"].as_str().unwrap().starts_with("tier.configured"),
+            "{l}"
+        );
+    }
+    // A budget of nothing: every page is to leave node 0, for a node 1 this host may not
+    // have.
+    let o = place("0");
+    let host = std::fs::read_to_string("/sys/devices/system/node/has_memory").unwrap();
+    if host.trim() == "0" {
+        assert!(!o.status.success());
+        assert!(
+            stderr(&o).contains("move_pages: node 1 has no memory"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).lines().count(),
+            1,
+            "the first line only"
+        );
+    }
+    // The process ends while it is placed: said, no panic.
+    let run = memtide()
+        .args([
+            "place",
+            "--pid",
+            &pid,
+            "--fast-node",
+            "0",
+            "--slow-node",
+            "1",
+        ])
+        .args([
+            "--budget-mib",
+            "1024",
+            "--interval-s",
+            "0.1",
+            "--count",
+            "600",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    sleeper.kill().unwrap();
+    let o = run.wait_with_output().unwrap();
+    sleeper.wait().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("process {pid} is gone")),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!o.stdout.is_empty(), "lines before it ended");
+}

@@ -31,6 +31,7 @@ extern "C" {
         offset: i64,
     ) -> *mut c_void;
     fn munmap(addr: *mut c_void, len: usize) -> c_int;
+    fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int;
     fn mincore(addr: *mut c_void, len: usize, vec: *mut u8) -> c_int;
 }
 
@@ -38,6 +39,10 @@ extern "C" {
 pub struct Region {
     ptr: *mut u8,
     len: usize,
+    /// Bytes mapped from `ptr - guard`: `len`, and for [`Region::new_apart`] a guard
+    /// page each side.
+    mapped: usize,
+    guard: usize,
 }
 
 // SAFETY: the region owns its mapping and nothing else refers to it, so it
@@ -54,6 +59,8 @@ impl Region {
             return Ok(Region {
                 ptr: ptr::null_mut(),
                 len,
+                mapped: 0,
+                guard: 0,
             });
         }
         let flags = MAP_PRIVATE | MAP_ANONYMOUS;
@@ -65,7 +72,30 @@ impl Region {
         Ok(Region {
             ptr: ptr.cast(),
             len,
+            mapped: len,
+            guard: 0,
         })
+    }
+
+    /// Like [`Region::new`], between two guard pages that cannot be accessed, so that
+    /// the region stays a mapping of its own: the kernel merges adjacent anonymous
+    /// mappings of the same permissions (another buffer, a thread's stack), and
+    /// `/proc/PID/numa_maps` and `smaps` would show them as one.
+    pub fn new_apart(len: usize) -> io::Result<Region> {
+        let len = len.next_multiple_of(PAGE);
+        let mut region = Region::new(len + 2 * PAGE)?;
+        // SAFETY: the first and last pages of our own mapping, which nothing borrows.
+        unsafe {
+            if mprotect(region.ptr.cast(), PAGE, 0) != 0
+                || mprotect(region.ptr.add(PAGE + len).cast(), PAGE, 0) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            region.ptr = region.ptr.add(PAGE);
+        }
+        region.len = len;
+        region.guard = PAGE;
+        Ok(region)
     }
 
     /// Writes `value` into the first word of every page in `bytes`, so each
@@ -107,9 +137,9 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.mapped > 0 {
             // SAFETY: unmapping our own mapping, which nothing borrows any more.
-            unsafe { munmap(self.ptr.cast(), self.len) };
+            unsafe { munmap(self.ptr.sub(self.guard).cast(), self.mapped) };
         }
     }
 }
@@ -151,6 +181,25 @@ mod tests {
         assert_eq!(region.resident_pages().unwrap(), 0);
         region.touch(2 * PAGE..5 * PAGE, 1);
         assert_eq!(region.resident_pages().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_region_apart_is_a_mapping_of_its_own() {
+        let _before = Region::new(4 * PAGE).unwrap();
+        let mut hot = Region::new_apart(2 * PAGE).unwrap();
+        let _after = Region::new(4 * PAGE).unwrap();
+        hot.touch(0..2 * PAGE, 1);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = format!(
+            "{:x}-{:x} rw-p",
+            hot.ptr as usize,
+            hot.ptr as usize + 2 * PAGE
+        );
+        assert!(
+            maps.lines().any(|l| l.starts_with(&line)),
+            "{line} in\n{maps}"
+        );
+        assert_eq!(hot.resident_pages().unwrap(), 2);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //!     coldalloc t=12 hot_mib=32 mib_per_s=1234.5 cold_mib=200 cold_resident_mib=187.3
 //!
-//! `t` is seconds since the hot loop started.
+//! `t` is seconds since the hot loop started. The hot buffer is a mapping of its
+//! own (`/proc/PID/numa_maps` shows it apart from the cold one).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ fn main() -> ExitCode {
         (options.cold_mib << 20) as usize,
         (options.hot_mib << 20) as usize,
     );
-    let (mut cold, mut hot) = match (Region::new(cold_bytes), Region::new(hot_bytes)) {
+    let (mut cold, mut hot) = match (Region::new(cold_bytes), Region::new_apart(hot_bytes)) {
         (Ok(cold), Ok(hot)) => (cold, hot),
         (Err(err), _) | (_, Err(err)) => {
             eprintln!(

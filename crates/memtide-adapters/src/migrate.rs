@@ -1,0 +1,208 @@
+//! Which NUMA node holds each page of a process, and moving pages between nodes, with
+//! `move_pages(2)`.
+//!
+//! With `nodes` NULL, move_pages only asks: each page's status is the node it is on, or
+//! a negative errno (`-EFAULT`: not mapped or the zero page; `-ENOENT`: not present).
+//! With a target node and `MPOL_MF_MOVE`, it moves the pages mapped by this process
+//! alone, and each status is the node the page is on afterwards or why it was not moved
+//! (`-EBUSY`, `-EACCES` for a shared page, `-ENOMEM`, …). The call itself fails with
+//! `ESRCH` for no such process, `EPERM` without CAP_SYS_NICE over it, `ENODEV` for a
+//! target node without memory, and `ENOSYS` on a kernel without NUMA (move_pages(2)).
+
+use std::collections::BTreeMap;
+
+/// Move the pages mapped by this process alone (include/uapi/linux/mempolicy.h).
+const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+
+/// Pages asked about or moved in one call.
+const BATCH: usize = 4096;
+
+/// Why pages could not be asked about or moved.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MoveError {
+    /// The kernel has no NUMA support.
+    #[error(
+        "move_pages: the kernel has no NUMA support (ENOSYS: CONFIG_NUMA and CONFIG_MIGRATION)"
+    )]
+    NoNuma,
+    /// The process is gone.
+    #[error("process {0} is gone")]
+    Gone(i32),
+    /// This process may not move the other's pages.
+    #[error("move_pages: not permitted for process {0} (EPERM: needs CAP_SYS_NICE, root)")]
+    NotPermitted(i32),
+    /// The target node has no memory, or is not a node.
+    #[error("move_pages: node {0} has no memory ({1})")]
+    NoNode(i32, &'static str),
+    /// Any other failure of the call.
+    #[error("move_pages for process {pid}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Other {
+        /// The process.
+        pid: i32,
+        /// The errno.
+        errno: i32,
+    },
+}
+
+/// The error for a move_pages call on `pid` (to `node`, when moving) that failed with
+/// `errno`.
+pub fn error(errno: i32, pid: i32, node: Option<i32>) -> MoveError {
+    match (errno, node) {
+        (libc::ENOSYS, _) => MoveError::NoNuma,
+        (libc::ESRCH, _) => MoveError::Gone(pid),
+        (libc::EPERM, _) => MoveError::NotPermitted(pid),
+        (libc::ENODEV, Some(n)) => MoveError::NoNode(n, "ENODEV"),
+        (libc::EINVAL, Some(n)) => MoveError::NoNode(n, "EINVAL: not a node"),
+        _ => MoveError::Other { pid, errno },
+    }
+}
+
+/// One move_pages call over `pages` (addresses), to `node` or, without one, a status
+/// query; the statuses are written to `status`.
+fn call(pid: i32, pages: &[u64], node: Option<i32>, status: &mut [i32]) -> Result<(), MoveError> {
+    let addrs: Vec<*mut libc::c_void> = pages.iter().map(|&a| a as *mut libc::c_void).collect();
+    let nodes = node.map(|n| vec![n; pages.len()]);
+    let flags = if node.is_some() { MPOL_MF_MOVE } else { 0 };
+    // SAFETY: `addrs`, `nodes` (when given) and `status` hold `pages.len()` entries each;
+    // the kernel only reads the first two and writes the last.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            libc::c_long::from(pid),
+            pages.len() as libc::c_ulong,
+            addrs.as_ptr(),
+            nodes.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
+            status.as_mut_ptr(),
+            libc::c_long::from(flags),
+        )
+    };
+    if rc < 0 {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        return Err(error(errno, pid, node));
+    }
+    Ok(())
+}
+
+fn batched(pid: i32, pages: &[u64], node: Option<i32>) -> Result<Vec<i32>, MoveError> {
+    let mut status = vec![0; pages.len()];
+    if pages.is_empty() {
+        // Still asks: the process, the permission and NUMA support are checked.
+        return call(pid, pages, None, &mut status).map(|()| status);
+    }
+    for (p, s) in pages.chunks(BATCH).zip(status.chunks_mut(BATCH)) {
+        call(pid, p, node, s)?;
+    }
+    Ok(status)
+}
+
+/// The node each of process `pid`'s pages (addresses) is on, or a negative errno
+/// (`-EFAULT`, `-ENOENT`). With no pages, checks that the process can be asked.
+pub fn nodes(pid: i32, pages: &[u64]) -> Result<Vec<i32>, MoveError> {
+    batched(pid, pages, None)
+}
+
+/// Move process `pid`'s pages (addresses) to `node`: the node each is on afterwards,
+/// or a negative errno for one that was not moved.
+pub fn move_to(pid: i32, pages: &[u64], node: i32) -> Result<Vec<i32>, MoveError> {
+    if pages.is_empty() {
+        return Ok(Vec::new());
+    }
+    batched(pid, pages, Some(node))
+}
+
+/// Statuses counted: pages per node (keys ≥ 0) and per negative errno.
+pub fn tally(status: &[i32]) -> BTreeMap<i32, u64> {
+    let mut counts = BTreeMap::new();
+    for &s in status {
+        *counts.entry(s).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_what_is_missing() {
+        assert_eq!(error(libc::ENOSYS, 7, None), MoveError::NoNuma);
+        assert_eq!(error(libc::ESRCH, 7, Some(1)), MoveError::Gone(7));
+        assert_eq!(error(libc::EPERM, 7, None), MoveError::NotPermitted(7));
+        assert_eq!(
+            error(libc::ENODEV, 7, Some(3)),
+            MoveError::NoNode(3, "ENODEV")
+        );
+        assert_eq!(
+            error(libc::EINVAL, 7, None),
+            MoveError::Other {
+                pid: 7,
+                errno: libc::EINVAL
+            }
+        );
+        assert_eq!(
+            error(libc::EPERM, 7, None).to_string(),
+            "move_pages: not permitted for process 7 (EPERM: needs CAP_SYS_NICE, root)"
+        );
+        assert_eq!(error(libc::ESRCH, 7, None).to_string(), "process 7 is gone");
+    }
+
+    #[test]
+    fn statuses_are_tallied_by_node_and_errno() {
+        let t = tally(&[0, 1, 0, -libc::EFAULT, -libc::ENOENT, 1, 0]);
+        assert_eq!(
+            t.into_iter().collect::<Vec<_>>(),
+            [(-libc::EFAULT, 1), (-libc::ENOENT, 1), (0, 3), (1, 2)]
+        );
+    }
+
+    /// The kernel's answers for this process's own pages: a touched page is on a node
+    /// with memory, an untouched one is not present, an unmapped address is a fault.
+    #[test]
+    fn the_kernel_reports_each_page_node_or_why_not() {
+        let page = 4096;
+        let mut buf = vec![0u8; 64 * page];
+        let base = (buf.as_mut_ptr() as u64).next_multiple_of(page as u64);
+        // SAFETY: an address inside `buf`, written through a volatile store.
+        unsafe { std::ptr::write_volatile(base as *mut u8, 1) };
+        // SAFETY: a fresh anonymous mapping, never touched, unmapped below.
+        let untouched = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(untouched, libc::MAP_FAILED);
+        let pid = std::process::id() as i32;
+        let status = nodes(pid, &[base, untouched as u64, 0x1000]).unwrap();
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(untouched, page) };
+        let has_memory = std::fs::read_to_string("/sys/devices/system/node/has_memory").unwrap();
+        let node_list = crate::tiers::parse_list(&has_memory).unwrap();
+        assert!(
+            node_list.contains(&(status[0] as u32)),
+            "{status:?} {has_memory}"
+        );
+        assert_eq!(&status[1..], [-libc::ENOENT, -libc::EFAULT]);
+        // Moving a page to the node it is on leaves it there.
+        assert_eq!(move_to(pid, &[base], status[0]).unwrap(), [status[0]]);
+        assert_eq!(nodes(pid, &[]).unwrap(), Vec::<i32>::new());
+        // Not a node: EINVAL or ENODEV, as the kernel checks.
+        assert!(matches!(
+            move_to(pid, &[base], -1),
+            Err(MoveError::NoNode(-1, _))
+        ));
+    }
+
+    #[test]
+    fn a_process_that_is_gone_is_named() {
+        // Pid numbers wrap below /proc/sys/kernel/pid_max (at most 2^22).
+        let gone = 1 << 23;
+        assert_eq!(nodes(gone, &[0x1000]), Err(MoveError::Gone(gone)));
+        assert_eq!(nodes(gone, &[]), Err(MoveError::Gone(gone)));
+        assert_eq!(move_to(gone, &[0x1000], 0), Err(MoveError::Gone(gone)));
+    }
+}
