@@ -665,6 +665,17 @@ garbage
         }
     }
 
+    /// A file standing in for the idle bitmap in `mm` (this host's kernel has none): a bit
+    /// for every frame of up to 1 TiB of RAM, sparse, keeping every mark.
+    fn stand_in_bitmap(mm: &Path) -> std::path::PathBuf {
+        let bitmap = mm.join("bitmap");
+        File::create(&bitmap)
+            .unwrap()
+            .set_len((1 << 40) / 4096 / 8)
+            .unwrap();
+        bitmap
+    }
+
     /// The real pagemap and kpageflags of this process, with a file standing in for the
     /// idle bitmap (this host's kernel has none): the tracker reads and marks the bits of
     /// the right frames, and a frame whose bit is cleared — as the kernel clears it on an
@@ -688,12 +699,7 @@ garbage
             err.to_string().contains("CONFIG_IDLE_PAGE_TRACKING"),
             "{err}"
         );
-        let bitmap = mm.join("bitmap");
-        // A bit for every frame of up to 1 TiB of RAM, sparse.
-        File::create(&bitmap)
-            .unwrap()
-            .set_len((1 << 40) / 4096 / 8)
-            .unwrap();
+        let bitmap = stand_in_bitmap(&mm);
         // 38 MiB, tracked as guest RAM of 37 MiB (to 2 MiB): sizes no other mapping of
         // the test process has.
         let pages = 38 * 256;
@@ -785,10 +791,7 @@ garbage
         let sys = tempfile::tempdir().unwrap();
         let mm = sys.path().join("kernel/mm/page_idle");
         std::fs::create_dir_all(&mm).unwrap();
-        File::create(mm.join("bitmap"))
-            .unwrap()
-            .set_len((1 << 40) / 4096 / 8)
-            .unwrap();
+        stand_in_bitmap(&mm);
         // 27 MiB of a template file mapped privately: the first 3 MiB written, the rest
         // read only.
         let pages = 27 * 256;

@@ -470,6 +470,17 @@ mod tests {
         Config::parse(&text, "memtide.toml").unwrap()
     }
 
+    /// What a QMP save of a running guest reports.
+    fn saved() -> Saved {
+        Saved {
+            mechanism: "qmp migrate to fd".into(),
+            was_running: true,
+            downtime: Duration::ZERO,
+            written: Duration::ZERO,
+            ram_backend: None,
+        }
+    }
+
     #[test]
     fn a_vm_is_started_by_its_connector_or_the_reason_it_cannot_be_is_given() {
         let store = Path::new("/store");
@@ -508,13 +519,7 @@ mod tests {
     fn a_crashed_vm_is_restored_from_its_newest_snapshot_whose_checksums_hold() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
-        let saved = Saved {
-            mechanism: "qmp migrate to fd".into(),
-            was_running: true,
-            downtime: Duration::ZERO,
-            written: Duration::ZERO,
-            ram_backend: None,
-        };
+        let saved = saved();
         let mut taken = Vec::new();
         for memory in [&b"older"[..], b"newer"] {
             let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
@@ -545,13 +550,7 @@ mod tests {
     fn a_vm_started_whose_hibernation_cannot_be_marked_woken_is_started_with_a_warning() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
-        let saved = Saved {
-            mechanism: "qmp migrate to fd".into(),
-            was_running: true,
-            downtime: Duration::ZERO,
-            written: Duration::ZERO,
-            ram_backend: None,
-        };
+        let saved = saved();
         let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
         std::fs::write(pending.dir().join("memory"), b"m").unwrap();
         let asleep = pending
@@ -600,13 +599,7 @@ mod tests {
         let store = Store::new(dir.path());
         let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
         std::fs::write(pending.dir().join("memory"), b"qemu's stream").unwrap();
-        let saved = Saved {
-            mechanism: "qmp migrate to fd".into(),
-            was_running: true,
-            downtime: Duration::ZERO,
-            written: Duration::ZERO,
-            ram_backend: None,
-        };
+        let saved = saved();
         let taken = pending
             .finish(&saved, AfterSave::Quit, snapshots::TakenBy::Operator)
             .unwrap();

@@ -28,12 +28,7 @@ const MIB: u64 = 1 << 20;
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
-    let kernel = support::guest_dir().join("idle");
-    assert!(
-        kernel.join("vmlinuz").exists(),
-        "no {}/vmlinuz: run guest/build-idle-kernel.sh (scripts/test.sh does)",
-        kernel.display()
-    );
+    let kernel = support::idle_kernel();
     let dir = tempfile::tempdir().unwrap();
     let image = support::data_disk(dir.path(), "");
     let cgroup = TestCgroup::create("memtide-access");
@@ -206,11 +201,7 @@ fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() 
     ] {
         std::fs::write(sys.join("kernel/mm/ksm").join(knob), v).unwrap();
     }
-    std::fs::create_dir_all(sys.join("kernel/mm/page_idle")).unwrap();
-    std::fs::File::create(sys.join("kernel/mm/page_idle/bitmap"))
-        .unwrap()
-        .set_len((1 << 40) / 4096 / 8)
-        .unwrap();
+    support::idle_bitmap_stand_in(&sys);
     let (samples, log) = run("idle", &sys, "\"idle\"");
     let held = std::fs::read_to_string(format!("/proc/{}/status", guest.pid())).unwrap();
     eprintln!(

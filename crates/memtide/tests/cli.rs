@@ -908,12 +908,7 @@ fn access_prints_a_json_line_a_scan_and_says_when_the_kernel_cannot_track() {
     // A file standing in for the kernel's bitmap, which keeps every mark: after the first
     // scan only the pages the process shares with others (libraries' page cache it maps,
     // counted as accessed: never cold) are, the same at every scan.
-    let mm = sys.path().join("kernel/mm/page_idle");
-    std::fs::create_dir_all(&mm).unwrap();
-    std::fs::File::create(mm.join("bitmap"))
-        .unwrap()
-        .set_len((1 << 40) / 4096 / 8)
-        .unwrap();
+    support::idle_bitmap_stand_in(sys.path());
     let o = access("3");
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
@@ -1008,12 +1003,7 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
     std::fs::create_dir_all(nodes.join("node0")).unwrap();
     std::fs::write(nodes.join("has_memory"), "0-1\n").unwrap();
     std::fs::write(nodes.join("node0/meminfo"), "Node 0 MemFree:  1048576 kB\n").unwrap();
-    let mm = sys.path().join("kernel/mm/page_idle");
-    std::fs::create_dir_all(&mm).unwrap();
-    std::fs::File::create(mm.join("bitmap"))
-        .unwrap()
-        .set_len((1 << 40) / 4096 / 8)
-        .unwrap();
+    support::idle_bitmap_stand_in(sys.path());
     // Room for everything: nothing moves.
     let o = place("1024");
     if stderr(&o).contains("shows no page frame numbers") || stderr(&o).contains("EPERM") {

@@ -57,12 +57,7 @@ fn nodes_of(maps: &str, numa_maps: &str, mib: u64) -> BTreeMap<u32, u64> {
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
-    let kernel = support::guest_dir().join("idle");
-    assert!(
-        kernel.join("vmlinuz").exists(),
-        "no {}/vmlinuz: run guest/build-idle-kernel.sh (scripts/test.sh does)",
-        kernel.display()
-    );
+    let kernel = support::idle_kernel();
     let dir = tempfile::tempdir().unwrap();
     let image = support::data_disk(dir.path(), "");
     let cgroup = TestCgroup::create("memtide-place");

@@ -173,3 +173,29 @@ fn walk(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// A file standing in for the kernel's idle page bitmap under the sysfs mount `sys` (the
+/// build host's kernel has none): a bit for every frame of up to 1 TiB of RAM, sparse; it
+/// keeps every mark, as no access clears it.
+pub fn idle_bitmap_stand_in(sys: &Path) -> PathBuf {
+    let mm = sys.join("kernel/mm/page_idle");
+    std::fs::create_dir_all(&mm).unwrap();
+    let bitmap = mm.join("bitmap");
+    std::fs::File::create(&bitmap)
+        .unwrap()
+        .set_len((1 << 40) / 4096 / 8)
+        .unwrap();
+    bitmap
+}
+
+/// The directory of the test-guest kernel with idle page tracking that
+/// guest/build-idle-kernel.sh builds (none of Debian's has it).
+pub fn idle_kernel() -> PathBuf {
+    let kernel = guest_dir().join("idle");
+    assert!(
+        kernel.join("vmlinuz").exists(),
+        "no {}/vmlinuz: run guest/build-idle-kernel.sh (scripts/test.sh does)",
+        kernel.display()
+    );
+    kernel
+}
