@@ -301,7 +301,7 @@ async fn a_firecracker_hibernation_whose_seal_fails_runs_on() {
 /// A stand-in for Firecracker's process: a proxy to the fake's socket, so that the
 /// socket's peer credentials name a process a hibernation may kill (not the test's own).
 const PROXY: &str = "
-import socket, sys, threading
+import os, socket, sys, threading
 def pipe(a, b):
     try:
         while True:
@@ -316,8 +316,9 @@ def pipe(a, b):
     except OSError:
         pass
 listener = socket.socket(socket.AF_UNIX)
-listener.bind(sys.argv[1])
+listener.bind(sys.argv[1] + '.binding')
 listener.listen()
+os.rename(sys.argv[1] + '.binding', sys.argv[1])
 while True:
     c, _ = listener.accept()
     u = socket.socket(socket.AF_UNIX)
@@ -365,7 +366,8 @@ async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
     );
 }
 
-/// A stand-in for Firecracker's process serving `socket` (a proxy to `served`).
+/// A stand-in for Firecracker's process serving `socket` (a proxy to `served`); the socket
+/// appears at its path only once it listens, so a connect as soon as it exists succeeds.
 fn stand_in(socket: &Path, served: &Path) -> std::process::Child {
     let process = std::process::Command::new("python3")
         .args(["-c", PROXY])
