@@ -7,6 +7,7 @@
 #            overcommit run: the guest swaps while it writes its buffer)
 #   early    384 MiB two lines before the phase (no swap)
 #   control  T's balloon is never moved
+#   at:MIB   MIB at once as the phase begins (no swap if MIB covers the phase)
 # Over report lines 55-115 it prints memknobs' rate per second of QEMU CPU time of T over C
 # ("efficiency": the CPU each got cancels, so other work on the host matters little).
 # Options: KERNEL_ARGS (added to both guests' command line), --collapse (then MADV_COLLAPSE
@@ -18,7 +19,7 @@ G = os.environ.get("MEMTIDE_GUEST_DIR", "target/guest")
 mode, *rest = sys.argv[1:]
 collapse = "--collapse" in rest
 extra = " ".join(a for a in rest if a != "--collapse")
-assert mode in ("steps", "early", "control"), __doc__
+assert mode in ("steps", "early", "control") or mode.startswith("at:"), __doc__
 D = tempfile.mkdtemp()
 
 
@@ -91,6 +92,8 @@ try:
     if mode == "early":
         balloon("balloon", {"value": 384 << 20})
     line(40)
+    if mode.startswith("at:"):
+        balloon("balloon", {"value": int(mode[3:]) << 20})
     if mode == "steps":
         for n, mib in ((40, 176), (43, 330), (46, 357)):
             line(n); balloon("balloon", {"value": mib << 20})
