@@ -11,14 +11,20 @@
 # Over report lines 55-115 it prints memknobs' rate per second of QEMU CPU time of T over C
 # ("efficiency": the CPU each got cancels, so other work on the host matters little).
 # Options: KERNEL_ARGS (added to both guests' command line), --collapse (then MADV_COLLAPSE
-# over T's guest RAM, Linux >= 6.1, run as root, and a second window).
-#   python3 bench/swap-layout.py steps [--collapse] [KERNEL_ARGS]
+# over T's guest RAM, Linux >= 6.1, run as root, and a second window), --domain=MIB (both
+# QEMUs in a cgroup v1 memory domain whose limit is set, once T's balloon has moved, to
+# their usage plus MIB, as the overcommit benchmark's domain stands near its limit; needs
+# --host-swap-mib=N, a swap file of N MiB enabled for the run and removed after it: a
+# change of the host's settings, made only when asked).
+#   python3 bench/swap-layout.py steps [--collapse] [--domain=MIB --host-swap-mib=N] [KERNEL_ARGS]
 import ctypes, json, os, re, socket, subprocess, sys, tempfile, time
 
 G = os.environ.get("MEMTIDE_GUEST_DIR", "target/guest")
 mode, *rest = sys.argv[1:]
 collapse = "--collapse" in rest
-extra = " ".join(a for a in rest if a != "--collapse")
+opt = {a.split("=")[0]: int(a.split("=")[1]) for a in rest if a.startswith(("--domain=", "--host-swap-mib="))}
+extra = " ".join(a for a in rest if not a.startswith("--"))
+assert ("--domain" in opt) == ("--host-swap-mib" in opt), "--domain needs --host-swap-mib"
 assert mode in ("steps", "early", "control") or mode.startswith("at:"), __doc__
 D = tempfile.mkdtemp()
 
@@ -69,8 +75,24 @@ def huge_mib(pid):
     return int(re.search(r"AnonHugePages:\s+(\d+)", open(f"/proc/{pid}/smaps_rollup").read()).group(1)) // 1024
 
 
+def vmstat(*keys):
+    v = dict(l.split() for l in open("/proc/vmstat"))
+    return [int(v[k]) for k in keys]
+
+
+CG = f"/sys/fs/cgroup/memory/swap-layout-{os.getpid()}"
+SWAP = f"/var/tmp/swap-layout-{os.getpid()}.swap"
+if "--domain" in opt:
+    os.mkdir(CG)
+    subprocess.run(["dd", "if=/dev/zero", f"of={SWAP}", "bs=1M", f"count={opt['--host-swap-mib']}", "status=none"], check=True)
+    os.chmod(SWAP, 0o600)
+    subprocess.run(["mkswap", "-q", SWAP], check=True)
+    subprocess.run(["swapon", SWAP], check=True)
 (qt, qmp_t, ser_t), (qc, qmp_c, ser_c) = boot("T"), boot("C")
 try:
+    if "--domain" in opt:
+        for p in (qt, qc):
+            open(f"{CG}/cgroup.procs", "w").write(str(p.pid))
     balloon = monitor(qmp_t)
     monitor(qmp_c)
     def line(n):
@@ -84,6 +106,7 @@ try:
         r_t, r_c = rates(ser_t)[k_t:], rates(ser_c)[k_c:]
         e_t = sum(r_t) / len(r_t) / (c1[0] - c0[0])
         e_c = sum(r_c) / len(r_c) / (c1[1] - c0[1])
+        print(f"MiB/s per CPU tick: T {e_t:.0f}, C {e_c:.0f}", flush=True)
         return e_t / e_c, sum(r_t) / len(r_t), sum(r_c) / len(r_c)
     line(5)
     if mode != "control":
@@ -97,8 +120,20 @@ try:
     if mode == "steps":
         for n, mib in ((40, 176), (43, 330), (46, 357)):
             line(n); balloon("balloon", {"value": mib << 20})
+    if "--domain" in opt:
+        line(50)
+        usage = int(open(f"{CG}/memory.usage_in_bytes").read())
+        open(f"{CG}/memory.limit_in_bytes", "w").write(str(usage + (opt["--domain"] << 20)))
+        print(f"domain limit {usage // 2**20} + {opt['--domain']} MiB", flush=True)
     line(55)
+    swap0 = vmstat("pswpin", "pswpout")
     e, r_t, r_c = efficiency(60)
+    if "--domain" in opt:
+        swap1 = vmstat("pswpin", "pswpout")
+        stat = dict(l.split() for l in open(f"{CG}/memory.stat"))
+        print(f"host swap-ins {swap1[0] - swap0[0]}, swap-outs {swap1[1] - swap0[1]} over the window; "
+              f"domain usage {int(open(f'{CG}/memory.usage_in_bytes').read()) >> 20} MiB, "
+              f"swap {int(stat['swap']) >> 20} MiB, failcnt {open(f'{CG}/memory.failcnt').read().strip()}", flush=True)
     print(f"{mode} {extra}: efficiency T/C {e:.3f} (T {r_t:.0f}, C {r_c:.0f} MiB/s); "
           f"AnonHugePages T {huge_mib(qt.pid)} C {huge_mib(qc.pid)} MiB", flush=True)
     if collapse:
@@ -118,3 +153,7 @@ try:
 finally:
     for p in (qt, qc):
         p.kill(); p.wait()
+    if "--domain" in opt:
+        subprocess.run(["swapoff", SWAP])
+        os.remove(SWAP)
+        os.rmdir(CG)
