@@ -351,15 +351,15 @@ fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
         promoted >> 20,
         s["placed"]
     );
-    assert_eq!(
-        c["actions"]["place"]["ok"].as_u64(),
-        Some(done.len() as u64)
-    );
+    let counted = |result: &str| c["actions"]["place"][result].as_u64().unwrap_or(0);
+    assert_eq!(counted("ok") + counted("partly"), done.len() as u64, "{c}");
+    // The hot buffer came up; the cold one went down until the buffers fit the budget.
     assert!(
         promoted >= (HOT_MIB << 20) * 95 / 100,
         "{promoted} promoted"
     );
-    assert!(demoted >= (HOT_MIB << 20) * 95 / 100, "{demoted} demoted");
+    let down = (COLD_MIB + HOT_MIB - BUDGET_MIB) << 20;
+    assert!(demoted >= down * 95 / 100, "{demoted} demoted");
     let placed = &s["placed"][0];
     assert_eq!(placed["vm"], "coldalloc");
     assert_eq!(placed["fast_budget"].as_u64(), Some(BUDGET_MIB << 20));
