@@ -264,6 +264,13 @@ fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
     setup.agent.spawn_sh(&format!(
         "exec {memtide} run --config /tmp/memtide.toml > /tmp/daemon.log 2>&1"
     ));
+    let up = wait_for(Duration::from_secs(60), || {
+        let logged = "test -s /tmp/events.jsonl";
+        (setup.agent.run_sh(logged, Duration::from_secs(10)) == 0).then_some(())
+    });
+    if up.is_none() {
+        panic!("no daemon:\n{}", setup.agent.read_file("/tmp/daemon.log"));
+    }
     let events = |agent: &mut Agent| -> Vec<Value> {
         agent
             .read_file("/tmp/events.jsonl")
