@@ -1140,8 +1140,8 @@ fn tier_placement_refuses_a_host_with_one_node_and_logs_a_process_it_cannot_plac
         "memtide: [tiering] place: the host has 1 NUMA node(s) with memory ([0]): placement \
          needs a fast and a slow one"
     );
-    // Two nodes, and this test's process given by its pid: the fake procfs has none of
-    // its files, so it cannot be tracked, and that is logged, not fatal.
+    // Two nodes, and this test's process given by its pid: the fake sysfs has no idle
+    // page tracking, so it cannot be tracked, and that is logged, not fatal.
     fake_nodes(root, &[0, 1]);
     let vm = format!("[[vm]]\nname = \"p\"\npid = {}\n", std::process::id());
     let o = run(config(&vm));
@@ -1156,4 +1156,5 @@ fn tier_placement_refuses_a_host_with_one_node_and_logs_a_process_it_cannot_plac
     assert_eq!(failed[0]["vm"], "p");
     let message = failed[0]["message"].as_str().unwrap();
     assert!(message.starts_with("not placed: "), "{message}");
+    assert!(message.contains("(CONFIG_IDLE_PAGE_TRACKING)"), "{message}");
 }
