@@ -317,9 +317,11 @@ fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
     let converged = ts(done.last().unwrap())
         .duration_since(ts(started))
         .unwrap();
+    let first = ts(&done[0]).duration_since(ts(started)).unwrap();
     eprintln!(
-        "placed by the daemon: the last move logged {:.1} s after it started; hot {hot:?}, \
-         cold {cold:?}; {} moves:",
+        "placed by the daemon: moves logged from {:.1} s to {:.1} s after it started; hot \
+         {hot:?}, cold {cold:?}; {} moves:",
+        first.as_secs_f64(),
         converged.as_secs_f64(),
         done.len()
     );
