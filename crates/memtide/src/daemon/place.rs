@@ -247,11 +247,6 @@ impl TierPlacer {
         }
     }
 
-    /// The nodes it places between.
-    pub fn nodes(&self) -> Nodes {
-        self.nodes
-    }
-
     /// One pass at `at` over `targets` (blocking: scans and moves). A VM not among them,
     /// or whose process changed or failed, loses its tracker (its next pass is a first
     /// scan again). In a dry run nothing moves.
