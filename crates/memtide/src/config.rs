@@ -80,6 +80,43 @@ pub struct Config {
     pub recovery: RecoveryConfig,
     /// Proactive reclaim through cgroup v2 `memory.reclaim`, for VMs no balloon serves.
     pub reclaim: ReclaimConfig,
+    /// Tier placement: each VM's pages between a fast and a slow NUMA node.
+    pub tiering: TieringConfig,
+}
+
+/// Tier placement in the daemon (`docs/tiering.md`): every `interval_s`, each VM's
+/// hot pages to the fast node and its cold ones to the slow node, within its fast budget.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TieringConfig {
+    /// Place VMs' pages (default: no).
+    pub place: bool,
+    /// The fast tier's NUMA node (default: the node with CPUs in the fastest tier).
+    pub fast_node: Option<u32>,
+    /// The slow tier's NUMA node (default: the memory-only node in the slowest tier).
+    pub slow_node: Option<u32>,
+    /// Seconds between two placement passes (each scans every placed VM's memory).
+    pub interval_s: f64,
+    /// Most memory moved per VM a second, demotions and promotions together (MiB/s).
+    pub rate_mib_s: f64,
+    /// Fast memory given above a VM's hot set, in percent of it.
+    pub margin_pct: f64,
+    /// Fast memory kept free, in MiB.
+    pub reserve_mib: u64,
+}
+
+impl Default for TieringConfig {
+    fn default() -> Self {
+        TieringConfig {
+            place: false,
+            fast_node: None,
+            slow_node: None,
+            interval_s: 10.0,
+            rate_mib_s: 128.0,
+            margin_pct: 10.0,
+            reserve_mib: 0,
+        }
+    }
 }
 
 /// Which VMs proactive reclaim serves, unless a VM's own `reclaim` says.
@@ -380,6 +417,12 @@ pub struct VmConfig {
     /// Its cgroup v2 directory for reclaim; unset: the cgroup its QEMU process is in,
     /// which must hold that process alone.
     pub reclaim_cgroup: Option<PathBuf>,
+    /// The most of its memory the fast tier holds (`[tiering]`), in MiB; unset: its hot
+    /// set plus `[tiering] margin_pct`, and a share of spare fast memory.
+    pub fast_budget_mib: Option<u64>,
+    /// A process to place (`[tiering]`) in place of a hypervisor connection: a VM named
+    /// by `pid` alone is neither sampled nor ballooned, only placed.
+    pub pid: Option<i32>,
 }
 
 fn default_snapshot_keep() -> usize {
@@ -415,6 +458,7 @@ impl Default for Config {
             hibernate: HibernateConfig::default(),
             recovery: RecoveryConfig::default(),
             reclaim: ReclaimConfig::default(),
+            tiering: TieringConfig::default(),
         }
     }
 }
@@ -779,6 +823,7 @@ impl Config {
                 return bad(field, format!("{pct} must be a percentage in (0, 100]"));
             }
         }
+        self.check_tiering()?;
         let h = &self.hibernate;
         if !(h.idle_cpu > 0.0 && h.idle_cpu <= 1.0) {
             return bad(
@@ -845,11 +890,19 @@ impl Config {
                 vm.firecracker.is_some(),
                 vm.cloud_hypervisor.is_some(),
             ];
-            if endpoints.iter().filter(|e| **e).count() != 1 {
-                return bad(
-                    &field("qmp"),
-                    "give exactly one of qmp, libvirt, firecracker, cloud_hypervisor".into(),
-                );
+            match (endpoints.iter().filter(|e| **e).count(), vm.pid) {
+                (1, None) => {}
+                (0, Some(pid)) => self.check_placed_only(i, vm, pid)?,
+                (_, Some(_)) => {
+                    let message = "a VM given by `pid` is only placed: a hypervisor connection \
+                                   gives its own process";
+                    return bad(&field("pid"), message.into());
+                }
+                _ => {
+                    let message = "give exactly one of qmp, libvirt, firecracker, \
+                                   cloud_hypervisor (or `pid` for a process only placed)";
+                    return bad(&field("qmp"), message.into());
+                }
             }
             if vm.agent.is_some() && vm.qmp.is_none() {
                 return bad(
@@ -870,6 +923,64 @@ impl Config {
             if let Some(max) = vm.max_mib.filter(|max| *max < min) {
                 return bad(&field("max_mib"), format!("{max} is below min_mib {min}"));
             }
+        }
+        Ok(())
+    }
+
+    /// `[tiering]`'s settings.
+    fn check_tiering(&self) -> Result<(), FieldError> {
+        let t = &self.tiering;
+        if !(MIN_INTERVAL_S..=MAX_INTERVAL_S).contains(&t.interval_s) {
+            let message = format!(
+                "{} is not a number of seconds from {MIN_INTERVAL_S} to {MAX_INTERVAL_S}",
+                t.interval_s
+            );
+            return bad("tiering.interval_s", message);
+        }
+        if !(t.rate_mib_s.is_finite() && t.rate_mib_s > 0.0) {
+            let message = format!("{} is not a number of MiB a second above 0", t.rate_mib_s);
+            return bad("tiering.rate_mib_s", message);
+        }
+        if !(0.0..=1000.0).contains(&t.margin_pct) {
+            let message = format!("{} must be a percentage in [0, 1000]", t.margin_pct);
+            return bad("tiering.margin_pct", message);
+        }
+        if let (Some(fast), Some(slow)) = (t.fast_node, t.slow_node) {
+            if fast == slow {
+                let message = format!("node {slow} is the fast node too");
+                return bad("tiering.slow_node", message);
+            }
+        }
+        Ok(())
+    }
+
+    /// VM `i`, given by `pid` alone: only placed, so it needs `[tiering] place`, and
+    /// nothing that needs a hypervisor connection.
+    fn check_placed_only(&self, i: usize, vm: &VmConfig, pid: i32) -> Result<(), FieldError> {
+        let field = |f: &str| format!("vm[{i}].{f}");
+        if pid <= 0 {
+            return bad(&field("pid"), format!("{pid} is not a process id"));
+        }
+        if !self.tiering.place {
+            let message = "a VM given by `pid` is only placed: set [tiering] place = true";
+            return bad(&field("pid"), message.into());
+        }
+        let connected = [
+            ("agent", vm.agent.is_some()),
+            ("launch", vm.launch.is_some()),
+            ("clone_launch", vm.clone_launch.is_some()),
+            ("hibernate_after_s", vm.hibernate_after_s.is_some()),
+            ("snapshot_every_s", vm.snapshot_every_s.is_some()),
+            ("restore_on_crash", vm.restore_on_crash),
+            ("wake_at", !vm.wake_at.is_empty()),
+            ("reclaim", vm.reclaim.is_some()),
+            ("reclaim_cgroup", vm.reclaim_cgroup.is_some()),
+            ("policy", vm.policy.is_some()),
+        ];
+        if let Some((key, _)) = connected.iter().find(|(_, set)| *set) {
+            let message = "a VM given by `pid` is only placed: this needs a hypervisor \
+                           connection (qmp, libvirt, firecracker, cloud_hypervisor)";
+            return bad(&field(key), message.into());
         }
         Ok(())
     }
@@ -1264,11 +1375,13 @@ mod tests {
             .starts_with("memtide.toml: discovery.qmp_glob[0]: "));
         assert_eq!(
             err("[[vm]]\nname = \"a\"\n"),
-            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor"
+            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor \
+             (or `pid` for a process only placed)"
         );
         assert_eq!(
             err("[[vm]]\nname = \"a\"\nqmp = \"/a\"\nfirecracker = \"/a.sock\"\n"),
-            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor"
+            "memtide.toml: vm[0].qmp: give exactly one of qmp, libvirt, firecracker, cloud_hypervisor \
+             (or `pid` for a process only placed)"
         );
         assert_eq!(
             err("[[vm]]\nname = \"a\"\nfirecracker = \"/a.sock\"\nagent = \"/a.qga\"\n"),
@@ -1360,6 +1473,40 @@ mod tests {
                 "vm[0].wake_at: needs `launch`: a hibernated VM is woken by starting it again",
             ),
             (
+                "[tiering]\ninterval_s = 0\n",
+                "tiering.interval_s: 0 is not a number of seconds from 0.1 to 3600",
+            ),
+            (
+                "[tiering]\nrate_mib_s = 0\n",
+                "tiering.rate_mib_s: 0 is not a number of MiB a second above 0",
+            ),
+            (
+                "[tiering]\nmargin_pct = -1\n",
+                "tiering.margin_pct: -1 must be a percentage in [0, 1000]",
+            ),
+            (
+                "[tiering]\nfast_node = 1\nslow_node = 1\n",
+                "tiering.slow_node: node 1 is the fast node too",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\npid = 7\n",
+                "vm[0].pid: a VM given by `pid` is only placed: set [tiering] place = true",
+            ),
+            (
+                "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 0\n",
+                "vm[0].pid: 0 is not a process id",
+            ),
+            (
+                "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\nqmp = \"/a\"\npid = 7\n",
+                "vm[0].pid: a VM given by `pid` is only placed: a hypervisor connection gives \
+                 its own process",
+            ),
+            (
+                "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 7\nlaunch = [\"q\"]\n",
+                "vm[0].launch: a VM given by `pid` is only placed: this needs a hypervisor \
+                 connection (qmp, libvirt, firecracker, cloud_hypervisor)",
+            ),
+            (
                 "[recovery]\nwindow_s = 0\n",
                 "recovery.window_s: 0 is not 1 to 31536000 seconds",
             ),
@@ -1379,6 +1526,14 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(err(text), format!("memtide.toml: {expected}"), "{text}");
         }
+        let placed = "[tiering]\nplace = true\nfast_node = 0\nslow_node = 1\n\
+                      [[vm]]\nname = \"a\"\npid = 7\nfast_budget_mib = 42\n";
+        let c = Config::parse(placed, "x").unwrap();
+        assert_eq!(
+            (c.vms[0].pid, c.vms[0].fast_budget_mib),
+            (Some(7), Some(42))
+        );
+        assert_eq!(c.tiering.interval_s, 10.0);
         let c = Config::parse("interval_s = 3600\n[daemon]\nrecord_dir = \"/r\"\n", "x").unwrap();
         let s = c.settings().unwrap();
         assert_eq!(s.interval, Duration::from_secs(3600));
@@ -1413,6 +1568,8 @@ mod tests {
             wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
+            fast_budget_mib: None,
+            pid: None,
         };
         // Both above the size: the size is both.
         let (l, f) = Bounds::new(Some(&vm), &d).limits(Bytes::from_mib(384));

@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod http;
 pub mod metrics;
 pub mod place_cmd;
+pub mod placement;
 pub mod policies;
 pub mod policy_cmd;
 pub mod reclaim_cmd;

@@ -142,6 +142,43 @@ impl Collector for StatusCollector {
             "Memory asked of VMs' cgroup v2 memory.reclaim (proactive reclaim).",
             vec![(vec![], c.reclaim_asked_bytes)],
         )?;
+        counters(
+            &mut enc,
+            "memtide_place_demoted_bytes",
+            "Memory moved to the slow tier by tier placement ([tiering]).",
+            vec![(vec![], c.place_demoted_bytes)],
+        )?;
+        counters(
+            &mut enc,
+            "memtide_place_promoted_bytes",
+            "Memory moved to the fast tier by tier placement ([tiering]).",
+            vec![(vec![], c.place_promoted_bytes)],
+        )?;
+        let placed = |f: fn(&crate::status::Placed) -> memtide_core::Bytes| {
+            status
+                .placed
+                .iter()
+                .map(|p| (vec![("vm", p.vm.as_str())], f(p).0 as f64))
+                .collect()
+        };
+        gauges(
+            &mut enc,
+            "memtide_vm_fast_bytes",
+            "A placed VM's memory on the fast tier's node, after its latest placement pass.",
+            placed(|p| p.fast),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_slow_bytes",
+            "A placed VM's memory on the slow tier's node, after its latest placement pass.",
+            placed(|p| p.slow),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_fast_budget_bytes",
+            "The fast memory a placed VM may hold, as its latest placement pass decided.",
+            placed(|p| p.fast_budget),
+        )?;
         let rules = c
             .rules
             .iter()
@@ -629,6 +666,14 @@ mod tests {
             ..Default::default()
         }];
         status.tiers.zswap = Some(Default::default());
+        status.counters.place_demoted_bytes = 3 << 20;
+        status.counters.place_promoted_bytes = 1 << 20;
+        status.placed.push(crate::status::Placed {
+            vm: "web".into(),
+            fast: memtide_core::Bytes::from_mib(42),
+            slow: memtide_core::Bytes::from_mib(86),
+            fast_budget: memtide_core::Bytes::from_mib(42),
+        });
         status.sampling.push(Sampling {
             name: "web".into(),
             connector: "qmp".into(),
@@ -658,6 +703,11 @@ mod tests {
             "memtide_node_free_bytes{node=\"1\",tier=\"22\"} 0.0",
             "memtide_zswap_enabled 0.0",
             "memtide_vms_hibernated 0.0",
+            "memtide_place_demoted_bytes_total 3145728",
+            "memtide_place_promoted_bytes_total 1048576",
+            "memtide_vm_fast_bytes{vm=\"web\"} 44040192.0",
+            "memtide_vm_slow_bytes{vm=\"web\"} 90177536.0",
+            "memtide_vm_fast_budget_bytes{vm=\"web\"} 44040192.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -5,10 +5,9 @@
 //! `tiering::pick_pages` picks the pages (the longest untouched fast pages down, the
 //! slow pages accessed since the previous scan up), and move_pages moves them.
 
-use anyhow::{bail, Context};
-use memtide_adapters::access::{Mappings, Tracker};
-use memtide_adapters::{migrate, tiers};
-use memtide_core::tiering::{self, FastTier, PageTier, TierConfig, TierVm};
+use crate::placement::{self, Nodes, Placer};
+use memtide_adapters::access::Mappings;
+use memtide_core::tiering::{self, FastTier, TierConfig};
 use memtide_core::Bytes;
 use serde_json::json;
 use std::io::Write;
@@ -47,50 +46,19 @@ pub struct Options {
 /// pages the kernel did not move. The first interval only marks pages for the tracker
 /// and moves nothing.
 pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
-    let Options {
-        pid,
-        fast_node: fast,
-        slow_node: slow,
-        ..
-    } = *options;
-    if fast == slow {
-        bail!("--fast-node and --slow-node are both node {fast}");
-    }
-    let nodes_dir = options.sys.join("devices/system/node");
-    let list = nodes_dir.join("has_memory");
-    let text = std::fs::read_to_string(&list)
-        .with_context(|| format!("{}: no NUMA nodes to place pages on", list.display()))?;
-    let with_memory = tiers::parse_list(&text)
-        .with_context(|| format!("{}: not a node list: {text:?}", list.display()))?;
-    for node in [fast, slow] {
-        if !u32::try_from(node).is_ok_and(|n| with_memory.contains(&n)) {
-            bail!(
-                "node {node} has no memory ({} lists {})",
-                list.display(),
-                text.trim()
-            );
-        }
-    }
-    // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
-    migrate::nodes(pid, &[])?;
-    let mut tracker = Tracker::open(
+    let nodes = Nodes {
+        fast: options.fast_node,
+        slow: options.slow_node,
+    };
+    placement::check_nodes(&options.sys, nodes)?;
+    let mut placer = Placer::open(
         &options.proc,
         &options.sys,
-        pid,
+        options.pid,
         options.mappings,
         options.interval,
+        nodes,
     )?;
-    let page = tracker.page_size();
-    // A process that ended is said to be gone, whatever failed: until it is reaped, its
-    // maps read empty and move_pages fails with EINVAL, not ESRCH.
-    let gone = |e: anyhow::Error| {
-        if alive(&options.proc, pid) {
-            e
-        } else {
-            migrate::MoveError::Gone(pid).into()
-        }
-    };
-    let meminfo = nodes_dir.join(format!("node{fast}/meminfo"));
     let config = TierConfig {
         margin: 0.0,
         rate_mib_s: options.rate_mib_s,
@@ -101,91 +69,41 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             std::thread::sleep(options.interval);
         }
         let at = start.elapsed();
-        let scan = tracker.scan(at).map_err(|e| gone(e.into()))?;
-        let (addrs, ages): (Vec<u64>, Vec<u16>) = tracker.pages().unzip();
-        let mut status = migrate::nodes(pid, &addrs).map_err(|e| gone(e.into()))?;
-        // The pages on either node, as indices into `addrs`, and how placement sees them.
-        let placed: Vec<usize> = (0..addrs.len())
-            .filter(|&i| status[i] == fast || status[i] == slow)
-            .collect();
-        let pages: Vec<PageTier> = placed
-            .iter()
-            .map(|&i| PageTier {
-                age: ages[i],
-                fast: status[i] == fast,
-            })
-            .collect();
-        let counts = tiering::count_pages(&pages);
-        let free = std::fs::read_to_string(&meminfo)
-            .map(|t| tiers::node_meminfo(&t).1)
-            .with_context(|| meminfo.display().to_string())?;
-        let vm = TierVm {
-            name: "",
-            resident: Bytes((counts.fast + counts.slow) * page),
-            fast: Bytes(counts.fast * page),
-            hot: Bytes(counts.hot * page),
-            hot_on_slow: Bytes(counts.hot_on_slow * page),
-            shares: 1,
-            configured: Some(options.budget),
-        };
+        let mut m = placer.measure(at)?;
         let tier = FastTier {
-            free,
+            free: placement::free_on(&options.sys, nodes.fast)?,
             reserve: Bytes::ZERO,
         };
+        let vm = m.vm("", 1, Some(options.budget));
         let decision = tiering::place(&[vm], tier, config, options.interval.as_secs_f64())
             .pop()
             .expect("one placement for one VM");
-        let (mut demoted, mut promoted, mut failed) = (0, 0, 0);
-        let reason = if scan.accessed.is_none() {
+        let moved = placer.carry_out(&mut m, &decision)?;
+        let reason = if m.first {
             "place.first: the first scan only marks pages idle".to_string()
         } else {
-            let (down, up) =
-                tiering::pick_pages(&pages, decision.demote.0 / page, decision.promote.0 / page);
-            for (chosen, to, moved) in [(down, slow, &mut demoted), (up, fast, &mut promoted)] {
-                let which: Vec<usize> = chosen.iter().map(|&k| placed[k]).collect();
-                let at: Vec<u64> = which.iter().map(|&i| addrs[i]).collect();
-                let after = migrate::move_to(pid, &at, to).map_err(|e| gone(e.into()))?;
-                for (&i, s) in which.iter().zip(after) {
-                    if s == to {
-                        *moved += 1;
-                        status[i] = s;
-                    } else {
-                        failed += 1;
-                    }
-                }
-            }
             decision.reason.to_string()
         };
-        let tally = migrate::tally(&status);
-        let nodes: serde_json::Map<String, serde_json::Value> = tally
+        let nodes: serde_json::Map<String, serde_json::Value> = m
+            .tally()
             .range(0..)
             .map(|(node, &count)| (node.to_string(), count.into()))
             .collect();
         let line = json!({
             "t": (at.as_secs_f64() * 1000.0).round() / 1000.0,
             "nodes": nodes,
-            "other": addrs.len() - placed.len(),
-            "hot": counts.hot,
+            "other": m.other(),
+            "hot": m.counts.hot,
             "fast_budget": decision.fast_budget.0,
-            "demoted": demoted,
-            "promoted": promoted,
-            "failed": failed,
+            "demoted": moved.demoted,
+            "promoted": moved.promoted,
+            "failed": moved.failed,
             "reason": reason,
         });
         writeln!(out, "{line}")?;
         out.flush()?;
     }
     Ok(())
-}
-
-/// Whether process `pid` is there and not a zombie (`/proc/PID/stat`'s state, after the
-/// command's closing parenthesis; proc.rst).
-fn alive(proc: &std::path::Path, pid: i32) -> bool {
-    std::fs::read_to_string(proc.join(format!("{pid}/stat"))).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| !matches!(state, "Z" | "X"))
-    })
 }
 
 #[cfg(test)]
@@ -212,23 +130,6 @@ mod tests {
         let e = run(o, &mut out).unwrap_err().to_string();
         assert!(out.is_empty(), "nothing printed before the error");
         e
-    }
-
-    #[test]
-    fn a_zombie_is_not_alive() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
-        let proc = std::path::Path::new("/proc");
-        assert!(alive(proc, std::process::id() as i32));
-        // Exited, not yet waited for: a zombie until reaped.
-        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !s.contains(") Z "))
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(!alive(proc, pid));
-        child.wait().unwrap();
-        assert!(!alive(proc, pid));
     }
 
     #[test]

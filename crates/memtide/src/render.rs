@@ -115,6 +115,13 @@ pub fn status(s: &Status) -> String {
             h.vm, h.configured, h.since, h.id, h.vm
         );
     }
+    for p in &s.placed {
+        let _ = writeln!(
+            out,
+            "  placed: {} {} fast (budget {}), {} slow",
+            p.vm, p.fast, p.fast_budget, p.slow
+        );
+    }
     let row = |cols: [&str; 11]| {
         let mut line = format!("{:<16} {:<11}", cols[0], cols[1]);
         for c in &cols[2..] {
@@ -242,7 +249,7 @@ mod tests {
     use super::*;
     use crate::config::BoundFrom;
     use crate::daemon::fleet::Sampling;
-    use crate::status::{Counters, Hibernated};
+    use crate::status::{Counters, Hibernated, Placed};
     use memtide_adapters::tiers::{Node, Zswap};
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
@@ -325,6 +332,12 @@ mod tests {
                 since: "2026-11-26T00:15:00.000Z".into(),
                 configured: Bytes::from_gib(2),
             }],
+            placed: vec![Placed {
+                vm: "web".into(),
+                fast: Bytes::from_mib(42),
+                slow: Bytes::from_mib(86),
+                fast_budget: Bytes::from_mib(42),
+            }],
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();
@@ -333,6 +346,10 @@ mod tests {
                 &"  hibernated: ci-7 (2.0 GiB) since 2026-11-26T00:15:00.000Z, snapshot \
                   20261126T001500.000Z (memtide snapshot restore ci-7 wakes it)"
             ),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"  placed: web 42 MiB fast (budget 42 MiB), 86 MiB slow"),
             "{text}"
         );
         assert_eq!(

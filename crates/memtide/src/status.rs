@@ -36,6 +36,12 @@ pub struct Counters {
     /// Memory asked of VMs' `memory.reclaim` (proactive reclaim), in bytes.
     #[serde(default)]
     pub reclaim_asked_bytes: u64,
+    /// Memory moved to the slow tier by placement (`[tiering]`), in bytes.
+    #[serde(default)]
+    pub place_demoted_bytes: u64,
+    /// Memory moved to the fast tier by placement, in bytes.
+    #[serde(default)]
+    pub place_promoted_bytes: u64,
 }
 
 impl Counters {
@@ -96,6 +102,22 @@ pub struct Status {
     /// VMs hibernated and not woken yet, from the snapshot store.
     #[serde(default)]
     pub hibernated: Vec<Hibernated>,
+    /// The VMs placed between the tiers (`[tiering] place`), as of each one's last pass.
+    #[serde(default)]
+    pub placed: Vec<Placed>,
+}
+
+/// Where a placed VM's memory is, after its last placement pass.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Placed {
+    /// The VM.
+    pub vm: String,
+    /// Its memory on the fast node.
+    pub fast: memtide_core::Bytes,
+    /// Its memory on the slow node.
+    pub slow: memtide_core::Bytes,
+    /// The fast memory it may hold.
+    pub fast_budget: memtide_core::Bytes,
 }
 
 /// A VM hibernated and not woken yet.

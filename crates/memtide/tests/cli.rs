@@ -1089,3 +1089,72 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
     );
     assert!(!o.stdout.is_empty(), "lines before it ended");
 }
+
+/// A fake sysfs NUMA node list: `nodes` with memory, node 0 with the CPUs.
+fn fake_nodes(root: &Path, nodes: &[u32]) {
+    let dir = root.join("sys/devices/system/node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let list: Vec<String> = nodes.iter().map(u32::to_string).collect();
+    std::fs::write(dir.join("has_memory"), list.join(",") + "\n").unwrap();
+    std::fs::write(dir.join("has_cpu"), "0\n").unwrap();
+    for n in nodes {
+        std::fs::create_dir_all(dir.join(format!("node{n}"))).unwrap();
+        std::fs::write(
+            dir.join(format!("node{n}/meminfo")),
+            format!("Node {n} MemTotal: 1048576 kB\nNode {n} MemFree: 102400 kB\n"),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn tier_placement_refuses_a_host_with_one_node_and_logs_a_process_it_cannot_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let events = root.join("events.jsonl");
+    fake_host(root);
+    fake_nodes(root, &[0]);
+    let config = |vms: &str| {
+        format!(
+            "interval_s = 0.2\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
+             [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"\"\n\
+             [tiering]\nplace = true\ninterval_s = 0.2\n{vms}",
+            root.join("proc"),
+            root.join("sys"),
+            root.join("memtide.sock"),
+            events,
+        )
+    };
+    let run = |text: String| {
+        std::fs::write(root.join("memtide.toml"), text).unwrap();
+        memtide()
+            .args(["run", "--ticks", "3", "--config"])
+            .arg(root.join("memtide.toml"))
+            .output()
+            .unwrap()
+    };
+    let o = run(config(""));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "memtide: [tiering] place: the host has 1 NUMA node(s) with memory ([0]): placement \
+         needs a fast and a slow one"
+    );
+    // Two nodes, and this test's process given by its pid: the fake sysfs has no idle
+    // page tracking, so it cannot be tracked, and that is logged, not fatal.
+    fake_nodes(root, &[0, 1]);
+    let vm = format!("[[vm]]\nname = \"p\"\npid = {}\n", std::process::id());
+    let o = run(config(&vm));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = std::fs::read_to_string(&events).unwrap();
+    let failed: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &serde_json::Value| e["kind"] == "place_failed")
+        .collect();
+    assert!(!failed.is_empty(), "{log}");
+    assert_eq!(failed[0]["vm"], "p");
+    let message = failed[0]["message"].as_str().unwrap();
+    assert!(message.starts_with("not placed: "), "{message}");
+    assert!(message.contains("(CONFIG_IDLE_PAGE_TRACKING)"), "{message}");
+}

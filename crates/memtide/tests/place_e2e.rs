@@ -6,6 +6,10 @@
 //! nodes with move_pages(2). Where the pages are is read from `/proc/PID/numa_maps`
 //! (pages per node of each mapping: `N0=`, `N1=`; Documentation/filesystems/proc.rst).
 //!
+//! The second test runs the daemon in the guest (`memtide run` with `[tiering] place`),
+//! coldalloc given as a VM by its `pid`, and checks the same end state, the event log's
+//! moves and the status' counters.
+//!
 //! Boots a guest under TCG, so it is ignored by a plain `cargo test`; `scripts/test.sh`
 //! runs it.
 
@@ -54,70 +58,96 @@ fn nodes_of(maps: &str, numa_maps: &str, mib: u64) -> BTreeMap<u32, u64> {
         .collect()
 }
 
-#[test]
-#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
-fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
-    let kernel = support::idle_kernel();
-    let dir = tempfile::tempdir().unwrap();
-    let image = support::data_disk(dir.path(), "");
-    let cgroup = TestCgroup::create("memtide-place");
-    let drive = format!("if=none,id=data,file={},format=raw", image.display());
-    // Node 0 with the CPU, node 1 memory-only (as tiers_e2e boots it, without the HMAT:
-    // under TCG both are as fast, and placement is what is measured here).
-    let args = [
-        "-drive",
-        &drive,
-        "-device",
-        "virtio-blk-pci,drive=data,serial=memtide-data",
-        "-object",
-        "memory-backend-ram,id=m0,size=256M",
-        "-object",
-        "memory-backend-ram,id=m1,size=128M",
-        "-numa",
-        "node,nodeid=0,cpus=0,memdev=m0",
-        "-numa",
-        "node,nodeid=1,memdev=m1",
-    ];
-    let mut guest = Guest::boot_kernel("p", dir.path(), &cgroup.procs(), &kernel, 384, &args);
-    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(180));
-    let mut agent = Agent::connect(guest.agent());
-    assert_eq!(
-        agent.run_sh(
-            "grep -qx 0-1 /sys/devices/system/node/has_memory",
-            Duration::from_secs(10)
-        ),
-        0,
-        "two NUMA nodes with memory:\n{}",
-        guest.console()
-    );
-    let pid = agent.spawn_sh(&format!(
-        "exec /bin/coldalloc --cold-mib {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 \
-         > /tmp/cold.log 2>&1"
-    ));
-    let written = "grep -q cold_resident_mib /tmp/cold.log";
-    wait_for(Duration::from_secs(60), || {
-        (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
-    })
-    .expect("coldalloc wrote its buffers");
-    let maps = agent.read_file(&format!("/proc/{pid}/maps"));
-    let numa = |agent: &mut Agent| {
-        let numa_maps = agent.read_file(&format!("/proc/{pid}/numa_maps"));
-        (
-            nodes_of(&maps, &numa_maps, HOT_MIB),
-            nodes_of(&maps, &numa_maps, COLD_MIB),
-        )
-    };
-    let on = |nodes: &BTreeMap<u32, u64>, n: u32| nodes.get(&n).copied().unwrap_or(0);
-    let hot_pages = HOT_MIB * PAGES_PER_MIB;
-    let memtide = support::GUEST_MEMTIDE;
-    let place = |agent: &mut Agent, fast: u32, slow: u32, budget: u64, log: &str| {
-        let run = format!(
-            "{memtide} place --config /data/memtide.toml --pid {pid} --fast-node {fast} \
-             --slow-node {slow} --budget-mib {budget} --interval-s 1 --rate-mib-s {RATE_MIB_S} \
-             --count {INTERVALS} > {log} 2>&1"
+/// The test guest, booted with the idle-tracking kernel and two NUMA nodes, and coldalloc
+/// running in it with its buffers written.
+struct Setup {
+    agent: Agent,
+    _guest: Guest,
+    /// coldalloc's process id in the guest.
+    pid: u64,
+    /// Its `/proc/PID/maps`.
+    maps: String,
+    _cgroup: TestCgroup,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn boot(name: &str) -> Setup {
+        let kernel = support::idle_kernel();
+        let dir = tempfile::tempdir().unwrap();
+        let image = support::data_disk(dir.path(), "");
+        let cgroup = TestCgroup::create(&format!("memtide-{name}"));
+        let drive = format!("if=none,id=data,file={},format=raw", image.display());
+        // Node 0 with the CPU, node 1 memory-only (as tiers_e2e boots it, without the
+        // HMAT: under TCG both are as fast, and placement is what is measured here).
+        let args = [
+            "-drive",
+            &drive,
+            "-device",
+            "virtio-blk-pci,drive=data,serial=memtide-data",
+            "-object",
+            "memory-backend-ram,id=m0,size=256M",
+            "-object",
+            "memory-backend-ram,id=m1,size=128M",
+            "-numa",
+            "node,nodeid=0,cpus=0,memdev=m0",
+            "-numa",
+            "node,nodeid=1,memdev=m1",
+        ];
+        let mut guest = Guest::boot_kernel(name, dir.path(), &cgroup.procs(), &kernel, 384, &args);
+        guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(180));
+        let mut agent = Agent::connect(guest.agent());
+        assert_eq!(
+            agent.run_sh(
+                "grep -qx 0-1 /sys/devices/system/node/has_memory",
+                Duration::from_secs(10)
+            ),
+            0,
+            "two NUMA nodes with memory:\n{}",
+            guest.console()
         );
-        let status = agent.run_sh(&run, Duration::from_secs(300));
-        let text = agent.read_file(log);
+        let pid = agent.spawn_sh(&format!(
+            "exec /bin/coldalloc --cold-mib {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 \
+             > /tmp/cold.log 2>&1"
+        ));
+        let written = "grep -q cold_resident_mib /tmp/cold.log";
+        wait_for(Duration::from_secs(60), || {
+            (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
+        })
+        .expect("coldalloc wrote its buffers");
+        let maps = agent.read_file(&format!("/proc/{pid}/maps"));
+        Setup {
+            agent,
+            _guest: guest,
+            pid,
+            maps,
+            _cgroup: cgroup,
+            _dir: dir,
+        }
+    }
+
+    /// Pages of the hot and the cold buffer on each node.
+    fn numa(&mut self) -> (BTreeMap<u32, u64>, BTreeMap<u32, u64>) {
+        let numa_maps = self
+            .agent
+            .read_file(&format!("/proc/{}/numa_maps", self.pid));
+        (
+            nodes_of(&self.maps, &numa_maps, HOT_MIB),
+            nodes_of(&self.maps, &numa_maps, COLD_MIB),
+        )
+    }
+
+    /// `memtide place` for [`INTERVALS`] intervals of 1 s; its JSON lines.
+    fn place(&mut self, fast: u32, slow: u32, budget: u64, log: &str) -> Vec<Value> {
+        let memtide = support::GUEST_MEMTIDE;
+        let run = format!(
+            "{memtide} place --config /data/memtide.toml --pid {} --fast-node {fast} \
+             --slow-node {slow} --budget-mib {budget} --interval-s 1 --rate-mib-s {RATE_MIB_S} \
+             --count {INTERVALS} > {log} 2>&1",
+            self.pid
+        );
+        let status = self.agent.run_sh(&run, Duration::from_secs(300));
+        let text = self.agent.read_file(log);
         eprintln!("{text}");
         assert_eq!(status, 0, "memtide place: {text}");
         let lines: Vec<Value> = text
@@ -126,32 +156,46 @@ fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
             .collect();
         assert_eq!(lines.len(), INTERVALS, "{text}");
         lines
-    };
+    }
 
-    // First touch put everything on node 0, the CPU's.
-    let (hot, cold) = numa(&mut agent);
-    eprintln!("first touch: hot {hot:?}, cold {cold:?}");
-    assert!(on(&hot, 0) * 100 >= hot_pages * 95, "hot {hot:?}");
-    // Set up the opposite: node 1 taken as the fast one, with a budget of twice the hot
-    // buffer, so the pages accessed (the hot buffer) are promoted to it and nothing is
-    // demoted.
-    place(&mut agent, 1, 0, 2 * HOT_MIB, "/tmp/setup.log");
-    let (hot, cold) = numa(&mut agent);
-    eprintln!("set up: hot {hot:?}, cold {cold:?}");
-    assert!(
-        on(&hot, 1) * 100 >= hot_pages * 95,
-        "hot buffer on node 1: {hot:?}"
-    );
-    assert!(
-        on(&cold, 0) * 100 >= COLD_MIB * PAGES_PER_MIB * 95,
-        "cold {cold:?}"
-    );
+    /// First touch put everything on node 0, the CPU's. Set up the opposite: node 1
+    /// taken as the fast one, with a budget of twice the hot buffer, so the pages
+    /// accessed (the hot buffer) are promoted to it and nothing is demoted.
+    fn hot_on_node_1(&mut self) {
+        let (hot, cold) = self.numa();
+        eprintln!("first touch: hot {hot:?}, cold {cold:?}");
+        assert!(on(&hot, 0) * 100 >= HOT_PAGES * 95, "hot {hot:?}");
+        self.place(1, 0, 2 * HOT_MIB, "/tmp/setup.log");
+        let (hot, cold) = self.numa();
+        eprintln!("set up: hot {hot:?}, cold {cold:?}");
+        assert!(
+            on(&hot, 1) * 100 >= HOT_PAGES * 95,
+            "hot buffer on node 1: {hot:?}"
+        );
+        assert!(
+            on(&cold, 0) * 100 >= COLD_MIB * PAGES_PER_MIB * 95,
+            "cold {cold:?}"
+        );
+    }
+}
+
+fn on(nodes: &BTreeMap<u32, u64>, n: u32) -> u64 {
+    nodes.get(&n).copied().unwrap_or(0)
+}
+
+const HOT_PAGES: u64 = HOT_MIB * PAGES_PER_MIB;
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
+    let mut setup = Setup::boot("p");
+    setup.hot_on_node_1();
 
     // Now node 0 is the fast one, with a third of the memory: the cold buffer must
     // leave it, the hot one come back.
-    let lines = place(&mut agent, 0, 1, BUDGET_MIB, "/tmp/place.log");
-    let (hot, cold) = numa(&mut agent);
-    let cold_log = agent.read_file("/tmp/cold.log");
+    let lines = setup.place(0, 1, BUDGET_MIB, "/tmp/place.log");
+    let (hot, cold) = setup.numa();
+    let cold_log = setup.agent.read_file("/tmp/cold.log");
     eprintln!(
         "placed: hot {hot:?}, cold {cold:?}; {}",
         cold_log.lines().last().unwrap_or("no coldalloc report")
@@ -175,7 +219,7 @@ fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
         promoted / PAGES_PER_MIB
     );
     assert!(
-        on(&hot, 0) * 100 >= hot_pages * 95,
+        on(&hot, 0) * 100 >= HOT_PAGES * 95,
         "the hot buffer on the fast node: {hot:?}"
     );
     // The fast node holds the budget at most, a page of the process counted there being a
@@ -194,7 +238,147 @@ fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
         "{last}: beyond the budget"
     );
     assert!(
-        promoted >= hot_pages * 95 / 100,
+        promoted >= HOT_PAGES * 95 / 100,
         "{promoted} pages promoted"
     );
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
+    let mut setup = Setup::boot("pd");
+    setup.hot_on_node_1();
+    // The daemon in the guest, the nodes discovered (node 0 has the CPU, node 1 is
+    // memory-only), coldalloc a VM given by its pid, a pass a second; no hypervisor.
+    let memtide = support::GUEST_MEMTIDE;
+    let config = format!(
+        "interval_s = 1\npolicy = \"none\"\n[daemon]\nsocket = \"/tmp/memtide.sock\"\n\
+         http = \"\"\nevent_log = \"/tmp/events.jsonl\"\nstate_file = \"/tmp/state.json\"\n\
+         [discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [tiering]\nplace = true\ninterval_s = 1\nrate_mib_s = {RATE_MIB_S}\n\
+         [[vm]]\nname = \"coldalloc\"\npid = {}\nfast_budget_mib = {BUDGET_MIB}\n",
+        setup.pid
+    );
+    let write = format!("cat > /tmp/memtide.toml <<'EOF'\n{config}EOF\n");
+    assert_eq!(setup.agent.run_sh(&write, Duration::from_secs(10)), 0);
+    setup.agent.spawn_sh(&format!(
+        "exec {memtide} run --config /tmp/memtide.toml > /tmp/daemon.log 2>&1"
+    ));
+    let up = wait_for(Duration::from_secs(60), || {
+        let logged = "test -s /tmp/events.jsonl";
+        (setup.agent.run_sh(logged, Duration::from_secs(10)) == 0).then_some(())
+    });
+    if up.is_none() {
+        panic!("no daemon:\n{}", setup.agent.read_file("/tmp/daemon.log"));
+    }
+    let events = |agent: &mut Agent| -> Vec<Value> {
+        agent
+            .read_file("/tmp/events.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    };
+    let moves = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["kind"] == "action" && e["vm"] == "coldalloc")
+            .cloned()
+            .collect()
+    };
+    // Placed: the hot buffer back on node 0, the buffers within the budget there, and
+    // no move logged for 8 s (passes a second apart, each a scan of 0.7–0.9 s under TCG).
+    let budget_pages = BUDGET_MIB * PAGES_PER_MIB;
+    let mut logged = (0, std::time::Instant::now());
+    let placed = wait_for(Duration::from_secs(240), || {
+        let n = moves(&events(&mut setup.agent)).len();
+        if n != logged.0 {
+            logged = (n, std::time::Instant::now());
+        }
+        let (hot, cold) = setup.numa();
+        let at_budget = on(&hot, 0) + on(&cold, 0) <= budget_pages;
+        let quiet = n > 0 && logged.1.elapsed() >= Duration::from_secs(8);
+        (on(&hot, 0) * 100 >= HOT_PAGES * 95 && at_budget && quiet).then_some((hot, cold))
+    });
+    let Some((hot, cold)) = placed else {
+        panic!(
+            "not placed in 240 s: {:?}\ndaemon:\n{}\nevents:\n{:#?}",
+            setup.numa(),
+            setup.agent.read_file("/tmp/daemon.log"),
+            events(&mut setup.agent)
+        );
+    };
+    let all = events(&mut setup.agent);
+    let done = moves(&all);
+    let ts = |e: &Value| humantime::parse_rfc3339_weak(e["ts"].as_str().unwrap()).unwrap();
+    let started = all
+        .iter()
+        .find(|e| e["kind"] == "started")
+        .expect("started");
+    let converged = ts(done.last().unwrap())
+        .duration_since(ts(started))
+        .unwrap();
+    let first = ts(&done[0]).duration_since(ts(started)).unwrap();
+    eprintln!(
+        "placed by the daemon: moves logged from {:.1} s to {:.1} s after it started; hot \
+         {hot:?}, cold {cold:?}; {} moves:",
+        first.as_secs_f64(),
+        converged.as_secs_f64(),
+        done.len()
+    );
+    for e in &done {
+        eprintln!("  {}", e["message"]);
+        assert_eq!(e["rule"], "tier.configured", "{e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.starts_with("place: demoted "), "{message}");
+        assert!(
+            message.contains(&format!(
+                ", fast budget {BUDGET_MIB} MiB (tier.configured: "
+            )),
+            "{message}"
+        );
+    }
+    let failures: Vec<&Value> = all
+        .iter()
+        .filter(|e| e["kind"] == "place_failed" || e["kind"] == "action_failed")
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+    let status = |agent: &mut Agent| -> Value {
+        let run = format!("{memtide} status --json --socket /tmp/memtide.sock > /tmp/status.json");
+        assert_eq!(agent.run_sh(&run, Duration::from_secs(30)), 0);
+        serde_json::from_str(&agent.read_file("/tmp/status.json")).unwrap()
+    };
+    // The status counts what moved and shows where the process's memory is.
+    let s = status(&mut setup.agent);
+    let c = &s["counters"];
+    let (demoted, promoted) = (
+        c["place_demoted_bytes"].as_u64().unwrap(),
+        c["place_promoted_bytes"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "demoted {} MiB, promoted {} MiB; placed {}",
+        demoted >> 20,
+        promoted >> 20,
+        s["placed"]
+    );
+    let counted = |result: &str| c["actions"]["place"][result].as_u64().unwrap_or(0);
+    assert_eq!(counted("ok") + counted("partly"), done.len() as u64, "{c}");
+    // The hot buffer came up; the cold one went down until the buffers fit the budget.
+    assert!(
+        promoted >= (HOT_MIB << 20) * 95 / 100,
+        "{promoted} promoted"
+    );
+    let down = (COLD_MIB + HOT_MIB - BUDGET_MIB) << 20;
+    assert!(demoted >= down * 95 / 100, "{demoted} demoted");
+    let placed = &s["placed"][0];
+    assert_eq!(placed["vm"], "coldalloc");
+    assert_eq!(placed["fast_budget"].as_u64(), Some(BUDGET_MIB << 20));
+    assert!(
+        placed["fast"].as_u64().unwrap() <= BUDGET_MIB << 20,
+        "{placed}"
+    );
+    let text = setup.agent.run_sh(
+        &format!("{memtide} status --socket /tmp/memtide.sock | grep -q '^  placed: coldalloc '"),
+        Duration::from_secs(30),
+    );
+    assert_eq!(text, 0, "memtide status shows where coldalloc's memory is");
 }

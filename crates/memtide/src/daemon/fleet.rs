@@ -1136,6 +1136,8 @@ mod tests {
             wake_at: Vec::new(),
             reclaim: None,
             reclaim_cgroup: None,
+            fast_budget_mib: None,
+            pid: None,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.
         std::fs::write(dir.path().join("web.sock"), "").unwrap();

@@ -6,21 +6,23 @@ pub mod connect;
 pub mod endpoint;
 pub mod events;
 pub mod fleet;
+pub mod place;
 pub mod pods;
 pub mod reclaim;
 pub mod state;
 pub mod vm_task;
 pub mod writes;
 
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
-use crate::status::{Counters, Hibernated, Status};
+use crate::status::{Counters, Hibernated, Placed, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
+use memtide_adapters::access::Mappings;
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
@@ -32,7 +34,7 @@ use memtide_core::{
 };
 use memtide_sim::Recorder;
 use state::StateFile;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
@@ -65,6 +67,9 @@ type ReclaimPass = tokio::task::JoinHandle<(reclaim::Reclaimer, Vec<reclaim::Out
 
 /// How long a stopping daemon waits for a reclaim pass still running.
 const RECLAIM_WAIT_AT_STOP: Duration = Duration::from_secs(5);
+
+/// A placement pass running off the runtime: the trackers and what it did, when it ends.
+type PlacePass = tokio::task::JoinHandle<(place::TierPlacer, Vec<place::Outcome>)>;
 /// Everything a tick needs.
 struct Daemon {
     config: Config,
@@ -114,6 +119,16 @@ struct Daemon {
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
     reclaiming: Option<ReclaimPass>,
+    /// The nodes placement moves pages between, when `[tiering] place` is on.
+    tier_nodes: Option<crate::placement::Nodes>,
+    /// Placement's trackers (taken while a pass runs off the runtime).
+    tier_placer: Option<place::TierPlacer>,
+    /// The placement pass running off the runtime, if any.
+    placing: Option<PlacePass>,
+    /// When the latest placement pass started.
+    place_started: Option<Instant>,
+    /// Where each placed VM's memory is, after its latest pass.
+    placed: BTreeMap<String, Placed>,
 }
 
 /// Where a VM's task hands over a save's result.
@@ -157,6 +172,21 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     });
     host.sample().context("reading host statistics")?;
     let policy = policies::load(&config).context("loading the policy")?;
+    let tier_nodes = match config.tiering.place {
+        false => None,
+        true => {
+            let t = &config.tiering;
+            let tiers = memtide_adapters::tiers::read(&config.host.sys, &config.host.proc);
+            let nodes = place::choose_nodes(&tiers.nodes, t.fast_node, t.slow_node)
+                .map_err(|e| anyhow::anyhow!("[tiering] place: {e}"))?;
+            tracing::info!(
+                "placing VMs' pages between node {} (fast) and node {} (slow)",
+                nodes.fast,
+                nodes.slow
+            );
+            Some(nodes)
+        }
+    };
     let dir = &config.daemon.record_dir;
     let recorder = match settings.record {
         None => None,
@@ -185,6 +215,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         recent_events: Vec::new(),
         tiers: Default::default(),
         hibernated: Vec::new(),
+        placed: Vec::new(),
     }));
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
@@ -259,6 +290,11 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         woken_for: HashMap::new(),
         reclaimer: None,
         reclaiming: None,
+        tier_nodes,
+        tier_placer: None,
+        placing: None,
+        place_started: None,
+        placed: BTreeMap::new(),
     };
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -313,9 +349,13 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         }
     }
     notify(sd_notify::NotifyState::Stopping);
-    // The last reclaim pass, if one runs, is told before the daemon says it stopped.
+    // The last reclaim and placement passes, if they run, are told before the daemon
+    // says it stopped.
     if let Some(pass) = daemon.reclaiming.take() {
         let _ = tokio::time::timeout(RECLAIM_WAIT_AT_STOP, daemon.reclaimed(pass)).await;
+    }
+    if let Some(pass) = daemon.placing.take() {
+        let _ = tokio::time::timeout(RECLAIM_WAIT_AT_STOP, daemon.placed(pass)).await;
     }
     daemon
         .events
@@ -856,6 +896,7 @@ impl Daemon {
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
         self.reclaim(&snapshot, &decision).await;
+        self.place(&snapshot).await;
         self.hibernate_idle(&snapshot, &decision);
         self.restore_waiting(&decision.host);
         self.snapshot_on_schedule();
@@ -1095,6 +1136,114 @@ impl Daemon {
         self.events.log(e.kind, Some(&o.vm), e.rule, e.message);
     }
 
+    /// Tier placement (`[tiering] place`): every `[tiering] interval_s`, one pass over
+    /// the VMs with a process id (and those configured by `pid`), run off the runtime
+    /// and not waited for (it scans each VM's memory and moves pages), as reclaim's
+    /// passes are; each VM's moves and each failure are logged and counted when the pass
+    /// has ended.
+    async fn place(&mut self, snapshot: &Snapshot) {
+        let Some(nodes) = self.tier_nodes else {
+            return;
+        };
+        if self.placing.as_ref().is_some_and(|p| !p.is_finished()) {
+            return;
+        }
+        if let Some(pass) = self.placing.take() {
+            self.placed(pass).await;
+        }
+        let config = &self.config.tiering;
+        let now = Instant::now();
+        let every = Duration::from_secs_f64(config.interval_s);
+        if self.place_started.is_some_and(|t| now < t + every) {
+            return;
+        }
+        let budget = |c: &config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
+        let connected = snapshot.vms.iter().filter_map(|vm| {
+            let (pid, vm_config) = self.fleet.process(&vm.name)?;
+            let sample = vm.sample.as_ref().ok()?;
+            Some(place::Target {
+                vm: vm.name.clone(),
+                pid: i32::try_from(pid?).ok()?,
+                mappings: Mappings::GuestRam(sample.configured),
+                shares: vm.limits.shares,
+                budget: vm_config.and_then(budget),
+            })
+        });
+        let by_pid = self.config.vms.iter().filter_map(|c| {
+            Some(place::Target {
+                vm: c.name.clone(),
+                pid: c.pid?,
+                mappings: Mappings::Private,
+                shares: c.shares.unwrap_or(self.config.defaults.shares),
+                budget: budget(c),
+            })
+        });
+        let targets: Vec<place::Target> = connected.chain(by_pid).collect();
+        self.placed
+            .retain(|vm, _| targets.iter().any(|t| &t.vm == vm));
+        if targets.is_empty() {
+            return;
+        }
+        self.place_started = Some(now);
+        let mut placer = self.tier_placer.take().unwrap_or_else(|| {
+            let host = &self.config.host;
+            place::TierPlacer::new(nodes, config, host.proc.clone(), host.sys.clone())
+        });
+        let (at, dry_run) = (snapshot.at, self.options.dry_run);
+        self.placing = Some(tokio::task::spawn_blocking(move || {
+            let outcomes = placer.pass(&targets, at, dry_run);
+            (placer, outcomes)
+        }));
+    }
+
+    /// A placement pass's outcomes logged and counted once it has ended, its trackers
+    /// kept.
+    async fn placed(&mut self, pass: PlacePass) {
+        match pass.await {
+            Ok((placer, outcomes)) => {
+                self.tier_placer = Some(placer);
+                for o in outcomes {
+                    self.log_place(o);
+                }
+            }
+            // Its trackers are lost with it: the next pass starts afresh.
+            Err(e) => tracing::error!("the placement pass ended abnormally: {e}"),
+        }
+    }
+
+    /// Count and log one VM's placement, and keep where its memory is.
+    fn log_place(&mut self, o: place::Outcome) {
+        match (o.done.resident(), &o.placement) {
+            (Some(r), Some(p)) => {
+                let placed = Placed {
+                    vm: o.vm.clone(),
+                    fast: r.fast,
+                    slow: r.slow,
+                    fast_budget: p.fast_budget,
+                };
+                self.placed.insert(o.vm.clone(), placed);
+            }
+            _ => {
+                self.placed.remove(&o.vm);
+            }
+        }
+        if let place::Done::Moved {
+            demoted, promoted, ..
+        } = o.done
+        {
+            self.counters.place_demoted_bytes += demoted.0;
+            self.counters.place_promoted_bytes += promoted.0;
+        }
+        let Some(e) = o.event() else {
+            return;
+        };
+        if let Some(rule) = e.rule {
+            self.counters.rule(rule);
+        }
+        self.counters.action("place", e.result);
+        self.events.log(e.kind, Some(&o.vm), e.rule, e.message);
+    }
+
     /// Count and log a balloon command answered after the tick that sent it.
     fn answered_late(&mut self, a: &Answered) {
         if let Some(action) = self.pending.remove(&a.vm) {
@@ -1149,6 +1298,7 @@ impl Daemon {
             s.tiers = tiers;
         }
         s.hibernated = hibernated;
+        s.placed = self.placed.values().cloned().collect();
         if decision.is_some() {
             s.decision = decision;
         }
