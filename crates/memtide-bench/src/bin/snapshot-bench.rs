@@ -415,7 +415,8 @@ const STEADY: usize = 5;
 /// the snapshot checked and read whole before the guest runs) and, once that QEMU is
 /// gone, lazily (a clone, its RAM the template's file mapped private: each page read
 /// from the file when first touched), each time with the file it reads dropped from the
-/// page cache first. Per restore: time to running, the rate of each report over the
+/// page cache first. Per restore: its QEMU's start to the guest running, the command's
+/// time (each checks the snapshot's checksum first), the rate of each report over the
 /// first `2 × FOLLOWED` s after it resumed, the mean of the first `FOLLOWED` s against
 /// the steady rate before the save and against the next `FOLLOWED` s, and the QEMU's
 /// major page faults and bytes read from storage up to the end of the first.
@@ -485,8 +486,11 @@ fn restore_slowdown(
     };
     kill(&[first])?;
     let cached = drop_cached(&snapshot_dir.join("template").join("ram"))?;
+    let t0 = Instant::now();
     let out = memtide_cmd(memtide, &config, &["clone", "knobs", "1"])?;
+    let command_s = t0.elapsed().as_secs_f64();
     let mut lazy = follow(&out, &dir.join("knobs-1.serial"), stopped, steady)?;
+    lazy["command_s"] = json!(command_s);
     lazy["file_cached_share"] = json!(cached);
     lazy["template_tries"] = json!(tries);
     drop(guest);
