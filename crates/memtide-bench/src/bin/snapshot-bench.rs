@@ -861,3 +861,37 @@ fn wait(
     }
     bail!("gave up waiting for {what} after {limit:?}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restores_and_a_clones_line_give_the_time_to_running_and_the_pid() {
+        let restored = "knobs restored from 20261126T113621.708Z in 0.74 s (QEMU pid 4020, \
+                        its output in /w/restore.log)";
+        assert_eq!(started(restored), Some((0.74, 4020)));
+        let cloned = "knobs clone 1 started from 20261126T113621.708Z in 0.10 s (QEMU pid 4584, \
+                      its output in /w/clone-1.log)";
+        assert_eq!(started(cloned), Some((0.10, 4584)));
+        assert_eq!(started("knobs saved as 1 (342 MiB) in 1.0 s"), None);
+    }
+
+    #[test]
+    fn memknobs_reports_are_read_from_the_console_and_averaged_over_the_seconds_they_cover() {
+        let dir = tempfile::tempdir().unwrap();
+        let serial = dir.path().join("g.serial");
+        std::fs::write(
+            &serial,
+            "memtide-guest: ready\nmemknobs t=11 phase=1 size_mib=256 mib_per_s=100.0\n\
+             memknobs t=12 phase=1 size_mib=256 mib_per_s=200.5\nnoise\n\
+             memknobs t=15 phase=1 size_mib=256 mib_per_s=50\n",
+        )
+        .unwrap();
+        let all = reports(&serial);
+        assert_eq!(all, [(11, 100.0), (12, 200.5), (15, 50.0)]);
+        // A report after a stall covers the seconds since the one before it.
+        assert_eq!(mean_since(&all[1..], 11), (200.5 + 3.0 * 50.0) / 4.0);
+        assert_eq!(mean(&all), mean_since(&all[1..], 11));
+    }
+}
