@@ -3,8 +3,9 @@
 //! sequential write bandwidth measured beside it, the guest's downtime, hibernation (what
 //! QEMU's memory cgroup was charged, given back) and the wake-up (restore to a running
 //! guest, its RAM checked), and four clones started from a snapshot (their memory
-//! against the guest's, and how fast each starts with its RAM mapped from the template).
-//! Writes `bench/results/snapshots.json`; see docs/snapshots.md.
+//! against the guest's, and how fast each starts with its RAM mapped from the template),
+//! and a memory-writing guest's rate over its first 10 s after an eager and a lazy
+//! restore. Writes `bench/results/snapshots.json`; see docs/snapshots.md.
 
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
@@ -52,6 +53,10 @@ struct Cli {
     /// multifd channels for the newer QEMU's `mapped-ram` save and restore with multifd.
     #[arg(long, default_value_t = 4)]
     multifd_channels: u32,
+    /// The buffer a third guest's memknobs writes over and over, MiB (most of its
+    /// memory): its rate is followed after an eager and a lazy restore.
+    #[arg(long, default_value_t = 256)]
+    slowdown_mib: u64,
 }
 
 const CALL: Duration = Duration::from_secs(10);
@@ -75,11 +80,7 @@ fn main() -> anyhow::Result<()> {
     // is what the cgroup is charged, page cache included.
     let cgroup = Cgroup::create("snapshot-bench")?;
     let procs = cgroup.procs();
-    let command = boot.command(&procs);
-    let launch: Vec<String> = std::iter::once(command.get_program())
-        .chain(command.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let launch = command_line(&boot.command(&procs));
     let mut guest = boot.spawn_with(&procs, memtide_bench::dies_with_harness)?;
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120))?;
     let agent = guest.agent.clone().context("the guest agent")?;
@@ -90,35 +91,7 @@ fn main() -> anyhow::Result<()> {
     ensure!(rt.block_on(run_sh(&agent, &fill, Duration::from_secs(300)))? == 0);
 
     let store = work.join("store");
-    let quoted = |args: &[String]| -> String {
-        let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
-        quoted.join(", ")
-    };
-    // A clone's own sockets and console: the guest's, numbered.
-    let clone_launch: Vec<String> = launch
-        .iter()
-        .map(|a| a.replace("/snap.", "/snap-{n}."))
-        .collect();
-    let config = format!(
-        "interval_s = 2\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [snapshots]\ndir = {:?}\n[[vm]]\nname = \"snap\"\nqmp = {:?}\nlaunch = [{}]\nclone_launch = [{}]\n",
-        store.display().to_string(),
-        guest.qmp[0].display().to_string(),
-        quoted(&launch),
-        quoted(&clone_launch)
-    );
-    let launch_daemon = Launch {
-        nofile: None,
-        record: false,
-    };
-    let daemon = Daemon::start(&memtide, &work, &config, 0, &launch_daemon)?;
-    let config_file = work.join("memtide.toml");
-    wait(Duration::from_secs(60), "the guest sampled", || {
-        Ok(memtide_bench::daemon_process::managed(
-            &daemon.status()?,
-            "snap",
-        ))
-    })?;
+    let (daemon, config_file) = daemon_for(&memtide, &work, "snap", &guest.qmp[0], &launch)?;
 
     let mut saves = Vec::new();
     for _ in 0..cli.saves {
@@ -144,12 +117,7 @@ fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let out = memtide_cmd(&memtide, &config_file, &["restore", "snap"])?;
     let wake_s = t0.elapsed().as_secs_f64();
-    let restored_pid = out
-        .split("QEMU pid ")
-        .nth(1)
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|p| p.parse::<i32>().ok())
-        .context("the restored QEMU's pid")?;
+    let (_, restored_pid) = started(&out).context("the restored QEMU's pid")?;
     let intact = rt.block_on(run_sh(
         &agent,
         "md5sum -c /state.md5",
@@ -176,6 +144,8 @@ fn main() -> anyhow::Result<()> {
         None => None,
     };
     drop(guest);
+    let g = guest_dir(cli.guest_dir.as_deref())?;
+    let slowdown = restore_slowdown(&cli, &memtide, &work, &g, &procs)?;
 
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let stat = |key: &str| -> Vec<f64> { saves.iter().filter_map(|s| s[key].as_f64()).collect() };
@@ -213,9 +183,9 @@ fn main() -> anyhow::Result<()> {
         "clone4_memory_ratio": clones.ratio,
         "clone4_pss_mib": clones.four_mib,
         "guest_pss_mib": clones.one_mib,
-        "not_measured": {
-            "lazy_restore_slowdown": "the slowdown over a lazily restored guest's first 10 s is not measured",
-        },
+        "eager_restore_slowdown": slowdown["eager"]["slowdown"],
+        "lazy_restore_slowdown": slowdown["lazy"]["slowdown"],
+        "restore_first_10s": slowdown,
     });
     let mut doc = doc;
     match newer {
@@ -432,6 +402,313 @@ async fn migration_done(client: &mut QmpClient) -> anyhow::Result<()> {
     }
 }
 
+/// A restored guest's first seconds after it resumed, compared with the steady rate
+/// before the save and with its own next as many.
+const FOLLOWED: u64 = 10;
+/// Reports before the save whose mean is the workload's steady rate.
+const STEADY: usize = 5;
+
+/// A guest's memory-writing workload after an eager and a lazy restore (#13). A third
+/// guest, memknobs writing a word to each page of a `cli.slowdown_mib` buffer over and
+/// over (each page once a pass) and reporting its rate every second, is hibernated
+/// through a daemon of its own; it is then restored eagerly (`memtide snapshot restore`:
+/// the snapshot checked and read whole before the guest runs) and, once that QEMU is
+/// gone, lazily (a clone, its RAM the template's file mapped private: each page read
+/// from the file when first touched), each time with the file it reads dropped from the
+/// page cache first. Per restore: its QEMU's start to the guest running, the command's
+/// time (each checks the snapshot's checksum first), the rate of each report over the
+/// first `2 × FOLLOWED` s after it resumed, the mean of the first `FOLLOWED` s against
+/// the steady rate before the save and against the next `FOLLOWED` s, and the QEMU's
+/// major page faults and bytes read from storage up to the end of the first.
+fn restore_slowdown(
+    cli: &Cli,
+    memtide: &Path,
+    work: &Path,
+    guest_dir: &Path,
+    procs: &Path,
+) -> anyhow::Result<Value> {
+    let dir = work.join("slowdown");
+    std::fs::create_dir_all(&dir)?;
+    let args = format!(
+        "memtide.workload=memknobs memtide.args={}:1000000",
+        cli.slowdown_mib
+    );
+    let boot = Boot::new("knobs", &dir, guest_dir, cli.guest_mib.to_string())
+        .kernel_args(&args)
+        .qmp("qmp")
+        .args(["-device", BALLOON]);
+    let launch = command_line(&boot.command(procs));
+    let mut guest = boot.spawn_with(procs, memtide_bench::dies_with_harness)?;
+    let (daemon, config) = daemon_for(memtide, &dir, "knobs", &guest.qmp[0], &launch)?;
+    guest.wait_console("memknobs t=", 3 * STEADY, Duration::from_secs(180))?;
+    // The save starts just after a report, so that the first report after the restore
+    // covers little from before the guest stopped.
+    let seen = reports(&guest.serial).len();
+    let t0 = Instant::now();
+    while reports(&guest.serial).len() == seen {
+        ensure!(
+            t0.elapsed() < Duration::from_secs(10),
+            "memknobs stopped reporting"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let snapshot = cli_json(memtide, &config, &["save", "knobs", "--hibernate"])?;
+    wait(Duration::from_secs(30), "QEMU to quit", || {
+        Ok(guest.alive().is_err())
+    })?;
+    drop(daemon);
+    let before = reports(&guest.serial);
+    ensure!(before.len() >= STEADY, "too few reports before the save");
+    let (stopped, _) = before[before.len() - 1];
+    let steady = mean(&before[before.len() - STEADY..]);
+    let id = snapshot["id"].as_str().context("the snapshot's id")?;
+    let snapshot_dir = dir.join("store").join("knobs").join(id);
+
+    let cached = drop_cached(&snapshot_dir.join("memory"))?;
+    let t0 = Instant::now();
+    let out = memtide_cmd(memtide, &config, &["restore", "knobs"])?;
+    let command_s = t0.elapsed().as_secs_f64();
+    let mut eager = follow(&out, &guest.serial, stopped, steady)?;
+    eager["command_s"] = json!(command_s);
+    eager["file_cached_share"] = json!(cached);
+
+    // The first clone makes the template (the snapshot's RAM in a file); the second,
+    // started once the first is gone and the file dropped, is the one followed. Making
+    // the template may time out under load (a QMP call unanswered for 5 s): 3 tries.
+    let mut tries = 0;
+    let first = loop {
+        tries += 1;
+        match memtide_cmd(memtide, &config, &["clone", "knobs", "1"]) {
+            Ok(out) => break started(&out).context("the first clone's pid")?.1,
+            Err(e) if tries < 3 => eprintln!("snapshot-bench: trying again: {e:#}"),
+            Err(e) => return Err(e),
+        }
+    };
+    kill(&[first])?;
+    let cached = drop_cached(&snapshot_dir.join("template").join("ram"))?;
+    let t0 = Instant::now();
+    let out = memtide_cmd(memtide, &config, &["clone", "knobs", "1"])?;
+    let command_s = t0.elapsed().as_secs_f64();
+    let mut lazy = follow(&out, &dir.join("knobs-1.serial"), stopped, steady)?;
+    lazy["command_s"] = json!(command_s);
+    lazy["file_cached_share"] = json!(cached);
+    lazy["template_tries"] = json!(tries);
+    drop(guest);
+    Ok(json!({
+        "buffer_mib": cli.slowdown_mib,
+        "steady_mib_per_s": steady,
+        "steady_mib_per_s_each": before[before.len() - STEADY..].iter().map(|r| r.1).collect::<Vec<f64>>(),
+        "lazy_over_eager": eager["mib_per_s"].as_f64().zip(lazy["mib_per_s"].as_f64()).map(|(e, l)| e / l),
+        "eager": eager,
+        "lazy": lazy,
+    }))
+}
+
+/// Follow the QEMU a restore or clone started (`out`, its line) until its guest has
+/// reported on console `serial` for `2 × FOLLOWED` s after `stopped` (the last report
+/// before the save, in the guest's time), then kill it.
+fn follow(out: &str, serial: &Path, stopped: u64, steady: f64) -> anyhow::Result<Value> {
+    let (to_running_s, pid) = started(out).context("the restored QEMU's start and pid")?;
+    let reported = |t: u64| {
+        wait(
+            Duration::from_secs(180),
+            "the restored guest's reports",
+            || Ok(reports(serial).iter().any(|r| r.0 >= t)),
+        )
+    };
+    let end = stopped + FOLLOWED;
+    reported(end)?;
+    let major_faults = proc_field(pid, "stat", |stat| {
+        // The fields after the command's closing parenthesis start at the third, `state`.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(9)?
+            .parse()
+            .ok()
+    });
+    let read_bytes = proc_field(pid, "io", |io| {
+        io.lines()
+            .find_map(|l| l.strip_prefix("read_bytes: "))?
+            .parse()
+            .ok()
+    });
+    reported(end + FOLLOWED)?;
+    kill(&[pid])?;
+    let all = reports(serial);
+    let within = |from: u64, to: u64| -> Vec<(u64, f64)> {
+        all.iter()
+            .copied()
+            .filter(|r| r.0 > from && r.0 <= to)
+            .collect()
+    };
+    let first = mean_since(&within(stopped, end), stopped);
+    let next = mean_since(&within(end, end + FOLLOWED), end);
+    let each: Vec<Value> = within(stopped, end + FOLLOWED)
+        .iter()
+        .map(|r| json!([r.0 - stopped, r.1]))
+        .collect();
+    Ok(json!({
+        "to_running_s": to_running_s,
+        "mib_per_s": first,
+        "next_mib_per_s": next,
+        "mib_per_s_each": each,
+        "slowdown": steady / first,
+        "slowdown_over_next": next / first,
+        "qemu_major_faults": major_faults,
+        "qemu_read_mib": read_bytes.map(|b| b as f64 / (1u64 << 20) as f64),
+    }))
+}
+
+/// memknobs' reports on console `serial`: the guest's seconds since it started, and the
+/// MiB written per second since its previous report.
+fn reports(serial: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(serial).unwrap_or_default();
+    let field = |line: &str, key: &str| -> Option<String> {
+        let value = line.split_whitespace().find_map(|w| w.strip_prefix(key))?;
+        Some(value.to_string())
+    };
+    text.lines()
+        .filter(|l| l.starts_with("memknobs t="))
+        .filter_map(|l| {
+            Some((
+                field(l, "t=")?.parse().ok()?,
+                field(l, "mib_per_s=")?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The mean rate of consecutive reports, each weighted by the seconds it covers (a
+/// stalled guest skips reports); the first covers the time since `since`.
+fn mean_since(reports: &[(u64, f64)], since: u64) -> f64 {
+    let mut last = since;
+    let (mut mib, mut secs) = (0.0, 0.0);
+    for &(t, rate) in reports {
+        mib += rate * (t - last) as f64;
+        secs += (t - last) as f64;
+        last = t;
+    }
+    mib / secs
+}
+
+/// The mean rate of reports that follow one another.
+fn mean(reports: &[(u64, f64)]) -> f64 {
+    mean_since(&reports[1..], reports[0].0)
+}
+
+/// Drop `path` from the page cache (written back first: a dirty page stays); the share
+/// of its pages still cached after.
+fn drop_cached(path: &Path) -> anyhow::Result<f64> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    file.sync_all()?;
+    let fd = file.as_raw_fd();
+    // SAFETY: an advice on an open descriptor; no memory is involved.
+    let rc = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    ensure!(rc == 0, "posix_fadvise {}: error {rc}", path.display());
+    let len = file.metadata()?.len() as usize;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let mut resident = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a read-only mapping of the whole file, never read, unmapped below; mincore
+    // writes one byte per page of it into `resident`, which has as many.
+    let rc = unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        ensure!(map != libc::MAP_FAILED, "mmap {}", path.display());
+        let rc = libc::mincore(map, len, resident.as_mut_ptr());
+        libc::munmap(map, len);
+        rc
+    };
+    ensure!(rc == 0, "mincore {}", path.display());
+    let cached = resident.iter().filter(|b| *b & 1 == 1).count();
+    Ok(cached as f64 / resident.len().max(1) as f64)
+}
+
+/// A count `parse` finds in process `pid`'s `/proc/PID/FILE`.
+fn proc_field(pid: i32, file: &str, parse: impl Fn(&str) -> Option<u64>) -> Option<u64> {
+    parse(&std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?)
+}
+
+/// A restore's or clone's line: the seconds from its QEMU's start to the guest running,
+/// and the QEMU's pid.
+fn started(line: &str) -> Option<(f64, i32)> {
+    let after = |key: &str| line.split(key).nth(1)?.split([' ', ',']).next();
+    Some((
+        after(" in ")?.parse().ok()?,
+        after("QEMU pid ")?.parse().ok()?,
+    ))
+}
+
+/// SIGKILL the QEMUs `pids` this harness started and wait until they are gone.
+fn kill(pids: &[i32]) -> anyhow::Result<()> {
+    for pid in pids {
+        // SAFETY: kill(2) of a QEMU a restore or clone started; no memory is involved.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    wait(Duration::from_secs(10), "the QEMUs to end", || {
+        Ok(pids
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}/exe")).exists()))
+    })
+}
+
+/// A command's program and arguments as strings.
+fn command_line(command: &Command) -> Vec<String> {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A daemon in `dir` managing VM `vm` (its monitor `qmp`, started by `launch`; clones by
+/// the same with the VM's console and sockets numbered), its store `dir/store`, once it
+/// has sampled the VM; and its configuration file.
+fn daemon_for(
+    memtide: &Path,
+    dir: &Path,
+    vm: &str,
+    qmp: &Path,
+    launch: &[String],
+) -> anyhow::Result<(Daemon, PathBuf)> {
+    let quoted = |args: &[String]| -> String {
+        let quoted: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+        quoted.join(", ")
+    };
+    // A clone's own sockets and console: the guest's, numbered.
+    let clone_launch: Vec<String> = launch
+        .iter()
+        .map(|a| a.replace(&format!("/{vm}."), &format!("/{vm}-{{n}}.")))
+        .collect();
+    let config = format!(
+        "interval_s = 2\npolicy = \"none\"\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [snapshots]\ndir = {:?}\n[[vm]]\nname = {vm:?}\nqmp = {:?}\nlaunch = [{}]\nclone_launch = [{}]\n",
+        dir.join("store").display().to_string(),
+        qmp.display().to_string(),
+        quoted(launch),
+        quoted(&clone_launch)
+    );
+    let launch_daemon = Launch {
+        nofile: None,
+        record: false,
+    };
+    let daemon = Daemon::start(memtide, dir, &config, 0, &launch_daemon)?;
+    wait(Duration::from_secs(60), "the guest sampled", || {
+        Ok(memtide_bench::daemon_process::managed(
+            &daemon.status()?,
+            vm,
+        ))
+    })?;
+    Ok((daemon, dir.join("memtide.toml")))
+}
+
 /// What four clones of the guest cost, against the guest itself.
 struct Clones {
     /// Median time from starting a clone's QEMU to the clone running (its RAM mapped from
@@ -451,37 +728,19 @@ fn clone4(memtide: &Path, config: &Path, guest: u32) -> anyhow::Result<Clones> {
     let t0 = Instant::now();
     let out = memtide_cmd(memtide, config, &["clone", "snap", "4"])?;
     let total_s = t0.elapsed().as_secs_f64();
-    let field = |line: &str, after: &str, until: char| -> Option<String> {
-        let rest = line.split(after).nth(1)?;
-        Some(rest.split(until).next()?.to_string())
-    };
-    let mut starts = Vec::new();
-    let mut pids = Vec::new();
-    for line in out.lines().filter(|l| l.contains(" clone ")) {
-        starts.push(
-            field(line, " in ", ' ')
-                .and_then(|s| s.parse::<f64>().ok())
-                .context("a start time")?,
-        );
-        pids.push(
-            field(line, "QEMU pid ", ',')
-                .and_then(|p| p.parse::<i32>().ok())
-                .context("a pid")?,
-        );
-    }
+    let (starts, pids): (Vec<f64>, Vec<i32>) = out
+        .lines()
+        .filter(|l| l.contains(" clone "))
+        .map(started)
+        .collect::<Option<Vec<_>>>()
+        .context("a clone's start time and pid")?
+        .into_iter()
+        .unzip();
     ensure!(pids.len() == 4, "4 clones started: {out}");
     std::thread::sleep(Duration::from_secs(3));
     let four: u64 = pids.iter().map(|p| memtide_testbed::pss(*p as u32)).sum();
     let one = memtide_testbed::pss(guest);
-    for pid in &pids {
-        // SAFETY: kill(2) of a clone this harness started; no memory is involved.
-        unsafe { libc::kill(*pid, libc::SIGKILL) };
-    }
-    wait(Duration::from_secs(10), "the clones to end", || {
-        Ok(pids
-            .iter()
-            .all(|p| !Path::new(&format!("/proc/{p}/exe")).exists()))
-    })?;
+    kill(&pids)?;
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     Ok(Clones {
         start_s: median(&starts),
@@ -509,10 +768,10 @@ fn memtide_cmd(memtide: &Path, config: &Path, args: &[&str]) -> anyhow::Result<S
     Ok(text)
 }
 
-/// Run `memtide snapshot ARGS`, then describe the VM's latest snapshot.
+/// Run `memtide snapshot ARGS` (`ARGS[1]` the VM), then describe the VM's latest snapshot.
 fn cli_json(memtide: &Path, config: &Path, args: &[&str]) -> anyhow::Result<Value> {
     memtide_cmd(memtide, config, args)?;
-    let list = memtide_cmd(memtide, config, &["list", "snap", "--json"])?;
+    let list = memtide_cmd(memtide, config, &["list", args[1], "--json"])?;
     let all: Vec<Value> = serde_json::from_str(list.trim())?;
     all.last().cloned().context("no snapshot listed")
 }
@@ -601,4 +860,38 @@ fn wait(
         std::thread::sleep(Duration::from_millis(200));
     }
     bail!("gave up waiting for {what} after {limit:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restores_and_a_clones_line_give_the_time_to_running_and_the_pid() {
+        let restored = "knobs restored from 20261126T113621.708Z in 0.74 s (QEMU pid 4020, \
+                        its output in /w/restore.log)";
+        assert_eq!(started(restored), Some((0.74, 4020)));
+        let cloned = "knobs clone 1 started from 20261126T113621.708Z in 0.10 s (QEMU pid 4584, \
+                      its output in /w/clone-1.log)";
+        assert_eq!(started(cloned), Some((0.10, 4584)));
+        assert_eq!(started("knobs saved as 1 (342 MiB) in 1.0 s"), None);
+    }
+
+    #[test]
+    fn memknobs_reports_are_read_from_the_console_and_averaged_over_the_seconds_they_cover() {
+        let dir = tempfile::tempdir().unwrap();
+        let serial = dir.path().join("g.serial");
+        std::fs::write(
+            &serial,
+            "memtide-guest: ready\nmemknobs t=11 phase=1 size_mib=256 mib_per_s=100.0\n\
+             memknobs t=12 phase=1 size_mib=256 mib_per_s=200.5\nnoise\n\
+             memknobs t=15 phase=1 size_mib=256 mib_per_s=50\n",
+        )
+        .unwrap();
+        let all = reports(&serial);
+        assert_eq!(all, [(11, 100.0), (12, 200.5), (15, 50.0)]);
+        // A report after a stall covers the seconds since the one before it.
+        assert_eq!(mean_since(&all[1..], 11), (200.5 + 3.0 * 50.0) / 4.0);
+        assert_eq!(mean(&all), mean_since(&all[1..], 11));
+    }
 }
