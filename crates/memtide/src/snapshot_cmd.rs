@@ -247,7 +247,10 @@ fn newest_good(
         }
         match store.verify(&s) {
             Ok(()) => return Ok((s, skipped)),
-            Err(e) => skipped.push(format!("{}: {e:#}", s.id)),
+            Err(e) => {
+                store.uncache(&s);
+                skipped.push(format!("{}: {e:#}", s.id));
+            }
         }
     }
     match skipped.is_empty() {
@@ -264,6 +267,17 @@ fn saved_through(s: &Snapshot) -> &str {
     s.mechanism.split_whitespace().next().unwrap_or("")
 }
 
+/// Drops a snapshot's files from the host's page cache when it goes out of scope: its
+/// check left them there for the restore or clone template that reads them next; after
+/// that, started or failed, the cached copy only takes the host's memory.
+struct Uncache<'a>(&'a Store, &'a Snapshot);
+
+impl Drop for Uncache<'_> {
+    fn drop(&mut self) {
+        self.0.uncache(self.1);
+    }
+}
+
 /// Start VM `vm` from `snapshot`, checked and verified, through `starter`; marks a
 /// hibernation woken.
 async fn start_from(
@@ -273,6 +287,7 @@ async fn start_from(
     store: &Store,
     snapshot: &Snapshot,
 ) -> anyhow::Result<Started> {
+    let _uncache = Uncache(store, snapshot);
     let dir = store.dir_of(snapshot);
     let vm_dir = store.vm_dir(vm);
     let log = vm_dir.join("restore.log");
@@ -378,6 +393,7 @@ pub async fn clone(
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
     store.verify(&snapshot)?;
+    let _uncache = Uncache(&store, &snapshot);
     let dir = store.dir_of(&snapshot);
     let vm_dir = store.vm_dir(vm);
     let limit = Duration::from_secs(config.snapshots.timeout_s);
