@@ -12,7 +12,8 @@
 //! `memory.min` holds its memory against the balloon's squeeze too): each arm's
 //! throughput is the VM's pages a second over the control's in the same seconds,
 //! against that ratio with no reclaim (two windows of it, whose difference is the
-//! noise). The arms, one after the other:
+//! noise; the median of the per-second ratios is printed beside the mean). The arms,
+//! one after the other:
 //!
 //! - none: the VM's coldalloc all in memory;
 //! - zswap: `memtide reclaim` with zswap on, then a steady window; the memory still
@@ -86,15 +87,40 @@ fn rates(log: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The mean rate of the reports after `from` seconds.
-fn mean_rate(log: &str, from: f64) -> f64 {
+/// The rates of the reports after `from` seconds.
+fn rates_after(log: &str, from: f64) -> Vec<f64> {
     let rates: Vec<f64> = rates(log)
         .into_iter()
         .filter(|&(t, _)| t > from)
         .map(|(_, r)| r)
         .collect();
     assert!(rates.len() >= 3, "{} reports after {from} s", rates.len());
-    rates.iter().sum::<f64>() / rates.len() as f64
+    rates
+}
+
+/// The VM's and the control's rates over the same seconds.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// The VM's mean rate.
+    vm: f64,
+    /// The control's.
+    ctl: f64,
+    /// The median of the VM's rate over the control's, report by report: a second in
+    /// which the host held the vCPU back weighs no more than any other.
+    median: f64,
+}
+
+impl Window {
+    fn new(vm: &[f64], ctl: &[f64]) -> Window {
+        let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
+        let mut ratios: Vec<f64> = vm.iter().zip(ctl).map(|(v, c)| v / c).collect();
+        ratios.sort_by(f64::total_cmp);
+        Window {
+            vm: mean(vm),
+            ctl: mean(ctl),
+            median: ratios[ratios.len() / 2],
+        }
+    }
 }
 
 /// The guest's view: files read through its agent.
@@ -175,25 +201,25 @@ impl View {
         (self.latest_t(log), self.latest_t(CTL_LOG))
     }
 
-    /// The VM's mean rate and the control's since `mark`.
-    fn rates_since(&mut self, log: &str, mark: (f64, f64)) -> (f64, f64) {
-        (
-            mean_rate(&self.agent.read_file(log), mark.0),
-            mean_rate(&self.agent.read_file(CTL_LOG), mark.1),
+    /// The VM's rates and the control's since `mark`.
+    fn rates_since(&mut self, log: &str, mark: (f64, f64)) -> Window {
+        Window::new(
+            &rates_after(&self.agent.read_file(log), mark.0),
+            &rates_after(&self.agent.read_file(CTL_LOG), mark.1),
         )
     }
 
-    /// The VM's mean rate and the control's over the next `WINDOW_S` seconds.
-    fn window(&mut self, log: &str) -> (f64, f64) {
+    /// The VM's rates and the control's over the next `WINDOW_S` seconds.
+    fn window(&mut self, log: &str) -> Window {
         let mark = self.mark(log);
         sleep(Duration::from_secs(WINDOW_S));
         self.rates_since(log, mark)
     }
 }
 
-/// The VM's rate over the control's.
-fn over((vm, ctl): (f64, f64)) -> f64 {
-    vm / ctl
+/// The VM's mean rate over the control's.
+fn over(w: Window) -> f64 {
+    w.vm / w.ctl
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -261,6 +287,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
     // Two windows: how far the ratio moves with nothing changed is the noise.
     let (none_1, none_2) = (g.window(log_a), g.window(log_a));
     let none = (over(none_1) + over(none_2)) / 2.0;
+    let none_median = (none_1.median + none_2.median) / 2.0;
     let usage_none = g.usage(VM);
 
     // Arm zswap: memtide reclaims; the cold pages go to zswap.
@@ -365,6 +392,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
     let pid = g.start_coldalloc(VM, log_c);
     let (again_1, again_2) = (g.window(log_c), g.window(log_c));
     let none_again = (over(again_1) + over(again_2)) / 2.0;
+    let again_median = (again_1.median + again_2.median) / 2.0;
     let usage_none_again = g.usage(VM);
     let ((in_before, out_before), refaulted_before) = (g.swap_disk(), g.refaulted());
     let mark = g.mark(log_c);
@@ -427,11 +455,13 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
         "memory_saved_share": saved(usage_none, kept),
         "throughput_ratio": ratio(over(zswap), none),
         "throughput_ratio_while_reclaiming": ratio(over(reclaiming), none),
+        "throughput_ratio_median": ratio(zswap.median, none_median),
         "no_reclaim": {
             "usage_mib": mib(usage_none),
-            "mib_per_s": none_2.0,
-            "control_mib_per_s": none_2.1,
+            "mib_per_s": none_2.vm,
+            "control_mib_per_s": none_2.ctl,
             "second_window_ratio": ratio(over(none_2), over(none_1)),
+            "second_window_ratio_median": ratio(none_2.median, none_1.median),
         },
         "zswap": {
             "usage_mib": mib(usage_zswap),
@@ -440,8 +470,8 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
             "asked_mib": mib(asked),
             "swap_disk_out_mib": mib(disk_out),
             "refaulted_kib": refaulted >> 10,
-            "mib_per_s": zswap.0,
-            "control_mib_per_s": zswap.1,
+            "mib_per_s": zswap.vm,
+            "control_mib_per_s": zswap.ctl,
         },
         "balloon": {
             "no_reclaim_usage_mib": mib(usage_none_again),
@@ -449,6 +479,8 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
             "usage_mib": mib(usage_balloon),
             "memory_saved_share": saved(usage_none_again, usage_balloon),
             "no_reclaim_second_window_ratio": ratio(over(again_2), over(again_1)),
+            "no_reclaim_second_window_ratio_median": ratio(again_2.median, again_1.median),
+            "throughput_ratio_median": ratio(ballooned.median, again_median),
             "throughput_ratio": ratio(over(ballooned), none_again),
             "throughput_ratio_while_squeezing": ratio(over(squeezing), none_again),
             "swap_ins_while_squeezing": in_squeeze,
