@@ -6,7 +6,8 @@
 # swap; transparent huge pages; memory cgroups; idle page tracking and pagemap; NUMA
 # from the firmware's ACPI SRAT, with page migration for move_pages(2) and
 # /proc/PID/numa_maps, and no automatic NUMA balancing to move pages behind a test's
-# back). It boots with guest/build.sh's initramfs, whose modules then fail to load harmlessly
+# back; PSI and zswap, lzo into zsmalloc, off until a test turns it on through
+# /sys/module/zswap/parameters/enabled, for the compressed tier). It boots with guest/build.sh's initramfs, whose modules then fail to load harmlessly
 # (their drivers are built in).
 #
 #   guest/build-idle-kernel.sh  -> ${MEMTIDE_GUEST_DIR:-<repo>/target/guest}/idle/{vmlinuz,initrd.img}
@@ -77,13 +78,14 @@ options=(64BIT PRINTK TTY SERIAL_8250 SERIAL_8250_CONSOLE BLK_DEV_INITRD RD_GZIP
     VIRTIO_PCI VIRTIO_BLK VIRTIO_CONSOLE VIRTIO_BALLOON BLOCK EXT4_FS EXT4_USE_FOR_EXT2
     SWAP MMU TRANSPARENT_HUGEPAGE TRANSPARENT_HUGEPAGE_ALWAYS IDLE_PAGE_TRACKING
     PROC_PAGE_MONITOR CGROUPS MEMCG UNIX NET HW_RANDOM RTC_CLASS UNIX98_PTYS ELF_CORE
-    SYSVIPC SMP ACPI NUMA X86_64_ACPI_NUMA ACPI_NUMA MIGRATION)
+    SYSVIPC SMP ACPI NUMA X86_64_ACPI_NUMA ACPI_NUMA MIGRATION PSI CRYPTO ZSWAP ZPOOL
+    ZSMALLOC ZSWAP_COMPRESSOR_DEFAULT_LZO ZSWAP_ZPOOL_DEFAULT_ZSMALLOC)
 enable=()
 for option in "${options[@]}"; do enable+=(-e "$option"); done
 "$src/scripts/config" --file "$src/.config" "${enable[@]}" -d NUMA_BALANCING
 quietly make -C "$src" olddefconfig
 for option in IDLE_PAGE_TRACKING VIRTIO_PCI VIRTIO_BLK TRANSPARENT_HUGEPAGE MEMCG NUMA \
-    ACPI_NUMA MIGRATION; do
+    ACPI_NUMA MIGRATION PSI ZSWAP ZSMALLOC CRYPTO_LZO; do
     grep -qx "CONFIG_$option=y" "$src/.config" || die "CONFIG_$option did not stay on"
 done
 quietly make -C "$src" -j"$(nproc)" bzImage

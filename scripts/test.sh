@@ -40,8 +40,8 @@ fi
 guest/build.sh
 # QEMU 10 beside 7.2, for the mapped-ram snapshot test (docs/snapshots.md).
 scripts/newer-qemu.sh
-# access_e2e's and place_e2e's guest kernel: none of Debian's has idle page tracking (cached
-# once built).
+# access_e2e's, place_e2e's and zswap_e2e's guest kernel: none of Debian's has idle page
+# tracking or zswap (cached once built).
 guest/build-idle-kernel.sh
 cargo fmt --all --check
 scripts/rust-version.sh

@@ -108,6 +108,32 @@ impl Region {
         }
     }
 
+    /// Fills the first `share_pct` percent of every page in `bytes` with
+    /// pseudo-random words (xorshift64 from `seed`: incompressible), leaving the
+    /// rest of each page as it is, so the pages compress about `100 / share_pct`
+    /// to one; at least the first word of each page is written, as by
+    /// [`Region::touch`].
+    pub fn fill_random(&mut self, bytes: Range<usize>, share_pct: u64, seed: u64) {
+        self.check(&bytes);
+        let words = (PAGE / 8 * share_pct.min(100) as usize / 100).max(1);
+        let mut state = seed | 1;
+        for offset in bytes.step_by(PAGE) {
+            for word in 0..words {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                // SAFETY: in bounds (checked above, `words` <= PAGE / 8) and page
+                // aligned, so aligned for u64.
+                unsafe {
+                    self.ptr
+                        .add(offset + word * 8)
+                        .cast::<u64>()
+                        .write_volatile(state)
+                };
+            }
+        }
+    }
+
     /// How many of the region's pages are in memory (not swapped out, nor
     /// never touched).
     pub fn resident_pages(&self) -> io::Result<usize> {
@@ -163,6 +189,28 @@ mod tests {
             (4..8).all(|page| read(&region, page * PAGE) == 0),
             "untouched pages read zero"
         );
+    }
+
+    #[test]
+    fn random_fill_covers_its_share_of_each_page() {
+        let mut region = Region::new(4 * PAGE).unwrap();
+        region.fill_random(PAGE..3 * PAGE, 25, 7);
+        let filled = |region: &Region, page: usize| {
+            // SAFETY: whole words of the region's own page `page` (< 4).
+            let words = unsafe {
+                std::slice::from_raw_parts(region.ptr.add(page * PAGE).cast::<u64>(), PAGE / 8)
+            };
+            words.iter().filter(|&&w| w != 0).count()
+        };
+        assert_eq!(filled(&region, 0), 0);
+        assert_eq!(
+            (filled(&region, 1), filled(&region, 2)),
+            (PAGE / 32, PAGE / 32)
+        );
+        assert_eq!(filled(&region, 3), 0);
+        assert_ne!(read(&region, PAGE), read(&region, 2 * PAGE));
+        region.fill_random(0..PAGE, 0, 7);
+        assert_eq!(filled(&region, 0), 1, "at least one word a page");
     }
 
     #[test]

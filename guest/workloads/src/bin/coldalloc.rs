@@ -1,7 +1,9 @@
 //! coldalloc: allocates a large buffer and writes each page once (the cold
 //! part: committed, never used again), then writes to every page of a small
-//! hot buffer over and over, forever. Reports the hot loop's MiB of pages
-//! written per second and how much of the cold part is still in memory:
+//! hot buffer over and over, forever (`--cold-random-pct` fills part of each
+//! cold page with incompressible bytes, for a compressed swap tier). Reports
+//! the hot loop's MiB of pages written per second and how much of the cold
+//! part is still in memory:
 //!
 //!     coldalloc t=12 hot_mib=32 mib_per_s=1234.5 cold_mib=200 cold_resident_mib=187.3
 //!
@@ -39,7 +41,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    cold.touch(0..cold_bytes, 1);
+    if options.cold_random_pct == 0 {
+        cold.touch(0..cold_bytes, 1);
+    } else {
+        cold.fill_random(
+            0..cold_bytes,
+            options.cold_random_pct,
+            0x9e37_79b9_7f4a_7c15,
+        );
+    }
 
     let progress = Arc::new(Progress::new());
     thread::spawn({

@@ -1,8 +1,8 @@
-//! coldalloc's options: `--cold-mib N --hot-mib M [--interval-s N]`.
+//! coldalloc's options: `--cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s N]`.
 
 use std::time::Duration;
 
-use super::{mib, Args, Command, Flag, INTERVAL};
+use super::{mib, whole_number, Args, Command, Flag, INTERVAL};
 
 /// What coldalloc allocates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,17 +11,22 @@ pub struct Options {
     pub cold_mib: u64,
     /// Written over and over.
     pub hot_mib: u64,
+    /// Share of each cold page, in percent, filled with pseudo-random bytes (the rest
+    /// zeros), so that a compressed swap tier sees data that compresses about as well
+    /// as `100 / P` to one; 0 writes one word a page.
+    pub cold_random_pct: u64,
     /// How often a report line is printed.
     pub interval: Duration,
 }
 
 /// The usage text.
 pub fn usage() -> String {
-    "usage: coldalloc --cold-mib N --hot-mib M [--interval-s S]\n\
+    "usage: coldalloc --cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s S]\n\
      \n\
-     Allocates N MiB (counted in Committed_AS) and writes each page once, then\n\
-     writes to every page of a separate M MiB buffer over and over, forever,\n\
-     printing one report line every S seconds (default 1)."
+     Allocates N MiB (counted in Committed_AS) and writes each page once (one\n\
+     word, or P% of the page in pseudo-random bytes), then writes to every page\n\
+     of a separate M MiB buffer over and over, forever, printing one report line\n\
+     every S seconds (default 1)."
         .to_string()
 }
 
@@ -30,6 +35,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
     let flags = [
         Flag::Value("--cold-mib"),
         Flag::Value("--hot-mib"),
+        Flag::Value("--cold-random-pct"),
         INTERVAL,
     ];
     let Some(args) = Args::split(args, &flags)? else {
@@ -39,8 +45,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
     Ok(Command::Run(Options {
         cold_mib: args.required("--cold-mib", |v| mib(v, 0))?,
         hot_mib: args.required("--hot-mib", |v| mib(v, 1))?,
+        cold_random_pct: args.value("--cold-random-pct", percent)?.unwrap_or(0),
         interval: args.interval()?,
     }))
+}
+
+/// A whole percentage, 0 to 100.
+fn percent(s: &str) -> Result<u64, String> {
+    whole_number(s)
+        .filter(|n| *n <= 100)
+        .ok_or_else(|| "expected a whole percentage from 0 to 100".to_string())
 }
 
 #[cfg(test)]
@@ -55,10 +69,11 @@ mod tests {
     #[test]
     fn sizes_and_interval() {
         assert_eq!(
-            parse_str("--hot-mib 16 --cold-mib=200 --interval-s 2"),
+            parse_str("--hot-mib 16 --cold-mib=200 --cold-random-pct 33 --interval-s 2"),
             Ok(Command::Run(Options {
                 cold_mib: 200,
                 hot_mib: 16,
+                cold_random_pct: 33,
                 interval: Duration::from_secs(2),
             }))
         );
@@ -66,8 +81,8 @@ mod tests {
             panic!("rejected a valid command line");
         };
         assert_eq!(
-            (options.cold_mib, options.interval),
-            (0, Duration::from_secs(1))
+            (options.cold_mib, options.cold_random_pct, options.interval),
+            (0, 0, Duration::from_secs(1))
         );
         assert_eq!(parse_str("--cold-mib 1 -h"), Ok(Command::Help));
         assert!(usage().starts_with("usage: coldalloc "));
@@ -98,6 +113,10 @@ mod tests {
             "unknown option \"--once\""
         );
         assert_eq!(err("--cold-mib 1 --cold-mib 2"), "--cold-mib given twice");
+        assert_eq!(
+            err("--cold-mib 1 --hot-mib 1 --cold-random-pct 101"),
+            "--cold-random-pct \"101\": expected a whole percentage from 0 to 100"
+        );
         assert_eq!(err("--cold-mib"), "--cold-mib needs a value");
     }
 }
