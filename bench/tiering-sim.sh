@@ -4,8 +4,8 @@
 # DRAM's latency) all in DRAM, under memtide's placement and under first touch; then every
 # other built-in scenario all in DRAM and with FAST_SHARE of the host's memory DRAM (the
 # rest slow), under both placements. The balloon policy is memtide's throughout. Writes
-# bench/results/tiering.json (with the command and commit; its `placement`, measured in a
-# test guest, is kept) and prints a table.
+# bench/results/tiering.json (with the command and commit; its `placement` and
+# `compressed`, measured in test guests, are kept) and prints a table.
 #
 #   bench/tiering-sim.sh [FAST_SHARE]   (default 0.6)
 set -euo pipefail
@@ -26,14 +26,15 @@ for s in "${scenarios[@]}"; do
   sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
 done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
-# `placement` is measured in a test guest (place_e2e, docs/tiering.md), not here: kept.
-placement=$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("placement")))' \
-  bench/results/tiering.json 2>/dev/null || echo null)
-python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$placement" "${scenarios[@]}" \
+# `placement` and `compressed` are measured in test guests (place_e2e, zswap_e2e,
+# docs/tiering.md), not here: kept.
+guests=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps([d.get("placement"), d.get("compressed")]))' \
+  bench/results/tiering.json 2>/dev/null || echo '[null, null]')
+python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$guests" "${scenarios[@]}" \
   >bench/results/tiering.json <<'PY'
 import json, sys
 out, commit, command, share = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4])
-placement, scenarios = json.loads(sys.argv[5]), sys.argv[6:]
+(placement, compressed), scenarios = json.loads(sys.argv[5]), sys.argv[6:]
 load = lambda name: json.load(open(f"{out}/{name}.json"))
 
 def tiered(name, placement):
@@ -72,7 +73,7 @@ report = {
     " + fault costs; s = share of accesses on slow-tier pages; latency_factor 2.0 (CXL);"
     " memory_bound 0.30 for tiered-redis, 0.25 for every other workload (docs/tiering.md)",
     "placement": placement,
-    "compressed": None,
+    "compressed": compressed,
     "sim": {
         "slowdown_at_third_fast": redis["memtide"]["slowdown"],
         "fast_share": share,
