@@ -13,7 +13,7 @@ pub mod state;
 pub mod vm_task;
 pub mod writes;
 
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
@@ -22,7 +22,6 @@ use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
-use memtide_adapters::access::Mappings;
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
@@ -1195,37 +1194,17 @@ impl Daemon {
         }));
     }
 
-    /// The VMs to place: the connected ones whose hypervisor's process is known (a VM
-    /// whose sample failed this tick keeps its place, with its last known size), then
-    /// those configured by `pid`.
+    /// The VMs to place ([`place::targets`]).
     fn place_targets(&self, snapshot: &Snapshot) -> Vec<place::Target> {
-        let budget = |c: &config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
-        let connected = snapshot.vms.iter().filter_map(|vm| {
-            let (pid, vm_config) = self.fleet.process(&vm.name)?;
-            let configured = match &vm.sample {
-                Ok(sample) => sample.configured,
-                Err(_) => self.fleet.configured(&vm.name)?,
-            };
-            Some(place::Target {
-                vm: vm.name.clone(),
-                pid: i32::try_from(pid?).ok()?,
-                mappings: Mappings::GuestRam(configured),
-                shares: vm.limits.shares,
-                budget: vm_config.and_then(budget),
-                fixed: false,
+        let known = |vm: &str| {
+            let (pid, config) = self.fleet.process(vm)?;
+            Some(place::Known {
+                pid,
+                config,
+                configured: self.fleet.configured(vm),
             })
-        });
-        let by_pid = self.config.vms.iter().filter_map(|c| {
-            Some(place::Target {
-                vm: c.name.clone(),
-                pid: c.pid?,
-                mappings: Mappings::Private,
-                shares: c.shares.unwrap_or(self.config.defaults.shares),
-                budget: budget(c),
-                fixed: true,
-            })
-        });
-        connected.chain(by_pid).collect()
+        };
+        place::targets(&snapshot.vms, known, &self.config)
     }
 
     /// A placement pass's outcomes logged and counted once it has ended, its trackers

@@ -103,6 +103,53 @@ pub struct Target {
     pub fixed: bool,
 }
 
+/// A connected VM as the fleet knows it.
+pub struct Known<'a> {
+    /// Its hypervisor's process, when known.
+    pub pid: Option<u32>,
+    /// Its `[[vm]]` entry, if any.
+    pub config: Option<&'a crate::config::VmConfig>,
+    /// Its configured size as last sampled, if ever.
+    pub configured: Option<Bytes>,
+}
+
+/// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
+/// hypervisor's process is known — one whose sample failed this tick keeps its place,
+/// with the size last sampled — then each configured by `pid`.
+pub fn targets<'a>(
+    vms: &[memtide_core::VmSnapshot],
+    known: impl Fn(&str) -> Option<Known<'a>>,
+    config: &crate::config::Config,
+) -> Vec<Target> {
+    let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
+    let connected = vms.iter().filter_map(|vm| {
+        let k = known(&vm.name)?;
+        let configured = match &vm.sample {
+            Ok(sample) => sample.configured,
+            Err(_) => k.configured?,
+        };
+        Some(Target {
+            vm: vm.name.clone(),
+            pid: i32::try_from(k.pid?).ok()?,
+            mappings: Mappings::GuestRam(configured),
+            shares: vm.limits.shares,
+            budget: k.config.and_then(budget),
+            fixed: false,
+        })
+    });
+    let by_pid = config.vms.iter().filter_map(|c| {
+        Some(Target {
+            vm: c.name.clone(),
+            pid: c.pid?,
+            mappings: Mappings::Private,
+            shares: c.shares.unwrap_or(config.defaults.shares),
+            budget: budget(c),
+            fixed: true,
+        })
+    });
+    connected.chain(by_pid).collect()
+}
+
 /// What a pass did for one VM.
 #[derive(Debug, PartialEq)]
 pub struct Outcome {
@@ -734,6 +781,71 @@ mod tests {
         let e = outcomes[1].event().unwrap();
         assert_eq!((e.kind, e.result), ("place_failed", "error"));
         assert!(p.placers.is_empty());
+    }
+
+    #[test]
+    fn a_vm_whose_sample_failed_stays_a_target_with_its_last_size() {
+        use memtide_core::testkit::vm;
+        let config = crate::config::Config::parse(
+            "[tiering]\nplace = true\n[[vm]]\nname = \"batch\"\npid = 7\nshares = 300\n\
+             fast_budget_mib = 42\n",
+            "x",
+        )
+        .unwrap();
+        let mut late = vm("late", 512, 512, 100);
+        late.sample = Err(memtide_core::BackendError::Timeout(500));
+        let mut never = vm("never", 512, 512, 100);
+        never.sample = Err(memtide_core::BackendError::Timeout(500));
+        let vms = [
+            vm("web", 1024, 1024, 100),
+            late,
+            never,
+            vm("nopid", 256, 256, 1),
+        ];
+        let known = |name: &str| {
+            let (pid, configured) = match name {
+                "web" => (Some(100), Some(Bytes::from_mib(1024))),
+                "late" => (Some(101), Some(Bytes::from_mib(384))),
+                "never" => (Some(102), None),
+                "nopid" => (None, Some(Bytes::from_mib(256))),
+                _ => return None,
+            };
+            Some(Known {
+                pid,
+                config: None,
+                configured,
+            })
+        };
+        let got = targets(&vms, known, &config);
+        let summary: Vec<_> = got
+            .iter()
+            .map(|t| {
+                (
+                    t.vm.as_str(),
+                    t.pid,
+                    t.mappings,
+                    t.fixed,
+                    t.shares,
+                    t.budget,
+                )
+            })
+            .collect();
+        let ram = |mib| Mappings::GuestRam(Bytes::from_mib(mib));
+        assert_eq!(
+            summary,
+            [
+                ("web", 100, ram(1024), false, 1000, None),
+                ("late", 101, ram(384), false, 1000, None),
+                (
+                    "batch",
+                    7,
+                    Mappings::Private,
+                    true,
+                    300,
+                    Some(Bytes::from_mib(42))
+                ),
+            ]
+        );
     }
 
     #[test]
