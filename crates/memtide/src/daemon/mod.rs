@@ -1172,25 +1172,13 @@ impl Daemon {
             return;
         }
         self.place_started = Some(now);
-        let mut placer = self.tier_placer.take().unwrap_or_else(|| {
+        let placer = self.tier_placer.take().unwrap_or_else(|| {
             let host = &self.config.host;
             place::TierPlacer::new(nodes, config, host.proc.clone(), host.sys.clone())
         });
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
         self.placing = Some(tokio::task::spawn_blocking(move || {
-            let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                placer.pass(&targets, at, dry_run)
-            }));
-            let outcomes = pass.map_err(|panic| {
-                // Its trackers may be half updated: they start afresh.
-                placer.drop_trackers();
-                panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into())
-            });
-            (placer, outcomes)
+            place::run_pass(placer, &targets, at, dry_run)
         }));
     }
 

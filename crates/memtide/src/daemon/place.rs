@@ -103,6 +103,33 @@ pub struct Target {
     pub fixed: bool,
 }
 
+/// One pass of `placer` over `targets`, as the daemon runs it off the runtime: a panic
+/// in it is caught and told, and the trackers, which it may have left half updated,
+/// start afresh (the processes first seen at the `pid` VMs' pids are kept).
+pub fn run_pass(
+    mut placer: TierPlacer,
+    targets: &[Target],
+    at: Duration,
+    dry_run: bool,
+) -> (TierPlacer, Result<Vec<Outcome>, String>) {
+    let outcomes = caught(|| placer.pass(targets, at, dry_run));
+    if outcomes.is_err() {
+        placer.drop_trackers();
+    }
+    (placer, outcomes)
+}
+
+/// `f`'s result, or its panic's message.
+fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
 /// A connected VM as the fleet knows it.
 pub struct Known<'a> {
     /// Its hypervisor's process, when known.
@@ -846,6 +873,15 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_panic_in_a_pass_is_told_not_spread() {
+        assert_eq!(caught(|| 7), Ok(7));
+        assert_eq!(caught(|| -> u8 { panic!("at {}", 3) }), Err("at 3".into()));
+        assert_eq!(caught(|| -> u8 { panic!("static") }), Err("static".into()));
+        let odd = caught(|| -> u8 { std::panic::panic_any(5u8) });
+        assert_eq!(odd, Err("a panic without a message".into()));
     }
 
     #[test]
