@@ -271,10 +271,26 @@ struct Flagged {
 /// Pages scanned at a time: their pagemap entries (8 bytes each) in one read.
 const CHUNK: usize = 1 << 15;
 
-/// One tracked mapping: its start address and its pages' ages.
+/// One tracked mapping: its start address, its pages' ages, and which of its pages
+/// were shared with other mappings at the last scan.
 struct Tracked {
     start: u64,
     ages: Vec<u16>,
+    shared: Vec<bool>,
+}
+
+/// A resident page of the tracked mappings, as the last scan saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// Its virtual address.
+    pub addr: u64,
+    /// The scans in a row that found it idle (0: accessed since the previous scan, or
+    /// not seen before).
+    pub age: u16,
+    /// Its frame is shared with other mappings (merged by KSM, or not anonymous): it
+    /// counts as accessed at every scan, and move_pages(2) will not move it while
+    /// another process maps it.
+    pub shared: bool,
 }
 
 /// Tracks a process's accesses by idle page tracking, one scan at a time.
@@ -348,6 +364,7 @@ impl Tracker {
             self.tracked.push(Tracked {
                 start: r.start,
                 ages,
+                shared: vec![false; pages],
             });
         }
         let (mut accessed, mut resident) = (0, 0);
@@ -356,9 +373,10 @@ impl Tracker {
             let page = self.page;
             // The page before, carried across chunks: a huge page may straddle two.
             let mut before = None;
-            for (i, chunk) in t.ages.chunks_mut(CHUNK).enumerate() {
+            let chunks = t.ages.chunks_mut(CHUNK).zip(t.shared.chunks_mut(CHUNK));
+            for (i, (chunk, shared)) in chunks.enumerate() {
                 let first = t.start / page + (i * CHUNK) as u64;
-                let (a, r) = self.scan_chunk(first, chunk, &mut before)?;
+                let (a, r) = self.scan_chunk(first, chunk, shared, &mut before)?;
                 accessed += a;
                 resident += r;
             }
@@ -394,23 +412,29 @@ impl Tracker {
     }
 
     /// The resident pages of the tracked mappings at the last scan, each with its
-    /// address and age: the scans in a row that found it idle (0: accessed since the
-    /// previous scan, or not seen before). None after a failed scan.
-    pub fn pages(&self) -> impl Iterator<Item = (u64, u16)> + '_ {
+    /// address, its age and whether it is shared. None after a failed scan.
+    pub fn pages(&self) -> impl Iterator<Item = Page> + '_ {
         self.tracked.iter().flat_map(move |t| {
-            (0..).zip(&t.ages).filter_map(move |(i, &age)| {
-                (age != UNMARKED).then_some((t.start + i * self.page, age))
-            })
+            (0..)
+                .zip(t.ages.iter().zip(&t.shared))
+                .filter_map(move |(i, (&age, &shared))| {
+                    (age != UNMARKED).then_some(Page {
+                        addr: t.start + i * self.page,
+                        age,
+                        shared,
+                    })
+                })
         })
     }
 
     /// Scan `ages.len()` pages from virtual page number `first`, `before` the frame and
-    /// state of the page before them (updated to the last one's); returns the pages
-    /// accessed and the pages resident.
+    /// state of the page before them (updated to the last one's), and note in `is_shared`
+    /// which are shared; returns the pages accessed and the pages resident.
     fn scan_chunk(
         &self,
         first: u64,
         ages: &mut [u16],
+        is_shared: &mut [bool],
         before: &mut Option<(u64, Seen)>,
     ) -> Result<(u64, u64), TrackError> {
         let mut entries = vec![0; ages.len()];
@@ -474,6 +498,9 @@ impl Tracker {
             })
             .collect();
         let accessed = age(ages, seen);
+        for (s, frame) in is_shared.iter_mut().zip(&frames) {
+            *s = frame.is_some_and(|f| shared.binary_search(&f).is_ok());
+        }
         let resident = frames.iter().flatten().count() as u64;
         // Mark every resident frame idle again (writing a set bit marks; a clear one does
         // nothing, so gaps in a run are written as zeros).
@@ -760,11 +787,12 @@ garbage
         assert_eq!(touched.cold, Some(Bytes((pages as u64 - 100) * 4096)));
         assert_eq!(touched.resident, size);
         // Page by page: the 100 pages accessed are of age 0, the others idle two scans.
-        let ages: Vec<(u64, u16)> = tracker.pages().collect();
+        let ages: Vec<Page> = tracker.pages().collect();
         assert_eq!(ages.len(), pages);
-        for (p, &(at, age)) in ages.iter().enumerate() {
-            assert_eq!(at, buffer.at as u64 + p as u64 * 4096);
-            assert_eq!(age, if p < 100 { 0 } else { 2 }, "page {p}");
+        for (p, page) in ages.iter().enumerate() {
+            assert_eq!(page.addr, buffer.at as u64 + p as u64 * 4096);
+            assert_eq!(page.age, if p < 100 { 0 } else { 2 }, "page {p}");
+            assert!(!page.shared, "page {p}: anonymous, this process's only");
         }
         // The mapping shrinks by 1 MiB: the pages left keep their ages.
         // SAFETY: the buffer's last MiB, which nothing refers to.
@@ -832,12 +860,20 @@ garbage
         .unwrap();
         let s = Duration::from_secs;
         let scans = (0..3).map(|t| tracker.scan(s(t))).collect::<Vec<_>>();
+        let seen: Vec<Page> = tracker.pages().collect();
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(at, len) };
         let last = match scans.into_iter().last().unwrap() {
             Err(TrackError::NoFrames(_)) => return, // without CAP_SYS_ADMIN
             scan => scan.unwrap(),
         };
+        // The written pages are the process's own; the read ones are reported shared
+        // (placement leaves them where they are: move_pages(2) refuses them).
+        assert_eq!(seen.len(), pages);
+        for (p, page) in seen.iter().enumerate() {
+            assert_eq!(page.addr, at as u64 + (p * 4096) as u64);
+            assert_eq!(page.shared, p >= written, "page {p}");
+        }
         // Only the written pages went idle for the cold age: the read ones, the
         // template's page cache, count as accessed at every scan.
         assert_eq!(last.cold, Some(Bytes((written * 4096) as u64)));

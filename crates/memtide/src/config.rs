@@ -873,6 +873,7 @@ impl Config {
             }
         }
         let mut names = std::collections::HashSet::new();
+        let mut pids: std::collections::HashMap<i32, &str> = std::collections::HashMap::new();
         for (i, vm) in self.vms.iter().enumerate() {
             let field = |f: &str| format!("vm[{i}].{f}");
             if vm.name.is_empty() || vm.name.chars().any(|c| c.is_control() || c == '/') {
@@ -892,7 +893,17 @@ impl Config {
             ];
             match (endpoints.iter().filter(|e| **e).count(), vm.pid) {
                 (1, None) => {}
-                (0, Some(pid)) => self.check_placed_only(i, vm, pid)?,
+                (0, Some(pid)) => {
+                    self.check_placed_only(i, vm, pid)?;
+                    if let Some(other) = pids.insert(pid, &vm.name) {
+                        let message = format!(
+                            "process {pid} is given to VMs {other:?} and {:?}: a process is \
+                             placed as one VM",
+                            vm.name
+                        );
+                        return bad(&field("pid"), message);
+                    }
+                }
                 (_, Some(_)) => {
                     let message = "a VM given by `pid` is only placed: a hypervisor connection \
                                    gives its own process";
@@ -960,6 +971,10 @@ impl Config {
         let field = |f: &str| format!("vm[{i}].{f}");
         if pid <= 0 {
             return bad(&field("pid"), format!("{pid} is not a process id"));
+        }
+        if pid == 1 {
+            let message = "1 is init, not a VM's process".to_string();
+            return bad(&field("pid"), message);
         }
         if !self.tiering.place {
             let message = "a VM given by `pid` is only placed: set [tiering] place = true";
@@ -1495,6 +1510,16 @@ mod tests {
             (
                 "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 0\n",
                 "vm[0].pid: 0 is not a process id",
+            ),
+            (
+                "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 1\n",
+                "vm[0].pid: 1 is init, not a VM's process",
+            ),
+            (
+                "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 7\n\
+                 [[vm]]\nname = \"b\"\npid = 8\n[[vm]]\nname = \"c\"\npid = 7\n",
+                "vm[2].pid: process 7 is given to VMs \"a\" and \"c\": a process is placed as \
+                 one VM",
             ),
             (
                 "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\nqmp = \"/a\"\npid = 7\n",

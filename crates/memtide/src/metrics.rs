@@ -154,24 +154,24 @@ impl Collector for StatusCollector {
             "Memory moved to the fast tier by tier placement ([tiering]).",
             vec![(vec![], c.place_promoted_bytes)],
         )?;
-        let placed = |f: fn(&crate::status::Placed) -> memtide_core::Bytes| {
+        let placed = |f: fn(&crate::status::Placed) -> Option<memtide_core::Bytes>| {
             status
                 .placed
                 .iter()
-                .map(|p| (vec![("vm", p.vm.as_str())], f(p).0 as f64))
+                .filter_map(|p| Some((vec![("vm", p.vm.as_str())], f(p)?.0 as f64)))
                 .collect()
         };
         gauges(
             &mut enc,
             "memtide_vm_fast_bytes",
             "A placed VM's memory on the fast tier's node, after its latest placement pass.",
-            placed(|p| p.fast),
+            placed(|p| Some(p.fast)),
         )?;
         gauges(
             &mut enc,
             "memtide_vm_slow_bytes",
             "A placed VM's memory on the slow tier's node, after its latest placement pass.",
-            placed(|p| p.slow),
+            placed(|p| Some(p.slow)),
         )?;
         gauges(
             &mut enc,
@@ -672,7 +672,14 @@ mod tests {
             vm: "web".into(),
             fast: memtide_core::Bytes::from_mib(42),
             slow: memtide_core::Bytes::from_mib(86),
-            fast_budget: memtide_core::Bytes::from_mib(42),
+            fast_budget: Some(memtide_core::Bytes::from_mib(42)),
+        });
+        // On its first scan: where its memory is, but no budget decided.
+        status.placed.push(crate::status::Placed {
+            vm: "new".into(),
+            fast: memtide_core::Bytes::from_mib(8),
+            slow: memtide_core::Bytes::ZERO,
+            fast_budget: None,
         });
         status.sampling.push(Sampling {
             name: "web".into(),
@@ -708,12 +715,17 @@ mod tests {
             "memtide_vm_fast_bytes{vm=\"web\"} 44040192.0",
             "memtide_vm_slow_bytes{vm=\"web\"} 90177536.0",
             "memtide_vm_fast_budget_bytes{vm=\"web\"} 44040192.0",
+            "memtide_vm_fast_bytes{vm=\"new\"} 8388608.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
                 "{line:?} missing from\n{text}"
             );
         }
+        assert!(
+            !text.contains("memtide_vm_fast_budget_bytes{vm=\"new\"}"),
+            "no budget at a first scan: {text}"
+        );
         assert!(
             !text.contains("# EOF") && open.ends_with("# EOF\n"),
             "{text}"

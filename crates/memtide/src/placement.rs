@@ -58,6 +58,9 @@ pub fn free_on(sys: &Path, node: i32) -> anyhow::Result<Bytes> {
 /// A process's pages, tracked from one interval to the next.
 pub struct Placer {
     pid: i32,
+    /// The process's start time (clock ticks after boot): a pid reused by another
+    /// process, or the process restarted under it, shows another.
+    started: u64,
     nodes: Nodes,
     proc: PathBuf,
     tracker: Tracker,
@@ -73,7 +76,8 @@ pub struct Measured {
     addrs: Vec<u64>,
     /// Each page's node, or the kernel's `-errno` (after the moves, their results).
     status: Vec<i32>,
-    /// The pages on either node, as indices into `addrs`.
+    /// The pages on either node that can be moved (not shared), as indices into
+    /// `addrs`.
     placed: Vec<usize>,
     /// How placement sees them, in `placed`'s order.
     pages: Vec<PageTier>,
@@ -99,7 +103,8 @@ impl Measured {
         migrate::tally(&self.status)
     }
 
-    /// Resident pages on neither node, or not present.
+    /// Resident pages on neither node, not present, or shared with other processes
+    /// (left where they are).
     pub fn other(&self) -> usize {
         self.addrs.len() - self.placed.len()
     }
@@ -112,6 +117,20 @@ impl Measured {
     /// The size of a page in bytes.
     pub fn page_size(&self) -> u64 {
         self.page
+    }
+
+    /// A scan that found `counts` in pages of `page` bytes, with no page to move.
+    #[cfg(test)]
+    pub fn found(first: bool, counts: PageCounts, page: u64) -> Measured {
+        Measured {
+            first,
+            counts,
+            page,
+            addrs: Vec::new(),
+            status: Vec::new(),
+            placed: Vec::new(),
+            pages: Vec::new(),
+        }
     }
 }
 
@@ -141,8 +160,10 @@ impl Placer {
         // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
         migrate::nodes(pid, &[])?;
         let tracker = Tracker::open(proc, sys, pid, mappings, interval)?;
+        let started = start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
         Ok(Placer {
             pid,
+            started,
             nodes,
             proc: proc.to_path_buf(),
             tracker,
@@ -151,13 +172,18 @@ impl Placer {
 
     /// Scan at `at` (monotonic) and find each resident page's node.
     pub fn measure(&mut self, at: Duration) -> anyhow::Result<Measured> {
-        let Nodes { fast, slow } = self.nodes;
+        let fast = self.nodes.fast;
+        self.same()?;
         let scan = self.tracker.scan(at).map_err(|e| self.gone(e.into()))?;
-        let (addrs, ages): (Vec<u64>, Vec<u16>) = self.tracker.pages().unzip();
+        let pages: Vec<_> = self.tracker.pages().collect();
+        let addrs: Vec<u64> = pages.iter().map(|p| p.addr).collect();
+        let ages: Vec<u16> = pages.iter().map(|p| p.age).collect();
+        let shared: Vec<bool> = pages.iter().map(|p| p.shared).collect();
         let status = migrate::nodes(self.pid, &addrs).map_err(|e| self.gone(e.into()))?;
-        let placed: Vec<usize> = (0..addrs.len())
-            .filter(|&i| status[i] == fast || status[i] == slow)
-            .collect();
+        // The scan and the status are of the process opened, not of one that took its pid
+        // meanwhile.
+        self.same()?;
+        let placed = movable(&status, &shared, self.nodes);
         let pages: Vec<PageTier> = placed
             .iter()
             .map(|&i| PageTier {
@@ -194,7 +220,11 @@ impl Placer {
             (up, fast, &mut moved.promoted),
         ] {
             let which: Vec<usize> = chosen.iter().map(|&k| m.placed[k]).collect();
+            if which.is_empty() {
+                continue;
+            }
             let at: Vec<u64> = which.iter().map(|&i| m.addrs[i]).collect();
+            self.same()?;
             let after = migrate::move_to(self.pid, &at, to).map_err(|e| self.gone(e.into()))?;
             for (&i, s) in which.iter().zip(after) {
                 if s == to {
@@ -213,6 +243,24 @@ impl Placer {
         self.pid
     }
 
+    /// The tracked process's start time (`/proc/PID/stat` field 22).
+    pub fn started(&self) -> u64 {
+        self.started
+    }
+
+    /// Fails unless process `pid` is still the one opened: gone, or another process
+    /// (restarted, or its pid reused) with another start time.
+    fn same(&self) -> anyhow::Result<()> {
+        match start_time(&self.proc, self.pid) {
+            None => Err(migrate::MoveError::Gone(self.pid).into()),
+            Some(t) if t == self.started => Ok(()),
+            Some(_) => Err(anyhow::anyhow!(
+                "process {} is not the one placed (it was restarted or its pid reused)",
+                self.pid
+            )),
+        }
+    }
+
     /// `e`, or that the process is gone when it ended, whatever failed: until it is
     /// reaped, its maps read empty and move_pages fails with EINVAL, not ESRCH.
     fn gone(&self, e: anyhow::Error) -> anyhow::Error {
@@ -224,12 +272,46 @@ impl Placer {
     }
 }
 
+/// The pages of `status` on either of `nodes` that are not `shared` with other
+/// processes: those placement may move.
+fn movable(status: &[i32], shared: &[bool], nodes: Nodes) -> Vec<usize> {
+    (0..status.len())
+        .filter(|&i| !shared[i] && (status[i] == nodes.fast || status[i] == nodes.slow))
+        .collect()
+}
+
+/// `/proc/PID/stat`'s fields after the command's closing parenthesis (the command may
+/// hold any character, parentheses and spaces included; proc.rst): the state first.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// Process `pid`'s start time, in clock ticks after boot (`/proc/PID/stat` field 22):
+/// with the pid, it names one process. `None` when there is no such process (or a
+/// zombie).
+pub fn start_time(proc: &Path, pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc.join(format!("{pid}/stat"))).ok()?;
+    let fields = stat_fields(&stat)?;
+    // Field 3 (the state) is the first after the command: field 22 is the 20th.
+    if matches!(*fields.first()?, "Z" | "X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Process `pid`'s command name (`/proc/PID/comm`), or `?`.
+pub fn comm(proc: &Path, pid: i32) -> String {
+    std::fs::read_to_string(proc.join(format!("{pid}/comm")))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// Whether process `pid` is there and not a zombie (`/proc/PID/stat`'s state, after the
 /// command's closing parenthesis; proc.rst).
 fn alive(proc: &Path, pid: i32) -> bool {
     std::fs::read_to_string(proc.join(format!("{pid}/stat"))).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
+        stat_fields(&stat)
+            .and_then(|f| f.first().copied())
             .is_some_and(|state| !matches!(state, "Z" | "X"))
     })
 }
@@ -253,5 +335,95 @@ mod tests {
         assert!(!alive(proc, pid));
         child.wait().unwrap();
         assert!(!alive(proc, pid));
+    }
+
+    #[test]
+    fn the_start_time_is_field_22_whatever_the_command_holds() {
+        let proc = tempfile::tempdir().unwrap();
+        let stat = |pid: i32, text: &str| {
+            std::fs::create_dir_all(proc.path().join(pid.to_string())).unwrap();
+            std::fs::write(proc.path().join(format!("{pid}/stat")), text).unwrap();
+        };
+        // A command with a parenthesis, a space and digits: fields counted after the
+        // last ')'.
+        stat(
+            7,
+            "7 (qemu) 1 2 3) S 1 7 7 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 3 0 424242 1000 \
+             10 18446744073709551615\n",
+        );
+        stat(
+            8,
+            "8 (gone) Z 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0\n",
+        );
+        stat(9, "9 (short) S 1 9\n");
+        let p = proc.path();
+        assert_eq!(start_time(p, 7), Some(424242));
+        assert_eq!(start_time(p, 8), None, "a zombie");
+        assert_eq!(start_time(p, 9), None, "no field 22");
+        assert_eq!(start_time(p, 10), None, "no such process");
+        // This process's, as the kernel writes it: the same at every read.
+        let me = std::process::id() as i32;
+        let started = start_time(Path::new("/proc"), me).unwrap();
+        assert!(started > 0);
+        assert_eq!(start_time(Path::new("/proc"), me), Some(started));
+    }
+
+    #[test]
+    fn shared_pages_and_pages_on_other_nodes_are_not_placed() {
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let status = [0, 1, 2, -libc::ENOENT, 0, 1];
+        let shared = [false, false, false, false, true, true];
+        assert_eq!(movable(&status, &shared, nodes), [0, 1]);
+    }
+
+    /// A placer whose process is not the one it opened (its start time differs, as when
+    /// the pid is reused) refuses to scan or move anything.
+    #[test]
+    fn a_process_with_another_start_time_is_not_placed() {
+        let sys = tempfile::tempdir().unwrap();
+        let mm = sys.path().join("kernel/mm/page_idle");
+        std::fs::create_dir_all(&mm).unwrap();
+        std::fs::write(mm.join("bitmap"), b"").unwrap();
+        let me = std::process::id() as i32;
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let open = Placer::open(
+            Path::new("/proc"),
+            sys.path(),
+            me,
+            Mappings::Private,
+            Duration::from_secs(1),
+            nodes,
+        );
+        let mut placer = match open {
+            Ok(p) => p,
+            // No NUMA in this kernel, or no kpageflags to read: nothing to check here.
+            Err(e) => return eprintln!("skipped: {e:#}"),
+        };
+        assert_eq!(Some(placer.started()), start_time(Path::new("/proc"), me));
+        placer.started += 1;
+        let why = format!("{:#}", placer.measure(Duration::ZERO).err().unwrap());
+        assert_eq!(
+            why,
+            format!("process {me} is not the one placed (it was restarted or its pid reused)")
+        );
+        let mut m = Measured {
+            first: false,
+            counts: PageCounts::default(),
+            page: 4096,
+            addrs: vec![0x1000],
+            status: vec![0],
+            placed: vec![0],
+            pages: vec![PageTier { age: 9, fast: true }],
+        };
+        let demote = Placement {
+            vm: String::new(),
+            fast_budget: Bytes::ZERO,
+            demote: Bytes(4096),
+            promote: Bytes::ZERO,
+            reason: memtide_core::action::Reason::new("t", "t"),
+        };
+        let why = format!("{:#}", placer.carry_out(&mut m, &demote).err().unwrap());
+        assert!(why.contains("is not the one placed"), "{why}");
+        assert_eq!(m.status, [0], "nothing moved");
     }
 }

@@ -119,7 +119,11 @@ pub fn status(s: &Status) -> String {
         let _ = writeln!(
             out,
             "  placed: {} {} fast (budget {}), {} slow",
-            p.vm, p.fast, p.fast_budget, p.slow
+            p.vm,
+            p.fast,
+            p.fast_budget
+                .map_or("none yet: first scan".into(), |b| b.to_string()),
+            p.slow
         );
     }
     let row = |cols: [&str; 11]| {
@@ -336,7 +340,7 @@ mod tests {
                 vm: "web".into(),
                 fast: Bytes::from_mib(42),
                 slow: Bytes::from_mib(86),
-                fast_budget: Bytes::from_mib(42),
+                fast_budget: Some(Bytes::from_mib(42)),
             }],
         };
         let text = status(&s);

@@ -116,8 +116,9 @@ pub struct Placed {
     pub fast: memtide_core::Bytes,
     /// Its memory on the slow node.
     pub slow: memtide_core::Bytes,
-    /// The fast memory it may hold.
-    pub fast_budget: memtide_core::Bytes,
+    /// The fast memory it may hold (`None` after its first scan, which decides none).
+    #[serde(default)]
+    pub fast_budget: Option<memtide_core::Bytes>,
 }
 
 /// A VM hibernated and not woken yet.

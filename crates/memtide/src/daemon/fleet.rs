@@ -220,6 +220,9 @@ pub struct Fleet {
     call_timeout: Duration,
     candidates: BTreeMap<Endpoint, Candidate>,
     managed: BTreeMap<String, Managed>,
+    /// The names of the VMs configured by `pid` alone: never connected, only placed, but
+    /// taken all the same (a VM discovered under one would be placed as that process).
+    placed_only: HashSet<String>,
     connecting: JoinSet<Attempt>,
     in_flight: HashSet<Endpoint>,
     listing: JoinSet<Listing>,
@@ -275,6 +278,12 @@ impl Fleet {
             call_timeout: config.call_timeout(),
             candidates,
             managed: BTreeMap::new(),
+            placed_only: config
+                .vms
+                .iter()
+                .filter(|vm| Endpoint::of(vm).is_none())
+                .map(|vm| vm.name.clone())
+                .collect(),
             connecting: JoinSet::new(),
             in_flight: HashSet::new(),
             listing: JoinSet::new(),
@@ -399,9 +408,12 @@ impl Fleet {
         Bounds::new(m.config.as_ref(), &self.defaults).under(min, max, shares, m.config.as_ref())
     }
 
-    /// True when `name` is taken by a managed VM or another candidate.
+    /// True when `name` is taken by a managed VM, another candidate, or a VM configured
+    /// by `pid`.
     fn taken(&self, name: &str) -> bool {
-        self.managed.contains_key(name) || self.candidates.values().any(|c| c.name == name)
+        self.managed.contains_key(name)
+            || self.placed_only.contains(name)
+            || self.candidates.values().any(|c| c.name == name)
     }
 
     fn discovered(name: &str, agent: Option<PathBuf>) -> Candidate {
@@ -1013,6 +1025,29 @@ mod tests {
             1
         );
         assert!(fleet.listing_failures.is_empty());
+    }
+
+    /// A VM configured by `pid` alone is never connected, but its name is taken: a
+    /// socket of that name is not managed (it would be placed as the configured process).
+    #[tokio::test(start_paused = true)]
+    async fn a_name_configured_by_pid_is_not_given_to_a_discovered_vm() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[tiering]\nplace = true\n\
+             [[vm]]\nname = \"web\"\npid = 4242\n",
+            dir.path().display()
+        );
+        let config = Config::parse(&text, "x").unwrap();
+        let mut fleet = Fleet::new(&config, connector.clone());
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        std::fs::write(dir.path().join("db.sock"), "").unwrap();
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["db"]);
+        assert!(fleet.process("web").is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ pub mod state;
 pub mod vm_task;
 pub mod writes;
 
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
@@ -22,7 +22,6 @@ use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
-use memtide_adapters::access::Mappings;
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_core::backend::HostBackend;
 use memtide_core::backend::{AfterSave, Seal};
@@ -68,8 +67,9 @@ type ReclaimPass = tokio::task::JoinHandle<(reclaim::Reclaimer, Vec<reclaim::Out
 /// How long a stopping daemon waits for a reclaim pass still running.
 const RECLAIM_WAIT_AT_STOP: Duration = Duration::from_secs(5);
 
-/// A placement pass running off the runtime: the trackers and what it did, when it ends.
-type PlacePass = tokio::task::JoinHandle<(place::TierPlacer, Vec<place::Outcome>)>;
+/// A placement pass running off the runtime: the trackers and what it did, when it ends
+/// (or why it panicked).
+type PlacePass = tokio::task::JoinHandle<(place::TierPlacer, Result<Vec<place::Outcome>, String>)>;
 /// Everything a tick needs.
 struct Daemon {
     config: Config,
@@ -179,6 +179,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             let tiers = memtide_adapters::tiers::read(&config.host.sys, &config.host.proc);
             let nodes = place::choose_nodes(&tiers.nodes, t.fast_node, t.slow_node)
                 .map_err(|e| anyhow::anyhow!("[tiering] place: {e}"))?;
+            place::check_not_own(&config.vms, std::process::id() as i32)
+                .map_err(|e| anyhow::anyhow!("[[vm]] pid: {e}"))?;
             tracing::info!(
                 "placing VMs' pages between node {} (fast) and node {} (slow)",
                 nodes.fast,
@@ -1140,16 +1142,28 @@ impl Daemon {
     /// the VMs with a process id (and those configured by `pid`), run off the runtime
     /// and not waited for (it scans each VM's memory and moves pages), as reclaim's
     /// passes are; each VM's moves and each failure are logged and counted when the pass
-    /// has ended.
+    /// has ended. At every tick, VMs no longer placed leave the status (and their gauges).
     async fn place(&mut self, snapshot: &Snapshot) {
         let Some(nodes) = self.tier_nodes else {
             return;
         };
-        if self.placing.as_ref().is_some_and(|p| !p.is_finished()) {
+        let targets = self.place_targets(snapshot);
+        if self.placing.as_ref().is_some_and(|p| p.is_finished()) {
+            if let Some(pass) = self.placing.take() {
+                self.placed(pass).await;
+            }
+        }
+        self.placed
+            .retain(|vm, _| targets.iter().any(|t| &t.vm == vm));
+        if self.placing.is_some() {
             return;
         }
-        if let Some(pass) = self.placing.take() {
-            self.placed(pass).await;
+        if targets.is_empty() {
+            // Nothing to place: no tracker kept (a VM that comes back starts afresh).
+            if let Some(placer) = &mut self.tier_placer {
+                placer.drop_trackers();
+            }
+            return;
         }
         let config = &self.config.tiering;
         let now = Instant::now();
@@ -1157,73 +1171,71 @@ impl Daemon {
         if self.place_started.is_some_and(|t| now < t + every) {
             return;
         }
-        let budget = |c: &config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
-        let connected = snapshot.vms.iter().filter_map(|vm| {
-            let (pid, vm_config) = self.fleet.process(&vm.name)?;
-            let sample = vm.sample.as_ref().ok()?;
-            Some(place::Target {
-                vm: vm.name.clone(),
-                pid: i32::try_from(pid?).ok()?,
-                mappings: Mappings::GuestRam(sample.configured),
-                shares: vm.limits.shares,
-                budget: vm_config.and_then(budget),
-            })
-        });
-        let by_pid = self.config.vms.iter().filter_map(|c| {
-            Some(place::Target {
-                vm: c.name.clone(),
-                pid: c.pid?,
-                mappings: Mappings::Private,
-                shares: c.shares.unwrap_or(self.config.defaults.shares),
-                budget: budget(c),
-            })
-        });
-        let targets: Vec<place::Target> = connected.chain(by_pid).collect();
-        self.placed
-            .retain(|vm, _| targets.iter().any(|t| &t.vm == vm));
-        if targets.is_empty() {
-            return;
-        }
         self.place_started = Some(now);
-        let mut placer = self.tier_placer.take().unwrap_or_else(|| {
+        let placer = self.tier_placer.take().unwrap_or_else(|| {
             let host = &self.config.host;
             place::TierPlacer::new(nodes, config, host.proc.clone(), host.sys.clone())
         });
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
         self.placing = Some(tokio::task::spawn_blocking(move || {
-            let outcomes = placer.pass(&targets, at, dry_run);
-            (placer, outcomes)
+            place::run_pass(placer, &targets, at, dry_run)
         }));
     }
 
+    /// The VMs to place ([`place::targets`]).
+    fn place_targets(&self, snapshot: &Snapshot) -> Vec<place::Target> {
+        let known = |vm: &str| {
+            let (pid, config) = self.fleet.process(vm)?;
+            Some(place::Known {
+                pid,
+                config,
+                configured: self.fleet.configured(vm),
+            })
+        };
+        place::targets(&snapshot.vms, known, &self.config)
+    }
+
     /// A placement pass's outcomes logged and counted once it has ended, its trackers
-    /// kept.
+    /// kept. A pass that panicked places nothing: no VM is shown placed.
     async fn placed(&mut self, pass: PlacePass) {
-        match pass.await {
+        let failed = match pass.await {
             Ok((placer, outcomes)) => {
                 self.tier_placer = Some(placer);
-                for o in outcomes {
-                    self.log_place(o);
+                match outcomes {
+                    Ok(outcomes) => {
+                        let mut seen = HashSet::new();
+                        for o in outcomes {
+                            // A VM named twice (refused the second time) keeps the first
+                            // one's status.
+                            let first = seen.insert(o.vm.clone());
+                            self.log_place(o, first);
+                        }
+                        return;
+                    }
+                    Err(panic) => panic,
                 }
             }
             // Its trackers are lost with it: the next pass starts afresh.
-            Err(e) => tracing::error!("the placement pass ended abnormally: {e}"),
-        }
+            Err(e) => e.to_string(),
+        };
+        tracing::error!("the placement pass ended abnormally: {failed}");
+        self.placed.clear();
     }
 
-    /// Count and log one VM's placement, and keep where its memory is.
-    fn log_place(&mut self, o: place::Outcome) {
+    /// Count and log one VM's placement, and keep where its memory is (when `status`).
+    fn log_place(&mut self, o: place::Outcome, status: bool) {
         match (o.done.resident(), &o.placement) {
-            (Some(r), Some(p)) => {
+            _ if !status => {}
+            (Some(r), p) => {
                 let placed = Placed {
                     vm: o.vm.clone(),
                     fast: r.fast,
                     slow: r.slow,
-                    fast_budget: p.fast_budget,
+                    fast_budget: p.as_ref().map(|p| p.fast_budget),
                 };
                 self.placed.insert(o.vm.clone(), placed);
             }
-            _ => {
+            (None, _) => {
                 self.placed.remove(&o.vm);
             }
         }

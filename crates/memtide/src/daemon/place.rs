@@ -4,7 +4,7 @@
 //! `tiering::place`, and each one's moves carried out.
 
 use crate::config::TieringConfig;
-use crate::placement::{self, Moved, Nodes, Placer};
+use crate::placement::{self, Measured, Moved, Nodes, Placer};
 use memtide_adapters::access::Mappings;
 use memtide_adapters::tiers::Node;
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
@@ -73,6 +73,18 @@ pub fn choose_nodes(nodes: &[Node], fast: Option<u32>, slow: Option<u32>) -> Res
     })
 }
 
+/// Refuses a VM configured by `pid` that is the daemon itself (process `own`): it would
+/// scan and move its own pages.
+pub fn check_not_own(vms: &[crate::config::VmConfig], own: i32) -> Result<(), String> {
+    match vms.iter().find(|vm| vm.pid == Some(own)) {
+        Some(vm) => Err(format!(
+            "VM {:?}'s pid {own} is memtide's own process, not a VM's",
+            vm.name
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A VM to place this pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
@@ -86,6 +98,83 @@ pub struct Target {
     pub shares: u32,
     /// Its configured fast budget (`[[vm]] fast_budget_mib`).
     pub budget: Option<Bytes>,
+    /// Configured by `pid` (fixed until the daemon restarts), not a connected VM's
+    /// hypervisor: another process at that pid is not placed.
+    pub fixed: bool,
+}
+
+/// One pass of `placer` over `targets`, as the daemon runs it off the runtime: a panic
+/// in it is caught and told, and the trackers, which it may have left half updated,
+/// start afresh (the processes first seen at the `pid` VMs' pids are kept).
+pub fn run_pass(
+    mut placer: TierPlacer,
+    targets: &[Target],
+    at: Duration,
+    dry_run: bool,
+) -> (TierPlacer, Result<Vec<Outcome>, String>) {
+    let outcomes = caught(|| placer.pass(targets, at, dry_run));
+    if outcomes.is_err() {
+        placer.drop_trackers();
+    }
+    (placer, outcomes)
+}
+
+/// `f`'s result, or its panic's message.
+fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
+/// A connected VM as the fleet knows it.
+pub struct Known<'a> {
+    /// Its hypervisor's process, when known.
+    pub pid: Option<u32>,
+    /// Its `[[vm]]` entry, if any.
+    pub config: Option<&'a crate::config::VmConfig>,
+    /// Its configured size as last sampled, if ever.
+    pub configured: Option<Bytes>,
+}
+
+/// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
+/// hypervisor's process is known — one whose sample failed this tick keeps its place,
+/// with the size last sampled — then each configured by `pid`.
+pub fn targets<'a>(
+    vms: &[memtide_core::VmSnapshot],
+    known: impl Fn(&str) -> Option<Known<'a>>,
+    config: &crate::config::Config,
+) -> Vec<Target> {
+    let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
+    let connected = vms.iter().filter_map(|vm| {
+        let k = known(&vm.name)?;
+        let configured = match &vm.sample {
+            Ok(sample) => sample.configured,
+            Err(_) => k.configured?,
+        };
+        Some(Target {
+            vm: vm.name.clone(),
+            pid: i32::try_from(k.pid?).ok()?,
+            mappings: Mappings::GuestRam(configured),
+            shares: vm.limits.shares,
+            budget: k.config.and_then(budget),
+            fixed: false,
+        })
+    });
+    let by_pid = config.vms.iter().filter_map(|c| {
+        Some(Target {
+            vm: c.name.clone(),
+            pid: c.pid?,
+            mappings: Mappings::Private,
+            shares: c.shares.unwrap_or(config.defaults.shares),
+            budget: budget(c),
+            fixed: true,
+        })
+    });
+    connected.chain(by_pid).collect()
 }
 
 /// What a pass did for one VM.
@@ -93,7 +182,8 @@ pub struct Target {
 pub struct Outcome {
     /// The VM.
     pub vm: String,
-    /// The decision, when its pages could be read.
+    /// The decision, when its pages could be read and were placed (none at a first
+    /// scan).
     pub placement: Option<Placement>,
     /// What came of it.
     pub done: Done,
@@ -111,7 +201,8 @@ pub struct Resident {
 /// What came of a VM's placement.
 #[derive(Debug, PartialEq)]
 pub enum Done {
-    /// The first scan: it only marks pages, nothing moves.
+    /// The first scan: it only marks pages, nothing moves, and the VM has no part in
+    /// the division of the fast tier (nothing is known of its heat yet).
     First(Resident),
     /// A dry run: nothing moved.
     DryRun(Resident),
@@ -227,6 +318,9 @@ pub struct TierPlacer {
     proc: PathBuf,
     sys: PathBuf,
     placers: HashMap<String, Placer>,
+    /// Each `pid` VM's process as first seen: its pid and start time, kept when its
+    /// tracker is dropped. Another process at that pid is refused.
+    fixed: HashMap<String, (i32, u64)>,
 }
 
 impl TierPlacer {
@@ -244,35 +338,126 @@ impl TierPlacer {
             proc,
             sys,
             placers: HashMap::new(),
+            fixed: HashMap::new(),
         }
     }
 
-    /// One pass at `at` over `targets` (blocking: scans and moves). A VM not among them,
-    /// or whose process changed or failed, loses its tracker (its next pass is a first
-    /// scan again). In a dry run nothing moves.
-    pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
-        self.placers
-            .retain(|vm, p| targets.iter().any(|t| &t.vm == vm && t.pid == p.pid()));
-        let mut measured: Vec<_> = targets.iter().map(|t| self.measure(t, at)).collect();
-        let free = placement::free_on(&self.sys, self.nodes.fast);
+    /// Drop every tracker (the processes first seen are kept): the next pass over a VM
+    /// is a first scan.
+    pub fn drop_trackers(&mut self) {
+        self.placers.clear();
+    }
+
+    /// Which of `targets` may be placed this pass, in order: a VM named as one before it
+    /// is not (two processes for one name), nor is a process placed as a VM before it,
+    /// nor a `pid` VM whose pid now belongs to another process than the one first seen
+    /// there.
+    fn admit(&mut self, targets: &[Target]) -> Vec<Result<(), String>> {
+        let mut names: HashMap<&str, i32> = HashMap::new();
+        let mut pids: HashMap<i32, &str> = HashMap::new();
+        let mut admitted = Vec::with_capacity(targets.len());
+        for t in targets {
+            let verdict = if let Some(pid) = names.get(t.vm.as_str()) {
+                Err(format!(
+                    "the name {:?} is given to process {pid} and process {}: only process \
+                     {pid} is placed under it",
+                    t.vm, t.pid
+                ))
+            } else if let Some(other) = pids.get(&t.pid) {
+                Err(format!("pid {} is already placed as VM {other}", t.pid))
+            } else if t.fixed {
+                self.same_fixed(t)
+            } else {
+                Ok(())
+            };
+            if verdict.is_ok() {
+                names.insert(&t.vm, t.pid);
+                pids.insert(t.pid, &t.vm);
+            }
+            admitted.push(verdict);
+        }
+        admitted
+    }
+
+    /// Whether `pid` VM `t`'s process is the one first seen at its pid (the first one
+    /// seen is recorded; a process gone is left for the tracker to report).
+    fn same_fixed(&mut self, t: &Target) -> Result<(), String> {
+        let Some(started) = placement::start_time(&self.proc, t.pid) else {
+            return Ok(());
+        };
+        match self.fixed.get(&t.vm) {
+            Some(&(pid, first)) if pid == t.pid && first != started => Err(format!(
+                "pid {} now belongs to another process (comm {}): update the config",
+                t.pid,
+                placement::comm(&self.proc, t.pid)
+            )),
+            Some(&(pid, _)) if pid == t.pid => Ok(()),
+            _ => {
+                self.fixed.insert(t.vm.clone(), (t.pid, started));
+                Ok(())
+            }
+        }
+    }
+
+    /// How the fast tier, `free` of it on its node, is divided among the VMs `measured`
+    /// (in `targets`' order): a placement for each one measured, but for those on their
+    /// first scan, which have no part in the division (every page of theirs looks hot).
+    fn divide(
+        &self,
+        targets: &[Target],
+        measured: &[Result<Measured, String>],
+        free: Bytes,
+    ) -> Vec<Option<Placement>> {
+        let placed = |m: &Result<Measured, String>| m.as_ref().is_ok_and(|m| !m.first);
         let vms: Vec<_> = targets
             .iter()
-            .zip(&measured)
+            .zip(measured)
+            .filter(|(_, m)| placed(m))
             .filter_map(|(t, m)| Some(m.as_ref().ok()?.vm(&t.vm, t.shares, t.budget)))
             .collect();
-        let mut placements = match &free {
-            Ok(free) => {
-                let tier = FastTier {
-                    free: *free,
-                    reserve: self.reserve,
-                };
-                let dt = self.interval.as_secs_f64();
-                tiering::place(&vms, tier, self.config, dt).into_iter()
-            }
-            Err(_) => Vec::new().into_iter(),
+        let tier = FastTier {
+            free,
+            reserve: self.reserve,
+        };
+        let dt = self.interval.as_secs_f64();
+        let mut placements = tiering::place(&vms, tier, self.config, dt).into_iter();
+        measured
+            .iter()
+            .map(|m| match placed(m) {
+                true => placements.next(),
+                false => None,
+            })
+            .collect()
+    }
+
+    /// One pass at `at` over `targets` (blocking: scans and moves). A VM not among them,
+    /// not admitted, or whose process changed or failed, loses its tracker (its next pass
+    /// is a first scan again). In a dry run nothing moves.
+    pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
+        let admitted = self.admit(targets);
+        let proc = self.proc.clone();
+        // A connected VM's new process (another pid, or the same pid restarted) is a new
+        // tracker.
+        self.placers.retain(|vm, p| {
+            targets.iter().zip(&admitted).any(|(t, a)| {
+                a.is_ok()
+                    && &t.vm == vm
+                    && t.pid == p.pid()
+                    && placement::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
+            })
+        });
+        let mut measured: Vec<Result<Measured, String>> = targets
+            .iter()
+            .zip(admitted)
+            .map(|(t, a)| a.and_then(|()| self.measure(t, at)))
+            .collect();
+        let free = placement::free_on(&self.sys, self.nodes.fast);
+        let placements = match &free {
+            Ok(free) => self.divide(targets, &measured, *free),
+            Err(_) => vec![None; targets.len()],
         };
         let mut outcomes = Vec::with_capacity(targets.len());
-        for (t, m) in targets.iter().zip(&mut measured) {
+        for ((t, m), placement) in targets.iter().zip(&mut measured).zip(placements) {
             let failed = |placement, why: String| Outcome {
                 vm: t.vm.clone(),
                 placement,
@@ -289,18 +474,33 @@ impl TierPlacer {
                 }
                 (Ok(m), Ok(_)) => m,
             };
-            let placement = placements.next().expect("a placement for each VM measured");
-            let resident = |m: &placement::Measured| Resident {
+            let resident = |m: &Measured| Resident {
                 fast: m.on(self.nodes.fast),
                 slow: m.on(self.nodes.slow),
             };
-            let done = if m.first {
-                Done::First(resident(m))
-            } else if dry_run {
+            let placement = match placement {
+                Some(p) => p,
+                None if m.first => {
+                    outcomes.push(Outcome {
+                        vm: t.vm.clone(),
+                        placement: None,
+                        done: Done::First(resident(m)),
+                    });
+                    continue;
+                }
+                None => {
+                    outcomes.push(failed(None, "no placement was decided".into()));
+                    continue;
+                }
+            };
+            let done = if dry_run {
                 Done::DryRun(resident(m))
             } else {
-                let placer = self.placers.get(&t.vm).expect("measured by its placer");
-                match placer.carry_out(m, &placement) {
+                let carried = match self.placers.get(&t.vm) {
+                    Some(placer) => placer.carry_out(m, &placement),
+                    None => Err(anyhow::anyhow!("its tracker is gone")),
+                };
+                match carried {
                     Ok(Moved {
                         demoted,
                         promoted,
@@ -327,7 +527,7 @@ impl TierPlacer {
     }
 
     /// Scan `t`'s pages, opening its tracker at its first pass; a failure drops it.
-    fn measure(&mut self, t: &Target, at: Duration) -> Result<placement::Measured, String> {
+    fn measure(&mut self, t: &Target, at: Duration) -> Result<Measured, String> {
         let placer = match self.placers.entry(t.vm.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -506,6 +706,7 @@ mod tests {
             mappings: Mappings::Private,
             shares: 1000,
             budget: None,
+            fixed: false,
         };
         // A process that does not exist (pids stay below 2^22), and this one on a sysfs
         // without idle page tracking.
@@ -526,5 +727,225 @@ mod tests {
         );
         assert!(outcomes.iter().all(|o| o.placement.is_none()));
         assert!(p.placers.is_empty());
+    }
+
+    fn target(vm: &str, pid: i32, fixed: bool) -> Target {
+        Target {
+            vm: vm.into(),
+            pid,
+            mappings: Mappings::Private,
+            shares: 1000,
+            budget: None,
+            fixed,
+        }
+    }
+
+    /// A procfs with process `pid` of command `comm`, started at `started`.
+    fn process(proc: &std::path::Path, pid: i32, comm: &str, started: u64) {
+        let dir = proc.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let stat = format!(
+            "{pid} ({comm}) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {started} 0 0\n"
+        );
+        std::fs::write(dir.join("stat"), stat).unwrap();
+        std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_name_or_a_process_placed_twice_and_a_reused_pid_are_refused() {
+        let proc = tempfile::tempdir().unwrap();
+        let sys = tempfile::tempdir().unwrap();
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let config = TieringConfig::default();
+        let mut p = TierPlacer::new(nodes, &config, proc.path().into(), sys.path().into());
+        process(proc.path(), 7, "qemu-kvm", 100);
+        process(proc.path(), 8, "qemu-kvm", 100);
+        let targets = [
+            target("web", 8, false),
+            target("x", 7, true),
+            target("x", 8, false),
+            target("db", 8, true),
+        ];
+        let admitted = p.admit(&targets);
+        assert_eq!(admitted[..2], [Ok(()), Ok(())]);
+        assert_eq!(
+            admitted[2],
+            Err(
+                "the name \"x\" is given to process 7 and process 8: only process 7 is \
+                 placed under it"
+                    .into()
+            )
+        );
+        assert_eq!(admitted[3], Err("pid 8 is already placed as VM web".into()));
+        // The process configured by `pid` ends and another takes its pid: refused, and
+        // still refused later. A connected VM's new process is only a new tracker.
+        process(proc.path(), 7, "bash", 900);
+        process(proc.path(), 8, "qemu-kvm", 901);
+        let targets = [target("x", 7, true), target("web", 8, false)];
+        let refused = "pid 7 now belongs to another process (comm bash): update the config";
+        assert_eq!(p.admit(&targets), [Err(refused.into()), Ok(())]);
+        std::fs::remove_dir_all(proc.path().join("7")).unwrap();
+        assert_eq!(
+            p.admit(&targets),
+            [Ok(()), Ok(())],
+            "gone: left to the tracker"
+        );
+        process(proc.path(), 7, "sshd", 950);
+        let refused = "pid 7 now belongs to another process (comm sshd): update the config";
+        assert_eq!(p.admit(&targets), [Err(refused.into()), Ok(())]);
+        // A whole pass: the refusals are outcomes, nothing panics, no tracker is kept.
+        let twice = [
+            target("x", 1 << 23, false),
+            target("x", (1 << 23) + 1, false),
+        ];
+        let outcomes = p.pass(&twice, Duration::from_secs(1), false);
+        assert_eq!(outcomes.len(), 2);
+        assert!(
+            matches!(&outcomes[1].done, Done::Failed(w) if w.starts_with("the name \"x\"")),
+            "{:?}",
+            outcomes[1].done
+        );
+        let e = outcomes[1].event().unwrap();
+        assert_eq!((e.kind, e.result), ("place_failed", "error"));
+        assert!(p.placers.is_empty());
+    }
+
+    #[test]
+    fn a_vm_whose_sample_failed_stays_a_target_with_its_last_size() {
+        use memtide_core::testkit::vm;
+        let config = crate::config::Config::parse(
+            "[tiering]\nplace = true\n[[vm]]\nname = \"batch\"\npid = 7\nshares = 300\n\
+             fast_budget_mib = 42\n",
+            "x",
+        )
+        .unwrap();
+        let mut late = vm("late", 512, 512, 100);
+        late.sample = Err(memtide_core::BackendError::Timeout(500));
+        let mut never = vm("never", 512, 512, 100);
+        never.sample = Err(memtide_core::BackendError::Timeout(500));
+        let vms = [
+            vm("web", 1024, 1024, 100),
+            late,
+            never,
+            vm("nopid", 256, 256, 1),
+        ];
+        let known = |name: &str| {
+            let (pid, configured) = match name {
+                "web" => (Some(100), Some(Bytes::from_mib(1024))),
+                "late" => (Some(101), Some(Bytes::from_mib(384))),
+                "never" => (Some(102), None),
+                "nopid" => (None, Some(Bytes::from_mib(256))),
+                _ => return None,
+            };
+            Some(Known {
+                pid,
+                config: None,
+                configured,
+            })
+        };
+        let got = targets(&vms, known, &config);
+        let summary: Vec<_> = got
+            .iter()
+            .map(|t| {
+                (
+                    t.vm.as_str(),
+                    t.pid,
+                    t.mappings,
+                    t.fixed,
+                    t.shares,
+                    t.budget,
+                )
+            })
+            .collect();
+        let ram = |mib| Mappings::GuestRam(Bytes::from_mib(mib));
+        assert_eq!(
+            summary,
+            [
+                ("web", 100, ram(1024), false, 1000, None),
+                ("late", 101, ram(384), false, 1000, None),
+                (
+                    "batch",
+                    7,
+                    Mappings::Private,
+                    true,
+                    300,
+                    Some(Bytes::from_mib(42))
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_panic_in_a_pass_is_told_not_spread() {
+        assert_eq!(caught(|| 7), Ok(7));
+        assert_eq!(caught(|| -> u8 { panic!("at {}", 3) }), Err("at 3".into()));
+        assert_eq!(caught(|| -> u8 { panic!("static") }), Err("static".into()));
+        let odd = caught(|| -> u8 { std::panic::panic_any(5u8) });
+        assert_eq!(odd, Err("a panic without a message".into()));
+    }
+
+    #[test]
+    fn the_daemon_is_not_placed_as_a_vm() {
+        let config = crate::config::Config::parse(
+            "[tiering]\nplace = true\n[[vm]]\nname = \"a\"\npid = 7\n\
+             [[vm]]\nname = \"me\"\npid = 42\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(check_not_own(&config.vms, 9), Ok(()));
+        assert_eq!(
+            check_not_own(&config.vms, 42),
+            Err("VM \"me\"'s pid 42 is memtide's own process, not a VM's".into())
+        );
+    }
+
+    /// A VM on its first scan — every page of it hot, nothing known yet — has no part in
+    /// the division: the others are placed as if it were not there, and it gets nothing.
+    #[test]
+    fn a_vm_on_its_first_scan_has_no_part_in_the_division() {
+        let sys = tempfile::tempdir().unwrap();
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let config = TieringConfig::default();
+        let p = TierPlacer::new(nodes, &config, "/proc".into(), sys.path().into());
+        let mib = |n: u64| n * 256;
+        let page = 4096;
+        let counts = |fast, slow, hot, hot_on_slow| tiering::PageCounts {
+            fast: mib(fast),
+            slow: mib(slow),
+            hot: mib(hot),
+            hot_on_slow: mib(hot_on_slow),
+        };
+        let known = counts(600, 400, 300, 100);
+        let measured = |first| {
+            vec![
+                Ok(Measured::found(first, counts(1000, 1000, 2000, 1000), page)),
+                Ok(Measured::found(false, known, page)),
+                Err("gone".to_string()),
+            ]
+        };
+        let targets = [
+            target("new", 7, false),
+            target("old", 8, false),
+            target("gone", 9, false),
+        ];
+        let free = Bytes::from_mib(200);
+        let placements = p.divide(&targets, &measured(true), free);
+        let old = Measured::found(false, known, page);
+        let alone = tiering::place(
+            &[old.vm("old", 1000, None)],
+            FastTier {
+                free,
+                reserve: p.reserve,
+            },
+            p.config,
+            p.interval.as_secs_f64(),
+        );
+        assert_eq!(placements.len(), 3);
+        assert_eq!(placements[0], None, "no budget at a first scan");
+        assert_eq!(placements[1].as_ref(), alone.first());
+        assert_eq!(placements[2], None);
+        // Had it taken part, the other's budget would have been another.
+        let shared = p.divide(&targets, &measured(false), free);
+        assert_ne!(shared[1], placements[1]);
     }
 }
