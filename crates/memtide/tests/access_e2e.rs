@@ -16,7 +16,6 @@ use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::guest::Guest;
 use support::harness::Agent;
-use support::wait_for;
 
 const COLD_MIB: u64 = 96;
 const HOT_MIB: u64 = 16;
@@ -55,15 +54,7 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
     // (mm/huge_memory.c); guest RAM on a host is mostly huge pages: turn them on here.
     let thp = "echo always > /sys/kernel/mm/transparent_hugepage/enabled";
     assert_eq!(agent.run_sh(thp, Duration::from_secs(10)), 0, "{thp}");
-    let pid = agent.spawn_sh(&format!(
-        "exec /bin/coldalloc --cold-mib {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 \
-         > /tmp/cold.log 2>&1"
-    ));
-    let written = "grep -q cold_resident_mib /tmp/cold.log";
-    wait_for(Duration::from_secs(60), || {
-        (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
-    })
-    .expect("coldalloc wrote its buffers");
+    let pid = support::coldalloc(&mut agent, COLD_MIB, HOT_MIB);
     // The kernel keeps a huge page's idle flag on its head page only, which the tracker
     // must follow: coldalloc's buffers are mostly huge pages.
     let rollup = agent.read_file(&format!("/proc/{pid}/smaps_rollup"));

@@ -106,15 +106,7 @@ impl Setup {
             "two NUMA nodes with memory:\n{}",
             guest.console()
         );
-        let pid = agent.spawn_sh(&format!(
-            "exec /bin/coldalloc --cold-mib {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 \
-             > /tmp/cold.log 2>&1"
-        ));
-        let written = "grep -q cold_resident_mib /tmp/cold.log";
-        wait_for(Duration::from_secs(60), || {
-            (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
-        })
-        .expect("coldalloc wrote its buffers");
+        let pid = support::coldalloc(&mut agent, COLD_MIB, HOT_MIB);
         let maps = agent.read_file(&format!("/proc/{pid}/maps"));
         Setup {
             agent,

@@ -117,6 +117,22 @@ pub fn families_queried(files: &[&str]) -> std::collections::BTreeSet<String> {
 
 pub mod harness;
 
+/// Start coldalloc in the guest (`cold_mib` written once, `hot_mib` written over and over,
+/// a report a second into /tmp/cold.log) and wait until it has written its buffers: its
+/// pid in the guest.
+pub fn coldalloc(agent: &mut harness::Agent, cold_mib: u64, hot_mib: u64) -> u64 {
+    let pid = agent.spawn_sh(&format!(
+        "exec /bin/coldalloc --cold-mib {cold_mib} --hot-mib {hot_mib} --interval-s 1 \
+         > /tmp/cold.log 2>&1"
+    ));
+    let written = "grep -q cold_resident_mib /tmp/cold.log";
+    wait_for(Duration::from_secs(60), || {
+        (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
+    })
+    .expect("coldalloc wrote its buffers");
+    pid
+}
+
 /// memtide's binary on a [`data_disk`], as the guest runs it.
 pub const GUEST_MEMTIDE: &str =
     "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
