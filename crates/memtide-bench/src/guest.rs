@@ -81,6 +81,7 @@ impl Guest {
         if !idle {
             boot = boot.kernel_args(&spec.kernel_args());
         }
+        boot = boot.kernel_args(&spec.extra_kernel_args);
         if spec.agent {
             boot = boot.agent();
         }

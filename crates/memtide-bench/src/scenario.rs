@@ -137,6 +137,9 @@ pub struct VmSpec {
     pub agent: bool,
     /// The workload's true working set.
     pub hot_set_mib: f64,
+    /// Kernel parameters of the guest's own beyond the workload's (e.g.
+    /// `transparent_hugepage=never`), in every boot of it, solo runs included.
+    pub extra_kernel_args: String,
     /// Daemon bounds for the VM.
     pub min_mib: Option<u64>,
     /// See `min_mib`.
@@ -155,13 +158,15 @@ impl VmSpec {
         }
     }
 
-    /// The key of guests that share a base measurement: same memory and disks.
-    pub fn base_key(&self) -> (u64, bool, bool, bool) {
+    /// The key of guests that share a base measurement: same memory, disks and kernel
+    /// parameters of their own.
+    pub fn base_key(&self) -> (u64, bool, bool, bool, &str) {
         (
             self.memory_mib,
             self.swap_mib > 0,
             self.data_mib > 0,
             self.agent,
+            &self.extra_kernel_args,
         )
     }
 }
@@ -283,6 +288,8 @@ struct RawVm {
     #[serde(default = "yes")]
     agent: bool,
     hot_set_mib: f64,
+    #[serde(default)]
+    kernel_args: String,
     min_mib: Option<u64>,
     max_mib: Option<u64>,
     shares: Option<u32>,
@@ -669,6 +676,16 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
             format!("{} is more than memory_mib {}", v.hot_set_mib, v.memory_mib),
         );
     }
+    if let Some(arg) = v
+        .kernel_args
+        .split_whitespace()
+        .find(|a| a.starts_with("memtide."))
+    {
+        return bad(
+            field("kernel_args"),
+            format!("{arg}: the harness sets the memtide.* parameters from workload and args"),
+        );
+    }
     if let (Some(min), Some(max)) = (v.min_mib, v.max_mib) {
         if max < min {
             return bad(field("max_mib"), format!("{max} is below min_mib {min}"));
@@ -684,6 +701,7 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
         data_mib: v.data_mib,
         agent: v.agent,
         hot_set_mib: v.hot_set_mib,
+        extra_kernel_args: v.kernel_args.split_whitespace().collect::<Vec<_>>().join(" "),
         min_mib: v.min_mib,
         max_mib: v.max_mib,
         shares: v.shares,
@@ -779,6 +797,7 @@ mod tests {
         args = ["--cold-mib", "200", "--hot-mib", "32"]
         start_mib = "full"
         hot_set_mib = 32
+        kernel_args = " transparent_hugepage=never   quiet "
         [[target]]
         policy = "memtide"
         metric = "converge_s"
@@ -810,7 +829,9 @@ mod tests {
             s.vms[1].kernel_args(),
             "memtide.workload=coldalloc memtide.args=--cold-mib+200+--hot-mib+32"
         );
-        assert_eq!(s.vms[0].base_key(), (384, true, false, true));
+        assert_eq!(s.vms[0].extra_kernel_args, "");
+        assert_eq!(s.vms[1].extra_kernel_args, "transparent_hugepage=never quiet");
+        assert_eq!(s.vms[0].base_key(), (384, true, false, true, ""));
         assert_eq!(s.targets[0].describe(), "memtide converge_s ≤ 0.5 × tws");
         assert_eq!(s.config["memtide"]["margin"].as_float(), Some(0.05));
     }
@@ -858,6 +879,10 @@ mod tests {
             (
                 with("start_mib = 160", "start_mib = \"half\""),
                 "vm[0].start_mib: \"half\" is neither \"full\" nor",
+            ),
+            (
+                with("quiet \"", "memtide.args=x\""),
+                "vm[1].kernel_args: memtide.args=x: the harness sets",
             ),
             (
                 with("start_mib = 160", "start_mib = 999"),
