@@ -458,11 +458,20 @@ impl Fleet {
     }
 
     /// Take in finished libvirt listings: domains that appeared become candidates,
-    /// discovered domains that are no longer running are forgotten.
+    /// discovered domains that are no longer running are forgotten. A listing of a
+    /// KubeVirt launcher's daemon that the scan has found gone since it started is
+    /// dropped: its domains have nothing to be reached through.
     fn take_listings(&mut self) {
         while let Some(done) = self.listing.try_join_next() {
             let Ok((uri, names)) = done else { continue };
             self.listing_in_flight.remove(&uri);
+            let launcher = self
+                .launchers
+                .as_ref()
+                .is_some_and(|l| l.uris.contains(&uri));
+            if !launcher && !self.libvirt_uris.contains(&uri) {
+                continue;
+            }
             let names = match names {
                 Ok(names) => {
                     let failed = self.listing_failures.remove(&uri);
@@ -485,10 +494,6 @@ impl Fleet {
                     continue;
                 }
             };
-            let launcher = self
-                .launchers
-                .as_ref()
-                .is_some_and(|l| l.uris.contains(&uri));
             for domain in &names {
                 let endpoint = Endpoint::Libvirt {
                     uri: uri.clone(),
@@ -647,11 +652,19 @@ impl Fleet {
 
     /// Move a managed VM back to the candidates, to be reconnected with backoff (config
     /// VMs) or rediscovered while its socket exists or libvirt lists it (discovered VMs).
-    /// A call it has in flight is abandoned.
+    /// A call it has in flight is abandoned. A KubeVirt launcher's VM whose daemon the
+    /// last scan no longer found (its pod ended before its connection failed) is
+    /// forgotten: that daemon is not listed again, so nothing would forget its candidate.
     fn lose(&mut self, name: &str, why: String) {
         let Some(m) = self.managed.remove(name) else {
             return;
         };
+        if m.launcher
+            && matches!(&m.endpoint, Endpoint::Libvirt { uri, .. }
+                if !self.launchers.as_ref().is_some_and(|l| l.uris.contains(uri)))
+        {
+            return;
+        }
         let now = Instant::now();
         let mut backoff = match now.duration_since(m.connected) < STABLE {
             true => m.reconnect,
@@ -1285,6 +1298,54 @@ mod tests {
         );
         assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
         assert_eq!(*connector.forgotten.lock().unwrap(), [uri]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kubevirt_vm_lost_after_its_launcher_is_gone_is_forgotten() {
+        // The pod ends, the scan finds its daemon gone, and only then does its VM's
+        // connection fail, and a listing of the daemon from before the scan come in.
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let (launcher, uri) = kubevirt_launcher(&proc);
+        let connector = Arc::new(FakeConnector::default());
+        connector
+            .domains
+            .lock()
+            .unwrap()
+            .insert(uri.clone(), vec!["default_web".into()]);
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.host.proc = proc.clone();
+        config.libvirt.kubevirt = true;
+        let mut fleet = Fleet::new(&config, connector.clone());
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["default/web"]);
+
+        // A listing of the daemon, from when it still answered, not taken in yet.
+        assert!(fleet.listing_in_flight.contains(&uri));
+        std::fs::remove_dir_all(&launcher).unwrap();
+        connector.domains.lock().unwrap().clear();
+        fleet.find_launchers(Instant::now() + LAUNCHER_SCAN);
+        turn(&mut fleet, "default/web", Behaviour::Dies);
+        let (vms, events) = sample(&mut fleet).await;
+        assert!(vms.is_empty());
+        assert!(matches!(&events[..], [FleetEvent::Lost { vm, .. }] if vm == "default/web"));
+        assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
+        let attempts = connector.attempts.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        settle(&mut fleet).await;
+        assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
+        assert!(fleet.listing_in_flight.is_empty());
+        let (vms, _) = sample(&mut fleet).await;
+        assert!(vms.is_empty(), "{:?}", names(&vms));
+        assert_eq!(
+            connector.attempts.lock().unwrap().len(),
+            attempts,
+            "no attempt to reconnect through a daemon that is gone"
+        );
     }
 
     #[tokio::test]

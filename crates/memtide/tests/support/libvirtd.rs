@@ -2,6 +2,10 @@
 //! its configuration, sockets, state and domains under a temporary directory (nothing in
 //! /etc/libvirt or /run/libvirt), started in a memory cgroup so that the QEMU processes it
 //! spawns are charged there. Its domains are destroyed and the daemon stopped on drop.
+//!
+//! [`Libvirtd::start_as_launcher`] starts it as a KubeVirt virt-launcher pod's daemon
+//! appears from the node: named `virtqemud`, in a mount namespace of its own where its
+//! socket is `/var/run/libvirt/virtqemud-sock`.
 
 use super::{guest_dir, signal, wait_for};
 use std::os::unix::fs::PermissionsExt;
@@ -38,8 +42,13 @@ pub struct Libvirtd {
     pub uri: String,
     /// The cgroup it (and so each QEMU it starts) joins.
     procs: PathBuf,
+    /// It runs as a launcher pod's daemon ([`Libvirtd::start_as_launcher`]).
+    launcher: bool,
     child: Child,
 }
+
+/// The name KubeVirt's launcher daemon runs under (its `comm`), and its socket's name.
+pub const LAUNCHER_DAEMON: &str = "virtqemud";
 
 fn chown(path: &Path) {
     let ok = Command::new("chown")
@@ -54,8 +63,39 @@ impl Libvirtd {
     /// Start the daemon in `dir` (made accessible to `nobody`), joining the cgroup whose
     /// `cgroup.procs` is `procs`, and wait until it answers.
     pub fn start(dir: &Path, procs: &Path) -> Libvirtd {
+        Libvirtd::start_in(dir, procs, false)
+    }
+
+    /// Start the daemon as [`Libvirtd::start`] does, but as a KubeVirt virt-launcher
+    /// pod's daemon appears from the node (`memtide_adapters::kubevirt`): under the
+    /// process name `virtqemud` (`libvirtd` exec'd through a link of that name: Debian
+    /// bookworm has no modular daemons), in a mount namespace of its own (`unshare
+    /// --mount --propagation private`) whose `/run` is a tmpfs of its own, as a pod's is,
+    /// with the daemon's socket directory bound on `/run/libvirt` and, there,
+    /// `virtqemud-sock` a relative link to its session socket. So the node reaches it
+    /// through `/proc/PID/root/var/run/libvirt/virtqemud-sock`, by the host's absolute
+    /// link `var/run -> /run` and that relative one; the host's own mounts and its
+    /// `/run/libvirt` are untouched. The daemon and its QEMUs are the namespace's only
+    /// processes: it ends with them.
+    pub fn start_as_launcher(dir: &Path, procs: &Path) -> Libvirtd {
+        let d = Libvirtd::start_in(dir, procs, true);
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", d.pid())).unwrap();
+        assert_eq!(
+            comm.trim_end(),
+            LAUNCHER_DAEMON,
+            "the daemon's process name"
+        );
+        assert_ne!(
+            d.mount_namespace(),
+            std::fs::read_link("/proc/self/ns/mnt").unwrap(),
+            "the daemon has a mount namespace of its own"
+        );
+        d
+    }
+
+    fn start_in(dir: &Path, procs: &Path, launcher: bool) -> Libvirtd {
         let dir = dir.join("libvirt");
-        for sub in ["config/libvirt", "run", "cache", "home", "guest"] {
+        for sub in ["config/libvirt", "run", "cache", "home", "guest", "bin"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         // QEMU logs to files: no virtlogd to start and stop.
@@ -78,6 +118,20 @@ impl Libvirtd {
         for f in ["vmlinuz", "initrd.img"] {
             std::fs::copy(guest_dir().join(f), dir.join("guest").join(f)).unwrap();
         }
+        if launcher {
+            // The daemon is exec'd through this link, so its comm is `virtqemud`.
+            let libvirtd = ["/usr/sbin/libvirtd", "/usr/bin/libvirtd"]
+                .into_iter()
+                .find(|p| Path::new(p).exists())
+                .expect("libvirtd (Debian package libvirt-daemon; scripts/test.sh installs it)");
+            std::os::unix::fs::symlink(libvirtd, dir.join("bin").join(LAUNCHER_DAEMON)).unwrap();
+            // Where the pod's socket would be, a link to the session socket beside it.
+            std::os::unix::fs::symlink(
+                "libvirt-sock",
+                dir.join("run").join(format!("{LAUNCHER_DAEMON}-sock")),
+            )
+            .unwrap();
+        }
         chown(&dir);
         let mut up = dir.parent().unwrap().to_path_buf();
         loop {
@@ -95,11 +149,12 @@ impl Libvirtd {
             "qemu+unix:///session?socket={}",
             dir.join("run/libvirt-sock").display()
         );
-        let child = spawn(&dir, procs);
+        let child = spawn(&dir, procs, launcher);
         let d = Libvirtd {
             dir,
             uri,
             procs: procs.to_path_buf(),
+            launcher,
             child,
         };
         d.wait_answering();
@@ -118,12 +173,27 @@ impl Libvirtd {
     /// Stop the daemon (SIGTERM: its domains go on running), run `while_down`, start it
     /// again on the same directory and wait until it answers.
     pub fn restart(&mut self, while_down: impl FnOnce()) {
+        self.stop();
+        while_down();
+        self.child = spawn(&self.dir, &self.procs, self.launcher);
+        self.wait_answering();
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its mount namespace (`/proc/PID/ns/mnt`'s link, `mnt:[INODE]`).
+    pub fn mount_namespace(&self) -> PathBuf {
+        std::fs::read_link(format!("/proc/{}/ns/mnt", self.pid())).unwrap()
+    }
+
+    /// Stop the daemon (SIGTERM: its domains go on running) and wait until it has exited.
+    pub fn stop(&mut self) {
         signal(self.child.id(), "TERM");
         let stopped = wait_for(Duration::from_secs(30), || self.child.try_wait().unwrap());
         assert!(stopped.is_some(), "libvirtd did not stop on SIGTERM");
-        while_down();
-        self.child = spawn(&self.dir, &self.procs);
-        self.wait_answering();
     }
 
     /// Run `virsh -c URI ARGS`: its output, or its error output.
@@ -235,8 +305,10 @@ impl Libvirtd {
 }
 
 /// Start `libvirtd` as [`USER`] on the configuration in `dir`, joining the cgroup whose
-/// `cgroup.procs` is `procs`; its log is appended to `dir/libvirtd.log`.
-fn spawn(dir: &Path, procs: &Path) -> Child {
+/// `cgroup.procs` is `procs`; its log is appended to `dir/libvirtd.log`. As a `launcher`,
+/// in a mount namespace of its own and as `virtqemud` ([`Libvirtd::start_as_launcher`]).
+/// Every step execs the next: the child's pid is the daemon's.
+fn spawn(dir: &Path, procs: &Path, launcher: bool) -> Child {
     let env = [
         ("HOME", dir.join("home")),
         ("XDG_CONFIG_HOME", dir.join("config")),
@@ -248,9 +320,23 @@ fn spawn(dir: &Path, procs: &Path) -> Child {
         .append(true)
         .open(dir.join("libvirtd.log"))
         .unwrap();
-    Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-        .arg(procs)
+        .arg(procs);
+    if launcher {
+        // Mounts made in the new namespace only (`-n`: no /etc/mtab written).
+        command
+            .args(["unshare", "--mount", "--propagation", "private"])
+            .args([
+                "sh",
+                "-c",
+                "mount -n -t tmpfs -o mode=0755,size=1m memtide-launcher /run && \
+                 mkdir /run/libvirt && mount -n --bind \"$0\" /var/run/libvirt && exec \"$@\"",
+            ])
+            .arg(dir.join("run"));
+    }
+    command
         .args([
             "setpriv",
             "--reuid",
@@ -261,7 +347,10 @@ fn spawn(dir: &Path, procs: &Path) -> Child {
         ])
         .args(["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
         .args(env.iter().map(|(k, v)| format!("{k}={}", v.display())))
-        .arg("libvirtd")
+        .arg(match launcher {
+            true => dir.join("bin").join(LAUNCHER_DAEMON),
+            false => PathBuf::from("libvirtd"),
+        })
         .arg("--config")
         .arg(dir.join("config/libvirt/libvirtd.conf"))
         .stdin(Stdio::null())
@@ -283,9 +372,15 @@ impl Drop for Libvirtd {
         for pid in std::fs::read_dir(run).into_iter().flatten().flatten() {
             if pid.path().extension().is_some_and(|e| e == "pid") {
                 if let Ok(pid) = std::fs::read_to_string(pid.path()) {
-                    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                    let _ = Command::new("kill")
+                        .args(["-KILL", pid.trim()])
+                        .stderr(Stdio::null())
+                        .status();
                 }
             }
+        }
+        if self.child.try_wait().unwrap().is_some() {
+            return; // stopped already
         }
         signal(self.child.id(), "TERM");
         if wait_for(Duration::from_secs(10), || self.child.try_wait().unwrap()).is_none() {
