@@ -336,6 +336,22 @@ fn stat_state(text: &str) -> Option<char> {
     text[text.rfind(')')? + 1..].trim_start().chars().next()
 }
 
+/// Process `pid`'s start time, in clock ticks after boot (`/proc/PID/stat` field 22):
+/// with the pid, it names one process. `None` when there is no such process, or a
+/// zombie.
+pub fn start_time(proc: &Path, pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(proc.join(format!("{pid}/stat"))).ok()?;
+    if stat_state(&text)? == 'Z' {
+        return None;
+    }
+    // Field 3 (the state) is the first after the command: field 22 is the 20th.
+    text[text.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
 /// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
 pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
@@ -367,6 +383,37 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_start_time_is_field_22_whatever_the_command_holds() {
+        let proc = tempfile::tempdir().unwrap();
+        let stat = |pid: i32, text: &str| {
+            std::fs::create_dir_all(proc.path().join(pid.to_string())).unwrap();
+            std::fs::write(proc.path().join(format!("{pid}/stat")), text).unwrap();
+        };
+        // A command with a parenthesis, a space and digits: fields counted after the
+        // last ')'.
+        stat(
+            7,
+            "7 (qemu) 1 2 3) S 1 7 7 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 3 0 424242 1000 \
+             10 18446744073709551615\n",
+        );
+        stat(
+            8,
+            "8 (gone) Z 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0\n",
+        );
+        stat(9, "9 (short) S 1 9\n");
+        let p = proc.path();
+        assert_eq!(super::start_time(p, 7), Some(424242));
+        assert_eq!(super::start_time(p, 8), None, "a zombie");
+        assert_eq!(super::start_time(p, 9), None, "no field 22");
+        assert_eq!(super::start_time(p, 10), None, "no such process");
+        // This process's, as the kernel writes it: the same at every read.
+        let me = std::process::id() as i32;
+        let started = super::start_time(Path::new("/proc"), me).unwrap();
+        assert!(started > 0);
+        assert_eq!(super::start_time(Path::new("/proc"), me), Some(started));
+    }
+
     #[test]
     fn a_zombie_or_a_missing_process_does_not_run() {
         let proc = tempfile::tempdir().unwrap();

@@ -172,22 +172,11 @@ impl Daemon {
         std::fs::read_to_string(format!("/proc/{}/{name}", self.child.id())).unwrap_or_default()
     }
 
-    /// CPU seconds used so far.
+    /// CPU seconds used so far (0 when unreadable).
     fn cpu_s(&self) -> f64 {
-        let stat = self.proc_file("stat");
-        // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let ticks: f64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
-            .sum();
         // SAFETY: sysconf has no preconditions.
-        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        memtide_adapters::procfs::stat_cpu_s(&self.proc_file("stat"), ticks).unwrap_or(0.0)
     }
 
     /// Wait until the status is `ready` (at most `limit`), then measure for `run` and stop.

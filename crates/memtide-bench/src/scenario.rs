@@ -701,7 +701,11 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
         data_mib: v.data_mib,
         agent: v.agent,
         hot_set_mib: v.hot_set_mib,
-        extra_kernel_args: v.kernel_args.split_whitespace().collect::<Vec<_>>().join(" "),
+        extra_kernel_args: v
+            .kernel_args
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
         min_mib: v.min_mib,
         max_mib: v.max_mib,
         shares: v.shares,
@@ -830,7 +834,10 @@ mod tests {
             "memtide.workload=coldalloc memtide.args=--cold-mib+200+--hot-mib+32"
         );
         assert_eq!(s.vms[0].extra_kernel_args, "");
-        assert_eq!(s.vms[1].extra_kernel_args, "transparent_hugepage=never quiet");
+        assert_eq!(
+            s.vms[1].extra_kernel_args,
+            "transparent_hugepage=never quiet"
+        );
         assert_eq!(s.vms[0].base_key(), (384, true, false, true, ""));
         assert_eq!(s.targets[0].describe(), "memtide converge_s ≤ 0.5 × tws");
         assert_eq!(s.config["memtide"]["margin"].as_float(), Some(0.05));

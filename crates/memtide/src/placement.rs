@@ -8,7 +8,7 @@
 
 use anyhow::Context;
 use memtide_adapters::access::{Mappings, Tracker};
-use memtide_adapters::{migrate, tiers};
+use memtide_adapters::{migrate, procfs, tiers};
 use memtide_core::tiering::{self, PageCounts, PageTier, Placement, TierVm};
 use memtide_core::Bytes;
 use std::collections::BTreeMap;
@@ -160,7 +160,7 @@ impl Placer {
         // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
         migrate::nodes(pid, &[])?;
         let tracker = Tracker::open(proc, sys, pid, mappings, interval)?;
-        let started = start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
+        let started = procfs::start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
         Ok(Placer {
             pid,
             started,
@@ -251,7 +251,7 @@ impl Placer {
     /// Fails unless process `pid` is still the one opened: gone, or another process
     /// (restarted, or its pid reused) with another start time.
     fn same(&self) -> anyhow::Result<()> {
-        match start_time(&self.proc, self.pid) {
+        match procfs::start_time(&self.proc, self.pid) {
             None => Err(migrate::MoveError::Gone(self.pid).into()),
             Some(t) if t == self.started => Ok(()),
             Some(_) => Err(anyhow::anyhow!(
@@ -264,7 +264,7 @@ impl Placer {
     /// `e`, or that the process is gone when it ended, whatever failed: until it is
     /// reaped, its maps read empty and move_pages fails with EINVAL, not ESRCH.
     fn gone(&self, e: anyhow::Error) -> anyhow::Error {
-        if alive(&self.proc, self.pid) {
+        if u32::try_from(self.pid).is_ok_and(|pid| procfs::process_runs(&self.proc, pid)) {
             e
         } else {
             migrate::MoveError::Gone(self.pid).into()
@@ -280,25 +280,6 @@ fn movable(status: &[i32], shared: &[bool], nodes: Nodes) -> Vec<usize> {
         .collect()
 }
 
-/// `/proc/PID/stat`'s fields after the command's closing parenthesis (the command may
-/// hold any character, parentheses and spaces included; proc.rst): the state first.
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
-}
-
-/// Process `pid`'s start time, in clock ticks after boot (`/proc/PID/stat` field 22):
-/// with the pid, it names one process. `None` when there is no such process (or a
-/// zombie).
-pub fn start_time(proc: &Path, pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(proc.join(format!("{pid}/stat"))).ok()?;
-    let fields = stat_fields(&stat)?;
-    // Field 3 (the state) is the first after the command: field 22 is the 20th.
-    if matches!(*fields.first()?, "Z" | "X") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
-}
-
 /// Process `pid`'s command name (`/proc/PID/comm`), or `?`.
 pub fn comm(proc: &Path, pid: i32) -> String {
     std::fs::read_to_string(proc.join(format!("{pid}/comm")))
@@ -306,67 +287,9 @@ pub fn comm(proc: &Path, pid: i32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Whether process `pid` is there and not a zombie (`/proc/PID/stat`'s state, after the
-/// command's closing parenthesis; proc.rst).
-fn alive(proc: &Path, pid: i32) -> bool {
-    std::fs::read_to_string(proc.join(format!("{pid}/stat"))).is_ok_and(|stat| {
-        stat_fields(&stat)
-            .and_then(|f| f.first().copied())
-            .is_some_and(|state| !matches!(state, "Z" | "X"))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_zombie_is_not_alive() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
-        let proc = Path::new("/proc");
-        assert!(alive(proc, std::process::id() as i32));
-        // Exited, not yet waited for: a zombie until reaped.
-        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !s.contains(") Z "))
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(!alive(proc, pid));
-        child.wait().unwrap();
-        assert!(!alive(proc, pid));
-    }
-
-    #[test]
-    fn the_start_time_is_field_22_whatever_the_command_holds() {
-        let proc = tempfile::tempdir().unwrap();
-        let stat = |pid: i32, text: &str| {
-            std::fs::create_dir_all(proc.path().join(pid.to_string())).unwrap();
-            std::fs::write(proc.path().join(format!("{pid}/stat")), text).unwrap();
-        };
-        // A command with a parenthesis, a space and digits: fields counted after the
-        // last ')'.
-        stat(
-            7,
-            "7 (qemu) 1 2 3) S 1 7 7 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 3 0 424242 1000 \
-             10 18446744073709551615\n",
-        );
-        stat(
-            8,
-            "8 (gone) Z 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0\n",
-        );
-        stat(9, "9 (short) S 1 9\n");
-        let p = proc.path();
-        assert_eq!(start_time(p, 7), Some(424242));
-        assert_eq!(start_time(p, 8), None, "a zombie");
-        assert_eq!(start_time(p, 9), None, "no field 22");
-        assert_eq!(start_time(p, 10), None, "no such process");
-        // This process's, as the kernel writes it: the same at every read.
-        let me = std::process::id() as i32;
-        let started = start_time(Path::new("/proc"), me).unwrap();
-        assert!(started > 0);
-        assert_eq!(start_time(Path::new("/proc"), me), Some(started));
-    }
 
     #[test]
     fn shared_pages_and_pages_on_other_nodes_are_not_placed() {
@@ -399,7 +322,10 @@ mod tests {
             // No NUMA in this kernel, or no kpageflags to read: nothing to check here.
             Err(e) => return eprintln!("skipped: {e:#}"),
         };
-        assert_eq!(Some(placer.started()), start_time(Path::new("/proc"), me));
+        assert_eq!(
+            Some(placer.started()),
+            procfs::start_time(Path::new("/proc"), me)
+        );
         placer.started += 1;
         let why = format!("{:#}", placer.measure(Duration::ZERO).err().unwrap());
         assert_eq!(

@@ -6,6 +6,7 @@
 use crate::config::TieringConfig;
 use crate::placement::{self, Measured, Moved, Nodes, Placer};
 use memtide_adapters::access::Mappings;
+use memtide_adapters::procfs;
 use memtide_adapters::tiers::Node;
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
 use memtide_core::Bytes;
@@ -382,7 +383,7 @@ impl TierPlacer {
     /// Whether `pid` VM `t`'s process is the one first seen at its pid (the first one
     /// seen is recorded; a process gone is left for the tracker to report).
     fn same_fixed(&mut self, t: &Target) -> Result<(), String> {
-        let Some(started) = placement::start_time(&self.proc, t.pid) else {
+        let Some(started) = procfs::start_time(&self.proc, t.pid) else {
             return Ok(());
         };
         match self.fixed.get(&t.vm) {
@@ -443,7 +444,7 @@ impl TierPlacer {
                 a.is_ok()
                     && &t.vm == vm
                     && t.pid == p.pid()
-                    && placement::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
+                    && procfs::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
             })
         });
         let mut measured: Vec<Result<Measured, String>> = targets
