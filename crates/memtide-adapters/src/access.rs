@@ -133,7 +133,8 @@ pub enum Mappings {
 }
 
 impl Mappings {
-    fn wants(&self, range: &std::ops::Range<u64>) -> bool {
+    /// Whether `range` of the process's private writable mappings is one of these.
+    pub fn wants(&self, range: &std::ops::Range<u64>) -> bool {
         match *self {
             Mappings::GuestRam(size) => {
                 (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))

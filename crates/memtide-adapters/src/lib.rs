@@ -9,6 +9,7 @@ pub mod cloud_hypervisor;
 pub mod firecracker;
 pub mod framing;
 pub mod host;
+pub mod hugepages;
 pub mod ksm;
 pub mod kubevirt;
 pub mod libvirt;

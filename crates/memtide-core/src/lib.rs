@@ -11,6 +11,7 @@ pub mod estimate;
 pub mod guest_text;
 pub mod hibernate;
 pub mod history;
+pub mod hugepages;
 pub mod need;
 pub mod policy;
 pub mod reclaim;

@@ -250,6 +250,10 @@ pub struct HostConfig {
     /// Seconds a page of guest RAM must go untouched to count as cold (idle page
     /// tracking).
     pub cold_age_s: f64,
+    /// After a VM's balloon gave memory back, collapse its hypervisor's resident guest
+    /// RAM into huge pages again (`MADV_COLLAPSE`, Linux 6.1, CAP_SYS_NICE): the balloon
+    /// leaves it in 4 KiB pages, which slows the guest.
+    pub restore_huge_pages: bool,
 }
 
 /// `[host] sample_access`: `true`, `false`, `"idle"` or `"clear_refs"`.
@@ -486,6 +490,7 @@ impl Default for HostConfig {
             domain_cgroup: None,
             sample_access: None,
             cold_age_s: 120.0,
+            restore_huge_pages: true,
         }
     }
 }

@@ -144,6 +144,12 @@ impl Collector for StatusCollector {
         )?;
         counters(
             &mut enc,
+            "memtide_huge_pages_restored_bytes",
+            "Guest RAM newly in huge pages after the balloon gave memory back ([host] restore_huge_pages).",
+            vec![(vec![], c.huge_pages_restored_bytes)],
+        )?;
+        counters(
+            &mut enc,
             "memtide_place_demoted_bytes",
             "Memory moved to the slow tier by tier placement ([tiering]).",
             vec![(vec![], c.place_demoted_bytes)],

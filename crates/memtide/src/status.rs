@@ -36,6 +36,9 @@ pub struct Counters {
     /// Memory asked of VMs' `memory.reclaim` (proactive reclaim), in bytes.
     #[serde(default)]
     pub reclaim_asked_bytes: u64,
+    /// Guest RAM newly in huge pages after the daemon's huge-page passes.
+    #[serde(default)]
+    pub huge_pages_restored_bytes: u64,
     /// Memory moved to the slow tier by placement (`[tiering]`), in bytes.
     #[serde(default)]
     pub place_demoted_bytes: u64,

@@ -6,6 +6,7 @@ pub mod connect;
 pub mod endpoint;
 pub mod events;
 pub mod fleet;
+pub mod hugepages;
 pub mod place;
 pub mod pods;
 pub mod reclaim;
@@ -69,6 +70,8 @@ const RECLAIM_WAIT_AT_STOP: Duration = Duration::from_secs(5);
 
 /// A placement pass running off the runtime: the trackers and what it did, when it ends
 /// (or why it panicked).
+/// A huge-page pass running off the runtime: what it did, when it ends.
+type CollapsePass = tokio::task::JoinHandle<Vec<hugepages::Outcome>>;
 type PlacePass = tokio::task::JoinHandle<(place::TierPlacer, Result<Vec<place::Outcome>, String>)>;
 /// Everything a tick needs.
 struct Daemon {
@@ -119,6 +122,11 @@ struct Daemon {
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
     reclaiming: Option<ReclaimPass>,
+    /// Which VMs' guest RAM to put back in huge pages (`[host] restore_huge_pages`):
+    /// `None` when off, or once the kernel has refused.
+    huge_pages: Option<hugepages::Restore>,
+    /// The huge-page pass running off the runtime, if any.
+    collapsing: Option<CollapsePass>,
     /// The nodes placement moves pages between, when `[tiering] place` is on.
     tier_nodes: Option<crate::placement::Nodes>,
     /// Placement's trackers (taken while a pass runs off the runtime).
@@ -257,6 +265,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let (saves, mut saved) = mpsc::channel(8);
     let (restoring, mut restored) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
+    let restore_huge_pages = config.host.restore_huge_pages;
     let mut daemon = Daemon {
         config,
         options,
@@ -292,6 +301,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         woken_for: HashMap::new(),
         reclaimer: None,
         reclaiming: None,
+        huge_pages: restore_huge_pages.then(hugepages::Restore::default),
+        collapsing: None,
         tier_nodes,
         tier_placer: None,
         placing: None,
@@ -898,6 +909,7 @@ impl Daemon {
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
         self.reclaim(&snapshot, &decision).await;
+        self.restore_huge_pages(&snapshot).await;
         self.place(&snapshot).await;
         self.hibernate_idle(&snapshot, &decision);
         self.restore_waiting(&decision.host);
@@ -1136,6 +1148,70 @@ impl Daemon {
         self.counters.reclaim_asked_bytes += e.asked.0;
         self.counters.action("reclaim", e.result);
         self.events.log(e.kind, Some(&o.vm), e.rule, e.message);
+    }
+
+    /// Guest RAM back in huge pages (`[host] restore_huge_pages`) for the VMs whose
+    /// balloon gave memory back lately: one pass over them off the runtime, not waited
+    /// for, none beside one still running; each is logged and counted when it has ended.
+    /// A kernel that refuses the advice (before 6.1, no CAP_SYS_NICE) turns it off.
+    async fn restore_huge_pages(&mut self, snapshot: &Snapshot) {
+        if self.collapsing.as_ref().is_some_and(|p| p.is_finished()) {
+            if let Some(pass) = self.collapsing.take() {
+                match pass.await {
+                    Ok(outcomes) => outcomes.iter().for_each(|o| self.log_collapse(o)),
+                    Err(e) => tracing::error!("the huge-page pass ended abnormally: {e}"),
+                }
+            }
+        }
+        let Some(restore) = &mut self.huge_pages else {
+            return;
+        };
+        let sizes = snapshot.vms.iter().map(|vm| {
+            let actual = vm.sample.as_ref().ok().and_then(|s| s.balloon);
+            (vm.name.as_str(), actual)
+        });
+        let due = restore.due(snapshot.at, sizes);
+        if self.collapsing.is_some() || self.options.dry_run {
+            return;
+        }
+        let targets: Vec<hugepages::Target> = snapshot
+            .vms
+            .iter()
+            .filter(|vm| due.contains(&vm.name))
+            .filter_map(|vm| {
+                let (pid, _) = self.fleet.process(&vm.name)?;
+                Some(hugepages::Target {
+                    vm: vm.name.clone(),
+                    pid: i32::try_from(pid?).ok()?,
+                    configured: vm.sample.as_ref().ok()?.configured,
+                })
+            })
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let proc = self.config.host.proc.clone();
+        self.collapsing = Some(tokio::task::spawn_blocking(move || {
+            hugepages::pass(&proc, &targets)
+        }));
+    }
+
+    /// Count and log one VM's huge-page pass; turn the passes off if the kernel refused.
+    fn log_collapse(&mut self, o: &hugepages::Outcome) {
+        let Some((kind, result, gained, message)) = o.event() else {
+            return;
+        };
+        self.counters.huge_pages_restored_bytes += gained.0;
+        self.counters.action("huge_pages", result);
+        self.events.log(kind, Some(&o.vm), None, message);
+        if o.refused() {
+            tracing::warn!(
+                "huge pages are not restored after the balloon gives memory back: the \
+                 kernel refuses MADV_COLLAPSE (Linux 6.1 and CAP_SYS_NICE needed; \
+                 [host] restore_huge_pages = false silences this)"
+            );
+            self.huge_pages = None;
+        }
     }
 
     /// Tier placement (`[tiering] place`): every `[tiering] interval_s`, one pass over

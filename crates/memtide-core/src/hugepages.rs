@@ -1,0 +1,147 @@
+//! Which VMs' guest RAM to put back in huge pages, and when.
+//!
+//! A balloon that gives memory back leaves the guest writing into host memory faulted in
+//! 4 KiB pages, where huge pages stood before it took them (memtide-adapters'
+//! `hugepages` says why, and what a pass does). Only a VM given memory back recently has
+//! ranges to collapse; scanning every VM's page map every tick would cost the host more
+//! than it gains on a large one. So a VM is due from the tick its balloon grew until
+//! [`WINDOW`] after, at most one pass every [`EVERY`]: long enough for its workload to
+//! write what it was given, and for the pass after a pass to find what the guest wrote
+//! since.
+
+use crate::units::Bytes;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How long after its balloon last grew a VM stays due.
+pub const WINDOW: Duration = Duration::from_secs(60);
+/// The least time between two passes.
+pub const EVERY: Duration = Duration::from_secs(5);
+/// A balloon that grew by less is taken as unchanged (its `actual` moves by a few pages
+/// as the guest's driver settles).
+const GROWTH: Bytes = Bytes(1 << 20);
+
+/// Each VM's balloon size and when it last grew, and when the last pass was due.
+#[derive(Debug, Default)]
+pub struct Restore {
+    vms: HashMap<String, Seen>,
+    last_pass: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    actual: Bytes,
+    grew_at: Option<Duration>,
+}
+
+impl Restore {
+    /// Take in each VM's balloon size at `at` (monotonic; `None` without a balloon or
+    /// without a sample this tick) and return the VMs due for a pass now, by name: none
+    /// between passes. VMs not given are forgotten.
+    pub fn due<'a>(
+        &mut self,
+        at: Duration,
+        vms: impl IntoIterator<Item = (&'a str, Option<Bytes>)>,
+    ) -> Vec<String> {
+        let mut present = Vec::new();
+        for (name, actual) in vms {
+            present.push(name);
+            let Some(actual) = actual else { continue };
+            match self.vms.get_mut(name) {
+                Some(seen) => {
+                    if actual.0 >= seen.actual.0 + GROWTH.0 {
+                        seen.grew_at = Some(at);
+                    }
+                    seen.actual = actual;
+                }
+                None => {
+                    self.vms.insert(
+                        name.to_string(),
+                        Seen {
+                            actual,
+                            grew_at: None,
+                        },
+                    );
+                }
+            }
+        }
+        self.vms.retain(|name, _| present.contains(&name.as_str()));
+        if self
+            .last_pass
+            .is_some_and(|last| at.saturating_sub(last) < EVERY)
+        {
+            return Vec::new();
+        }
+        let mut due: Vec<String> = self
+            .vms
+            .iter()
+            .filter(|(_, s)| s.grew_at.is_some_and(|g| at.saturating_sub(g) <= WINDOW))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !due.is_empty() {
+            self.last_pass = Some(at);
+        }
+        due.sort();
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn a_vm_is_due_after_its_balloon_grew_every_pass_for_the_window_then_not() {
+        let mut r = Restore::default();
+        let mib = Bytes::from_mib;
+        assert!(r
+            .due(s(0), [("a", Some(mib(128))), ("b", Some(mib(384)))])
+            .is_empty());
+        // Shrinking, or a growth under a MiB, is not giving memory back.
+        assert!(r
+            .due(
+                s(1),
+                [("a", Some(mib(100))), ("b", Some(Bytes(mib(384).0 + 4096)))]
+            )
+            .is_empty());
+        assert_eq!(
+            r.due(s(2), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
+            ["a"]
+        );
+        // Not before EVERY has passed since that pass.
+        assert!(r
+            .due(s(3), [("a", Some(mib(300))), ("b", Some(mib(384)))])
+            .is_empty());
+        assert_eq!(
+            r.due(s(7), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
+            ["a"]
+        );
+        assert_eq!(
+            r.due(s(62), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
+            ["a"]
+        );
+        assert!(
+            r.due(s(68), [("a", Some(mib(300))), ("b", Some(mib(384)))])
+                .is_empty(),
+            "the window has passed"
+        );
+    }
+
+    #[test]
+    fn a_vm_without_a_balloon_or_a_sample_keeps_its_state_and_a_vm_gone_is_forgotten() {
+        let mut r = Restore::default();
+        let mib = Bytes::from_mib;
+        r.due(s(0), [("a", Some(mib(128)))]);
+        // A tick without a sample: no change, and it is not forgotten.
+        assert!(r.due(s(1), [("a", None)]).is_empty());
+        assert_eq!(r.due(s(2), [("a", Some(mib(300)))]), ["a"]);
+        // Gone, then back at its old size: a fresh start, not a growth.
+        assert!(r.due(s(10), std::iter::empty()).is_empty());
+        assert!(r.due(s(20), [("a", Some(mib(300)))]).is_empty());
+        assert!(r.vms["a"].grew_at.is_none());
+    }
+}
