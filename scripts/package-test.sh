@@ -6,9 +6,13 @@
 #       Maintainer is MEMTIDE_DEB_MAINTAINER or Cargo.toml's, it depends
 #       on libvirt0 (the libvirt connector is built in), its tmpfiles.d entry makes
 #       /run/memtide/qmp (systemd-tmpfiles --root) and the postinst applies it, and the
-#       maintainer scripts neither enable nor start the unit;
-#   (b) the unit, extracted: `systemd-analyze verify` is clean and
-#       `systemd-analyze security --offline=true` rates its exposure at most 4.0;
+#       maintainer scripts neither enable nor start the unit; /etc/logrotate.d/memtide
+#       is a conffile that rotates the unit's event log and `logrotate -d` accepts; the
+#       unit's drop-ins for opt-in features are among the examples, none installed
+#       where systemd would read it;
+#   (b) the unit, extracted, alone and with each of those drop-ins (and both):
+#       `systemd-analyze verify` is clean and `systemd-analyze security --offline=true`
+#       rates its exposure at most 4.0 (each exposure printed);
 #   (c) the extracted binary, started as the unit would start it (its ExecStart with
 #       --dry-run --ticks 3, its UMask, its CapabilityBoundingSet, no new privileges)
 #       with the shipped configuration, inside a private mount and network namespace:
@@ -18,7 +22,7 @@
 #       must exit 0, and the event log must appear in /var/log/memtide.
 # Prints `package-test: N passed, 0 failed` at the end; stops at the first failure with
 # what failed. Needs root (namespaces, mounts) on Debian; installs cargo-deb, systemd
-# (for systemd-analyze) and iproute2 if they are missing. The mount points it needs are
+# (for systemd-analyze), iproute2 and logrotate if they are missing. The mount points it needs are
 # created (and removed afterwards) only where missing; nothing is mounted outside its
 # own namespace. The package is left in target/package-test/ ($CARGO_TARGET_DIR's if set).
 #
@@ -52,6 +56,7 @@ pass() {
 missing=()
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v logrotate >/dev/null || missing+=(logrotate)
 if ((${#missing[@]})); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -167,34 +172,81 @@ awk '/was-enabled/ { guarded = 1 } /^[[:space:]]*fi[[:space:]]*$/ { guarded = 0 
     <<<"$scripts" >&2 || fail "the maintainer scripts enable memtide.service unconditionally (above)"
 pass "the maintainer scripts neither enable nor start memtide.service"
 
+# logrotate: the event log where the unit's LogsDirectory= puts it, reopened on SIGHUP
+# (the unit's ExecReload).
+logrotate_conf=etc/logrotate.d/memtide
+[[ -f $root/$logrotate_conf ]] || fail "no ./$logrotate_conf in the package"
+grep -qx "/$logrotate_conf" <<<"$conffiles" ||
+    fail "/$logrotate_conf is not a declared conffile; conffiles: $conffiles"
+logs_dir=$(sed -n 's/^LogsDirectory=//p' "$root/$unit_path" | tail -n1)
+grep -q "^/var/log/$logs_dir/events.jsonl {" "$root/$logrotate_conf" ||
+    fail "$logrotate_conf does not rotate /var/log/$logs_dir/events.jsonl (the unit's LogsDirectory=$logs_dir)"
+grep -q "systemctl reload memtide.service" "$root/$logrotate_conf" ||
+    fail "$logrotate_conf does not make memtide reopen its log (systemctl reload memtide.service)"
+# -d: debug, nothing rotated; its own state file, so the host's is neither read nor written.
+if ! logrotate -d --state "$tmp/logrotate.state" "$root/$logrotate_conf" >"$tmp/logrotate.out" 2>&1 ||
+    grep -q '^error' "$tmp/logrotate.out"; then
+    cat "$tmp/logrotate.out" >&2
+    fail "logrotate -d $logrotate_conf does not accept it (above)"
+fi
+pass "/$logrotate_conf: a conffile rotating /var/log/$logs_dir/events.jsonl, accepted by logrotate -d"
+
+# The unit's drop-ins for opt-in features: examples only. systemd reads drop-ins from
+# /etc, /run and /usr/lib (and /lib) systemd/system; the package puts none there.
+dropin_dir=usr/share/doc/memtide/examples/memtide.service.d
+dropins=(reclaim.conf tiering-place.conf)
+for d in "${dropins[@]}"; do
+    [[ -f $root/$dropin_dir/$d ]] || fail "no ./$dropin_dir/$d in the package"
+done
+if grep -E '\./(etc|run|usr/lib|lib)/systemd/system/[^ ]*\.d/' "$tmp/contents" >&2; then
+    fail "the package installs a drop-in where systemd reads it (above)"
+fi
+pass "the drop-ins ${dropins[*]} are examples in /$dropin_dir, none enabled"
+
 # --- (b) the unit --------------------------------------------------------------------
 # `systemd-analyze verify --root=` (systemd 252) resolves every path inside the root:
 # sysinit.target and the other default dependencies, /bin/kill of ExecReload. An
 # extracted package has none of those, so the unit is verified from a copy whose
-# ExecStart names the extracted binary instead of /usr/bin/memtide.
-mkdir "$tmp/verify"
-sed "s|^ExecStart=${exec_start[0]}|ExecStart=$root${exec_start[0]}|" "$unit" >"$tmp/verify/memtide.service"
-if ! SYSTEMD_COLORS=0 systemd-analyze verify "$tmp/verify/memtide.service" >"$tmp/verify.out" 2>&1 ||
-    grep -q memtide "$tmp/verify.out"; then
-    cat "$tmp/verify.out" >&2
-    fail "systemd-analyze verify memtide.service is not clean (above)"
-fi
-pass "systemd-analyze verify memtide.service: clean"
+# ExecStart names the extracted binary instead of /usr/bin/memtide. Both verify and
+# security read the drop-ins in memtide.service.d/ beside the unit they are given: the
+# unit is checked alone, with each drop-in the package ships, and with all of them.
+# check_unit NAME [DROPIN...]
+units_checked=0
+check_unit() {
+    local name=$1 dir d exposure
+    shift
+    units_checked=$((units_checked + 1))
+    dir=$tmp/unit-$units_checked
+    mkdir -p "$dir/memtide.service.d"
+    sed "s|^ExecStart=${exec_start[0]}|ExecStart=$root${exec_start[0]}|" "$unit" >"$dir/memtide.service"
+    for d in "$@"; do cp "$root/$dropin_dir/$d" "$dir/memtide.service.d/"; done
+    if ! SYSTEMD_COLORS=0 systemd-analyze verify "$dir/memtide.service" >"$dir/verify.out" 2>&1 ||
+        grep -q memtide "$dir/verify.out"; then
+        cat "$dir/verify.out" >&2
+        fail "systemd-analyze verify memtide.service ($name) is not clean (above)"
+    fi
+    pass "systemd-analyze verify memtide.service ($name): clean"
 
-SYSTEMD_COLORS=0 systemd-analyze security --offline=true "$unit" >"$tmp/security.out" 2>&1 || {
-    cat "$tmp/security.out" >&2
-    fail "systemd-analyze security --offline=true failed (above)"
+    SYSTEMD_COLORS=0 systemd-analyze security --offline=true "$dir/memtide.service" >"$dir/security.out" 2>&1 || {
+        cat "$dir/security.out" >&2
+        fail "systemd-analyze security --offline=true ($name) failed (above)"
+    }
+    exposure=$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' "$dir/security.out")
+    [[ -n $exposure ]] || {
+        tail -n5 "$dir/security.out" >&2
+        fail "no overall exposure level in systemd-analyze security's output ($name)"
+    }
+    awk -v e="$exposure" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(e <= m) }' || {
+        grep '✗' "$dir/security.out" >&2 || true
+        fail "memtide.service's exposure ($name) is $exposure, above $MAX_EXPOSURE (the settings that cost, above)"
+    }
+    pass "systemd-analyze security ($name): exposure $exposure (at most $MAX_EXPOSURE)"
 }
-exposure=$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' "$tmp/security.out")
-[[ -n $exposure ]] || {
-    tail -n5 "$tmp/security.out" >&2
-    fail "no overall exposure level in systemd-analyze security's output"
-}
-awk -v e="$exposure" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(e <= m) }' || {
-    grep '✗' "$tmp/security.out" >&2 || true
-    fail "memtide.service's exposure is $exposure, above $MAX_EXPOSURE (the settings that cost, above)"
-}
-pass "systemd-analyze security: exposure $exposure (at most $MAX_EXPOSURE)"
+check_unit "the unit alone"
+for d in "${dropins[@]}"; do
+    check_unit "with $d" "$d"
+done
+check_unit "with every drop-in" "${dropins[@]}"
 
 # --- (c) the daemon, as the unit starts it -------------------------------------------
 state_dirs=(/run/memtide /var/lib/memtide /var/log/memtide)

@@ -6,7 +6,8 @@
 # C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
 # which starts one of its own as user nobody), tmux (`memtide top` is driven in it),
 # cargo-nextest, for the Debian package cargo-deb and systemd's systemd-analyze
-# (scripts/package-test.sh), promtool (the live /metrics and the alert rules are checked
+# (scripts/package-test.sh; it installs logrotate for `logrotate -d` when missing),
+# promtool (the live /metrics, the alert rules and the dashboard's queries are checked
 # with it), unpacked from Debian's prometheus package into target/tools rather than
 # installed: installing it would enable a Prometheus server, and python3-venv for
 # kubernetes-validate (the KubeVirt manifest against the Kubernetes API schema).
@@ -55,6 +56,9 @@ scripts/package-test.sh
 # The alert rules: valid, and each alert fires on its fixture and not on its neighbours.
 promtool check rules contrib/prometheus/memtide-alerts.yml
 promtool test rules contrib/prometheus/memtide-alerts.test.yml
+# The Grafana dashboard's PromQL: every panel query and query variable, Grafana's
+# variables filled in, parsed by promtool as recording rules.
+scripts/check-dashboard.py contrib/grafana/memtide.json
 # The KubeVirt manifest against the Kubernetes API schema (kubernetes-validate, from PyPI,
 # in a virtual environment of its own under target/tools).
 venv=target/tools/venv

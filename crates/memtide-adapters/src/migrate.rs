@@ -6,8 +6,10 @@
 //! With a target node and `MPOL_MF_MOVE`, it moves the pages mapped by this process
 //! alone, and each status is the node the page is on afterwards or why it was not moved
 //! (`-EBUSY`, `-EACCES` for a shared page, `-ENOMEM`, …). The call itself fails with
-//! `ESRCH` for no such process, `EPERM` without CAP_SYS_NICE over it, `ENODEV` for a
-//! target node without memory, and `ENOSYS` on a kernel without NUMA (move_pages(2)).
+//! `ESRCH` for no such process, `EPERM` without ptrace read access to it (since Linux
+//! 4.13: CAP_SYS_PTRACE for another user's or a non-dumpable process; CAP_SYS_NICE only
+//! for `MPOL_MF_MOVE_ALL`, not used here), `ENODEV` for a target node without memory,
+//! and `ENOSYS` on a kernel without NUMA (move_pages(2)).
 
 use std::collections::BTreeMap;
 
@@ -29,7 +31,7 @@ pub enum MoveError {
     #[error("process {0} is gone")]
     Gone(i32),
     /// This process may not move the other's pages.
-    #[error("move_pages: not permitted for process {0} (EPERM: needs CAP_SYS_NICE, root)")]
+    #[error("move_pages: not permitted for process {0} (EPERM: needs ptrace read access to it, CAP_SYS_PTRACE for another user's)")]
     NotPermitted(i32),
     /// The target node has no memory, or is not a node.
     #[error("move_pages: node {0} has no memory ({1})")]
@@ -141,7 +143,7 @@ mod tests {
         );
         assert_eq!(
             error(libc::EPERM, 7, None).to_string(),
-            "move_pages: not permitted for process 7 (EPERM: needs CAP_SYS_NICE, root)"
+            "move_pages: not permitted for process 7 (EPERM: needs ptrace read access to it, CAP_SYS_PTRACE for another user's)"
         );
         assert_eq!(error(libc::ESRCH, 7, None).to_string(), "process 7 is gone");
     }
