@@ -216,3 +216,94 @@ fn a_guest_whose_memory_is_locked_is_left_unmanaged() {
     );
     drop(daemon);
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_given_memory_back_has_its_ram_collapsed_into_huge_pages_again() {
+    // The balloon takes memory in 4 KiB pages, splitting QEMU's huge pages around them;
+    // given back, it is faulted in again 4 KiB at a time as the guest writes. The daemon
+    // collapses the resident 2 MiB ranges again ([host] restore_huge_pages, on by
+    // default) within a minute of the balloon growing.
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-hugepages");
+    let mut guest = Guest::boot(
+        "g",
+        dir.path(),
+        &cgroup.procs(),
+        384,
+        "memknobs",
+        "32:30,200:100000",
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let (policy, config) = fixed_config(dir.path(), 160, &[(&guest, Some(128))]);
+    let port = support::free_port();
+    let daemon = Daemon::start(dir.path(), &config, port);
+    let at = |want: f64| {
+        move |s: &Value| {
+            vm(s, "g").is_some_and(|v| (mib(v, "actual").unwrap_or(0.0) - want).abs() < 4.0)
+        }
+    };
+    daemon.wait_until(
+        "the balloon takes memory",
+        Duration::from_secs(30),
+        at(160.0),
+    );
+    std::fs::write(&policy, fixed_policy(384)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the balloon gives it back",
+        Duration::from_secs(30),
+        at(384.0),
+    );
+    // The 200 MiB phase writes its buffer into the memory given back.
+    guest.wait_console("phase=2", 1, Duration::from_secs(60));
+    let restored = |m: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("memtide_huge_pages_restored_bytes_total "))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let metrics = support::wait_for(Duration::from_secs(60), || {
+        let m = support::http_get(port, "/metrics");
+        restored(&m)
+            .is_some_and(|b| b >= (64 << 20) as f64)
+            .then_some(m)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no huge pages restored:\n{}",
+            support::http_get(port, "/metrics")
+        )
+    });
+    assert!(
+        metrics.contains("memtide_actions_total{kind=\"huge_pages\",result=\"ok\"}")
+            || metrics.contains("memtide_actions_total{kind=\"huge_pages\",result=\"partly\"}"),
+        "{metrics}"
+    );
+    let events = daemon.event_log();
+    let collapsed = events
+        .iter()
+        .find(|e| {
+            e["kind"] == "action"
+                && e["vm"] == "g"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("huge pages:"))
+        })
+        .unwrap_or_else(|| panic!("no huge-page action logged: {events:#?}"));
+    assert!(
+        collapsed["message"]
+            .as_str()
+            .unwrap()
+            .contains("balloon had given memory back"),
+        "{collapsed}"
+    );
+    // What QEMU holds in huge pages now covers the workload's buffer.
+    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", guest.pid())).unwrap();
+    let huge_kib: u64 = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    assert!(huge_kib >= 150 * 1024, "AnonHugePages {huge_kib} kB");
+    drop(daemon);
+}
