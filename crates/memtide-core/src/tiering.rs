@@ -14,13 +14,16 @@
 //! A guest's free memory that the host still backs is not cold memory: it holds no data,
 //! and the guest's next allocation reuses it, so a free frame demoted to the slow tier
 //! comes back as a fresh allocation written into slow memory (and is then promoted).
-//! Taking free memory from a guest is the balloon's work (or free page reporting's). So
-//! free frames on the fast tier (`free_fast`) stay out of the division (the budgets share
-//! out the fast memory the VMs' data may hold) and are never demoted to bring a VM down
-//! to its budget; they give way only to the VM's own hot memory found on the slow tier,
-//! in exchange, once no cold memory in use is left on the fast tier to exchange (a guest
-//! without a balloon would otherwise keep its hot set on the slow tier behind free
-//! frames). The part of a demotion that is free memory is named (`demote_free`).
+//! Taking free memory from a guest is the balloon's work (or free page reporting's). So,
+//! while the hot sets fit in the fast memory the VMs' data holds, free frames on the fast
+//! tier (`free_fast`) stay out of the division (the budgets share out that memory) and
+//! are never demoted to bring a VM down to its budget; they give way only to the VM's own
+//! hot memory found on the slow tier, in exchange, once no cold memory in use is left on
+//! the fast tier to exchange (a guest without a balloon would otherwise keep its hot set
+//! on the slow tier behind free frames). When the hot sets do not fit, fast memory is
+//! too short to hold anything not in use: free frames are divided with the rest and go
+//! after cold memory in use, before hot memory. The part of a demotion that is free
+//! memory is named (`demote_free`).
 //!
 //! The hot set is memory in use now: moving it down and back up costs two copies and a
 //! slow access for every touch in between. A VM above its budget demotes its cold memory
@@ -52,9 +55,10 @@ pub struct TierVm<'a> {
     /// Of the hot set, memory found on the slow tier.
     pub hot_on_slow: Bytes,
     /// Of `fast`, memory free in the guest (frames the host backs that hold none of the
-    /// guest's data, as free page reporting or hinting tells them). Not cold memory: kept
-    /// fast outside the VM's budget, so that the guest's next allocations land in fast
-    /// memory, and demoted only in exchange for the VM's hot memory on the slow tier.
+    /// guest's data, as free page reporting or hinting tells them). Not cold memory: while
+    /// the hot sets fit, kept fast outside the VM's budget, so that the guest's next
+    /// allocations land in fast memory, and demoted only in exchange for the VM's hot
+    /// memory on the slow tier; when they do not, demoted after cold memory in use.
     pub free_fast: Bytes,
     /// Its weight when the fast tier is short.
     pub shares: u32,
@@ -99,8 +103,7 @@ pub struct Placement {
     pub fast_budget: Bytes,
     /// Its coldest fast memory to move to the slow tier now.
     pub demote: Bytes,
-    /// Of `demote`, guest-free memory (only in exchange for hot memory, once no cold
-    /// memory in use is left on the fast tier).
+    /// Of `demote`, guest-free memory (after cold memory in use, before hot memory).
     pub demote_free: Bytes,
     /// Its hot memory on the slow tier to move to the fast tier now.
     pub promote: Bytes,
@@ -110,41 +113,58 @@ pub struct Placement {
 
 /// Place every VM's memory for a tick of `dt_s` seconds, in the order given.
 pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) -> Vec<Placement> {
-    // Guest-free fast memory stays where it is, outside the division.
-    let held: Bytes = vms.iter().map(|vm| in_use(vm).1).sum();
-    let capacity = (held + tier.free) - tier.reserve;
     let margin = if config.margin.is_finite() {
         config.margin.max(0.0)
     } else {
         0.0
     };
-    let claims: Vec<Claim> = vms
-        .iter()
-        .map(|vm| {
-            let resident = in_use(vm).0;
-            Claim {
-                min: Bytes::ZERO,
-                want: vm.configured.map_or(resident, |c| c.min(resident)),
-                weight: f64::from(vm.shares),
+    // Guest-free fast memory stays where it is, outside the division, while the hot sets
+    // fit in the rest; when they do not, it is divided too and goes before hot memory.
+    let division = |free_divided: bool| {
+        let part = |vm: &TierVm<'_>| {
+            let (resident, fast) = in_use(vm);
+            let free = vm.free_fast.min(vm.fast.min(vm.resident));
+            if free_divided {
+                (resident + free, fast + free)
+            } else {
+                (resident, fast)
             }
-        })
-        .collect();
-    let wants: Vec<Bytes> = vms
-        .iter()
-        .zip(&claims)
-        .map(|(vm, c)| {
-            vm.configured
-                .unwrap_or_else(|| vm.hot.scale(1.0 + margin))
-                .min(c.want)
-        })
-        .collect();
-    let short = wants.iter().copied().sum::<Bytes>() > capacity;
+        };
+        let held: Bytes = vms.iter().map(|vm| part(vm).1).sum();
+        let capacity = (held + tier.free) - tier.reserve;
+        let claims: Vec<Claim> = vms
+            .iter()
+            .map(|vm| {
+                let resident = part(vm).0;
+                Claim {
+                    min: Bytes::ZERO,
+                    want: vm.configured.map_or(resident, |c| c.min(resident)),
+                    weight: f64::from(vm.shares),
+                }
+            })
+            .collect();
+        let wants: Vec<Bytes> = vms
+            .iter()
+            .zip(&claims)
+            .map(|(vm, c)| {
+                vm.configured
+                    .unwrap_or_else(|| vm.hot.scale(1.0 + margin))
+                    .min(c.want)
+            })
+            .collect();
+        let short = wants.iter().copied().sum::<Bytes>() > capacity;
+        (capacity, claims, wants, short)
+    };
+    let (mut capacity, mut claims, mut wants, short) = division(false);
+    if short {
+        (capacity, claims, wants, _) = division(true);
+    }
     let budgets = divide_by_use(capacity, &claims, &wants);
     let limit = Bytes::from_f64(config.rate_mib_s * dt_s.max(0.0) * 1024.0 * 1024.0);
     let planned: Vec<Moves> = vms
         .iter()
         .zip(&budgets)
-        .map(|(vm, &budget)| moves(vm, budget, limit, margin))
+        .map(|(vm, &budget)| moves(vm, budget, limit, margin, short))
         .collect();
     // Promotions into room take fast memory that is free once this tick's demotions are
     // done (a VM keeping its hot memory above its budget leaves less than the budgets
@@ -189,12 +209,12 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
                 notes += &format!("; promotion held to the fast memory free ({})", m.fill);
             }
             let free = vm.free_fast.min(vm.fast.min(vm.resident));
-            if m.exchange_free > Bytes::ZERO {
+            if m.demote_free > Bytes::ZERO {
                 notes += &format!(
-                    "; {} of the demotion free in the guest, for hot memory (no cold memory \
-                     in use left fast), {} free kept fast",
-                    m.exchange_free,
-                    free - m.exchange_free
+                    "; {} of the demotion free in the guest (after its cold memory in use, \
+                     before its hot memory), {} free kept fast",
+                    m.demote_free,
+                    free - m.demote_free
                 );
             } else if free > Bytes::ZERO {
                 notes += &format!("; {free} free in the guest kept fast (not cold: not demoted)");
@@ -208,7 +228,7 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
                 vm: vm.name.to_string(),
                 fast_budget: budget,
                 demote,
-                demote_free: m.exchange_free,
+                demote_free: m.demote_free,
                 promote,
                 reason: Reason::new(rule, detail),
             }
@@ -232,23 +252,30 @@ struct Moves {
     fill: Bytes,
     /// Promotions each for a demotion of cold memory in use or of free memory.
     exchange: Bytes,
-    /// Of the exchange's demotions, free memory.
-    exchange_free: Bytes,
+    /// Of the demotions, guest-free memory.
+    demote_free: Bytes,
     /// Hot memory above the budget not demoted (within the margin).
     hot_kept: Bytes,
 }
 
 /// What to demote and promote to bring `vm` toward `budget`, at most `limit` in all:
-/// demotions down to the budget first (cold memory in use; hot memory only when the VM is
-/// more than `margin` of the budget above it), then hot memory from the slow tier into
-/// room under the budget, then hot memory in exchange for cold memory in use on the fast
-/// tier, then for guest-free memory (a demotion for each). Guest-free memory is not
-/// counted against the budget and not demoted to meet it.
-fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes, margin: f64) -> Moves {
-    let (resident, fast) = in_use(vm);
-    let hot_on_slow = vm.hot_on_slow.min(resident - fast).min(vm.hot);
-    let hot_on_fast = (vm.hot - hot_on_slow).min(fast);
-    let cold_on_fast = fast - hot_on_fast;
+/// demotions down to the budget first (cold memory in use, and guest-free memory when
+/// `free_divided`; hot memory only when the VM is more than `margin` of the budget above
+/// it), then hot memory from the slow tier into room under the budget, then hot memory in
+/// exchange for cold memory in use on the fast tier, then for guest-free memory (a
+/// demotion for each). Unless `free_divided`, guest-free memory is not counted against
+/// the budget and not demoted to meet it.
+fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes, margin: f64, free_divided: bool) -> Moves {
+    let (resident, in_use_fast) = in_use(vm);
+    let free = vm.free_fast.min(vm.fast.min(vm.resident));
+    let hot_on_slow = vm.hot_on_slow.min(resident - in_use_fast).min(vm.hot);
+    let hot_on_fast = (vm.hot - hot_on_slow).min(in_use_fast);
+    let cold_in_use = in_use_fast - hot_on_fast;
+    let (fast, cold_on_fast) = if free_divided {
+        (in_use_fast + free, cold_in_use + free)
+    } else {
+        (in_use_fast, cold_in_use)
+    };
     let over = fast - budget;
     let cold_down = over.min(cold_on_fast);
     let band = budget.scale(1.0 + margin);
@@ -262,16 +289,15 @@ fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes, margin: f64) -> Moves {
     let left = limit - down;
     let fill = hot_on_slow.min(budget - fast).min(left);
     let left = left - fill;
-    let cold_left = cold_on_fast - cold_down;
-    let free = vm.free_fast.min(vm.fast.min(vm.resident));
-    let exchange = (hot_on_slow - fill)
-        .min(Bytes(left.0 / 2))
-        .min(cold_left + free);
+    let cold_left = (cold_in_use + free) - down.min(cold_down);
+    let exchange = (hot_on_slow - fill).min(Bytes(left.0 / 2)).min(cold_left);
+    // Cold memory in use goes first, free memory after it.
+    let demote_free = ((down.min(cold_down) + exchange) - cold_in_use).min(free);
     Moves {
         down,
         fill,
         exchange,
-        exchange_free: exchange - cold_left,
+        demote_free,
         hot_kept,
     }
 }
@@ -475,7 +501,7 @@ mod tests {
     }
 
     #[test]
-    fn guest_free_fast_memory_is_never_demoted_and_stays_out_of_the_division() {
+    fn guest_free_fast_memory_is_kept_out_of_the_division_while_the_hot_sets_fit() {
         // 1000 MiB fast, 400 of it free in the guest; an operator budget of 500 MiB.
         // Demoting the free frames would make the guest's next allocations land on the
         // slow tier: only the 600 MiB in use count, 100 MiB of it demoted.
@@ -484,6 +510,7 @@ mod tests {
         a.configured = Some(Bytes::from_mib(500));
         let p = place(&[a.clone()], tier(0), FAST, 1.0);
         assert_eq!((mib(p[0].fast_budget), mib(p[0].demote)), (500, 100));
+        assert_eq!(p[0].demote_free, Bytes::ZERO);
         assert!(
             p[0].reason
                 .detail
@@ -491,18 +518,22 @@ mod tests {
             "{}",
             p[0].reason
         );
-        // A short fast tier: only the 600 MiB a holds in use and the 200 MiB free are
-        // divided (not a's free frames). a keeps its hot set and margin, 330 MiB; b gets
-        // the other 470; a demotes 270 MiB of its cold memory in use (once, by
-        // free frames first, it demoted 670 MiB).
+        // Hot sets that fit in what the VMs hold in use and the free fast memory: a's free
+        // frames stay, out of the division.
         a.configured = None;
+        let b = vm("b", 1000, 0, 400, 400);
+        let p = place(&[a.clone(), b], tier(200), FAST, 1.0);
+        assert_eq!(p[0].reason.rule, "tier.hot");
+        assert_eq!(p[0].demote_free, Bytes::ZERO);
+        assert_eq!(mib(p[1].promote), 400);
+        // Hot sets that do not fit: the free frames are divided too and go after a's cold
+        // memory in use (300 MiB), before its hot set: b gets 870 MiB of the 1200.
         let b = vm("b", 1000, 0, 800, 800);
         let p = place(&[a, b], tier(200), FAST, 1.0);
         assert_eq!(p[0].reason.rule, "tier.short");
-        let budgets = (mib(p[0].fast_budget), mib(p[1].fast_budget));
-        assert!(budgets.0 + budgets.1 <= 800, "{budgets:?}");
-        assert!(budgets.0 >= 329 && budgets.1 >= 469, "{budgets:?}");
-        assert_eq!(mib(p[0].demote), 600 - budgets.0);
+        assert_eq!((mib(p[0].fast_budget), mib(p[1].fast_budget)), (330, 870));
+        assert_eq!((mib(p[0].demote), mib(p[0].demote_free)), (670, 370));
+        assert_eq!(mib(p[1].promote), 800);
         // All of it free: nothing to demote, whatever the budget.
         let mut c = vm("c", 1000, 1000, 0, 0);
         c.free_fast = Bytes::from_mib(1000);
@@ -532,9 +563,9 @@ mod tests {
             (300, 300, 200)
         );
         assert!(
-            p[0].reason
-                .detail
-                .contains("200 MiB of the demotion free in the guest, for hot memory"),
+            p[0].reason.detail.contains(
+                "200 MiB of the demotion free in the guest (after its cold memory in use"
+            ),
             "{}",
             p[0].reason
         );
@@ -690,31 +721,37 @@ mod tests {
             let tier = FastTier { free: Bytes::from_mib(free), reserve: Bytes::from_mib(reserve) };
             let config = TierConfig { margin: 0.1, rate_mib_s: rate };
             let p = place(&vms, tier, config, 1.0);
-            // Guest-free fast memory is outside the division.
+            // Guest-free fast memory is outside the division while the hot sets fit in the
+            // rest, and divided with it when they do not.
             let held: Bytes = vms.iter().map(|v| v.fast - v.free_fast).sum();
-            let capacity = (held + tier.free) - tier.reserve;
+            let in_use_capacity = (held + tier.free) - tier.reserve;
+            let short = vms.iter().map(|v| v.hot.scale(1.1).min(v.resident - v.free_fast)).sum::<Bytes>() > in_use_capacity;
+            let free_total: Bytes = vms.iter().map(|v| v.free_fast).sum();
+            let capacity = if short { in_use_capacity + free_total } else { in_use_capacity };
             let total: Bytes = p.iter().map(|p| p.fast_budget).sum();
             proptest::prop_assert!(total <= capacity + Bytes(vms.len() as u64), "{total} > {capacity}");
-            let short = vms.iter().map(|v| v.hot.scale(1.1).min(v.resident - v.free_fast)).sum::<Bytes>() > capacity;
             let limit = Bytes::from_f64(rate * 1024.0 * 1024.0);
             for (v, p) in vms.iter().zip(&p) {
                 let in_use = v.resident - v.free_fast;
                 let fast = v.fast - v.free_fast;
-                proptest::prop_assert!(p.fast_budget <= in_use);
+                let most = if short { v.resident } else { in_use };
+                proptest::prop_assert!(p.fast_budget <= most);
                 if !short {
                     // Never below the hot set and its margin while the fast tier holds them.
                     proptest::prop_assert!(p.fast_budget + Bytes(1) >= v.hot.scale(1.1).min(in_use));
                     proptest::prop_assert_eq!(p.reason.rule.as_ref(), "tier.hot");
+                    // Guest-free fast memory is demoted only in exchange for hot memory.
+                    proptest::prop_assert!(p.demote_free <= p.promote);
                 }
                 proptest::prop_assert!(p.demote + p.promote <= limit);
-                // Guest-free fast memory is demoted only in exchange for hot memory.
                 proptest::prop_assert!(p.demote - p.demote_free <= fast);
                 proptest::prop_assert!(p.demote_free <= v.free_fast);
-                proptest::prop_assert!(p.demote_free <= p.promote);
                 proptest::prop_assert!(p.promote <= (v.resident - v.fast).min(v.hot_on_slow));
                 // Demotion never takes the VM below its budget except to make room for a
                 // promotion.
-                proptest::prop_assert!(((fast + p.demote_free) - p.demote) + p.promote >= p.fast_budget.min(fast));
+                let counted = if short { v.fast } else { fast };
+                let freed = if short { Bytes::ZERO } else { p.demote_free };
+                proptest::prop_assert!(((counted + freed) - p.demote) + p.promote >= p.fast_budget.min(counted));
             }
             // The moves never fill the fast tier beyond what it holds.
             let before: Bytes = vms.iter().map(|v| v.fast).sum();
