@@ -19,9 +19,9 @@
 //! [`memtide_core::tiering::place`] each tick, with an exact access tracker's figures
 //! (each VM's hot class and how much of it is on the slow tier, and its free pages on the
 //! fast tier, as free page reporting would tell them), and moves pages: demoted pages are
-//! the coldest fast pages in use (idle, then warm, then hot), and free ones only where the
-//! decision gives them up for hot pages on the slow tier; promoted ones the hot pages on
-//! the slow tier.
+//! the coldest fast pages in use (idle, then warm, then hot), and the free ones the
+//! decision names (it puts them after cold pages in use, before hot ones); promoted ones
+//! the hot pages on the slow tier.
 //!
 //! Promotions are counted twice: all of them, and those of pages memtide demoted that
 //! still hold the data they held then (the far-memory SLO's promotions: memory judged
@@ -189,7 +189,7 @@ impl Tiers {
             let demote_free = pages_of(p.demote_free).min(demote);
             let promote = pages_of(p.promote);
             // Demote the coldest fast pages in use: idle, then warm, then hot; and the
-            // guest's free pages the decision names (for hot pages on the slow tier).
+            // guest's free pages the decision names (after those, before hot ones).
             let mut left = demote - demote_free;
             for c in [2, 1, 0] {
                 let n = left.min(t.size[c] - t.slow[c]).max(0.0);
