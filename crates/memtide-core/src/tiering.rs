@@ -11,6 +11,28 @@
 //! memory found on the slow tier, into room under the budget or in exchange for cold
 //! memory on the fast tier.
 //!
+//! A guest's free memory that the host still backs is not cold memory: it holds no data,
+//! and the guest's next allocation reuses it, so a free frame demoted to the slow tier
+//! comes back as a fresh allocation written into slow memory (and is then promoted).
+//! Taking free memory from a guest is the balloon's work (or free page reporting's). So,
+//! while the hot sets fit in the fast memory the VMs' data holds, free frames on the fast
+//! tier (`free_fast`) stay out of the division (the budgets share out that memory) and
+//! are never demoted to bring a VM down to its budget; they give way only to the VM's own
+//! hot memory found on the slow tier, in exchange, once no cold memory in use is left on
+//! the fast tier to exchange (a guest without a balloon would otherwise keep its hot set
+//! on the slow tier behind free frames). When the hot sets do not fit, fast memory is
+//! too short to hold anything not in use: free frames are divided with the rest and go
+//! after cold memory in use, before hot memory. The part of a demotion that is free
+//! memory is named (`demote_free`).
+//!
+//! The hot set is memory in use now: moving it down and back up costs two copies and a
+//! slow access for every touch in between. A VM above its budget demotes its cold memory
+//! in use down to the budget, but its hot memory only once the VM is more than the margin
+//! above the budget (then down to the budget), so that budgets moving by a little as other
+//! VMs' hot sets change do not move hot memory back and forth. Promotions into room are
+//! held to the fast memory that is free (beyond the reserve) once this tick's demotions
+//! are done.
+
 //! Page by page ([`count_pages`], [`pick_pages`]): given each resident page's access age
 //! and tier, the figures `place` takes, and which pages carry out its moves.
 
@@ -32,6 +54,12 @@ pub struct TierVm<'a> {
     pub hot: Bytes,
     /// Of the hot set, memory found on the slow tier.
     pub hot_on_slow: Bytes,
+    /// Of `fast`, memory free in the guest (frames the host backs that hold none of the
+    /// guest's data, as free page reporting or hinting tells them). Not cold memory: while
+    /// the hot sets fit, kept fast outside the VM's budget, so that the guest's next
+    /// allocations land in fast memory, and demoted only in exchange for the VM's hot
+    /// memory on the slow tier; when they do not, demoted after cold memory in use.
+    pub free_fast: Bytes,
     /// Its weight when the fast tier is short.
     pub shares: u32,
     /// The operator's fast budget, in place of the hot set plus the margin; it also caps
@@ -75,6 +103,8 @@ pub struct Placement {
     pub fast_budget: Bytes,
     /// Its coldest fast memory to move to the slow tier now.
     pub demote: Bytes,
+    /// Of `demote`, guest-free memory (after cold memory in use, before hot memory).
+    pub demote_free: Bytes,
     /// Its hot memory on the slow tier to move to the fast tier now.
     pub promote: Bytes,
     /// Why.
@@ -83,37 +113,79 @@ pub struct Placement {
 
 /// Place every VM's memory for a tick of `dt_s` seconds, in the order given.
 pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) -> Vec<Placement> {
-    let held: Bytes = vms.iter().map(|vm| vm.fast.min(vm.resident)).sum();
-    let capacity = (held + tier.free) - tier.reserve;
     let margin = if config.margin.is_finite() {
         config.margin.max(0.0)
     } else {
         0.0
     };
-    let claims: Vec<Claim> = vms
-        .iter()
-        .map(|vm| Claim {
-            min: Bytes::ZERO,
-            want: vm.configured.map_or(vm.resident, |c| c.min(vm.resident)),
-            weight: f64::from(vm.shares),
-        })
-        .collect();
-    let wants: Vec<Bytes> = vms
-        .iter()
-        .zip(&claims)
-        .map(|(vm, c)| {
-            vm.configured
-                .unwrap_or_else(|| vm.hot.scale(1.0 + margin))
-                .min(c.want)
-        })
-        .collect();
-    let short = wants.iter().copied().sum::<Bytes>() > capacity;
+    // Guest-free fast memory stays where it is, outside the division, while the hot sets
+    // fit in the rest; when they do not, it is divided too and goes before hot memory.
+    let division = |free_divided: bool| {
+        let part = |vm: &TierVm<'_>| {
+            let (resident, fast) = in_use(vm);
+            let free = vm.free_fast.min(vm.fast.min(vm.resident));
+            if free_divided {
+                (resident + free, fast + free)
+            } else {
+                (resident, fast)
+            }
+        };
+        let held: Bytes = vms.iter().map(|vm| part(vm).1).sum();
+        let capacity = (held + tier.free) - tier.reserve;
+        let claims: Vec<Claim> = vms
+            .iter()
+            .map(|vm| {
+                let resident = part(vm).0;
+                Claim {
+                    min: Bytes::ZERO,
+                    want: vm.configured.map_or(resident, |c| c.min(resident)),
+                    weight: f64::from(vm.shares),
+                }
+            })
+            .collect();
+        let wants: Vec<Bytes> = vms
+            .iter()
+            .zip(&claims)
+            .map(|(vm, c)| {
+                vm.configured
+                    .unwrap_or_else(|| vm.hot.scale(1.0 + margin))
+                    .min(c.want)
+            })
+            .collect();
+        let short = wants.iter().copied().sum::<Bytes>() > capacity;
+        (capacity, claims, wants, short)
+    };
+    let (mut capacity, mut claims, mut wants, short) = division(false);
+    if short {
+        (capacity, claims, wants, _) = division(true);
+    }
     let budgets = divide_by_use(capacity, &claims, &wants);
     let limit = Bytes::from_f64(config.rate_mib_s * dt_s.max(0.0) * 1024.0 * 1024.0);
+    let planned: Vec<Moves> = vms
+        .iter()
+        .zip(&budgets)
+        .map(|(vm, &budget)| moves(vm, budget, limit, margin, short))
+        .collect();
+    // Promotions into room take fast memory that is free once this tick's demotions are
+    // done (a VM keeping its hot memory above its budget leaves less than the budgets
+    // say): when they want more, each gets its part in proportion.
+    let room = (tier.free - tier.reserve) + planned.iter().map(|m| m.down).sum::<Bytes>();
+    let wanted: Bytes = planned.iter().map(|m| m.fill).sum();
+    let scale = if wanted > room {
+        room.as_f64() / wanted.as_f64()
+    } else {
+        1.0
+    };
     vms.iter()
         .zip(budgets)
-        .map(|(vm, budget)| {
-            let (demote, promote) = moves(vm, budget, limit);
+        .zip(planned)
+        .map(|((vm, budget), m)| {
+            let fill = if scale < 1.0 {
+                Bytes::from_f64((m.fill.as_f64() * scale).floor())
+            } else {
+                m.fill
+            };
+            let (demote, promote) = (m.down + m.exchange, fill + m.exchange);
             let (rule, basis) = match vm.configured {
                 Some(c) => ("tier.configured", format!("operator budget {c}")),
                 None => (
@@ -126,15 +198,37 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
             } else {
                 (rule, "fits")
             };
+            let mut notes = String::new();
+            if m.hot_kept > Bytes::ZERO {
+                notes += &format!(
+                    "; {} of hot memory kept above the budget (within the margin)",
+                    m.hot_kept
+                );
+            }
+            if fill < m.fill {
+                notes += &format!("; promotion held to the fast memory free ({})", m.fill);
+            }
+            let free = vm.free_fast.min(vm.fast.min(vm.resident));
+            if m.demote_free > Bytes::ZERO {
+                notes += &format!(
+                    "; {} of the demotion free in the guest (after its cold memory in use, \
+                     before its hot memory), {} free kept fast",
+                    m.demote_free,
+                    free - m.demote_free
+                );
+            } else if free > Bytes::ZERO {
+                notes += &format!("; {free} free in the guest kept fast (not cold: not demoted)");
+            }
             let detail = format!(
                 "{basis} {fit}: fast {budget} of {} resident (fast tier {capacity} for the VMs); \
-                 demote {demote}, promote {promote} (at most {limit} a tick)",
+                 demote {demote}, promote {promote} (at most {limit} a tick){notes}",
                 vm.resident
             );
             Placement {
                 vm: vm.name.to_string(),
                 fast_budget: budget,
                 demote,
+                demote_free: m.demote_free,
                 promote,
                 reason: Reason::new(rule, detail),
             }
@@ -142,21 +236,70 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
         .collect()
 }
 
-/// What to demote and promote to bring `vm` toward `budget`, at most `limit` in all:
-/// demotions down to the budget first, then hot memory from the slow tier into room under
-/// the budget, then hot memory in exchange for cold fast memory (a demotion for each).
-fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes) -> (Bytes, Bytes) {
+/// A VM's memory in use (its resident memory less its guest-free fast memory) and, of it,
+/// what is on the fast tier.
+fn in_use(vm: &TierVm<'_>) -> (Bytes, Bytes) {
     let fast = vm.fast.min(vm.resident);
-    let hot_on_slow = vm.hot_on_slow.min(vm.resident - fast).min(vm.hot);
-    let down = (fast - budget).min(limit);
+    let free = vm.free_fast.min(fast);
+    (vm.resident - free, fast - free)
+}
+
+/// One VM's moves before promotions into room are held to the room there is.
+struct Moves {
+    /// Demotions down to the budget.
+    down: Bytes,
+    /// Promotions into room under the budget.
+    fill: Bytes,
+    /// Promotions each for a demotion of cold memory in use or of free memory.
+    exchange: Bytes,
+    /// Of the demotions, guest-free memory.
+    demote_free: Bytes,
+    /// Hot memory above the budget not demoted (within the margin).
+    hot_kept: Bytes,
+}
+
+/// What to demote and promote to bring `vm` toward `budget`, at most `limit` in all:
+/// demotions down to the budget first (cold memory in use, and guest-free memory when
+/// `free_divided`; hot memory only when the VM is more than `margin` of the budget above
+/// it), then hot memory from the slow tier into room under the budget, then hot memory in
+/// exchange for cold memory in use on the fast tier, then for guest-free memory (a
+/// demotion for each). Unless `free_divided`, guest-free memory is not counted against
+/// the budget and not demoted to meet it.
+fn moves(vm: &TierVm<'_>, budget: Bytes, limit: Bytes, margin: f64, free_divided: bool) -> Moves {
+    let (resident, in_use_fast) = in_use(vm);
+    let free = vm.free_fast.min(vm.fast.min(vm.resident));
+    let hot_on_slow = vm.hot_on_slow.min(resident - in_use_fast).min(vm.hot);
+    let hot_on_fast = (vm.hot - hot_on_slow).min(in_use_fast);
+    let cold_in_use = in_use_fast - hot_on_fast;
+    let (fast, cold_on_fast) = if free_divided {
+        (in_use_fast + free, cold_in_use + free)
+    } else {
+        (in_use_fast, cold_in_use)
+    };
+    let over = fast - budget;
+    let cold_down = over.min(cold_on_fast);
+    let band = budget.scale(1.0 + margin);
+    let hot_down = if fast - cold_down > band {
+        over - cold_down
+    } else {
+        Bytes::ZERO
+    };
+    let down = (cold_down + hot_down).min(limit);
+    let hot_kept = over - cold_down - hot_down;
     let left = limit - down;
     let fill = hot_on_slow.min(budget - fast).min(left);
     let left = left - fill;
-    let cold_on_fast = (fast - (vm.hot - hot_on_slow)) - down;
-    let exchange = (hot_on_slow - fill)
-        .min(Bytes(left.0 / 2))
-        .min(cold_on_fast);
-    (down + exchange, fill + exchange)
+    let cold_left = (cold_in_use + free) - down.min(cold_down);
+    let exchange = (hot_on_slow - fill).min(Bytes(left.0 / 2)).min(cold_left);
+    // Cold memory in use goes first, free memory after it.
+    let demote_free = ((down.min(cold_down) + exchange) - cold_in_use).min(free);
+    Moves {
+        down,
+        fill,
+        exchange,
+        demote_free,
+        hot_kept,
+    }
 }
 
 /// A resident page as page placement sees it.
@@ -224,6 +367,7 @@ mod tests {
             fast: Bytes::from_mib(fast),
             hot: Bytes::from_mib(hot),
             hot_on_slow: Bytes::from_mib(hot_on_slow),
+            free_fast: Bytes::ZERO,
             shares: 1000,
             configured: None,
         }
@@ -356,6 +500,125 @@ mod tests {
         assert!(place(&[], tier, FAST, 1.0).is_empty());
     }
 
+    #[test]
+    fn guest_free_fast_memory_is_kept_out_of_the_division_while_the_hot_sets_fit() {
+        // 1000 MiB fast, 400 of it free in the guest; an operator budget of 500 MiB.
+        // Demoting the free frames would make the guest's next allocations land on the
+        // slow tier: only the 600 MiB in use count, 100 MiB of it demoted.
+        let mut a = vm("a", 2000, 1000, 300, 0);
+        a.free_fast = Bytes::from_mib(400);
+        a.configured = Some(Bytes::from_mib(500));
+        let p = place(&[a.clone()], tier(0), FAST, 1.0);
+        assert_eq!((mib(p[0].fast_budget), mib(p[0].demote)), (500, 100));
+        assert_eq!(p[0].demote_free, Bytes::ZERO);
+        assert!(
+            p[0].reason
+                .detail
+                .contains("400 MiB free in the guest kept fast"),
+            "{}",
+            p[0].reason
+        );
+        // Hot sets that fit in what the VMs hold in use and the free fast memory: a's free
+        // frames stay, out of the division.
+        a.configured = None;
+        let b = vm("b", 1000, 0, 400, 400);
+        let p = place(&[a.clone(), b], tier(200), FAST, 1.0);
+        assert_eq!(p[0].reason.rule, "tier.hot");
+        assert_eq!(p[0].demote_free, Bytes::ZERO);
+        assert_eq!(mib(p[1].promote), 400);
+        // Hot sets that do not fit: the free frames are divided too and go after a's cold
+        // memory in use (300 MiB), before its hot set: b gets 870 MiB of the 1200.
+        let b = vm("b", 1000, 0, 800, 800);
+        let p = place(&[a, b], tier(200), FAST, 1.0);
+        assert_eq!(p[0].reason.rule, "tier.short");
+        assert_eq!((mib(p[0].fast_budget), mib(p[1].fast_budget)), (330, 870));
+        assert_eq!((mib(p[0].demote), mib(p[0].demote_free)), (670, 370));
+        assert_eq!(mib(p[1].promote), 800);
+        // All of it free: nothing to demote, whatever the budget.
+        let mut c = vm("c", 1000, 1000, 0, 0);
+        c.free_fast = Bytes::from_mib(1000);
+        c.configured = Some(Bytes::ZERO);
+        let p = place(&[c], tier(0), FAST, 1.0);
+        assert_eq!((p[0].demote, p[0].promote), (Bytes::ZERO, Bytes::ZERO));
+        assert!(
+            p[0].reason
+                .detail
+                .contains("1000 MiB free in the guest kept fast"),
+            "{}",
+            p[0].reason
+        );
+    }
+
+    #[test]
+    fn free_fast_memory_gives_way_to_hot_memory_on_the_slow_tier_after_cold_memory() {
+        // 1000 MiB fast: 600 hot, 100 cold in use, 300 free; 300 MiB of the hot set on the
+        // slow tier and no room: the cold memory goes first, then 200 MiB of free memory.
+        let mut a = vm("a", 3000, 1000, 900, 300);
+        a.free_fast = Bytes::from_mib(300);
+        a.configured = Some(Bytes::from_mib(700));
+        let p = place(&[a], tier(0), FAST, 1.0);
+        assert_eq!(mib(p[0].fast_budget), 700);
+        assert_eq!(
+            (mib(p[0].promote), mib(p[0].demote), mib(p[0].demote_free)),
+            (300, 300, 200)
+        );
+        assert!(
+            p[0].reason.detail.contains(
+                "200 MiB of the demotion free in the guest (after its cold memory in use"
+            ),
+            "{}",
+            p[0].reason
+        );
+    }
+
+    #[test]
+    fn hot_memory_above_the_budget_moves_only_beyond_the_margin() {
+        // All 1000 MiB fast and hot, with 500 more hot on the slow tier; b wants room.
+        let a = |configured| TierVm {
+            configured: Some(Bytes::from_mib(configured)),
+            ..vm("a", 1500, 1000, 1500, 500)
+        };
+        // A budget 5% under what it holds: the hot memory stays (within the 10% margin).
+        let p = place(&[a(950)], tier(0), FAST, 1.0);
+        assert_eq!((p[0].demote, p[0].promote), (Bytes::ZERO, Bytes::ZERO));
+        assert!(
+            p[0].reason
+                .detail
+                .contains("50 MiB of hot memory kept above the budget"),
+            "{}",
+            p[0].reason
+        );
+        // 20% under: down to the budget.
+        let p = place(&[a(800)], tier(0), FAST, 1.0);
+        assert_eq!(mib(p[0].demote), 200);
+        // Cold memory in use goes down to the budget whatever the margin.
+        let c = TierVm {
+            configured: Some(Bytes::from_mib(950)),
+            ..vm("c", 1500, 1000, 500, 0)
+        };
+        assert_eq!(mib(place(&[c], tier(0), FAST, 1.0)[0].demote), 50);
+    }
+
+    #[test]
+    fn promotions_into_room_are_held_to_the_fast_memory_free() {
+        // a keeps 50 MiB of hot memory above its budget; b's budget counts on it: b gets
+        // the 100 MiB free, not the 150 its budget leaves room for.
+        let mut a = vm("a", 1500, 1000, 1500, 500);
+        a.configured = Some(Bytes::from_mib(950));
+        let mut b = vm("b", 1000, 0, 1000, 1000);
+        b.configured = Some(Bytes::from_mib(150));
+        let p = place(&[a, b], tier(100), FAST, 1.0);
+        assert_eq!(mib(p[0].demote), 0);
+        assert_eq!(mib(p[1].promote), 100);
+        assert!(
+            p[1].reason
+                .detail
+                .contains("promotion held to the fast memory free"),
+            "{}",
+            p[1].reason
+        );
+    }
+
     fn pages(spec: &[(u16, bool)]) -> Vec<PageTier> {
         spec.iter()
             .map(|&(age, fast)| PageTier { age, fast })
@@ -426,6 +689,7 @@ mod tests {
                 fast: Bytes(page.0 * c.fast),
                 hot: Bytes(page.0 * c.hot),
                 hot_on_slow: Bytes(page.0 * c.hot_on_slow),
+                free_fast: Bytes::ZERO,
                 shares: 1,
                 configured: Some(Bytes(page.0 * 16)),
             };
@@ -443,39 +707,56 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn budgets_fit_the_fast_tier_and_moves_stay_within_bounds(
-            raw in proptest::collection::vec((0u64..8192, 0u64..8192, 0u64..8192, 0u64..8192, 0u32..4000), 1..6),
+            raw in proptest::collection::vec((0u64..8192, 0u64..8192, 0u64..8192, 0u64..8192, 0u32..4000, 0u64..8192), 1..6),
             free in 0u64..16384,
             reserve in 0u64..4096,
             rate in 0.0f64..4096.0,
         ) {
             let names: Vec<String> = (0..raw.len()).map(|i| format!("vm{i}")).collect();
-            let vms: Vec<TierVm<'_>> = raw.iter().zip(&names).map(|(&(res, fast, hot, hos, shares), name)| TierVm {
+            let vms: Vec<TierVm<'_>> = raw.iter().zip(&names).map(|(&(res, fast, hot, hos, shares, free), name)| TierVm {
                 shares,
+                free_fast: Bytes::from_mib(free.min(fast).min(res.saturating_sub(hot))),
                 ..vm(name, res, fast.min(res), hot.min(res), hos)
             }).collect();
             let tier = FastTier { free: Bytes::from_mib(free), reserve: Bytes::from_mib(reserve) };
             let config = TierConfig { margin: 0.1, rate_mib_s: rate };
             let p = place(&vms, tier, config, 1.0);
-            let held: Bytes = vms.iter().map(|v| v.fast).sum();
-            let capacity = (held + tier.free) - tier.reserve;
+            // Guest-free fast memory is outside the division while the hot sets fit in the
+            // rest, and divided with it when they do not.
+            let held: Bytes = vms.iter().map(|v| v.fast - v.free_fast).sum();
+            let in_use_capacity = (held + tier.free) - tier.reserve;
+            let short = vms.iter().map(|v| v.hot.scale(1.1).min(v.resident - v.free_fast)).sum::<Bytes>() > in_use_capacity;
+            let free_total: Bytes = vms.iter().map(|v| v.free_fast).sum();
+            let capacity = if short { in_use_capacity + free_total } else { in_use_capacity };
             let total: Bytes = p.iter().map(|p| p.fast_budget).sum();
             proptest::prop_assert!(total <= capacity + Bytes(vms.len() as u64), "{total} > {capacity}");
-            let short = vms.iter().map(|v| v.hot.scale(1.1).min(v.resident)).sum::<Bytes>() > capacity;
             let limit = Bytes::from_f64(rate * 1024.0 * 1024.0);
             for (v, p) in vms.iter().zip(&p) {
-                proptest::prop_assert!(p.fast_budget <= v.resident);
+                let in_use = v.resident - v.free_fast;
+                let fast = v.fast - v.free_fast;
+                let most = if short { v.resident } else { in_use };
+                proptest::prop_assert!(p.fast_budget <= most);
                 if !short {
                     // Never below the hot set and its margin while the fast tier holds them.
-                    proptest::prop_assert!(p.fast_budget + Bytes(1) >= v.hot.scale(1.1).min(v.resident));
+                    proptest::prop_assert!(p.fast_budget + Bytes(1) >= v.hot.scale(1.1).min(in_use));
                     proptest::prop_assert_eq!(p.reason.rule.as_ref(), "tier.hot");
+                    // Guest-free fast memory is demoted only in exchange for hot memory.
+                    proptest::prop_assert!(p.demote_free <= p.promote);
                 }
                 proptest::prop_assert!(p.demote + p.promote <= limit);
-                proptest::prop_assert!(p.demote <= v.fast);
+                proptest::prop_assert!(p.demote - p.demote_free <= fast);
+                proptest::prop_assert!(p.demote_free <= v.free_fast);
                 proptest::prop_assert!(p.promote <= (v.resident - v.fast).min(v.hot_on_slow));
                 // Demotion never takes the VM below its budget except to make room for a
                 // promotion.
-                proptest::prop_assert!((v.fast - p.demote) + p.promote >= p.fast_budget.min(v.fast));
+                let counted = if short { v.fast } else { fast };
+                let freed = if short { Bytes::ZERO } else { p.demote_free };
+                proptest::prop_assert!(((counted + freed) - p.demote) + p.promote >= p.fast_budget.min(counted));
             }
+            // The moves never fill the fast tier beyond what it holds.
+            let before: Bytes = vms.iter().map(|v| v.fast).sum();
+            let after: Bytes = vms.iter().zip(&p).map(|(v, p)| (v.fast - p.demote) + p.promote).sum();
+            proptest::prop_assert!(after <= (before + tier.free - tier.reserve).max(before) + Bytes(vms.len() as u64), "{after} > {before}");
         }
     }
 }

@@ -77,10 +77,22 @@ pub struct TierSummary {
     pub demotions: u64,
     /// Pages moved to the fast tier.
     pub promotions: u64,
-    /// Promotions per minute over the mean working set (%), over the whole run.
+    /// Of them, pages memtide had demoted (judged cold) that still held the same data.
+    #[serde(default)]
+    pub cold_promotions: u64,
+    /// The far-memory SLO's promotion rate: promotions of pages memtide had demoted
+    /// (`cold_promotions`) per minute over the mean working set (%), over the whole run.
     pub promotions_ws_pct_min: f64,
     /// The same over the second half of the run, once first placements have settled.
     pub promotions_ws_pct_min_late: f64,
+    /// Every promotion (`promotions`) per minute over the mean working set (%).
+    #[serde(default)]
+    pub all_promotions_ws_pct_min: f64,
+    /// Pages entering a working set on the slow tier, other than demoted pages coming
+    /// back (fresh allocations and reads into slow free frames, first touches there), per
+    /// minute over the mean working set (%).
+    #[serde(default)]
+    pub fresh_on_slow_ws_pct_min: f64,
 }
 
 /// One VM's numbers.

@@ -383,8 +383,11 @@ impl Measure {
                 slow_access_share: c.touched_slow / c.touched.max(1.0),
                 demotions: c.demotions.round() as u64,
                 promotions: c.promotions.round() as u64,
-                promotions_ws_pct_min: per_min_pct(c.promotions, secs / 60.0),
-                promotions_ws_pct_min_late: per_min_pct(c.promotions_late, secs / 120.0),
+                cold_promotions: c.cold_promotions.round() as u64,
+                promotions_ws_pct_min: per_min_pct(c.cold_promotions, secs / 60.0),
+                promotions_ws_pct_min_late: per_min_pct(c.cold_promotions_late, secs / 120.0),
+                all_promotions_ws_pct_min: per_min_pct(c.promotions, secs / 60.0),
+                fresh_on_slow_ws_pct_min: per_min_pct(c.fresh_on_slow, secs / 60.0),
             }
         });
         let summary = Summary {

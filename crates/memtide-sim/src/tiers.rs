@@ -1,21 +1,33 @@
 //! A two-tier host: part of the host's memory is DRAM (the fast tier), the rest a slower
 //! tier (a CXL memory expander). Each guest's host-resident pages are split between them.
 //!
-//! Fluid, like the guest model: per guest, its host-resident pages fall in three access
+//! Fluid, like the guest model: per guest, its host-resident pages fall in four access
 //! classes — *hot* (the hottest `hot_pct` of the working set), *warm* (the rest of the
-//! resident working set) and *idle* (resident pages outside the working set, never
-//! accessed) — and the model counts how many pages of each class are on the slow tier.
-//! When pages change class (a working set grows or shrinks, a program frees its buffer
-//! and allocates a new one, the guest swaps) they carry their tier with them, mixed in
-//! proportion; pages the host backs for the first time land in the fast tier while it
-//! has free memory, else in the slow tier (first touch); pages the host frees or swaps
-//! out leave both tiers in proportion.
+//! resident working set), *idle* (resident pages in use outside the working set, never
+//! accessed: the kernel, idle anonymous memory and page cache) and *free* (the guest's
+//! free pages the host still backs) — and the model counts how many pages of each class
+//! are on the slow tier. When pages change class (a working set grows or shrinks, a
+//! program frees its buffer and allocates a new one, the guest swaps) they carry their
+//! tier with them, mixed in proportion; pages entering the working set through other
+//! frames than its growth (a program allocating afresh, a swap-in, a file read) take the
+//! guest's free frames and the frames the pages leaving it freed alike, as the guest's
+//! allocator does, never frames in use; pages the host backs for the
+//! first time land in the fast tier while it has free memory, else in the slow tier
+//! (first touch); pages the host frees or swaps out leave both tiers in proportion.
 //!
 //! Placement `first-touch` moves nothing more. Placement `memtide` asks
 //! [`memtide_core::tiering::place`] each tick, with an exact access tracker's figures
-//! (each VM's hot class and how much of it is on the slow tier), and moves pages: demoted
-//! pages are the coldest fast ones (idle, then warm, then hot), promoted ones the hot
-//! pages on the slow tier.
+//! (each VM's hot class and how much of it is on the slow tier, and its free pages on the
+//! fast tier, as free page reporting would tell them), and moves pages: demoted pages are
+//! the coldest fast pages in use (idle, then warm, then hot), and the free ones the
+//! decision names (it puts them after cold pages in use, before hot ones); promoted ones
+//! the hot pages on the slow tier.
+//!
+//! Promotions are counted twice: all of them, and those of pages memtide demoted that
+//! still hold the data they held then (the far-memory SLO's promotions: memory judged
+//! cold that turned out not to be). A demoted page loses that mark when the guest frees
+//! it or reuses its frame for other data. Pages entering the working set on slow-tier
+//! frames (fresh allocations into free frames or first touches there) are counted apart.
 //!
 //! Latency model: an access to a slow-tier page takes `latency_factor` times as long to
 //! reach memory; a workload spends `memory_bound_pct` of its time waiting on memory with
@@ -27,8 +39,11 @@ use crate::scenario::{Scenario, TierPlacement, TierSpec};
 use memtide_core::tiering::{place, FastTier, TierConfig, TierVm};
 use memtide_core::units::Bytes;
 
-/// One guest's host-resident pages by access class: hot, warm, idle.
-type Classes = [f64; 3];
+/// One guest's host-resident pages by access class: hot, warm, idle, free.
+type Classes = [f64; 4];
+
+/// The free class: pages the guest does not use.
+const FREE: usize = 3;
 
 /// One guest on the two-tier host.
 #[derive(Clone, Debug, Default)]
@@ -38,6 +53,8 @@ struct GuestTiers {
     size: Classes,
     /// Of them, pages on the slow tier.
     slow: Classes,
+    /// Of those, pages memtide demoted that still hold the data they held then.
+    demoted: Classes,
     /// Extra time per access from slow-tier memory for `memory_bound = 1`.
     bound: f64,
     shares: u32,
@@ -53,6 +70,14 @@ pub struct TierCounters {
     pub promotions: f64,
     /// Of the promotions, those in the second half of the run.
     pub promotions_late: f64,
+    /// Of the promotions, pages memtide had demoted, holding the same data (the SLO's
+    /// promotions).
+    pub cold_promotions: f64,
+    /// Of them, those in the second half of the run.
+    pub cold_promotions_late: f64,
+    /// Pages entering a working set on the slow tier other than demoted ones coming back
+    /// (fresh allocations and reads into slow free frames, first touches there).
+    pub fresh_on_slow: f64,
     /// Guest pages on the slow tier, summed over ticks.
     pub slow_sum: f64,
     /// Guest pages in host memory, summed over ticks.
@@ -118,7 +143,7 @@ impl Tiers {
         let mut room = self.fast - self.guests.iter().map(fast_of).sum::<f64>();
         for (t, g) in self.guests.iter_mut().zip(guests.iter()) {
             let (size, churn) = classes(g);
-            follow(t, size, churn, &mut room);
+            self.counters.fresh_on_slow += follow(t, size, churn, &mut room);
         }
         if self.spec.placement == TierPlacement::Memtide {
             self.place(dt, room);
@@ -144,6 +169,7 @@ impl Tiers {
                 fast: bytes_of(fast_of(t)),
                 hot: bytes_of(t.size[0]),
                 hot_on_slow: bytes_of(t.slow[0]),
+                free_fast: bytes_of(t.size[FREE] - t.slow[FREE]),
                 shares: t.shares,
                 configured: t.configured,
             })
@@ -160,21 +186,35 @@ impl Tiers {
         let late = self.ticks_run * 2 > self.ticks;
         for (t, p) in self.guests.iter_mut().zip(placed) {
             let demote = pages_of(p.demote);
+            let demote_free = pages_of(p.demote_free).min(demote);
             let promote = pages_of(p.promote);
-            // Demote the coldest fast pages: idle, then warm, then hot.
-            let mut left = demote;
+            // Demote the coldest fast pages in use: idle, then warm, then hot; and the
+            // guest's free pages the decision names (after those, before hot ones).
+            let mut left = demote - demote_free;
             for c in [2, 1, 0] {
                 let n = left.min(t.size[c] - t.slow[c]).max(0.0);
                 t.slow[c] += n;
+                t.demoted[c] += n;
                 left -= n;
             }
-            // Promote hot pages from the slow tier.
+            let n = demote_free.min(t.size[FREE] - t.slow[FREE]).max(0.0);
+            t.slow[FREE] += n;
+            left += demote_free - n;
+            // Promote hot pages from the slow tier, demoted ones in proportion.
             let n = promote.min(t.slow[0]);
+            let cold = if t.slow[0] > 0.0 {
+                (t.demoted[0] * n / t.slow[0]).min(t.demoted[0])
+            } else {
+                0.0
+            };
             t.slow[0] -= n;
+            t.demoted[0] -= cold;
             self.counters.demotions += demote - left;
             self.counters.promotions += n;
+            self.counters.cold_promotions += cold;
             if late {
                 self.counters.promotions_late += n;
+                self.counters.cold_promotions_late += cold;
             }
         }
     }
@@ -195,40 +235,63 @@ fn classes(g: &Guest) -> (Classes, f64) {
     let hot = (g.params().hot * ws).min(in_memory);
     let size_hot = hot * resident_share;
     let size_warm = (in_memory - hot) * resident_share;
-    let size_idle = (g.host_resident() as f64 - size_hot - size_warm).max(0.0);
+    let size_free = g.free_backed.host_resident() as f64;
+    let size_idle = (g.host_resident() as f64 - size_hot - size_warm - size_free).max(0.0);
     let entered = (g.last.minor_faults + g.last.major_faults) as f64;
-    ([size_hot, size_warm, size_idle], entered)
+    ([size_hot, size_warm, size_idle, size_free], entered)
 }
 
 /// Carry a guest's slow-tier pages over to its new class sizes: pages leaving a class
-/// (and `churn` pages swapping between the working set and idle memory) are pooled with
-/// their tier, pages newly backed join the pool (fast while `room` lasts), pages freed
-/// leave it, and the growing classes take from it, all in proportion.
-fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) {
+/// (and, of `churn` pages entering the working set through freed frames, those that swap
+/// frames with the guest's free pages) are pooled with their tier, pages newly
+/// backed join the pool (fast while `room` lasts), pages freed leave it, and the growing
+/// classes take from it, all in proportion. Returns the pages that entered the working
+/// set on the slow tier other than demoted pages (fresh data in slow frames).
+///
+/// A demoted page keeps its mark while it stays in its class or moves between classes in
+/// use keeping its data (into the working set only as a page-cache hit), and loses it in
+/// the free class or when its frame is reused for pages entering the working set.
+fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) -> f64 {
     let old = t.size;
     let ws_old = old[0] + old[1];
     let ws_growth = size[0] + size[1] - ws_old;
-    let exchange = (churn - ws_growth.max(0.0)).clamp(0.0, ws_old.min(old[2]));
-    let (mut pool, mut pool_slow) = (0.0, 0.0);
+    // Pages entering the working set (beyond its growth) while as many leave it take
+    // frames from the guest's free pages and those the leaving pages freed alike: the
+    // free frames' part of them swaps with working-set frames. Pages in use outside the
+    // working set are not reallocated.
+    let entering = (churn - ws_growth.max(0.0)).max(0.0);
+    let exchange = if old[FREE] > 0.0 {
+        (entering * old[FREE] / (old[FREE] + entering))
+            .min(ws_old)
+            .min(old[FREE])
+    } else {
+        0.0
+    };
+    let (mut pool, mut pool_slow, mut pool_demoted) = (0.0, 0.0, 0.0);
     let mut kept = old;
-    for c in 0..3 {
-        let swapped = if c == 2 {
-            exchange
-        } else if ws_old > 0.0 {
-            exchange * old[c] / ws_old
-        } else {
-            0.0
+    for c in 0..4 {
+        let swapped = match c {
+            FREE => exchange,
+            0 | 1 if ws_old > 0.0 => exchange * old[c] / ws_old,
+            _ => 0.0,
         };
-        let out = ((old[c] - size[c]).max(0.0) + swapped).min(old[c]);
-        let slow_out = if old[c] > 0.0 {
-            t.slow[c] * out / old[c]
+        let shrink = (old[c] - size[c]).max(0.0).min(old[c]);
+        let out = (shrink + swapped).min(old[c]);
+        let (slow_out, demoted_out) = if old[c] > 0.0 {
+            (t.slow[c] * out / old[c], t.demoted[c] * out / old[c])
         } else {
-            0.0
+            (0.0, 0.0)
         };
         kept[c] -= out;
         t.slow[c] -= slow_out;
+        t.demoted[c] -= demoted_out;
         pool += out;
         pool_slow += slow_out;
+        // Pages swapped for fresh ones give up their data; pages only moving between
+        // classes keep it.
+        if out > 0.0 {
+            pool_demoted += demoted_out * (out - swapped).max(0.0) / out;
+        }
     }
     let backed = size.iter().sum::<f64>() - old.iter().sum::<f64>();
     if backed > 0.0 {
@@ -238,23 +301,46 @@ fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) {
         pool_slow += backed - fast;
     } else if pool > 0.0 {
         let freed = (-backed).min(pool);
-        let slow_freed = pool_slow * freed / pool;
+        let share = freed / pool;
+        let slow_freed = pool_slow * share;
         pool -= freed;
         pool_slow -= slow_freed;
+        pool_demoted -= pool_demoted * share;
         *room += freed - slow_freed;
     }
-    for c in 0..3 {
+    // Pages already in memory join the working set only as page-cache hits: its growth
+    // beyond the pages that entered it through faults. Only that many demoted pages can
+    // come into it with their data; the other frames the pool gives it hold fresh data.
+    let mut hits = (ws_growth - churn).max(0.0);
+    let mut fresh_on_slow = 0.0;
+    for c in 0..4 {
         let take = (size[c] - kept[c]).max(0.0).min(pool);
-        let slow_in = if pool > 0.0 {
-            pool_slow * take / pool
+        let (slow_in, demoted_out) = if pool > 0.0 {
+            (pool_slow * take / pool, pool_demoted * take / pool)
         } else {
-            0.0
+            (0.0, 0.0)
+        };
+        let demoted_in = if c < 2 {
+            let n = demoted_out.min(hits);
+            hits -= n;
+            n
+        } else {
+            demoted_out
         };
         pool -= take;
         pool_slow -= slow_in;
+        pool_demoted -= demoted_out;
         t.slow[c] = (t.slow[c] + slow_in).clamp(0.0, size[c]);
+        if c != FREE {
+            t.demoted[c] = (t.demoted[c] + demoted_in).clamp(0.0, t.slow[c]);
+        }
+        if c < 2 {
+            fresh_on_slow += (slow_in - demoted_in).max(0.0);
+        }
     }
+    t.demoted[FREE] = 0.0;
     t.size = size;
+    fresh_on_slow
 }
 
 /// The share of the guest's accesses that land on slow-tier pages.
@@ -263,7 +349,7 @@ fn slow_access(t: &GuestTiers, g: &Guest) -> f64 {
     if ws <= 0.0 {
         return 0.0;
     }
-    let [hot, warm, _] = t.size;
+    let [hot, warm, _, _] = t.size;
     // Ranks from the coldest: the missing pages, then warm, then hot.
     let missing = g.ws_missing() as f64 / ws;
     let resident = hot + warm;
@@ -336,8 +422,9 @@ mod tests {
                 t.fast
             );
             for g in &t.guests {
-                for c in 0..3 {
+                for c in 0..4 {
                     assert!((0.0..=g.size[c] + 1e-6).contains(&g.slow[c]), "{g:?}");
+                    assert!((0.0..=g.slow[c] + 1e-6).contains(&g.demoted[c]), "{g:?}");
                 }
             }
         }
@@ -367,6 +454,54 @@ mod tests {
         assert!((g.tier_slowdown - 0.3 * access(&memtide)).abs() < 1e-9);
         assert!(g.last.touched > first.guests[0].last.touched * 1.1);
         assert!(t.counters.promotions > 0.0 && t.counters.demotions > 0.0);
+    }
+
+    /// A program freeing its 400 MiB working set and allocating it afresh every 20 s
+    /// (300 MiB and 400 MiB in turn) beside 600 MiB allocated once and never touched again,
+    /// in a 1536 MiB guest without a balloon: 1000 MiB of DRAM hold the working set and
+    /// every free frame, with 128 MiB kept free for fresh first touches; the idle memory
+    /// goes to the slow tier.
+    fn restarting() -> Scenario {
+        Scenario::from_toml(
+            r#"
+            name = "t"
+            ticks = 300
+            [host]
+            memory_mib = 4096
+            reserved_mib = 256
+            [tiers]
+            fast_mib = 1256
+            reserve_mib = 128
+            [[vm]]
+            name = "mk"
+            memory_mib = 1536
+            kernel_mib = 64
+            [vm.workload]
+            base_mib_s = 512
+            idle_mib = 600
+            restart = true
+            anon = { kind = "phases", phases = [{ mib = 400, duration_s = 20 }, { mib = 300, duration_s = 20 }], repeat = true }
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn fresh_allocations_land_in_fast_memory_when_free_frames_are_not_demoted() {
+        // Demoting the guest's free frames first (they are idle) put every fresh working
+        // set partly on the slow tier and promoted it: 11% of the working set a minute,
+        // as much in the second half. Free frames kept fast, nothing is promoted once the
+        // first placement is done, and no demoted page ever comes back.
+        let w = run(&restarting(), 300);
+        let t = w.tiers.as_ref().unwrap();
+        let c = t.counters;
+        assert_eq!(c.promotions_late, 0.0, "{c:?}");
+        assert_eq!(c.cold_promotions, 0.0, "{c:?}");
+        assert!(c.demotions > pages(500.0) as f64, "{c:?}");
+        // The idle memory is what went down, and the working set is in DRAM.
+        let g = &t.guests[0];
+        assert!(g.slow[2] > pages(500.0) as f64, "{g:?}");
+        assert!(g.slow[0] < 1.0, "{g:?}");
     }
 
     #[test]

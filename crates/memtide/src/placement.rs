@@ -93,6 +93,9 @@ impl Measured {
             fast: Bytes(c.fast * self.page),
             hot: Bytes(c.hot * self.page),
             hot_on_slow: Bytes(c.hot_on_slow * self.page),
+            // Which frames the guest has free is not known here (page ages only: free
+            // page reporting would tell): none are kept out of demotion.
+            free_fast: Bytes::ZERO,
             shares,
             configured,
         }
@@ -345,6 +348,7 @@ mod tests {
             vm: String::new(),
             fast_budget: Bytes::ZERO,
             demote: Bytes(4096),
+            demote_free: Bytes::ZERO,
             promote: Bytes::ZERO,
             reason: memtide_core::action::Reason::new("t", "t"),
         };

@@ -610,6 +610,7 @@ mod tests {
             vm: "a".into(),
             fast_budget: Bytes::from_mib(42),
             demote: Bytes::from_mib(demote),
+            demote_free: Bytes::ZERO,
             promote: Bytes::from_mib(promote),
             reason: Reason::new("tier.configured", "operator budget 42 MiB fits"),
         }
