@@ -38,8 +38,9 @@ impl Outcome {
             Ok(c) => {
                 let gained = Bytes(c.huge_after.0.saturating_sub(c.huge_before.0));
                 let what = format!(
-                    "huge pages: {} resident 2 MiB ranges of the guest RAM collapsed, its \
-                     memory in huge pages {} -> {} (the balloon had given memory back)",
+                    "huge pages: the guest RAM's {} fully resident 2 MiB ranges collapsed \
+                     (those already huge left as they were), its memory in huge pages {} -> \
+                     {} (the balloon had given memory back)",
                     c.asked - c.refused,
                     c.huge_before,
                     c.huge_after
@@ -106,11 +107,14 @@ mod tests {
             (kind, result, gained),
             ("action", "ok", Bytes::from_mib(200))
         );
-        assert!(message.contains("100 resident 2 MiB ranges"), "{message}");
+        assert!(
+            message.contains("100 fully resident 2 MiB ranges"),
+            "{message}"
+        );
         let (_, result, _, message) = outcome(Ok(c(100, 3))).event().unwrap();
         assert_eq!(result, "partly");
         assert!(
-            message.contains("97 resident") && message.contains("3 the kernel"),
+            message.contains("97 fully resident") && message.contains("3 the kernel"),
             "{message}"
         );
         let refused = outcome(Err(CollapseError::Refused(
