@@ -5,15 +5,13 @@
 //! it; when the balloon gives the memory back, the guest's new writes fault it in as
 //! 4 KiB pages, and the kernel's khugepaged gathers them into huge pages again only
 //! slowly (4 096 pages every 10 s by default). Under TCG, guests sharing a few cores then
-//! run measurably slower (docs/benchmarks.md, "overcommit": 0.83 × no management with
-//! memtide's balloon on a 2-core host, 1.15 × with the ranges collapsed again).
+//! run measurably slower (docs/benchmarks.md, "overcommit: huge pages").
 //!
-//! This asks the kernel to collapse each 2 MiB range of the guest RAM whose 512 pages are
-//! all resident (`MADV_COLLAPSE` through process_madvise(2), Linux 6.1). Ranges with a
-//! page not resident are left alone: collapsing them would fill the holes with zeroes,
-//! taking back memory the balloon freed or the guest never used.
+//! This asks the kernel to collapse each huge-page range of the guest RAM whose pages are
+//! all resident and the process's alone (`MADV_COLLAPSE` through process_madvise(2),
+//! Linux 6.1).
 
-use crate::access::{present_frame, private_writable, Mappings};
+use crate::access::Mappings;
 use crate::pidfd::Pidfd;
 use memtide_core::Bytes;
 use std::fs::File;
@@ -21,33 +19,39 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// The size of a huge page, and of a range collapsed into one.
-pub const HUGE: u64 = 2 << 20;
 /// madvise(2)'s `MADV_COLLAPSE` (include/uapi/asm-generic/mman-common.h; not in the libc
 /// crate).
 const MADV_COLLAPSE: i32 = 25;
-/// Base pages in a huge page.
-const PAGES: usize = 512;
+/// A page map entry's bits (Documentation/admin-guide/mm/pagemap.rst): the page is
+/// present, mapped by this process alone (not KSM's, not the shared zero page), and
+/// write-protected by userfaultfd.
+const PM_PRESENT: u64 = 1 << 63;
+const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
+const PM_UFFD_WP: u64 = 1 << 57;
+/// Huge pages' worth of page map read at once.
+const CHUNK: u64 = 64;
 
 /// What one pass over a process's guest RAM did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Collapsed {
-    /// Resident 2 MiB ranges the kernel was asked to collapse (those already one huge
-    /// page it leaves as they are).
+    /// Ranges of a huge page whose pages were all resident and the process's alone, which
+    /// the kernel was asked to hold in one huge page (those already one it leaves as they
+    /// are).
     pub asked: u64,
-    /// Those the kernel could not collapse now (`EAGAIN`, `ENOMEM`: a page locked or in
-    /// use, no free huge page).
+    /// Those the kernel could not collapse now (a page changed since it was read, locked,
+    /// or under writeback; no free huge page; the memory cgroup at its limit — the pass
+    /// stops at the first of these two, which would only reclaim the guest's memory).
     pub refused: u64,
     /// The process's memory in huge pages before the pass (`AnonHugePages`).
     pub huge_before: Bytes,
-    /// And after.
+    /// And after: the difference counts khugepaged's work and splits meanwhile too.
     pub huge_after: Bytes,
 }
 
-/// Why a pass could not run at all.
+/// Why a pass could not run, for one process or at all.
 #[derive(Debug, thiserror::Error)]
 pub enum CollapseError {
-    /// Reading the process's files or holding it failed (it ended, or no permission).
+    /// Reading the process's files or holding it failed (it ended, or is not ours to see).
     #[error("{what}: {source}")]
     Io {
         /// What was being done.
@@ -55,10 +59,10 @@ pub enum CollapseError {
         /// The error.
         source: io::Error,
     },
-    /// The kernel refused the advice itself: no `MADV_COLLAPSE` (before 6.1, or no
-    /// transparent huge pages), or no CAP_SYS_NICE.
-    #[error("the kernel refused MADV_COLLAPSE ({0}): it needs Linux 6.1 with transparent huge pages, and CAP_SYS_NICE")]
-    Refused(io::Error),
+    /// This host cannot: no `MADV_COLLAPSE` (before Linux 6.1, or no transparent huge
+    /// pages), or advice to another process is not allowed (no CAP_SYS_NICE).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CollapseError {
@@ -66,51 +70,159 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CollapseError {
     move |source| CollapseError::Io { what, source }
 }
 
-/// Collapse the resident 2 MiB ranges of process `pid`'s `which` mappings (procfs at
-/// `proc`) into huge pages.
+/// The host's sizes: its base page, and its huge page (`hpage_pmd_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Base page, bytes.
+    pub page: u64,
+    /// Huge page, bytes: the range collapsed into one.
+    pub huge: u64,
+}
+
+/// Whether this host collapses memory into huge pages: transparent huge pages with a
+/// PMD size (sysfs at `sys`) and `MADV_COLLAPSE` (tried on a mapping of memtide's own).
+/// Advice to another process also needs CAP_SYS_NICE, which only a pass can tell.
+pub fn supported(sys: &Path) -> Result<Sizes, CollapseError> {
+    let thp = sys.join("kernel/mm/transparent_hugepage");
+    let huge = std::fs::read_to_string(thp.join("hpage_pmd_size"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .ok_or_else(|| {
+            CollapseError::Unsupported(format!(
+                "{}/hpage_pmd_size is not readable: the kernel has no transparent huge pages",
+                thp.display()
+            ))
+        })?;
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let len = (2 * huge) as usize;
+    // SAFETY: a fresh private anonymous mapping, unmapped below, aliases nothing.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(CollapseError::Unsupported(format!(
+            "no memory to try MADV_COLLAPSE: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    let start = (base as u64).next_multiple_of(huge) as usize;
+    // SAFETY: one huge page inside the mapping: written a page at a time, then advised.
+    let r = unsafe {
+        for off in (0..huge as usize).step_by(page as usize) {
+            ((start + off) as *mut u8).write_volatile(1);
+        }
+        libc::madvise(start as *mut libc::c_void, huge as usize, MADV_COLLAPSE)
+    };
+    let e = io::Error::last_os_error();
+    // SAFETY: the mapping made above, unmapped once.
+    unsafe { libc::munmap(base, len) };
+    match r {
+        0 => Ok(Sizes { page, huge }),
+        // Not now (no free huge page, the cgroup at its limit): the advice itself exists.
+        _ if matches!(
+            e.raw_os_error(),
+            Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)
+        ) =>
+        {
+            Ok(Sizes { page, huge })
+        }
+        _ => Err(CollapseError::Unsupported(format!(
+            "the kernel refuses MADV_COLLAPSE ({e}): it needs Linux 6.1 with transparent huge pages"
+        ))),
+    }
+}
+
+/// The anonymous private writable mappings (`rw-p`, no path) in `/proc/PID/maps` text
+/// that `which` wants: a file's private copy cannot be collapsed.
+fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (range, perms) = (words.next()?, words.next()?);
+            let path = words.nth(3);
+            let (start, end) = range.split_once('-')?;
+            let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+            (perms == "rw-p" && path.is_none() && range.start < range.end && which.wants(&range))
+                .then_some(range)
+        })
+        .collect()
+}
+
+/// Collapse into huge pages the ranges of process `pid`'s `which` mappings (procfs at
+/// `proc`) whose pages are all resident and its alone. A range with a page missing,
+/// swapped out, shared (KSM's merged pages, the zero page) or write-protected by
+/// userfaultfd is left alone: collapsing it would fill holes with zeroes or copy shared
+/// pages, taking memory the host has back.
 pub fn collapse_resident(
     proc: &Path,
     pid: i32,
     which: Mappings,
+    sizes: Sizes,
 ) -> Result<Collapsed, CollapseError> {
     let dir = proc.join(pid.to_string());
+    let process = Pidfd::open(pid).map_err(io_err(format!("holding process {pid}")))?;
     let maps = std::fs::read_to_string(dir.join("maps"))
         .map_err(io_err(format!("reading {}/maps", dir.display())))?;
     let pagemap = File::open(dir.join("pagemap"))
         .map_err(io_err(format!("opening {}/pagemap", dir.display())))?;
-    let process = Pidfd::open(pid).map_err(io_err(format!("holding process {pid}")))?;
     let mut done = Collapsed {
         huge_before: anon_huge(&dir)?,
         ..Collapsed::default()
     };
-    let mut entries = vec![0u8; PAGES * 8];
-    for range in private_writable(&maps)
-        .into_iter()
-        .filter(|r| which.wants(r))
-    {
-        let mut start = range.start.next_multiple_of(HUGE);
-        while start + HUGE <= range.end {
-            let at = start;
-            start += HUGE;
+    let per_huge = (sizes.huge / sizes.page) as usize;
+    let mut entries = vec![0u8; per_huge * CHUNK as usize * 8];
+    'ranges: for range in anonymous(&maps, which) {
+        let first = range.start.next_multiple_of(sizes.huge);
+        let count = range.end.saturating_sub(first) / sizes.huge;
+        let mut read = 0;
+        while read < count {
+            let n = CHUNK.min(count - read);
+            let at = first + read * sizes.huge;
+            let buf = &mut entries[..per_huge * n as usize * 8];
             pagemap
-                .read_exact_at(&mut entries, at / 4096 * 8)
+                .read_exact_at(buf, at / sizes.page * 8)
                 .map_err(io_err(format!("reading {}/pagemap", dir.display())))?;
-            let resident = entries
-                .chunks_exact(8)
-                .all(|e| present_frame(u64::from_le_bytes(e.try_into().unwrap())).is_some());
-            if !resident {
-                continue;
-            }
-            done.asked += 1;
-            match process.madvise(at, HUGE, MADV_COLLAPSE) {
-                Ok(()) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM)) => {
-                    done.refused += 1
+            for (k, huge) in buf.chunks_exact(per_huge * 8).enumerate() {
+                let own = huge.chunks_exact(8).all(|e| {
+                    let e = u64::from_le_bytes(e.try_into().unwrap());
+                    e & (PM_PRESENT | PM_MMAP_EXCLUSIVE | PM_UFFD_WP)
+                        == PM_PRESENT | PM_MMAP_EXCLUSIVE
+                });
+                if !own {
+                    continue;
                 }
-                // The range changed under us (unmapped, no longer anonymous): next pass.
-                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => done.refused += 1,
-                Err(e) => return Err(CollapseError::Refused(e)),
+                done.asked += 1;
+                let start = at + k as u64 * sizes.huge;
+                match process.madvise(start, sizes.huge, MADV_COLLAPSE) {
+                    Ok(()) => {}
+                    Err(e) => match e.raw_os_error() {
+                        // This range, now: changed since it was read, locked, or the like.
+                        Some(libc::EINVAL | libc::EAGAIN) => done.refused += 1,
+                        // No huge page to be had, or the cgroup at its limit: trying the
+                        // rest would only reclaim the guest's memory.
+                        Some(libc::ENOMEM | libc::EBUSY) => {
+                            done.refused += 1;
+                            break 'ranges;
+                        }
+                        Some(libc::EPERM) => {
+                            return Err(CollapseError::Unsupported(format!(
+                                "advice to another process refused ({e}): memtide needs \
+                                 CAP_SYS_NICE"
+                            )))
+                        }
+                        _ => return Err(io_err(format!("advising process {pid}"))(e)),
+                    },
+                }
             }
+            read += n;
         }
     }
     done.huge_after = anon_huge(&dir)?;
@@ -130,6 +242,24 @@ fn anon_huge(dir: &Path) -> Result<Bytes, CollapseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The huge page of x86_64 and of arm64 with 4 KiB pages.
+    const HUGE: u64 = 2 << 20;
+
+    /// This host's sizes, or `None` (the test is skipped) where it cannot collapse.
+    fn sizes() -> Option<Sizes> {
+        match supported(Path::new("/sys")) {
+            Ok(s) if s.huge == HUGE => Some(s),
+            Ok(s) => {
+                eprintln!("skipped: huge pages of {} bytes here", s.huge);
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                None
+            }
+        }
+    }
 
     /// An anonymous mapping of `len` bytes aligned to a huge page, unmapped on drop.
     struct Mapping {
@@ -187,11 +317,7 @@ mod tests {
 
     #[test]
     fn resident_ranges_are_collapsed_and_ranges_with_holes_left_alone() {
-        if std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .is_ok_and(|t| t.contains("[never]"))
-        {
-            return eprintln!("skipped: transparent huge pages are off on this host");
-        }
+        let Some(sizes) = sizes() else { return };
         // 8 MiB in 4 KiB pages (no huge page at fault time), the first 6 MiB written
         // and a hole punched into the third 2 MiB: two ranges resident, one with a hole,
         // one never touched.
@@ -210,12 +336,7 @@ mod tests {
         m.advise(libc::MADV_HUGEPAGE);
         let which = Mappings::GuestRam(Bytes(8 << 20));
         let me = std::process::id() as i32;
-        let done = match collapse_resident(Path::new("/proc"), me, which) {
-            Err(CollapseError::Refused(e)) => {
-                return eprintln!("skipped: the kernel has no MADV_COLLAPSE here ({e})");
-            }
-            other => other.unwrap(),
-        };
+        let done = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
         assert_eq!(done.asked, 2, "{done:?}");
         assert_eq!(done.refused, 0, "{done:?}");
         assert!(
@@ -234,14 +355,37 @@ mod tests {
         };
         assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
         // Again: the ranges are huge pages now, and nothing more is gained.
-        let again = collapse_resident(Path::new("/proc"), me, which).unwrap();
+        let again = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
         assert_eq!(again.asked, 2);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
 
     #[test]
     fn a_process_that_is_gone_is_an_error_naming_it() {
-        let e = collapse_resident(Path::new("/proc"), i32::MAX, Mappings::Private).unwrap_err();
+        let sizes = Sizes {
+            page: 4096,
+            huge: HUGE,
+        };
+        let e =
+            collapse_resident(Path::new("/proc"), i32::MAX, Mappings::Private, sizes).unwrap_err();
+        assert!(matches!(e, CollapseError::Io { .. }), "{e}");
         assert!(e.to_string().contains(&i32::MAX.to_string()), "{e}");
+    }
+
+    #[test]
+    fn only_anonymous_private_writable_mappings_of_the_size_are_taken() {
+        let maps = "7f0000000000-7f0018000000 rw-p 00000000 00:00 0 \n\
+                    7f1000000000-7f1018000000 rw-p 00000000 08:01 1234 /srv/ram.img\n\
+                    7f2000000000-7f2018200000 rw-p 00000000 00:00 0\n\
+                    7f3000000000-7f3018000000 r--p 00000000 00:00 0\n\
+                    7f4000000000-7f4001000000 rw-p 00000000 00:00 0\n";
+        let ram = Mappings::GuestRam(Bytes::from_mib(384));
+        assert_eq!(
+            anonymous(maps, ram),
+            [
+                0x7f00_0000_0000..0x7f00_1800_0000,
+                0x7f20_0000_0000..0x7f20_1820_0000
+            ]
+        );
     }
 }

@@ -21,7 +21,7 @@ pub const EVERY: Duration = Duration::from_secs(5);
 /// as the guest's driver settles).
 const GROWTH: Bytes = Bytes(1 << 20);
 
-/// Each VM's balloon size and when it last grew, and when the last pass was due.
+/// Each VM's balloon size and when it last grew, and when the last pass started.
 #[derive(Debug, Default)]
 pub struct Restore {
     vms: HashMap<String, Seen>,
@@ -37,7 +37,9 @@ struct Seen {
 impl Restore {
     /// Take in each VM's balloon size at `at` (monotonic; `None` without a balloon or
     /// without a sample this tick) and return the VMs due for a pass now, by name: none
-    /// between passes. VMs not given are forgotten.
+    /// within [`EVERY`] of the last pass [`Restore::started`]. A balloon that shrinks
+    /// again ends its VM's window (the pass would race the inflation). VMs not given are
+    /// forgotten.
     pub fn due<'a>(
         &mut self,
         at: Duration,
@@ -48,12 +50,19 @@ impl Restore {
             present.push(name);
             let Some(actual) = actual else { continue };
             match self.vms.get_mut(name) {
-                Some(seen) => {
-                    if actual.0 >= seen.actual.0 + GROWTH.0 {
-                        seen.grew_at = Some(at);
+                // The size grown from moves only on a growth or a shrink, so that a
+                // balloon growing a little every tick is seen growing.
+                Some(seen) if actual.0 >= seen.actual.0 + GROWTH.0 => {
+                    seen.grew_at = Some(at);
+                    seen.actual = actual;
+                }
+                Some(seen) if actual < seen.actual => {
+                    if actual.0 + GROWTH.0 <= seen.actual.0 {
+                        seen.grew_at = None;
                     }
                     seen.actual = actual;
                 }
+                Some(_) => {}
                 None => {
                     self.vms.insert(
                         name.to_string(),
@@ -78,11 +87,13 @@ impl Restore {
             .filter(|(_, s)| s.grew_at.is_some_and(|g| at.saturating_sub(g) <= WINDOW))
             .map(|(name, _)| name.clone())
             .collect();
-        if !due.is_empty() {
-            self.last_pass = Some(at);
-        }
         due.sort();
         due
+    }
+
+    /// A pass started at `at`: the next is due [`EVERY`] later.
+    pub fn started(&mut self, at: Duration) {
+        self.last_pass = Some(at);
     }
 }
 
@@ -98,37 +109,35 @@ mod tests {
     fn a_vm_is_due_after_its_balloon_grew_every_pass_for_the_window_then_not() {
         let mut r = Restore::default();
         let mib = Bytes::from_mib;
-        assert!(r
-            .due(s(0), [("a", Some(mib(128))), ("b", Some(mib(384)))])
-            .is_empty());
+        let sizes = |a, b| [("a", Some(mib(a))), ("b", Some(b))];
+        assert!(r.due(s(0), sizes(128, mib(384))).is_empty());
         // Shrinking, or a growth under a MiB, is not giving memory back.
-        assert!(r
-            .due(
-                s(1),
-                [("a", Some(mib(100))), ("b", Some(Bytes(mib(384).0 + 4096)))]
-            )
-            .is_empty());
-        assert_eq!(
-            r.due(s(2), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
-            ["a"]
-        );
-        // Not before EVERY has passed since that pass.
-        assert!(r
-            .due(s(3), [("a", Some(mib(300))), ("b", Some(mib(384)))])
-            .is_empty());
-        assert_eq!(
-            r.due(s(7), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
-            ["a"]
-        );
-        assert_eq!(
-            r.due(s(62), [("a", Some(mib(300))), ("b", Some(mib(384)))]),
-            ["a"]
-        );
+        assert!(r.due(s(1), sizes(100, Bytes(mib(384).0 + 4096))).is_empty());
+        assert_eq!(r.due(s(2), sizes(300, mib(384))), ["a"]);
+        // Due until a pass starts; then not before EVERY has passed since.
+        assert_eq!(r.due(s(3), sizes(300, mib(384))), ["a"]);
+        r.started(s(3));
+        assert!(r.due(s(4), sizes(300, mib(384))).is_empty());
+        assert_eq!(r.due(s(8), sizes(300, mib(384))), ["a"]);
+        r.started(s(8));
+        assert_eq!(r.due(s(62), sizes(300, mib(384))), ["a"]);
+        r.started(s(62));
         assert!(
-            r.due(s(68), [("a", Some(mib(300))), ("b", Some(mib(384)))])
-                .is_empty(),
+            r.due(s(68), sizes(300, mib(384))).is_empty(),
             "the window has passed"
         );
+    }
+
+    #[test]
+    fn a_balloon_growing_a_little_every_tick_is_seen_and_one_shrinking_again_is_not_due() {
+        let mut r = Restore::default();
+        let kib = |k: u64| Some(Bytes(k << 10));
+        r.due(s(0), [("a", kib(128 << 10))]);
+        // 512 KiB a tick: a growth once a MiB has gathered.
+        assert!(r.due(s(1), [("a", kib((128 << 10) + 512))]).is_empty());
+        assert_eq!(r.due(s(2), [("a", kib((129 << 10) + 512))]), ["a"]);
+        // Inflating again: the window ends.
+        assert!(r.due(s(3), [("a", kib(100 << 10))]).is_empty());
     }
 
     #[test]
@@ -139,6 +148,7 @@ mod tests {
         // A tick without a sample: no change, and it is not forgotten.
         assert!(r.due(s(1), [("a", None)]).is_empty());
         assert_eq!(r.due(s(2), [("a", Some(mib(300)))]), ["a"]);
+        r.started(s(2));
         // Gone, then back at its old size: a fresh start, not a growth.
         assert!(r.due(s(10), std::iter::empty()).is_empty());
         assert!(r.due(s(20), [("a", Some(mib(300)))]).is_empty());

@@ -3,7 +3,7 @@
 //! over them (memtide-adapters' `hugepages`), run off the runtime as reclaim's passes.
 
 use memtide_adapters::access::Mappings;
-use memtide_adapters::hugepages::{self as io, CollapseError, Collapsed};
+use memtide_adapters::hugepages::{self as io, CollapseError, Collapsed, Sizes};
 use memtide_core::Bytes;
 use std::path::Path;
 
@@ -30,17 +30,18 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Its event: kind, result, the memory newly in huge pages, and the message; `None`
-    /// when the pass found nothing to collapse.
+    /// Its event: kind, result, the net change of the process's memory in huge pages,
+    /// and the message; `None` when the pass changed nothing.
     pub fn event(&self) -> Option<(&'static str, &'static str, Bytes, String)> {
         match &self.done {
-            Ok(c) if c.asked == 0 => None,
+            Ok(c) if c.refused == 0 && c.huge_after <= c.huge_before => None,
             Ok(c) => {
                 let gained = Bytes(c.huge_after.0.saturating_sub(c.huge_before.0));
                 let what = format!(
-                    "huge pages: the guest RAM's {} fully resident 2 MiB ranges collapsed \
-                     (those already huge left as they were), its memory in huge pages {} -> \
-                     {} (the balloon had given memory back)",
+                    "huge pages: {} ranges of the guest RAM, each resident and the \
+                     hypervisor's alone, asked to be in huge pages (those already were are \
+                     left as they are); its memory in huge pages {} -> {} (the balloon had \
+                     given memory back)",
                     c.asked - c.refused,
                     c.huge_before,
                     c.huge_after
@@ -64,20 +65,20 @@ impl Outcome {
         }
     }
 
-    /// Whether the kernel refuses the advice itself: no pass will do better.
-    pub fn refused(&self) -> bool {
-        matches!(self.done, Err(CollapseError::Refused(_)))
+    /// Whether the host cannot do it at all (no CAP_SYS_NICE): no pass will do better.
+    pub fn unsupported(&self) -> bool {
+        matches!(self.done, Err(CollapseError::Unsupported(_)))
     }
 }
 
 /// One pass over `targets` (blocking: it reads each one's page map and the kernel copies
-/// the ranges it collapses).
-pub fn pass(proc: &Path, targets: &[Target]) -> Vec<Outcome> {
+/// the ranges it collapses), with the host's page `sizes`.
+pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target]) -> Vec<Outcome> {
     targets
         .iter()
         .map(|t| Outcome {
             vm: t.vm.clone(),
-            done: io::collapse_resident(proc, t.pid, Mappings::GuestRam(t.configured)),
+            done: io::collapse_resident(proc, t.pid, Mappings::GuestRam(t.configured), sizes),
         })
         .collect()
 }
@@ -98,29 +99,22 @@ mod tests {
             vm: "a".into(),
             done,
         };
-        assert!(
-            outcome(Ok(c(0, 0))).event().is_none(),
-            "nothing resident to do"
-        );
         let (kind, result, gained, message) = outcome(Ok(c(100, 0))).event().unwrap();
         assert_eq!(
             (kind, result, gained),
             ("action", "ok", Bytes::from_mib(200))
         );
-        assert!(
-            message.contains("100 fully resident 2 MiB ranges"),
-            "{message}"
-        );
+        assert!(message.contains("100 ranges of the guest RAM"), "{message}");
         let (_, result, _, message) = outcome(Ok(c(100, 3))).event().unwrap();
         assert_eq!(result, "partly");
         assert!(
-            message.contains("97 fully resident") && message.contains("3 the kernel"),
+            message.contains("97 ranges") && message.contains("3 the kernel"),
             "{message}"
         );
-        let refused = outcome(Err(CollapseError::Refused(
-            std::io::Error::from_raw_os_error(libc::EPERM),
+        let refused = outcome(Err(CollapseError::Unsupported(
+            "advice to another process refused: memtide needs CAP_SYS_NICE".into(),
         )));
-        assert!(refused.refused());
+        assert!(refused.unsupported());
         let (kind, result, _, message) = refused.event().unwrap();
         assert_eq!((kind, result), ("action_failed", "error"));
         assert!(message.contains("CAP_SYS_NICE"), "{message}");
@@ -133,8 +127,15 @@ mod tests {
             pid: i32::MAX,
             configured: Bytes::from_mib(384),
         }];
-        let out = pass(Path::new("/proc"), &targets);
+        let sizes = Sizes {
+            page: 4096,
+            huge: 2 << 20,
+        };
+        let out = pass(Path::new("/proc"), sizes, &targets);
         assert_eq!(out.len(), 1);
-        assert!(out[0].done.is_err() && !out[0].refused());
+        assert!(
+            out[0].done.is_err() && !out[0].unsupported(),
+            "one VM's error only"
+        );
     }
 }

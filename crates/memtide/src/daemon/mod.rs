@@ -68,10 +68,10 @@ type ReclaimPass = tokio::task::JoinHandle<(reclaim::Reclaimer, Vec<reclaim::Out
 /// How long a stopping daemon waits for a reclaim pass still running.
 const RECLAIM_WAIT_AT_STOP: Duration = Duration::from_secs(5);
 
-/// A placement pass running off the runtime: the trackers and what it did, when it ends
-/// (or why it panicked).
 /// A huge-page pass running off the runtime: what it did, when it ends.
 type CollapsePass = tokio::task::JoinHandle<Vec<hugepages::Outcome>>;
+/// A placement pass running off the runtime: the trackers and what it did, when it ends
+/// (or why it panicked).
 type PlacePass = tokio::task::JoinHandle<(place::TierPlacer, Result<Vec<place::Outcome>, String>)>;
 /// Everything a tick needs.
 struct Daemon {
@@ -122,9 +122,10 @@ struct Daemon {
     reclaimer: Option<reclaim::Reclaimer>,
     /// The reclaim pass running off the runtime, if any: the pacers and what they did.
     reclaiming: Option<ReclaimPass>,
-    /// Which VMs' guest RAM to put back in huge pages (`[host] restore_huge_pages`):
-    /// `None` when off, or once the kernel has refused.
-    huge_pages: Option<hugepages::Restore>,
+    /// Which VMs' guest RAM to put back in huge pages (`[host] restore_huge_pages`), and
+    /// the host's page sizes: `None` when off, where the host cannot, or once advice to
+    /// another process was refused.
+    huge_pages: Option<(hugepages::Restore, memtide_adapters::hugepages::Sizes)>,
     /// The huge-page pass running off the runtime, if any.
     collapsing: Option<CollapsePass>,
     /// The nodes placement moves pages between, when `[tiering] place` is on.
@@ -265,7 +266,17 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let (saves, mut saved) = mpsc::channel(8);
     let (restoring, mut restored) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
-    let restore_huge_pages = config.host.restore_huge_pages;
+    let huge_pages = config.host.restore_huge_pages.then(|| {
+        memtide_adapters::hugepages::supported(&config.host.sys)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "huge pages are not restored after a balloon gives memory back: {e} \
+                     ([host] restore_huge_pages = false silences this)"
+                )
+            })
+            .ok()
+            .map(|sizes| (hugepages::Restore::default(), sizes))
+    });
     let mut daemon = Daemon {
         config,
         options,
@@ -301,7 +312,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         woken_for: HashMap::new(),
         reclaimer: None,
         reclaiming: None,
-        huge_pages: restore_huge_pages.then(hugepages::Restore::default),
+        huge_pages: huge_pages.flatten(),
         collapsing: None,
         tier_nodes,
         tier_placer: None,
@@ -369,6 +380,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     }
     if let Some(pass) = daemon.placing.take() {
         let _ = tokio::time::timeout(RECLAIM_WAIT_AT_STOP, daemon.placed(pass)).await;
+    }
+    if let Some(pass) = daemon.collapsing.take() {
+        let _ = tokio::time::timeout(RECLAIM_WAIT_AT_STOP, daemon.collapsed(pass)).await;
     }
     daemon
         .events
@@ -1157,20 +1171,18 @@ impl Daemon {
     async fn restore_huge_pages(&mut self, snapshot: &Snapshot) {
         if self.collapsing.as_ref().is_some_and(|p| p.is_finished()) {
             if let Some(pass) = self.collapsing.take() {
-                match pass.await {
-                    Ok(outcomes) => outcomes.iter().for_each(|o| self.log_collapse(o)),
-                    Err(e) => tracing::error!("the huge-page pass ended abnormally: {e}"),
-                }
+                self.collapsed(pass).await;
             }
         }
-        let Some(restore) = &mut self.huge_pages else {
+        let Some((restore, sizes)) = &mut self.huge_pages else {
             return;
         };
-        let sizes = snapshot.vms.iter().map(|vm| {
+        let sizes = *sizes;
+        let actuals = snapshot.vms.iter().map(|vm| {
             let actual = vm.sample.as_ref().ok().and_then(|s| s.balloon);
             (vm.name.as_str(), actual)
         });
-        let due = restore.due(snapshot.at, sizes);
+        let due = restore.due(snapshot.at, actuals);
         if self.collapsing.is_some() || self.options.dry_run {
             return;
         }
@@ -1190,13 +1202,22 @@ impl Daemon {
         if targets.is_empty() {
             return;
         }
+        restore.started(snapshot.at);
         let proc = self.config.host.proc.clone();
         self.collapsing = Some(tokio::task::spawn_blocking(move || {
-            hugepages::pass(&proc, &targets)
+            hugepages::pass(&proc, sizes, &targets)
         }));
     }
 
-    /// Count and log one VM's huge-page pass; turn the passes off if the kernel refused.
+    /// A huge-page pass's outcomes logged and counted once it has ended.
+    async fn collapsed(&mut self, pass: CollapsePass) {
+        match pass.await {
+            Ok(outcomes) => outcomes.iter().for_each(|o| self.log_collapse(o)),
+            Err(e) => tracing::error!("the huge-page pass ended abnormally: {e}"),
+        }
+    }
+
+    /// Count and log one VM's huge-page pass; turn the passes off if the host cannot.
     fn log_collapse(&mut self, o: &hugepages::Outcome) {
         let Some((kind, result, gained, message)) = o.event() else {
             return;
@@ -1204,11 +1225,10 @@ impl Daemon {
         self.counters.huge_pages_restored_bytes += gained.0;
         self.counters.action("huge_pages", result);
         self.events.log(kind, Some(&o.vm), None, message);
-        if o.refused() {
+        if o.unsupported() {
             tracing::warn!(
-                "huge pages are not restored after the balloon gives memory back: the \
-                 kernel refuses MADV_COLLAPSE (Linux 6.1 and CAP_SYS_NICE needed; \
-                 [host] restore_huge_pages = false silences this)"
+                "huge pages are not restored after a balloon gives memory back from now \
+                 on ([host] restore_huge_pages = false silences this)"
             );
             self.huge_pages = None;
         }
