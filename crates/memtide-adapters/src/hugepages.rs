@@ -4,8 +4,9 @@
 //! discarded from the host in 4 KiB (MADV_DONTNEED), which splits the huge page around
 //! it; when the balloon gives the memory back, the guest's new writes fault it in as
 //! 4 KiB pages, and the kernel's khugepaged gathers them into huge pages again only
-//! slowly (4 096 pages every 10 s by default). Under TCG, guests sharing a few cores then
-//! run measurably slower (docs/benchmarks.md, "overcommit: huge pages").
+//! slowly (4 096 pages every 10 s by default). Guests sharing a few cores under TCG then
+//! pay host TLB misses the huge pages spared them (docs/benchmarks.md, "overcommit: huge
+//! pages", which measures what it gains).
 //!
 //! This asks the kernel to collapse each huge-page range of the guest RAM whose pages are
 //! all resident and the process's alone (`MADV_COLLAPSE` through process_madvise(2),
