@@ -97,23 +97,8 @@ pub fn supported(sys: &Path) -> Result<Sizes, CollapseError> {
     // SAFETY: sysconf has no preconditions.
     let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let len = (2 * huge) as usize;
-    // SAFETY: a fresh private anonymous mapping, unmapped below, aliases nothing.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(CollapseError::Unsupported(format!(
-            "no memory to try MADV_COLLAPSE: {}",
-            io::Error::last_os_error()
-        )));
-    }
+    let base = anonymous_mapping(len)
+        .map_err(|e| CollapseError::Unsupported(format!("no memory to try MADV_COLLAPSE: {e}")))?;
     let start = (base as u64).next_multiple_of(huge) as usize;
     // SAFETY: one huge page inside the mapping: written a page at a time, then advised.
     let r = unsafe {
@@ -139,6 +124,25 @@ pub fn supported(sys: &Path) -> Result<Sizes, CollapseError> {
             "the kernel refuses MADV_COLLAPSE ({e}): it needs Linux 6.1 with transparent huge pages"
         ))),
     }
+}
+
+/// A fresh private anonymous mapping of `len` bytes, for its maker to unmap.
+fn anonymous_mapping(len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh private anonymous mapping aliases nothing.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(base)
 }
 
 /// The anonymous private writable mappings (`rw-p`, no path) in `/proc/PID/maps` text
@@ -273,18 +277,7 @@ mod tests {
     impl Mapping {
         fn new(len: usize) -> Mapping {
             let reserved = len + HUGE as usize;
-            // SAFETY: a fresh private anonymous mapping aliases nothing.
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    reserved,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(base, libc::MAP_FAILED);
+            let base = anonymous_mapping(reserved).unwrap();
             let start = (base as u64).next_multiple_of(HUGE);
             Mapping {
                 base: base.cast(),
