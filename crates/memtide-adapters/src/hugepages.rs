@@ -314,9 +314,17 @@ mod tests {
         let Some(sizes) = sizes() else { return };
         // 8 MiB in 4 KiB pages (no huge page at fault time), the first 6 MiB written
         // and a hole punched into the third 2 MiB: two ranges resident, one with a hole,
-        // one never touched.
+        // one never touched. Where huge pages come only when asked for (`madvise`, the
+        // default of Debian and most distributions), the mapping is never advised, so
+        // that khugepaged does not collapse the range with the hole meanwhile (it fills
+        // up to 511 holes); under `always` it has to be advised against them while it is
+        // written, then for them again, and khugepaged may come first.
+        let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|t| t.contains("[always]"));
         let m = Mapping::new(8 << 20);
-        m.advise(libc::MADV_NOHUGEPAGE);
+        if always {
+            m.advise(libc::MADV_NOHUGEPAGE);
+        }
         m.touch(6 << 20);
         // SAFETY: one page inside the mapping.
         let hole = unsafe {
@@ -327,11 +335,17 @@ mod tests {
             )
         };
         assert_eq!(hole, 0);
-        m.advise(libc::MADV_HUGEPAGE);
+        if always {
+            m.advise(libc::MADV_HUGEPAGE);
+        }
         let which = Mappings::GuestRam(Bytes(8 << 20));
         let me = std::process::id() as i32;
         let done = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
-        assert_eq!(done.asked, 2, "{done:?}");
+        if always {
+            assert!((2..=3).contains(&done.asked), "{done:?}");
+        } else {
+            assert_eq!(done.asked, 2, "{done:?}");
+        }
         assert_eq!(done.refused, 0, "{done:?}");
         assert!(
             done.huge_after.0 >= done.huge_before.0 + (4 << 20),
@@ -347,10 +361,13 @@ mod tests {
                 vec.as_mut_ptr(),
             )
         };
-        assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
+        // (Under `always`, khugepaged may have filled it first: then it asked for three.)
+        if done.asked == 2 {
+            assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
+        }
         // Again: the ranges are huge pages now, and nothing more is gained.
         let again = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
-        assert_eq!(again.asked, 2);
+        assert_eq!(again.asked, done.asked);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
 

@@ -58,6 +58,15 @@ pub struct Engine {
     policy: Box<dyn Policy>,
     host: History<HostStats>,
     vms: FxHashMap<String, VmMemory>,
+    ksm: KsmWatch,
+}
+
+/// The KSM knobs as memtide last set them, and why it leaves KSM alone, if it does:
+/// someone else set them otherwise since.
+#[derive(Debug, Default)]
+struct KsmWatch {
+    set: KsmSettings,
+    foreign: Option<String>,
 }
 
 /// A VM that made it through ingestion this tick.
@@ -76,6 +85,7 @@ impl Engine {
             policy,
             host,
             vms: FxHashMap::default(),
+            ksm: KsmWatch::default(),
         }
     }
 
@@ -95,9 +105,28 @@ impl Engine {
         self.policy.recall(memory);
     }
 
-    /// Manage again the VMs left alone because another manager moved their balloons (the
-    /// operator said so: `memtide reload`); returns their names.
+    /// KSM's knobs were written as `settings` asked (the daemon's word, once the write
+    /// succeeded): from now on, knobs found otherwise were set by someone else, and
+    /// memtide leaves KSM alone until [`Engine::manage_again`].
+    pub fn ksm_applied(&mut self, settings: &KsmSettings) {
+        let set = &mut self.ksm.set;
+        for (mine, new) in [
+            (&mut set.run, settings.run),
+            (&mut set.pages_to_scan, settings.pages_to_scan),
+            (&mut set.sleep_millisecs, settings.sleep_millisecs),
+            (&mut set.merge_across_nodes, settings.merge_across_nodes),
+        ] {
+            if new.is_some() {
+                *mine = new;
+            }
+        }
+    }
+
+    /// Manage again the VMs left alone because another manager moved their balloons,
+    /// and KSM if someone else had set its knobs (the operator said so: `memtide
+    /// reload`); returns the VMs' names.
     pub fn manage_again(&mut self) -> Vec<String> {
+        self.ksm = KsmWatch::default();
         let mut names: Vec<String> = self
             .vms
             .iter_mut()
@@ -210,6 +239,16 @@ impl Engine {
             }
         }
 
+        if let (None, Some(state)) = (&self.ksm.foreign, &snap.host.ksm) {
+            self.ksm.foreign = foreign_ksm(&self.ksm.set, state);
+            if let Some(why) = &self.ksm.foreign {
+                diagnostics.push(Diagnostic {
+                    vm: None,
+                    kind: DiagnosticKind::OtherManager,
+                    message: format!("{why}: memtide leaves KSM alone until `memtide reload`"),
+                });
+            }
+        }
         let host = self.host_report(snap, output.ksm.as_ref().map(|k| &k.reason));
         // Two managers on the same knobs undo each other's work: KSM is left to a running
         // ksmtuned; one that sets balloon targets is reported (memtide cannot tell which
@@ -230,7 +269,9 @@ impl Engine {
                 message,
             });
         }
-        let ksm_is_ours = !others.iter().any(|o| o.tunes_ksm()) && self.ksm_domain(snap);
+        let ksm_is_ours = !others.iter().any(|o| o.tunes_ksm())
+            && self.ksm_domain(snap)
+            && self.ksm.foreign.is_none();
         if let (Some(proposal), Some(state)) = (&output.ksm, &snap.host.ksm) {
             let changed = ksm_changes(&proposal.settings, state);
             if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
@@ -489,6 +530,10 @@ impl Engine {
             let why = match tuner {
                 _ if !self.config.ksm_control => "ksm_control is off".to_string(),
                 Some(o) => format!("{} (pid {}) tunes KSM", o.name, o.pid),
+                None if self.ksm.foreign.is_some() => format!(
+                    "{}; until `memtide reload`",
+                    self.ksm.foreign.as_deref().unwrap_or_default()
+                ),
                 None if !self.ksm_domain(snap) => "KSM is host-wide and the domain is a cgroup \
                     (set [engine] ksm_in_cgroup_domain to tune it anyway)"
                     .to_string(),
@@ -578,6 +623,42 @@ fn clamp(p: Proposal, limits: &VmLimits) -> (Bytes, Reason) {
 }
 
 /// The knobs of `wanted` that differ from the kernel's current values.
+/// Why KSM's knobs are not as memtide `set` them, if they are not: each knob it set
+/// that `state` has otherwise.
+fn foreign_ksm(set: &KsmSettings, state: &KsmState) -> Option<String> {
+    let other = ksm_changes(set, state);
+    let knobs: Vec<String> = [
+        ("run", other.run, Some(state.run)),
+        (
+            "pages_to_scan",
+            other.pages_to_scan,
+            Some(state.pages_to_scan),
+        ),
+        (
+            "sleep_millisecs",
+            other.sleep_millisecs,
+            Some(state.sleep_millisecs),
+        ),
+        (
+            "merge_across_nodes",
+            other.merge_across_nodes,
+            state.merge_across_nodes,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, mine, now)| {
+        let now = now.map_or("unreadable".to_string(), |n| n.to_string());
+        Some(format!("{name} {} (memtide set {})", now, mine?))
+    })
+    .collect();
+    (!knobs.is_empty()).then(|| {
+        format!(
+            "KSM's knobs were set by someone else since memtide set them: {}",
+            knobs.join(", ")
+        )
+    })
+}
+
 fn ksm_changes(wanted: &KsmSettings, state: &KsmState) -> KsmSettings {
     let differs = |want: Option<u64>, have: Option<u64>| want.filter(|w| Some(*w) != have);
     KsmSettings {

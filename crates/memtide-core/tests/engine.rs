@@ -258,6 +258,83 @@ fn ksm_is_tuned_for_a_cgroup_domain_only_when_the_operator_says_so() {
 }
 
 #[test]
+fn ksm_knobs_set_by_someone_else_keep_memtide_off_ksm_until_reload() {
+    let set_ksm = |d: &Decision| {
+        d.actions.iter().find_map(|a| match a {
+            Action::SetKsm { settings, .. } => Some(settings.clone()),
+            _ => None,
+        })
+    };
+    // The host is short (1 GiB free of 16): mom runs ksmd.
+    let mut e = engine();
+    let h = || host(16384, 1024);
+    let d = e.tick(&snapshot(0, h(), vec![vm("a", 8192, 8192, 10)]));
+    let asked = set_ksm(&d).expect("KSM tuned");
+    // Not applied (a dry run, a failed write): knobs unlike it are no one else's doing.
+    let d = e.tick(&snapshot(10, h(), vec![vm("a", 8192, 8192, 10)]));
+    assert!(set_ksm(&d).is_some(), "asked again");
+    // Applied: the knobs read as memtide set them, nothing to say.
+    e.ksm_applied(&asked);
+    let as_set = || {
+        let mut h = h();
+        let k = h.ksm.as_mut().unwrap();
+        k.run = asked.run.unwrap_or(k.run);
+        k.pages_to_scan = asked.pages_to_scan.unwrap_or(k.pages_to_scan);
+        k.sleep_millisecs = asked.sleep_millisecs.unwrap_or(k.sleep_millisecs);
+        h
+    };
+    let d = e.tick(&snapshot(20, as_set(), vec![vm("a", 8192, 8192, 10)]));
+    assert!(
+        !kinds_host(&d).contains(&DiagnosticKind::OtherManager),
+        "{:?}",
+        d.diagnostics
+    );
+    // Someone stops ksmd: memtide says so, and leaves KSM alone from then on.
+    let mut stopped = as_set();
+    stopped.ksm.as_mut().unwrap().run = 0;
+    let d = e.tick(&snapshot(
+        30,
+        stopped.clone(),
+        vec![vm("a", 8192, 8192, 10)],
+    ));
+    assert!(set_ksm(&d).is_none(), "{:?}", d.actions);
+    let other = d
+        .diagnostics
+        .iter()
+        .find(|g| g.kind == DiagnosticKind::OtherManager)
+        .expect("reported");
+    assert!(
+        other.message.contains("run 0 (memtide set 1)")
+            && other.message.ends_with("until `memtide reload`"),
+        "{}",
+        other.message
+    );
+    let why = d.host.ksm_reason.unwrap().detail;
+    assert!(
+        why.contains("not applied: KSM's knobs were set by someone else"),
+        "{why}"
+    );
+    let d = e.tick(&snapshot(
+        40,
+        stopped.clone(),
+        vec![vm("a", 8192, 8192, 10)],
+    ));
+    assert!(set_ksm(&d).is_none(), "still off KSM: {:?}", d.actions);
+    // The operator's word: memtide tunes KSM again.
+    e.manage_again();
+    let d = e.tick(&snapshot(50, stopped, vec![vm("a", 8192, 8192, 10)]));
+    assert!(set_ksm(&d).is_some(), "{:?}", d.actions);
+}
+
+fn kinds_host(d: &Decision) -> Vec<DiagnosticKind> {
+    d.diagnostics
+        .iter()
+        .filter(|g| g.vm.is_none())
+        .map(|g| g.kind)
+        .collect()
+}
+
+#[test]
 fn another_manager_keeps_its_knobs_and_is_reported() {
     let with = |name: &str| {
         let mut h = host(16384, 1024);

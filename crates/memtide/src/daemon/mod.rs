@@ -446,7 +446,7 @@ impl Daemon {
     /// one stays in force.
     fn reload(&mut self) -> Result<String, String> {
         // The operator's word: VMs left alone because another manager moved their
-        // balloons are managed again.
+        // balloons are managed again, and KSM if someone else had set its knobs.
         for vm in self.engine.manage_again() {
             let message = "managed again on reload (another manager had moved its balloon)";
             self.events
@@ -1078,7 +1078,11 @@ impl Daemon {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
                 Action::SetKsm { settings, .. } => {
-                    Some(Sent::Answered(self.host.apply_ksm(settings)))
+                    let result = self.host.apply_ksm(settings);
+                    if result.is_ok() {
+                        self.engine.ksm_applied(settings);
+                    }
+                    Some(Sent::Answered(result))
                 }
             };
             match (result, action) {
