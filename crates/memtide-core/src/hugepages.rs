@@ -10,7 +10,7 @@
 //! since.
 
 use crate::units::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// How long after its balloon last grew a VM stays due.
@@ -45,9 +45,9 @@ impl Restore {
         at: Duration,
         vms: impl IntoIterator<Item = (&'a str, Option<Bytes>)>,
     ) -> Vec<String> {
-        let mut present = Vec::new();
+        let mut present = HashSet::new();
         for (name, actual) in vms {
-            present.push(name);
+            present.insert(name);
             let Some(actual) = actual else { continue };
             match self.vms.get_mut(name) {
                 // The size grown from moves only on a growth or a shrink, so that a
@@ -74,7 +74,7 @@ impl Restore {
                 }
             }
         }
-        self.vms.retain(|name, _| present.contains(&name.as_str()));
+        self.vms.retain(|name, _| present.contains(name.as_str()));
         if self
             .last_pass
             .is_some_and(|last| at.saturating_sub(last) < EVERY)
