@@ -1250,10 +1250,13 @@ mod tests {
         (launcher, uri)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn kubevirt_launchers_are_found_on_the_node_and_forgotten_when_they_end() {
-        let dir = tempfile::tempdir().unwrap();
-        let proc = dir.path().join("proc");
+    /// A fleet on a node (procfs below `dir`) with one KubeVirt launcher whose daemon
+    /// runs domain `default_web`, settled and sampled once: the fleet, its connector, the
+    /// launcher's /proc entry and URI, and the VMs sampled.
+    async fn kubevirt_fleet(
+        dir: &Path,
+    ) -> (Fleet, Arc<FakeConnector>, PathBuf, String, Vec<VmSnapshot>) {
+        let proc = dir.join("proc");
         let (launcher, uri) = kubevirt_launcher(&proc);
         let connector = Arc::new(FakeConnector::default());
         connector
@@ -1263,13 +1266,20 @@ mod tests {
             .insert(uri.clone(), vec!["default_web".into()]);
         let mut config = Config::default();
         config.discovery.qmp_glob = Vec::new();
-        config.host.proc = proc.clone();
+        config.host.proc = proc;
         config.libvirt.kubevirt = true;
         let mut fleet = Fleet::new(&config, connector.clone());
         for _ in 0..3 {
             settle(&mut fleet).await;
         }
         let (vms, _) = sample(&mut fleet).await;
+        (fleet, connector, launcher, uri, vms)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kubevirt_launchers_are_found_on_the_node_and_forgotten_when_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, connector, launcher, uri, vms) = kubevirt_fleet(dir.path()).await;
         assert_eq!(
             names(&vms),
             ["default/web"],
@@ -1305,23 +1315,7 @@ mod tests {
         // The pod ends, the scan finds its daemon gone, and only then does its VM's
         // connection fail, and a listing of the daemon from before the scan come in.
         let dir = tempfile::tempdir().unwrap();
-        let proc = dir.path().join("proc");
-        let (launcher, uri) = kubevirt_launcher(&proc);
-        let connector = Arc::new(FakeConnector::default());
-        connector
-            .domains
-            .lock()
-            .unwrap()
-            .insert(uri.clone(), vec!["default_web".into()]);
-        let mut config = Config::default();
-        config.discovery.qmp_glob = Vec::new();
-        config.host.proc = proc.clone();
-        config.libvirt.kubevirt = true;
-        let mut fleet = Fleet::new(&config, connector.clone());
-        for _ in 0..3 {
-            settle(&mut fleet).await;
-        }
-        let (vms, _) = sample(&mut fleet).await;
+        let (mut fleet, connector, launcher, uri, vms) = kubevirt_fleet(dir.path()).await;
         assert_eq!(names(&vms), ["default/web"]);
 
         // A listing of the daemon, from when it still answered, not taken in yet.
