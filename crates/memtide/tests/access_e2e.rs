@@ -31,13 +31,8 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
     let dir = tempfile::tempdir().unwrap();
     let image = support::data_disk(dir.path(), "");
     let cgroup = TestCgroup::create("memtide-access");
-    let drive = format!("if=none,id=data,file={},format=raw", image.display());
-    let devices = [
-        "-drive",
-        &drive,
-        "-device",
-        "virtio-blk-pci,drive=data,serial=memtide-data",
-    ];
+    let drive = support::data_drive(&image);
+    let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
     let mut guest = Guest::boot_kernel("a", dir.path(), &cgroup.procs(), &kernel, 384, &devices);
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     assert!(guest.console().contains("on /data"), "{}", guest.console());

@@ -161,16 +161,9 @@ fn a_launcher_pods_vm_is_found_through_its_root_managed_and_forgotten_when_it_en
                 .is_some_and(|m| m.ends_with(&format!("{uri} domain {DOMAIN}")))),
         "connected through the launcher's root: {connected:?}"
     );
-    let stats = launcher.virsh(&["dommemstat", DOMAIN]).unwrap();
-    let actual_kib: f64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("actual "))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let (actual_kib, stats) = launcher.balloon_kib(DOMAIN);
     assert!(
-        (actual_kib / 1024.0 - TARGET_MIB).abs() < 4.0,
+        (actual_kib as f64 / 1024.0 - TARGET_MIB).abs() < 4.0,
         "libvirt itself sees the balloon: {stats}"
     );
 

@@ -126,14 +126,7 @@ fn two_domains_through_libvirt() {
         );
         assert!(actual > WORKLOAD_MIB as f64, "{n}: above the working set");
     }
-    let current = libvirtd.virsh(&["dommemstat", "b"]).unwrap();
-    let actual_kib: u64 = current
-        .lines()
-        .find_map(|l| l.strip_prefix("actual "))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let (actual_kib, current) = libvirtd.balloon_kib("b");
     assert!(
         actual_kib < GUEST_MIB * 1024 * 9 / 10,
         "libvirt itself sees the balloon: {current}"
@@ -311,7 +304,6 @@ fn sized(status: &Value, name: &str, plugged: f64, actual: f64) -> bool {
 /// The balloon's `actual` and the virtio-mem device's `<requested>` in KiB, as libvirt
 /// reports them.
 fn libvirt_sizes(libvirtd: &Libvirtd, name: &str) -> (u64, u64) {
-    let stats = libvirtd.virsh(&["dommemstat", name]).unwrap();
     let xml = libvirtd.virsh(&["dumpxml", name]).unwrap();
     let number = |text: &str, prefix: &str, end: char| -> u64 {
         let at = text
@@ -327,7 +319,7 @@ fn libvirt_sizes(libvirtd: &Libvirtd, name: &str) -> (u64, u64) {
             .unwrap()
     };
     (
-        number(&stats, "actual ", '\n'),
+        libvirtd.balloon_kib(name).0,
         number(&xml, "<requested unit='KiB'>", '<'),
     )
 }

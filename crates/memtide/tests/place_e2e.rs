@@ -77,14 +77,14 @@ impl Setup {
         let dir = tempfile::tempdir().unwrap();
         let image = support::data_disk(dir.path(), "");
         let cgroup = TestCgroup::create(&format!("memtide-{name}"));
-        let drive = format!("if=none,id=data,file={},format=raw", image.display());
+        let drive = support::data_drive(&image);
         // Node 0 with the CPU, node 1 memory-only (as tiers_e2e boots it, without the
         // HMAT: under TCG both are as fast, and placement is what is measured here).
         let args = [
             "-drive",
             &drive,
             "-device",
-            "virtio-blk-pci,drive=data,serial=memtide-data",
+            support::DATA_DEVICE,
             "-object",
             "memory-backend-ram,id=m0,size=256M",
             "-object",

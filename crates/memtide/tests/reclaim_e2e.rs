@@ -51,13 +51,8 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
     let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
     let image = support::data_disk(dir.path(), &config);
     let cgroup = TestCgroup::create("memtide-reclaim");
-    let drive = format!("if=none,id=data,file={},format=raw", image.display());
-    let devices = [
-        "-drive",
-        &drive,
-        "-device",
-        "virtio-blk-pci,drive=data,serial=memtide-data",
-    ];
+    let drive = support::data_drive(&image);
+    let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
     let mut guest = Guest::boot_with(
         "r",
         dir.path(),

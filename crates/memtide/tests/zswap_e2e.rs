@@ -245,12 +245,12 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
     let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
     let image = support::data_disk(dir.path(), &config);
     let cgroup = TestCgroup::create("memtide-zswap");
-    let drive = format!("if=none,id=data,file={},format=raw", image.display());
+    let drive = support::data_drive(&image);
     let devices = [
         "-drive",
         &drive,
         "-device",
-        "virtio-blk-pci,drive=data,serial=memtide-data",
+        support::DATA_DEVICE,
         "-device",
         BALLOON,
     ];

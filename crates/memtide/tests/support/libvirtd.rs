@@ -211,6 +211,20 @@ impl Libvirtd {
         }
     }
 
+    /// Domain `name`'s balloon `actual` in KiB as libvirt reports it (`virsh
+    /// dommemstat`), with the whole report for messages.
+    pub fn balloon_kib(&self, name: &str) -> (u64, String) {
+        let stats = self.virsh(&["dommemstat", name]).unwrap();
+        let actual = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("actual "))
+            .unwrap_or_else(|| panic!("no actual in {stats}"))
+            .trim()
+            .parse()
+            .unwrap();
+        (actual, stats)
+    }
+
     /// Define and start a domain running the test guest. Returns its console log's path.
     pub fn boot(&self, name: &str, domain: &Domain) -> PathBuf {
         let Domain {

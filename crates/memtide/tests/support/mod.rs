@@ -137,6 +137,15 @@ pub fn coldalloc(agent: &mut harness::Agent, cold_mib: u64, hot_mib: u64) -> u64
 pub const GUEST_MEMTIDE: &str =
     "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
 
+/// The `-drive` argument of a guest's data disk from [`data_disk`]'s `image`; the disk
+/// itself is [`DATA_DEVICE`].
+pub fn data_drive(image: &Path) -> String {
+    format!("if=none,id=data,file={},format=raw", image.display())
+}
+
+/// The `-device` argument of a guest's data disk: the serial guest/init mounts on /data.
+pub const DATA_DEVICE: &str = "virtio-blk-pci,drive=data,serial=memtide-data";
+
 /// An ext2 image holding memtide's binary (debug info stripped), the shared libraries
 /// it links against (the guest runs it through their loader, [`GUEST_MEMTIDE`]) and
 /// `config` as memtide.toml, for a guest's data disk (mounted on /data).
