@@ -111,14 +111,9 @@ const KPF_KSM: u64 = 1 << 21;
 
 /// The private writable mappings (`rw-p`) in `/proc/PID/maps` text, as address ranges.
 pub fn private_writable(maps: &str) -> Vec<std::ops::Range<u64>> {
-    maps.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let (range, perms) = (words.next()?, words.next()?);
-            let (start, end) = range.split_once('-')?;
-            let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
-            (perms == "rw-p" && range.start < range.end).then_some(range)
-        })
+    crate::procfs::maps(maps)
+        .filter(|m| m.perms == "rw-p")
+        .map(|m| m.range)
         .collect()
 }
 

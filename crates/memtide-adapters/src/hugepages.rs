@@ -147,17 +147,10 @@ fn anonymous_mapping(len: usize) -> io::Result<*mut libc::c_void> {
 
 /// The anonymous private writable mappings (`rw-p`, no path) in `/proc/PID/maps` text
 /// that `which` wants: a file's private copy cannot be collapsed.
-fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>> {
-    maps.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let (range, perms) = (words.next()?, words.next()?);
-            let path = words.nth(3);
-            let (start, end) = range.split_once('-')?;
-            let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
-            (perms == "rw-p" && path.is_none() && range.start < range.end && which.wants(&range))
-                .then_some(range)
-        })
+pub(crate) fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>> {
+    crate::procfs::maps(maps)
+        .filter(|m| m.perms == "rw-p" && m.path.is_none() && which.wants(&m.range))
+        .map(|m| m.range)
         .collect()
 }
 

@@ -352,6 +352,32 @@ pub fn start_time(proc: &Path, pid: i32) -> Option<u64> {
         .ok()
 }
 
+/// One mapping in /proc/PID/maps: its addresses, its permissions (`rw-p`: private and
+/// writable) and its path (`None` for anonymous memory; `[heap]`, `[stack]` are paths).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Mapping<'a> {
+    /// Its addresses.
+    pub range: std::ops::Range<u64>,
+    /// Its permissions.
+    pub perms: &'a str,
+    /// Its path, or what stands for one.
+    pub path: Option<&'a str>,
+}
+
+/// The mappings of /proc/PID/maps text; lines that do not parse, and empty ranges, left
+/// out.
+pub fn maps(text: &str) -> impl Iterator<Item = Mapping<'_>> {
+    text.lines().filter_map(|line| {
+        // Five fields a space apart, then the path after padding.
+        let mut fields = line.splitn(6, ' ');
+        let (range, perms) = (fields.next()?, fields.next()?);
+        let path = fields.nth(3).map(str::trim).filter(|p| !p.is_empty());
+        let (start, end) = range.split_once('-')?;
+        let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+        (range.start < range.end).then_some(Mapping { range, perms, path })
+    })
+}
+
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
 /// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
 pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
@@ -383,6 +409,54 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
 
 #[cfg(test)]
 mod tests {
+    /// A QEMU's /proc/PID/maps, cut down: its binary's mappings, a shared memfd, the heap,
+    /// guest RAM and a read-only anonymous mapping, the stack, and a line that is no
+    /// mapping.
+    const QEMU_MAPS: &str = "\
+55d0c8a00000-55d0c8a21000 r--p 00000000 08:01 131                        /usr/bin/qemu-system-x86_64
+55d0c8c21000-55d0c8c42000 rw-p 00221000 08:01 131                        /usr/bin/qemu-system-x86_64
+55d0ca000000-55d0ca400000 rw-p 00000000 00:00 0                          [heap]
+7f2a40000000-7f2a50000000 rw-p 00000000 00:00 0 
+7f2a50000000-7f2a50200000 rw-s 00000000 00:01 7                          /memfd:ram (deleted)
+7f2a60000000-7f2a60200000 r--p 00000000 00:00 0
+7ffd1c3de000-7ffd1c3ff000 rw-p 00000000 00:00 0                          [stack]
+garbage
+7f2a70000000-7f2a70000000 rw-p 00000000 00:00 0
+";
+
+    #[test]
+    fn maps_lines_give_range_permissions_and_path() {
+        let maps: Vec<_> = super::maps(QEMU_MAPS)
+            .map(|m| (m.range.start, m.perms, m.path))
+            .collect();
+        let qemu = Some("/usr/bin/qemu-system-x86_64");
+        assert_eq!(
+            maps,
+            [
+                (0x55d0c8a00000, "r--p", qemu),
+                (0x55d0c8c21000, "rw-p", qemu),
+                (0x55d0ca000000, "rw-p", Some("[heap]")),
+                (0x7f2a40000000, "rw-p", None),
+                (0x7f2a50000000, "rw-s", Some("/memfd:ram (deleted)")),
+                (0x7f2a60000000, "r--p", None),
+                (0x7ffd1c3de000, "rw-p", Some("[stack]")),
+            ]
+        );
+        // Tracking takes every private writable mapping; collapsing the anonymous ones.
+        assert_eq!(
+            crate::access::private_writable(QEMU_MAPS),
+            [
+                0x55d0c8c21000..0x55d0c8c42000,
+                0x55d0ca000000..0x55d0ca400000,
+                0x7f2a40000000..0x7f2a50000000,
+                0x7ffd1c3de000..0x7ffd1c3ff000,
+            ]
+        );
+        let anonymous = crate::hugepages::anonymous(QEMU_MAPS, crate::access::Mappings::Private);
+        assert_eq!(anonymous.len(), 1, "{anonymous:x?}");
+        assert_eq!(anonymous[0], 0x7f2a40000000..0x7f2a50000000);
+    }
+
     #[test]
     fn the_start_time_is_field_22_whatever_the_command_holds() {
         let proc = tempfile::tempdir().unwrap();
