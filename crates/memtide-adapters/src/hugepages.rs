@@ -64,6 +64,13 @@ pub enum CollapseError {
     /// pages), or advice to another process is not allowed (no CAP_SYS_NICE).
     #[error("{0}")]
     Unsupported(String),
+    /// The process at the pid is not the VM's hypervisor: that one ended, and another
+    /// took its pid.
+    #[error(
+        "process {0} is not the VM's hypervisor: it started at another time (its pid was \
+         reused); its memory is left alone"
+    )]
+    Replaced(i32),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CollapseError {
@@ -158,15 +165,26 @@ pub(crate) fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>
 /// `proc`) whose pages are all resident and its alone. A range with a page missing,
 /// swapped out, shared (KSM's merged pages, the zero page) or write-protected by
 /// userfaultfd is left alone: collapsing it would fill holes with zeroes or copy shared
-/// pages, taking memory the host has back.
+/// pages, taking memory the host has back. The process is the one `pid` names now only
+/// if it `started` then (`/proc/PID/stat`).
 pub fn collapse_resident(
     proc: &Path,
     pid: i32,
+    started: u64,
     which: Mappings,
     sizes: Sizes,
 ) -> Result<Collapsed, CollapseError> {
     let dir = proc.join(pid.to_string());
     let process = Pidfd::open(pid).map_err(io_err(format!("holding process {pid}")))?;
+    // Held first: the process checked is the one advised, never one taking its pid later.
+    match crate::procfs::start_time(proc, pid) {
+        Some(s) if s == started => {}
+        Some(_) => return Err(CollapseError::Replaced(pid)),
+        None => {
+            let gone = io::Error::from_raw_os_error(libc::ESRCH);
+            return Err(io_err(format!("holding process {pid}"))(gone));
+        }
+    }
     let maps = std::fs::read_to_string(dir.join("maps"))
         .map_err(io_err(format!("reading {}/maps", dir.display())))?;
     let pagemap = File::open(dir.join("pagemap"))
@@ -259,6 +277,13 @@ mod tests {
         }
     }
 
+    /// A pass over this process's `which` mappings.
+    fn collapse_mine(which: Mappings, sizes: Sizes) -> Result<Collapsed, CollapseError> {
+        let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
+        let started = crate::procfs::start_time(proc, me).unwrap();
+        collapse_resident(proc, me, started, which, sizes)
+    }
+
     /// An anonymous mapping of `len` bytes aligned to a huge page, unmapped on drop.
     struct Mapping {
         base: *mut u8,
@@ -332,8 +357,7 @@ mod tests {
             m.advise(libc::MADV_HUGEPAGE);
         }
         let which = Mappings::GuestRam(Bytes(8 << 20));
-        let me = std::process::id() as i32;
-        let done = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
+        let done = collapse_mine(which, sizes).unwrap();
         if always {
             assert!((2..=3).contains(&done.asked), "{done:?}");
         } else {
@@ -359,7 +383,7 @@ mod tests {
             assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
         }
         // Again: the ranges are huge pages now, and nothing more is gained.
-        let again = collapse_resident(Path::new("/proc"), me, which, sizes).unwrap();
+        let again = collapse_mine(which, sizes).unwrap();
         assert_eq!(again.asked, done.asked);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
@@ -370,10 +394,26 @@ mod tests {
             page: 4096,
             huge: HUGE,
         };
-        let e =
-            collapse_resident(Path::new("/proc"), i32::MAX, Mappings::Private, sizes).unwrap_err();
+        let proc = Path::new("/proc");
+        let e = collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes).unwrap_err();
         assert!(matches!(e, CollapseError::Io { .. }), "{e}");
         assert!(e.to_string().contains(&i32::MAX.to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_process_that_took_the_pid_is_left_alone() {
+        let sizes = Sizes {
+            page: 4096,
+            huge: HUGE,
+        };
+        let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
+        let started = crate::procfs::start_time(proc, me).unwrap();
+        let e = collapse_resident(proc, me, started + 1, Mappings::Private, sizes).unwrap_err();
+        assert!(
+            matches!(e, CollapseError::Replaced(pid) if pid == me),
+            "{e}"
+        );
+        assert!(e.to_string().contains("pid was reused"), "{e}");
     }
 
     #[test]

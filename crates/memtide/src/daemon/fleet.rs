@@ -9,6 +9,7 @@ use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
 use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
+use memtide_adapters::procfs;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -178,6 +179,9 @@ struct Managed {
     save: Option<SaveJob>,
     /// Its hypervisor's process, when known.
     pid: Option<u32>,
+    /// That process's start time when the VM connected: with the pid, it names the
+    /// process (another may take the pid once it has ended).
+    started: Option<u64>,
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -230,6 +234,8 @@ pub struct Fleet {
     /// libvirt URIs whose listing fails, each logged at first and then every
     /// [`LOG_EVERY`], not at every tick.
     listing_failures: HashMap<String, Failures>,
+    /// The host's /proc, where a hypervisor's start time is read.
+    proc: PathBuf,
 }
 
 impl Fleet {
@@ -289,6 +295,7 @@ impl Fleet {
             listing: JoinSet::new(),
             listing_in_flight: HashSet::new(),
             listing_failures: HashMap::new(),
+            proc: config.host.proc.clone(),
         }
     }
 
@@ -337,6 +344,9 @@ impl Fleet {
                         connected: now,
                         save: None,
                         pid: connection.pid,
+                        started: connection.pid.and_then(|pid| {
+                            procfs::start_time(&self.proc, i32::try_from(pid).ok()?)
+                        }),
                     };
                     self.managed.insert(c.name, m);
                 }
@@ -783,6 +793,13 @@ impl Fleet {
         Some((m.pid, m.config.as_ref()))
     }
 
+    /// VM `vm`'s hypervisor process and its start time when the VM connected, when both
+    /// are known.
+    pub fn hypervisor(&self, vm: &str) -> Option<(u32, u64)> {
+        let m = self.managed.get(vm)?;
+        Some((m.pid?, m.started?))
+    }
+
     /// How each managed VM's samples are arriving.
     pub fn sampling(&self) -> Vec<Sampling> {
         self.managed
@@ -846,6 +863,8 @@ mod tests {
         balloons_sent: Mutex<HashMap<PathBuf, Arc<AtomicU32>>>,
         /// libvirt URIs forgotten.
         forgotten: Mutex<Vec<String>>,
+        /// The hypervisor's process each connection gives.
+        pid: Option<u32>,
     }
 
     struct FakeVm(Behaviour, Arc<AtomicU32>);
@@ -923,7 +942,7 @@ mod tests {
                     min: Some((Bytes::from_mib(200), BoundFrom::Libvirt)),
                     max: None,
                     shares: None,
-                    pid: None,
+                    pid: self.pid,
                 }),
             }
         }
@@ -1061,6 +1080,37 @@ mod tests {
         let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db"]);
         assert!(fleet.process("web").is_none());
+    }
+
+    /// A hypervisor is known by its pid and its start time when its VM connected: a
+    /// process that took the pid since does not change them.
+    #[tokio::test(start_paused = true)]
+    async fn a_hypervisor_is_known_by_its_pid_and_its_start_time_at_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let stat = |started: u64| {
+            let text = format!(
+                "4242 (qemu) S 1 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 {started} 0 0\n"
+            );
+            std::fs::create_dir_all(dir.path().join("proc/4242")).unwrap();
+            std::fs::write(dir.path().join("proc/4242/stat"), text).unwrap();
+        };
+        stat(1000);
+        let connector = Arc::new(FakeConnector {
+            pid: Some(4242),
+            ..FakeConnector::default()
+        });
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector);
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        settle(&mut fleet).await;
+        assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
+        stat(2000);
+        assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
+        assert_eq!(fleet.hypervisor("db"), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,6 +16,9 @@ pub struct Target {
     pub vm: String,
     /// Its hypervisor's process.
     pub pid: i32,
+    /// And that process's start time when the VM connected: a process with another at
+    /// the pid is not its hypervisor.
+    pub started: u64,
     /// Its guest RAM's size, which picks the mapping.
     pub configured: Bytes,
 }
@@ -30,9 +33,10 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Its event: kind, result, the net change of the process's memory in huge pages,
-    /// and the message; `None` when the pass changed nothing.
-    pub fn event(&self) -> Option<(&'static str, &'static str, Bytes, String)> {
+    /// Its event: kind, the action's result (`None`: no action, a process not the VM's
+    /// skipped), the net change of the process's memory in huge pages, and the message;
+    /// `None` when the pass changed nothing.
+    pub fn event(&self) -> Option<(&'static str, Option<&'static str>, Bytes, String)> {
         match &self.done {
             Ok(c) if c.refused == 0 && c.huge_after <= c.huge_before => None,
             Ok(c) => {
@@ -47,18 +51,24 @@ impl Outcome {
                     c.huge_after
                 );
                 match c.refused {
-                    0 => Some(("action", "ok", gained, what)),
+                    0 => Some(("action", Some("ok"), gained, what)),
                     n => Some((
                         "action",
-                        "partly",
+                        Some("partly"),
                         gained,
                         format!("{what}; {n} the kernel could not collapse now"),
                     )),
                 }
             }
+            Err(e @ CollapseError::Replaced(_)) => Some((
+                "huge_pages_skipped",
+                None,
+                Bytes::ZERO,
+                format!("huge pages: {e}"),
+            )),
             Err(e) => Some((
                 "action_failed",
-                "error",
+                Some("error"),
                 Bytes::ZERO,
                 format!("huge pages: {e}"),
             )),
@@ -78,7 +88,13 @@ pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target]) -> Vec<Outcome> {
         .iter()
         .map(|t| Outcome {
             vm: t.vm.clone(),
-            done: io::collapse_resident(proc, t.pid, Mappings::GuestRam(t.configured), sizes),
+            done: io::collapse_resident(
+                proc,
+                t.pid,
+                t.started,
+                Mappings::GuestRam(t.configured),
+                sizes,
+            ),
         })
         .collect()
 }
@@ -102,11 +118,11 @@ mod tests {
         let (kind, result, gained, message) = outcome(Ok(c(100, 0))).event().unwrap();
         assert_eq!(
             (kind, result, gained),
-            ("action", "ok", Bytes::from_mib(200))
+            ("action", Some("ok"), Bytes::from_mib(200))
         );
         assert!(message.contains("100 ranges of the guest RAM"), "{message}");
         let (_, result, _, message) = outcome(Ok(c(100, 3))).event().unwrap();
-        assert_eq!(result, "partly");
+        assert_eq!(result, Some("partly"));
         assert!(
             message.contains("97 ranges") && message.contains("3 the kernel"),
             "{message}"
@@ -116,8 +132,31 @@ mod tests {
         )));
         assert!(refused.unsupported());
         let (kind, result, _, message) = refused.event().unwrap();
-        assert_eq!((kind, result), ("action_failed", "error"));
+        assert_eq!((kind, result), ("action_failed", Some("error")));
         assert!(message.contains("CAP_SYS_NICE"), "{message}");
+    }
+
+    /// A process with another start time at the VM's pid is skipped with a diagnostic,
+    /// not counted as an action, and does not turn the passes off.
+    #[test]
+    fn a_process_that_took_the_pid_is_skipped() {
+        let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
+        let started = memtide_adapters::procfs::start_time(proc, me).unwrap();
+        let targets = [Target {
+            vm: "a".into(),
+            pid: me,
+            started: started + 1,
+            configured: Bytes::from_mib(384),
+        }];
+        let sizes = Sizes {
+            page: 4096,
+            huge: 2 << 20,
+        };
+        let out = pass(proc, sizes, &targets);
+        assert!(!out[0].unsupported());
+        let (kind, result, _, message) = out[0].event().unwrap();
+        assert_eq!((kind, result), ("huge_pages_skipped", None));
+        assert!(message.contains("pid was reused"), "{message}");
     }
 
     #[test]
@@ -125,6 +164,7 @@ mod tests {
         let targets = [Target {
             vm: "gone".into(),
             pid: i32::MAX,
+            started: 1,
             configured: Bytes::from_mib(384),
         }];
         let sizes = Sizes {

@@ -1195,10 +1195,11 @@ impl Daemon {
             .iter()
             .filter(|vm| due.contains(&vm.name))
             .filter_map(|vm| {
-                let (pid, _) = self.fleet.process(&vm.name)?;
+                let (pid, started) = self.fleet.hypervisor(&vm.name)?;
                 Some(hugepages::Target {
                     vm: vm.name.clone(),
-                    pid: i32::try_from(pid?).ok()?,
+                    pid: i32::try_from(pid).ok()?,
+                    started,
                     configured: vm.sample.as_ref().ok()?.configured,
                 })
             })
@@ -1227,7 +1228,9 @@ impl Daemon {
             return;
         };
         self.counters.huge_pages_restored_bytes += gained.0;
-        self.counters.action("huge_pages", result);
+        if let Some(result) = result {
+            self.counters.action("huge_pages", result);
+        }
         self.events.log(kind, Some(&o.vm), None, message);
         if o.unsupported() {
             tracing::warn!(
