@@ -162,17 +162,18 @@ pub(crate) fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>
 }
 
 /// Collapse into huge pages the ranges of process `pid`'s `which` mappings (procfs at
-/// `proc`) whose pages are all resident and its alone. A range with a page missing,
-/// swapped out, shared (KSM's merged pages, the zero page) or write-protected by
-/// userfaultfd is left alone: collapsing it would fill holes with zeroes or copy shared
-/// pages, taking memory the host has back. The process is the one `pid` names now only
-/// if it `started` then (`/proc/PID/stat`).
+/// `proc`) whose pages are all resident and its alone; in a `dry_run`, only count them.
+/// A range with a page missing, swapped out, shared (KSM's merged pages, the zero page)
+/// or write-protected by userfaultfd is left alone: collapsing it would fill holes with
+/// zeroes or copy shared pages, taking memory the host has back. The process is the one
+/// `pid` names now only if it `started` then (`/proc/PID/stat`).
 pub fn collapse_resident(
     proc: &Path,
     pid: i32,
     started: u64,
     which: Mappings,
     sizes: Sizes,
+    dry_run: bool,
 ) -> Result<Collapsed, CollapseError> {
     let dir = proc.join(pid.to_string());
     let process = Pidfd::open(pid).map_err(io_err(format!("holding process {pid}")))?;
@@ -216,6 +217,9 @@ pub fn collapse_resident(
                     continue;
                 }
                 done.asked += 1;
+                if dry_run {
+                    continue;
+                }
                 let start = at + k as u64 * sizes.huge;
                 match process.madvise(start, sizes.huge, MADV_COLLAPSE) {
                     Ok(()) => {}
@@ -278,10 +282,14 @@ mod tests {
     }
 
     /// A pass over this process's `which` mappings.
-    fn collapse_mine(which: Mappings, sizes: Sizes) -> Result<Collapsed, CollapseError> {
+    fn collapse_mine(
+        which: Mappings,
+        sizes: Sizes,
+        dry_run: bool,
+    ) -> Result<Collapsed, CollapseError> {
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = crate::procfs::start_time(proc, me).unwrap();
-        collapse_resident(proc, me, started, which, sizes)
+        collapse_resident(proc, me, started, which, sizes, dry_run)
     }
 
     /// An anonymous mapping of `len` bytes aligned to a huge page, unmapped on drop.
@@ -357,7 +365,7 @@ mod tests {
             m.advise(libc::MADV_HUGEPAGE);
         }
         let which = Mappings::GuestRam(Bytes(8 << 20));
-        let done = collapse_mine(which, sizes).unwrap();
+        let done = collapse_mine(which, sizes, false).unwrap();
         if always {
             assert!((2..=3).contains(&done.asked), "{done:?}");
         } else {
@@ -383,7 +391,7 @@ mod tests {
             assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
         }
         // Again: the ranges are huge pages now, and nothing more is gained.
-        let again = collapse_mine(which, sizes).unwrap();
+        let again = collapse_mine(which, sizes, false).unwrap();
         assert_eq!(again.asked, done.asked);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
@@ -395,7 +403,7 @@ mod tests {
             huge: HUGE,
         };
         let proc = Path::new("/proc");
-        let e = collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes).unwrap_err();
+        let e = collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes, false).unwrap_err();
         assert!(matches!(e, CollapseError::Io { .. }), "{e}");
         assert!(e.to_string().contains(&i32::MAX.to_string()), "{e}");
     }
@@ -408,12 +416,42 @@ mod tests {
         };
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = crate::procfs::start_time(proc, me).unwrap();
-        let e = collapse_resident(proc, me, started + 1, Mappings::Private, sizes).unwrap_err();
+        let e =
+            collapse_resident(proc, me, started + 1, Mappings::Private, sizes, false).unwrap_err();
         assert!(
             matches!(e, CollapseError::Replaced(pid) if pid == me),
             "{e}"
         );
         assert!(e.to_string().contains("pid was reused"), "{e}");
+    }
+
+    /// A dry run counts what a pass would ask for, and collapses nothing.
+    #[test]
+    fn a_dry_run_counts_the_resident_ranges_a_pass_would_ask_for() {
+        // SAFETY: sysconf has no preconditions.
+        if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } != 4096 {
+            return eprintln!("skipped: pages are not of 4 KiB here");
+        }
+        let sizes = Sizes {
+            page: 4096,
+            huge: HUGE,
+        };
+        // 8 MiB in 4 KiB pages, its first 6 MiB written: three ranges (kept from
+        // khugepaged as in the test above).
+        let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|t| t.contains("[always]"));
+        let m = Mapping::new(8 << 20);
+        if always {
+            m.advise(libc::MADV_NOHUGEPAGE);
+        }
+        m.touch(6 << 20);
+        let which = Mappings::GuestRam(Bytes(8 << 20));
+        let all = collapse_mine(which, sizes, true).unwrap();
+        assert_eq!((all.asked, all.refused), (3, 0), "{all:?}");
+        assert!(
+            all.huge_after.0 < all.huge_before.0 + HUGE,
+            "collapsed: {all:?}"
+        );
     }
 
     #[test]

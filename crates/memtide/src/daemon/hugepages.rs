@@ -1,6 +1,7 @@
 //! Guest RAM put back in huge pages after a balloon gave memory back (`[host]
 //! restore_huge_pages`): which VMs are due (memtide-core's [`Restore`]), and one pass
 //! over them (memtide-adapters' `hugepages`), run off the runtime as reclaim's passes.
+//! A dry run counts what a pass would ask for and collapses nothing.
 
 use memtide_adapters::access::Mappings;
 use memtide_adapters::hugepages::{self as io, CollapseError, Collapsed, Sizes};
@@ -28,6 +29,8 @@ pub struct Target {
 pub struct Outcome {
     /// The VM.
     pub vm: String,
+    /// A dry run: nothing was collapsed.
+    pub dry_run: bool,
     /// What came of it.
     pub done: Result<Collapsed, CollapseError>,
 }
@@ -35,9 +38,17 @@ pub struct Outcome {
 impl Outcome {
     /// Its event: kind, the action's result (`None`: no action, a process not the VM's
     /// skipped), the net change of the process's memory in huge pages, and the message;
-    /// `None` when the pass changed nothing.
+    /// `None` when the pass changed nothing (or would not).
     pub fn event(&self) -> Option<(&'static str, Option<&'static str>, Bytes, String)> {
         match &self.done {
+            Ok(c) if self.dry_run => (c.asked > 0).then(|| {
+                let what = format!(
+                    "would ask {} ranges of the guest RAM, each resident and the \
+                     hypervisor's alone, to be in huge pages (dry run)",
+                    c.asked
+                );
+                ("action", Some("dry_run"), Bytes::ZERO, what)
+            }),
             Ok(c) if c.refused == 0 && c.huge_after <= c.huge_before => None,
             Ok(c) => {
                 let gained = Bytes(c.huge_after.0.saturating_sub(c.huge_before.0));
@@ -82,18 +93,20 @@ impl Outcome {
 }
 
 /// One pass over `targets` (blocking: it reads each one's page map and the kernel copies
-/// the ranges it collapses), with the host's page `sizes`.
-pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target]) -> Vec<Outcome> {
+/// the ranges it collapses), with the host's page `sizes`; a `dry_run` only counts them.
+pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target], dry_run: bool) -> Vec<Outcome> {
     targets
         .iter()
         .map(|t| Outcome {
             vm: t.vm.clone(),
+            dry_run,
             done: io::collapse_resident(
                 proc,
                 t.pid,
                 t.started,
                 Mappings::GuestRam(t.configured),
                 sizes,
+                dry_run,
             ),
         })
         .collect()
@@ -113,6 +126,7 @@ mod tests {
         };
         let outcome = |done| Outcome {
             vm: "a".into(),
+            dry_run: false,
             done,
         };
         let (kind, result, gained, message) = outcome(Ok(c(100, 0))).event().unwrap();
@@ -136,6 +150,32 @@ mod tests {
         assert!(message.contains("CAP_SYS_NICE"), "{message}");
     }
 
+    #[test]
+    fn a_dry_run_says_what_it_would_collapse() {
+        let found = |asked| Collapsed {
+            asked,
+            ..Collapsed::default()
+        };
+        let outcome = |done| Outcome {
+            vm: "a".into(),
+            dry_run: true,
+            done: Ok(done),
+        };
+        let (kind, result, gained, message) = outcome(found(40)).event().unwrap();
+        assert_eq!(
+            (kind, result, gained),
+            ("action", Some("dry_run"), Bytes::ZERO)
+        );
+        assert!(
+            message.starts_with("would ask 40 ranges") && message.ends_with("(dry run)"),
+            "{message}"
+        );
+        assert!(
+            outcome(found(0)).event().is_none(),
+            "nothing would be asked"
+        );
+    }
+
     /// A process with another start time at the VM's pid is skipped with a diagnostic,
     /// not counted as an action, and does not turn the passes off.
     #[test]
@@ -152,7 +192,7 @@ mod tests {
             page: 4096,
             huge: 2 << 20,
         };
-        let out = pass(proc, sizes, &targets);
+        let out = pass(proc, sizes, &targets, false);
         assert!(!out[0].unsupported());
         let (kind, result, _, message) = out[0].event().unwrap();
         assert_eq!((kind, result), ("huge_pages_skipped", None));
@@ -171,7 +211,7 @@ mod tests {
             page: 4096,
             huge: 2 << 20,
         };
-        let out = pass(Path::new("/proc"), sizes, &targets);
+        let out = pass(Path::new("/proc"), sizes, &targets, false);
         assert_eq!(out.len(), 1);
         assert!(
             out[0].done.is_err() && !out[0].unsupported(),

@@ -1170,8 +1170,9 @@ impl Daemon {
 
     /// Guest RAM back in huge pages (`[host] restore_huge_pages`) for the VMs whose
     /// balloon gave memory back lately: one pass over them off the runtime, not waited
-    /// for, none beside one still running; each is logged and counted when it has ended.
-    /// A kernel that refuses the advice (before 6.1, no CAP_SYS_NICE) turns it off.
+    /// for, none beside one still running (in a dry run, counting what it would ask
+    /// for); each is logged and counted when it has ended. A kernel that refuses the
+    /// advice (before 6.1, no CAP_SYS_NICE) turns it off.
     async fn restore_huge_pages(&mut self, snapshot: &Snapshot) {
         if self.collapsing.as_ref().is_some_and(|p| p.is_finished()) {
             if let Some(pass) = self.collapsing.take() {
@@ -1187,7 +1188,7 @@ impl Daemon {
             (vm.name.as_str(), actual)
         });
         let due = restore.due(snapshot.at, actuals);
-        if self.collapsing.is_some() || self.options.dry_run {
+        if self.collapsing.is_some() {
             return;
         }
         let targets: Vec<hugepages::Target> = snapshot
@@ -1208,9 +1209,9 @@ impl Daemon {
             return;
         }
         restore.started(snapshot.at);
-        let proc = self.config.host.proc.clone();
+        let (proc, dry_run) = (self.config.host.proc.clone(), self.options.dry_run);
         self.collapsing = Some(tokio::task::spawn_blocking(move || {
-            hugepages::pass(&proc, sizes, &targets)
+            hugepages::pass(&proc, sizes, &targets, dry_run)
         }));
     }
 
