@@ -14,6 +14,7 @@
 
 use crate::access::Mappings;
 use crate::pidfd::Pidfd;
+use memtide_core::hugepages::Bound;
 use memtide_core::Bytes;
 use std::fs::File;
 use std::io;
@@ -47,6 +48,9 @@ pub struct Collapsed {
     pub huge_before: Bytes,
     /// And after: the difference counts khugepaged's work and splits meanwhile too.
     pub huge_after: Bytes,
+    /// Where the next pass goes on, when this one stopped short of the end (at its
+    /// bound, or for want of huge pages).
+    pub next: Option<u64>,
 }
 
 /// Why a pass could not run, for one process or at all.
@@ -162,17 +166,18 @@ pub(crate) fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>
 }
 
 /// Collapse into huge pages the ranges of process `pid`'s `which` mappings (procfs at
-/// `proc`) whose pages are all resident and its alone; in a `dry_run`, only count them.
-/// A range with a page missing, swapped out, shared (KSM's merged pages, the zero page)
-/// or write-protected by userfaultfd is left alone: collapsing it would fill holes with
-/// zeroes or copy shared pages, taking memory the host has back. The process is the one
-/// `pid` names now only if it `started` then (`/proc/PID/stat`).
+/// `proc`) whose pages are all resident and its alone, within `bound`; in a `dry_run`,
+/// only count them. A range with a page missing, swapped out, shared (KSM's merged pages,
+/// the zero page) or write-protected by userfaultfd is left alone: collapsing it would
+/// fill holes with zeroes or copy shared pages, taking memory the host has back. The
+/// process is the one `pid` names now only if it `started` then (`/proc/PID/stat`).
 pub fn collapse_resident(
     proc: &Path,
     pid: i32,
     started: u64,
     which: Mappings,
     sizes: Sizes,
+    bound: Bound,
     dry_run: bool,
 ) -> Result<Collapsed, CollapseError> {
     let dir = proc.join(pid.to_string());
@@ -197,7 +202,7 @@ pub fn collapse_resident(
     let per_huge = (sizes.huge / sizes.page) as usize;
     let mut entries = vec![0u8; per_huge * CHUNK as usize * 8];
     'ranges: for range in anonymous(&maps, which) {
-        let first = range.start.next_multiple_of(sizes.huge);
+        let first = range.start.max(bound.from).next_multiple_of(sizes.huge);
         let count = range.end.saturating_sub(first) / sizes.huge;
         let mut read = 0;
         while read < count {
@@ -216,11 +221,15 @@ pub fn collapse_resident(
                 if !own {
                     continue;
                 }
+                let start = at + k as u64 * sizes.huge;
+                if done.asked == bound.ranges {
+                    done.next = Some(start);
+                    break 'ranges;
+                }
                 done.asked += 1;
                 if dry_run {
                     continue;
                 }
-                let start = at + k as u64 * sizes.huge;
                 match process.madvise(start, sizes.huge, MADV_COLLAPSE) {
                     Ok(()) => {}
                     Err(e) => match e.raw_os_error() {
@@ -230,6 +239,7 @@ pub fn collapse_resident(
                         // rest would only reclaim the guest's memory.
                         Some(libc::ENOMEM | libc::EBUSY) => {
                             done.refused += 1;
+                            done.next = Some(start);
                             break 'ranges;
                         }
                         Some(libc::EPERM) => {
@@ -281,15 +291,22 @@ mod tests {
         }
     }
 
+    /// The whole guest RAM, as one pass may ask for no more.
+    const ALL: Bound = Bound {
+        from: 0,
+        ranges: u64::MAX,
+    };
+
     /// A pass over this process's `which` mappings.
     fn collapse_mine(
         which: Mappings,
         sizes: Sizes,
+        bound: Bound,
         dry_run: bool,
     ) -> Result<Collapsed, CollapseError> {
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = crate::procfs::start_time(proc, me).unwrap();
-        collapse_resident(proc, me, started, which, sizes, dry_run)
+        collapse_resident(proc, me, started, which, sizes, bound, dry_run)
     }
 
     /// An anonymous mapping of `len` bytes aligned to a huge page, unmapped on drop.
@@ -365,7 +382,7 @@ mod tests {
             m.advise(libc::MADV_HUGEPAGE);
         }
         let which = Mappings::GuestRam(Bytes(8 << 20));
-        let done = collapse_mine(which, sizes, false).unwrap();
+        let done = collapse_mine(which, sizes, ALL, false).unwrap();
         if always {
             assert!((2..=3).contains(&done.asked), "{done:?}");
         } else {
@@ -391,7 +408,7 @@ mod tests {
             assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
         }
         // Again: the ranges are huge pages now, and nothing more is gained.
-        let again = collapse_mine(which, sizes, false).unwrap();
+        let again = collapse_mine(which, sizes, ALL, false).unwrap();
         assert_eq!(again.asked, done.asked);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
@@ -403,7 +420,8 @@ mod tests {
             huge: HUGE,
         };
         let proc = Path::new("/proc");
-        let e = collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes, false).unwrap_err();
+        let e =
+            collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes, ALL, false).unwrap_err();
         assert!(matches!(e, CollapseError::Io { .. }), "{e}");
         assert!(e.to_string().contains(&i32::MAX.to_string()), "{e}");
     }
@@ -416,8 +434,8 @@ mod tests {
         };
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = crate::procfs::start_time(proc, me).unwrap();
-        let e =
-            collapse_resident(proc, me, started + 1, Mappings::Private, sizes, false).unwrap_err();
+        let e = collapse_resident(proc, me, started + 1, Mappings::Private, sizes, ALL, false)
+            .unwrap_err();
         assert!(
             matches!(e, CollapseError::Replaced(pid) if pid == me),
             "{e}"
@@ -425,9 +443,10 @@ mod tests {
         assert!(e.to_string().contains("pid was reused"), "{e}");
     }
 
-    /// A dry run counts what a pass would ask for, and collapses nothing.
+    /// A dry run counts what a pass would ask for, within its bound, and collapses
+    /// nothing; each pass goes on where the last stopped.
     #[test]
-    fn a_dry_run_counts_the_resident_ranges_a_pass_would_ask_for() {
+    fn a_dry_run_counts_the_resident_ranges_a_bounded_pass_would_ask_for() {
         // SAFETY: sysconf has no preconditions.
         if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } != 4096 {
             return eprintln!("skipped: pages are not of 4 KiB here");
@@ -446,12 +465,17 @@ mod tests {
         }
         m.touch(6 << 20);
         let which = Mappings::GuestRam(Bytes(8 << 20));
-        let all = collapse_mine(which, sizes, true).unwrap();
-        assert_eq!((all.asked, all.refused), (3, 0), "{all:?}");
-        assert!(
-            all.huge_after.0 < all.huge_before.0 + HUGE,
-            "collapsed: {all:?}"
-        );
+        let all = collapse_mine(which, sizes, ALL, true).unwrap();
+        assert_eq!((all.asked, all.refused, all.next), (3, 0, None), "{all:?}");
+        let two = Bound { from: 0, ranges: 2 };
+        let first = collapse_mine(which, sizes, two, true).unwrap();
+        assert_eq!((first.asked, first.next), (2, Some(m.start + (4 << 20))));
+        let from = first.next.unwrap();
+        let rest = collapse_mine(which, sizes, Bound { from, ranges: 2 }, true).unwrap();
+        assert_eq!((rest.asked, rest.next), (1, None), "{rest:?}");
+        for d in [all, first, rest] {
+            assert!(d.huge_after.0 < d.huge_before.0 + HUGE, "collapsed: {d:?}");
+        }
     }
 
     #[test]

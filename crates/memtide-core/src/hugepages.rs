@@ -7,7 +7,8 @@
 //! than it gains on a large one. So a VM is due from the tick its balloon grew until
 //! [`WINDOW`] after, at most one pass every [`EVERY`]: long enough for its workload to
 //! write what it was given, and for the pass after a pass to find what the guest wrote
-//! since.
+//! since. A pass asks for at most [`PER_PASS`] of a VM's guest RAM; the next goes on
+//! where it stopped.
 
 use crate::units::Bytes;
 use std::collections::{HashMap, HashSet};
@@ -17,6 +18,11 @@ use std::time::Duration;
 pub const WINDOW: Duration = Duration::from_secs(60);
 /// The least time between two passes.
 pub const EVERY: Duration = Duration::from_secs(5);
+/// The most of a VM's guest RAM one pass asks to be collapsed. `MADV_COLLAPSE` copies
+/// each range into a new huge page before it returns: unbounded, a pass over a guest of
+/// hundreds of GiB would hold up the other VMs' collapses, and the next pass, as long as
+/// it copies.
+pub const PER_PASS: Bytes = Bytes(1 << 30);
 /// A balloon that grew by less is taken as unchanged (its `actual` moves by a few pages
 /// as the guest's driver settles).
 const GROWTH: Bytes = Bytes(1 << 20);
@@ -32,6 +38,18 @@ pub struct Restore {
 struct Seen {
     actual: Bytes,
     grew_at: Option<Duration>,
+    /// Where its next pass starts: the address its last one stopped at.
+    from: u64,
+}
+
+/// Where a VM's pass starts in its guest RAM, and how many huge-page ranges it may ask
+/// to be collapsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// The address it starts at.
+    pub from: u64,
+    /// The most ranges it asks for.
+    pub ranges: u64,
 }
 
 impl Restore {
@@ -69,6 +87,7 @@ impl Restore {
                         Seen {
                             actual,
                             grew_at: None,
+                            from: 0,
                         },
                     );
                 }
@@ -94,6 +113,23 @@ impl Restore {
     /// A pass started at `at`: the next is due [`EVERY`] later.
     pub fn started(&mut self, at: Duration) {
         self.last_pass = Some(at);
+    }
+
+    /// VM `vm`'s pass with huge pages of `huge`: from where its last one stopped, at
+    /// most [`PER_PASS`] of ranges (one at least).
+    pub fn bound(&self, vm: &str, huge: Bytes) -> Bound {
+        Bound {
+            from: self.vms.get(vm).map_or(0, |s| s.from),
+            ranges: (PER_PASS.0 / huge.0.max(1)).max(1),
+        }
+    }
+
+    /// VM `vm`'s pass stopped at address `next` (`None`: it reached the end of the guest
+    /// RAM, and the next starts at its beginning again).
+    pub fn stopped(&mut self, vm: &str, next: Option<u64>) {
+        if let Some(seen) = self.vms.get_mut(vm) {
+            seen.from = next.unwrap_or(0);
+        }
     }
 }
 
@@ -138,6 +174,29 @@ mod tests {
         assert_eq!(r.due(s(2), [("a", kib((129 << 10) + 512))]), ["a"]);
         // Inflating again: the window ends.
         assert!(r.due(s(3), [("a", kib(100 << 10))]).is_empty());
+    }
+
+    #[test]
+    fn a_pass_asks_for_a_gib_at_most_and_the_next_goes_on_where_it_stopped() {
+        let mut r = Restore::default();
+        let huge = Bytes(2 << 20);
+        r.due(s(0), [("a", Some(Bytes::from_mib(128)))]);
+        assert_eq!(
+            r.bound("a", huge),
+            Bound {
+                from: 0,
+                ranges: 512
+            }
+        );
+        // A huge page larger than the bound (arm64's 512 MiB with 64 KiB pages, or more).
+        assert_eq!(r.bound("a", Bytes(2 << 30)).ranges, 1);
+        r.stopped("a", Some(0x7f00_4000_0000));
+        assert_eq!(r.bound("a", huge).from, 0x7f00_4000_0000);
+        r.stopped("a", None);
+        assert_eq!(r.bound("a", huge).from, 0);
+        // Unknown VMs start at the beginning.
+        r.stopped("b", Some(1 << 30));
+        assert_eq!(r.bound("b", huge).from, 0);
     }
 
     #[test]

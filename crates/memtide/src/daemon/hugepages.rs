@@ -8,7 +8,7 @@ use memtide_adapters::hugepages::{self as io, CollapseError, Collapsed, Sizes};
 use memtide_core::Bytes;
 use std::path::Path;
 
-pub use memtide_core::hugepages::Restore;
+pub use memtide_core::hugepages::{Bound, Restore};
 
 /// A VM to collapse the guest RAM of.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +22,8 @@ pub struct Target {
     pub started: u64,
     /// Its guest RAM's size, which picks the mapping.
     pub configured: Bytes,
+    /// Where in it the pass starts, and how much it may ask for.
+    pub bound: Bound,
 }
 
 /// What a pass did for one VM.
@@ -106,6 +108,7 @@ pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target], dry_run: bool) -> Vec
                 t.started,
                 Mappings::GuestRam(t.configured),
                 sizes,
+                t.bound,
                 dry_run,
             ),
         })
@@ -123,6 +126,7 @@ mod tests {
             refused,
             huge_before: Bytes::from_mib(100),
             huge_after: Bytes::from_mib(300),
+            next: None,
         };
         let outcome = |done| Outcome {
             vm: "a".into(),
@@ -187,6 +191,7 @@ mod tests {
             pid: me,
             started: started + 1,
             configured: Bytes::from_mib(384),
+            bound: Bound { from: 0, ranges: 1 },
         }];
         let sizes = Sizes {
             page: 4096,
@@ -206,6 +211,7 @@ mod tests {
             pid: i32::MAX,
             started: 1,
             configured: Bytes::from_mib(384),
+            bound: Bound { from: 0, ranges: 1 },
         }];
         let sizes = Sizes {
             page: 4096,

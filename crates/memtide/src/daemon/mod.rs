@@ -1202,6 +1202,7 @@ impl Daemon {
                     pid: i32::try_from(pid).ok()?,
                     started,
                     configured: vm.sample.as_ref().ok()?.configured,
+                    bound: restore.bound(&vm.name, Bytes(sizes.huge)),
                 })
             })
             .collect();
@@ -1223,8 +1224,12 @@ impl Daemon {
         }
     }
 
-    /// Count and log one VM's huge-page pass; turn the passes off if the host cannot.
+    /// Count and log one VM's huge-page pass, and keep where the next goes on; turn the
+    /// passes off if the host cannot.
     fn log_collapse(&mut self, o: &hugepages::Outcome) {
+        if let (Some((restore, _)), Ok(c)) = (&mut self.huge_pages, &o.done) {
+            restore.stopped(&o.vm, c.next);
+        }
         let Some((kind, result, gained, message)) = o.event() else {
             return;
         };
