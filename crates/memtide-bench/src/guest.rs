@@ -70,10 +70,14 @@ impl Guest {
         idle: bool,
     ) -> anyhow::Result<Guest> {
         let name = &spec.name;
+        let balloon = match spec.free_page_reporting {
+            true => format!("{BALLOON},free-page-reporting=on"),
+            false => BALLOON.to_string(),
+        };
         let mut boot = Boot::new(name, dir, kernel_dir, spec.memory_mib.to_string())
             .qmp("qmp")
             .qmp("hqmp")
-            .device(BALLOON)
+            .device(&balloon)
             // Swap first (vda), then data (vdb): the serials decide, not the order.
             .disk("swap", spec.swap_mib)
             .disk("data", spec.data_mib)

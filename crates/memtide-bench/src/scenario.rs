@@ -140,6 +140,9 @@ pub struct VmSpec {
     /// Kernel parameters of the guest's own beyond the workload's (e.g.
     /// `transparent_hugepage=never`), in every boot of it, solo runs included.
     pub extra_kernel_args: String,
+    /// The balloon reports the guest's free memory (`free-page-reporting=on`): freed
+    /// pages go back to the host by themselves, under every policy.
+    pub free_page_reporting: bool,
     /// Daemon bounds for the VM.
     pub min_mib: Option<u64>,
     /// See `min_mib`.
@@ -290,6 +293,8 @@ struct RawVm {
     hot_set_mib: f64,
     #[serde(default)]
     kernel_args: String,
+    #[serde(default)]
+    free_page_reporting: bool,
     min_mib: Option<u64>,
     max_mib: Option<u64>,
     shares: Option<u32>,
@@ -706,6 +711,7 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" "),
+        free_page_reporting: v.free_page_reporting,
         min_mib: v.min_mib,
         max_mib: v.max_mib,
         shares: v.shares,
@@ -802,6 +808,7 @@ mod tests {
         start_mib = "full"
         hot_set_mib = 32
         kernel_args = " transparent_hugepage=never   quiet "
+        free_page_reporting = true
         [[target]]
         policy = "memtide"
         metric = "converge_s"
@@ -839,6 +846,8 @@ mod tests {
             "transparent_hugepage=never quiet"
         );
         assert_eq!(s.vms[0].base_key(), (384, true, false, true, ""));
+        assert!(!s.vms[0].free_page_reporting, "off by default");
+        assert!(s.vms[1].free_page_reporting);
         assert_eq!(s.targets[0].describe(), "memtide converge_s ≤ 0.5 × tws");
         assert_eq!(s.config["memtide"]["margin"].as_float(), Some(0.05));
     }

@@ -40,6 +40,8 @@ pub struct Observation {
     /// How much the host needs memory, for estimators whose probing scales with it
     /// (none: probe as if it were short).
     pub need: Option<Need>,
+    /// The guest's freed pages go back to the host by themselves (free page reporting).
+    pub free_page_reporting: bool,
 }
 
 /// An estimate and how it was reached.

@@ -74,6 +74,7 @@ mod tests {
     fn obs(touched_mib: u64) -> Observation {
         Observation {
             need: None,
+            free_page_reporting: false,
             size: Bytes::from_mib(1000),
             configured: Bytes::from_mib(1000),
             referenced: Some(Bytes::from_mib(touched_mib)),

@@ -106,6 +106,7 @@ mod tests {
     fn obs(size: u64, committed: u64) -> Observation {
         Observation {
             need: None,
+            free_page_reporting: false,
             size: Bytes::from_mib(size),
             configured: Bytes::from_mib(2048),
             signals: Signals {

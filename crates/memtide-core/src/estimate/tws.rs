@@ -134,6 +134,7 @@ mod tests {
     fn obs(t: u64, committed_mib: u64, faults: u64) -> Observation {
         Observation {
             need: None,
+            free_page_reporting: false,
             at: Duration::from_secs(t),
             size: Bytes::from_mib(1024),
             configured: Bytes::from_mib(2048),

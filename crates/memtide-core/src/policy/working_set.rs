@@ -229,6 +229,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
+        ("memtide", "reported") => "memtide.reported",
         ("memtide", "cold") => "memtide.cold",
         ("memtide", "touched") => "memtide.touched",
         ("memtide", "sampling") => "memtide.sampling",
@@ -255,6 +256,7 @@ pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
         referenced: latest.referenced,
         cold: latest.cold,
         signals: vm.signals.clone(),
+        free_page_reporting: latest.free_page_reporting,
     }
 }
 
