@@ -235,23 +235,27 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     Some(clamp(need + cache + margin - cold, floor, obs.configured))
 }
 
-/// With free page reporting, the size a guest keeps while memory is ample: all but the
-/// page cache it does not use (Inactive(file)), and no less than its costless size. Its
-/// free memory is back on the host already, in huge-page
-/// blocks (the guest reports free blocks of 2 MiB and the hypervisor discards them), so the
-/// balloon would free nothing more by taking it, and would cost the guest: its 4 KiB
-/// pages split the host's huge pages and scatter the guest's free memory, and the guest
-/// waits for a deflate when it allocates again (seen on real guests: memknobs guests given
-/// their 200 MiB phase back by the balloon ran at a tenth of their speed for 5-8 s after
-/// it, at full CPU, with no fault on either side). The guest's free memory is not read
+/// With free page reporting, the size a guest may keep while memory is ample: all but the
+/// page cache it does not use and the memory the host saw cold, as far as the host does not
+/// back it. What it has freed is back on the host already, in huge-page blocks (the guest
+/// reports free blocks of 2 MiB and the hypervisor discards them), so the balloon would free
+/// nothing more by taking it, and would cost the guest: its 4 KiB pages split the host's
+/// huge pages, and the guest waits for a deflate when it allocates again (seen on real
+/// guests: memknobs guests given their 200 MiB phase back by the balloon ran at a tenth of
+/// their speed for 5-8 s after it, at full CPU, with no fault on either side). Free memory
+/// the host still backs (a guest whose driver does not report, or free pages in blocks
+/// smaller than it reports) is taken as without reporting. Its free memory is not read
 /// from its balloon statistics, which lag its agent's figures by a tick (seen on real
 /// guests: a guest that had just freed 170 MiB showed none of it free there, and was
-/// ballooned to its need). `None` without reporting or the agent's page cache figure.
+/// ballooned to its need). `None` without reporting, the agent's page cache figure or
+/// the host's resident figure.
 fn reported_kept(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     if !obs.free_page_reporting {
         return None;
     }
-    Some((obs.size - obs.signals.inactive_file?).max(costless(cfg, obs)?))
+    let unbacked = obs.size - obs.backed?;
+    let cold = cold_need(cfg, obs).unwrap_or_default();
+    Some((obs.size - obs.signals.inactive_file? - cold).min(costless(cfg, obs)? + unbacked))
 }
 
 /// What of the guest's own need its host's access tracking saw untouched for the cold age:
@@ -384,6 +388,7 @@ impl Fused {
                 wss,
                 phase: "adopt",
                 detail,
+                keep: None,
             });
         }
         let free_at_full = obs.need.map_or(0.0, |n| n.free_at_full);
@@ -401,6 +406,7 @@ impl Fused {
                 wss,
                 phase: "arrive",
                 detail,
+                keep: None,
             });
         }
 
@@ -746,19 +752,12 @@ impl Fused {
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
         let wss = clamp(estimate.max(swap_floor), floor, obs.configured);
         self.estimate = Some(wss);
-        // What free page reporting keeps while memory is ample is given on top of the
-        // estimate, not kept in it: once the host needs memory, the rules take it as before.
-        let kept = reported_kept(cfg, obs)
+        // What free page reporting lets it keep while memory is ample comes on top of the
+        // estimate, as far as memory is not divided (the policy decides).
+        let keep = reported_kept(cfg, obs)
             .filter(|_| level == NeedLevel::Ample)
-            .map(|k| clamp(k, floor, obs.configured))
+            .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss);
-        let (wss, phase) = match kept {
-            // Told as such where a rule would have taken memory (a back-off or an
-            // allocation says why the guest grew).
-            Some(k) if matches!(phase, "ample" | "release" | "hold" | "settle") => (k, "reported"),
-            Some(k) => (k, phase),
-            None => (wss, phase),
-        };
         // One format per tick and VM: reasons are made for every VM every tick.
         let detail = match phase {
             "back_off" => format!(
@@ -804,11 +803,6 @@ impl Fused {
                  untouched for the cold age: let it go",
                 cold.unwrap_or_default()
             ),
-            "reported" => format!(
-                "estimate {wss}: memory is ample and the guest's free memory goes back to the \
-                 host by free page reporting: keep it, take only page cache it does not use; \
-                 it counts {need} needed"
-            ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
             ),
@@ -825,7 +819,12 @@ impl Fused {
             ),
             _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
         };
-        Some(Estimate { wss, phase, detail })
+        Some(Estimate {
+            wss,
+            phase,
+            detail,
+            keep,
+        })
     }
 }
 
@@ -844,6 +843,7 @@ mod tests {
             referenced: None,
             cold: None,
             free_page_reporting: false,
+            backed: None,
             signals: Signals {
                 available: Some(Bytes::from_mib(avail)),
                 unreclaimable: Some(Bytes::from_mib(40)),
@@ -1766,43 +1766,50 @@ mod tests {
     }
 
     #[test]
-    fn with_free_page_reporting_and_memory_ample_a_guest_keeps_its_free_memory_not_unused_cache() {
-        // A 1000 MiB guest with `avail` available, `unused` MiB of it inactive page cache.
-        let o = |t, size, avail, unused, fpr, level| {
-            let mut o = at(obs(t, size, avail, 0), level);
+    fn with_free_page_reporting_and_memory_ample_a_guest_may_keep_the_free_memory_the_host_does_not_back(
+    ) {
+        // A 1000 MiB guest with `avail` available, `unused` MiB of it inactive page cache,
+        // `backed` MiB of it resident on the host.
+        let o = |t, avail, unused, backed, fpr, level| {
+            let mut o = at(obs(t, 1000, avail, 0), level);
             o.signals.inactive_file = Some(Bytes::from_mib(unused));
+            o.backed = Some(Bytes::from_mib(backed));
             o.free_page_reporting = fpr;
             o
         };
+        let keep = |e: Option<Estimate>| e.unwrap().keep.map(|k| k.mib_f64());
         let (cfg, ample) = (cfg(), NeedLevel::Ample);
-        // Needing 700 MiB, 300 free: without reporting it starts at its need and margin;
-        // with it, its free memory is back on the host already and it keeps its size.
+        // Needing 700 MiB, 300 free and reported: its estimate is its need and margin
+        // either way; with reporting it may keep its size.
         let mut plain = Fused::default();
         assert_eq!(
-            mib(plain.step(&cfg, &o(0, 1000, 300, 0, false, ample))),
-            730.0
+            keep(plain.step(&cfg, &o(0, 300, 0, 700, false, ample))),
+            None
         );
         let mut f = Fused::default();
-        assert_eq!(mib(f.step(&cfg, &o(0, 1000, 300, 0, true, ample))), 1000.0);
-        // It frees 300 MiB: taken back without reporting, kept with it.
-        let e = plain.step(&cfg, &o(1, 730, 330, 0, false, ample)).unwrap();
+        let e = f.step(&cfg, &o(0, 300, 0, 700, true, ample)).unwrap();
+        assert_eq!(
+            (e.wss.mib_f64(), e.keep),
+            (730.0, Some(Bytes::from_mib(1000)))
+        );
+        // It frees 300 MiB more: the estimate falls to its need, what it may keep does not.
+        let e = f.step(&cfg, &o(1, 600, 0, 400, true, ample)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (430.0, "release"));
-        let e = f.step(&cfg, &o(1, 1000, 600, 0, true, ample)).unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (1000.0, "reported"));
-        assert!(e.detail.contains("free page reporting"), "{}", e.detail);
-        // Page cache it does not use is still the host's memory, and still taken: 200 MiB
-        // of it, 100 MiB free (need 700).
+        assert_eq!(e.keep, Some(Bytes::from_mib(1000)));
+        // Free memory the host still backs (a driver that does not report) is not kept.
+        let mut n = Fused::default();
+        assert_eq!(keep(n.step(&cfg, &o(0, 300, 0, 1000, true, ample))), None);
+        // Nor page cache it does not use: 200 MiB of it, 100 MiB free and reported.
         let mut c = Fused::default();
-        assert_eq!(mib(c.step(&cfg, &o(0, 1000, 300, 200, true, ample))), 800.0);
-        // Never below what costs it nothing: 290 MiB of unused cache and 10 free leave
-        // 710, below its need and margin.
-        let mut d = Fused::default();
-        assert_eq!(mib(d.step(&cfg, &o(0, 1000, 300, 290, true, ample))), 730.0);
-        // Once the host needs memory, what reporting kept is taken as without it.
-        let e = f
-            .step(&cfg, &o(2, 1000, 600, 0, true, NeedLevel::Tight))
-            .unwrap();
-        assert_eq!(e.wss.mib_f64(), 430.0, "{}", e.detail);
+        assert_eq!(
+            keep(c.step(&cfg, &o(0, 300, 200, 900, true, ample))),
+            Some(800.0)
+        );
+        // Once the host needs memory, nothing is kept beyond the estimate.
+        assert_eq!(
+            keep(f.step(&cfg, &o(2, 600, 0, 400, true, NeedLevel::Tight))),
+            None
+        );
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Observation {
     pub need: Option<Need>,
     /// The guest's freed pages go back to the host by themselves (free page reporting).
     pub free_page_reporting: bool,
+    /// What the host backs of the guest's memory (its hypervisor's resident memory,
+    /// within its size), when known.
+    pub backed: Option<Bytes>,
 }
 
 /// An estimate and how it was reached.
@@ -54,6 +57,9 @@ pub struct Estimate {
     /// The estimate and the inputs behind it, in words (formatted once: estimators run
     /// for every VM every tick).
     pub detail: String,
+    /// A size above `wss` the guest may keep where memory is not divided: memory it does
+    /// not need but the host does not back either (free page reporting gave it back).
+    pub keep: Option<Bytes>,
 }
 
 /// Keep `b` within `[lo, hi]` (with `hi` winning if they cross).

@@ -63,6 +63,7 @@ impl Sampled {
             wss,
             phase: "sampling",
             detail,
+            keep: None,
         })
     }
 }
@@ -75,6 +76,7 @@ mod tests {
         Observation {
             need: None,
             free_page_reporting: false,
+            backed: None,
             size: Bytes::from_mib(1000),
             configured: Bytes::from_mib(1000),
             referenced: Some(Bytes::from_mib(touched_mib)),

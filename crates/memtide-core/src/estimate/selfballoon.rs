@@ -77,6 +77,7 @@ impl SelfBalloon {
             wss,
             phase: if target < floor { "floor" } else { "track" },
             detail,
+            keep: None,
         })
     }
 }
@@ -107,6 +108,7 @@ mod tests {
         Observation {
             need: None,
             free_page_reporting: false,
+            backed: None,
             size: Bytes::from_mib(size),
             configured: Bytes::from_mib(2048),
             signals: Signals {

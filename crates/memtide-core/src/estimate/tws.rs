@@ -118,6 +118,7 @@ impl Tws {
             wss,
             phase: name,
             detail,
+            keep: None,
         })
     }
 }
@@ -135,6 +136,7 @@ mod tests {
         Observation {
             need: None,
             free_page_reporting: false,
+            backed: None,
             at: Duration::from_secs(t),
             size: Bytes::from_mib(1024),
             configured: Bytes::from_mib(2048),

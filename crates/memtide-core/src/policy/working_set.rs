@@ -257,6 +257,7 @@ pub fn observe(at: std::time::Duration, vm: &VmInput<'_>) -> Observation {
         cold: latest.cold,
         signals: vm.signals.clone(),
         free_page_reporting: latest.free_page_reporting,
+        backed: Some(backed(vm)),
     }
 }
 
@@ -374,11 +375,37 @@ impl Policy for WorkingSet {
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
+        // What free page reporting lets guests keep above their estimates, where all of it
+        // fits beside what every VM wants: never at a neighbour's expense.
+        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _), want: Bytes| {
+            e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
+        };
+        let keeps: Vec<Option<Bytes>> = estimated
+            .iter()
+            .zip(&claims)
+            .map(|(v, c)| kept(v, c.want))
+            .collect();
+        let extra: Bytes = keeps
+            .iter()
+            .zip(&claims)
+            .filter_map(|(k, c)| Some((*k)? - c.want))
+            .sum();
+        let keeping = divided.is_none() && wanted + extra <= capacity;
         let policy = self.estimator.policy_name();
-        for ((vm, e, ..), target) in estimated.into_iter().zip(given) {
+        for (((vm, e, ..), target), keep) in estimated.into_iter().zip(given).zip(keeps) {
             out.estimates.insert(vm.name.to_string(), e.wss);
-            let rule = rule(policy, e.phase);
-            let mut detail = e.detail;
+            let (target, rule, mut detail) = match keep.filter(|_| keeping) {
+                Some(k) => (
+                    k,
+                    rule(policy, "reported"),
+                    format!(
+                        "{}; kept at {k}: memory is ample and its free memory is back on \
+                         the host by free page reporting",
+                        e.detail
+                    ),
+                ),
+                None => (target, rule(policy, e.phase), e.detail),
+            };
             if let Some(d) = &divided {
                 detail.push_str(d);
             }
@@ -417,22 +444,33 @@ mod tests {
         free: u64,
         vms: &[(&str, u64, u64, u32, u64)],
     ) -> PolicyOutput {
+        decide_with(p, total, free, vms, |_, _| {})
+    }
+
+    /// [`decide`], each VM's sample and signals changed by `edit` first.
+    fn decide_with(
+        p: &mut WorkingSet,
+        total: u64,
+        free: u64,
+        vms: &[(&str, u64, u64, u32, u64)],
+        edit: impl Fn(&mut VmSample, &mut Signals),
+    ) -> PolicyOutput {
         let mut host = History::new(10);
         host.push(Duration::ZERO, testkit::host(total, free));
         let mut histories: Vec<History<VmSample>> = Vec::new();
         let mut signals = Vec::new();
         for (name, size, avail, _, committed) in vms {
             let mut h = History::new(10);
-            h.push(
-                Duration::ZERO,
-                testkit::vm(name, 1024, *size, 0).sample.unwrap(),
-            );
-            histories.push(h);
-            signals.push(Signals {
+            let mut sample = testkit::vm(name, 1024, *size, 0).sample.unwrap();
+            let mut s = Signals {
                 available: Some(Bytes::from_mib(*avail)),
                 committed_as: Some(Bytes::from_mib(*committed)),
                 ..Signals::default()
-            });
+            };
+            edit(&mut sample, &mut s);
+            h.push(Duration::ZERO, sample);
+            histories.push(h);
+            signals.push(s);
         }
         let limits: Vec<VmLimits> = vms
             .iter()
@@ -507,6 +545,34 @@ mod tests {
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(930), Some(230)));
         assert!(o.balloon["a"].reason.detail.contains("host need ample"));
+    }
+
+    #[test]
+    fn free_memory_reported_back_is_kept_only_where_it_fits_beside_what_every_vm_wants() {
+        // Each guest needs 400 MiB and has reported its other 624 back: its QEMU holds 430.
+        let reporting = |sample: &mut VmSample, s: &mut Signals| {
+            sample.free_page_reporting = true;
+            sample.rss = Some(Bytes::from_mib(430));
+            s.inactive_file = Some(Bytes::ZERO);
+        };
+        let vms = [("a", 1024, 624, 1000, 400), ("b", 1024, 624, 1000, 400)];
+        // Ample memory: each keeps its size (no balloon moves), and says why.
+        let o = decide_with(&mut memtide(), 8192, 6000, &vms, reporting);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (None, None));
+        let why = &o.holds["a"];
+        assert_eq!(why.rule, "memtide.reported");
+        assert!(why.detail.contains("free page reporting"), "{}", why.detail);
+        assert_eq!(
+            o.estimates["a"].mib(),
+            430,
+            "the estimate is still its need"
+        );
+        // Where keeping it would not fit beside what the VMs want (ample at costless
+        // sizes, 1000 MiB freeable: 860 held + 1000 - 5% of 8192 kept back = 1450 to
+        // divide, 2048 kept), the estimates go as without reporting.
+        let o = decide_with(&mut memtide(), 8192, 1000, &vms, reporting);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(430)));
+        assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
     }
 
     #[test]
