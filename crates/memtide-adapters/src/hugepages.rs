@@ -345,6 +345,20 @@ mod tests {
         }
     }
 
+    /// A mapping of `len` bytes whose first `written` bytes are written in 4 KiB pages,
+    /// and whether huge pages come unasked (`always`: the mapping is then advised against
+    /// them); elsewhere it is never advised, so khugepaged leaves it alone.
+    fn small_pages(len: usize, written: usize) -> (Mapping, bool) {
+        let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|t| t.contains("[always]"));
+        let m = Mapping::new(len);
+        if always {
+            m.advise(libc::MADV_NOHUGEPAGE);
+        }
+        m.touch(written);
+        (m, always)
+    }
+
     impl Drop for Mapping {
         fn drop(&mut self) {
             // SAFETY: the mapping made in `new`, unmapped once.
@@ -362,13 +376,7 @@ mod tests {
         // that khugepaged does not collapse the range with the hole meanwhile (it fills
         // up to 511 holes); under `always` it has to be advised against them while it is
         // written, then for them again, and khugepaged may come first.
-        let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .is_ok_and(|t| t.contains("[always]"));
-        let m = Mapping::new(8 << 20);
-        if always {
-            m.advise(libc::MADV_NOHUGEPAGE);
-        }
-        m.touch(6 << 20);
+        let (m, always) = small_pages(8 << 20, 6 << 20);
         // SAFETY: one page inside the mapping.
         let hole = unsafe {
             libc::madvise(
@@ -457,13 +465,7 @@ mod tests {
         };
         // 8 MiB in 4 KiB pages, its first 6 MiB written: three ranges (kept from
         // khugepaged as in the test above).
-        let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .is_ok_and(|t| t.contains("[always]"));
-        let m = Mapping::new(8 << 20);
-        if always {
-            m.advise(libc::MADV_NOHUGEPAGE);
-        }
-        m.touch(6 << 20);
+        let (m, _) = small_pages(8 << 20, 6 << 20);
         let which = Mappings::GuestRam(Bytes(8 << 20));
         let all = collapse_mine(which, sizes, ALL, true).unwrap();
         assert_eq!((all.asked, all.refused, all.next), (3, 0, None), "{all:?}");
