@@ -15,7 +15,7 @@ use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
 use crate::need::Need;
-use crate::units::Bytes;
+use crate::units::{Bytes, Percent};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -375,8 +375,12 @@ impl Policy for WorkingSet {
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
-        // What free page reporting lets guests keep above their estimates, where all of it
-        // fits beside what every VM wants: never at a neighbour's expense.
+        // What free page reporting lets guests keep above their estimates, out of the
+        // memory no VM wants: never at a neighbour's expense. Where not all of it fits,
+        // each keeps the same share of its own (found on real guests: kept all or not at
+        // all, four guests whose phases ran out of step were each ballooned to its need
+        // at every phase, and stalled as the next one began, though not all of their
+        // domain was wanted).
         let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _), want: Bytes| {
             e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
         };
@@ -390,18 +394,33 @@ impl Policy for WorkingSet {
             .zip(&claims)
             .filter_map(|(k, c)| Some((*k)? - c.want))
             .sum();
-        let keeping = divided.is_none() && wanted + extra <= capacity;
+        let spare = if divided.is_none() {
+            capacity - wanted
+        } else {
+            Bytes::ZERO
+        };
+        let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
         let policy = self.estimator.policy_name();
-        for (((vm, e, ..), target), keep) in estimated.into_iter().zip(given).zip(keeps) {
+        for ((((vm, e, ..), target), keep), claim) in
+            estimated.into_iter().zip(given).zip(keeps).zip(&claims)
+        {
             out.estimates.insert(vm.name.to_string(), e.wss);
-            let (target, rule, mut detail) = match keep.filter(|_| keeping) {
+            let keep = keep
+                .map(|k| claim.want + (k - claim.want).scale(share))
+                .filter(|k| *k > target);
+            let (target, rule, mut detail) = match keep {
                 Some(k) => (
                     k,
                     rule(policy, "reported"),
                     format!(
-                        "{}; kept at {k}: memory is ample and its free memory is back on \
+                        "{}; kept at {k}{}: memory is ample and its free memory is back on \
                          the host by free page reporting",
-                        e.detail
+                        e.detail,
+                        if share < 1.0 {
+                            format!(", {} of what it could keep", Percent(share))
+                        } else {
+                            String::new()
+                        }
                     ),
                 ),
                 None => (target, rule(policy, e.phase), e.detail),
@@ -548,7 +567,7 @@ mod tests {
     }
 
     #[test]
-    fn free_memory_reported_back_is_kept_only_where_it_fits_beside_what_every_vm_wants() {
+    fn free_memory_reported_back_is_kept_only_out_of_what_no_vm_wants() {
         // Each guest needs 400 MiB and has reported its other 624 back: its QEMU holds 430.
         let reporting = |sample: &mut VmSample, s: &mut Signals| {
             sample.free_page_reporting = true;
@@ -567,11 +586,24 @@ mod tests {
             430,
             "the estimate is still its need"
         );
-        // Where keeping it would not fit beside what the VMs want (ample at costless
+        // Where keeping it all would not fit beside what the VMs want (ample at costless
         // sizes, 1000 MiB freeable: 860 held + 1000 - 5% of 8192 kept back = 1450 to
-        // divide, 2048 kept), the estimates go as without reporting.
+        // divide, 860 wanted), each keeps the same share of its 594 MiB above its need:
+        // 590 spare of 1188, 295 MiB each.
         let o = decide_with(&mut memtide(), 8192, 1000, &vms, reporting);
-        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(430), Some(430)));
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(725), Some(725)));
+        let why = &o.balloon["a"].reason;
+        assert_eq!(why.rule, "memtide.reported");
+        assert!(
+            why.detail
+                .contains("kept at 725 MiB, 49.6% of what it could keep"),
+            "{}",
+            why.detail
+        );
+        // Where they want more than there is, nothing is kept and what there is is
+        // divided (300 freeable: 750 to divide against 860 wanted).
+        let o = decide_with(&mut memtide(), 8192, 300, &vms, reporting);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(375), Some(375)));
         assert_eq!(o.balloon["a"].reason.rule, "memtide.start");
     }
 
