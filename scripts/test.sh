@@ -6,7 +6,8 @@
 # C library to build the libvirt connector, its daemon for the libvirt end-to-end test,
 # which starts one of its own as user nobody), tmux (`memtide top` is driven in it),
 # cargo-nextest, for the Debian package cargo-deb and systemd's systemd-analyze
-# (scripts/package-test.sh; it installs logrotate for `logrotate -d` when missing),
+# (scripts/package-test.sh, with iproute2 and logrotate for `logrotate -d`), flex, bison,
+# bc and libelf-dev (guest/build-idle-kernel.sh compiles a kernel),
 # promtool (the live /metrics, the alert rules and the dashboard's queries are checked
 # with it), unpacked from Debian's prometheus package into target/tools rather than
 # installed: installing it would enable a Prometheus server, and python3-venv for
@@ -18,14 +19,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Also what guest/build-idle-kernel.sh (flex, bison, bc, libelf-dev) and
+# scripts/package-test.sh (systemd, iproute2, logrotate) would install: the kernel is built
+# beside the package test, and two apt-get at once fail on dpkg's lock.
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null ||
     ! command -v libvirtd >/dev/null || ! command -v virsh >/dev/null ||
     ! command -v tmux >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/null ||
-    ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null; then
+    ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null ||
+    ! command -v flex >/dev/null || ! command -v bison >/dev/null ||
+    ! command -v bc >/dev/null || [ ! -f /usr/include/libelf.h ] ||
+    ! command -v systemd-analyze >/dev/null || ! command -v ip >/dev/null ||
+    ! command -v logrotate >/dev/null; then
     apt-get update -qq # stale package lists fetch versions the mirror no longer has
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev tmux python3-venv \
-        libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients >/dev/null
+        libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients \
+        flex bison bc libelf-dev systemd iproute2 logrotate >/dev/null
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 if ! command -v promtool >/dev/null; then
@@ -42,8 +51,13 @@ guest/build.sh
 # QEMU 10 beside 7.2, for the mapped-ram snapshot test (docs/snapshots.md).
 scripts/newer-qemu.sh
 # access_e2e's, place_e2e's and zswap_e2e's guest kernel: none of Debian's has idle page
-# tracking or zswap (cached once built).
-guest/build-idle-kernel.sh
+# tracking or zswap (cached once built). Compiling it takes minutes: it runs in a process
+# group of its own beside the lints and builds below (which leave a core idle now and
+# then), is awaited before the tests, and is stopped if anything before them fails.
+kernel_log=$(mktemp)
+setsid --wait guest/build-idle-kernel.sh >"$kernel_log" 2>&1 &
+kernel=$!
+trap 'kill -- -"$kernel" "$kernel" 2>/dev/null; rm -f "$kernel_log"' EXIT
 cargo fmt --all --check
 scripts/rust-version.sh
 # The libvirt connector is a cargo feature (it links against libvirt): lint and test
@@ -65,6 +79,7 @@ venv=target/tools/venv
 [ -x "$venv/bin/kubernetes-validate" ] ||
     { python3 -m venv "$venv" && "$venv/bin/pip" install -q kubernetes-validate==1.37.0; }
 "$venv/bin/kubernetes-validate" --strict --quiet contrib/kubevirt/memtide-daemonset.yaml
+wait "$kernel" || { cat "$kernel_log" >&2; exit 1; }
 # --run-ignored all: include the end-to-end tests that boot guests; not the one that
 # rewrites the committed recording (run by hand when the model or the format changes).
 cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all \

@@ -7,7 +7,7 @@ use std::fmt;
 
 const DAY: u64 = 86_400;
 
-/// A time of day, UTC, written `HH:MM` (`00:00` to `23:59`).
+/// A time of day, UTC, written `HH:MM` (`00:00` to `23:59`), or `HH:MM:SS` to the second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct TimeOfDay {
@@ -16,16 +16,20 @@ pub struct TimeOfDay {
 }
 
 impl TimeOfDay {
-    /// `text` as `HH:MM`, or why it is not one.
+    /// `text` as `HH:MM` or `HH:MM:SS`, or why it is neither.
     pub fn parse(text: &str) -> Result<TimeOfDay, String> {
-        let bad = || format!("{text:?} is not a time of day HH:MM (00:00 to 23:59, UTC)");
-        let (h, m) = text.split_once(':').ok_or_else(bad)?;
+        let bad =
+            || format!("{text:?} is not a time of day HH:MM or HH:MM:SS (00:00 to 23:59:59, UTC)");
         let two_digits = |s: &str| -> Option<u32> {
             (s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?
         };
-        match (two_digits(h), two_digits(m)) {
-            (Some(h), Some(m)) if h < 24 && m < 60 => Ok(TimeOfDay {
+        let fields: Vec<Option<u32>> = text.split(':').map(two_digits).collect();
+        match fields[..] {
+            [Some(h), Some(m)] if h < 24 && m < 60 => Ok(TimeOfDay {
                 secs: h * 3600 + m * 60,
+            }),
+            [Some(h), Some(m), Some(s)] if h < 24 && m < 60 && s < 60 => Ok(TimeOfDay {
+                secs: h * 3600 + m * 60 + s,
             }),
             _ => Err(bad()),
         }
@@ -47,7 +51,11 @@ impl From<TimeOfDay> for String {
 
 impl fmt::Display for TimeOfDay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:02}:{:02}", self.secs / 3600, self.secs / 60 % 60)
+        write!(f, "{:02}:{:02}", self.secs / 3600, self.secs / 60 % 60)?;
+        match self.secs % 60 {
+            0 => Ok(()),
+            s => write!(f, ":{s:02}"),
+        }
     }
 }
 
@@ -108,14 +116,46 @@ mod tests {
     }
 
     #[test]
-    fn times_of_day_are_hh_mm_within_a_day() {
+    fn times_of_day_are_hh_mm_or_hh_mm_ss_within_a_day() {
         assert_eq!(TimeOfDay::parse("00:00").unwrap().to_string(), "00:00");
         assert_eq!(TimeOfDay::parse("23:59").unwrap().to_string(), "23:59");
+        assert_eq!(
+            TimeOfDay::parse("23:59:59").unwrap().to_string(),
+            "23:59:59"
+        );
+        assert_eq!(
+            TimeOfDay::parse("07:30:00").unwrap(),
+            TimeOfDay::parse("07:30").unwrap()
+        );
+        let (m, s) = (
+            TimeOfDay::parse("07:30").unwrap(),
+            TimeOfDay::parse("07:30:20").unwrap(),
+        );
+        assert_eq!(due(&[s], at(1, 7, 30), at(1, 7, 30) + 19), None);
+        assert_eq!(
+            due(&[s, m], at(1, 7, 0), at(1, 7, 30) + 20),
+            Some(at(1, 7, 30) + 20)
+        );
         for bad in [
-            "24:00", "7:30", "07:60", "0730", "07:3", "", "aa:bb", "+7:30", "07:30:00",
+            "24:00",
+            "7:30",
+            "07:60",
+            "0730",
+            "07:3",
+            "",
+            "aa:bb",
+            "+7:30",
+            "07:30:60",
+            "07:30:5",
+            "07:30:00:00",
+            "07:30:",
+            "23:59:60",
         ] {
             let e = TimeOfDay::parse(bad).unwrap_err();
-            assert!(e.contains("is not a time of day HH:MM"), "{bad}: {e}");
+            assert!(
+                e.contains("is not a time of day HH:MM or HH:MM:SS"),
+                "{bad}: {e}"
+            );
         }
         let t: TimeOfDay = serde_json::from_str("\"06:05\"").unwrap();
         assert_eq!(serde_json::to_string(&t).unwrap(), "\"06:05\"");

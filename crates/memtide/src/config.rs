@@ -411,8 +411,8 @@ pub struct VmConfig {
     /// `snapshot_every_s`.
     #[serde(default)]
     pub restore_on_crash: bool,
-    /// Times of day (`HH:MM`, UTC) at which the VM, if it is hibernated, is woken (as by
-    /// `memtide snapshot restore`); needs `launch` (but for a libvirt domain).
+    /// Times of day (`HH:MM` or `HH:MM:SS`, UTC) at which the VM, if it is hibernated, is
+    /// woken (as by `memtide snapshot restore`); needs `launch` (but for a libvirt domain).
     #[serde(default)]
     pub wake_at: Vec<TimeOfDay>,
     /// Reclaim its memory proactively (`[reclaim]`), or never, whatever `[reclaim] vms`

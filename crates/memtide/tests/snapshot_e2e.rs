@@ -472,14 +472,18 @@ fn a_hibernated_guest_is_woken_at_its_wake_at_time_with_its_memory() {
     );
     assert_eq!(made, 0, "the guest wrote its state");
     drop(agent);
-    // The first minute of the day (UTC) to begin at least 20 s from now: the hibernation
-    // is done by then.
+    // 20 s from now (UTC, to the second): the hibernation is done by then.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let wake = (now + 20).div_ceil(60) * 60;
-    let hh_mm = format!("{:02}:{:02}", wake % 86_400 / 3600, wake % 3600 / 60);
+    let wake = now + 20;
+    let hh_mm = format!(
+        "{:02}:{:02}:{:02}",
+        wake % 86_400 / 3600,
+        wake % 3600 / 60,
+        wake % 60
+    );
     let vm_keys = format!("launch = {}\nwake_at = [\"{hh_mm}\"]\n", toml_list(&launch));
     let (daemon, config) = start_daemon(dir.path(), &guest, "w", "", &vm_keys);
     daemon.wait_until("the guest sampled", Duration::from_secs(60), |s| {
