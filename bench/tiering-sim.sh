@@ -7,22 +7,23 @@
 # bench/results/tiering.json (with the command and commit; its `placement` and
 # `compressed`, measured in test guests, are kept) and prints a table.
 #
-#   bench/tiering-sim.sh [FAST_SHARE]   (default 0.6)
+#   bench/tiering-sim.sh [FAST_SHARE [COLD_AGE_S]]   (defaults 0.6, and memtide's cold age)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release -p memtide
 share=${1:-0.6}
+age=(${2:+--cold-age-s "$2"})
 scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 sim() { "$target/release/memtide" sim "$@" --policy memtide 2>/dev/null; }
 sim tiered-redis --tiers 1 >"$out/redis-dram.json"
-sim tiered-redis >"$out/redis-memtide.json"
+sim tiered-redis "${age[@]}" >"$out/redis-memtide.json"
 sim tiered-redis --tier-placement first-touch >"$out/redis-first-touch.json"
 for s in "${scenarios[@]}"; do
   sim "$s" >"$out/$s-dram.json"
-  sim "$s" --tiers "$share" >"$out/$s-memtide.json"
+  sim "$s" --tiers "$share" "${age[@]}" >"$out/$s-memtide.json"
   sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
 done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
@@ -45,6 +46,7 @@ def tiered(name, placement):
         "slowdown": round(1 - run["total_throughput"] / dram["total_throughput"], 4),
         "slow_tier_share": round(t["slow_share"], 4),
         "slow_access_share": round(t["slow_access_share"], 4),
+        "cold_age_s": t.get("cold_age_s"),
         "promotions_ws_pct_min": round(t["promotions_ws_pct_min"], 4),
         "promotions_ws_pct_min_late": round(t["promotions_ws_pct_min_late"], 4),
         "all_promotions_ws_pct_min": round(t["all_promotions_ws_pct_min"], 4),

@@ -175,6 +175,9 @@ pub struct Scan {
     pub accessed: Option<Bytes>,
     /// Memory in RAM untouched for at least the cold age; `None` until the scans span it.
     pub cold: Option<Bytes>,
+    /// The least age ([`Page::age`]) that spans the cold age; `None` until the scans span
+    /// it.
+    pub cold_scans: Option<u16>,
     /// Memory of the tracked mappings in RAM.
     pub resident: Bytes,
 }
@@ -398,6 +401,7 @@ impl Tracker {
         Ok(Scan {
             accessed: (self.scans > 1).then_some(Bytes(accessed * self.page)),
             cold,
+            cold_scans: least,
             resident: Bytes(resident * self.page),
         })
     }
@@ -750,6 +754,7 @@ garbage
             Scan {
                 accessed: None,
                 cold: None,
+                cold_scans: None,
                 resident: size
             }
         );

@@ -349,24 +349,30 @@ impl Guest {
             + self.file_idle.host_resident()
             + self.free_backed.host_resident();
         let resident = (self.anon_ws.host_resident() + self.file_ws.host_resident()) as f64;
+        let hot = self.params.hot.clamp(0.0, 1.0);
+        let [missed_hot, missed_cold] = self.ws_missed_for(age_s);
+        idle as f64 + resident * (hot * missed_hot + (1.0 - hot) * missed_cold)
+    }
+
+    /// The shares of the working set's hot part and of its cold part that the workload's
+    /// accesses, at its base rate, miss for `age_s` (each part touched uniformly).
+    pub fn ws_missed_for(&self, age_s: f64) -> [f64; 2] {
         let ws = self.working_set() as f64;
         let touches = self.params.base_pages_s * age_s;
-        // The share of the working set that is `part` of it, getting `access` of the
-        // touches, and missed by all of them.
+        // `part` of the working set, getting `access` of the touches.
         let missed = |part: f64, access: f64| {
             if part <= 0.0 || ws <= 0.0 {
                 0.0
             } else {
-                part * (-touches * access / (part * ws)).exp()
+                (-touches * access / (part * ws)).exp()
             }
         };
         let (hot, access) = (self.params.hot, self.params.hot_access);
-        let untouched = if hot <= 0.0 || hot >= 1.0 {
-            missed(1.0, 1.0)
+        if hot <= 0.0 || hot >= 1.0 {
+            [missed(1.0, 1.0); 2]
         } else {
-            missed(hot, access) + missed(1.0 - hot, 1.0 - access)
-        };
-        idle as f64 + resident * untouched
+            [missed(hot, access), missed(1.0 - hot, 1.0 - access)]
+        }
     }
 
     /// Guest pages in host swap.

@@ -69,6 +69,9 @@ pub struct TierSummary {
     pub placement: String,
     /// Fast memory the guests could use (MiB).
     pub fast_mib: f64,
+    /// memtide's cold age (s).
+    #[serde(default)]
+    pub cold_age_s: f64,
     /// Guest memory on the slow tier, over guest memory in host RAM (time means).
     pub slow_share: f64,
     /// Share of the workloads' accesses that landed on the slow tier.

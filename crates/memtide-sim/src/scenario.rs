@@ -113,6 +113,14 @@ pub struct TierSpec {
     /// memtide's placement: fast memory kept free (MiB).
     #[serde(default)]
     pub reserve_mib: f64,
+    /// memtide's placement: how long memory in use must go untouched before it is demoted
+    /// (s; 0: whatever is idle now).
+    #[serde(default = "default_cold_age_s")]
+    pub cold_age_s: f64,
+}
+
+fn default_cold_age_s() -> f64 {
+    memtide_core::tiering::TierConfig::COLD_AGE_S
 }
 
 fn default_latency_factor() -> f64 {
@@ -376,6 +384,7 @@ impl Scenario {
                 rate_mib_s: default_tier_rate_mib_s(),
                 margin_pct: default_margin_pct(),
                 reserve_mib: 0.0,
+                cold_age_s: default_cold_age_s(),
             },
         });
         self.validate()
@@ -548,6 +557,9 @@ impl Scenario {
             }
             if !size(t.reserve_mib) {
                 return Err(invalid("tiers.reserve_mib".into(), "must be a size ≥ 0"));
+            }
+            if !size(t.cold_age_s) {
+                return Err(invalid("tiers.cold_age_s".into(), "must be a time ≥ 0"));
             }
         }
         if let Some(d) = &self.density {

@@ -17,11 +17,21 @@
 //!
 //! Placement `first-touch` moves nothing more. Placement `memtide` asks
 //! [`memtide_core::tiering::place`] each tick, with an exact access tracker's figures
-//! (each VM's hot class and how much of it is on the slow tier, and its free pages on the
-//! fast tier, as free page reporting would tell them), and moves pages: demoted pages are
-//! the coldest fast pages in use (idle, then warm, then hot), and the free ones the
-//! decision names (it puts them after cold pages in use, before hot ones); promoted ones
-//! the hot pages on the slow tier.
+//! (each VM's hot class and how much of it is on the slow tier, its free pages on the
+//! fast tier, as free page reporting would tell them, and its fast pages in use untouched
+//! for the cold age), and moves pages: demoted pages are the coldest fast pages in use
+//! untouched for the cold age (idle, then warm, then hot), and the free ones the decision
+//! names (it puts them after cold pages in use, before hot ones); promoted ones the hot
+//! pages on the slow tier.
+//!
+//! How long pages have gone untouched: a working-set page is touched at random at its
+//! part's access rate (as [`Guest::ws_missed_for`] has it), so the share of the hot or
+//! warm class untouched for the cold age is the share every access missed for that long.
+//! An idle page is never touched: its age is the time since it went idle (left the
+//! working set, or was backed outside it). The idle class is kept in layers by that time,
+//! one a tick back to the cold age and the older pages in one; pages leave it (back into
+//! the working set as page-cache hits, freed, swapped) the most recently idle first, as
+//! from an LRU list, each layer's tiers and marks in proportion.
 //!
 //! Promotions are counted twice: all of them, and those of pages memtide demoted that
 //! still hold the data they held then (the far-memory SLO's promotions: memory judged
@@ -38,12 +48,104 @@ use crate::guest::{bytes, pages, Guest};
 use crate::scenario::{Scenario, TierPlacement, TierSpec};
 use memtide_core::tiering::{place, FastTier, TierConfig, TierVm};
 use memtide_core::units::Bytes;
+use std::collections::VecDeque;
 
 /// One guest's host-resident pages by access class: hot, warm, idle, free.
 type Classes = [f64; 4];
 
+/// The idle class: pages in use outside the working set.
+const IDLE: usize = 2;
 /// The free class: pages the guest does not use.
 const FREE: usize = 3;
+
+/// Pages, how many of them are on the slow tier, and of those how many memtide demoted
+/// holding the data they hold now.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Layer {
+    pages: f64,
+    slow: f64,
+    demoted: f64,
+}
+
+impl Layer {
+    /// Take `n` pages out, slow and demoted ones in proportion.
+    fn take(&mut self, n: f64) -> Layer {
+        let n = n.min(self.pages).max(0.0);
+        let share = if self.pages > 0.0 {
+            n / self.pages
+        } else {
+            0.0
+        };
+        let out = Layer {
+            pages: n,
+            slow: self.slow * share,
+            demoted: self.demoted * share,
+        };
+        self.pages -= n;
+        self.slow -= out.slow;
+        self.demoted -= out.demoted;
+        out
+    }
+
+    fn add(&mut self, l: Layer) {
+        self.pages += l.pages;
+        self.slow += l.slow;
+        self.demoted += l.demoted;
+    }
+}
+
+/// The idle class by how long its pages have been idle: those idle for the cold age or
+/// longer, and younger layers with the time each went idle, the newest last.
+#[derive(Clone, Debug, Default)]
+struct Idle {
+    old: Layer,
+    young: VecDeque<(f64, Layer)>,
+}
+
+impl Idle {
+    /// Take `n` pages out, the most recently idle first.
+    fn take(&mut self, mut n: f64) -> Layer {
+        let mut out = Layer::default();
+        while n > 0.0 {
+            let Some((_, l)) = self.young.back_mut() else {
+                break;
+            };
+            let got = l.take(n);
+            n -= got.pages;
+            out.add(got);
+            if l.pages <= 0.0 {
+                self.young.pop_back();
+            }
+        }
+        out.add(self.old.take(n));
+        out
+    }
+
+    /// Pages going idle at `at`.
+    fn add(&mut self, at: f64, l: Layer) {
+        match self.young.back_mut() {
+            Some((t, last)) if *t == at => last.add(l),
+            _ => self.young.push_back((at, l)),
+        }
+    }
+
+    /// Count the pages idle since `since` or before as old.
+    fn age(&mut self, since: f64) {
+        while let Some(&(t, l)) = self.young.front() {
+            if t > since {
+                break;
+            }
+            self.old.add(l);
+            self.young.pop_front();
+        }
+    }
+
+    fn total(&self) -> Layer {
+        let mut t = self.old;
+        self.young.iter().for_each(|(_, l)| t.add(*l));
+        t
+    }
+}
 
 /// One guest on the two-tier host.
 #[derive(Clone, Debug, Default)]
@@ -55,6 +157,11 @@ struct GuestTiers {
     slow: Classes,
     /// Of those, pages memtide demoted that still hold the data they held then.
     demoted: Classes,
+    /// The idle class by how long its pages have been idle (its totals in `size`, `slow`
+    /// and `demoted`).
+    idle: Idle,
+    /// The shares of the hot and of the warm class untouched for the cold age.
+    aged: [f64; 2],
     /// Extra time per access from slow-tier memory for `memory_bound = 1`.
     bound: f64,
     shares: u32,
@@ -97,6 +204,8 @@ pub struct Tiers {
     guests: Vec<GuestTiers>,
     ticks: u64,
     ticks_run: u64,
+    /// Time since the start (s).
+    now: f64,
     /// Counters since the start.
     pub counters: TierCounters,
 }
@@ -122,6 +231,7 @@ impl Tiers {
             guests,
             ticks: scenario.ticks,
             ticks_run: 0,
+            now: 0.0,
             counters: TierCounters::default(),
         })
     }
@@ -136,14 +246,23 @@ impl Tiers {
         self.fast
     }
 
+    /// memtide's cold age (s).
+    pub fn cold_age_s(&self) -> f64 {
+        self.spec.cold_age_s
+    }
+
     /// Follow the guests' last tick (pages changing class, backed, freed), place, and
     /// set each guest's slowdown for the next tick.
     pub fn step(&mut self, guests: &mut [Guest], dt: f64) {
         self.ticks_run += 1;
+        self.now += dt;
         let mut room = self.fast - self.guests.iter().map(fast_of).sum::<f64>();
+        let cold_age = self.spec.cold_age_s;
         for (t, g) in self.guests.iter_mut().zip(guests.iter()) {
             let (size, churn) = classes(g);
-            self.counters.fresh_on_slow += follow(t, size, churn, &mut room);
+            self.counters.fresh_on_slow += follow(t, size, churn, &mut room, self.now);
+            t.idle.age(self.now - cold_age);
+            t.aged = g.ws_missed_for(cold_age);
         }
         if self.spec.placement == TierPlacement::Memtide {
             self.place(dt, room);
@@ -170,6 +289,12 @@ impl Tiers {
                 hot: bytes_of(t.size[0]),
                 hot_on_slow: bytes_of(t.slow[0]),
                 free_fast: bytes_of(t.size[FREE] - t.slow[FREE]),
+                aged: bytes_of(
+                    (0..2)
+                        .map(|c| (t.size[c] - t.slow[c]) * t.aged[c])
+                        .sum::<f64>()
+                        + (t.idle.old.pages - t.idle.old.slow),
+                ),
                 shares: t.shares,
                 configured: t.configured,
             })
@@ -181,6 +306,7 @@ impl Tiers {
         let config = TierConfig {
             margin: self.spec.margin_pct / 100.0,
             rate_mib_s: self.spec.rate_mib_s,
+            cold_age_s: self.spec.cold_age_s,
         };
         let placed = place(&vms, tier, config, dt);
         let late = self.ticks_run * 2 > self.ticks;
@@ -188,11 +314,21 @@ impl Tiers {
             let demote = pages_of(p.demote);
             let demote_free = pages_of(p.demote_free).min(demote);
             let promote = pages_of(p.promote);
-            // Demote the coldest fast pages in use: idle, then warm, then hot; and the
-            // guest's free pages the decision names (after those, before hot ones).
+            // Demote the coldest fast pages in use untouched for the cold age: idle, then
+            // warm, then hot; and the guest's free pages the decision names (after those,
+            // before hot ones).
             let mut left = demote - demote_free;
-            for c in [2, 1, 0] {
-                let n = left.min(t.size[c] - t.slow[c]).max(0.0);
+            for c in [IDLE, 1, 0] {
+                let aged = if c == IDLE {
+                    t.idle.old.pages - t.idle.old.slow
+                } else {
+                    (t.size[c] - t.slow[c]) * t.aged[c]
+                };
+                let n = left.min(aged).max(0.0);
+                if c == IDLE {
+                    t.idle.old.slow += n;
+                    t.idle.old.demoted += n;
+                }
                 t.slow[c] += n;
                 t.demoted[c] += n;
                 left -= n;
@@ -251,7 +387,10 @@ fn classes(g: &Guest) -> (Classes, f64) {
 /// A demoted page keeps its mark while it stays in its class or moves between classes in
 /// use keeping its data (into the working set only as a page-cache hit), and loses it in
 /// the free class or when its frame is reused for pages entering the working set.
-fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) -> f64 {
+///
+/// Idle pages leave the most recently idle first; pages going idle form a layer of time
+/// `now`.
+fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64, now: f64) -> f64 {
     let old = t.size;
     let ws_old = old[0] + old[1];
     let ws_growth = size[0] + size[1] - ws_old;
@@ -277,7 +416,10 @@ fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) -> f64 
         };
         let shrink = (old[c] - size[c]).max(0.0).min(old[c]);
         let out = (shrink + swapped).min(old[c]);
-        let (slow_out, demoted_out) = if old[c] > 0.0 {
+        let (slow_out, demoted_out) = if c == IDLE {
+            let l = t.idle.take(out);
+            (l.slow.min(t.slow[c]), l.demoted.min(t.demoted[c]))
+        } else if old[c] > 0.0 {
             (t.slow[c] * out / old[c], t.demoted[c] * out / old[c])
         } else {
             (0.0, 0.0)
@@ -334,12 +476,49 @@ fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64) -> f64 
         if c != FREE {
             t.demoted[c] = (t.demoted[c] + demoted_in).clamp(0.0, t.slow[c]);
         }
+        if c == IDLE {
+            let layer = Layer {
+                pages: take,
+                slow: slow_in,
+                demoted: demoted_in,
+            };
+            t.idle.add(now, layer);
+        }
         if c < 2 {
             fresh_on_slow += (slow_in - demoted_in).max(0.0);
         }
     }
     t.demoted[FREE] = 0.0;
     t.size = size;
+    // The layers hold the idle class's pages, as far as the pool gave them.
+    let idle = t.idle.total();
+    if (idle.pages - size[IDLE]).abs() > 1e-6 * size[IDLE].max(1.0) {
+        let scale = if idle.pages > 0.0 {
+            size[IDLE] / idle.pages
+        } else {
+            0.0
+        };
+        for l in std::iter::once(&mut t.idle.old).chain(t.idle.young.iter_mut().map(|(_, l)| l)) {
+            *l = Layer {
+                pages: l.pages * scale,
+                slow: l.slow * scale,
+                demoted: l.demoted * scale,
+            };
+        }
+        if idle.pages <= 0.0 {
+            t.idle.add(
+                now,
+                Layer {
+                    pages: size[IDLE],
+                    slow: t.slow[IDLE],
+                    demoted: t.demoted[IDLE],
+                },
+            );
+        }
+    }
+    let idle = t.idle.total();
+    t.slow[IDLE] = idle.slow.clamp(0.0, size[IDLE]);
+    t.demoted[IDLE] = idle.demoted.clamp(0.0, t.slow[IDLE]);
     fresh_on_slow
 }
 
@@ -460,7 +639,7 @@ mod tests {
     /// (300 MiB and 400 MiB in turn) beside 600 MiB allocated once and never touched again,
     /// in a 1536 MiB guest without a balloon: 1000 MiB of DRAM hold the working set and
     /// every free frame, with 128 MiB kept free for fresh first touches; the idle memory
-    /// goes to the slow tier.
+    /// goes to the slow tier, with no cold age (what is idle goes at once).
     fn restarting() -> Scenario {
         Scenario::from_toml(
             r#"
@@ -472,6 +651,7 @@ mod tests {
             [tiers]
             fast_mib = 1256
             reserve_mib = 128
+            cold_age_s = 0
             [[vm]]
             name = "mk"
             memory_mib = 1536
@@ -502,6 +682,55 @@ mod tests {
         let g = &t.guests[0];
         assert!(g.slow[2] > pages(500.0) as f64, "{g:?}");
         assert!(g.slow[0] < 1.0, "{g:?}");
+    }
+
+    /// A file working set waving between 200 and 600 MiB every 60 s beside 300 MiB of
+    /// anonymous memory and 300 MiB allocated once and never touched, with DRAM for 500 MiB
+    /// of the guest: memtide demotes idle memory, with a cold age of `cold_age_s`.
+    fn waving(cold_age_s: f64) -> Scenario {
+        Scenario::from_toml(&format!(
+            r#"
+            name = "t"
+            ticks = 300
+            [host]
+            memory_mib = 4096
+            reserved_mib = 256
+            [tiers]
+            fast_mib = 756
+            cold_age_s = {cold_age_s}
+            [[vm]]
+            name = "w"
+            memory_mib = 1536
+            kernel_mib = 64
+            [vm.workload]
+            base_mib_s = 256
+            idle_mib = 300
+            anon = {{ kind = "const", mib = 300 }}
+            file = {{ kind = "wave", min_mib = 200, max_mib = 600, period_s = 60 }}
+            "#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn idle_memory_is_demoted_only_once_idle_for_the_cold_age() {
+        // Page cache leaving the working set comes back within 60 s. Demoting whatever is
+        // idle demotes it and promotes it again; with a cold age of 120 s only memory idle
+        // longer goes down (the memory never touched, the kernel), and nothing demoted
+        // comes back.
+        let now = run(&waving(0.0), 300);
+        let aged = run(&waving(120.0), 300);
+        let (c0, c120) = (
+            now.tiers.as_ref().unwrap().counters,
+            aged.tiers.as_ref().unwrap().counters,
+        );
+        assert!(c0.cold_promotions > pages(50.0) as f64, "{c0:?}");
+        assert_eq!(c120.cold_promotions, 0.0, "{c120:?}");
+        assert!(c120.demotions > pages(250.0) as f64, "{c120:?}");
+        // Before the cold age has passed, nothing in use is demoted.
+        let early = run(&waving(120.0), 100);
+        let c = early.tiers.as_ref().unwrap().counters;
+        assert_eq!(c.demotions, 0.0, "{c:?}");
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub struct TieringConfig {
     pub margin_pct: f64,
     /// Fast memory kept free, in MiB.
     pub reserve_mib: u64,
+    /// Seconds a page must go untouched before it is demoted (0: whatever is idle at the
+    /// scan).
+    pub cold_age_s: f64,
 }
 
 impl Default for TieringConfig {
@@ -115,6 +118,7 @@ impl Default for TieringConfig {
             rate_mib_s: 128.0,
             margin_pct: 10.0,
             reserve_mib: 0,
+            cold_age_s: memtide_core::tiering::TierConfig::COLD_AGE_S,
         }
     }
 }
@@ -961,6 +965,10 @@ impl Config {
             let message = format!("{} must be a percentage in [0, 1000]", t.margin_pct);
             return bad("tiering.margin_pct", message);
         }
+        if !(0.0..=86_400.0).contains(&t.cold_age_s) {
+            let message = format!("{} is not a number of seconds in [0, 86400]", t.cold_age_s);
+            return bad("tiering.cold_age_s", message);
+        }
         if let (Some(fast), Some(slow)) = (t.fast_node, t.slow_node) {
             if fast == slow {
                 let message = format!("node {slow} is the fast node too");
@@ -1505,6 +1513,14 @@ mod tests {
                 "tiering.margin_pct: -1 must be a percentage in [0, 1000]",
             ),
             (
+                "[tiering]\ncold_age_s = -1\n",
+                "tiering.cold_age_s: -1 is not a number of seconds in [0, 86400]",
+            ),
+            (
+                "[tiering]\ncold_age_s = nan\n",
+                "tiering.cold_age_s: NaN is not a number of seconds in [0, 86400]",
+            ),
+            (
                 "[tiering]\nfast_node = 1\nslow_node = 1\n",
                 "tiering.slow_node: node 1 is the fast node too",
             ),
@@ -1564,6 +1580,9 @@ mod tests {
             (Some(7), Some(42))
         );
         assert_eq!(c.tiering.interval_s, 10.0);
+        assert_eq!(c.tiering.cold_age_s, 30.0);
+        let c = Config::parse("[tiering]\ncold_age_s = 0\n", "x").unwrap();
+        assert_eq!(c.tiering.cold_age_s, 0.0);
         let c = Config::parse("interval_s = 3600\n[daemon]\nrecord_dir = \"/r\"\n", "x").unwrap();
         let s = c.settings().unwrap();
         assert_eq!(s.interval, Duration::from_secs(3600));

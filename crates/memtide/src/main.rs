@@ -156,10 +156,14 @@ enum Command {
         /// Most memory moved a second, both ways together (MiB/s).
         #[arg(long, default_value_t = 256.0)]
         rate_mib_s: f64,
+        /// Seconds a page must go untouched before it is demoted, 0 for whatever is idle
+        /// [default: `[tiering] cold_age_s`].
+        #[arg(long)]
+        cold_age_s: Option<f64>,
         /// Stop after this many intervals.
         #[arg(long, default_value_t = 12)]
         count: u64,
-        /// Configuration file (TOML) for `[host]` proc and sys.
+        /// Configuration file (TOML) for `[host]` proc and sys, `[tiering] cold_age_s`.
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -230,6 +234,10 @@ enum Command {
         /// How a two-tier host places guest pages: memtide or first-touch.
         #[arg(long)]
         tier_placement: Option<memtide_sim::scenario::TierPlacement>,
+        /// memtide's placement on a two-tier host: seconds memory in use must go untouched
+        /// before it is demoted (the scenario's `tiers.cold_age_s`).
+        #[arg(long, value_name = "SECONDS")]
+        cold_age_s: Option<f64>,
         /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
         /// it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
@@ -466,10 +474,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             size_mib,
             interval_s,
             rate_mib_s,
+            cold_age_s,
             count,
             config,
         } => {
             let config = load(config.as_ref())?;
+            let cold_age_s = cold_age_s.unwrap_or(config.tiering.cold_age_s);
             let options = memtide::place_cmd::Options {
                 pid,
                 fast_node,
@@ -482,6 +492,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 interval: Duration::try_from_secs_f64(interval_s)
                     .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
                 rate_mib_s,
+                cold_age: Duration::try_from_secs_f64(cold_age_s)
+                    .map_err(|_| anyhow::anyhow!("--cold-age-s {cold_age_s} is not a duration"))?,
                 count,
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
@@ -544,6 +556,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             deflate_on_oom,
             tiers,
             tier_placement,
+            cold_age_s,
             config,
         } => {
             let policies = if compare.is_empty() {
@@ -557,6 +570,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 deflate_on_oom,
                 fast_share: tiers,
                 tier_placement,
+                cold_age_s,
             };
             sim_cmd::sim(
                 &scenario,

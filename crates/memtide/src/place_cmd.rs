@@ -2,8 +2,9 @@
 //! the foreground, a JSON line an interval. Each interval the access tracker scans the
 //! process's mappings (all its private writable ones, or a QEMU's guest RAM), move_pages(2) says which node holds each resident page, `tiering::place`
 //! decides how much to demote and promote within the fast budget and the rate limit,
-//! `tiering::pick_pages` picks the pages (the longest untouched fast pages down, the
-//! slow pages accessed since the previous scan up), and move_pages moves them.
+//! `tiering::pick_pages` picks the pages (the longest untouched fast pages down, of those
+//! untouched for the cold age, the slow pages accessed since the previous scan up), and
+//! move_pages moves them.
 
 use crate::placement::{self, Nodes, Placer};
 use memtide_adapters::access::Mappings;
@@ -30,6 +31,8 @@ pub struct Options {
     pub interval: Duration,
     /// Most memory moved a second, demotions and promotions together (MiB/s).
     pub rate_mib_s: f64,
+    /// How long a page must go untouched before it is demoted (0: whatever is idle).
+    pub cold_age: Duration,
     /// Stop after this many intervals.
     pub count: u64,
     /// The procfs mount.
@@ -56,12 +59,13 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         &options.sys,
         options.pid,
         options.mappings,
-        options.interval,
+        options.cold_age,
         nodes,
     )?;
     let config = TierConfig {
         margin: 0.0,
         rate_mib_s: options.rate_mib_s,
+        cold_age_s: options.cold_age.as_secs_f64(),
     };
     let start = Instant::now();
     for n in 0..options.count {
@@ -119,6 +123,7 @@ mod tests {
             mappings: Mappings::Private,
             interval: Duration::from_millis(10),
             rate_mib_s: 64.0,
+            cold_age: Duration::ZERO,
             count: 2,
             proc: "/proc".into(),
             sys: sys.to_path_buf(),

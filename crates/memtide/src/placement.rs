@@ -4,7 +4,8 @@
 //! each resident page ([`Placer::measure`]); the caller asks `tiering::place` how much
 //! to demote and promote (for one process, or for every VM together); and
 //! [`Placer::carry_out`] picks the pages (`tiering::pick_pages`: the longest untouched
-//! fast pages down, the slow pages accessed since the previous scan up) and moves them.
+//! fast pages down, of those untouched for the cold age, the slow pages accessed since
+//! the previous scan up) and moves them.
 
 use anyhow::Context;
 use memtide_adapters::access::{Mappings, Tracker};
@@ -64,6 +65,8 @@ pub struct Placer {
     nodes: Nodes,
     proc: PathBuf,
     tracker: Tracker,
+    /// 0: every page may be demoted, whatever its age.
+    cold_age: Duration,
 }
 
 /// What an interval's scan found.
@@ -72,6 +75,8 @@ pub struct Measured {
     pub first: bool,
     /// The resident pages by tier and heat (on either node).
     pub counts: PageCounts,
+    /// The least age (scans) that spans the cold age; `None` until the scans span it.
+    least: Option<u16>,
     page: u64,
     addrs: Vec<u64>,
     /// Each page's node, or the kernel's `-errno` (after the moves, their results).
@@ -96,6 +101,7 @@ impl Measured {
             // Which frames the guest has free is not known here (page ages only: free
             // page reporting would tell): none are kept out of demotion.
             free_fast: Bytes::ZERO,
+            aged: Bytes(c.aged * self.page),
             shares,
             configured,
         }
@@ -128,6 +134,7 @@ impl Measured {
         Measured {
             first,
             counts,
+            least: None,
             page,
             addrs: Vec::new(),
             status: Vec::new(),
@@ -149,20 +156,21 @@ pub struct Moved {
 }
 
 impl Placer {
-    /// Track process `pid`'s `mappings` for placement between `nodes`, scanned every
-    /// `interval`. Fails when the kernel cannot move its pages (no NUMA, the process
-    /// gone, no permission) or cannot track them.
+    /// Track process `pid`'s `mappings` for placement between `nodes`, demoting pages
+    /// only once untouched for `cold_age` (0: whatever is idle). Fails when the kernel
+    /// cannot move its pages (no NUMA, the process gone, no permission) or cannot track
+    /// them.
     pub fn open(
         proc: &Path,
         sys: &Path,
         pid: i32,
         mappings: Mappings,
-        interval: Duration,
+        cold_age: Duration,
         nodes: Nodes,
     ) -> anyhow::Result<Placer> {
         // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
         migrate::nodes(pid, &[])?;
-        let tracker = Tracker::open(proc, sys, pid, mappings, interval)?;
+        let tracker = Tracker::open(proc, sys, pid, mappings, cold_age)?;
         let started = procfs::start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
         Ok(Placer {
             pid,
@@ -170,6 +178,7 @@ impl Placer {
             nodes,
             proc: proc.to_path_buf(),
             tracker,
+            cold_age,
         })
     }
 
@@ -194,9 +203,15 @@ impl Placer {
                 fast: status[i] == fast,
             })
             .collect();
+        let least = if self.cold_age.is_zero() {
+            Some(0)
+        } else {
+            scan.cold_scans
+        };
         Ok(Measured {
             first: scan.accessed.is_none(),
-            counts: tiering::count_pages(&pages),
+            counts: tiering::count_pages(&pages, least),
+            least,
             page: self.tracker.page_size(),
             addrs,
             status,
@@ -217,6 +232,7 @@ impl Placer {
             &m.pages,
             placement.demote.0 / m.page,
             placement.promote.0 / m.page,
+            m.least,
         );
         for (chosen, to, count) in [
             (down, slow, &mut moved.demoted),
@@ -338,6 +354,7 @@ mod tests {
         let mut m = Measured {
             first: false,
             counts: PageCounts::default(),
+            least: Some(0),
             page: 4096,
             addrs: vec![0x1000],
             status: vec![0],

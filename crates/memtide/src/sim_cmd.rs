@@ -41,6 +41,8 @@ pub struct SimOptions {
     pub fast_share: Option<f64>,
     /// How a two-tier host places pages.
     pub tier_placement: Option<TierPlacement>,
+    /// How long memtide's placement leaves memory in use untouched before demoting it (s).
+    pub cold_age_s: Option<f64>,
 }
 
 /// Run a scenario under one policy, or under several with `compare`; print a summary and
@@ -62,6 +64,13 @@ pub fn sim(
             Some(t) => t.placement = placement,
             None => bail!("--tier-placement needs --tiers or a scenario with [tiers]"),
         }
+    }
+    if let Some(age) = options.cold_age_s {
+        match scenario.tiers.as_mut() {
+            Some(t) => t.cold_age_s = age,
+            None => bail!("--cold-age-s needs --tiers or a scenario with [tiers]"),
+        }
+        scenario.validate().context("--cold-age-s")?;
     }
     let seed = options.seed.unwrap_or(scenario.seed);
     if options.density {

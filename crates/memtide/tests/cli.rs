@@ -699,6 +699,7 @@ fn sim_tiers_make_any_scenario_two_tier() {
     assert!(one.get("tiers").is_none(), "{one}");
     let s = summary(&["sim", "quick", "--policy", "none", "--tiers", "0.5"]);
     assert_eq!(s["tiers"]["placement"], "memtide");
+    assert_eq!(s["tiers"]["cold_age_s"], 30.0);
     assert!(s["tiers"]["slow_share"].as_f64().unwrap() > 0.0, "{s}");
     let s = summary(&[
         "sim",
@@ -714,6 +715,11 @@ fn sim_tiers_make_any_scenario_two_tier() {
     for (args, says) in [
         (&["--tier-placement", "first-touch"][..], "needs --tiers"),
         (&["--tiers", "0.01"][..], "tiers.fast_mib"),
+        (&["--cold-age-s", "30"][..], "--cold-age-s needs --tiers"),
+        (
+            &["--tiers", "0.5", "--cold-age-s=-1"][..],
+            "tiers.cold_age_s",
+        ),
     ] {
         let o = run(&[&["sim", "quick"][..], args].concat());
         assert_eq!(o.status.code(), Some(1));
@@ -988,12 +994,34 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
                 "0.1",
                 "--count",
                 "3",
+                // Whatever is idle goes (the default cold age outlasts these scans).
+                "--cold-age-s",
+                "0",
             ])
             .arg("--config")
             .arg(&config)
             .output()
             .unwrap()
     };
+    let o = memtide()
+        .args([
+            "place",
+            "--pid",
+            &pid,
+            "--fast-node",
+            "0",
+            "--slow-node",
+            "1",
+        ])
+        .args(["--budget-mib", "0", "--cold-age-s=-1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("--cold-age-s -1 is not a duration"),
+        "{}",
+        stderr(&o)
+    );
     let o = place("1024");
     assert!(!o.status.success());
     assert!(

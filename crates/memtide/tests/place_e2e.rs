@@ -135,7 +135,7 @@ impl Setup {
         let run = format!(
             "{memtide} place --config /data/memtide.toml --pid {} --fast-node {fast} \
              --slow-node {slow} --budget-mib {budget} --interval-s 1 --rate-mib-s {RATE_MIB_S} \
-             --count {INTERVALS} > {log} 2>&1",
+             --cold-age-s 0 --count {INTERVALS} > {log} 2>&1",
             self.pid
         );
         let status = self.agent.run_sh(&run, Duration::from_secs(300));
@@ -247,7 +247,7 @@ fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
         "interval_s = 1\npolicy = \"none\"\n[daemon]\nsocket = \"/tmp/memtide.sock\"\n\
          http = \"\"\nevent_log = \"/tmp/events.jsonl\"\nstate_file = \"/tmp/state.json\"\n\
          [discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
-         [tiering]\nplace = true\ninterval_s = 1\nrate_mib_s = {RATE_MIB_S}\n\
+         [tiering]\nplace = true\ninterval_s = 1\nrate_mib_s = {RATE_MIB_S}\ncold_age_s = 0\n\
          [[vm]]\nname = \"coldalloc\"\npid = {}\nfast_budget_mib = {BUDGET_MIB}\n",
         setup.pid
     );

@@ -333,6 +333,7 @@ impl TierPlacer {
             config: TierConfig {
                 margin: config.margin_pct / 100.0,
                 rate_mib_s: config.rate_mib_s,
+                cold_age_s: config.cold_age_s,
             },
             reserve: Bytes::from_mib(config.reserve_mib),
             interval: Duration::from_secs_f64(config.interval_s),
@@ -537,7 +538,7 @@ impl TierPlacer {
                     &self.sys,
                     t.pid,
                     t.mappings,
-                    self.interval,
+                    Duration::from_secs_f64(self.config.cold_age_s),
                     self.nodes,
                 );
                 e.insert(opened.map_err(|e| format!("{e:#}"))?)
@@ -916,6 +917,7 @@ mod tests {
             slow: mib(slow),
             hot: mib(hot),
             hot_on_slow: mib(hot_on_slow),
+            aged: mib(fast.saturating_sub(hot)),
         };
         let known = counts(600, 400, 300, 100);
         let measured = |first| {
