@@ -23,3 +23,4 @@ pub mod reclaim;
 pub mod tiers;
 pub mod virtio_mem;
 pub mod vmm_snapshot;
+pub mod write_behind;

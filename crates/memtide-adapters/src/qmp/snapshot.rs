@@ -11,6 +11,7 @@
 //! state it was taken with (a hibernated guest's, untouched since).
 
 use super::client::{QmpClient, QmpError};
+use crate::write_behind::WriteBehind;
 use memtide_core::backend::{AfterSave, Saved, Seal};
 use memtide_core::BackendError;
 use serde_json::{json, Value};
@@ -340,7 +341,10 @@ async fn migrate_out(
     client
         .execute("migrate-set-parameters", Some(unlimited))
         .await?;
+    // The disk writes what QEMU wrote while QEMU writes on.
+    let behind = WriteBehind::start(file);
     let result = migrate_through(client, "migrate", file, format, limit).await;
+    drop(behind);
     if let Some(cap) = cap {
         let back = json!({ "max-bandwidth": cap });
         if let Err(e) = client.execute("migrate-set-parameters", Some(back)).await {
