@@ -99,9 +99,10 @@ mod tests {
     /// without it.
     fn dirty(file: &File, off: u64, len: u64) -> Option<u64> {
         let range = [off, len];
-        let mut stat = [0u64; 5]; // cache, dirty, writeback, evicted, recently evicted
-                                  // SAFETY: cachestat(2) reads `range` (struct cachestat_range: two u64s) and
-                                  // writes `stat` (struct cachestat: five u64s), both live and that large.
+        // cache, dirty, writeback, evicted, recently evicted
+        let mut stat = [0u64; 5];
+        // SAFETY: cachestat(2) reads `range` (struct cachestat_range: two u64s) and writes
+        // `stat` (struct cachestat: five u64s), both live and that large.
         let rc = unsafe {
             libc::syscall(
                 SYS_CACHESTAT,
