@@ -19,13 +19,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Also what guest/build-idle-kernel.sh (flex, bison, bc, libelf-dev) and
+# Also what guest/build-idle-kernel.sh (gcc, make, flex, bison, bc, libelf-dev) and
 # scripts/package-test.sh (systemd, iproute2, logrotate) would install: the kernel is built
 # beside the package test, and two apt-get at once fail on dpkg's lock.
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null ||
     ! command -v libvirtd >/dev/null || ! command -v virsh >/dev/null ||
     ! command -v tmux >/dev/null || ! python3 -c 'import ensurepip' 2>/dev/null ||
     ! pkg-config --exists libvirt libvirt-qemu 2>/dev/null ||
+    ! command -v gcc >/dev/null || ! command -v make >/dev/null ||
     ! command -v flex >/dev/null || ! command -v bison >/dev/null ||
     ! command -v bc >/dev/null || [ ! -f /usr/include/libelf.h ] ||
     ! command -v systemd-analyze >/dev/null || ! command -v ip >/dev/null ||
@@ -34,7 +35,7 @@ if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-ga >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         qemu-system-x86 qemu-guest-agent pkg-config libvirt-dev tmux python3-venv \
         libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients \
-        flex bison bc libelf-dev systemd iproute2 logrotate >/dev/null
+        gcc make flex bison bc libelf-dev systemd iproute2 logrotate >/dev/null
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 if ! command -v promtool >/dev/null; then
@@ -80,6 +81,7 @@ venv=target/tools/venv
     { python3 -m venv "$venv" && "$venv/bin/pip" install -q kubernetes-validate==1.37.0; }
 "$venv/bin/kubernetes-validate" --strict --quiet contrib/kubevirt/memtide-daemonset.yaml
 wait "$kernel" || { cat "$kernel_log" >&2; exit 1; }
+trap 'rm -f "$kernel_log"' EXIT # its pid may be another process's from now on
 # --run-ignored all: include the end-to-end tests that boot guests; not the one that
 # rewrites the committed recording (run by hand when the model or the format changes).
 cargo nextest run --workspace --locked --features memtide/libvirt --run-ignored all \
