@@ -394,11 +394,8 @@ impl Policy for WorkingSet {
             .zip(&claims)
             .filter_map(|(k, c)| Some((*k)? - c.want))
             .sum();
-        let spare = if divided.is_none() {
-            capacity - wanted
-        } else {
-            Bytes::ZERO
-        };
+        // Nothing is spare where memory is divided (`Bytes` subtraction saturates).
+        let spare = capacity - wanted;
         let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
         let policy = self.estimator.policy_name();
         for ((((vm, e, ..), target), keep), claim) in
