@@ -701,6 +701,13 @@ impl Config {
                 format!("{fill} is not a number of seconds"),
             );
         }
+        let wait = self.memtide.report_wait_s;
+        if !(wait.is_finite() && wait >= 0.0) {
+            return bad(
+                "memtide.report_wait_s",
+                format!("{wait} is not a number of seconds"),
+            );
+        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -1388,6 +1395,10 @@ mod tests {
         assert_eq!(
             err("[memtide]\nfill_s = -1\n"),
             "memtide.toml: memtide.fill_s: -1 is not a number of seconds"
+        );
+        assert_eq!(
+            err("[memtide]\nreport_wait_s = inf\n"),
+            "memtide.toml: memtide.report_wait_s: inf is not a number of seconds"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),

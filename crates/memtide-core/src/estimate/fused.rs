@@ -105,6 +105,12 @@ pub struct FusedConfig {
     /// committed even where the host saw memory of it untouched for the tracker's cold
     /// age: a program fills what it allocates at its own pace.
     pub fill_s: f64,
+    /// Seconds a guest with free page reporting is given to report what it freed before
+    /// the host's resident figure must show it: until then, or until it does, the freed
+    /// memory counts as reported. The guest's driver reports 2 s after enough has been
+    /// freed (Linux's `PAGE_REPORTING_DELAY`, mm/page_reporting.c), and the agent's figure
+    /// and the host's may each lag a tick.
+    pub report_wait_s: f64,
 }
 
 impl Default for FusedConfig {
@@ -132,6 +138,7 @@ impl Default for FusedConfig {
             touched_share: 0.8,
             take_cold: false,
             fill_s: 120.0,
+            report_wait_s: 4.0,
         }
     }
 }
@@ -174,6 +181,9 @@ pub struct Fused {
     sampled_at: Option<Duration>,
     /// When the guest last allocated more than a probe step.
     allocated_at: Option<Duration>,
+    /// When the guest last freed memory, what the host backed of it then and how much it
+    /// freed: what its free page reporting has still to give back.
+    freed_at: Option<(Duration, Option<Bytes>, Bytes)>,
 }
 
 /// What a guest's estimator must not forget when the daemon restarts: where probing
@@ -244,16 +254,18 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
 /// guests: memknobs guests given their 200 MiB phase back by the balloon ran at a tenth of
 /// their speed for 5-8 s after it, at full CPU, with no fault on either side). Free memory
 /// the host still backs (a guest whose driver does not report, or free pages in blocks
-/// smaller than it reports) is taken as without reporting. Its free memory is not read
+/// smaller than it reports) is taken as without reporting, once the guest has had
+/// `report_wait_s` to report it (`unreported`: what it freed that long ago or less, and its
+/// host does not show given back yet). Its free memory is not read
 /// from its balloon statistics, which lag its agent's figures by a tick (seen on real
 /// guests: a guest that had just freed 170 MiB showed none of it free there, and was
 /// ballooned to its need). `None` without reporting, the agent's page cache figure or
 /// the host's resident figure.
-fn reported_kept(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
+fn reported_kept(cfg: &FusedConfig, obs: &Observation, unreported: Bytes) -> Option<Bytes> {
     if !obs.free_page_reporting {
         return None;
     }
-    let unbacked = obs.size - obs.backed?;
+    let unbacked = obs.size - obs.backed? + unreported;
     let cold = cold_need(cfg, obs).unwrap_or_default();
     Some((obs.size - obs.signals.inactive_file? - cold).min(costless(cfg, obs)? + unbacked))
 }
@@ -659,6 +671,7 @@ impl Fused {
             // that freed 170 MiB gave it back at 4 MiB a tick while its neighbours swapped).
             estimate = (estimate - freed).max(estimate.min(base));
             self.failed_at = None;
+            self.freed_at = Some((obs.at, obs.backed, freed));
             "release"
         } else if obs.at < self.hold_until {
             "hold"
@@ -754,7 +767,21 @@ impl Fused {
         self.estimate = Some(wss);
         // What free page reporting lets it keep while memory is ample comes on top of the
         // estimate, as far as memory is not divided (the policy decides).
-        let keep = reported_kept(cfg, obs)
+        // What it freed lately counts as reported until its host shows it given back or
+        // the guest has had its time to report it (found on real guests: a guest that
+        // freed 168 MiB was ballooned to its need at the next tick, before its driver
+        // reported the memory, so the balloon took what reporting would have given back
+        // at no cost to the guest).
+        let unreported = self
+            .freed_at
+            .filter(|(at, ..)| obs.at < *at + secs(cfg.report_wait_s))
+            .map_or(Bytes::ZERO, |(_, backed, freed)| {
+                let given_back = backed
+                    .zip(obs.backed)
+                    .map_or(Bytes::ZERO, |(then, now)| then - now);
+                freed - given_back
+            });
+        let keep = reported_kept(cfg, obs, unreported)
             .filter(|_| level == NeedLevel::Ample)
             .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss);
@@ -1810,6 +1837,39 @@ mod tests {
             keep(f.step(&cfg, &o(2, 600, 0, 400, true, NeedLevel::Tight))),
             None
         );
+    }
+
+    #[test]
+    fn what_a_reporting_guest_frees_is_kept_while_it_has_time_to_report_it() {
+        // A 1000 MiB guest with `avail` available, `backed` MiB resident on the host.
+        let o = |t, avail, backed| {
+            let mut o = at(obs(t, 1000, avail, 0), NeedLevel::Ample);
+            o.signals.inactive_file = Some(Bytes::ZERO);
+            o.backed = Some(Bytes::from_mib(backed));
+            o.free_page_reporting = true;
+            o
+        };
+        let keep = |e: Estimate| e.keep.map(|k| k.mib_f64());
+        let cfg = cfg();
+        // Needing 700 MiB, its 300 free reported already: it keeps its size.
+        let mut f = Fused::default();
+        assert_eq!(keep(f.step(&cfg, &o(0, 300, 700)).unwrap()), Some(1000.0));
+        // It frees 300 MiB more; its driver has not reported them yet (the host backs
+        // 700): released to its need, it still keeps its size, not its need and what
+        // the host does not back (730).
+        let e = f.step(&cfg, &o(1, 600, 700)).unwrap();
+        assert_eq!((e.wss.mib_f64(), e.phase), (430.0, "release"));
+        assert_eq!(keep(e), Some(1000.0));
+        // Reported in part: what is given back is not counted twice.
+        assert_eq!(keep(f.step(&cfg, &o(2, 600, 550)).unwrap()), Some(1000.0));
+        // Still not all reported once its time is up (4 s): the rest is taken.
+        assert_eq!(keep(f.step(&cfg, &o(5, 600, 550)).unwrap()), Some(880.0));
+        // A guest whose driver never reports keeps it only for that time.
+        let mut n = Fused::default();
+        n.step(&cfg, &o(0, 300, 700));
+        assert_eq!(keep(n.step(&cfg, &o(1, 600, 700)).unwrap()), Some(1000.0));
+        assert_eq!(keep(n.step(&cfg, &o(3, 600, 700)).unwrap()), Some(1000.0));
+        assert_eq!(keep(n.step(&cfg, &o(5, 600, 700)).unwrap()), Some(730.0));
     }
 
     #[test]
