@@ -783,7 +783,6 @@ impl Fused {
             });
         let keep = reported_kept(cfg, obs, unreported)
             .filter(|_| level == NeedLevel::Ample)
-            .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss);
         // One format per tick and VM: reasons are made for every VM every tick.
         let detail = match phase {
