@@ -13,7 +13,7 @@ use std::time::Duration;
 /// How often the file's new pages are sent to the disk: often, so the disk is fed in
 /// small pieces as QEMU writes (measured on this project's test guest, a 246 MiB save by
 /// QEMU 7.2 into a file, three saves each: 1.41-1.62 GiB/s every 5 ms, 1.51-1.84 every
-/// 2 ms, 1.85-1.94 every 0.5 ms; QEMU itself writes the stream into /dev/null at 8-11
+/// 2 ms, 1.85-1.94 every 0.5 ms, docs/snapshots.md; QEMU itself writes the stream into /dev/null at 8-11
 /// GiB/s, so the disk sets the pace). A pass that finds nothing new costs a `fstat` and
 /// a walk of the file's dirty tags.
 const EVERY: Duration = Duration::from_micros(500);
@@ -22,7 +22,7 @@ const EVERY: Duration = Duration::from_micros(500);
 const STEP: u64 = 1 << 20;
 
 /// A thread starting writeback of `file`'s new pages (`sync_file_range`,
-/// `SYNC_FILE_RANGE_WRITE`: started, not waited for) every few milliseconds, until
+/// `SYNC_FILE_RANGE_WRITE`: started, not waited for) every half millisecond, until
 /// dropped. It makes nothing durable: the file still needs its `fsync`.
 pub struct WriteBehind {
     stop: Option<mpsc::Sender<()>>,

@@ -94,6 +94,25 @@ impl Cgroup {
             .map_err(Error::io(format!("setting {} to {bytes}", path.display())))
     }
 
+    /// Kill every process in the cgroup: at once through `cgroup.kill` (v2, Linux
+    /// 5.14), else each pid it lists, never our own, nor 0 (a task exiting, or from
+    /// outside our pid namespace: kill(0) would signal our own process group).
+    fn kill_all(&self) {
+        if self.v2 && std::fs::write(self.dir.join("cgroup.kill"), "1").is_ok() {
+            return;
+        }
+        for pid in self.tasks() {
+            match libc::pid_t::try_from(pid) {
+                Ok(pid) if pid > 0 && pid.unsigned_abs() != std::process::id() => {
+                    // SAFETY: kill(2) of a positive pid read from our own cgroup; no
+                    // memory involved.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Processes in the cgroup.
     pub fn tasks(&self) -> Vec<u32> {
         std::fs::read_to_string(self.procs())
@@ -119,17 +138,10 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         // The guests are gone by now (dropped first); what is left was started in it by
         // another process (a daemon's restores and clones, when a harness stops early)
-        // and is killed, so that nothing outlives the test or benchmark. A cgroup with
-        // no tasks can be removed.
-        for pid in self.tasks() {
-            if pid != std::process::id() {
-                if let Ok(pid) = libc::pid_t::try_from(pid) {
-                    // SAFETY: kill(2) with a pid read from our own cgroup; no memory involved.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        }
+        // and is killed, again on each try, so that nothing outlives the test or
+        // benchmark. A cgroup with no tasks can be removed.
         for _ in 0..50 {
+            self.kill_all();
             if std::fs::remove_dir(&self.dir).is_ok() {
                 return;
             }
@@ -159,7 +171,17 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         drop(cg);
-        let status = left.wait().unwrap();
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = left.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed().as_secs() > 10 {
+                left.kill().unwrap();
+                panic!("the process outlived its cgroup");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(libc::SIGKILL)

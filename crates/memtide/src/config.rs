@@ -702,10 +702,10 @@ impl Config {
             );
         }
         let wait = self.memtide.report_wait_s;
-        if !(wait.is_finite() && wait >= 0.0) {
+        if !(0.0..=3600.0).contains(&wait) {
             return bad(
                 "memtide.report_wait_s",
-                format!("{wait} is not a number of seconds"),
+                format!("{wait} is not a number of seconds [0, 3600]"),
             );
         }
         let p = &self.proxmox;
@@ -1398,7 +1398,7 @@ mod tests {
         );
         assert_eq!(
             err("[memtide]\nreport_wait_s = inf\n"),
-            "memtide.toml: memtide.report_wait_s: inf is not a number of seconds"
+            "memtide.toml: memtide.report_wait_s: inf is not a number of seconds [0, 3600]"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),

@@ -771,18 +771,22 @@ impl Fused {
         // the guest has had its time to report it (found on real guests: a guest that
         // freed 168 MiB was ballooned to its need at the next tick, before its driver
         // reported the memory, so the balloon took what reporting would have given back
-        // at no cost to the guest).
+        // at no cost to the guest); never more than the free memory its host still backs,
+        // and not once it needs memory again.
+        if allocated || rebase || short {
+            self.freed_at = None;
+        }
         let unreported = self
             .freed_at
             .filter(|(at, ..)| obs.at < *at + secs(cfg.report_wait_s))
-            .map_or(Bytes::ZERO, |(_, backed, freed)| {
-                let given_back = backed
-                    .zip(obs.backed)
-                    .map_or(Bytes::ZERO, |(then, now)| then - now);
-                freed - given_back
+            .zip(obs.backed.zip(s.used))
+            .map_or(Bytes::ZERO, |((_, then, freed), (backed, used))| {
+                let given_back = then.map_or(Bytes::ZERO, |then| then - backed);
+                (freed - given_back).min(backed - used)
             });
         let keep = reported_kept(cfg, obs, unreported)
             .filter(|_| level == NeedLevel::Ample)
+            .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss);
         // One format per tick and VM: reasons are made for every VM every tick.
         let detail = match phase {
@@ -1844,31 +1848,34 @@ mod tests {
         let o = |t, avail, backed| {
             let mut o = at(obs(t, 1000, avail, 0), NeedLevel::Ample);
             o.signals.inactive_file = Some(Bytes::ZERO);
+            o.signals.used = Some(Bytes::from_mib(1000 - avail));
+            o.signals.committed_as = Some(Bytes::from_mib(1000 - avail));
             o.backed = Some(Bytes::from_mib(backed));
             o.free_page_reporting = true;
             o
         };
         let keep = |e: Estimate| e.keep.map(|k| k.mib_f64());
         let cfg = cfg();
-        // Needing 700 MiB, its 300 free reported already: it keeps its size.
+        // Needing 700 MiB, 100 of its 300 free not reported (the host backs 800): it
+        // keeps its need, margin and the 200 reported (930).
         let mut f = Fused::default();
-        assert_eq!(keep(f.step(&cfg, &o(0, 300, 700)).unwrap()), Some(1000.0));
-        // It frees 300 MiB more; its driver has not reported them yet (the host backs
-        // 700): released to its need, it still keeps its size, not its need and what
-        // the host does not back (730).
-        let e = f.step(&cfg, &o(1, 600, 700)).unwrap();
+        assert_eq!(keep(f.step(&cfg, &o(0, 300, 800)).unwrap()), Some(930.0));
+        // It frees 300 MiB more, not reported yet (the host still backs 800): released to
+        // its need, it keeps them on top of its need, margin and the 200 reported, not
+        // its need and the 200 alone (630).
+        let e = f.step(&cfg, &o(1, 600, 800)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (430.0, "release"));
-        assert_eq!(keep(e), Some(1000.0));
-        // Reported in part: what is given back is not counted twice.
-        assert_eq!(keep(f.step(&cfg, &o(2, 600, 550)).unwrap()), Some(1000.0));
-        // Still not all reported once its time is up (4 s): the rest is taken.
-        assert_eq!(keep(f.step(&cfg, &o(5, 600, 550)).unwrap()), Some(880.0));
-        // A guest whose driver never reports keeps it only for that time.
-        let mut n = Fused::default();
-        n.step(&cfg, &o(0, 300, 700));
-        assert_eq!(keep(n.step(&cfg, &o(1, 600, 700)).unwrap()), Some(1000.0));
-        assert_eq!(keep(n.step(&cfg, &o(3, 600, 700)).unwrap()), Some(1000.0));
-        assert_eq!(keep(n.step(&cfg, &o(5, 600, 700)).unwrap()), Some(730.0));
+        assert_eq!(keep(e), Some(930.0));
+        // Half of them reported: what is given back is not counted twice.
+        assert_eq!(keep(f.step(&cfg, &o(2, 600, 650)).unwrap()), Some(930.0));
+        // The rest still not reported once its time is up (4 s): it is taken.
+        assert_eq!(keep(f.step(&cfg, &o(5, 600, 650)).unwrap()), Some(780.0));
+        // Freed and committed again within the wait: what it freed is in use again, and
+        // it keeps its need, margin and the 200 reported (930), not its size.
+        let mut a = Fused::default();
+        a.step(&cfg, &o(0, 300, 800));
+        assert_eq!(keep(a.step(&cfg, &o(1, 600, 800)).unwrap()), Some(930.0));
+        assert_eq!(keep(a.step(&cfg, &o(2, 300, 800)).unwrap()), Some(930.0));
     }
 
     #[test]
