@@ -976,17 +976,22 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
     let sys = tempfile::tempdir().unwrap();
     let config = sys.path().join("memtide.toml");
     std::fs::write(&config, format!("[host]\nsys = {:?}\n", sys.path())).unwrap();
+    // `memtide place` for the sleeper, between nodes 0 and 1.
+    let placing = || {
+        let mut c = memtide();
+        c.args([
+            "place",
+            "--pid",
+            &pid,
+            "--fast-node",
+            "0",
+            "--slow-node",
+            "1",
+        ]);
+        c
+    };
     let place = |budget_mib: &str| {
-        memtide()
-            .args([
-                "place",
-                "--pid",
-                &pid,
-                "--fast-node",
-                "0",
-                "--slow-node",
-                "1",
-            ])
+        placing()
             .args([
                 "--budget-mib",
                 budget_mib,
@@ -1003,16 +1008,7 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
             .output()
             .unwrap()
     };
-    let o = memtide()
-        .args([
-            "place",
-            "--pid",
-            &pid,
-            "--fast-node",
-            "0",
-            "--slow-node",
-            "1",
-        ])
+    let o = placing()
         .args(["--budget-mib", "0", "--cold-age-s=-1"])
         .output()
         .unwrap();
