@@ -16,10 +16,16 @@ use crate::scenario::{Costs, VmSpec};
 use crate::workload::Demand;
 use memtide_core::stats::{AgentStats, GuestStats, MemInfo, Psi, VmStat};
 use memtide_core::units::Bytes;
+use std::collections::VecDeque;
 
 /// Bytes per page.
 pub const PAGE_SIZE: u64 = 4096;
 const PAGES_PER_MIB: f64 = 256.0;
+/// Free page reporting's delay: Linux's driver reports 2 s after enough memory was freed
+/// (`PAGE_REPORTING_DELAY`, mm/page_reporting.c).
+const REPORT_DELAY_S: f64 = 2.0;
+/// Free page reporting's unit: a pageblock, 2 MiB on x86 (pages).
+const REPORT_BLOCK: u64 = 512;
 
 /// The guest kernel's free-memory watermarks (pages), computed as Linux does from its RAM
 /// (the balloon does not change them): `min` = √(16 · RAM in KiB) KiB (min_free_kbytes),
@@ -177,6 +183,9 @@ pub struct GuestParams {
     /// virtio-balloon's deflate-on-oom: before the OOM killer runs, the driver gives the
     /// guest balloon pages back.
     pub deflate_on_oom: bool,
+    /// virtio-balloon's free page reporting: pages the guest has kept free for the
+    /// driver's delay go back to the host in whole blocks, without a balloon.
+    pub free_page_reporting: bool,
 }
 
 impl GuestParams {
@@ -193,6 +202,7 @@ impl GuestParams {
             hot_access: w.hot_access_pct / 100.0,
             base_pages_s: w.base_mib_s * PAGES_PER_MIB,
             deflate_on_oom: false,
+            free_page_reporting: false,
         }
     }
 }
@@ -240,6 +250,9 @@ pub struct Guest {
     /// DRAM (set by [`crate::tiers`]; 0 on a one-tier host).
     pub tier_slowdown: f64,
     pressure: Pressure,
+    /// With free page reporting: each step's length (s) and the free pages the host
+    /// backed at its end, over the reporting delay.
+    free_seen: VecDeque<(f64, u64)>,
 }
 
 impl Guest {
@@ -269,6 +282,7 @@ impl Guest {
             last: GuestCounters::default(),
             tier_slowdown: 0.0,
             pressure: Pressure::default(),
+            free_seen: VecDeque::new(),
             wmark: Watermarks::for_ram(params.configured),
             params,
             rng,
@@ -430,8 +444,37 @@ impl Guest {
             let got = self.reclaim(self.wmark.high - free);
             self.counters.kswapd_reclaimed += got;
         }
+        self.report_free(dt);
         self.last = delta(&self.counters, &before);
         self.pressure.record(self.last.memory_stall_us, dt);
+    }
+
+    /// Free page reporting: the free pages the host has backed throughout the last
+    /// [`REPORT_DELAY_S`] go back to the host, in whole [`REPORT_BLOCK`]s (the model has
+    /// no fragmentation: every free page is in a block that can be reported).
+    fn report_free(&mut self, dt: f64) {
+        if !self.params.free_page_reporting {
+            return;
+        }
+        self.free_seen.push_back((dt, self.free_backed.pages));
+        let mut span: f64 = self.free_seen.iter().map(|(d, _)| d).sum();
+        while self.free_seen.len() > 1 && span - self.free_seen[0].0 >= REPORT_DELAY_S {
+            span -= self.free_seen.pop_front().map_or(0.0, |(d, _)| d);
+        }
+        if span < REPORT_DELAY_S {
+            return;
+        }
+        let steady = self.free_seen.iter().map(|(_, p)| *p).min().unwrap_or(0);
+        let n = steady / REPORT_BLOCK * REPORT_BLOCK;
+        if n == 0 {
+            return;
+        }
+        // Resident ones free host memory, host-swapped ones host swap, unread.
+        self.free_backed.take(n, &mut self.rng);
+        self.free_unbacked += n;
+        for (_, p) in &mut self.free_seen {
+            *p = p.saturating_sub(n);
+        }
     }
 
     fn move_balloon(&mut self, dt: f64, costs: &Costs) {
@@ -954,6 +997,7 @@ mod tests {
             hot_access: 1.0,
             base_pages_s: pages(1000.0) as f64,
             deflate_on_oom: false,
+            free_page_reporting: false,
         }
     }
 
@@ -1010,6 +1054,30 @@ mod tests {
         g.step(1.0, &demand(600.0), &Costs::default());
         assert_eq!(g.counters.oom_kills, 1);
         g.check().unwrap();
+    }
+
+    #[test]
+    fn free_page_reporting_gives_memory_kept_free_for_two_seconds_back_to_the_host() {
+        // A 1024 MiB guest touches 600 MiB, then frees 400 of them (half-second ticks).
+        for reporting in [false, true] {
+            let mut p = params(1024.0);
+            p.free_page_reporting = reporting;
+            let mut g = Guest::boot(p, Rng::new(1));
+            let costs = Costs::default();
+            for _ in 0..4 {
+                g.step(0.5, &demand(600.0), &costs);
+            }
+            assert_eq!(g.host_resident(), pages(664.0));
+            // Freed: the host backs it until the driver's delay has passed.
+            for _ in 0..3 {
+                g.step(0.5, &demand(200.0), &costs);
+                assert_eq!(g.host_resident(), pages(664.0), "reporting {reporting}");
+            }
+            g.step(0.5, &demand(200.0), &costs);
+            let resident = if reporting { 264.0 } else { 664.0 };
+            assert_eq!(g.host_resident(), pages(resident), "reporting {reporting}");
+            g.check().unwrap();
+        }
     }
 
     #[test]

@@ -339,6 +339,7 @@ mod tests {
             cache_mib: 0.0,
             ksm: true,
             deflate_on_oom: false,
+            free_page_reporting: false,
         }
     }
 
@@ -356,6 +357,7 @@ mod tests {
                         hot_access: 1.0,
                         base_pages_s: 1e6,
                         deflate_on_oom: false,
+                        free_page_reporting: false,
                     },
                     Rng::new(i as u64),
                 );

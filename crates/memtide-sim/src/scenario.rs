@@ -199,6 +199,11 @@ pub struct HostSpec {
     /// depend on it.
     #[serde(default)]
     pub deflate_on_oom: bool,
+    /// Whether the balloon devices have virtio-balloon's free page reporting (memory a
+    /// guest has kept free for 2 s goes back to the host by itself, as KubeVirt configures
+    /// its VMs by default).
+    #[serde(default)]
+    pub free_page_reporting: bool,
 }
 
 fn default_reserved_mib() -> f64 {

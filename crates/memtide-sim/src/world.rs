@@ -103,6 +103,7 @@ impl World {
             let stream = 2 * i as u64 + 1;
             let params = GuestParams {
                 deflate_on_oom: scenario.host.deflate_on_oom,
+                free_page_reporting: scenario.host.free_page_reporting,
                 ..GuestParams::from_spec(spec)
             };
             let mut guest = Guest::boot(params, Rng::fork(seed, stream));
@@ -202,7 +203,7 @@ impl World {
             referenced: Some(bytes(g.last.referenced as u64)),
             cold: Some(bytes(side.untouched.least(self.t) as u64)),
             virtio_mem: None,
-            free_page_reporting: false,
+            free_page_reporting: g.params().free_page_reporting,
             fixed: None,
             events: std::mem::take(&mut side.events),
         }

@@ -227,6 +227,11 @@ enum Command {
         /// OOM kills it prevents are counted apart.
         #[arg(long)]
         deflate_on_oom: bool,
+        /// Give the guests' balloons free page reporting (the scenario's
+        /// `host.free_page_reporting`): memory a guest keeps free for 2 s goes back to the
+        /// host by itself, under every policy, none included.
+        #[arg(long)]
+        free_page_reporting: bool,
         /// Make the host two-tier: this share of its memory (0 to 1) is DRAM, the rest a
         /// slower tier (the scenario's `[tiers]`, see docs/tiering.md); 1 is all DRAM.
         #[arg(long, value_name = "FAST_SHARE")]
@@ -554,6 +559,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             seed,
             density,
             deflate_on_oom,
+            free_page_reporting,
             tiers,
             tier_placement,
             cold_age_s,
@@ -568,6 +574,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 density,
                 deflate_on_oom,
+                free_page_reporting,
                 fast_share: tiers,
                 tier_placement,
                 cold_age_s,

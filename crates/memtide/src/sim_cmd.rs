@@ -37,6 +37,8 @@ pub struct SimOptions {
     pub density: bool,
     /// Give the guests' balloons deflate-on-oom.
     pub deflate_on_oom: bool,
+    /// Give the guests' balloons free page reporting.
+    pub free_page_reporting: bool,
     /// Make the host two-tier with this share of its memory fast.
     pub fast_share: Option<f64>,
     /// How a two-tier host places pages.
@@ -56,6 +58,7 @@ pub fn sim(
 ) -> anyhow::Result<()> {
     let mut scenario = scenario(scenario_name)?;
     scenario.host.deflate_on_oom |= options.deflate_on_oom;
+    scenario.host.free_page_reporting |= options.free_page_reporting;
     if let Some(share) = options.fast_share {
         scenario.set_fast_share(share)?;
     }

@@ -689,6 +689,20 @@ fn sim_compares_policies_and_writes_reports() {
 }
 
 #[test]
+fn sim_free_page_reporting_gives_freed_memory_back_without_a_balloon() {
+    let host_free = |args: &[&str]| {
+        let o = run(&[&["sim", "quick", "--policy", "none"][..], args].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        s["host_free_mean_mib"].as_f64().unwrap()
+    };
+    // quick's guests free memory as their phases end: with no policy at all, reporting
+    // alone gives it back to the host.
+    let (plain, reporting) = (host_free(&[]), host_free(&["--free-page-reporting"]));
+    assert!(reporting > plain + 100.0, "{plain} MiB free, {reporting} with reporting");
+}
+
+#[test]
 fn sim_tiers_make_any_scenario_two_tier() {
     let summary = |args: &[&str]| {
         let o = run(args);
