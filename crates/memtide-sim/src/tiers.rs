@@ -297,7 +297,12 @@ impl Tiers {
         self.ticks_run += 1;
         self.now += dt;
         let mut room = self.fast - self.guests.iter().map(fast_of).sum::<f64>();
-        let horizon = self.spec.age_config().horizon_s();
+        // First touch keeps the layers of a fixed age: its figures do not depend on
+        // memtide's settings.
+        let horizon = match self.spec.placement {
+            TierPlacement::Memtide => self.spec.age_config().horizon_s(),
+            TierPlacement::FirstTouch => self.spec.cold_age_s,
+        };
         for (t, g) in self.guests.iter_mut().zip(guests.iter()) {
             let (size, churn) = classes(g);
             self.counters.fresh_on_slow += follow(t, size, churn, &mut room, self.now);

@@ -97,7 +97,7 @@ impl ColdAge {
     /// A VM's age at its start: `config`'s least.
     pub fn new(config: &AgeConfig) -> ColdAge {
         ColdAge {
-            age_s: config.min_s,
+            age_s: config.min_s.max(0.0),
             elapsed_s: 0.0,
             promoted: 0.0,
             working_set_s: 0.0,
@@ -120,9 +120,11 @@ impl ColdAge {
         working_set: Bytes,
         dt_s: f64,
     ) -> Option<Reason> {
-        let max = config.max_s.max(config.min_s);
-        self.age_s = self.age_s.clamp(config.min_s, max);
-        if !config.adaptive || !(dt_s.is_finite() && dt_s > 0.0) {
+        // Settings that are not numbers count as 0 s for the least, the least for the most.
+        let min = config.min_s.max(0.0);
+        let max = config.max_s.max(min);
+        self.age_s = self.age_s.clamp(min, max);
+        if !(config.adaptive && dt_s.is_finite() && dt_s > 0.0) {
             return None;
         }
         self.elapsed_s += dt_s;
@@ -162,7 +164,7 @@ impl ColdAge {
                 return None;
             }
             self.quiet = 0;
-            self.age_s = (before / 2.0).max(config.min_s);
+            self.age_s = (before / 2.0).max(min);
             (
                 "tier.age_down",
                 format!(
@@ -180,7 +182,7 @@ impl ColdAge {
         (self.age_s != before).then(|| {
             let bound = if self.age_s == max && rule == "tier.age_up" {
                 " (the most)"
-            } else if self.age_s == config.min_s && rule == "tier.age_down" {
+            } else if self.age_s == min && rule == "tier.age_down" {
                 " (the least)"
             } else {
                 ""
@@ -307,6 +309,16 @@ mod tests {
         let mut age = ColdAge::new(&inverted);
         run(&mut age, &inverted, 1.0, 600);
         assert_eq!(age.age_s(), 30.0);
+        // Settings that are not numbers: no panic, a least of 0 and a most of the least.
+        let nan = AgeConfig {
+            min_s: f64::NAN,
+            max_s: f64::NAN,
+            slo_pct_per_min: f64::NAN,
+            ..CONFIG
+        };
+        let mut age = ColdAge::new(&nan);
+        run(&mut age, &nan, 1.0, 600);
+        assert_eq!(age.age_s(), 0.0);
         // Promotions with no working set are above any SLO; a tick of no length, or not a
         // number, counts nothing.
         let mut age = ColdAge::new(&CONFIG);
