@@ -7,13 +7,15 @@
 # bench/results/tiering.json (with the command and commit; its `placement` and
 # `compressed`, measured in test guests, are kept) and prints a table.
 #
-#   bench/tiering-sim.sh [FAST_SHARE [COLD_AGE_S]]   (defaults 0.6, and memtide's cold age)
+#   bench/tiering-sim.sh [FAST_SHARE [COLD_AGE_S [ADAPTIVE]]]
+#   (defaults 0.6, memtide's cold age, and each VM's age adapting from it: true; false
+#   keeps COLD_AGE_S for every VM)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 cargo build --release -p memtide
 share=${1:-0.6}
-age=(${2:+--cold-age-s "$2"})
+age=(${2:+--cold-age-s "$2"} ${3:+--adaptive-age "$3"})
 scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -47,6 +49,8 @@ def tiered(name, placement):
         "slow_tier_share": round(t["slow_share"], 4),
         "slow_access_share": round(t["slow_access_share"], 4),
         "cold_age_s": t.get("cold_age_s"),
+        "adaptive_age": t.get("adaptive_age"),
+        "mean_cold_age_s": round(t.get("mean_cold_age_s", 0), 1),
         "promotions_ws_pct_min": round(t["promotions_ws_pct_min"], 4),
         "promotions_ws_pct_min_late": round(t["promotions_ws_pct_min_late"], 4),
         "all_promotions_ws_pct_min": round(t["all_promotions_ws_pct_min"], 4),
@@ -98,9 +102,10 @@ report = {
 print(json.dumps(report, indent=2))
 # promo: the SLO's promotions (pages memtide demoted, coming back), all: every
 # promotion, fresh: pages entering a working set on slow frames; % of the ws a minute.
-print(f"{'scenario':<14} {'DRAM MiB/s':>11} {'slow share':>10} {'slowdown':>9} {'first-touch':>11} {'promo':>8} {'late':>8} {'all':>8} {'fresh':>8}", file=sys.stderr)
+# age: memtide's mean cold age over the VMs and the run (s).
+print(f"{'scenario':<14} {'DRAM MiB/s':>11} {'slow share':>10} {'slowdown':>9} {'first-touch':>11} {'promo':>8} {'late':>8} {'all':>8} {'fresh':>8} {'age':>6}", file=sys.stderr)
 for r in [redis] + rows:
     m, f = r["memtide"], r["first_touch"]
-    print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>8.4f} {m['promotions_ws_pct_min_late']:>8.4f} {m['all_promotions_ws_pct_min']:>8.4f} {m['fresh_on_slow_ws_pct_min']:>8.4f}", file=sys.stderr)
+    print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>8.4f} {m['promotions_ws_pct_min_late']:>8.4f} {m['all_promotions_ws_pct_min']:>8.4f} {m['fresh_on_slow_ws_pct_min']:>8.4f} {m['mean_cold_age_s']:>6.0f}", file=sys.stderr)
 PY
 echo "bench/results/tiering.json written"

@@ -93,6 +93,16 @@ impl ColdClock {
         let spanned = self.times.len() > 1 && at.saturating_sub(self.times[0]) >= self.cold_age;
         spanned.then(|| (self.times.len() - 1) as u16)
     }
+
+    /// The least age that spans `age` (at most the clock's cold age) as of the latest
+    /// scan, as [`ColdClock::tick`] gives it for the clock's own; `None` while the scans
+    /// span less.
+    pub fn spanning(&self, age: Duration) -> Option<u16> {
+        let last = *self.times.back()?;
+        (1..self.times.len())
+            .find(|&k| last.saturating_sub(self.times[self.times.len() - 1 - k]) >= age)
+            .map(|k| k as u16)
+    }
 }
 
 /// A `/proc/PID/pagemap` entry's frame number, when the page is in memory (bit 63); zero
@@ -411,6 +421,12 @@ impl Tracker {
         self.page
     }
 
+    /// The least age that spans `age` (at most the tracker's cold age) at the last scan,
+    /// as [`Scan::cold_scans`] gives it for the tracker's own.
+    pub fn scans_spanning(&self, age: Duration) -> Option<u16> {
+        self.clock.spanning(age)
+    }
+
     /// The resident pages of the tracked mappings at the last scan, each with its
     /// address, its age and whether it is shared. None after a failed scan.
     pub fn pages(&self) -> impl Iterator<Item = Page> + '_ {
@@ -641,6 +657,12 @@ garbage
         assert_eq!(clock.tick(s(90)), None);
         assert_eq!(clock.tick(s(120)), Some(4));
         assert_eq!(clock.tick(s(150)), Some(4));
+        // Shorter ages, for a VM whose own is shorter than the clock's: 60 s is 2 scans
+        // back, and an age longer than the clock's is not spanned.
+        assert_eq!(clock.spanning(s(60)), Some(2));
+        assert_eq!(clock.spanning(s(61)), Some(3));
+        assert_eq!(clock.spanning(s(120)), Some(4));
+        assert_eq!(clock.spanning(s(200)), None);
         // A late scan: 3 scans back (105 s ago) is not enough, 4 (135 s) is.
         assert_eq!(clock.tick(s(195)), Some(4));
         // A long gap: the previous scan alone spans it.

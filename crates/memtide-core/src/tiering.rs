@@ -33,16 +33,18 @@
 //! held to the fast memory that is free (beyond the reserve) once this tick's demotions
 //! are done.
 //!
-//! A cold age (`TierConfig::cold_age_s`), as in Google's far memory (Lagar-Cavilla et
-//! al., ASPLOS'19): memory in use is demoted only once it has gone untouched for the cold
-//! age (`TierVm::aged`, the access tracker's figure), since memory idle for a short while
-//! is often read again soon, and each such page comes back as a promotion. Memory in use
-//! younger than that stays fast even above the VM's budget (the other VMs' promotions into
-//! room are then held to the fast memory free). Guest-free frames hold no data and keep
-//! their own rule above.
+//! A cold age per VM (`TierVm::cold_age_s`), as in Google's far memory (Lagar-Cavilla et
+//! al., ASPLOS'19): memory in use is demoted only once it has gone untouched for the VM's
+//! cold age (`TierVm::aged`, the access tracker's figure), since memory idle for a short
+//! while is often read again soon, and each such page comes back as a promotion. Memory in
+//! use younger than that stays fast even above the VM's budget (the other VMs' promotions
+//! into room are then held to the fast memory free). Guest-free frames hold no data and
+//! keep their own rule above. Each VM's age follows its own promotions ([`age`]).
 
 //! Page by page ([`count_pages`], [`pick_pages`]): given each resident page's access age
 //! and tier, the figures `place` takes, and which pages carry out its moves.
+
+pub mod age;
 
 use crate::action::Reason;
 use crate::policy::divide::{divide_by_use, Claim};
@@ -68,10 +70,11 @@ pub struct TierVm<'a> {
     /// allocations land in fast memory, and demoted only in exchange for the VM's hot
     /// memory on the slow tier; when they do not, demoted after cold memory in use.
     pub free_fast: Bytes,
-    /// Of `fast`, memory in use untouched for at least the cold age
-    /// ([`TierConfig::cold_age_s`]; all of it where the cold age is 0): the only memory in
-    /// use that is demoted.
+    /// Of `fast`, memory in use untouched for at least the cold age (`cold_age_s`; all
+    /// of it where the cold age is 0): the only memory in use that is demoted.
     pub aged: Bytes,
+    /// The VM's cold age (s), which `aged` was measured for ([`age::ColdAge`]).
+    pub cold_age_s: f64,
     /// Its weight when the fast tier is short.
     pub shares: u32,
     /// The operator's fast budget, in place of the hot set plus the margin; it also caps
@@ -95,20 +98,6 @@ pub struct TierConfig {
     pub margin: f64,
     /// Most memory moved per VM per second, demotions and promotions together (MiB/s).
     pub rate_mib_s: f64,
-    /// How long memory in use must go untouched before it is demoted (s); 0 demotes
-    /// whatever is idle now. The caller measures it ([`TierVm::aged`]).
-    pub cold_age_s: f64,
-}
-
-impl TierConfig {
-    /// The default cold age, 30 s. Google's far memory tunes the threshold per job, from
-    /// 120 s up, so that promotions stay within 0.2% of the working set a minute
-    /// (Lagar-Cavilla et al., ASPLOS'19). A longer age trades fast memory for promotions:
-    /// memory touched within it holds DRAM that fresh allocations and hot memory on the
-    /// slow tier then miss. In the simulator (`docs/tiering.md`, at 60% DRAM) 120 s met
-    /// the SLO on 5 of the 9 built-in scenarios but slowed two of them past 3%; 30 s is the
-    /// longest age measured that keeps every one within its slowdown target.
-    pub const COLD_AGE_S: f64 = 30.0;
 }
 
 impl Default for TierConfig {
@@ -116,7 +105,6 @@ impl Default for TierConfig {
         TierConfig {
             margin: 0.1,
             rate_mib_s: 256.0,
-            cold_age_s: Self::COLD_AGE_S,
         }
     }
 }
@@ -229,7 +217,7 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
             if m.young_kept > Bytes::ZERO {
                 notes += &format!(
                     "; {} touched within the cold age ({} s) kept above the budget",
-                    m.young_kept, config.cold_age_s
+                    m.young_kept, vm.cold_age_s
                 );
             }
             if m.hot_kept > Bytes::ZERO {
@@ -442,6 +430,7 @@ mod tests {
             free_fast: Bytes::ZERO,
             // No cold age: all of its fast memory may go.
             aged: Bytes::from_mib(fast),
+            cold_age_s: 0.0,
             shares: 1000,
             configured: None,
         }
@@ -461,7 +450,6 @@ mod tests {
     const FAST: TierConfig = TierConfig {
         margin: 0.1,
         rate_mib_s: 100_000.0,
-        cold_age_s: 0.0,
     };
 
     #[test]
@@ -534,7 +522,6 @@ mod tests {
         let slow = TierConfig {
             margin: 0.1,
             rate_mib_s: 64.0,
-            cold_age_s: 0.0,
         };
         let v = vm("a", 4000, 4000, 1000, 0);
         let short = FastTier {
@@ -567,7 +554,6 @@ mod tests {
         let nan = TierConfig {
             margin: f64::NAN,
             rate_mib_s: f64::NAN,
-            cold_age_s: f64::NAN,
         };
         let p = place(&[v.clone()], tier, nan, -1.0);
         assert_eq!(p[0].fast_budget, Bytes::ZERO);
@@ -700,16 +686,13 @@ mod tests {
     fn memory_in_use_is_demoted_only_once_untouched_for_the_cold_age() {
         // 2000 MiB fast, 500 hot, an operator budget of 1000 MiB: 1000 MiB to demote, of
         // the 1500 MiB cold in use only the 300 MiB past the cold age go.
-        let config = TierConfig {
-            cold_age_s: 120.0,
-            ..FAST
-        };
         let a = |aged| TierVm {
             aged: Bytes::from_mib(aged),
+            cold_age_s: 120.0,
             configured: Some(Bytes::from_mib(1000)),
             ..vm("a", 2000, 2000, 500, 0)
         };
-        let p = place(&[a(300)], tier(0), config, 1.0);
+        let p = place(&[a(300)], tier(0), FAST, 1.0);
         assert_eq!(mib(p[0].demote), 300);
         assert!(
             p[0].reason
@@ -719,17 +702,17 @@ mod tests {
             p[0].reason
         );
         // Older memory goes down to the budget, and nothing once none is old enough.
-        assert_eq!(mib(place(&[a(1500)], tier(0), config, 1.0)[0].demote), 1000);
-        assert_eq!(place(&[a(0)], tier(0), config, 1.0)[0].demote, Bytes::ZERO);
+        assert_eq!(mib(place(&[a(1500)], tier(0), FAST, 1.0)[0].demote), 1000);
+        assert_eq!(place(&[a(0)], tier(0), FAST, 1.0)[0].demote, Bytes::ZERO);
         // Nor is young memory exchanged for hot memory on the slow tier: 100 MiB past the
         // cold age, 100 MiB exchanged.
         let b = |aged| TierVm {
             aged: Bytes::from_mib(aged),
             ..vm("b", 3000, 1000, 900, 300)
         };
-        let p = place(&[b(100)], tier(0), config, 1.0);
+        let p = place(&[b(100)], tier(0), FAST, 1.0);
         assert_eq!((mib(p[0].promote), mib(p[0].demote)), (100, 100));
-        let p = place(&[b(0)], tier(0), config, 1.0);
+        let p = place(&[b(0)], tier(0), FAST, 1.0);
         assert_eq!((p[0].promote, p[0].demote), (Bytes::ZERO, Bytes::ZERO));
         // Hot memory too: a VM far above its budget keeps its hot memory touched within
         // the cold age.
@@ -738,7 +721,7 @@ mod tests {
             configured: Some(Bytes::from_mib(500)),
             ..vm("c", 1500, 1000, 1500, 500)
         };
-        let p = place(&[c], tier(0), config, 1.0);
+        let p = place(&[c], tier(0), FAST, 1.0);
         assert_eq!(p[0].demote, Bytes::ZERO);
         assert!(
             p[0].reason.detail.contains(
@@ -841,7 +824,6 @@ mod tests {
         let config = TierConfig {
             margin: 0.1,
             rate_mib_s: 8.0 * 4096.0 / (1024.0 * 1024.0),
-            cold_age_s: 10.0,
         };
         for _ in 0..20 {
             // A cold age of 2 scans: every cold page is past it.
@@ -854,6 +836,7 @@ mod tests {
                 hot_on_slow: Bytes(page.0 * c.hot_on_slow),
                 free_fast: Bytes::ZERO,
                 aged: Bytes(page.0 * c.aged),
+                cold_age_s: 10.0,
                 shares: 1,
                 configured: Some(Bytes(page.0 * 16)),
             };
@@ -888,7 +871,7 @@ mod tests {
                 ..vm(name, res, fast.min(res), hot.min(res), hos)
             }).collect();
             let tier = FastTier { free: Bytes::from_mib(free), reserve: Bytes::from_mib(reserve) };
-            let config = TierConfig { margin: 0.1, rate_mib_s: rate, cold_age_s: 0.0 };
+            let config = TierConfig { margin: 0.1, rate_mib_s: rate };
             let p = place(&vms, tier, config, 1.0);
             // Guest-free fast memory is outside the division while the hot sets fit in the
             // rest, and divided with it when they do not.

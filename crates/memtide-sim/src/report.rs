@@ -69,9 +69,15 @@ pub struct TierSummary {
     pub placement: String,
     /// Fast memory the guests could use (MiB).
     pub fast_mib: f64,
-    /// memtide's cold age (s).
+    /// memtide's cold age (s): the least, where each VM's adapts.
     #[serde(default)]
     pub cold_age_s: f64,
+    /// Whether each VM's cold age adapted to its promotions.
+    #[serde(default)]
+    pub adaptive_age: bool,
+    /// The VMs' mean cold age over the run (s).
+    #[serde(default)]
+    pub mean_cold_age_s: f64,
     /// Guest memory on the slow tier, over guest memory in host RAM (time means).
     pub slow_share: f64,
     /// Share of the workloads' accesses that landed on the slow tier.

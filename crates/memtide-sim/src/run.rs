@@ -380,6 +380,8 @@ impl Measure {
                 placement: t.placement().as_str().to_string(),
                 fast_mib: mib_of(t.fast_pages()),
                 cold_age_s: t.cold_age_s(),
+                adaptive_age: t.adaptive_age(),
+                mean_cold_age_s: t.mean_cold_age_s(),
                 slow_share: c.slow_sum / c.resident_sum.max(1.0),
                 slow_access_share: c.touched_slow / c.touched.max(1.0),
                 demotions: c.demotions.round() as u64,

@@ -2,6 +2,7 @@
 //! Every field, its unit and its default are documented in `docs/simulator.md`.
 
 use crate::workload::WorkloadSpec;
+use memtide_core::tiering::age::AgeConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -117,10 +118,45 @@ pub struct TierSpec {
     /// (s; 0: whatever is idle now).
     #[serde(default = "default_cold_age_s")]
     pub cold_age_s: f64,
+    /// memtide's placement: adapt each VM's cold age to its own promotions, from
+    /// `cold_age_s` up to `max_cold_age_s` (else every VM keeps `cold_age_s`).
+    #[serde(default = "default_adaptive_age")]
+    pub adaptive_age: bool,
+    /// memtide's placement: the longest adaptive cold age (s).
+    #[serde(default = "default_max_cold_age_s")]
+    pub max_cold_age_s: f64,
+    /// memtide's placement: the promotion SLO the adaptive age keeps to (% of the working
+    /// set a minute).
+    #[serde(default = "default_promotion_slo_pct_per_min")]
+    pub promotion_slo_pct_per_min: f64,
+}
+
+impl TierSpec {
+    /// memtide's cold-age settings.
+    pub fn age_config(&self) -> AgeConfig {
+        AgeConfig {
+            adaptive: self.adaptive_age,
+            min_s: self.cold_age_s,
+            max_s: self.max_cold_age_s,
+            slo_pct_per_min: self.promotion_slo_pct_per_min,
+        }
+    }
 }
 
 fn default_cold_age_s() -> f64 {
-    memtide_core::tiering::TierConfig::COLD_AGE_S
+    AgeConfig::default().min_s
+}
+
+fn default_adaptive_age() -> bool {
+    AgeConfig::default().adaptive
+}
+
+fn default_max_cold_age_s() -> f64 {
+    AgeConfig::default().max_s
+}
+
+fn default_promotion_slo_pct_per_min() -> f64 {
+    AgeConfig::default().slo_pct_per_min
 }
 
 fn default_latency_factor() -> f64 {
@@ -390,6 +426,9 @@ impl Scenario {
                 margin_pct: default_margin_pct(),
                 reserve_mib: 0.0,
                 cold_age_s: default_cold_age_s(),
+                adaptive_age: default_adaptive_age(),
+                max_cold_age_s: default_max_cold_age_s(),
+                promotion_slo_pct_per_min: default_promotion_slo_pct_per_min(),
             },
         });
         self.validate()
@@ -565,6 +604,18 @@ impl Scenario {
             }
             if !size(t.cold_age_s) {
                 return Err(invalid("tiers.cold_age_s".into(), "must be a time ≥ 0"));
+            }
+            if !(size(t.max_cold_age_s) && t.max_cold_age_s >= t.cold_age_s) {
+                return Err(invalid(
+                    "tiers.max_cold_age_s".into(),
+                    "must be a time ≥ tiers.cold_age_s",
+                ));
+            }
+            if !positive(t.promotion_slo_pct_per_min) {
+                return Err(invalid(
+                    "tiers.promotion_slo_pct_per_min".into(),
+                    "must be positive",
+                ));
             }
         }
         if let Some(d) = &self.density {

@@ -19,17 +19,18 @@
 //! [`memtide_core::tiering::place`] each tick, with an exact access tracker's figures
 //! (each VM's hot class and how much of it is on the slow tier, its free pages on the
 //! fast tier, as free page reporting would tell them, and its fast pages in use untouched
-//! for the cold age), and moves pages: demoted pages are the coldest fast pages in use
+//! for its cold age), and moves pages: demoted pages are the coldest fast pages in use
 //! untouched for the cold age (idle, then warm, then hot), and the free ones the decision
 //! names (it puts them after cold pages in use, before hot ones); promoted ones the hot
-//! pages on the slow tier.
+//! pages on the slow tier. Each guest's cold age adapts to its own promotions of demoted
+//! pages ([`memtide_core::tiering::age`]), unless the scenario fixes it.
 //!
 //! How long pages have gone untouched: a working-set page is touched at random at its
 //! part's access rate (as [`Guest::ws_missed_for`] has it), so the share of the hot or
 //! warm class untouched for the cold age is the share every access missed for that long.
 //! An idle page is never touched: its age is the time since it went idle (left the
 //! working set, or was backed outside it). The idle class is kept in layers by that time,
-//! one a tick back to the cold age and the older pages in one; pages leave it (back into
+//! one a tick back to the longest cold age and the older pages in one; pages leave it (back into
 //! the working set as page-cache hits, freed, swapped) the most recently idle first, as
 //! from an LRU list, each layer's tiers and marks in proportion.
 //!
@@ -46,6 +47,7 @@
 
 use crate::guest::{bytes, pages, Guest};
 use crate::scenario::{Scenario, TierPlacement, TierSpec};
+use memtide_core::tiering::age::ColdAge;
 use memtide_core::tiering::{place, FastTier, TierConfig, TierVm};
 use memtide_core::units::Bytes;
 use std::collections::VecDeque;
@@ -94,8 +96,8 @@ impl Layer {
     }
 }
 
-/// The idle class by how long its pages have been idle: those idle for the cold age or
-/// longer, and younger layers with the time each went idle, the newest last.
+/// The idle class by how long its pages have been idle: those idle for the longest cold
+/// age or longer, and younger layers with the time each went idle, the newest last.
 #[derive(Clone, Debug, Default)]
 struct Idle {
     old: Layer,
@@ -141,9 +143,31 @@ impl Idle {
     }
 
     fn total(&self) -> Layer {
+        self.aged(f64::INFINITY)
+    }
+
+    /// The pages idle since `since` or before.
+    fn aged(&self, since: f64) -> Layer {
         let mut t = self.old;
-        self.young.iter().for_each(|(_, l)| t.add(*l));
+        self.young
+            .iter()
+            .take_while(|e| e.0 <= since)
+            .for_each(|(_, l)| t.add(*l));
         t
+    }
+
+    /// Demote `n` of the fast pages idle since `since` or before, the longest idle first;
+    /// returns how many there were.
+    fn demote(&mut self, since: f64, n: f64) -> f64 {
+        let mut left = n.max(0.0);
+        let aged = self.young.iter_mut().take_while(|e| e.0 <= since);
+        for l in std::iter::once(&mut self.old).chain(aged.map(|(_, l)| l)) {
+            let k = left.min(l.pages - l.slow).max(0.0);
+            l.slow += k;
+            l.demoted += k;
+            left -= k;
+        }
+        n.max(0.0) - left
     }
 }
 
@@ -160,7 +184,9 @@ struct GuestTiers {
     /// The idle class by how long its pages have been idle (its totals in `size`, `slow`
     /// and `demoted`).
     idle: Idle,
-    /// The shares of the hot and of the warm class untouched for the cold age.
+    /// Its cold age, adapted to its promotions.
+    age: ColdAge,
+    /// The shares of the hot and of the warm class untouched for its cold age.
     aged: [f64; 2],
     /// Extra time per access from slow-tier memory for `memory_bound = 1`.
     bound: f64,
@@ -189,6 +215,8 @@ pub struct TierCounters {
     pub slow_sum: f64,
     /// Guest pages in host memory, summed over ticks.
     pub resident_sum: f64,
+    /// The guests' mean cold age (s), summed over ticks.
+    pub age_sum: f64,
     /// Pages the workloads touched.
     pub touched: f64,
     /// Of them, pages on the slow tier (estimated with each tick's slow-access share).
@@ -214,6 +242,7 @@ impl Tiers {
     /// The scenario's tiers, `None` for a one-tier host.
     pub fn new(scenario: &Scenario) -> Option<Tiers> {
         let spec = scenario.tiers.clone()?;
+        let age = ColdAge::new(&spec.age_config());
         let guests = scenario
             .expand()
             .iter()
@@ -222,6 +251,7 @@ impl Tiers {
                 bound: (spec.latency_factor - 1.0) * vm.workload.memory_bound_pct / 100.0,
                 shares: vm.shares,
                 configured: vm.fast_mib.map(|m| bytes(pages(m))),
+                age: age.clone(),
                 ..GuestTiers::default()
             })
             .collect();
@@ -246,9 +276,19 @@ impl Tiers {
         self.fast
     }
 
-    /// memtide's cold age (s).
+    /// memtide's least cold age (s): every VM's where it is not adaptive.
     pub fn cold_age_s(&self) -> f64 {
         self.spec.cold_age_s
+    }
+
+    /// Whether each VM's cold age adapts to its promotions.
+    pub fn adaptive_age(&self) -> bool {
+        self.spec.adaptive_age
+    }
+
+    /// The guests' cold age (s), their mean over the ticks run.
+    pub fn mean_cold_age_s(&self) -> f64 {
+        self.counters.age_sum / self.ticks_run.max(1) as f64
     }
 
     /// Follow the guests' last tick (pages changing class, backed, freed), place, and
@@ -257,13 +297,20 @@ impl Tiers {
         self.ticks_run += 1;
         self.now += dt;
         let mut room = self.fast - self.guests.iter().map(fast_of).sum::<f64>();
-        let cold_age = self.spec.cold_age_s;
+        // First touch keeps the layers of a fixed age: its figures do not depend on
+        // memtide's settings.
+        let horizon = match self.spec.placement {
+            TierPlacement::Memtide => self.spec.age_config().horizon_s(),
+            TierPlacement::FirstTouch => self.spec.cold_age_s,
+        };
         for (t, g) in self.guests.iter_mut().zip(guests.iter()) {
             let (size, churn) = classes(g);
             self.counters.fresh_on_slow += follow(t, size, churn, &mut room, self.now);
-            t.idle.age(self.now - cold_age);
-            t.aged = g.ws_missed_for(cold_age);
+            t.idle.age(self.now - horizon);
+            t.aged = g.ws_missed_for(t.age.age_s());
         }
+        let ages: f64 = self.guests.iter().map(|t| t.age.age_s()).sum();
+        self.counters.age_sum += ages / self.guests.len().max(1) as f64;
         if self.spec.placement == TierPlacement::Memtide {
             self.place(dt, room);
         }
@@ -279,6 +326,11 @@ impl Tiers {
 
     /// memtide's placement: budgets and moves from `memtide_core::tiering`, applied.
     fn place(&mut self, dt: f64, room: f64) {
+        let now = self.now;
+        let idle_aged = |t: &GuestTiers| {
+            let l = t.idle.aged(now - t.age.age_s());
+            l.pages - l.slow
+        };
         let vms: Vec<TierVm<'_>> = self
             .guests
             .iter()
@@ -293,8 +345,9 @@ impl Tiers {
                     (0..2)
                         .map(|c| (t.size[c] - t.slow[c]) * t.aged[c])
                         .sum::<f64>()
-                        + (t.idle.old.pages - t.idle.old.slow),
+                        + idle_aged(t),
                 ),
+                cold_age_s: t.age.age_s(),
                 shares: t.shares,
                 configured: t.configured,
             })
@@ -306,9 +359,9 @@ impl Tiers {
         let config = TierConfig {
             margin: self.spec.margin_pct / 100.0,
             rate_mib_s: self.spec.rate_mib_s,
-            cold_age_s: self.spec.cold_age_s,
         };
         let placed = place(&vms, tier, config, dt);
+        let age_config = self.spec.age_config();
         let late = self.ticks_run * 2 > self.ticks;
         for (t, p) in self.guests.iter_mut().zip(placed) {
             let demote = pages_of(p.demote);
@@ -319,16 +372,11 @@ impl Tiers {
             // before hot ones).
             let mut left = demote - demote_free;
             for c in [IDLE, 1, 0] {
-                let aged = if c == IDLE {
-                    t.idle.old.pages - t.idle.old.slow
+                let n = if c == IDLE {
+                    t.idle.demote(now - t.age.age_s(), left)
                 } else {
-                    (t.size[c] - t.slow[c]) * t.aged[c]
+                    left.min((t.size[c] - t.slow[c]) * t.aged[c]).max(0.0)
                 };
-                let n = left.min(aged).max(0.0);
-                if c == IDLE {
-                    t.idle.old.slow += n;
-                    t.idle.old.demoted += n;
-                }
                 t.slow[c] += n;
                 t.demoted[c] += n;
                 left -= n;
@@ -348,6 +396,8 @@ impl Tiers {
             self.counters.demotions += demote - left;
             self.counters.promotions += n;
             self.counters.cold_promotions += cold;
+            let working_set = bytes_of(t.size[0] + t.size[1]);
+            t.age.observe(&age_config, bytes_of(cold), working_set, dt);
             if late {
                 self.counters.promotions_late += n;
                 self.counters.cold_promotions_late += cold;
@@ -686,8 +736,9 @@ mod tests {
 
     /// A file working set waving between 200 and 600 MiB every 60 s beside 300 MiB of
     /// anonymous memory and 300 MiB allocated once and never touched, with DRAM for 500 MiB
-    /// of the guest: memtide demotes idle memory, with a cold age of `cold_age_s`.
-    fn waving(cold_age_s: f64) -> Scenario {
+    /// of the guest: memtide demotes idle memory, with a cold age of `cold_age_s` (the
+    /// least, when `adaptive`).
+    fn waving(cold_age_s: f64, adaptive: bool) -> Scenario {
         Scenario::from_toml(&format!(
             r#"
             name = "t"
@@ -698,6 +749,7 @@ mod tests {
             [tiers]
             fast_mib = 756
             cold_age_s = {cold_age_s}
+            adaptive_age = {adaptive}
             [[vm]]
             name = "w"
             memory_mib = 1536
@@ -718,8 +770,8 @@ mod tests {
         // idle demotes it and promotes it again; with a cold age of 120 s only memory idle
         // longer goes down (the memory never touched, the kernel), and nothing demoted
         // comes back.
-        let now = run(&waving(0.0), 300);
-        let aged = run(&waving(120.0), 300);
+        let now = run(&waving(0.0, false), 300);
+        let aged = run(&waving(120.0, false), 300);
         let (c0, c120) = (
             now.tiers.as_ref().unwrap().counters,
             aged.tiers.as_ref().unwrap().counters,
@@ -728,9 +780,33 @@ mod tests {
         assert_eq!(c120.cold_promotions, 0.0, "{c120:?}");
         assert!(c120.demotions > pages(250.0) as f64, "{c120:?}");
         // Before the cold age has passed, nothing in use is demoted.
-        let early = run(&waving(120.0), 100);
+        let early = run(&waving(120.0, false), 100);
         let c = early.tiers.as_ref().unwrap().counters;
         assert_eq!(c.demotions, 0.0, "{c:?}");
+    }
+
+    #[test]
+    fn a_vm_whose_idle_memory_comes_back_gets_a_longer_cold_age() {
+        // At a fixed 30 s, page cache idle for longer is demoted and comes back with the
+        // next wave, all along. Adapting, the VM's age rises with its promotions, past the
+        // waves' period, within its bounds, and the promotions stop.
+        let (fixed, adaptive) = (
+            run(&waving(30.0, false), 300),
+            run(&waving(30.0, true), 300),
+        );
+        let (f, a) = (
+            fixed.tiers.as_ref().unwrap(),
+            adaptive.tiers.as_ref().unwrap(),
+        );
+        let (fc, ac) = (f.counters, a.counters);
+        assert!(fc.cold_promotions_late > pages(20.0) as f64, "{fc:?}");
+        assert!(
+            ac.cold_promotions_late < fc.cold_promotions_late / 4.0,
+            "{ac:?} against {fc:?}"
+        );
+        assert_eq!(f.guests[0].age.age_s(), 30.0);
+        let age = a.guests[0].age.age_s();
+        assert!((60.0..=600.0).contains(&age), "{age}");
     }
 
     #[test]

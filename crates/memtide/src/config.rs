@@ -15,6 +15,7 @@ use memtide_core::policy::proxmox::ProxmoxConfig;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::reclaim::PaceConfig;
 use memtide_core::recovery::RecoveryConfig;
+use memtide_core::tiering::age::AgeConfig;
 use memtide_core::wake::TimeOfDay;
 use memtide_core::{Bytes, EngineConfig, VmLimits};
 use memtide_sim::RecorderConfig;
@@ -104,8 +105,28 @@ pub struct TieringConfig {
     /// Fast memory kept free, in MiB.
     pub reserve_mib: u64,
     /// Seconds a page must go untouched before it is demoted (0: whatever is idle at the
-    /// scan).
+    /// scan): each VM's least and starting age where ages adapt.
     pub cold_age_s: f64,
+    /// Adapt each VM's cold age to its own promotions, between `cold_age_s` and
+    /// `max_cold_age_s` (default: yes).
+    pub adaptive_age: bool,
+    /// The longest adaptive cold age, in seconds.
+    pub max_cold_age_s: f64,
+    /// The promotion SLO the adaptive age keeps each VM to: its pages demoted that come
+    /// back a minute, in percent of its hot set.
+    pub promotion_slo_pct_per_min: f64,
+}
+
+impl TieringConfig {
+    /// The cold-age settings.
+    pub fn ages(&self) -> AgeConfig {
+        AgeConfig {
+            adaptive: self.adaptive_age,
+            min_s: self.cold_age_s,
+            max_s: self.max_cold_age_s,
+            slo_pct_per_min: self.promotion_slo_pct_per_min,
+        }
+    }
 }
 
 impl Default for TieringConfig {
@@ -118,7 +139,10 @@ impl Default for TieringConfig {
             rate_mib_s: 128.0,
             margin_pct: 10.0,
             reserve_mib: 0,
-            cold_age_s: memtide_core::tiering::TierConfig::COLD_AGE_S,
+            cold_age_s: AgeConfig::default().min_s,
+            adaptive_age: AgeConfig::default().adaptive,
+            max_cold_age_s: AgeConfig::default().max_s,
+            promotion_slo_pct_per_min: AgeConfig::default().slo_pct_per_min,
         }
     }
 }
@@ -976,6 +1000,19 @@ impl Config {
             let message = format!("{} is not a number of seconds in [0, 86400]", t.cold_age_s);
             return bad("tiering.cold_age_s", message);
         }
+        if !(t.cold_age_s..=86_400.0).contains(&t.max_cold_age_s) {
+            let message = format!(
+                "{} is not a number of seconds from cold_age_s ({}) to 86400",
+                t.max_cold_age_s, t.cold_age_s
+            );
+            return bad("tiering.max_cold_age_s", message);
+        }
+        let slo = t.promotion_slo_pct_per_min;
+        if !((0.0..=100.0).contains(&slo) && slo != 0.0) {
+            let message =
+                format!("{slo} is not a percentage of the working set a minute in (0, 100]");
+            return bad("tiering.promotion_slo_pct_per_min", message);
+        }
         if let (Some(fast), Some(slow)) = (t.fast_node, t.slow_node) {
             if fast == slow {
                 let message = format!("node {slow} is the fast node too");
@@ -1530,6 +1567,26 @@ mod tests {
             (
                 "[tiering]\ncold_age_s = nan\n",
                 "tiering.cold_age_s: NaN is not a number of seconds in [0, 86400]",
+            ),
+            (
+                "[tiering]\nmax_cold_age_s = 20\n",
+                "tiering.max_cold_age_s: 20 is not a number of seconds from cold_age_s (30) to 86400",
+            ),
+            (
+                "[tiering]\ncold_age_s = 900\n",
+                "tiering.max_cold_age_s: 600 is not a number of seconds from cold_age_s (900) to 86400",
+            ),
+            (
+                "[tiering]\nmax_cold_age_s = inf\n",
+                "tiering.max_cold_age_s: inf is not a number of seconds from cold_age_s (30) to 86400",
+            ),
+            (
+                "[tiering]\npromotion_slo_pct_per_min = 0\n",
+                "tiering.promotion_slo_pct_per_min: 0 is not a percentage of the working set a minute in (0, 100]",
+            ),
+            (
+                "[tiering]\npromotion_slo_pct_per_min = nan\n",
+                "tiering.promotion_slo_pct_per_min: NaN is not a percentage of the working set a minute in (0, 100]",
             ),
             (
                 "[tiering]\nfast_node = 1\nslow_node = 1\n",

@@ -13,6 +13,7 @@ use memtide::{control, render};
 use memtide_adapters::access::Mappings;
 use memtide_core::backend::AfterSave;
 use memtide_core::reclaim::Keep;
+use memtide_core::tiering::age::AgeConfig;
 use memtide_core::Bytes;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -156,14 +157,16 @@ enum Command {
         /// Most memory moved a second, both ways together (MiB/s).
         #[arg(long, default_value_t = 256.0)]
         rate_mib_s: f64,
-        /// Seconds a page must go untouched before it is demoted, 0 for whatever is idle
+        /// Seconds a page must go untouched before it is demoted, 0 for whatever is idle:
+        /// the least, where the age adapts to the process's promotions
         /// [default: `[tiering] cold_age_s`].
         #[arg(long)]
         cold_age_s: Option<f64>,
         /// Stop after this many intervals.
         #[arg(long, default_value_t = 12)]
         count: u64,
-        /// Configuration file (TOML) for `[host]` proc and sys, `[tiering] cold_age_s`.
+        /// Configuration file (TOML) for `[host]` proc and sys, `[tiering]` cold_age_s,
+        /// adaptive_age, max_cold_age_s and promotion_slo_pct_per_min.
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -240,9 +243,14 @@ enum Command {
         #[arg(long)]
         tier_placement: Option<memtide_sim::scenario::TierPlacement>,
         /// memtide's placement on a two-tier host: seconds memory in use must go untouched
-        /// before it is demoted (the scenario's `tiers.cold_age_s`).
+        /// before it is demoted, the least where each VM's adapts (the scenario's
+        /// `tiers.cold_age_s`).
         #[arg(long, value_name = "SECONDS")]
         cold_age_s: Option<f64>,
+        /// memtide's placement on a two-tier host: adapt each VM's cold age to its own
+        /// promotions, true or false (the scenario's `tiers.adaptive_age`).
+        #[arg(long, value_name = "BOOL")]
+        adaptive_age: Option<bool>,
         /// Configuration whose policy constants to use [default: /etc/memtide/memtide.toml if
         /// it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
@@ -485,6 +493,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = load(config.as_ref())?;
             let cold_age_s = cold_age_s.unwrap_or(config.tiering.cold_age_s);
+            if Duration::try_from_secs_f64(cold_age_s).is_err() {
+                anyhow::bail!("--cold-age-s {cold_age_s} is not a duration");
+            }
             let options = memtide::place_cmd::Options {
                 pid,
                 fast_node,
@@ -497,8 +508,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 interval: Duration::try_from_secs_f64(interval_s)
                     .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
                 rate_mib_s,
-                cold_age: Duration::try_from_secs_f64(cold_age_s)
-                    .map_err(|_| anyhow::anyhow!("--cold-age-s {cold_age_s} is not a duration"))?,
+                // A longest age below the least is the least.
+                ages: AgeConfig {
+                    min_s: cold_age_s,
+                    ..config.tiering.ages()
+                },
                 count,
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
@@ -563,6 +577,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             tiers,
             tier_placement,
             cold_age_s,
+            adaptive_age,
             config,
         } => {
             let policies = if compare.is_empty() {
@@ -578,6 +593,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 fast_share: tiers,
                 tier_placement,
                 cold_age_s,
+                adaptive_age,
             };
             sim_cmd::sim(
                 &scenario,

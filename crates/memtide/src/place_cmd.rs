@@ -8,6 +8,7 @@
 
 use crate::placement::{self, Nodes, Placer};
 use memtide_adapters::access::Mappings;
+use memtide_core::tiering::age::AgeConfig;
 use memtide_core::tiering::{self, FastTier, TierConfig};
 use memtide_core::Bytes;
 use serde_json::json;
@@ -31,8 +32,9 @@ pub struct Options {
     pub interval: Duration,
     /// Most memory moved a second, demotions and promotions together (MiB/s).
     pub rate_mib_s: f64,
-    /// How long a page must go untouched before it is demoted (0: whatever is idle).
-    pub cold_age: Duration,
+    /// How long a page must go untouched before it is demoted (0: whatever is idle): the
+    /// least, where the age adapts to the process's promotions.
+    pub ages: AgeConfig,
     /// Stop after this many intervals.
     pub count: u64,
     /// The procfs mount.
@@ -43,11 +45,12 @@ pub struct Options {
 
 /// Place for `options.count` intervals, a line each to `out`:
 /// `{"t":…,"nodes":{"0":…,"1":…},"other":…,"hot":…,"fast_budget":…,"demoted":…,
-/// "promoted":…,"failed":…,"reason":…}` — pages on each node after the interval's moves
-/// (from move_pages' statuses), resident pages on neither node or not present,
-/// pages accessed since the previous scan, the budget in bytes, pages moved down and up,
-/// pages the kernel did not move. The first interval only marks pages for the tracker
-/// and moves nothing.
+/// "promoted":…,"failed":…,"cold_age_s":…,"reason":…}` — pages on each node after the
+/// interval's moves (from move_pages' statuses), resident pages on neither node or not
+/// present, pages accessed since the previous scan, the budget in bytes, pages moved down
+/// and up, pages the kernel did not move, the process's cold age for the next interval
+/// (the reason says when and why it changed). The first interval only marks pages for
+/// the tracker and moves nothing.
 pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
     let nodes = Nodes {
         fast: options.fast_node,
@@ -59,13 +62,12 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         &options.sys,
         options.pid,
         options.mappings,
-        options.cold_age,
+        options.ages,
         nodes,
     )?;
     let config = TierConfig {
         margin: 0.0,
         rate_mib_s: options.rate_mib_s,
-        cold_age_s: options.cold_age.as_secs_f64(),
     };
     let start = Instant::now();
     for n in 0..options.count {
@@ -86,7 +88,10 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         let reason = if m.first {
             "place.first: the first scan only marks pages idle".to_string()
         } else {
-            decision.reason.to_string()
+            match placer.adapt_age(&m, &moved) {
+                Some(age) => format!("{}; {age}", decision.reason),
+                None => decision.reason.to_string(),
+            }
         };
         let nodes: serde_json::Map<String, serde_json::Value> = m
             .tally()
@@ -102,6 +107,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             "demoted": moved.demoted,
             "promoted": moved.promoted,
             "failed": moved.failed,
+            "cold_age_s": placer.age_s(),
             "reason": reason,
         });
         writeln!(out, "{line}")?;
@@ -123,7 +129,10 @@ mod tests {
             mappings: Mappings::Private,
             interval: Duration::from_millis(10),
             rate_mib_s: 64.0,
-            cold_age: Duration::ZERO,
+            ages: AgeConfig {
+                min_s: 0.0,
+                ..AgeConfig::default()
+            },
             count: 2,
             proc: "/proc".into(),
             sys: sys.to_path_buf(),

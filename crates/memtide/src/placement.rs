@@ -5,14 +5,17 @@
 //! to demote and promote (for one process, or for every VM together); and
 //! [`Placer::carry_out`] picks the pages (`tiering::pick_pages`: the longest untouched
 //! fast pages down, of those untouched for the cold age, the slow pages accessed since
-//! the previous scan up) and moves them.
+//! the previous scan up) and moves them; [`Placer::adapt_age`] then adapts the process's
+//! cold age to the pages it demoted that came back (`tiering::age`).
 
 use anyhow::Context;
 use memtide_adapters::access::{Mappings, Tracker};
 use memtide_adapters::{migrate, procfs, tiers};
+use memtide_core::action::Reason;
+use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, PageCounts, PageTier, Placement, TierVm};
 use memtide_core::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -65,8 +68,43 @@ pub struct Placer {
     nodes: Nodes,
     proc: PathBuf,
     tracker: Tracker,
-    /// 0: every page may be demoted, whatever its age.
-    cold_age: Duration,
+    /// The cold-age settings.
+    ages: AgeConfig,
+    /// The process's cold age (0: every page may be demoted, whatever its age).
+    age: ColdAge,
+    /// The pages this placer moved to the slow node: their promotions are the SLO's.
+    demoted: Marks,
+    /// The latest scan's time, and the time since the one before it (s).
+    scanned: Option<Duration>,
+    interval_s: f64,
+}
+
+/// A mark per page number, kept as bits in chunks of [`Marks::CHUNK`] pages allocated
+/// when a page in them is first marked: 4 KiB for 128 MiB of 4 KiB pages.
+#[derive(Default)]
+struct Marks(HashMap<u64, Box<[u64; 512]>>);
+
+impl Marks {
+    const CHUNK: u64 = 512 * 64;
+
+    fn mark(&mut self, page: u64) {
+        let words = self
+            .0
+            .entry(page / Self::CHUNK)
+            .or_insert_with(|| Box::new([0; 512]));
+        words[(page % Self::CHUNK / 64) as usize] |= 1 << (page % 64);
+    }
+
+    /// Whether `page` was marked; it is not any more.
+    fn take(&mut self, page: u64) -> bool {
+        let Some(words) = self.0.get_mut(&(page / Self::CHUNK)) else {
+            return false;
+        };
+        let (word, bit) = ((page % Self::CHUNK / 64) as usize, 1 << (page % 64));
+        let was = words[word] & bit != 0;
+        words[word] &= !bit;
+        was
+    }
 }
 
 /// What an interval's scan found.
@@ -77,6 +115,8 @@ pub struct Measured {
     pub counts: PageCounts,
     /// The least age (scans) that spans the cold age; `None` until the scans span it.
     least: Option<u16>,
+    /// The process's cold age (s).
+    age_s: f64,
     page: u64,
     addrs: Vec<u64>,
     /// Each page's node, or the kernel's `-errno` (after the moves, their results).
@@ -102,6 +142,7 @@ impl Measured {
             // page reporting would tell): none are kept out of demotion.
             free_fast: Bytes::ZERO,
             aged: Bytes(c.aged * self.page),
+            cold_age_s: self.age_s,
             shares,
             configured,
         }
@@ -135,6 +176,7 @@ impl Measured {
             first,
             counts,
             least: None,
+            age_s: 0.0,
             page,
             addrs: Vec::new(),
             status: Vec::new(),
@@ -153,24 +195,27 @@ pub struct Moved {
     pub promoted: u64,
     /// Pages the kernel did not move.
     pub failed: u64,
+    /// Of the promoted pages, those this placer had demoted.
+    pub returned: u64,
 }
 
 impl Placer {
     /// Track process `pid`'s `mappings` for placement between `nodes`, demoting pages
-    /// only once untouched for `cold_age` (0: whatever is idle). Fails when the kernel
-    /// cannot move its pages (no NUMA, the process gone, no permission) or cannot track
-    /// them.
+    /// only once untouched for its cold age (`ages`: from the least, 0 for whatever is
+    /// idle, adapted to its promotions). Fails when the kernel cannot move its pages (no
+    /// NUMA, the process gone, no permission) or cannot track them.
     pub fn open(
         proc: &Path,
         sys: &Path,
         pid: i32,
         mappings: Mappings,
-        cold_age: Duration,
+        ages: AgeConfig,
         nodes: Nodes,
     ) -> anyhow::Result<Placer> {
         // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
         migrate::nodes(pid, &[])?;
-        let tracker = Tracker::open(proc, sys, pid, mappings, cold_age)?;
+        let horizon = Duration::try_from_secs_f64(ages.horizon_s()).unwrap_or(Duration::ZERO);
+        let tracker = Tracker::open(proc, sys, pid, mappings, horizon)?;
         let started = procfs::start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
         Ok(Placer {
             pid,
@@ -178,7 +223,11 @@ impl Placer {
             nodes,
             proc: proc.to_path_buf(),
             tracker,
-            cold_age,
+            ages,
+            age: ColdAge::new(&ages),
+            demoted: Marks::default(),
+            scanned: None,
+            interval_s: 0.0,
         })
     }
 
@@ -187,6 +236,10 @@ impl Placer {
         let fast = self.nodes.fast;
         self.same()?;
         let scan = self.tracker.scan(at).map_err(|e| self.gone(e.into()))?;
+        self.interval_s = self
+            .scanned
+            .map_or(0.0, |before| at.saturating_sub(before).as_secs_f64());
+        self.scanned = Some(at);
         let pages: Vec<_> = self.tracker.pages().collect();
         let addrs: Vec<u64> = pages.iter().map(|p| p.addr).collect();
         let ages: Vec<u16> = pages.iter().map(|p| p.age).collect();
@@ -203,15 +256,16 @@ impl Placer {
                 fast: status[i] == fast,
             })
             .collect();
-        let least = if self.cold_age.is_zero() {
-            Some(0)
-        } else {
-            scan.cold_scans
+        let age_s = self.age.age_s();
+        let least = match Duration::try_from_secs_f64(age_s) {
+            Ok(age) if !age.is_zero() => self.tracker.scans_spanning(age),
+            _ => Some(0),
         };
         Ok(Measured {
             first: scan.accessed.is_none(),
             counts: tiering::count_pages(&pages, least),
             least,
+            age_s,
             page: self.tracker.page_size(),
             addrs,
             status,
@@ -222,7 +276,7 @@ impl Placer {
 
     /// Move the pages that carry out `placement` (nothing after a first scan), and
     /// record where they went in `m`.
-    pub fn carry_out(&self, m: &mut Measured, placement: &Placement) -> anyhow::Result<Moved> {
+    pub fn carry_out(&mut self, m: &mut Measured, placement: &Placement) -> anyhow::Result<Moved> {
         let mut moved = Moved::default();
         if m.first {
             return Ok(moved);
@@ -249,12 +303,32 @@ impl Placer {
                 if s == to {
                     *count += 1;
                     m.status[i] = s;
+                    let page = m.addrs[i] / m.page;
+                    if to == slow {
+                        self.demoted.mark(page);
+                    } else if self.demoted.take(page) {
+                        moved.returned += 1;
+                    }
                 } else {
                     moved.failed += 1;
                 }
             }
         }
         Ok(moved)
+    }
+
+    /// Adapt the process's cold age to an interval's moves (`moved`, carried out on `m`):
+    /// the pages it had demoted that came back, over its hot set. The reason says how the
+    /// age changed and why, `None` when it stayed.
+    pub fn adapt_age(&mut self, m: &Measured, moved: &Moved) -> Option<Reason> {
+        let returned = Bytes(moved.returned * m.page);
+        let hot = Bytes(m.counts.hot * m.page);
+        self.age.observe(&self.ages, returned, hot, self.interval_s)
+    }
+
+    /// The process's cold age now (s).
+    pub fn age_s(&self) -> f64 {
+        self.age.age_s()
     }
 
     /// The process tracked.
@@ -311,6 +385,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_demoted_page_counts_once_when_it_comes_back() {
+        let mut marks = Marks::default();
+        let far = 5 * Marks::CHUNK + 63;
+        for page in [0, 64, far] {
+            marks.mark(page);
+        }
+        assert_eq!(marks.0.len(), 2, "a chunk per marked range");
+        assert!(marks.take(far) && !marks.take(far));
+        assert!(marks.take(64) && !marks.take(1) && !marks.take(3 * Marks::CHUNK));
+        assert!(marks.take(0));
+    }
+
+    #[test]
     fn shared_pages_and_pages_on_other_nodes_are_not_placed() {
         let nodes = Nodes { fast: 0, slow: 1 };
         let status = [0, 1, 2, -libc::ENOENT, 0, 1];
@@ -333,7 +420,11 @@ mod tests {
             sys.path(),
             me,
             Mappings::Private,
-            Duration::from_secs(1),
+            AgeConfig {
+                adaptive: false,
+                min_s: 1.0,
+                ..AgeConfig::default()
+            },
             nodes,
         );
         let mut placer = match open {
@@ -355,6 +446,7 @@ mod tests {
             first: false,
             counts: PageCounts::default(),
             least: Some(0),
+            age_s: 1.0,
             page: 4096,
             addrs: vec![0x1000],
             status: vec![0],

@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::policies::PolicySource;
 use anyhow::{bail, Context};
 use memtide_core::policy::Policy;
-use memtide_sim::scenario::TierPlacement;
+use memtide_sim::scenario::{TierPlacement, TierSpec};
 use memtide_sim::{compare, recording_files, replay, run, Scenario};
 use std::path::{Path, PathBuf};
 
@@ -43,8 +43,19 @@ pub struct SimOptions {
     pub fast_share: Option<f64>,
     /// How a two-tier host places pages.
     pub tier_placement: Option<TierPlacement>,
-    /// How long memtide's placement leaves memory in use untouched before demoting it (s).
+    /// How long memtide's placement leaves memory in use untouched before demoting it (s):
+    /// the least, where each VM's adapts.
     pub cold_age_s: Option<f64>,
+    /// Whether each VM's cold age adapts to its promotions.
+    pub adaptive_age: Option<bool>,
+}
+
+/// The scenario's tiers, for option `flag`.
+fn tiers<'a>(scenario: &'a mut Scenario, flag: &str) -> anyhow::Result<&'a mut TierSpec> {
+    scenario
+        .tiers
+        .as_mut()
+        .with_context(|| format!("{flag} needs --tiers or a scenario with [tiers]"))
 }
 
 /// Run a scenario under one policy, or under several with `compare`; print a summary and
@@ -63,16 +74,16 @@ pub fn sim(
         scenario.set_fast_share(share)?;
     }
     if let Some(placement) = options.tier_placement {
-        match scenario.tiers.as_mut() {
-            Some(t) => t.placement = placement,
-            None => bail!("--tier-placement needs --tiers or a scenario with [tiers]"),
-        }
+        tiers(&mut scenario, "--tier-placement")?.placement = placement;
+    }
+    if let Some(adaptive) = options.adaptive_age {
+        tiers(&mut scenario, "--adaptive-age")?.adaptive_age = adaptive;
     }
     if let Some(age) = options.cold_age_s {
-        match scenario.tiers.as_mut() {
-            Some(t) => t.cold_age_s = age,
-            None => bail!("--cold-age-s needs --tiers or a scenario with [tiers]"),
-        }
+        let t = tiers(&mut scenario, "--cold-age-s")?;
+        t.cold_age_s = age;
+        // A least age above the longest makes it the longest too.
+        t.max_cold_age_s = t.max_cold_age_s.max(age);
         scenario.validate().context("--cold-age-s")?;
     }
     let seed = options.seed.unwrap_or(scenario.seed);

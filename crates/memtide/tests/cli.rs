@@ -714,7 +714,16 @@ fn sim_tiers_make_any_scenario_two_tier() {
     let s = summary(&["sim", "quick", "--policy", "none", "--tiers", "0.5"]);
     assert_eq!(s["tiers"]["placement"], "memtide");
     assert_eq!(s["tiers"]["cold_age_s"], 30.0);
+    assert_eq!(s["tiers"]["adaptive_age"], true);
+    assert!(
+        s["tiers"]["mean_cold_age_s"].as_f64().unwrap() >= 30.0,
+        "{s}"
+    );
     assert!(s["tiers"]["slow_share"].as_f64().unwrap() > 0.0, "{s}");
+    let fixed = &["sim", "quick", "--policy", "none", "--tiers", "0.5"];
+    let s = summary(&[&fixed[..], &["--adaptive-age", "false"]].concat());
+    assert_eq!(s["tiers"]["adaptive_age"], false);
+    assert_eq!(s["tiers"]["mean_cold_age_s"], 30.0);
     let s = summary(&[
         "sim",
         "quick",
@@ -730,6 +739,10 @@ fn sim_tiers_make_any_scenario_two_tier() {
         (&["--tier-placement", "first-touch"][..], "needs --tiers"),
         (&["--tiers", "0.01"][..], "tiers.fast_mib"),
         (&["--cold-age-s", "30"][..], "--cold-age-s needs --tiers"),
+        (
+            &["--adaptive-age", "true"][..],
+            "--adaptive-age needs --tiers",
+        ),
         (
             &["--tiers", "0.5", "--cold-age-s=-1"][..],
             "tiers.cold_age_s",

@@ -1355,6 +1355,10 @@ impl Daemon {
             self.counters.place_demoted_bytes += demoted.0;
             self.counters.place_promoted_bytes += promoted.0;
         }
+        if let Some(age) = &o.age {
+            let (rule, detail) = (Some(age.rule.as_ref()), age.detail.clone());
+            self.events.log("cold_age", Some(&o.vm), rule, detail);
+        }
         let Some(e) = o.event() else {
             return;
         };

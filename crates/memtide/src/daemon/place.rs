@@ -8,6 +8,8 @@ use crate::placement::{self, Measured, Moved, Nodes, Placer};
 use memtide_adapters::access::Mappings;
 use memtide_adapters::procfs;
 use memtide_adapters::tiers::Node;
+use memtide_core::action::Reason;
+use memtide_core::tiering::age::AgeConfig;
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
 use memtide_core::Bytes;
 use std::collections::HashMap;
@@ -188,6 +190,8 @@ pub struct Outcome {
     pub placement: Option<Placement>,
     /// What came of it.
     pub done: Done,
+    /// How the VM's cold age changed after its moves, and why (`tiering::age`).
+    pub age: Option<Reason>,
 }
 
 /// Where a VM's memory is, after a pass's moves.
@@ -314,6 +318,7 @@ impl Outcome {
 pub struct TierPlacer {
     nodes: Nodes,
     config: TierConfig,
+    ages: AgeConfig,
     reserve: Bytes,
     interval: Duration,
     proc: PathBuf,
@@ -333,8 +338,8 @@ impl TierPlacer {
             config: TierConfig {
                 margin: config.margin_pct / 100.0,
                 rate_mib_s: config.rate_mib_s,
-                cold_age_s: config.cold_age_s,
             },
+            ages: config.ages(),
             reserve: Bytes::from_mib(config.reserve_mib),
             interval: Duration::from_secs_f64(config.interval_s),
             proc,
@@ -464,6 +469,7 @@ impl TierPlacer {
                 vm: t.vm.clone(),
                 placement,
                 done: Done::Failed(why),
+                age: None,
             };
             let m = match (m, &free) {
                 (Err(why), _) => {
@@ -487,6 +493,7 @@ impl TierPlacer {
                         vm: t.vm.clone(),
                         placement: None,
                         done: Done::First(resident(m)),
+                        age: None,
                     });
                     continue;
                 }
@@ -495,24 +502,34 @@ impl TierPlacer {
                     continue;
                 }
             };
+            let mut age = None;
             let done = if dry_run {
                 Done::DryRun(resident(m))
             } else {
-                let carried = match self.placers.get(&t.vm) {
-                    Some(placer) => placer.carry_out(m, &placement),
+                let carried = match self.placers.get_mut(&t.vm) {
+                    Some(placer) => placer
+                        .carry_out(m, &placement)
+                        .map(|moved| (moved, placer.adapt_age(m, &moved))),
                     None => Err(anyhow::anyhow!("its tracker is gone")),
                 };
                 match carried {
-                    Ok(Moved {
-                        demoted,
-                        promoted,
-                        failed,
-                    }) => Done::Moved {
-                        demoted: Bytes(demoted * m.page_size()),
-                        promoted: Bytes(promoted * m.page_size()),
-                        failed,
-                        resident: resident(m),
-                    },
+                    Ok((
+                        Moved {
+                            demoted,
+                            promoted,
+                            failed,
+                            ..
+                        },
+                        changed,
+                    )) => {
+                        age = changed;
+                        Done::Moved {
+                            demoted: Bytes(demoted * m.page_size()),
+                            promoted: Bytes(promoted * m.page_size()),
+                            failed,
+                            resident: resident(m),
+                        }
+                    }
                     Err(e) => {
                         self.placers.remove(&t.vm);
                         Done::Failed(format!("{e:#}"))
@@ -523,6 +540,7 @@ impl TierPlacer {
                 vm: t.vm.clone(),
                 placement: Some(placement),
                 done,
+                age,
             });
         }
         outcomes
@@ -534,12 +552,7 @@ impl TierPlacer {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let opened = Placer::open(
-                    &self.proc,
-                    &self.sys,
-                    t.pid,
-                    t.mappings,
-                    Duration::from_secs_f64(self.config.cold_age_s),
-                    self.nodes,
+                    &self.proc, &self.sys, t.pid, t.mappings, self.ages, self.nodes,
                 );
                 e.insert(opened.map_err(|e| format!("{e:#}"))?)
             }
@@ -554,7 +567,6 @@ impl TierPlacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memtide_core::action::Reason;
 
     fn node(id: u32, cpus: bool, tier: Option<u32>) -> Node {
         Node {
@@ -622,6 +634,7 @@ mod tests {
             vm: "a".into(),
             placement,
             done,
+            age: None,
         }
     }
 
