@@ -67,6 +67,7 @@ proptest! {
             hot_access: 0.9,
             base_pages_s: pages(512.0) as f64,
             deflate_on_oom: false,
+            free_page_reporting: false,
         };
         let ram = params.configured;
         let mut g = Guest::boot(params, Rng::new(seed));

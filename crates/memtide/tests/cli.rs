@@ -699,7 +699,10 @@ fn sim_free_page_reporting_gives_freed_memory_back_without_a_balloon() {
     // quick's guests free memory as their phases end: with no policy at all, reporting
     // alone gives it back to the host.
     let (plain, reporting) = (host_free(&[]), host_free(&["--free-page-reporting"]));
-    assert!(reporting > plain + 100.0, "{plain} MiB free, {reporting} with reporting");
+    assert!(
+        reporting > plain + 100.0,
+        "{plain} MiB free, {reporting} with reporting"
+    );
 }
 
 #[test]
