@@ -23,6 +23,8 @@ use std::time::Duration;
 const UNMARKED: u16 = u16::MAX;
 /// The most scans an age counts.
 const OLDEST: u16 = u16::MAX - 1;
+/// The most scans a cold age may span: a longer one is never reached.
+pub const MAX_AGE_SCANS: u16 = OLDEST;
 
 /// What one scan saw of one page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -605,7 +605,7 @@ impl Scenario {
             if !size(t.cold_age_s) {
                 return Err(invalid("tiers.cold_age_s".into(), "must be a time ≥ 0"));
             }
-            if !(size(t.max_cold_age_s) && t.max_cold_age_s >= t.cold_age_s) {
+            if t.adaptive_age && !(size(t.max_cold_age_s) && t.max_cold_age_s >= t.cold_age_s) {
                 return Err(invalid(
                     "tiers.max_cold_age_s".into(),
                     "must be a time ≥ tiers.cold_age_s",

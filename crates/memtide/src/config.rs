@@ -113,7 +113,7 @@ pub struct TieringConfig {
     /// The longest adaptive cold age, in seconds.
     pub max_cold_age_s: f64,
     /// The promotion SLO the adaptive age keeps each VM to: its pages demoted that come
-    /// back a minute, in percent of its hot set.
+    /// back a minute, in percent of its working set (what it touched in the last minute).
     pub promotion_slo_pct_per_min: f64,
 }
 
@@ -1000,12 +1000,30 @@ impl Config {
             let message = format!("{} is not a number of seconds in [0, 86400]", t.cold_age_s);
             return bad("tiering.cold_age_s", message);
         }
-        if !(t.cold_age_s..=86_400.0).contains(&t.max_cold_age_s) {
+        // The most only bounds an age that adapts (review: a fixed `cold_age_s` above the
+        // default most was refused).
+        if t.adaptive_age && !(t.cold_age_s..=86_400.0).contains(&t.max_cold_age_s) {
             let message = format!(
                 "{} is not a number of seconds from cold_age_s ({}) to 86400",
                 t.max_cold_age_s, t.cold_age_s
             );
             return bad("tiering.max_cold_age_s", message);
+        }
+        // Access tracking counts a page's age in scans, up to `MAX_AGE_SCANS`: an age the
+        // scans cannot span would stop all demotion (found in review: 0.1 s scans span
+        // 6 553 s, and an age that grew past it demoted nothing for hours).
+        let longest = if t.adaptive_age {
+            t.max_cold_age_s.max(t.cold_age_s)
+        } else {
+            t.cold_age_s
+        };
+        if longest / t.interval_s > f64::from(memtide_adapters::access::MAX_AGE_SCANS) {
+            let message = format!(
+                "{} s scans count ages up to {:.0} s, below the longest cold age, {longest} s",
+                t.interval_s,
+                t.interval_s * f64::from(memtide_adapters::access::MAX_AGE_SCANS)
+            );
+            return bad("tiering.interval_s", message);
         }
         let slo = t.promotion_slo_pct_per_min;
         if !((0.0..=100.0).contains(&slo) && slo != 0.0) {
@@ -1577,6 +1595,10 @@ mod tests {
                 "tiering.max_cold_age_s: 600 is not a number of seconds from cold_age_s (900) to 86400",
             ),
             (
+                "[tiering]\ninterval_s = 0.1\nmax_cold_age_s = 7000\n",
+                "tiering.interval_s: 0.1 s scans count ages up to 6553 s, below the longest cold age, 7000 s",
+            ),
+            (
                 "[tiering]\nmax_cold_age_s = inf\n",
                 "tiering.max_cold_age_s: inf is not a number of seconds from cold_age_s (30) to 86400",
             ),
@@ -1651,6 +1673,9 @@ mod tests {
         assert_eq!(c.tiering.cold_age_s, 30.0);
         let c = Config::parse("[tiering]\ncold_age_s = 0\n", "x").unwrap();
         assert_eq!(c.tiering.cold_age_s, 0.0);
+        // A fixed age above the adaptive one's default most is the operator's to choose.
+        let c = Config::parse("[tiering]\nadaptive_age = false\ncold_age_s = 900\n", "x").unwrap();
+        assert_eq!(c.tiering.cold_age_s, 900.0);
         let c = Config::parse("interval_s = 3600\n[daemon]\nrecord_dir = \"/r\"\n", "x").unwrap();
         let s = c.settings().unwrap();
         assert_eq!(s.interval, Duration::from_secs(3600));

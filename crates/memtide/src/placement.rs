@@ -19,6 +19,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How far back a page's last touch counts it in the working set its promotions are
+/// measured against.
+const WORKING_SET_SPAN: Duration = Duration::from_secs(60);
+
 /// The fast and the slow tier's NUMA nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Nodes {
@@ -318,12 +322,21 @@ impl Placer {
     }
 
     /// Adapt the process's cold age to an interval's moves (`moved`, carried out on `m`):
-    /// the pages it had demoted that came back, over its hot set. The reason says how the
-    /// age changed and why, `None` when it stayed.
+    /// the pages it had demoted that came back, over its working set — the pages touched
+    /// within the last minute, as the simulator counts it (not those touched since the
+    /// last scan, which would make the rate depend on the scan interval: found in review).
+    /// The reason says how the age changed and why, `None` when it stayed.
     pub fn adapt_age(&mut self, m: &Measured, moved: &Moved) -> Option<Reason> {
         let returned = Bytes(moved.returned * m.page);
-        let hot = Bytes(m.counts.hot * m.page);
-        self.age.observe(&self.ages, returned, hot, self.interval_s)
+        let minute = self.tracker.scans_spanning(WORKING_SET_SPAN);
+        let touched = m
+            .pages
+            .iter()
+            .filter(|p| minute.is_none_or(|scans| p.age < scans))
+            .count() as u64;
+        let working_set = Bytes(touched * m.page);
+        self.age
+            .observe(&self.ages, returned, working_set, self.interval_s)
     }
 
     /// The process's cold age now (s).
