@@ -1107,16 +1107,7 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
         );
     }
     // The process ends while it is placed: said, no panic.
-    let run = memtide()
-        .args([
-            "place",
-            "--pid",
-            &pid,
-            "--fast-node",
-            "0",
-            "--slow-node",
-            "1",
-        ])
+    let run = placing()
         .args([
             "--budget-mib",
             "1024",
