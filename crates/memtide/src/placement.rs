@@ -109,6 +109,21 @@ impl Marks {
         words[word] &= !bit;
         was
     }
+
+    /// Keep only the marks of `pages`, those a scan found on the slow node: a demoted
+    /// page found elsewhere, or not at all (discarded by the balloon or free page
+    /// reporting, unplugged, moved by the kernel), did not come back through placement,
+    /// and its address may hold another page later (found in review: such a page,
+    /// promoted, counted as a return). Chunks left empty are freed.
+    fn keep_only(&mut self, pages: impl Iterator<Item = u64>) {
+        let mut kept = Marks::default();
+        for page in pages {
+            if self.take(page) {
+                kept.mark(page);
+            }
+        }
+        *self = kept;
+    }
 }
 
 /// What an interval's scan found.
@@ -252,6 +267,14 @@ impl Placer {
         // The scan and the status are of the process opened, not of one that took its pid
         // meanwhile.
         self.same()?;
+        let (slow, page) = (self.nodes.slow, self.tracker.page_size());
+        self.demoted.keep_only(
+            addrs
+                .iter()
+                .zip(&status)
+                .filter(|(_, node)| **node == slow)
+                .map(|(addr, _)| addr / page),
+        );
         let placed = movable(&status, &shared, self.nodes);
         let pages: Vec<PageTier> = placed
             .iter()
@@ -408,6 +431,20 @@ mod tests {
         assert!(marks.take(far) && !marks.take(far));
         assert!(marks.take(64) && !marks.take(1) && !marks.take(3 * Marks::CHUNK));
         assert!(marks.take(0));
+    }
+
+    #[test]
+    fn a_demoted_page_no_longer_on_the_slow_node_is_forgotten() {
+        let mut marks = Marks::default();
+        let far = 5 * Marks::CHUNK + 63;
+        for page in [0, 64, far] {
+            marks.mark(page);
+        }
+        // The scan finds 64 on the slow node (and 7, never demoted); 0 and `far` gone.
+        marks.keep_only([64, 7].into_iter());
+        assert_eq!(marks.0.len(), 1, "the emptied chunk is freed");
+        assert!(!marks.take(0) && !marks.take(far) && !marks.take(7));
+        assert!(marks.take(64));
     }
 
     #[test]
