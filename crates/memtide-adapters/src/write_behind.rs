@@ -13,9 +13,9 @@ use std::time::Duration;
 /// How often the file's new pages are sent to the disk: often, so the disk is fed in
 /// small pieces as QEMU writes (measured on this project's test guest, a 246 MiB save by
 /// QEMU 7.2 into a file, three saves each: 1.41-1.62 GiB/s every 5 ms, 1.51-1.84 every
-/// 2 ms, 1.85-1.94 every 0.5 ms, docs/snapshots.md; QEMU itself writes the stream into /dev/null at 8-11
-/// GiB/s, so the disk sets the pace). A pass that finds nothing new costs a `fstat` and
-/// a walk of the file's dirty tags.
+/// 2 ms, 1.85-1.94 every 0.5 ms, docs/snapshots.md; QEMU itself writes the stream into
+/// /dev/null at 8-11 GiB/s, so the disk sets the pace). A pass that finds nothing new
+/// costs a `fstat` and a walk of the file's dirty tags.
 const EVERY: Duration = Duration::from_micros(500);
 /// Writeback is started up to a multiple of this below the file's end: the page being
 /// written is left alone (a device with stable writes would stall the writer on it).

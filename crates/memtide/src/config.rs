@@ -1012,11 +1012,7 @@ impl Config {
         // Access tracking counts a page's age in scans, up to `MAX_AGE_SCANS`: an age the
         // scans cannot span would stop all demotion (found in review: 0.1 s scans span
         // 6 553 s, and an age that grew past it demoted nothing for hours).
-        let longest = if t.adaptive_age {
-            t.max_cold_age_s.max(t.cold_age_s)
-        } else {
-            t.cold_age_s
-        };
+        let longest = t.ages().horizon_s();
         if longest / t.interval_s > f64::from(memtide_adapters::access::MAX_AGE_SCANS) {
             let message = format!(
                 "{} s scans count ages up to {:.0} s, below the longest cold age, {longest} s",

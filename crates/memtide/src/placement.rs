@@ -420,13 +420,21 @@ pub fn comm(proc: &Path, pid: i32) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_demoted_page_counts_once_when_it_comes_back() {
+    /// A page far into a sixth chunk.
+    const FAR: u64 = 5 * Marks::CHUNK + 63;
+
+    /// Marks of pages 0, 64 and [`FAR`]: two chunks.
+    fn three_marks() -> Marks {
         let mut marks = Marks::default();
-        let far = 5 * Marks::CHUNK + 63;
-        for page in [0, 64, far] {
+        for page in [0, 64, FAR] {
             marks.mark(page);
         }
+        marks
+    }
+
+    #[test]
+    fn a_demoted_page_counts_once_when_it_comes_back() {
+        let (mut marks, far) = (three_marks(), FAR);
         assert_eq!(marks.0.len(), 2, "a chunk per marked range");
         assert!(marks.take(far) && !marks.take(far));
         assert!(marks.take(64) && !marks.take(1) && !marks.take(3 * Marks::CHUNK));
@@ -435,11 +443,7 @@ mod tests {
 
     #[test]
     fn a_demoted_page_no_longer_on_the_slow_node_is_forgotten() {
-        let mut marks = Marks::default();
-        let far = 5 * Marks::CHUNK + 63;
-        for page in [0, 64, far] {
-            marks.mark(page);
-        }
+        let (mut marks, far) = (three_marks(), FAR);
         // The scan finds 64 on the slow node (and 7, never demoted); 0 and `far` gone.
         marks.keep_only([64, 7].into_iter());
         assert_eq!(marks.0.len(), 1, "the emptied chunk is freed");
