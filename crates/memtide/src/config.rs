@@ -732,6 +732,14 @@ impl Config {
                 format!("{wait} is not a number of seconds [0, 3600]"),
             );
         }
+        if let Some(share) = self.working_set.host_reserve {
+            if !(0.0..=0.5).contains(&share) {
+                return bad(
+                    "working_set.host_reserve",
+                    format!("{share} must be a share of the domain in [0, 0.5]"),
+                );
+            }
+        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -1450,6 +1458,10 @@ mod tests {
         assert_eq!(
             err("[memtide]\nreport_wait_s = inf\n"),
             "memtide.toml: memtide.report_wait_s: inf is not a number of seconds [0, 3600]"
+        );
+        assert_eq!(
+            err("[working_set]\nhost_reserve = 0.6\n"),
+            "memtide.toml: working_set.host_reserve: 0.6 must be a share of the domain in [0, 0.5]"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),
