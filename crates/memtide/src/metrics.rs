@@ -185,6 +185,16 @@ impl Collector for StatusCollector {
             "The fast memory a placed VM may hold, as its latest placement pass decided.",
             placed(|p| p.fast_budget),
         )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_cold_age_seconds",
+            "A placed VM's cold age after its latest placement pass: memory in use untouched for as long may be demoted (adapted to its promotions unless [tiering] adaptive_age = false).",
+            status
+                .placed
+                .iter()
+                .filter_map(|p| Some((vec![("vm", p.vm.as_str())], p.cold_age?.age_s)))
+                .collect(),
+        )?;
         let rules = c
             .rules
             .iter()
@@ -679,6 +689,10 @@ mod tests {
             fast: memtide_core::Bytes::from_mib(42),
             slow: memtide_core::Bytes::from_mib(86),
             fast_budget: Some(memtide_core::Bytes::from_mib(42)),
+            cold_age: Some(crate::daemon::place::Age {
+                age_s: 120.0,
+                adaptive: true,
+            }),
         });
         // On its first scan: where its memory is, but no budget decided.
         status.placed.push(crate::status::Placed {
@@ -686,6 +700,7 @@ mod tests {
             fast: memtide_core::Bytes::from_mib(8),
             slow: memtide_core::Bytes::ZERO,
             fast_budget: None,
+            cold_age: None,
         });
         status.sampling.push(Sampling {
             name: "web".into(),
@@ -722,6 +737,8 @@ mod tests {
             "memtide_vm_slow_bytes{vm=\"web\"} 90177536.0",
             "memtide_vm_fast_budget_bytes{vm=\"web\"} 44040192.0",
             "memtide_vm_fast_bytes{vm=\"new\"} 8388608.0",
+            "# TYPE memtide_vm_cold_age_seconds gauge",
+            "memtide_vm_cold_age_seconds{vm=\"web\"} 120.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -731,6 +748,10 @@ mod tests {
         assert!(
             !text.contains("memtide_vm_fast_budget_bytes{vm=\"new\"}"),
             "no budget at a first scan: {text}"
+        );
+        assert!(
+            !text.contains("memtide_vm_cold_age_seconds{vm=\"new\"}"),
+            "no cold age unknown: {text}"
         );
         assert!(
             !text.contains("# EOF") && open.ends_with("# EOF\n"),

@@ -8,7 +8,7 @@
 
 use crate::placement::{self, Nodes, Placer};
 use memtide_adapters::access::Mappings;
-use memtide_core::tiering::age::AgeConfig;
+use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, FastTier, TierConfig};
 use memtide_core::Bytes;
 use serde_json::json;
@@ -65,6 +65,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         options.ages,
         nodes,
     )?;
+    let mut age = ColdAge::new(&options.ages);
     let config = TierConfig {
         margin: 0.0,
         rate_mib_s: options.rate_mib_s,
@@ -75,7 +76,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             std::thread::sleep(options.interval);
         }
         let at = start.elapsed();
-        let mut m = placer.measure(at)?;
+        let mut m = placer.measure(at, &age)?;
         let tier = FastTier {
             free: placement::free_on(&options.sys, nodes.fast)?,
             reserve: Bytes::ZERO,
@@ -88,7 +89,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         let reason = if m.first {
             "place.first: the first scan only marks pages idle".to_string()
         } else {
-            match placer.adapt_age(&m, &moved) {
+            match placer.adapt_age(&mut age, &m, &moved) {
                 Some(age) => format!("{}; {age}", decision.reason),
                 None => decision.reason.to_string(),
             }
@@ -107,7 +108,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             "demoted": moved.demoted,
             "promoted": moved.promoted,
             "failed": moved.failed,
-            "cold_age_s": placer.age_s(),
+            "cold_age_s": age.age_s(),
             "reason": reason,
         });
         writeln!(out, "{line}")?;

@@ -6,7 +6,9 @@
 //! [`Placer::carry_out`] picks the pages (`tiering::pick_pages`: the longest untouched
 //! fast pages down, of those untouched for the cold age, the slow pages accessed since
 //! the previous scan up) and moves them; [`Placer::adapt_age`] then adapts the process's
-//! cold age to the pages it demoted that came back (`tiering::age`).
+//! cold age to the pages it demoted that came back (`tiering::age`). The caller keeps the
+//! cold age, so that it outlives the tracker (the daemon keeps a VM's across a failed
+//! scan).
 
 use anyhow::Context;
 use memtide_adapters::access::{Mappings, Tracker};
@@ -74,8 +76,6 @@ pub struct Placer {
     tracker: Tracker,
     /// The cold-age settings.
     ages: AgeConfig,
-    /// The process's cold age (0: every page may be demoted, whatever its age).
-    age: ColdAge,
     /// The pages this placer moved to the slow node: their promotions are the SLO's.
     demoted: Marks,
     /// The latest scan's time, and the time since the one before it (s).
@@ -243,15 +243,15 @@ impl Placer {
             proc: proc.to_path_buf(),
             tracker,
             ages,
-            age: ColdAge::new(&ages),
             demoted: Marks::default(),
             scanned: None,
             interval_s: 0.0,
         })
     }
 
-    /// Scan at `at` (monotonic) and find each resident page's node.
-    pub fn measure(&mut self, at: Duration) -> anyhow::Result<Measured> {
+    /// Scan at `at` (monotonic) and find each resident page's node, for demotion under
+    /// the process's cold age `age` (0: every page may be demoted, whatever its age).
+    pub fn measure(&mut self, at: Duration, age: &ColdAge) -> anyhow::Result<Measured> {
         let fast = self.nodes.fast;
         self.same()?;
         let scan = self.tracker.scan(at).map_err(|e| self.gone(e.into()))?;
@@ -283,7 +283,7 @@ impl Placer {
                 fast: status[i] == fast,
             })
             .collect();
-        let age_s = self.age.age_s();
+        let age_s = age.age_s();
         let least = match Duration::try_from_secs_f64(age_s) {
             Ok(age) if !age.is_zero() => self.tracker.scans_spanning(age),
             _ => Some(0),
@@ -344,12 +344,13 @@ impl Placer {
         Ok(moved)
     }
 
-    /// Adapt the process's cold age to an interval's moves (`moved`, carried out on `m`):
+    /// Adapt the process's cold age `age` to an interval's moves (`moved`, carried out on
+    /// `m`):
     /// the pages it had demoted that came back, over its working set — the pages touched
     /// within the last minute, as the simulator counts it (not those touched since the
     /// last scan, which would make the rate depend on the scan interval: found in review).
     /// The reason says how the age changed and why, `None` when it stayed.
-    pub fn adapt_age(&mut self, m: &Measured, moved: &Moved) -> Option<Reason> {
+    pub fn adapt_age(&self, age: &mut ColdAge, m: &Measured, moved: &Moved) -> Option<Reason> {
         let returned = Bytes(moved.returned * m.page);
         let minute = self.tracker.scans_spanning(WORKING_SET_SPAN);
         let touched = m
@@ -358,13 +359,7 @@ impl Placer {
             .filter(|p| minute.is_none_or(|scans| p.age < scans))
             .count() as u64;
         let working_set = Bytes(touched * m.page);
-        self.age
-            .observe(&self.ages, returned, working_set, self.interval_s)
-    }
-
-    /// The process's cold age now (s).
-    pub fn age_s(&self) -> f64 {
-        self.age.age_s()
+        age.observe(&self.ages, returned, working_set, self.interval_s)
     }
 
     /// The process tracked.
@@ -491,7 +486,8 @@ mod tests {
             procfs::start_time(Path::new("/proc"), me)
         );
         placer.started += 1;
-        let why = format!("{:#}", placer.measure(Duration::ZERO).err().unwrap());
+        let age = ColdAge::new(&placer.ages);
+        let why = format!("{:#}", placer.measure(Duration::ZERO, &age).err().unwrap());
         assert_eq!(
             why,
             format!("process {me} is not the one placed (it was restarted or its pid reused)")

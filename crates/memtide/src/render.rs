@@ -118,12 +118,13 @@ pub fn status(s: &Status) -> String {
     for p in &s.placed {
         let _ = writeln!(
             out,
-            "  placed: {} {} fast (budget {}), {} slow",
+            "  placed: {} {} fast (budget {}), {} slow{}",
             p.vm,
             p.fast,
             p.fast_budget
                 .map_or("none yet: first scan".into(), |b| b.to_string()),
-            p.slow
+            p.slow,
+            p.cold_age.map_or(String::new(), |a| format!(", {a}"))
         );
     }
     let row = |cols: [&str; 11]| {
@@ -341,6 +342,10 @@ mod tests {
                 fast: Bytes::from_mib(42),
                 slow: Bytes::from_mib(86),
                 fast_budget: Some(Bytes::from_mib(42)),
+                cold_age: Some(crate::daemon::place::Age {
+                    age_s: 120.0,
+                    adaptive: true,
+                }),
             }],
         };
         let text = status(&s);
@@ -353,7 +358,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            lines.contains(&"  placed: web 42 MiB fast (budget 42 MiB), 86 MiB slow"),
+            lines.contains(
+                &"  placed: web 42 MiB fast (budget 42 MiB), 86 MiB slow, cold age 120 s, adaptive"
+            ),
             "{text}"
         );
         assert_eq!(

@@ -2,6 +2,7 @@
 
 use crate::daemon::events::Event;
 use crate::daemon::fleet::{Sampling, Waiting};
+use crate::daemon::place::Age;
 use memtide_adapters::tiers::Tiers;
 use memtide_core::Decision;
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,9 @@ pub struct Placed {
     /// The fast memory it may hold (`None` after its first scan, which decides none).
     #[serde(default)]
     pub fast_budget: Option<memtide_core::Bytes>,
+    /// Its cold age after its last pass, and whether it adapts.
+    #[serde(default)]
+    pub cold_age: Option<Age>,
 }
 
 /// A VM hibernated and not woken yet.

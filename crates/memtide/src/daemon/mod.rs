@@ -1268,9 +1268,10 @@ impl Daemon {
             return;
         }
         if targets.is_empty() {
-            // Nothing to place: no tracker kept (a VM that comes back starts afresh).
+            // Nothing to place: no tracker or cold age kept (a VM that comes back starts
+            // afresh).
             if let Some(placer) = &mut self.tier_placer {
-                placer.drop_trackers();
+                placer.forget_gone(&targets);
             }
             return;
         }
@@ -1341,6 +1342,7 @@ impl Daemon {
                     fast: r.fast,
                     slow: r.slow,
                     fast_budget: p.as_ref().map(|p| p.fast_budget),
+                    cold_age: o.cold_age,
                 };
                 self.placed.insert(o.vm.clone(), placed);
             }

@@ -9,9 +9,10 @@ use memtide_adapters::access::Mappings;
 use memtide_adapters::procfs;
 use memtide_adapters::tiers::Node;
 use memtide_core::action::Reason;
-use memtide_core::tiering::age::AgeConfig;
+use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
 use memtide_core::Bytes;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -192,6 +193,24 @@ pub struct Outcome {
     pub done: Done,
     /// How the VM's cold age changed after its moves, and why (`tiering::age`).
     pub age: Option<Reason>,
+    /// Its cold age after the pass (that of its next pass), when its pages could be read.
+    pub cold_age: Option<Age>,
+}
+
+/// A VM's cold age: its memory in use is demoted only once untouched for as long.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Age {
+    /// The age (s).
+    pub age_s: f64,
+    /// Whether it adapts to the VM's promotions (`[tiering] adaptive_age`), else fixed.
+    pub adaptive: bool,
+}
+
+impl std::fmt::Display for Age {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.adaptive { "adaptive" } else { "fixed" };
+        write!(f, "cold age {} s, {how}", self.age_s)
+    }
 }
 
 /// Where a VM's memory is, after a pass's moves.
@@ -251,11 +270,13 @@ pub struct Logged<'a> {
 }
 
 impl Outcome {
-    /// How it is logged and counted; `None` when nothing moved (or would).
+    /// How it is logged and counted; `None` when nothing moved (or would). Moves say the
+    /// VM's cold age after them.
     pub fn event(&self) -> Option<Logged<'_>> {
         let p = self.placement.as_ref();
         let rule = p.map(|p| p.reason.rule.as_ref());
-        let budget = |p: &Placement| format!("fast budget {} ({})", p.fast_budget, p.reason);
+        let age = self.cold_age.map_or(String::new(), |a| format!("; {a}"));
+        let budget = |p: &Placement| format!("fast budget {} ({}){age}", p.fast_budget, p.reason);
         let (kind, result, message) = match (&self.done, p) {
             (Done::First(_), _) => return None,
             (Done::DryRun(_), Some(p)) if p.demote.0 == 0 && p.promote.0 == 0 => return None,
@@ -324,6 +345,10 @@ pub struct TierPlacer {
     proc: PathBuf,
     sys: PathBuf,
     placers: HashMap<String, Placer>,
+    /// Each placed VM's cold age, by name: kept while the VM is to be placed, whatever
+    /// becomes of its tracker (a failed scan or move, its process restarted, a pass that
+    /// panicked), so that a transient failure does not undo what it learnt.
+    learnt: HashMap<String, ColdAge>,
     /// Each `pid` VM's process as first seen: its pid and start time, kept when its
     /// tracker is dropped. Another process at that pid is refused.
     fixed: HashMap<String, (i32, u64)>,
@@ -345,14 +370,30 @@ impl TierPlacer {
             proc,
             sys,
             placers: HashMap::new(),
+            learnt: HashMap::new(),
             fixed: HashMap::new(),
         }
     }
 
-    /// Drop every tracker (the processes first seen are kept): the next pass over a VM
-    /// is a first scan.
+    /// Drop every tracker (the processes first seen and the cold ages are kept): the next
+    /// pass over a VM is a first scan.
     pub fn drop_trackers(&mut self) {
         self.placers.clear();
+    }
+
+    /// Forget the VMs not among `targets`: their trackers and their cold ages.
+    pub fn forget_gone(&mut self, targets: &[Target]) {
+        let listed = |vm: &String| targets.iter().any(|t| &t.vm == vm);
+        self.placers.retain(|vm, _| listed(vm));
+        self.learnt.retain(|vm, _| listed(vm));
+    }
+
+    /// VM `vm`'s cold age, once it has been scanned.
+    pub fn cold_age(&self, vm: &str) -> Option<Age> {
+        self.learnt.get(vm).map(|age| Age {
+            age_s: age.age_s(),
+            adaptive: self.ages.adaptive,
+        })
     }
 
     /// Which of `targets` may be placed this pass, in order: a VM named as one before it
@@ -439,8 +480,10 @@ impl TierPlacer {
 
     /// One pass at `at` over `targets` (blocking: scans and moves). A VM not among them,
     /// not admitted, or whose process changed or failed, loses its tracker (its next pass
-    /// is a first scan again). In a dry run nothing moves.
+    /// is a first scan again); only one not among them loses its cold age. In a dry run
+    /// nothing moves.
     pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
+        self.forget_gone(targets);
         let admitted = self.admit(targets);
         let proc = self.proc.clone();
         // A connected VM's new process (another pid, or the same pid restarted) is a new
@@ -470,6 +513,7 @@ impl TierPlacer {
                 placement,
                 done: Done::Failed(why),
                 age: None,
+                cold_age: None,
             };
             let m = match (m, &free) {
                 (Err(why), _) => {
@@ -494,6 +538,7 @@ impl TierPlacer {
                         placement: None,
                         done: Done::First(resident(m)),
                         age: None,
+                        cold_age: self.cold_age(&t.vm),
                     });
                     continue;
                 }
@@ -506,11 +551,11 @@ impl TierPlacer {
             let done = if dry_run {
                 Done::DryRun(resident(m))
             } else {
-                let carried = match self.placers.get_mut(&t.vm) {
-                    Some(placer) => placer
+                let carried = match (self.placers.get_mut(&t.vm), self.learnt.get_mut(&t.vm)) {
+                    (Some(placer), Some(age)) => placer
                         .carry_out(m, &placement)
-                        .map(|moved| (moved, placer.adapt_age(m, &moved))),
-                    None => Err(anyhow::anyhow!("its tracker is gone")),
+                        .map(|moved| (moved, placer.adapt_age(age, m, &moved))),
+                    _ => Err(anyhow::anyhow!("its tracker is gone")),
                 };
                 match carried {
                     Ok((
@@ -536,17 +581,20 @@ impl TierPlacer {
                     }
                 }
             };
+            let cold_age = done.resident().and_then(|_| self.cold_age(&t.vm));
             outcomes.push(Outcome {
                 vm: t.vm.clone(),
                 placement: Some(placement),
                 done,
                 age,
+                cold_age,
             });
         }
         outcomes
     }
 
-    /// Scan `t`'s pages, opening its tracker at its first pass; a failure drops it.
+    /// Scan `t`'s pages, opening its tracker at its first pass (its cold age, if new,
+    /// at the least); a failure drops the tracker, not the age.
     fn measure(&mut self, t: &Target, at: Duration) -> Result<Measured, String> {
         let placer = match self.placers.entry(t.vm.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -557,7 +605,12 @@ impl TierPlacer {
                 e.insert(opened.map_err(|e| format!("{e:#}"))?)
             }
         };
-        placer.measure(at).map_err(|e| {
+        let ages = &self.ages;
+        let age = self
+            .learnt
+            .entry(t.vm.clone())
+            .or_insert_with(|| ColdAge::new(ages));
+        placer.measure(at, age).map_err(|e| {
             self.placers.remove(&t.vm);
             format!("{e:#}")
         })
@@ -635,6 +688,10 @@ mod tests {
             placement,
             done,
             age: None,
+            cold_age: Some(Age {
+                age_s: 120.0,
+                adaptive: true,
+            }),
         }
     }
 
@@ -668,7 +725,7 @@ mod tests {
         assert_eq!(
             e.message,
             "place: demoted 16 MiB, promoted 16 MiB, fast budget 42 MiB (tier.configured: \
-             operator budget 42 MiB fits)"
+             operator budget 42 MiB fits); cold age 120 s, adaptive"
         );
         let partly = outcome(Some(placement(16, 0)), moved(15, 0, 256));
         let e = partly.event().unwrap();
@@ -678,14 +735,17 @@ mod tests {
             "{}",
             e.message
         );
-        let dry = outcome(Some(placement(8, 0)), Done::DryRun(resident));
+        let mut dry = outcome(Some(placement(8, 0)), Done::DryRun(resident));
+        dry.cold_age = Some(Age {
+            age_s: 30.0,
+            adaptive: false,
+        });
         let e = dry.event().unwrap();
         assert_eq!((e.kind, e.result), ("action", "dry_run"));
-        assert!(
-            e.message
-                .starts_with("would place: demote 8 MiB, promote 0 B"),
-            "{}",
-            e.message
+        assert_eq!(
+            e.message,
+            "would place: demote 8 MiB, promote 0 B, fast budget 42 MiB (tier.configured: \
+             operator budget 42 MiB fits); cold age 30 s, fixed (dry run)"
         );
         let gone = outcome(None, Done::Failed("process 7 is gone".into()));
         let e = gone.event().unwrap();
@@ -913,6 +973,66 @@ mod tests {
             check_not_own(&config.vms, 42),
             Err("VM \"me\"'s pid 42 is memtide's own process, not a VM's".into())
         );
+    }
+
+    /// A VM whose scan fails loses its tracker, not its cold age: only a VM no longer to be
+    /// placed loses that (the age lived in the tracker, and one failed scan sent the VM
+    /// back to the least). This process is the VM, on a procfs that links to the real one.
+    #[test]
+    fn a_failed_scan_keeps_the_vms_cold_age_until_the_vm_is_gone() {
+        let (proc, sys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let me = std::process::id() as i32;
+        let link = proc.path().join(me.to_string());
+        std::os::unix::fs::symlink(format!("/proc/{me}"), &link).unwrap();
+        std::os::unix::fs::symlink("/proc/kpageflags", proc.path().join("kpageflags")).unwrap();
+        let idle = sys.path().join("kernel/mm/page_idle");
+        std::fs::create_dir_all(&idle).unwrap();
+        std::fs::write(idle.join("bitmap"), b"").unwrap();
+        let node0 = sys.path().join("devices/system/node/node0");
+        std::fs::create_dir_all(&node0).unwrap();
+        std::fs::write(node0.join("meminfo"), "Node 0 MemFree: 1048576 kB\n").unwrap();
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let config = TieringConfig::default();
+        let mut p = TierPlacer::new(nodes, &config, proc.path().into(), sys.path().into());
+        let vm = [target("vm", me, false)];
+        let first = p.pass(&vm, Duration::from_secs(1), false);
+        let least = Some(Age {
+            age_s: 30.0,
+            adaptive: true,
+        });
+        match &first[0].done {
+            Done::First(_) => assert_eq!(first[0].cold_age, least),
+            // No NUMA in this kernel, or no kpageflags to read: nothing to check here.
+            done => return eprintln!("skipped: {done:?}"),
+        }
+        // The VM's promotions have raised its age.
+        let age = p.learnt.get_mut("vm").unwrap();
+        let (ws, dt) = (Bytes::from_mib(100), 60.0);
+        assert!(age.observe(&p.ages, ws, ws, dt).is_some());
+        let raised = Some(Age {
+            age_s: 120.0,
+            adaptive: true,
+        });
+        // A scan fails (the process looks gone for a pass): the tracker goes, the age stays.
+        std::fs::remove_file(&link).unwrap();
+        let failed = p.pass(&vm, Duration::from_secs(2), false);
+        assert_eq!(
+            failed[0].done,
+            Done::Failed(format!("process {me} is gone"))
+        );
+        assert!(p.placers.is_empty());
+        std::os::unix::fs::symlink(format!("/proc/{me}"), &link).unwrap();
+        let again = p.pass(&vm, Duration::from_secs(3), false);
+        assert!(matches!(again[0].done, Done::First(_)), "{:?}", again[0]);
+        assert_eq!(again[0].cold_age, raised, "a new tracker, the age learnt");
+        // A pass that panicked drops the trackers, not the ages.
+        p.drop_trackers();
+        assert_eq!(p.cold_age("vm"), raised);
+        // A VM no longer to be placed is forgotten: it comes back at the least.
+        p.pass(&[], Duration::from_secs(4), false);
+        assert_eq!(p.cold_age("vm"), None);
+        let back = p.pass(&vm, Duration::from_secs(5), false);
+        assert_eq!(back[0].cold_age, least);
     }
 
     /// A VM on its first scan — every page of it hot, nothing known yet — has no part in
