@@ -1356,6 +1356,12 @@ mod tests {
     }
 
     #[test]
+    fn a_reserve_share_set_before_the_sliding_scale_still_parses() {
+        let c = Config::parse("[working_set]\nhost_reserve = 0.05\n", "x").unwrap();
+        assert_eq!(c.working_set.host_reserve, Some(0.05));
+    }
+
+    #[test]
     fn the_packaged_configuration_is_the_defaults() {
         // /etc/memtide/memtide.toml as the Debian package ships it: every key commented,
         // so the service starts on any host.
@@ -1458,6 +1464,10 @@ mod tests {
         assert_eq!(
             err("[memtide]\nreport_wait_s = inf\n"),
             "memtide.toml: memtide.report_wait_s: inf is not a number of seconds [0, 3600]"
+        );
+        assert_eq!(
+            err("[working_set]\nhost_reserve = nan\n"),
+            "memtide.toml: working_set.host_reserve: NaN must be a share of the domain in [0, 0.5]"
         );
         assert_eq!(
             err("[working_set]\nhost_reserve = 0.6\n"),

@@ -245,8 +245,9 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     Some(clamp(need + cache + margin - cold, floor, obs.configured))
 }
 
-/// With free page reporting, the size a guest may keep while memory is ample: all but the
-/// memory the host saw cold, as far as the host does not back it or it is page cache.
+/// With free page reporting, the size a guest may keep while memory is ample: all of it
+/// but what the host saw cold, as far as it is page cache or free memory the host does
+/// not back.
 /// What it has freed is back on the host already, in huge-page blocks (the guest
 /// reports free blocks of 2 MiB and the hypervisor discards them), so the balloon would free
 /// nothing more by taking it, and would cost the guest: its 4 KiB pages split the host's

@@ -57,8 +57,8 @@ pub struct Estimate {
     /// The estimate and the inputs behind it, in words (formatted once: estimators run
     /// for every VM every tick).
     pub detail: String,
-    /// A size above `wss` the guest may keep where memory is not divided: memory it does
-    /// not need but the host does not back either (free page reporting gave it back).
+    /// A size above `wss` the guest may keep where memory is not divided: its page cache
+    /// and the free memory free page reporting gave back to the host.
     pub keep: Option<Bytes>,
 }
 

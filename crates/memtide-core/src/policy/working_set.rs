@@ -446,8 +446,8 @@ impl Policy for WorkingSet {
                     kept,
                     rule(policy, "reported"),
                     format!(
-                        "{}; kept at {kept}{}: memory is ample and its free memory is back \
-                         on the host by free page reporting",
+                        "{}; kept at {kept}{}: memory is ample; it keeps its page cache and \
+                         the free memory free page reporting gave back",
                         e.detail,
                         if short > Bytes::ZERO {
                             format!(

@@ -1268,10 +1268,10 @@ impl Daemon {
             return;
         }
         if targets.is_empty() {
-            // Nothing to place: no tracker or cold age kept (a VM that comes back starts
-            // afresh).
+            // Nothing to place: no tracker kept, nor the cold age of a VM away for longer
+            // than the longest age.
             if let Some(placer) = &mut self.tier_placer {
-                placer.forget_gone(&targets);
+                placer.forget_gone(&targets, snapshot.at);
             }
             return;
         }

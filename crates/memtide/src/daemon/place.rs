@@ -345,10 +345,12 @@ pub struct TierPlacer {
     proc: PathBuf,
     sys: PathBuf,
     placers: HashMap<String, Placer>,
-    /// Each placed VM's cold age, by name: kept while the VM is to be placed, whatever
-    /// becomes of its tracker (a failed scan or move, its process restarted, a pass that
-    /// panicked), so that a transient failure does not undo what it learnt.
-    learnt: HashMap<String, ColdAge>,
+    /// Each placed VM's cold age, by name, and when it was last among the VMs to place:
+    /// kept whatever becomes of its tracker (a failed scan or move, its process restarted,
+    /// a pass that panicked) and while the VM is away for less than the longest age (its
+    /// QEMU restarting or its connector reconnecting takes it out of the targets for a
+    /// tick or more), so that a transient failure does not undo what it learnt.
+    learnt: HashMap<String, (ColdAge, Duration)>,
     /// Each `pid` VM's process as first seen: its pid and start time, kept when its
     /// tracker is dropped. Another process at that pid is refused.
     fixed: HashMap<String, (i32, u64)>,
@@ -381,16 +383,23 @@ impl TierPlacer {
         self.placers.clear();
     }
 
-    /// Forget the VMs not among `targets`: their trackers and their cold ages.
-    pub fn forget_gone(&mut self, targets: &[Target]) {
+    /// At `at`, forget the trackers of the VMs not among `targets`, and the cold ages of
+    /// those away for longer than the longest age.
+    pub fn forget_gone(&mut self, targets: &[Target], at: Duration) {
         let listed = |vm: &String| targets.iter().any(|t| &t.vm == vm);
         self.placers.retain(|vm, _| listed(vm));
-        self.learnt.retain(|vm, _| listed(vm));
+        let away = Duration::try_from_secs_f64(self.ages.horizon_s()).unwrap_or(Duration::MAX);
+        self.learnt.retain(|vm, (_, seen)| {
+            if listed(vm) {
+                *seen = at;
+            }
+            at.saturating_sub(*seen) <= away
+        });
     }
 
     /// VM `vm`'s cold age, once it has been scanned.
     pub fn cold_age(&self, vm: &str) -> Option<Age> {
-        self.learnt.get(vm).map(|age| Age {
+        self.learnt.get(vm).map(|(age, _)| Age {
             age_s: age.age_s(),
             adaptive: self.ages.adaptive,
         })
@@ -483,7 +492,7 @@ impl TierPlacer {
     /// is a first scan again); only one not among them loses its cold age. In a dry run
     /// nothing moves.
     pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
-        self.forget_gone(targets);
+        self.forget_gone(targets, at);
         let admitted = self.admit(targets);
         let proc = self.proc.clone();
         // A connected VM's new process (another pid, or the same pid restarted) is a new
@@ -552,7 +561,7 @@ impl TierPlacer {
                 Done::DryRun(resident(m))
             } else {
                 let carried = match (self.placers.get_mut(&t.vm), self.learnt.get_mut(&t.vm)) {
-                    (Some(placer), Some(age)) => placer
+                    (Some(placer), Some((age, _))) => placer
                         .carry_out(m, &placement)
                         .map(|moved| (moved, placer.adapt_age(age, m, &moved))),
                     _ => Err(anyhow::anyhow!("its tracker is gone")),
@@ -606,10 +615,10 @@ impl TierPlacer {
             }
         };
         let ages = &self.ages;
-        let age = self
+        let (age, _) = self
             .learnt
             .entry(t.vm.clone())
-            .or_insert_with(|| ColdAge::new(ages));
+            .or_insert_with(|| (ColdAge::new(ages), at));
         placer.measure(at, age).map_err(|e| {
             self.placers.remove(&t.vm);
             format!("{e:#}")
@@ -1006,7 +1015,7 @@ mod tests {
             done => return eprintln!("skipped: {done:?}"),
         }
         // The VM's promotions have raised its age.
-        let age = p.learnt.get_mut("vm").unwrap();
+        let (age, _) = p.learnt.get_mut("vm").unwrap();
         let (ws, dt) = (Bytes::from_mib(100), 60.0);
         assert!(age.observe(&p.ages, ws, ws, dt).is_some());
         let raised = Some(Age {
@@ -1028,11 +1037,45 @@ mod tests {
         // A pass that panicked drops the trackers, not the ages.
         p.drop_trackers();
         assert_eq!(p.cold_age("vm"), raised);
-        // A VM no longer to be placed is forgotten: it comes back at the least.
-        p.pass(&[], Duration::from_secs(4), false);
+        // A VM away for longer than the longest age is forgotten: it comes back at the
+        // least.
+        p.pass(&[], Duration::from_secs(4 + 601), false);
         assert_eq!(p.cold_age("vm"), None);
-        let back = p.pass(&vm, Duration::from_secs(5), false);
+        let back = p.pass(&vm, Duration::from_secs(606), false);
         assert_eq!(back[0].cold_age, least);
+    }
+
+    /// A VM out of the targets for a while (its QEMU restarting, its connector
+    /// reconnecting) keeps its cold age for as long as the longest age (review: one tick
+    /// away, the only VM placed, and it was back at the least); no kernel needed.
+    #[test]
+    fn a_vm_away_keeps_its_cold_age_for_the_longest_age() {
+        let sys = tempfile::tempdir().unwrap();
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let mut p = TierPlacer::new(
+            nodes,
+            &TieringConfig::default(),
+            "/proc".into(),
+            sys.path().into(),
+        );
+        let mut age = ColdAge::new(&p.ages);
+        let ws = Bytes::from_mib(100);
+        assert!(age.observe(&p.ages, ws, ws, 60.0).is_some());
+        p.learnt.insert("vm".into(), (age, Duration::from_secs(10)));
+        let raised = Some(Age {
+            age_s: 120.0,
+            adaptive: true,
+        });
+        let vm = [target("vm", 1, false)];
+        // Away 600 s (the longest age by default): kept; seen again, its clock restarts.
+        p.forget_gone(&[], Duration::from_secs(610));
+        assert_eq!(p.cold_age("vm"), raised);
+        p.forget_gone(&vm, Duration::from_secs(700));
+        p.forget_gone(&[], Duration::from_secs(1300));
+        assert_eq!(p.cold_age("vm"), raised);
+        // Away longer: forgotten.
+        p.forget_gone(&[], Duration::from_secs(1301));
+        assert_eq!(p.cold_age("vm"), None);
     }
 
     /// A VM on its first scan — every page of it hot, nothing known yet — has no part in
