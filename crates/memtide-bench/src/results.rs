@@ -83,9 +83,9 @@ fn rule_counts(vm: &VmRun) -> Value {
 
 /// Guest /proc/vmstat counters worth seeing, as deltas over the run: swapping and
 /// reclaim, and what the guest's kernel spends compacting memory for huge pages and
-/// migrating its balloon's pages meanwhile (each such page moved is a request to the
-/// host: found on real guests, a guest whose balloon moved at its phase start ran at a
-/// twentieth of its rate for 15 s with no swap-in).
+/// migrating its balloon's pages (each such page moved is a request to the host; kept to
+/// tell whether they explain a guest stalling after its balloon moved: on the test
+/// guests they did not, docs/benchmarks.md, overcommit-fpr run 11).
 const VMSTAT_KEYS: [&str; 22] = [
     "pswpin",
     "pswpout",

@@ -662,9 +662,8 @@ fn a_guest_whose_memory_no_balloon_frees_is_left_alone_and_not_divided() {
 fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
     // memtide restarted: a 1000 MiB guest is found with its balloon at 600 MiB, 200 MiB
     // of it free. Whether the host is short (260 MiB free, its reserve 240: 6% of a host
-    // under 4 GiB) or has memory
-    // to spare, the first decisions
-    // keep it where it is: neither toward its full size nor down to its need or its min.
+    // under 4 GiB) or has memory to spare, the first decisions keep it where it is:
+    // neither toward its full size nor down to its need or its min.
     use memtide_core::estimate::fused::FusedConfig;
     use memtide_core::policy::ksmtuned::KsmConfig;
     use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};

@@ -623,8 +623,8 @@ mod tests {
             "the estimate is still its need"
         );
         // Where keeping it all would not fit beside what the VMs want (ample at costless
-        // sizes, 1000 MiB freeable: 860 held + 1000 - 410 kept back (6% of 4 GiB, 4% of 4) = 1450 to
-        // divide, 860 wanted), each keeps the same share of its 594 MiB above its need:
+        // sizes, 1000 MiB freeable: 860 held + 1000 - 410 kept back (6% of 4 GiB, 4% of
+        // 4) = 1450 to divide, 860 wanted), each keeps the same share of its 594 MiB above its need:
         // 590 spare of 1188, 295 MiB each.
         let o = decide_with(&mut memtide(), 8192, 1000, &vms, reporting);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(725), Some(725)));

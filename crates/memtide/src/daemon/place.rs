@@ -193,7 +193,8 @@ pub struct Outcome {
     pub done: Done,
     /// How the VM's cold age changed after its moves, and why (`tiering::age`).
     pub age: Option<Reason>,
-    /// Its cold age after the pass (that of its next pass), when its pages could be read.
+    /// Its cold age after the pass (that of its next pass), when the pass scanned it and,
+    /// moving pages, moved them.
     pub cold_age: Option<Age>,
 }
 
@@ -489,8 +490,8 @@ impl TierPlacer {
 
     /// One pass at `at` over `targets` (blocking: scans and moves). A VM not among them,
     /// not admitted, or whose process changed or failed, loses its tracker (its next pass
-    /// is a first scan again); only one not among them loses its cold age. In a dry run
-    /// nothing moves.
+    /// is a first scan again); only one away for longer than the longest age loses its
+    /// cold age. In a dry run nothing moves.
     pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
         self.forget_gone(targets, at);
         let admitted = self.admit(targets);
@@ -984,9 +985,10 @@ mod tests {
         );
     }
 
-    /// A VM whose scan fails loses its tracker, not its cold age: only a VM no longer to be
-    /// placed loses that (the age lived in the tracker, and one failed scan sent the VM
-    /// back to the least). This process is the VM, on a procfs that links to the real one.
+    /// A VM whose scan fails loses its tracker, not its cold age: only a VM away for longer
+    /// than the longest age loses that (the age lived in the tracker, and one failed scan
+    /// sent the VM back to the least). This process is the VM, on a procfs that links to
+    /// the real one.
     #[test]
     fn a_failed_scan_keeps_the_vms_cold_age_until_the_vm_is_gone() {
         let (proc, sys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
