@@ -398,8 +398,9 @@ impl TierPlacer {
         if !self.ages.adaptive {
             return BTreeMap::new();
         }
-        let ages = self.learnt.iter();
-        ages.map(|(vm, (age, _))| (vm.clone(), age.age_s()))
+        self.learnt
+            .iter()
+            .map(|(vm, (age, _))| (vm.clone(), age.age_s()))
             .collect()
     }
 

@@ -1,9 +1,10 @@
 //! The state file: what a restarted daemon must not forget about each VM — the balloon
 //! target it asked for, what memtide's estimator learnt (its estimate, probing state
-//! and cool-down), and the VM's adaptive cold age in tier placement. Written every tick, atomically (a temporary file, fsync, rename), as
-//! small versioned JSON; read at start. A VM's state is used when the VM is found again
-//! under its name at the same configured size; a file that is unreadable, of another
-//! version or older than [`MAX_AGE`] is ignored, with the reason logged.
+//! and cool-down), and its adaptive cold age in tier placement. Written every tick,
+//! atomically (a temporary file, fsync, rename), as small versioned JSON; read at start.
+//! A VM's state is used when the VM is found again under its name at the same configured
+//! size; a file that is unreadable, of another version or older than [`MAX_AGE`] is
+//! ignored, with the reason logged.
 
 use super::events::EventLog;
 use super::RunOptions;
