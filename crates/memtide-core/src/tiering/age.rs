@@ -65,6 +65,13 @@ impl AgeConfig {
             self.min_s
         }
     }
+
+    /// The least and the longest age (s); settings that are not numbers count as 0 s for
+    /// the least, the least for the longest.
+    fn bounds(&self) -> (f64, f64) {
+        let min = self.min_s.max(0.0);
+        (min, self.max_s.max(min))
+    }
 }
 
 impl Default for AgeConfig {
@@ -105,6 +112,16 @@ impl ColdAge {
         }
     }
 
+    /// A VM's age `age_s` learnt before (by a daemon before its restart), within
+    /// `config`'s bounds, its window starting afresh.
+    pub fn resume(config: &AgeConfig, age_s: f64) -> ColdAge {
+        let (min, max) = config.bounds();
+        ColdAge {
+            age_s: age_s.clamp(min, max),
+            ..ColdAge::new(config)
+        }
+    }
+
     /// The VM's cold age now (s).
     pub fn age_s(&self) -> f64 {
         self.age_s
@@ -120,9 +137,7 @@ impl ColdAge {
         working_set: Bytes,
         dt_s: f64,
     ) -> Option<Reason> {
-        // Settings that are not numbers count as 0 s for the least, the least for the most.
-        let min = config.min_s.max(0.0);
-        let max = config.max_s.max(min);
+        let (min, max) = config.bounds();
         self.age_s = self.age_s.clamp(min, max);
         if !(config.adaptive && dt_s.is_finite() && dt_s > 0.0) {
             return None;
@@ -277,6 +292,18 @@ mod tests {
         assert_eq!(age.age_s(), 120.0);
         run(&mut age, &CONFIG, 0.0, 120);
         assert_eq!(age.age_s(), 60.0);
+    }
+
+    #[test]
+    fn an_age_resumed_is_kept_within_the_bounds_and_goes_on_adapting() {
+        assert_eq!(ColdAge::resume(&CONFIG, 480.0).age_s(), 480.0);
+        assert_eq!(ColdAge::resume(&CONFIG, 5000.0).age_s(), 600.0);
+        assert_eq!(ColdAge::resume(&CONFIG, 5.0).age_s(), 30.0);
+        // Its window starts afresh: a window of its age, then raised.
+        let mut age = ColdAge::resume(&CONFIG, 120.0);
+        assert!(run(&mut age, &CONFIG, 1.0, 119).is_empty());
+        run(&mut age, &CONFIG, 1.0, 1);
+        assert_eq!(age.age_s(), 480.0);
     }
 
     #[test]

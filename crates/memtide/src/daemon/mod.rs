@@ -132,6 +132,8 @@ struct Daemon {
     tier_nodes: Option<crate::placement::Nodes>,
     /// Placement's trackers (taken while a pass runs off the runtime).
     tier_placer: Option<place::TierPlacer>,
+    /// Each placed VM's cold age as the placer last told it, for the state file.
+    cold_ages: BTreeMap<String, f64>,
     /// The placement pass running off the runtime, if any.
     placing: Option<PlacePass>,
     /// When the latest placement pass started.
@@ -256,12 +258,23 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         engine.policy_name()
     );
     events.log("started", None, None, message);
-    let state = state::open(
+    let ages = tier_nodes.map(|_| config.tiering.ages());
+    let mut state = state::open(
         &config.daemon.state_file,
         &options,
         &mut engine,
+        ages.as_ref(),
         &mut events,
     );
+    let tier_placer = tier_nodes.map(|nodes| {
+        let host = &config.host;
+        let mut placer =
+            place::TierPlacer::new(nodes, &config.tiering, host.proc.clone(), host.sys.clone());
+        if let Some(state) = &mut state {
+            placer.resume(state.take_cold_ages());
+        }
+        placer
+    });
 
     let (saves, mut saved) = mpsc::channel(8);
     let (restoring, mut restored) = mpsc::channel(8);
@@ -315,7 +328,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         huge_pages: huge_pages.flatten(),
         collapsing: None,
         tier_nodes,
-        tier_placer: None,
+        tier_placer,
+        cold_ages: BTreeMap::new(),
         placing: None,
         place_started: None,
         placed: BTreeMap::new(),
@@ -963,9 +977,12 @@ impl Daemon {
         let Some(state) = &mut self.state else {
             return;
         };
+        if let Some(placer) = &self.tier_placer {
+            self.cold_ages = placer.ages();
+        }
         let tick = self.counters.ticks;
         if self.state_writes.due(tick) {
-            let bytes = state.encode(decision, &self.engine);
+            let bytes = state.encode(decision, &self.engine, &self.cold_ages);
             let result = state.write_off_worker(bytes).await;
             let result = result.map_err(|e| e.to_string());
             let (events, counters) = (&mut self.events, &mut self.counters);
@@ -1286,6 +1303,7 @@ impl Daemon {
             let host = &self.config.host;
             place::TierPlacer::new(nodes, config, host.proc.clone(), host.sys.clone())
         });
+        self.cold_ages = placer.ages();
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
         self.placing = Some(tokio::task::spawn_blocking(move || {
             place::run_pass(placer, &targets, at, dry_run)

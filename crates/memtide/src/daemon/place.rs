@@ -13,7 +13,7 @@ use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
 use memtide_core::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -352,6 +352,9 @@ pub struct TierPlacer {
     /// QEMU restarting or its connector reconnecting takes it out of the targets for a
     /// tick or more), so that a transient failure does not undo what it learnt.
     learnt: HashMap<String, (ColdAge, Duration)>,
+    /// The configured size of each VM whose age a daemon before this one learnt
+    /// ([`TierPlacer::resume`]), until its first scan: the age is its own only at that size.
+    resumed: HashMap<String, Bytes>,
     /// Each `pid` VM's process as first seen: its pid and start time, kept when its
     /// tracker is dropped. Another process at that pid is refused.
     fixed: HashMap<String, (i32, u64)>,
@@ -374,8 +377,31 @@ impl TierPlacer {
             sys,
             placers: HashMap::new(),
             learnt: HashMap::new(),
+            resumed: HashMap::new(),
             fixed: HashMap::new(),
         }
+    }
+
+    /// Take up the cold ages a daemon before this one learnt (the state file), each with
+    /// its VM's configured size: a VM's is its age from its first scan if the VM is that
+    /// size then, and is forgotten as any other once the VM is away for longer than the
+    /// longest age (counted from the start).
+    pub fn resume(&mut self, ages: BTreeMap<String, (Bytes, ColdAge)>) {
+        for (vm, (configured, age)) in ages {
+            self.resumed.insert(vm.clone(), configured);
+            self.learnt.insert(vm, (age, Duration::ZERO));
+        }
+    }
+
+    /// Each VM's cold age (s), by name, when it adapts: what the state file keeps.
+    pub fn ages(&self) -> BTreeMap<String, f64> {
+        if !self.ages.adaptive {
+            return BTreeMap::new();
+        }
+        self.learnt
+            .iter()
+            .map(|(vm, (age, _))| (vm.clone(), age.age_s()))
+            .collect()
     }
 
     /// Drop every tracker (the processes first seen and the cold ages are kept): the next
@@ -396,6 +422,8 @@ impl TierPlacer {
             }
             at.saturating_sub(*seen) <= away
         });
+        let learnt = &self.learnt;
+        self.resumed.retain(|vm, _| learnt.contains_key(vm));
     }
 
     /// VM `vm`'s cold age, once it has been scanned.
@@ -603,9 +631,13 @@ impl TierPlacer {
         outcomes
     }
 
-    /// Scan `t`'s pages, opening its tracker at its first pass (its cold age, if new,
-    /// at the least); a failure drops the tracker, not the age.
+    /// Scan `t`'s pages, opening its tracker at its first pass (its cold age, if new or
+    /// resumed for another size, at the least); a failure drops the tracker, not the age.
     fn measure(&mut self, t: &Target, at: Duration) -> Result<Measured, String> {
+        let resumed = self.resumed.remove(&t.vm);
+        if resumed.is_some_and(|size| t.mappings != Mappings::GuestRam(size)) {
+            self.learnt.remove(&t.vm);
+        }
         let placer = match self.placers.entry(t.vm.clone()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -1078,6 +1110,64 @@ mod tests {
         // Away longer: forgotten.
         p.forget_gone(&[], Duration::from_secs(1301));
         assert_eq!(p.cold_age("vm"), None);
+    }
+
+    /// A VM whose age a daemon before this one learnt starts from that age, not the
+    /// least, if it is the same size at its first scan; else, or away for longer than
+    /// the longest age, it starts at the least. No kernel needed: the scans fail.
+    #[test]
+    fn a_vm_takes_up_the_cold_age_learnt_before_a_restart() {
+        let sys = tempfile::tempdir().unwrap();
+        let nodes = Nodes { fast: 0, slow: 1 };
+        let config = TieringConfig::default();
+        let mut p = TierPlacer::new(nodes, &config, "/proc".into(), sys.path().into());
+        let gib = Bytes::from_gib(1);
+        let resumed = |age_s| (gib, ColdAge::resume(&p.ages, age_s));
+        let restored = BTreeMap::from([
+            ("same".to_string(), resumed(480.0)),
+            ("resized".to_string(), resumed(480.0)),
+            ("away".to_string(), resumed(120.0)),
+        ]);
+        p.resume(restored);
+        let adaptive = |age_s| {
+            Some(Age {
+                age_s,
+                adaptive: true,
+            })
+        };
+        assert_eq!(p.cold_age("same"), adaptive(480.0));
+        let vm = |name: &str, pid, size| Target {
+            mappings: Mappings::GuestRam(size),
+            ..target(name, pid, false)
+        };
+        let gone = 1 << 23;
+        let targets = [
+            vm("same", gone, gib),
+            vm("resized", gone + 1, Bytes::from_gib(2)),
+        ];
+        let outcomes = p.pass(&targets, Duration::from_secs(10), false);
+        assert!(outcomes.iter().all(|o| matches!(o.done, Done::Failed(_))));
+        assert_eq!(p.cold_age("same"), adaptive(480.0));
+        assert_eq!(p.cold_age("resized"), None, "another size, another VM");
+        let unchecked: Vec<_> = p.resumed.keys().collect();
+        assert_eq!(unchecked, ["away"], "a size is checked once");
+        // The one never seen again is forgotten the longest age after the start.
+        p.forget_gone(&targets, Duration::from_secs(600));
+        assert_eq!(p.cold_age("away"), adaptive(120.0));
+        p.forget_gone(&targets, Duration::from_secs(601));
+        assert_eq!(p.cold_age("away"), None);
+        assert!(p.resumed.is_empty());
+        let ages: Vec<_> = p.ages().into_iter().collect();
+        assert_eq!(ages, [("same".to_string(), 480.0)]);
+        // A fixed age is not kept.
+        let fixed = TieringConfig {
+            adaptive_age: false,
+            ..TieringConfig::default()
+        };
+        let mut p = TierPlacer::new(nodes, &fixed, "/proc".into(), sys.path().into());
+        let age = ColdAge::new(&p.ages);
+        p.learnt.insert("same".into(), (age, Duration::ZERO));
+        assert!(p.ages().is_empty());
     }
 
     /// A VM on its first scan — every page of it hot, nothing known yet — has no part in

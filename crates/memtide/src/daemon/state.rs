@@ -1,13 +1,15 @@
 //! The state file: what a restarted daemon must not forget about each VM — the balloon
-//! target it asked for, and what memtide's estimator learnt (its estimate, probing state
-//! and cool-down). Written every tick, atomically (a temporary file, fsync, rename), as
-//! small versioned JSON; read at start. A VM's state is used when the VM is found again
-//! under its name at the same configured size; a file that is unreadable, of another
-//! version or older than [`MAX_AGE`] is ignored, with the reason logged.
+//! target it asked for, what memtide's estimator learnt (its estimate, probing state
+//! and cool-down), and its adaptive cold age in tier placement. Written every tick,
+//! atomically (a temporary file, fsync, rename), as small versioned JSON; read at start.
+//! A VM's state is used when the VM is found again under its name at the same configured
+//! size; a file that is unreadable, of another version or older than [`MAX_AGE`] is
+//! ignored, with the reason logged.
 
 use super::events::EventLog;
 use super::RunOptions;
 use memtide_core::estimate::fused::FusedMemory;
+use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::{Bytes, Decision, Engine, VmSnapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -21,11 +23,13 @@ const VERSION: u32 = 1;
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The daemon's state file at `path` (none when empty or in a dry run, whose decisions
-/// are not carried out), with what it held given to `engine` and logged to `events`.
+/// are not carried out), with what it held given to `engine` (and kept for tier
+/// placement under `ages`) and logged to `events`.
 pub fn open(
     path: &Path,
     options: &RunOptions,
     engine: &mut Engine,
+    ages: Option<&AgeConfig>,
     events: &mut EventLog,
 ) -> Option<StateFile> {
     if path.as_os_str().is_empty() || options.dry_run {
@@ -37,7 +41,7 @@ pub fn open(
             events.log("write_failed", None, Some("state"), message);
         }
     }
-    let (state, message) = StateFile::open(path, engine);
+    let (state, message) = StateFile::open(path, engine, ages);
     events.log("state", None, None, message);
     Some(state)
 }
@@ -64,13 +68,17 @@ struct SavedVm {
     /// memtide's estimator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     memtide: Option<FusedMemory>,
+    /// Its adaptive cold age in tier placement (s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cold_age_s: Option<f64>,
 }
 
-/// The state file, the targets restored from it for VMs not seen again yet, and what it
-/// holds now.
+/// The state file, the targets restored from it for VMs not seen again yet, the cold
+/// ages restored for tier placement, and what it holds now.
 pub struct StateFile {
     path: PathBuf,
     targets: BTreeMap<String, (Bytes, Bytes)>,
+    cold_ages: BTreeMap<String, (Bytes, ColdAge)>,
     last: BTreeMap<String, SavedVm>,
 }
 
@@ -81,12 +89,15 @@ fn unix_now() -> u64 {
 }
 
 impl StateFile {
-    /// The state file at `path`, and what a previous daemon left there given to `engine`;
-    /// returns a sentence for the event log saying what was restored or why nothing was.
-    pub fn open(path: &Path, engine: &mut Engine) -> (StateFile, String) {
+    /// The state file at `path`, and what a previous daemon left there given to `engine`,
+    /// the cold ages kept within `ages`' bounds (none without placement or where the age
+    /// is fixed); returns a sentence for the event log saying what was restored or why
+    /// nothing was.
+    pub fn open(path: &Path, engine: &mut Engine, ages: Option<&AgeConfig>) -> (StateFile, String) {
         let mut state = StateFile {
             path: path.to_path_buf(),
             targets: BTreeMap::new(),
+            cold_ages: BTreeMap::new(),
             last: BTreeMap::new(),
         };
         let saved = match std::fs::read(path) {
@@ -138,13 +149,19 @@ impl StateFile {
             if let Some(target) = vm.target {
                 state.targets.insert(name.clone(), (vm.configured, target));
             }
+            let ages = ages.filter(|a| a.adaptive);
+            if let (Some(ages), Some(age_s)) = (ages, vm.cold_age_s) {
+                let age = ColdAge::resume(ages, age_s);
+                state.cold_ages.insert(name.clone(), (vm.configured, age));
+            }
         }
         let message = format!(
-            "state of {} VMs restored from {} (written {elapsed} s ago): {} estimator states, {} balloon targets",
+            "state of {} VMs restored from {} (written {elapsed} s ago): {} estimator states, {} balloon targets, {} cold ages",
             saved.vms.len(),
             path.display(),
             memory.len(),
-            state.targets.len()
+            state.targets.len(),
+            state.cold_ages.len()
         );
         engine.recall(memory);
         state.last = saved.vms;
@@ -165,6 +182,12 @@ impl StateFile {
         }
     }
 
+    /// The cold ages restored, each with its VM's configured size, for
+    /// [`super::place::TierPlacer::resume`].
+    pub fn take_cold_ages(&mut self) -> BTreeMap<String, (Bytes, ColdAge)> {
+        std::mem::take(&mut self.cold_ages)
+    }
+
     /// Write [`StateFile::encode`]'s bytes off the runtime's worker, which serves every
     /// VM's I/O: the two fsyncs take milliseconds.
     pub async fn write_off_worker(&self, bytes: Vec<u8>) -> std::io::Result<()> {
@@ -174,26 +197,35 @@ impl StateFile {
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
-    /// The state after `decision`, with `engine`'s memory at the decision's time. A VM
-    /// not sampled this tick (unreachable) keeps what the file held for it, with the
-    /// estimator the engine still has; a VM gone from the decision is dropped.
-    pub fn encode(&mut self, decision: &Decision, engine: &Engine) -> Vec<u8> {
+    /// The state after `decision`, with `engine`'s memory at the decision's time and the
+    /// placed VMs' cold `ages` (s). A VM not sampled this tick (unreachable) keeps what
+    /// the file held for it, with the estimator the engine still has and its age; a VM
+    /// gone from the decision is dropped.
+    pub fn encode(
+        &mut self,
+        decision: &Decision,
+        engine: &Engine,
+        ages: &BTreeMap<String, f64>,
+    ) -> Vec<u8> {
         let mut memory = engine.memory(decision.at);
         let vms: BTreeMap<String, SavedVm> = decision
             .vms
             .iter()
             .filter_map(|vm| {
                 let memtide = memory.remove(&vm.name);
+                let cold_age_s = ages.get(&vm.name).copied();
                 let vm_state = match vm.configured {
                     Some(configured) => SavedVm {
                         configured,
                         target: vm.target,
                         memtide,
+                        cold_age_s,
                     },
                     None => {
                         let last = self.last.remove(&vm.name)?;
                         SavedVm {
                             memtide: memtide.or(last.memtide),
+                            cold_age_s: cold_age_s.or(last.cold_age_s),
                             ..last
                         }
                     }
@@ -255,7 +287,7 @@ mod tests {
     /// state, the message logged, and the target restored for `a` (configured 1000 MiB).
     fn restart(path: &Path, configured: u64) -> (String, String, Option<Bytes>) {
         let mut engine = memtide();
-        let (mut state, message) = StateFile::open(path, &mut engine);
+        let (mut state, message) = StateFile::open(path, &mut engine, None);
         let mut vms = vec![vm("a", configured, 600, 200)];
         state.restore_targets(&mut vms);
         let target = vms[0].target;
@@ -279,8 +311,8 @@ mod tests {
         let d = d.unwrap();
         let in_force = d.vms[0].target;
         assert!(in_force.is_some());
-        let mut file = StateFile::open(&path, &mut memtide()).0;
-        write_atomically(&path, &file.encode(&d, &engine)).unwrap();
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        write_atomically(&path, &file.encode(&d, &engine, &BTreeMap::new())).unwrap();
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(saved.version, VERSION);
         let a = &saved.vms["a"];
@@ -306,34 +338,111 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         let mut engine = memtide();
-        let mut file = StateFile::open(&path, &mut memtide()).0;
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
         let shrunk = || {
             let mut a = vm("a", 1000, 600, 200);
             a.target = Some(Bytes::from_mib(580));
             a
         };
+        let aged = BTreeMap::from([("a".to_string(), 120.0)]);
         for t in [0, 2, 4, 6] {
             let d = engine.tick(&snapshot(t, host(4000, 1500), vec![shrunk()]));
-            file.encode(&d, &engine);
+            file.encode(&d, &engine, &aged);
         }
         let late = VmSnapshot {
             sample: Err(BackendError::timeout(std::time::Duration::from_secs(1))),
             ..shrunk()
         };
         let d = engine.tick(&snapshot(8, host(4000, 1500), vec![late]));
-        write_atomically(&path, &file.encode(&d, &engine)).unwrap();
+        write_atomically(&path, &file.encode(&d, &engine, &BTreeMap::new())).unwrap();
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let a = &saved.vms["a"];
         assert_eq!(a.configured, Bytes::from_mib(1000));
         assert_eq!(a.target, Some(Bytes::from_mib(580)));
         assert!(a.memtide.is_some());
+        assert_eq!(
+            a.cold_age_s,
+            Some(120.0),
+            "its age while the placer is away"
+        );
         let d = engine.tick(&snapshot(10, host(4000, 1500), vec![shrunk()]));
         let rule = d.vms[0].reason.as_ref().unwrap().rule.to_string();
         assert!(rule != "memtide.adopt" && rule != "memtide.start", "{rule}");
         // A VM gone from the decision is dropped from the file.
         let d = engine.tick(&snapshot(12, host(4000, 1500), vec![]));
-        file.encode(&d, &engine);
+        file.encode(&d, &engine, &BTreeMap::new());
         assert!(file.last.is_empty());
+    }
+
+    /// Each VM's cold age as `ages` (`None`: no placement) restores it from `path`.
+    fn restored_ages(path: &Path, ages: Option<&AgeConfig>) -> (Vec<(String, f64)>, String) {
+        let (mut state, message) = StateFile::open(path, &mut memtide(), ages);
+        let restored = state.take_cold_ages().into_iter();
+        let restored = restored.map(|(vm, (configured, age))| {
+            assert_eq!(configured, Bytes::from_mib(1000));
+            (vm, age.age_s())
+        });
+        (restored.collect(), message)
+    }
+
+    #[test]
+    fn a_vms_cold_age_is_restored_within_the_bounds_configured_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let mut engine = memtide();
+        let vms = vec![vm("a", 1000, 600, 200), vm("b", 1000, 600, 200)];
+        let d = engine.tick(&snapshot(0, host(4000, 1500), vms));
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        let learnt = BTreeMap::from([("a".to_string(), 480.0), ("b".to_string(), 45.0)]);
+        write_atomically(&path, &file.encode(&d, &engine, &learnt)).unwrap();
+        let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(saved.vms["a"].cold_age_s, Some(480.0));
+        let both = |a, b| vec![("a".to_string(), a), ("b".to_string(), b)];
+        let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
+        assert_eq!(ages, both(480.0, 45.0));
+        assert!(
+            message.ends_with("0 balloon targets, 2 cold ages"),
+            "{message}"
+        );
+        // The bounds changed since: each age is brought within them.
+        let narrower = AgeConfig {
+            min_s: 60.0,
+            max_s: 300.0,
+            ..AgeConfig::default()
+        };
+        assert_eq!(restored_ages(&path, Some(&narrower)).0, both(300.0, 60.0));
+        // A fixed age, or no placement: none restored.
+        let fixed = AgeConfig {
+            adaptive: false,
+            ..AgeConfig::default()
+        };
+        let (ages, message) = restored_ages(&path, Some(&fixed));
+        assert!(
+            ages.is_empty() && message.ends_with(", 0 cold ages"),
+            "{message}"
+        );
+        assert!(restored_ages(&path, None).0.is_empty());
+    }
+
+    #[test]
+    fn a_state_file_without_cold_ages_still_loads() {
+        // As written before the ages were kept.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let old = format!(
+            r#"{{"version":1,"written":{},"vms":{{"a":{{"configured":1048576000,"target":608174080}}}}}}"#,
+            unix_now()
+        );
+        std::fs::write(&path, old).unwrap();
+        let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
+        assert!(ages.is_empty());
+        assert!(
+            message.starts_with("state of 1 VMs restored from")
+                && message.ends_with("1 balloon targets, 0 cold ages"),
+            "{message}"
+        );
+        let (_, _, target) = restart(&path, 1000);
+        assert_eq!(target, Some(Bytes::from_mib(580)));
     }
 
     #[test]
