@@ -565,6 +565,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_memory::Buffer;
     use proptest::prelude::*;
     use Seen::*;
 
@@ -675,45 +676,6 @@ garbage
     fn runs_close_small_gaps() {
         assert_eq!(runs(&[]), []);
         assert_eq!(runs(&[3, 4, 12, 21, 100]), [(3, 12), (21, 21), (100, 100)]);
-    }
-
-    /// An anonymous mapping of `pages` pages written once each, without huge pages.
-    struct Buffer {
-        at: *mut u8,
-        len: usize,
-    }
-
-    impl Buffer {
-        fn new(pages: usize) -> Buffer {
-            let len = pages * 4096;
-            // SAFETY: a fresh private anonymous mapping, unmapped on drop.
-            let at = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(at, libc::MAP_FAILED);
-            // SAFETY: the mapping just made; writing each page makes it resident.
-            unsafe {
-                assert_eq!(libc::madvise(at, len, libc::MADV_NOHUGEPAGE), 0);
-                for p in 0..pages {
-                    at.cast::<u8>().add(p * 4096).write_volatile(1);
-                }
-            }
-            Buffer { at: at.cast(), len }
-        }
-    }
-
-    impl Drop for Buffer {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made in `new`.
-            unsafe { libc::munmap(self.at.cast(), self.len) };
-        }
     }
 
     /// A file standing in for the idle bitmap in `mm` (this host's kernel has none): a bit

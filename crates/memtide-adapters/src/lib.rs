@@ -20,6 +20,8 @@ pub mod proxmox;
 pub mod qga;
 pub mod qmp;
 pub mod reclaim;
+#[cfg(test)]
+mod test_memory;
 pub mod tiers;
 pub mod virtio_mem;
 pub mod vmm_snapshot;

@@ -221,7 +221,11 @@ pub fn status_fixed(text: &str) -> Option<FixedMemory> {
             _ => {}
         }
     }
-    found.then_some(FixedMemory { locked, hugetlb })
+    found.then_some(FixedMemory {
+        locked,
+        hugetlb,
+        own: None,
+    })
 }
 
 /// How many reads of a process's RSS between two reads of its fixed memory: locked,
@@ -232,7 +236,8 @@ const FIXED_EVERY: u32 = 60;
 /// open: each read is one `pread` (where reading it by path took five system calls and a
 /// lookup of the process, 8% of the daemon's CPU at 500 VMs), and a process that ends
 /// reads as gone even if its pid is reused. Its fixed memory ([`status_fixed`]) is read
-/// from /proc/PID/status now and then.
+/// from /proc/PID/status now and then, with its own memory from /proc/PID/smaps where its
+/// guest RAM's size is given ([`smaps_own`]: a page-table walk, too dear for each tick).
 #[derive(Debug)]
 pub struct ProcessRss {
     statm: Option<std::fs::File>,
@@ -241,6 +246,9 @@ pub struct ProcessRss {
     /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
     ticks: f64,
     status: PathBuf,
+    smaps: PathBuf,
+    /// The size of its guest RAM mapping, where its own memory is told apart from it.
+    guest_ram: Option<Bytes>,
     /// The last fixed memory read, and the reads of it left before the next.
     fixed: (Option<FixedMemory>, u32),
 }
@@ -259,7 +267,18 @@ impl ProcessRss {
             page: Bytes(u64::try_from(page).unwrap_or(4096)),
             ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
+            smaps: dir.join("smaps"),
+            guest_ram: None,
             fixed: (None, 0),
+        }
+    }
+
+    /// A hypervisor whose guest RAM is one private mapping of `size`: its own memory
+    /// ([`FixedMemory::own`]) is read from /proc/PID/smaps with its fixed memory.
+    pub fn with_guest_ram(self, size: Bytes) -> ProcessRss {
+        ProcessRss {
+            guest_ram: Some(size),
+            ..self
         }
     }
 
@@ -270,7 +289,13 @@ impl ProcessRss {
         if *left == 0 {
             *last = std::fs::read_to_string(&self.status)
                 .ok()
-                .and_then(|t| status_fixed(&t));
+                .and_then(|t| status_fixed(&t))
+                .map(|fixed| FixedMemory {
+                    own: self.guest_ram.and_then(|size| {
+                        smaps_own(&std::fs::read_to_string(&self.smaps).ok()?, size)
+                    }),
+                    ..fixed
+                });
             *left = FIXED_EVERY;
         }
         *left -= 1;
@@ -378,33 +403,49 @@ pub fn maps(text: &str) -> impl Iterator<Item = Mapping<'_>> {
     })
 }
 
-/// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
-/// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
-pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
+/// Each field of each mapping in /proc/PID/smaps text, in kB, with whether its mapping
+/// is guest RAM of `size`: private writable (`rw-p`) and of that size to 2 MiB of
+/// alignment. A mapping's `Size:` comes first among its fields.
+fn smaps_fields(text: &str, size: Bytes) -> impl Iterator<Item = (bool, &str, u64)> {
     let (lo, hi) = (size.kib(), (size + Bytes::from_mib(2)).kib());
-    let mut total = None;
-    let mut candidate = false;
-    let mut vma_size = 0;
-    for line in text.lines() {
+    let (mut private, mut ram) = (false, false);
+    text.lines().filter_map(move |line| {
         let mut words = line.split_whitespace();
         let first = words.next().unwrap_or("");
         if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            candidate = words.next() == Some("rw-p");
-            continue;
+            (private, ram) = (words.next() == Some("rw-p"), false);
+            return None;
         }
-        let value = words
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-        match first {
-            "Size:" => vma_size = value,
-            "Referenced:" if candidate && (lo..=hi).contains(&vma_size) => {
-                *total.get_or_insert(Bytes::ZERO) += Bytes::from_kib(value);
-            }
+        let value = words.next().and_then(|v| v.parse::<u64>().ok())?;
+        if first == "Size:" {
+            ram = private && (lo..=hi).contains(&value);
+        }
+        Some((ram, first, value))
+    })
+}
+
+/// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
+/// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
+pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
+    smaps_fields(text, size)
+        .filter(|(ram, field, _)| *ram && *field == "Referenced:")
+        .map(|(.., kib)| Bytes::from_kib(kib))
+        .reduce(|a, b| a + b)
+}
+
+/// The resident memory of a hypervisor whose guest RAM is the private writable mapping of
+/// `size` in /proc/PID/smaps, outside that mapping: its own heap, device memory and, under
+/// TCG, its translation cache. `None` when no mapping is guest RAM.
+pub fn smaps_own(text: &str, size: Bytes) -> Option<Bytes> {
+    let (mut own, mut found) = (Bytes::ZERO, false);
+    for (ram, field, kib) in smaps_fields(text, size) {
+        match field {
+            "Size:" => found |= ram,
+            "Rss:" if !ram => own += Bytes::from_kib(kib),
             _ => {}
         }
     }
-    total
+    found.then_some(own)
 }
 
 #[cfg(test)]
@@ -660,6 +701,19 @@ garbage
     }
 
     #[test]
+    fn a_qemus_own_memory_is_its_resident_memory_outside_guest_ram() {
+        let smaps = include_str!("../tests/data/proc/qemu-smaps");
+        // 14 396 kB resident in all, 6 MiB of it in the 192 MiB guest's RAM.
+        assert_eq!(
+            smaps_own(smaps, Bytes::from_mib(192)),
+            Some(Bytes::from_kib(14_396 - 6_144))
+        );
+        // No mapping is the guest's RAM: nothing can be told apart.
+        assert_eq!(smaps_own(smaps, Bytes::from_mib(4096)), None);
+        assert_eq!(smaps_own("", Bytes::from_mib(192)), None);
+    }
+
+    #[test]
     fn fixed_memory_is_read_from_status() {
         let status = "Name:\tqemu-system-x86\nVmPeak:\t 1200000 kB\nVmLck:\t  524288 kB\n\
                       VmPin:\t       0 kB\nVmRSS:\t  600000 kB\nHugetlbPages:\t       0 kB\n";
@@ -673,6 +727,7 @@ garbage
             Some(FixedMemory {
                 locked: Bytes::from_mib(1024),
                 hugetlb: Bytes::from_mib(2),
+                own: None,
             })
         );
         assert_eq!(status_fixed("Name:\tx\nVmRSS:\t10 kB\n"), None);
@@ -686,6 +741,27 @@ garbage
             None,
             "no such process"
         );
+    }
+
+    #[test]
+    fn a_live_processs_own_memory_leaves_out_its_guest_ram() {
+        // 41 MiB standing in for guest RAM, each page written: resident.
+        let ram = crate::test_memory::Buffer::new(41 << 8);
+        let pid = std::process::id() as i32;
+        let mut process =
+            ProcessRss::new(Path::new("/proc"), pid).with_guest_ram(Bytes::from_mib(41));
+        let own = process
+            .fixed()
+            .and_then(|f| f.own)
+            .expect("own memory told apart");
+        let rss = process.read().unwrap();
+        drop(ram);
+        // What is left of the process's RSS is the mapping, to what the test's other
+        // threads allocate between the two reads.
+        let ram = (rss - own).mib_f64();
+        assert!((40.0..=45.0).contains(&ram), "rss {rss}, own {own}");
+        let plain = ProcessRss::new(Path::new("/proc"), pid).fixed().unwrap();
+        assert_eq!(plain.own, None, "no guest RAM given: nothing told apart");
     }
 
     #[test]

@@ -213,6 +213,7 @@ mod tests {
         let fixed = |locked, hugetlb| FixedMemory {
             locked: mib(locked),
             hugetlb: mib(hugetlb),
+            own: None,
         };
         assert_eq!(fixed_memory(&fixed(0, 0), mib(512)), None);
         // A few locked pages (QEMU's own, a vhost ring) are no reason.

@@ -75,13 +75,19 @@ pub struct VmSample {
 
 /// Memory of the hypervisor process that a balloon cannot give back to the host: pages
 /// locked or pinned in RAM (QEMU's `-overcommit mem-lock=on`, a VFIO device's DMA
-/// mappings) and hugetlbfs pages (a guest page freed inside a huge page frees nothing).
+/// mappings), hugetlbfs pages (a guest page freed inside a huge page frees nothing) and
+/// the hypervisor's own memory beside guest RAM.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FixedMemory {
     /// Locked or pinned (`VmLck`, `VmPin` of /proc/PID/status, the larger).
     pub locked: Bytes,
     /// Hugetlbfs pages mapped (`HugetlbPages`).
     pub hugetlb: Bytes,
+    /// The hypervisor's own resident memory beside guest RAM (its heap, device memory,
+    /// under TCG its translation cache: 30-60 MiB for this project's test guests), where
+    /// its mappings tell the two apart: its RSS less this is the guest memory it backs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own: Option<Bytes>,
 }
 
 /// A virtio-mem device: memory plugged into the guest in blocks, beyond its base memory.

@@ -625,6 +625,7 @@ fn a_guest_whose_memory_no_balloon_frees_is_left_alone_and_not_divided() {
         v.sample.as_mut().unwrap().fixed = Some(FixedMemory {
             locked: Bytes::from_mib(locked),
             hugetlb: Bytes::from_mib(hugetlb),
+            own: None,
         });
         v
     };

@@ -198,6 +198,7 @@ pub fn parse(text: &str) -> Result<DomainXml, XmlError> {
     let fixed = FixedMemory {
         locked: all_if(passthrough || backing.and_then(|b| child(b, "locked")).is_some()),
         hugetlb: all_if(backing.and_then(|b| child(b, "hugepages")).is_some()),
+        own: None,
     };
     Ok(DomainXml {
         fixed,

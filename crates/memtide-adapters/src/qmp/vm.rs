@@ -246,9 +246,16 @@ impl QmpVm {
                 "value": opts.stats_interval_s.max(1)});
             client.execute("qom-set", Some(args)).await?;
         }
-        let process = client
-            .peer_pid()
-            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
+        // Its own memory is told apart from guest RAM where that is one mapping: with a
+        // virtio-mem device, plugged memory is a mapping of its own.
+        let process = client.peer_pid().map(|pid| {
+            let rss = procfs::ProcessRss::new(&opts.proc, pid);
+            if vmem.is_none() {
+                rss.with_guest_ram(base)
+            } else {
+                rss
+            }
+        });
         let agent = agent.map(|a| {
             AgentLink::new(
                 a.to_path_buf(),

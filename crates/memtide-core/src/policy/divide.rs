@@ -26,9 +26,15 @@ pub fn capacity_of<'a>(
 }
 
 /// What the host backs of a VM's memory: the smaller of its size and its hypervisor's
-/// resident memory.
+/// resident memory less the hypervisor's own, where known (found on real guests with free
+/// page reporting: QEMU's own 30-60 MiB counted as guest memory the host backs, and so as
+/// memory to divide, ran the domain within its reserve of its limit).
 pub fn backed(vm: &VmInput<'_>) -> Bytes {
-    vm.latest().rss.map_or(vm.actual, |rss| rss.min(vm.actual))
+    let sample = vm.latest();
+    let own = sample.fixed.and_then(|f| f.own).unwrap_or_default();
+    sample
+        .rss
+        .map_or(vm.actual, |rss| (rss - own).min(vm.actual))
 }
 
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
@@ -160,9 +166,18 @@ mod tests {
         };
         let signals = Signals::default();
         let mut histories = Vec::new();
-        for rss in [None, Some(300), Some(2000)] {
+        for (rss, own) in [
+            (None, None),
+            (Some(300), None),
+            (Some(2000), None),
+            (Some(400), Some(60)),
+        ] {
             let mut s = testkit::vm("x", 1024, 1024, 0).sample.unwrap();
             s.rss = rss.map(Bytes::from_mib);
+            s.fixed = Some(crate::FixedMemory {
+                own: own.map(Bytes::from_mib),
+                ..Default::default()
+            });
             let mut h = History::new(2);
             h.push(Duration::ZERO, s);
             histories.push(h);
@@ -184,10 +199,11 @@ mod tests {
             unreachable: &[],
         };
         // 1024 (RSS unknown: its size) + 300 (the rest is in the host's free memory) +
-        // 1024 (QEMU's own overhead is not guest memory) + 1000 freeable − 100 reserve.
+        // 1024 (QEMU's own overhead is not guest memory) + 340 (400 resident, 60 of it
+        // QEMU's own) + 1000 freeable − 100 reserve.
         assert_eq!(
             capacity(&input, Bytes::from_mib(100)),
-            Bytes::from_mib(1024 + 300 + 1024 + 1000 - 100)
+            Bytes::from_mib(1024 + 300 + 1024 + 340 + 1000 - 100)
         );
     }
 
