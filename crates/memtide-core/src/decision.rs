@@ -158,6 +158,10 @@ pub struct VmReport {
     pub swap_out_per_s: Option<f64>,
     /// Resident memory of the hypervisor process.
     pub rss: Option<Bytes>,
+    /// The hypervisor's own resident memory beside guest RAM, where told apart
+    /// ([`crate::FixedMemory::own`]): `rss` less it is the guest memory the host backs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor_own: Option<Bytes>,
     /// Memory plugged through virtio-mem.
     pub plugged: Option<Bytes>,
     /// Freed guest pages return to the host by themselves (free page reporting).

@@ -412,6 +412,7 @@ impl Engine {
         report.swap_out_per_s = signals.swap_out_per_s;
         report.totals = totals(latest);
         report.rss = sample.rss;
+        report.hypervisor_own = sample.fixed.and_then(|f| f.own);
 
         let Some(actual) = latest.balloon else {
             report.state = VmState::Unmanaged;
@@ -690,6 +691,7 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         swap_in_per_s: None,
         swap_out_per_s: None,
         rss: None,
+        hypervisor_own: None,
         plugged: None,
         free_page_reporting: false,
         reason: None,

@@ -693,3 +693,29 @@ fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
         }
     }
 }
+
+#[test]
+fn a_hypervisors_own_memory_is_reported_apart_from_the_guest_ram_it_backs() {
+    use memtide_core::FixedMemory;
+    let mut told = vm("told", 1024, 1024, 100);
+    let sample = told.sample.as_mut().unwrap();
+    sample.rss = Some(Bytes::from_mib(700));
+    sample.fixed = Some(FixedMemory {
+        own: Some(Bytes::from_mib(53)),
+        ..FixedMemory::default()
+    });
+    let d = engine().tick(&snapshot(
+        0,
+        host(4096, 2000),
+        vec![told, vm("not", 1024, 1024, 100)],
+    ));
+    let own = |name| {
+        d.vms
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap()
+            .hypervisor_own
+    };
+    assert_eq!(own("told"), Some(Bytes::from_mib(53)));
+    assert_eq!(own("not"), None);
+}

@@ -497,6 +497,13 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
+            "memtide_vm_hypervisor_own_bytes",
+            "The QEMU process's own resident memory beside guest RAM (heap, devices, TCG's \
+             translation cache), where told apart: RSS less it is the guest memory the host backs.",
+            per_vm(vms, |v| bytes(v.hypervisor_own)),
+        )?;
+        gauges(
+            &mut enc,
             "memtide_vm_memory_pressure_ratio",
             "Share of the last 10 s some guest tasks stalled on memory (PSI some avg10, 0-1; \
              guest agent).",
