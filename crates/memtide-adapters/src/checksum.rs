@@ -74,8 +74,15 @@ impl Drop for SumBehind {
 }
 
 /// Hash `file` as it grows, a block at a time, until `told` says the writer is done
-/// (then to its end) or is dropped (then stop, with an error no one reads).
+/// (then to its end) or is dropped (then stop, with an error no one reads). The thread
+/// runs at the lowest priority (nice 19): while QEMU writes, the guest is stopped, and
+/// on a busy host QEMU and the disk's writeback come first (in two runs on a loaded
+/// 2-core machine, with the checksum at QEMU's priority, the guest stayed stopped
+/// longer); what it did not reach by the end is read after the sync.
 fn run(file: &File, told: &mpsc::Receiver<()>) -> io::Result<FileSum> {
+    // SAFETY: setpriority(2) of this thread alone (its thread id); no memory is involved.
+    // A failure leaves it at its priority.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
     let mut summer = Summer::default();
     loop {
         let whole = file.metadata()?.len() / BLOCK * BLOCK;
@@ -255,17 +262,15 @@ mod tests {
     }
 
     #[test]
-    fn a_sum_whose_writer_failed_is_dropped_at_once_and_a_file_cut_back_has_none() {
+    fn a_sum_whose_writer_failed_is_dropped_and_a_file_cut_back_has_none() {
         let dir = tempfile::tempdir().unwrap();
         let (path, mut file) = created(dir.path());
-        // A writer that stops mid-way: what it wrote is summed as far as it goes and the
-        // sum is dropped unfinished, promptly.
+        // A writer that stops mid-way: the sum is dropped unfinished, its thread ended (no
+        // bound on how long that takes: at nice 19 on a loaded host it waits its turn).
         let summing = SumBehind::start(File::open(&path).unwrap()).unwrap();
         file.write_all(&data(3 * BLOCK as usize + 5)).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        let start = std::time::Instant::now();
         drop(summing);
-        assert!(start.elapsed() < Duration::from_secs(1));
         // A file cut back below what was summed of it, or ending before where it was
         // seen to: no sum.
         let reading = File::open(&path).unwrap();
