@@ -5,6 +5,7 @@
 pub mod access;
 pub mod api_socket;
 pub mod cgroup;
+pub mod checksum;
 pub mod cloud_hypervisor;
 pub mod firecracker;
 pub mod framing;

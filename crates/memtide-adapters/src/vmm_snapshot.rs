@@ -81,7 +81,7 @@ pub async fn save(
         was_running: running,
         downtime: downtime.unwrap_or_else(|| stopped.elapsed()),
         written: stopped.elapsed(),
-        ram_backend: None,
+        ..Saved::default()
     };
     let sealed = match synced {
         Ok(()) => seal(saved.clone()).await.map_err(BackendError::Io),

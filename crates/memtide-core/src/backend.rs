@@ -7,6 +7,7 @@ use crate::stats::HostStats;
 use crate::units::Bytes;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ pub enum AfterSave {
 }
 
 /// What a save did.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Saved {
     /// How the state was written, e.g. "qmp migrate to fd".
     pub mechanism: String,
@@ -72,6 +73,19 @@ pub struct Saved {
     /// The hypervisor's name for the guest's RAM (QEMU's memory backend, `pc.ram`), which
     /// a clone's RAM must take, when it says.
     pub ram_backend: Option<String>,
+    /// The files the connector checksummed as they were written, by name: the seal takes
+    /// these rather than reading the files again, when their sizes still match.
+    pub summed: BTreeMap<String, FileSum>,
+}
+
+/// A file's size and checksum, as a snapshot's `snapshot.json` records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSum {
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its SHA-256, in hex.
+    pub sha256: String,
 }
 
 /// The host's statistics and knobs.

@@ -493,7 +493,7 @@ mod tests {
             was_running: true,
             downtime: Duration::ZERO,
             written: Duration::ZERO,
-            ram_backend: None,
+            ..Saved::default()
         }
     }
 

@@ -6,12 +6,12 @@
 //! of the VM removes what it left.
 
 use anyhow::{bail, Context};
+use memtide_adapters::checksum::file_sum;
+pub use memtide_core::backend::FileSum;
 use memtide_core::backend::{AfterSave, Saved};
 use memtide_core::Bytes;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -70,16 +70,6 @@ pub enum TakenBy {
     Schedule,
     /// The daemon's hibernation of an idle VM: kept until deleted by hand.
     Hibernation,
-}
-
-/// A file's size and checksum.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSum {
-    /// Its size in bytes.
-    pub bytes: u64,
-    /// Its SHA-256, in hex.
-    pub sha256: String,
 }
 
 impl Snapshot {
@@ -342,7 +332,8 @@ impl Pending {
         &self.dir
     }
 
-    /// Checksum what the connector wrote, describe it, and make the snapshot whole; on
+    /// Checksum what the connector wrote (taking the checksums it took as it wrote, where
+    /// the files' sizes still match), describe it, and make the snapshot whole; on
     /// failure (a full disk) what was written is removed.
     pub fn finish(
         mut self,
@@ -359,7 +350,11 @@ impl Pending {
         let mut files = BTreeMap::new();
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            files.insert(name, checksum(&entry.path(), Cached::Drop)?);
+            let sum = match saved.summed.get(&name) {
+                Some(sum) => summed(&entry.path(), sum)?,
+                None => checksum(&entry.path(), Cached::Drop)?,
+            };
+            files.insert(name, sum);
         }
         if files.is_empty() {
             bail!("the connector wrote nothing into {}", self.dir.display());
@@ -460,28 +455,35 @@ enum Cached {
     Drop,
 }
 
-/// A file's size and SHA-256, read in 1 MiB blocks.
+/// A file's size and SHA-256, read afresh.
 fn checksum(path: &Path, cached: Cached) -> anyhow::Result<FileSum> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        bytes += n as u64;
-    }
-    let sha256 = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let sum = file_sum(&file).with_context(|| format!("reading {}", path.display()))?;
     if cached == Cached::Drop {
         uncache(&file);
     }
-    Ok(FileSum { bytes, sha256 })
+    Ok(sum)
+}
+
+/// `sum`, the checksum the connector took of `path` as it was written, if the file is
+/// still the size it summed (its pages dropped from the page cache, as [`checksum`]
+/// drops them); else the file's own, read afresh.
+fn summed(path: &Path, sum: &FileSum) -> anyhow::Result<FileSum> {
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if bytes != sum.bytes {
+        tracing::warn!(
+            "{} is {bytes} bytes, not the {} checksummed as it was written: read again",
+            path.display(),
+            sum.bytes
+        );
+        return checksum(path, Cached::Drop);
+    }
+    uncache(&file);
+    Ok(sum.clone())
 }
 
 /// Drop `file`'s pages from the host's page cache: a snapshot is on disk to free memory
@@ -539,7 +541,7 @@ mod tests {
             was_running: true,
             downtime: Duration::from_millis(1500),
             written: Duration::from_millis(2000),
-            ram_backend: None,
+            ..Saved::default()
         }
     }
 
@@ -604,6 +606,37 @@ mod tests {
         assert_eq!(store.find("web", Some(&s.id)).unwrap(), s);
         let e = store.find("web", Some("nope")).unwrap_err().to_string();
         assert!(e.contains("has no snapshot nope"), "{e}");
+    }
+
+    #[test]
+    fn a_checksum_taken_as_the_file_was_written_is_kept_only_while_its_size_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let guest = b"guest memory";
+        let sum = |bytes: &[u8]| {
+            let path = dir.path().join("sum");
+            std::fs::write(&path, bytes).unwrap();
+            file_sum(&std::fs::File::open(path).unwrap()).unwrap()
+        };
+        for (summed, why) in [
+            (sum(guest), "the connector's, the file's own"),
+            (
+                sum(b"guest"),
+                "one of a file cut short, taken again from the file",
+            ),
+        ] {
+            let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), guest).unwrap();
+            let saved = Saved {
+                summed: BTreeMap::from([("memory".into(), summed)]),
+                ..saved()
+            };
+            let s = pending
+                .finish(&saved, AfterSave::Run, TakenBy::Operator)
+                .unwrap();
+            assert_eq!(s.files["memory"], sum(guest), "{why}");
+            store.verify(&s).unwrap();
+        }
     }
 
     /// The share of `path`'s pages in the host's page cache (mincore on a mapping of it).

@@ -10,6 +10,7 @@ mod support;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
 use support::daemon::{snapshot, text, vm, Daemon};
@@ -124,6 +125,16 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
     assert!(
         memory_bytes > 16 << 20,
         "the state holds the guest's RAM: {memory_bytes}"
+    );
+    // Checksummed as QEMU wrote it: the file read afresh, by coreutils, has that sum.
+    let id = first[0]["id"].as_str().unwrap();
+    let memory = store.join("s").join(id).join("memory");
+    let sha256sum = Command::new("sha256sum").arg(&memory).output().unwrap();
+    assert!(sha256sum.status.success(), "{}", text(&sha256sum));
+    let afresh = String::from_utf8_lossy(&sha256sum.stdout);
+    assert_eq!(
+        afresh.split_whitespace().next(),
+        first[0]["files"]["memory"]["sha256"].as_str()
     );
     let mut agent = Agent::connect(guest.agent());
     assert_eq!(

@@ -308,7 +308,7 @@ impl LibvirtVm {
             was_running: running,
             downtime,
             written,
-            ram_backend: None,
+            ..Saved::default()
         };
         match (then, restarted) {
             (AfterSave::Run, Some(Err(e))) => {

@@ -11,10 +11,12 @@
 //! state it was taken with (a hibernated guest's, untouched since).
 
 use super::client::{QmpClient, QmpError};
+use crate::checksum::SumBehind;
 use crate::write_behind::WriteBehind;
 use memtide_core::backend::{AfterSave, Saved, Seal};
 use memtide_core::BackendError;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -226,13 +228,23 @@ pub async fn save(
         false => Format::Stream,
     };
     let path = dir.join(MEMORY_FILE);
-    // Guest RAM: for root alone (the store's directories are too).
+    // Guest RAM: for root alone (the store's directories are too). Write-only: QEMU
+    // finds a descriptor in an fd set by its access mode (`file:` opens it O_WRONLY).
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&path)
         .map_err(|e| BackendError::Io(format!("creating {}: {e}", path.display())))?;
+    // QEMU writes its stream in order from the file's start, so the file is checksummed
+    // as it is written; a `mapped-ram` file (each page at its offset) is left to the seal.
+    let summing = match format {
+        Format::Stream => std::fs::File::open(&path)
+            .and_then(SumBehind::start)
+            .map_err(|e| tracing::debug!("no checksum as the snapshot is written: {e}"))
+            .ok(),
+        Format::MappedRam => None,
+    };
     let stopped = Instant::now();
     if running {
         client.execute("stop", None).await?;
@@ -253,6 +265,15 @@ pub async fn save(
     let synced = file
         .sync_all()
         .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())));
+    let written = stopped.elapsed();
+    // What the checksum did not reach yet is read now; one that failed is the seal's to
+    // take, from the file.
+    let summed = summing.and_then(|summing| {
+        summing
+            .finish()
+            .map_err(|e| tracing::warn!("{}: checksum as written: {e}", path.display()))
+            .ok()
+    });
     let saved = Saved {
         mechanism: match format {
             Format::Stream => MECHANISM_STREAM,
@@ -260,9 +281,12 @@ pub async fn save(
         }
         .into(),
         was_running: running,
-        downtime: downtime.unwrap_or_else(|| stopped.elapsed()),
-        written: stopped.elapsed(),
+        downtime: downtime.unwrap_or(written),
+        written,
         ram_backend,
+        summed: summed
+            .map(|sum| BTreeMap::from([(MEMORY_FILE.to_string(), sum)]))
+            .unwrap_or_default(),
     };
     match then {
         AfterSave::Run => {
@@ -776,6 +800,10 @@ mod tests {
             if let Ok(s) = &result {
                 assert_eq!(s.mechanism, MECHANISM_MAPPED_RAM);
                 assert_eq!(Format::of(&s.mechanism), Format::MappedRam);
+                assert!(
+                    s.summed.is_empty(),
+                    "not written in order: the seal's to sum"
+                );
             }
             let sent = sent.lock().unwrap().clone();
             let at = sent.iter().position(|c| c == "stop").unwrap();
@@ -813,7 +841,10 @@ mod tests {
             .await
             .unwrap();
         assert!(saved.was_running && *ran.lock().unwrap());
-        assert!(dir.path().join(MEMORY_FILE).exists());
+        let file = std::fs::File::open(dir.path().join(MEMORY_FILE)).unwrap();
+        // The stream (empty: this QEMU writes nothing) checksummed as it was written.
+        let sum = crate::checksum::file_sum(&file).unwrap();
+        assert_eq!(saved.summed, BTreeMap::from([(MEMORY_FILE.into(), sum)]));
         let sent = sent.lock().unwrap().clone();
         let tail = ["query-migrate", "migrate-set-parameters", "quit"];
         assert_eq!(sent[sent.len() - 3..], tail, "the VM's cap put back");

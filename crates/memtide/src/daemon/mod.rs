@@ -1502,7 +1502,7 @@ mod tests {
             was_running: true,
             downtime: Duration::from_secs(1),
             written: Duration::from_secs(1),
-            ram_backend: None,
+            ..memtide_core::backend::Saved::default()
         };
         let take = |then, by| {
             let pending = store
