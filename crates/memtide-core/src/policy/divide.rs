@@ -26,9 +26,9 @@ pub fn capacity_of<'a>(
 }
 
 /// What the host backs of a VM's memory: the smaller of its size and its hypervisor's
-/// resident memory less the hypervisor's own, where known (found on real guests with free
-/// page reporting: QEMU's own 30-60 MiB counted as guest memory the host backs, and so as
-/// memory to divide, ran the domain within its reserve of its limit).
+/// resident memory less the hypervisor's own, where known: a reporting guest holding less
+/// than its size had QEMU's own 30-60 MiB counted as guest memory the host backs, and so
+/// as memory to divide among the VMs.
 pub fn backed(vm: &VmInput<'_>) -> Bytes {
     let sample = vm.latest();
     let own = sample.fixed.and_then(|f| f.own).unwrap_or_default();
