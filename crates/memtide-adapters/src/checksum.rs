@@ -78,7 +78,7 @@ impl Drop for SumBehind {
 /// runs at the lowest priority (nice 19): while QEMU writes, the guest is stopped, and
 /// on a busy host QEMU and the disk's writeback come first (in two runs on a loaded
 /// 2-core machine, with the checksum at QEMU's priority, the guest stayed stopped
-/// longer); what it did not reach by the end is read after the sync.
+/// longer); what it did not reach by the end is read after the sync, at nice 0.
 fn run(file: &File, told: &mpsc::Receiver<()>) -> io::Result<FileSum> {
     // SAFETY: setpriority(2) of this thread alone (its thread id); no memory is involved.
     // A failure leaves it at its priority.
@@ -104,6 +104,10 @@ fn run(file: &File, told: &mpsc::Receiver<()>) -> io::Result<FileSum> {
             }
         }
     }
+    // The writer is done: what is left holds up the save (and a hibernated guest stays
+    // stopped meanwhile), so it is read at nice 0 where allowed (CAP_SYS_NICE; else at 19).
+    // SAFETY: as above.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 0) };
     let end = file.metadata()?.len();
     summer.read_to(file, Some(end))?;
     Ok(summer.sum())

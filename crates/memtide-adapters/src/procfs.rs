@@ -6,6 +6,7 @@ use memtide_core::stats::{MemInfo, Psi, PsiLine, VmStat};
 use memtide_core::{Bytes, FixedMemory};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// A file that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,8 +237,7 @@ const FIXED_EVERY: u32 = 60;
 /// open: each read is one `pread` (where reading it by path took five system calls and a
 /// lookup of the process, 8% of the daemon's CPU at 500 VMs), and a process that ends
 /// reads as gone even if its pid is reused. Its fixed memory ([`status_fixed`]) is read
-/// from /proc/PID/status now and then, with its own memory from /proc/PID/smaps where its
-/// guest RAM's size is given ([`smaps_own`]: a page-table walk, too dear for each tick).
+/// from /proc/PID/status now and then.
 #[derive(Debug)]
 pub struct ProcessRss {
     statm: Option<std::fs::File>,
@@ -246,9 +246,6 @@ pub struct ProcessRss {
     /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
     ticks: f64,
     status: PathBuf,
-    smaps: PathBuf,
-    /// The size of its guest RAM mapping, where its own memory is told apart from it.
-    guest_ram: Option<Bytes>,
     /// The last fixed memory read, and the reads of it left before the next.
     fixed: (Option<FixedMemory>, u32),
 }
@@ -267,18 +264,7 @@ impl ProcessRss {
             page: Bytes(u64::try_from(page).unwrap_or(4096)),
             ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
-            smaps: dir.join("smaps"),
-            guest_ram: None,
             fixed: (None, 0),
-        }
-    }
-
-    /// A hypervisor whose guest RAM is one private mapping of `size`: its own memory
-    /// ([`FixedMemory::own`]) is read from /proc/PID/smaps with its fixed memory.
-    pub fn with_guest_ram(self, size: Bytes) -> ProcessRss {
-        ProcessRss {
-            guest_ram: Some(size),
-            ..self
         }
     }
 
@@ -289,13 +275,7 @@ impl ProcessRss {
         if *left == 0 {
             *last = std::fs::read_to_string(&self.status)
                 .ok()
-                .and_then(|t| status_fixed(&t))
-                .map(|fixed| FixedMemory {
-                    own: self.guest_ram.and_then(|size| {
-                        smaps_own(&std::fs::read_to_string(&self.smaps).ok()?, size)
-                    }),
-                    ..fixed
-                });
+                .and_then(|t| status_fixed(&t));
             *left = FIXED_EVERY;
         }
         *left -= 1;
@@ -320,6 +300,57 @@ impl ProcessRss {
         let n = self.stat.as_ref()?.read_at(&mut buf, 0).ok()?;
         stat_cpu_s(&String::from_utf8_lossy(&buf[..n]), self.ticks)
     }
+}
+
+/// How often a hypervisor's own memory is read again: it changes as its heap and
+/// translation cache do, slowly.
+const OWN_EVERY: Duration = Duration::from_secs(60);
+
+/// A hypervisor's own resident memory beside its guest RAM ([`FixedMemory::own`]), read
+/// from /proc/PID/smaps once a minute off the async runtime: the read walks the
+/// process's page tables (27 ms per GiB of 4 KiB pages resident), and the first is put
+/// off by the pid's share of a minute, so that VMs found together are not read together.
+/// A process whose smaps shows no single mapping of its guest RAM's size (memory
+/// backends, hot-plugged DIMMs) is not read again.
+#[derive(Debug)]
+pub struct OwnMemory {
+    smaps: PathBuf,
+    guest_ram: Bytes,
+    next: Option<Instant>,
+    last: Option<Bytes>,
+}
+
+impl OwnMemory {
+    /// The process `pid` under `proc`, its guest RAM one private mapping of `guest_ram`.
+    pub fn new(proc: &Path, pid: i32, guest_ram: Bytes) -> OwnMemory {
+        let stagger = OWN_EVERY.mul_f64(f64::from(pid.unsigned_abs() % 60) / 60.0);
+        OwnMemory {
+            smaps: proc.join(pid.to_string()).join("smaps"),
+            guest_ram,
+            next: Some(Instant::now() + stagger),
+            last: None,
+        }
+    }
+
+    /// Its own memory as last read, reading it again (on a blocking thread) when due.
+    pub async fn sample(&mut self) -> Option<Bytes> {
+        if self.next.is_some_and(|next| Instant::now() >= next) {
+            let (smaps, size) = (self.smaps.clone(), self.guest_ram);
+            let read = tokio::task::spawn_blocking(move || read_own(&smaps, size));
+            self.store(read.await.ok().flatten());
+        }
+        self.last
+    }
+
+    fn store(&mut self, read: Option<Bytes>) {
+        self.last = read;
+        self.next = read.map(|_| Instant::now() + OWN_EVERY);
+    }
+}
+
+/// [`smaps_own`] of the smaps file at `path`; `None` when it cannot be read.
+fn read_own(path: &Path, guest_ram: Bytes) -> Option<Bytes> {
+    smaps_own(&std::fs::read_to_string(path).ok()?, guest_ram)
 }
 
 /// User plus system CPU time in /proc/PID/stat (fields 14 and 15, in clock ticks of
@@ -435,17 +466,18 @@ pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
 
 /// The resident memory of a hypervisor whose guest RAM is the private writable mapping of
 /// `size` in /proc/PID/smaps, outside that mapping: its own heap, device memory and, under
-/// TCG, its translation cache. `None` when no mapping is guest RAM.
+/// TCG, its translation cache. `None` unless exactly one mapping is of that size: with
+/// two, which is guest RAM cannot be told.
 pub fn smaps_own(text: &str, size: Bytes) -> Option<Bytes> {
-    let (mut own, mut found) = (Bytes::ZERO, false);
+    let (mut own, mut found) = (Bytes::ZERO, 0);
     for (ram, field, kib) in smaps_fields(text, size) {
         match field {
-            "Size:" => found |= ram,
+            "Size:" if ram => found += 1,
             "Rss:" if !ram => own += Bytes::from_kib(kib),
             _ => {}
         }
     }
-    found.then_some(own)
+    (found == 1).then_some(own)
 }
 
 #[cfg(test)]
@@ -708,8 +740,10 @@ garbage
             smaps_own(smaps, Bytes::from_mib(192)),
             Some(Bytes::from_kib(14_396 - 6_144))
         );
-        // No mapping is the guest's RAM: nothing can be told apart.
+        // No mapping is the guest's RAM, or two might be: nothing can be told apart.
         assert_eq!(smaps_own(smaps, Bytes::from_mib(4096)), None);
+        let twice = format!("{smaps}{}", &smaps[smaps.find("7ff7afe00000").unwrap()..]);
+        assert_eq!(smaps_own(&twice, Bytes::from_mib(192)), None);
         assert_eq!(smaps_own("", Bytes::from_mib(192)), None);
     }
 
@@ -743,25 +777,30 @@ garbage
         );
     }
 
-    #[test]
-    fn a_live_processs_own_memory_leaves_out_its_guest_ram() {
+    #[tokio::test]
+    async fn a_live_processs_own_memory_leaves_out_its_guest_ram() {
         // 41 MiB standing in for guest RAM, each page written: resident.
         let ram = crate::test_memory::Buffer::new(41 << 8);
         let pid = std::process::id() as i32;
-        let mut process =
-            ProcessRss::new(Path::new("/proc"), pid).with_guest_ram(Bytes::from_mib(41));
-        let own = process
-            .fixed()
-            .and_then(|f| f.own)
-            .expect("own memory told apart");
-        let rss = process.read().unwrap();
+        let proc = Path::new("/proc");
+        let mut own = OwnMemory::new(proc, pid, Bytes::from_mib(41));
+        own.next = Some(Instant::now());
+        let read = own.sample().await.expect("own memory told apart");
+        let rss = ProcessRss::new(proc, pid).read().unwrap();
         drop(ram);
         // What is left of the process's RSS is the mapping, to what the test's other
         // threads allocate between the two reads.
-        let ram = (rss - own).mib_f64();
-        assert!((40.0..=45.0).contains(&ram), "rss {rss}, own {own}");
-        let plain = ProcessRss::new(Path::new("/proc"), pid).fixed().unwrap();
-        assert_eq!(plain.own, None, "no guest RAM given: nothing told apart");
+        let ram = (rss - read).mib_f64();
+        assert!((40.0..=45.0).contains(&ram), "rss {rss}, own {read}");
+        assert!(
+            own.next.is_some_and(|n| n > Instant::now()),
+            "read again in a minute"
+        );
+        // No mapping of the size: nothing told apart, and smaps is not read again.
+        let mut none = OwnMemory::new(proc, pid, Bytes::from_mib(4099));
+        none.next = Some(Instant::now());
+        assert_eq!(none.sample().await, None);
+        assert_eq!(none.next, None);
     }
 
     #[test]

@@ -266,14 +266,16 @@ pub async fn save(
         .sync_all()
         .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())));
     let written = stopped.elapsed();
-    // What the checksum did not reach yet is read now; one that failed is the seal's to
-    // take, from the file.
-    let summed = summing.and_then(|summing| {
-        summing
-            .finish()
+    // What the checksum did not reach yet is read now, off the runtime; one that failed
+    // is the seal's to take, from the file.
+    let summed = match summing {
+        Some(summing) => tokio::task::spawn_blocking(move || summing.finish())
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
             .map_err(|e| tracing::warn!("{}: checksum as written: {e}", path.display()))
-            .ok()
-    });
+            .ok(),
+        None => None,
+    };
     let saved = Saved {
         mechanism: match format {
             Format::Stream => MECHANISM_STREAM,

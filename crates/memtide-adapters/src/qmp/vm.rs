@@ -8,7 +8,7 @@ use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::{AgentStats, GuestStats};
-use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
+use memtide_core::{BackendError, Bytes, FixedMemory, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once, PoisonError};
@@ -71,6 +71,8 @@ pub struct QmpVm {
     target: Option<Bytes>,
     /// The QEMU process, for its resident memory.
     process: Option<procfs::ProcessRss>,
+    /// QEMU's own memory beside guest RAM, where they can be told apart.
+    own: Option<procfs::OwnMemory>,
     agent: Option<AgentLink>,
     access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
@@ -246,16 +248,18 @@ impl QmpVm {
                 "value": opts.stats_interval_s.max(1)});
             client.execute("qom-set", Some(args)).await?;
         }
-        // Its own memory is told apart from guest RAM where that is one mapping: with a
-        // virtio-mem device, plugged memory is a mapping of its own.
-        let process = client.peer_pid().map(|pid| {
-            let rss = procfs::ProcessRss::new(&opts.proc, pid);
-            if vmem.is_none() {
-                rss.with_guest_ram(base)
-            } else {
-                rss
-            }
-        });
+        let process = client
+            .peer_pid()
+            .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
+        // QEMU's own memory is told apart from guest RAM only where all of that is one
+        // mapping: memory devices (virtio-mem, DIMMs, as Proxmox VE's memory hot-plug
+        // adds) are mappings of their own, which would count as QEMU's.
+        let plugged = summary.get("plugged-memory").and_then(Value::as_u64);
+        let no_devices = devices.as_array().is_some_and(Vec::is_empty);
+        let own = client
+            .peer_pid()
+            .filter(|_| no_devices && plugged.unwrap_or(0) == 0)
+            .map(|pid| procfs::OwnMemory::new(&opts.proc, pid, base));
         let agent = agent.map(|a| {
             AgentLink::new(
                 a.to_path_buf(),
@@ -279,6 +283,7 @@ impl QmpVm {
             balloon_path,
             target: None,
             process,
+            own,
             agent,
             access,
             shut_down: false,
@@ -517,6 +522,11 @@ impl QmpVm {
             }
             None => (base_actual, None),
         };
+        let own = match &mut self.own {
+            Some(own) => own.sample().await,
+            None => None,
+        };
+        let fixed = self.process.as_mut().and_then(procfs::ProcessRss::fixed);
         Ok(VmSample {
             configured: self.configured,
             balloon,
@@ -528,7 +538,7 @@ impl QmpVm {
             cold,
             virtio_mem,
             free_page_reporting: self.free_page_reporting,
-            fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
+            fixed: fixed.map(|f| FixedMemory { own, ..f }),
             events,
         })
     }

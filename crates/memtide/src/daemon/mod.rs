@@ -133,7 +133,7 @@ struct Daemon {
     /// Placement's trackers (taken while a pass runs off the runtime).
     tier_placer: Option<place::TierPlacer>,
     /// Each placed VM's cold age as the placer last told it, for the state file.
-    cold_ages: BTreeMap<String, f64>,
+    cold_ages: BTreeMap<String, place::KeptAge>,
     /// The placement pass running off the runtime, if any.
     placing: Option<PlacePass>,
     /// When the latest placement pass started.
@@ -977,11 +977,11 @@ impl Daemon {
         let Some(state) = &mut self.state else {
             return;
         };
-        if let Some(placer) = &self.tier_placer {
-            self.cold_ages = placer.ages();
-        }
         let tick = self.counters.ticks;
         if self.state_writes.due(tick) {
+            if let Some(placer) = &self.tier_placer {
+                self.cold_ages = placer.ages();
+            }
             let bytes = state.encode(decision, &self.engine, &self.cold_ages);
             let result = state.write_off_worker(bytes).await;
             let result = result.map_err(|e| e.to_string());

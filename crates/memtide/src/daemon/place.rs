@@ -336,6 +336,25 @@ impl Outcome {
     }
 }
 
+/// A VM's cold age as the state file keeps it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeptAge {
+    /// The age, in seconds.
+    pub age_s: f64,
+    /// The configured size of the VM it was learnt for, while that is not yet checked
+    /// against the VM (an age restored, before the VM's first scan).
+    pub unchecked_size: Option<Bytes>,
+}
+
+impl KeptAge {
+    /// The age, for a VM of `configured` size: none where it was learnt at another.
+    pub fn for_size(&self, configured: Bytes) -> Option<f64> {
+        self.unchecked_size
+            .is_none_or(|size| size == configured)
+            .then_some(self.age_s)
+    }
+}
+
 /// The placed VMs' trackers, and the settings.
 pub struct TierPlacer {
     nodes: Nodes,
@@ -393,14 +412,20 @@ impl TierPlacer {
         }
     }
 
-    /// Each VM's cold age (s), by name, when it adapts: what the state file keeps.
-    pub fn ages(&self) -> BTreeMap<String, f64> {
+    /// Each VM's cold age, by name, when it adapts: what the state file keeps.
+    pub fn ages(&self) -> BTreeMap<String, KeptAge> {
         if !self.ages.adaptive {
             return BTreeMap::new();
         }
         self.learnt
             .iter()
-            .map(|(vm, (age, _))| (vm.clone(), age.age_s()))
+            .map(|(vm, (age, _))| {
+                let kept = KeptAge {
+                    age_s: age.age_s(),
+                    unchecked_size: self.resumed.get(vm).copied(),
+                };
+                (vm.clone(), kept)
+            })
             .collect()
     }
 
@@ -1151,6 +1176,10 @@ mod tests {
         assert_eq!(p.cold_age("resized"), None, "another size, another VM");
         let unchecked: Vec<_> = p.resumed.keys().collect();
         assert_eq!(unchecked, ["away"], "a size is checked once");
+        // Until it is, the state file keeps an age only for a VM of the size it was for.
+        let away = p.ages()["away"];
+        assert_eq!(away.for_size(gib), Some(120.0));
+        assert_eq!(away.for_size(Bytes::from_gib(2)), None);
         // The one never seen again is forgotten the longest age after the start.
         p.forget_gone(&targets, Duration::from_secs(600));
         assert_eq!(p.cold_age("away"), adaptive(120.0));
@@ -1158,7 +1187,11 @@ mod tests {
         assert_eq!(p.cold_age("away"), None);
         assert!(p.resumed.is_empty());
         let ages: Vec<_> = p.ages().into_iter().collect();
-        assert_eq!(ages, [("same".to_string(), 480.0)]);
+        let same = KeptAge {
+            age_s: 480.0,
+            unchecked_size: None,
+        };
+        assert_eq!(ages, [("same".to_string(), same)]);
         // A fixed age is not kept.
         let fixed = TieringConfig {
             adaptive_age: false,

@@ -7,6 +7,7 @@
 //! ignored, with the reason logged.
 
 use super::events::EventLog;
+use super::place::KeptAge;
 use super::RunOptions;
 use memtide_core::estimate::fused::FusedMemory;
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
@@ -198,14 +199,14 @@ impl StateFile {
     }
 
     /// The state after `decision`, with `engine`'s memory at the decision's time and the
-    /// placed VMs' cold `ages` (s). A VM not sampled this tick (unreachable) keeps what
+    /// placed VMs' cold `ages` (each only for a VM of the size it was learnt at). A VM not sampled this tick (unreachable) keeps what
     /// the file held for it, with the estimator the engine still has and its age; a VM
     /// gone from the decision is dropped.
     pub fn encode(
         &mut self,
         decision: &Decision,
         engine: &Engine,
-        ages: &BTreeMap<String, f64>,
+        ages: &BTreeMap<String, KeptAge>,
     ) -> Vec<u8> {
         let mut memory = engine.memory(decision.at);
         let vms: BTreeMap<String, SavedVm> = decision
@@ -213,19 +214,20 @@ impl StateFile {
             .iter()
             .filter_map(|vm| {
                 let memtide = memory.remove(&vm.name);
-                let cold_age_s = ages.get(&vm.name).copied();
+                let age = ages.get(&vm.name);
                 let vm_state = match vm.configured {
                     Some(configured) => SavedVm {
                         configured,
                         target: vm.target,
                         memtide,
-                        cold_age_s,
+                        cold_age_s: age.and_then(|a| a.for_size(configured)),
                     },
                     None => {
                         let last = self.last.remove(&vm.name)?;
+                        let age = age.and_then(|a| a.for_size(last.configured));
                         SavedVm {
                             memtide: memtide.or(last.memtide),
-                            cold_age_s: cold_age_s.or(last.cold_age_s),
+                            cold_age_s: age.or(last.cold_age_s),
                             ..last
                         }
                     }
@@ -344,7 +346,7 @@ mod tests {
             a.target = Some(Bytes::from_mib(580));
             a
         };
-        let aged = BTreeMap::from([("a".to_string(), 120.0)]);
+        let aged = BTreeMap::from([("a".to_string(), kept(120.0, None))]);
         for t in [0, 2, 4, 6] {
             let d = engine.tick(&snapshot(t, host(4000, 1500), vec![shrunk()]));
             file.encode(&d, &engine, &aged);
@@ -374,6 +376,13 @@ mod tests {
         assert!(file.last.is_empty());
     }
 
+    fn kept(age_s: f64, unchecked_size: Option<Bytes>) -> KeptAge {
+        KeptAge {
+            age_s,
+            unchecked_size,
+        }
+    }
+
     /// Each VM's cold age as `ages` (`None`: no placement) restores it from `path`.
     fn restored_ages(path: &Path, ages: Option<&AgeConfig>) -> (Vec<(String, f64)>, String) {
         let (mut state, message) = StateFile::open(path, &mut memtide(), ages);
@@ -393,10 +402,21 @@ mod tests {
         let vms = vec![vm("a", 1000, 600, 200), vm("b", 1000, 600, 200)];
         let d = engine.tick(&snapshot(0, host(4000, 1500), vms));
         let mut file = StateFile::open(&path, &mut memtide(), None).0;
-        let learnt = BTreeMap::from([("a".to_string(), 480.0), ("b".to_string(), 45.0)]);
+        // b's age, restored and not yet checked against b, was learnt at another size:
+        // it is not saved for b as it is now.
+        let learnt = BTreeMap::from([
+            ("a".to_string(), kept(480.0, None)),
+            ("b".to_string(), kept(45.0, Some(Bytes::from_mib(2000)))),
+        ]);
         write_atomically(&path, &file.encode(&d, &engine, &learnt)).unwrap();
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(saved.vms["a"].cold_age_s, Some(480.0));
+        assert_eq!(saved.vms["b"].cold_age_s, None);
+        let learnt = BTreeMap::from([
+            ("a".to_string(), kept(480.0, None)),
+            ("b".to_string(), kept(45.0, Some(Bytes::from_mib(1000)))),
+        ]);
+        write_atomically(&path, &file.encode(&d, &engine, &learnt)).unwrap();
         let both = |a, b| vec![("a".to_string(), a), ("b".to_string(), b)];
         let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
         assert_eq!(ages, both(480.0, 45.0));
