@@ -84,7 +84,7 @@ pub struct FixedMemory {
     /// Hugetlbfs pages mapped (`HugetlbPages`).
     pub hugetlb: Bytes,
     /// The hypervisor's own resident memory beside guest RAM (its heap, device memory,
-    /// under TCG its translation cache: 30-60 MiB for this project's test guests), where
+    /// under TCG its translation cache: 30-75 MiB for this project's test guests), where
     /// its mappings tell the two apart: its RSS less this is the guest memory it backs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub own: Option<Bytes>,

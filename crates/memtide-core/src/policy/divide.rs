@@ -27,7 +27,7 @@ pub fn capacity_of<'a>(
 
 /// What the host backs of a VM's memory: the smaller of its size and its hypervisor's
 /// resident memory less the hypervisor's own, where known: a reporting guest holding less
-/// than its size had QEMU's own 30-60 MiB counted as guest memory the host backs, and so
+/// than its size had QEMU's own 30-75 MiB counted as guest memory the host backs, and so
 /// as memory to divide among the VMs.
 pub fn backed(vm: &VmInput<'_>) -> Bytes {
     let sample = vm.latest();
