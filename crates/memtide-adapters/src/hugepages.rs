@@ -138,7 +138,7 @@ pub fn supported(sys: &Path) -> Result<Sizes, CollapseError> {
 }
 
 /// A fresh private anonymous mapping of `len` bytes, for its maker to unmap.
-fn anonymous_mapping(len: usize) -> io::Result<*mut libc::c_void> {
+pub(crate) fn anonymous_mapping(len: usize) -> io::Result<*mut libc::c_void> {
     // SAFETY: a fresh private anonymous mapping aliases nothing.
     let base = unsafe {
         libc::mmap(

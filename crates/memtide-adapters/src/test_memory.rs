@@ -11,18 +11,8 @@ impl Buffer {
     /// `pages` pages of 4 KiB, each written once.
     pub fn new(pages: usize) -> Buffer {
         let len = pages * 4096;
-        // SAFETY: a fresh private anonymous mapping, unmapped on drop.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(at, libc::MAP_FAILED);
+        // Unmapped on drop.
+        let at = crate::hugepages::anonymous_mapping(len).unwrap();
         // SAFETY: the mapping just made; writing each page makes it resident.
         unsafe {
             assert_eq!(libc::madvise(at, len, libc::MADV_NOHUGEPAGE), 0);
