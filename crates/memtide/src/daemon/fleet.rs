@@ -175,8 +175,8 @@ struct Managed {
     /// soon after connecting waits longer each time.
     reconnect: Backoff,
     connected: Instant,
-    /// A save asked for while a call was in flight: the first sample that finds the VM
-    /// free starts it.
+    /// A save asked for while a call was in flight: the next sample starts it once that
+    /// call has answered.
     save: Option<SaveJob>,
     /// Its hypervisor's process, when known.
     pid: Option<u32>,
@@ -568,21 +568,15 @@ impl Fleet {
     /// (so the policy decides nothing for it and divides none of its memory), is counted
     /// and marked stale, and keeps its call; nothing else waits for it. A call from an
     /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
-    /// result is returned for reporting. VMs whose connection is gone are dropped (and
-    /// reported); the rest are returned in name order.
+    /// result is returned for reporting, and a save queued behind the call started before
+    /// the sample. VMs whose connection is gone are dropped (and reported); the rest are
+    /// returned in name order.
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
         let mut out = Sampled::default();
-        for m in self.managed.values_mut() {
-            if let Some(save) = m.save.take() {
-                m.save = m.task.start_save(save).err();
-            }
-        }
-        let collected = join_all(
-            self.managed
-                .iter_mut()
-                .map(|(name, m)| async move { (name.clone(), m.task.sample_by(deadline).await) }),
-        )
+        let collected = join_all(self.managed.iter_mut().map(|(name, m)| async move {
+            (name.clone(), m.task.sample_by(deadline, &mut m.save).await)
+        }))
         .await;
         for (name, collected) in collected {
             if let Some((target, result)) = collected.balloon {
@@ -767,15 +761,15 @@ impl Fleet {
     }
 
     /// Save VM `vm`'s memory as `save` says: started at once, or, while a call to the VM
-    /// is in flight, by the first sample that finds it free; the VM is left out of the
-    /// decisions while it is saved (its samples wait). Refused for a VM not connected, or
-    /// with a save already asked for or running.
+    /// is in flight, by the next sample once that call has answered; the VM is left out
+    /// of the decisions while it is saved (its samples wait). Refused for a VM not
+    /// connected, or with a save already asked for or running.
     pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
         let Some(m) = self.managed.get_mut(vm) else {
             return Err((save, format!("VM {vm} is not connected")));
         };
         // A save that ended (the daemon told) but whose backend no sample took back yet
-        // does not hold the next one up: it waits, queued, for a sample.
+        // does not hold the next one up: it waits, queued, for the next sample.
         if m.save.is_some() || m.task.saving() {
             return Err((save, format!("VM {vm} is being saved already")));
         }
@@ -1691,7 +1685,9 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_save_asked_while_a_call_is_in_flight_is_started_by_a_sample_once_the_vm_is_free() {
+    async fn a_save_asked_while_a_call_is_in_flight_starts_in_the_next_sample_once_it_answered() {
+        // Before: that sample took the call's answer and sampled the VM; the save waited
+        // for a sample that found the VM free at its start, a tick later at the soonest.
         let dir = tempfile::tempdir().unwrap();
         let (mut fleet, _) =
             odd_and_ok_timing_out(dir.path(), "deaf", Behaviour::IgnoresBalloon, 800).await;
@@ -1701,23 +1697,19 @@ mod tests {
             .set_balloons(&[("deaf".into(), target)], t0 + INTERVAL / 4)
             .await;
         assert_eq!(sent, [Sent::InFlight]);
-        let (job, mut saved) = save_job();
+        let (job, saved) = save_job();
         assert!(fleet.save("deaf", job).is_ok());
         assert!(fleet.managed["deaf"].save.is_some(), "queued");
         assert!(fleet.save("deaf", save_job().0).is_err(), "one at a time");
         // The command times out 0.8 s after it was sent, within the next sample, which
-        // takes its answer then samples the VM: the save still waits.
+        // takes its answer and starts the save: the VM is left out while it runs.
         let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;
         assert_eq!(sampled.balloons.len(), 1);
-        assert!(sampled.vms[0].sample.is_ok());
-        assert!(saved.try_recv().is_err() && fleet.managed["deaf"].save.is_some());
-        // The next finds the VM free and starts it: the VM is left out while it runs.
-        tokio::time::sleep_until(t0 + INTERVAL).await;
-        let sampled = fleet.sample(Instant::now() + INTERVAL / 4).await;
         assert!(fleet.managed["deaf"].task.saving());
-        assert_eq!(sampled.vms[0].sample, Err(BackendError::Timeout(500)));
+        assert_eq!(sampled.vms[0].sample, Err(BackendError::Timeout(700)));
+        assert!(sampled.vms[1].sample.is_ok());
         assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
-        assert_eq!(t0.elapsed(), INTERVAL + SAVE_TAKES);
+        assert_eq!(t0.elapsed(), Duration::from_millis(800) + SAVE_TAKES);
     }
 
     #[tokio::test(start_paused = true)]
