@@ -782,7 +782,8 @@ fn cli_json(memtide: &Path, config: &Path, args: &[&str]) -> anyhow::Result<Valu
 /// Save VM `snap` as [`cli_json`] does, and time it from the outside: from its memory
 /// file's creation in `vm_dir` (a `.partial` directory; memtide creates the file just
 /// before it stops the guest) to the snapshot renamed whole, checksummed and described:
-/// stop to verified, without the wait for the daemon's tick that `save_s` counts.
+/// stop to verified, without the time from the request to the stop that `save_s` counts
+/// (the wait for the daemon's next tick, before saves started at once).
 fn timed_save(memtide: &Path, config: &Path, vm_dir: &Path) -> anyhow::Result<(Value, f64)> {
     let entries = |dir: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(dir)

@@ -175,7 +175,8 @@ struct Managed {
     /// soon after connecting waits longer each time.
     reconnect: Backoff,
     connected: Instant,
-    /// A save asked for and not started yet: it starts when no call is in flight.
+    /// A save asked for while a call was in flight: the next sample starts it once that
+    /// call has answered.
     save: Option<SaveJob>,
     /// Its hypervisor's process, when known.
     pid: Option<u32>,
@@ -567,21 +568,15 @@ impl Fleet {
     /// (so the policy decides nothing for it and divides none of its memory), is counted
     /// and marked stale, and keeps its call; nothing else waits for it. A call from an
     /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
-    /// result is returned for reporting. VMs whose connection is gone are dropped (and
-    /// reported); the rest are returned in name order.
+    /// result is returned for reporting, and a save queued behind the call started before
+    /// the sample. VMs whose connection is gone are dropped (and reported); the rest are
+    /// returned in name order.
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
         let mut out = Sampled::default();
-        for m in self.managed.values_mut() {
-            if let Some(save) = m.save.take() {
-                m.save = m.task.start_save(save).err();
-            }
-        }
-        let collected = join_all(
-            self.managed
-                .iter_mut()
-                .map(|(name, m)| async move { (name.clone(), m.task.sample_by(deadline).await) }),
-        )
+        let collected = join_all(self.managed.iter_mut().map(|(name, m)| async move {
+            (name.clone(), m.task.sample_by(deadline, &mut m.save).await)
+        }))
         .await;
         for (name, collected) in collected {
             if let Some((target, result)) = collected.balloon {
@@ -765,20 +760,20 @@ impl Fleet {
             .collect()
     }
 
-    /// Save VM `vm`'s memory as `save` says: started before the next tick's sample, or
-    /// as soon after as the VM has no call in flight; the VM is left out of the decisions
-    /// meanwhile (its samples wait). Refused for a VM not connected, or with a save
-    /// already asked for or running.
+    /// Save VM `vm`'s memory as `save` says: started at once, or, while a call to the VM
+    /// is in flight, by the next sample once that call has answered; the VM is left out
+    /// of the decisions while it is saved (its samples wait). Refused for a VM not
+    /// connected, or with a save already asked for or running.
     pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
         let Some(m) = self.managed.get_mut(vm) else {
             return Err((save, format!("VM {vm} is not connected")));
         };
-        // A save that ended (the daemon told) but whose backend the next sample takes
-        // back does not hold the next one up: it waits, queued, for that sample.
+        // A save that ended (the daemon told) but whose backend no sample took back yet
+        // does not hold the next one up: it waits, queued, for the next sample.
         if m.save.is_some() || m.task.saving() {
             return Err((save, format!("VM {vm} is being saved already")));
         }
-        m.save = Some(save);
+        m.save = m.task.start_save(save).err();
         Ok(())
     }
 
@@ -834,12 +829,13 @@ impl Fleet {
 mod tests {
     use super::*;
     use async_trait::async_trait;
-    use memtide_core::backend::VmBackend;
+    use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
     use memtide_core::VmSample;
     use std::collections::HashMap;
     use std::path::Path;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Mutex;
+    use tokio::sync::oneshot;
 
     /// How a fake VM behaves.
     #[derive(Clone, Copy, PartialEq)]
@@ -901,6 +897,33 @@ mod tests {
         fn target(&self) -> Option<Bytes> {
             None
         }
+        /// Takes [`SAVE_TAKES`], writes nothing.
+        async fn save(
+            &mut self,
+            _: &Path,
+            _: AfterSave,
+            _: Duration,
+            _: Seal,
+        ) -> Result<Saved, BackendError> {
+            tokio::time::sleep(SAVE_TAKES).await;
+            Ok(Saved::default())
+        }
+    }
+
+    /// How long a fake VM's save takes.
+    const SAVE_TAKES: Duration = Duration::from_secs(1);
+
+    /// A save, and where its result comes.
+    fn save_job() -> (SaveJob, oneshot::Receiver<Result<Saved, BackendError>>) {
+        let (reply, saved) = oneshot::channel();
+        let job = SaveJob {
+            dir: "/nonexistent".into(),
+            then: AfterSave::Run,
+            limit: Duration::from_secs(5),
+            seal: Box::new(|_| Box::pin(async { Ok(()) })),
+            reply,
+        };
+        (job, saved)
     }
 
     /// The key of an endpoint in the fake's tables: its socket, or URI/domain.
@@ -1634,6 +1657,59 @@ mod tests {
         assert_eq!(sampled.balloons, [answered]);
         assert!(sampled.vms[0].sample.is_ok(), "sampled once free");
         assert!(!fleet.sampling()[0].stale);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_save_asked_between_samples_starts_at_once_and_its_vm_is_left_out_meanwhile() {
+        // Before: it waited, queued, for the next tick's sample (up to `interval_s`).
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "db", Behaviour::Healthy).await;
+        sample(&mut fleet).await;
+        let t0 = Instant::now();
+        let (job, saved) = save_job();
+        assert!(fleet.save("db", job).is_ok());
+        assert!(fleet.managed["db"].task.saving(), "started, not queued");
+        let Err((_, why)) = fleet.save("db", save_job().0) else {
+            panic!("a second save taken");
+        };
+        assert_eq!(why, "VM db is being saved already");
+        // A sample halfway through the save leaves db out and decides the other.
+        tokio::time::sleep(SAVE_TAKES / 2).await;
+        let sampled = fleet.sample(Instant::now() + SAVE_TAKES / 4).await;
+        assert_eq!(sampled.vms[0].sample, Err(BackendError::Timeout(750)));
+        assert!(sampled.vms[1].sample.is_ok());
+        assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
+        assert_eq!(t0.elapsed(), SAVE_TAKES, "it ran from the request");
+        let (vms, _) = sample(&mut fleet).await;
+        assert!(vms[0].sample.is_ok(), "sampled again once saved");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_save_asked_while_a_call_is_in_flight_starts_in_the_next_sample_once_it_answered() {
+        // Before: that sample took the call's answer and sampled the VM; the save waited
+        // for a sample that found the VM free at its start, a tick later at the soonest.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "deaf", Behaviour::IgnoresBalloon, 800).await;
+        let t0 = Instant::now();
+        let target = Bytes::from_mib(300);
+        let sent = fleet
+            .set_balloons(&[("deaf".into(), target)], t0 + INTERVAL / 4)
+            .await;
+        assert_eq!(sent, [Sent::InFlight]);
+        let (job, saved) = save_job();
+        assert!(fleet.save("deaf", job).is_ok());
+        assert!(fleet.managed["deaf"].save.is_some(), "queued");
+        assert!(fleet.save("deaf", save_job().0).is_err(), "one at a time");
+        // The command times out 0.8 s after it was sent, within the next sample, which
+        // takes its answer and starts the save: the VM is left out while it runs.
+        let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;
+        assert_eq!(sampled.balloons.len(), 1);
+        assert!(fleet.managed["deaf"].task.saving());
+        assert_eq!(sampled.vms[0].sample, Err(BackendError::Timeout(700)));
+        assert!(sampled.vms[1].sample.is_ok());
+        assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
+        assert_eq!(t0.elapsed(), Duration::from_millis(800) + SAVE_TAKES);
     }
 
     #[tokio::test(start_paused = true)]

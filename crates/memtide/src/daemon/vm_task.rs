@@ -168,14 +168,18 @@ impl VmTask {
         Ok(())
     }
 
-    /// This tick's sample, asked for as soon as the VM is free: a call still in flight
-    /// from an earlier tick is waited for first (a balloon command's answer is returned
-    /// too; a sample late for its own tick is superseded, unless it says the connection
-    /// is gone). Waits until `deadline` at the most.
-    pub async fn sample_by(&mut self, deadline: Instant) -> Collected {
+    /// This tick's sample, asked for as soon as the VM is free, after the save waiting in
+    /// `save` (taken from there once started): a call still in flight from an earlier
+    /// tick is waited for first (a balloon command's answer is returned too; a sample late
+    /// for its own tick is superseded, unless it says the connection is gone). Waits until
+    /// `deadline` at the most.
+    pub async fn sample_by(&mut self, deadline: Instant, save: &mut Option<SaveJob>) -> Collected {
         let mut balloon = None;
         let mut asked = false;
         loop {
+            if let Some(job) = save.take() {
+                *save = self.start_save(job).err();
+            }
             if !asked {
                 asked = self.start(Call::Sample);
                 if !asked && self.in_flight.is_none() {
@@ -413,11 +417,13 @@ mod tests {
     async fn events_of_a_sample_too_late_for_its_tick_come_with_the_next() {
         let mut task = VmTask::new("v", Box::new(SlowOnce(0)), Duration::from_secs(2));
         let tick = |ms| Instant::now() + Duration::from_millis(ms);
-        let late = task.sample_by(tick(500)).await;
+        let late = task.sample_by(tick(500), &mut None).await;
         assert_eq!(late.sample, None, "late for its tick");
-        let next = task.sample_by(tick(500)).await.sample.unwrap().unwrap();
+        let next = task.sample_by(tick(500), &mut None).await.sample;
+        let next = next.unwrap().unwrap();
         assert_eq!(next.events, vec![VmEvent::Reset], "the reset is not lost");
-        let after = task.sample_by(tick(500)).await.sample.unwrap().unwrap();
+        let after = task.sample_by(tick(500), &mut None).await.sample;
+        let after = after.unwrap().unwrap();
         assert!(after.events.is_empty(), "and given once");
     }
 }
