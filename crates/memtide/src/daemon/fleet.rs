@@ -760,11 +760,16 @@ impl Fleet {
             .collect()
     }
 
-    /// Save VM `vm`'s memory as `save` says: started at once, or, while a call to the VM
-    /// is in flight, by the next sample once that call has answered; the VM is left out
-    /// of the decisions while it is saved (its samples wait). Refused for a VM not
-    /// connected, or with a save already asked for or running.
-    pub fn save(&mut self, vm: &str, save: SaveJob) -> Result<(), (SaveJob, String)> {
+    /// Save VM `vm`'s memory as `save` says: started at once if `at_once` and no call to
+    /// the VM is in flight, else by the first sample after the VM's call has answered; the
+    /// VM is left out of the decisions while it is saved (its samples wait). Refused for a
+    /// VM not connected, or with a save already asked for or running.
+    pub fn save(
+        &mut self,
+        vm: &str,
+        save: SaveJob,
+        at_once: bool,
+    ) -> Result<(), (SaveJob, String)> {
         let Some(m) = self.managed.get_mut(vm) else {
             return Err((save, format!("VM {vm} is not connected")));
         };
@@ -773,8 +778,21 @@ impl Fleet {
         if m.save.is_some() || m.task.saving() {
             return Err((save, format!("VM {vm} is being saved already")));
         }
-        m.save = m.task.start_save(save).err();
-        Ok(())
+        if !at_once {
+            m.save = Some(save);
+            return Ok(());
+        }
+        match m.task.start_save(save) {
+            Ok(()) => Ok(()),
+            // Neither lent nor idle: its task ended with its connection.
+            Err(save) if m.task.in_flight().is_none() => {
+                Err((save, format!("VM {vm} is not connected")))
+            }
+            Err(save) => {
+                m.save = Some(save);
+                Ok(())
+            }
+        }
     }
 
     /// VM `vm`'s configured size, once a sample told it.
@@ -1667,9 +1685,9 @@ mod tests {
         sample(&mut fleet).await;
         let t0 = Instant::now();
         let (job, saved) = save_job();
-        assert!(fleet.save("db", job).is_ok());
+        assert!(fleet.save("db", job, true).is_ok());
         assert!(fleet.managed["db"].task.saving(), "started, not queued");
-        let Err((_, why)) = fleet.save("db", save_job().0) else {
+        let Err((_, why)) = fleet.save("db", save_job().0, true) else {
             panic!("a second save taken");
         };
         assert_eq!(why, "VM db is being saved already");
@@ -1682,6 +1700,25 @@ mod tests {
         assert_eq!(t0.elapsed(), SAVE_TAKES, "it ran from the request");
         let (vms, _) = sample(&mut fleet).await;
         assert!(vms[0].sample.is_ok(), "sampled again once saved");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_save_the_tick_decided_waits_for_the_next_sample() {
+        // Hibernation and scheduled saves: not over the passes the tick started.
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "db", Behaviour::Healthy).await;
+        sample(&mut fleet).await;
+        let (job, saved) = save_job();
+        assert!(fleet.save("db", job, false).is_ok());
+        assert!(!fleet.managed["db"].task.saving(), "queued, not started");
+        assert!(
+            fleet.save("db", save_job().0, true).is_err(),
+            "one at a time"
+        );
+        let sampled = fleet.sample(Instant::now() + SAVE_TAKES / 4).await;
+        assert!(fleet.managed["db"].task.saving(), "started by the sample");
+        assert!(sampled.vms[0].sample.is_err(), "and left out of it");
+        assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
     }
 
     #[tokio::test(start_paused = true)]
@@ -1698,9 +1735,12 @@ mod tests {
             .await;
         assert_eq!(sent, [Sent::InFlight]);
         let (job, saved) = save_job();
-        assert!(fleet.save("deaf", job).is_ok());
+        assert!(fleet.save("deaf", job, true).is_ok());
         assert!(fleet.managed["deaf"].save.is_some(), "queued");
-        assert!(fleet.save("deaf", save_job().0).is_err(), "one at a time");
+        assert!(
+            fleet.save("deaf", save_job().0, true).is_err(),
+            "one at a time"
+        );
         // The command times out 0.8 s after it was sent, within the next sample, which
         // takes its answer and starts the save: the VM is left out while it runs.
         let sampled = fleet.sample(Instant::now() + INTERVAL / 2).await;

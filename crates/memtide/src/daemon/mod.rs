@@ -582,7 +582,11 @@ impl Daemon {
             seal,
             reply: tx,
         };
-        self.fleet.save(vm, job).map_err(|(_, why)| why)?;
+        // An operator's save starts at once; one the tick decided (hibernation, a
+        // schedule) waits for the next sample, so that it does not overlap the passes
+        // (reclaim, huge pages, placement) this tick has just started over the VM.
+        let at_once = by == TakenBy::Operator;
+        self.fleet.save(vm, job, at_once).map_err(|(_, why)| why)?;
         self.saving.insert(vm.to_string());
         let message = match then {
             AfterSave::Run => format!("saving its memory into {}", dir.display()),
