@@ -853,7 +853,6 @@ mod tests {
     use std::path::Path;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Mutex;
-    use tokio::sync::oneshot;
 
     /// How a fake VM behaves.
     #[derive(Clone, Copy, PartialEq)]
@@ -930,19 +929,6 @@ mod tests {
 
     /// How long a fake VM's save takes.
     const SAVE_TAKES: Duration = Duration::from_secs(1);
-
-    /// A save, and where its result comes.
-    fn save_job() -> (SaveJob, oneshot::Receiver<Result<Saved, BackendError>>) {
-        let (reply, saved) = oneshot::channel();
-        let job = SaveJob {
-            dir: "/nonexistent".into(),
-            then: AfterSave::Run,
-            limit: Duration::from_secs(5),
-            seal: Box::new(|_| Box::pin(async { Ok(()) })),
-            reply,
-        };
-        (job, saved)
-    }
 
     /// The key of an endpoint in the fake's tables: its socket, or URI/domain.
     fn key(endpoint: &Endpoint) -> PathBuf {
@@ -1684,10 +1670,10 @@ mod tests {
         let mut fleet = odd_and_ok(dir.path(), "db", Behaviour::Healthy).await;
         sample(&mut fleet).await;
         let t0 = Instant::now();
-        let (job, saved) = save_job();
+        let (job, saved) = SaveJob::for_test();
         assert!(fleet.save("db", job, true).is_ok());
         assert!(fleet.managed["db"].task.saving(), "started, not queued");
-        let Err((_, why)) = fleet.save("db", save_job().0, true) else {
+        let Err((_, why)) = fleet.save("db", SaveJob::for_test().0, true) else {
             panic!("a second save taken");
         };
         assert_eq!(why, "VM db is being saved already");
@@ -1708,11 +1694,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut fleet = odd_and_ok(dir.path(), "db", Behaviour::Healthy).await;
         sample(&mut fleet).await;
-        let (job, saved) = save_job();
+        let (job, saved) = SaveJob::for_test();
         assert!(fleet.save("db", job, false).is_ok());
         assert!(!fleet.managed["db"].task.saving(), "queued, not started");
         assert!(
-            fleet.save("db", save_job().0, true).is_err(),
+            fleet.save("db", SaveJob::for_test().0, true).is_err(),
             "one at a time"
         );
         let sampled = fleet.sample(Instant::now() + SAVE_TAKES / 4).await;
@@ -1734,11 +1720,11 @@ mod tests {
             .set_balloons(&[("deaf".into(), target)], t0 + INTERVAL / 4)
             .await;
         assert_eq!(sent, [Sent::InFlight]);
-        let (job, saved) = save_job();
+        let (job, saved) = SaveJob::for_test();
         assert!(fleet.save("deaf", job, true).is_ok());
         assert!(fleet.managed["deaf"].save.is_some(), "queued");
         assert!(
-            fleet.save("deaf", save_job().0, true).is_err(),
+            fleet.save("deaf", SaveJob::for_test().0, true).is_err(),
             "one at a time"
         );
         // The command times out 0.8 s after it was sent, within the next sample, which

@@ -51,6 +51,23 @@ pub struct SaveJob {
     pub reply: oneshot::Sender<Result<Saved, BackendError>>,
 }
 
+#[cfg(test)]
+impl SaveJob {
+    /// A save for tests: into a directory it never writes, sealed by doing nothing, with
+    /// where its result comes.
+    pub fn for_test() -> (SaveJob, oneshot::Receiver<Result<Saved, BackendError>>) {
+        let (reply, saved) = oneshot::channel();
+        let job = SaveJob {
+            dir: "/nonexistent".into(),
+            then: AfterSave::Run,
+            limit: Duration::from_secs(5),
+            seal: Box::new(|_| Box::pin(async { Ok(()) })),
+            reply,
+        };
+        (job, saved)
+    }
+}
+
 /// Time a save's own cancellation and resumption may take beyond its limit before its
 /// task gives up on it.
 const SAVE_GRACE: Duration = Duration::from_secs(30);
@@ -328,14 +345,7 @@ mod tests {
     async fn a_save_that_ended_is_no_longer_saving_before_its_backend_is_taken_back() {
         let sent = Arc::new(AtomicU32::new(0));
         let mut task = VmTask::new("deaf", Box::new(Deaf(sent)), Duration::from_secs(2));
-        let (reply, result) = oneshot::channel();
-        let save = SaveJob {
-            dir: "/nonexistent".into(),
-            then: AfterSave::Run,
-            limit: Duration::from_secs(5),
-            seal: Box::new(|_| Box::pin(async { Ok(()) })),
-            reply,
-        };
+        let (save, result) = SaveJob::for_test();
         assert!(task.start_save(save).is_ok());
         assert!(task.saving());
         // Deaf cannot save: the save ends at once, with its error.
