@@ -30,7 +30,8 @@ use memtide_core::hibernate::{self, Idleness};
 use memtide_core::reclaim::Keep;
 use memtide_core::recovery::{Gone, Recovery, Room, Verdict};
 use memtide_core::{
-    guest_text, Action, BackendError, Bytes, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+    guest_text, Action, BackendError, Bytes, Decision, Engine, Snapshot, VmEvent, VmSample,
+    VmSnapshot,
 };
 use memtide_sim::Recorder;
 use state::StateFile;
@@ -936,6 +937,7 @@ impl Daemon {
             host,
             vms: sampled.vms,
         };
+        self.started_again(&snapshot);
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
@@ -1049,6 +1051,18 @@ impl Daemon {
                     self.lost(vm, *shut_down, *pid);
                 }
             }
+        }
+    }
+
+    /// VMs whose hypervisor reports them reset while their connection lasted run, as a
+    /// (re)connected VM does: their hibernations are marked woken and the hibernated VMs
+    /// read again, rather than listed asleep until the next periodic read. libvirt
+    /// reports a domain started as a reset: one restored from its hibernation (by hand,
+    /// or by `memtide snapshot restore`) before its connection noticed it stop.
+    fn started_again(&mut self, snapshot: &Snapshot) {
+        for vm in reset_not_restoring(snapshot, &self.restores) {
+            self.running_on(&vm);
+            self.recount_hibernated = true;
         }
     }
 
@@ -1490,6 +1504,21 @@ fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: Stri
     }
 }
 
+/// The VMs of `snapshot` whose hypervisor reported them reset since their previous
+/// sample, but for those memtide is restoring (`restoring`).
+fn reset_not_restoring(snapshot: &Snapshot, restoring: &HashSet<String>) -> Vec<String> {
+    snapshot
+        .vms
+        .iter()
+        .filter(|vm| {
+            let events = vm.sample.as_ref().map(|s| s.events.as_slice());
+            events.is_ok_and(|e| e.contains(&VmEvent::Reset))
+        })
+        .filter(|vm| !restoring.contains(&vm.name))
+        .map(|vm| vm.name.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1532,6 +1561,40 @@ mod tests {
         assert_eq!(failed_after_seal(&store, None, "refused".into()), "refused");
         let ran = take(AfterSave::Run, TakenBy::Operator);
         assert_eq!(failed_after_seal(&store, Some(ran), "x".into()), "x");
+    }
+
+    #[test]
+    fn a_vm_reset_under_its_connection_runs_unless_memtide_restores_it() {
+        let reset = |name: &str| {
+            let mut v = vm(name, 1000, 800, 600);
+            if let Ok(sample) = &mut v.sample {
+                sample.events = vec![VmEvent::Shutdown, VmEvent::Reset];
+            }
+            v
+        };
+        let shut = {
+            let mut v = vm("shut", 1000, 800, 600);
+            if let Ok(sample) = &mut v.sample {
+                sample.events = vec![VmEvent::Shutdown];
+            }
+            v
+        };
+        let mut lost = vm("lost", 1000, 800, 600);
+        lost.sample = Err(BackendError::Disconnected("gone".into()));
+        let vms = vec![
+            reset("woken"),
+            reset("waking"),
+            shut,
+            lost,
+            vm("calm", 1000, 800, 600),
+        ];
+        let snap = snapshot(0, host(4000, 400), vms);
+        let restoring = HashSet::from(["waking".to_string()]);
+        assert_eq!(reset_not_restoring(&snap, &restoring), ["woken"]);
+        assert_eq!(
+            reset_not_restoring(&snap, &HashSet::new()),
+            ["woken", "waking"]
+        );
     }
 
     #[test]
