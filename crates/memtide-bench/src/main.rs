@@ -334,7 +334,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     let started = std::time::Instant::now();
     let bases = b.measure_bases()?;
     if scenario.density.is_some() {
-        let solo = b.solo_runs()?;
+        let solo = b.solo_runs(&bases)?;
         // Each busy guest's solo run is the reference, so `none` (static partitioning) is
         // a policy like the others here: with --policies it runs only when named, and
         // the policies can run in harnesses of their own side by side.
