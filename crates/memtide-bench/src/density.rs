@@ -19,7 +19,7 @@
 //! was none).
 
 use crate::daemon::{balloon_actions, config_text, Daemon};
-use crate::guest::{sleep, Guest};
+use crate::guest::{process_cpu_s, sleep, Guest};
 use crate::measure::{self, parse_line, Line};
 use crate::run::{Base, Bench};
 use crate::scenario::{Density, Scenario, VmSpec, BASELINE};
@@ -54,6 +54,8 @@ struct Admitted {
     exit: Option<(f64, String)>,
     /// Its balloon size each second once it is up, MiB.
     actual_mib: Vec<f64>,
+    /// Its QEMU's CPU time so far (user + system, all threads), s, at the last reading.
+    cpu_s: Option<f64>,
 }
 
 /// One policy's run.
@@ -62,6 +64,10 @@ pub struct DensityRun {
     policy: String,
     t_s: Vec<f64>,
     running: Vec<usize>,
+    /// CPU the busy guests' QEMUs used each second, cores.
+    busy_cpu: Vec<f64>,
+    /// CPU the other guests' QEMUs used each second, cores.
+    others_cpu: Vec<f64>,
     used_mib: Vec<Option<f64>>,
     allocated_mib: Vec<f64>,
     vms: Vec<Value>,
@@ -235,6 +241,7 @@ impl Bench<'_> {
                             first_kill_s: None,
                             exit: None,
                             actual_mib: Vec::new(),
+                            cpu_s: None,
                         });
                         partitioned += spec.memory_mib as f64 + d.qemu_overhead_mib;
                         last_admit = Some(t);
@@ -246,6 +253,8 @@ impl Bench<'_> {
                 }
                 // Sample.
                 let mut allocated = 0.0;
+                let dt = t - run.t_s.last().copied().unwrap_or(0.0);
+                let (mut busy_cpu, mut others_cpu) = (0.0, 0.0);
                 for a in admitted.iter_mut().filter(|a| a.exit.is_none()) {
                     if let Err(why) = a.guest.alive() {
                         log!(
@@ -278,6 +287,16 @@ impl Bench<'_> {
                             a.lines.push(l);
                         }
                     }
+                    let cpu_s = process_cpu_s(&a.guest.pid().to_string());
+                    if let (Some(now), Some(before)) = (cpu_s, a.cpu_s) {
+                        let used = (now - before) / dt.max(1e-3);
+                        *if busy(&a.spec) {
+                            &mut busy_cpu
+                        } else {
+                            &mut others_cpu
+                        } += used;
+                    }
+                    a.cpu_s = cpu_s.or(a.cpu_s);
                     if a.ready {
                         if let Ok(m) = a.guest.actual_mib(self.rt) {
                             a.actual_mib.push(m);
@@ -290,6 +309,8 @@ impl Bench<'_> {
                     .push(admitted.iter().filter(|a| a.exit.is_none()).count());
                 run.used_mib.push(used);
                 run.allocated_mib.push(allocated);
+                run.busy_cpu.push(busy_cpu);
+                run.others_cpu.push(others_cpu);
                 if k % 30 == 0 {
                     log!(
                         "{} / {name}: {t:.0} s: {} guests, domain {:.0} of {limit:.0} MiB",
@@ -327,6 +348,7 @@ impl Bench<'_> {
                 "allocation_mib_mean": mean(a.actual_mib.iter().copied()),
                 "oom_kills": a.oom_kills,
                 "exit": a.exit.as_ref().map(|(t, why)| format!("{why} at {t:.0} s")),
+                "qemu_cpu_s": a.cpu_s.map(measure::round2),
             });
             let first = a.first_line_s.filter(|_| busy(&a.spec));
             let tp = first.and_then(|f| measure::throughput(&a.lines, f + s.warmup_s, until));
@@ -418,6 +440,8 @@ impl DensityRun {
                 "running": self.running,
                 "domain_used_mib": self.used_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
                 "allocation_mib": self.allocated_mib.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
+                "busy_qemu_cpu": self.busy_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
+                "others_qemu_cpu": self.others_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
             },
         })
     }
