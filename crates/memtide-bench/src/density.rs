@@ -40,6 +40,64 @@ fn busy(spec: &VmSpec) -> bool {
     )
 }
 
+/// Each busy guest's solo run: its throughput (MiB/s), and what the run measured.
+#[derive(Default)]
+pub struct Solo {
+    /// By guest, the reference its windows are compared with.
+    pub mib_per_s: BTreeMap<String, f64>,
+    /// By kind of busy guest (the first of each), its solo run's guest as in a policy's
+    /// run, with its windows ÷ its solo throughput (`window_ratios`): the spread of its
+    /// own rate.
+    runs: BTreeMap<String, Value>,
+}
+
+/// The solo throughput of the guest `name` (of `memory_mib`) from its queue of one
+/// `run`, and its guest's JSON with the spread of its windows: an error where the run
+/// did not measure `solo_s` of it (the guest not admitted, ended, OOM-killed, or
+/// reporting too late).
+fn solo_of(
+    name: &str,
+    memory_mib: u64,
+    run: &DensityRun,
+    solo_s: f64,
+) -> anyhow::Result<(f64, Value)> {
+    if let Some(e) = &run.error {
+        anyhow::bail!("solo run of {name}: {e}");
+    }
+    let mut vm = run.vms.first().cloned().with_context(|| {
+        format!(
+            "solo run of {name}: not admitted (its {memory_mib} MiB and QEMU's overhead do not \
+             fit the domain less the reserve)"
+        )
+    })?;
+    if run.oom_kills > 0 || !vm["exit"].is_null() {
+        anyhow::bail!(
+            "solo run of {name}: {} OOM kills, exit: {}",
+            run.oom_kills,
+            vm["exit"]
+        );
+    }
+    let measured = vm["measured_s"].as_f64().unwrap_or(0.0);
+    if measured + 1e-6 < solo_s {
+        anyhow::bail!(
+            "solo run of {name}: {measured:.0} s measured, not solo_s = {solo_s:.0} (its first \
+             report line came {:.0} s late)",
+            solo_s - measured
+        );
+    }
+    let tp = vm["mib_per_s"]
+        .as_f64()
+        .with_context(|| format!("solo run of {name}: no report line"))?;
+    let ratios: Vec<Value> = vm["window_mib_per_s"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| json!([w[0], measure::round2(w[1].as_f64().unwrap_or(0.0) / tp)]))
+        .collect();
+    vm["window_ratios"] = json!(ratios);
+    Ok((tp, vm))
+}
+
 /// What one admitted guest did.
 struct Admitted {
     spec: VmSpec,
@@ -100,12 +158,9 @@ impl Bench<'_> {
     /// rate depends on how often it switches processes (guest/README.md, "Under TCG:
     /// the software TLB"): a guest no one queried ran its solo at 173 k MiB/s where
     /// the same guest sampled ran at about 300 k (2026-11-27).
-    pub fn solo_runs(
-        &self,
-        bases: &BTreeMap<String, Base>,
-    ) -> anyhow::Result<BTreeMap<String, f64>> {
+    pub fn solo_runs(&self, bases: &BTreeMap<String, Base>) -> anyhow::Result<Solo> {
         let d = self.density();
-        let mut out = BTreeMap::new();
+        let mut out = Solo::default();
         let mut kinds: Vec<&VmSpec> = Vec::new();
         for spec in self.scenario.vms.iter().filter(|s| busy(s)) {
             let same = kinds.iter().find(|k| {
@@ -114,8 +169,8 @@ impl Bench<'_> {
                     && k.args == spec.args
             });
             if let Some(k) = same {
-                let tp = out[&k.name];
-                out.insert(spec.name.clone(), tp);
+                let tp = out.mib_per_s[&k.name];
+                out.mib_per_s.insert(spec.name.clone(), tp);
                 continue;
             }
             kinds.push(spec);
@@ -128,14 +183,10 @@ impl Bench<'_> {
                 bases,
                 &BTreeMap::new(),
             )?;
-            if let Some(e) = &run.error {
-                anyhow::bail!("solo run of {}: {e}", spec.name);
-            }
-            let tp = run.vms[0]["mib_per_s"]
-                .as_f64()
-                .with_context(|| format!("solo run of {}: no report line", spec.name))?;
+            let (tp, vm) = solo_of(&spec.name, spec.memory_mib, &run, d.solo_s)?;
             log!("{}: solo throughput {tp:.0} MiB/s", spec.name);
-            out.insert(spec.name.clone(), tp);
+            out.mib_per_s.insert(spec.name.clone(), tp);
+            out.runs.insert(spec.name.clone(), vm);
         }
         Ok(out)
     }
@@ -353,6 +404,15 @@ impl Bench<'_> {
             let first = a.first_line_s.filter(|_| busy(&a.spec));
             let tp = first.and_then(|f| measure::throughput(&a.lines, f + s.warmup_s, until));
             vm["mib_per_s"] = json!(tp.map(measure::round2));
+            if let Some(first) = first {
+                let from = first + s.warmup_s;
+                vm["measured_s"] = json!(measure::round2((until - from).max(0.0)));
+                let rates = windows(&a.lines, from, until, d.window_s, 1.0);
+                vm["window_mib_per_s"] = json!(rates
+                    .iter()
+                    .map(|(t, r)| json!([measure::round2(*t), measure::round2(*r)]))
+                    .collect::<Vec<_>>());
+            }
             if let (Some(first), Some(alone)) = (first, solo.get(&a.spec.name)) {
                 let windows = windows(&a.lines, first + s.warmup_s, until, d.window_s, *alone);
                 vm["throughput_ratio"] = json!(tp.map(|tp| measure::round2(tp / alone)));
@@ -448,13 +508,13 @@ impl DensityRun {
 }
 
 /// The results document: `{scenario, description, command, commit, environment,
-/// settings, candidates (with each one's expected need), solo_mib_per_s, order, policies:
+/// settings, candidates (with each one's expected need), solo_mib_per_s, solo_runs, order, policies:
 /// {POLICY: {guests_at_slo, vms_admitted, vm_hours, slo_violation_share, oom_kills, ...}},
 /// targets}`.
 pub fn document(
     b: &Bench<'_>,
     bases: &BTreeMap<String, Base>,
-    solo: &BTreeMap<String, f64>,
+    solo: &Solo,
     runs: &[DensityRun],
     command: String,
     environment: Value,
@@ -490,7 +550,8 @@ pub fn document(
             "busy": busy(v),
             "need_mib": measure::round2(b.need_mib(v, bases)),
         })).collect::<Vec<_>>(),
-        "solo_mib_per_s": solo.iter().map(|(k, v)| (k.clone(), json!(measure::round2(*v)))).collect::<serde_json::Map<_, _>>(),
+        "solo_mib_per_s": solo.mib_per_s.iter().map(|(k, v)| (k.clone(), json!(measure::round2(*v)))).collect::<serde_json::Map<_, _>>(),
+        "solo_runs": solo.runs,
         "order": runs.iter().map(|r| r.policy.clone()).collect::<Vec<_>>(),
         "policies": runs.iter().map(|r| (r.policy.clone(), r.to_json())).collect::<serde_json::Map<_, _>>(),
     });
@@ -528,7 +589,7 @@ pub fn merge(scenario: &Scenario, docs: Vec<Value>, command: String) -> anyhow::
             .cloned()
             .with_context(|| format!("a results file of {} lists no policies", scenario.name))?;
         // Each policy keeps what its own harness measured it against.
-        for key in ["solo_mib_per_s", "command", "commit"] {
+        for key in ["solo_mib_per_s", "solo_runs", "command", "commit"] {
             let value = d[key].take();
             for p in &order {
                 d["policies"][p.as_str().unwrap_or_default()][key] = value.clone();
@@ -621,6 +682,32 @@ mod tests {
             vms: vec![json!({}); *running.iter().max().unwrap_or(&0)],
             ..DensityRun::default()
         }
+    }
+
+    #[test]
+    fn a_solo_run_that_did_not_measure_its_length_is_refused() {
+        let run_with = |vm: Value| DensityRun {
+            vms: vec![vm],
+            ..DensityRun::default()
+        };
+        let good = json!({"mib_per_s": 200.0, "measured_s": 120.0, "exit": null,
+            "window_mib_per_s": [[10.0, 190.0], [30.0, 210.0]]});
+        let (tp, vm) = solo_of("busy", 512, &run_with(good.clone()), 120.0).unwrap();
+        assert_eq!(tp, 200.0);
+        assert_eq!(vm["window_ratios"], json!([[10.0, 0.95], [30.0, 1.05]]));
+
+        let refused =
+            |run: DensityRun| format!("{:#}", solo_of("busy", 512, &run, 120.0).unwrap_err());
+        assert!(refused(DensityRun::default()).contains("not admitted"));
+        let mut short = good.clone();
+        short["measured_s"] = json!(100.0);
+        assert!(refused(run_with(short)).contains("100 s measured"));
+        let mut ended = good.clone();
+        ended["exit"] = json!("killed at 50 s");
+        assert!(refused(run_with(ended)).contains("killed at 50 s"));
+        let mut silent = good;
+        silent["mib_per_s"] = Value::Null;
+        assert!(refused(run_with(silent)).contains("no report line"));
     }
 
     #[test]

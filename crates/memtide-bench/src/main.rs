@@ -348,7 +348,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
             .into_iter()
             .chain(scenario.policies.iter().map(String::as_str))
         {
-            runs.push(b.run_density(policy, &bases, &solo)?);
+            runs.push(b.run_density(policy, &bases, &solo.mib_per_s)?);
         }
         let mut environment = environment;
         environment["wall_s"] = json!(started.elapsed().as_secs());

@@ -301,7 +301,9 @@ impl Store {
             ..s.clone()
         };
         let meta = self.dir_of(s).join(META);
-        let tmp = meta.with_extension("json.tmp");
+        // A temporary file of this process's own: the daemon and `memtide snapshot
+        // restore` may both mark the same hibernation woken at once.
+        let tmp = meta.with_extension(format!("json.{}.tmp", std::process::id()));
         let bytes = serde_json::to_vec_pretty(&woken).expect("a snapshot serializes");
         write_synced(&tmp, &bytes)?;
         std::fs::rename(&tmp, &meta).with_context(|| format!("writing {}", meta.display()))

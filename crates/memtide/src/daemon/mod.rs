@@ -1060,9 +1060,11 @@ impl Daemon {
     /// reports a domain started as a reset: one restored from its hibernation (by hand,
     /// or by `memtide snapshot restore`) before its connection noticed it stop.
     fn started_again(&mut self, snapshot: &Snapshot) {
-        for vm in reset_not_restoring(snapshot, &self.restores) {
-            self.running_on(&vm);
-            self.recount_hibernated = true;
+        for (vm, marked) in woken_by_reset(&self.store, snapshot, &self.restores) {
+            // Read again if one was asleep: marked now, or by the restore that started it.
+            let listed = self.asleep.iter().any(|s| s.vm == vm);
+            self.recount_hibernated |= listed || marked.as_ref().is_ok_and(|m| !m.is_empty());
+            self.log_woken(&vm, marked);
         }
     }
 
@@ -1071,7 +1073,14 @@ impl Daemon {
     /// it is marked woken, each logged, and neither a wake nor a restore without
     /// `--force` brings it back over the guest's disk.
     fn running_on(&mut self, vm: &str) {
-        match self.store.mark_all_woken(vm) {
+        let marked = self.store.mark_all_woken(vm);
+        self.log_woken(vm, marked);
+    }
+
+    /// Log what marking VM `vm`'s hibernations woken did: `snapshot_woken` for each one
+    /// marked, or `snapshot_failed`.
+    fn log_woken(&mut self, vm: &str, marked: anyhow::Result<Vec<snapshots::Snapshot>>) {
+        match marked {
             Ok(marked) => {
                 for s in marked {
                     let message = format!(
@@ -1505,8 +1514,13 @@ fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: Stri
 }
 
 /// The VMs of `snapshot` whose hypervisor reported them reset since their previous
-/// sample, but for those memtide is restoring (`restoring`).
-fn reset_not_restoring(snapshot: &Snapshot, restoring: &HashSet<String>) -> Vec<String> {
+/// sample, but for those memtide is restoring (`restoring`), each with its hibernations
+/// not woken from marked woken in `store` (those marked, or why they could not be).
+fn woken_by_reset(
+    store: &Store,
+    snapshot: &Snapshot,
+    restoring: &HashSet<String>,
+) -> Vec<(String, anyhow::Result<Vec<snapshots::Snapshot>>)> {
     snapshot
         .vms
         .iter()
@@ -1515,7 +1529,7 @@ fn reset_not_restoring(snapshot: &Snapshot, restoring: &HashSet<String>) -> Vec<
             events.is_ok_and(|e| e.contains(&VmEvent::Reset))
         })
         .filter(|vm| !restoring.contains(&vm.name))
-        .map(|vm| vm.name.clone())
+        .map(|vm| (vm.name.clone(), store.mark_all_woken(&vm.name)))
         .collect()
 }
 
@@ -1564,37 +1578,70 @@ mod tests {
     }
 
     #[test]
-    fn a_vm_reset_under_its_connection_runs_unless_memtide_restores_it() {
-        let reset = |name: &str| {
+    fn a_vm_reset_under_its_connection_wakes_its_hibernations_unless_memtide_restores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let saved = memtide_core::backend::Saved {
+            mechanism: "test".into(),
+            was_running: true,
+            ..memtide_core::backend::Saved::default()
+        };
+        let hibernate = |vm: &str| {
+            let pending = store.begin(vm, memtide_core::Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+            let done = pending.finish(&saved, AfterSave::Quit, TakenBy::Hibernation);
+            done.unwrap().id
+        };
+        let (woken, waking, shut) = (hibernate("woken"), hibernate("waking"), hibernate("shut"));
+        let with_events = |name: &str, events: Vec<VmEvent>| {
             let mut v = vm(name, 1000, 800, 600);
             if let Ok(sample) = &mut v.sample {
-                sample.events = vec![VmEvent::Shutdown, VmEvent::Reset];
-            }
-            v
-        };
-        let shut = {
-            let mut v = vm("shut", 1000, 800, 600);
-            if let Ok(sample) = &mut v.sample {
-                sample.events = vec![VmEvent::Shutdown];
+                sample.events = events;
             }
             v
         };
         let mut lost = vm("lost", 1000, 800, 600);
         lost.sample = Err(BackendError::Disconnected("gone".into()));
         let vms = vec![
-            reset("woken"),
-            reset("waking"),
-            shut,
+            with_events("woken", vec![VmEvent::Shutdown, VmEvent::Reset]),
+            with_events("waking", vec![VmEvent::Reset]),
+            with_events("shut", vec![VmEvent::Shutdown]),
             lost,
             vm("calm", 1000, 800, 600),
         ];
         let snap = snapshot(0, host(4000, 400), vms);
         let restoring = HashSet::from(["waking".to_string()]);
-        assert_eq!(reset_not_restoring(&snap, &restoring), ["woken"]);
+
+        let marked = woken_by_reset(&store, &snap, &restoring);
         assert_eq!(
-            reset_not_restoring(&snap, &HashSet::new()),
-            ["woken", "waking"]
+            marked.len(),
+            1,
+            "only the reset VM memtide is not restoring"
         );
+        assert_eq!(marked[0].0, "woken");
+        let ids: Vec<&str> = marked[0]
+            .1
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(ids, [woken.as_str()]);
+        let asleep = || -> Vec<String> {
+            let mut ids: Vec<String> = store.asleep().unwrap().into_iter().map(|s| s.id).collect();
+            ids.sort();
+            ids
+        };
+        let mut left = vec![waking, shut.clone()];
+        left.sort();
+        assert_eq!(asleep(), left);
+        // Reported reset again: nothing left to mark.
+        let again = woken_by_reset(&store, &snap, &restoring);
+        assert!(again[0].1.as_ref().unwrap().is_empty());
+        // Once memtide's own restore has ended, a reset of that VM marks it too.
+        let marked = woken_by_reset(&store, &snap, &HashSet::new());
+        assert_eq!(marked.len(), 2);
+        assert_eq!(asleep(), [shut]);
     }
 
     #[test]
