@@ -344,6 +344,9 @@ pub struct KeptAge {
     /// The configured size of the VM it was learnt for, while that is not yet checked
     /// against the VM (an age restored, before the VM's first scan).
     pub unchecked_size: Option<Bytes>,
+    /// For a VM configured by `pid`, which is in no decision, the process it was learnt
+    /// for: its pid and start time.
+    pub process: Option<(i32, u64)>,
 }
 
 impl KeptAge {
@@ -353,6 +356,16 @@ impl KeptAge {
             .is_none_or(|size| size == configured)
             .then_some(self.age_s)
     }
+}
+
+/// What a cold age restored was learnt for: it is resumed only for the same.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LearntFor {
+    /// A connected VM of this configured size.
+    Size(Bytes),
+    /// A VM configured by `pid`: this process, by its pid and start time, as placement
+    /// tells the process first seen at the pid from another given it later.
+    Process(i32, u64),
 }
 
 /// The placed VMs' trackers, and the settings.
@@ -371,11 +384,13 @@ pub struct TierPlacer {
     /// QEMU restarting or its connector reconnecting takes it out of the targets for a
     /// tick or more), so that a transient failure does not undo what it learnt.
     learnt: HashMap<String, (ColdAge, Duration)>,
-    /// The configured size of each VM whose age a daemon before this one learnt
-    /// ([`TierPlacer::resume`]), until its first scan: the age is its own only at that size.
-    resumed: HashMap<String, Bytes>,
+    /// What each age a daemon before this one learnt ([`TierPlacer::resume`]) was learnt
+    /// for, until the VM's first scan: the age is its own only at that size, or for that
+    /// process.
+    resumed: HashMap<String, LearntFor>,
     /// Each `pid` VM's process as first seen: its pid and start time, kept when its
-    /// tracker is dropped. Another process at that pid is refused.
+    /// tracker is dropped. Another process at that pid is refused; the state file keeps
+    /// the VM's cold age with it.
     fixed: HashMap<String, (i32, u64)>,
 }
 
@@ -402,12 +417,12 @@ impl TierPlacer {
     }
 
     /// Take up the cold ages a daemon before this one learnt (the state file), each with
-    /// its VM's configured size: a VM's is its age from its first scan if the VM is that
-    /// size then, and is forgotten as any other once the VM is away for longer than the
-    /// longest age (counted from the start).
-    pub fn resume(&mut self, ages: BTreeMap<String, (Bytes, ColdAge)>) {
-        for (vm, (configured, age)) in ages {
-            self.resumed.insert(vm.clone(), configured);
+    /// what it was learnt for: a VM's is its age from its first scan if the VM is that
+    /// size then (a `pid` VM: that process), and is forgotten as any other once the VM is
+    /// away for longer than the longest age (counted from the start).
+    pub fn resume(&mut self, ages: BTreeMap<String, (LearntFor, ColdAge)>) {
+        for (vm, (learnt_for, age)) in ages {
+            self.resumed.insert(vm.clone(), learnt_for);
             self.learnt.insert(vm, (age, Duration::ZERO));
         }
     }
@@ -420,9 +435,17 @@ impl TierPlacer {
         self.learnt
             .iter()
             .map(|(vm, (age, _))| {
+                let resumed = self.resumed.get(vm).copied();
                 let kept = KeptAge {
                     age_s: age.age_s(),
-                    unchecked_size: self.resumed.get(vm).copied(),
+                    unchecked_size: match resumed {
+                        Some(LearntFor::Size(size)) => Some(size),
+                        _ => None,
+                    },
+                    process: match resumed {
+                        Some(LearntFor::Process(pid, started)) => Some((pid, started)),
+                        _ => self.fixed.get(vm).copied(),
+                    },
                 };
                 (vm.clone(), kept)
             })
@@ -657,10 +680,18 @@ impl TierPlacer {
     }
 
     /// Scan `t`'s pages, opening its tracker at its first pass (its cold age, if new or
-    /// resumed for another size, at the least); a failure drops the tracker, not the age.
+    /// resumed for another size or process, at the least); a failure drops the tracker,
+    /// not the age.
     fn measure(&mut self, t: &Target, at: Duration) -> Result<Measured, String> {
-        let resumed = self.resumed.remove(&t.vm);
-        if resumed.is_some_and(|size| t.mappings != Mappings::GuestRam(size)) {
+        let same = match self.resumed.remove(&t.vm) {
+            None => true,
+            Some(LearntFor::Size(size)) => t.mappings == Mappings::GuestRam(size),
+            // Admitted, a `pid` VM's process is the one recorded, if it could be read.
+            Some(LearntFor::Process(pid, started)) => {
+                self.fixed.get(&t.vm) == Some(&(pid, started))
+            }
+        };
+        if !same {
             self.learnt.remove(&t.vm);
         }
         let placer = match self.placers.entry(t.vm.clone()) {
@@ -1147,7 +1178,7 @@ mod tests {
         let config = TieringConfig::default();
         let mut p = TierPlacer::new(nodes, &config, "/proc".into(), sys.path().into());
         let gib = Bytes::from_gib(1);
-        let resumed = |age_s| (gib, ColdAge::resume(&p.ages, age_s));
+        let resumed = |age_s| (LearntFor::Size(gib), ColdAge::resume(&p.ages, age_s));
         let restored = BTreeMap::from([
             ("same".to_string(), resumed(480.0)),
             ("resized".to_string(), resumed(480.0)),
@@ -1190,6 +1221,7 @@ mod tests {
         let same = KeptAge {
             age_s: 480.0,
             unchecked_size: None,
+            process: None,
         };
         assert_eq!(ages, [("same".to_string(), same)]);
         // A fixed age is not kept.

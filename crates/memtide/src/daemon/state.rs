@@ -3,11 +3,12 @@
 //! and cool-down), and its adaptive cold age in tier placement. Written every tick,
 //! atomically (a temporary file, fsync, rename), as small versioned JSON; read at start.
 //! A VM's state is used when the VM is found again under its name at the same configured
-//! size; a file that is unreadable, of another version or older than [`MAX_AGE`] is
+//! size (a VM configured by `pid`, which has only a cold age, when it is the same process);
+//! a file that is unreadable, of another version or older than [`MAX_AGE`] is
 //! ignored, with the reason logged.
 
 use super::events::EventLog;
-use super::place::KeptAge;
+use super::place::{KeptAge, LearntFor};
 use super::RunOptions;
 use memtide_core::estimate::fused::FusedMemory;
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
@@ -55,6 +56,10 @@ struct Saved {
     /// When it was written, in seconds since the Unix epoch.
     written: u64,
     vms: BTreeMap<String, SavedVm>,
+    /// The VMs configured by `pid`, which are in no decision (optional: a file without
+    /// them still loads).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    processes: BTreeMap<String, SavedProcess>,
 }
 
 /// One VM's state.
@@ -74,12 +79,28 @@ struct SavedVm {
     cold_age_s: Option<f64>,
 }
 
+/// A VM configured by `pid`'s cold age, with the process it was learnt for. Such a VM has
+/// no configured size to check (all its private writable mappings are placed, however
+/// they grow) and is, to placement, the process first seen at its pid: the age is resumed
+/// only if the pid's process is the same, by its start time (`/proc/PID/stat` field 22),
+/// not a later one given the pid (the workload restarted, or the pid reused) nor another
+/// pid configured since.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedProcess {
+    pid: i32,
+    /// Its start time, in clock ticks after boot.
+    started: u64,
+    /// Its adaptive cold age in tier placement (s).
+    cold_age_s: f64,
+}
+
 /// The state file, the targets restored from it for VMs not seen again yet, the cold
 /// ages restored for tier placement, and what it holds now.
 pub struct StateFile {
     path: PathBuf,
     targets: BTreeMap<String, (Bytes, Bytes)>,
-    cold_ages: BTreeMap<String, (Bytes, ColdAge)>,
+    cold_ages: BTreeMap<String, (LearntFor, ColdAge)>,
     last: BTreeMap<String, SavedVm>,
 }
 
@@ -132,6 +153,7 @@ impl StateFile {
             }
         };
         let elapsed = age(&saved) as f64;
+        let ages = ages.filter(|a| a.adaptive);
         let mut memory = BTreeMap::new();
         for (name, vm) in &saved.vms {
             if let Some(m) = &vm.memtide {
@@ -150,15 +172,22 @@ impl StateFile {
             if let Some(target) = vm.target {
                 state.targets.insert(name.clone(), (vm.configured, target));
             }
-            let ages = ages.filter(|a| a.adaptive);
             if let (Some(ages), Some(age_s)) = (ages, vm.cold_age_s) {
                 let age = ColdAge::resume(ages, age_s);
-                state.cold_ages.insert(name.clone(), (vm.configured, age));
+                let size = LearntFor::Size(vm.configured);
+                state.cold_ages.insert(name.clone(), (size, age));
+            }
+        }
+        if let Some(ages) = ages {
+            for (name, p) in &saved.processes {
+                let age = ColdAge::resume(ages, p.cold_age_s);
+                let process = LearntFor::Process(p.pid, p.started);
+                state.cold_ages.insert(name.clone(), (process, age));
             }
         }
         let message = format!(
             "state of {} VMs restored from {} (written {elapsed} s ago): {} estimator states, {} balloon targets, {} cold ages",
-            saved.vms.len(),
+            saved.vms.len() + saved.processes.len(),
             path.display(),
             memory.len(),
             state.targets.len(),
@@ -183,9 +212,9 @@ impl StateFile {
         }
     }
 
-    /// The cold ages restored, each with its VM's configured size, for
+    /// The cold ages restored, each with what it was learnt for, for
     /// [`super::place::TierPlacer::resume`].
-    pub fn take_cold_ages(&mut self) -> BTreeMap<String, (Bytes, ColdAge)> {
+    pub fn take_cold_ages(&mut self) -> BTreeMap<String, (LearntFor, ColdAge)> {
         std::mem::take(&mut self.cold_ages)
     }
 
@@ -199,9 +228,10 @@ impl StateFile {
     }
 
     /// The state after `decision`, with `engine`'s memory at the decision's time and the
-    /// placed VMs' cold `ages` (each only for a VM of the size it was learnt at). A VM not sampled this tick (unreachable) keeps what
-    /// the file held for it, with the estimator the engine still has and its age; a VM
-    /// gone from the decision is dropped.
+    /// placed VMs' cold `ages` (each only for a VM of the size it was learnt at, and those
+    /// of the `pid` VMs with their process). A VM not sampled this tick (unreachable)
+    /// keeps what the file held for it, with the estimator the engine still has and its
+    /// age; a VM gone from the decision is dropped.
     pub fn encode(
         &mut self,
         decision: &Decision,
@@ -235,10 +265,24 @@ impl StateFile {
                 Some((vm.name.clone(), vm_state))
             })
             .collect();
+        let processes = ages
+            .iter()
+            .filter_map(|(vm, age)| {
+                let (pid, started) = age.process?;
+                let cold_age_s = age.age_s;
+                let saved = SavedProcess {
+                    pid,
+                    started,
+                    cold_age_s,
+                };
+                Some((vm.clone(), saved))
+            })
+            .collect();
         let saved = Saved {
             version: VERSION,
             written: unix_now(),
             vms,
+            processes,
         };
         let bytes = serde_json::to_vec(&saved).expect("state serializes");
         self.last = saved.vms;
@@ -380,6 +424,7 @@ mod tests {
         KeptAge {
             age_s,
             unchecked_size,
+            process: None,
         }
     }
 
@@ -387,8 +432,8 @@ mod tests {
     fn restored_ages(path: &Path, ages: Option<&AgeConfig>) -> (Vec<(String, f64)>, String) {
         let (mut state, message) = StateFile::open(path, &mut memtide(), ages);
         let restored = state.take_cold_ages().into_iter();
-        let restored = restored.map(|(vm, (configured, age))| {
-            assert_eq!(configured, Bytes::from_mib(1000));
+        let restored = restored.map(|(vm, (learnt_for, age))| {
+            assert_eq!(learnt_for, LearntFor::Size(Bytes::from_mib(1000)));
             (vm, age.age_s())
         });
         (restored.collect(), message)
@@ -466,6 +511,119 @@ mod tests {
     }
 
     #[test]
+    fn a_state_file_without_pid_vms_still_loads() {
+        // As written before the `pid` VMs' ages were kept.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let old = format!(
+            r#"{{"version":1,"written":{},"vms":{{"a":{{"configured":1048576000,"cold_age_s":120.0}}}}}}"#,
+            unix_now()
+        );
+        std::fs::write(&path, old).unwrap();
+        let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
+        assert_eq!(ages, [("a".to_string(), 120.0)], "{message}");
+        // Nor is there anything new in a file without them.
+        let mut engine = memtide();
+        let vms = vec![vm("a", 1000, 600, 200)];
+        let d = engine.tick(&snapshot(0, host(4000, 1500), vms));
+        let learnt = BTreeMap::from([("a".to_string(), kept(120.0, None))]);
+        let bytes = StateFile::open(&path, &mut memtide(), None)
+            .0
+            .encode(&d, &engine, &learnt);
+        assert!(!String::from_utf8(bytes).unwrap().contains("processes"));
+    }
+
+    /// The pid of the `[[vm]]` `batch` configured by `pid` in these tests: none on the
+    /// host (above the kernel's most), so that its scans fail without a kernel.
+    const PID: i32 = 1 << 23;
+
+    /// A procfs at `proc` whose process [`PID`] started at `started`.
+    fn batch_process(proc: &Path, started: u64) {
+        let dir = proc.join(PID.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let stat = format!(
+            "{PID} (batch) S 1 {PID} {PID} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {started} 0 0\n"
+        );
+        std::fs::write(dir.join("stat"), stat).unwrap();
+    }
+
+    /// `batch`'s cold age as a daemon started on `path`'s state with the procfs at `proc`
+    /// keeps it after its first pass over `batch`.
+    fn batch_after_restart(path: &Path, proc: &Path) -> Option<KeptAge> {
+        use crate::daemon::place::{Target, TierPlacer};
+        let config = crate::config::TieringConfig::default();
+        let (mut state, _) = StateFile::open(path, &mut memtide(), Some(&config.ages()));
+        let sys = tempfile::tempdir().unwrap();
+        let nodes = crate::placement::Nodes { fast: 0, slow: 1 };
+        let mut placer = TierPlacer::new(nodes, &config, proc.into(), sys.path().into());
+        placer.resume(state.take_cold_ages());
+        let batch = Target {
+            vm: "batch".into(),
+            pid: PID,
+            mappings: memtide_adapters::access::Mappings::Private,
+            shares: 1000,
+            budget: None,
+            fixed: true,
+        };
+        placer.pass(&[batch], Duration::from_secs(1), false);
+        placer.ages().get("batch").copied()
+    }
+
+    #[test]
+    fn a_pid_vms_cold_age_is_resumed_for_the_same_process_only() {
+        // A `[[vm]]` placed by `pid` alone is in no decision: its age is kept apart, with
+        // its process (until issue #12, not at all).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let proc = dir.path().join("proc");
+        batch_process(&proc, 100);
+        let mut engine = memtide();
+        let vms = vec![vm("a", 1000, 600, 200)];
+        let d = engine.tick(&snapshot(0, host(4000, 1500), vms));
+        let batch = KeptAge {
+            process: Some((PID, 100)),
+            ..kept(240.0, None)
+        };
+        let learnt = BTreeMap::from([
+            ("a".to_string(), kept(480.0, None)),
+            ("batch".to_string(), batch),
+        ]);
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        write_atomically(&path, &file.encode(&d, &engine, &learnt)).unwrap();
+        let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert!(!saved.vms.contains_key("batch"));
+        let process = SavedProcess {
+            pid: PID,
+            started: 100,
+            cold_age_s: 240.0,
+        };
+        assert_eq!(saved.processes["batch"], process);
+        let ages = AgeConfig::default();
+        let (mut state, message) = StateFile::open(&path, &mut memtide(), Some(&ages));
+        assert!(
+            message.starts_with("state of 2 VMs restored from")
+                && message.ends_with("0 balloon targets, 2 cold ages"),
+            "{message}"
+        );
+        let resumed = (LearntFor::Process(PID, 100), ColdAge::resume(&ages, 240.0));
+        assert_eq!(state.take_cold_ages()["batch"], resumed);
+        // The same process at the pid: its age from its first pass, kept with it again.
+        assert_eq!(batch_after_restart(&path, &proc), Some(batch));
+        // Another process given the pid since, or none there: the age is dropped.
+        batch_process(&proc, 900);
+        assert_eq!(batch_after_restart(&path, &proc), None);
+        std::fs::remove_dir_all(&proc).unwrap();
+        assert_eq!(batch_after_restart(&path, &proc), None);
+        // A fixed age: none restored.
+        let fixed = AgeConfig {
+            adaptive: false,
+            ..ages
+        };
+        let (mut state, _) = StateFile::open(&path, &mut memtide(), Some(&fixed));
+        assert!(state.take_cold_ages().is_empty());
+    }
+
+    #[test]
     fn unusable_state_is_ignored_with_its_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
@@ -476,6 +634,7 @@ mod tests {
             version: VERSION,
             written: unix_now() - MAX_AGE.as_secs() - 5,
             vms: BTreeMap::new(),
+            processes: BTreeMap::new(),
         };
         let other = Saved {
             version: VERSION + 1,
