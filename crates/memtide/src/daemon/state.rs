@@ -489,16 +489,20 @@ mod tests {
         assert!(restored_ages(&path, None).0.is_empty());
     }
 
+    /// A state file written now, of version 1, whose `vms` are `vms` (JSON), in a
+    /// temporary directory: as an older daemon wrote it.
+    fn older_file(vms: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let old = format!(r#"{{"version":1,"written":{},"vms":{vms}}}"#, unix_now());
+        std::fs::write(&path, old).unwrap();
+        (dir, path)
+    }
+
     #[test]
     fn a_state_file_without_cold_ages_still_loads() {
         // As written before the ages were kept.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
-        let old = format!(
-            r#"{{"version":1,"written":{},"vms":{{"a":{{"configured":1048576000,"target":608174080}}}}}}"#,
-            unix_now()
-        );
-        std::fs::write(&path, old).unwrap();
+        let (_dir, path) = older_file(r#"{"a":{"configured":1048576000,"target":608174080}}"#);
         let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
         assert!(ages.is_empty());
         assert!(
@@ -513,13 +517,7 @@ mod tests {
     #[test]
     fn a_state_file_without_pid_vms_still_loads() {
         // As written before the `pid` VMs' ages were kept.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
-        let old = format!(
-            r#"{{"version":1,"written":{},"vms":{{"a":{{"configured":1048576000,"cold_age_s":120.0}}}}}}"#,
-            unix_now()
-        );
-        std::fs::write(&path, old).unwrap();
+        let (_dir, path) = older_file(r#"{"a":{"configured":1048576000,"cold_age_s":120.0}}"#);
         let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
         assert_eq!(ages, [("a".to_string(), 120.0)], "{message}");
         // Nor is there anything new in a file without them.
