@@ -126,6 +126,10 @@ pub struct DensityRun {
     busy_cpu: Vec<f64>,
     /// CPU the other guests' QEMUs used each second, cores.
     others_cpu: Vec<f64>,
+    /// CPU this process used each second, cores: the daemon, run in-process, with the
+    /// kernel work its system calls do (host-side access sampling, huge-page collapse),
+    /// and the harness's own light polling.
+    daemon_cpu: Vec<f64>,
     used_mib: Vec<Option<f64>>,
     allocated_mib: Vec<f64>,
     vms: Vec<Value>,
@@ -239,6 +243,7 @@ impl Bench<'_> {
         let mut partitioned = 0.0;
         let mut last_admit: Option<f64> = None;
         let mut waiting_logged = false;
+        let mut ours_before = process_cpu_s("self");
         let result = (|| -> anyhow::Result<()> {
             for k in 1..=run_s.round() as u64 {
                 let due = t0 + Duration::from_secs(k);
@@ -306,6 +311,13 @@ impl Bench<'_> {
                 let mut allocated = 0.0;
                 let dt = t - run.t_s.last().copied().unwrap_or(0.0);
                 let (mut busy_cpu, mut others_cpu) = (0.0, 0.0);
+                let ours = process_cpu_s("self");
+                if let (Some(now), Some(before)) = (ours, ours_before) {
+                    run.daemon_cpu.push((now - before) / dt.max(1e-3));
+                } else {
+                    run.daemon_cpu.push(0.0);
+                }
+                ours_before = ours.or(ours_before);
                 for a in admitted.iter_mut().filter(|a| a.exit.is_none()) {
                     if let Err(why) = a.guest.alive() {
                         log!(
@@ -502,6 +514,7 @@ impl DensityRun {
                 "allocation_mib": self.allocated_mib.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
                 "busy_qemu_cpu": self.busy_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
                 "others_qemu_cpu": self.others_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
+                "daemon_cpu": self.daemon_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
             },
         })
     }
