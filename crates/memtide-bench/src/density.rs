@@ -311,13 +311,8 @@ impl Bench<'_> {
                 let mut allocated = 0.0;
                 let dt = t - run.t_s.last().copied().unwrap_or(0.0);
                 let (mut busy_cpu, mut others_cpu) = (0.0, 0.0);
-                let ours = process_cpu_s("self");
-                if let (Some(now), Some(before)) = (ours, ours_before) {
-                    run.daemon_cpu.push((now - before) / dt.max(1e-3));
-                } else {
-                    run.daemon_cpu.push(0.0);
-                }
-                ours_before = ours.or(ours_before);
+                let ours = cpu_rate(&mut ours_before, process_cpu_s("self"), dt);
+                run.daemon_cpu.push(ours.unwrap_or(0.0));
                 for a in admitted.iter_mut().filter(|a| a.exit.is_none()) {
                     if let Err(why) = a.guest.alive() {
                         log!(
@@ -351,15 +346,13 @@ impl Bench<'_> {
                         }
                     }
                     let cpu_s = process_cpu_s(&a.guest.pid().to_string());
-                    if let (Some(now), Some(before)) = (cpu_s, a.cpu_s) {
-                        let used = (now - before) / dt.max(1e-3);
+                    if let Some(used) = cpu_rate(&mut a.cpu_s, cpu_s, dt) {
                         *if busy(&a.spec) {
                             &mut busy_cpu
                         } else {
                             &mut others_cpu
                         } += used;
                     }
-                    a.cpu_s = cpu_s.or(a.cpu_s);
                     if a.ready {
                         if let Ok(m) = a.guest.actual_mib(self.rt) {
                             a.actual_mib.push(m);
@@ -419,20 +412,14 @@ impl Bench<'_> {
             if let Some(first) = first {
                 let from = first + s.warmup_s;
                 vm["measured_s"] = json!(measure::round2((until - from).max(0.0)));
-                let rates = windows(&a.lines, from, until, d.window_s, 1.0);
-                vm["window_mib_per_s"] = json!(rates
-                    .iter()
-                    .map(|(t, r)| json!([measure::round2(*t), measure::round2(*r)]))
-                    .collect::<Vec<_>>());
-            }
-            if let (Some(first), Some(alone)) = (first, solo.get(&a.spec.name)) {
-                let windows = windows(&a.lines, first + s.warmup_s, until, d.window_s, *alone);
-                vm["throughput_ratio"] = json!(tp.map(|tp| measure::round2(tp / alone)));
-                vm["windows"] = json!(windows
-                    .iter()
-                    .map(|(t, r)| json!([measure::round2(*t), measure::round2(*r)]))
-                    .collect::<Vec<_>>());
-                run.busy.push(windows);
+                let rates = windows(&a.lines, from, until, d.window_s);
+                vm["window_mib_per_s"] = pairs(&rates);
+                if let Some(alone) = solo.get(&a.spec.name) {
+                    let windows = relative(&rates, *alone);
+                    vm["throughput_ratio"] = json!(tp.map(|tp| measure::round2(tp / alone)));
+                    vm["windows"] = pairs(&windows);
+                    run.busy.push(windows);
+                }
             }
             run.vms.push(vm);
         }
@@ -442,17 +429,41 @@ impl Bench<'_> {
     }
 }
 
-/// Throughput ÷ `alone` over consecutive windows of `window_s` from `from_s` to `to_s`.
-fn windows(lines: &[Line], from_s: f64, to_s: f64, window_s: f64, alone: f64) -> Vec<(f64, f64)> {
+/// Throughput over consecutive windows of `window_s` from `from_s` to `to_s`: (start,
+/// MiB/s).
+fn windows(lines: &[Line], from_s: f64, to_s: f64, window_s: f64) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
     let mut start = from_s;
     while start + window_s <= to_s + 1e-9 {
         if let Some(tp) = measure::throughput(lines, start + 1e-9, start + window_s) {
-            out.push((start, tp / alone));
+            out.push((start, tp));
         }
         start += window_s;
     }
     out
+}
+
+/// `windows`' throughputs ÷ `alone`.
+fn relative(windows: &[(f64, f64)], alone: f64) -> Vec<(f64, f64)> {
+    windows.iter().map(|(t, tp)| (*t, tp / alone)).collect()
+}
+
+/// `(start, value)` pairs as JSON `[[start, value], ...]`, rounded.
+fn pairs(windows: &[(f64, f64)]) -> Value {
+    let rounded = windows
+        .iter()
+        .map(|(t, v)| json!([measure::round2(*t), measure::round2(*v)]));
+    json!(rounded.collect::<Vec<_>>())
+}
+
+/// CPU a process used since `last`, its previous reading (then set to `now` where that
+/// was read), over `dt` seconds, in cores; `None` without both readings.
+fn cpu_rate(last: &mut Option<f64>, now: Option<f64>, dt: f64) -> Option<f64> {
+    let used = now
+        .zip(*last)
+        .map(|(now, before)| (now - before) / dt.max(1e-3));
+    *last = now.or(*last);
+    used
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
@@ -728,7 +739,7 @@ mod tests {
         let lines: Vec<Line> = (1..=40)
             .map(|t| line(t as f64, if t <= 20 { 100.0 } else { 90.0 }))
             .collect();
-        let w = windows(&lines, 0.5, 40.5, 20.0, 100.0);
+        let w = relative(&windows(&lines, 0.5, 40.5, 20.0), 100.0);
         assert_eq!(w.len(), 2);
         assert!((w[0].1 - 1.0).abs() < 1e-9, "{w:?}");
         assert!((w[1].1 - 0.9).abs() < 1e-9, "{w:?}");
