@@ -1540,10 +1540,8 @@ mod tests {
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{BackendError, EngineConfig};
 
-    #[test]
-    fn a_hibernation_whose_vm_did_not_stop_is_marked_woken() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
+    /// A snapshot of VM `vm` sealed in `store`, its guest then left as `then`.
+    fn stored(store: &Store, vm: &str, then: AfterSave, by: TakenBy) -> snapshots::Snapshot {
         let saved = memtide_core::backend::Saved {
             mechanism: "test".into(),
             was_running: true,
@@ -1551,13 +1549,16 @@ mod tests {
             written: Duration::from_secs(1),
             ..memtide_core::backend::Saved::default()
         };
-        let take = |then, by| {
-            let pending = store
-                .begin("web", memtide_core::Bytes::from_mib(1))
-                .unwrap();
-            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
-            pending.finish(&saved, then, by).unwrap()
-        };
+        let pending = store.begin(vm, memtide_core::Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+        pending.finish(&saved, then, by).unwrap()
+    }
+
+    #[test]
+    fn a_hibernation_whose_vm_did_not_stop_is_marked_woken() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let take = |then, by| stored(&store, "web", then, by);
         let asleep = take(AfterSave::Quit, TakenBy::Hibernation);
         assert!(asleep.asleep());
         let why = failed_after_seal(&store, Some(asleep), "the VMM did not quit".into());
@@ -1581,17 +1582,7 @@ mod tests {
     fn a_vm_reset_under_its_connection_wakes_its_hibernations_unless_memtide_restores_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
-        let saved = memtide_core::backend::Saved {
-            mechanism: "test".into(),
-            was_running: true,
-            ..memtide_core::backend::Saved::default()
-        };
-        let hibernate = |vm: &str| {
-            let pending = store.begin(vm, memtide_core::Bytes::from_mib(1)).unwrap();
-            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
-            let done = pending.finish(&saved, AfterSave::Quit, TakenBy::Hibernation);
-            done.unwrap().id
-        };
+        let hibernate = |vm: &str| stored(&store, vm, AfterSave::Quit, TakenBy::Hibernation).id;
         let (woken, waking, shut) = (hibernate("woken"), hibernate("waking"), hibernate("shut"));
         let with_events = |name: &str, events: Vec<VmEvent>| {
             let mut v = vm(name, 1000, 800, 600);
