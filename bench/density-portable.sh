@@ -5,15 +5,16 @@
 #
 #   bench/density-portable.sh BUNDLE.tar.xz OUT_DIR [memtide-bench options...]
 #
+# OUT_DIR is relative to the repository, as for density-parallel.sh.
 # Run as root. The harness makes the domain's memory cgroup below its own; a cgroup v2
 # cgroup that holds processes cannot hand the memory controller to its children, so on
 # a cgroup v2 host where this shell's own cgroup is not the root, it first moves itself
 # to the root.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n 2,10p "$0" >&2; exit 2; }
-bundle=$1 out=$2
+[ $# -ge 2 ] || { sed -n 2,12p "$0" >&2; exit 2; }
+bundle=$(realpath "$1") out=$2
 shift 2
+cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 tar -xJf "$bundle" -C "$dir"

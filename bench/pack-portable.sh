@@ -9,13 +9,14 @@
 #   bench/pack-portable.sh OUT.tar.xz [SONAME...]
 #
 # SONAMEs (libgnutls.so.30, ...) are left out: libraries the target has already, to keep
-# the bundle small. Needs target/bench/release/memtide-bench and target/guest (the
-# benchmarks' own build: docs/benchmarks.md).
+# the bundle small. The target needs a glibc at least as new as this host's (the harness
+# also uses its libgcc_s). Needs target/bench/release/memtide-bench and target/guest (the
+# benchmarks' own build: docs/benchmarks.md). OUT is relative to the caller's directory.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { sed -n 2,13p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,14p "$0" >&2; exit 2; }
 out=$(realpath -m "$1")
 shift
+cd "$(dirname "$0")/.."
 bench=target/bench/release/memtide-bench
 [ -x "$bench" ] || { echo "no $bench: build it first (docs/benchmarks.md)" >&2; exit 1; }
 [ -f target/guest/vmlinuz ] || { echo "no target/guest: build the test guest first" >&2; exit 1; }
@@ -29,7 +30,12 @@ cp "$qemu" "$dir/qemu/"
 cp /usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so "$dir/modules/"
 # What a -kernel boot with -nodefaults reads: SeaBIOS and the Linux boot option ROMs.
 for f in bios-256k.bin linuxboot.bin linuxboot_dma.bin kvmvapic.bin; do
-  cp -L "$(ls /usr/share/qemu/$f /usr/share/seabios/$f 2>/dev/null | head -1)" "$dir/share/"
+  found=
+  for d in /usr/share/qemu /usr/share/seabios; do
+    [ -e "$d/$f" ] && { found=$d/$f; break; }
+  done
+  [ -n "$found" ] || { echo "no $f in /usr/share/qemu nor /usr/share/seabios" >&2; exit 1; }
+  cp -L "$found" "$dir/share/"
 done
 skip=" libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libresolv.so.2 $* "
 for f in "$dir/qemu/qemu-system-x86_64" "$dir/modules/accel-tcg-x86_64.so"; do
@@ -45,12 +51,14 @@ d=$(dirname "$(readlink -f "$0")")/..
 LD_LIBRARY_PATH="$d/lib" QEMU_MODULE_DIR="$d/modules" exec "$d/qemu/qemu-system-x86_64" -L "$d/share" "$@"
 EOF
 chmod +x "$dir/bin/qemu-system-x86_64"
-# Every library any bundled binary needs must be in the bundle, glibc's, or named.
+# Every library QEMU and its module and libraries need must be in the bundle, glibc's,
+# or named.
 for f in "$dir"/qemu/* "$dir"/modules/* "$dir"/lib/*; do
   for n in $(readelf -d "$f" | awk '/NEEDED/ {gsub(/[][]/, "", $5); print $5}'); do
     [ -e "$dir/lib/$n" ] || [[ "$skip ld-linux-x86-64.so.2 " == *" $n "* ]] ||
       { echo "$(basename "$f") needs $n, neither bundled nor named" >&2; exit 1; }
   done
 done
-tar -cf - -C "$dir" . | xz -9 -T0 >"$out"
+tar -cf - -C "$dir" . | xz -9 -T0 >"$out.tmp"
+mv "$out.tmp" "$out"
 echo "$out: $(du -h "$out" | cut -f1)"
