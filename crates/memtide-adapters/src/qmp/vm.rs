@@ -127,7 +127,7 @@ static NO_IDLE_TRACKING: Once = Once::new();
 /// second-level page tables, which only idle page tracking ([`Access::Idle`]) or DAMON
 /// see. It undercounts memory in huge pages that a thread keeping its core touches
 /// without a TLB miss: clearing the accessed bits flushes no TLB (measured on a 16-core
-/// host, of 192 MiB written in a loop: 102-192 MiB seen referenced in huge pages, all of
+/// host, of 192 MiB read in a loop: 102-192 MiB seen referenced in huge pages, all of
 /// it in 4 KiB pages).
 struct AccessSampler {
     smaps: PathBuf,
