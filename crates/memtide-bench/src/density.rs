@@ -88,13 +88,13 @@ fn solo_of(
     let tp = vm["mib_per_s"]
         .as_f64()
         .with_context(|| format!("solo run of {name}: no report line"))?;
-    let ratios: Vec<Value> = vm["window_mib_per_s"]
+    let rates: Vec<(f64, f64)> = vm["window_mib_per_s"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|w| json!([w[0], measure::round2(w[1].as_f64().unwrap_or(0.0) / tp)]))
+        .map(|w| (w[0].as_f64().unwrap_or(0.0), w[1].as_f64().unwrap_or(0.0)))
         .collect();
-    vm["window_ratios"] = json!(ratios);
+    vm["window_ratios"] = pairs(&relative(&rates, tp));
     Ok((tp, vm))
 }
 
@@ -456,6 +456,11 @@ fn pairs(windows: &[(f64, f64)]) -> Value {
     json!(rounded.collect::<Vec<_>>())
 }
 
+/// `values`, each rounded.
+fn rounded(values: &[f64]) -> Vec<f64> {
+    values.iter().map(|v| measure::round2(*v)).collect()
+}
+
 /// CPU a process used since `last`, its previous reading (then set to `now` where that
 /// was read), over `dt` seconds, in cores; `None` without both readings.
 fn cpu_rate(last: &mut Option<f64>, now: Option<f64>, dt: f64) -> Option<f64> {
@@ -522,10 +527,10 @@ impl DensityRun {
                 "t_s": self.t_s.iter().map(|t| measure::round2(*t)).collect::<Vec<_>>(),
                 "running": self.running,
                 "domain_used_mib": self.used_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
-                "allocation_mib": self.allocated_mib.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
-                "busy_qemu_cpu": self.busy_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
-                "others_qemu_cpu": self.others_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
-                "daemon_cpu": self.daemon_cpu.iter().map(|v| measure::round2(*v)).collect::<Vec<_>>(),
+                "allocation_mib": rounded(&self.allocated_mib),
+                "busy_qemu_cpu": rounded(&self.busy_cpu),
+                "others_qemu_cpu": rounded(&self.others_cpu),
+                "daemon_cpu": rounded(&self.daemon_cpu),
             },
         })
     }
