@@ -95,13 +95,15 @@ fn host_freeable(m: &MemInfo, arc: Bytes) -> Bytes {
     (m.freeable() + arc + unmapped_anon(m)).min(m.total)
 }
 
-/// The domain when it is the whole host: what it could free (`freeable`) over MemTotal.
-fn host_domain(m: &MemInfo, freeable: Bytes) -> MemoryDomain {
+/// The domain when it is the whole host: what it could free (`freeable`) over MemTotal,
+/// of which the kernel keeps `kept_free` free.
+fn host_domain(m: &MemInfo, freeable: Bytes, kept_free: Bytes) -> MemoryDomain {
     MemoryDomain {
         scope: DomainScope::Host,
         total: m.total,
         used: m.total - m.free,
         freeable,
+        kept_free,
     }
 }
 
@@ -128,6 +130,7 @@ fn cgroup_domain(
         total,
         used: c.usage,
         freeable,
+        kept_free: Bytes::ZERO,
     }
 }
 
@@ -148,7 +151,17 @@ impl HostBackend for LinuxHost {
             .unwrap_or_default();
         let host_freeable = host_freeable(&meminfo, arc);
         let (domain, psi) = match &self.paths.domain_cgroup {
-            None => (host_domain(&meminfo, host_freeable), host_psi),
+            None => {
+                // Without /proc/zoneinfo (a restricted /proc) nothing is counted as kept:
+                // the policies' own reserves stand alone.
+                let kept_free = std::fs::read_to_string(proc.join("zoneinfo"))
+                    .ok()
+                    .and_then(|t| procfs::zoneinfo_high_pages(&t))
+                    .map_or(Bytes::ZERO, |pages| {
+                        Bytes(pages.saturating_mul(procfs::page_size()))
+                    });
+                (host_domain(&meminfo, host_freeable, kept_free), host_psi)
+            }
             Some(dir) => {
                 let c = cgroup::read(dir)
                     .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
@@ -187,6 +200,7 @@ mod tests {
         std::fs::create_dir_all(&ksm).unwrap();
         std::fs::copy(data.join("proc/meminfo"), proc.join("meminfo")).unwrap();
         std::fs::copy(data.join("proc/vmstat"), proc.join("vmstat")).unwrap();
+        std::fs::copy(data.join("proc/zoneinfo"), proc.join("zoneinfo")).unwrap();
         std::fs::copy(
             data.join("proc/pressure-memory"),
             proc.join("pressure/memory"),
@@ -214,6 +228,9 @@ mod tests {
             s.domain.freeable,
             Bytes::from_kib(22992484 + 24712 + 1435084)
         );
+        // The zones' high watermarks, in pages (procfs::tests has the sum).
+        let pages = 30 + 6116 + 19195 + 32;
+        assert_eq!(s.domain.kept_free, Bytes(pages * procfs::page_size()));
         assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
         assert!(s.psi.is_some());
     }
@@ -300,6 +317,7 @@ mod tests {
             Bytes::from_mib(512) + Bytes(83886080 + 314572800)
         );
         assert_eq!(s.psi.unwrap().some.avg10, 1.25, "the cgroup's own pressure");
+        assert_eq!(s.domain.kept_free, Bytes::ZERO, "no watermark in a cgroup");
         assert!(matches!(
             s.domain.scope,
             DomainScope::Cgroup { version: 2, .. }
@@ -310,10 +328,16 @@ mod tests {
     fn missing_optional_files_fall_back_and_missing_meminfo_is_an_error() {
         let (root, paths) = fake_tree();
         std::fs::remove_file(paths.proc.join("pressure/memory")).unwrap();
+        std::fs::remove_file(paths.proc.join("zoneinfo")).unwrap();
         std::fs::remove_dir_all(root.path().join("sys/kernel/mm/ksm")).unwrap();
         let mut host = LinuxHost::new(paths.clone());
         let s = host.sample().unwrap();
         assert_eq!((s.psi, s.ksm), (None, None));
+        assert_eq!(
+            s.domain.kept_free,
+            Bytes::ZERO,
+            "no zoneinfo: nothing counted kept"
+        );
         std::fs::remove_file(paths.proc.join("meminfo")).unwrap();
         let err = host.sample().unwrap_err().to_string();
         assert!(

@@ -105,8 +105,7 @@ pub fn supported(sys: &Path) -> Result<Sizes, CollapseError> {
                 thp.display()
             ))
         })?;
-    // SAFETY: sysconf has no preconditions.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = crate::procfs::page_size();
     let len = (2 * huge) as usize;
     let base = anonymous_mapping(len)
         .map_err(|e| CollapseError::Unsupported(format!("no memory to try MADV_COLLAPSE: {e}")))?;

@@ -214,6 +214,11 @@ pub struct MemoryDomain {
     pub used: Bytes,
     /// Memory the domain could get back quickly: free plus its page cache.
     pub freeable: Bytes,
+    /// Of `freeable`, what the kernel keeps free whatever the VMs do: on the whole host the
+    /// zones' high watermarks (below them kswapd reclaims, host page cache first, then
+    /// swap); none in a cgroup. Absent in recordings made before it was reported.
+    #[serde(default)]
+    pub kept_free: Bytes,
 }
 
 impl MemoryDomain {

@@ -30,6 +30,7 @@ pub fn host(total_mib: u64, freeable_mib: u64) -> HostStats {
             total,
             used: total - freeable,
             freeable,
+            kept_free: Bytes::ZERO,
         },
         other_managers: Vec::new(),
     }

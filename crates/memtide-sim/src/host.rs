@@ -317,6 +317,7 @@ impl Host {
                 total,
                 used: total - freeable,
                 freeable,
+                kept_free: bytes(self.min_free),
             },
             other_managers: Vec::new(),
         }
