@@ -202,12 +202,13 @@ impl WorkingSet {
             .iter()
             .zip(costless)
             .map(|(vm, costless)| {
+                let configured = vm.latest().configured;
                 let claimed = costless
                     .unwrap_or_default()
                     .max(beyond_swap(vm.signals))
-                    .min(vm.actual);
+                    .min(configured);
                 let trust = self.trust.entry(vm.name.to_string()).or_default();
-                trust.observe(input.at, claimed, backed(vm), vm.latest().configured)
+                trust.observe(input.at, claimed, vm.actual, backed(vm), configured)
             })
             .collect();
         if !doubts.contains(&true) {
