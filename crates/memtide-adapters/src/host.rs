@@ -7,8 +7,10 @@ use memtide_core::{BackendError, Bytes, KsmSettings};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// How often the process table is scanned for other memory managers: a scan reads one
-/// file per process.
+/// How often the process table is scanned for other memory managers (a scan reads one
+/// file per process) and /proc/zoneinfo read for the watermarks (its per-CPU lines run to
+/// hundreds of KiB on a large host, and the watermarks move only with
+/// `vm.min_free_kbytes` or memory hot-plug).
 const SCAN_EVERY: Duration = Duration::from_secs(30);
 
 /// Where the host's files are. Tests point these at fake trees.
@@ -32,11 +34,25 @@ impl Default for HostPaths {
     }
 }
 
+/// A value read again when it is [`SCAN_EVERY`] old.
+struct Scanned<T>(Option<(Instant, T)>);
+
+impl<T: Clone> Scanned<T> {
+    fn get(&mut self, read: impl FnOnce() -> T) -> T {
+        match &self.0 {
+            Some((at, value)) if at.elapsed() < SCAN_EVERY => value.clone(),
+            _ => self.0.insert((Instant::now(), read())).1.clone(),
+        }
+    }
+}
+
 /// The host memtide runs on.
 pub struct LinuxHost {
     paths: HostPaths,
-    /// The other memory managers found by the last scan, and when it was.
-    others: Option<(Instant, Vec<OtherManager>)>,
+    /// The other memory managers running.
+    others: Scanned<Vec<OtherManager>>,
+    /// What the kernel keeps free on the whole host: the zones' high watermarks.
+    kept_free: Scanned<Bytes>,
 }
 
 impl LinuxHost {
@@ -44,20 +60,8 @@ impl LinuxHost {
     pub fn new(paths: HostPaths) -> Self {
         LinuxHost {
             paths,
-            others: None,
-        }
-    }
-
-    /// The other memory managers running, scanned again when the last scan is
-    /// [`SCAN_EVERY`] old.
-    fn other_managers(&mut self) -> Vec<OtherManager> {
-        match &self.others {
-            Some((at, found)) if at.elapsed() < SCAN_EVERY => found.clone(),
-            _ => {
-                let found = other_managers(&self.paths.proc);
-                self.others = Some((Instant::now(), found.clone()));
-                found
-            }
+            others: Scanned(None),
+            kept_free: Scanned(None),
         }
     }
 
@@ -154,12 +158,14 @@ impl HostBackend for LinuxHost {
             None => {
                 // Without /proc/zoneinfo (a restricted /proc) nothing is counted as kept:
                 // the policies' own reserves stand alone.
-                let kept_free = std::fs::read_to_string(proc.join("zoneinfo"))
-                    .ok()
-                    .and_then(|t| procfs::zoneinfo_high_pages(&t))
-                    .map_or(Bytes::ZERO, |pages| {
-                        Bytes(pages.saturating_mul(procfs::page_size()))
-                    });
+                let kept_free = self.kept_free.get(|| {
+                    std::fs::read_to_string(proc.join("zoneinfo"))
+                        .ok()
+                        .and_then(|t| procfs::zoneinfo_high_pages(&t))
+                        .map_or(Bytes::ZERO, |pages| {
+                            Bytes(pages.saturating_mul(procfs::page_size()))
+                        })
+                });
                 (host_domain(&meminfo, host_freeable, kept_free), host_psi)
             }
             Some(dir) => {
@@ -177,7 +183,7 @@ impl HostBackend for LinuxHost {
             psi,
             ksm: ksm::read(&self.ksm_dir()),
             domain,
-            other_managers: self.other_managers(),
+            other_managers: self.others.get(|| other_managers(proc)),
         })
     }
 
@@ -221,7 +227,8 @@ mod tests {
     #[test]
     fn samples_the_whole_host_as_domain() {
         let (_root, paths) = fake_tree();
-        let s = LinuxHost::new(paths).sample().unwrap();
+        let mut host = LinuxHost::new(paths.clone());
+        let s = host.sample().unwrap();
         assert_eq!(s.domain.scope, DomainScope::Host);
         assert_eq!(s.domain.total, Bytes::from_kib(24682416));
         assert_eq!(
@@ -233,6 +240,10 @@ mod tests {
         assert_eq!(s.domain.kept_free, Bytes(pages * procfs::page_size()));
         assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
         assert!(s.psi.is_some());
+        // The watermarks are read again only when SCAN_EVERY old, not every tick.
+        std::fs::remove_file(paths.proc.join("zoneinfo")).unwrap();
+        let again = host.sample().unwrap();
+        assert_eq!(again.domain.kept_free, s.domain.kept_free);
     }
 
     #[test]

@@ -524,7 +524,7 @@ impl DensityRun {
             "error": self.error,
             "vms": self.vms,
             "series": {
-                "t_s": self.t_s.iter().map(|t| measure::round2(*t)).collect::<Vec<_>>(),
+                "t_s": rounded(&self.t_s),
                 "running": self.running,
                 "domain_used_mib": self.used_mib.iter().map(|v| v.map(measure::round2)).collect::<Vec<_>>(),
                 "allocation_mib": rounded(&self.allocated_mib),
