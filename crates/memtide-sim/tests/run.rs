@@ -312,6 +312,73 @@ anon = {{ kind = "const", mib = 64 }}
     .unwrap()
 }
 
+/// A liar that touches 1.5 GiB of its 4 GiB with a tenth of the databases' shares: its
+/// fair share is below what the host backs for it, so, found out, it is held to that.
+#[test]
+fn a_liar_held_to_what_the_host_backs_stays_found_out() {
+    use memtide_core::decision::DiagnosticKind;
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    use memtide_sim::Simulation;
+    let scenario = Scenario::from_toml(
+        r#"
+name = "squeezed-liar"
+ticks = 600
+seed = 1
+[host]
+memory_mib = 7680
+reserved_mib = 512
+swap_mib = 8192
+[[vm]]
+name = "db"
+count = 3
+memory_mib = 2048
+[vm.workload]
+base_mib_s = 512
+anon = { kind = "const", mib = 1450 }
+[[vm]]
+name = "liar"
+memory_mib = 4096
+shares = 100
+lie = "needs_all"
+[vm.workload]
+base_mib_s = 32
+anon = { kind = "const", mib = 1500 }
+"#,
+    )
+    .unwrap();
+    let memtide = WorkingSet::new(
+        EstimatorConfig::Fused(FusedConfig::default()),
+        WorkingSetConfig::default(),
+        KsmConfig::default(),
+    );
+    // Ticks from the first report on where the liar was not reported, and the most it
+    // held from half a minute after it (MiB; squeezing it takes a few ticks).
+    let (mut found, mut believed, mut most) = (None, 0, 0.0_f64);
+    Simulation::new(&scenario, Box::new(memtide), EngineConfig::default(), 1).run_with(|s, d| {
+        let reported = d
+            .diagnostics
+            .iter()
+            .any(|d| d.kind == DiagnosticKind::UnbackedClaim);
+        let Some(since) = found else {
+            found = reported.then_some(s.at);
+            return;
+        };
+        believed += usize::from(!reported);
+        if s.at > since + Duration::from_secs(30) {
+            let liar = d.vms.iter().find(|v| v.name == "liar").unwrap();
+            most = most.max(liar.actual.map_or(0.0, |a| a.mib_f64()));
+        }
+    });
+    assert!(found.is_some(), "the lie is found out");
+    // Squeezed to what the host backs, it claims all it holds, and the host backs all
+    // of it: that is no evidence for the rest of its claim (it was believed again there,
+    // grew back to its full size, and was found out again 20 s later).
+    assert_eq!(believed, 0, "ticks the liar was believed again");
+    assert!(most < 2048.0, "the liar grew back to {most:.0} MiB");
+}
+
 #[test]
 fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
     use memtide_core::decision::DiagnosticKind;
