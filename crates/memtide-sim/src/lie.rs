@@ -17,6 +17,16 @@ pub enum Lie {
     /// Swap-ins, refaults, allocation stalls and memory pressure that are not happening:
     /// it seems to thrash, whatever it is given.
     Thrashing,
+    /// [`Lie::NeedsAll`], but the truth for one second in every 20: a guest that hopes
+    /// each truthful report starts the host's doubt over.
+    NowAndThen,
+}
+
+impl Lie {
+    /// Whether it lies `at_s` seconds into the run.
+    fn lies_at(self, at_s: f64) -> bool {
+        self != Lie::NowAndThen || at_s.rem_euclid(20.0) < 19.0
+    }
 }
 
 /// Pages per second of invented swap-ins and refaults (40 MiB/s).
@@ -25,8 +35,11 @@ const FAKE_FAULTS_PER_S: u64 = 10_240;
 impl Lie {
     /// Rewrite the balloon statistics of a guest `at_s` seconds into the run.
     pub fn balloon(self, s: &mut GuestStats, at_s: f64) {
+        if !self.lies_at(at_s) {
+            return;
+        }
         match self {
-            Lie::NeedsAll => {
+            Lie::NeedsAll | Lie::NowAndThen => {
                 let little = s.total.map(|t| t.scale(0.01));
                 s.free = little;
                 s.available = little;
@@ -43,8 +56,11 @@ impl Lie {
 
     /// Rewrite what the guest's agent reports `at_s` seconds into the run.
     pub fn agent(self, a: &mut AgentStats, at_s: f64) {
+        if !self.lies_at(at_s) {
+            return;
+        }
         match self {
-            Lie::NeedsAll => {
+            Lie::NeedsAll | Lie::NowAndThen => {
                 let m = &mut a.meminfo;
                 let little = m.total.scale(0.01);
                 m.free = little;
@@ -108,6 +124,27 @@ mod tests {
         assert_eq!(a.meminfo.available, Some(Bytes::from_mib(10)));
         assert_eq!(a.meminfo.committed_as, Some(Bytes::from_mib(1500)));
         assert_eq!(a.meminfo.swap_free, Bytes::ZERO);
+    }
+
+    #[test]
+    fn now_and_then_a_liar_tells_the_truth_for_a_second() {
+        let honest = AgentStats {
+            meminfo: MemInfo {
+                total: Bytes::from_mib(1000),
+                free: Bytes::from_mib(800),
+                ..MemInfo::default()
+            },
+            vmstat: Default::default(),
+            psi: None,
+        };
+        let told = |at_s| {
+            let mut a = honest.clone();
+            Lie::NowAndThen.agent(&mut a, at_s);
+            a.meminfo.free
+        };
+        assert_eq!(told(18.5), Bytes::from_mib(10));
+        assert_eq!(told(19.0), Bytes::from_mib(800));
+        assert_eq!(told(20.0), Bytes::from_mib(10));
     }
 
     #[test]

@@ -3,17 +3,17 @@
 //! Memory a guest says it uses within its current size is memory it has touched, so its
 //! hypervisor holds it: a guest reporting more in use than the host backs for it is
 //! contradicted by what the host sees. Programs touch what they allocate within moments,
-//! so a contradiction is forgiven for a grace period; one that lasts marks the guest's
-//! figures as not credible until the host's figures catch up with them: with the whole of
-//! its claim, not only the part within the size it was squeezed to. While they are not,
-//! its claims beyond its fair share take nothing from its neighbours
-//! ([`super::divide::credible`]).
+//! so a contradiction is forgiven for a grace period; one that lasts finds the guest out,
+//! and from then on its figures count only while the host backs the whole of its claim,
+//! not only the part within the size it was squeezed to, until it has agreed with the
+//! host as long as it was contradicted. While they do not count, its claims beyond its
+//! fair share take nothing from its neighbours ([`super::divide::credible`]).
 
 use crate::units::Bytes;
 use std::time::Duration;
 
-/// How long a guest may claim more in use than the host backs before its claims stop
-/// counting beyond its fair share.
+/// How long a guest may claim more in use than the host backs, net of the time it agreed
+/// with the host since, before its claims stop counting beyond its fair share.
 pub const GRACE: Duration = Duration::from_secs(20);
 
 /// A claim beyond what the host backs by less than this share of the guest's configured
@@ -23,24 +23,31 @@ pub const TOLERANCE: f64 = 0.05;
 /// One VM's record of contradictions between its figures and the host's.
 #[derive(Clone, Debug, Default)]
 pub struct Trust {
-    /// Since when its claims have exceeded what the host backs, if they do now.
-    excess_since: Option<Duration>,
-    /// Its figures were found not credible at the previous tick.
+    /// Time contradicted less time in agreement since (never below zero, at most twice
+    /// [`GRACE`]).
+    excess: Duration,
+    /// It has been found out (`excess` reached [`GRACE`]) and has not yet agreed with the
+    /// host as long as it was contradicted.
     found_out: bool,
+    /// The previous tick.
+    last: Option<Duration>,
 }
 
 impl Trust {
     /// Feed one tick: `claimed`, the memory the guest's figures say it uses or has
     /// committed, within its configured size; `size`, its current size; `backed`, what
     /// its hypervisor holds of that size; `configured`, its size at boot. True while the
-    /// guest's figures are not credible: the contradiction has lasted [`GRACE`].
+    /// guest's figures are not credible: found out, and contradicted now.
     ///
     /// A guest is first held to its claim within its current size: memory it says it uses
     /// there is memory it has touched. Once found out, to its whole claim: squeezed to
     /// what the host backs, it claims all it has and the host backs all of it, which
     /// proves nothing (found on real guests: a liar believed again at its squeezed size
     /// had its claimed commitment protected, grew back to its full size and pushed its
-    /// honest neighbour below what that one had committed, until found out again).
+    /// honest neighbour below what that one had committed, until found out again). And
+    /// it stays found out until it has agreed with the host as long as it was
+    /// contradicted: a guest that told the truth for one tick in every 20 s would
+    /// otherwise start a new grace period each time and never be found out.
     pub fn observe(
         &mut self,
         at: Duration,
@@ -49,19 +56,25 @@ impl Trust {
         backed: Bytes,
         configured: Bytes,
     ) -> bool {
+        let dt = self.last.map_or(Duration::ZERO, |l| at.saturating_sub(l));
+        self.last = Some(at);
         let held_to = if self.found_out {
             claimed
         } else {
             claimed.min(size)
         };
-        self.found_out = if held_to > backed + configured.scale(TOLERANCE) {
-            let since = *self.excess_since.get_or_insert(at);
-            at.saturating_sub(since) >= GRACE
+        let contradicted = held_to > backed + configured.scale(TOLERANCE);
+        self.excess = if contradicted {
+            (self.excess + dt).min(2 * GRACE)
         } else {
-            self.excess_since = None;
-            false
+            self.excess.saturating_sub(dt)
         };
-        self.found_out
+        self.found_out = if self.found_out {
+            !self.excess.is_zero()
+        } else {
+            self.excess >= GRACE
+        };
+        self.found_out && contradicted
     }
 }
 
@@ -83,11 +96,48 @@ mod tests {
         assert!(!t.observe(at(0), mib(1000), full, mib(200), full));
         assert!(!t.observe(at(g - 1), mib(1000), full, mib(200), full));
         assert!(t.observe(at(g), mib(1000), full, mib(200), full));
-        // The host's figures catch up (the guest touched it): credible again at once,
-        // and a new contradiction starts a new grace period.
+        // The host's figures catch up (the guest touched it): credible again at once.
         assert!(!t.observe(at(g + 1), mib(1000), full, mib(990), full));
-        assert!(!t.observe(at(g + 2), mib(1000), full, mib(200), full));
-        assert!(t.observe(at(2 * g + 2), mib(1000), full, mib(200), full));
+        // But a new contradiction before it has agreed as long as it was contradicted
+        // (20 s) counts at once; once it has, a new one has a new grace period.
+        assert!(t.observe(at(g + 2), mib(1000), full, mib(200), full));
+        assert!(!t.observe(at(2 * g + 3), mib(1000), full, mib(990), full));
+        // (The time since the previous tick counts as what this tick shows.)
+        assert!(!t.observe(at(2 * g + 4), mib(1000), full, mib(200), full));
+        assert!(!t.observe(at(3 * g + 2), mib(1000), full, mib(200), full));
+        assert!(t.observe(at(3 * g + 3), mib(1000), full, mib(200), full));
+    }
+
+    #[test]
+    fn a_guest_telling_the_truth_now_and_then_is_found_out() {
+        // Lies for 19 s, then agrees with the host for one tick, over and over: each
+        // truthful tick gives back one second of the grace, not all of it.
+        let mut t = Trust::default();
+        let full = mib(1024);
+        let mut doubted = Vec::new();
+        for s in 0..200 {
+            let lying = s % 20 != 19;
+            let claim = if lying { mib(1000) } else { mib(150) };
+            let d = t.observe(Duration::from_secs(s), claim, full, mib(200), full);
+            if lying {
+                doubted.push(d);
+            } else {
+                assert!(!d, "a claim the host backs is believed ({s} s)");
+            }
+        }
+        let first = doubted.iter().position(|d| *d).expect("found out");
+        assert!(first <= 22, "found out after {first} lying ticks");
+        assert!(
+            doubted[first..].iter().all(|d| *d),
+            "doubted at every lie after"
+        );
+        // A guest whose claims run ahead of the host's figures for 10 s in every 20 (it
+        // allocates, then touches) is never found out.
+        let mut honest = Trust::default();
+        for s in 0..600 {
+            let claim = if s % 20 < 10 { mib(1000) } else { mib(150) };
+            assert!(!honest.observe(Duration::from_secs(s), claim, full, mib(200), full));
+        }
     }
 
     #[test]
