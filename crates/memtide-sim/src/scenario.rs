@@ -538,6 +538,12 @@ impl Scenario {
                     return Err(invalid(at("start_mib"), "needs a balloon"));
                 }
             }
+            if vm.lie == Some(crate::lie::Lie::NowAndThen) && self.tick_s > 1.0 {
+                return Err(invalid(
+                    at("lie"),
+                    "now_and_then tells the truth for one second in 20: needs tick_s ≤ 1",
+                ));
+            }
             if !pct(vm.kernel_shareable_pct) {
                 return Err(invalid(at("kernel_shareable_pct"), "must be 0 to 100"));
             }

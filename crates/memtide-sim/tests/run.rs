@@ -193,6 +193,18 @@ fn scenario_errors_name_the_field() {
         e,
         "scenario: vm[0].start_mib: must exceed kernel_mib and be at most memory_mib"
     );
+    let e = parse_error(
+        &BASE
+            .replace("name = \"t\"", "name = \"t\"\ntick_s = 2")
+            .replace(
+                "memory_mib = 1024",
+                "memory_mib = 1024\nlie = \"now_and_then\"",
+            ),
+    );
+    assert_eq!(
+        e,
+        "scenario: vm[0].lie: now_and_then tells the truth for one second in 20: needs tick_s ≤ 1"
+    );
     let e = parse_error(&format!("{BASE}[[vm]]\nname = \"a\"\nmemory_mib = 512\n"));
     assert_eq!(e, "scenario: vm: two VMs are named \"a\"");
     assert!(matches!(

@@ -3,18 +3,22 @@
 //! Memory a guest says it uses within its current size is memory it has touched, so its
 //! hypervisor holds it: a guest reporting more in use than the host backs for it is
 //! contradicted by what the host sees. Programs touch what they allocate within moments,
-//! so a contradiction is forgiven for a grace period; one that lasts finds the guest out,
-//! and from then on its figures count only while the host backs the whole of its claim,
-//! not only the part within the size it was squeezed to, until it has agreed with the
-//! host as long as it was contradicted. While they do not count, its claims beyond its
-//! fair share take nothing from its neighbours ([`super::divide::credible`]).
+//! so a contradiction is forgiven for a grace period; one that lasts finds the guest out.
+//! From then on its claims beyond its fair share take nothing from its neighbours
+//! ([`super::divide::credible`]) until it has agreed with the host, with the whole of its
+//! claim, as long as it was contradicted (at most twice the grace).
 
 use crate::units::Bytes;
 use std::time::Duration;
 
 /// How long a guest may claim more in use than the host backs, net of the time it agreed
-/// with the host since, before its claims stop counting beyond its fair share.
+/// with the host since, before it is found out.
 pub const GRACE: Duration = Duration::from_secs(20);
+
+/// The most one tick counts for: a sample after a long gap (the VM unreachable for a
+/// while, a long `interval_s`) tells what the guest claims at that moment, not over the
+/// whole gap, so at least four samples find a guest out.
+pub const MAX_TICK: Duration = Duration::from_secs(5);
 
 /// A claim beyond what the host backs by less than this share of the guest's configured
 /// size is noise (QEMU's own memory, pages in flight), not a contradiction.
@@ -26,55 +30,69 @@ pub struct Trust {
     /// Time contradicted less time in agreement since (never below zero, at most twice
     /// [`GRACE`]).
     excess: Duration,
-    /// It has been found out (`excess` reached [`GRACE`]) and has not yet agreed with the
-    /// host as long as it was contradicted.
+    /// It has been found out (`excess` reached [`GRACE`]) and `excess` has not drained
+    /// to zero since.
     found_out: bool,
-    /// The previous tick.
+    /// What it claimed at its last contradicted tick.
+    claimed: Bytes,
+    /// The latest tick seen.
     last: Option<Duration>,
 }
 
 impl Trust {
     /// Feed one tick: `claimed`, the memory the guest's figures say it uses or has
-    /// committed, within its configured size; `size`, its current size; `backed`, what
-    /// its hypervisor holds of that size; `configured`, its size at boot. True while the
-    /// guest's figures are not credible: found out, and contradicted now.
+    /// committed, within its configured size (`None` when it gave no figures this tick:
+    /// nothing to hold against the host, neither a contradiction nor an agreement);
+    /// `size`, its current size; `backed`, what its hypervisor holds of that size;
+    /// `configured`, its size at boot. True while the guest is found out.
     ///
     /// A guest is first held to its claim within its current size: memory it says it uses
     /// there is memory it has touched. Once found out, to its whole claim: squeezed to
     /// what the host backs, it claims all it has and the host backs all of it, which
     /// proves nothing (found on real guests: a liar believed again at its squeezed size
     /// had its claimed commitment protected, grew back to its full size and pushed its
-    /// honest neighbour below what that one had committed, until found out again). And
-    /// it stays found out until it has agreed with the host as long as it was
-    /// contradicted: a guest that told the truth for one tick in every 20 s would
-    /// otherwise start a new grace period each time and never be found out.
+    /// honest neighbour below what that one had committed, until found out again).
+    ///
+    /// The time since the previous tick (at most [`MAX_TICK`]) counts as what this tick
+    /// shows. Agreement drains the doubt at full rate where the host now backs what the
+    /// guest claimed when last contradicted (it was telling the truth early), at half
+    /// rate where the guest claims less instead (a guest telling the truth one tick in 20
+    /// started the grace over each time and was never found out; at half rate one that
+    /// lies over a third of the time is found out).
     pub fn observe(
         &mut self,
         at: Duration,
-        claimed: Bytes,
+        claimed: Option<Bytes>,
         size: Bytes,
         backed: Bytes,
         configured: Bytes,
     ) -> bool {
-        let dt = self.last.map_or(Duration::ZERO, |l| at.saturating_sub(l));
-        self.last = Some(at);
+        let last = self.last.map_or(at, |l| l.max(at));
+        let dt = at.saturating_sub(self.last.unwrap_or(at)).min(MAX_TICK);
+        self.last = Some(last);
+        let Some(claimed) = claimed else {
+            return self.found_out;
+        };
         let held_to = if self.found_out {
             claimed
         } else {
             claimed.min(size)
         };
-        let contradicted = held_to > backed + configured.scale(TOLERANCE);
-        self.excess = if contradicted {
-            (self.excess + dt).min(2 * GRACE)
+        let tolerance = configured.scale(TOLERANCE);
+        if held_to > backed + tolerance {
+            self.excess = (self.excess + dt).min(2 * GRACE);
+            self.claimed = held_to;
+        } else if backed + tolerance >= self.claimed {
+            self.excess = self.excess.saturating_sub(dt);
         } else {
-            self.excess.saturating_sub(dt)
-        };
+            self.excess = self.excess.saturating_sub(dt / 2);
+        }
         self.found_out = if self.found_out {
             !self.excess.is_zero()
         } else {
             self.excess >= GRACE
         };
-        self.found_out && contradicted
+        self.found_out
     }
 }
 
@@ -82,91 +100,125 @@ impl Trust {
 mod tests {
     use super::*;
 
-    fn mib(v: u64) -> Bytes {
-        Bytes::from_mib(v)
+    fn mib(v: u64) -> Option<Bytes> {
+        Some(Bytes::from_mib(v))
+    }
+
+    const FULL: Bytes = Bytes(1 << 30);
+
+    /// Feed `t` one tick a second from `from` to `to` (exclusive), the guest at its full
+    /// size, claiming `claim(s)` with `backed(s)` behind it; what each tick returned.
+    fn feed(
+        t: &mut Trust,
+        seconds: std::ops::Range<u64>,
+        claim: impl Fn(u64) -> Option<Bytes>,
+        backed: impl Fn(u64) -> u64,
+    ) -> Vec<bool> {
+        seconds
+            .map(|s| {
+                let at = Duration::from_secs(s);
+                t.observe(at, claim(s), FULL, Bytes::from_mib(backed(s)), FULL)
+            })
+            .collect()
     }
 
     #[test]
     fn a_claim_the_host_does_not_back_is_believed_only_for_the_grace_period() {
         let mut t = Trust::default();
         let g = GRACE.as_secs();
-        let at = |s: u64| Duration::from_secs(100 + s);
-        let full = mib(1024);
         // Claims 1000 MiB in use, the host backs 200: believed for the grace, then not.
-        assert!(!t.observe(at(0), mib(1000), full, mib(200), full));
-        assert!(!t.observe(at(g - 1), mib(1000), full, mib(200), full));
-        assert!(t.observe(at(g), mib(1000), full, mib(200), full));
-        // The host's figures catch up (the guest touched it): credible again at once.
-        assert!(!t.observe(at(g + 1), mib(1000), full, mib(990), full));
-        // But a new contradiction before it has agreed as long as it was contradicted
-        // (20 s) counts at once; once it has, a new one has a new grace period.
-        assert!(t.observe(at(g + 2), mib(1000), full, mib(200), full));
-        assert!(!t.observe(at(2 * g + 3), mib(1000), full, mib(990), full));
-        // (The time since the previous tick counts as what this tick shows.)
-        assert!(!t.observe(at(2 * g + 4), mib(1000), full, mib(200), full));
-        assert!(!t.observe(at(3 * g + 2), mib(1000), full, mib(200), full));
-        assert!(t.observe(at(3 * g + 3), mib(1000), full, mib(200), full));
-    }
-
-    #[test]
-    fn a_guest_telling_the_truth_now_and_then_is_found_out() {
-        // Lies for 19 s, then agrees with the host for one tick, over and over: each
-        // truthful tick gives back one second of the grace, not all of it.
-        let mut t = Trust::default();
-        let full = mib(1024);
-        let mut doubted = Vec::new();
-        for s in 0..200 {
-            let lying = s % 20 != 19;
-            let claim = if lying { mib(1000) } else { mib(150) };
-            let d = t.observe(Duration::from_secs(s), claim, full, mib(200), full);
-            if lying {
-                doubted.push(d);
-            } else {
-                assert!(!d, "a claim the host backs is believed ({s} s)");
-            }
-        }
-        let first = doubted.iter().position(|d| *d).expect("found out");
-        assert!(first <= 22, "found out after {first} lying ticks");
-        assert!(
-            doubted[first..].iter().all(|d| *d),
-            "doubted at every lie after"
-        );
-        // A guest whose claims run ahead of the host's figures for 10 s in every 20 (it
-        // allocates, then touches) is never found out.
-        let mut honest = Trust::default();
-        for s in 0..600 {
-            let claim = if s % 20 < 10 { mib(1000) } else { mib(150) };
-            assert!(!honest.observe(Duration::from_secs(s), claim, full, mib(200), full));
-        }
+        let d = feed(&mut t, 0..g + 1, |_| mib(1000), |_| 200);
+        assert_eq!(d.iter().position(|d| *d), Some(g as usize));
+        // The host's figures catch up (the guest touched it): the doubt drains as fast
+        // as it came, and a new contradiction then has a new grace period.
+        let d = feed(&mut t, g + 1..2 * g + 1, |_| mib(1000), |_| 990);
+        assert!(d[..(g - 1) as usize].iter().all(|d| *d), "on probation");
+        assert!(!d[g as usize - 1], "agreed as long as it was contradicted");
+        // (Its first tick counts the second before it, as every tick does but the first.)
+        let d = feed(&mut t, 2 * g + 1..3 * g + 2, |_| mib(1000), |_| 200);
+        assert_eq!(d.iter().position(|d| *d), Some(g as usize - 1));
     }
 
     #[test]
     fn a_claim_within_the_tolerance_is_no_contradiction() {
         let mut t = Trust::default();
-        for s in [0, 100, 1000] {
-            // 40 MiB beyond the host's figure on a 1 GiB guest: under 5%.
-            let full = mib(1024);
-            assert!(!t.observe(Duration::from_secs(s), mib(540), full, mib(500), full));
-        }
+        // 40 MiB beyond the host's figure on a 1 GiB guest: under 5%.
+        assert!(feed(&mut t, 0..1000, |_| mib(540), |_| 500)
+            .iter()
+            .all(|d| !d));
     }
 
     #[test]
     fn a_guest_found_out_stays_so_when_squeezed_to_what_the_host_backs() {
         let mut t = Trust::default();
-        let at = |s: u64| Duration::from_secs(100 + s);
-        let (full, claim) = (mib(1024), mib(1000));
-        assert!(!t.observe(at(0), claim, full, mib(200), full));
-        assert!(t.observe(at(GRACE.as_secs()), claim, full, mib(200), full));
+        let at = |s: u64| Duration::from_secs(s);
+        let (claim, mib_) = (mib(1000), Bytes::from_mib);
+        let g = GRACE.as_secs();
+        assert!(feed(&mut t, 0..g + 1, |_| claim, |_| 200)[g as usize]);
         // Ballooned to 250 MiB, of which the host backs 240: all of its size is in use
         // as it claims, but the rest of its claim is still not behind it.
-        assert!(t.observe(at(100), claim, mib(250), mib(240), full));
-        // Given room, it touches what it claimed: credible again.
-        assert!(!t.observe(at(101), claim, full, mib(990), full));
+        for s in g + 1..g + 100 {
+            assert!(t.observe(at(s), claim, mib_(250), mib_(240), FULL));
+        }
         // A guest not found out is held to its claim within its size: squeezed to 250 MiB
         // and using all of it, it is believed however much it has committed.
         let mut honest = Trust::default();
-        for s in [0, 100, 1000] {
-            assert!(!honest.observe(at(s), claim, mib(250), mib(240), full));
+        for s in 0..1000 {
+            assert!(!honest.observe(at(s), claim, mib_(250), mib_(240), FULL));
         }
+    }
+
+    #[test]
+    fn a_guest_telling_the_truth_now_and_then_is_found_out() {
+        // Lies for 19 s, then claims only what the host backs for one tick, over and
+        // over: each truthful tick takes back half a second of the grace, not all of it.
+        let mut t = Trust::default();
+        let lie = |s: u64| if s % 20 != 19 { mib(1000) } else { mib(150) };
+        let d = feed(&mut t, 0..400, lie, |_| 200);
+        let first = d.iter().position(|d| *d).expect("found out");
+        assert!(first <= 22, "found out after {first} s");
+        assert!(d[first..].iter().all(|d| *d), "doubted from then on");
+        // Lying half the time, in spells shorter than the grace: found out too.
+        let mut half = Trust::default();
+        let d = feed(
+            &mut half,
+            0..200,
+            |s| mib(if s % 38 < 19 { 1000 } else { 150 }),
+            |_| 200,
+        );
+        assert!(d.iter().any(|d| *d), "a liar half the time is found out");
+    }
+
+    #[test]
+    fn an_honest_guest_touching_what_it_allocates_is_never_found_out() {
+        // Its claims run 5 s ahead of the host's figures in every 20 (it allocates, then
+        // touches), and it frees at the end of each cycle.
+        let mut t = Trust::default();
+        let claim = |s: u64| mib(if s % 20 == 19 { 200 } else { 1000 });
+        let backed = |s: u64| if s % 20 < 5 { 200 } else { 990 };
+        assert!(feed(&mut t, 0..2000, claim, backed).iter().all(|d| !d));
+    }
+
+    #[test]
+    fn a_long_gap_and_silence_count_for_little() {
+        // One contradicted sample after a minute away adds 5 s, not the minute.
+        let mut t = Trust::default();
+        let at = |s: u64| Duration::from_secs(s);
+        let (claim, backed) = (mib(1000), Bytes::from_mib(200));
+        assert!(!t.observe(at(0), claim, FULL, backed, FULL));
+        assert!(!t.observe(at(60), claim, FULL, backed, FULL));
+        assert!(!t.observe(at(120), claim, FULL, backed, FULL));
+        assert!(!t.observe(at(180), claim, FULL, backed, FULL));
+        assert!(
+            t.observe(at(240), claim, FULL, backed, FULL),
+            "the fourth sample"
+        );
+        // A tick without figures neither drains the doubt nor clears it; nor does a tick
+        // whose clock went back count twice.
+        for s in 241..400 {
+            assert!(t.observe(at(s), None, FULL, backed, FULL));
+        }
+        assert!(t.observe(at(300), mib(150), FULL, backed, FULL));
+        assert!(t.observe(at(401), mib(150), FULL, backed, FULL));
     }
 }

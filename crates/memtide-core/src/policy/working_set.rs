@@ -203,10 +203,15 @@ impl WorkingSet {
             .zip(costless)
             .map(|(vm, costless)| {
                 let configured = vm.latest().configured;
-                let claimed = costless
-                    .unwrap_or_default()
-                    .max(beyond_swap(vm.signals))
-                    .min(configured);
+                // No figures at all (the agent failed, balloon statistics stale): nothing
+                // to hold against the host this tick.
+                let figures = vm.signals.available.is_some() || vm.signals.committed_as.is_some();
+                let claimed = figures.then(|| {
+                    costless
+                        .unwrap_or_default()
+                        .max(beyond_swap(vm.signals))
+                        .min(configured)
+                });
                 let trust = self.trust.entry(vm.name.to_string()).or_default();
                 trust.observe(input.at, claimed, vm.actual, backed(vm), configured)
             })
@@ -365,9 +370,10 @@ impl Policy for WorkingSet {
                 out.unbacked.push(UnbackedClaim {
                     vm: vm.name.to_string(),
                     message: format!(
-                        "its figures have claimed more in use than its hypervisor holds \
-                         ({}) for over {} s: beyond {credible} they count for nothing when \
-                         memory is divided",
+                        "its figures have claimed more in use or committed than its \
+                         hypervisor holds ({}) for {} s longer than they agreed with it: \
+                         beyond {credible} they count for nothing when memory is divided \
+                         until the host backs all they claim for as long",
                         backed(vm),
                         super::trust::GRACE.as_secs()
                     ),
