@@ -288,9 +288,10 @@ fn density_admits_more_vms_under_memtide_than_static_partitioning_with_no_oom_ki
     assert_eq!(report.candidates, 62);
 }
 
-/// Three databases that each use about 1.6 GiB next to a mostly idle 4 GiB guest, on a
-/// host that holds all of them only if the idle one keeps no more than its fair share; `lie` makes the idle guest hostile.
-fn honest_neighbours(lie: &str) -> Scenario {
+/// Three databases that each use about 1.6 GiB next to a 4 GiB guest touching
+/// `touched_mib` with `shares` (the databases have 1000 each), on a host that holds all
+/// of them only if the fourth keeps no more than its fair share; `lie` makes it hostile.
+fn honest_neighbours(lie: &str, shares: u32, touched_mib: u64) -> Scenario {
     let lie = if lie.is_empty() {
         String::new()
     } else {
@@ -315,10 +316,11 @@ anon = {{ kind = "const", mib = 1450 }}
 [[vm]]
 name = "liar"
 memory_mib = 4096
+shares = {shares}
 {lie}
 [vm.workload]
 base_mib_s = 32
-anon = {{ kind = "const", mib = 64 }}
+anon = {{ kind = "const", mib = {touched_mib} }}
 "#
     ))
     .unwrap()
@@ -333,33 +335,7 @@ fn a_liar_held_to_what_the_host_backs_stays_found_out() {
     use memtide_core::policy::ksmtuned::KsmConfig;
     use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     use memtide_sim::Simulation;
-    let scenario = Scenario::from_toml(
-        r#"
-name = "squeezed-liar"
-ticks = 600
-seed = 1
-[host]
-memory_mib = 7680
-reserved_mib = 512
-swap_mib = 8192
-[[vm]]
-name = "db"
-count = 3
-memory_mib = 2048
-[vm.workload]
-base_mib_s = 512
-anon = { kind = "const", mib = 1450 }
-[[vm]]
-name = "liar"
-memory_mib = 4096
-shares = 100
-lie = "needs_all"
-[vm.workload]
-base_mib_s = 32
-anon = { kind = "const", mib = 1500 }
-"#,
-    )
-    .unwrap();
+    let scenario = honest_neighbours("needs_all", 100, 1500);
     let memtide = WorkingSet::new(
         EstimatorConfig::Fused(FusedConfig::default()),
         WorkingSetConfig::default(),
@@ -408,7 +384,7 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
             WorkingSetConfig::default(),
             KsmConfig::default(),
         );
-        let scenario = honest_neighbours(lie);
+        let scenario = honest_neighbours(lie, 1000, 64);
         let (mut unbacked, mut held, mut liar, mut ticks) = (0, 0.0, 0.0, 0);
         let report = Simulation::new(&scenario, Box::new(memtide), EngineConfig::default(), 1)
             .run_with(|s, d| {
