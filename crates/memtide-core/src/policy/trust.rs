@@ -17,7 +17,7 @@ pub const GRACE: Duration = Duration::from_secs(20);
 
 /// The most one tick counts for: a sample after a long gap (the VM unreachable for a
 /// while, a long `interval_s`) tells what the guest claims at that moment, not over the
-/// whole gap, so at least four samples find a guest out.
+/// whole gap, so it takes at least five samples (four intervals) to find a guest out.
 pub const MAX_TICK: Duration = Duration::from_secs(5);
 
 /// A claim beyond what the host backs by less than this share of the guest's configured
@@ -106,8 +106,8 @@ mod tests {
 
     const FULL: Bytes = Bytes(1 << 30);
 
-    /// Feed `t` one tick a second from `from` to `to` (exclusive), the guest at its full
-    /// size, claiming `claim(s)` with `backed(s)` behind it; what each tick returned.
+    /// Feed `t` one tick a second over `seconds`, the guest at its full size, claiming
+    /// `claim(s)` with `backed(s)` MiB behind it; what each tick returned.
     fn feed(
         t: &mut Trust,
         seconds: std::ops::Range<u64>,
@@ -211,14 +211,19 @@ mod tests {
         assert!(!t.observe(at(180), claim, FULL, backed, FULL));
         assert!(
             t.observe(at(240), claim, FULL, backed, FULL),
-            "the fourth sample"
+            "the fifth sample"
         );
-        // A tick without figures neither drains the doubt nor clears it; nor does a tick
-        // whose clock went back count twice.
+        // A tick without figures neither drains the doubt nor clears it.
         for s in 241..400 {
             assert!(t.observe(at(s), None, FULL, backed, FULL));
         }
-        assert!(t.observe(at(300), mib(150), FULL, backed, FULL));
-        assert!(t.observe(at(401), mib(150), FULL, backed, FULL));
+        // A tick whose clock went back counts for nothing, and the next counts from the
+        // latest tick: found out at 20 s, it agrees from 21 s on and is cleared at 40 s
+        // (at 36 s had the tick at 10 s counted as the latest).
+        let mut t = Trust::default();
+        feed(&mut t, 0..21, |_| claim, |_| 200);
+        assert!(t.observe(at(10), claim, FULL, Bytes::from_mib(990), FULL));
+        let d = feed(&mut t, 21..41, |_| claim, |_| 990);
+        assert_eq!(d.iter().position(|d| !d), Some(19), "{d:?}");
     }
 }
