@@ -169,6 +169,9 @@ pub struct GuestParams {
     pub kernel: u64,
     /// Swap (pages).
     pub swap: u64,
+    /// Memory committed and never touched (pages): thread stacks, heaps reserved up
+    /// front. Linux counts it in Committed_AS; it holds no page.
+    pub untouched_commit: u64,
     /// Share of kernel pages KSM can merge.
     pub kernel_shareable: f64,
     /// Share of idle pages KSM can merge.
@@ -196,6 +199,7 @@ impl GuestParams {
             configured: pages(spec.memory_mib),
             kernel: pages(spec.kernel_mib),
             swap: pages(spec.swap_mib),
+            untouched_commit: pages(spec.untouched_commit_mib),
             kernel_shareable: spec.kernel_shareable_pct / 100.0,
             idle_shareable: w.shareable_pct / 100.0,
             hot: w.hot_pct / 100.0,
@@ -908,7 +912,8 @@ impl Guest {
             + self.swap_ws
             + self.anon_idle.pages
             + self.swap_idle
-            + self.anon_pending;
+            + self.anon_pending
+            + self.params.untouched_commit;
         let line = self.pressure.line();
         AgentStats {
             meminfo: MemInfo {
@@ -991,6 +996,7 @@ mod tests {
             configured: pages(mib_ram),
             kernel: pages(64.0),
             swap: pages(256.0),
+            untouched_commit: 0,
             kernel_shareable: 0.5,
             idle_shareable: 0.0,
             hot: 1.0,

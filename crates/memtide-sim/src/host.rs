@@ -352,6 +352,7 @@ mod tests {
                         configured: pages(1024.0),
                         kernel: pages(64.0),
                         swap: pages(256.0),
+                        untouched_commit: 0,
                         kernel_shareable: 1.0,
                         idle_shareable: 0.0,
                         hot: 1.0,

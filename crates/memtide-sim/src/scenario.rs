@@ -313,6 +313,11 @@ pub struct VmSpec {
     /// Memory the guest kernel and its services use and never free (MiB).
     #[serde(default = "default_kernel_mib")]
     pub kernel_mib: f64,
+    /// Memory its programs have committed and never touch (MiB): thread stacks, heaps
+    /// reserved up front. Counted in its Committed_AS, as Linux counts it; it holds no
+    /// page.
+    #[serde(default)]
+    pub untouched_commit_mib: f64,
     /// Share of the kernel's pages identical across guests of the same OS (%).
     #[serde(default = "default_kernel_shareable_pct")]
     pub kernel_shareable_pct: f64,
@@ -517,6 +522,9 @@ impl Scenario {
             }
             if !size(vm.swap_mib) {
                 return Err(invalid(at("swap_mib"), "must be a size ≥ 0"));
+            }
+            if !size(vm.untouched_commit_mib) {
+                return Err(invalid(at("untouched_commit_mib"), "must be a size ≥ 0"));
             }
             if !(size(vm.min_mib()) && vm.min_mib() <= vm.memory_mib) {
                 return Err(invalid(at("min_mib"), "must be between 0 and memory_mib"));

@@ -61,6 +61,7 @@ proptest! {
             configured: pages(ram_mib as f64),
             kernel: pages(ram_mib as f64 / 8.0),
             swap: pages(swap_mib as f64),
+            untouched_commit: 0,
             kernel_shareable: 0.5,
             idle_shareable: 0.3,
             hot: f64::from(hot) / 100.0,
