@@ -1121,6 +1121,19 @@ mod tests {
         assert_eq!(g.anon_ws.pages, pages(2000.0));
         g.step(1.0, &demand(2500.0), &costs);
         assert_eq!((g.anon_ws.pages, g.anon_pending), (pages(2500.0), 0));
+        // Memory committed and never touched is in Committed_AS and holds no page.
+        let mut r = Guest::boot(
+            GuestParams {
+                untouched_commit: pages(1000.0),
+                ..params(4096.0)
+            },
+            Rng::new(1),
+        );
+        for _ in 0..3 {
+            r.step(1.0, &demand(2500.0), &costs);
+        }
+        assert_eq!(committed(&r), 64 + 2500 + 1000);
+        assert_eq!(r.host_resident(), g.host_resident());
     }
 
     #[test]
