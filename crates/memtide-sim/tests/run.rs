@@ -12,6 +12,18 @@ fn quick() -> Scenario {
     Scenario::builtin("quick").unwrap()
 }
 
+/// memtide's policy with its default settings.
+fn memtide() -> Box<dyn Policy> {
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    Box::new(WorkingSet::new(
+        EstimatorConfig::Fused(FusedConfig::default()),
+        WorkingSetConfig::default(),
+        KsmConfig::default(),
+    ))
+}
+
 fn summary_without_wall_time(policy: Box<dyn Policy>, seed: u64) -> serde_json::Value {
     let mut report = run(&quick(), policy, EngineConfig::default(), seed);
     report.summary.wall_s = 0.0;
@@ -235,9 +247,6 @@ fn the_calibration_twins_of_the_real_guest_scenarios_are_valid_and_run() {
 
 #[test]
 fn memtide_oom_kills_nothing_in_any_built_in_scenario_without_deflate_on_oom() {
-    use memtide_core::estimate::fused::FusedConfig;
-    use memtide_core::policy::ksmtuned::KsmConfig;
-    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     // fleet-1000 (1000 VMs for an hour) is run by bench/sim-compare.sh in release; a
     // density queue (every VM at once: far more than the host holds) by the density test.
     for name in Scenario::builtin_names()
@@ -252,12 +261,7 @@ fn memtide_oom_kills_nothing_in_any_built_in_scenario_without_deflate_on_oom() {
             !scenario.host.deflate_on_oom,
             "{name}: the policy may not lean on it"
         );
-        let memtide = WorkingSet::new(
-            EstimatorConfig::Fused(FusedConfig::default()),
-            WorkingSetConfig::default(),
-            KsmConfig::default(),
-        );
-        let report = run(&scenario, Box::new(memtide), EngineConfig::default(), 1);
+        let report = run(&scenario, memtide(), EngineConfig::default(), 1);
         let s = &report.summary;
         assert_eq!(s.oom_kills, 0, "{name}: memtide OOM-killed guest workloads");
     }
@@ -265,22 +269,12 @@ fn memtide_oom_kills_nothing_in_any_built_in_scenario_without_deflate_on_oom() {
 
 #[test]
 fn density_admits_more_vms_under_memtide_than_static_partitioning_with_no_oom_kill() {
-    use memtide_core::estimate::fused::FusedConfig;
-    use memtide_core::policy::ksmtuned::KsmConfig;
-    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     use memtide_sim::density::PolicyFactory;
     let mut scenario = Scenario::builtin("density").unwrap();
     scenario.ticks = 900; // the first quarter hour: the queue fills the host
     let spec = scenario.density.as_mut().unwrap();
     spec.reserves_pct = vec![15.0];
     let none = || -> Box<dyn Policy> { Box::new(Unmanaged) };
-    let memtide = || -> Box<dyn Policy> {
-        Box::new(WorkingSet::new(
-            EstimatorConfig::Fused(FusedConfig::default()),
-            WorkingSetConfig::default(),
-            KsmConfig::default(),
-        ))
-    };
     let policies: Vec<(String, PolicyFactory<'_>)> =
         vec![("none".into(), &none), ("memtide".into(), &memtide)];
     let report = memtide_sim::density(&scenario, &policies, &EngineConfig::default(), 1);
@@ -339,20 +333,12 @@ anon = {{ kind = "const", mib = {touched_mib} }}
 #[test]
 fn a_liar_held_to_what_the_host_backs_stays_found_out() {
     use memtide_core::decision::DiagnosticKind;
-    use memtide_core::estimate::fused::FusedConfig;
-    use memtide_core::policy::ksmtuned::KsmConfig;
-    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     use memtide_sim::Simulation;
     let scenario = honest_neighbours("needs_all", 100, 1500);
-    let memtide = WorkingSet::new(
-        EstimatorConfig::Fused(FusedConfig::default()),
-        WorkingSetConfig::default(),
-        KsmConfig::default(),
-    );
     // Ticks from the first report on where the liar was not reported, and the most it
     // held from half a minute after it (MiB; squeezing it takes a few ticks).
     let (mut found, mut believed, mut most) = (None, 0, 0.0_f64);
-    Simulation::new(&scenario, Box::new(memtide), EngineConfig::default(), 1).run_with(|s, d| {
+    Simulation::new(&scenario, memtide(), EngineConfig::default(), 1).run_with(|s, d| {
         let reported = d
             .diagnostics
             .iter()
@@ -378,24 +364,16 @@ fn a_liar_held_to_what_the_host_backs_stays_found_out() {
 #[test]
 fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
     use memtide_core::decision::DiagnosticKind;
-    use memtide_core::estimate::fused::FusedConfig;
-    use memtide_core::policy::ksmtuned::KsmConfig;
     use memtide_core::policy::trust::GRACE;
-    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     use memtide_sim::Simulation;
     // The honest databases' throughput over the run, their memory and the liar's once the
     // lie has been found out (mean MiB, from a minute after the grace period on), and the
     // reports.
     let run_with = |lie: &str| {
-        let memtide = WorkingSet::new(
-            EstimatorConfig::Fused(FusedConfig::default()),
-            WorkingSetConfig::default(),
-            KsmConfig::default(),
-        );
         let scenario = honest_neighbours(lie, 1000, 64);
         let (mut unbacked, mut held, mut liar, mut ticks) = (0, 0.0, 0.0, 0);
-        let report = Simulation::new(&scenario, Box::new(memtide), EngineConfig::default(), 1)
-            .run_with(|s, d| {
+        let report =
+            Simulation::new(&scenario, memtide(), EngineConfig::default(), 1).run_with(|s, d| {
                 unbacked += d
                     .diagnostics
                     .iter()
