@@ -40,6 +40,11 @@ pub struct Signals {
     /// agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anon: Option<Bytes>,
+    /// Memory the guest has committed and not touched: Committed_AS less its anonymous
+    /// memory in RAM and in swap and its shmem (reserved heaps, thread stacks; needs the
+    /// agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untouched: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: unreclaimable slab, shmem
     /// and the anonymous memory that does not fit in its free swap (needs the agent).
     pub unreclaimable: Option<Bytes>,
@@ -113,6 +118,11 @@ impl Signals {
             anon: a.and_then(|a| a.meminfo.anon_pages),
             swap_free: a.map(|a| a.meminfo.swap_free),
             swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
+            untouched: a.and_then(|a| {
+                let m = &a.meminfo;
+                let swapped = m.swap_total - m.swap_free;
+                Some(m.committed_as? - m.anon_pages? - swapped - m.shmem.unwrap_or_default())
+            }),
             unreclaimable,
             swap_ins,
             refaults,
@@ -158,6 +168,7 @@ mod tests {
                 committed_as: Some(Bytes::from_mib(300)),
                 active_anon: Some(Bytes::from_mib(100)),
                 inactive_anon: Some(Bytes::from_mib(50)),
+                anon_pages: Some(Bytes::from_mib(120)),
                 shmem: Some(Bytes::from_mib(10)),
                 slab_unreclaimable: Some(Bytes::from_mib(20)),
                 swap_total: Bytes::from_mib(swap_total),
@@ -211,6 +222,8 @@ mod tests {
             "refaults, not major faults"
         );
         assert_eq!(s.committed_as, Some(Bytes::from_mib(300)));
+        // Committed 300, 120 of it anonymous memory in RAM, none swapped, 10 shmem.
+        assert_eq!(s.untouched, Some(Bytes::from_mib(170)));
         assert_eq!(s.available, Some(Bytes::from_mib(600)));
         assert_eq!(
             s.unreclaimable,

@@ -245,6 +245,9 @@ pub struct Guest {
     /// Anonymous pages allocated (committed) but not touched yet: a program touches fresh
     /// memory at its work rate, not all at once.
     pub anon_pending: u64,
+    /// Anonymous memory the workload has committed up front (its heap), counted in
+    /// Committed_AS as far as it holds no page yet.
+    pub heap: u64,
     /// Counters since boot.
     pub counters: GuestCounters,
     /// What happened in the last tick.
@@ -282,6 +285,7 @@ impl Guest {
             file_unread: 0,
             file_evicted: 0,
             anon_pending: 0,
+            heap: 0,
             counters: GuestCounters::default(),
             last: GuestCounters::default(),
             tier_slowdown: 0.0,
@@ -516,6 +520,7 @@ impl Guest {
     fn resize(&mut self, dt: f64, d: &Demand) {
         let mut budget = (self.params.base_pages_s * dt).max(1.0) as u64;
         self.anon_pending = 0;
+        self.heap = d.heap;
         if d.restart {
             let all = self.anon_ws.pages + self.swap_ws;
             release(
@@ -907,13 +912,12 @@ impl Guest {
     pub fn agent_stats(&self) -> AgentStats {
         let c = &self.counters;
         let anon = self.anon_ws.pages + self.anon_idle.pages;
-        let committed = self.kernel.pages
-            + self.anon_ws.pages
+        let allocated = self.anon_ws.pages
             + self.swap_ws
             + self.anon_idle.pages
             + self.swap_idle
-            + self.anon_pending
-            + self.params.untouched_commit;
+            + self.anon_pending;
+        let committed = self.kernel.pages + allocated.max(self.heap) + self.params.untouched_commit;
         let line = self.pressure.line();
         AgentStats {
             meminfo: MemInfo {

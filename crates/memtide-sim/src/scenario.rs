@@ -580,6 +580,7 @@ impl Scenario {
             for (name, v) in [
                 ("idle_mib", w.idle_mib),
                 ("idle_at_s", w.idle_at_s),
+                ("heap_mib", w.heap_mib),
                 ("hold_s", w.hold_s),
                 ("oom_restart_s", w.oom_restart_s),
             ] {

@@ -116,6 +116,10 @@ pub struct WorkloadSpec {
     pub idle_mib: f64,
     /// When the idle region is allocated (s).
     pub idle_at_s: f64,
+    /// Anonymous memory committed up front (a JVM's heap, MiB): in Committed_AS while the
+    /// workload runs, it holds pages only as the anonymous working set and idle region
+    /// grow into it.
+    pub heap_mib: f64,
     /// The working-set sizes change only every `hold_s` seconds (one memknobs run per
     /// size); 0 follows the shapes every tick.
     pub hold_s: f64,
@@ -143,6 +147,7 @@ impl Default for WorkloadSpec {
             file: Shape::default(),
             idle_mib: 0.0,
             idle_at_s: 0.0,
+            heap_mib: 0.0,
             hold_s: 0.0,
             restart: false,
             shareable_pct: 0.0,
@@ -352,6 +357,8 @@ pub struct Demand {
     pub file: u64,
     /// Idle anonymous region.
     pub idle: u64,
+    /// Anonymous memory committed up front, touched only as the others grow into it.
+    pub heap: u64,
     /// Free the anonymous working set and allocate it afresh.
     pub restart: bool,
     /// The workload is not running (killed, waiting to be restarted): it wants no memory
@@ -416,6 +423,7 @@ impl Workload {
         } else {
             0
         };
+        self.current.heap = pages(self.spec.heap_mib);
         Demand {
             restart,
             ..self.current

@@ -76,7 +76,7 @@ proptest! {
         for op in ops {
             match op {
                 Op::Run { anon, file, idle, restart, stopped } => {
-                    let d = Demand { anon: anon % (2 * ram), file: file % ram, idle: idle % ram, restart, stopped };
+                    let d = Demand { anon: anon % (2 * ram), file: file % ram, idle: idle % ram, heap: 0, restart, stopped };
                     g.step(1.0, &d, &costs);
                     prop_assert!(g.last.touched >= 0.0);
                 }

@@ -55,9 +55,39 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>]) -> Vec<Bytes> {
     divide(capacity, &everything)
         .into_iter()
         .zip(vms)
-        .map(|(fair, vm)| fair.max(backed(vm)))
+        .map(|(fair, vm)| fair.max(backed(vm) + growth(vm)))
         .collect()
 }
+
+/// Room for what a VM is loading: twice what it uses beyond the most it used in the
+/// samples kept before this one, at most [`GROWTH`] of its size, where the host backs
+/// all it says it uses (else none). It is protected when memory is divided, and a doubted
+/// guest may claim it beyond what the host backs: a guest touching memory gets room for
+/// its next tick; one whose figures only claim it earns nothing, nor one squeezed to what
+/// it holds that touches nothing new, nor one whose figures go up and down within what it
+/// holds (found in the simulator: honest guests without swap, doubted for heaps committed
+/// up front, could never grow past their fair share and were OOM-killed when they loaded
+/// them together; believed, with their heaps counted as reservations, they were too).
+pub fn growth(vm: &VmInput<'_>) -> Bytes {
+    let used =
+        |s: &crate::snapshot::VmSample| Some(s.balloon.unwrap_or(s.configured) - s.stats.free?);
+    let mut recent = vm.history.iter().rev().map(used);
+    let Some(Some(now)) = recent.next() else {
+        return Bytes::ZERO;
+    };
+    let Some(most) = recent.flatten().max() else {
+        return Bytes::ZERO;
+    };
+    let configured = vm.latest().configured;
+    if now > backed(vm) + configured.scale(super::trust::TOLERANCE) {
+        return Bytes::ZERO;
+    }
+    (now - most).scale(2.0).min(configured.scale(GROWTH))
+}
+
+/// The most of its size a doubted guest may grow by in a tick (see [`growth`]): a
+/// quarter, a tick ahead of a program loading a heap it committed long before.
+pub const GROWTH: f64 = 0.25;
 
 /// One VM's claim.
 #[derive(Clone, Debug, PartialEq)]
@@ -205,6 +235,51 @@ mod tests {
             capacity(&input, Bytes::from_mib(100)),
             Bytes::from_mib(1024 + 300 + 1024 + 340 + 1000 - 100)
         );
+    }
+
+    #[test]
+    fn a_doubted_guest_touching_memory_may_grow_past_its_fair_share_one_claiming_it_not() {
+        use crate::history::History;
+        use crate::policy::VmInput;
+        use crate::signals::Signals;
+        use crate::snapshot::VmLimits;
+        use crate::testkit;
+        use std::time::Duration;
+        let limits = VmLimits {
+            min: Bytes::ZERO,
+            max: Bytes::from_mib(4096),
+            shares: 1,
+        };
+        let signals = Signals::default();
+        // A 4 GiB guest at 2 GiB that used `used` MiB a second apart, the host backing
+        // `rss`; the most its word may claim out of 2 GiB divided between it and another.
+        let credible_of = |used: &[u64], rss: u64| {
+            let mut h = History::new(10);
+            for (s, used) in (0..).zip(used.iter().copied()) {
+                let mut sample = testkit::vm("x", 4096, 2048, 2048 - used).sample.unwrap();
+                sample.rss = Some(Bytes::from_mib(rss));
+                h.push(Duration::from_secs(s), sample);
+            }
+            let vm = VmInput {
+                name: "x",
+                limits: &limits,
+                history: &h,
+                actual: Bytes::from_mib(2048),
+                signals: &signals,
+            };
+            credible(Bytes::from_mib(2048), &[&vm, &vm])[0].0 >> 20
+        };
+        // Its fair share is 1 GiB; the host backs 1.5 GiB of it.
+        assert_eq!(credible_of(&[1000, 1000], 1536), 1536, "using nothing new");
+        // It took 300 MiB into use, and the host backs all it says it uses: room for
+        // twice that by the next tick.
+        assert_eq!(credible_of(&[1200, 1500], 1536), 1536 + 600);
+        // No more than a quarter of its size a tick.
+        assert_eq!(credible_of(&[500, 1500], 1536), 1536 + 1024);
+        // Its figures claim 300 MiB more in use than the host backs: nothing.
+        assert_eq!(credible_of(&[1500, 1800], 1536), 1536);
+        // Figures going down and up again within what it holds: nothing.
+        assert_eq!(credible_of(&[1500, 1200, 1500], 1536), 1536);
     }
 
     #[test]

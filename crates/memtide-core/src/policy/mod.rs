@@ -7,6 +7,7 @@ pub mod ksmtuned;
 pub mod mom;
 pub mod none;
 pub mod proxmox;
+pub mod reserved;
 pub mod routed;
 pub mod trust;
 pub mod working_set;

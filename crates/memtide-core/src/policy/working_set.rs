@@ -4,8 +4,9 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{backed, capacity, capacity_of, credible, divide_by_use, Claim};
+use super::divide::{backed, capacity, capacity_of, credible, divide_by_use, growth, Claim};
 use super::ksmtuned::{self, KsmConfig};
+use super::reserved::Reserved;
 use super::trust::Trust;
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
 use crate::action::Reason;
@@ -137,6 +138,7 @@ pub struct WorkingSet {
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
     trust: FxHashMap<String, Trust>,
+    reserved: FxHashMap<String, Reserved>,
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
@@ -151,6 +153,7 @@ impl WorkingSet {
             ksm,
             states: FxHashMap::default(),
             trust: FxHashMap::default(),
+            reserved: FxHashMap::default(),
             recalled: BTreeMap::new(),
         }
     }
@@ -195,23 +198,21 @@ impl WorkingSet {
         &mut self,
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
+        beyond: &[Bytes],
         capacity: impl FnOnce() -> Bytes,
     ) -> Vec<Option<Bytes>> {
         let doubts: Vec<bool> = input
             .vms
             .iter()
             .zip(costless)
-            .map(|(vm, costless)| {
+            .zip(beyond)
+            .map(|((vm, costless), beyond)| {
                 let configured = vm.latest().configured;
                 // No figures at all (the agent failed, balloon statistics stale): nothing
                 // to hold against the host this tick.
                 let figures = vm.signals.available.is_some() || vm.signals.committed_as.is_some();
-                let claimed = figures.then(|| {
-                    costless
-                        .unwrap_or_default()
-                        .max(beyond_swap(vm.signals))
-                        .min(configured)
-                });
+                let claimed =
+                    figures.then(|| costless.unwrap_or_default().max(*beyond).min(configured));
                 let trust = self.trust.entry(vm.name.to_string()).or_default();
                 trust.observe(input.at, claimed, vm.actual, backed(vm), configured)
             })
@@ -233,14 +234,15 @@ fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
     credible.map_or(claim, |c| claim.min(c))
 }
 
-/// What a guest holds or has committed beyond its free swap: below it, its next
+/// What a guest holds or has committed beyond its free swap, less what it has kept
+/// `reserved` (committed and left untouched for minutes, [`Reserved`]): below it, its next
 /// allocations are OOM kills. When memory is divided, no VM is given less (or less than
 /// it wants, if that is smaller).
-fn beyond_swap(s: &crate::signals::Signals) -> Bytes {
+fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes) -> Bytes {
     let committed = s
         .committed_as
         .zip(s.swap_free)
-        .map_or(Bytes::ZERO, |(c, free)| c - free);
+        .map_or(Bytes::ZERO, |(c, free)| c - reserved - free);
     committed.max(s.unreclaimable.unwrap_or_default())
 }
 
@@ -315,6 +317,8 @@ impl Policy for WorkingSet {
         let known = input.known();
         self.states.retain(|name, _| known.contains(name.as_str()));
         self.trust.retain(|name, _| known.contains(name.as_str()));
+        self.reserved
+            .retain(|name, _| known.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
@@ -329,6 +333,7 @@ impl Policy for WorkingSet {
             // same VM: its name and configured size).
             self.states.remove(vm.name);
             self.trust.remove(vm.name);
+            self.reserved.remove(vm.name);
             if let (EstimatorConfig::Fused(_), Some((configured, m))) =
                 (&self.estimator, self.recalled.remove(vm.name))
             {
@@ -342,15 +347,27 @@ impl Policy for WorkingSet {
         // Never less than the kernel keeps free anyway: below its watermarks the host would
         // reclaim, and swap, for what the targets hand out.
         let reserve = self.config.reserve(domain.total).max(domain.kept_free);
-        let credible = self.doubted(input, &costless, || capacity(input, reserve));
+        let beyond: Vec<Bytes> = input
+            .vms
+            .iter()
+            .map(|vm| {
+                let reserved = vm.signals.untouched.map_or(Bytes::ZERO, |u| {
+                    let r = self.reserved.entry(vm.name.to_string()).or_default();
+                    r.observe(input.at, u)
+                });
+                beyond_swap(vm.signals, reserved)
+            })
+            .collect();
+        let credible = self.doubted(input, &costless, &beyond, || capacity(input, reserve));
         let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
-        for (((vm, mut obs), first), credible) in input
+        for ((((vm, mut obs), first), credible), beyond) in input
             .vms
             .iter()
             .zip(observations)
             .zip(costless)
             .zip(&credible)
+            .zip(beyond)
         {
             obs.need = need;
             let state = self
@@ -358,7 +375,7 @@ impl Policy for WorkingSet {
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first, *credible)),
+                Ok(e) => estimated.push((vm, e, first, *credible, beyond)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
@@ -391,17 +408,18 @@ impl Policy for WorkingSet {
         // uses or has committed counts only as far as it is credible.
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
-        for (vm, e, costless, credible) in &estimated {
+        for (vm, e, costless, credible, beyond) in &estimated {
             // A doubted guest's estimate counts only as far as it is credible too: beyond
             // that it took, by shares, memory its neighbours' estimates hold above their use
             // (found in the simulator: a guest claiming all of its 4 GiB, found out, kept
             // 2.4 GiB where its fair share was 1.8).
             let want =
                 within(e.wss.max(vm.limits.min).min(vm.limits.max), *credible).max(vm.limits.min);
+            // A reservation loaded at last is protected as it is touched, a tick ahead.
             let min = vm
                 .limits
                 .min
-                .max(within(beyond_swap(vm.signals).min(want), *credible));
+                .max(within((*beyond).min(want) + growth(vm), *credible));
             claims.push(Claim {
                 min,
                 want,
@@ -420,7 +438,7 @@ impl Policy for WorkingSet {
         // all, four guests whose phases ran out of step were each ballooned to its need
         // at every phase, and stalled as the next one began, though not all of their
         // domain was wanted).
-        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _), want: Bytes| {
+        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _), want: Bytes| {
             e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
         };
         let keeps: Vec<Option<Bytes>> = estimated
