@@ -843,6 +843,7 @@ impl Guest {
             &mut self.rng,
         );
         self.anon_pending = 0;
+        self.heap = 0;
         self.counters.oom_kills += 1;
     }
 

@@ -10,10 +10,12 @@
 //! the least of the guest's untouched commitment over it. A commitment made lately (a
 //! daemon started, a buffer about to be filled) stays protected until the window has seen
 //! it untouched; one being touched stops counting as reserved at the tick its memory
-//! shows, since the least falls with it at once. Memory touched so is then protected as
-//! any fresh allocation is, a tick after the guest makes it: the risk the window leaves is
-//! a reservation untouched for minutes, then touched faster than one tick of the guest's
-//! free memory and page cache absorbs.
+//! shows, since the least falls with it at once, and the guest loading it is given room
+//! for its next tick ([`super::divide::growth`]). Unlike a fresh allocation, whose
+//! commitment is protected before it is touched, a reservation is protected only from the
+//! sample that shows it touched: one loaded faster within a tick than the guest's free
+//! memory, page cache and free swap absorb is an OOM kill. With an `interval_s` above
+//! [`MAX_GAP`] nothing counts as reserved.
 
 use crate::units::Bytes;
 use std::collections::VecDeque;

@@ -416,10 +416,10 @@ impl Policy for WorkingSet {
             let want =
                 within(e.wss.max(vm.limits.min).min(vm.limits.max), *credible).max(vm.limits.min);
             // A reservation loaded at last is protected as it is touched, a tick ahead.
-            let min = vm
-                .limits
-                .min
-                .max(within((*beyond).min(want) + growth(vm), *credible));
+            let min = within((*beyond).min(want) + growth(vm), *credible)
+                .min(vm.limits.max)
+                .max(vm.limits.min);
+            let want = want.max(min);
             claims.push(Claim {
                 min,
                 want,
