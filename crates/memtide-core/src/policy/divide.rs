@@ -4,7 +4,6 @@
 //! take flows to the others (water-filling).
 
 use super::{PolicyInput, VmInput};
-use crate::snapshot::VmSample;
 use crate::units::Bytes;
 
 /// The memory the VMs can have between them: what the host backs for them now plus what
@@ -41,10 +40,10 @@ pub fn backed(vm: &VmInput<'_>) -> Bytes {
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
 /// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
 /// or more only as far as the host backs it (its hypervisor's resident memory, within its
-/// size). A guest's figures may move memory within its own bounds, but beyond its fair
+/// size) and its `growth` room ([`growth`]). A guest's figures may move memory within its own bounds, but beyond its fair
 /// share they take nothing from its neighbours unless the host sees the memory behind
 /// them: a guest claiming to use more than it holds cannot grow at the others' expense.
-pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>]) -> Vec<Bytes> {
+pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<Bytes> {
     let everything: Vec<Claim> = vms
         .iter()
         .map(|vm| Claim {
@@ -56,30 +55,25 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>]) -> Vec<Bytes> {
     divide(capacity, &everything)
         .into_iter()
         .zip(vms)
-        .map(|(fair, vm)| fair.max(backed(vm) + growth(vm)))
+        .zip(growth)
+        .map(|((fair, vm), growth)| fair.max(backed(vm) + *growth))
         .collect()
 }
 
-/// Room for what a VM is loading: twice what it took into use beyond the most it used
-/// in the samples kept before this one, at most [`GROWTH`] of its size; none where its
-/// figures say it uses more than the host backs. It is protected when memory is divided,
-/// and a doubted guest may claim it beyond what the host backs: a guest touching memory
-/// gets room for its next tick; one whose figures only claim it, or go up and down within
-/// what it holds, earns nothing, nor one squeezed to what it holds that touches nothing
-/// new (found in the simulator: honest guests without swap, doubted for heaps committed
-/// up front, could never grow past their fair share and were OOM-killed when they loaded
-/// them together; believed, with their heaps counted as reservations, they were too).
-/// Requiring the host to see as much more of the guest touched cost those guests 16 OOM
-/// kills: loading a heap a second time, they touched free memory the host already backed.
-/// `used` is the balloon statistics' (page cache included): a guest filling its cache
-/// gets room as one allocating does.
-pub fn growth(vm: &VmInput<'_>) -> Bytes {
-    let used = |s: &VmSample| Some(s.balloon.unwrap_or(s.configured) - s.stats.free?);
-    let recent = || vm.history.iter().rev();
-    let (Some(now), Some(most)) = (
-        recent().next().and_then(used),
-        recent().skip(1).filter_map(used).max(),
-    ) else {
+/// Room for what a VM is loading: twice what it uses beyond `most`, the most it used
+/// lately ([`super::peak::Peak`]), at most [`GROWTH`] of its size; none where its figures
+/// say it uses more than the host backs. It is protected when memory is divided, and a
+/// doubted guest may claim it beyond what the host backs: a guest touching memory gets
+/// room for its next tick; one whose figures only claim it earns nothing, nor one squeezed
+/// to what it holds that touches nothing new (found in the simulator: honest guests
+/// without swap, doubted for heaps committed up front, could never grow past their fair
+/// share and were OOM-killed when they loaded them together; believed, with their heaps
+/// counted as reservations, they were too). Requiring the host to see as much more of the
+/// guest touched cost those guests 16 OOM kills: loading a heap a second time, they
+/// touched free memory the host already backed. `used` is the balloon statistics' (page
+/// cache included): a guest filling its cache gets room as one allocating does.
+pub fn growth(vm: &VmInput<'_>, most: Option<Bytes>) -> Bytes {
+    let (Some(now), Some(most)) = (vm.signals.used, most) else {
         return Bytes::ZERO;
     };
     let configured = vm.latest().configured;
@@ -254,17 +248,15 @@ mod tests {
             max: Bytes::from_mib(4096),
             shares: 1,
         };
-        let signals = Signals::default();
-        // A 4 GiB guest at 2 GiB that used `used` MiB a second apart, the host backing
-        // 1.5 GiB of it; the most its word may claim out of 2 GiB divided between it and
-        // another.
-        let credible_of = |used: &[u64]| {
-            let mut h = History::new(10);
-            for (s, used) in (0..).zip(used.iter().copied()) {
-                let mut sample = testkit::vm("x", 4096, 2048, 2048 - used).sample.unwrap();
-                sample.rss = Some(Bytes::from_mib(1536));
-                h.push(Duration::from_secs(s), sample);
-            }
+        // A 4 GiB guest at 2 GiB that uses `now` MiB, the most it used lately `most`, the
+        // host backing 1.5 GiB of it; the most its word may claim out of 2 GiB divided
+        // between it and another.
+        let credible_of = |most: Option<u64>, now: u64| {
+            let mut sample = testkit::vm("x", 4096, 2048, 2048 - now).sample.unwrap();
+            sample.rss = Some(Bytes::from_mib(1536));
+            let mut h = History::new(2);
+            h.push(Duration::ZERO, sample);
+            let signals = Signals::derive(&h);
             let vm = VmInput {
                 name: "x",
                 limits: &limits,
@@ -272,19 +264,19 @@ mod tests {
                 actual: Bytes::from_mib(2048),
                 signals: &signals,
             };
-            credible(Bytes::from_mib(2048), &[&vm, &vm])[0].0 >> 20
+            let room = growth(&vm, most.map(Bytes::from_mib));
+            credible(Bytes::from_mib(2048), &[&vm, &vm], &[room, room])[0].0 >> 20
         };
         // Its fair share is 1 GiB; the host backs 1.5 GiB of it.
-        assert_eq!(credible_of(&[1000, 1000]), 1536, "using nothing new");
-        // It took 300 MiB into use, and the host backs all it says it uses: room for
-        // twice that by the next tick.
-        assert_eq!(credible_of(&[1200, 1500]), 1536 + 600);
+        assert_eq!(credible_of(Some(1000), 1000), 1536, "using nothing new");
+        assert_eq!(credible_of(None, 1000), 1536, "first seen");
+        // It uses 300 MiB more than it did lately, and the host backs all it says it
+        // uses: room for twice that by the next tick.
+        assert_eq!(credible_of(Some(1200), 1500), 1536 + 600);
         // No more than a quarter of its size a tick.
-        assert_eq!(credible_of(&[300, 1500]), 1536 + 1024);
+        assert_eq!(credible_of(Some(300), 1500), 1536 + 1024);
         // Its figures claim 300 MiB more in use than the host backs: nothing.
-        assert_eq!(credible_of(&[1500, 1800]), 1536);
-        // Figures going down and up again within what it holds: nothing.
-        assert_eq!(credible_of(&[1500, 1200, 1500]), 1536);
+        assert_eq!(credible_of(Some(1500), 1800), 1536);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod esx;
 pub mod ksmtuned;
 pub mod mom;
 pub mod none;
+pub mod peak;
 pub mod proxmox;
 pub mod reserved;
 pub mod routed;

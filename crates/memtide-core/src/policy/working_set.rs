@@ -6,6 +6,7 @@
 
 use super::divide::{backed, capacity, capacity_of, credible, divide_by_use, growth, Claim};
 use super::ksmtuned::{self, KsmConfig};
+use super::peak::Peak;
 use super::reserved::Reserved;
 use super::trust::Trust;
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
@@ -139,6 +140,7 @@ pub struct WorkingSet {
     states: FxHashMap<String, State>,
     trust: FxHashMap<String, Trust>,
     reserved: FxHashMap<String, Reserved>,
+    peaks: FxHashMap<String, Peak>,
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
@@ -154,6 +156,7 @@ impl WorkingSet {
             states: FxHashMap::default(),
             trust: FxHashMap::default(),
             reserved: FxHashMap::default(),
+            peaks: FxHashMap::default(),
             recalled: BTreeMap::new(),
         }
     }
@@ -199,6 +202,7 @@ impl WorkingSet {
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
         beyond: &[Bytes],
+        growth: &[Bytes],
         capacity: impl FnOnce() -> Bytes,
     ) -> Vec<Option<Bytes>> {
         let doubts: Vec<bool> = input
@@ -221,7 +225,7 @@ impl WorkingSet {
             return vec![None; doubts.len()];
         }
         let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
-        credible(capacity(), &vms)
+        credible(capacity(), &vms, growth)
             .into_iter()
             .zip(doubts)
             .map(|(bound, doubt)| doubt.then_some(bound))
@@ -319,6 +323,7 @@ impl Policy for WorkingSet {
         self.trust.retain(|name, _| known.contains(name.as_str()));
         self.reserved
             .retain(|name, _| known.contains(name.as_str()));
+        self.peaks.retain(|name, _| known.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
@@ -334,6 +339,7 @@ impl Policy for WorkingSet {
             self.states.remove(vm.name);
             self.trust.remove(vm.name);
             self.reserved.remove(vm.name);
+            self.peaks.remove(vm.name);
             if let (EstimatorConfig::Fused(_), Some((configured, m))) =
                 (&self.estimator, self.recalled.remove(vm.name))
             {
@@ -358,16 +364,30 @@ impl Policy for WorkingSet {
                 beyond_swap(vm.signals, reserved)
             })
             .collect();
-        let credible = self.doubted(input, &costless, &beyond, || capacity(input, reserve));
+        let growth: Vec<Bytes> = input
+            .vms
+            .iter()
+            .map(|vm| {
+                let most = vm.signals.used.and_then(|used| {
+                    let peak = self.peaks.entry(vm.name.to_string()).or_default();
+                    peak.observe(input.at, used)
+                });
+                growth(vm, most)
+            })
+            .collect();
+        let credible = self.doubted(input, &costless, &beyond, &growth, || {
+            capacity(input, reserve)
+        });
         let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
-        for ((((vm, mut obs), first), credible), beyond) in input
+        for (((((vm, mut obs), first), credible), beyond), growth) in input
             .vms
             .iter()
             .zip(observations)
             .zip(costless)
             .zip(&credible)
             .zip(beyond)
+            .zip(growth)
         {
             obs.need = need;
             let state = self
@@ -375,7 +395,7 @@ impl Policy for WorkingSet {
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first, *credible, beyond)),
+                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
@@ -408,7 +428,7 @@ impl Policy for WorkingSet {
         // uses or has committed counts only as far as it is credible.
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
-        for (vm, e, costless, credible, beyond) in &estimated {
+        for (vm, e, costless, credible, beyond, growth) in &estimated {
             // A doubted guest's estimate counts only as far as it is credible too: beyond
             // that it took, by shares, memory its neighbours' estimates hold above their use
             // (found in the simulator: a guest claiming all of its 4 GiB, found out, kept
@@ -416,7 +436,7 @@ impl Policy for WorkingSet {
             let want =
                 within(e.wss.max(vm.limits.min).min(vm.limits.max), *credible).max(vm.limits.min);
             // A reservation loaded at last is protected as it is touched, a tick ahead.
-            let min = within((*beyond).min(want) + growth(vm), *credible)
+            let min = within((*beyond).min(want) + *growth, *credible)
                 .min(vm.limits.max)
                 .max(vm.limits.min);
             let want = want.max(min);
@@ -438,7 +458,7 @@ impl Policy for WorkingSet {
         // all, four guests whose phases ran out of step were each ballooned to its need
         // at every phase, and stalled as the next one began, though not all of their
         // domain was wanted).
-        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _), want: Bytes| {
+        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _), want: Bytes| {
             e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
         };
         let keeps: Vec<Option<Bytes>> = estimated

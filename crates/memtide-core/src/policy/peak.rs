@@ -1,0 +1,62 @@
+//! The most a guest has used lately: what its growth room ([`super::divide::growth`]) is
+//! measured from. Measured from the samples kept in its history alone, a guest's figures
+//! could earn that room again and again without it touching anything, by reporting little
+//! in use for those few samples and then climbing back to what its host backs (found in
+//! review: about half the ticks); measured from the most over [`WINDOW`], they earn it
+//! once per window at most unless the guest uses more than it did all that time.
+
+use crate::units::Bytes;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// How far back the most a guest used counts.
+pub const WINDOW: Duration = Duration::from_secs(300);
+
+/// One guest's use over the last [`WINDOW`].
+#[derive(Clone, Debug, Default)]
+pub struct Peak {
+    /// Samples that may still be the window's most, oldest first, each smaller than the
+    /// one before (a sliding-window maximum).
+    samples: VecDeque<(Duration, Bytes)>,
+}
+
+impl Peak {
+    /// The most the guest used over the [`WINDOW`] before `at` (`None` before it has been
+    /// seen), then `used` at `at` is kept. Time going back starts over.
+    pub fn observe(&mut self, at: Duration, used: Bytes) -> Option<Bytes> {
+        if self.samples.back().is_some_and(|(t, _)| at < *t) {
+            self.samples.clear();
+        }
+        while self.samples.front().is_some_and(|(t, _)| *t + WINDOW < at) {
+            self.samples.pop_front();
+        }
+        let most = self.samples.front().map(|(_, b)| *b);
+        while self.samples.back().is_some_and(|(_, b)| *b <= used) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((at, used));
+        most
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_most_used_over_the_window_before_each_sample() {
+        let mut p = Peak::default();
+        let at = Duration::from_secs;
+        let mib = Bytes::from_mib;
+        assert_eq!(p.observe(at(0), mib(100)), None);
+        assert_eq!(p.observe(at(1), mib(900)), Some(mib(100)));
+        // Down and up again within what it used: the most is still 900.
+        assert_eq!(p.observe(at(2), mib(200)), Some(mib(900)));
+        assert_eq!(p.observe(at(200), mib(900)), Some(mib(900)));
+        // 900 last seen at 200: it counts until 500.
+        assert_eq!(p.observe(at(500), mib(300)), Some(mib(900)));
+        assert_eq!(p.observe(at(501), mib(300)), Some(mib(300)));
+        // Time going back starts over.
+        assert_eq!(p.observe(at(400), mib(300)), None);
+    }
+}
