@@ -40,9 +40,10 @@ pub fn backed(vm: &VmInput<'_>) -> Bytes {
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
 /// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
 /// or more only as far as the host backs it (its hypervisor's resident memory, within its
-/// size) and its `growth` room ([`growth`]). A guest's figures may move memory within its own bounds, but beyond its fair
-/// share they take nothing from its neighbours unless the host sees the memory behind
-/// them: a guest claiming to use more than it holds cannot grow at the others' expense.
+/// size) and its `growth` room ([`growth`]). A guest's figures may move memory within its
+/// own bounds, but beyond its fair share they take nothing from its neighbours unless the
+/// host sees the memory behind them: a guest claiming to use more than it holds cannot
+/// grow at the others' expense.
 pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<Bytes> {
     let everything: Vec<Claim> = vms
         .iter()
@@ -69,9 +70,11 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<
 /// without swap, doubted for heaps committed up front, could never grow past their fair
 /// share and were OOM-killed when they loaded them together; believed, with their heaps
 /// counted as reservations, they were too). Requiring the host to see as much more of the
-/// guest touched cost those guests 16 OOM kills: loading a heap a second time, they
-/// touched free memory the host already backed. `used` is the balloon statistics' (page
-/// cache included): a guest filling its cache gets room as one allocating does.
+/// guest touched cost those guests 16 OOM kills: loading a heap a second time, ten
+/// minutes on, they touched free memory the host already backed. For five minutes after
+/// using more, a guest gets no room until it uses more again. `used` is the balloon
+/// statistics' (page cache included): a guest filling its cache gets room as one
+/// allocating does.
 pub fn growth(vm: &VmInput<'_>, most: Option<Bytes>) -> Bytes {
     let (Some(now), Some(most)) = (vm.signals.used, most) else {
         return Bytes::ZERO;

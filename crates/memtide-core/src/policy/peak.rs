@@ -1,9 +1,10 @@
 //! The most a guest has used lately: what its growth room ([`super::divide::growth`]) is
 //! measured from. Measured from the samples kept in its history alone, a guest's figures
 //! could earn that room again and again without it touching anything, by reporting little
-//! in use for those few samples and then climbing back to what its host backs (found in
-//! review: about half the ticks); measured from the most over [`WINDOW`], they earn it
-//! once per window at most unless the guest uses more than it did all that time.
+//! in use for those few samples and then climbing back to what its host backs, a step a
+//! tick (found in review: about half the ticks); measured from the most over [`WINDOW`],
+//! they must first report little for that long. A tick without figures repeats the last
+//! ones seen, so going silent does not shorten it.
 
 use crate::units::Bytes;
 use std::collections::VecDeque;
@@ -18,15 +19,22 @@ pub struct Peak {
     /// Samples that may still be the window's most, oldest first, each smaller than the
     /// one before (a sliding-window maximum).
     samples: VecDeque<(Duration, Bytes)>,
+    /// The latest figure seen.
+    last: Option<Bytes>,
 }
 
 impl Peak {
     /// The most the guest used over the [`WINDOW`] before `at` (`None` before it has been
-    /// seen), then `used` at `at` is kept. Time going back starts over.
-    pub fn observe(&mut self, at: Duration, used: Bytes) -> Option<Bytes> {
+    /// seen), then `used` at `at` is kept (the last figure again where it is `None`). Time
+    /// going back starts over.
+    pub fn observe(&mut self, at: Duration, used: Option<Bytes>) -> Option<Bytes> {
         if self.samples.back().is_some_and(|(t, _)| at < *t) {
             self.samples.clear();
         }
+        let Some(used) = used.or(self.last) else {
+            return None;
+        };
+        self.last = Some(used);
         while self.samples.front().is_some_and(|(t, _)| *t + WINDOW < at) {
             self.samples.pop_front();
         }
@@ -48,15 +56,21 @@ mod tests {
         let mut p = Peak::default();
         let at = Duration::from_secs;
         let mib = Bytes::from_mib;
-        assert_eq!(p.observe(at(0), mib(100)), None);
-        assert_eq!(p.observe(at(1), mib(900)), Some(mib(100)));
+        let seen = |m| Some(mib(m));
+        assert_eq!(p.observe(at(0), None), None);
+        assert_eq!(p.observe(at(1), seen(100)), None);
+        assert_eq!(p.observe(at(2), seen(900)), seen(100));
         // Down and up again within what it used: the most is still 900.
-        assert_eq!(p.observe(at(2), mib(200)), Some(mib(900)));
-        assert_eq!(p.observe(at(200), mib(900)), Some(mib(900)));
+        assert_eq!(p.observe(at(3), seen(200)), seen(900));
+        assert_eq!(p.observe(at(200), seen(900)), seen(900));
         // 900 last seen at 200: it counts until 500.
-        assert_eq!(p.observe(at(500), mib(300)), Some(mib(900)));
-        assert_eq!(p.observe(at(501), mib(300)), Some(mib(300)));
+        assert_eq!(p.observe(at(500), seen(300)), seen(900));
+        assert_eq!(p.observe(at(501), seen(300)), seen(300));
+        // Silent, the last figure stands: 900 again at 600 counts until 900.
+        assert_eq!(p.observe(at(502), seen(900)), seen(300));
+        assert_eq!(p.observe(at(600), None), seen(900));
+        assert_eq!(p.observe(at(900), seen(100)), seen(900));
         // Time going back starts over.
-        assert_eq!(p.observe(at(400), mib(300)), None);
+        assert_eq!(p.observe(at(400), seen(300)), None);
     }
 }
