@@ -31,9 +31,7 @@ impl Peak {
         if self.samples.back().is_some_and(|(t, _)| at < *t) {
             self.samples.clear();
         }
-        let Some(used) = used.or(self.last) else {
-            return None;
-        };
+        let used = used.or(self.last)?;
         self.last = Some(used);
         while self.samples.front().is_some_and(|(t, _)| *t + WINDOW < at) {
             self.samples.pop_front();
