@@ -142,6 +142,14 @@ impl Signals {
         }
     }
 
+    /// Whether the guest's agent says it has no swap at all: memory it allocates beyond
+    /// what it holds is then an OOM kill unless the balloon gives it back first.
+    pub fn no_swap(&self) -> bool {
+        self.swap_free
+            .zip(self.swap_used)
+            .is_some_and(|(free, used)| free + used == Bytes::ZERO)
+    }
+
     /// Evidence that the guest is short of memory now: pages faulted back, stalls, OOM
     /// kills. The sum of swap-ins and refaults, in pages, with stalls and kills as flags.
     pub fn faults(&self) -> u64 {

@@ -1,6 +1,7 @@
 //! Policies: given the host's and the guests' recent history, propose balloon targets
 //! and KSM settings. Policies are pure; the engine applies safeguards to what they propose.
 
+pub mod burst;
 pub mod divide;
 pub mod esx;
 pub mod ksmtuned;

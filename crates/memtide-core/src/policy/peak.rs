@@ -1,21 +1,25 @@
-//! The most a guest has used lately: what its growth room ([`super::divide::growth`]) is
-//! measured from. Measured from the samples kept in its history alone, a guest's figures
-//! could earn that room again and again without it touching anything, by reporting little
-//! in use for those few samples and then climbing back to what its host backs, a step a
-//! tick (found in review: about half the ticks); measured from the most over [`WINDOW`],
-//! they must first report little for that long. A tick without figures repeats the last
-//! ones seen, so going silent does not shorten it.
+//! The most a guest has used over a window of time. Its growth room
+//! ([`super::divide::growth`]) is measured from the most over [`WINDOW`]: measured from
+//! the samples kept in its history alone, a guest's figures could earn that room again and
+//! again without it touching anything, by reporting little in use for those few samples
+//! and then climbing back to what its host backs, a step a tick (found in review: about
+//! half the ticks); measured over the window, they must first report little for that
+//! long. A guest without swap keeps room measured over an hour
+//! ([`super::burst::BurstRoom`]). A tick without figures repeats the last ones seen, so
+//! going silent does not shorten a window.
 
 use crate::units::Bytes;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// How far back the most a guest used counts.
+/// How far back the most a guest used counts for its growth room.
 pub const WINDOW: Duration = Duration::from_secs(300);
 
-/// One guest's use over the last [`WINDOW`].
-#[derive(Clone, Debug, Default)]
+/// One guest's use over the last `window`.
+#[derive(Clone, Debug)]
 pub struct Peak {
+    /// How far back its most counts.
+    window: Duration,
     /// Samples that may still be the window's most, oldest first, each smaller than the
     /// one before (a sliding-window maximum).
     samples: VecDeque<(Duration, Bytes)>,
@@ -23,8 +27,24 @@ pub struct Peak {
     last: Option<Bytes>,
 }
 
+impl Default for Peak {
+    /// Over [`WINDOW`].
+    fn default() -> Self {
+        Peak::over(WINDOW)
+    }
+}
+
 impl Peak {
-    /// The most the guest used over the [`WINDOW`] before `at` (`None` before it has been
+    /// A guest's use over the last `window`.
+    pub fn over(window: Duration) -> Peak {
+        Peak {
+            window,
+            samples: VecDeque::new(),
+            last: None,
+        }
+    }
+
+    /// The most the guest used over the window before `at` (`None` before it has been
     /// seen), then `used` at `at` is kept (the last figure again where it is `None`). Time
     /// going back starts over.
     pub fn observe(&mut self, at: Duration, used: Option<Bytes>) -> Option<Bytes> {
@@ -33,7 +53,11 @@ impl Peak {
         }
         let used = used.or(self.last)?;
         self.last = Some(used);
-        while self.samples.front().is_some_and(|(t, _)| *t + WINDOW < at) {
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _)| *t + self.window < at)
+        {
             self.samples.pop_front();
         }
         let most = self.samples.front().map(|(_, b)| *b);

@@ -4,7 +4,8 @@
 //! plus what the domain has freeable, less a reserve), memory is divided by working set
 //! first, then shares, never below each VM's min.
 
-use super::divide::{backed, capacity, capacity_of, credible, divide_by_use, growth, Claim};
+use super::burst::BurstRoom;
+use super::divide::{self, backed, capacity, capacity_of, credible, divide_by_use, Claim};
 use super::ksmtuned::{self, KsmConfig};
 use super::peak::Peak;
 use super::reserved::Reserved;
@@ -138,9 +139,7 @@ pub struct WorkingSet {
     config: WorkingSetConfig,
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
-    trust: FxHashMap<String, Trust>,
-    reserved: FxHashMap<String, Reserved>,
-    peaks: FxHashMap<String, Peak>,
+    watched: FxHashMap<String, Watched>,
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
@@ -154,9 +153,7 @@ impl WorkingSet {
             config,
             ksm,
             states: FxHashMap::default(),
-            trust: FxHashMap::default(),
-            reserved: FxHashMap::default(),
-            peaks: FxHashMap::default(),
+            watched: FxHashMap::default(),
             recalled: BTreeMap::new(),
         }
     }
@@ -217,8 +214,10 @@ impl WorkingSet {
                 let figures = vm.signals.available.is_some() || vm.signals.committed_as.is_some();
                 let claimed =
                     figures.then(|| costless.unwrap_or_default().max(*beyond).min(configured));
-                let trust = self.trust.entry(vm.name.to_string()).or_default();
-                trust.observe(input.at, claimed, vm.actual, backed(vm), configured)
+                let watched = self.watched.entry(vm.name.to_string()).or_default();
+                watched
+                    .trust
+                    .observe(input.at, claimed, vm.actual, backed(vm), configured)
             })
             .collect();
         if !doubts.contains(&true) {
@@ -250,6 +249,19 @@ fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes) -> Bytes {
     committed.max(s.unreclaimable.unwrap_or_default())
 }
 
+/// What the policy watches of each VM beside its estimator.
+#[derive(Default)]
+struct Watched {
+    /// Whether its figures are believed.
+    trust: Trust,
+    /// What it has committed and left untouched.
+    reserved: Reserved,
+    /// The most it used lately: its growth room is measured from it.
+    peak: Peak,
+    /// Its bursts, while it has no swap.
+    burst: BurstRoom,
+}
+
 /// The rule name of a policy's estimator phase (static: reasons are made every tick).
 fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
     let known = match (policy, phase) {
@@ -266,6 +278,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "settle") => "memtide.settle",
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
+        ("memtide", "no_swap") => "memtide.no_swap",
         ("memtide", "reported") => "memtide.reported",
         ("memtide", "cold") => "memtide.cold",
         ("memtide", "touched") => "memtide.touched",
@@ -320,10 +333,7 @@ impl Policy for WorkingSet {
         out.ksm = ksmtuned::decide(&self.ksm, input);
         let known = input.known();
         self.states.retain(|name, _| known.contains(name.as_str()));
-        self.trust.retain(|name, _| known.contains(name.as_str()));
-        self.reserved
-            .retain(|name, _| known.contains(name.as_str()));
-        self.peaks.retain(|name, _| known.contains(name.as_str()));
+        self.watched.retain(|name, _| known.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
@@ -337,9 +347,7 @@ impl Policy for WorkingSet {
             // New, or reset: start afresh, or where a daemon before a restart stood (the
             // same VM: its name and configured size).
             self.states.remove(vm.name);
-            self.trust.remove(vm.name);
-            self.reserved.remove(vm.name);
-            self.peaks.remove(vm.name);
+            self.watched.remove(vm.name);
             if let (EstimatorConfig::Fused(_), Some((configured, m))) =
                 (&self.estimator, self.recalled.remove(vm.name))
             {
@@ -353,36 +361,37 @@ impl Policy for WorkingSet {
         // Never less than the kernel keeps free anyway: below its watermarks the host would
         // reclaim, and swap, for what the targets hand out.
         let reserve = self.config.reserve(domain.total).max(domain.kept_free);
-        let beyond: Vec<Bytes> = input
-            .vms
-            .iter()
-            .map(|vm| {
-                let reserved = vm.signals.untouched.map_or(Bytes::ZERO, |u| {
-                    let r = self.reserved.entry(vm.name.to_string()).or_default();
-                    r.observe(input.at, u)
-                });
-                beyond_swap(vm.signals, reserved)
-            })
-            .collect();
-        let growth: Vec<Bytes> = input
-            .vms
-            .iter()
-            .map(|vm| {
-                // What it says it uses in either figure: balloon statistics' free memory
-                // reported high while MemAvailable says the guest is short would otherwise
-                // lower the peak without lowering its claims (found in review).
-                let short = vm.signals.available.map(|a| vm.actual - a);
-                let seen = vm.signals.used.max(short);
-                let peak = self.peaks.entry(vm.name.to_string()).or_default();
-                growth(vm, peak.observe(input.at, seen))
-            })
-            .collect();
+        let fused = matches!(self.estimator, EstimatorConfig::Fused(_));
+        let (mut beyond, mut growth, mut room) = (Vec::new(), Vec::new(), Vec::new());
+        for vm in input.vms {
+            let watched = self.watched.entry(vm.name.to_string()).or_default();
+            let s = vm.signals;
+            let reserved = s
+                .untouched
+                .map_or(Bytes::ZERO, |u| watched.reserved.observe(input.at, u));
+            let committed = beyond_swap(s, reserved);
+            // What it says it uses in either figure: balloon statistics' free memory
+            // reported high while MemAvailable says the guest is short would otherwise
+            // lower the peak without lowering its claims (found in review).
+            let short = s.available.map(|a| vm.actual - a);
+            let seen = s.used.max(short);
+            growth.push(divide::growth(vm, watched.peak.observe(input.at, seen)));
+            room.push(if fused && s.no_swap() {
+                let held = committed.min(backed(vm));
+                watched
+                    .burst
+                    .observe(input.at, held, vm.latest().configured)
+            } else {
+                Bytes::ZERO
+            });
+            beyond.push(committed);
+        }
         let credible = self.doubted(input, &costless, &beyond, &growth, || {
             capacity(input, reserve)
         });
         let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
-        for (((((vm, mut obs), first), credible), beyond), growth) in input
+        for ((((((vm, mut obs), first), credible), beyond), growth), room) in input
             .vms
             .iter()
             .zip(observations)
@@ -390,6 +399,7 @@ impl Policy for WorkingSet {
             .zip(&credible)
             .zip(beyond)
             .zip(growth)
+            .zip(room)
         {
             obs.need = need;
             let state = self
@@ -397,7 +407,7 @@ impl Policy for WorkingSet {
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth)),
+                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth, room)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
@@ -430,7 +440,7 @@ impl Policy for WorkingSet {
         // uses or has committed counts only as far as it is credible.
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
-        for (vm, e, costless, credible, beyond, growth) in &estimated {
+        for (vm, e, costless, credible, beyond, growth, room) in &estimated {
             // A doubted guest's estimate counts only as far as it is credible too: beyond
             // that it took, by shares, memory its neighbours' estimates hold above their use
             // (found in the simulator: a guest claiming all of its 4 GiB, found out, kept
@@ -441,13 +451,18 @@ impl Policy for WorkingSet {
             let min = within((*beyond).min(want) + *growth, *credible)
                 .min(vm.limits.max)
                 .max(vm.limits.min);
-            let want = want.max(min);
+            // A guest without swap keeps its burst room as it keeps what it uses, but not at
+            // the host's expense: as a minimum, rooms held past capacity made the host swap
+            // (found in the simulator: guests without swap loading 3 GiB heaps, 1.2 M host
+            // swap-ins where there were none).
+            let room = within((*room).min(vm.limits.max), *credible);
+            let want = want.max(min).max(room);
             claims.push(Claim {
                 min,
                 want,
                 weight: f64::from(vm.limits.shares),
             });
-            first.push(costless.map_or(min, |c| within(c, *credible)));
+            first.push(costless.map_or(min, |c| within(c, *credible)).max(room));
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide_by_use(capacity, &claims, &first);
@@ -460,7 +475,7 @@ impl Policy for WorkingSet {
         // all, four guests whose phases ran out of step were each ballooned to its need
         // at every phase, and stalled as the next one began, though not all of their
         // domain was wanted).
-        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _), want: Bytes| {
+        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _, _), want: Bytes| {
             e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
         };
         let keeps: Vec<Option<Bytes>> = estimated
@@ -477,7 +492,7 @@ impl Policy for WorkingSet {
         let spare = capacity - wanted;
         let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
         let policy = self.estimator.policy_name();
-        for ((((vm, e, ..), target), keep), claim) in
+        for ((((vm, e, .., room), target), keep), claim) in
             estimated.into_iter().zip(given).zip(keeps).zip(&claims)
         {
             out.estimates.insert(vm.name.to_string(), e.wss);
@@ -507,6 +522,13 @@ impl Policy for WorkingSet {
                 ),
                 None => (target, rule(policy, e.phase), e.detail),
             };
+            let room = room.min(claim.want);
+            if room > e.wss {
+                let _ = write!(
+                    detail,
+                    "; no swap: {room} kept for a burst as fast as its last hour's"
+                );
+            }
             if let Some(d) = &divided {
                 detail.push_str(d);
             }
