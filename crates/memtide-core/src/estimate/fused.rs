@@ -760,20 +760,10 @@ impl Fused {
         };
         // With ample memory the guest keeps all but what costs it nothing: earlier
         // probing (when the host was short) is undone at once.
-        // A guest without swap keeps all it holds: the memory it has free is all that stands
-        // between its next burst and an OOM kill when the burst outruns the balloon, and
-        // before its first burst nothing tells how large it will be (found in the
-        // simulator: eight guests without swap bursting to 3 GiB at 2 GiB/s, four times the
-        // balloon's speed, each kept room for its last burst (`policy::burst`), were still
-        // OOM-killed 8 times at their first).
-        let mut kept_whole = false;
         if level == NeedLevel::Ample {
             estimate = estimate
                 .max(costless(cfg, obs).unwrap_or(base))
                 .max(committed_kept);
-            if s.no_swap() && estimate < obs.size {
-                (estimate, kept_whole) = (obs.size, true);
-            }
         }
         if squeezed || matches!(phase, "start" | "rebase" | "allocate" | "release") {
             self.freed_from = Some((base, s.committed_as));
@@ -805,7 +795,6 @@ impl Fused {
             .filter(|_| level == NeedLevel::Ample)
             .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss);
-        let phase = if kept_whole { "no_swap" } else { phase };
         // One format per tick and VM: reasons are made for every VM every tick.
         let detail = match phase {
             "back_off" => format!(
@@ -850,10 +839,6 @@ impl Fused {
                 "estimate {wss}: the host saw {} of what the guest counts needed ({need}) \
                  untouched for the cold age: let it go",
                 cold.unwrap_or_default()
-            ),
-            "no_swap" => format!(
-                "estimate {wss}: memory is ample and the guest has no swap: it keeps all it holds, \
-                 its only room for a burst faster than the balloon; it counts {need} needed"
             ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
@@ -1004,42 +989,6 @@ mod tests {
         let mut g = Fused::default();
         let o = at(committed(obs(0, 1000, 700, 0), 600), NeedLevel::Short);
         assert_eq!(mib(g.step(&cfg, &o)), 330.0);
-    }
-
-    #[test]
-    fn at_ample_a_guest_without_swap_keeps_all_it_holds() {
-        // An idle guest counting 300 MiB needed, 700 free: with swap, ample memory takes
-        // the free memory; without, it is all the guest has for a burst faster than the
-        // balloon, and it stays. When the host needs memory, probing goes on as before.
-        let cfg = cfg();
-        let swap = |mut o: Observation, mib: u64| {
-            (o.signals.swap_free, o.signals.swap_used) =
-                (Some(Bytes::from_mib(mib)), Some(Bytes::ZERO));
-            o
-        };
-        for (swap_mib, kept, phase) in [(512, 330.0, "start"), (0, 1000.0, "no_swap")] {
-            let mut f = Fused::default();
-            let e = f
-                .step(
-                    &cfg,
-                    &at(swap(obs(0, 1000, 700, 0), swap_mib), NeedLevel::Ample),
-                )
-                .unwrap();
-            assert_eq!((e.wss.mib_f64(), e.phase), (kept, phase), "{}", e.detail);
-        }
-        let mut f = Fused::default();
-        f.step(&cfg, &at(swap(obs(0, 1000, 700, 0), 0), NeedLevel::Ample));
-        let e = f
-            .step(&cfg, &at(swap(obs(1, 1000, 700, 0), 0), NeedLevel::Tight))
-            .unwrap();
-        assert_eq!(e.phase, "probe", "{}", e.detail);
-        assert!(e.wss.mib_f64() < 1000.0, "{}", e.detail);
-        // Without the agent's swap figures nothing says it has none.
-        let mut f = Fused::default();
-        let e = f
-            .step(&cfg, &at(obs(0, 1000, 700, 0), NeedLevel::Ample))
-            .unwrap();
-        assert_eq!((e.wss.mib_f64(), e.phase), (330.0, "start"));
     }
 
     /// [`cfg`] taking cold memory.

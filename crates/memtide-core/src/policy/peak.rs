@@ -15,7 +15,7 @@ use std::time::Duration;
 /// How far back the most a guest used counts for its growth room.
 pub const WINDOW: Duration = Duration::from_secs(300);
 
-/// One guest's use over the last `window`.
+/// The most of one guest's figure (what it used, held, grew by) over the last `window`.
 #[derive(Clone, Debug)]
 pub struct Peak {
     /// How far back its most counts.
@@ -35,7 +35,7 @@ impl Default for Peak {
 }
 
 impl Peak {
-    /// A guest's use over the last `window`.
+    /// Over the last `window`.
     pub fn over(window: Duration) -> Peak {
         Peak {
             window,
@@ -44,7 +44,7 @@ impl Peak {
         }
     }
 
-    /// The most the guest used over the window before `at` (`None` before it has been
+    /// The most of the figure over the window before `at` (`None` before it has been
     /// seen), then `used` at `at` is kept (the last figure again where it is `None`). Time
     /// going back starts over.
     pub fn observe(&mut self, at: Duration, used: Option<Bytes>) -> Option<Bytes> {
