@@ -324,7 +324,7 @@ fn heaps_committed_up_front_and_loaded_together_kill_nothing() {
 /// 2 GiB/s), on a host that cannot hold every burst: none is OOM-killed (no deflate-on-oom
 /// in the model), and memtide runs at least as fast as MOM, which leaves a host with 20%
 /// free alone (104 kills before memtide kept their free memory while memory was ample and
-/// room for their last burst when it was divided).
+/// room for their fastest burst of the last hour when it was divided).
 #[test]
 fn guests_without_swap_bursting_faster_than_the_balloon_are_never_oom_killed() {
     let mut scenario = Scenario::builtin("burst").unwrap();

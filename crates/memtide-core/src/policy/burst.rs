@@ -3,14 +3,15 @@
 //! and memtide sees a burst only at the tick after it began. So a guest without swap keeps
 //! room above what it holds for as much as it has grown by within one tick over the last
 //! [`WINDOW`], up to the most it held then (found in the simulator: eight guests without
-//! swap, bursting to 3 GiB at 2 GiB/s, four times the balloon's speed, squeezed while the
-//! host needed memory: OOM-killed until they kept this room in the division's first round
-//! beside what their neighbours use; as a mere want, 96 kills). Room for the most a guest
+//! swap bursting to 3 GiB at 2 GiB/s, four times the balloon's speed, all they held kept
+//! while memory was ample, were OOM-killed 96 times in 30 minutes with this room a mere
+//! want, none with it in the division's first round beside what their neighbours use; 104
+//! times with the room alone). Room for the most a guest
 //! held over the hour, however slowly it got there, held memory back from guests whose
 //! use rose and fell slowly enough for the balloon to follow (small-vms with its swap
 //! removed, which no policy runs without OOM kills, ran 5% slower with it).
 //! What it holds counts only as far as its host backs it, so the room never exceeds
-//! memory the host backed for it within the hour; but the jump may be in the guest's
+//! memory the host backed for it within the hour (to a step of rounding); but the jump may be in the guest's
 //! figures alone (its Committed_AS), since memory it touched before is backed already.
 
 use super::peak::Peak;
@@ -47,7 +48,7 @@ impl BurstRoom {
     /// size it is configured with; the room it keeps (zero without figures). Growth counts
     /// only from one tick's figures to the next's: across a gap it is no burst. Figures are
     /// rounded up to whole steps of 1/256 of its size, so that each window keeps at most
-    /// 257 samples.
+    /// 258 samples.
     pub fn observe(&mut self, at: Duration, held: Option<Bytes>, configured: Bytes) -> Bytes {
         let Some(held) = held else {
             self.last = None;
@@ -86,5 +87,10 @@ mod tests {
         // Growth across a tick without figures is no burst.
         assert_eq!(feed(3603, None), 0);
         assert_eq!(feed(3604, Some(600)), 600);
+        assert_eq!(
+            feed(3605, Some(200)),
+            300,
+            "room for the 100 of 3601 s, not 400"
+        );
     }
 }

@@ -4,9 +4,9 @@
 //! again without it touching anything, by reporting little in use for those few samples
 //! and then climbing back to what its host backs, a step a tick (found in review: about
 //! half the ticks); measured over the window, they must first report little for that
-//! long. A guest without swap keeps room measured over an hour
-//! ([`super::burst::BurstRoom`]). A tick without figures repeats the last ones seen, so
-//! going silent does not shorten a window.
+//! long; a tick without figures repeats the last ones seen, so going silent does not
+//! shorten it. A guest without swap keeps room measured over an hour
+//! ([`super::burst::BurstRoom`]).
 
 use crate::units::Bytes;
 use std::collections::VecDeque;

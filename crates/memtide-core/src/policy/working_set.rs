@@ -466,8 +466,13 @@ impl Policy for WorkingSet {
             } else {
                 Bytes::ZERO
             };
-            no_swap.push((room, whole));
-            let want = want.max(min).max(room).max(whole);
+            // What each lifts the want by, for the reason.
+            let below = want.max(min);
+            no_swap.push((
+                Some(room).filter(|r| *r > below),
+                Some(whole).filter(|w| *w > below.max(room)),
+            ));
+            let want = below.max(room).max(whole);
             claims.push(Claim {
                 min,
                 want,
@@ -535,18 +540,19 @@ impl Policy for WorkingSet {
                         }
                     ),
                 ),
-                None if whole > e.wss => (
+                None if whole.is_some() => (
                     target,
                     rule(policy, "no_swap"),
                     format!(
-                        "estimate {}: memory is ample and the guest has no swap: it keeps all \
-                         it holds ({whole}), its only room for a burst faster than the balloon",
-                        e.wss
+                        "{}; memory is ample and the guest has no swap: it wants all it holds \
+                         ({}), its only room for a burst faster than the balloon",
+                        e.detail,
+                        whole.unwrap_or_default()
                     ),
                 ),
                 None => (target, rule(policy, e.phase), e.detail),
             };
-            if room > e.wss.max(whole) {
+            if let Some(room) = room.filter(|_| whole.is_none()) {
                 let _ = write!(
                     detail,
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
@@ -722,7 +728,7 @@ mod tests {
         assert_eq!(target(&o, "a"), None);
         assert_eq!(o.holds["a"].rule, "memtide.no_swap");
         assert!(
-            o.holds["a"].detail.contains("keeps all it holds (1.0 GiB)"),
+            o.holds["a"].detail.contains("wants all it holds (1.0 GiB)"),
             "{}",
             o.holds["a"].detail
         );
