@@ -128,6 +128,12 @@ impl Guest {
         (Guest::started(boot, procs), launch)
     }
 
+    /// Like [`Guest::boot`] with no workload and no swap disk: its agent reports no swap.
+    pub fn boot_without_swap(name: &str, dir: &Path, procs: &Path, mem_mib: u64) -> Guest {
+        let boot = Guest::with_workload(name, dir, &mem_mib.to_string(), "", "", "");
+        Guest::started(boot.device(BALLOON).agent(), procs)
+    }
+
     /// The tests' guest running `workload` with `args`, with its QMP socket.
     fn with_workload(
         name: &str,

@@ -1,0 +1,68 @@
+//! End to end: a real guest without swap keeps all it holds while the host's memory is
+//! ample (rule `memtide.no_swap`), where the same idle guest with swap is ballooned down
+//! to what it uses. Its agent (Debian's qemu-ga) reads the guest's own /proc/meminfo:
+//! `SwapTotal: 0 kB`.
+//!
+//! Boots two guests under TCG (about a minute), so ignored by a plain `cargo test`;
+//! `scripts/test.sh` builds the guest and runs it.
+
+mod support;
+
+use std::time::Duration;
+use support::cgroup::TestCgroup;
+use support::daemon::{actual_mib, mib, vm, Daemon};
+use support::guest::Guest;
+
+const GUEST_MIB: u64 = 384;
+
+#[test]
+#[ignore = "boots QEMU guests; run by scripts/test.sh"]
+fn an_idle_guest_without_swap_keeps_its_memory_while_memory_is_ample() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-no-swap");
+    let procs = cgroup.procs();
+    let mut swapping = Guest::boot("swap", dir.path(), &procs, GUEST_MIB, "", "");
+    let mut swapless = Guest::boot_without_swap("noswap", dir.path(), &procs, GUEST_MIB);
+    swapping.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    swapless.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+
+    // Memory is ample whatever the build machine holds: no free share is too little.
+    let port = support::free_port();
+    let config = format!(
+        "interval_s = 1\npolicy = \"memtide\"\n\
+         [host]\ndomain_cgroup = {:?}\n\
+         [discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [memtide]\nample_free = 0.0\nshort_free = 0.0\narrive_s = 0.0\n\
+         [[vm]]\nname = \"swap\"\nqmp = {:?}\nagent = {:?}\n\
+         [[vm]]\nname = \"noswap\"\nqmp = {:?}\nagent = {:?}\n",
+        cgroup.dir.display().to_string(),
+        swapping.qmp().display().to_string(),
+        swapping.agent().display().to_string(),
+        swapless.qmp().display().to_string(),
+        swapless.agent().display().to_string(),
+    );
+    let daemon = Daemon::start(dir.path(), &config, port);
+    // The guest with swap gives back the free memory it does not use.
+    let taken = daemon.wait_until(
+        "the guest with swap ballooned below 80% of its size",
+        Duration::from_secs(90),
+        |s| actual_mib(s, "swap") < GUEST_MIB as f64 * 0.8,
+    );
+    let (with, without) = (vm(&taken, "swap").unwrap(), vm(&taken, "noswap").unwrap());
+    eprintln!(
+        "with swap: {:.0} MiB ({}); without: {:.0} MiB ({})",
+        actual_mib(&taken, "swap"),
+        with["reason"],
+        actual_mib(&taken, "noswap"),
+        without["reason"]
+    );
+    assert!(
+        actual_mib(&taken, "noswap") >= GUEST_MIB as f64 - 1.0,
+        "the guest without swap keeps all it holds: {without}"
+    );
+    assert_eq!(without["reason"]["rule"], "memtide.no_swap", "{without}");
+    // Its estimate is still its working set, well below its size.
+    let estimate = mib(without, "estimate").unwrap();
+    assert!(estimate < GUEST_MIB as f64 * 0.8, "{without}");
+}
