@@ -174,7 +174,7 @@ pub fn place(vms: &[TierVm<'_>], tier: FastTier, config: TierConfig, dt_s: f64) 
     if short {
         (capacity, claims, wants, _) = division(true);
     }
-    let budgets = divide_by_use(capacity, &claims, &wants);
+    let budgets = divide_by_use(capacity, &claims, &[&wants]);
     let limit = Bytes::from_f64(config.rate_mib_s * dt_s.max(0.0) * 1024.0 * 1024.0);
     let planned: Vec<Moves> = vms
         .iter()

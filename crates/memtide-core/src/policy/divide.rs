@@ -139,23 +139,29 @@ pub fn divide(capacity: Bytes, claims: &[Claim]) -> Vec<Bytes> {
     given.into_iter().map(Bytes::from_f64).collect()
 }
 
-/// Divide `capacity` in two rounds: first each claim up to its `first` level (what the
-/// guest uses now; clamped to its min and want), by weight; then what is left up to each
-/// want, by weight. A guest whose estimate runs ahead of its use cannot take from a guest
-/// that uses all of its own.
-pub fn divide_by_use(capacity: Bytes, claims: &[Claim], first: &[Bytes]) -> Vec<Bytes> {
-    let firsts: Vec<Claim> = claims
-        .iter()
-        .zip(first)
-        .map(|(c, f)| Claim {
-            want: (*f).clamp(c.min, c.want.max(c.min)),
-            ..c.clone()
-        })
-        .collect();
-    let base = divide(capacity, &firsts);
+/// Divide `capacity` in rounds: first each claim up to its level in `levels[0]` (what the
+/// guest uses now; clamped to its min and want), by weight; then, from what each got, up
+/// to its level in the next, and so on; last, what is left up to each want, by weight. A
+/// guest whose estimate runs ahead of its use cannot take from a guest that uses all of
+/// its own.
+pub fn divide_by_use(capacity: Bytes, claims: &[Claim], levels: &[&[Bytes]]) -> Vec<Bytes> {
+    let mut given: Vec<Bytes> = claims.iter().map(|c| c.min).collect();
+    for level in levels {
+        let round: Vec<Claim> = claims
+            .iter()
+            .zip(*level)
+            .zip(&given)
+            .map(|((c, l), g)| Claim {
+                min: *g,
+                want: (*l).clamp(*g, c.want.max(*g)),
+                ..c.clone()
+            })
+            .collect();
+        given = divide(capacity, &round);
+    }
     let rest: Vec<Claim> = claims
         .iter()
-        .zip(base)
+        .zip(given)
         .map(|(c, min)| Claim { min, ..c.clone() })
         .collect();
     divide(capacity, &rest)
@@ -322,13 +328,44 @@ mod tests {
         let first = [Bytes::from_mib(600), Bytes::from_mib(100)];
         assert_eq!(mib(divide(Bytes::from_mib(1000), &claims)), [500, 500]);
         assert_eq!(
-            mib(divide_by_use(Bytes::from_mib(1000), &claims, &first)),
+            mib(divide_by_use(Bytes::from_mib(1000), &claims, &[&first])),
             [700, 300]
         );
         // Use that does not fit is itself divided by shares above the minimums.
         assert_eq!(
-            mib(divide_by_use(Bytes::from_mib(500), &claims, &first)),
+            mib(divide_by_use(Bytes::from_mib(500), &claims, &[&first])),
             [400, 100]
+        );
+    }
+
+    #[test]
+    fn each_level_is_served_in_turn_before_what_is_left() {
+        // 1000 MiB: a, b and c use 200 each. A second level lifts c (just OOM-killed) to its
+        // whole want of 500 before a and b share what is left up to their wants of 600.
+        let claims = [
+            claim(50, 600, 1.0),
+            claim(50, 600, 1.0),
+            claim(50, 500, 1.0),
+        ];
+        let used = [Bytes::from_mib(200); 3];
+        let after_kill = [used[0], used[1], Bytes::from_mib(500)];
+        let capacity = Bytes::from_mib(1000);
+        assert_eq!(
+            mib(divide_by_use(capacity, &claims, &[&used])),
+            [333, 333, 333]
+        );
+        assert_eq!(
+            mib(divide_by_use(capacity, &claims, &[&used, &after_kill])),
+            [250, 250, 500]
+        );
+        // Never at the expense of what the others use: with 700 MiB c gets 300.
+        assert_eq!(
+            mib(divide_by_use(
+                Bytes::from_mib(700),
+                &claims,
+                &[&used, &after_kill]
+            )),
+            [200, 200, 300]
         );
     }
 

@@ -4,6 +4,7 @@
 pub mod burst;
 pub mod divide;
 pub mod esx;
+pub mod killed;
 pub mod ksmtuned;
 pub mod mom;
 pub mod none;

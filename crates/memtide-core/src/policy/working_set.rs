@@ -6,6 +6,7 @@
 
 use super::burst::BurstRoom;
 use super::divide::{self, backed, capacity, capacity_of, credible, divide_by_use, Claim};
+use super::killed::Killed;
 use super::ksmtuned::{self, KsmConfig};
 use super::peak::Peak;
 use super::reserved::Reserved;
@@ -260,6 +261,8 @@ struct Watched {
     peak: Peak,
     /// Its bursts, while it has no swap.
     burst: BurstRoom,
+    /// Its last OOM kill, until it uses more than before it.
+    killed: Killed,
 }
 
 /// The rule name of a policy's estimator phase (static: reasons are made every tick).
@@ -362,7 +365,8 @@ impl Policy for WorkingSet {
         // reclaim, and swap, for what the targets hand out.
         let reserve = self.config.reserve(domain.total).max(domain.kept_free);
         let fused = matches!(self.estimator, EstimatorConfig::Fused(_));
-        let (mut beyond, mut growth, mut room) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut beyond, mut growth, mut room, mut killed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for vm in input.vms {
             let watched = self.watched.entry(vm.name.to_string()).or_default();
             let s = vm.signals;
@@ -379,6 +383,8 @@ impl Policy for WorkingSet {
             let held = (fused && s.no_swap()).then(|| committed.min(backed(vm)));
             let configured = vm.latest().configured;
             room.push(watched.burst.observe(input.at, held, configured));
+            let recovering = watched.killed.observe(input.at, s.oom_kills, seen);
+            killed.push(recovering.filter(|_| fused));
             beyond.push(committed);
         }
         let credible = self.doubted(input, &costless, &beyond, &growth, || {
@@ -386,7 +392,7 @@ impl Policy for WorkingSet {
         });
         let need = self.need(input, &costless, &credible);
         let mut estimated = Vec::new();
-        for ((((((vm, mut obs), first), credible), beyond), growth), room) in input
+        for (((((((vm, mut obs), first), credible), beyond), growth), room), killed) in input
             .vms
             .iter()
             .zip(observations)
@@ -395,6 +401,7 @@ impl Policy for WorkingSet {
             .zip(beyond)
             .zip(growth)
             .zip(room)
+            .zip(killed)
         {
             obs.need = need;
             let state = self
@@ -402,7 +409,7 @@ impl Policy for WorkingSet {
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth, room)),
+                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth, room, killed)),
                 Err(message) => out.faults.push(PolicyFault {
                     vm: Some(vm.name.to_string()),
                     message: message.into(),
@@ -437,7 +444,8 @@ impl Policy for WorkingSet {
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
         let mut no_swap = Vec::with_capacity(estimated.len());
-        for (vm, e, costless, credible, beyond, growth, room) in &estimated {
+        let mut after_kill = Vec::with_capacity(estimated.len());
+        for (vm, e, costless, credible, beyond, growth, room, killed) in &estimated {
             // A doubted guest's estimate counts only as far as it is credible too: beyond
             // that it took, by shares, memory its neighbours' estimates hold above their use
             // (found in the simulator: a guest claiming all of its 4 GiB, found out, kept
@@ -478,10 +486,14 @@ impl Policy for WorkingSet {
                 want,
                 weight: f64::from(vm.limits.shares),
             });
-            first.push(costless.map_or(min, |c| within(c, *credible)).max(room));
+            let used = costless.map_or(min, |c| within(c, *credible)).max(room);
+            first.push(used);
+            // A guest recovering from an OOM kill gets its estimate (after the kill's
+            // back-off, its whole size) next, before anyone's keeps and rooms ([`Killed`]).
+            after_kill.push(if killed.is_some() { want } else { used });
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
-        let given = divide_by_use(capacity, &claims, &first);
+        let given = divide_by_use(capacity, &claims, &[&first, &after_kill]);
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
@@ -491,7 +503,7 @@ impl Policy for WorkingSet {
         // all, four guests whose phases ran out of step were each ballooned to its need
         // at every phase, and stalled as the next one began, though not all of their
         // domain was wanted).
-        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _, _), want: Bytes| {
+        let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _, _, _), want: Bytes| {
             e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
         };
         let keeps: Vec<Option<Bytes>> = estimated
@@ -508,7 +520,7 @@ impl Policy for WorkingSet {
         let spare = capacity - wanted;
         let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
         let policy = self.estimator.policy_name();
-        for (((((vm, e, ..), target), keep), claim), (room, whole)) in estimated
+        for (((((vm, e, .., killed), target), keep), claim), (room, whole)) in estimated
             .into_iter()
             .zip(given)
             .zip(keeps)
@@ -556,6 +568,16 @@ impl Policy for WorkingSet {
                 let _ = write!(
                     detail,
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
+                );
+            }
+            if let Some(k) = killed {
+                let _ = write!(
+                    detail,
+                    "; OOM-killed {} s ago{}: its estimate comes right after what every VM \
+                     uses until it uses more than before the kill ({} s at most)",
+                    k.ago.as_secs(),
+                    k.used.map_or(String::new(), |u| format!(" using {u}")),
+                    super::killed::WINDOW.as_secs()
                 );
             }
             if let Some(d) = &divided {
