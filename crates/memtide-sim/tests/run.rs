@@ -352,8 +352,8 @@ fn guests_without_swap_bursting_faster_than_the_balloon_are_never_oom_killed() {
 /// A tenth of fleet-1000 without swap in its guests, for 30 minutes: memknobs whose
 /// programs, OOM-killed, are restarted 30 s later are not killed again at the restart (one
 /// was killed 7 times before a guest's kill lifted its estimate in the division until it
-/// used more than before; 35 kills in all, 29 since), and memtide runs at least as fast as no
-/// management, which lets the host swap instead.
+/// used more than before; 35 kills in all, 29 since), and memtide runs at least as fast as
+/// no management, which lets the host swap instead.
 #[test]
 fn a_program_oom_killed_is_not_killed_again_when_it_restarts() {
     let mut scenario = Scenario::builtin("fleet-1000").unwrap();
@@ -371,7 +371,11 @@ fn a_program_oom_killed_is_not_killed_again_when_it_restarts() {
     let s = run(&scenario, memtide(), EngineConfig::default(), 1);
     let none = run(&scenario, Box::new(Unmanaged), EngineConfig::default(), 1).summary;
     let most = s.summary.per_vm.iter().map(|v| v.oom_kills).max();
-    assert_eq!(most, Some(1), "{} kills in all", s.summary.oom_kills);
+    assert!(
+        most <= Some(1),
+        "{most:?} in a VM, {} in all",
+        s.summary.oom_kills
+    );
     assert!(
         s.summary.total_throughput >= none.total_throughput,
         "memtide {:.0} MiB/s, none {:.0}",

@@ -147,6 +147,7 @@ pub fn divide(capacity: Bytes, claims: &[Claim]) -> Vec<Bytes> {
 pub fn divide_by_use(capacity: Bytes, claims: &[Claim], levels: &[&[Bytes]]) -> Vec<Bytes> {
     let mut given: Vec<Bytes> = claims.iter().map(|c| c.min).collect();
     for level in levels {
+        debug_assert_eq!(level.len(), claims.len());
         let round: Vec<Claim> = claims
             .iter()
             .zip(*level)

@@ -6,7 +6,7 @@
 
 use super::burst::BurstRoom;
 use super::divide::{self, backed, capacity, capacity_of, credible, divide_by_use, Claim};
-use super::killed::Killed;
+use super::killed::{Killed, Recovering, Tick};
 use super::ksmtuned::{self, KsmConfig};
 use super::peak::Peak;
 use super::reserved::Reserved;
@@ -383,14 +383,36 @@ impl Policy for WorkingSet {
             let held = (fused && s.no_swap()).then(|| committed.min(backed(vm)));
             let configured = vm.latest().configured;
             room.push(watched.burst.observe(input.at, held, configured));
-            let recovering = watched.killed.observe(input.at, s.oom_kills, seen);
-            killed.push(recovering.filter(|_| fused));
+            let tick = Tick {
+                kills: s.oom_kills,
+                stalls: s.alloc_stalls,
+                used: short.or(s.used),
+            };
+            killed.push(
+                fused
+                    .then(|| watched.killed.observe(input.at, tick))
+                    .flatten(),
+            );
             beyond.push(committed);
         }
         let credible = self.doubted(input, &costless, &beyond, &growth, || {
             capacity(input, reserve)
         });
         let need = self.need(input, &costless, &credible);
+        // What a guest recovering from an OOM kill may claim ahead of its neighbours'
+        // estimates: as much as its own word may claim, its fair share or what its host
+        // backs for it (the kill is its word too, and a guest may fake it).
+        let killed: Vec<Option<(Recovering, Bytes)>> = if killed.iter().any(Option::is_some) {
+            let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
+            let bounds = divide::credible(capacity(input, reserve), &vms, &growth);
+            killed
+                .into_iter()
+                .zip(bounds)
+                .map(|(k, b)| Some((k?, b)))
+                .collect()
+        } else {
+            vec![None; killed.len()]
+        };
         let mut estimated = Vec::new();
         for (((((((vm, mut obs), first), credible), beyond), growth), room), killed) in input
             .vms
@@ -489,8 +511,10 @@ impl Policy for WorkingSet {
             let used = costless.map_or(min, |c| within(c, *credible)).max(room);
             first.push(used);
             // A guest recovering from an OOM kill gets its estimate (after the kill's
-            // back-off, its whole size) next, before anyone's keeps and rooms ([`Killed`]).
-            after_kill.push(if killed.is_some() { want } else { used });
+            // back-off, its whole size) next, as far as its word may claim: after every
+            // VM's use, burst room and minimum, before the rest of anyone's estimate
+            // ([`Killed`]).
+            after_kill.push(killed.map_or(used, |(_, bound)| want.min(bound)));
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
         let given = divide_by_use(capacity, &claims, &[&first, &after_kill]);
@@ -570,13 +594,15 @@ impl Policy for WorkingSet {
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
                 );
             }
-            if let Some(k) = killed {
+            if let Some((k, bound)) = killed.filter(|_| divided.is_some()) {
                 let _ = write!(
                     detail,
-                    "; OOM-killed {} s ago{}: its estimate comes right after what every VM \
-                     uses until it uses more than before the kill ({} s at most)",
+                    "; OOM-killed {} s ago: its estimate comes after every VM's use, up to \
+                     {bound}, until it uses more than{} ({} s at most)",
                     k.ago.as_secs(),
-                    k.used.map_or(String::new(), |u| format!(" using {u}")),
+                    k.used.map_or(String::from(" it did"), |u| format!(
+                        " the {u} it did the tick before"
+                    )),
                     super::killed::WINDOW.as_secs()
                 );
             }
