@@ -37,7 +37,8 @@ pub struct Killed {
 pub struct Recovering {
     /// How long ago.
     pub ago: Duration,
-    /// What it used the tick before, where known.
+    /// The most it used the tick before any kill since the first it has not recovered
+    /// from, where known.
     pub used: Option<Bytes>,
 }
 
@@ -48,7 +49,7 @@ pub struct Tick {
     pub kills: Option<u64>,
     /// Allocation stalls (direct reclaim of the whole guest) since the last tick.
     pub stalls: Option<u64>,
-    /// What it uses, less what it could reclaim.
+    /// What it uses, less what it could reclaim where it says (MemAvailable).
     pub used: Option<Bytes>,
 }
 
@@ -108,6 +109,14 @@ mod tests {
         assert_eq!((r.ago, r.used), (at(0), Some(Bytes::from_mib(100))));
         assert!(feed(669, 0, 100).is_some());
         assert_eq!(feed(670, 0, 100), None);
+        // Killed using 500, restarted to 300 and killed again: it recovers above 500.
+        assert!(feed(700, 0, 500).is_none());
+        assert!(feed(701, 1, 100).is_some());
+        assert!(feed(730, 0, 300).is_some());
+        let r = feed(731, 1, 100).unwrap();
+        assert_eq!((r.ago, r.used), (at(0), Some(Bytes::from_mib(500))));
+        assert!(feed(760, 0, 500).is_some());
+        assert_eq!(feed(761, 0, 501), None);
     }
 
     #[test]

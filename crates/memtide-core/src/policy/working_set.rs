@@ -544,12 +544,13 @@ impl Policy for WorkingSet {
         let spare = capacity - wanted;
         let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
         let policy = self.estimator.policy_name();
-        for (((((vm, e, .., killed), target), keep), claim), (room, whole)) in estimated
+        for ((((((vm, e, .., killed), target), keep), claim), (room, whole)), level) in estimated
             .into_iter()
             .zip(given)
             .zip(keeps)
             .zip(&claims)
             .zip(no_swap)
+            .zip(&after_kill)
         {
             out.estimates.insert(vm.name.to_string(), e.wss);
             // Nothing is kept where memory is divided (review: a keep of no share, its
@@ -594,16 +595,20 @@ impl Policy for WorkingSet {
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
                 );
             }
-            if let Some((k, bound)) = killed.filter(|_| divided.is_some()) {
+            if let Some((k, _)) = killed.filter(|_| divided.is_some()) {
+                let window = super::killed::WINDOW.as_secs();
+                let until = match k.used {
+                    Some(u) => format!(
+                        "until it uses more than the {u} it did the tick before the kill \
+                         ({window} s at most)"
+                    ),
+                    None => format!("for {window} s (what it used before is unknown)"),
+                };
                 let _ = write!(
                     detail,
-                    "; OOM-killed {} s ago: its estimate comes after every VM's use, up to \
-                     {bound}, until it uses more than{} ({} s at most)",
-                    k.ago.as_secs(),
-                    k.used.map_or(String::from(" it did"), |u| format!(
-                        " the {u} it did the tick before"
-                    )),
-                    super::killed::WINDOW.as_secs()
+                    "; OOM-killed {} s ago: up to {level} comes to it after every VM's use, \
+                     {until}",
+                    k.ago.as_secs()
                 );
             }
             if let Some(d) = &divided {
@@ -665,11 +670,23 @@ mod tests {
         vms: &[(&str, u64, u64, u32, u64)],
         edit: impl Fn(&mut VmSample, &mut Signals),
     ) -> PolicyOutput {
+        decide_at(p, 0, stats, vms, |_, sample, s| edit(sample, s))
+    }
+
+    /// [`decide_on`] at `at` s, each VM sampled every second since 0 (none new after the
+    /// first second), `edit` told each VM's place in `vms`.
+    fn decide_at(
+        p: &mut WorkingSet,
+        at: u64,
+        stats: crate::stats::HostStats,
+        vms: &[(&str, u64, u64, u32, u64)],
+        edit: impl Fn(usize, &mut VmSample, &mut Signals),
+    ) -> PolicyOutput {
         let mut host = History::new(10);
         host.push(Duration::ZERO, stats);
         let mut histories: Vec<History<VmSample>> = Vec::new();
         let mut signals = Vec::new();
-        for (name, size, avail, _, committed) in vms {
+        for (i, (name, size, avail, _, committed)) in vms.iter().enumerate() {
             let mut h = History::new(10);
             let mut sample = testkit::vm(name, 1024, *size, 0).sample.unwrap();
             let mut s = Signals {
@@ -677,8 +694,10 @@ mod tests {
                 committed_as: Some(Bytes::from_mib(*committed)),
                 ..Signals::default()
             };
-            edit(&mut sample, &mut s);
-            h.push(Duration::ZERO, sample);
+            edit(i, &mut sample, &mut s);
+            for t in 0..=at {
+                h.push(Duration::from_secs(t), sample.clone());
+            }
             histories.push(h);
             signals.push(s);
         }
@@ -700,7 +719,7 @@ mod tests {
             })
             .collect();
         p.decide(&PolicyInput {
-            at: Duration::ZERO,
+            at: Duration::from_secs(at),
             host: &host,
             vms: &inputs,
             unreachable: &[],
@@ -755,6 +774,83 @@ mod tests {
         );
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(930), Some(230)));
         assert!(o.balloon["a"].reason.detail.contains("host need ample"));
+    }
+
+    /// [`decide_at`] `at` s for VMs given as (name, size MiB, MemAvailable MiB, shares, OOM
+    /// kills with as many allocation stalls), each using and committing its size less its
+    /// MemAvailable, on a host of `total` MiB with nothing freeable.
+    fn decide_after_kills(
+        p: &mut WorkingSet,
+        at: u64,
+        total: u64,
+        vms: &[(&str, u64, u64, u32, u64)],
+    ) -> PolicyOutput {
+        let used: Vec<_> = vms
+            .iter()
+            .map(|v| (v.0, v.1, v.2, v.3, v.1 - v.2))
+            .collect();
+        decide_at(p, at, testkit::host(total, 0), &used, |i, _, s| {
+            s.used = s.committed_as;
+            s.oom_kills = Some(vms[i].4);
+            s.alloc_stalls = Some(vms[i].4);
+        })
+    }
+
+    #[test]
+    fn a_guest_just_oom_killed_comes_after_every_use_as_far_as_its_word_may_claim() {
+        // Three guests hold 600 MiB each where they can have 1.7 GiB between them; "a",
+        // with a tenth of the others' shares, uses 200, "b" and "c" 500. Then "a" reports
+        // an OOM kill with a stall, and its back-off asks for all of its 1024 MiB.
+        let run = |kills: u64| {
+            let vms = |kills| {
+                [
+                    ("a", 600, 400, 100, kills),
+                    ("b", 600, 100, 1000, 0),
+                    ("c", 600, 100, 1000, 0),
+                ]
+            };
+            let mut p = memtide();
+            decide_after_kills(&mut p, 1, 1830, &vms(0));
+            decide_after_kills(&mut p, 2, 1830, &vms(kills))
+        };
+        let target = |o: &PolicyOutput, vm: &str| target(o, vm).unwrap_or(600);
+        let (calm, killed) = (run(0), run(1));
+        // Calm, its share takes it below what it holds; killed, it keeps what it held,
+        // all its word may claim (what its host backs: 600 MiB, above its fair share),
+        // not the 674 it would take of what the others are divided above their use.
+        assert_eq!(target(&calm, "a"), 536);
+        assert_eq!(target(&killed, "a"), 603);
+        assert_eq!(killed.balloon["a"].reason.rule, "memtide.back_off");
+        let detail = &killed.balloon["a"].reason.detail;
+        assert!(
+            detail.contains(
+                "; OOM-killed 0 s ago: up to 600 MiB comes to it after every VM's use, until \
+                 it uses more than the 200 MiB it did the tick before the kill (600 s at most)"
+            ),
+            "{detail}"
+        );
+        // Never out of what the others use.
+        for vm in ["b", "c"] {
+            assert!(target(&killed, vm) >= 500, "{vm}: {}", target(&killed, vm));
+        }
+        // Other estimators do as they did.
+        let tws = |kills| {
+            let vms = [("a", 600, 400, 100, kills), ("b", 600, 100, 1000, 0)];
+            let mut p = WorkingSet::new(
+                EstimatorConfig::Tws(Default::default()),
+                WorkingSetConfig::default(),
+                KsmConfig::default(),
+            );
+            decide_after_kills(&mut p, 1, 1230, &vms);
+            let o = decide_after_kills(&mut p, 2, 1230, &vms);
+            (
+                target(&o, "a"),
+                o.balloon.get("a").map(|p| p.reason.detail.clone()),
+            )
+        };
+        let (with, without) = (tws(1), tws(0));
+        assert_eq!(with.0, without.0);
+        assert!(!with.1.unwrap_or_default().contains("OOM-killed"));
     }
 
     #[test]
