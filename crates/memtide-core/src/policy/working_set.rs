@@ -192,18 +192,14 @@ impl WorkingSet {
     }
 
     /// Hold each VM's claims against what the host backs for it ([`Trust`]) and say, in
-    /// input order, the most a VM whose figures are not credible may claim when memory is
-    /// divided ([`credible`], within `capacity`); `None` for the VMs still believed. The
-    /// fair shares are worked out only when some VM is doubted.
-    fn doubted(
+    /// input order, whether its figures are doubted.
+    fn doubts(
         &mut self,
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
         beyond: &[Bytes],
-        growth: &[Bytes],
-        capacity: impl FnOnce() -> Bytes,
-    ) -> Vec<Option<Bytes>> {
-        let doubts: Vec<bool> = input
+    ) -> Vec<bool> {
+        input
             .vms
             .iter()
             .zip(costless)
@@ -220,15 +216,6 @@ impl WorkingSet {
                     .trust
                     .observe(input.at, claimed, vm.actual, backed(vm), configured)
             })
-            .collect();
-        if !doubts.contains(&true) {
-            return vec![None; doubts.len()];
-        }
-        let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
-        credible(capacity(), &vms, growth)
-            .into_iter()
-            .zip(doubts)
-            .map(|(bound, doubt)| doubt.then_some(bound))
             .collect()
     }
 }
@@ -395,24 +382,27 @@ impl Policy for WorkingSet {
             );
             beyond.push(committed);
         }
-        let credible = self.doubted(input, &costless, &beyond, &growth, || {
-            capacity(input, reserve)
-        });
-        let need = self.need(input, &costless, &credible);
-        // What a guest recovering from an OOM kill may claim ahead of its neighbours'
-        // estimates: as much as its own word may claim, its fair share or what its host
-        // backs for it (the kill is its word too, and a guest may fake it).
-        let killed: Vec<Option<(Recovering, Bytes)>> = if killed.iter().any(Option::is_some) {
+        // The most each VM's own word may claim when memory is divided ([`credible`]):
+        // bounding a VM whose figures are doubted, and the lift of one recovering from an
+        // OOM kill (the kill is its word too, and a guest may fake it). The fair shares are
+        // worked out only when some VM needs them.
+        let doubts = self.doubts(input, &costless, &beyond);
+        let bounds = (doubts.contains(&true) || killed.iter().any(Option::is_some)).then(|| {
             let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
-            let bounds = divide::credible(capacity(input, reserve), &vms, &growth);
-            killed
-                .into_iter()
-                .zip(bounds)
-                .map(|(k, b)| Some((k?, b)))
-                .collect()
-        } else {
-            vec![None; killed.len()]
-        };
+            credible(capacity(input, reserve), &vms, &growth)
+        });
+        let bound = |i: usize| bounds.as_ref().map(|b| b[i]);
+        let credible: Vec<Option<Bytes>> = doubts
+            .iter()
+            .enumerate()
+            .map(|(i, doubt)| bound(i).filter(|_| *doubt))
+            .collect();
+        let need = self.need(input, &costless, &credible);
+        let killed: Vec<Option<(Recovering, Bytes)>> = killed
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| Some((k?, bound(i)?)))
+            .collect();
         let mut estimated = Vec::new();
         for (((((((vm, mut obs), first), credible), beyond), growth), room), killed) in input
             .vms
