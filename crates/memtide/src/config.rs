@@ -740,6 +740,13 @@ impl Config {
                 );
             }
         }
+        let spill = self.working_set.host_swap_share;
+        if !(0.0..=1.0).contains(&spill) {
+            return bad(
+                "working_set.host_swap_share",
+                format!("{spill} must be a share of the host's free swap in [0, 1]"),
+            );
+        }
         let p = &self.proxmox;
         if !(p.goal_used > 0.0 && p.goal_used <= 1.0) {
             return bad(
@@ -1472,6 +1479,10 @@ mod tests {
         assert_eq!(
             err("[working_set]\nhost_reserve = 0.6\n"),
             "memtide.toml: working_set.host_reserve: 0.6 must be a share of the domain in [0, 0.5]"
+        );
+        assert_eq!(
+            err("[working_set]\nhost_swap_share = 1.5\n"),
+            "memtide.toml: working_set.host_swap_share: 1.5 must be a share of the host's free swap in [0, 1]"
         );
         assert_eq!(
             err("[proxmox]\ngoal_used = 1.5\n"),
