@@ -183,6 +183,10 @@ impl HostBackend for LinuxHost {
             psi,
             ksm: ksm::read(&self.ksm_dir()),
             domain,
+            // Without /proc/swaps (a restricted /proc) no swap is known to be in RAM.
+            swap_free_in_ram: std::fs::read_to_string(proc.join("swaps"))
+                .map(|t| procfs::swaps_free_in_ram(&t))
+                .unwrap_or_default(),
             other_managers: self.others.get(|| other_managers(proc)),
         })
     }

@@ -73,6 +73,24 @@ pub fn zfs_arc_reclaimable(text: &str) -> Option<Bytes> {
     Some(Bytes(figure("size")?.saturating_sub(figure("c_min")?)))
 }
 
+/// The free space of the swap devices in /proc/swaps that are zram (compressed RAM, not
+/// disk: `/dev/zramN`), from its `Filename Type Size Used Priority` lines (sizes in KiB,
+/// after a header line). Swapping to them takes host memory, so it is no room beyond it.
+pub fn swaps_free_in_ram(text: &str) -> Bytes {
+    let kib: u64 = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            f.next()?.strip_prefix("/dev/zram")?.parse::<u32>().ok()?;
+            let size: u64 = f.nth(1)?.parse().ok()?;
+            let used: u64 = f.next()?.parse().ok()?;
+            Some(size.saturating_sub(used))
+        })
+        .sum();
+    Bytes::from_kib(kib)
+}
+
 /// The sum of every zone's high watermark from /proc/zoneinfo, in pages (each zone's
 /// `        high     N` line; the per-CPU pagesets' `high:` lines are other figures).
 /// Below a zone's low watermark kswapd wakes and reclaims until it is above its high one,
@@ -514,6 +532,22 @@ mod tests {
 garbage
 7f2a70000000-7f2a70000000 rw-p 00000000 00:00 0
 ";
+
+    #[test]
+    fn only_zram_swap_counts_as_swap_in_ram() {
+        use super::{swaps_free_in_ram, Bytes};
+        let swaps = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                     /dev/zram0                              partition\t8388604\t1048576\t100\n\
+                     /dev/zram1                              partition\t1024\t\t0\t\t100\n\
+                     /swapfile                               file\t\t2097148\t0\t\t-2\n\
+                     /dev/zramfoo                            partition\t4096\t\t0\t\t1\n\
+                     /dev/zram2                              partition\tgarbage\n";
+        assert_eq!(
+            swaps_free_in_ram(swaps),
+            Bytes::from_kib(8388604 - 1048576 + 1024)
+        );
+        assert_eq!(swaps_free_in_ram(""), Bytes::ZERO);
+    }
 
     #[test]
     fn maps_lines_give_range_permissions_and_path() {

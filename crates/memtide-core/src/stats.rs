@@ -245,6 +245,10 @@ pub struct HostStats {
     pub ksm: Option<KsmState>,
     /// The VM memory domain.
     pub domain: MemoryDomain,
+    /// Of the host's free swap, what lies on zram devices: compressed RAM, not disk.
+    /// Absent in recordings made before it was reported.
+    #[serde(default)]
+    pub swap_free_in_ram: Bytes,
     /// Other memory managers running on the host, which act on the same knobs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other_managers: Vec<OtherManager>,

@@ -32,6 +32,7 @@ pub fn host(total_mib: u64, freeable_mib: u64) -> HostStats {
             freeable,
             kept_free: Bytes::ZERO,
         },
+        swap_free_in_ram: Bytes::ZERO,
         other_managers: Vec::new(),
     }
 }

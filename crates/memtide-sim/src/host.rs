@@ -319,6 +319,7 @@ impl Host {
                 freeable,
                 kept_free: bytes(self.min_free),
             },
+            swap_free_in_ram: Bytes::ZERO,
             other_managers: Vec::new(),
         }
     }

@@ -37,7 +37,8 @@ pub struct WorkingSetConfig {
     /// Smallest change worth making, as a share of the guest's size.
     pub min_change: f64,
     /// Under memtide's estimator, the share of the host's free swap that guests without
-    /// swap may be given beyond the domain's memory ([`host_swap_room`]); 0 turns it off.
+    /// swap may be given beyond the domain's memory ([`host_swap_room`]); at 0 they are
+    /// still given what they want beyond the division out of memory no VM wants.
     pub host_swap_share: f64,
 }
 
@@ -68,16 +69,19 @@ pub fn default_reserve(total: Bytes) -> Bytes {
 /// The share of the host's free swap guests without swap may be given by default. Found in
 /// the simulator, every built-in scenario with its guests' swap removed (a tenth of the
 /// host's free swap, against none): kills in fleet-1000 413 -> 257, burst 72 -> 12,
-/// small-vms 363 -> 312, mixed-8 3 -> 2, none anywhere more, throughput within 0.2% or
-/// better. More cost more where the room given was touched and held, and the host swapped
-/// it: a quarter, memknobs-32 2% and a kill in quick; a half (fleet-1000's kills all gone),
-/// memknobs-32 5%; all of it, 12 kills in mixed-8.
+/// small-vms 363 -> 312, mixed-8 3 -> 2, none anywhere more, throughput 0.22% slower at
+/// most or better, for host swap-ins (mixed-8 0 -> 1.3 M). More cost more where the room
+/// given was touched and held, and the host swapped it: a quarter, memknobs-32 2% and a
+/// kill in quick; a half (fleet-1000's kills all gone), memknobs-32 5%; all of it, 12 kills
+/// in mixed-8. The room is lent before any burst, whole sizes included while memory is
+/// ample: lent only to what guests want, whole sizes only out of memory no VM wants,
+/// fleet-1000 kept 363 kills and quick had 2.
 pub const HOST_SWAP_SHARE: f64 = 0.1;
 
 /// What guests without swap may be given beyond the domain's memory when it is divided:
-/// `share` of the host's free swap, on a domain of the whole host (a cgroup's own swap
-/// limit is not known: where it allows none, memory beyond the cgroup's limit kills the
-/// hypervisor). Such a guest, short of what its next allocation needs, has its program
+/// `share` of the host's free swap other than zram (compressed RAM: swapping to it takes
+/// the host's memory), on a domain of the whole host (a cgroup's own swap limit is not
+/// known: where it allows none, memory beyond the cgroup's limit kills the hypervisor). Such a guest, short of what its next allocation needs, has its program
 /// OOM-killed; given room the host backs by swapping, the host swaps instead, as it does
 /// with no management (found in the simulator: batch guests without swap, their RAM held
 /// as burst room by their neighbours without swap, killed by their first phase together,
@@ -85,7 +89,9 @@ pub const HOST_SWAP_SHARE: f64 = 0.1;
 pub fn host_swap_room(input: &PolicyInput<'_>, share: f64) -> Bytes {
     let host = input.host_latest();
     match host.domain.scope {
-        crate::stats::DomainScope::Host => host.meminfo.swap_free.scale(share),
+        crate::stats::DomainScope::Host => {
+            (host.meminfo.swap_free - host.swap_free_in_ram).scale(share)
+        }
         crate::stats::DomainScope::Cgroup { .. } => Bytes::ZERO,
     }
 }
@@ -576,8 +582,8 @@ impl Policy for WorkingSet {
         // Last, guests without swap get what they want beyond that out of what is left and
         // the host's swap room, the rest keeping what they were given ([`host_swap_room`]).
         let swap_room = host_swap_room(input, self.config.host_swap_share);
+        let kept_total = extra.scale(share);
         let lifted = if beyond_ram.iter().any(Option::is_some) {
-            let kept = extra.scale(share);
             let rest: Vec<Claim> = claims
                 .iter()
                 .zip(&given)
@@ -588,10 +594,14 @@ impl Policy for WorkingSet {
                     ..c.clone()
                 })
                 .collect();
-            divide::divide(capacity - kept + swap_room, &rest)
+            divide::divide(capacity - kept_total + swap_room, &rest)
         } else {
             given.clone()
         };
+        // How much of the host's swap the lifts draw on, beyond what memory no VM wants.
+        let lift: Bytes = lifted.iter().zip(&given).map(|(l, g)| *l - *g).sum();
+        let unwanted = (capacity - kept_total) - given.iter().copied().sum::<Bytes>();
+        let from_swap = lift - unwanted;
         let policy = self.estimator.policy_name();
         for (((((((vm, e, .., killed), target), lifted), keep), claim), (room, whole)), level) in
             estimated
@@ -649,11 +659,17 @@ impl Policy for WorkingSet {
             let target = if lifted > target {
                 let _ = write!(
                     detail,
-                    "; {} more for a guest without swap, out of what no VM wants and up to \
-                     {swap_room} of the host's swap shared by such guests: the host swaps \
-                     where it would have its program OOM-killed",
+                    "; {} more for a guest without swap, out of what no VM wants",
                     lifted - target
                 );
+                if from_swap > Bytes::ZERO {
+                    let _ = write!(
+                        detail,
+                        " and the host's swap ({from_swap} of the {swap_room} it lends such \
+                         guests): the host swaps where the guest would have its program \
+                         OOM-killed"
+                    );
+                }
                 lifted
             } else {
                 target
@@ -951,8 +967,9 @@ mod tests {
         // Both guests use 980 MiB, committed, of the 700 each the host backs, and the host
         // has nothing freeable: memory is divided, "a" at its minimum (what it committed:
         // it has no swap), "b" the rest. What "a" is short of is a kill, so it gets more
-        // out of a tenth of the host's 4 GiB of free swap; "b" swaps and gets nothing of it; nor does "a" in a cgroup domain,
-        // whose own swap limit memtide does not know, nor with the share set to 0.
+        // out of a tenth of the host's 4 GiB of free swap; "b" swaps and gets nothing of it.
+        // Nor does "a" where the swap is zram (compressed RAM), in a cgroup domain (whose
+        // own swap limit memtide does not know), or with the share set to 0.
         let vms = [("a", 1024, 44, 1000, 980), ("b", 1024, 44, 1000, 980)];
         let swap = |i: usize, sample: &mut VmSample, s: &mut Signals| {
             sample.rss = Some(Bytes::from_mib(700));
@@ -977,16 +994,28 @@ mod tests {
         };
         let off = with(0.0, stats.clone());
         let (a0, b0) = (target(&off, "a").unwrap(), target(&off, "b").unwrap());
-        assert!(a0 + b0 <= 2048 - 64, "{a0} + {b0}: divided within the host's memory");
+        assert!(
+            a0 + b0 <= 2048 - 64,
+            "{a0} + {b0}: divided within the host's memory"
+        );
         let on = with(HOST_SWAP_SHARE, stats.clone());
         let (a, b) = (target(&on, "a").unwrap(), target(&on, "b").unwrap());
         assert!(a > a0 && a <= a0 + 410, "{a0} -> {a}");
         assert_eq!(b, b0, "a guest with swap gets nothing of the host's");
         let detail = &on.balloon["a"].reason.detail;
         assert!(
-            detail.contains("MiB more for a guest without swap")
-                && detail.contains("up to 410 MiB of the host's swap"),
+            detail.contains(
+                "MiB more for a guest without swap, out of what no VM wants and the host's \
+                 swap ("
+            ) && detail.contains("of the 410 MiB it lends such guests)"),
             "{detail}"
+        );
+        let mut zram = stats.clone();
+        zram.swap_free_in_ram = Bytes::from_mib(4096);
+        assert_eq!(
+            target(&with(HOST_SWAP_SHARE, zram), "a"),
+            Some(a0),
+            "zram is RAM"
         );
         let mut cgroup = stats;
         cgroup.domain.scope = crate::stats::DomainScope::Cgroup {
@@ -994,6 +1023,39 @@ mod tests {
             version: 2,
         };
         assert_eq!(target(&with(HOST_SWAP_SHARE, cgroup), "a"), Some(a0));
+    }
+
+    #[test]
+    fn a_guest_without_swap_gets_its_whole_size_out_of_memory_no_vm_wants_while_ample() {
+        // "a" holds 700 of its 1024 MiB and uses 400: memory is ample, so it keeps what it
+        // holds and is given the rest of its size out of the host's free memory, not its
+        // swap; the reason says so. A guest with swap is given nothing more.
+        let vms = [("a", 700, 300, 1000, 400)];
+        let mut stats = testkit::host(8192, 6000);
+        stats.meminfo.swap_free = Bytes::from_mib(4096);
+        let swap = |mib: u64| {
+            move |_: &mut VmSample, s: &mut Signals| {
+                s.swap_free = Some(Bytes::from_mib(mib));
+                s.swap_used = Some(Bytes::ZERO);
+            }
+        };
+        let o = decide_on(&mut memtide(), stats.clone(), &vms, swap(0));
+        assert_eq!(target(&o, "a"), Some(1024));
+        let reason = &o.balloon["a"].reason;
+        assert!(
+            reason
+                .detail
+                .contains("324 MiB more for a guest without swap, out of what no VM wants;")
+                && !reason.detail.contains("host's swap"),
+            "{}",
+            reason.detail
+        );
+        let o = decide_on(&mut memtide(), stats, &vms, swap(512));
+        assert!(
+            target(&o, "a").is_none_or(|t| t <= 700),
+            "{:?}",
+            target(&o, "a")
+        );
     }
 
     #[test]
