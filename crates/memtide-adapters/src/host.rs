@@ -211,6 +211,13 @@ mod tests {
         std::fs::copy(data.join("proc/meminfo"), proc.join("meminfo")).unwrap();
         std::fs::copy(data.join("proc/vmstat"), proc.join("vmstat")).unwrap();
         std::fs::copy(data.join("proc/zoneinfo"), proc.join("zoneinfo")).unwrap();
+        std::fs::write(
+            proc.join("swaps"),
+            "Filename\tType\tSize\tUsed\tPriority\n\
+             /dev/zram0\tpartition\t4194300\t1024\t100\n\
+             /swap.img\tfile\t8388604\t0\t-2\n",
+        )
+        .unwrap();
         std::fs::copy(
             data.join("proc/pressure-memory"),
             proc.join("pressure/memory"),
@@ -244,6 +251,11 @@ mod tests {
         assert_eq!(s.domain.kept_free, Bytes(pages * procfs::page_size()));
         assert_eq!(s.ksm.unwrap().pages_to_scan, 100);
         assert!(s.psi.is_some());
+        assert_eq!(
+            s.swap_free_in_ram,
+            Bytes::from_kib(4194300 - 1024),
+            "zram's alone"
+        );
         // The watermarks are read again only when SCAN_EVERY old, not every tick.
         std::fs::remove_file(paths.proc.join("zoneinfo")).unwrap();
         let again = host.sample().unwrap();
@@ -344,10 +356,16 @@ mod tests {
         let (root, paths) = fake_tree();
         std::fs::remove_file(paths.proc.join("pressure/memory")).unwrap();
         std::fs::remove_file(paths.proc.join("zoneinfo")).unwrap();
+        std::fs::remove_file(paths.proc.join("swaps")).unwrap();
         std::fs::remove_dir_all(root.path().join("sys/kernel/mm/ksm")).unwrap();
         let mut host = LinuxHost::new(paths.clone());
         let s = host.sample().unwrap();
         assert_eq!((s.psi, s.ksm), (None, None));
+        assert_eq!(
+            s.swap_free_in_ram,
+            Bytes::ZERO,
+            "no /proc/swaps: none known in RAM"
+        );
         assert_eq!(
             s.domain.kept_free,
             Bytes::ZERO,

@@ -74,20 +74,22 @@ pub fn zfs_arc_reclaimable(text: &str) -> Option<Bytes> {
 }
 
 /// The free space of the swap devices in /proc/swaps that are zram (compressed RAM, not
-/// disk: `/dev/zramN`), from its `Filename Type Size Used Priority` lines (sizes in KiB,
-/// after a header line). Swapping to them takes host memory, so it is no room beyond it.
+/// disk: a device named `zramN`, under whatever /dev the reader sees), from its `Filename
+/// Type Size Used Priority` lines (sizes in KiB, after a header line). Swapping to them
+/// takes host memory, so it is no room beyond it.
 pub fn swaps_free_in_ram(text: &str) -> Bytes {
-    let kib: u64 = text
+    let kib = text
         .lines()
         .skip(1)
         .filter_map(|line| {
             let mut f = line.split_whitespace();
-            f.next()?.strip_prefix("/dev/zram")?.parse::<u32>().ok()?;
+            let name = f.next()?.rsplit('/').next()?;
+            name.strip_prefix("zram")?.parse::<u32>().ok()?;
             let size: u64 = f.nth(1)?.parse().ok()?;
             let used: u64 = f.next()?.parse().ok()?;
             Some(size.saturating_sub(used))
         })
-        .sum();
+        .fold(0, u64::saturating_add);
     Bytes::from_kib(kib)
 }
 
@@ -541,10 +543,19 @@ garbage
                      /dev/zram1                              partition\t1024\t\t0\t\t100\n\
                      /swapfile                               file\t\t2097148\t0\t\t-2\n\
                      /dev/zramfoo                            partition\t4096\t\t0\t\t1\n\
-                     /dev/zram2                              partition\tgarbage\n";
+                     /dev/zram2                              partition\tgarbage\n\
+                     /host/dev/zram3                         partition\t2048\t\t0\t\t1\n\
+                     /dev/zram4 partition 18446744073709551615 0 1\n\
+                     /dev/zram5 partition 18446744073709551615 0 1\n";
+        let (zram, huge) = swaps.split_at(swaps.find("/dev/zram4").unwrap());
         assert_eq!(
-            swaps_free_in_ram(swaps),
-            Bytes::from_kib(8388604 - 1048576 + 1024)
+            swaps_free_in_ram(zram),
+            Bytes::from_kib(8388604 - 1048576 + 1024 + 2048)
+        );
+        // Sizes no device has saturate rather than overflow.
+        assert_eq!(
+            swaps_free_in_ram(&format!("header\n{huge}")),
+            Bytes::from_kib(u64::MAX)
         );
         assert_eq!(swaps_free_in_ram(""), Bytes::ZERO);
     }

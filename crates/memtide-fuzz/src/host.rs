@@ -1,4 +1,4 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/PID/statm, stat, smaps and maps, NUMA
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/swaps, /proc/PID/statm, stat, smaps and maps, NUMA
 //! node lists and meminfo, cgroup limit, usage and memory.stat files (refaults among
 //! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser;
 //! what parses must print back, in the file's own format, to itself.
@@ -33,6 +33,12 @@ pub fn run(data: &[u8]) {
         );
     }
     tiers::node_meminfo(&text);
+    // No more zram free space than the text has digits for (each line's size, saturating).
+    let in_ram = procfs::swaps_free_in_ram(&text);
+    assert!(
+        in_ram == Bytes::from_kib(u64::MAX) || in_ram.0.is_multiple_of(1024),
+        "{in_ram:?}"
+    );
     if let Some(cpu_s) = procfs::stat_cpu_s(&text, 100.0) {
         assert!(cpu_s.is_finite() && cpu_s >= 0.0, "{cpu_s}");
     }

@@ -740,11 +740,11 @@ impl Config {
                 );
             }
         }
-        let spill = self.working_set.host_swap_share;
-        if !(0.0..=1.0).contains(&spill) {
+        let share = self.working_set.host_swap_share;
+        if !(0.0..=1.0).contains(&share) {
             return bad(
                 "working_set.host_swap_share",
-                format!("{spill} must be a share of the host's free swap in [0, 1]"),
+                format!("{share} must be a share of the host's free swap in [0, 1]"),
             );
         }
         let p = &self.proxmox;

@@ -81,11 +81,12 @@ pub const HOST_SWAP_SHARE: f64 = 0.1;
 /// What guests without swap may be given beyond the domain's memory when it is divided:
 /// `share` of the host's free swap other than zram (compressed RAM: swapping to it takes
 /// the host's memory), on a domain of the whole host (a cgroup's own swap limit is not
-/// known: where it allows none, memory beyond the cgroup's limit kills the hypervisor). Such a guest, short of what its next allocation needs, has its program
-/// OOM-killed; given room the host backs by swapping, the host swaps instead, as it does
-/// with no management (found in the simulator: batch guests without swap, their RAM held
-/// as burst room by their neighbours without swap, killed by their first phase together,
-/// where no management let the host swap).
+/// known: where it allows none, memory beyond the cgroup's limit kills the hypervisor).
+/// Such a guest, short of what its next allocation needs, has its program OOM-killed;
+/// given room the host backs by swapping, the host swaps instead, as it does with no
+/// management (found in the simulator: batch guests without swap, their RAM held as burst
+/// room by their neighbours without swap, killed by their first phase together, where no
+/// management let the host swap).
 pub fn host_swap_room(input: &PolicyInput<'_>, share: f64) -> Bytes {
     let host = input.host_latest();
     match host.domain.scope {
@@ -579,47 +580,54 @@ impl Policy for WorkingSet {
         // Nothing is spare where memory is divided (`Bytes` subtraction saturates).
         let spare = capacity - wanted;
         let share = (spare.as_f64() / extra.as_f64().max(1.0)).min(1.0);
+        // Each keep as granted: (kept at, above the want, short of the keep). Nothing is
+        // kept where memory is divided (review: a keep of no share, its want, came back
+        // above the VM's divided share and over the capacity).
+        let keeps: Vec<Option<(Bytes, Bytes, Bytes)>> = keeps
+            .into_iter()
+            .zip(&claims)
+            .map(|(keep, claim)| {
+                keep.filter(|_| share > 0.0).map(|k| {
+                    let kept = claim.want + (k - claim.want).scale(share);
+                    (kept, k - claim.want, k - kept)
+                })
+            })
+            .collect();
+        let held: Vec<Bytes> = given
+            .iter()
+            .zip(&keeps)
+            .map(|(g, keep)| keep.map_or(*g, |(kept, ..)| kept.max(*g)))
+            .collect();
         // Last, guests without swap get what they want beyond that out of what is left and
-        // the host's swap room, the rest keeping what they were given ([`host_swap_room`]).
+        // the host's swap room, the rest keeping what they hold ([`host_swap_room`]).
         let swap_room = host_swap_room(input, self.config.host_swap_share);
-        let kept_total = extra.scale(share);
         let lifted = if beyond_ram.iter().any(Option::is_some) {
             let rest: Vec<Claim> = claims
                 .iter()
-                .zip(&given)
+                .zip(&held)
                 .zip(&beyond_ram)
-                .map(|((c, g), b)| Claim {
-                    min: *g,
-                    want: b.unwrap_or(*g),
+                .map(|((c, h), b)| Claim {
+                    min: *h,
+                    want: b.unwrap_or(*h),
                     ..c.clone()
                 })
                 .collect();
-            divide::divide(capacity - kept_total + swap_room, &rest)
+            divide::divide(capacity + swap_room, &rest)
         } else {
-            given.clone()
+            held
         };
-        // How much of the host's swap the lifts draw on, beyond what memory no VM wants.
-        let lift: Bytes = lifted.iter().zip(&given).map(|(l, g)| *l - *g).sum();
-        let unwanted = (capacity - kept_total) - given.iter().copied().sum::<Bytes>();
-        let from_swap = lift - unwanted;
+        // How much of the room is lent: what the targets hand out beyond the VMs' memory.
+        let from_swap = lifted.iter().copied().sum::<Bytes>() - capacity;
         let policy = self.estimator.policy_name();
-        for (((((((vm, e, .., killed), target), lifted), keep), claim), (room, whole)), level) in
-            estimated
-                .into_iter()
-                .zip(given)
-                .zip(lifted)
-                .zip(keeps)
-                .zip(&claims)
-                .zip(no_swap)
-                .zip(&after_kill)
+        for ((((((vm, e, .., killed), target), lifted), keep), (room, whole)), level) in estimated
+            .into_iter()
+            .zip(given)
+            .zip(lifted)
+            .zip(keeps)
+            .zip(no_swap)
+            .zip(&after_kill)
         {
             out.estimates.insert(vm.name.to_string(), e.wss);
-            // Nothing is kept where memory is divided (review: a keep of no share, its
-            // want, came back above the VM's divided share and over the capacity).
-            let keep = keep.filter(|_| share > 0.0).map(|k| {
-                let kept = claim.want + (k - claim.want).scale(share);
-                (kept, k - claim.want, k - kept)
-            });
             let (target, rule, mut detail) = match keep.filter(|(kept, ..)| *kept > target) {
                 Some((kept, above, short)) => (
                     kept,
@@ -656,7 +664,7 @@ impl Policy for WorkingSet {
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
                 );
             }
-            let target = if lifted > target {
+            let (target, rule) = if lifted > target {
                 let _ = write!(
                     detail,
                     "; {} more for a guest without swap, out of what no VM wants",
@@ -670,9 +678,9 @@ impl Policy for WorkingSet {
                          OOM-killed"
                     );
                 }
-                lifted
+                (lifted, self::rule(policy, "no_swap"))
             } else {
-                target
+                (target, rule)
             };
             if let Some((k, _)) = killed.filter(|_| divided.is_some()) {
                 let window = super::killed::WINDOW.as_secs();
