@@ -6,7 +6,7 @@ use memtide_core::policy::none::Unmanaged;
 use memtide_core::policy::working_set::WorkingSetConfig;
 use memtide_core::policy::Policy;
 use memtide_core::EngineConfig;
-use memtide_sim::{compare, run, Scenario, ScenarioError};
+use memtide_sim::{compare, run, Scenario, ScenarioError, Summary};
 use std::time::Duration;
 
 fn quick() -> Scenario {
@@ -16,6 +16,24 @@ fn quick() -> Scenario {
 /// memtide's policy with its default settings.
 fn memtide() -> Box<dyn Policy> {
     memtide_with(WorkingSetConfig::default())
+}
+
+/// memtide's policy lending guests without swap none of the host's swap.
+fn memtide_without_host_swap_room() -> Box<dyn Policy> {
+    memtide_with(WorkingSetConfig {
+        host_swap_share: 0.0,
+        ..WorkingSetConfig::default()
+    })
+}
+
+/// Asserts that run `a` was at least as fast as run `b` (`what` names them).
+fn assert_no_slower(a: &Summary, b: &Summary, what: &str) {
+    assert!(
+        a.total_throughput >= b.total_throughput,
+        "{what}: {:.0} MiB/s against {:.0}",
+        a.total_throughput,
+        b.total_throughput
+    );
 }
 
 /// memtide's policy with the working-set settings `config`.
@@ -317,12 +335,7 @@ fn heaps_committed_up_front_and_loaded_together_kill_nothing() {
         // their fair share and OOM-killed 32 times; discounting the heaps as reserved
         // without a margin for the first tick of loading them: 120 times.
         assert_eq!(s.oom_kills, 0, "swap {swap_mib} MiB");
-        assert!(
-            s.total_throughput >= none.total_throughput,
-            "swap {swap_mib} MiB: memtide {:.0} MiB/s, none {:.0}",
-            s.total_throughput,
-            none.total_throughput
-        );
+        assert_no_slower(&s, &none, &format!("swap {swap_mib} MiB: memtide, none"));
     }
 }
 
@@ -347,12 +360,7 @@ fn guests_without_swap_bursting_faster_than_the_balloon_are_never_oom_killed() {
     )
     .summary;
     assert_eq!(s.oom_kills, 0);
-    assert!(
-        s.total_throughput >= mom.total_throughput,
-        "memtide {:.0} MiB/s, mom {:.0}",
-        s.total_throughput,
-        mom.total_throughput
-    );
+    assert_no_slower(&s, &mom, "memtide, mom");
 }
 
 /// A tenth of fleet-1000 without swap in its guests, for 30 minutes: memtide OOM-kills
@@ -378,19 +386,10 @@ fn guests_without_swap_are_not_oom_killed_where_no_management_kills_none() {
     }
     let none = run(&scenario, Box::new(Unmanaged), EngineConfig::default(), 1).summary;
     assert_eq!(none.oom_kills, 0);
-    let no_room = WorkingSetConfig {
-        host_swap_share: 0.0,
-        ..WorkingSetConfig::default()
-    };
-    for policy in [memtide(), memtide_with(no_room)] {
+    for policy in [memtide(), memtide_without_host_swap_room()] {
         let s = run(&scenario, policy, EngineConfig::default(), 1).summary;
         assert_eq!(s.oom_kills, 0);
-        assert!(
-            s.total_throughput >= none.total_throughput,
-            "memtide {:.0} MiB/s, none {:.0}",
-            s.total_throughput,
-            none.total_throughput
-        );
+        assert_no_slower(&s, &none, "memtide, none");
     }
 }
 
@@ -405,24 +404,21 @@ fn the_hosts_swap_takes_the_place_of_the_guests_own_in_a_burst() {
     for vm in &mut scenario.vms {
         vm.swap_mib = 0.0;
     }
-    let no_room = WorkingSetConfig {
-        host_swap_share: 0.0,
-        ..WorkingSetConfig::default()
-    };
     let with = run(&scenario, memtide(), EngineConfig::default(), 1).summary;
-    let without = run(&scenario, memtide_with(no_room), EngineConfig::default(), 1).summary;
+    let without = run(
+        &scenario,
+        memtide_without_host_swap_room(),
+        EngineConfig::default(),
+        1,
+    )
+    .summary;
     assert!(
         with.oom_kills * 4 <= without.oom_kills,
         "{} kills with the host's swap room, {} without",
         with.oom_kills,
         without.oom_kills
     );
-    assert!(
-        with.total_throughput >= without.total_throughput,
-        "{:.0} MiB/s with the room, {:.0} without",
-        with.total_throughput,
-        without.total_throughput
-    );
+    assert_no_slower(&with, &without, "with the room, without");
 }
 
 #[test]
