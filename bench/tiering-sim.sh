@@ -5,7 +5,10 @@
 # other built-in scenario all in DRAM and with FAST_SHARE of the host's memory DRAM (the
 # rest slow), under both placements. The balloon policy is memtide's throughout. Writes
 # bench/results/tiering.json (with the command and commit; its `placement` and
-# `compressed`, measured in test guests, are kept) and prints a table.
+# `compressed`, measured in test guests, are kept) and prints a table. Each scenario also
+# runs for two hours (`steady`: its slowdown and promotions over the second hour, past the
+# first return of memory idle for minutes, which no cold age learnt from promotions can
+# foresee).
 #
 #   bench/tiering-sim.sh [FAST_SHARE [COLD_AGE_S [ADAPTIVE]]]
 #   (defaults 0.6, memtide's cold age, and each VM's age adapting from it: true; false
@@ -28,20 +31,44 @@ for s in "${scenarios[@]}"; do
   sim "$s" --tiers "$share" "${age[@]}" >"$out/$s-memtide.json"
   sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
 done
+# Two hours of each, two at a time (fleet-1000 takes minutes).
+steady=7200
+long() {
+  local s=$1
+  shift
+  if [ "$s" = redis ]; then
+    sim tiered-redis --ticks "$steady" --tiers 1 >"$out/redis-dram-long.json"
+    sim tiered-redis --ticks "$steady" "${age[@]}" >"$out/redis-memtide-long.json"
+  else
+    sim "$s" --ticks "$steady" >"$out/$s-dram-long.json"
+    sim "$s" --ticks "$steady" --tiers "$share" "${age[@]}" >"$out/$s-memtide-long.json"
+  fi
+}
+pids=()
+for s in redis "${scenarios[@]}"; do
+  long "$s" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge 2 ]; then
+    wait "${pids[0]}"
+    pids=("${pids[@]:1}")
+  fi
+done
+for p in "${pids[@]}"; do wait "$p"; done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
 # `placement` and `compressed` are measured in test guests (place_e2e, zswap_e2e,
 # docs/tiering.md), not here: kept.
 guests=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps([d.get("placement"), d.get("compressed")]))' \
   bench/results/tiering.json 2>/dev/null || echo '[null, null]')
-python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$guests" "${scenarios[@]}" \
+python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$guests" "$steady" "${scenarios[@]}" \
   >bench/results/tiering.json <<'PY'
 import json, sys
 out, commit, command, share = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4])
-(placement, compressed), scenarios = json.loads(sys.argv[5]), sys.argv[6:]
+(placement, compressed), steady_ticks = json.loads(sys.argv[5]), int(sys.argv[6])
+scenarios = sys.argv[7:]
 load = lambda name: json.load(open(f"{out}/{name}.json"))
 
-def tiered(name, placement):
-    dram, run = load(f"{name}-dram"), load(f"{name}-{placement}")
+def tiered(name, placement, suffix=""):
+    dram, run = load(f"{name}-dram{suffix}"), load(f"{name}-{placement}{suffix}")
     t = run["tiers"]
     return {
         "throughput_mib_s": round(run["total_throughput"], 1),
@@ -63,11 +90,14 @@ def tiered(name, placement):
 
 def both(name):
     dram = load(f"{name}-dram")
+    long = tiered(name, "memtide", "-long")
     return {
         "scenario": name,
         "dram_throughput_mib_s": round(dram["total_throughput"], 1),
         "memtide": tiered(name, "memtide"),
         "first_touch": tiered(name, "first-touch"),
+        # Two hours: the second hour's promotions are `promotions_ws_pct_min_late`.
+        "steady": dict(long, ticks=steady_ticks),
     }
 
 redis = both("redis")
@@ -93,6 +123,11 @@ report = {
         "first_touch_slowdown": max(r["first_touch"]["slowdown"] for r in rows),
         "promotions_ws_pct_min": max(r["memtide"]["promotions_ws_pct_min"] for r in rows),
         "promotions_ws_pct_min_late": max(r["memtide"]["promotions_ws_pct_min_late"] for r in rows),
+        "steady_ticks": steady_ticks,
+        "steady_slowdown": max(r["steady"]["slowdown"] for r in [redis] + rows),
+        "steady_promotions_ws_pct_min_late": max(
+            r["steady"]["promotions_ws_pct_min_late"] for r in [redis] + rows
+        ),
         "all_promotions_ws_pct_min": max(r["memtide"]["all_promotions_ws_pct_min"] for r in rows),
         "fresh_on_slow_ws_pct_min": max(r["memtide"]["fresh_on_slow_ws_pct_min"] for r in rows),
         "redis": redis,
@@ -102,10 +137,11 @@ report = {
 print(json.dumps(report, indent=2))
 # promo: the SLO's promotions (pages memtide demoted, coming back), all: every
 # promotion, fresh: pages entering a working set on slow frames; % of the ws a minute.
-# age: memtide's mean cold age over the VMs and the run (s).
-print(f"{'scenario':<14} {'DRAM MiB/s':>11} {'slow share':>10} {'slowdown':>9} {'first-touch':>11} {'promo':>8} {'late':>8} {'all':>8} {'fresh':>8} {'age':>6}", file=sys.stderr)
+# age: memtide's mean cold age over the VMs and the run (s). 2 h: the two-hour run's
+# slowdown and its second hour's SLO promotions.
+print(f"{'scenario':<14} {'DRAM MiB/s':>11} {'slow share':>10} {'slowdown':>9} {'first-touch':>11} {'promo':>8} {'late':>8} {'all':>8} {'fresh':>8} {'age':>6} {'2 h slowdown':>12} {'2 h late':>8}", file=sys.stderr)
 for r in [redis] + rows:
-    m, f = r["memtide"], r["first_touch"]
-    print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>8.4f} {m['promotions_ws_pct_min_late']:>8.4f} {m['all_promotions_ws_pct_min']:>8.4f} {m['fresh_on_slow_ws_pct_min']:>8.4f} {m['mean_cold_age_s']:>6.0f}", file=sys.stderr)
+    m, f, l = r["memtide"], r["first_touch"], r["steady"]
+    print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>8.4f} {m['promotions_ws_pct_min_late']:>8.4f} {m['all_promotions_ws_pct_min']:>8.4f} {m['fresh_on_slow_ws_pct_min']:>8.4f} {m['mean_cold_age_s']:>6.0f} {l['slowdown']:>12.4f} {l['promotions_ws_pct_min_late']:>8.4f}", file=sys.stderr)
 PY
 echo "bench/results/tiering.json written"

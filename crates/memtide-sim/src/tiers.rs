@@ -611,6 +611,7 @@ fn pages_of(b: Bytes) -> f64 {
 mod tests {
     use super::*;
     use crate::world::World;
+    use memtide_core::tiering::age::AgeConfig;
 
     /// A cache of 1000 MiB in a 1100 MiB guest, a quarter of it taking 90% of the
     /// accesses, on a host whose DRAM holds a third of the guest.
@@ -739,6 +740,11 @@ mod tests {
     /// of the guest: memtide demotes idle memory, with a cold age of `cold_age_s` (the
     /// least, when `adaptive`).
     fn waving(cold_age_s: f64, adaptive: bool) -> Scenario {
+        waving_every(cold_age_s, adaptive, 60.0)
+    }
+
+    /// `waving`'s guest, its page cache waving over `period_s`.
+    fn waving_every(cold_age_s: f64, adaptive: bool, period_s: f64) -> Scenario {
         Scenario::from_toml(&format!(
             r#"
             name = "t"
@@ -758,7 +764,7 @@ mod tests {
             base_mib_s = 256
             idle_mib = 300
             anon = {{ kind = "const", mib = 300 }}
-            file = {{ kind = "wave", min_mib = 200, max_mib = 600, period_s = 60 }}
+            file = {{ kind = "wave", min_mib = 200, max_mib = 600, period_s = {period_s} }}
             "#
         ))
         .unwrap()
@@ -806,7 +812,41 @@ mod tests {
         );
         assert_eq!(f.guests[0].age.age_s(), 30.0);
         let age = a.guests[0].age.age_s();
-        assert!((60.0..=600.0).contains(&age), "{age}");
+        assert!((60.0..=AgeConfig::MAX_COLD_AGE_S).contains(&age), "{age}");
+    }
+
+    #[test]
+    fn a_cache_back_every_quarter_hour_stops_promoting_within_the_default_ages() {
+        // Page cache waving over 15 min: idle spells of up to about 900 s. Over two hours,
+        // the default longest age outlasts them and the second hour promotes nothing
+        // demoted; held to 600 s, the VM's age stops short and its cache comes back every
+        // cycle.
+        let mut s = waving_every(30.0, true, 900.0);
+        s.ticks = 7200;
+        let mut short = s.clone();
+        short.tiers.as_mut().unwrap().max_cold_age_s = 600.0;
+        let (default, short) = (run(&s, 7200), run(&short, 7200));
+        let (d, c) = (
+            default.tiers.as_ref().unwrap(),
+            short.tiers.as_ref().unwrap(),
+        );
+        assert!(
+            c.counters.cold_promotions_late > pages(20.0) as f64,
+            "{:?}",
+            c.counters
+        );
+        assert!(
+            d.counters.cold_promotions_late < c.counters.cold_promotions_late / 10.0,
+            "{:?} against {:?}",
+            d.counters,
+            c.counters
+        );
+        assert_eq!(c.guests[0].age.age_s(), 600.0);
+        assert!(
+            d.guests[0].age.age_s() > 900.0,
+            "{}",
+            d.guests[0].age.age_s()
+        );
     }
 
     #[test]

@@ -1620,8 +1620,8 @@ mod tests {
                 "tiering.max_cold_age_s: 20 is not a number of seconds from cold_age_s (30) to 86400",
             ),
             (
-                "[tiering]\ncold_age_s = 900\n",
-                "tiering.max_cold_age_s: 600 is not a number of seconds from cold_age_s (900) to 86400",
+                "[tiering]\ncold_age_s = 2000\n",
+                "tiering.max_cold_age_s: 1800 is not a number of seconds from cold_age_s (2000) to 86400",
             ),
             (
                 "[tiering]\ninterval_s = 0.1\nmax_cold_age_s = 7000\n",

@@ -221,6 +221,10 @@ enum Command {
         /// Seed for every random choice (default: the scenario's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Run this many ticks instead of the scenario's `ticks` (e.g. to see a scenario's
+        /// steady state past its first hour).
+        #[arg(long)]
+        ticks: Option<u64>,
         /// Run the density benchmark instead: VMs arrive into an admission queue and
         /// each policy admits as many as it can at the same service level (needs
         /// --compare; writes density.json to --out).
@@ -571,6 +575,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             compare,
             out,
             seed,
+            ticks,
             density,
             deflate_on_oom,
             free_page_reporting,
@@ -587,6 +592,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             let options = sim_cmd::SimOptions {
                 seed,
+                ticks,
                 density,
                 deflate_on_oom,
                 free_page_reporting,

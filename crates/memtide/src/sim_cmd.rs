@@ -33,6 +33,8 @@ fn policy(name: &str, config: &Config) -> anyhow::Result<Box<dyn Policy>> {
 pub struct SimOptions {
     /// Seed for every random choice (default: the scenario's).
     pub seed: Option<u64>,
+    /// Ticks to run in place of the scenario's.
+    pub ticks: Option<u64>,
     /// Run the density benchmark.
     pub density: bool,
     /// Give the guests' balloons deflate-on-oom.
@@ -68,6 +70,10 @@ pub fn sim(
     config: &Config,
 ) -> anyhow::Result<()> {
     let mut scenario = scenario(scenario_name)?;
+    if let Some(ticks) = options.ticks {
+        scenario.ticks = ticks;
+        scenario.validate().context("--ticks")?;
+    }
     scenario.host.deflate_on_oom |= options.deflate_on_oom;
     scenario.host.free_page_reporting |= options.free_page_reporting;
     if let Some(share) = options.fast_share {

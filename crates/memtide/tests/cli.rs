@@ -758,6 +758,21 @@ fn sim_tiers_make_any_scenario_two_tier() {
 }
 
 #[test]
+fn sim_ticks_runs_a_scenario_for_as_long_as_asked() {
+    let o = run(&["sim", "quick", "--policy", "none", "--ticks", "20"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["ticks"], 20, "{s}");
+    let o = run(&["sim", "quick", "--ticks", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("--ticks") && stderr(&o).contains("ticks: must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn the_daemon_records_and_replay_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();

@@ -1129,9 +1129,10 @@ mod tests {
         assert_eq!(p.cold_age("vm"), raised);
         // A VM away for longer than the longest age is forgotten: it comes back at the
         // least.
-        p.pass(&[], Duration::from_secs(4 + 601), false);
+        let longest = Duration::from_secs_f64(p.ages.max_s);
+        p.pass(&[], Duration::from_secs(4 + 1) + longest, false);
         assert_eq!(p.cold_age("vm"), None);
-        let back = p.pass(&vm, Duration::from_secs(606), false);
+        let back = p.pass(&vm, Duration::from_secs(6) + longest, false);
         assert_eq!(back[0].cold_age, least);
     }
 
@@ -1157,14 +1158,16 @@ mod tests {
             adaptive: true,
         });
         let vm = [target("vm", 1, false)];
-        // Away 600 s (the longest age by default): kept; seen again, its clock restarts.
-        p.forget_gone(&[], Duration::from_secs(610));
+        // Away for the longest age: kept; seen again, its clock restarts.
+        let longest = Duration::from_secs_f64(p.ages.max_s);
+        let at = |s: u64| Duration::from_secs(s) + longest;
+        p.forget_gone(&[], at(10));
         assert_eq!(p.cold_age("vm"), raised);
-        p.forget_gone(&vm, Duration::from_secs(700));
-        p.forget_gone(&[], Duration::from_secs(1300));
+        p.forget_gone(&vm, at(100));
+        p.forget_gone(&[], at(100) + longest);
         assert_eq!(p.cold_age("vm"), raised);
         // Away longer: forgotten.
-        p.forget_gone(&[], Duration::from_secs(1301));
+        p.forget_gone(&[], at(101) + longest);
         assert_eq!(p.cold_age("vm"), None);
     }
 
@@ -1212,9 +1215,10 @@ mod tests {
         assert_eq!(away.for_size(gib), Some(120.0));
         assert_eq!(away.for_size(Bytes::from_gib(2)), None);
         // The one never seen again is forgotten the longest age after the start.
-        p.forget_gone(&targets, Duration::from_secs(600));
+        let longest = Duration::from_secs_f64(p.ages.max_s);
+        p.forget_gone(&targets, longest);
         assert_eq!(p.cold_age("away"), adaptive(120.0));
-        p.forget_gone(&targets, Duration::from_secs(601));
+        p.forget_gone(&targets, longest + Duration::from_secs(1));
         assert_eq!(p.cold_age("away"), None);
         assert!(p.resumed.is_empty());
         let ages: Vec<_> = p.ages().into_iter().collect();
