@@ -1,7 +1,7 @@
 //! Memory cgroups (v1 and v2): the VM memory domain when the VMs live in a slice.
 
 use crate::procfs::{self, key_values, ParseError};
-use memtide_core::stats::Psi;
+use memtide_core::stats::{Psi, SwapRoom};
 use memtide_core::Bytes;
 use std::path::Path;
 
@@ -27,6 +27,8 @@ pub struct CgroupMemory {
     pub unmapped_anon: Bytes,
     /// Memory pressure (v2 only).
     pub psi: Option<Psi>,
+    /// The swap it may still use, as its own and its ancestors' swap limits allow.
+    pub swap_room: SwapRoom,
 }
 
 /// Which files a cgroup version uses.
@@ -39,6 +41,8 @@ struct Layout {
     /// memory.stat keys for the anonymous pages on the LRU lists (active, inactive; they
     /// include shmem), the mapped ones, and shmem, preferred first.
     anon_keys: &'static [[&'static str; 4]],
+    /// The swap limit and usage files (v1: memory and swap together).
+    swap: (&'static str, &'static str),
 }
 
 const V1: Layout = Layout {
@@ -58,6 +62,7 @@ const V1: Layout = Layout {
         ],
         ["active_anon", "inactive_anon", "rss", "shmem"],
     ],
+    swap: ("memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"),
 };
 
 const V2: Layout = Layout {
@@ -66,6 +71,7 @@ const V2: Layout = Layout {
     usage: "memory.current",
     file_keys: &[("active_file", "inactive_file")],
     anon_keys: &[["active_anon", "inactive_anon", "anon", "shmem"]],
+    swap: ("memory.swap.max", "memory.swap.current"),
 };
 
 /// An error reading a cgroup.
@@ -135,6 +141,54 @@ fn unmapped_anon(stat: &str, layout: &Layout) -> Bytes {
         .unwrap_or_default()
 }
 
+/// What the cgroup at `dir` may still swap: the tightest of its own and its ancestors'
+/// swap limits, each less the swap charged under it (v2: `memory.swap.max` less
+/// `memory.swap.current`; v1: the memory+swap limit less the memory limit, less the swap
+/// charged, `memory.memsw.usage_in_bytes` less `memory.usage_in_bytes`). A level without
+/// the files (swap not accounted) or without a limit bounds nothing; the walk ends at the
+/// first ancestor that is not a memory cgroup (v2's root). A limit that cannot be read or
+/// understood allows none: swap the hypervisor might not get is not lent.
+fn swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
+    let mut room = SwapRoom::Unlimited;
+    let mut at = Some(dir);
+    while let Some(level) = at.filter(|d| d.join(layout.limit).exists()) {
+        room = match (room, level_swap_room(level, layout)) {
+            (SwapRoom::Left(a), SwapRoom::Left(b)) => SwapRoom::Left(a.min(b)),
+            (SwapRoom::Left(a), _) | (_, SwapRoom::Left(a)) => SwapRoom::Left(a),
+            (r, _) => r,
+        };
+        at = level.parent();
+    }
+    room
+}
+
+/// One cgroup's own swap limit's room ([`swap_room`]).
+fn level_swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
+    let (limit_file, usage_file) = layout.swap;
+    if !dir.join(limit_file).exists() {
+        return SwapRoom::Unlimited;
+    }
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let room = || {
+        let Some(limit) = parse_limit(&read(limit_file)?).ok()? else {
+            return Some(SwapRoom::Unlimited);
+        };
+        let usage = parse_usage(&read(usage_file)?).ok()?;
+        let left = match layout.version {
+            2 => limit - usage,
+            _ => {
+                let swapped = usage - parse_usage(&read(layout.usage)?).ok()?;
+                match parse_limit(&read(layout.limit)?).ok()? {
+                    Some(memory_limit) => (limit - memory_limit) - swapped,
+                    None => limit - usage,
+                }
+            }
+        };
+        Some(SwapRoom::Left(left))
+    };
+    room().unwrap_or(SwapRoom::Left(Bytes::ZERO))
+}
+
 /// Read a memory cgroup directory, detecting its version.
 pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
     let layout = if dir.join(V2.limit).exists() {
@@ -173,6 +227,7 @@ pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
         file_cache,
         unmapped_anon,
         psi,
+        swap_room: swap_room(dir, layout),
     })
 }
 
@@ -292,5 +347,102 @@ mod tests {
         std::fs::write(dir.path().join("memory.current"), "10\n").unwrap();
         let err = read(dir.path()).unwrap_err().to_string();
         assert!(err.contains("memory.stat: No such file"), "{err}");
+    }
+
+    /// Write `files` (name, contents) into `dir`, creating it.
+    fn cgroup_dir(dir: &Path, files: &[(&str, &str)]) {
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_swap_room_is_the_tightest_of_the_cgroup_and_its_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        let (slice, vms) = (
+            root.path().join("machine.slice"),
+            root.path().join("machine.slice/vms"),
+        );
+        let v2 = [
+            ("memory.max", "max\n"),
+            ("memory.current", "0\n"),
+            ("memory.stat", ""),
+        ];
+        cgroup_dir(&slice, &v2);
+        cgroup_dir(&vms, &v2);
+        // No swap accounting: nothing bounds it.
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Unlimited);
+        // The slice allows 1 GiB, 256 MiB charged; the VMs' own cgroup no limit.
+        let mib = |m: u64| (m << 20).to_string();
+        cgroup_dir(
+            &slice,
+            &[
+                ("memory.swap.max", &mib(1024)),
+                ("memory.swap.current", &mib(256)),
+            ],
+        );
+        cgroup_dir(
+            &vms,
+            &[
+                ("memory.swap.max", "max\n"),
+                ("memory.swap.current", &mib(200)),
+            ],
+        );
+        assert_eq!(
+            read(&vms).unwrap().swap_room,
+            SwapRoom::Left(Bytes::from_mib(768))
+        );
+        // Its own limit tighter: 100 MiB, 40 charged.
+        cgroup_dir(
+            &vms,
+            &[
+                ("memory.swap.max", &mib(100)),
+                ("memory.swap.current", &mib(40)),
+            ],
+        );
+        assert_eq!(
+            read(&vms).unwrap().swap_room,
+            SwapRoom::Left(Bytes::from_mib(60))
+        );
+        // Over its limit (charged before it was lowered): none.
+        cgroup_dir(&vms, &[("memory.swap.current", &mib(150))]);
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        // A limit not understood, or its usage missing: none lent.
+        cgroup_dir(&vms, &[("memory.swap.max", "lots\n")]);
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        cgroup_dir(&vms, &[("memory.swap.max", &mib(100))]);
+        std::fs::remove_file(vms.join("memory.swap.current")).unwrap();
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        // v1: 3 GiB of memory and swap over a 2 GiB memory limit, 256 MiB swapped.
+        let v1 = root.path().join("v1");
+        cgroup_dir(
+            &v1,
+            &[
+                ("memory.limit_in_bytes", &mib(2048)),
+                ("memory.usage_in_bytes", &mib(1536)),
+                ("memory.memsw.limit_in_bytes", &mib(3072)),
+                ("memory.memsw.usage_in_bytes", &mib(1792)),
+                ("memory.stat", ""),
+            ],
+        );
+        assert_eq!(
+            read(&v1).unwrap().swap_room,
+            SwapRoom::Left(Bytes::from_mib(768))
+        );
+        cgroup_dir(
+            &v1,
+            &[("memory.memsw.limit_in_bytes", "9223372036854771712\n")],
+        );
+        assert_eq!(read(&v1).unwrap().swap_room, SwapRoom::Unlimited);
+        // The captured cgroups have no swap accounting files.
+        assert_eq!(
+            read(&data("cgroup-v1")).unwrap().swap_room,
+            SwapRoom::Unlimited
+        );
+        assert_eq!(
+            read(&data("cgroup-v2")).unwrap().swap_room,
+            SwapRoom::Unlimited
+        );
     }
 }

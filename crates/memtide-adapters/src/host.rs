@@ -2,7 +2,7 @@
 
 use crate::{cgroup, ksm, procfs};
 use memtide_core::backend::HostBackend;
-use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain, OtherManager};
+use memtide_core::stats::{DomainScope, HostStats, MemInfo, MemoryDomain, OtherManager, SwapRoom};
 use memtide_core::{BackendError, Bytes, KsmSettings};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -108,6 +108,7 @@ fn host_domain(m: &MemInfo, freeable: Bytes, kept_free: Bytes) -> MemoryDomain {
         used: m.total - m.free,
         freeable,
         kept_free,
+        swap_room: SwapRoom::Unknown,
     }
 }
 
@@ -135,6 +136,7 @@ fn cgroup_domain(
         used: c.usage,
         freeable,
         kept_free: Bytes::ZERO,
+        swap_room: c.swap_room,
     }
 }
 
@@ -345,6 +347,11 @@ mod tests {
         );
         assert_eq!(s.psi.unwrap().some.avg10, 1.25, "the cgroup's own pressure");
         assert_eq!(s.domain.kept_free, Bytes::ZERO, "no watermark in a cgroup");
+        assert_eq!(
+            s.domain.swap_room,
+            SwapRoom::Unlimited,
+            "no swap limit files: swap not accounted"
+        );
         assert!(matches!(
             s.domain.scope,
             DomainScope::Cgroup { version: 2, .. }

@@ -219,6 +219,23 @@ pub struct MemoryDomain {
     /// swap); none in a cgroup. Absent in recordings made before it was reported.
     #[serde(default)]
     pub kept_free: Bytes,
+    /// Where the domain is a cgroup: the swap it and its ancestors still let it use.
+    /// Unknown in recordings made before it was reported.
+    #[serde(default)]
+    pub swap_room: SwapRoom,
+}
+
+/// The swap a cgroup domain may still use, as its own and its ancestors' swap limits allow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapRoom {
+    /// Not read (the whole host, or a recording made before it was reported).
+    #[default]
+    Unknown,
+    /// No limit: the host's swap bounds it.
+    Unlimited,
+    /// The tightest limit's room: the limit less the swap charged under it.
+    Left(Bytes),
 }
 
 impl MemoryDomain {

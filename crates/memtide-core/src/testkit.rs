@@ -3,7 +3,9 @@
 use crate::action::Reason;
 use crate::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::snapshot::{Snapshot, VmLimits, VmSample, VmSnapshot};
-use crate::stats::{DomainScope, GuestStats, HostStats, KsmState, MemInfo, MemoryDomain, VmStat};
+use crate::stats::{
+    DomainScope, GuestStats, HostStats, KsmState, MemInfo, MemoryDomain, SwapRoom, VmStat,
+};
 use crate::units::Bytes;
 use std::time::Duration;
 
@@ -31,6 +33,7 @@ pub fn host(total_mib: u64, freeable_mib: u64) -> HostStats {
             used: total - freeable,
             freeable,
             kept_free: Bytes::ZERO,
+            swap_room: SwapRoom::Unknown,
         },
         swap_free_in_ram: Bytes::ZERO,
         other_managers: Vec::new(),

@@ -12,7 +12,9 @@ use crate::pressure::Pressure;
 use crate::rng::Rng;
 use crate::scenario::HostSpec;
 use memtide_core::action::KsmSettings;
-use memtide_core::stats::{DomainScope, HostStats, KsmState, MemInfo, MemoryDomain, Psi, VmStat};
+use memtide_core::stats::{
+    DomainScope, HostStats, KsmState, MemInfo, MemoryDomain, Psi, SwapRoom, VmStat,
+};
 use memtide_core::units::Bytes;
 
 /// Cumulative host counters.
@@ -318,6 +320,7 @@ impl Host {
                 used: total - freeable,
                 freeable,
                 kept_free: bytes(self.min_free),
+                swap_room: SwapRoom::Unknown,
             },
             swap_free_in_ram: Bytes::ZERO,
             other_managers: Vec::new(),

@@ -19,6 +19,7 @@ use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
 use crate::estimate::{Estimate, Observation};
 use crate::need::{Need, NeedLevel};
+use crate::stats::{DomainScope, SwapRoom};
 use crate::units::{Bytes, Percent};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -80,8 +81,9 @@ pub const HOST_SWAP_SHARE: f64 = 0.1;
 
 /// What guests without swap may be given beyond the domain's memory when it is divided:
 /// `share` of the host's free swap other than zram (compressed RAM: swapping to it takes
-/// the host's memory), on a domain of the whole host (a cgroup's own swap limit is not
-/// known: where it allows none, memory beyond the cgroup's limit kills the hypervisor).
+/// the host's memory), and in a cgroup domain no more than the cgroup's swap limits leave
+/// it (none where they are not known: memory beyond the cgroup's limit that it may not
+/// swap kills the hypervisor).
 /// Such a guest, short of what its next allocation needs, has its program OOM-killed;
 /// given room the host backs by swapping, the host swaps instead, as it does with no
 /// management (found in the simulator: batch guests without swap, their RAM held as burst
@@ -89,12 +91,13 @@ pub const HOST_SWAP_SHARE: f64 = 0.1;
 /// management let the host swap).
 pub fn host_swap_room(input: &PolicyInput<'_>, share: f64) -> Bytes {
     let host = input.host_latest();
-    match host.domain.scope {
-        crate::stats::DomainScope::Host => {
-            (host.meminfo.swap_free - host.swap_free_in_ram).scale(share)
-        }
-        crate::stats::DomainScope::Cgroup { .. } => Bytes::ZERO,
-    }
+    let free = host.meminfo.swap_free - host.swap_free_in_ram;
+    let room = match (&host.domain.scope, host.domain.swap_room) {
+        (DomainScope::Host, _) | (DomainScope::Cgroup { .. }, SwapRoom::Unlimited) => free,
+        (DomainScope::Cgroup { .. }, SwapRoom::Left(left)) => free.min(left),
+        (DomainScope::Cgroup { .. }, SwapRoom::Unknown) => Bytes::ZERO,
+    };
+    room.scale(share)
 }
 
 impl Default for WorkingSetConfig {
@@ -1025,12 +1028,43 @@ mod tests {
             Some(a0),
             "zram is RAM"
         );
-        let mut cgroup = stats;
-        cgroup.domain.scope = crate::stats::DomainScope::Cgroup {
+        // A cgroup domain: none while its swap limits are not known, the host's where
+        // none limits it, and no more than the tightest limit leaves.
+        let mut cgroup = stats.clone();
+        cgroup.domain.scope = DomainScope::Cgroup {
             path: "/sys/fs/cgroup/machine.slice".into(),
             version: 2,
         };
-        assert_eq!(target(&with(HOST_SWAP_SHARE, cgroup), "a"), Some(a0));
+        assert_eq!(
+            target(&with(HOST_SWAP_SHARE, cgroup.clone()), "a"),
+            Some(a0)
+        );
+        cgroup.domain.swap_room = SwapRoom::Unlimited;
+        assert_eq!(
+            target(&with(HOST_SWAP_SHARE, cgroup.clone()), "a"),
+            target(&with(HOST_SWAP_SHARE, stats.clone()), "a"),
+            "unlimited: as on the whole host"
+        );
+        cgroup.domain.swap_room = SwapRoom::Left(Bytes::ZERO);
+        assert_eq!(
+            target(&with(HOST_SWAP_SHARE, cgroup.clone()), "a"),
+            Some(a0)
+        );
+        let input = |h: crate::stats::HostStats| {
+            let mut host = History::new(1);
+            host.push(Duration::ZERO, h);
+            let input = PolicyInput {
+                at: Duration::ZERO,
+                host: &host,
+                vms: &[],
+                unreachable: &[],
+            };
+            host_swap_room(&input, 0.5)
+        };
+        cgroup.domain.swap_room = SwapRoom::Left(Bytes::from_mib(100));
+        assert_eq!(input(cgroup.clone()), Bytes::from_mib(50));
+        cgroup.domain.swap_room = SwapRoom::Left(Bytes::from_gib(64));
+        assert_eq!(input(cgroup), (stats.meminfo.swap_free).scale(0.5));
     }
 
     #[test]
