@@ -21,37 +21,41 @@ share=${1:-0.6}
 age=(${2:+--cold-age-s "$2"} ${3:+--adaptive-age "$3"})
 scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-sim() { "$target/release/memtide" sim "$@" --policy memtide 2>/dev/null; }
-sim tiered-redis --tiers 1 >"$out/redis-dram.json"
-sim tiered-redis "${age[@]}" >"$out/redis-memtide.json"
-sim tiered-redis --tier-placement first-touch >"$out/redis-first-touch.json"
-for s in "${scenarios[@]}"; do
-  sim "$s" >"$out/$s-dram.json"
-  sim "$s" --tiers "$share" "${age[@]}" >"$out/$s-memtide.json"
-  sim "$s" --tiers "$share" --tier-placement first-touch >"$out/$s-first-touch.json"
-done
-# Two hours of each, two at a time (fleet-1000 takes minutes).
-steady=7200
-long() {
-  local s=$1
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
+# sim NAME ARGS...: `memtide sim ARGS` under memtide's balloon policy, its summary in
+# $out/NAME.json (what it said on failure shown).
+sim() {
+  local name=$1
   shift
-  if [ "$s" = redis ]; then
-    sim tiered-redis --ticks "$steady" --tiers 1 >"$out/redis-dram-long.json"
-    sim tiered-redis --ticks "$steady" "${age[@]}" >"$out/redis-memtide-long.json"
-  else
-    sim "$s" --ticks "$steady" >"$out/$s-dram-long.json"
-    sim "$s" --ticks "$steady" --tiers "$share" "${age[@]}" >"$out/$s-memtide-long.json"
+  if ! "$target/release/memtide" sim "$@" --policy memtide >"$out/$name.json" 2>"$out/$name.err"; then
+    echo "memtide sim $* failed:" >&2
+    cat "$out/$name.err" >&2
+    return 1
   fi
 }
-pids=()
-for s in redis "${scenarios[@]}"; do
-  long "$s" &
+# pair SCENARIO SUFFIX ARGS...: SCENARIO all in DRAM and under memtide's placement
+# (tiered-redis has its own tiers: a third of the guest in DRAM).
+pair() {
+  local s=$1 suffix=$2 dram=() tiers=(--tiers "$share")
+  shift 2
+  if [ "$s" = tiered-redis ]; then dram=(--tiers 1) tiers=(); fi
+  sim "$s-dram$suffix" "$s" "${dram[@]}" "$@"
+  sim "$s-memtide$suffix" "$s" "${tiers[@]}" "${age[@]}" "$@"
+}
+pair tiered-redis ""
+sim tiered-redis-first-touch tiered-redis --tier-placement first-touch
+for s in "${scenarios[@]}"; do
+  pair "$s" ""
+  sim "$s-first-touch" "$s" --tiers "$share" --tier-placement first-touch
+done
+# Two hours of each, two at a time (fleet-1000 takes the longest; a failure stops the
+# script, the other run killed).
+steady=7200
+for s in tiered-redis "${scenarios[@]}"; do
+  while [ "$(jobs -pr | wc -l)" -ge 2 ]; do wait -n; done
+  pair "$s" -long --ticks "$steady" &
   pids+=($!)
-  if [ ${#pids[@]} -ge 2 ]; then
-    wait "${pids[0]}"
-    pids=("${pids[@]:1}")
-  fi
 done
 for p in "${pids[@]}"; do wait "$p"; done
 commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"
@@ -60,7 +64,7 @@ commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '
 guests=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps([d.get("placement"), d.get("compressed")]))' \
   bench/results/tiering.json 2>/dev/null || echo '[null, null]')
 python3 - "$out" "$commit" "bench/tiering-sim.sh $*" "$share" "$guests" "$steady" "${scenarios[@]}" \
-  >bench/results/tiering.json <<'PY'
+  >"$out/tiering.json" <<'PY'
 import json, sys
 out, commit, command, share = sys.argv[1], sys.argv[2], sys.argv[3].strip(), float(sys.argv[4])
 (placement, compressed), steady_ticks = json.loads(sys.argv[5]), int(sys.argv[6])
@@ -100,9 +104,8 @@ def both(name):
         "steady": dict(long, ticks=steady_ticks),
     }
 
-redis = both("redis")
-redis["scenario"] = "tiered-redis"
-redis["fast_mib"] = load("redis-memtide")["tiers"]["fast_mib"]
+redis = both("tiered-redis")
+redis["fast_mib"] = load("tiered-redis-memtide")["tiers"]["fast_mib"]
 rows = [both(s) for s in scenarios]
 mean = lambda xs: round(sum(xs) / len(xs), 4)
 report = {
@@ -124,9 +127,9 @@ report = {
         "promotions_ws_pct_min": max(r["memtide"]["promotions_ws_pct_min"] for r in rows),
         "promotions_ws_pct_min_late": max(r["memtide"]["promotions_ws_pct_min_late"] for r in rows),
         "steady_ticks": steady_ticks,
-        "steady_slowdown": max(r["steady"]["slowdown"] for r in [redis] + rows),
+        "steady_slowdown": max(r["steady"]["slowdown"] for r in rows),
         "steady_promotions_ws_pct_min_late": max(
-            r["steady"]["promotions_ws_pct_min_late"] for r in [redis] + rows
+            r["steady"]["promotions_ws_pct_min_late"] for r in rows
         ),
         "all_promotions_ws_pct_min": max(r["memtide"]["all_promotions_ws_pct_min"] for r in rows),
         "fresh_on_slow_ws_pct_min": max(r["memtide"]["fresh_on_slow_ws_pct_min"] for r in rows),
@@ -144,4 +147,5 @@ for r in [redis] + rows:
     m, f, l = r["memtide"], r["first_touch"], r["steady"]
     print(f"{r['scenario']:<14} {r['dram_throughput_mib_s']:>11.1f} {m['slow_tier_share']:>10.3f} {m['slowdown']:>9.4f} {f['slowdown']:>11.4f} {m['promotions_ws_pct_min']:>8.4f} {m['promotions_ws_pct_min_late']:>8.4f} {m['all_promotions_ws_pct_min']:>8.4f} {m['fresh_on_slow_ws_pct_min']:>8.4f} {m['mean_cold_age_s']:>6.0f} {l['slowdown']:>12.4f} {l['promotions_ws_pct_min_late']:>8.4f}", file=sys.stderr)
 PY
+mv "$out/tiering.json" bench/results/tiering.json
 echo "bench/results/tiering.json written"

@@ -526,7 +526,9 @@ fn follow(t: &mut GuestTiers, size: Classes, churn: f64, room: &mut f64, now: f6
         if c != FREE {
             t.demoted[c] = (t.demoted[c] + demoted_in).clamp(0.0, t.slow[c]);
         }
-        if c == IDLE {
+        // Only pages going idle make a layer (a tick without any would leave an empty
+        // one, and the idle class one layer a tick back to the longest age).
+        if c == IDLE && take > 0.0 {
             let layer = Layer {
                 pages: take,
                 slow: slow_in,

@@ -500,6 +500,20 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             if Duration::try_from_secs_f64(cold_age_s).is_err() {
                 anyhow::bail!("--cold-age-s {cold_age_s} is not a duration");
             }
+            // A longest age below the least is the least.
+            let ages = AgeConfig {
+                min_s: cold_age_s,
+                ..config.tiering.ages()
+            };
+            // As the configuration's check: an age the scans cannot count demotes nothing.
+            let most = interval_s * f64::from(memtide_adapters::access::MAX_AGE_SCANS);
+            if interval_s >= 0.0 && ages.horizon_s() > most {
+                anyhow::bail!(
+                    "--interval-s {interval_s}: scans count ages up to {most:.0} s, below the \
+                     longest cold age, {} s",
+                    ages.horizon_s()
+                );
+            }
             let options = memtide::place_cmd::Options {
                 pid,
                 fast_node,
@@ -512,11 +526,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 interval: Duration::try_from_secs_f64(interval_s)
                     .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
                 rate_mib_s,
-                // A longest age below the least is the least.
-                ages: AgeConfig {
-                    min_s: cold_age_s,
-                    ..config.tiering.ages()
-                },
+                ages,
                 count,
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),

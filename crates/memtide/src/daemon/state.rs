@@ -133,13 +133,18 @@ impl StateFile {
             Ok(bytes) => serde_json::from_slice::<Saved>(&bytes).map_err(|e| e.to_string()),
         };
         let age = |s: &Saved| unix_now().saturating_sub(s.written);
+        let ages = ages.filter(|a| a.adaptive);
+        // A cold age is learnt from the workload's habits, which outlast the guests'
+        // figures: it is kept as long as a VM away from placement keeps it, the longest
+        // age, where that is longer than `MAX_AGE`.
+        let kept_s = ages
+            .map_or(0, |a| a.horizon_s() as u64)
+            .max(MAX_AGE.as_secs());
         let saved = match saved {
             Ok(s) if s.version != VERSION => Err(format!("version {}, not {VERSION}", s.version)),
-            Ok(s) if age(&s) > MAX_AGE.as_secs() => Err(format!(
-                "written {} s ago, more than {} s",
-                age(&s),
-                MAX_AGE.as_secs()
-            )),
+            Ok(s) if age(&s) > kept_s => {
+                Err(format!("written {} s ago, more than {kept_s} s", age(&s)))
+            }
             other => other,
         };
         let saved = match saved {
@@ -153,7 +158,14 @@ impl StateFile {
             }
         };
         let elapsed = age(&saved) as f64;
-        let ages = ages.filter(|a| a.adaptive);
+        // Older than `MAX_AGE`: the cold ages only.
+        let mut saved = saved;
+        let only_ages = age(&saved) > MAX_AGE.as_secs();
+        if only_ages {
+            for vm in saved.vms.values_mut() {
+                (vm.target, vm.memtide) = (None, None);
+            }
+        }
         let mut memory = BTreeMap::new();
         for (name, vm) in &saved.vms {
             if let Some(m) = &vm.memtide {
@@ -185,8 +197,13 @@ impl StateFile {
                 state.cold_ages.insert(name.clone(), (process, age));
             }
         }
+        let only = if only_ages {
+            format!(", more than {} s: its cold ages only", MAX_AGE.as_secs())
+        } else {
+            String::new()
+        };
         let message = format!(
-            "state of {} VMs restored from {} (written {elapsed} s ago): {} estimator states, {} balloon targets, {} cold ages",
+            "state of {} VMs restored from {} (written {elapsed} s ago{only}): {} estimator states, {} balloon targets, {} cold ages",
             saved.vms.len() + saved.processes.len(),
             path.display(),
             memory.len(),
@@ -487,6 +504,32 @@ mod tests {
             "{message}"
         );
         assert!(restored_ages(&path, None).0.is_empty());
+        // Written longer ago than the balloon state is kept, within the longest age: the
+        // cold ages only (the estimator's and targets' figures no longer hold); past it,
+        // nothing.
+        let mut saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        saved.vms.get_mut("a").unwrap().target = Some(Bytes::from_mib(600));
+        saved.written = unix_now() - MAX_AGE.as_secs() - 60;
+        std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
+        let (mut state, message) =
+            StateFile::open(&path, &mut memtide(), Some(&AgeConfig::default()));
+        assert!(
+            message.contains("more than 600 s: its cold ages only): 0 estimator states, 0 balloon targets, 2 cold ages"),
+            "{message}"
+        );
+        assert!(state.targets.is_empty());
+        assert!(state
+            .last
+            .values()
+            .all(|vm| vm.target.is_none() && vm.memtide.is_none()));
+        assert_eq!(state.take_cold_ages().len(), 2);
+        saved.written = unix_now() - AgeConfig::default().max_s as u64 - 60;
+        std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
+        let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
+        assert!(
+            ages.is_empty() && message.contains("ignored ("),
+            "{message}"
+        );
     }
 
     /// A state file written now, of version 1, whose `vms` are `vms` (JSON), in a
