@@ -1134,6 +1134,24 @@ mod tests {
             "{}",
             why.detail
         );
+        // One of them without swap wants all it holds, its room for a burst, before the
+        // other keeps memory it reported free: "a" keeps its 1024 MiB and "b" 754 of what
+        // is left, the targets filling the 1778 MiB exactly.
+        let o = decide_at(
+            &mut memtide(),
+            0,
+            testkit::host(8192, 1000),
+            &vms,
+            |i, v, s| {
+                reporting(v, s);
+                if i == 0 {
+                    (s.swap_free, s.swap_used) = (Some(Bytes::ZERO), Some(Bytes::ZERO));
+                }
+            },
+        );
+        assert_eq!((target(&o, "a"), target(&o, "b")), (None, Some(754)));
+        assert_eq!(o.holds["a"].rule, "memtide.no_swap");
+        assert_eq!(o.balloon["b"].reason.rule, "memtide.reported");
         // Where they want more than there is, nothing is kept and what there is is
         // divided (50 freeable: 860 + 50 - 82 = 828 to divide against 860 wanted).
         let o = decide_with(&mut memtide(), 8192, 50, &vms, reporting);
