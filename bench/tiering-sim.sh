@@ -22,7 +22,8 @@ age=(${2:+--cold-age-s "$2"} ${3:+--adaptive-age "$3"})
 scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
 out=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"' EXIT
+# On a failure the other run and its simulator are stopped.
+trap 'for p in "${pids[@]}"; do pkill -P "$p"; kill "$p"; done 2>/dev/null || true; rm -rf "$out"' EXIT
 # sim NAME ARGS...: `memtide sim ARGS` under memtide's balloon policy, its summary in
 # $out/NAME.json (what it said on failure shown).
 sim() {
@@ -50,7 +51,7 @@ for s in "${scenarios[@]}"; do
   sim "$s-first-touch" "$s" --tiers "$share" --tier-placement first-touch
 done
 # Two hours of each, two at a time (fleet-1000 takes the longest; a failure stops the
-# script, the other run killed).
+# script).
 steady=7200
 for s in tiered-redis "${scenarios[@]}"; do
   while [ "$(jobs -pr | wc -l)" -ge 2 ]; do wait -n; done

@@ -43,6 +43,8 @@ struct Layout {
     anon_keys: &'static [[&'static str; 4]],
     /// The swap limit and usage files (v1: memory and swap together).
     swap: (&'static str, &'static str),
+    /// The file whose 0 keeps the cgroup from swapping at its limit.
+    never_swaps: &'static str,
 }
 
 const V1: Layout = Layout {
@@ -63,6 +65,7 @@ const V1: Layout = Layout {
         ["active_anon", "inactive_anon", "rss", "shmem"],
     ],
     swap: ("memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes"),
+    never_swaps: "memory.swappiness",
 };
 
 const V2: Layout = Layout {
@@ -72,6 +75,7 @@ const V2: Layout = Layout {
     file_keys: &[("active_file", "inactive_file")],
     anon_keys: &[["active_anon", "inactive_anon", "anon", "shmem"]],
     swap: ("memory.swap.max", "memory.swap.current"),
+    never_swaps: "memory.zswap.writeback",
 };
 
 /// An error reading a cgroup.
@@ -141,36 +145,74 @@ fn unmapped_anon(stat: &str, layout: &Layout) -> Bytes {
         .unwrap_or_default()
 }
 
-/// What the cgroup at `dir` may still swap: the tightest of its own and its ancestors'
-/// swap limits, each less the swap charged under it (v2: `memory.swap.max` less
-/// `memory.swap.current`; v1: the memory+swap limit less the memory limit, less the swap
-/// charged, `memory.memsw.usage_in_bytes` less `memory.usage_in_bytes`). A level without
-/// the files (swap not accounted) or without a limit bounds nothing; the walk ends at the
-/// first ancestor that is not a memory cgroup (v2's root). A limit that cannot be read or
-/// understood allows none: swap the hypervisor might not get is not lent.
+/// What the cgroup at `dir` may still swap: the tightest room of the memory cgroups its
+/// VMs' memory is charged under — it, its ancestors up to the first that is not a memory
+/// cgroup (v2's root), and its descendants (a VM's own scope may forbid swap: libvirt's
+/// `swap_hard_limit`, systemd's `MemorySwapMax=0`; which VM is in which is not known here,
+/// so the tightest anywhere counts for all). A level without swap accounting files bounds
+/// nothing; one whose files cannot be read or understood allows none: swap the hypervisor
+/// might not get is not lent.
 fn swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
+    // The walk up follows the real path (a link or `..` would walk another chain).
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mut room = SwapRoom::Unlimited;
-    let mut at = Some(dir);
+    let mut at = dir.parent();
     while let Some(level) = at.filter(|d| d.join(layout.limit).exists()) {
-        room = match (room, level_swap_room(level, layout)) {
-            (SwapRoom::Left(a), SwapRoom::Left(b)) => SwapRoom::Left(a.min(b)),
-            (SwapRoom::Left(a), _) | (_, SwapRoom::Left(a)) => SwapRoom::Left(a),
-            (r, _) => r,
-        };
+        room = tighter(room, level_swap_room(level, layout));
         at = level.parent();
+    }
+    let mut below = vec![dir];
+    while let Some(level) = below.pop() {
+        room = tighter(room, level_swap_room(&level, layout));
+        match std::fs::read_dir(&level) {
+            Ok(entries) => below.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.join(layout.limit).exists()),
+            ),
+            Err(_) => return SwapRoom::Left(Bytes::ZERO),
+        }
     }
     room
 }
 
-/// One cgroup's own swap limit's room ([`swap_room`]).
+/// The tighter of two rooms.
+fn tighter(a: SwapRoom, b: SwapRoom) -> SwapRoom {
+    match (a, b) {
+        (SwapRoom::Left(a), SwapRoom::Left(b)) => SwapRoom::Left(a.min(b)),
+        (SwapRoom::Left(a), _) | (_, SwapRoom::Left(a)) => SwapRoom::Left(a),
+        (a, _) => a,
+    }
+}
+
+/// One cgroup's own room ([`swap_room`]): its swap limit less the swap charged under it
+/// (v2: the lower of `memory.swap.max` and `memory.swap.high`, above which allocations are
+/// throttled, less `memory.swap.current`; v1: the memory+swap limit less the memory limit,
+/// less the swap charged, `memory.memsw.usage_in_bytes` less `memory.usage_in_bytes`).
+/// None where the cgroup may not swap at its limit whatever its limits say: v1's
+/// `memory.swappiness` 0 (reclaim at a cgroup's limit then takes only page cache; v2 has
+/// the host's, read by the caller), v2's `memory.zswap.writeback` 0 (swapped pages stay
+/// compressed in the cgroup's own memory).
 fn level_swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    if read(layout.never_swaps).is_some_and(|t| t.trim() == "0") {
+        return SwapRoom::Left(Bytes::ZERO);
+    }
     let (limit_file, usage_file) = layout.swap;
     if !dir.join(limit_file).exists() {
         return SwapRoom::Unlimited;
     }
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     let room = || {
-        let Some(limit) = parse_limit(&read(limit_file)?).ok()? else {
+        let mut limit = parse_limit(&read(limit_file)?).ok()?;
+        if layout.version == 2 && dir.join("memory.swap.high").exists() {
+            let high = parse_limit(&read("memory.swap.high")?).ok()?;
+            limit = match (limit, high) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        let Some(limit) = limit else {
             return Some(SwapRoom::Unlimited);
         };
         let usage = parse_usage(&read(usage_file)?).ok()?;
@@ -405,6 +447,32 @@ mod tests {
             read(&vms).unwrap().swap_room,
             SwapRoom::Left(Bytes::from_mib(60))
         );
+        // Throttled above memory.swap.high: the lower of it and the max counts.
+        cgroup_dir(&vms, &[("memory.swap.high", &mib(90))]);
+        assert_eq!(
+            read(&vms).unwrap().swap_room,
+            SwapRoom::Left(Bytes::from_mib(50))
+        );
+        std::fs::remove_file(vms.join("memory.swap.high")).unwrap();
+        // A VM's own cgroup below that may not swap (libvirt's swap_hard_limit 0): none
+        // for anyone, which VM is where not being known here.
+        let scope = vms.join("vm1.scope");
+        cgroup_dir(&scope, &v2);
+        cgroup_dir(
+            &scope,
+            &[("memory.swap.max", "0\n"), ("memory.swap.current", "0\n")],
+        );
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        std::fs::remove_dir_all(&scope).unwrap();
+        // Swapped pages kept compressed in the cgroup's memory (zswap without writeback,
+        // set on an ancestor): none.
+        cgroup_dir(&slice, &[("memory.zswap.writeback", "0\n")]);
+        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        cgroup_dir(&slice, &[("memory.zswap.writeback", "1\n")]);
+        assert_eq!(
+            read(&vms).unwrap().swap_room,
+            SwapRoom::Left(Bytes::from_mib(60))
+        );
         // Over its limit (charged before it was lowered): none.
         cgroup_dir(&vms, &[("memory.swap.current", &mib(150))]);
         assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
@@ -435,6 +503,9 @@ mod tests {
             &[("memory.memsw.limit_in_bytes", "9223372036854771712\n")],
         );
         assert_eq!(read(&v1).unwrap().swap_room, SwapRoom::Unlimited);
+        // Swappiness 0: reclaim at its limit takes page cache only.
+        cgroup_dir(&v1, &[("memory.swappiness", "0\n")]);
+        assert_eq!(read(&v1).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
         // The captured cgroups have no swap accounting files.
         assert_eq!(
             read(&data("cgroup-v1")).unwrap().swap_room,

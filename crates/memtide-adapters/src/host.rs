@@ -171,8 +171,14 @@ impl HostBackend for LinuxHost {
                 (host_domain(&meminfo, host_freeable, kept_free), host_psi)
             }
             Some(dir) => {
-                let c = cgroup::read(dir)
+                let mut c = cgroup::read(dir)
                     .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
+                // Reclaim at a v2 cgroup's limit swaps as the host's swappiness says: at 0
+                // (or unknown) only page cache, and memory beyond the limit is an OOM kill.
+                let swappiness = std::fs::read_to_string(proc.join("sys/vm/swappiness"));
+                if c.version == 2 && swappiness.map_or(true, |t| t.trim() == "0") {
+                    c.swap_room = SwapRoom::Left(Bytes::ZERO);
+                }
                 (
                     cgroup_domain(dir, &meminfo, host_freeable, &c),
                     c.psi.or(host_psi),
@@ -213,6 +219,8 @@ mod tests {
         std::fs::copy(data.join("proc/meminfo"), proc.join("meminfo")).unwrap();
         std::fs::copy(data.join("proc/vmstat"), proc.join("vmstat")).unwrap();
         std::fs::copy(data.join("proc/zoneinfo"), proc.join("zoneinfo")).unwrap();
+        std::fs::create_dir_all(proc.join("sys/vm")).unwrap();
+        std::fs::write(proc.join("sys/vm/swappiness"), "60\n").unwrap();
         std::fs::write(
             proc.join("swaps"),
             "Filename\tType\tSize\tUsed\tPriority\n\
@@ -337,7 +345,7 @@ mod tests {
         let (_root, mut paths) = fake_tree();
         let v2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cgroup-v2");
         paths.domain_cgroup = Some(v2);
-        let s = LinuxHost::new(paths).sample().unwrap();
+        let s = LinuxHost::new(paths.clone()).sample().unwrap();
         assert_eq!(s.domain.total, Bytes::from_gib(2));
         assert_eq!(s.domain.used, Bytes::from_mib(1536));
         // 512 MiB below the limit + 380 MiB of file cache.
@@ -351,6 +359,23 @@ mod tests {
             s.domain.swap_room,
             SwapRoom::Unlimited,
             "no swap limit files: swap not accounted"
+        );
+        // Swappiness 0, or not known: reclaim at the limit would not swap.
+        let swappiness = paths.proc.join("sys/vm/swappiness");
+        std::fs::write(&swappiness, "0\n").unwrap();
+        let zero = SwapRoom::Left(Bytes::ZERO);
+        assert_eq!(
+            LinuxHost::new(paths.clone())
+                .sample()
+                .unwrap()
+                .domain
+                .swap_room,
+            zero
+        );
+        std::fs::remove_file(&swappiness).unwrap();
+        assert_eq!(
+            LinuxHost::new(paths).sample().unwrap().domain.swap_room,
+            zero
         );
         assert!(matches!(
             s.domain.scope,

@@ -4,8 +4,8 @@
 //! atomically (a temporary file, fsync, rename), as small versioned JSON; read at start.
 //! A VM's state is used when the VM is found again under its name at the same configured
 //! size (a VM configured by `pid`, which has only a cold age, when it is the same process);
-//! a file that is unreadable, of another version or older than [`MAX_AGE`] is
-//! ignored, with the reason logged.
+//! a file that is unreadable or of another version is ignored, with the reason logged, and
+//! so is one older than [`MAX_AGE`] but for its cold ages, kept within the longest age.
 
 use super::events::EventLog;
 use super::place::{KeptAge, LearntFor};
@@ -21,7 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The format's version; a file of another is ignored.
 const VERSION: u32 = 1;
-/// State older than this is ignored: what it says of the guests no longer holds.
+/// Balloon targets and estimator state older than this are ignored: what they say of the
+/// guests no longer holds.
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The daemon's state file at `path` (none when empty or in a dry run, whose decisions
@@ -132,11 +133,13 @@ impl StateFile {
             Err(e) => Err(e.to_string()),
             Ok(bytes) => serde_json::from_slice::<Saved>(&bytes).map_err(|e| e.to_string()),
         };
-        let age = |s: &Saved| unix_now().saturating_sub(s.written);
+        let now = unix_now();
+        let age = |s: &Saved| now.saturating_sub(s.written);
         let ages = ages.filter(|a| a.adaptive);
         // A cold age is learnt from the workload's habits, which outlast the guests'
-        // figures: it is kept as long as a VM away from placement keeps it, the longest
-        // age, where that is longer than `MAX_AGE`.
+        // figures: a file is good for them within the longest age, where that is longer
+        // than `MAX_AGE` (each VM then has the longest age from the start to be seen
+        // again, as in placement).
         let kept_s = ages
             .map_or(0, |a| a.horizon_s() as u64)
             .max(MAX_AGE.as_secs());
@@ -509,6 +512,10 @@ mod tests {
         // nothing.
         let mut saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         saved.vms.get_mut("a").unwrap().target = Some(Bytes::from_mib(600));
+        assert!(
+            saved.vms["a"].memtide.is_some(),
+            "the estimator's state was saved"
+        );
         saved.written = unix_now() - MAX_AGE.as_secs() - 60;
         std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
         let (mut state, message) =
@@ -523,6 +530,11 @@ mod tests {
             .values()
             .all(|vm| vm.target.is_none() && vm.memtide.is_none()));
         assert_eq!(state.take_cold_ages().len(), 2);
+        // Where the age is fixed, or without placement, the file is just too old.
+        for ages in [Some(&fixed), None] {
+            let (_, message) = StateFile::open(&path, &mut memtide(), ages);
+            assert!(message.contains("ignored (written 66"), "{message}");
+        }
         saved.written = unix_now() - AgeConfig::default().max_s as u64 - 60;
         std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
         let (ages, message) = restored_ages(&path, Some(&AgeConfig::default()));
