@@ -27,7 +27,7 @@ pub struct CgroupMemory {
     pub unmapped_anon: Bytes,
     /// Memory pressure (v2 only).
     pub psi: Option<Psi>,
-    /// The swap it may still use, as its own and its ancestors' swap limits allow.
+    /// The swap it may still use, as the swap limits above and below it allow ([`swap_room`]).
     pub swap_room: SwapRoom,
 }
 
