@@ -26,6 +26,15 @@ const OLDEST: u16 = u16::MAX - 1;
 /// The most scans a cold age may span: a longer one is never reached.
 pub const MAX_AGE_SCANS: u16 = OLDEST;
 
+/// Why scans every `interval_s` cannot count a cold age of `longest_s`, if they cannot:
+/// an age they never reach would stop all demotion.
+pub fn age_beyond_scans(interval_s: f64, longest_s: f64) -> Option<String> {
+    let most = interval_s * f64::from(MAX_AGE_SCANS);
+    (longest_s > most).then(|| {
+        format!("scans count ages up to {most:.0} s, below the longest cold age, {longest_s} s")
+    })
+}
+
 /// What one scan saw of one page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seen {

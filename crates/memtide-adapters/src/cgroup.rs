@@ -27,8 +27,6 @@ pub struct CgroupMemory {
     pub unmapped_anon: Bytes,
     /// Memory pressure (v2 only).
     pub psi: Option<Psi>,
-    /// The swap it may still use, as the swap limits above and below it allow ([`swap_room`]).
-    pub swap_room: SwapRoom,
 }
 
 /// Which files a cgroup version uses.
@@ -145,14 +143,23 @@ fn unmapped_anon(stat: &str, layout: &Layout) -> Bytes {
         .unwrap_or_default()
 }
 
-/// What the cgroup at `dir` may still swap: the tightest room of the memory cgroups its
-/// VMs' memory is charged under — it, its ancestors up to the first that is not a memory
-/// cgroup (v2's root), and its descendants (a VM's own scope may forbid swap: libvirt's
-/// `swap_hard_limit`, systemd's `MemorySwapMax=0`; which VM is in which is not known here,
-/// so the tightest anywhere counts for all). A level without swap accounting files bounds
-/// nothing; one whose files cannot be read or understood allows none: swap the hypervisor
-/// might not get is not lent.
-fn swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
+/// What the memory cgroup at `dir` may still swap: the tightest room of the memory
+/// cgroups its VMs' memory is charged under — it, its ancestors up to the first that is
+/// not a memory cgroup (v2's root), and its descendants (a VM's own scope may forbid swap:
+/// libvirt's `swap_hard_limit`, systemd's `MemorySwapMax=0`; which VM is in which is not
+/// known here, so the tightest anywhere counts for all). A level without swap accounting
+/// files bounds nothing; one whose files cannot be read or understood allows none: swap
+/// the hypervisor might not get is not lent. `swappiness` is the host's
+/// (`/proc/sys/vm/swappiness`, `None` where unreadable): reclaim at a v2 cgroup's limit
+/// swaps as it says, and at 0 (or unknown) takes only page cache, memory beyond the limit
+/// then being an OOM kill (v1 cgroups have their own, read at each level).
+pub fn swap_room(dir: &Path, swappiness: Option<u32>) -> SwapRoom {
+    let Some(layout) = layout(dir) else {
+        return SwapRoom::Left(Bytes::ZERO);
+    };
+    if layout.version == 2 && swappiness.is_none_or(|s| s == 0) {
+        return SwapRoom::Left(Bytes::ZERO);
+    }
     // The walk up follows the real path (a link or `..` would walk another chain).
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mut room = SwapRoom::Unlimited;
@@ -231,15 +238,15 @@ fn level_swap_room(dir: &Path, layout: &Layout) -> SwapRoom {
     room().unwrap_or(SwapRoom::Left(Bytes::ZERO))
 }
 
+/// The files of the memory cgroup at `dir`, by its version; `None` if it is not one.
+fn layout(dir: &Path) -> Option<&'static Layout> {
+    [&V2, &V1].into_iter().find(|l| dir.join(l.limit).exists())
+}
+
 /// Read a memory cgroup directory, detecting its version.
 pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
-    let layout = if dir.join(V2.limit).exists() {
-        &V2
-    } else if dir.join(V1.limit).exists() {
-        &V1
-    } else {
-        return Err(CgroupError::NotMemoryCgroup(dir.display().to_string()));
-    };
+    let layout =
+        layout(dir).ok_or_else(|| CgroupError::NotMemoryCgroup(dir.display().to_string()))?;
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|error| CgroupError::Io {
@@ -269,7 +276,6 @@ pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
         file_cache,
         unmapped_anon,
         psi,
-        swap_room: swap_room(dir, layout),
     })
 }
 
@@ -414,7 +420,13 @@ mod tests {
         cgroup_dir(&slice, &v2);
         cgroup_dir(&vms, &v2);
         // No swap accounting: nothing bounds it.
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Unlimited);
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Unlimited);
+        // The host's swappiness 0, or not known: reclaim at a v2 limit would not swap. Nor
+        // is there anything to lend where the directory is no memory cgroup.
+        let zero = SwapRoom::Left(Bytes::ZERO);
+        assert_eq!(swap_room(&vms, Some(0)), zero);
+        assert_eq!(swap_room(&vms, None), zero);
+        assert_eq!(swap_room(root.path(), Some(60)), zero);
         // The slice allows 1 GiB, 256 MiB charged; the VMs' own cgroup no limit.
         let mib = |m: u64| (m << 20).to_string();
         cgroup_dir(
@@ -432,7 +444,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            read(&vms).unwrap().swap_room,
+            swap_room(&vms, Some(60)),
             SwapRoom::Left(Bytes::from_mib(768))
         );
         // Its own limit tighter: 100 MiB, 40 charged.
@@ -444,13 +456,13 @@ mod tests {
             ],
         );
         assert_eq!(
-            read(&vms).unwrap().swap_room,
+            swap_room(&vms, Some(60)),
             SwapRoom::Left(Bytes::from_mib(60))
         );
         // Throttled above memory.swap.high: the lower of it and the max counts.
         cgroup_dir(&vms, &[("memory.swap.high", &mib(90))]);
         assert_eq!(
-            read(&vms).unwrap().swap_room,
+            swap_room(&vms, Some(60)),
             SwapRoom::Left(Bytes::from_mib(50))
         );
         std::fs::remove_file(vms.join("memory.swap.high")).unwrap();
@@ -462,26 +474,26 @@ mod tests {
             &scope,
             &[("memory.swap.max", "0\n"), ("memory.swap.current", "0\n")],
         );
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Left(Bytes::ZERO));
         std::fs::remove_dir_all(&scope).unwrap();
         // Swapped pages kept compressed in the cgroup's memory (zswap without writeback,
         // set on an ancestor): none.
         cgroup_dir(&slice, &[("memory.zswap.writeback", "0\n")]);
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Left(Bytes::ZERO));
         cgroup_dir(&slice, &[("memory.zswap.writeback", "1\n")]);
         assert_eq!(
-            read(&vms).unwrap().swap_room,
+            swap_room(&vms, Some(60)),
             SwapRoom::Left(Bytes::from_mib(60))
         );
         // Over its limit (charged before it was lowered): none.
         cgroup_dir(&vms, &[("memory.swap.current", &mib(150))]);
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Left(Bytes::ZERO));
         // A limit not understood, or its usage missing: none lent.
         cgroup_dir(&vms, &[("memory.swap.max", "lots\n")]);
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Left(Bytes::ZERO));
         cgroup_dir(&vms, &[("memory.swap.max", &mib(100))]);
         std::fs::remove_file(vms.join("memory.swap.current")).unwrap();
-        assert_eq!(read(&vms).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&vms, Some(60)), SwapRoom::Left(Bytes::ZERO));
         // v1: 3 GiB of memory and swap over a 2 GiB memory limit, 256 MiB swapped.
         let v1 = root.path().join("v1");
         cgroup_dir(
@@ -495,25 +507,24 @@ mod tests {
             ],
         );
         assert_eq!(
-            read(&v1).unwrap().swap_room,
+            swap_room(&v1, Some(60)),
             SwapRoom::Left(Bytes::from_mib(768))
         );
         cgroup_dir(
             &v1,
             &[("memory.memsw.limit_in_bytes", "9223372036854771712\n")],
         );
-        assert_eq!(read(&v1).unwrap().swap_room, SwapRoom::Unlimited);
+        assert_eq!(swap_room(&v1, Some(60)), SwapRoom::Unlimited);
+        assert_eq!(
+            swap_room(&v1, None),
+            SwapRoom::Unlimited,
+            "v1: its own swappiness"
+        );
         // Swappiness 0: reclaim at its limit takes page cache only.
         cgroup_dir(&v1, &[("memory.swappiness", "0\n")]);
-        assert_eq!(read(&v1).unwrap().swap_room, SwapRoom::Left(Bytes::ZERO));
+        assert_eq!(swap_room(&v1, Some(60)), SwapRoom::Left(Bytes::ZERO));
         // The captured cgroups have no swap accounting files.
-        assert_eq!(
-            read(&data("cgroup-v1")).unwrap().swap_room,
-            SwapRoom::Unlimited
-        );
-        assert_eq!(
-            read(&data("cgroup-v2")).unwrap().swap_room,
-            SwapRoom::Unlimited
-        );
+        assert_eq!(swap_room(&data("cgroup-v1"), Some(60)), SwapRoom::Unlimited);
+        assert_eq!(swap_room(&data("cgroup-v2"), Some(60)), SwapRoom::Unlimited);
     }
 }

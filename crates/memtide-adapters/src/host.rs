@@ -122,6 +122,7 @@ fn cgroup_domain(
     m: &MemInfo,
     host_freeable: Bytes,
     c: &cgroup::CgroupMemory,
+    swap_room: SwapRoom,
 ) -> MemoryDomain {
     let total = c.limit.map_or(m.total, |l| l.min(m.total));
     let freeable = ((total - c.usage) + c.file_cache + c.unmapped_anon)
@@ -136,7 +137,7 @@ fn cgroup_domain(
         used: c.usage,
         freeable,
         kept_free: Bytes::ZERO,
-        swap_room: c.swap_room,
+        swap_room,
     }
 }
 
@@ -171,16 +172,14 @@ impl HostBackend for LinuxHost {
                 (host_domain(&meminfo, host_freeable, kept_free), host_psi)
             }
             Some(dir) => {
-                let mut c = cgroup::read(dir)
+                let c = cgroup::read(dir)
                     .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
-                // Reclaim at a v2 cgroup's limit swaps as the host's swappiness says: at 0
-                // (or unknown) only page cache, and memory beyond the limit is an OOM kill.
-                let swappiness = std::fs::read_to_string(proc.join("sys/vm/swappiness"));
-                if c.version == 2 && swappiness.map_or(true, |t| t.trim() == "0") {
-                    c.swap_room = SwapRoom::Left(Bytes::ZERO);
-                }
+                let swappiness = std::fs::read_to_string(proc.join("sys/vm/swappiness"))
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok());
+                let swap_room = cgroup::swap_room(dir, swappiness);
                 (
-                    cgroup_domain(dir, &meminfo, host_freeable, &c),
+                    cgroup_domain(dir, &meminfo, host_freeable, &c, swap_room),
                     c.psi.or(host_psi),
                 )
             }

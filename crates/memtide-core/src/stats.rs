@@ -219,13 +219,14 @@ pub struct MemoryDomain {
     /// swap); none in a cgroup. Absent in recordings made before it was reported.
     #[serde(default)]
     pub kept_free: Bytes,
-    /// Where the domain is a cgroup: the swap it and its ancestors still let it use.
+    /// Where the domain is a cgroup: the swap its cgroup may still use.
     /// Unknown in recordings made before it was reported.
     #[serde(default)]
     pub swap_room: SwapRoom,
 }
 
-/// The swap a cgroup domain may still use, as its own and its ancestors' swap limits allow.
+/// The swap a cgroup domain may still use, as the swap limits of its cgroup, the cgroups
+/// above it and those below it allow, and none where it would not swap at its limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SwapRoom {

@@ -1028,13 +1028,8 @@ impl Config {
         // scans cannot span would stop all demotion (found in review: 0.1 s scans span
         // 6 553 s, and an age that grew past it demoted nothing for hours).
         let longest = t.ages().horizon_s();
-        if longest / t.interval_s > f64::from(memtide_adapters::access::MAX_AGE_SCANS) {
-            let message = format!(
-                "{} s scans count ages up to {:.0} s, below the longest cold age, {longest} s",
-                t.interval_s,
-                t.interval_s * f64::from(memtide_adapters::access::MAX_AGE_SCANS)
-            );
-            return bad("tiering.interval_s", message);
+        if let Some(why) = memtide_adapters::access::age_beyond_scans(t.interval_s, longest) {
+            return bad("tiering.interval_s", format!("{} s {why}", t.interval_s));
         }
         let slo = t.promotion_slo_pct_per_min;
         if !((0.0..=100.0).contains(&slo) && slo != 0.0) {

@@ -505,14 +505,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 min_s: cold_age_s,
                 ..config.tiering.ages()
             };
-            // As the configuration's check: an age the scans cannot count demotes nothing.
-            let most = interval_s * f64::from(memtide_adapters::access::MAX_AGE_SCANS);
-            if interval_s >= 0.0 && ages.horizon_s() > most {
-                anyhow::bail!(
-                    "--interval-s {interval_s}: scans count ages up to {most:.0} s, below the \
-                     longest cold age, {} s",
-                    ages.horizon_s()
-                );
+            // As the configuration's check (a negative interval is refused below).
+            let beyond = memtide_adapters::access::age_beyond_scans(interval_s, ages.horizon_s());
+            if let Some(why) = beyond.filter(|_| interval_s >= 0.0) {
+                anyhow::bail!("--interval-s {interval_s}: {why}");
             }
             let options = memtide::place_cmd::Options {
                 pid,

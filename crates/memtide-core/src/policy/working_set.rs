@@ -979,8 +979,8 @@ mod tests {
         // has nothing freeable: memory is divided, "a" at its minimum (what it committed:
         // it has no swap), "b" the rest. What "a" is short of is a kill, so it gets more
         // out of a tenth of the host's 4 GiB of free swap; "b" swaps and gets nothing of it.
-        // Nor does "a" where the swap is zram (compressed RAM), in a cgroup domain (whose
-        // own swap limit memtide does not know), or with the share set to 0.
+        // Nor does "a" where the swap is zram (compressed RAM), in a cgroup domain whose
+        // swap limits are not known or leave none, or with the share set to 0.
         let vms = [("a", 1024, 44, 1000, 980), ("b", 1024, 44, 1000, 980)];
         let swap = |i: usize, sample: &mut VmSample, s: &mut Signals| {
             sample.rss = Some(Bytes::from_mib(700));

@@ -150,7 +150,7 @@ impl StateFile {
             }
             other => other,
         };
-        let saved = match saved {
+        let mut saved = match saved {
             Ok(s) => s,
             Err(why) => {
                 let message = format!(
@@ -160,10 +160,10 @@ impl StateFile {
                 return (state, message);
             }
         };
-        let elapsed = age(&saved) as f64;
+        let elapsed_s = age(&saved);
+        let elapsed = elapsed_s as f64;
         // Older than `MAX_AGE`: the cold ages only.
-        let mut saved = saved;
-        let only_ages = age(&saved) > MAX_AGE.as_secs();
+        let only_ages = elapsed_s > MAX_AGE.as_secs();
         if only_ages {
             for vm in saved.vms.values_mut() {
                 (vm.target, vm.memtide) = (None, None);
