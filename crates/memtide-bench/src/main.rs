@@ -317,7 +317,9 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         log!("interrupted, cleaning up");
         guest::INTERRUPTED.store(true, Ordering::SeqCst);
     });
-    let cgroup = memtide_testbed::Cgroup::create("memtide-bench")?;
+    // The domain swaps only where the scenario puts host swap behind it.
+    let cgroup = memtide_testbed::Cgroup::create("memtide-bench")?
+        .with_swap(cli.host_swap_mib.unwrap_or(0) << 20);
     let _host_swap = match cli.host_swap_mib {
         Some(mib) => Some(host_swap::HostSwap::enable(&work_dir, mib)?),
         None => None,

@@ -12,6 +12,8 @@ pub struct Cgroup {
     /// Its directory.
     pub dir: PathBuf,
     v2: bool,
+    /// Swap the cgroup may use beyond its limit, in bytes.
+    swap: u64,
 }
 
 /// The process's own memory cgroup directory, and whether it is v2.
@@ -41,7 +43,8 @@ fn own_cgroup() -> Result<(PathBuf, bool), Error> {
 }
 
 impl Cgroup {
-    /// Create `name-<pid>` below the process's own memory cgroup (which takes root).
+    /// Create `name-<pid>` below the process's own memory cgroup (which takes root),
+    /// with no swap beyond its limit.
     pub fn create(name: &str) -> Result<Cgroup, Error> {
         let (parent, v2) = own_cgroup()?;
         let dir = parent.join(format!("{name}-{}", std::process::id()));
@@ -49,7 +52,7 @@ impl Cgroup {
             "creating cgroup {} (a memory cgroup of our own: run as root)",
             dir.display()
         )))?;
-        let cg = Cgroup { dir, v2 };
+        let cg = Cgroup { dir, v2, swap: 0 };
         if !cg.dir.join(cg.limit_file()).exists() {
             return Err(Error::NoMemoryController(cg.dir.clone()));
         }
@@ -87,11 +90,60 @@ impl Cgroup {
         Ok(m.usage.0.saturating_sub(m.file_cache.0 + m.unmapped_anon.0))
     }
 
-    /// Set the memory limit, in bytes.
+    /// Let the cgroup swap up to `bytes` beyond its limit, from the next
+    /// [`Cgroup::set_limit`] (a domain with host swap behind it).
+    pub fn with_swap(mut self, bytes: u64) -> Cgroup {
+        self.swap = bytes;
+        self
+    }
+
+    /// Set the memory limit, in bytes, and the swap beyond it to the cgroup's (none
+    /// unless [`Cgroup::with_swap`] said otherwise), whether or not the host has swap;
+    /// where the kernel does not account swap to cgroups, the memory limit alone.
     pub fn set_limit(&self, bytes: u64) -> Result<(), Error> {
+        if self.v2 {
+            self.write(self.limit_file(), bytes)?;
+            return self.write_if_present("memory.swap.max", self.swap);
+        }
+        // v1 bounds memory + swap, never below the memory limit: lower the memory limit
+        // first, raise the other first.
+        let lowering = bytes < self.v1_limit()?;
+        if lowering {
+            self.write(self.limit_file(), bytes)?;
+        }
+        self.write_if_present(
+            "memory.memsw.limit_in_bytes",
+            bytes.saturating_add(self.swap),
+        )?;
+        if !lowering {
+            self.write(self.limit_file(), bytes)?;
+        }
+        Ok(())
+    }
+
+    fn write(&self, file: &str, value: u64) -> Result<(), Error> {
+        let path = self.dir.join(file);
+        std::fs::write(&path, value.to_string())
+            .map_err(Error::io(format!("setting {} to {value}", path.display())))
+    }
+
+    /// Write `file` where the kernel has it.
+    fn write_if_present(&self, file: &str, value: u64) -> Result<(), Error> {
+        if self.dir.join(file).exists() {
+            self.write(file, value)?;
+        }
+        Ok(())
+    }
+
+    /// The v1 memory limit now, in bytes.
+    fn v1_limit(&self) -> Result<u64, Error> {
         let path = self.dir.join(self.limit_file());
-        std::fs::write(&path, bytes.to_string())
-            .map_err(Error::io(format!("setting {} to {bytes}", path.display())))
+        let what = format!("reading {}", path.display());
+        let text = std::fs::read_to_string(&path).map_err(Error::io(what.clone()))?;
+        text.trim().parse().map_err(|_| {
+            let error = std::io::Error::new(std::io::ErrorKind::InvalidData, "not a number");
+            Error::Io { what, error }
+        })
     }
 
     /// Kill every process in the cgroup: at once through `cgroup.kill` (v2, Linux
@@ -187,6 +239,35 @@ mod tests {
             Some(libc::SIGKILL)
         );
         assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+
+    #[test]
+    #[ignore = "creates a memory cgroup: needs root"]
+    fn a_limit_lowered_or_raised_bounds_the_swap_beyond_it() {
+        for swap_mib in [0u64, 32] {
+            let cg = Cgroup::create("testbed-swap")
+                .unwrap()
+                .with_swap(swap_mib << 20);
+            let read = |file: &str| std::fs::read_to_string(cg.dir.join(file)).ok();
+            for mib in [256u64, 1024, 64] {
+                let bytes = mib << 20;
+                cg.set_limit(bytes).unwrap();
+                assert_eq!(read(cg.limit_file()).unwrap().trim(), bytes.to_string());
+                // v2 bounds the swap, v1 memory and swap together (each where the kernel
+                // accounts swap to cgroups).
+                match (
+                    cg.v2,
+                    read("memory.swap.max"),
+                    read("memory.memsw.limit_in_bytes"),
+                ) {
+                    (true, Some(swap), _) => assert_eq!(swap.trim(), (swap_mib << 20).to_string()),
+                    (false, _, Some(both)) => {
+                        assert_eq!(both.trim(), ((mib + swap_mib) << 20).to_string())
+                    }
+                    _ => eprintln!("no swap accounting in {}", cg.dir.display()),
+                }
+            }
+        }
     }
 
     #[test]
