@@ -63,10 +63,14 @@ fn main() -> ExitCode {
 fn report_forever(progress: &Progress, cold: &Region, options: &Options) {
     let mut ticker = Ticker::new(options.interval);
     let mut meter = PhaseMeter::default();
-    loop {
+    for line in 1u64.. {
         let t = ticker.wait();
         let mib_per_s = meter.mib_per_s(progress.snapshot());
-        let cold_resident = cold.resident_pages().ok().map(|pages| pages * PAGE);
+        let measured = options.resident_every > 0 && line % options.resident_every == 0;
+        let cold_resident = measured
+            .then(|| cold.resident_pages().ok())
+            .flatten()
+            .map(|pages| pages * PAGE);
         report::emit(&report::format_line(
             NAME,
             &[

@@ -1,4 +1,5 @@
-//! coldalloc's options: `--cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s N]`.
+//! coldalloc's options: `--cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s N]
+//! [--resident-every K]`.
 
 use std::time::Duration;
 
@@ -17,16 +18,22 @@ pub struct Options {
     pub cold_random_pct: u64,
     /// How often a report line is printed.
     pub interval: Duration,
+    /// The cold part's residency is measured in every this many report lines (`?` in
+    /// the others), never at 0: `mincore(2)` costs the process a lookup per page
+    /// swapped out.
+    pub resident_every: u64,
 }
 
 /// The usage text.
 pub fn usage() -> String {
     "usage: coldalloc --cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s S]\n\
+     \x20                [--resident-every K]\n\
      \n\
      Allocates N MiB (counted in Committed_AS) and writes each page once (one\n\
      word, or P% of the page in pseudo-random bytes), then writes to every page\n\
      of a separate M MiB buffer over and over, forever, printing one report line\n\
-     every S seconds (default 1)."
+     every S seconds (default 1), with how much of the N MiB is resident in every\n\
+     Kth line (default 1; 0 never: measuring costs a lookup per page swapped out)."
         .to_string()
 }
 
@@ -37,6 +44,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
         Flag::Value("--hot-mib"),
         Flag::Value("--cold-random-pct"),
         INTERVAL,
+        Flag::Value("--resident-every"),
     ];
     let Some(args) = Args::split(args, &flags)? else {
         return Ok(Command::Help);
@@ -47,6 +55,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
         hot_mib: args.required("--hot-mib", |v| mib(v, 1))?,
         cold_random_pct: args.value("--cold-random-pct", percent)?.unwrap_or(0),
         interval: args.interval()?,
+        resident_every: args
+            .value("--resident-every", |v| {
+                whole_number(v).ok_or_else(|| "expected a whole number of lines".to_string())
+            })?
+            .unwrap_or(1),
     }))
 }
 
@@ -75,15 +88,26 @@ mod tests {
                 hot_mib: 16,
                 cold_random_pct: 33,
                 interval: Duration::from_secs(2),
+                resident_every: 1,
             }))
         );
         let Ok(Command::Run(options)) = parse_str("--cold-mib 0 --hot-mib 1") else {
             panic!("rejected a valid command line");
         };
         assert_eq!(
-            (options.cold_mib, options.cold_random_pct, options.interval),
-            (0, 0, Duration::from_secs(1))
+            (
+                options.cold_mib,
+                options.cold_random_pct,
+                options.interval,
+                options.resident_every
+            ),
+            (0, 0, Duration::from_secs(1), 1)
         );
+        let Ok(Command::Run(options)) = parse_str("--cold-mib 0 --hot-mib 1 --resident-every 0")
+        else {
+            panic!("rejected a valid command line");
+        };
+        assert_eq!(options.resident_every, 0);
         assert_eq!(parse_str("--cold-mib 1 -h"), Ok(Command::Help));
         assert!(usage().starts_with("usage: coldalloc "));
     }
@@ -118,5 +142,9 @@ mod tests {
             "--cold-random-pct \"101\": expected a whole percentage from 0 to 100"
         );
         assert_eq!(err("--cold-mib"), "--cold-mib needs a value");
+        assert_eq!(
+            err("--cold-mib 1 --hot-mib 1 --resident-every -1"),
+            "--resident-every \"-1\": expected a whole number of lines"
+        );
     }
 }
