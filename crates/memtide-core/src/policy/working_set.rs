@@ -1172,6 +1172,36 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_without_swap_is_lifted_only_out_of_what_reported_memory_kept_leaves() {
+        // "a", without swap, holds 500 of its 1024 MiB and uses 400; "b" needs 400 and
+        // has reported the rest of its 1024 back, its QEMU holding 430. Memory is ample
+        // (500 + 430 + 1000 freeable - 82 kept back = 1848 MiB to divide): "b" keeps all
+        // it holds, 1024 (its keep, granted first), and "a", which wants its whole size,
+        // is lifted out of what that leaves, 824 — not out of what "b" needs alone, which
+        // would hand the two 2048 (review of the nineteenth session: a keep counted in
+        // the lift's pool as well as granted).
+        let vms = [("a", 500, 100, 1000, 400), ("b", 1024, 624, 1000, 400)];
+        let o = decide_at(
+            &mut memtide(),
+            0,
+            testkit::host(8192, 1000),
+            &vms,
+            |i, v, s| {
+                if i == 0 {
+                    (s.swap_free, s.swap_used) = (Some(Bytes::ZERO), Some(Bytes::ZERO));
+                } else {
+                    v.free_page_reporting = true;
+                    v.rss = Some(Bytes::from_mib(430));
+                    s.inactive_file = Some(Bytes::ZERO);
+                }
+            },
+        );
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(824), None));
+        assert_eq!(o.balloon["a"].reason.rule, "memtide.no_swap");
+        assert_eq!(o.holds["b"].rule, "memtide.reported");
+    }
+
+    #[test]
     fn the_host_keeps_one_percent_free_and_more_of_a_small_domain_unless_a_share_is_set() {
         let kept = |mib: u64, share| {
             let c = WorkingSetConfig {
