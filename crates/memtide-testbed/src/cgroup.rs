@@ -99,14 +99,20 @@ impl Cgroup {
 
     /// Set the memory limit, in bytes, and the swap beyond it to the cgroup's (none
     /// unless [`Cgroup::with_swap`] said otherwise), whether or not the host has swap;
-    /// where the kernel does not account swap to cgroups, the memory limit alone.
+    /// where the kernel does not account swap to cgroups, the memory limit alone. The
+    /// swap is bounded before a lower limit reclaims, so that none is swapped on the way.
     pub fn set_limit(&self, bytes: u64) -> Result<(), Error> {
         if self.v2 {
-            self.write(self.limit_file(), bytes)?;
-            return self.write_if_present("memory.swap.max", self.swap);
+            self.write_if_present("memory.swap.max", self.swap)?;
+            return self.write(self.limit_file(), bytes);
         }
         // v1 bounds memory + swap, never below the memory limit: lower the memory limit
-        // first, raise the other first.
+        // first, raise the other first. The lowering reclaims while memory + swap is
+        // still bounded higher: with no swap allowed, swappiness 0 keeps that reclaim
+        // from swapping.
+        if self.swap == 0 {
+            self.write_if_present("memory.swappiness", 0)?;
+        }
         let lowering = bytes < self.v1_limit()?;
         if lowering {
             self.write(self.limit_file(), bytes)?;
@@ -265,6 +271,10 @@ mod tests {
                         assert_eq!(both.trim(), ((mib + swap_mib) << 20).to_string())
                     }
                     _ => eprintln!("no swap accounting in {}", cg.dir.display()),
+                }
+                // v1 reclaims without swapping where no swap is allowed.
+                if let (false, 0, Some(swappiness)) = (cg.v2, swap_mib, read("memory.swappiness")) {
+                    assert_eq!(swappiness.trim(), "0");
                 }
             }
         }

@@ -51,23 +51,25 @@ const COLD_RANDOM_PCT: u64 = 33;
 /// takes the cgroup below HOT_MIB + FLOOR_MIB.
 const FLOOR_MIB: u64 = 16;
 const GUEST_MIB: u64 = 384;
-/// Seconds of throughput measured in each steady window: 20 for the figures the docs
-/// report (`MEMTIDE_ZSWAP_WINDOW_S=20`), 5 in CI, where only what zswap did is asserted
-/// and the six windows would otherwise take two minutes.
+/// Seconds of the guest's time measured in each steady window: 20 for the figures the
+/// docs report (`MEMTIDE_ZSWAP_WINDOW_S=20`), 5 in CI, where only what zswap did is
+/// asserted and the six windows would otherwise take two minutes of its time.
 fn window_s() -> u64 {
     std::env::var("MEMTIDE_ZSWAP_WINDOW_S")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5)
 }
-/// QEMU's `-icount`: the guest's clocks advance by its instructions (a nanosecond per
-/// 2^shift), not by the host's time, so a rate in the guest's seconds is the work done
-/// per instruction executed, whatever the host's load (without it, the VM's rate over
-/// the control's moved by up to 11% between two windows with nothing changed; with it,
-/// by under 0.1%). What the guest waits for idle (its swap disk) still costs it real time:
-/// with `sleep=on` its clocks run on while it idles. What stalls its vCPU on the host
-/// (a host page fault, host swap) would cost it nothing: sound here, where every cost
-/// of reclaim, compression and refaults included, lies in the guest playing the host.
+/// QEMU's `-icount`: the guest's clocks advance by its instructions (2^shift ns of its
+/// time each: 4 ns, 250 million a second), not by the host's time, so a rate in the
+/// guest's seconds is work per instruction executed, whatever the host's load (without
+/// it, the VM's rate over the control's moved by up to 11% between two windows with
+/// nothing changed; with it, by under 0.1%). What it counts is instructions: reclaim's
+/// compressing, decompressing and bookkeeping, all in the guest playing the host here;
+/// not what TCG does not model anyway (caches, TLB misses, memory bandwidth), nor what
+/// would stall the vCPU on the host (a host page fault). A task waiting for the swap
+/// disk costs the others' instructions meanwhile, or real time (`sleep=on`) where the
+/// vCPU idles.
 const ICOUNT: &str = "shift=2,sleep=on";
 const MIB: u64 = 1 << 20;
 /// The VM's cgroup, and the control's.
@@ -105,11 +107,11 @@ fn rates(log: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The rates of the reports after `from` seconds.
-fn rates_after(log: &str, from: f64) -> Vec<f64> {
+/// The rates of the reports after `from` seconds, within `span` seconds of it.
+fn rates_after(log: &str, from: f64, span: f64) -> Vec<f64> {
     let rates: Vec<f64> = rates(log)
         .into_iter()
-        .filter(|&(t, _)| t > from)
+        .filter(|&(t, _)| t > from && t <= from + span)
         .map(|(_, r)| r)
         .collect();
     assert!(rates.len() >= 3, "{} reports after {from} s", rates.len());
@@ -123,8 +125,8 @@ struct Window {
     vm: f64,
     /// The control's.
     ctl: f64,
-    /// The median of the VM's rate over the control's, report by report: a second in
-    /// which the host held the vCPU back weighs no more than any other.
+    /// The median of the VM's rate over the control's, report by report: a second out
+    /// of the way weighs no more than any other.
     median: f64,
 }
 
@@ -223,11 +225,11 @@ impl View {
         (self.latest_t(log), self.latest_t(CTL_LOG))
     }
 
-    /// The VM's rates and the control's since `mark`.
-    fn rates_since(&mut self, log: &str, mark: (f64, f64)) -> Window {
+    /// The VM's rates and the control's since `mark`, within `span` seconds of it.
+    fn rates_since(&mut self, log: &str, mark: (f64, f64), span: f64) -> Window {
         Window::new(
-            &rates_after(&self.agent.read_file(log), mark.0),
-            &rates_after(&self.agent.read_file(CTL_LOG), mark.1),
+            &rates_after(&self.agent.read_file(log), mark.0, span),
+            &rates_after(&self.agent.read_file(CTL_LOG), mark.1, span),
         )
     }
 
@@ -246,7 +248,7 @@ impl View {
                 self.agent.read_file(log)
             )
         });
-        self.rates_since(log, mark)
+        self.rates_since(log, mark, w)
     }
 }
 
@@ -342,7 +344,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
         .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
         .map(|n| n.parse::<u64>().unwrap())
         .sum();
-    let reclaiming = g.rates_since(log_a, mark);
+    let reclaiming = g.rates_since(log_a, mark, f64::INFINITY);
     let zswap = g.window(log_a);
     let usage_zswap = g.usage(VM);
     let (pool, zswapped) = (g.meminfo("Zswap:"), g.meminfo("Zswapped:"));
@@ -447,7 +449,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
             settled.then_some(())
         });
     }
-    let squeezing = g.rates_since(log_c, mark);
+    let squeezing = g.rates_since(log_c, mark, f64::INFINITY);
     let balloon = GUEST_MIB * MIB - actual(&mut qmp);
     let (in_now, out_now) = g.swap_disk();
     let (in_squeeze, out_squeeze) = (in_now - in_before, out_now - out_before);

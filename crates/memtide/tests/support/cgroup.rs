@@ -22,7 +22,8 @@ impl TestCgroup {
         self.0.file_cache().unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Set the memory limit, in bytes.
+    /// Set the memory limit, in bytes, with no swap beyond it ([`Cgroup::set_limit`]):
+    /// what does not fit is reclaimed or OOM-killed, whether or not the host has swap.
     pub fn set_limit(&self, bytes: u64) {
         self.0.set_limit(bytes).unwrap_or_else(|e| panic!("{e}"));
     }
