@@ -44,79 +44,111 @@ fn reported(log: &str, name: &str) -> u64 {
     (value.parse::<f64>().unwrap() * MIB as f64) as u64
 }
 
+/// A test guest running coldalloc (`args` added to its command line) in a cgroup v2 of
+/// its own, its buffers written, and memtide's binary and configuration on its data
+/// disk. Keep the directory and the cgroup until the guest is dropped.
+struct Coldalloc {
+    _guest: Guest,
+    agent: Agent,
+    pid: u64,
+    _cgroup: TestCgroup,
+    _dir: tempfile::TempDir,
+}
+
+impl Coldalloc {
+    fn start(name: &str, args: &str) -> Coldalloc {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
+        let image = support::data_disk(dir.path(), &config);
+        let cgroup = TestCgroup::create(name);
+        let drive = support::data_drive(&image);
+        let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
+        let mut guest = Guest::boot_with(
+            "r",
+            dir.path(),
+            &cgroup.procs(),
+            "384",
+            "",
+            "",
+            &devices,
+            "",
+        );
+        guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+        assert!(guest.console().contains("on /data"), "{}", guest.console());
+        let mut agent = Agent::connect(guest.agent());
+        let setup = "mount -t cgroup2 none /sys/fs/cgroup && \
+                     echo +memory > /sys/fs/cgroup/cgroup.subtree_control && \
+                     mkdir /sys/fs/cgroup/vm";
+        assert_eq!(agent.run_sh(setup, Duration::from_secs(30)), 0);
+        let pid = agent.spawn_sh(&format!(
+            "echo $$ > /sys/fs/cgroup/vm/cgroup.procs && exec /bin/coldalloc --cold-mib \
+             {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 {args} > /tmp/cold.log 2>&1"
+        ));
+        let written = "grep -q cold_resident_mib /tmp/cold.log";
+        wait_for(Duration::from_secs(60), || {
+            (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
+        })
+        .expect("coldalloc wrote its buffers");
+        Coldalloc {
+            _guest: guest,
+            agent,
+            pid,
+            _cgroup: cgroup,
+            _dir: dir,
+        }
+    }
+
+    /// Run `memtide reclaim` on coldalloc for 40 ticks of a second, the hot buffer as
+    /// its working set; its log, each line's `asked=` in total.
+    fn reclaim(&mut self) -> (String, u64) {
+        let memtide = support::GUEST_MEMTIDE;
+        let run = format!(
+            "{memtide} reclaim --config /data/memtide.toml --pid {} --working-set-mib \
+             {HOT_MIB} --interval-s 1 --ticks 40 > /tmp/reclaim.log 2>&1",
+            self.pid
+        );
+        let status = self.agent.run_sh(&run, Duration::from_secs(240));
+        let log = self.agent.read_file("/tmp/reclaim.log");
+        eprintln!("{log}");
+        assert_eq!(status, 0, "memtide reclaim: {log}");
+        assert!(!log.contains("error"), "{log}");
+        let asked = log
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum();
+        (log, asked)
+    }
+}
+
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
-    let image = support::data_disk(dir.path(), &config);
-    let cgroup = TestCgroup::create("memtide-reclaim");
-    let drive = support::data_drive(&image);
-    let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
-    let mut guest = Guest::boot_with(
-        "r",
-        dir.path(),
-        &cgroup.procs(),
-        "384",
-        "",
-        "",
-        &devices,
-        "",
-    );
-    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
-    assert!(guest.console().contains("on /data"), "{}", guest.console());
-    let mut agent = Agent::connect(guest.agent());
-    let setup = "mount -t cgroup2 none /sys/fs/cgroup && \
-                 echo +memory > /sys/fs/cgroup/cgroup.subtree_control && \
-                 mkdir /sys/fs/cgroup/vm";
-    assert_eq!(agent.run_sh(setup, Duration::from_secs(30)), 0);
-    let pid = agent.spawn_sh(&format!(
-        "echo $$ > /sys/fs/cgroup/vm/cgroup.procs && exec /bin/coldalloc --cold-mib {COLD_MIB} \
-         --hot-mib {HOT_MIB} --interval-s 1 > /tmp/cold.log 2>&1"
-    ));
-    let written = "grep -q cold_resident_mib /tmp/cold.log";
-    wait_for(Duration::from_secs(60), || {
-        (agent.run_sh(written, Duration::from_secs(10)) == 0).then_some(())
-    })
-    .expect("coldalloc wrote its buffers");
-    let cold_before = reported(&agent.read_file("/tmp/cold.log"), "cold_resident_mib=");
+    let mut c = Coldalloc::start("memtide-reclaim", "");
+    let cold_before = reported(&c.agent.read_file("/tmp/cold.log"), "cold_resident_mib=");
     assert!(
         cold_before >= (COLD_MIB - 4) * MIB,
         "cold all resident first"
     );
     // Watch the cgroup's usage apart from memtide, twice a second.
-    agent.spawn_sh(
+    c.agent.spawn_sh(
         "while :; do cat /sys/fs/cgroup/vm/memory.current >> /tmp/usage; usleep 500000; done",
     );
-    let memtide = support::GUEST_MEMTIDE;
-    let run = format!(
-        "{memtide} reclaim --config /data/memtide.toml --pid {pid} --working-set-mib {HOT_MIB} \
-         --interval-s 1 --ticks 40 > /tmp/reclaim.log 2>&1"
-    );
-    let status = agent.run_sh(&run, Duration::from_secs(240));
-    let log = agent.read_file("/tmp/reclaim.log");
-    eprintln!("{log}");
-    assert_eq!(status, 0, "memtide reclaim: {log}");
-    assert!(!log.contains("error"), "{log}");
-    let asked: u64 = log
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum();
+    let (log, asked) = c.reclaim();
     assert!(log.contains("result=ok reclaim.probe"), "{log}");
 
     // coldalloc knows which of its cold pages are in memory (mincore: mapped, or in the
     // swap cache); the anonymous memory it maps is the rest of the cold buffer, the hot
     // one and a little heap and stack. A hot page pushed out comes back at once (the hot
     // loop writes every page), as a refault.
-    let cold_log = agent.read_file("/tmp/cold.log");
+    let cold_log = c.agent.read_file("/tmp/cold.log");
     let cold_resident = reported(&cold_log, "cold_resident_mib=");
-    let status = agent.read_file(&format!("/proc/{pid}/status"));
+    let status = c.agent.read_file(&format!("/proc/{}/status", c.pid));
     let (anon, swap) = (
         status_field(&status, "RssAnon:"),
         status_field(&status, "VmSwap:"),
     );
-    let stat = agent.read_file("/sys/fs/cgroup/vm/memory.stat");
+    let stat = c.agent.read_file("/sys/fs/cgroup/vm/memory.stat");
     let stat_field = |k: &str| -> u64 {
         let line = stat
             .lines()
@@ -125,7 +157,8 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
     let refaulted = stat_field("workingset_refault_anon") * 4096;
-    let usage: Vec<u64> = agent
+    let usage: Vec<u64> = c
+        .agent
         .read_file("/tmp/usage")
         .lines()
         .filter_map(|l| l.trim().parse().ok())
@@ -172,6 +205,36 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
         "usage {} KiB went below the working set and floor, {} KiB",
         least >> 10,
         keep / MIB
+    );
+}
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn reclaim_holds_while_the_cold_buffer_comes_back() {
+    // The same coldalloc, reading one cold page after every 1024 MiB of hot pages
+    // written (about a MiB of cold pages a second, each back every couple of minutes):
+    // what memtide reclaims of the cold buffer comes back, the kernel counts it as
+    // refaults, and memtide stops reclaiming and says why, where without the reads it
+    // pushed most of the buffer out.
+    let mut c = Coldalloc::start("memtide-reclaim-back", "--cold-read-every 1024");
+    let (log, asked) = c.reclaim();
+    let held = log
+        .lines()
+        .filter(|l| l.contains("result=held reclaim.refaults"))
+        .count();
+    let stat = c.agent.read_file("/sys/fs/cgroup/vm/memory.stat");
+    eprintln!(
+        "asked {} MiB; held for refaults {held} times\n{stat}",
+        asked / MIB
+    );
+    assert!(
+        log.contains("reclaimed memory is coming back") && held >= 10,
+        "memtide held for the refaults on at least 10 of its 40 ticks: {held}\n{log}"
+    );
+    assert!(
+        asked <= COLD_MIB * MIB / 2,
+        "it asked for at most half the cold buffer: {} MiB",
+        asked / MIB
     );
 }
 

@@ -20,6 +20,18 @@ pub fn touch_until(
     deadline: Option<Instant>,
     progress: &Progress,
 ) {
+    touch_until_each(region, size, deadline, progress, || {});
+}
+
+/// [`touch_until`], calling `each` after every MiB written (every pass, for a
+/// smaller `size`).
+pub fn touch_until_each(
+    region: &mut Region,
+    size: usize,
+    deadline: Option<Instant>,
+    progress: &Progress,
+    mut each: impl FnMut(),
+) {
     let in_time = || deadline.is_none_or(|deadline| Instant::now() < deadline);
     if size == 0 {
         while in_time() {
@@ -36,6 +48,7 @@ pub fn touch_until(
         let end = (offset + CHUNK).min(size);
         region.touch(offset..end, pass);
         progress.add((end - offset) as u64);
+        each();
         offset = end;
         if offset == size {
             (offset, pass) = (0, pass + 1);
@@ -71,6 +84,22 @@ mod tests {
             bytes > 0 && bytes.is_multiple_of(3 * PAGE as u64),
             "{bytes}"
         );
+    }
+
+    #[test]
+    fn each_mib_written_is_told() {
+        let size = 2 * CHUNK + PAGE;
+        let mut region = Region::new(size).unwrap();
+        let progress = Progress::new();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let mut told = 0;
+        touch_until_each(&mut region, size, Some(deadline), &progress, || told += 1);
+        // Two whole MiB and a page each pass.
+        let bytes = progress.snapshot().bytes;
+        let passes = bytes / size as u64;
+        let partial = bytes % size as u64;
+        let in_pass = (partial as usize).div_ceil(CHUNK) as u64;
+        assert_eq!(told, passes * 3 + in_pass, "{bytes} bytes");
     }
 
     #[test]

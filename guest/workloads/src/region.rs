@@ -48,6 +48,9 @@ pub struct Region {
 // SAFETY: the region owns its mapping and nothing else refers to it, so it
 // may move to another thread.
 unsafe impl Send for Region {}
+// SAFETY: through a shared reference the mapping is only read (`read`,
+// `resident_pages`); writing takes `&mut self`.
+unsafe impl Sync for Region {}
 
 impl Region {
     /// Maps `len` bytes (rounded up to whole pages), counted in the guest's
@@ -132,6 +135,18 @@ impl Region {
                 };
             }
         }
+    }
+
+    /// Reads the first word of page `page`, which must be backed (or swapped
+    /// back in) for it.
+    pub fn read(&self, page: usize) -> u64 {
+        assert!(
+            page < self.len / PAGE,
+            "page {page} of a {}-byte region",
+            self.len
+        );
+        // SAFETY: in bounds (checked above) and page aligned, so aligned for u64.
+        unsafe { self.ptr.add(page * PAGE).cast::<u64>().read_volatile() }
     }
 
     /// How many of the region's pages are in memory (not swapped out, nor
@@ -221,6 +236,19 @@ mod tests {
         assert_eq!(empty.len, 0);
         empty.touch(0..0, 1);
         assert_eq!(empty.resident_pages().unwrap(), 0);
+    }
+
+    #[test]
+    fn reads_what_was_written() {
+        let mut region = Region::new(2 * PAGE).unwrap();
+        region.touch(PAGE..2 * PAGE, 7);
+        assert_eq!((region.read(0), region.read(1)), (0, 7));
+    }
+
+    #[test]
+    #[should_panic(expected = "page 2 of a 8192-byte region")]
+    fn reads_only_its_own_pages() {
+        Region::new(2 * PAGE).unwrap().read(2);
     }
 
     #[test]

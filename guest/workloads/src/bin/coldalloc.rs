@@ -1,7 +1,9 @@
 //! coldalloc: allocates a large buffer and writes each page once (the cold
 //! part: committed, never used again), then writes to every page of a small
 //! hot buffer over and over, forever (`--cold-random-pct` fills part of each
-//! cold page with incompressible bytes, for a compressed swap tier). Reports
+//! cold page with incompressible bytes, for a compressed swap tier;
+//! `--cold-read-every N` reads a cold page after every N MiB of hot pages
+//! written, so that cold memory comes back now and then). Reports
 //! the hot loop's MiB of pages written per second and how much of the cold
 //! part is still in memory:
 //!
@@ -52,12 +54,63 @@ fn main() -> ExitCode {
     }
 
     let progress = Arc::new(Progress::new());
+    let cold = Arc::new(cold);
+    let read_every = options.cold_read_every;
     thread::spawn({
-        let progress = Arc::clone(&progress);
+        let (progress, cold) = (Arc::clone(&progress), Arc::clone(&cold));
         move || report_forever(&progress, &cold, &options)
     });
-    anon::touch_until(&mut hot, hot_bytes, None, &progress);
+    let (mut written, mut walk) = (0u64, ColdWalk::new(cold_bytes / PAGE));
+    anon::touch_until_each(&mut hot, hot_bytes, None, &progress, || {
+        written += 1;
+        if read_every > 0 && written.is_multiple_of(read_every) {
+            if let Some(page) = walk.next() {
+                cold.read(page);
+            }
+        }
+    });
     unreachable!("the hot loop has no deadline");
+}
+
+/// The cold pages in an order that visits each once a round, a stride apart (about
+/// 0.618 of their number, coprime with it), so that neither the swap's readahead
+/// nor a sequential pattern serves the reads.
+struct ColdWalk {
+    pages: usize,
+    stride: usize,
+    at: usize,
+}
+
+impl ColdWalk {
+    fn new(pages: usize) -> ColdWalk {
+        let gcd = |mut a: usize, mut b: usize| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        let stride = (pages * 618 / 1000..pages)
+            .find(|s| gcd(*s, pages) == 1)
+            .unwrap_or(1);
+        ColdWalk {
+            pages,
+            stride,
+            at: 0,
+        }
+    }
+}
+
+impl Iterator for ColdWalk {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.pages == 0 {
+            return None;
+        }
+        let page = self.at;
+        self.at = (self.at + self.stride) % self.pages;
+        Some(page)
+    }
 }
 
 fn report_forever(progress: &Progress, cold: &Region, options: &Options) {
@@ -84,5 +137,21 @@ fn report_forever(progress: &Progress, cold: &Region, options: &Options) {
                 ),
             ],
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ColdWalk;
+
+    #[test]
+    fn the_walk_visits_every_cold_page_once_a_round() {
+        for pages in [1, 2, 4099, 4100, 24576] {
+            let mut seen: Vec<usize> = ColdWalk::new(pages).take(pages).collect();
+            assert!(seen.windows(2).all(|w| w[0].abs_diff(w[1]) > 1) || pages < 4);
+            seen.sort_unstable();
+            assert_eq!(seen, (0..pages).collect::<Vec<_>>(), "{pages} pages");
+        }
+        assert_eq!(ColdWalk::new(0).next(), None);
     }
 }

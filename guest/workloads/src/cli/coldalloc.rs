@@ -1,5 +1,5 @@
 //! coldalloc's options: `--cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s N]
-//! [--resident-every K]`.
+//! [--resident-every K] [--cold-read-every R]`.
 
 use std::time::Duration;
 
@@ -22,18 +22,24 @@ pub struct Options {
     /// the others), never at 0: `mincore(2)` costs the process a lookup per page
     /// swapped out.
     pub resident_every: u64,
+    /// A cold page is read after every this many MiB of hot pages written, the
+    /// cold pages in turn; never at 0.
+    pub cold_read_every: u64,
 }
 
 /// The usage text.
 pub fn usage() -> String {
     "usage: coldalloc --cold-mib N --hot-mib M [--cold-random-pct P] [--interval-s S]\n\
-     \x20                [--resident-every K]\n\
+     \x20                [--resident-every K] [--cold-read-every R]\n\
      \n\
      Allocates N MiB (counted in Committed_AS) and writes each page once (one\n\
      word, or P% of the page in pseudo-random bytes), then writes to every page\n\
      of a separate M MiB buffer over and over, forever, printing one report line\n\
      every S seconds (default 1), with how much of the N MiB is resident in every\n\
-     Kth line (default 1; 0 never: measuring costs a lookup per page swapped out)."
+     Kth line (default 1; 0 never: measuring costs a lookup per page swapped out).\n\
+     With R, one cold page is read after every R MiB of hot pages written, each\n\
+     cold page in turn, so that cold memory comes back now and then (default 0:\n\
+     never)."
         .to_string()
 }
 
@@ -45,6 +51,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
         Flag::Value("--cold-random-pct"),
         INTERVAL,
         Flag::Value("--resident-every"),
+        Flag::Value("--cold-read-every"),
     ];
     let Some(args) = Args::split(args, &flags)? else {
         return Ok(Command::Help);
@@ -60,6 +67,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command<Options>
                 whole_number(v).ok_or_else(|| "expected a whole number of lines".to_string())
             })?
             .unwrap_or(1),
+        cold_read_every: args
+            .value("--cold-read-every", |v| {
+                whole_number(v).ok_or_else(|| "expected a whole number of MiB".to_string())
+            })?
+            .unwrap_or(0),
     }))
 }
 
@@ -89,6 +101,7 @@ mod tests {
                 cold_random_pct: 33,
                 interval: Duration::from_secs(2),
                 resident_every: 1,
+                cold_read_every: 0,
             }))
         );
         let Ok(Command::Run(options)) = parse_str("--cold-mib 0 --hot-mib 1") else {
@@ -108,6 +121,11 @@ mod tests {
             panic!("rejected a valid command line");
         };
         assert_eq!(options.resident_every, 0);
+        let Ok(Command::Run(options)) = parse_str("--cold-mib 1 --hot-mib 1 --cold-read-every 512")
+        else {
+            panic!("rejected a valid command line");
+        };
+        assert_eq!(options.cold_read_every, 512);
         assert_eq!(parse_str("--cold-mib 1 -h"), Ok(Command::Help));
         assert!(usage().starts_with("usage: coldalloc "));
     }
