@@ -56,13 +56,15 @@ struct Coldalloc {
 }
 
 impl Coldalloc {
-    fn start(name: &str, args: &str) -> Coldalloc {
+    /// Start it, QEMU given `qemu` besides the data disk.
+    fn start(name: &str, args: &str, qemu: &[&str]) -> Coldalloc {
         let dir = tempfile::tempdir().unwrap();
         let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
         let image = support::data_disk(dir.path(), &config);
         let cgroup = TestCgroup::create(name);
         let drive = support::data_drive(&image);
-        let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
+        let mut devices = vec!["-drive", &drive, "-device", support::DATA_DEVICE];
+        devices.extend(qemu);
         let mut guest = Guest::boot_with(
             "r",
             dir.path(),
@@ -124,7 +126,7 @@ impl Coldalloc {
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
-    let mut c = Coldalloc::start("memtide-reclaim", "");
+    let mut c = Coldalloc::start("memtide-reclaim", "", &[]);
     let cold_before = reported(&c.agent.read_file("/tmp/cold.log"), "cold_resident_mib=");
     assert!(
         cold_before >= (COLD_MIB - 4) * MIB,
@@ -211,12 +213,17 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn reclaim_holds_while_the_cold_buffer_comes_back() {
-    // The same coldalloc, reading one cold page after every 1024 MiB of hot pages
-    // written (about a MiB of cold pages a second, each back every couple of minutes):
-    // what memtide reclaims of the cold buffer comes back, the kernel counts it as
-    // refaults, and memtide stops reclaiming and says why, where without the reads it
-    // pushed most of the buffer out.
-    let mut c = Coldalloc::start("memtide-reclaim-back", "--cold-read-every 1024");
+    // The same coldalloc, reading one cold page after every 512 MiB of hot pages
+    // written (about 2 MiB of cold pages a second, each back every minute or so): what
+    // memtide reclaims of the cold buffer comes back, the kernel counts it as refaults,
+    // and memtide stops reclaiming and says why, where without the reads it pushed most
+    // of the buffer out. The guest's clocks count its instructions, so that the reads
+    // come as often a second of its time however loaded the host is.
+    let mut c = Coldalloc::start(
+        "memtide-reclaim-back",
+        "--cold-read-every 512",
+        &support::ICOUNT,
+    );
     let (log, asked) = c.reclaim();
     let held = log
         .lines()

@@ -7,7 +7,7 @@
 //! whose pages a second are the throughput) in a cgroup v2 of its own, and memtide's
 //! own binary (`memtide reclaim --pid`, on a data disk) reclaims from it.
 //!
-//! The guest's clocks count its instructions ([`ICOUNT`]), so its rates do not follow
+//! The guest's clocks count its instructions ([`support::ICOUNT`]), so its rates do not follow
 //! the host's load. A second coldalloc, the control, runs beside the VM on the same
 //! vCPU in a cgroup of its own that nothing reclaims (its `memory.min` holds its memory
 //! against the balloon's squeeze too), so that what the guest's vCPU spends on
@@ -60,17 +60,6 @@ fn window_s() -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5)
 }
-/// QEMU's `-icount`: the guest's clocks advance by its instructions (2^shift ns of its
-/// time each: 4 ns, 250 million a second), not by the host's time, so a rate in the
-/// guest's seconds is work per instruction executed, whatever the host's load (without
-/// it, the VM's rate over the control's moved by up to 11% between two windows with
-/// nothing changed; with it, by under 0.1%). What it counts is instructions: reclaim's
-/// compressing, decompressing and bookkeeping, all in the guest playing the host here;
-/// not what TCG does not model anyway (caches, TLB misses, memory bandwidth), nor what
-/// would stall the vCPU on the host (a host page fault). A task waiting for the swap
-/// disk costs the others' instructions meanwhile, or real time (`sleep=on`) where the
-/// vCPU idles.
-const ICOUNT: &str = "shift=2,sleep=on";
 const MIB: u64 = 1 << 20;
 /// The VM's cgroup, and the control's.
 const VM: &str = "/sys/fs/cgroup/vm";
@@ -281,8 +270,8 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
         support::DATA_DEVICE,
         "-device",
         BALLOON,
-        "-icount",
-        ICOUNT,
+        support::ICOUNT[0],
+        support::ICOUNT[1],
     ];
     let mut guest = Guest::boot_kernel(
         "z",

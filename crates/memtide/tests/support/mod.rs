@@ -143,6 +143,17 @@ pub fn data_drive(image: &Path) -> String {
     format!("if=none,id=data,file={},format=raw", image.display())
 }
 
+/// QEMU's `-icount`, for a guest whose rates must not follow the host's load: its
+/// clocks advance by its instructions (2^shift ns of its time each: 4 ns, 250 million
+/// a second), so a rate in its seconds is work per instruction executed (in zswap_e2e,
+/// without it, the VM's rate over the control's moved by up to 11% between two windows
+/// with nothing changed; with it, by under 0.1%). What it counts is instructions:
+/// reclaim's compressing, decompressing and bookkeeping, where the guest plays the
+/// host; not what TCG does not model anyway (caches, TLB misses, memory bandwidth), nor
+/// what would stall the vCPU on the host (a host page fault). A task waiting for a disk
+/// costs the others' instructions meanwhile, or real time (`sleep=on`) where the vCPU
+/// idles.
+pub const ICOUNT: [&str; 2] = ["-icount", "shift=2,sleep=on"];
 /// The `-device` argument of a guest's data disk: the serial guest/init mounts on /data.
 pub const DATA_DEVICE: &str = "virtio-blk-pci,drive=data,serial=memtide-data";
 
