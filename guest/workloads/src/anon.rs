@@ -23,8 +23,8 @@ pub fn touch_until(
     touch_until_each(region, size, deadline, progress, || {});
 }
 
-/// [`touch_until`], calling `each` after every MiB written (every pass, for a
-/// smaller `size`).
+/// [`touch_until`], calling `each` after each piece of at most a MiB written
+/// (a pass's last may be shorter); never with `size` 0.
 pub fn touch_until_each(
     region: &mut Region,
     size: usize,

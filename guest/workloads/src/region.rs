@@ -189,19 +189,13 @@ impl Drop for Region {
 mod tests {
     use super::*;
 
-    fn read(region: &Region, offset: usize) -> u64 {
-        region.check(&(offset..offset + PAGE));
-        // SAFETY: in bounds and page aligned.
-        unsafe { region.ptr.add(offset).cast::<u64>().read_volatile() }
-    }
-
     #[test]
     fn touched_pages_keep_their_value() {
         let mut region = Region::new(8 * PAGE).unwrap();
         region.touch(0..4 * PAGE, 7);
-        assert!((0..4).all(|page| read(&region, page * PAGE) == 7));
+        assert!((0..4).all(|page| region.read(page) == 7));
         assert!(
-            (4..8).all(|page| read(&region, page * PAGE) == 0),
+            (4..8).all(|page| region.read(page) == 0),
             "untouched pages read zero"
         );
     }
@@ -223,7 +217,7 @@ mod tests {
             (PAGE / 32, PAGE / 32)
         );
         assert_eq!(filled(&region, 3), 0);
-        assert_ne!(read(&region, PAGE), read(&region, 2 * PAGE));
+        assert_ne!(region.read(1), region.read(2));
         region.fill_random(0..PAGE, 0, 7);
         assert_eq!(filled(&region, 0), 1, "at least one word a page");
     }

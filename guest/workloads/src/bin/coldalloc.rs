@@ -1,9 +1,9 @@
 //! coldalloc: allocates a large buffer and writes each page once (the cold
-//! part: committed, never used again), then writes to every page of a small
-//! hot buffer over and over, forever (`--cold-random-pct` fills part of each
-//! cold page with incompressible bytes, for a compressed swap tier;
-//! `--cold-read-every N` reads a cold page after every N MiB of hot pages
-//! written, so that cold memory comes back now and then). Reports
+//! part: committed, not used again unless asked), then writes to every page
+//! of a small hot buffer over and over, forever (`--cold-random-pct` fills
+//! part of each cold page with incompressible bytes, for a compressed swap
+//! tier; `--cold-read-every R` reads a cold page after every R MiB of hot
+//! pages written, so that cold memory comes back now and then). Reports
 //! the hot loop's MiB of pages written per second and how much of the cold
 //! part is still in memory:
 //!
@@ -74,7 +74,9 @@ fn main() -> ExitCode {
 
 /// The cold pages in an order that visits each once a round, a stride apart (about
 /// 0.618 of their number, coprime with it), so that neither the swap's readahead
-/// nor a sequential pattern serves the reads.
+/// nor a sequential pattern serves the reads: any two in a row, the round's last and
+/// the next round's first too, at least 0.38 of the pages apart (fewer than a dozen
+/// pages may be visited in order).
 struct ColdWalk {
     pages: usize,
     stride: usize,
@@ -89,9 +91,10 @@ impl ColdWalk {
             }
             a
         };
+        // `pages - 1` is coprime with `pages`: found for any pages but none.
         let stride = (pages * 618 / 1000..pages)
             .find(|s| gcd(*s, pages) == 1)
-            .unwrap_or(1);
+            .unwrap_or(0);
         ColdWalk {
             pages,
             stride,
@@ -146,11 +149,22 @@ mod tests {
 
     #[test]
     fn the_walk_visits_every_cold_page_once_a_round() {
-        for pages in [1, 2, 4099, 4100, 24576] {
-            let mut seen: Vec<usize> = ColdWalk::new(pages).take(pages).collect();
-            assert!(seen.windows(2).all(|w| w[0].abs_diff(w[1]) > 1) || pages < 4);
-            seen.sort_unstable();
-            assert_eq!(seen, (0..pages).collect::<Vec<_>>(), "{pages} pages");
+        for pages in [1, 2, 3, 4, 6, 12, 4099, 4100, 24576, 30720] {
+            let walk: Vec<usize> = ColdWalk::new(pages).take(2 * pages).collect();
+            let mut round = walk[..pages].to_vec();
+            round.sort_unstable();
+            assert_eq!(round, (0..pages).collect::<Vec<_>>(), "{pages} pages");
+            assert_eq!(
+                walk[..pages],
+                walk[pages..],
+                "{pages} pages: the same each round"
+            );
+            if pages >= 12 {
+                // Any two reads in a row, across rounds too, far apart either way round.
+                let apart = |a: usize, b: usize| a.abs_diff(b).min(pages - a.abs_diff(b));
+                let least = walk.windows(2).map(|w| apart(w[0], w[1])).min().unwrap();
+                assert!(least * 100 >= pages * 38, "{pages} pages: {least} apart");
+            }
         }
         assert_eq!(ColdWalk::new(0).next(), None);
     }
