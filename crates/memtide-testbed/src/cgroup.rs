@@ -113,7 +113,8 @@ impl Cgroup {
         if self.swap == 0 {
             self.write_if_present("memory.swappiness", 0)?;
         }
-        let lowering = bytes < self.v1_limit()?;
+        let now = memtide_adapters::cgroup::read(&self.dir)?.limit;
+        let lowering = now.is_none_or(|now| bytes < now.0);
         if lowering {
             self.write(self.limit_file(), bytes)?;
         }
@@ -139,17 +140,6 @@ impl Cgroup {
             self.write(file, value)?;
         }
         Ok(())
-    }
-
-    /// The v1 memory limit now, in bytes.
-    fn v1_limit(&self) -> Result<u64, Error> {
-        let path = self.dir.join(self.limit_file());
-        let what = format!("reading {}", path.display());
-        let text = std::fs::read_to_string(&path).map_err(Error::io(what.clone()))?;
-        text.trim().parse().map_err(|_| {
-            let error = std::io::Error::new(std::io::ErrorKind::InvalidData, "not a number");
-            Error::Io { what, error }
-        })
     }
 
     /// Kill every process in the cgroup: at once through `cgroup.kill` (v2, Linux

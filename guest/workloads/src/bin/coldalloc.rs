@@ -122,7 +122,7 @@ fn report_forever(progress: &Progress, cold: &Region, options: &Options) {
     for line in 1u64.. {
         let t = ticker.wait();
         let mib_per_s = meter.mib_per_s(progress.snapshot());
-        let measured = options.resident_every > 0 && line % options.resident_every == 0;
+        let measured = options.resident_every > 0 && line.is_multiple_of(options.resident_every);
         let cold_resident = measured
             .then(|| cold.resident_pages().ok())
             .flatten()
