@@ -1,0 +1,675 @@
+//! A VM's life through the snapshot store, as the daemon runs it: saves (asked for,
+//! scheduled, hibernations), scheduled wakes, crash recovery after a QEMU died, and the
+//! hibernated VMs the status shows. The decisions are `memtide-core`'s (`hibernate`,
+//! `wake`, `recovery`); the store is [`crate::snapshots`].
+
+use super::vm_task::SaveJob;
+use super::{Daemon, TIERS_EVERY};
+use crate::snapshots::{self, Store, TakenBy};
+use crate::status::Hibernated;
+use memtide_core::backend::{AfterSave, Seal};
+use memtide_core::hibernate;
+use memtide_core::recovery::{Gone, Room, Verdict};
+use memtide_core::{BackendError, Bytes, Decision, Snapshot, VmEvent};
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Where a VM's task hands over a save's result.
+pub(super) type SaveReply = oneshot::Receiver<Result<memtide_core::backend::Saved, BackendError>>;
+/// Where a save's seal hands over the snapshot it made whole, or why it could not.
+pub(super) type SealReply = oneshot::Receiver<Result<snapshots::Snapshot, String>>;
+
+/// A save that ended, and who waits for its outcome.
+pub(super) struct SaveDone {
+    vm: String,
+    by: TakenBy,
+    result: Result<snapshots::Snapshot, String>,
+    reply: oneshot::Sender<Result<serde_json::Value, String>>,
+}
+
+/// Crash recovery's (`[[vm]] restore_on_crash`) and scheduled wakes' (`wake_at`)
+/// steps run off the loop.
+pub(super) enum Restoring {
+    /// How VM `vm`'s QEMU went, and its configured memory (its newest snapshot's).
+    Judged { vm: String, gone: Gone, size: Bytes },
+    /// A restore ended: what was done, or why it failed.
+    Restored {
+        vm: String,
+        result: Result<crate::snapshot_cmd::Started, String>,
+    },
+}
+
+/// How long a QEMU whose connection closed is given to be gone before it counts as
+/// running: its process ends just after its sockets close.
+pub(super) const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+impl Daemon {
+    /// Start saving VM `vm`'s memory into the store; `reply` takes the outcome when the
+    /// save ends ([`Daemon::saved`]), or at once why it cannot start (logged either way).
+    pub(super) fn save(
+        &mut self,
+        vm: String,
+        then: AfterSave,
+        by: TakenBy,
+        reply: oneshot::Sender<Result<serde_json::Value, String>>,
+    ) {
+        let (saved, sealed) = match self.start_save(&vm, then, by) {
+            Ok(started) => started,
+            Err(why) => {
+                let message = format!("not saved: {why}");
+                self.events.log("snapshot_failed", Some(&vm), None, message);
+                self.counters.action("snapshot", "error");
+                return drop(reply.send(Err(why)));
+            }
+        };
+        let (done, store) = (self.saves.clone(), self.store.clone());
+        tokio::spawn(async move {
+            let result = match saved.await {
+                // The seal's outcome: the snapshot made whole, or why not.
+                Ok(Ok(_)) => sealed
+                    .await
+                    .unwrap_or_else(|_| Err("the snapshot was not made whole".into())),
+                Ok(Err(e)) => {
+                    let sealed = sealed.await.ok().and_then(Result::ok);
+                    let e = e.to_string();
+                    let ran_on = move || failed_after_seal(&store, sealed, e);
+                    Err(tokio::task::spawn_blocking(ran_on)
+                        .await
+                        .unwrap_or_else(|e| e.to_string()))
+                }
+                Err(_) => Err("the VM was lost before its save ended".into()),
+            };
+            let done_save = SaveDone {
+                vm,
+                by,
+                result,
+                reply,
+            };
+            let _ = done.send(done_save).await;
+        });
+    }
+
+    /// The snapshot begun for VM `vm` and the save handed to its task, or why not: where
+    /// the save's result and the seal's (the snapshot made whole) will come.
+    fn start_save(
+        &mut self,
+        vm: &str,
+        then: AfterSave,
+        by: TakenBy,
+    ) -> Result<(SaveReply, SealReply), String> {
+        if self.options.dry_run {
+            return Err("a dry run changes nothing".into());
+        }
+        // One save of a VM at a time, from its start to its snapshot made whole: a
+        // second one would remove the first's files as half-written.
+        if self.saving.contains(vm) {
+            return Err(format!("VM {vm} is being saved already"));
+        }
+        let Some(configured) = self.fleet.configured(vm) else {
+            return Err(format!("VM {vm} is not connected, or not sampled yet"));
+        };
+        let pending = self
+            .store
+            .begin(vm, configured)
+            .map_err(|e| format!("{e:#}"))?;
+        let (tx, saved) = oneshot::channel();
+        let (sealed_tx, sealed) = oneshot::channel();
+        let dir = pending.dir().to_path_buf();
+        let seal: Seal = Box::new(move |saved| {
+            Box::pin(async move {
+                let finish = move || pending.finish(&saved, then, by);
+                let result = match tokio::task::spawn_blocking(finish).await {
+                    Ok(r) => r.map_err(|e| format!("{e:#}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                let outcome = result.as_ref().map(drop).map_err(Clone::clone);
+                let _ = sealed_tx.send(result);
+                outcome
+            })
+        });
+        let job = SaveJob {
+            dir: dir.clone(),
+            then,
+            limit: Duration::from_secs(self.config.snapshots.timeout_s),
+            seal,
+            reply: tx,
+        };
+        // An operator's save starts at once; one the tick decided (hibernation, a
+        // schedule) waits for the next sample, so that it does not overlap the passes
+        // (reclaim, huge pages, placement) this tick has just started over the VM.
+        let at_once = by == TakenBy::Operator;
+        self.fleet.save(vm, job, at_once).map_err(|(_, why)| why)?;
+        self.saving.insert(vm.to_string());
+        let message = match then {
+            AfterSave::Run => format!("saving its memory into {}", dir.display()),
+            AfterSave::Quit => format!(
+                "hibernating: saving its memory into {}, then its hypervisor process quits",
+                dir.display()
+            ),
+        };
+        self.events.log("snapshot_started", Some(vm), None, message);
+        Ok((saved, sealed))
+    }
+
+    /// Hibernate the VM that is due, if one is (`memtide_core::hibernate`: idle past its
+    /// `hibernate_after_s` while the host is short); not in a dry run.
+    pub(super) fn hibernate_idle(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        let cpu = snapshot.vms.iter().map(|vm| {
+            let cpu_s = vm.sample.as_ref().ok().and_then(|s| s.cpu_s);
+            (vm.name.as_str(), cpu_s)
+        });
+        self.idleness
+            .observe(snapshot.at, cpu, &self.config.hibernate);
+        let allowed: Vec<(String, Duration, Bytes)> = self
+            .config
+            .vms
+            .iter()
+            .filter(|vm| !self.saving.contains(&vm.name))
+            .filter_map(|vm| {
+                let after = Duration::from_secs(vm.hibernate_after_s?);
+                let report = decision.vms.iter().find(|r| r.name == vm.name)?;
+                let held = report.rss.or(report.actual).unwrap_or_default();
+                Some((vm.name.clone(), after, held))
+            })
+            .collect();
+        if allowed.is_empty() || self.options.dry_run {
+            return;
+        }
+        let free = decision.host.free_ratio_avg;
+        let Some(due) = hibernate::due(&self.idleness, &allowed, free, &self.config.hibernate)
+        else {
+            return;
+        };
+        self.idleness.restart(&due.vm);
+        self.events
+            .log("hibernate", Some(&due.vm), None, due.reason);
+        // Nobody waits for the outcome: it is logged as any save's.
+        let (reply, _) = oneshot::channel();
+        self.save(due.vm, AfterSave::Quit, TakenBy::Hibernation, reply);
+    }
+
+    /// Start the snapshots due by their VM's `snapshot_every_s` (the first one period
+    /// after the VM is first seen connected); not in a dry run.
+    pub(super) fn snapshot_on_schedule(&mut self) {
+        if self.options.dry_run {
+            return;
+        }
+        let now = Instant::now();
+        let scheduled: Vec<(String, Duration)> = self
+            .config
+            .vms
+            .iter()
+            .filter_map(|vm| Some((vm.name.clone(), Duration::from_secs(vm.snapshot_every_s?))))
+            .collect();
+        for (vm, every) in scheduled {
+            if self.fleet.configured(&vm).is_none() || self.saving.contains(&vm) {
+                continue;
+            }
+            let next = *self.next_snapshot.entry(vm.clone()).or_insert(now + every);
+            if now < next {
+                continue;
+            }
+            self.next_snapshot.insert(vm.clone(), now + every);
+            let (reply, _) = oneshot::channel();
+            self.save(vm, AfterSave::Run, TakenBy::Schedule, reply);
+        }
+    }
+
+    /// VM `vm` was lost. Off the loop, its process `pid` is given [`EXIT_GRACE`] to be
+    /// gone (reaped if it is the daemon's own child: a QEMU a restore or a wake started);
+    /// then, if the VM opted in to crash recovery and this is no dry run, how it went
+    /// (`shut_down`: it announced it; its process still runs; a hibernation not woken from
+    /// in the store) goes to [`Daemon::recover`] to decide.
+    pub(super) fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<u32>) {
+        let opted_in = self
+            .config
+            .vms
+            .iter()
+            .any(|v| v.name == vm && v.restore_on_crash);
+        let judge = opted_in && !self.options.dry_run;
+        if !judge && pid.is_none() {
+            return;
+        }
+        let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.restoring.clone());
+        let proc = self.config.host.proc.clone();
+        tokio::spawn(async move {
+            let runs = |pid: u32| memtide_adapters::procfs::process_runs(&proc, pid);
+            let gone_by = Instant::now() + EXIT_GRACE;
+            let mut alive = pid.is_some_and(runs);
+            while alive && Instant::now() < gone_by {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                alive = pid.is_some_and(runs);
+            }
+            if !judge {
+                return;
+            }
+            // Hibernated: its newest snapshot is a hibernation not woken from.
+            let name = vm.clone();
+            let newest = tokio::task::spawn_blocking(move || store.list(&name))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|mut list| list.pop());
+            let asleep = newest.as_ref().is_some_and(snapshots::Snapshot::asleep);
+            let size = newest.map_or(Bytes::ZERO, |s| s.configured);
+            let gone = match () {
+                _ if shut_down => Gone::ShutDown,
+                _ if alive => Gone::ProcessAlive,
+                _ if asleep => Gone::Hibernated,
+                _ => Gone::Died,
+            };
+            let _ = tx.send(Restoring::Judged { vm, gone, size }).await;
+        });
+    }
+
+    /// Wake the hibernated VMs whose `wake_at` time has come since they were hibernated
+    /// (`memtide_core::wake`), each as `memtide snapshot restore` would, its outcome
+    /// logged as a restore's; not in a dry run. Only VMs not connected, whose newest
+    /// snapshot is a hibernation not woken from, and not being restored are looked at.
+    pub(super) fn wake_on_schedule(&mut self) {
+        if self.options.dry_run {
+            return;
+        }
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let scheduled: Vec<(String, Vec<memtide_core::wake::TimeOfDay>)> = self
+            .config
+            .vms
+            .iter()
+            .filter(|vm| {
+                !vm.wake_at.is_empty()
+                    && self.fleet.configured(&vm.name).is_none()
+                    && !self.restores.contains(&vm.name)
+            })
+            .map(|vm| (vm.name.clone(), vm.wake_at.clone()))
+            .collect();
+        for (vm, times) in scheduled {
+            let Some(asleep) = self.asleep.iter().find(|s| s.vm == vm).cloned() else {
+                continue;
+            };
+            let Some(since) = humantime::parse_rfc3339(&asleep.created)
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            else {
+                continue;
+            };
+            let Some(due) = memtide_core::wake::due(&times, since.as_secs(), now) else {
+                continue;
+            };
+            if self.woken_for.get(&vm).is_some_and(|at| *at >= due) {
+                continue;
+            }
+            self.woken_for.insert(vm.clone(), due);
+            let when = humantime::format_rfc3339_seconds(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(due),
+            );
+            let message = format!(
+                "woken on schedule ({when}, `wake_at`): restoring its hibernation {}",
+                asleep.id
+            );
+            self.events.log("wake", Some(&vm), None, message);
+            self.restores.insert(vm.clone());
+            let (config, tx) = (self.config.clone(), self.restoring.clone());
+            tokio::spawn(async move {
+                let restore = crate::snapshot_cmd::restore(&config, &vm, Some(&asleep.id), false);
+                let result = restore.await.map_err(|e| format!("{e:#}"));
+                let _ = tx.send(Restoring::Restored { vm, result }).await;
+            });
+        }
+    }
+
+    /// A step of crash recovery: a lost VM judged (restored from its newest good
+    /// snapshot, left, or given up on: `memtide_core::recovery`); or a restore (after a
+    /// crash, or a scheduled wake) ended. Each logged and counted
+    /// (`memtide_actions_total{kind="restore"}`).
+    pub(super) fn recover(&mut self, step: Restoring) {
+        match step {
+            Restoring::Judged { vm, gone, size } => self.judge(vm, gone, size),
+            Restoring::Restored { vm, result } => {
+                self.restores.remove(&vm);
+                self.recount_hibernated = true;
+                match result {
+                    Ok(started) => {
+                        self.counters.action("restore", "ok");
+                        self.events.log("restored", Some(&vm), None, started.line);
+                        if let Some(why) = started.unmarked {
+                            self.events.log("snapshot_failed", Some(&vm), None, why);
+                        }
+                    }
+                    Err(e) => {
+                        self.counters.action("restore", "error");
+                        let message = format!("not restored: {e}");
+                        self.events.log("restore_failed", Some(&vm), None, message);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decide about VM `vm`, gone as `gone`, of `size`, with the room the host had at
+    /// the last tick, and carry it out: a restore that must wait for room is tried
+    /// again each tick (its event logged once).
+    fn judge(&mut self, vm: String, gone: Gone, size: Bytes) {
+        if self.restores.contains(&vm) {
+            self.waiting.remove(&vm);
+            let why = "not restored again: a restore of it is under way".to_string();
+            self.events.log("restore_skipped", Some(&vm), None, why);
+            return;
+        }
+        let (at, cfg) = (self.start.elapsed(), &self.config.recovery);
+        let room = Room { size, ..self.room };
+        match self.recovery.decide(&vm, gone, at, room, cfg) {
+            Verdict::Leave(why) => self.events.log("restore_skipped", Some(&vm), None, why),
+            Verdict::GiveUp(why) => {
+                self.waiting.remove(&vm);
+                self.counters.action("restore", "given_up");
+                self.events.log("restore_given_up", Some(&vm), None, why);
+            }
+            Verdict::Wait(why) => {
+                if self.waiting.insert(vm.clone(), size).is_none() {
+                    self.events.log("restore_waiting", Some(&vm), None, why);
+                }
+            }
+            Verdict::Restore => {
+                self.waiting.remove(&vm);
+                let message = "its QEMU died without shutting down: restoring it from its \
+                               newest good snapshot";
+                self.events
+                    .log("restore_started", Some(&vm), None, message.into());
+                self.restores.insert(vm.clone());
+                let (config, tx) = (self.config.clone(), self.restoring.clone());
+                tokio::spawn(async move {
+                    let result = crate::snapshot_cmd::recover(&config, &vm).await;
+                    let result = result.map_err(|e| format!("{e:#}"));
+                    let _ = tx.send(Restoring::Restored { vm, result }).await;
+                });
+            }
+        }
+    }
+
+    /// Try again the restores waiting for room, with the host's room at this tick;
+    /// one whose VM came back meanwhile waits no more.
+    pub(super) fn restore_waiting(&mut self, host: &memtide_core::decision::HostReport) {
+        self.room = Room {
+            total: host.total,
+            freeable: host.freeable,
+            size: Bytes::ZERO,
+        };
+        let waiting: Vec<(String, Bytes)> = self.waiting.drain().collect();
+        for (vm, size) in waiting {
+            if self.fleet.configured(&vm).is_none() {
+                // Still waiting: kept so that its event is not logged again.
+                self.waiting.insert(vm.clone(), size);
+                self.judge(vm, Gone::Died, size);
+            }
+        }
+    }
+
+    /// Delete VM `vm`'s scheduled snapshots beyond its `snapshot_keep`, each logged.
+    fn prune(&mut self, vm: &str) {
+        let Some(keep) = self.config.vms.iter().find(|v| v.name == vm) else {
+            return;
+        };
+        match self.store.prune(vm, keep.snapshot_keep) {
+            Ok(deleted) => {
+                for s in deleted {
+                    let message = format!(
+                        "scheduled snapshot {} deleted: {} newer kept",
+                        s.id, keep.snapshot_keep
+                    );
+                    self.events.log("snapshot_deleted", Some(vm), None, message);
+                }
+            }
+            Err(e) => {
+                let message = format!("old scheduled snapshots not deleted: {e:#}");
+                self.events.log("snapshot_failed", Some(vm), None, message);
+            }
+        }
+    }
+
+    /// Log and count a save that ended, and answer whoever asked for it.
+    pub(super) fn saved(&mut self, done: SaveDone) {
+        let SaveDone {
+            vm,
+            by,
+            result,
+            reply,
+        } = done;
+        self.saving.remove(&vm);
+        self.recount_hibernated |= result.as_ref().is_ok_and(snapshots::Snapshot::asleep);
+        if result.is_ok() && by == TakenBy::Schedule {
+            self.prune(&vm);
+        }
+        match &result {
+            Ok(s) => {
+                let message = s.summary();
+                self.events.log("snapshot_saved", Some(&vm), None, message);
+                self.counters.action("snapshot", "ok");
+            }
+            Err(e) => {
+                let message = format!("not saved: {e}");
+                self.events.log("snapshot_failed", Some(&vm), None, message);
+                self.counters.action("snapshot", "error");
+            }
+        }
+        let reply_value = result.map(|s| serde_json::to_value(s).expect("a snapshot serializes"));
+        let _ = reply.send(reply_value);
+    }
+
+    /// Read the hibernated VMs from the store again where they may have changed, and
+    /// every [`TIERS_EVERY`] ticks (an unreadable store shows none, with a warning).
+    pub(super) fn reread_asleep(&mut self) {
+        let due = std::mem::take(&mut self.recount_hibernated)
+            | self.counters.ticks.is_multiple_of(TIERS_EVERY);
+        if due {
+            self.asleep = self.store.asleep().unwrap_or_else(|e| {
+                tracing::warn!("snapshot store: {e:#}");
+                Vec::new()
+            });
+        }
+    }
+
+    /// The VMs hibernated and not woken yet, as last read from the store.
+    pub(super) fn hibernated(&self) -> Vec<Hibernated> {
+        self.asleep
+            .iter()
+            .map(|s| Hibernated {
+                vm: s.vm.clone(),
+                id: s.id.clone(),
+                since: s.created.clone(),
+                configured: s.configured,
+            })
+            .collect()
+    }
+
+    /// VMs whose hypervisor reports them reset while their connection lasted run, as a
+    /// (re)connected VM does: their hibernations are marked woken and the hibernated VMs
+    /// read again, rather than listed asleep until the next periodic read. libvirt
+    /// reports a domain started as a reset: one restored from its hibernation (by hand,
+    /// or by `memtide snapshot restore`) before its connection noticed it stop.
+    pub(super) fn started_again(&mut self, snapshot: &Snapshot) {
+        for (vm, marked) in woken_by_reset(&self.store, snapshot, &self.restores) {
+            // Read again if one was asleep: marked now, or by the restore that started it.
+            let listed = self.asleep.iter().any(|s| s.vm == vm);
+            self.recount_hibernated |= listed || marked.as_ref().is_ok_and(|m| !m.is_empty());
+            self.log_woken(&vm, marked);
+        }
+    }
+
+    /// VM `vm` runs, and memtide is not restoring it: a hibernation of it not woken
+    /// from is not its memory any more (it was started afresh, or restored by hand), so
+    /// it is marked woken, each logged, and neither a wake nor a restore without
+    /// `--force` brings it back over the guest's disk.
+    pub(super) fn running_on(&mut self, vm: &str) {
+        let marked = self.store.mark_all_woken(vm);
+        self.log_woken(vm, marked);
+    }
+
+    /// Log what marking VM `vm`'s hibernations woken did: `snapshot_woken` for each one
+    /// marked, or `snapshot_failed`.
+    fn log_woken(&mut self, vm: &str, marked: anyhow::Result<Vec<snapshots::Snapshot>>) {
+        match marked {
+            Ok(marked) => {
+                for s in marked {
+                    let message = format!(
+                        "it runs: its hibernation {} is marked woken (no longer woken from)",
+                        s.id
+                    );
+                    self.events.log("snapshot_woken", Some(vm), None, message);
+                }
+            }
+            Err(e) => {
+                let message = format!(
+                    "it runs, but its hibernations could not be marked woken ({e:#}): do not \
+                     restore them while the guest runs"
+                );
+                self.events.log("snapshot_failed", Some(vm), None, message);
+            }
+        }
+    }
+}
+
+/// Why a save failed, for a save whose backend failed with `e` after `sealed` (if its
+/// snapshot was sealed): a hibernation sealed whose VMM did not quit and still runs (one
+/// that ended all the same is a hibernation that succeeded) has its snapshot marked
+/// woken, and no restore without --force brings back memory the guest may have moved on
+/// from.
+fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: String) -> String {
+    match sealed {
+        Some(s) if s.asleep() => match store.mark_woken(&s) {
+            Ok(()) => format!(
+                "{e}; its snapshot is marked woken (to go back to it, stop the VM and restore \
+                 it with --force, only if the guest has not run since)"
+            ),
+            Err(w) => format!(
+                "{e}; and its snapshot could not be marked woken ({w:#}): do not restore it \
+                 while the guest runs"
+            ),
+        },
+        _ => e,
+    }
+}
+
+/// The VMs of `snapshot` whose hypervisor reported them reset since their previous
+/// sample, but for those memtide is restoring (`restoring`), each with its hibernations
+/// not woken from marked woken in `store` (those marked, or why they could not be).
+fn woken_by_reset(
+    store: &Store,
+    snapshot: &Snapshot,
+    restoring: &HashSet<String>,
+) -> Vec<(String, anyhow::Result<Vec<snapshots::Snapshot>>)> {
+    snapshot
+        .vms
+        .iter()
+        .filter(|vm| {
+            let events = vm.sample.as_ref().map(|s| s.events.as_slice());
+            events.is_ok_and(|e| e.contains(&VmEvent::Reset))
+        })
+        .filter(|vm| !restoring.contains(&vm.name))
+        .map(|vm| (vm.name.clone(), store.mark_all_woken(&vm.name)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtide_core::testkit::{host, snapshot, vm};
+
+    /// A snapshot of VM `vm` sealed in `store`, its guest then left as `then`.
+    fn stored(store: &Store, vm: &str, then: AfterSave, by: TakenBy) -> snapshots::Snapshot {
+        let saved = memtide_core::backend::Saved {
+            mechanism: "test".into(),
+            was_running: true,
+            downtime: Duration::from_secs(1),
+            written: Duration::from_secs(1),
+            ..memtide_core::backend::Saved::default()
+        };
+        let pending = store.begin(vm, memtide_core::Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+        pending.finish(&saved, then, by).unwrap()
+    }
+
+    #[test]
+    fn a_hibernation_whose_vm_did_not_stop_is_marked_woken() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let take = |then, by| stored(&store, "web", then, by);
+        let asleep = take(AfterSave::Quit, TakenBy::Hibernation);
+        assert!(asleep.asleep());
+        let why = failed_after_seal(&store, Some(asleep), "the VMM did not quit".into());
+        assert!(
+            why.starts_with("the VMM did not quit; its snapshot is marked woken"),
+            "{why}"
+        );
+        let listed = store.list("web").unwrap();
+        assert!(
+            !listed[0].asleep() && listed[0].woken.is_some(),
+            "{listed:?}"
+        );
+        // A save that failed before its seal, or a snapshot whose guest ran on anyway,
+        // is told as it failed.
+        assert_eq!(failed_after_seal(&store, None, "refused".into()), "refused");
+        let ran = take(AfterSave::Run, TakenBy::Operator);
+        assert_eq!(failed_after_seal(&store, Some(ran), "x".into()), "x");
+    }
+
+    #[test]
+    fn a_vm_reset_under_its_connection_wakes_its_hibernations_unless_memtide_restores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let hibernate = |vm: &str| stored(&store, vm, AfterSave::Quit, TakenBy::Hibernation).id;
+        let (woken, waking, shut) = (hibernate("woken"), hibernate("waking"), hibernate("shut"));
+        let with_events = |name: &str, events: Vec<VmEvent>| {
+            let mut v = vm(name, 1000, 800, 600);
+            if let Ok(sample) = &mut v.sample {
+                sample.events = events;
+            }
+            v
+        };
+        let mut lost = vm("lost", 1000, 800, 600);
+        lost.sample = Err(BackendError::Disconnected("gone".into()));
+        let vms = vec![
+            with_events("woken", vec![VmEvent::Shutdown, VmEvent::Reset]),
+            with_events("waking", vec![VmEvent::Reset]),
+            with_events("shut", vec![VmEvent::Shutdown]),
+            lost,
+            vm("calm", 1000, 800, 600),
+        ];
+        let snap = snapshot(0, host(4000, 400), vms);
+        let restoring = HashSet::from(["waking".to_string()]);
+
+        let marked = woken_by_reset(&store, &snap, &restoring);
+        assert_eq!(
+            marked.len(),
+            1,
+            "only the reset VM memtide is not restoring"
+        );
+        assert_eq!(marked[0].0, "woken");
+        let ids: Vec<&str> = marked[0]
+            .1
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(ids, [woken.as_str()]);
+        let asleep = || -> Vec<String> {
+            let mut ids: Vec<String> = store.asleep().unwrap().into_iter().map(|s| s.id).collect();
+            ids.sort();
+            ids
+        };
+        let mut left = vec![waking, shut.clone()];
+        left.sort();
+        assert_eq!(asleep(), left);
+        // Reported reset again: nothing left to mark.
+        let again = woken_by_reset(&store, &snap, &restoring);
+        assert!(again[0].1.as_ref().unwrap().is_empty());
+        // Once memtide's own restore has ended, a reset of that VM marks it too.
+        let marked = woken_by_reset(&store, &snap, &HashSet::new());
+        assert_eq!(marked.len(), 2);
+        assert_eq!(asleep(), [shut]);
+    }
+}
