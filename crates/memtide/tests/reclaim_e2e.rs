@@ -14,7 +14,7 @@ use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::guest::Guest;
 use support::harness::Agent;
-use support::wait_for;
+use support::{field, reclaim_asked, wait_for};
 
 const COLD_MIB: u64 = 120;
 const HOT_MIB: u64 = 32;
@@ -22,17 +22,6 @@ const HOT_MIB: u64 = 32;
 /// working set, reclaim never takes the cgroup below HOT_MIB + FLOOR_MIB.
 const FLOOR_MIB: u64 = 16;
 const MIB: u64 = 1 << 20;
-
-/// A `/proc/PID/status` field in bytes (`VmSwap:    1234 kB`).
-fn status_field(status: &str, name: &str) -> u64 {
-    let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
 
 /// A field of coldalloc's latest report line (`... cold_resident_mib=187.3`), in bytes.
 fn reported(log: &str, name: &str) -> u64 {
@@ -116,11 +105,7 @@ impl Coldalloc {
         eprintln!("{log}");
         assert_eq!(status, 0, "memtide reclaim: {log}");
         assert!(!log.contains("error"), "{log}");
-        let asked = log
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
-            .map(|n| n.parse::<u64>().unwrap())
-            .sum();
+        let asked = reclaim_asked(&log);
         (log, asked)
     }
 }
@@ -149,18 +134,11 @@ fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
     let cold_resident = reported(&cold_log, "cold_resident_mib=");
     let status = c.agent.read_file(&format!("/proc/{}/status", c.pid));
     let (anon, swap) = (
-        status_field(&status, "RssAnon:"),
-        status_field(&status, "VmSwap:"),
+        field(&status, "RssAnon:", 1024),
+        field(&status, "VmSwap:", 1024),
     );
     let stat = c.agent.read_file("/sys/fs/cgroup/vm/memory.stat");
-    let stat_field = |k: &str| -> u64 {
-        let line = stat
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(k))
-            .unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
-    let refaulted = stat_field("workingset_refault_anon") * 4096;
+    let refaulted = field(&stat, "workingset_refault_anon", 4096);
     let usage: Vec<u64> = c
         .agent
         .read_file("/tmp/usage")

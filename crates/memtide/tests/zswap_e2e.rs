@@ -41,7 +41,7 @@ use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::guest::Guest;
 use support::harness::{Agent, Qmp};
-use support::wait_for;
+use support::{field, reclaim_asked, wait_for};
 
 const COLD_MIB: u64 = 96;
 const HOT_MIB: u64 = 24;
@@ -65,21 +65,6 @@ const MIB: u64 = 1 << 20;
 const VM: &str = "/sys/fs/cgroup/vm";
 const CTL: &str = "/sys/fs/cgroup/ctl";
 const CTL_LOG: &str = "/tmp/ctl.log";
-
-/// A `NAME: N kB` (meminfo, status) or `name N` (memory.stat) field of `text`,
-/// scaled by `unit`.
-fn field(text: &str, name: &str, unit: u64) -> u64 {
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * unit
-}
 
 /// A `key=value` of a coldalloc report line.
 fn value(line: &str, key: &str) -> Option<f64> {
@@ -328,11 +313,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
     let log = g.agent.read_file("/tmp/reclaim.log");
     eprintln!("{log}");
     assert_eq!(status, 0, "memtide reclaim: {log}");
-    let asked: u64 = log
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum();
+    let asked = reclaim_asked(&log);
     let reclaiming = g.rates_since(log_a, mark, f64::INFINITY);
     let zswap = g.window(log_a);
     let usage_zswap = g.usage(VM);

@@ -133,6 +133,29 @@ pub fn coldalloc(agent: &mut harness::Agent, cold_mib: u64, hot_mib: u64) -> u64
     pid
 }
 
+/// A `NAME: N kB` (/proc/meminfo, /proc/PID/status) or `name N` (memory.stat,
+/// /proc/vmstat) field of `text`, the line's first word being `name`, scaled by `unit`.
+pub fn field(text: &str, name: &str, unit: u64) -> u64 {
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * unit
+}
+
+/// The bytes `memtide reclaim` asked for over its run, from its log (`… asked=N …`).
+pub fn reclaim_asked(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.strip_prefix("asked="))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
 /// memtide's binary on a [`data_disk`], as the guest runs it.
 pub const GUEST_MEMTIDE: &str =
     "/data/lib/ld-linux-x86-64.so.2 --library-path /data/lib /data/memtide";
