@@ -88,7 +88,8 @@ enum Command {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Check a configuration file and exit.
+    /// Check a configuration file as `run` does at start (its settings, its policy files,
+    /// the host's /proc, /sys and domain cgroup, tier placement's nodes) and exit.
     CheckConfig {
         /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
         config: Option<PathBuf>,
@@ -449,7 +450,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let config = config
                 .or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from))
                 .unwrap_or_else(|| DEFAULT_CONFIG.into());
-            Config::load(&config)?;
+            let checked = Config::load(&config)?;
+            memtide::daemon::check(&checked)?;
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -710,6 +712,25 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
     }
 }
 
+/// The tracing filter `text` names: a level, or `target=level` directives (with at most
+/// one bare level among them). A bare word that is not a level is refused: tracing would
+/// take it for a target to log everything of and log nothing else (`degub`, a typo of
+/// `debug`, silenced every error).
+fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let bare = !directive.contains(['=', '[', '{']);
+        if bare && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive)) {
+            return Err(format!(
+                "{directive:?} is not a level (one of {}); a target's level is given as \
+                 target=level, e.g. memtide::daemon=debug",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(text).map_err(|e| e.to_string())
+}
+
 // One worker: the daemon's work per tick is milliseconds even at 500 VMs, and a second
 // worker cost more in cross-thread wake-ups than it gave (bench/load-test.sh, see
 // docs/benchmarks.md); blocking work (libvirt calls, the state file's fsyncs) runs on
@@ -717,16 +738,17 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = match &cli.log_level {
-        Some(f) => match tracing_subscriber::EnvFilter::try_new(f) {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!("memtide: --log-level {f:?}: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => tracing_subscriber::EnvFilter::try_from_env("MEMTIDE_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    let (filter, from) = match (&cli.log_level, std::env::var("MEMTIDE_LOG")) {
+        (Some(f), _) => (f.clone(), "--log-level"),
+        (None, Ok(f)) if !f.trim().is_empty() => (f, "MEMTIDE_LOG"),
+        (None, _) => ("info".to_string(), ""),
+    };
+    let filter = match log_filter(&filter) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("memtide: {from} {filter:?}: {e}");
+            return ExitCode::from(2);
+        }
     };
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::{Arc, RwLock};
 
@@ -416,17 +416,25 @@ impl Collector for StatusCollector {
             info,
         )?;
         let bytes = |b: Option<memtide_core::Bytes>| b.map(|b| b.as_f64());
-        let up = per_vm(vms, |v| {
+        let mut up = per_vm(vms, |v| {
             Some(if v.state == VmState::Unreachable {
                 0.0
             } else {
                 1.0
             })
         });
+        // A VM memtide knows and cannot connect to (its QEMU gone, hung at connection, its
+        // socket missing) is down too, for as long as it waits: an alert on
+        // `memtide_vm_up == 0` then holds for as long as the VM is out of reach.
+        let decided: HashSet<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+        let waiting = status.waiting.iter().map(|w| w.name.as_str());
+        let not_connected: BTreeSet<&str> = waiting.filter(|n| !decided.contains(n)).collect();
+        up.extend(not_connected.into_iter().map(|vm| (vec![("vm", vm)], 0.0)));
         gauges(
             &mut enc,
             "memtide_vm_up",
-            "1 when the VM answered this tick.",
+            "1 when the VM answered this tick; 0 when it did not, or is not connected (a VM \
+             memtide knows and waits to reach).",
             up,
         )?;
         gauges(
@@ -665,6 +673,41 @@ mod tests {
         assert!(text.lines().any(|l| l == up), "{text}");
         let kind = r#"memtide_diagnostics_total{kind="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1"#;
         assert!(text.lines().any(|l| l == kind), "{text}");
+    }
+
+    #[test]
+    fn a_vm_not_connected_is_down_for_as_long_as_it_waits() {
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(
+            0,
+            host(4000, 400),
+            vec![vm("web", 1000, 800, 600)],
+        ));
+        let waiting = |name: &str| crate::daemon::fleet::Waiting {
+            name: name.into(),
+            endpoint: format!("/run/memtide/qmp/{name}.qmp"),
+            error: Some("No such file or directory".into()),
+            retry_in_s: 4.0,
+        };
+        let status = Status {
+            decision: Some(decision),
+            // "web" waits under a second endpoint of its name: it answered, it is up.
+            waiting: vec![waiting("db"), waiting("web"), waiting("db")],
+            ..Status::default()
+        };
+        let text = classic(&render(&registry(Arc::new(RwLock::new(status)))));
+        let up: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("memtide_vm_up{"))
+            .collect();
+        assert_eq!(
+            up,
+            [
+                "memtide_vm_up{vm=\"web\"} 1.0",
+                "memtide_vm_up{vm=\"db\"} 0.0"
+            ],
+            "{text}"
+        );
     }
 
     #[test]

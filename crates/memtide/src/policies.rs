@@ -107,7 +107,8 @@ pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
     Ok(Box::new(Routed::new(host, exceptions)))
 }
 
-/// The `*.policy` files of a directory, hidden ones excepted, in name order.
+/// The `*.policy` files of a directory, hidden ones excepted, in name order; none is
+/// an error.
 pub fn dir_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| LoadError(format!("{}: {e}", dir.display())))?;
@@ -119,6 +120,13 @@ pub fn dir_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
         })
         .collect();
     files.sort();
+    if files.is_empty() {
+        // An empty directory would be a policy that decides nothing, named "".
+        return Err(LoadError(format!(
+            "{}: no *.policy file in it",
+            dir.display()
+        )));
+    }
     Ok(files)
 }
 

@@ -17,6 +17,23 @@ fn stderr(o: &Output) -> String {
 }
 
 #[test]
+fn top_without_a_terminal_says_so_instead_of_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("memtide.sock");
+    // Run from cron or `ssh host memtide top` without -t: no terminal on either side.
+    let o = memtide()
+        .args(["top", "--socket", socket.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("needs a terminal"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.stdout.is_empty(), "nothing drawn: {:?}", o.stdout);
+}
+
+#[test]
 fn every_subcommand_has_help_and_there_is_a_version() {
     for sub in [
         &["--help"][..],
@@ -174,6 +191,47 @@ fn a_running_ksmtuned_keeps_ksm_and_is_reported() {
             .contains("ksmtuned (pid 4242) tunes KSM: memtide leaves KSM to it"),
         "{events}"
     );
+}
+
+#[test]
+fn problems_are_logged_as_warnings_and_a_log_level_that_is_no_level_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // Another memory manager (a warning-level diagnostic) on the fake host.
+    std::fs::create_dir_all(root.join("proc/4242")).unwrap();
+    std::fs::write(root.join("proc/4242/comm"), "ksmtuned\n").unwrap();
+    let o = run_on_fake_trees_with(root, &root.join("events.jsonl"), |cmd| {
+        cmd.args(["--log-level", "warn"]).env_remove("MEMTIDE_LOG");
+    });
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("WARN"), "{err}");
+    assert!(err.contains("ksmtuned (pid 4242) tunes KSM"), "{err}");
+    assert!(!err.contains("started, policy"), "info left out: {err}");
+    // A typo of a level is no target to log alone: refused, as a bad MEMTIDE_LOG is.
+    for (flag, env) in [(Some("degub"), None), (None, Some("degub"))] {
+        let mut cmd = memtide();
+        cmd.arg("check-config").arg(root.join("memtide.toml"));
+        match (flag, env) {
+            (Some(f), _) => cmd.args(["--log-level", f]).env_remove("MEMTIDE_LOG"),
+            (_, Some(e)) => cmd.env("MEMTIDE_LOG", e),
+            _ => unreachable!(),
+        };
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag:?} {env:?}");
+        let err = stderr(&o);
+        assert!(err.contains("\"degub\" is not a level"), "{err}");
+    }
+    // Levels in any case, and target=level filters, are taken.
+    for level in ["WARN", "info,memtide::daemon=debug"] {
+        let o = run(&[
+            "--log-level",
+            level,
+            "check-config",
+            root.join("memtide.toml").to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{level}: {}", stderr(&o));
+    }
 }
 
 #[test]
@@ -407,6 +465,71 @@ fn any_integer() -> impl Strategy<Value = i64> {
     prop_oneof![6 => 0..5000i64, 1 => any::<i64>(), 1 => Just(1 << 45)]
 }
 
+/// `config` written to `path`, then checked by `check-config` and run by `run` (a dry
+/// run of one tick): what each did.
+fn check_and_run(path: &Path, config: &str) -> (Output, Output) {
+    std::fs::write(path, config).unwrap();
+    let checked = memtide().arg("check-config").arg(path).output().unwrap();
+    let ran = memtide()
+        .args(["run", "--dry-run", "--ticks", "1", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (checked, ran)
+}
+
+#[test]
+fn check_config_refuses_what_run_would_refuse_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    std::fs::write(root.join("broken.policy"), "(defvar x (+ 1 2)\n").unwrap();
+    let base = format!(
+        "[discovery]\nqmp_glob = []\n[daemon]\nsocket = {:?}\nevent_log = \"\"\n\
+         state_file = \"\"\nhttp = \"\"\n",
+        root.join("memtide.sock"),
+    );
+    let host = |proc: &Path| format!("[host]\nproc = {proc:?}\nsys = {:?}\n", root.join("sys"));
+    let fake = host(&root.join("proc"));
+    let cases = [
+        (
+            format!("policy = {:?}\n{fake}", root.join("missing.policy")),
+            "missing.policy: No such file",
+        ),
+        (
+            format!("policy = {:?}\n{fake}", root.join("broken.policy")),
+            "broken.policy",
+        ),
+        (
+            format!("policy_dir = {:?}\n{fake}", root.join("empty")),
+            "no *.policy file in it",
+        ),
+        (host(&root.join("nonexistent")), "meminfo"),
+        (
+            format!("{fake}domain_cgroup = {:?}\n", root.join("no-cgroup")),
+            "no-cgroup",
+        ),
+    ];
+    for (section, says) in cases {
+        let config = format!("{section}{base}");
+        let (checked, ran) = check_and_run(&root.join("memtide.toml"), &config);
+        assert_eq!(
+            checked.status.code(),
+            Some(1),
+            "{config}{}",
+            stderr(&checked)
+        );
+        assert_eq!(ran.status.code(), Some(1), "{config}{}", stderr(&ran));
+        assert!(
+            stderr(&checked).contains(says),
+            "{config}{}",
+            stderr(&checked)
+        );
+        assert_eq!(stderr(&checked), stderr(&ran), "{config}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -439,14 +562,7 @@ proptest! {
             number(settle_s.into()),
             number(cool_down_s.into()),
         );
-        let path = root.join("memtide.toml");
-        std::fs::write(&path, &config).unwrap();
-        let checked = memtide().arg("check-config").arg(&path).output().unwrap();
-        let ran = memtide()
-            .args(["run", "--dry-run", "--ticks", "1", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let (checked, ran) = check_and_run(&root.join("memtide.toml"), &config);
         prop_assert!(
             matches!(checked.status.code(), Some(0 | 2)),
             "check-config: {}\n{config}",

@@ -47,6 +47,27 @@ const ALWAYS: [&str; 19] = [
     "wake",
 ];
 
+/// The level an event of `kind` (and, for a diagnostic, `rule`, its kind) is logged at
+/// on stderr, for a `--log-level` or journald filter: errors where memtide failed at
+/// something it was doing or asked to do (a tick skipped, a policy rejected or failing, a
+/// snapshot or restore not made, a file not written); warnings where a VM or the host
+/// keeps memtide from managing as it should (a VM lost or unreachable, an action that
+/// failed, a guest whose figures are not believed); everything else is information.
+fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
+    use tracing::Level;
+    match kind {
+        "host_error" | "policy_rejected" | "snapshot_failed" | "restore_failed"
+        | "restore_given_up" | "write_failed" => Level::ERROR,
+        "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" => Level::WARN,
+        "diagnostic" => match rule {
+            Some("policy_error") => Level::ERROR,
+            Some("guest_reset" | "guest_shutdown") => Level::INFO,
+            _ => Level::WARN,
+        },
+        _ => Level::INFO,
+    }
+}
+
 /// What the rate limit tells events apart by: kind, VM, rule.
 type Key = (&'static str, Option<String>, Option<String>);
 
@@ -192,12 +213,13 @@ impl EventLog {
     }
 
     fn write(&mut self, event: Event) {
-        tracing::info!(
-            kind = event.kind,
-            vm = event.vm.as_deref().unwrap_or("-"),
-            "{}",
-            event.message
-        );
+        let vm = event.vm.as_deref().unwrap_or("-");
+        let (kind, message) = (event.kind.as_str(), &event.message);
+        match severity(kind, event.rule.as_deref()) {
+            tracing::Level::ERROR => tracing::error!(kind, vm, "{message}"),
+            tracing::Level::WARN => tracing::warn!(kind, vm, "{message}"),
+            _ => tracing::info!(kind, vm, "{message}"),
+        }
         if let Some(f) = &mut self.file {
             match append_line(f, &event) {
                 Ok(()) if self.failing > 0 => {
@@ -248,7 +270,11 @@ impl EventLog {
             }
         }
         let before = std::mem::take(&mut self.conditions);
-        for (vm, kind) in before.difference(&now) {
+        // A VM gone from the decision (its connection lost, logged as `vm_lost`) has not
+        // recovered: its conditions end without a word that would read as if it had.
+        let decided: BTreeSet<&str> = decision.vms.iter().map(|v| v.name.as_str()).collect();
+        let still_here = |vm: &Option<String>| vm.as_deref().is_none_or(|v| decided.contains(v));
+        for (vm, kind) in before.difference(&now).filter(|(vm, _)| still_here(vm)) {
             self.log(
                 "diagnostic_cleared",
                 vm.as_deref(),
@@ -382,6 +408,18 @@ mod tests {
         assert_eq!(events[0].vm.as_deref(), Some("a"));
         assert_eq!(events[0].message, "not sampled: no answer within 100 ms");
         assert_eq!(log.recent().len(), 2);
+        // Unreachable again, then gone from the decision (its connection lost): no
+        // "cleared", which would read as if it had recovered.
+        log.diagnostics(&engine.tick(&snapshot(4, host(4000, 400), vec![down.clone()])));
+        log.diagnostics(&engine.tick(&snapshot(5, host(4000, 400), vec![])));
+        let kinds: Vec<_> = read(&path)[2..]
+            .iter()
+            .map(|e| (e.kind.clone(), e.rule.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [("diagnostic".to_string(), "unreachable".to_string())]
+        );
     }
 
     /// The events in the file at `path` (which has no torn line).

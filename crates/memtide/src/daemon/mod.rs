@@ -132,18 +132,28 @@ struct Daemon {
     placed: BTreeMap<String, Placed>,
 }
 
-/// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
-pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
-    // Check every resource before starting, so a bad setup fails at once and clearly.
+/// What the daemon needs before it starts, checked: `run` starts from it, and
+/// `memtide check-config` checks it without starting anything.
+pub struct Checked {
+    settings: crate::config::Settings,
+    host: LinuxHost,
+    policy: Box<dyn memtide_core::policy::Policy>,
+    tier_nodes: Option<crate::placement::Nodes>,
+}
+
+/// Check what the daemon needs from `config` and the host, changing nothing: the
+/// settings, the host's statistics (its /proc, /sys and domain cgroup), every policy
+/// (files parsed), and tier placement's nodes, so that a bad setup fails at once and
+/// clearly — and fails `check-config` as it would fail `run`.
+pub fn check(config: &Config) -> anyhow::Result<Checked> {
     let settings = config.settings()?;
-    let nofile = raise_nofile_limit();
     let mut host = LinuxHost::new(HostPaths {
         proc: config.host.proc.clone(),
         sys: config.host.sys.clone(),
         domain_cgroup: config.host.domain_cgroup.clone(),
     });
     host.sample().context("reading host statistics")?;
-    let policy = policies::load(&config).context("loading the policy")?;
+    let policy = policies::load(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
         false => None,
         true => {
@@ -161,6 +171,24 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             Some(nodes)
         }
     };
+    Ok(Checked {
+        settings,
+        host,
+        policy,
+        tier_nodes,
+    })
+}
+
+/// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
+pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
+    // Check every resource before starting, so a bad setup fails at once and clearly.
+    let Checked {
+        settings,
+        host,
+        policy,
+        tier_nodes,
+    } = check(&config)?;
+    let nofile = raise_nofile_limit();
     let dir = &config.daemon.record_dir;
     let recorder = match settings.record {
         None => None,

@@ -6,15 +6,24 @@ mod model;
 mod view;
 
 use crate::{control, render};
+use anyhow::Context;
 use model::Top;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// Show the daemon behind `socket` until the user quits. Fails before taking the
-/// terminal when the daemon cannot be reached at all.
+/// terminal when there is none (run from cron, or over ssh without `-t`) or the daemon
+/// cannot be reached at all.
 pub async fn run(socket: PathBuf) -> anyhow::Result<()> {
+    if !(std::io::stdin().is_terminal() && std::io::stdout().is_terminal()) {
+        anyhow::bail!(
+            "memtide top needs a terminal on its input and output (over ssh: ssh -t); \
+             memtide status (--json) prints the same once"
+        );
+    }
     let first = control::request_status(&socket).await?;
     let handle = Handle::current();
     tokio::task::spawn_blocking(move || show(&handle, &socket, first)).await?
@@ -24,7 +33,7 @@ fn show(handle: &Handle, socket: &Path, first: crate::status::Status) -> anyhow:
     let mut top = Top::default();
     let mut every = refresh_interval(&first);
     top.update(render::printable(&first));
-    let mut terminal = ratatui::init();
+    let mut terminal = ratatui::try_init().context("cannot take the terminal")?;
     let result = (|| -> anyhow::Result<()> {
         let mut next = Instant::now() + every;
         loop {
