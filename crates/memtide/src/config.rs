@@ -1081,6 +1081,68 @@ impl Config {
         Ok(())
     }
 
+    /// This configuration with the policy of `fresh`, the file read again at a reload:
+    /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
+    /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`) and
+    /// each VM's `policy` where the VMs are otherwise the same. With it, what else
+    /// differs in `fresh`: settings a running daemon does not change, which take effect
+    /// when it restarts.
+    pub fn with_policy_of(&self, fresh: &Config) -> (Config, Vec<&'static str>) {
+        let mut next = self.clone();
+        next.policy.clone_from(&fresh.policy);
+        next.policy_dir.clone_from(&fresh.policy_dir);
+        next.mom = fresh.mom.clone();
+        next.ksm = fresh.ksm.clone();
+        next.working_set = fresh.working_set.clone();
+        next.memtide = fresh.memtide.clone();
+        next.tws = fresh.tws.clone();
+        next.selfballoon = fresh.selfballoon.clone();
+        next.sampled = fresh.sampled.clone();
+        next.esx = fresh.esx.clone();
+        next.proxmox = fresh.proxmox.clone();
+        let routing_aside = |vms: &[VmConfig]| -> Vec<VmConfig> {
+            let aside = |vm: &VmConfig| VmConfig {
+                policy: None,
+                ..vm.clone()
+            };
+            vms.iter().map(aside).collect()
+        };
+        if routing_aside(&self.vms) == routing_aside(&fresh.vms) {
+            next.vms.clone_from(&fresh.vms);
+        }
+        let mut left = Vec::new();
+        macro_rules! differing {
+            ($($field:ident => $name:literal),* $(,)?) => {
+                $(if next.$field != fresh.$field {
+                    left.push($name);
+                })*
+            };
+        }
+        differing!(
+            interval_s => "interval_s",
+            daemon => "[daemon]",
+            control => "[control]",
+            host => "[host]",
+            discovery => "[discovery]",
+            libvirt => "[libvirt]",
+            firecracker => "[firecracker]",
+            cloud_hypervisor => "[cloud_hypervisor]",
+            defaults => "[defaults]",
+            vms => "[[vm]]",
+            engine => "[engine]",
+            snapshots => "[snapshots]",
+            hibernate => "[hibernate]",
+            recovery => "[recovery]",
+            reclaim => "[reclaim]",
+            tiering => "[tiering]",
+        );
+        if left.is_empty() && next != *fresh {
+            // A section this list does not name yet: said, not lost.
+            left.push("other settings");
+        }
+        (next, left)
+    }
+
     /// How to sample guest memory accesses on the host: as configured, else
     /// [`SampleAccess::Auto`] when a policy in use needs it.
     pub fn sample_access(&self) -> AccessSampling {
@@ -1403,6 +1465,34 @@ mod tests {
         );
         let c = Config::parse(&format!("{on}kubevirt_pod_refresh_s = 60\n"), "x").unwrap();
         assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 60.0);
+    }
+
+    #[test]
+    fn a_reload_takes_the_policy_and_names_what_waits_for_a_restart() {
+        let parse = |text: &str| Config::parse(text, "memtide.toml").unwrap();
+        let vm = |policy: &str, min: u64| {
+            format!("[[vm]]\nname = \"db\"\nqmp = \"/q\"\nmin_mib = {min}\n{policy}")
+        };
+        let running = parse(&format!("policy = \"memtide\"\n{}", vm("", 512)));
+        // The policy, its sections and a VM's own policy: all taken, nothing left.
+        let fresh = parse(&format!(
+            "policy = \"tws\"\n{}[mom]\npressure_threshold = 0.3\n",
+            vm("policy = \"mom\"\n", 512)
+        ));
+        let (next, left) = running.with_policy_of(&fresh);
+        assert_eq!((next.clone(), left), (fresh.clone(), vec![]));
+        // A VM changed otherwise keeps its routing and says so; the interval too.
+        let fresh = parse(&format!(
+            "interval_s = 5\npolicy = \"tws\"\n{}",
+            vm("policy = \"mom\"\n", 256)
+        ));
+        let (next, left) = running.with_policy_of(&fresh);
+        assert_eq!(left, ["interval_s", "[[vm]]"]);
+        assert_eq!(next.policy, "tws");
+        assert_eq!(
+            (next.interval_s, &next.vms),
+            (running.interval_s, &running.vms)
+        );
     }
 
     #[test]

@@ -94,7 +94,9 @@ enum Command {
         /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
         config: Option<PathBuf>,
     },
-    /// Make the running daemon reload its policy (as SIGHUP does).
+    /// Make the running daemon reload its policy, as SIGHUP does: the configuration file
+    /// is read again for its policy settings (what else changed waits for a restart) and
+    /// the event log reopened.
     Reload {
         /// The daemon's control socket (default: the one in the configuration, else
         /// /run/memtide/memtide.sock).
@@ -392,12 +394,17 @@ fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<P
     })
 }
 
+/// The configuration file: `path`, else [`DEFAULT_CONFIG`] if there is one.
+fn config_file(path: Option<&PathBuf>) -> Option<PathBuf> {
+    let default = PathBuf::from(DEFAULT_CONFIG);
+    path.cloned().or(default.exists().then_some(default))
+}
+
 /// The configuration at `path`, else at [`DEFAULT_CONFIG`] if there is one, else the
 /// built-in defaults.
 fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
-    let default = PathBuf::from(DEFAULT_CONFIG);
-    Ok(match path.or(default.exists().then_some(&default)) {
-        Some(p) => Config::load(p)?,
+    Ok(match config_file(path) {
+        Some(p) => Config::load(&p)?,
         None => Config::default(),
     })
 }
@@ -409,10 +416,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             dry_run,
             ticks,
         } => {
-            let config = load(config.as_ref())?;
+            let config_file = config_file(config.as_ref());
+            let config = load(config_file.as_ref())?;
+            let options = RunOptions {
+                dry_run,
+                ticks,
+                config_file,
+            };
             // A task on the runtime's workers rather than `block_on`'s thread: the VMs'
             // answers then wake the tick without unparking another thread each time.
-            let run = tokio::spawn(daemon::run(config, RunOptions { dry_run, ticks }));
+            let run = tokio::spawn(daemon::run(config, options));
             match run.await {
                 Ok(result) => result,
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -574,7 +587,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Reload { socket, config } => {
             let loaded = control::request_reload(&self::socket(socket, config.as_ref())?).await?;
-            println!("policy {loaded} loaded");
+            println!("{loaded}");
             Ok(())
         }
         Command::Sim {

@@ -6,6 +6,7 @@ mod support;
 use proptest::prelude::*;
 use std::path::Path;
 use std::process::Output;
+use std::time::Duration;
 use support::daemon::memtide;
 
 fn run(args: &[&str]) -> Output {
@@ -232,6 +233,66 @@ fn problems_are_logged_as_warnings_and_a_log_level_that_is_no_level_is_refused()
         ]);
         assert!(o.status.success(), "{level}: {}", stderr(&o));
     }
+}
+
+#[test]
+fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let config = format!(
+        "interval_s = 0.2\npolicy = \"memtide\"\n[host]\nproc = {:?}\nsys = {:?}\n\
+         [discovery]\nqmp_glob = []\n",
+        root.join("proc"),
+        root.join("sys"),
+    );
+    let daemon = support::daemon::Daemon::start(root, &config, support::free_port());
+    let policy = |status: &serde_json::Value| status["decision"]["policy"].clone();
+    daemon.wait_until("a first decision", Duration::from_secs(10), |s| {
+        policy(s) == "memtide"
+    });
+    let file = root.join("memtide.toml");
+    let edit = |from: &str, to: &str| {
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(from), "{text}");
+        std::fs::write(&file, text.replace(from, to)).unwrap();
+    };
+    let reload = || {
+        memtide()
+            .args(["reload", "--socket"])
+            .arg(&daemon.socket)
+            .output()
+            .unwrap()
+    };
+    // The policy changed, and the interval, which a running daemon keeps.
+    edit("policy = \"memtide\"", "policy = \"mom\"");
+    edit("interval_s = 0.2", "interval_s = 0.3");
+    let o = reload();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        said.trim(),
+        format!(
+            "policy mom loaded; interval_s changed in {}: not applied until memtide restarts",
+            file.display()
+        )
+    );
+    daemon.wait_until("the new policy deciding", Duration::from_secs(10), |s| {
+        policy(s) == "mom"
+    });
+    // A file that no longer parses leaves the policy in force, and says why.
+    edit("policy = \"mom\"", "policy = ");
+    let o = reload();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("policy rejected, mom stays in force"), "{err}");
+    assert!(err.contains("memtide.toml"), "{err}");
+    // As SIGHUP, it reopens the event log that logrotate moved away.
+    edit("policy = ", "policy = \"mom\"");
+    std::fs::rename(&daemon.events, root.join("events.jsonl.1")).unwrap();
+    assert!(reload().status.success());
+    let events = std::fs::read_to_string(&daemon.events).unwrap();
+    assert!(events.contains("policy_reloaded"), "{events}");
 }
 
 #[test]

@@ -61,6 +61,9 @@ pub struct RunOptions {
     pub dry_run: bool,
     /// Stop after this many ticks.
     pub ticks: Option<u64>,
+    /// The configuration file the daemon was started from, read again at each reload
+    /// (none: the built-in defaults).
+    pub config_file: Option<std::path::PathBuf>,
 }
 
 /// Everything a tick needs.
@@ -338,9 +341,6 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => {
-                if let Err(e) = daemon.events.reopen() {
-                    tracing::error!("cannot reopen the event log: {e}");
-                }
                 let _ = daemon.reload();
                 continue;
             }
@@ -445,9 +445,14 @@ fn clean_guest_text(vm: &mut VmSnapshot) {
 }
 
 impl Daemon {
-    /// Load the policy again; a policy that fails to load is rejected and the running
-    /// one stays in force.
+    /// Reopen the event log (after logrotate moved it) and load the policy again from
+    /// the configuration file read again (its policy settings; what else changed in it
+    /// is said to wait for a restart); a file or policy that fails to load is rejected and
+    /// the running policy stays in force. SIGHUP and `memtide reload` alike.
     fn reload(&mut self) -> Result<String, String> {
+        if let Err(e) = self.events.reopen() {
+            tracing::error!("cannot reopen the event log: {e}");
+        }
         // The operator's word: VMs left alone because another manager moved their
         // balloons are managed again, and KSM if someone else had set its knobs.
         for vm in self.engine.manage_again() {
@@ -455,30 +460,47 @@ impl Daemon {
             self.events
                 .log("vm_managed_again", Some(&vm), None, message.into());
         }
-        let result = match policies::load(&self.config) {
-            Ok(policy) => {
-                let name = policy.name().to_string();
-                self.engine.set_policy(policy);
-                self.events.log(
-                    "policy_reloaded",
-                    None,
-                    None,
-                    format!("policy {name} loaded"),
+        let result = self.reread().and_then(|(next, left)| {
+            let policy = policies::load(&next).map_err(|e| e.to_string())?;
+            let name = policy.name().to_string();
+            self.engine.set_policy(policy);
+            self.config = next;
+            let mut message = format!("policy {name} loaded");
+            if let (false, Some(file)) = (left.is_empty(), &self.options.config_file) {
+                message += &format!(
+                    "; {} changed in {}: not applied until memtide restarts",
+                    left.join(", "),
+                    file.display()
                 );
-                Ok(name)
             }
-            Err(e) => {
-                let message = format!(
-                    "policy rejected, {} stays in force: {e}",
-                    self.engine.policy_name()
-                );
-                self.events
-                    .log("policy_rejected", None, None, message.clone());
-                Err(message)
-            }
+            Ok(message)
+        });
+        let result = result.map_err(|e| {
+            format!(
+                "policy rejected, {} stays in force: {e}",
+                self.engine.policy_name()
+            )
+        });
+        let (kind, message) = match &result {
+            Ok(message) => ("policy_reloaded", message),
+            Err(message) => ("policy_rejected", message),
         };
+        self.events.log(kind, None, None, message.clone());
         self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
         result
+    }
+
+    /// The configuration to reload from: the file the daemon started from read again,
+    /// its policy taken and what else changed in it named ([`Config::with_policy_of`]);
+    /// the configuration in force where it started without a file.
+    fn reread(&self) -> Result<(Config, Vec<&'static str>), String> {
+        match &self.options.config_file {
+            None => Ok((self.config.clone(), Vec::new())),
+            Some(file) => {
+                let fresh = Config::load(file).map_err(|e| e.to_string())?;
+                Ok(self.config.with_policy_of(&fresh))
+            }
+        }
     }
 
     async fn tick(&mut self) {
