@@ -106,11 +106,12 @@ done
     fail "no memtide.service under ./usr/lib/systemd/system or ./lib/systemd/system"
 pass "the binary (usr/bin/memtide), the configuration and the unit ($unit_path) are in the package"
 
-for p in usr/share/man/man1/memtide.1 usr/share/bash-completion/completions/memtide \
+for p in usr/share/man/man1/memtide.1 usr/share/man/man1/memtide-run.1 \
+    usr/share/man/man1/memtide-snapshot-save.1 usr/share/bash-completion/completions/memtide \
     usr/share/zsh/vendor-completions/_memtide usr/share/fish/vendor_completions.d/memtide.fish; do
     [[ $(entry "$p") == -* || $(entry "$p.gz") == -* ]] || fail "no ./$p in the package"
 done
-pass "the man page and the bash, zsh and fish completions are in the package"
+pass "the man pages (memtide.1 and the subcommands') and the bash, zsh and fish completions are in the package"
 
 # The Maintainer field: MEMTIDE_DEB_MAINTAINER when given, else Cargo.toml's, which says
 # that memtide has no public address; never the placeholder identity it once had.

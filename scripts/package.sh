@@ -23,7 +23,8 @@ command -v cargo-deb >/dev/null || cargo install --locked cargo-deb --version "~
 # placeholder points for any profile.
 bin_dir=${CARGO_TARGET_DIR:-target}/$([[ $PROFILE == dev ]] && echo debug || echo "$PROFILE")
 cargo build -p memtide --locked --features libvirt --profile "$PROFILE" >&2
-"$bin_dir/memtide" man >"$bin_dir/memtide.1"
+rm -rf "$bin_dir/man" && mkdir "$bin_dir/man"
+"$bin_dir/memtide" man --out-dir "$bin_dir/man"
 for shell in bash zsh fish; do
     "$bin_dir/memtide" completions "$shell" >"$bin_dir/memtide.$shell"
 done

@@ -33,12 +33,12 @@ struct RecordRef<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// A file could not be read, written or listed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or folder.
         path: PathBuf,
-        /// The cause.
-        source: io::Error,
+        /// The cause (not a `source`: the message says it once).
+        error: io::Error,
     },
     /// A complete line is not a recorded tick.
     #[error("{path}:{line}: not a recorded tick: {message}")]
@@ -103,7 +103,7 @@ pub struct Recorder {
 pub fn recording_files(dir: &Path) -> Result<Vec<PathBuf>, RecordError> {
     let io_err = |source| RecordError::Io {
         path: dir.to_path_buf(),
-        source,
+        error: source,
     };
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err)? {
@@ -131,7 +131,7 @@ impl Recorder {
     pub fn open(dir: &Path, config: RecorderConfig) -> Result<Recorder, RecordError> {
         std::fs::create_dir_all(dir).map_err(|source| RecordError::Io {
             path: dir.to_path_buf(),
-            source,
+            error: source,
         })?;
         let next = recording_files(dir)?
             .last()
@@ -162,7 +162,10 @@ impl Recorder {
         if let Err(source) = written {
             let path = path.clone();
             self.current = None;
-            return Err(RecordError::Io { path, source });
+            return Err(RecordError::Io {
+                path,
+                error: source,
+            });
         }
         if encoder.get_ref().written >= self.config.max_file_bytes {
             self.finish_file()?;
@@ -179,7 +182,7 @@ impl Recorder {
         let path = self.dir.join(format!("record-{}.jsonl.gz", self.next));
         let file = File::create(&path).map_err(|source| RecordError::Io {
             path: path.clone(),
-            source,
+            error: source,
         })?;
         self.next += 1;
         let counting = Counting {
@@ -195,7 +198,10 @@ impl Recorder {
             encoder
                 .finish()
                 .and_then(|mut c| c.inner.flush())
-                .map_err(|source| RecordError::Io { path, source })?;
+                .map_err(|source| RecordError::Io {
+                    path,
+                    error: source,
+                })?;
         }
         Ok(())
     }
@@ -207,7 +213,7 @@ impl Recorder {
         for path in &files[..excess] {
             std::fs::remove_file(path).map_err(|source| RecordError::Io {
                 path: path.clone(),
-                source,
+                error: source,
             })?;
         }
         Ok(())
@@ -250,6 +256,18 @@ fn next_line(r: &mut FileLines) -> Option<io::Result<Result<String, String>>> {
     }
 }
 
+/// What a file that cannot be a recording is told to be.
+const NOT_A_RECORDING: &str = "not a recording (gzip-compressed JSON lines, record-N.jsonl.gz)";
+
+/// `f`, rewound, if it starts as gzip does (or is too short to tell: a recording cut at
+/// its start); `None` if it starts otherwise.
+fn gzip_or_empty(mut f: File) -> io::Result<Option<File>> {
+    let mut magic = Vec::with_capacity(2);
+    io::Read::by_ref(&mut f).take(2).read_to_end(&mut magic)?;
+    io::Seek::rewind(&mut f)?;
+    Ok((magic.len() < 2 || magic == [0x1f, 0x8b]).then_some(f))
+}
+
 /// The ticks of recording files, read one at a time, in the order of the files given.
 pub struct Records {
     files: VecDeque<PathBuf>,
@@ -278,17 +296,34 @@ impl Iterator for Records {
         loop {
             if self.current.is_none() {
                 let path = self.files.pop_front()?;
-                match File::open(&path) {
-                    Ok(f) => {
+                match File::open(&path).and_then(gzip_or_empty) {
+                    Ok(Some(f)) => {
                         let lines = BufReader::new(MultiGzDecoder::new(f));
                         self.current = Some((path, 0, lines));
                     }
-                    Err(source) => return Some(Err(RecordError::Io { path, source })),
+                    Ok(None) => {
+                        let error = io::Error::new(io::ErrorKind::InvalidData, NOT_A_RECORDING);
+                        return Some(Err(RecordError::Io { path, error }));
+                    }
+                    Err(source) => {
+                        return Some(Err(RecordError::Io {
+                            path,
+                            error: source,
+                        }))
+                    }
                 }
             }
             let (path, number, lines) = self.current.as_mut().expect("opened above");
             match next_line(lines) {
                 None => self.current = None,
+                // Unreadable before its first line, and not for being cut short: no
+                // recording at all (not gzip, or corrupt from its start).
+                Some(Err(e)) if *number == 0 && e.kind() != io::ErrorKind::UnexpectedEof => {
+                    let path = path.clone();
+                    self.current = None;
+                    let error = io::Error::new(e.kind(), format!("{NOT_A_RECORDING}: {e}"));
+                    return Some(Err(RecordError::Io { path, error }));
+                }
                 Some(Err(_)) => {
                     self.truncated.push(path.clone());
                     self.current = None;

@@ -128,6 +128,29 @@ fn a_cut_recording_is_read_up_to_the_cut() {
 }
 
 #[test]
+fn a_file_that_is_no_recording_is_an_error_not_an_empty_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl.gz");
+    std::fs::write(&path, "garbage\n").unwrap();
+    let e = replay(
+        std::slice::from_ref(&path),
+        Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("bad.jsonl.gz: not a recording"), "{e}");
+    // Cut before its first line is still a recording that ended early.
+    record(dir.path(), 3, RecorderConfig::default());
+    let cut = dir.path().join("record-0.jsonl.gz");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..12]).unwrap();
+    let mut records = Records::open(std::slice::from_ref(&cut));
+    assert_eq!(records.by_ref().count(), 0);
+    assert_eq!(records.truncated, vec![cut]);
+}
+
+#[test]
 fn a_line_that_is_not_a_tick_names_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("record-0.jsonl.gz");

@@ -766,6 +766,21 @@ impl Config {
                 format!("{} must be a share ≥ 0", p.starving),
             );
         }
+        self.check_policy_constants()?;
+        if self.defaults.shares == 0 {
+            return bad("defaults.shares", SHARES_AT_LEAST_1.into());
+        }
+        if self.daemon.record_keep == 0 && !self.daemon.record_dir.as_os_str().is_empty() {
+            let message = "0: at least 1, the file being written".to_string();
+            return bad("daemon.record_keep", message);
+        }
+        let extension = &self.discovery.agent_extension;
+        if extension.is_empty() || extension.contains(['/', '.']) {
+            let message = format!(
+                "{extension:?} is not a file name extension (web1.sock's agent at web1.qga: \"qga\")"
+            );
+            return bad("discovery.agent_extension", message);
+        }
         if let PolicySource::Builtin(name) = self.policy_source() {
             if !crate::policies::BUILTIN.contains(&name.as_str()) {
                 let names = crate::policies::BUILTIN.join(", ");
@@ -940,6 +955,9 @@ impl Config {
             if !names.insert(&vm.name) {
                 return bad(&field("name"), format!("{:?} is named twice", vm.name));
             }
+            if vm.shares == Some(0) {
+                return bad(&field("shares"), SHARES_AT_LEAST_1.into());
+            }
             let endpoints = [
                 vm.qmp.is_some(),
                 vm.libvirt.is_some(),
@@ -1081,6 +1099,94 @@ impl Config {
         Ok(())
     }
 
+    /// The built-in policies' constants, each within what its policy can use: shares of a
+    /// guest's or the host's memory in [0, 1], steps and averaging weights in (0, 1],
+    /// ESX's state thresholds rising from low to high, its idle tax below 1, the
+    /// hysteresis divisors at least 1.
+    fn check_policy_constants(&self) -> Result<(), FieldError> {
+        let (e, m, t) = (&self.esx, &self.memtide, &self.tws);
+        let shares = [
+            ("esx.high", e.high),
+            ("esx.soft", e.soft),
+            ("esx.hard", e.hard),
+            ("esx.low", e.low),
+            ("selfballoon.reserve", self.selfballoon.reserve),
+            ("tws.reset_change", t.reset_change),
+            ("memtide.margin", m.margin),
+            ("memtide.probe_step", m.probe_step),
+            ("memtide.probe_fast_step", m.probe_fast_step),
+            ("memtide.inflation_fault_noise", m.inflation_fault_noise),
+            ("memtide.fault_noise", m.fault_noise),
+            ("memtide.low_swap", m.low_swap),
+            ("memtide.rebase_change", m.rebase_change),
+        ];
+        for (field, v) in shares {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(field, format!("{v} must be a share in [0, 1]"));
+            }
+        }
+        let steps = [
+            ("esx.soft_step", e.soft_step),
+            ("esx.hard_step", e.hard_step),
+            ("esx.low_step", e.low_step),
+            ("esx.grow_step", e.grow_step),
+            ("esx.sampling.fast_weight", e.sampling.fast_weight),
+            ("esx.sampling.slow_weight", e.sampling.slow_weight),
+            ("sampled.fast_weight", self.sampled.fast_weight),
+            ("sampled.slow_weight", self.sampled.slow_weight),
+            ("tws.fast_step", t.fast_step),
+            ("tws.slow_step", t.slow_step),
+            ("memtide.backoff_step", m.backoff_step),
+            ("memtide.backoff_max", m.backoff_max),
+        ];
+        for (field, v) in steps {
+            if !(v > 0.0 && v <= 1.0) {
+                return bad(field, format!("{v} must be in (0, 1]"));
+            }
+        }
+        if !(e.low < e.hard && e.hard < e.soft && e.soft < e.high) {
+            let message = format!(
+                "the states' free shares must rise: low {} < hard {} < soft {} < high {}",
+                e.low, e.hard, e.soft, e.high
+            );
+            return bad("esx", message);
+        }
+        if !(0.0..1.0).contains(&e.idle_tax) {
+            let message = format!(
+                "{} must be in [0, 1): at 1 idle memory costs without bound",
+                e.idle_tax
+            );
+            return bad("esx.idle_tax", message);
+        }
+        let hysteresis = [
+            (
+                "selfballoon.down_hysteresis",
+                self.selfballoon.down_hysteresis,
+            ),
+            ("selfballoon.up_hysteresis", self.selfballoon.up_hysteresis),
+        ];
+        for (field, v) in hysteresis {
+            if v == 0 {
+                return bad(
+                    field,
+                    "0: at least 1 (1 closes the whole gap at once)".into(),
+                );
+            }
+        }
+        if m.max_cool_down_s < m.cool_down_s {
+            let message = format!(
+                "{} is below cool_down_s {}",
+                m.max_cool_down_s, m.cool_down_s
+            );
+            return bad("memtide.max_cool_down_s", message);
+        }
+        if !(0.0..=100.0).contains(&m.psi_threshold) {
+            let message = format!("{} is not a percentage of time", m.psi_threshold);
+            return bad("memtide.psi_threshold", message);
+        }
+        Ok(())
+    }
+
     /// This configuration with the policy of `fresh`, the file read again at a reload:
     /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
     /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`) and
@@ -1190,6 +1296,10 @@ fn bad<T>(field: &str, message: String) -> Result<T, FieldError> {
         message,
     })
 }
+
+/// Why a share of 0 is refused.
+const SHARES_AT_LEAST_1: &str =
+    "0: at least 1 (a VM's weight when memory is divided; 0 would leave it only its minimum)";
 
 /// Check every number in `table` (whose fields are named after `prefix`), in its sections
 /// (the `[[vm]]` list has neither floats nor durations): each must be finite (TOML has
@@ -1657,6 +1767,64 @@ mod tests {
             (
                 "[mom]\nmax_change = nan\n",
                 "mom.max_change: NaN is not a ratio between 0 and 1",
+            ),
+            // The other policies' constants, each as an operator got it wrong.
+            (
+                "[esx]\nhigh = 0.01\nsoft = 0.5\n",
+                "esx: the states' free shares must rise: low 0.01 < hard 0.02 < soft 0.5 < high 0.01",
+            ),
+            ("[esx]\nhard = 2\n", "esx.hard: 2 must be a share in [0, 1]"),
+            ("[esx]\nlow = -1\n", "esx.low: -1 must be a share in [0, 1]"),
+            (
+                "[esx]\nidle_tax = 1\n",
+                "esx.idle_tax: 1 must be in [0, 1): at 1 idle memory costs without bound",
+            ),
+            ("[esx]\nsoft_step = 0\n", "esx.soft_step: 0 must be in (0, 1]"),
+            (
+                "[esx.sampling]\nslow_weight = 1.5\n",
+                "esx.sampling.slow_weight: 1.5 must be in (0, 1]",
+            ),
+            (
+                "[selfballoon]\nreserve = -2\n",
+                "selfballoon.reserve: -2 must be a share in [0, 1]",
+            ),
+            (
+                "[selfballoon]\ndown_hysteresis = 0\n",
+                "selfballoon.down_hysteresis: 0: at least 1 (1 closes the whole gap at once)",
+            ),
+            ("[sampled]\nfast_weight = 7\n", "sampled.fast_weight: 7 must be in (0, 1]"),
+            ("[sampled]\nslow_weight = -1\n", "sampled.slow_weight: -1 must be in (0, 1]"),
+            ("[tws]\nfast_step = -1\n", "tws.fast_step: -1 must be in (0, 1]"),
+            ("[tws]\nslow_step = 9\n", "tws.slow_step: 9 must be in (0, 1]"),
+            ("[memtide]\nmargin = -0.5\n", "memtide.margin: -0.5 must be a share in [0, 1]"),
+            ("[memtide]\nprobe_step = -1\n", "memtide.probe_step: -1 must be a share in [0, 1]"),
+            ("[memtide]\nbackoff_step = -3\n", "memtide.backoff_step: -3 must be in (0, 1]"),
+            (
+                "[memtide]\nmax_cool_down_s = 4\n",
+                "memtide.max_cool_down_s: 4 is below cool_down_s 8",
+            ),
+            (
+                "[memtide]\npsi_threshold = 101\n",
+                "memtide.psi_threshold: 101 is not a percentage of time",
+            ),
+            (
+                "[defaults]\nshares = 0\n",
+                "defaults.shares: 0: at least 1 (a VM's weight when memory is divided; 0 \
+                 would leave it only its minimum)",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nshares = 0\n",
+                "vm[0].shares: 0: at least 1 (a VM's weight when memory is divided; 0 would \
+                 leave it only its minimum)",
+            ),
+            (
+                "[daemon]\nrecord_dir = \"/r\"\nrecord_keep = 0\n",
+                "daemon.record_keep: 0: at least 1, the file being written",
+            ),
+            (
+                "[discovery]\nagent_extension = \"\"\n",
+                "discovery.agent_extension: \"\" is not a file name extension (web1.sock's \
+                 agent at web1.qga: \"qga\")",
             ),
             (
                 "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nlaunch = []\n",

@@ -175,9 +175,10 @@ enum Command {
     },
     /// Reclaim one cgroup v2's cold memory in the foreground, paced as the daemon paces
     /// its VMs' (`[reclaim]` of the configuration; see docs/tiering.md), a line a tick.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "cgroup"])))]
     Reclaim {
         /// The process whose cgroup (holding it alone) to reclaim from.
-        #[arg(long, conflicts_with = "cgroup", required_unless_present = "cgroup")]
+        #[arg(long)]
         pid: Option<u32>,
         /// The cgroup v2 directory to reclaim from.
         #[arg(long)]
@@ -269,8 +270,14 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print memtide's man page (roff; `memtide man | man -l -`).
-    Man,
+    /// Print memtide's man page (roff; `memtide man | man -l -`), or write it and one
+    /// page for each subcommand (memtide-run.1, memtide-snapshot-save.1, ...) into a
+    /// directory.
+    Man {
+        /// Write every page into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Run another policy over recorded ticks and show where its decisions differ.
     Replay {
         /// Recording files (record-N.jsonl.gz) or directories of them.
@@ -460,12 +467,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             memtide::top::run(socket).await
         }
         Command::CheckConfig { config } => {
-            let config = config
-                .or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from))
-                .unwrap_or_else(|| DEFAULT_CONFIG.into());
-            let checked = Config::load(&config)?;
-            memtide::daemon::check(&checked)?;
-            println!("{}: ok", config.display());
+            let named = config.or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from));
+            // No file named and none at the default place: memtide runs on its built-in
+            // defaults, which are checked as run would.
+            let Some(file) = config_file(named.as_ref()) else {
+                memtide::daemon::check(&Config::default())?;
+                println!("no {DEFAULT_CONFIG}: the built-in defaults: ok");
+                return Ok(());
+            };
+            memtide::daemon::check(&Config::load(&file)?)?;
+            println!("{}: ok", file.display());
             Ok(())
         }
         Command::Access {
@@ -611,6 +622,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             } else {
                 compare
             };
+            for (i, p) in policies.iter().enumerate() {
+                if policies[..i].contains(p) {
+                    anyhow::bail!("--compare: {p} named twice (each run's report is DIR/{p})");
+                }
+            }
             let options = sim_cmd::SimOptions {
                 seed,
                 ticks,
@@ -645,9 +661,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
-            .context("writing the man page"),
+        Command::Man { out_dir } => {
+            // The pages name each other as memtide-SUBCOMMAND(1): `help` is no page.
+            let command = Cli::command().disable_help_subcommand(true);
+            match out_dir {
+                None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
+                Some(dir) => clap_mangen::generate_to(command, &dir),
+            }
+            .context("writing the man pages")
+        }
         Command::Snapshot(command) => snapshot(command).await,
         Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
         Command::Policy(PolicyCommand::Eval {

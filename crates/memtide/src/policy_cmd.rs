@@ -35,6 +35,7 @@ pub fn check(files: &[PathBuf]) -> bool {
 /// Evaluate `files` once over the snapshot in `input` (empty Host and Guests without it)
 /// and print the results and requested controls. Returns whether evaluation succeeded.
 pub fn eval(files: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::Result<bool> {
+    let given = input.is_some();
     let input: Input = match input {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -45,6 +46,13 @@ pub fn eval(files: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
     };
     let sources = policies::read(files)?;
     let outcome = Program::parse(&sources).and_then(|p| p.evaluate(&input, &Limits::default()));
+    if outcome.is_err() && !given {
+        // A policy made for a host fails on nothing, as MOM's would: say what was missing.
+        eprintln!(
+            "note: evaluated without --input: Host has no figures and there are no guests \
+             (give a snapshot: --input FILE, docs/policy-language.md)"
+        );
+    }
     match (outcome, format) {
         (Ok(e), Format::Json) => {
             for line in &e.debug {

@@ -67,6 +67,12 @@ fn tiers(t: &Tiers) -> Option<String> {
 
 /// Render a status for a terminal.
 pub fn status(s: &Status) -> String {
+    // A rejected policy's error spans lines (the source line and a caret under it): each
+    // escaped on its own, not its newlines.
+    let policy_error = s.policy_error.as_deref().map(|e| {
+        let lines: Vec<String> = e.lines().map(guest_text::escape).collect();
+        lines.join("\n  ")
+    });
     let s = &printable(s);
     let mut out = String::new();
     let dry = if s.dry_run { " · DRY RUN" } else { "" };
@@ -79,7 +85,7 @@ pub fn status(s: &Status) -> String {
     if let Some(e) = &s.host_error {
         let _ = writeln!(out, "HOST ERROR: {e}");
     }
-    if let Some(e) = &s.policy_error {
+    if let Some(e) = policy_error {
         let _ = writeln!(out, "POLICY RELOAD REJECTED: {e}");
     }
     let Some(d) = &s.decision else {
@@ -205,11 +211,14 @@ pub fn status(s: &Status) -> String {
         for w in &s.waiting {
             let _ = writeln!(
                 out,
-                "  {} ({}): {} · retry in {:.0} s",
+                "  {} ({}): {} · {}",
                 w.name,
                 w.endpoint,
                 w.error.as_deref().unwrap_or("connecting"),
-                w.retry_in_s
+                match w.retry_in_s {
+                    r if r < 1.0 => "retrying now".to_string(),
+                    r => format!("retry in {r:.0} s"),
+                }
             );
         }
     }
@@ -420,6 +429,38 @@ mod tests {
             text.contains(
                 "web\\u{1b}]0;owned\\u{7}: unreachable: not sampled: \\u{1b}[2Jfake\\nline\n"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_rejected_policy_keeps_its_lines_and_a_vm_about_to_be_tried_says_so() {
+        let waiting = |name: &str, retry_in_s| crate::daemon::fleet::Waiting {
+            name: name.into(),
+            endpoint: format!("/q/{name}.sock"),
+            error: None,
+            retry_in_s,
+        };
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(0, host(4000, 400), vec![]));
+        let text = status(&Status {
+            decision: Some(decision),
+            policy_error: Some("p.policy:1:5: unclosed '('\n(defvar x\x1b\n    ^".into()),
+            waiting: vec![waiting("a", 0.2), waiting("b", 4.4)],
+            ..Status::default()
+        });
+        assert!(
+            text.contains(
+                "POLICY RELOAD REJECTED: p.policy:1:5: unclosed '('\n  (defvar x\\u{1b}\n      ^\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("a (/q/a.sock): connecting · retrying now\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("b (/q/b.sock): connecting · retry in 4 s\n"),
             "{text}"
         );
     }

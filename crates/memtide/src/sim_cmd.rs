@@ -15,12 +15,7 @@ fn scenario(name: &str) -> anyhow::Result<Scenario> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?;
         return Scenario::from_toml(&text).with_context(|| format!("scenario {name}"));
     }
-    Scenario::builtin(name).map_err(|e| {
-        anyhow::anyhow!(
-            "{e} (built-in scenarios: {}; or a scenario file)",
-            Scenario::builtin_names().join(", ")
-        )
-    })
+    Scenario::builtin(name).map_err(|e| anyhow::anyhow!("{e}, and no scenario file of that name"))
 }
 
 /// A policy by built-in name or policy file, with the configuration's constants.
@@ -77,7 +72,13 @@ pub fn sim(
     scenario.host.deflate_on_oom |= options.deflate_on_oom;
     scenario.host.free_page_reporting |= options.free_page_reporting;
     if let Some(share) = options.fast_share {
-        scenario.set_fast_share(share)?;
+        if !(share > 0.0 && share <= 1.0) {
+            anyhow::bail!(
+                "--tiers {share}: the share of the host's memory that is DRAM, in (0, 1]"
+            );
+        }
+        let context = || format!("--tiers {share}: the DRAM must hold the host's own memory");
+        scenario.set_fast_share(share).with_context(context)?;
     }
     if let Some(placement) = options.tier_placement {
         tiers(&mut scenario, "--tier-placement")?.placement = placement;

@@ -293,6 +293,16 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
     assert!(reload().status.success());
     let events = std::fs::read_to_string(&daemon.events).unwrap();
     assert!(events.contains("policy_reloaded"), "{events}");
+    // A save of a VM that does not exist says so, and logs no event of it.
+    let o = support::daemon::snapshot(&file, &["save", "nosuchvm"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no VM named \"nosuchvm\""),
+        "{}",
+        stderr(&o)
+    );
+    let events = std::fs::read_to_string(&daemon.events).unwrap();
+    assert!(!events.contains("nosuchvm"), "{events}");
 }
 
 #[test]
@@ -377,6 +387,19 @@ fn every_subcommand_finds_its_configuration_without_flags() {
         "status asks the socket the configuration names: {}",
         stderr(&o)
     );
+    // No file named, none at the default place: the built-in defaults are what runs.
+    if !Path::new("/etc/memtide/memtide.toml").exists() {
+        let o = memtide()
+            .arg("check-config")
+            .env_remove("MEMTIDE_CONFIG")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "no /etc/memtide/memtide.toml: the built-in defaults: ok"
+        );
+    }
 }
 
 #[test]
@@ -396,6 +419,27 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
     let page = String::from_utf8_lossy(&o.stdout);
     assert!(page.contains(".TH memtide 1"), "{page}");
     assert!(page.contains("check\\-config"), "{page}");
+    // Every page a page names is written beside it: the subcommands' too.
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&["man", "--out-dir", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let written = |name: &str| dir.path().join(name).exists();
+    for name in [
+        "memtide.1",
+        "memtide-run.1",
+        "memtide-snapshot-save.1",
+        "memtide-policy-eval.1",
+    ] {
+        assert!(written(name), "{name}");
+    }
+    for page in std::fs::read_dir(dir.path()).unwrap() {
+        let text = std::fs::read_to_string(page.unwrap().path()).unwrap();
+        let named = text.lines().filter_map(|l| l.strip_suffix("(1)"));
+        for name in named.filter(|n| n.starts_with("memtide\\-")) {
+            let file = format!("{}.1", name.replace("\\-", "-"));
+            assert!(written(&file), "{file} is named but not written");
+        }
+    }
 }
 
 #[test]
@@ -858,11 +902,34 @@ fn sim_compares_policies_and_writes_reports() {
     }
     let o = run(&["sim", "no-such-scenario"]);
     assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("(built in: memknobs-32, "), "{err}");
+    assert_eq!(err.matches("memknobs-32").count(), 1, "listed once: {err}");
+    assert!(err.contains("no scenario file of that name"), "{err}");
+    let o = run(&["sim", "quick", "--compare", "none", "mom", "none"]);
+    assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("built-in scenarios: "),
+        stderr(&o).contains("--compare: none named twice"),
         "{}",
         stderr(&o)
     );
+    // A share of DRAM that is no share, or too little for the host's own memory.
+    for (share, says) in [
+        (
+            "1.5",
+            "the share of the host's memory that is DRAM, in (0, 1]",
+        ),
+        ("NaN", "in (0, 1]"),
+        ("0.001", "the DRAM must hold the host's own memory"),
+    ] {
+        let o = run(&["sim", "quick", "--tiers", share]);
+        assert_eq!(o.status.code(), Some(1), "{share}");
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("--tiers {share}")) && err.contains(says),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -47,7 +47,8 @@ pub(super) const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 impl Daemon {
     /// Start saving VM `vm`'s memory into the store; `reply` takes the outcome when the
-    /// save ends ([`Daemon::saved`]), or at once why it cannot start (logged either way).
+    /// save ends ([`Daemon::saved`]), or at once why it cannot start (logged either way,
+    /// but for a name that is no VM's: no event of a VM that does not exist).
     pub(super) fn save(
         &mut self,
         vm: String,
@@ -55,6 +56,13 @@ impl Daemon {
         by: TakenBy,
         reply: oneshot::Sender<Result<serde_json::Value, String>>,
     ) {
+        let known = self.fleet.configured(&vm).is_some()
+            || self.config.vms.iter().any(|v| v.name == vm)
+            || self.fleet.waiting().iter().any(|w| w.name == vm);
+        if !known {
+            let why = format!("no VM named {vm:?} (memtide status lists the VMs)");
+            return drop(reply.send(Err(why)));
+        }
         let (saved, sealed) = match self.start_save(&vm, then, by) {
             Ok(started) => started,
             Err(why) => {
