@@ -12,7 +12,7 @@ pub(crate) const FORMS: [&str; 9] = [
 ];
 
 /// Functions that [`apply`] computes.
-const FUNCTIONS: [&str; 9] = [
+pub(crate) const FUNCTIONS: [&str; 9] = [
     "and", "or", "not", "min", "max", "null", "valid", "abs", "int",
 ];
 

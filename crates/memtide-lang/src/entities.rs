@@ -58,6 +58,16 @@ pub const HOST_CONTROLS: [&str; 4] = [
 /// Controls a policy may request on a guest.
 pub const GUEST_CONTROLS: [&str; 1] = ["balloon_target"];
 
+/// The number of arguments of the entity method `method` (`(X.Method …)`), or `None`
+/// when there is no such method.
+pub(crate) fn method_arity(method: &str) -> Option<usize> {
+    match method {
+        "Stat" | "StatAvg" | "Prop" | "GetControl" => Some(1),
+        "Control" => Some(2),
+        _ => None,
+    }
+}
+
 /// The host, or one guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entity {

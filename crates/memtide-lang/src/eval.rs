@@ -2,7 +2,7 @@
 
 use crate::ast::{Expr, ExprKind, Loc};
 use crate::builtins::{self, at_least, exactly};
-use crate::entities::Entity;
+use crate::entities::{self, Entity};
 use crate::error::{ErrorKind, Fault};
 use crate::evaluation::{Controls, Evaluation};
 use crate::input::Input;
@@ -76,7 +76,7 @@ pub(crate) fn evaluate(
 }
 
 /// A name in a binding position: a plain symbol other than `Host` and `Guests`.
-fn name(expr: &Expr) -> Result<&str, Fault> {
+pub(crate) fn name(expr: &Expr) -> Result<&str, Fault> {
     match &expr.kind {
         ExprKind::Symbol(s) if s == "Host" || s == "Guests" || s.contains('.') => {
             Err(Fault::at(expr.loc, ErrorKind::CannotBind(s.clone())))
@@ -387,10 +387,8 @@ impl<'a> Evaluator<'a> {
     fn call_method(&mut self, callee: &str, args: &'a [Expr], loc: Loc) -> Result<Value, Fault> {
         let (base, method) = callee.split_once('.').unwrap_or((callee, ""));
         let entity = self.entity(base, method, loc)?;
-        let expected = match method {
-            "Stat" | "StatAvg" | "Prop" | "GetControl" => 1,
-            "Control" => 2,
-            _ => return Err(Fault::at(loc, ErrorKind::UnknownMethod(method.to_string()))),
+        let Some(expected) = entities::method_arity(method) else {
+            return Err(Fault::at(loc, ErrorKind::UnknownMethod(method.to_string())));
         };
         exactly(callee, args.len(), expected).map_err(|kind| Fault::at(loc, kind))?;
         let key = self.eval(&args[0])?;

@@ -1,12 +1,15 @@
 //! memtide's policy language: a sandboxed interpreter compatible with oVirt MOM's
 //! policy language (see docs/policy-language.md).
 //!
-//! [`Program::parse`] reads policy sources, [`Program::evaluate`] runs them over an
+//! [`Program::parse`] reads policy sources, [`Program::check`] refuses calls of
+//! functions that are nowhere defined, [`Program::evaluate`] runs them over an
 //! [`Input`] snapshot within [`Limits`] and returns the requested [`Controls`];
-//! [`ScriptPolicy`] runs a program as one of memtide's policies.
+//! [`ScriptPolicy`] runs a program as one of memtide's policies (and
+//! [`ScriptPolicy::parse`] both parses and checks).
 
 mod ast;
 mod builtins;
+mod check;
 mod entities;
 mod error;
 mod eval;

@@ -20,7 +20,8 @@ pub struct ScriptPolicy {
 }
 
 impl ScriptPolicy {
-    /// A policy from parsed sources; it is named after its files.
+    /// A policy from parsed sources; it is named after its files. Unlike
+    /// [`ScriptPolicy::parse`], this does not [`Program::check`] the program.
     pub fn new(program: Program, limits: Limits) -> ScriptPolicy {
         let name = program.files().join(",");
         ScriptPolicy {
@@ -30,9 +31,12 @@ impl ScriptPolicy {
         }
     }
 
-    /// Parse sources into a policy.
+    /// Parse sources into a policy, refusing a call of a function that is neither
+    /// built in nor defined anywhere in them (see [`Program::check`]).
     pub fn parse(sources: &[Source], limits: Limits) -> Result<ScriptPolicy, PolicyError> {
-        Ok(ScriptPolicy::new(Program::parse(sources)?, limits))
+        let program = Program::parse(sources)?;
+        program.check()?;
+        Ok(ScriptPolicy::new(program, limits))
     }
 }
 

@@ -5,7 +5,7 @@ use crate::error::PolicyError;
 use crate::evaluation::Evaluation;
 use crate::input::Input;
 use crate::limits::Limits;
-use crate::{eval, lexer, parser};
+use crate::{check, eval, lexer, parser};
 
 /// A named policy text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +34,8 @@ pub struct Program {
 }
 
 impl Program {
-    /// Parse `sources`, concatenated in the order given.
+    /// Parse `sources`, concatenated in the order given. This checks the syntax only;
+    /// see [`Program::check`].
     pub fn parse(sources: &[Source]) -> Result<Program, PolicyError> {
         let files: Vec<String> = sources.iter().map(|s| s.name.clone()).collect();
         let mut forms = Vec::new();
@@ -43,6 +44,17 @@ impl Program {
             forms.extend(parsed.map_err(|fault| fault.into_policy_error(&files))?);
         }
         Ok(Program { files, forms })
+    }
+
+    /// Check that every call names something callable: a built-in form, function or
+    /// operator, an entity method (`X.Method`), or a function that a `def` or `defun`
+    /// anywhere in the sources defines (before or after the call, in any file). Fails
+    /// with [`crate::ErrorKind::UnknownFunction`] at the first other call, in source
+    /// order. This is what loading a policy checks beyond [`Program::parse`]; it
+    /// refuses no call that could run without an unknown-function error, but it does
+    /// check calls that may never run (in an `if` branch, or a function never called).
+    pub fn check(&self) -> Result<(), PolicyError> {
+        check::check_calls(&self.forms).map_err(|fault| fault.into_policy_error(&self.files))
     }
 
     /// Evaluate the program over `input`. Pure: the only effects are in the result.

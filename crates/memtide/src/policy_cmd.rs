@@ -45,14 +45,19 @@ pub fn eval(files: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         None => Input::default(),
     };
     let sources = policies::read(files)?;
-    let outcome = Program::parse(&sources).and_then(|p| p.evaluate(&input, &Limits::default()));
-    if outcome.is_err() && !given {
-        // A policy made for a host fails on nothing, as MOM's would: say what was missing.
-        eprintln!(
-            "note: evaluated without --input: Host has no figures and there are no guests \
-             (give a snapshot: --input FILE, docs/policy-language.md)"
-        );
-    }
+    let loaded = Program::parse(&sources).and_then(|p| p.check().map(|()| p));
+    let outcome = loaded.and_then(|p| {
+        let evaluated = p.evaluate(&input, &Limits::default());
+        if evaluated.is_err() && !given {
+            // A policy made for a host fails on nothing, as MOM's would: say what was
+            // missing.
+            eprintln!(
+                "note: evaluated without --input: Host has no figures and there are no \
+                 guests (give a snapshot: --input FILE, docs/policy-language.md)"
+            );
+        }
+        evaluated
+    });
     match (outcome, format) {
         (Ok(e), Format::Json) => {
             for line in &e.debug {

@@ -741,6 +741,28 @@ fn policy_check_accepts_the_shipped_policies_and_locates_errors() {
         "{err}"
     );
     assert_eq!(lines[1..3], ["(if (> limit $5) 1 0)", "             ^"]);
+    // A function that does not exist is found at load, not at every cycle after.
+    std::fs::write(&bad, "(defun f (x) (foo x 2))\n").unwrap();
+    for args in [
+        &["policy", "check"][..],
+        &["policy", "eval", "--format", "text"],
+    ] {
+        let o = memtide().args(args).arg(&bad).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = stderr(&o);
+        assert!(
+            err.starts_with(&format!("{}:1:15: unknown function 'foo'", bad.display())),
+            "{args:?}: {err}"
+        );
+    }
+    // The shipped policy over no snapshot fails, and says what it lacked.
+    let o = run(&["policy", "eval", &shipped("balloon.policy")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("note: evaluated without --input"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Tests of the policy language through its public API.
 
 mod arithmetic;
+mod checks;
 mod entities;
 mod errors;
 mod forms;

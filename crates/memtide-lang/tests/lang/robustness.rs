@@ -1,8 +1,9 @@
-//! Random input never panics, and every error points inside the source.
+//! Random input never panics, every error points inside the source, and loading's
+//! check of calls agrees with the evaluator.
 
 use crate::roundtrip::expr;
 use crate::sources;
-use memtide_lang::{pretty, Input, Limits, PolicyError, Program};
+use memtide_lang::{pretty, ErrorKind, Expr, ExprKind, Input, Limits, PolicyError, Program};
 use proptest::prelude::*;
 
 fn snapshot() -> Input {
@@ -34,13 +35,42 @@ fn run_checked(text: &str) -> Result<(), TestCaseError> {
         max_depth: 64,
         max_value_size: 4096,
     };
-    match Program::parse(&sources(text)) {
-        Err(error) => check_location(&error, text),
-        Ok(program) => match program.evaluate(&snapshot(), &limits) {
-            Err(error) => check_location(&error, text),
-            Ok(_) => Ok(()),
-        },
+    let program = match Program::parse(&sources(text)) {
+        Err(error) => return check_location(&error, text),
+        Ok(program) => program,
+    };
+    let checked = program.check();
+    if let Err(error) = &checked {
+        check_location(error, text)?;
     }
+    match program.evaluate(&snapshot(), &limits) {
+        Err(error) => {
+            check_location(&error, text)?;
+            // A call the evaluator finds unknown is one loading refuses, or one of a
+            // function that some `def` defines (later than the call ran).
+            if let (ErrorKind::UnknownFunction(name), Ok(())) = (&error.kind, &checked) {
+                prop_assert!(defines(program.forms(), name), "{} passed the check", error);
+            }
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Whether some `(def NAME …)` or `(defun NAME …)` is among `forms`, at any depth.
+fn defines(forms: &[Expr], name: &str) -> bool {
+    forms.iter().any(|form| match &form.kind {
+        ExprKind::List(items) => {
+            let head = |i: usize| match items.get(i).map(|e| &e.kind) {
+                Some(ExprKind::Symbol(s)) => Some(s.as_str()),
+                _ => None,
+            };
+            (matches!(head(0), Some("def" | "defun")) && head(1) == Some(name))
+                || defines(items, name)
+        }
+        ExprKind::Block(items) => defines(items, name),
+        _ => false,
+    })
 }
 
 const WORDS: [&str; 48] = [

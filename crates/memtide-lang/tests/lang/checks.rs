@@ -1,0 +1,237 @@
+//! What loading a policy checks beyond its syntax: every call names something callable.
+
+use crate::{run, sources, value};
+use memtide_lang::{ErrorKind, Limits, PolicyError, Program, ScriptPolicy, Source, Value};
+
+/// Load `sources` as the daemon and `memtide policy check` do.
+fn load_all(sources: &[Source]) -> Result<(), PolicyError> {
+    ScriptPolicy::parse(sources, Limits::default()).map(|_| ())
+}
+
+/// Load `text` as `t.policy`.
+fn load(text: &str) -> Result<(), PolicyError> {
+    load_all(&sources(text))
+}
+
+/// The error loading `text` fails with, as `file:line:col: message`.
+fn refused(text: &str) -> String {
+    match load(text) {
+        Ok(()) => panic!("{text:?} loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn accepted(text: &str) {
+    if let Err(e) = load(text) {
+        panic!("{text:?}: {}", e.render(&sources(text)));
+    }
+}
+
+#[test]
+fn an_unknown_function_at_top_level_is_refused_at_load() {
+    let text = "(defvar x 1)\n  (foo 1 2)\n";
+    let error = load(text).unwrap_err();
+    assert_eq!(error.kind, ErrorKind::UnknownFunction("foo".into()));
+    assert_eq!(error.to_string(), "t.policy:2:4: unknown function 'foo'");
+    assert_eq!(
+        error.render(&sources(text)),
+        "t.policy:2:4: unknown function 'foo'\n  (foo 1 2)\n   ^"
+    );
+    // Program::check is the same check, on a parsed program.
+    let program = Program::parse(&sources(text)).unwrap();
+    assert_eq!(program.check().unwrap_err(), error);
+}
+
+#[test]
+fn an_unknown_function_in_a_function_body_is_refused_though_never_called() {
+    let text = "(defun scale (x)\n  (* x (facter x)))\n";
+    assert_eq!(refused(text), "t.policy:2:9: unknown function 'facter'");
+    // Nested in the forms that evaluate their arguments, too.
+    let cases = [
+        ("(if 1 2 (nope))", "1:10"),
+        ("(defvar a (nope))", "1:12"),
+        ("(let ((a 1) (b (nope))) a)", "1:17"),
+        ("(let ((a 1)) (nope))", "1:15"),
+        ("(with Guests g (nope g))", "1:17"),
+        ("(with (nope) g g)", "1:8"),
+        ("{ 1 (nope) }", "1:6"),
+        ("(debug 1 (nope))", "1:11"),
+        ("(+ 1 (nope))", "1:7"),
+        ("(Host.Control 'ksm_run' (nope))", "1:26"),
+        ("(def f (a) a) (f (nope))", "1:19"),
+    ];
+    for (text, at) in cases {
+        assert_eq!(
+            refused(text),
+            format!("t.policy:{at}: unknown function 'nope'"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn the_first_unknown_function_is_reported_in_its_file() {
+    let sources = [
+        Source::new("00-consts.policy", "(defvar limit 10)\n"),
+        Source::new(
+            "10-main.policy",
+            "# main\n(if (toobig limit)\n  (other) 0)\n",
+        ),
+    ];
+    let error = load_all(&sources).unwrap_err();
+    assert_eq!(
+        error.render(&sources),
+        "10-main.policy:2:6: unknown function 'toobig'\n(if (toobig limit)\n     ^"
+    );
+}
+
+#[test]
+fn a_function_defined_after_its_first_use_is_accepted() {
+    // In the same file: a body calls a function defined further down.
+    let text = "(def outer (x) (inner x))\n(def inner (x) (* x 2))\n(outer 21)";
+    accepted(text);
+    assert_eq!(value(text), Value::Int(42));
+    // In a later file, as MOM concatenates a policy directory.
+    let sources = [
+        Source::new("10-main.policy", "(def decide (g) (helper g))\n"),
+        Source::new("20-lib.policy", "(defun helper (g) (+ g 1))\n(decide 1)\n"),
+    ];
+    load_all(&sources).unwrap();
+    let evaluation = Program::parse(&sources)
+        .unwrap()
+        .evaluate(&Default::default(), &Limits::default())
+        .unwrap();
+    assert_eq!(evaluation.results.last(), Some(&Value::Int(2)));
+}
+
+#[test]
+fn a_function_defined_by_a_def_inside_a_function_is_accepted() {
+    let text = "(def setup () (def helper () 7))\n(setup)\n(helper)";
+    accepted(text);
+    assert_eq!(value(text), Value::Int(7));
+}
+
+#[test]
+fn definition_order_at_top_level_is_left_to_evaluation() {
+    // The check does not follow the order definitions run in: a call that runs before
+    // its function is defined passes loading and fails when evaluated, as before.
+    let text = "(f)\n(def f () 1)";
+    accepted(text);
+    assert_eq!(
+        run(text).unwrap_err().to_string(),
+        "t.policy:1:2: unknown function 'f'"
+    );
+}
+
+#[test]
+fn entity_calls_are_accepted() {
+    accepted(
+        "(Host.Stat \"mem_free\") (Host.StatAvg \"mem_free\") (Host.Prop \"x\")
+         (Host.Control \"ksm_run\" 1) (Host.GetControl \"ksm_run\")
+         (with Guests guest {
+           (guest.Stat \"balloon_cur\") (guest.StatAvg \"mem_unused\") (guest.Prop \"name\")
+           (guest.Control \"balloon_target\" (guest.GetControl \"balloon_target\"))
+         })
+         (def grow (guest) (guest.Control \"balloon_target\" guest.balloon_max))
+         (let ((h Host)) (h.Stat \"mem_free\"))",
+    );
+    // A method that does not exist, or an entity that is not one, is the evaluator's
+    // to report (unknown method, cannot read … of …): it is no function call.
+    accepted("(Host.Frob 1) (defvar n 1) (n.Stat \"x\") (nobody.Control 1 2)");
+    assert_eq!(
+        run("(Host.Frob 1)").unwrap_err().to_string(),
+        "t.policy:1:1: unknown method 'Frob'"
+    );
+}
+
+#[test]
+fn every_built_in_is_accepted() {
+    let text = "(defvar a 1) (set a 2) (setq a 3) (let ((b 1)) b) (def f (x) x) (defun g () 1)
+        (if 1 2 3) (with () x x) (debug a)
+        (and 1 2) (or 1 2) (not 1) (min 1 2) (max 1 2) (null nil) (valid 1) (abs -1) (int 1.5)
+        (+ 1 2) (- 1 2) (* 1 2) (/ 1 2) (< 1 2) (> 1 2) (<= 1 2) (>= 1 2) (== 1 2) (!= 1 2)
+        (<< 1 2) (>> 1 2) (f 1) (g)";
+    accepted(text);
+    run(text).unwrap();
+}
+
+#[test]
+fn a_variable_is_not_a_function() {
+    // Functions have their own namespace: the evaluator never calls a variable.
+    let text = "(defvar f 1)\n(f)";
+    assert_eq!(refused(text), "t.policy:2:2: unknown function 'f'");
+    assert_eq!(
+        run(text).unwrap_err().to_string(),
+        "t.policy:2:2: unknown function 'f'"
+    );
+    assert_eq!(
+        refused("(let ((g 1)) (g))"),
+        "t.policy:1:15: unknown function 'g'"
+    );
+}
+
+#[test]
+fn what_the_evaluator_never_evaluates_is_not_checked() {
+    // Each of these fails when evaluated, with an error of its own, before it would
+    // evaluate the call of `nope`; loading leaves them to it.
+    let cases = [
+        ("(def f (nope other) 1) 0", None),
+        ("(let ((nope 1)) nope)", None),
+        ("(if (nope) 1)", Some("'if' takes 3 arguments, got 2")),
+        (
+            "(let (nope 1) 1)",
+            Some("a let binding must be (name value)"),
+        ),
+        ("(defvar 5 (nope))", Some("expected a name")),
+        ("(with Guests 5 (nope))", Some("expected a name")),
+        ("(def f x (nope)) 0", Some("expected a list of parameters")),
+        (
+            "(def max (a) (nope))",
+            Some("cannot redefine built-in 'max'"),
+        ),
+        (
+            "(def f (x) x) (f (nope) 2)",
+            Some("'f' takes 1 argument, got 2"),
+        ),
+        (
+            "(Host.Control (nope))",
+            Some("'Host.Control' takes 2 arguments, got 1"),
+        ),
+        ("((nope))", Some("expected a function name")),
+    ];
+    for (text, error) in cases {
+        accepted(text);
+        match (run(text), error) {
+            (Ok(_), None) => {}
+            (Err(e), Some(error)) => assert!(e.to_string().ends_with(error), "{text}: {e}"),
+            (outcome, _) => panic!("{text}: {outcome:?}"),
+        }
+    }
+    // A name only a malformed `def` defines is left to that `def`'s error.
+    let text = "(def g x x)\n(g)";
+    accepted(text);
+    assert_eq!(
+        run(text).unwrap_err().to_string(),
+        "t.policy:1:8: expected a list of parameters"
+    );
+}
+
+#[test]
+fn the_shipped_policies_load() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "policy") {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let source = Source::new(name, std::fs::read_to_string(&path).unwrap());
+            if let Err(e) = load_all(std::slice::from_ref(&source)) {
+                panic!("{}", e.render(&[source]));
+            }
+            all.push(source);
+        }
+    }
+    assert!(all.len() >= 2, "{all:?}");
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    load_all(&all).unwrap();
+}
