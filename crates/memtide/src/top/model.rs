@@ -4,7 +4,7 @@
 use crate::status::Status;
 use memtide_core::decision::VmReport;
 use memtide_core::Bytes;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Points of history kept per VM (one per refresh), as many as its sparkline shows.
 pub const HISTORY: usize = 30;
@@ -135,6 +135,17 @@ impl Top {
         vms
     }
 
+    /// The VMs memtide knows and is not connected to (`memtide status`'s "not
+    /// connected"), by name, each once, filtered as the table is.
+    pub fn not_connected(&self) -> Vec<&str> {
+        let Some(s) = &self.status else {
+            return Vec::new();
+        };
+        let names = s.waiting.iter().map(|w| w.name.as_str());
+        let shown: BTreeSet<&str> = names.filter(|n| n.contains(self.filter.as_str())).collect();
+        shown.into_iter().collect()
+    }
+
     /// A VM's history, oldest first.
     pub fn history(&self, name: &str) -> impl Iterator<Item = &Point> {
         self.history.get(name).into_iter().flatten()
@@ -209,6 +220,27 @@ mod tests {
         assert_eq!(names(&top), ["web-1", "web-2"]);
         top.filter = "nothing".into();
         assert!(top.vms().is_empty() && top.selected_vm().is_none());
+    }
+
+    #[test]
+    fn vms_not_connected_are_named_once_and_filtered() {
+        let mut top = Top::default();
+        let mut s = status(&[("web-1", 300)]);
+        let waiting = |name: &str, endpoint: &str| crate::daemon::fleet::Waiting {
+            name: name.into(),
+            endpoint: endpoint.into(),
+            error: None,
+            retry_in_s: 1.0,
+        };
+        s.waiting = vec![
+            waiting("web-2", "/a"),
+            waiting("db", "/b"),
+            waiting("web-2", "/c"),
+        ];
+        top.update(s);
+        assert_eq!(top.not_connected(), ["db", "web-2"]);
+        top.filter = "web".into();
+        assert_eq!(top.not_connected(), ["web-2"]);
     }
 
     #[test]

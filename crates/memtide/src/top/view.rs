@@ -59,13 +59,20 @@ fn header_lines(top: &Top) -> Vec<Line<'static>> {
     }
     let second = match (&top.error, &s.decision) {
         (Some(e), _) => format!("daemon unreachable: {e} (showing the last status)"),
-        (None, Some(d)) => format!(
-            "host: {:.0} MiB, {:.0} MiB freeable ({:.1}%) · {} VMs",
-            d.host.total.as_f64() / 1048576.0,
-            d.host.freeable.as_f64() / 1048576.0,
-            d.host.free_ratio * 100.0,
-            d.vms.len()
-        ),
+        (None, Some(d)) => {
+            let mut line = format!(
+                "host: {:.0} MiB, {:.0} MiB freeable ({:.1}%) · {} VMs",
+                d.host.total.as_f64() / 1048576.0,
+                d.host.freeable.as_f64() / 1048576.0,
+                d.host.free_ratio * 100.0,
+                d.vms.len()
+            );
+            let waiting = top.not_connected();
+            if !waiting.is_empty() {
+                line += &format!(" · not connected: {}", waiting.join(", "));
+            }
+            line
+        }
         (None, None) => "no decision yet".into(),
     };
     vec![
