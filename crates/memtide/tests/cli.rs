@@ -584,6 +584,36 @@ fn check_and_run(path: &Path, config: &str) -> (Output, Output) {
 }
 
 #[test]
+fn idle_page_tracking_asked_of_a_kernel_without_it_is_warned_of_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    for (access, then) in [
+        ("\"idle\"", "there will be no host-side access sampling"),
+        ("true", "falls back to clear_refs"),
+    ] {
+        let config = format!(
+            "[host]\nproc = {:?}\nsys = {:?}\nsample_access = {access}\n",
+            root.join("proc"),
+            root.join("sys")
+        );
+        std::fs::write(root.join("memtide.toml"), config).unwrap();
+        let o = memtide()
+            .arg("check-config")
+            .arg(root.join("memtide.toml"))
+            .env("MEMTIDE_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("page_idle/bitmap is missing") && err.contains(then),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn check_config_refuses_what_run_would_refuse_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();

@@ -156,6 +156,7 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
         domain_cgroup: config.host.domain_cgroup.clone(),
     });
     host.sample().context("reading host statistics")?;
+    warn_without_idle_tracking(config);
     let policy = policies::load(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
         false => None,
@@ -180,6 +181,34 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
         policy,
         tier_nodes,
     })
+}
+
+/// Say at once, not at the first VM, that idle page tracking was asked for on a kernel
+/// without it: what sampling falls back to, or that there is none.
+fn warn_without_idle_tracking(config: &Config) {
+    use memtide_adapters::qmp::vm::AccessSampling;
+    let AccessSampling::Idle { fallback, .. } = config.sample_access() else {
+        return;
+    };
+    let bitmap = config.host.sys.join("kernel/mm/page_idle/bitmap");
+    if bitmap.exists() {
+        return;
+    }
+    let then = match fallback {
+        true => {
+            "host-side access sampling falls back to clear_refs, which sees guest \
+                 accesses under TCG only"
+        }
+        false => {
+            "there will be no host-side access sampling (sample_access = true falls \
+                  back to clear_refs)"
+        }
+    };
+    tracing::warn!(
+        "[host] sample_access: {} is missing: the kernel has no idle page tracking \
+         (CONFIG_IDLE_PAGE_TRACKING); {then}",
+        bitmap.display()
+    );
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
