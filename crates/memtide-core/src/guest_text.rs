@@ -32,7 +32,8 @@ pub fn clean_error(error: &mut BackendError) {
         | BackendError::ShutDown(text)
         | BackendError::Protocol(text)
         | BackendError::Io(text)
-        | BackendError::Busy(text) => *text = clean(text),
+        | BackendError::Busy(text)
+        | BackendError::LeftAlone(text) => *text = clean(text),
     }
 }
 

@@ -127,6 +127,10 @@ pub enum BackendError {
     /// The hypervisor is busy with the VM (e.g. migrating it); it is left alone meanwhile.
     #[error("busy: {0}")]
     Busy(String),
+    /// memtide leaves the VM alone on purpose: another manager owns its balloon (Proxmox
+    /// VE's auto-ballooning). Not a fault of the VM's.
+    #[error("left alone: {0}")]
+    LeftAlone(String),
 }
 
 impl BackendError {

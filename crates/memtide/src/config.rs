@@ -775,9 +775,10 @@ impl Config {
             return bad("daemon.record_keep", message);
         }
         let extension = &self.discovery.agent_extension;
-        if extension.is_empty() || extension.contains(['/', '.']) {
+        if extension.contains('/') || extension.starts_with('.') {
             let message = format!(
-                "{extension:?} is not a file name extension (web1.sock's agent at web1.qga: \"qga\")"
+                "{extension:?} is not a file name extension (web1.sock's agent at web1.qga: \
+                 \"qga\"; \"\" for none)"
             );
             return bad("discovery.agent_extension", message);
         }
@@ -803,6 +804,11 @@ impl Config {
                     return bad(&format!("{field}[{i}]"), format!("{pattern:?}: {e}"));
                 }
             }
+        }
+        if self.libvirt.kubevirt && !cfg!(feature = "libvirt") {
+            let message = "this memtide was built without libvirt support (cargo feature \
+                           `libvirt`), through which KubeVirt VMs are reached";
+            return bad("libvirt.kubevirt", message.into());
         }
         let uris = self.libvirt.uris.iter().map(Some);
         let vm_uris = self.vms.iter().map(|vm| vm.libvirt.as_ref());
@@ -1100,9 +1106,9 @@ impl Config {
     }
 
     /// The built-in policies' constants, each within what its policy can use: shares of a
-    /// guest's or the host's memory in [0, 1], steps and averaging weights in (0, 1],
-    /// ESX's state thresholds rising from low to high, its idle tax below 1, the
-    /// hysteresis divisors at least 1.
+    /// guest's or the host's memory and steps in [0, 1] (ESX's growth any share ≥ 0),
+    /// averaging weights in (0, 1], ESX's state thresholds not falling from low to high,
+    /// its idle tax below 1, the hysteresis divisors at least 1.
     fn check_policy_constants(&self) -> Result<(), FieldError> {
         let (e, m, t) = (&self.esx, &self.memtide, &self.tws);
         let shares = [
@@ -1125,28 +1131,44 @@ impl Config {
                 return bad(field, format!("{v} must be a share in [0, 1]"));
             }
         }
+        // Steps of a guest's size a decision moves it by (0: that move is off); ESX's
+        // growth is capped at the guest's entitlement, so any step of it is meaningful.
         let steps = [
             ("esx.soft_step", e.soft_step),
             ("esx.hard_step", e.hard_step),
             ("esx.low_step", e.low_step),
-            ("esx.grow_step", e.grow_step),
-            ("esx.sampling.fast_weight", e.sampling.fast_weight),
-            ("esx.sampling.slow_weight", e.sampling.slow_weight),
-            ("sampled.fast_weight", self.sampled.fast_weight),
-            ("sampled.slow_weight", self.sampled.slow_weight),
             ("tws.fast_step", t.fast_step),
             ("tws.slow_step", t.slow_step),
             ("memtide.backoff_step", m.backoff_step),
             ("memtide.backoff_max", m.backoff_max),
         ];
         for (field, v) in steps {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(field, format!("{v} must be a share of the guest in [0, 1]"));
+            }
+        }
+        if !(e.grow_step.is_finite() && e.grow_step >= 0.0) {
+            return bad(
+                "esx.grow_step",
+                format!("{} must be a share ≥ 0", e.grow_step),
+            );
+        }
+        // Averaging weights: 0 would never take in a new window.
+        let weights = [
+            ("esx.sampling.fast_weight", e.sampling.fast_weight),
+            ("esx.sampling.slow_weight", e.sampling.slow_weight),
+            ("sampled.fast_weight", self.sampled.fast_weight),
+            ("sampled.slow_weight", self.sampled.slow_weight),
+        ];
+        for (field, v) in weights {
             if !(v > 0.0 && v <= 1.0) {
                 return bad(field, format!("{v} must be in (0, 1]"));
             }
         }
-        if !(e.low < e.hard && e.hard < e.soft && e.soft < e.high) {
+        // Equal thresholds skip a state; a lower one above a higher one is no scale.
+        if !(e.low <= e.hard && e.hard <= e.soft && e.soft <= e.high) {
             let message = format!(
-                "the states' free shares must rise: low {} < hard {} < soft {} < high {}",
+                "the states' free shares must rise: low {} ≤ hard {} ≤ soft {} ≤ high {}",
                 e.low, e.hard, e.soft, e.high
             );
             return bad("esx", message);
@@ -1173,13 +1195,6 @@ impl Config {
                 );
             }
         }
-        if m.max_cool_down_s < m.cool_down_s {
-            let message = format!(
-                "{} is below cool_down_s {}",
-                m.max_cool_down_s, m.cool_down_s
-            );
-            return bad("memtide.max_cool_down_s", message);
-        }
         if !(0.0..=100.0).contains(&m.psi_threshold) {
             let message = format!("{} is not a percentage of time", m.psi_threshold);
             return bad("memtide.psi_threshold", message);
@@ -1191,8 +1206,9 @@ impl Config {
     /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
     /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`) and
     /// each VM's `policy` where the VMs are otherwise the same. With it, what else
-    /// differs in `fresh`: settings a running daemon does not change, which take effect
-    /// when it restarts.
+    /// differs in `fresh`, and host-side access sampling where the new policy uses it
+    /// and the old did not (or the other way round): settings a running daemon does not
+    /// change, which take effect when it restarts.
     pub fn with_policy_of(&self, fresh: &Config) -> (Config, Vec<&'static str>) {
         let mut next = self.clone();
         next.policy.clone_from(&fresh.policy);
@@ -1245,6 +1261,11 @@ impl Config {
         if left.is_empty() && next != *fresh {
             // A section this list does not name yet: said, not lost.
             left.push("other settings");
+        }
+        // Host-side access sampling follows the policy (memtide, sampled and esx use it)
+        // and is set up when the VMs connect.
+        if next.sample_access() != self.sample_access() {
+            left.push("host-side access sampling (which the new policy changes)");
         }
         (next, left)
     }
@@ -1553,7 +1574,14 @@ mod tests {
             .take_while(|l| l.is_empty() || l.starts_with("    "))
             .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
             .collect();
-        let c = Config::parse(&block, "daemonset").unwrap();
+        let parsed = Config::parse(&block, "daemonset");
+        if !cfg!(feature = "libvirt") {
+            // Its image is built with the libvirt connector, which KubeVirt VMs need.
+            let e = parsed.unwrap_err().to_string();
+            assert!(e.contains("built without libvirt support"), "{e}");
+            return;
+        }
+        let c = parsed.unwrap();
         assert!(c.libvirt.kubevirt && c.discovery.qmp_glob.is_empty());
         assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 30.0);
         assert_eq!(c.daemon.http, "0.0.0.0:9315");
@@ -1573,8 +1601,11 @@ mod tests {
             "memtide.toml: libvirt.kubevirt_pod_refresh_s: 0.5 is not a number of seconds \
              from 1 to 3600"
         );
-        let c = Config::parse(&format!("{on}kubevirt_pod_refresh_s = 60\n"), "x").unwrap();
-        assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 60.0);
+        // KubeVirt itself needs the libvirt connector built in.
+        if cfg!(feature = "libvirt") {
+            let c = Config::parse(&format!("{on}kubevirt_pod_refresh_s = 60\n"), "x").unwrap();
+            assert!(c.libvirt.kubevirt_pod_bounds && c.libvirt.kubevirt_pod_refresh_s == 60.0);
+        }
     }
 
     #[test]
@@ -1583,7 +1614,7 @@ mod tests {
         let vm = |policy: &str, min: u64| {
             format!("[[vm]]\nname = \"db\"\nqmp = \"/q\"\nmin_mib = {min}\n{policy}")
         };
-        let running = parse(&format!("policy = \"memtide\"\n{}", vm("", 512)));
+        let running = parse(&format!("policy = \"mom\"\n{}", vm("", 512)));
         // The policy, its sections and a VM's own policy: all taken, nothing left.
         let fresh = parse(&format!(
             "policy = \"tws\"\n{}[mom]\npressure_threshold = 0.3\n",
@@ -1602,6 +1633,14 @@ mod tests {
         assert_eq!(
             (next.interval_s, &next.vms),
             (running.interval_s, &running.vms)
+        );
+        // To a policy that samples guest accesses from the host: not until a restart.
+        let (next, left) =
+            running.with_policy_of(&parse(&format!("policy = \"esx\"\n{}", vm("", 512))));
+        assert_eq!(next.policy, "esx");
+        assert_eq!(
+            left,
+            ["host-side access sampling (which the new policy changes)"]
         );
     }
 
@@ -1715,6 +1754,17 @@ mod tests {
                 "memtide.toml: libvirt.uris[0]: this memtide was built without libvirt support (cargo feature `libvirt`)"
             }
         );
+        // KubeVirt's VMs are reached through libvirt: without it, refused at once rather
+        // than at each launcher pod's connection.
+        let kubevirt = Config::parse("[libvirt]\nkubevirt = true\n", "memtide.toml");
+        match cfg!(feature = "libvirt") {
+            true => assert!(kubevirt.is_ok()),
+            false => assert_eq!(
+                kubevirt.unwrap_err().to_string(),
+                "memtide.toml: libvirt.kubevirt: this memtide was built without libvirt \
+                 support (cargo feature `libvirt`), through which KubeVirt VMs are reached"
+            ),
+        }
         assert_eq!(
             err("[engine]\nhistory_len = 0\n"),
             "memtide.toml: engine.history_len: must be at least 1"
@@ -1771,7 +1821,7 @@ mod tests {
             // The other policies' constants, each as an operator got it wrong.
             (
                 "[esx]\nhigh = 0.01\nsoft = 0.5\n",
-                "esx: the states' free shares must rise: low 0.01 < hard 0.02 < soft 0.5 < high 0.01",
+                "esx: the states' free shares must rise: low 0.01 ≤ hard 0.02 ≤ soft 0.5 ≤ high 0.01",
             ),
             ("[esx]\nhard = 2\n", "esx.hard: 2 must be a share in [0, 1]"),
             ("[esx]\nlow = -1\n", "esx.low: -1 must be a share in [0, 1]"),
@@ -1779,7 +1829,11 @@ mod tests {
                 "[esx]\nidle_tax = 1\n",
                 "esx.idle_tax: 1 must be in [0, 1): at 1 idle memory costs without bound",
             ),
-            ("[esx]\nsoft_step = 0\n", "esx.soft_step: 0 must be in (0, 1]"),
+            (
+                "[esx]\nsoft_step = 1.5\n",
+                "esx.soft_step: 1.5 must be a share of the guest in [0, 1]",
+            ),
+            ("[esx]\ngrow_step = -1\n", "esx.grow_step: -1 must be a share ≥ 0"),
             (
                 "[esx.sampling]\nslow_weight = 1.5\n",
                 "esx.sampling.slow_weight: 1.5 must be in (0, 1]",
@@ -1794,14 +1848,19 @@ mod tests {
             ),
             ("[sampled]\nfast_weight = 7\n", "sampled.fast_weight: 7 must be in (0, 1]"),
             ("[sampled]\nslow_weight = -1\n", "sampled.slow_weight: -1 must be in (0, 1]"),
-            ("[tws]\nfast_step = -1\n", "tws.fast_step: -1 must be in (0, 1]"),
-            ("[tws]\nslow_step = 9\n", "tws.slow_step: 9 must be in (0, 1]"),
+            (
+                "[tws]\nfast_step = -1\n",
+                "tws.fast_step: -1 must be a share of the guest in [0, 1]",
+            ),
+            (
+                "[tws]\nslow_step = 9\n",
+                "tws.slow_step: 9 must be a share of the guest in [0, 1]",
+            ),
             ("[memtide]\nmargin = -0.5\n", "memtide.margin: -0.5 must be a share in [0, 1]"),
             ("[memtide]\nprobe_step = -1\n", "memtide.probe_step: -1 must be a share in [0, 1]"),
-            ("[memtide]\nbackoff_step = -3\n", "memtide.backoff_step: -3 must be in (0, 1]"),
             (
-                "[memtide]\nmax_cool_down_s = 4\n",
-                "memtide.max_cool_down_s: 4 is below cool_down_s 8",
+                "[memtide]\nbackoff_step = -3\n",
+                "memtide.backoff_step: -3 must be a share of the guest in [0, 1]",
             ),
             (
                 "[memtide]\npsi_threshold = 101\n",
@@ -1822,9 +1881,9 @@ mod tests {
                 "daemon.record_keep: 0: at least 1, the file being written",
             ),
             (
-                "[discovery]\nagent_extension = \"\"\n",
-                "discovery.agent_extension: \"\" is not a file name extension (web1.sock's \
-                 agent at web1.qga: \"qga\")",
+                "[discovery]\nagent_extension = \"../qga\"\n",
+                "discovery.agent_extension: \"../qga\" is not a file name extension \
+                 (web1.sock's agent at web1.qga: \"qga\"; \"\" for none)",
             ),
             (
                 "[[vm]]\nname = \"a\"\nqmp = \"/a\"\nlaunch = []\n",

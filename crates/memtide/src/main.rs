@@ -93,6 +93,10 @@ enum Command {
     CheckConfig {
         /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
         config: Option<PathBuf>,
+        /// Check the file and its policy files only, not this host's /proc, /sys, domain
+        /// cgroup and NUMA nodes (a configuration made for another host).
+        #[arg(long)]
+        no_host: bool,
     },
     /// Make the running daemon reload its policy, as SIGHUP does: the configuration file
     /// is read again for its policy settings (what else changed waits for a restart) and
@@ -211,7 +215,7 @@ enum Command {
     /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
     Sim {
         /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000, no-overcommit,
-        /// burst, cloud-mix, small-vms, tiered-redis) or a scenario file.
+        /// burst, cloud-mix, small-vms, density, tiered-redis) or a scenario file.
         scenario: String,
         /// The policy: a built-in name or a policy file.
         #[arg(long, default_value = "memtide", conflicts_with = "compare")]
@@ -466,16 +470,23 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             memtide::top::run(socket).await
         }
-        Command::CheckConfig { config } => {
+        Command::CheckConfig { config, no_host } => {
             let named = config.or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from));
+            let check = |config: &Config| -> anyhow::Result<()> {
+                match no_host {
+                    true => drop(memtide::policies::load(config).context("loading the policy")?),
+                    false => drop(memtide::daemon::check(config)?),
+                }
+                Ok(())
+            };
             // No file named and none at the default place: memtide runs on its built-in
             // defaults, which are checked as run would.
             let Some(file) = config_file(named.as_ref()) else {
-                memtide::daemon::check(&Config::default())?;
+                check(&Config::default())?;
                 println!("no {DEFAULT_CONFIG}: the built-in defaults: ok");
                 return Ok(());
             };
-            memtide::daemon::check(&Config::load(&file)?)?;
+            check(&Config::load(&file)?)?;
             println!("{}: ok", file.display());
             Ok(())
         }
@@ -747,15 +758,19 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The tracing filter `text` names: a level, or `target=level` directives (with at most
-/// one bare level among them). A bare word that is not a level is refused: tracing would
-/// take it for a target to log everything of and log nothing else (`degub`, a typo of
-/// `debug`, silenced every error).
+/// The tracing filter `text` names: a level, or `target=level` directives. A bare word
+/// is a level (a name, or 0 to 5), or a target to log everything of: only memtide's own
+/// (`memtide…`) or a path (`a::b`) is taken as one. Any other is refused: tracing would
+/// log that target alone and nothing else (`degub`, a typo of `debug`, silenced every
+/// error).
 fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
     for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         let bare = !directive.contains(['=', '[', '{']);
-        if bare && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive)) {
+        let level = LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive))
+            || matches!(directive, "0" | "1" | "2" | "3" | "4" | "5");
+        let target = directive.starts_with("memtide") || directive.contains("::");
+        if bare && !level && !target {
             return Err(format!(
                 "{directive:?} is not a level (one of {}); a target's level is given as \
                  target=level, e.g. memtide::daemon=debug",

@@ -425,16 +425,23 @@ impl Collector for StatusCollector {
         });
         // A VM memtide knows and cannot connect to (its QEMU gone, hung at connection, its
         // socket missing) is down too, for as long as it waits: an alert on
-        // `memtide_vm_up == 0` then holds for as long as the VM is out of reach.
+        // `memtide_vm_up == 0` then holds for as long as the VM is out of reach. Not one
+        // down on purpose: hibernated by memtide, or left to another manager.
         let decided: HashSet<&str> = vms.iter().map(|v| v.name.as_str()).collect();
-        let waiting = status.waiting.iter().map(|w| w.name.as_str());
-        let not_connected: BTreeSet<&str> = waiting.filter(|n| !decided.contains(n)).collect();
+        let asleep: HashSet<&str> = status.hibernated.iter().map(|h| h.vm.as_str()).collect();
+        let not_connected: BTreeSet<&str> = status
+            .waiting
+            .iter()
+            .filter(|w| !w.left_alone)
+            .map(|w| w.name.as_str())
+            .filter(|n| !decided.contains(n) && !asleep.contains(n))
+            .collect();
         up.extend(not_connected.into_iter().map(|vm| (vec![("vm", vm)], 0.0)));
         gauges(
             &mut enc,
             "memtide_vm_up",
             "1 when the VM answered this tick; 0 when it did not, or is not connected (a VM \
-             memtide knows and waits to reach).",
+             memtide knows and waits to reach; not one hibernated, or left to another manager).",
             up,
         )?;
         gauges(
@@ -687,12 +694,31 @@ mod tests {
             name: name.into(),
             endpoint: format!("/run/memtide/qmp/{name}.qmp"),
             error: Some("No such file or directory".into()),
+            left_alone: false,
             retry_in_s: 4.0,
+        };
+        let pve = crate::daemon::fleet::Waiting {
+            left_alone: true,
+            ..waiting("pve")
         };
         let status = Status {
             decision: Some(decision),
             // "web" waits under a second endpoint of its name: it answered, it is up.
-            waiting: vec![waiting("db"), waiting("web"), waiting("db")],
+            // "pve" is left to Proxmox VE's auto-ballooning, "idle" hibernated: both down
+            // on purpose.
+            waiting: vec![
+                waiting("db"),
+                waiting("web"),
+                waiting("db"),
+                pve,
+                waiting("idle"),
+            ],
+            hibernated: vec![crate::status::Hibernated {
+                vm: "idle".into(),
+                id: "1".into(),
+                since: "2026-12-02T06:00:00Z".into(),
+                configured: memtide_core::Bytes::from_mib(512),
+            }],
             ..Status::default()
         };
         let text = classic(&render(&registry(Arc::new(RwLock::new(status)))));

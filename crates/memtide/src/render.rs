@@ -439,6 +439,7 @@ mod tests {
             name: name.into(),
             endpoint: format!("/q/{name}.sock"),
             error: None,
+            left_alone: false,
             retry_in_s,
         };
         let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());

@@ -223,8 +223,14 @@ fn problems_are_logged_as_warnings_and_a_log_level_that_is_no_level_is_refused()
         let err = stderr(&o);
         assert!(err.contains("\"degub\" is not a level"), "{err}");
     }
-    // Levels in any case, and target=level filters, are taken.
-    for level in ["WARN", "info,memtide::daemon=debug"] {
+    // Levels in any case or as numbers, target=level filters and memtide's own targets
+    // are taken.
+    for level in [
+        "WARN",
+        "3",
+        "info,memtide::daemon=debug",
+        "memtide_adapters",
+    ] {
         let o = run(&[
             "--log-level",
             level,
@@ -273,7 +279,8 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
     assert_eq!(
         said.trim(),
         format!(
-            "policy mom loaded; interval_s changed in {}: not applied until memtide restarts",
+            "policy mom loaded from {}; not applied until memtide restarts: interval_s, \
+             host-side access sampling (which the new policy changes)",
             file.display()
         )
     );
@@ -662,6 +669,14 @@ fn check_config_refuses_what_run_would_refuse_at_start() {
             stderr(&checked)
         );
         assert_eq!(stderr(&checked), stderr(&ran), "{config}");
+        // Made for another host: only the file and its policy files are checked.
+        let elsewhere = memtide()
+            .args(["check-config", "--no-host"])
+            .arg(root.join("memtide.toml"))
+            .output()
+            .unwrap();
+        let policy_fault = config.starts_with("policy");
+        assert_eq!(elsewhere.status.success(), !policy_fault, "{config}");
     }
 }
 

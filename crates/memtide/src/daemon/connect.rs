@@ -53,7 +53,7 @@ fn pve_memory(dir: &Path, socket: &Path) -> Result<proxmox::PveMemory, BackendEr
     let vmid = socket.file_stem().unwrap_or_default();
     let m = pve_settings(dir, vmid)?;
     if m.auto_ballooned() {
-        return Err(BackendError::Protocol(format!(
+        return Err(BackendError::LeftAlone(format!(
             "Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon {} below \
              memory {}, shares {}): `qm set {} --shares 0` leaves it to memtide",
             m.min,
@@ -241,8 +241,9 @@ mod tests {
             .to_string();
         assert_eq!(
             refused,
-            "Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon 512 MiB below \
-             memory 2.0 GiB, shares 1000): `qm set 105 --shares 0` leaves it to memtide"
+            "left alone: Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon \
+             512 MiB below memory 2.0 GiB, shares 1000): `qm set 105 --shares 0` leaves it to \
+             memtide"
         );
         let missing = pve_memory(dir.path(), Path::new("/run/memtide/qmp/103.sock"))
             .unwrap_err()

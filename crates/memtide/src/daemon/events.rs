@@ -52,12 +52,15 @@ const ALWAYS: [&str; 19] = [
 /// something it was doing or asked to do (a tick skipped, a policy rejected or failing, a
 /// snapshot or restore not made, a file not written); warnings where a VM or the host
 /// keeps memtide from managing as it should (a VM lost or unreachable, an action that
-/// failed, a guest whose figures are not believed); everything else is information.
+/// failed, a guest whose figures are not believed); everything else is information (a
+/// VM lost as it shut down or as memtide saved it, `rule` saying which, among them).
 fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
     use tracing::Level;
     match kind {
         "host_error" | "policy_rejected" | "snapshot_failed" | "restore_failed"
         | "restore_given_up" | "write_failed" => Level::ERROR,
+        // A VM that shut down, or that memtide was saving, went as it should.
+        "vm_lost" if rule.is_some() => Level::INFO,
         "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" => Level::WARN,
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
@@ -380,6 +383,24 @@ mod tests {
     /// An engine running MOM.
     fn mom() -> Engine {
         Engine::new(EngineConfig::default(), Box::<Mom>::default())
+    }
+
+    #[test]
+    fn what_went_wrong_is_logged_above_what_went_as_it_should() {
+        use tracing::Level;
+        let cases = [
+            (("host_error", None), Level::ERROR),
+            (("diagnostic", Some("policy_error")), Level::ERROR),
+            (("vm_lost", None), Level::WARN),
+            (("diagnostic", Some("unreachable")), Level::WARN),
+            (("vm_lost", Some("shut_down")), Level::INFO),
+            (("vm_lost", Some("saving")), Level::INFO),
+            (("diagnostic", Some("guest_shutdown")), Level::INFO),
+            (("action", Some("memtide.probe")), Level::INFO),
+        ];
+        for ((kind, rule), level) in cases {
+            assert_eq!(severity(kind, rule), level, "{kind} {rule:?}");
+        }
     }
 
     #[test]

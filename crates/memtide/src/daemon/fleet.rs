@@ -55,6 +55,9 @@ pub struct Waiting {
     pub endpoint: String,
     /// The last connection error.
     pub error: Option<String>,
+    /// Left alone on purpose (another manager owns its balloon), not out of reach.
+    #[serde(default)]
+    pub left_alone: bool,
     /// Seconds until the next attempt.
     pub retry_in_s: f64,
 }
@@ -70,6 +73,8 @@ struct Candidate {
     discovered: bool,
     backoff: Backoff,
     error: Option<String>,
+    /// The last connection was refused on purpose ([`Waiting::left_alone`]).
+    left_alone: bool,
     /// Kept while it reconnects: a VM does not escape the backoff by dropping its session.
     actuation: Actuation,
     /// Kept while it reconnects.
@@ -255,6 +260,7 @@ impl Fleet {
                     actuation: Actuation::default(),
                     late_samples: 0,
                     error: None,
+                    left_alone: false,
                 };
                 Some((Endpoint::of(vm)?, c))
             })
@@ -353,6 +359,7 @@ impl Fleet {
                 }
                 Err(e) => {
                     c.error = Some(e.to_string());
+                    c.left_alone = matches!(e, BackendError::LeftAlone(_));
                     c.backoff.failed(now);
                     self.candidates.insert(endpoint, c);
                 }
@@ -435,6 +442,7 @@ impl Fleet {
             discovered: true,
             backoff: Backoff::default(),
             error: None,
+            left_alone: false,
             actuation: Actuation::default(),
             late_samples: 0,
         }
@@ -683,6 +691,7 @@ impl Fleet {
             discovered: m.discovered,
             backoff,
             error: Some(why),
+            left_alone: false,
             actuation: m.actuation,
             late_samples: m.late_samples,
         };
@@ -837,6 +846,7 @@ impl Fleet {
                 name: c.name.clone(),
                 endpoint: endpoint.to_string(),
                 error: c.error.clone(),
+                left_alone: c.left_alone,
                 retry_in_s: c.backoff.remaining(now).as_secs_f64(),
             })
             .collect()

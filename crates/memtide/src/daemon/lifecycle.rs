@@ -56,7 +56,7 @@ impl Daemon {
         by: TakenBy,
         reply: oneshot::Sender<Result<serde_json::Value, String>>,
     ) {
-        let known = self.fleet.configured(&vm).is_some()
+        let known = self.fleet.process(&vm).is_some()
             || self.config.vms.iter().any(|v| v.name == vm)
             || self.fleet.waiting().iter().any(|w| w.name == vm);
         if !known {

@@ -494,13 +494,15 @@ impl Daemon {
             let name = policy.name().to_string();
             self.engine.set_policy(policy);
             self.config = next;
-            let mut message = format!("policy {name} loaded");
-            if let (false, Some(file)) = (left.is_empty(), &self.options.config_file) {
-                message += &format!(
-                    "; {} changed in {}: not applied until memtide restarts",
-                    left.join(", "),
-                    file.display()
-                );
+            let mut message = match &self.options.config_file {
+                Some(file) => format!("policy {name} loaded from {}", file.display()),
+                None => format!(
+                    "policy {name} loaded (memtide started without a configuration file: \
+                     none is read)"
+                ),
+            };
+            if !left.is_empty() {
+                message += &format!("; not applied until memtide restarts: {}", left.join(", "));
             }
             Ok(message)
         });
@@ -646,8 +648,15 @@ impl Daemon {
                     shut_down,
                     pid,
                 } => {
-                    self.events
-                        .log("vm_lost", Some(vm), None, format!("connection lost: {why}"));
+                    // Why it went, where that was no fault: its hypervisor announced a
+                    // shutdown, or memtide was saving it (a hibernation ends its QEMU).
+                    let rule = match () {
+                        _ if *shut_down => Some("shut_down"),
+                        _ if self.saving.contains(vm) => Some("saving"),
+                        _ => None,
+                    };
+                    let message = format!("connection lost: {why}");
+                    self.events.log("vm_lost", Some(vm), rule, message);
                     self.lost(vm, *shut_down, *pid);
                 }
             }

@@ -136,13 +136,19 @@ impl Top {
     }
 
     /// The VMs memtide knows and is not connected to (`memtide status`'s "not
-    /// connected"), by name, each once, filtered as the table is.
+    /// connected"), by name, each once, filtered as the table is: not those connected
+    /// under another endpoint, nor those hibernated.
     pub fn not_connected(&self) -> Vec<&str> {
         let Some(s) = &self.status else {
             return Vec::new();
         };
+        let away = |n: &&str| {
+            let decided = s.decision.iter().flat_map(|d| &d.vms).any(|v| v.name == *n);
+            let asleep = s.hibernated.iter().any(|h| h.vm == *n);
+            !decided && !asleep && n.contains(self.filter.as_str())
+        };
         let names = s.waiting.iter().map(|w| w.name.as_str());
-        let shown: BTreeSet<&str> = names.filter(|n| n.contains(self.filter.as_str())).collect();
+        let shown: BTreeSet<&str> = names.filter(away).collect();
         shown.into_iter().collect()
     }
 
@@ -230,13 +236,23 @@ mod tests {
             name: name.into(),
             endpoint: endpoint.into(),
             error: None,
+            left_alone: false,
             retry_in_s: 1.0,
         };
         s.waiting = vec![
             waiting("web-2", "/a"),
             waiting("db", "/b"),
             waiting("web-2", "/c"),
+            // Connected under its other endpoint; hibernated.
+            waiting("web-1", "/d"),
+            waiting("idle", "/e"),
         ];
+        s.hibernated = vec![crate::status::Hibernated {
+            vm: "idle".into(),
+            id: "1".into(),
+            since: "2026-12-02T06:00:00Z".into(),
+            configured: Bytes::from_mib(512),
+        }];
         top.update(s);
         assert_eq!(top.not_connected(), ["db", "web-2"]);
         top.filter = "web".into();
