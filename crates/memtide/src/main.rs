@@ -21,8 +21,15 @@ use std::time::Duration;
 
 /// Watches each VM, takes back the memory it does not use, and gives it back before the
 /// guest suffers.
+/// The version, and whether the libvirt connector is built in (a build without it
+/// refuses configurations that name libvirt or KubeVirt).
+#[cfg(feature = "libvirt")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (with libvirt)");
+#[cfg(not(feature = "libvirt"))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (without libvirt)");
+
 #[derive(Parser)]
-#[command(name = "memtide", version, about, propagate_version = true)]
+#[command(name = "memtide", version = VERSION, about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

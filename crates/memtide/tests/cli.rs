@@ -50,10 +50,12 @@ fn every_subcommand_has_help_and_there_is_a_version() {
             "{sub:?}"
         );
     }
+    // The version, and whether this build reaches libvirt (and KubeVirt) VMs.
     let o = run(&["--version"]);
+    let libvirt = if cfg!(feature = "libvirt") { "with" } else { "without" };
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
-        format!("memtide {}", env!("CARGO_PKG_VERSION"))
+        format!("memtide {} ({libvirt} libvirt)", env!("CARGO_PKG_VERSION"))
     );
 }
 
