@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `none`, `mom`, `proxmox`, `esx` and `memtide` on the built-in scenarios (same seed), as
 # text tables, without and then with deflate-on-oom in the guests' balloons (OOM kills
-# with it are counted as "kills (+rescues)"), then with free page reporting in them (as
+# with it are counted as "N (+D)", D the rescues), then with free page reporting in them (as
 # KubeVirt configures its VMs: freed memory goes back to the host under every policy,
 # none included); the full reports (summary.json,
 # compare.json, SVG plots) go to bench/results/compare-SCENARIO/.

@@ -52,7 +52,11 @@ fn every_subcommand_has_help_and_there_is_a_version() {
     }
     // The version, and whether this build reaches libvirt (and KubeVirt) VMs.
     let o = run(&["--version"]);
-    let libvirt = if cfg!(feature = "libvirt") { "with" } else { "without" };
+    let libvirt = if cfg!(feature = "libvirt") {
+        "with"
+    } else {
+        "without"
+    };
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("memtide {} ({libvirt} libvirt)", env!("CARGO_PKG_VERSION"))

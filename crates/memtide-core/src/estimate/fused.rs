@@ -353,12 +353,10 @@ impl Fused {
         (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1)).min(cfg.max_cool_down_s)
     }
 
-    /// Advance one tick. Needs MemAvailable (guest agent or balloon statistics) or, at
-    /// least, the guest's free memory.
-    pub fn step(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Estimate> {
-        let s = &obs.signals;
-        let (need, margin, floor) = need(cfg, obs)?;
-        let base = need + margin;
+    /// Take in a host-side access sample: what the guest touched in each of the latest
+    /// [`FusedConfig::touched_samples`] samples (memory it uses, seen by the host), once
+    /// there are that many; none without sampling.
+    fn touched(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
         match obs.referenced {
             Some(r) => {
                 self.sampled_at = Some(obs.at);
@@ -369,28 +367,33 @@ impl Fused {
             }
             None => self.touched.clear(),
         }
-        // Touched in each of the latest samples: memory the guest uses, seen by the host.
-        let hot = (self.touched.len() == cfg.touched_samples)
+        (self.touched.len() == cfg.touched_samples)
             .then(|| self.touched.iter().copied().min())
-            .flatten();
+            .flatten()
+    }
+
+    /// Before a guest's first estimate, where the usual rules must wait: a guest found
+    /// with its balloon already holding memory starts from the size it lives at
+    /// (`adopt`), and one first seen while the host does not need memory is left at its
+    /// size while it may still be starting (`arrive`). `None`: the usual rules apply.
+    fn before_first_estimate(
+        &mut self,
+        cfg: &FusedConfig,
+        obs: &Observation,
+        (need, base, floor): (Bytes, Bytes, Bytes),
+        first_seen: Duration,
+    ) -> Option<Estimate> {
+        if self.estimate.is_some() {
+            return None;
+        }
+        let s = &obs.signals;
         let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
-        let step = |share: f64| {
-            obs.configured
-                .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
-        };
-        // A guest first seen while the host does not need memory (ample at costless sizes,
-        // and with every VM at its full size) is left at its size for `arrive_s` before its
-        // first estimate: it may be booting, its agent answering before its programs
-        // allocate (found on real guests in the density benchmark: a guest ballooned to
-        // its 83 MiB boot-time need two seconds before its workload committed 192 MiB
-        // thrashed for 40 s).
-        let first_seen = *self.first_seen.get_or_insert(obs.at);
         // A guest whose balloon already holds memory when first seen was managed before (a
         // memtide that restarted, or its operator): it starts from the size it lives at,
         // which probing may have brought below its need and cache, and is held for a
         // cool-down, as after a back-off, before the usual rules move it (its need from
         // scratch would undo what probing found cold, or squeeze it at once).
-        if self.estimate.is_none() && obs.size + Bytes::from_mib(1) < obs.configured {
+        if obs.size + Bytes::from_mib(1) < obs.configured {
             let wss = clamp(obs.size.max(base), floor, obs.configured);
             self.estimate = Some(wss);
             (self.base, self.freed_from) = (base, Some((base, s.committed_as)));
@@ -410,9 +413,14 @@ impl Fused {
                 keep: None,
             });
         }
+        // A guest first seen while the host does not need memory (ample at costless sizes,
+        // and with every VM at its full size) is left at its size for `arrive_s` before its
+        // first estimate: it may be booting, its agent answering before its programs
+        // allocate (found on real guests in the density benchmark: a guest ballooned to
+        // its 83 MiB boot-time need two seconds before its workload committed 192 MiB
+        // thrashed for 40 s).
         let free_at_full = obs.need.map_or(0.0, |n| n.free_at_full);
-        if self.estimate.is_none()
-            && level == NeedLevel::Ample
+        if level == NeedLevel::Ample
             && free_at_full >= cfg.ample_free
             && obs.at < first_seen + secs(cfg.arrive_s)
         {
@@ -428,7 +436,49 @@ impl Fused {
                 keep: None,
             });
         }
+        None
+    }
 
+    /// What free page reporting lets a guest estimated at `wss` keep while memory is
+    /// ample, on top of its estimate, as far as memory is not divided (the policy
+    /// decides). What it freed lately counts as reported until its host shows it given
+    /// back or the guest has had its time to report it (found on real guests: a guest that
+    /// freed 168 MiB was ballooned to its need at the next tick, before its driver
+    /// reported the memory, so the balloon took what reporting would have given back at no
+    /// cost to the guest); never more than the free memory its host still backs, and not
+    /// once it needs memory again (the caller forgets what it freed then).
+    fn reported_keep(&self, cfg: &FusedConfig, obs: &Observation, wss: Bytes) -> Option<Bytes> {
+        let unreported = self
+            .freed_at
+            .filter(|(at, ..)| obs.at < *at + secs(cfg.report_wait_s))
+            .zip(obs.backed.zip(obs.signals.used))
+            .map_or(Bytes::ZERO, |((_, then, freed), (backed, used))| {
+                let given_back = then.map_or(Bytes::ZERO, |then| then - backed);
+                (freed - given_back).min(backed - used)
+            });
+        let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
+        reported_kept(cfg, obs, unreported)
+            .filter(|_| level == NeedLevel::Ample)
+            .map(|k| k.min(obs.configured))
+            .filter(|k| *k > wss)
+    }
+
+    /// Advance one tick. Needs MemAvailable (guest agent or balloon statistics) or, at
+    /// least, the guest's free memory.
+    pub fn step(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Estimate> {
+        let s = &obs.signals;
+        let (need, margin, floor) = need(cfg, obs)?;
+        let base = need + margin;
+        let hot = self.touched(cfg, obs);
+        let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
+        let step = |share: f64| {
+            obs.configured
+                .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
+        };
+        let first_seen = *self.first_seen.get_or_insert(obs.at);
+        if let Some(first) = self.before_first_estimate(cfg, obs, (need, base, floor), first_seen) {
+            return Some(first);
+        }
         // The first estimate also keeps the page cache the guest used more than once
         // lately: MemAvailable counts it free, and dropping it at once is a refault
         // storm (seen on real guests: a 150 MiB cache working set squeezed to 94 MiB
@@ -772,36 +822,80 @@ impl Fused {
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
         let wss = clamp(estimate.max(swap_floor), floor, obs.configured);
         self.estimate = Some(wss);
-        // What free page reporting lets it keep while memory is ample comes on top of the
-        // estimate, as far as memory is not divided (the policy decides).
-        // What it freed lately counts as reported until its host shows it given back or
-        // the guest has had its time to report it (found on real guests: a guest that
-        // freed 168 MiB was ballooned to its need at the next tick, before its driver
-        // reported the memory, so the balloon took what reporting would have given back
-        // at no cost to the guest); never more than the free memory its host still backs,
-        // and not once it needs memory again.
         if allocated || rebase || short {
             self.freed_at = None;
         }
-        let unreported = self
-            .freed_at
-            .filter(|(at, ..)| obs.at < *at + secs(cfg.report_wait_s))
-            .zip(obs.backed.zip(s.used))
-            .map_or(Bytes::ZERO, |((_, then, freed), (backed, used))| {
-                let given_back = then.map_or(Bytes::ZERO, |then| then - backed);
-                (freed - given_back).min(backed - used)
-            });
-        let keep = reported_kept(cfg, obs, unreported)
-            .filter(|_| level == NeedLevel::Ample)
-            .map(|k| k.min(obs.configured))
-            .filter(|k| *k > wss);
-        // One format per tick and VM: reasons are made for every VM every tick.
-        let detail = match phase {
+        let keep = self.reported_keep(cfg, obs, wss);
+        let told = Told {
+            wss,
+            need,
+            floor,
+            faults,
+            stalls,
+            kills,
+            hold_s,
+            cache: active_file,
+            size: obs.size,
+            failed_at: self.failed_at,
+            hot,
+            touched_need,
+            samples: self.touched.len(),
+            cold,
+            allocation,
+            freed,
+        };
+        let detail = told.detail(phase, cfg);
+        Some(Estimate {
+            wss,
+            phase,
+            detail,
+            keep,
+        })
+    }
+}
+
+/// What a tick's reason tells beside its phase: the figures its rule went by.
+struct Told {
+    wss: Bytes,
+    need: Bytes,
+    floor: Bytes,
+    faults: u64,
+    stalls: u64,
+    kills: u64,
+    hold_s: u64,
+    /// The page cache in use kept by a first estimate.
+    cache: Option<Bytes>,
+    size: Bytes,
+    failed_at: Option<Bytes>,
+    hot: Option<Bytes>,
+    touched_need: Option<Bytes>,
+    /// Host-side access samples in.
+    samples: usize,
+    cold: Option<Bytes>,
+    allocation: Option<Bytes>,
+    freed: Option<Bytes>,
+}
+
+impl Told {
+    /// The reason's text for `phase`: one format per tick and VM, as reasons are made for
+    /// every VM every tick.
+    fn detail(&self, phase: &str, cfg: &FusedConfig) -> String {
+        let Told {
+            wss,
+            need,
+            floor,
+            faults,
+            stalls,
+            kills,
+            hold_s,
+            ..
+        } = *self;
+        match phase {
             "back_off" => format!(
                 "estimate {wss}: short of memory ({faults} pages faulted back, {stalls} stalls, \
                  {kills} OOM kills): back off, hold {hold_s} s; the guest counts {need} needed, floor {floor}"
             ),
-            "start" => match active_file {
+            "start" => match self.cache {
                 Some(cache) => format!(
                     "estimate {wss}: the guest counts {need} needed and {cache} of page cache in use: start there; floor {floor}"
                 ),
@@ -813,7 +907,7 @@ impl Fused {
             "hold" => format!("estimate {wss}: holding for a cool-down (after a back-off or new demand)"),
             "settle" => format!(
                 "estimate {wss}: holding until the guest comes down to it (now {})",
-                obs.size
+                self.size
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
             "probed" => format!(
@@ -824,37 +918,37 @@ impl Fused {
                 "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
                  last {} samples: no probe below {} and the margin (its floor {floor} and the \
                  touched taken as {} of what it needs above it, up to its need {need})",
-                hot.unwrap_or_default(),
+                self.hot.unwrap_or_default(),
                 cfg.touched_samples,
-                touched_need.unwrap_or_default(),
+                self.touched_need.unwrap_or_default(),
                 cfg.touched_share
             ),
             "sampling" => format!(
                 "estimate {wss}: holding: {} of {} host-side access samples in; no probe before \
                  they tell what the guest touches",
-                self.touched.len(),
+                self.samples,
                 cfg.touched_samples
             ),
             "cold" => format!(
                 "estimate {wss}: the host saw {} of what the guest counts needed ({need}) \
                  untouched for the cold age: let it go",
-                cold.unwrap_or_default()
+                self.cold.unwrap_or_default()
             ),
             "ample" => format!(
                 "estimate {wss}: no probing, memory is ample: only what costs the guest nothing (free memory it has not committed, page cache it does not use); it counts {need} needed"
             ),
             "allocate" => format!(
                 "estimate {wss}: the guest committed {} more: give it at once; it counts {need} needed",
-                allocation.unwrap_or_default()
+                self.allocation.unwrap_or_default()
             ),
             "release" => format!(
                 "estimate {wss}: the guest freed {}: take it back; it counts {need} needed",
-                freed.unwrap_or_default()
+                self.freed.unwrap_or_default()
             ),
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
             ),
-            _ => match hot {
+            _ => match self.hot {
                 Some(h) => format!(
                     "estimate {wss}: no shortage: probe lower (floor {floor}; the guest counts \
                      {need} needed and touched at least {h} in each of the last {} host-side \
@@ -863,13 +957,7 @@ impl Fused {
                 ),
                 None => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
             },
-        };
-        Some(Estimate {
-            wss,
-            phase,
-            detail,
-            keep,
-        })
+        }
     }
 }
 
