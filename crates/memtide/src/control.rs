@@ -287,29 +287,52 @@ async fn save(requests: &mpsc::Sender<Request>, req: &Value) -> Value {
     }
 }
 
-/// Send one command to a running daemon and return its reply.
-async fn request(path: &Path, command: &str) -> anyhow::Result<Value> {
-    send(path, &json!({ "command": command })).await
+/// How long a client waits for the status: the daemon serves it at once, off its loop,
+/// once one of its connections is free (an idle client holds one for [`IO_TIMEOUT`]).
+const STATUS_WAIT: Duration = Duration::from_secs(30);
+/// How long a client waits for a reload: the daemon takes it between two ticks.
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// Send one command to a running daemon and return its reply, waiting for it at most
+/// `wait`.
+async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<Value> {
+    send(path, &json!({ "command": command }), Some(wait)).await
 }
 
-/// Send one request to a running daemon and return its reply.
-async fn send(path: &Path, request: &Value) -> anyhow::Result<Value> {
-    let stream = UnixStream::connect(path).await.with_context(|| {
-        format!(
-            "cannot reach memtide at {} (is `memtide run` running?)",
-            path.display()
-        )
-    })?;
-    let (read, mut write) = stream.into_split();
-    write.write_all(format!("{request}\n").as_bytes()).await?;
-    let mut line = String::new();
-    BufReader::new(read).read_line(&mut line).await?;
-    serde_json::from_str(&line).context("invalid reply from the daemon")
+/// Send one request to a running daemon and return its reply, waiting for it at most
+/// `wait` where given: a daemon that was stopped (SIGSTOP) or hangs still accepts the
+/// connection (the kernel does), so without a limit a client would wait forever.
+async fn send(path: &Path, request: &Value, wait: Option<Duration>) -> anyhow::Result<Value> {
+    let exchange = async {
+        let stream = UnixStream::connect(path).await.with_context(|| {
+            format!(
+                "cannot reach memtide at {} (is `memtide run` running?)",
+                path.display()
+            )
+        })?;
+        let (read, mut write) = stream.into_split();
+        write.write_all(format!("{request}\n").as_bytes()).await?;
+        let mut line = String::new();
+        BufReader::new(read).read_line(&mut line).await?;
+        serde_json::from_str(&line).context("invalid reply from the daemon")
+    };
+    let Some(wait) = wait else {
+        return exchange.await;
+    };
+    tokio::time::timeout(wait, exchange)
+        .await
+        .unwrap_or_else(|_| {
+            bail!(
+                "memtide at {} did not answer within {} s: the daemon is stopped or hangs",
+                path.display(),
+                wait.as_secs()
+            )
+        })
 }
 
 /// Ask a running daemon to reload its policy; returns what it loaded.
 pub async fn request_reload(path: &Path) -> anyhow::Result<String> {
-    let reply = request(path, "reload").await?;
+    let reply = request(path, "reload", RELOAD_WAIT).await?;
     match (reply.get("ok"), reply.get("error")) {
         (Some(ok), _) => Ok(ok.as_str().unwrap_or_default().to_string()),
         (_, Some(e)) => bail!("policy not reloaded: {}", e.as_str().unwrap_or_default()),
@@ -317,13 +340,12 @@ pub async fn request_reload(path: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// Ask a running daemon to save VM `vm`'s memory; returns the snapshot's description.
+/// Ask a running daemon to save VM `vm`'s memory; returns the snapshot's description
+/// (waited for as long as the save takes: the daemon bounds it by `[snapshots]
+/// timeout_s`).
 pub async fn request_save(path: &Path, vm: &str, then: AfterSave) -> anyhow::Result<Value> {
-    let reply = send(
-        path,
-        &json!({"command": "snapshot", "vm": vm, "then": then}),
-    )
-    .await?;
+    let save = json!({"command": "snapshot", "vm": vm, "then": then});
+    let reply = send(path, &save, None).await?;
     match (reply.get("ok"), reply.get("error")) {
         (Some(ok), _) => Ok(ok.clone()),
         (_, Some(e)) => bail!("{vm} not saved: {}", e.as_str().unwrap_or_default()),
@@ -333,7 +355,12 @@ pub async fn request_save(path: &Path, vm: &str, then: AfterSave) -> anyhow::Res
 
 /// Ask a running daemon for its status.
 pub async fn request_status(path: &Path) -> anyhow::Result<Status> {
-    let value = request(path, "status").await?;
+    request_status_within(path, STATUS_WAIT).await
+}
+
+/// Ask a running daemon for its status, waiting for it at most `wait`.
+pub async fn request_status_within(path: &Path, wait: Duration) -> anyhow::Result<Status> {
+    let value = request(path, "status", wait).await?;
     if let Some(e) = value.get("error") {
         bail!("the daemon refused: {e}");
     }
@@ -345,6 +372,23 @@ mod tests {
     use super::*;
     use inotify::{EventMask, Inotify, WatchMask};
     use std::ffi::OsStr;
+
+    #[tokio::test]
+    async fn a_daemon_that_never_answers_is_said_to_be_stopped_or_hung() {
+        // A stopped daemon's socket: the kernel accepts the connection, nobody reads.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memtide.sock");
+        let _listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let wait = Duration::from_millis(200);
+        let e = request(&path, "status", wait)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("did not answer within 0 s: the daemon is stopped or hangs"),
+            "{e}"
+        );
+    }
 
     #[tokio::test]
     async fn the_socket_appears_with_mode_0600_under_a_permissive_umask() {

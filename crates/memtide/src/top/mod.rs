@@ -49,7 +49,10 @@ fn show(handle: &Handle, socket: &Path, first: crate::status::Status) -> anyhow:
                 }
                 continue;
             }
-            match handle.block_on(control::request_status(socket)) {
+            // Keys wait while the status is fetched: a daemon that hangs is shown as
+            // unreachable within a few seconds, and q still quits.
+            let fetched = control::request_status_within(socket, REFRESH_WAIT);
+            match handle.block_on(fetched) {
                 Ok(status) => {
                     every = refresh_interval(&status);
                     top.update(render::printable(&status));
@@ -62,6 +65,9 @@ fn show(handle: &Handle, socket: &Path, first: crate::status::Status) -> anyhow:
     ratatui::restore();
     result
 }
+
+/// How long a refresh waits for the daemon's status.
+const REFRESH_WAIT: Duration = Duration::from_secs(3);
 
 /// The daemon's interval, within 0.2 to 10 s.
 fn refresh_interval(status: &crate::status::Status) -> Duration {
