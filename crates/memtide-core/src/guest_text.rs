@@ -10,12 +10,19 @@ pub const MAX_LEN: usize = 256;
 /// to at most [`MAX_LEN`] bytes, ending with how many bytes there were when cut. Cleaning
 /// clean text changes nothing.
 pub fn clean(text: &str) -> String {
+    clean_to(text, MAX_LEN)
+}
+
+/// [`clean`], cut to at most `max` bytes (at least 64): for memtide's own text that may
+/// quote outside text, each quote already cleaned where it came in (an event's message).
+pub fn clean_to(text: &str, max: usize) -> String {
+    let max = max.max(64);
     let escaped = escape(text);
-    if escaped.len() <= MAX_LEN {
+    if escaped.len() <= max {
         return escaped;
     }
     let marker = format!("… ({} bytes)", text.len());
-    let mut end = MAX_LEN - marker.len();
+    let mut end = max - marker.len();
     while !escaped.is_char_boundary(end) {
         end -= 1;
     }

@@ -20,6 +20,9 @@ use tokio::time::Instant;
 
 /// Events kept in memory for status.
 const RECENT: usize = 50;
+/// The longest event message kept: a decision's whole reason (the longest are about
+/// 400 bytes), however long a VM's name.
+const MESSAGE_MAX: usize = 4096;
 /// Events of one kind, VM and rule logged per [`WINDOW`].
 const BURST: u32 = 5;
 /// The rate limit's window.
@@ -159,7 +162,9 @@ impl EventLog {
     }
 
     /// Record an event, unless its kind, VM and rule were logged [`BURST`] times in the
-    /// current minute. Its message and VM name are cleaned ([`guest_text::clean`]).
+    /// current minute. Its VM name is cleaned ([`guest_text::clean`]), its message escaped
+    /// and bounded by [`MESSAGE_MAX`]: memtide's own reasons are longer than outside text
+    /// may be, and quote it only as cleaned where it came in.
     pub fn log(
         &mut self,
         kind: &'static str,
@@ -191,7 +196,7 @@ impl EventLog {
             kind: kind.to_string(),
             vm,
             rule,
-            message: guest_text::clean(&message),
+            message: guest_text::clean_to(&message, MESSAGE_MAX),
         });
     }
 
@@ -545,8 +550,12 @@ mod tests {
             "{}",
             event.message
         );
-        assert!(event.message.len() <= guest_text::MAX_LEN);
+        assert!(event.message.len() <= MESSAGE_MAX);
         assert_eq!(event.vm.as_deref(), Some("a\\u{1b}"));
+        // A reason of memtide's own, longer than outside text may be, is kept whole.
+        let reason = format!("db: balloon target 248 MiB ({})", "why ".repeat(100));
+        log.log("action", Some("db"), Some("memtide.probe"), reason.clone());
+        assert_eq!(log.recent().pop().unwrap().message, reason);
         let mut out = Writes::default();
         let (written, len) = write_line(&mut out, &event).unwrap();
         assert_eq!(written, len);
