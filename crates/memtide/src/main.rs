@@ -404,12 +404,27 @@ enum PolicyCommand {
     },
 }
 
-/// The control socket: given, or from the configuration, or the default.
+/// The control socket: given, or the configuration's `[daemon] socket`, or the default.
+/// A configuration with a fault elsewhere (being edited while the daemon runs on the
+/// one it read) is read for that key alone, the fault said as a warning: status, top and
+/// reload still reach the daemon, and a reload is refused by it, saying why.
 fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
-    Ok(match socket {
-        Some(s) => s,
-        None => load(config)?.daemon.socket,
-    })
+    if let Some(socket) = socket {
+        return Ok(socket);
+    }
+    let fault = match load(config) {
+        Ok(config) => return Ok(config.daemon.socket),
+        Err(fault) => fault,
+    };
+    let table = config_file(config)
+        .and_then(|file| std::fs::read_to_string(file).ok())
+        .and_then(|text| text.parse::<toml::Table>().ok());
+    let Some(table) = table else {
+        return Err(fault);
+    };
+    tracing::warn!("{fault:#}; its [daemon] socket is used all the same");
+    let named = table.get("daemon").and_then(|d| d.get("socket")?.as_str());
+    Ok(named.map_or_else(|| Config::default().daemon.socket, PathBuf::from))
 }
 
 /// The configuration file: `path`, else [`DEFAULT_CONFIG`] if there is one.
@@ -455,10 +470,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             socket,
             config,
         } => {
-            let socket = match socket {
-                Some(s) => s,
-                None => load(config.as_ref())?.daemon.socket,
-            };
+            let socket = self::socket(socket, config.as_ref())?;
             let status = control::request_status(&socket).await?;
             if json {
                 println!(
@@ -471,10 +483,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Top { socket, config } => {
-            let socket = match socket {
-                Some(s) => s,
-                None => load(config.as_ref())?.daemon.socket,
-            };
+            let socket = self::socket(socket, config.as_ref())?;
             memtide::top::run(socket).await
         }
         Command::CheckConfig { config, no_host } => {

@@ -300,8 +300,33 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
     let err = stderr(&o);
     assert!(err.contains("policy rejected, mom stays in force"), "{err}");
     assert!(err.contains("memtide.toml"), "{err}");
+    // A value out of range while the daemon runs on the file it read: status still
+    // reaches it (the fault a warning), and a reload is refused by the daemon, saying why.
+    edit("policy = ", "policy = \"mom\"\n[memtide]\nmargin = -3\n#");
+    let o = memtide()
+        .args(["status", "-c"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("memtide.margin: -3 must be a share in [0, 1]"),
+        "{}",
+        stderr(&o)
+    );
+    let o = memtide()
+        .args(["reload", "-c"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("policy rejected, mom stays in force") && err.contains("margin"),
+        "{err}"
+    );
+    edit("[memtide]\nmargin = -3\n#", "");
     // As SIGHUP, it reopens the event log that logrotate moved away.
-    edit("policy = ", "policy = \"mom\"");
     std::fs::rename(&daemon.events, root.join("events.jsonl.1")).unwrap();
     assert!(reload().status.success());
     let events = std::fs::read_to_string(&daemon.events).unwrap();
