@@ -140,9 +140,18 @@ impl Engine {
         names
     }
 
-    /// Replace the policy; histories are kept.
-    pub fn set_policy(&mut self, policy: Box<dyn Policy>) {
+    /// Replace the policy at `at`; histories are kept, and what the old policy learnt of
+    /// each VM ([`Policy::memory`]) is handed to the new one as across a restart
+    /// ([`Policy::recall`], each VM's at its configured size): a reload, logrotate's weekly
+    /// one included, does not start every VM's estimate over.
+    pub fn set_policy(&mut self, policy: Box<dyn Policy>, at: Duration) {
+        let learnt = self.policy.memory(at).into_iter().filter_map(|(vm, m)| {
+            let configured = self.vms.get(&vm)?.history.latest()?.configured;
+            Some((vm, (configured, m)))
+        });
+        let learnt = learnt.collect();
         self.policy = policy;
+        self.policy.recall(learnt);
     }
 
     /// Decide one tick.

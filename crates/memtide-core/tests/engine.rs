@@ -719,3 +719,39 @@ fn a_hypervisors_own_memory_is_reported_apart_from_the_guest_ram_it_backs() {
     assert_eq!(own("told"), Some(Bytes::from_mib(53)));
     assert_eq!(own("not"), None);
 }
+
+#[test]
+fn a_new_policy_takes_up_what_the_last_one_learnt_of_each_vm() {
+    // A reload (logrotate's weekly one, or a tuning change) replaces the policy: memtide's
+    // estimator goes on where it stood rather than starting every VM over.
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    let memtide = || {
+        Box::new(WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        ))
+    };
+    let mut engine = Engine::new(EngineConfig::default(), memtide());
+    // The guest lives at the last target sent, 200 MiB of it in use.
+    let mut size = 1000;
+    let mut tick = |engine: &mut Engine, t| {
+        let db = vm("db", 1000, size, size - 200);
+        let d = engine.tick(&snapshot(t, host(4000, 260), vec![db]));
+        size = targets_of(&d, "db").last().copied().unwrap_or(size);
+        let report = d.vms[0].clone();
+        (report.reason.unwrap().rule, report.estimate.unwrap())
+    };
+    let mut last = None;
+    for t in 0..4 {
+        last = Some(tick(&mut engine, t));
+    }
+    let (rule, before) = last.unwrap();
+    assert_eq!(rule, "memtide.probe");
+    engine.set_policy(memtide(), std::time::Duration::from_secs(4));
+    let (rule, after) = tick(&mut engine, 4);
+    assert_eq!(rule, "memtide.probe", "going on, not starting over");
+    assert!(after < before, "{after} after {before}");
+}

@@ -372,11 +372,17 @@ impl Policy for WorkingSet {
                 _ => None,
             })
             .collect();
-        for vm in input.vms.iter().filter(|vm| vm.history.len() == 1) {
-            // New, or reset: start afresh, or where a daemon before a restart stood (the
-            // same VM: its name and configured size).
-            self.states.remove(vm.name);
-            self.watched.remove(vm.name);
+        for vm in input.vms {
+            // New, or reset: start afresh.
+            if vm.history.len() == 1 {
+                self.states.remove(vm.name);
+                self.watched.remove(vm.name);
+            }
+            if self.states.contains_key(vm.name) {
+                continue;
+            }
+            // Or where a daemon before a restart, or the policy before a reload, stood
+            // (the same VM: its name and configured size).
             if let (EstimatorConfig::Fused(_), Some((configured, m))) =
                 (&self.estimator, self.recalled.remove(vm.name))
             {

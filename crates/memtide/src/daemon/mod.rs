@@ -492,7 +492,7 @@ impl Daemon {
         let result = self.reread().and_then(|(next, left)| {
             let policy = policies::load(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
-            self.engine.set_policy(policy);
+            self.engine.set_policy(policy, self.start.elapsed());
             self.config = next;
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
