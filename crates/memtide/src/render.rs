@@ -206,9 +206,12 @@ pub fn status(s: &Status) -> String {
             );
         }
     }
-    if !s.waiting.is_empty() {
+    // A hibernated VM is shown as such above, not as one out of reach.
+    let asleep = |w: &&crate::daemon::fleet::Waiting| s.hibernated.iter().any(|h| h.vm == w.name);
+    let waiting: Vec<_> = s.waiting.iter().filter(|w| !asleep(w)).collect();
+    if !waiting.is_empty() {
         let _ = writeln!(out, "\nnot connected:");
-        for w in &s.waiting {
+        for w in waiting {
             let _ = writeln!(
                 out,
                 "  {} ({}): {} · {}",
@@ -447,7 +450,13 @@ mod tests {
         let text = status(&Status {
             decision: Some(decision),
             policy_error: Some("p.policy:1:5: unclosed '('\n(defvar x\x1b\n    ^".into()),
-            waiting: vec![waiting("a", 0.2), waiting("b", 4.4)],
+            waiting: vec![waiting("a", 0.2), waiting("b", 4.4), waiting("idle", 2.0)],
+            hibernated: vec![Hibernated {
+                vm: "idle".into(),
+                id: "1".into(),
+                since: "2026-12-02T06:00:00Z".into(),
+                configured: memtide_core::Bytes::from_mib(384),
+            }],
             ..Status::default()
         });
         assert!(
@@ -459,6 +468,10 @@ mod tests {
         assert!(
             text.contains("a (/q/a.sock): connecting · retrying now\n"),
             "{text}"
+        );
+        assert!(
+            !text.contains("/q/idle.sock"),
+            "hibernated, not out of reach: {text}"
         );
         assert!(
             text.contains("b (/q/b.sock): connecting · retry in 4 s\n"),

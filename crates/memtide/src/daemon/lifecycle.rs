@@ -262,10 +262,12 @@ impl Daemon {
                 .and_then(|mut list| list.pop());
             let asleep = newest.as_ref().is_some_and(snapshots::Snapshot::asleep);
             let size = newest.map_or(Bytes::ZERO, |s| s.configured);
+            // A hibernation ends with its QEMU's quit, which announces a shutdown: said
+            // as the hibernation it is.
             let gone = match () {
+                _ if asleep => Gone::Hibernated,
                 _ if shut_down => Gone::ShutDown,
                 _ if alive => Gone::ProcessAlive,
-                _ if asleep => Gone::Hibernated,
                 _ => Gone::Died,
             };
             let _ = tx.send(Restoring::Judged { vm, gone, size }).await;
