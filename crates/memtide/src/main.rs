@@ -99,6 +99,9 @@ enum Command {
     /// the host's /proc, /sys and domain cgroup, tier placement's nodes) and exit.
     CheckConfig {
         /// The file [default: $MEMTIDE_CONFIG, else /etc/memtide/memtide.toml].
+        file: Option<PathBuf>,
+        /// The file, given as the other subcommands take it.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "file")]
         config: Option<PathBuf>,
         /// Check the file and its policy files only, not this host's /proc, /sys, domain
         /// cgroup and NUMA nodes (a configuration made for another host).
@@ -486,8 +489,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let socket = self::socket(socket, config.as_ref())?;
             memtide::top::run(socket).await
         }
-        Command::CheckConfig { config, no_host } => {
-            let named = config.or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from));
+        Command::CheckConfig {
+            file,
+            config,
+            no_host,
+        } => {
+            let named = file
+                .or(config)
+                .or_else(|| std::env::var_os("MEMTIDE_CONFIG").map(PathBuf::from));
             let check = |config: &Config| -> anyhow::Result<()> {
                 match no_host {
                     true => drop(memtide::policies::load(config).context("loading the policy")?),

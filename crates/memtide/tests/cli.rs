@@ -418,6 +418,9 @@ fn every_subcommand_finds_its_configuration_without_flags() {
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("{}: ok", config.display())
     );
+    // Given as every other subcommand takes it, too.
+    let o = run(&["check-config", "-c", config.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let o = with_env(&["status"]);
     assert!(!o.status.success());
     assert!(
