@@ -731,6 +731,10 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             let socket = self::socket(socket, config.as_ref())?;
             let saved = control::request_save(&socket, &vm, then).await?;
             println!("{}", snapshot_cmd::saved_line(&saved)?);
+            let why = load(config.as_ref()).map(|c| snapshot_cmd::cannot_restore(&c, &vm));
+            if let Ok(Some(why)) = why {
+                eprintln!("note: `memtide snapshot restore` cannot start it again: {why}");
+            }
         }
         SnapshotCommand::List { vm, json, config } => {
             print!(

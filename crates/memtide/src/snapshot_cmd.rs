@@ -74,6 +74,25 @@ enum Starter<'a> {
     Libvirt { uri: &'a str },
 }
 
+/// How memtide starts VM `vm` again, or why it cannot (a VM it only discovered, one
+/// without `launch`).
+fn starter<'a>(config: &'a Config, vm: &str) -> anyhow::Result<Starter<'a>> {
+    let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
+        bail!(
+            "VM {vm} is not among the configuration's [[vm]] entries: memtide restores only \
+             VMs it knows how to start (`qmp`, `firecracker` or `cloud_hypervisor` with \
+             `launch`, or `libvirt`)"
+        );
+    };
+    Starter::of(vm_config)
+}
+
+/// Why memtide could not start VM `vm` again from a snapshot, if it could not: a
+/// hibernation of it would end a VM memtide cannot wake.
+pub fn cannot_restore(config: &Config, vm: &str) -> Option<String> {
+    starter(config, vm).err().map(|e| format!("{e:#}"))
+}
+
 impl<'a> Starter<'a> {
     /// How `vm` is started, or why memtide cannot start it.
     fn of(vm: &'a VmConfig) -> anyhow::Result<Starter<'a>> {
@@ -138,14 +157,7 @@ pub async fn restore(
     id: Option<&str>,
     force: bool,
 ) -> anyhow::Result<Started> {
-    let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
-        bail!(
-            "VM {vm} is not among the configuration's [[vm]] entries: memtide restores only \
-             VMs it knows how to start (`qmp`, `firecracker` or `cloud_hypervisor` with \
-             `launch`, or `libvirt`)"
-        );
-    };
-    let starter = Starter::of(vm_config)?;
+    let starter = starter(config, vm)?;
     if let Some(why) = starter.running() {
         bail!("VM {vm} is running ({why}): stop it before restoring it");
     }
@@ -529,6 +541,12 @@ mod tests {
         };
         assert_eq!(Starter::of(&c.vms[0]).unwrap(), expected);
         assert_eq!(expected.running(), None, "nothing answers on /fc.sock");
+        // What a hibernation is refused for: memtide could not wake the VM after it.
+        assert_eq!(cannot_restore(&c, "a"), None);
+        let no_launch = cannot_restore(&config(store, "qmp = \"/a.qmp\"\n"), "a").unwrap();
+        assert!(no_launch.contains("no `launch` command"), "{no_launch}");
+        let discovered = cannot_restore(&c, "found").unwrap();
+        assert!(discovered.starts_with("VM found is not among the configuration's [[vm]]"));
     }
 
     #[test]

@@ -118,6 +118,14 @@ impl Daemon {
         let Some(configured) = self.fleet.configured(vm) else {
             return Err(format!("VM {vm} is not connected, or not sampled yet"));
         };
+        if then == AfterSave::Quit {
+            if let Some(why) = crate::snapshot_cmd::cannot_restore(&self.config, vm) {
+                return Err(format!(
+                    "not hibernated, since memtide could not wake it: {why} (save it without \
+                     --hibernate, or give it such an entry)"
+                ));
+            }
+        }
         let pending = self
             .store
             .begin(vm, configured)
