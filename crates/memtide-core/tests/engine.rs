@@ -683,13 +683,19 @@ fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
                 [] as [u64; 0],
                 "{freeable} MiB free, t = {t}"
             );
-            let rule = &d.vms[0].reason.as_ref().unwrap().rule;
+            let reason = d.vms[0].reason.as_ref().unwrap();
             let phase = if t == 0 {
                 "memtide.adopt"
             } else {
                 "memtide.hold"
             };
-            assert_eq!(rule, phase, "{freeable} MiB free, t = {t}");
+            assert_eq!(reason.rule, phase, "{freeable} MiB free, t = {t}");
+            // The hold says what it is for: no back-off or new demand came.
+            if t > 0 {
+                let why = "holding for a cool-down after the guest was found with its balloon \
+                           holding memory";
+                assert!(reason.detail.contains(why), "{}", reason.detail);
+            }
         }
     }
 }

@@ -157,6 +157,8 @@ pub struct Fused {
     freed_from: Option<(Bytes, Option<Bytes>)>,
     /// Probing resumes at this time.
     hold_until: Duration,
+    /// What the hold is for, as its reason says it.
+    hold_for: &'static str,
     /// Back-offs since the last rebase (the cool-down doubles with each).
     backoffs: u32,
     /// The guest's size at the previous tick.
@@ -342,6 +344,7 @@ impl Fused {
             base: m.base,
             freed_from: Some((m.base, None)),
             hold_until: at + secs(m.hold_s),
+            hold_for: "what was learnt before a restart or a reload",
             backoffs: m.backoffs,
             exact: m.exact,
             ..Fused::default()
@@ -401,6 +404,7 @@ impl Fused {
             self.last_committed = s.committed_as.map(|c| (c, 0));
             // Probing may have found its working set already: slowly, as after a back-off.
             (self.hold_until, self.backoffs) = (obs.at + secs(cfg.cool_down_s), 1);
+            self.hold_for = "the guest was found with its balloon holding memory";
             let detail = format!(
                 "estimate {wss}: found with its balloon at {}, below its configured {}: start \
                  from there, hold {:.0} s, then probe slowly; it counts {need} needed",
@@ -685,6 +689,7 @@ impl Fused {
             }
             let hold = self.hold_s(cfg);
             self.hold_until = obs.at + secs(hold);
+            self.hold_for = "a back-off";
             hold_s = hold.round() as u64;
             "back_off"
         } else if rebase || allocated {
@@ -695,6 +700,7 @@ impl Fused {
             if let Some(grown) = allocation {
                 estimate += grown;
                 self.hold_until = self.hold_until.max(obs.at + secs(cfg.cool_down_s));
+                self.hold_for = "new demand";
             }
             if rebase {
                 estimate = estimate.max(base);
@@ -706,6 +712,7 @@ impl Fused {
                 if self.exact {
                     let hold = self.hold_s(cfg);
                     self.hold_until = self.hold_until.max(obs.at + secs(hold));
+                    self.hold_for = "its need grew where a probe had failed";
                 } else {
                     self.backoffs = 0;
                 }
@@ -834,6 +841,8 @@ impl Fused {
             stalls,
             kills,
             hold_s,
+            hold_for: self.hold_for,
+            hold_left_s: self.hold_until.saturating_sub(obs.at).as_secs_f64(),
             cache: active_file,
             size: obs.size,
             failed_at: self.failed_at,
@@ -863,6 +872,9 @@ struct Told {
     stalls: u64,
     kills: u64,
     hold_s: u64,
+    /// What a hold is for, and how long it lasts yet.
+    hold_for: &'static str,
+    hold_left_s: f64,
     /// The page cache in use kept by a first estimate.
     cache: Option<Bytes>,
     size: Bytes,
@@ -904,7 +916,10 @@ impl Told {
             "rebase" => format!(
                 "estimate {wss}: the guest's need grew to {need}: go up to it; floor {floor}"
             ),
-            "hold" => format!("estimate {wss}: holding for a cool-down (after a back-off or new demand)"),
+            "hold" => format!(
+                "estimate {wss}: holding for a cool-down after {}, {:.0} s more",
+                self.hold_for, self.hold_left_s
+            ),
             "settle" => format!(
                 "estimate {wss}: holding until the guest comes down to it (now {})",
                 self.size
@@ -916,8 +931,9 @@ impl Told {
             ),
             "touched" => format!(
                 "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
-                 last {} samples: no probe below {} and the margin (its floor {floor} and the \
-                 touched taken as {} of what it needs above it, up to its need {need})",
+                 last {} samples: no probe below {} and the margin (the more of its floor \
+                 {floor} with what it touched, and that touched taken as {} of what it needs \
+                 above its floor, up to its need {need})",
                 self.hot.unwrap_or_default(),
                 cfg.touched_samples,
                 self.touched_need.unwrap_or_default(),

@@ -719,7 +719,15 @@ impl Policy for WorkingSet {
                 out.balloon
                     .insert(vm.name.to_string(), Proposal { target, reason });
             } else {
-                detail.push_str("; too close to the current size to change");
+                if change < Bytes::from_mib(1) {
+                    detail.push_str("; the guest is at that size");
+                } else {
+                    let _ = write!(
+                        detail,
+                        "; {change} from its size, within the {}% not worth a change",
+                        self.config.min_change * 100.0
+                    );
+                }
                 out.holds
                     .insert(vm.name.to_string(), Reason::new(rule, detail));
             }
