@@ -241,7 +241,10 @@ fn qemu_killed_during_an_inflation_and_started_again() {
     let mut guest = boot(dir.path(), &cgroup);
     let recovered = Instant::now();
     managed_again(&daemon, fault, recovered, |_| true);
-    assert!(logged(&daemon, "vm_lost", "") > 0, "the loss is logged");
+    assert!(
+        logged(&daemon, "vm_lost", "has exited") > 0,
+        "the loss is logged, and that its QEMU went with it"
+    );
     assert!(
         logged(&daemon, "vm_connected", "") >= 2,
         "the reconnection is logged"

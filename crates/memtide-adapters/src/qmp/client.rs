@@ -313,9 +313,11 @@ impl Drop for Abandoned<'_> {
             for id in self.ids.clone() {
                 shared.pending.remove(&id);
             }
-            shared
-                .closed
-                .get_or_insert_with(|| "a call timed out or was cancelled: reconnect".into());
+            shared.closed.get_or_insert_with(|| {
+                "QEMU did not answer a call in time (hung, stopped or overloaded): the \
+                     connection is closed and made again"
+                    .into()
+            });
         }
     }
 }

@@ -655,7 +655,16 @@ impl Daemon {
                         _ if self.saving.contains(vm) => Some("saving"),
                         _ => None,
                     };
-                    let message = format!("connection lost: {why}");
+                    let mut message = format!("connection lost: {why}");
+                    // Whether its process went with it (killed, crashed) or runs on (its
+                    // monitor alone went away, or it hangs).
+                    if let Some(pid) = pid {
+                        let proc = &self.config.host.proc;
+                        message += &match memtide_adapters::procfs::process_runs(proc, *pid) {
+                            true => format!("; its hypervisor process {pid} still runs"),
+                            false => format!("; its hypervisor process {pid} has exited"),
+                        };
+                    }
                     self.events.log("vm_lost", Some(vm), rule, message);
                     self.lost(vm, *shut_down, *pid);
                 }
