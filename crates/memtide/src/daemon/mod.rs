@@ -666,6 +666,9 @@ impl Daemon {
                         };
                     }
                     self.events.log("vm_lost", Some(vm), rule, message);
+                    if let Some(state) = &mut self.state {
+                        state.forget_target(vm);
+                    }
                     self.lost(vm, *shut_down, *pid);
                 }
             }

@@ -12,7 +12,7 @@ use super::place::{KeptAge, LearntFor};
 use super::RunOptions;
 use memtide_core::estimate::fused::FusedMemory;
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
-use memtide_core::{Bytes, Decision, Engine, VmSnapshot};
+use memtide_core::{Bytes, Decision, Engine, VmEvent, VmSnapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -218,18 +218,35 @@ impl StateFile {
         (state, message)
     }
 
-    /// Give VMs seen for the first time since the start the target restored for them
-    /// (same configured size), unless their backend knows its own.
+    /// Give each VM the target restored for it (same configured size) until its backend
+    /// knows one of its own (memtide sent it one since) or the guest resets or shuts
+    /// down: meanwhile it is the target in force, for the engine, status and /metrics
+    /// (given at the first tick alone, it was unknown at every tick after).
     pub fn restore_targets(&mut self, vms: &mut [VmSnapshot]) {
         for vm in vms {
-            let Some((configured, target)) = self.targets.remove(&vm.name) else {
+            let Some(&(configured, target)) = self.targets.get(&vm.name) else {
                 continue;
             };
-            let same = vm.sample.as_ref().is_ok_and(|s| s.configured == configured);
-            if same && vm.target.is_none() {
+            // Unreachable this tick: kept for the next.
+            let Ok(sample) = &vm.sample else {
+                continue;
+            };
+            let reset = sample
+                .events
+                .iter()
+                .any(|e| matches!(e, VmEvent::Reset | VmEvent::Shutdown));
+            if vm.target.is_some() || sample.configured != configured || reset {
+                self.targets.remove(&vm.name);
+            } else {
                 vm.target = Some(target);
             }
         }
+    }
+
+    /// VM `vm` was lost: a target restored for it is no longer in force (its hypervisor
+    /// may come back started afresh).
+    pub fn forget_target(&mut self, vm: &str) {
+        self.targets.remove(vm);
     }
 
     /// The cold ages restored, each with what it was learnt for, for
@@ -395,6 +412,32 @@ mod tests {
         // The same name at another size is another VM: adopted as found.
         let (rule, _, target) = restart(&path, 2000);
         assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+
+        // The restored target stays the one in force tick after tick, until memtide
+        // sends one of its own, the guest resets, or the VM is lost.
+        let restored = |state: &mut StateFile, a: VmSnapshot| {
+            let mut vms = vec![a];
+            state.restore_targets(&mut vms);
+            vms[0].target
+        };
+        let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        for _ in 0..3 {
+            assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), in_force);
+        }
+        let mut own = vm("a", 1000, 600, 200);
+        own.target = Some(Bytes::from_mib(550));
+        assert_eq!(restored(&mut state, own), Some(Bytes::from_mib(550)));
+        assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), None);
+        let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        let mut reset = vm("a", 1000, 1000, 600);
+        if let Ok(s) = &mut reset.sample {
+            s.events = vec![VmEvent::Reset];
+        }
+        assert_eq!(restored(&mut state, reset), None);
+        assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), None);
+        let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        state.forget_target("a");
+        assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), None);
     }
 
     #[test]
