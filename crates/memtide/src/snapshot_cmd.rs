@@ -22,20 +22,29 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
         return Ok(serde_json::to_string_pretty(&found)? + "\n");
     }
     let mut out = format!(
-        "{:<16} {:<22} {:>10} {:>8} {:>8}  {}\n",
-        "VM", "ID", "SIZE", "SAVE s", "AGE", "THEN"
+        "{:<16} {:<22} {:>10} {:>8} {:>8}  {:<5} {:<12} {}\n",
+        "VM", "ID", "SIZE", "SAVE s", "AGE", "THEN", "BY", "WOKEN"
     );
+    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
     for s in &found {
         let age = snapshots::age(s).map_or("?".into(), humantime_short);
-        let then = serde_json::to_value(s.then).expect("serializes");
+        let then = word(serde_json::to_value(s.then).expect("serializes"));
+        let by = word(serde_json::to_value(s.by).expect("serializes"));
+        // A hibernation not woken from is the one `restore` brings back without --force.
+        let woken = match (&s.woken, s.asleep()) {
+            (Some(at), _) => at.clone(),
+            (None, true) => "asleep".to_string(),
+            (None, false) => "-".to_string(),
+        };
         out += &format!(
-            "{:<16} {:<22} {:>10} {:>8.1} {:>8}  {}\n",
+            "{:<16} {:<22} {:>10} {:>8.1} {:>8}  {:<5} {:<12} {woken}\n",
             s.vm,
             s.id,
             Bytes(s.bytes()).to_string(),
             s.save_s,
             age,
-            then.as_str().unwrap_or_default()
+            then,
+            by
         );
     }
     if found.is_empty() {
@@ -490,6 +499,7 @@ pub fn saved_line(snapshot: &serde_json::Value) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshots::TakenBy;
     use memtide_core::backend::{AfterSave, Saved};
 
     /// A configuration with VM `a` reached as `keys` say, its store in `store`.
@@ -507,6 +517,26 @@ mod tests {
             written: Duration::ZERO,
             ..Saved::default()
         }
+    }
+
+    #[test]
+    fn the_list_says_who_took_each_snapshot_and_which_sleeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), "qmp = \"/a.qmp\"\n");
+        let store = Store::new(dir.path());
+        for (then, by) in [
+            (AfterSave::Run, TakenBy::Schedule),
+            (AfterSave::Quit, TakenBy::Hibernation),
+        ] {
+            let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
+            pending.finish(&saved(), then, by).unwrap();
+        }
+        let text = list(&c, Some("a"), false).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("THEN  BY           WOKEN"), "{text}");
+        assert!(lines[1].ends_with("run   schedule     -"), "{text}");
+        assert!(lines[2].ends_with("quit  hibernation  asleep"), "{text}");
     }
 
     #[test]
