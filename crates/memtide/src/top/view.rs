@@ -61,11 +61,12 @@ fn header_lines(top: &Top) -> Vec<Line<'static>> {
         (Some(e), _) => format!("daemon unreachable: {e} (showing the last status)"),
         (None, Some(d)) => {
             let mut line = format!(
-                "host: {:.0} MiB, {:.0} MiB freeable ({:.1}%) · {} VMs",
+                "host: {:.0} MiB, {:.0} MiB freeable ({:.1}%) · {} VM{}",
                 d.host.total.as_f64() / 1048576.0,
                 d.host.freeable.as_f64() / 1048576.0,
                 d.host.free_ratio * 100.0,
-                d.vms.len()
+                d.vms.len(),
+                if d.vms.len() == 1 { "" } else { "s" }
             );
             let waiting = top.not_connected();
             if !waiting.is_empty() {
@@ -118,12 +119,12 @@ fn vm_table(top: &Top) -> Table<'static> {
     let header = Row::new([
         "VM",
         "STATE",
-        "GIVEN",
-        "WS",
+        "ACTUAL",
+        "ESTIMATE",
         "USED",
         "RSS",
         "SWAPIN",
-        "GIVEN (red: short)",
+        "ACTUAL (red: short)",
         "REASON",
     ])
     .style(Style::new().add_modifier(Modifier::BOLD));
@@ -154,12 +155,15 @@ fn detail_view(top: &Top) -> Paragraph<'static> {
         .reason
         .as_ref()
         .map_or_else(|| "no decision".into(), |r| r.to_string());
+    let target = match vm.target {
+        Some(_) => format!("{} MiB", size(vm.target)),
+        None => "none in force".into(),
+    };
     let bounds = format!(
-        "configured {} · min {} · max {} · target {} MiB",
+        "configured {} MiB · min {} MiB · max {} MiB · target {target}",
         size(vm.configured),
         size(Some(vm.min)),
         size(Some(vm.max)),
-        size(vm.target)
     );
     Paragraph::new(vec![Line::from(bounds), Line::from(reason)])
         .wrap(Wrap { trim: true })
