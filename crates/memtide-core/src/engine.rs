@@ -141,9 +141,9 @@ impl Engine {
     }
 
     /// Replace the policy at `at`; histories are kept, and what the old policy learnt of
-    /// each VM ([`Policy::memory`]) is handed to the new one as across a restart
-    /// ([`Policy::recall`], each VM's at its configured size): a reload, logrotate's weekly
-    /// one included, does not start every VM's estimate over.
+    /// each VM ([`Policy::memory`]) is handed to the new one ([`Policy::take_over`], each
+    /// VM's at its configured size, for the VMs still running at the next decision): a
+    /// reload, logrotate's weekly one included, does not start every VM's estimate over.
     pub fn set_policy(&mut self, policy: Box<dyn Policy>, at: Duration) {
         let learnt = self.policy.memory(at).into_iter().filter_map(|(vm, m)| {
             let configured = self.vms.get(&vm)?.history.latest()?.configured;
@@ -151,7 +151,7 @@ impl Engine {
         });
         let learnt = learnt.collect();
         self.policy = policy;
-        self.policy.recall(learnt);
+        self.policy.take_over(learnt);
     }
 
     /// Decide one tick.

@@ -760,4 +760,13 @@ fn a_new_policy_takes_up_what_the_last_one_learnt_of_each_vm() {
     let (rule, after) = tick(&mut engine, 4);
     assert_eq!(rule, "memtide.probe", "going on, not starting over");
     assert!(after < before, "{after} after {before}");
+    // A guest that resets just after a reload starts afresh: what was learnt of it before
+    // is not its memory any more.
+    engine.set_policy(memtide(), std::time::Duration::from_secs(5));
+    let mut reset = vm("db", 1000, 1000, 800);
+    if let Ok(sample) = &mut reset.sample {
+        sample.events = vec![memtide_core::VmEvent::Reset];
+    }
+    let d = engine.tick(&snapshot(5, host(4000, 260), vec![reset]));
+    assert_eq!(d.vms[0].reason.as_ref().unwrap().rule, "memtide.start");
 }

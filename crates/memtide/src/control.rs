@@ -296,13 +296,13 @@ const RELOAD_WAIT: Duration = Duration::from_secs(60);
 /// Send one command to a running daemon and return its reply, waiting for it at most
 /// `wait`.
 async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<Value> {
-    send(path, &json!({ "command": command }), Some(wait)).await
+    send(path, &json!({ "command": command }), wait).await
 }
 
 /// Send one request to a running daemon and return its reply, waiting for it at most
-/// `wait` where given: a daemon that was stopped (SIGSTOP) or hangs still accepts the
-/// connection (the kernel does), so without a limit a client would wait forever.
-async fn send(path: &Path, request: &Value, wait: Option<Duration>) -> anyhow::Result<Value> {
+/// `wait`: a daemon that was stopped (SIGSTOP) or hangs still accepts the connection
+/// (the kernel does), so without a limit a client would wait forever.
+async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Value> {
     let exchange = async {
         let stream = UnixStream::connect(path).await.with_context(|| {
             format!(
@@ -315,9 +315,6 @@ async fn send(path: &Path, request: &Value, wait: Option<Duration>) -> anyhow::R
         let mut line = String::new();
         BufReader::new(read).read_line(&mut line).await?;
         serde_json::from_str(&line).context("invalid reply from the daemon")
-    };
-    let Some(wait) = wait else {
-        return exchange.await;
     };
     tokio::time::timeout(wait, exchange)
         .await
@@ -340,12 +337,17 @@ pub async fn request_reload(path: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// Ask a running daemon to save VM `vm`'s memory; returns the snapshot's description
-/// (waited for as long as the save takes: the daemon bounds it by `[snapshots]
-/// timeout_s`).
-pub async fn request_save(path: &Path, vm: &str, then: AfterSave) -> anyhow::Result<Value> {
+/// Ask a running daemon to save VM `vm`'s memory; returns the snapshot's description,
+/// waited for at most `wait` (the daemon bounds a save by `[snapshots] timeout_s`; the
+/// caller allows that and a margin).
+pub async fn request_save(
+    path: &Path,
+    vm: &str,
+    then: AfterSave,
+    wait: Duration,
+) -> anyhow::Result<Value> {
     let save = json!({"command": "snapshot", "vm": vm, "then": then});
-    let reply = send(path, &save, None).await?;
+    let reply = send(path, &save, wait).await?;
     match (reply.get("ok"), reply.get("error")) {
         (Some(ok), _) => Ok(ok.clone()),
         (_, Some(e)) => bail!("{vm} not saved: {}", e.as_str().unwrap_or_default()),

@@ -19,8 +19,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Watches each VM, takes back the memory it does not use, and gives it back before the
-/// guest suffers.
 /// The version, and whether the libvirt connector is built in (a build without it
 /// refuses configurations that name libvirt or KubeVirt).
 #[cfg(feature = "libvirt")]
@@ -28,6 +26,8 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (with libvirt)");
 #[cfg(not(feature = "libvirt"))]
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (without libvirt)");
 
+/// Watches each VM, takes back the memory it does not use, and gives it back before the
+/// guest suffers.
 #[derive(Parser)]
 #[command(name = "memtide", version = VERSION, about, propagate_version = true)]
 struct Cli {
@@ -729,10 +729,17 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 false => AfterSave::Run,
             };
             let socket = self::socket(socket, config.as_ref())?;
-            let saved = control::request_save(&socket, &vm, then).await?;
+            let loaded = load(config.as_ref()).ok();
+            // The daemon's own limit on a save, and a minute for it to be started and told.
+            let limit = loaded.as_ref().map_or_else(
+                || Config::default().snapshots.timeout_s,
+                |c| c.snapshots.timeout_s,
+            );
+            let wait = Duration::from_secs(limit + 60);
+            let saved = control::request_save(&socket, &vm, then, wait).await?;
             println!("{}", snapshot_cmd::saved_line(&saved)?);
-            let why = load(config.as_ref()).map(|c| snapshot_cmd::cannot_restore(&c, &vm));
-            if let Ok(Some(why)) = why {
+            let why = loaded.and_then(|c| snapshot_cmd::cannot_restore(&c, &vm));
+            if let Some(why) = why {
                 eprintln!("note: `memtide snapshot restore` cannot start it again: {why}");
             }
         }

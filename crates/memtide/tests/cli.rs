@@ -50,6 +50,8 @@ fn every_subcommand_has_help_and_there_is_a_version() {
             "{sub:?}"
         );
     }
+    let help = String::from_utf8_lossy(&run(&["--help"]).stdout).into_owned();
+    assert!(help.starts_with("Memory overcommitment manager"), "{help}");
     // The version, and whether this build reaches libvirt (and KubeVirt) VMs.
     let o = run(&["--version"]);
     let libvirt = if cfg!(feature = "libvirt") {

@@ -197,7 +197,7 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
     let table = |text: &str, name: &str| text.lines().any(|l| l.starts_with(&format!("│{name} ")));
     let both = screen.wait_until("both VMs", |t| table(t, "honest") && table(t, "liar"));
     assert!(
-        both.contains("memtide.") && both.contains("GIVEN"),
+        both.contains("memtide.") && both.contains("ACTUAL"),
         "{both}"
     );
     screen.keys(&["/", "lia", "Enter"]);

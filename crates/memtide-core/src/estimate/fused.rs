@@ -699,8 +699,10 @@ impl Fused {
             // entering a 200 MiB phase was raised step by step as it swapped, for 15 s).
             if let Some(grown) = allocation {
                 estimate += grown;
-                self.hold_until = self.hold_until.max(obs.at + secs(cfg.cool_down_s));
-                self.hold_for = "new demand";
+                let until = obs.at + secs(cfg.cool_down_s);
+                if until > self.hold_until {
+                    (self.hold_until, self.hold_for) = (until, "new demand");
+                }
             }
             if rebase {
                 estimate = estimate.max(base);
@@ -711,8 +713,11 @@ impl Fused {
                 // growth, swapping 40 times as much as under MOM).
                 if self.exact {
                     let hold = self.hold_s(cfg);
-                    self.hold_until = self.hold_until.max(obs.at + secs(hold));
-                    self.hold_for = "its need grew where a probe had failed";
+                    let until = obs.at + secs(hold);
+                    if until > self.hold_until {
+                        (self.hold_until, self.hold_for) =
+                            (until, "its need grew where a probe had failed");
+                    }
                 } else {
                     self.backoffs = 0;
                 }

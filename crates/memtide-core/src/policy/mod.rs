@@ -163,4 +163,8 @@ pub trait Policy: Send {
     /// Take back what [`Policy::memory`] kept before a restart, each VM's with its
     /// configured size: used when the VM is first seen, at that size.
     fn recall(&mut self, _memory: BTreeMap<String, (Bytes, FusedMemory)>) {}
+    /// Take over what the policy this one replaces (a reload) had learnt, each VM's with
+    /// its configured size: used at the next decision for each VM still running at that
+    /// size, and for no other (one that reset or left starts afresh).
+    fn take_over(&mut self, _memory: BTreeMap<String, (Bytes, FusedMemory)>) {}
 }

@@ -41,6 +41,22 @@ fn merge(into: &mut PolicyOutput, from: PolicyOutput) {
     into.faults.extend(from.faults);
 }
 
+impl Routed {
+    /// Give each policy, with `give`, the VMs' memory it decides for.
+    fn share(
+        &mut self,
+        mut memory: BTreeMap<String, (Bytes, FusedMemory)>,
+        give: impl Fn(&mut dyn Policy, BTreeMap<String, (Bytes, FusedMemory)>),
+    ) {
+        for (names, policy) in &mut self.exceptions {
+            let (mine, rest) = memory.into_iter().partition(|(vm, _)| names.contains(vm));
+            give(policy.as_mut(), mine);
+            memory = rest;
+        }
+        give(self.host.as_mut(), memory);
+    }
+}
+
 impl Policy for Routed {
     fn name(&self) -> &str {
         &self.name
@@ -78,13 +94,12 @@ impl Policy for Routed {
         memory
     }
 
-    fn recall(&mut self, mut memory: BTreeMap<String, (Bytes, FusedMemory)>) {
-        for (names, policy) in &mut self.exceptions {
-            let (mine, rest) = memory.into_iter().partition(|(vm, _)| names.contains(vm));
-            policy.recall(mine);
-            memory = rest;
-        }
-        self.host.recall(memory);
+    fn recall(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.share(memory, |policy, mine| policy.recall(mine));
+    }
+
+    fn take_over(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.share(memory, |policy, mine| policy.take_over(mine));
     }
 }
 

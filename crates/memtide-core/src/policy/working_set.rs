@@ -183,6 +183,9 @@ pub struct WorkingSet {
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
+    /// Estimator states taken over from the policy this one replaced, for the next
+    /// decision only.
+    handed: BTreeMap<String, (Bytes, FusedMemory)>,
 }
 
 impl WorkingSet {
@@ -195,6 +198,7 @@ impl WorkingSet {
             states: FxHashMap::default(),
             watched: FxHashMap::default(),
             recalled: BTreeMap::new(),
+            handed: BTreeMap::new(),
         }
     }
 
@@ -357,6 +361,10 @@ impl Policy for WorkingSet {
         self.recalled = memory;
     }
 
+    fn take_over(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
+        self.handed = memory;
+    }
+
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&self.ksm, input);
@@ -372,20 +380,22 @@ impl Policy for WorkingSet {
                 _ => None,
             })
             .collect();
+        let handed = std::mem::take(&mut self.handed);
         for vm in input.vms {
-            // New, or reset: start afresh.
-            if vm.history.len() == 1 {
+            // New, or reset: start afresh, or where a daemon before a restart stood (the
+            // same VM: its name and configured size); one running on where the policy
+            // this one replaced stood.
+            let first = vm.history.len() == 1;
+            if first {
                 self.states.remove(vm.name);
                 self.watched.remove(vm.name);
             }
-            if self.states.contains_key(vm.name) {
-                continue;
-            }
-            // Or where a daemon before a restart, or the policy before a reload, stood
-            // (the same VM: its name and configured size).
-            if let (EstimatorConfig::Fused(_), Some((configured, m))) =
-                (&self.estimator, self.recalled.remove(vm.name))
-            {
+            let kept = match first {
+                true => self.recalled.remove(vm.name),
+                false if self.states.contains_key(vm.name) => None,
+                false => handed.get(vm.name).cloned(),
+            };
+            if let (EstimatorConfig::Fused(_), Some((configured, m))) = (&self.estimator, kept) {
                 if configured == vm.latest().configured {
                     let recalled = State::Fused(Box::new(Fused::recall(&m, input.at)));
                     self.states.insert(vm.name.to_string(), recalled);
@@ -724,7 +734,7 @@ impl Policy for WorkingSet {
                 } else {
                     let _ = write!(
                         detail,
-                        "; {change} from its size, within the {}% not worth a change",
+                        "; {change} from its size, within the {:.1}% not worth a change",
                         self.config.min_change * 100.0
                     );
                 }

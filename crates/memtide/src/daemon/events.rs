@@ -164,7 +164,7 @@ impl EventLog {
     /// Record an event, unless its kind, VM and rule were logged [`BURST`] times in the
     /// current minute. Its VM name is cleaned ([`guest_text::clean`]), its message escaped
     /// and bounded by [`MESSAGE_MAX`]: memtide's own reasons are longer than outside text
-    /// may be, and quote it only as cleaned where it came in.
+    /// may be (outside text it quotes is escaped with it, and bounded by it).
     pub fn log(
         &mut self,
         kind: &'static str,

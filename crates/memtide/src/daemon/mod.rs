@@ -657,8 +657,9 @@ impl Daemon {
                     };
                     let mut message = format!("connection lost: {why}");
                     // Whether its process went with it (killed, crashed) or runs on (its
-                    // monitor alone went away, or it hangs).
-                    if let Some(pid) = pid {
+                    // monitor alone went away, or it hangs); not said of one that shut
+                    // down or was saved, which may take a moment to end.
+                    if let (Some(pid), None) = (pid, rule) {
                         let proc = &self.config.host.proc;
                         message += &match memtide_adapters::procfs::process_runs(proc, *pid) {
                             true => format!("; its hypervisor process {pid} still runs"),

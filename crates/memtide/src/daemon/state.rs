@@ -14,7 +14,7 @@ use memtide_core::estimate::fused::FusedMemory;
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::{Bytes, Decision, Engine, VmEvent, VmSnapshot};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -101,6 +101,8 @@ struct SavedProcess {
 pub struct StateFile {
     path: PathBuf,
     targets: BTreeMap<String, (Bytes, Bytes)>,
+    /// The VMs given their restored target at least once.
+    given: BTreeSet<String>,
     cold_ages: BTreeMap<String, (LearntFor, ColdAge)>,
     last: BTreeMap<String, SavedVm>,
 }
@@ -120,6 +122,7 @@ impl StateFile {
         let mut state = StateFile {
             path: path.to_path_buf(),
             targets: BTreeMap::new(),
+            given: BTreeSet::new(),
             cold_ages: BTreeMap::new(),
             last: BTreeMap::new(),
         };
@@ -218,10 +221,12 @@ impl StateFile {
         (state, message)
     }
 
-    /// Give each VM the target restored for it (same configured size) until its backend
-    /// knows one of its own (memtide sent it one since) or the guest resets or shuts
-    /// down: meanwhile it is the target in force, for the engine, status and /metrics
-    /// (given at the first tick alone, it was unknown at every tick after).
+    /// Give each VM the target restored for it (same configured size): at its first
+    /// sight since the start (it may be inflating to it), then for as long as the guest
+    /// is at it — the target QEMU holds, for the engine, status and /metrics — until its
+    /// backend knows one of its own (memtide sent it one since), the guest resets or shuts
+    /// down, or it is found elsewhere (a new QEMU under the name, a target set by hand):
+    /// the engine then sends its own rather than take an old one as delivered.
     pub fn restore_targets(&mut self, vms: &mut [VmSnapshot]) {
         for vm in vms {
             let Some(&(configured, target)) = self.targets.get(&vm.name) else {
@@ -235,7 +240,12 @@ impl StateFile {
                 .events
                 .iter()
                 .any(|e| matches!(e, VmEvent::Reset | VmEvent::Shutdown));
-            if vm.target.is_some() || sample.configured != configured || reset {
+            let first = self.given.insert(vm.name.clone());
+            let at_it = sample.balloon.is_some_and(|actual| {
+                actual.abs_diff(target) <= Bytes::from_mib(4).max(target.scale(0.01))
+            });
+            if vm.target.is_some() || sample.configured != configured || reset || !(first || at_it)
+            {
                 self.targets.remove(&vm.name);
             } else {
                 vm.target = Some(target);
@@ -413,17 +423,26 @@ mod tests {
         let (rule, _, target) = restart(&path, 2000);
         assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
 
-        // The restored target stays the one in force tick after tick, until memtide
-        // sends one of its own, the guest resets, or the VM is lost.
+        // The restored target is the one in force at first sight (the guest may be
+        // inflating to it), then while the guest is at it, until memtide sends one of
+        // its own, the guest resets, or the VM is lost.
         let restored = |state: &mut StateFile, a: VmSnapshot| {
             let mut vms = vec![a];
             state.restore_targets(&mut vms);
             vms[0].target
         };
+        let in_force_mib = in_force.unwrap().as_f64() as u64 >> 20;
+        let at_it = || vm("a", 1000, in_force_mib, 200);
         let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), in_force);
         for _ in 0..3 {
-            assert_eq!(restored(&mut state, vm("a", 1000, 600, 200)), in_force);
+            assert_eq!(restored(&mut state, at_it()), in_force);
         }
+        // Found at another size than it (a new QEMU under the name): memtide's own goes.
+        assert_eq!(restored(&mut state, vm("a", 1000, 1000, 600)), None);
+        assert_eq!(restored(&mut state, at_it()), None);
+        let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        assert_eq!(restored(&mut state, at_it()), in_force);
         let mut own = vm("a", 1000, 600, 200);
         own.target = Some(Bytes::from_mib(550));
         assert_eq!(restored(&mut state, own), Some(Bytes::from_mib(550)));

@@ -29,8 +29,8 @@ impl SortKey {
     pub fn name(self) -> &'static str {
         match self {
             SortKey::Name => "name",
-            SortKey::Given => "given",
-            SortKey::WorkingSet => "working set",
+            SortKey::Given => "actual",
+            SortKey::WorkingSet => "estimate",
             SortKey::Rss => "host RSS",
             SortKey::SwapIn => "swap-in",
         }

@@ -72,7 +72,12 @@ fn header_lines(top: &Top) -> Vec<Line<'static>> {
             if !waiting.is_empty() {
                 line += &format!(" · not connected: {}", waiting.join(", "));
             }
-            let asleep: Vec<&str> = s.hibernated.iter().map(|h| h.vm.as_str()).collect();
+            let asleep: Vec<&str> = s
+                .hibernated
+                .iter()
+                .map(|h| h.vm.as_str())
+                .filter(|vm| vm.contains(top.filter.as_str()))
+                .collect();
             if !asleep.is_empty() {
                 line += &format!(" · hibernated: {}", asleep.join(", "));
             }
