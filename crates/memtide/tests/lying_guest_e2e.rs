@@ -209,7 +209,7 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
         "the selected VM's detail: {filtered}"
     );
     screen.keys(&["s"]);
-    screen.wait_until("the next sort key", |t| t.contains("s sort (working set)"));
+    screen.wait_until("the next sort key", |t| t.contains("s sort (estimate)"));
     screen.keys(&["q"]);
     assert!(
         support::wait_for(Duration::from_secs(5), || screen.ended().then_some(())).is_some(),

@@ -139,7 +139,7 @@ fn vm_table(top: &Top) -> Table<'static> {
             Constraint::Min(12),
             Constraint::Length(11),
             Constraint::Length(7),
-            Constraint::Length(7),
+            Constraint::Length(8),
             Constraint::Length(7),
             Constraint::Length(7),
             Constraint::Length(7),
