@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, RwLock};
 
@@ -427,16 +427,11 @@ impl Collector for StatusCollector {
         // socket missing) is down too, for as long as it waits: an alert on
         // `memtide_vm_up == 0` then holds for as long as the VM is out of reach. Not one
         // down on purpose: hibernated by memtide, or left to another manager.
-        let decided: HashSet<&str> = vms.iter().map(|v| v.name.as_str()).collect();
-        let asleep: HashSet<&str> = status.hibernated.iter().map(|h| h.vm.as_str()).collect();
-        let not_connected: BTreeSet<&str> = status
-            .waiting
-            .iter()
-            .filter(|w| !w.left_alone)
-            .map(|w| w.name.as_str())
-            .filter(|n| !decided.contains(n) && !asleep.contains(n))
-            .collect();
-        up.extend(not_connected.into_iter().map(|vm| (vec![("vm", vm)], 0.0)));
+        let not_connected = status
+            .out_of_reach()
+            .into_iter()
+            .filter(|(_, w)| !w.left_alone);
+        up.extend(not_connected.map(|(vm, _)| (vec![("vm", vm)], 0.0)));
         gauges(
             &mut enc,
             "memtide_vm_up",

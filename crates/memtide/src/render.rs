@@ -207,8 +207,11 @@ pub fn status(s: &Status) -> String {
         }
     }
     // A hibernated VM is shown as such above, not as one out of reach.
-    let asleep = |w: &&crate::daemon::fleet::Waiting| s.hibernated.iter().any(|h| h.vm == w.name);
-    let waiting: Vec<_> = s.waiting.iter().filter(|w| !asleep(w)).collect();
+    let waiting: Vec<_> = s
+        .waiting
+        .iter()
+        .filter(|w| !s.is_hibernated(&w.name))
+        .collect();
     if !waiting.is_empty() {
         let _ = writeln!(out, "\nnot connected:");
         for w in waiting {

@@ -111,6 +111,30 @@ pub struct Status {
     pub placed: Vec<Placed>,
 }
 
+impl Status {
+    /// Whether memtide hibernated `vm` and has not woken it.
+    pub fn is_hibernated(&self, vm: &str) -> bool {
+        self.hibernated.iter().any(|h| h.vm == vm)
+    }
+
+    /// The VMs memtide knows and cannot reach (`memtide status`'s "not connected" as
+    /// `top` and `memtide_vm_up` count them), each once, by name: not those connected
+    /// under another endpoint, nor those hibernated.
+    pub fn out_of_reach(&self) -> BTreeMap<&str, &Waiting> {
+        let decided = |n: &str| {
+            self.decision
+                .iter()
+                .flat_map(|d| &d.vms)
+                .any(|v| v.name == n)
+        };
+        self.waiting
+            .iter()
+            .filter(|w| !decided(&w.name) && !self.is_hibernated(&w.name))
+            .map(|w| (w.name.as_str(), w))
+            .collect()
+    }
+}
+
 /// Where a placed VM's memory is, after its last placement pass.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Placed {

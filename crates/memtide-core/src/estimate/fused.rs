@@ -384,13 +384,13 @@ impl Fused {
         cfg: &FusedConfig,
         obs: &Observation,
         (need, base, floor): (Bytes, Bytes, Bytes),
+        level: NeedLevel,
         first_seen: Duration,
     ) -> Option<Estimate> {
         if self.estimate.is_some() {
             return None;
         }
         let s = &obs.signals;
-        let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
         // A guest whose balloon already holds memory when first seen was managed before (a
         // memtide that restarted, or its operator): it starts from the size it lives at,
         // which probing may have brought below its need and cache, and is held for a
@@ -451,7 +451,13 @@ impl Fused {
     /// reported the memory, so the balloon took what reporting would have given back at no
     /// cost to the guest); never more than the free memory its host still backs, and not
     /// once it needs memory again (the caller forgets what it freed then).
-    fn reported_keep(&self, cfg: &FusedConfig, obs: &Observation, wss: Bytes) -> Option<Bytes> {
+    fn reported_keep(
+        &self,
+        cfg: &FusedConfig,
+        obs: &Observation,
+        level: NeedLevel,
+        wss: Bytes,
+    ) -> Option<Bytes> {
         let unreported = self
             .freed_at
             .filter(|(at, ..)| obs.at < *at + secs(cfg.report_wait_s))
@@ -460,7 +466,6 @@ impl Fused {
                 let given_back = then.map_or(Bytes::ZERO, |then| then - backed);
                 (freed - given_back).min(backed - used)
             });
-        let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
         reported_kept(cfg, obs, unreported)
             .filter(|_| level == NeedLevel::Ample)
             .map(|k| k.min(obs.configured))
@@ -480,7 +485,9 @@ impl Fused {
                 .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
         };
         let first_seen = *self.first_seen.get_or_insert(obs.at);
-        if let Some(first) = self.before_first_estimate(cfg, obs, (need, base, floor), first_seen) {
+        if let Some(first) =
+            self.before_first_estimate(cfg, obs, (need, base, floor), level, first_seen)
+        {
             return Some(first);
         }
         // The first estimate also keeps the page cache the guest used more than once
@@ -837,7 +844,7 @@ impl Fused {
         if allocated || rebase || short {
             self.freed_at = None;
         }
-        let keep = self.reported_keep(cfg, obs, wss);
+        let keep = self.reported_keep(cfg, obs, level, wss);
         let told = Told {
             wss,
             need,

@@ -4,7 +4,7 @@
 use crate::status::Status;
 use memtide_core::decision::VmReport;
 use memtide_core::Bytes;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Points of history kept per VM (one per refresh), as many as its sparkline shows.
 pub const HISTORY: usize = 30;
@@ -142,14 +142,8 @@ impl Top {
         let Some(s) = &self.status else {
             return Vec::new();
         };
-        let away = |n: &&str| {
-            let decided = s.decision.iter().flat_map(|d| &d.vms).any(|v| v.name == *n);
-            let asleep = s.hibernated.iter().any(|h| h.vm == *n);
-            !decided && !asleep && n.contains(self.filter.as_str())
-        };
-        let names = s.waiting.iter().map(|w| w.name.as_str());
-        let shown: BTreeSet<&str> = names.filter(away).collect();
-        shown.into_iter().collect()
+        let names = s.out_of_reach().into_keys();
+        names.filter(|n| n.contains(self.filter.as_str())).collect()
     }
 
     /// A VM's history, oldest first.
