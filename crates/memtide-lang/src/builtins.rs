@@ -40,7 +40,7 @@ pub(crate) fn exactly(name: &str, args: usize, expected: usize) -> Result<(), Er
 }
 
 /// Fail unless `args` has at least `min` elements.
-pub(crate) fn at_least(name: &str, args: usize, min: usize) -> Result<(), ErrorKind> {
+fn at_least(name: &str, args: usize, min: usize) -> Result<(), ErrorKind> {
     if args >= min {
         Ok(())
     } else {
@@ -52,15 +52,26 @@ pub(crate) fn at_least(name: &str, args: usize, min: usize) -> Result<(), ErrorK
     }
 }
 
+/// Fail unless the built-in form, function or operator `name` takes `args` arguments.
+pub(crate) fn arity(name: &str, args: usize) -> Result<(), ErrorKind> {
+    match name {
+        "null" | "valid" => Ok(()),
+        "not" | "abs" | "int" => exactly(name, args, 1),
+        "and" | "or" | "min" | "max" | "let" | "debug" => at_least(name, args, 1),
+        "defvar" | "set" | "setq" => exactly(name, args, 2),
+        "def" | "defun" | "if" | "with" => exactly(name, args, 3),
+        _ => exactly(name, args, 2),
+    }
+}
+
 /// Apply the function or operator `name` (see [`is_function`]) to `args`.
 pub(crate) fn apply(name: &str, args: &[Value], max_size: usize) -> Result<Value, ErrorKind> {
+    arity(name, args.len())?;
     match name {
         // As MOM's: true of no arguments at all.
         "null" => return Ok(Value::Bool(args.iter().all(is_empty))),
         "valid" => return Ok(Value::Bool(!args.contains(&Value::Nil))),
-        "not" | "abs" | "int" => exactly(name, args.len(), 1)?,
-        "and" | "or" | "min" | "max" => at_least(name, args.len(), 1)?,
-        _ => exactly(name, args.len(), 2)?,
+        _ => {}
     }
     let last = &args[args.len() - 1];
     Ok(match name {

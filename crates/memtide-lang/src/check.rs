@@ -1,33 +1,42 @@
-//! The check made when a policy is loaded: every call names something callable.
+//! The check made when a policy is loaded: every call could run.
 //!
-//! The evaluator only finds a call of an unknown function when it reaches it, so a
-//! misspelt name would pass loading and then fail every cycle. This check walks the
-//! forms as the evaluator would, without running them, and refuses a call whose head
-//! is no built-in form, function or operator, no entity method (a dotted name) and no
-//! function that some `def` or `defun` in the program defines. It is deliberately no
-//! stricter than the evaluator:
+//! The evaluator only finds a bad call when it reaches it, so a misspelt name would
+//! pass loading and then fail every cycle. This check walks the forms as the evaluator
+//! would, without running them, and refuses a call that fails whenever it runs:
+//!
+//! - a head that is no built-in form, function or operator, no entity method (a
+//!   dotted name) and no function that some `def` or `defun` in the program defines;
+//! - a dotted head whose method (the part after the first dot) is no entity method,
+//!   whatever the entity: the receiver may be any variable bound to one;
+//! - `Control` or `GetControl` of a literal control name that no entity has, or that
+//!   the host has not when the receiver is `Host` itself (which cannot be rebound);
+//! - a built-in form, function, operator or method given a number of arguments it
+//!   never takes, and a defined function given a number that none of its well-formed
+//!   definitions takes.
+//!
+//! It is deliberately no stricter than the evaluator:
 //!
 //! - Definitions count wherever they are, in any file, in any order, nested in a
 //!   function body or not: `def` defines a global function when it runs, and a body
 //!   may call a function defined further down (or in a later file).
 //! - Only expressions the evaluator would evaluate are checked: not parameter lists,
-//!   binding names or `let`'s binding pairs, and not the arguments of a form or call
-//!   of the wrong shape or arity (the evaluator fails on those before evaluating any
-//!   of their arguments, with an error of its own).
+//!   binding names or `let`'s binding pairs, and not the arguments of a form of the
+//!   wrong shape (the evaluator fails on those before evaluating any of their
+//!   arguments, with an error of its own).
 //! - Calls in code that may never run (an `if` branch, a function never called) are
 //!   checked all the same: that is the point of checking at load.
 //!
 //! Variables cannot be called: functions live in their own namespace, so `(f)` with
 //! `f` only a variable is refused, as the evaluator refuses it.
 
-use crate::ast::{Expr, ExprKind};
-use crate::builtins;
-use crate::entities;
+use crate::ast::{Expr, ExprKind, Loc};
+use crate::builtins::{self, exactly};
+use crate::entities::{self, GUEST_CONTROLS, HOST_CONTROLS};
 use crate::error::{ErrorKind, Fault};
 use crate::eval::name;
 use std::collections::HashMap;
 
-/// Fail at the first call (in source order) of a name that is not callable.
+/// Fail at the first bad call (in source order).
 pub(crate) fn check_calls(forms: &[Expr]) -> Result<(), Fault> {
     let mut checker = Checker {
         functions: HashMap::new(),
@@ -55,49 +64,99 @@ impl<'a> Checker<'a> {
         match &expr.kind {
             ExprKind::Block(items) => self.visit_all(items),
             ExprKind::List(items) => match items.split_first() {
-                Some((head, args)) => self.call(head, args),
+                Some((head, args)) => self.call(head, args, expr.loc),
                 None => Ok(()),
             },
             _ => Ok(()),
         }
     }
 
-    /// A call, resolved in the evaluator's order (see `Evaluator::call`).
-    fn call(&mut self, head: &'a Expr, args: &'a [Expr]) -> Result<(), Fault> {
+    /// Refuse with `fault`; the first pass goes on without looking further into the call.
+    fn refuse(&self, fault: Fault) -> Result<(), Fault> {
+        if self.collecting {
+            Ok(())
+        } else {
+            Err(fault)
+        }
+    }
+
+    /// A call at `loc`, resolved in the evaluator's order (see `Evaluator::call`), its
+    /// errors located where the evaluator locates them.
+    fn call(&mut self, head: &'a Expr, args: &'a [Expr], loc: Loc) -> Result<(), Fault> {
         // Any other head is an error of its own, before the arguments are evaluated.
         let ExprKind::Symbol(callee) = &head.kind else {
             return Ok(());
         };
-        if builtins::FORMS.contains(&callee.as_str()) {
-            return self.form(callee, args);
-        }
-        if let Some((_, method)) = callee.split_once('.') {
-            // A method of whatever entity the base names when it runs: the base is not
-            // known here. Its arguments are evaluated once the method and its arity are
-            // found right.
-            return match entities::method_arity(method) {
-                Some(arity) if arity == args.len() => self.visit_all(args),
-                _ => Ok(()),
+        if builtins::is_builtin(callee) {
+            if let Err(kind) = builtins::arity(callee, args.len()) {
+                return self.refuse(Fault::at(loc, kind));
+            }
+            return match builtins::FORMS.contains(&callee.as_str()) {
+                true => self.form(callee, args),
+                false => self.visit_all(args),
             };
         }
-        if builtins::is_function(callee) {
-            return self.visit_all(args);
+        if let Some((base, method)) = callee.split_once('.') {
+            return self.method(callee, base, method, args, loc);
         }
         match self.functions.get(callee.as_str()) {
-            // The arguments are evaluated when some definition takes that many.
-            Some(arities) if self.collecting || arities.contains(&args.len()) => {
-                self.visit_all(args)
-            }
-            Some(_) => Ok(()),
-            None if self.collecting => self.visit_all(args),
+            // Definitions further down may take this many: the first pass looks on.
+            _ if self.collecting => self.visit_all(args),
             None => Err(Fault::at(
                 head.loc,
                 ErrorKind::UnknownFunction(callee.clone()),
             )),
+            // Only malformed definitions: running one fails with an error of its own.
+            Some(arities) if arities.is_empty() || arities.contains(&args.len()) => {
+                self.visit_all(args)
+            }
+            Some(arities) => {
+                let kind = match arities[..] {
+                    [expected] => ErrorKind::Arity {
+                        name: callee.clone(),
+                        expected,
+                        got: args.len(),
+                    },
+                    _ => ErrorKind::ArityOneOf {
+                        name: callee.clone(),
+                        expected: arities.clone(),
+                        got: args.len(),
+                    },
+                };
+                self.refuse(Fault::at(loc, kind))
+            }
         }
     }
 
-    /// The forms, shape by shape as the evaluator takes them (see `Evaluator::call_form`).
+    /// `(BASE.METHOD args…)`: the entity BASE names is not known here, but the method,
+    /// its arity and a literal control name are.
+    fn method(
+        &mut self,
+        callee: &str,
+        base: &str,
+        method: &str,
+        args: &'a [Expr],
+        loc: Loc,
+    ) -> Result<(), Fault> {
+        let Some(arity) = entities::method_arity(method) else {
+            return self.refuse(Fault::at(loc, ErrorKind::UnknownMethod(method.into())));
+        };
+        if let Err(kind) = exactly(callee, args.len(), arity) {
+            return self.refuse(Fault::at(loc, kind));
+        }
+        if let ("Control" | "GetControl", ExprKind::Str(control)) = (method, &args[0].kind) {
+            let host = HOST_CONTROLS.contains(&control.as_str());
+            let known = host || (base != "Host" && GUEST_CONTROLS.contains(&control.as_str()));
+            if !known {
+                let kind = ErrorKind::UnknownControl(control.clone());
+                return self.refuse(Fault::at(args[0].loc, kind));
+            }
+        }
+        self.visit_all(args)
+    }
+
+    /// The forms, shape by shape as the evaluator takes them (see `Evaluator::call_form`),
+    /// once their arity is known right.
     fn form(&mut self, form: &str, args: &'a [Expr]) -> Result<(), Fault> {
         match (form, args) {
             ("defvar" | "set" | "setq", [target, value]) if name(target).is_ok() => {
@@ -118,26 +177,25 @@ impl<'a> Checker<'a> {
                 }
                 self.visit_all(body)
             }
-            ("def" | "defun", [function, rest @ ..]) => {
+            ("def" | "defun", [function, params, body]) => {
                 // A name only some malformed `def` defines is taken as defined: running
                 // that `def` fails with an error that says what is wrong with it.
                 let ExprKind::Symbol(function_name) = &function.kind else {
                     return Ok(());
                 };
-                let arity = match rest {
-                    [params, body] => definition(function, params).map(|arity| (arity, body)),
-                    _ => None,
-                };
+                let arity = definition(function, params);
                 if self.collecting {
                     let arities = self.functions.entry(function_name).or_default();
-                    arities.extend(arity.map(|(arity, _)| arity));
+                    if let Some(arity) = arity.filter(|arity| !arities.contains(arity)) {
+                        arities.push(arity);
+                    }
                 }
                 match arity {
-                    Some((_, body)) => self.visit(body),
+                    Some(_) => self.visit(body),
                     None => Ok(()),
                 }
             }
-            ("if", [_, _, _]) | ("debug", _) => self.visit_all(args),
+            ("if" | "debug", _) => self.visit_all(args),
             ("with", [list, item, body]) if name(item).is_ok() => {
                 self.visit(list)?;
                 self.visit(body)
@@ -173,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn every_built_in_name_is_callable_with_any_arguments() {
+    fn every_built_in_name_is_checked_as_the_evaluator_checks_its_arity() {
         let names = builtins::FORMS
             .iter()
             .chain(&builtins::FUNCTIONS)
@@ -181,7 +239,18 @@ mod tests {
         for name in names {
             for args in ["", " 1", " x 1", " x () 1", " 1 2 3 4"] {
                 let text = format!("({name}{args})");
-                assert_eq!(check(&text), Ok(()), "{text}");
+                let count = args.split_whitespace().count();
+                let expected = builtins::arity(name, count).map_err(|kind| {
+                    Fault::at(
+                        Loc {
+                            file: 0,
+                            line: 1,
+                            column: 1,
+                        },
+                        kind,
+                    )
+                });
+                assert_eq!(check(&text), expected, "{text}");
             }
         }
     }
@@ -189,8 +258,15 @@ mod tests {
     #[test]
     fn every_method_is_callable() {
         for method in ["Stat", "StatAvg", "Prop", "GetControl", "Control"] {
-            let args = if method == "Control" { "'k' 1" } else { "'k'" };
-            let text = format!("(Host.{method} {args}) (with Guests g (g.{method} {args}))");
+            let args = |control| match method {
+                "Control" => format!("'{control}' 1"),
+                _ => format!("'{control}'"),
+            };
+            let text = format!(
+                "(Host.{method} {}) (with Guests g (g.{method} {}))",
+                args("ksm_run"),
+                args("balloon_target")
+            );
             assert!(entities::method_arity(method).is_some());
             assert_eq!(check(&text), Ok(()), "{text}");
         }

@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ErrorKind {
     /// A character that cannot start or continue a token.
-    #[error("unexpected character '{0}'")]
+    #[error("unexpected character {}", shown(*.0))]
     UnexpectedChar(char),
     /// A run of operator characters that is not an operator.
     #[error("unknown operator '{0}'")]
@@ -16,6 +16,12 @@ pub enum ErrorKind {
     /// A word that starts like a number but is not one.
     #[error("malformed number '{0}'")]
     MalformedNumber(String),
+    /// A decimal integer literal with a leading zero, which MOM reads as octal.
+    #[error(
+        "integer literal '{0}' has a leading zero: MOM reads it as octal, memtide refuses \
+         it (write it without the zero, or 0o… for octal)"
+    )]
+    LeadingZero(String),
     /// An integer literal that does not fit in 64 bits.
     #[error("integer literal '{0}' out of range")]
     IntegerOutOfRange(String),
@@ -73,6 +79,17 @@ pub enum ErrorKind {
         name: String,
         /// The number it takes.
         expected: usize,
+        /// The number given.
+        got: usize,
+    },
+    /// A call of a function whose definitions take different numbers of arguments,
+    /// none of them the number given.
+    #[error("'{name}' takes {} arguments (as defined in different places), got {got}", one_of(.expected))]
+    ArityOneOf {
+        /// The called name.
+        name: String,
+        /// The numbers its definitions take.
+        expected: Vec<usize>,
         /// The number given.
         got: usize,
     },
@@ -140,11 +157,33 @@ pub enum ErrorKind {
     DepthLimit(usize),
 }
 
+/// `'c'`, or `U+XXXX` for a character that does not show.
+fn shown(c: char) -> String {
+    let invisible = c.is_control()
+        || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}')
+        || matches!(c, '\u{2060}'..='\u{2064}' | '\u{feff}');
+    match c {
+        '\u{feff}' => "U+FEFF (byte order mark: save the file without it)".to_string(),
+        _ if invisible => format!("U+{:04X}", u32::from(c)),
+        _ => format!("'{c}'"),
+    }
+}
+
 fn arguments(n: &usize) -> &'static str {
     if *n == 1 {
         "argument"
     } else {
         "arguments"
+    }
+}
+
+/// `1, 2 or 3`.
+fn one_of(numbers: &[usize]) -> String {
+    let words: Vec<String> = numbers.iter().map(usize::to_string).collect();
+    match words.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -160,6 +199,9 @@ pub struct PolicyError {
     pub line: u32,
     /// Column number in characters, from 1.
     pub column: u32,
+    /// The lines `debug` recorded before an evaluation failed (see
+    /// [`crate::Evaluation::debug`]); empty for a parse or load error.
+    pub debug: Vec<String>,
 }
 
 impl PolicyError {
@@ -224,6 +266,7 @@ impl Fault {
             file: files.get(self.loc.file).cloned().unwrap_or_default(),
             line: self.loc.line,
             column: self.loc.column,
+            debug: Vec::new(),
         }
     }
 }

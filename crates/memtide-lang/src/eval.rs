@@ -1,7 +1,7 @@
 //! The evaluator: walks the forms of a program over an input, within limits.
 
 use crate::ast::{Expr, ExprKind, Loc};
-use crate::builtins::{self, at_least, exactly};
+use crate::builtins::{self, exactly};
 use crate::entities::{self, Entity};
 use crate::error::{ErrorKind, Fault};
 use crate::evaluation::{Controls, Evaluation};
@@ -34,13 +34,14 @@ struct Evaluator<'a> {
     depth: usize,
 }
 
-/// Evaluate `forms` (whose locations index `files`) over `input`.
+/// Evaluate `forms` (whose locations index `files`) over `input`. A failure comes
+/// with the debug lines recorded before it.
 pub(crate) fn evaluate(
     forms: &[Expr],
     files: &[String],
     input: &Input,
     limits: &Limits,
-) -> Result<Evaluation, Fault> {
+) -> Result<Evaluation, (Fault, Vec<String>)> {
     let guests = input
         .guests
         .iter()
@@ -67,7 +68,11 @@ pub(crate) fn evaluate(
     let results = forms
         .iter()
         .map(|form| evaluator.eval(form))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>();
+    let results = match results {
+        Ok(results) => results,
+        Err(fault) => return Err((fault, evaluator.debug)),
+    };
     Ok(Evaluation {
         results,
         controls: evaluator.controls,
@@ -193,23 +198,13 @@ impl<'a> Evaluator<'a> {
 
     /// The forms that control evaluation or have effects.
     fn call_form(&mut self, form: &str, args: &'a [Expr], loc: Loc) -> Result<Value, Fault> {
-        let arity = |result: Result<(), ErrorKind>| result.map_err(|kind| Fault::at(loc, kind));
+        builtins::arity(form, args.len()).map_err(|kind| Fault::at(loc, kind))?;
         match form {
             // `setq` is MOM's alias of `set`.
-            "defvar" | "set" | "setq" => {
-                arity(exactly(form, args.len(), 2))?;
-                self.eval_assignment(form, args)
-            }
-            "let" => {
-                arity(at_least(form, args.len(), 1))?;
-                self.eval_let(&args[0], &args[1..])
-            }
-            "def" | "defun" => {
-                arity(exactly(form, args.len(), 3))?;
-                self.define_function(args)
-            }
+            "defvar" | "set" | "setq" => self.eval_assignment(form, args),
+            "let" => self.eval_let(&args[0], &args[1..]),
+            "def" | "defun" => self.define_function(args),
             "if" => {
-                arity(exactly(form, args.len(), 3))?;
                 let branch = if self.eval(&args[0])?.is_truthy() {
                     &args[1]
                 } else {
@@ -217,14 +212,8 @@ impl<'a> Evaluator<'a> {
                 };
                 self.eval(branch)
             }
-            "with" => {
-                arity(exactly(form, args.len(), 3))?;
-                self.eval_with(args, loc)
-            }
-            _ => {
-                arity(at_least(form, args.len(), 1))?;
-                self.eval_debug(args, loc)
-            }
+            "with" => self.eval_with(args, loc),
+            _ => self.eval_debug(args, loc),
         }
     }
 
@@ -233,7 +222,8 @@ impl<'a> Evaluator<'a> {
         let name = name(&args[0])?;
         let value = self.eval(&args[1])?;
         if form == "defvar" {
-            Ok(self.scopes.define(name, value))
+            self.scopes.define(name, value.clone());
+            Ok(value)
         } else if self.scopes.set(name, value.clone()) {
             Ok(value)
         } else {

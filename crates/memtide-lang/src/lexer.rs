@@ -85,7 +85,9 @@ impl Cursor {
         Some(c)
     }
 
-    /// A string opened by `quote` at the cursor; a separator must follow it.
+    /// A string opened by `quote` at the cursor; a separator must follow it. As in MOM,
+    /// a backslash keeps the character after it (a quote included) from ending the
+    /// string, and both stay in the value: `"a\"b"` is the four characters `a\"b`.
     fn string(&mut self, quote: char) -> Result<Token, Fault> {
         let start = self.loc;
         self.bump();
@@ -94,6 +96,13 @@ impl Cursor {
             match self.bump() {
                 None => return Err(Fault::at(start, ErrorKind::UnterminatedString)),
                 Some(c) if c == quote => break,
+                Some('\\') => {
+                    text.push('\\');
+                    match self.bump() {
+                        None => return Err(Fault::at(start, ErrorKind::UnterminatedString)),
+                        Some(c) => text.push(c),
+                    }
+                }
                 Some(c) => text.push(c),
             }
         }
@@ -148,8 +157,8 @@ fn classify(word: &str, loc: Loc) -> Result<Token, Fault> {
     Err(Fault::at(loc, ErrorKind::UnexpectedChar(first)))
 }
 
-/// Parse a numeric literal: decimal integer, float, `0x` hex or `0o` octal, with an
-/// optional leading `-`.
+/// Parse a numeric literal: decimal integer (without leading zeros, which MOM reads as
+/// octal), float, `0x` hex or `0o` octal, with an optional leading `-`.
 fn number(word: &str) -> Result<Token, ErrorKind> {
     let malformed = || ErrorKind::MalformedNumber(word.to_string());
     let out_of_range = || ErrorKind::IntegerOutOfRange(word.to_string());
@@ -200,6 +209,8 @@ fn number(word: &str) -> Result<Token, ErrorKind> {
     }
     if is_float {
         word.parse().map(Token::Float).map_err(|_| malformed())
+    } else if body.len() > 1 && body.starts_with('0') {
+        Err(ErrorKind::LeadingZero(word.to_string()))
     } else {
         word.parse().map(Token::Int).map_err(|_| out_of_range())
     }

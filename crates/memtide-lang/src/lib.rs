@@ -1,9 +1,10 @@
 //! memtide's policy language: a sandboxed interpreter compatible with oVirt MOM's
 //! policy language (see docs/policy-language.md).
 //!
-//! [`Program::parse`] reads policy sources, [`Program::check`] refuses calls of
-//! functions that are nowhere defined, [`Program::evaluate`] runs them over an
-//! [`Input`] snapshot within [`Limits`] and returns the requested [`Controls`];
+//! [`Program::parse`] reads policy sources, [`Program::check`] refuses calls that
+//! fail whenever they run (of functions nowhere defined, for one),
+//! [`Program::evaluate`] runs them over an [`Input`] snapshot within [`Limits`] and
+//! returns the requested [`Controls`];
 //! [`ScriptPolicy`] runs a program as one of memtide's policies (and
 //! [`ScriptPolicy::parse`] both parses and checks).
 
@@ -32,7 +33,7 @@ pub use evaluation::{Controls, Evaluation};
 pub use input::{EntityInput, Input, Sample};
 pub use limits::Limits;
 pub use parser::MAX_NESTING;
-pub use policy::ScriptPolicy;
+pub use policy::{control_value, ScriptPolicy};
 pub use pretty::pretty;
 pub use program::{Program, Source};
 pub use value::{List, Value};

@@ -31,8 +31,8 @@ impl ScriptPolicy {
         }
     }
 
-    /// Parse sources into a policy, refusing a call of a function that is neither
-    /// built in nor defined anywhere in them (see [`Program::check`]).
+    /// Parse sources into a policy, refusing calls that fail whenever they run (see
+    /// [`Program::check`]).
     pub fn parse(sources: &[Source], limits: Limits) -> Result<ScriptPolicy, PolicyError> {
         let program = Program::parse(sources)?;
         program.check()?;
@@ -156,9 +156,13 @@ fn host_history(history: &History<HostStats>, shareable: Option<Bytes>) -> Vec<S
         .collect()
 }
 
-/// A control's value as a non-negative whole number (scripts may compute floats).
-fn whole(name: &str, v: &Value) -> Result<u64, String> {
-    let n = match v {
+/// The whole number memtide applies for control `name` requested as `value` (a float is
+/// truncated toward zero, a boolean is 0 or 1), or why it refuses the request: a value
+/// that is not a number, is negative or not finite, or is outside the control's range
+/// (`ksm_run` 0, 1 or 2; `ksm_merge_across_nodes` 0 or 1; `ksm_pages_to_scan` and
+/// `ksm_sleep_millisecs` at most 4294967295, as the kernel takes them).
+pub fn control_value(name: &str, value: &Value) -> Result<u64, String> {
+    let n = match value {
         Value::Int(n) => *n as f64,
         Value::Float(x) => *x,
         Value::Bool(b) => f64::from(u8::from(*b)),
@@ -169,11 +173,24 @@ fn whole(name: &str, v: &Value) -> Result<u64, String> {
             ))
         }
     };
-    if n.is_finite() && n >= 0.0 {
-        Ok(n as u64)
-    } else {
-        Err(format!("{name}: {n} is not a non-negative number"))
+    if !n.is_finite() {
+        return Err(format!("{name}: {n} is not a finite number"));
     }
+    if n < 0.0 {
+        return Err(format!("{name}: {n} is negative"));
+    }
+    // Saturates: a balloon target beyond any VM's maximum is capped at it.
+    let whole = n as u64;
+    let (max, range) = match name {
+        "ksm_run" => (2, "0, 1 or 2"),
+        "ksm_merge_across_nodes" => (1, "0 or 1"),
+        "ksm_pages_to_scan" | "ksm_sleep_millisecs" => (u64::from(u32::MAX), "at most 4294967295"),
+        _ => (u64::MAX, ""),
+    };
+    if whole > max {
+        return Err(format!("{name}: {n} is out of range ({range})"));
+    }
+    Ok(whole)
 }
 
 impl Policy for ScriptPolicy {
@@ -187,7 +204,15 @@ impl Policy for ScriptPolicy {
             faults,
             ..PolicyOutput::default()
         };
-        let evaluation = match self.program.evaluate(&input, &self.limits) {
+        let evaluation = self.program.evaluate(&input, &self.limits);
+        let debug = match &evaluation {
+            Ok(evaluation) => &evaluation.debug,
+            Err(error) => &error.debug,
+        };
+        for line in debug {
+            tracing::debug!(target: "memtide::policy", policy = %self.name, "{line}");
+        }
+        let evaluation = match evaluation {
             Ok(e) => e,
             Err(e) => {
                 // Nothing is proposed: every VM keeps its current target.
@@ -203,7 +228,7 @@ impl Policy for ScriptPolicy {
             let Some(v) = controls.get("balloon_target") else {
                 continue;
             };
-            match whole("balloon_target", v) {
+            match control_value("balloon_target", v) {
                 Ok(k) => {
                     let reason = Reason::new(
                         rule.clone(),
@@ -226,7 +251,7 @@ impl Policy for ScriptPolicy {
         let host = &evaluation.controls.host;
         if !host.is_empty() {
             let mut settings = KsmSettings::default();
-            let mut bad = None;
+            let mut bad = Vec::new();
             for (name, v) in host {
                 let slot = match name.as_str() {
                     "ksm_run" => &mut settings.run,
@@ -235,17 +260,23 @@ impl Policy for ScriptPolicy {
                     "ksm_merge_across_nodes" => &mut settings.merge_across_nodes,
                     _ => continue,
                 };
-                match whole(name, v) {
+                match control_value(name, v) {
                     Ok(n) => *slot = Some(n),
-                    Err(e) => bad = Some(e),
+                    Err(e) => bad.push(e),
                 }
             }
-            match bad {
-                Some(message) => out.faults.push(PolicyFault { vm: None, message }),
-                None => {
-                    let reason = Reason::new(rule, format!("{settings} requested by the policy"));
-                    out.ksm = Some(KsmProposal { settings, reason });
-                }
+            if bad.is_empty() {
+                let reason = Reason::new(rule, format!("{settings} requested by the policy"));
+                out.ksm = Some(KsmProposal { settings, reason });
+            } else {
+                // Nothing half-applied: the other KSM settings may only make sense with it.
+                out.faults.push(PolicyFault {
+                    vm: None,
+                    message: format!(
+                        "{}; the whole KSM proposal is dropped (KSM keeps its settings)",
+                        bad.join("; ")
+                    ),
+                });
             }
         }
         out

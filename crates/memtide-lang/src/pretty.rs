@@ -9,7 +9,7 @@ const WIDTH: usize = 80;
 ///
 /// Re-parsing the text gives the same forms (locations aside) for any forms the parser
 /// can produce. Not representable, and so not round-tripped: NaN, and strings holding
-/// both kinds of quote.
+/// both kinds of quote without a backslash before them.
 pub fn pretty(forms: &[Expr]) -> String {
     let mut out = String::new();
     for form in forms {
@@ -74,7 +74,7 @@ fn flat(expr: &Expr) -> String {
             if *x > 0.0 { "1e999" } else { "-1e999" }.to_string()
         }
         ExprKind::Float(x) => format!("{x:?}"),
-        ExprKind::Str(s) if s.contains('"') => format!("'{s}'"),
+        ExprKind::Str(s) if holds_unescaped(s, '"') => format!("'{s}'"),
         ExprKind::Str(s) => format!("\"{s}\""),
         ExprKind::Nil => "nil".to_string(),
         ExprKind::Symbol(s) => s.clone(),
@@ -86,4 +86,19 @@ fn flat(expr: &Expr) -> String {
             items.iter().map(flat).collect::<Vec<_>>().join(" ")
         ),
     }
+}
+
+/// Whether `s` holds `quote` where it would end a string (not after a backslash).
+fn holds_unescaped(s: &str, quote: char) -> bool {
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            _ if c == quote => return true,
+            _ => {}
+        }
+    }
+    false
 }

@@ -46,21 +46,28 @@ impl Program {
         Ok(Program { files, forms })
     }
 
-    /// Check that every call names something callable: a built-in form, function or
-    /// operator, an entity method (`X.Method`), or a function that a `def` or `defun`
-    /// anywhere in the sources defines (before or after the call, in any file). Fails
-    /// with [`crate::ErrorKind::UnknownFunction`] at the first other call, in source
-    /// order. This is what loading a policy checks beyond [`Program::parse`]; it
-    /// refuses no call that could run without an unknown-function error, but it does
-    /// check calls that may never run (in an `if` branch, or a function never called).
+    /// Check every call that fails whenever it runs, as loading a policy does beyond
+    /// [`Program::parse`]: a call of a name that is no built-in form, function or
+    /// operator, no entity method (`X.Method`) and no function that a `def` or `defun`
+    /// anywhere in the sources defines (before or after the call, in any file); a
+    /// method no entity has; `Control`/`GetControl` of a literal control name that the
+    /// receiver cannot have; a number of arguments the callee never takes. Fails at the
+    /// first, in source order. It refuses no call that could run without such an
+    /// error, but it does check calls that may never run (in an `if` branch, or a
+    /// function never called).
     pub fn check(&self) -> Result<(), PolicyError> {
         check::check_calls(&self.forms).map_err(|fault| fault.into_policy_error(&self.files))
     }
 
-    /// Evaluate the program over `input`. Pure: the only effects are in the result.
+    /// Evaluate the program over `input`. Pure: the only effects are in the result. An
+    /// error carries the debug lines recorded before it ([`PolicyError::debug`]).
     pub fn evaluate(&self, input: &Input, limits: &Limits) -> Result<Evaluation, PolicyError> {
-        eval::evaluate(&self.forms, &self.files, input, limits)
-            .map_err(|fault| fault.into_policy_error(&self.files))
+        eval::evaluate(&self.forms, &self.files, input, limits).map_err(|(fault, debug)| {
+            PolicyError {
+                debug,
+                ..fault.into_policy_error(&self.files)
+            }
+        })
     }
 
     /// The top-level forms, in order.

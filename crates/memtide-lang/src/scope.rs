@@ -31,18 +31,20 @@ impl<'a> Scopes<'a> {
         self.locals.push((name, value));
     }
 
-    /// `defvar`: bind `name` in the current scope unless it is bound there already;
-    /// returns the value it is then bound to.
-    pub fn define(&mut self, name: &'a str, value: Value) -> Value {
-        match self.frames.last() {
-            None => self.globals.entry(name).or_insert(value).clone(),
-            Some(&start) => match self.locals[start..].iter().rev().find(|(n, _)| *n == name) {
-                Some((_, existing)) => existing.clone(),
-                None => {
-                    self.locals.push((name, value.clone()));
-                    value
-                }
-            },
+    /// `defvar`, as MOM's: bind `name` in the current scope (the innermost local one,
+    /// else the global one), replacing a binding it has there.
+    pub fn define(&mut self, name: &'a str, value: Value) {
+        let Some(&start) = self.frames.last() else {
+            self.globals.insert(name, value);
+            return;
+        };
+        match self.locals[start..]
+            .iter_mut()
+            .rev()
+            .find(|(n, _)| *n == name)
+        {
+            Some((_, slot)) => *slot = value,
+            None => self.locals.push((name, value)),
         }
     }
 

@@ -162,3 +162,119 @@ fn guests_without_statistics_are_not_shown_and_say_why() {
     assert!(out.faults[0].message.contains("no balloon statistics"));
     assert!(out.ksm.is_some(), "the host part of the policy still runs");
 }
+
+/// What `decide` logs at debug level, one event a line, without colours.
+fn logged(policy: &mut ScriptPolicy) -> String {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        decide(
+            policy,
+            &(4096, vec![100], 100),
+            &[(1024, vec![(1024, 100)])],
+        );
+    });
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn debug_lines_are_logged_naming_the_policy_and_the_place() {
+    let text = "(debug \"free\" Host.mem_free)\n(debug \"then\" (/ 1 0))\n";
+    let mut policy =
+        ScriptPolicy::parse(&[Source::new("dbg.policy", text)], Limits::default()).unwrap();
+    let log = logged(&mut policy);
+    assert!(
+        log.contains("DEBUG memtide::policy: dbg.policy:1: free ")
+            && log.contains("policy=dbg.policy"),
+        "{log}"
+    );
+    // The evaluation failed on line 2: what it recorded before is logged all the same.
+    let mut policy = ScriptPolicy::parse(
+        &[Source::new("dbg.policy", "(debug \"before\")\n(/ 1 0)\n")],
+        Limits::default(),
+    )
+    .unwrap();
+    let log = logged(&mut policy);
+    assert!(log.contains("dbg.policy:1: before"), "{log}");
+}
+
+fn decide_text(text: &str) -> PolicyOutput {
+    let source = Source::new("c.policy", text);
+    let mut policy = ScriptPolicy::parse(&[source], Limits::default()).unwrap();
+    decide(
+        &mut policy,
+        &(4096, vec![100], 100),
+        &[(1024, vec![(1024, 100)])],
+    )
+}
+
+#[test]
+fn ksm_values_the_kernel_refuses_drop_the_whole_ksm_proposal() {
+    for (control, value, range) in [
+        ("ksm_run", "7", "0, 1 or 2"),
+        ("ksm_merge_across_nodes", "2", "0 or 1"),
+        ("ksm_pages_to_scan", "99999999999", "at most 4294967295"),
+        ("ksm_sleep_millisecs", "4294967296", "at most 4294967295"),
+    ] {
+        let text = format!(
+            "(Host.Control \"ksm_pages_to_scan\" 100)\n(Host.Control \"{control}\" {value})"
+        );
+        let out = decide_text(&text);
+        assert!(out.ksm.is_none(), "{text}: nothing half-applied");
+        assert_eq!(out.faults.len(), 1, "{text}");
+        assert_eq!(
+            out.faults[0].message,
+            format!(
+                "{control}: {value} is out of range ({range}); the whole KSM proposal is \
+                 dropped (KSM keeps its settings)"
+            )
+        );
+    }
+    // The largest values the kernel takes pass.
+    let out = decide_text(
+        "(Host.Control \"ksm_run\" 2) (Host.Control \"ksm_sleep_millisecs\" 4294967295)",
+    );
+    assert!(out.faults.is_empty(), "{:?}", out.faults);
+    let settings = out.ksm.unwrap().settings;
+    assert_eq!(
+        (settings.run, settings.sleep_millisecs),
+        (Some(2), Some(4294967295))
+    );
+}
+
+#[test]
+fn a_negative_or_nan_balloon_target_is_a_fault_of_that_vm() {
+    for (value, message) in [
+        ("-1024", "balloon_target: -1024 is negative"),
+        (
+            "(- (* 1e308 10) (* 1e308 10))",
+            "balloon_target: NaN is not a finite number",
+        ),
+    ] {
+        let out = decide_text(&format!(
+            "(with Guests g (g.Control \"balloon_target\" {value}))"
+        ));
+        assert!(out.balloon.is_empty());
+        assert_eq!(out.faults.len(), 1);
+        assert_eq!(out.faults[0].vm.as_deref(), Some("vm0"));
+        assert_eq!(out.faults[0].message, message);
+    }
+}

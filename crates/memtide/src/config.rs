@@ -30,9 +30,9 @@ use std::time::Duration;
 pub struct Config {
     /// Seconds between two decisions.
     pub interval_s: f64,
-    /// The policy: a built-in name (`mom`, `none`) or a policy file.
+    /// The policy: a built-in name (`mom`, `none`), a policy file or a directory of them.
     pub policy: String,
-    /// A directory of `*.policy` files (read in name order); takes precedence over `policy`.
+    /// A directory of `*.policy` files (read in name order); not with `policy`.
     pub policy_dir: Option<PathBuf>,
     /// The daemon's own endpoints.
     pub daemon: DaemonConfig,
@@ -626,6 +626,12 @@ impl Config {
         config
             .validate()
             .and_then(|()| check_numbers(&table, ""))
+            .and_then(
+                |()| match table.contains_key("policy") && config.policy_dir.is_some() {
+                    true => bad("policy_dir", "set policy or policy_dir, not both".into()),
+                    false => Ok(()),
+                },
+            )
             .map_err(|FieldError { field, message }| ConfigError::Invalid {
                 path: origin.to_string(),
                 field,
@@ -784,10 +790,7 @@ impl Config {
         }
         if let PolicySource::Builtin(name) = self.policy_source() {
             if !crate::policies::BUILTIN.contains(&name.as_str()) {
-                let names = crate::policies::BUILTIN.join(", ");
-                let message =
-                    format!("unknown policy {name:?} (built-in policies: {names}; or a file path)");
-                return bad("policy", message);
+                return bad("policy", crate::policies::unknown(&name));
             }
         }
         let globs = [
@@ -1006,7 +1009,7 @@ impl Config {
                 .map(|p| PolicySource::from_config(p, None))
             {
                 if !crate::policies::BUILTIN.contains(&name.as_str()) {
-                    return bad(&field("policy"), format!("unknown policy {name:?}"));
+                    return bad(&field("policy"), crate::policies::unknown(&name));
                 }
             }
             let min = vm.min_mib.unwrap_or(self.defaults.min_mib);
@@ -1724,7 +1727,7 @@ mod tests {
         );
         assert_eq!(
             err("policy = \"magic\"\n"),
-            "memtide.toml: policy: unknown policy \"magic\" (built-in policies: memtide, mom, tws, selfballoon, sampled, esx, proxmox, none; or a file path)"
+            "memtide.toml: policy: unknown policy \"magic\": no built-in policy has that name (memtide, mom, tws, selfballoon, sampled, esx, proxmox, none) and there is no such file or directory"
         );
         assert!(err("[daemon]\nhttp = \"localhost\"\n")
             .starts_with("memtide.toml: daemon.http: \"localhost\" is not an address:port"));

@@ -42,13 +42,19 @@ pub enum PolicySource {
 }
 
 impl PolicySource {
-    /// `policy` is a built-in name unless it looks like a path (has a `/` or ends in
-    /// `.policy`); `policy_dir` names a directory.
+    /// `policy_dir` names a directory. Else `policy` is a built-in name if it is one;
+    /// else an existing directory stands for its `*.policy` files, and any other
+    /// existing path, or a name that looks like a path (has a `/` or ends in `.policy`),
+    /// for a policy file. What is left is an unknown built-in name, which
+    /// [`PolicySource::load`] refuses.
     pub fn from_config(policy: &str, policy_dir: Option<&Path>) -> PolicySource {
+        let path = Path::new(policy);
         match policy_dir {
             Some(dir) => PolicySource::Dir(dir.to_path_buf()),
-            None if policy.contains('/') || policy.ends_with(".policy") => {
-                PolicySource::Files(vec![PathBuf::from(policy)])
+            None if BUILTIN.contains(&policy) => PolicySource::Builtin(policy.to_string()),
+            None if path.is_dir() => PolicySource::Dir(path.to_path_buf()),
+            None if path.exists() || policy.contains('/') || policy.ends_with(".policy") => {
+                PolicySource::Files(vec![path.to_path_buf()])
             }
             None => PolicySource::Builtin(policy.to_string()),
         }
@@ -74,10 +80,7 @@ impl PolicySource {
                 "esx" => Ok(Box::new(Esx::new(c.esx.clone(), c.ksm.clone()))),
                 "proxmox" => Ok(Box::new(Proxmox::new(c.proxmox.clone()))),
                 "none" => Ok(Box::new(Unmanaged)),
-                other => Err(LoadError(format!(
-                    "unknown policy {other:?} (built-in policies: {})",
-                    BUILTIN.join(", ")
-                ))),
+                other => Err(LoadError(unknown(other))),
             },
             PolicySource::Files(files) => Ok(Box::new(parse(&read(files)?)?)),
             PolicySource::Dir(dir) => Ok(Box::new(parse(&read(&dir_files(dir)?)?)?)),
@@ -105,6 +108,28 @@ pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
         .map(|(policy, vms)| Ok((vms, PolicySource::from_config(policy, None).load(c)?)))
         .collect::<Result<Vec<_>, LoadError>>()?;
     Ok(Box::new(Routed::new(host, exceptions)))
+}
+
+/// Why `name` is no policy: neither a built-in one nor a file or directory.
+pub fn unknown(name: &str) -> String {
+    format!(
+        "unknown policy {name:?}: no built-in policy has that name ({}) and there is no \
+         such file or directory",
+        BUILTIN.join(", ")
+    )
+}
+
+/// The policy files that `paths` name: a directory stands for its `*.policy` files
+/// (see [`dir_files`]).
+pub fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
+    let mut files = Vec::new();
+    for path in paths {
+        match path.is_dir() {
+            true => files.extend(dir_files(path)?),
+            false => files.push(path.clone()),
+        }
+    }
+    Ok(files)
 }
 
 /// The `*.policy` files of a directory, hidden ones excepted, in name order; none is
@@ -186,10 +211,42 @@ mod tests {
             .unwrap()
             .to_string();
         let expected = format!(
-            "unknown policy \"magic\" (built-in policies: {})",
+            "unknown policy \"magic\": no built-in policy has that name ({}) and there is \
+             no such file or directory",
             BUILTIN.join(", ")
         );
         assert_eq!(err, expected);
+    }
+
+    #[test]
+    fn an_existing_directory_is_a_policy_directory() {
+        // (A file named without `/` or `.policy` is a CLI test: it needs a working directory.)
+        let dir = tempfile::tempdir().unwrap();
+        let policies = dir.path().join("vdsm");
+        std::fs::create_dir(&policies).unwrap();
+        std::fs::write(policies.join("10-a.policy"), "(defvar a 1)").unwrap();
+        let name = policies.to_str().unwrap();
+        let source = PolicySource::from_config(name, None);
+        assert_eq!(source, PolicySource::Dir(policies.clone()));
+        let expected = policies.join("10-a.policy").display().to_string();
+        assert_eq!(load(&source).unwrap().name(), expected);
+    }
+
+    #[test]
+    fn command_line_directories_stand_for_their_policy_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("20-b.policy"), "").unwrap();
+        std::fs::write(dir.path().join("10-a.policy"), "").unwrap();
+        let single = dir.path().join("x.rules");
+        let paths = [dir.path().to_path_buf(), single.clone()];
+        assert_eq!(
+            files(&paths).unwrap(),
+            [
+                dir.path().join("10-a.policy"),
+                dir.path().join("20-b.policy"),
+                single
+            ]
+        );
     }
 
     #[test]

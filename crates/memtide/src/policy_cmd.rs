@@ -1,7 +1,7 @@
 //! `memtide policy check` and `memtide policy eval`: policies outside the daemon.
 
 use crate::policies;
-use memtide_lang::{Input, Limits, Program, Value};
+use memtide_lang::{control_value, Controls, ErrorKind, Input, Limits, Program, Value};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -14,27 +14,47 @@ pub enum Format {
     Text,
 }
 
-/// Parse `files`; print each problem as `file:line:col: message` with the line and a
-/// caret. Returns whether they are fine.
-pub fn check(files: &[PathBuf]) -> bool {
-    let result =
-        policies::read(files).and_then(|sources| policies::parse(&sources).map(|_| sources));
-    match result {
-        Ok(sources) => {
+/// Parse and check `paths` (files, or directories of `*.policy` files); print each
+/// problem as `file:line:col: message` with the line and a caret: each file's syntax
+/// error, else the first error of the program they make. Returns whether they are fine.
+pub fn check(paths: &[PathBuf]) -> bool {
+    let sources = match policies::files(paths).and_then(|files| policies::read(&files)) {
+        Ok(sources) => sources,
+        Err(e) => {
+            eprintln!("{e}");
+            return false;
+        }
+    };
+    // Each file on its own first, so that every broken file is reported.
+    let errors: Vec<String> = sources
+        .iter()
+        .filter_map(|source| Program::parse(std::slice::from_ref(source)).err())
+        .map(|e| e.render(&sources))
+        .collect();
+    let errors = match errors.is_empty() {
+        true => policies::parse(&sources).err().map(|e| vec![e.0]),
+        false => Some(errors),
+    };
+    match errors {
+        None => {
             let names: Vec<_> = sources.iter().map(|s| s.name.as_str()).collect();
             println!("{}: ok", names.join(", "));
             true
         }
-        Err(e) => {
-            eprintln!("{e}");
+        Some(errors) => {
+            for e in errors {
+                eprintln!("{e}");
+            }
             false
         }
     }
 }
 
-/// Evaluate `files` once over the snapshot in `input` (empty Host and Guests without it)
-/// and print the results and requested controls. Returns whether evaluation succeeded.
-pub fn eval(files: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::Result<bool> {
+/// Evaluate `paths` (files, or directories of `*.policy` files) once over the snapshot
+/// in `input` (empty Host and Guests without it) and print the results and requested
+/// controls on standard output; `debug` lines, and warnings of controls the daemon
+/// would refuse, go to standard error. Returns whether evaluation succeeded.
+pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::Result<bool> {
     let given = input.is_some();
     let input: Input = match input {
         Some(path) => {
@@ -44,44 +64,80 @@ pub fn eval(files: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         }
         None => Input::default(),
     };
-    let sources = policies::read(files)?;
-    let loaded = Program::parse(&sources).and_then(|p| p.check().map(|()| p));
-    let outcome = loaded.and_then(|p| {
-        let evaluated = p.evaluate(&input, &Limits::default());
-        if evaluated.is_err() && !given {
-            // A policy made for a host fails on nothing, as MOM's would: say what was
-            // missing.
-            eprintln!(
-                "note: evaluated without --input: Host has no figures and there are no \
-                 guests (give a snapshot: --input FILE, docs/policy-language.md)"
-            );
-        }
-        evaluated
-    });
-    match (outcome, format) {
-        (Ok(e), Format::Json) => {
-            for line in &e.debug {
-                eprintln!("debug: {line}");
+    let sources = policies::read(&policies::files(paths)?)?;
+    let outcome = Program::parse(&sources)
+        .and_then(|p| p.check().map(|()| p))
+        .and_then(|p| p.evaluate(&input, &Limits::default()));
+    let debug = match &outcome {
+        Ok(e) => &e.debug,
+        Err(e) => &e.debug,
+    };
+    for line in debug {
+        eprintln!("debug: {line}");
+    }
+    let e = match outcome {
+        Ok(e) => e,
+        Err(e) => {
+            match format {
+                Format::Json => println!("{}", e.to_json()),
+                Format::Text => eprintln!("{}", e.render(&sources)),
             }
-            println!(
-                "{}",
-                serde_json::json!({"results": e.results, "controls": e.controls})
-            );
-            Ok(true)
+            if !given && may_come_from_no_input(&e.kind) {
+                eprintln!(
+                    "note: evaluated without --input: Host has no figures and there are no \
+                     guests, which may be the cause (give a snapshot: --input FILE, \
+                     docs/policy-language.md)"
+                );
+            }
+            return Ok(false);
         }
-        (Ok(e), Format::Text) => {
-            print!("{}", text(&e));
-            Ok(true)
-        }
-        (Err(e), Format::Json) => {
-            println!("{}", e.to_json());
-            Ok(false)
-        }
-        (Err(e), Format::Text) => {
-            eprintln!("{}", e.render(&sources));
-            Ok(false)
+    };
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({"results": e.results, "controls": e.controls})
+        ),
+        Format::Text => print!("{}", text(&e)),
+    }
+    for warning in refused_controls(&e.controls) {
+        eprintln!("warning: {warning}");
+    }
+    Ok(true)
+}
+
+/// Whether an evaluation over the empty input may have failed for want of figures: a
+/// nil where a number or entity was wanted (a statistic not collected), a field or
+/// property the input lacks, or a division by a count or sum of no guests.
+fn may_come_from_no_input(kind: &ErrorKind) -> bool {
+    match kind {
+        ErrorKind::UnknownField(_) | ErrorKind::UnknownProperty(_) => true,
+        ErrorKind::DivisionByZero => true,
+        ErrorKind::Operands { left, right, .. } => *left == "nil" || *right == "nil",
+        ErrorKind::Incomparable(left, right) => *left == "nil" || *right == "nil",
+        ErrorKind::TypeMismatch { got, .. } | ErrorKind::NotAnEntity { got, .. } => *got == "nil",
+        _ => false,
+    }
+}
+
+/// Why the daemon would refuse each control request it would refuse (see
+/// [`control_value`]).
+fn refused_controls(controls: &Controls) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, v) in &controls.host {
+        if let Err(problem) = control_value(name, v) {
+            out.push(format!(
+                "Host: {problem}; the daemon would drop the whole KSM proposal"
+            ));
         }
     }
+    for (guest, requests) in &controls.guests {
+        for (name, v) in requests {
+            if let Err(problem) = control_value(name, v) {
+                out.push(format!("{guest}: {problem}; the daemon would not apply it"));
+            }
+        }
+    }
+    out
 }
 
 fn show(v: &Value) -> String {
@@ -90,9 +146,6 @@ fn show(v: &Value) -> String {
 
 fn text(e: &memtide_lang::Evaluation) -> String {
     let mut out = String::new();
-    for line in &e.debug {
-        let _ = writeln!(out, "debug: {line}");
-    }
     for (i, r) in e.results.iter().enumerate() {
         let _ = writeln!(out, "form {}: {}", i + 1, show(r));
     }

@@ -242,9 +242,10 @@ fn sources_are_concatenated_in_order() {
         .unwrap()
         .evaluate(&Input::default(), &Limits::default())
         .unwrap();
+    // The later file's defvar rebinds x, as MOM's would.
     assert_eq!(
         evaluation.results,
-        vec![Value::Int(1), Value::Int(1), Value::Int(2)]
+        vec![Value::Int(1), Value::Int(2), Value::Int(3)]
     );
 }
 
@@ -301,4 +302,11 @@ fn error_json_form() {
         error.to_json(),
         serde_json::json!({"error": {"message": "unknown function 'foo'", "file": "t.policy", "line": 2, "column": 3}})
     );
+}
+
+#[test]
+fn a_failed_evaluation_keeps_the_debug_lines_recorded_before_it() {
+    let error = crate::run("(debug \"before\" 1)\n(/ 1 0)\n(debug \"after\")").unwrap_err();
+    assert_eq!(error.to_string(), "t.policy:2:1: division by zero");
+    assert_eq!(error.debug, ["t.policy:1: before 1"]);
 }

@@ -7,7 +7,8 @@ use memtide_lang::{Program, Value};
 fn integer_literals() {
     assert_eq!(value("12"), Value::Int(12));
     assert_eq!(value("-5"), Value::Int(-5));
-    assert_eq!(value("007"), Value::Int(7));
+    assert_eq!(value("0"), Value::Int(0));
+    assert_eq!(value("-0"), Value::Int(0));
     assert_eq!(value("9223372036854775807"), Value::Int(i64::MAX));
     assert_eq!(value("-9223372036854775808"), Value::Int(i64::MIN));
 }
@@ -67,6 +68,23 @@ fn malformed_numbers_name_the_word() {
 }
 
 #[test]
+fn a_leading_zero_is_refused_as_mom_would_read_octal() {
+    // MOM's int(tok, 0) reads 010 as 8: refused rather than read differently.
+    for (text, word) in [("010", "010"), ("(+ 1 -007)", "-007"), ("00", "00")] {
+        let error = error(text);
+        assert!(
+            error.ends_with(&format!(
+                "integer literal '{word}' has a leading zero: MOM reads it as octal, memtide \
+                 refuses it (write it without the zero, or 0o… for octal)"
+            )),
+            "{error}"
+        );
+    }
+    // Floats are decimal in MOM too.
+    assert_eq!(value("007.5"), Value::Float(7.5));
+}
+
+#[test]
 fn integer_literals_out_of_range_are_errors() {
     assert_eq!(
         error("9223372036854775808"),
@@ -93,6 +111,19 @@ fn strings_are_the_raw_text_between_quotes() {
     assert_eq!(value(r#""a\nb""#), s("a\\nb"));
     assert_eq!(value("\"# not a comment\""), s("# not a comment"));
     assert_eq!(value("\"\""), s(""));
+}
+
+#[test]
+fn a_backslash_keeps_the_next_character_in_the_string_and_stays_as_in_mom() {
+    // MOM's scanner: "([^"\\]|\\.)*", and the value is the text between the quotes.
+    assert_eq!(value(r#""a\"b""#), s(r#"a\"b"#));
+    assert_eq!(value(r"'it\'s'"), s(r"it\'s"));
+    assert_eq!(value(r#""a\\""#), s(r"a\\"));
+    // A backslash before the closing quote escapes it.
+    assert_eq!(
+        error(r#"(debug "C:\")"#),
+        "t.policy:1:8: unterminated string"
+    );
 }
 
 #[test]
@@ -128,6 +159,23 @@ fn symbols_may_hold_digits_dashes_dots_and_underscores() {
 fn bad_characters_in_symbols_are_pointed_at() {
     assert_eq!(error("(foo@bar)"), "t.policy:1:5: unexpected character '@'");
     assert_eq!(error("abc\"x\""), "t.policy:1:4: unexpected character '\"'");
+}
+
+#[test]
+fn characters_that_do_not_show_are_named_by_code_point() {
+    assert_eq!(
+        error("\u{feff}(defvar x 1)"),
+        "t.policy:1:1: unexpected character U+FEFF (byte order mark: save the file without it)"
+    );
+    assert_eq!(
+        error("(+ 1 \0)"),
+        "t.policy:1:6: unexpected character U+0000"
+    );
+    assert_eq!(
+        error("x\u{200b}"),
+        "t.policy:1:2: unexpected character U+200B"
+    );
+    assert_eq!(error("é"), "t.policy:1:1: unexpected character 'é'");
 }
 
 #[test]

@@ -26,7 +26,8 @@ fn atom() -> impl Strategy<Value = Expr> {
             Just(1e-300),
         ]
         .prop_map(ExprKind::Float),
-        prop_oneof!["[^\"]*", "[^']*"].prop_map(ExprKind::Str),
+        // What the lexer reads: a backslash keeps the next character in the string.
+        prop_oneof![r#"([^"\\]|\\.)*"#, r"([^'\\]|\\.)*"].prop_map(ExprKind::Str),
         Just(ExprKind::Nil),
         "[a-zA-Z_][a-zA-Z0-9_.-]{0,30}"
             .prop_filter("nil is a literal", |s| s != "nil")

@@ -58,8 +58,13 @@ fn defvar_binds_in_the_current_scope_even_when_an_outer_one_has_the_name() {
 }
 
 #[test]
-fn defvar_keeps_a_binding_of_the_current_local_scope() {
-    assert_eq!(value("(let ((x 1)) (defvar x 2) x)"), Value::Int(1));
+fn defvar_replaces_a_binding_of_the_current_local_scope() {
+    assert_eq!(value("(let ((x 1)) (defvar x 2) x)"), Value::Int(2));
+    // Only that scope's: the global is untouched once the let ends.
+    assert_eq!(
+        value("(defvar x 0) (let ((x 1)) (defvar x 2)) x"),
+        Value::Int(0)
+    );
 }
 
 #[test]
