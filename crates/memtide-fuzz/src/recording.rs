@@ -27,7 +27,11 @@ pub fn run(data: &[u8]) {
     };
     let path = file();
     std::fs::write(&path, content).expect("temporary file written");
-    let report = replay(&[path], Box::new(Mom::default()), EngineConfig::default());
+    let report = replay(
+        &[path],
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    );
     let Ok(report) = report else {
         return;
     };

@@ -14,6 +14,7 @@
 //! violations at or below 5% of VM-time with no OOM kill.
 
 use crate::guest::pages;
+use crate::report::PolicyErrors;
 use crate::run::Simulation;
 use crate::scenario::{DensitySpec, Scenario};
 use memtide_core::policy::Policy;
@@ -44,6 +45,9 @@ pub struct DensityRun {
     pub oom_kills: u64,
     /// Times deflate-on-oom saved a guest (0 unless the scenario's host has it).
     pub oom_deflations: u64,
+    /// Ticks in which the policy failed.
+    #[serde(skip_serializing_if = "PolicyErrors::is_none")]
+    pub policy_errors: PolicyErrors,
     /// Per admitted VM: when it was started (s) and its throughput relative to solo.
     pub vms: Vec<AdmittedVm>,
 }
@@ -85,6 +89,8 @@ pub struct DensityReport {
     pub seed: u64,
     /// Simulated seconds.
     pub duration_s: f64,
+    /// Ticks each run lasts.
+    pub ticks: u64,
     /// VMs in the arrival queue.
     pub candidates: usize,
     /// The admission settings.
@@ -155,10 +161,15 @@ pub fn density(
                     )
                 })
                 .collect();
+            // The most VMs, then the most VM-hours, then the smallest reserve.
             let best = sweep
                 .iter()
                 .filter(|r| r.slo_violation_share <= SLO_SHARE && r.oom_kills == 0)
-                .max_by_key(|r| r.vms_admitted);
+                .max_by(|a, b| {
+                    (a.vms_admitted.cmp(&b.vms_admitted))
+                        .then(a.vm_hours.total_cmp(&b.vm_hours))
+                        .then(b.reserve_pct.total_cmp(&a.reserve_pct))
+                });
             let result = PolicyDensity {
                 vms_admitted: best.map_or(0, |r| r.vms_admitted),
                 vm_hours: best.map_or(0.0, |r| r.vm_hours),
@@ -174,6 +185,7 @@ pub fn density(
         scenario: scenario.name.clone(),
         seed,
         duration_s: scenario.ticks as f64 * scenario.tick_s,
+        ticks: scenario.ticks,
         candidates: solo.need.len(),
         density: spec,
         policies: results,
@@ -202,6 +214,7 @@ fn run_one(
     let mut configured = 0;
     let mut last_admit: Option<f64> = None;
     let mut work: Vec<Vec<f64>> = vec![Vec::new(); vms.len()];
+    let mut policy_errors = PolicyErrors::default();
     for tick in 1..=scenario.ticks {
         let t = (tick - 1) as f64 * scenario.tick_s;
         let head = admitted.len();
@@ -223,31 +236,8 @@ fn run_one(
             }
         }
         let d = sim.step(tick);
+        policy_errors.observe(&d);
         let world = sim.lock();
-        if std::env::var("DBG").is_ok() && reserve_pct == 12.5 && tick % 30 == 0 {
-            for k in [0usize, 1] {
-                let g = &world.guests[k];
-                let why = d
-                    .vms
-                    .iter()
-                    .find(|v| v.name == vms[k].0)
-                    .and_then(|v| v.reason.as_ref())
-                    .map(|r| format!("{} {}", r.rule, r.detail))
-                    .unwrap_or_default();
-                eprintln!(
-                    "t={tick} n={} free={} hswap={} {} actual={} ws={} swap={} touched={:.0} {}",
-                    admitted.len(),
-                    world.host.free(&world.guests) / 256,
-                    crate::host::Host::swap_used(&world.guests) / 256,
-                    vms[k].0,
-                    g.actual() / 256,
-                    g.working_set() / 256,
-                    g.swap_ws / 256,
-                    g.last.touched,
-                    why
-                );
-            }
-        }
         for &(i, _) in &admitted {
             work[i].push(world.guests[i].last.touched);
         }
@@ -294,6 +284,7 @@ fn run_one(
         },
         oom_kills,
         oom_deflations: counters.map(|c| c.oom_deflations).sum(),
+        policy_errors,
         vms: out,
     }
 }
@@ -315,6 +306,13 @@ impl DensityReport {
                 p.reserve_pct
                     .map_or("none met".to_string(), |r| format!("{r}%"))
             ));
+        }
+        for (label, p) in &self.policies {
+            let failed = p.sweep.iter().map(|r| &r.policy_errors);
+            if let Some(w) = failed.filter_map(|e| e.warning(label, self.ticks)).next() {
+                out.push_str(&w);
+                out.push('\n');
+            }
         }
         out
     }

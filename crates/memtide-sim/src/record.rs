@@ -287,6 +287,16 @@ impl Records {
             truncated: Vec::new(),
         }
     }
+
+    /// The file the last tick read came from.
+    pub fn path(&self) -> Option<&Path> {
+        self.current.as_ref().map(|(path, ..)| path.as_path())
+    }
+
+    /// The line of that file it was on (from 1).
+    pub fn line(&self) -> usize {
+        self.current.as_ref().map_or(0, |(_, line, _)| *line)
+    }
 }
 
 impl Iterator for Records {

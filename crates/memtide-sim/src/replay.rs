@@ -13,7 +13,8 @@ use memtide_core::{Action, Bytes, Decision, Engine, EngineConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What every replay report says first.
 pub const CAVEAT: &str = "replay re-runs decisions on the recorded inputs: it cannot know \
@@ -95,6 +96,10 @@ pub struct ReplayReport {
     pub per_vm: Vec<VmReplay>,
     /// Files that ended early (their complete lines were replayed).
     pub truncated_files: Vec<String>,
+    /// Daemon runs replayed: each where the recorded time starts again, replayed by a
+    /// fresh engine.
+    #[serde(default)]
+    pub runs: u64,
 }
 
 /// Targets in force per VM, as one policy's actions change them.
@@ -106,6 +111,13 @@ struct Side {
 }
 
 impl Side {
+    /// A daemon started again: what it sees in force starts afresh; what moved stays
+    /// counted.
+    fn restart(&mut self) {
+        self.in_force.clear();
+        self.ksm = None;
+    }
+
     /// Apply a decision's actions; returns the balloon targets that change what is in
     /// force (a target equal to it is a resend, not a change) and the KSM change.
     fn apply(
@@ -167,13 +179,17 @@ fn merge(now: Option<&KsmSettings>, change: &KsmSettings) -> KsmSettings {
     }
 }
 
-/// Replay the recording files `paths` (in order) through a fresh engine running `policy`.
+/// Replay the recording files `paths` (in order) through a fresh engine running the
+/// policy `make` makes. Where a file's first tick is no later than the tick before it, a
+/// daemon started again (its clock starts at its start): replay starts a fresh engine
+/// there too, as the daemon did. Time that goes back within a file, or a recording
+/// with no tick, is an error.
 pub fn replay(
     paths: &[PathBuf],
-    policy: Box<dyn Policy>,
-    engine: EngineConfig,
+    make: &dyn Fn() -> Box<dyn Policy>,
+    config: EngineConfig,
 ) -> Result<ReplayReport, RecordError> {
-    let mut engine = Engine::new(engine, policy);
+    let mut engine = Engine::new(config.clone(), make());
     let mut records = Records::open(paths);
     let (mut recorded, mut replayed) = (Side::default(), Side::default());
     let mut gaps: BTreeMap<String, (f64, u64)> = BTreeMap::new();
@@ -187,13 +203,38 @@ pub fn replay(
         differences: Vec::new(),
         per_vm: Vec::new(),
         truncated_files: Vec::new(),
+        runs: 0,
     };
-    for record in records.by_ref() {
+    let mut last: Option<Duration> = None;
+    while let Some(record) = records.next() {
         let record = record?;
         let snap = &record.snapshot;
-        if report.ticks == 0 {
-            report.recorded_policy = record.decision.policy.clone();
+        let first_of_file = records.line() == 1;
+        match last {
+            Some(at) if snap.at <= at && !first_of_file => {
+                return Err(RecordError::Parse {
+                    path: records.path().map(Path::to_path_buf).unwrap_or_default(),
+                    line: records.line(),
+                    message: format!(
+                        "a tick at {:.1} s after one at {:.1} s: time goes back within a file",
+                        snap.at.as_secs_f64(),
+                        at.as_secs_f64()
+                    ),
+                });
+            }
+            Some(at) if snap.at <= at => {
+                engine = Engine::new(config.clone(), make());
+                recorded.restart();
+                replayed.restart();
+                report.runs += 1;
+            }
+            Some(_) => {}
+            None => {
+                report.recorded_policy = record.decision.policy.clone();
+                report.runs = 1;
+            }
         }
+        last = Some(snap.at);
         report.ticks += 1;
         // A VM's target in force starts as the target delivered, else its size.
         for vm in &snap.vms {
@@ -250,6 +291,15 @@ pub fn replay(
             }
         }
     }
+    if report.ticks == 0 {
+        return Err(RecordError::Io {
+            path: paths.first().cloned().unwrap_or_default(),
+            error: std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "no recorded tick to replay",
+            ),
+        });
+    }
     report.truncated_files = records
         .truncated
         .iter()
@@ -278,6 +328,14 @@ impl ReplayReport {
             "replayed {} over {} ticks recorded under {}: {} ticks decided differently",
             self.policy, self.ticks, self.recorded_policy, self.ticks_differing
         );
+        if self.runs > 1 {
+            let _ = writeln!(
+                out,
+                "the recorded time starts again {} times (the daemon restarted): each run \
+                 replayed by a fresh engine",
+                self.runs - 1
+            );
+        }
         for f in &self.truncated_files {
             let _ = writeln!(
                 out,

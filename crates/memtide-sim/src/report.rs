@@ -3,6 +3,7 @@
 
 use crate::resize::ResizeSummary;
 use crate::svg;
+use memtide_core::{Decision, DiagnosticKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -58,8 +59,53 @@ pub struct Summary {
     /// On a two-tier host: where the guests' memory was and what moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierSummary>,
+    /// Ticks in which the policy failed (a script's error): it proposed nothing then.
+    #[serde(default, skip_serializing_if = "PolicyErrors::is_none")]
+    pub policy_errors: PolicyErrors,
     /// Per VM, in scenario order.
     pub per_vm: Vec<VmSummary>,
+}
+
+/// The ticks in which a policy failed, and the first failure: a script policy that
+/// fails every tick proposes nothing, and would otherwise look like `none`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyErrors {
+    /// Ticks with at least one policy error.
+    pub ticks: u64,
+    /// The first error, as the engine reported it.
+    pub first: Option<String>,
+}
+
+impl PolicyErrors {
+    /// Count `decision`'s policy errors.
+    pub fn observe(&mut self, decision: &Decision) {
+        let mut errors = decision
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == DiagnosticKind::PolicyError);
+        if let Some(e) = errors.next() {
+            self.ticks += 1;
+            self.first.get_or_insert_with(|| match &e.vm {
+                Some(vm) => format!("{vm}: {}", e.message),
+                None => e.message.clone(),
+            });
+        }
+    }
+
+    /// No policy error in the run.
+    pub fn is_none(&self) -> bool {
+        self.ticks == 0
+    }
+
+    /// A line saying so, for `policy` over `of` ticks; `None` without errors.
+    pub fn warning(&self, policy: &str, of: u64) -> Option<String> {
+        let first = self.first.as_deref()?;
+        Some(format!(
+            "warning: policy {policy} failed in {} of {of} ticks (it proposed nothing \
+             then); the first error: {first}",
+            self.ticks
+        ))
+    }
 }
 
 /// What a two-tier host did over a run (`summary.json`'s `tiers`).
@@ -307,6 +353,12 @@ impl CompareReport {
                 s.balloon_actions
             );
         }
+        for (label, r) in &self.runs {
+            let s = &r.summary;
+            if let Some(w) = s.policy_errors.warning(label, s.ticks) {
+                let _ = writeln!(out, "{w}");
+            }
+        }
         out
     }
 
@@ -324,8 +376,9 @@ impl CompareReport {
     }
 }
 
-/// A label (a policy name or file path) as a folder name.
-fn folder_name(label: &str) -> String {
+/// A label (a policy name or file path) as a folder name: the folder of its report
+/// under `--out`.
+pub fn folder_name(label: &str) -> String {
     let name: String = label
         .chars()
         .map(|c| {
@@ -369,6 +422,7 @@ mod tests {
             ksm_saved_mean_mib: 0.0,
             wall_s: 0.0,
             tiers: None,
+            policy_errors: PolicyErrors::default(),
             per_vm: Vec::new(),
         };
         let series = Series::default();

@@ -3,7 +3,9 @@
 
 use crate::backend::{SharedWorld, SimHost, SimVm};
 use crate::guest::{bytes, mib, mib_of, pages, PAGE_SIZE};
-use crate::report::{CompareReport, Report, Series, Summary, TierSummary, VmSeries, VmSummary};
+use crate::report::{
+    CompareReport, PolicyErrors, Report, Series, Summary, TierSummary, VmSeries, VmSummary,
+};
 use crate::resize::{ResizeTracker, Tick};
 use crate::scenario::Scenario;
 use crate::world::World;
@@ -175,6 +177,7 @@ impl Simulation {
             snap.target = vm.target();
         }
         let decision = self.engine.tick(&self.snapshot);
+        self.measure.policy_errors.observe(&decision);
         for action in &decision.actions {
             match action {
                 Action::SetBalloon { vm, target, .. } => {
@@ -230,6 +233,7 @@ struct Measure {
     ksm_saved_sum: f64,
     balloon_actions: u64,
     ksm_actions: u64,
+    policy_errors: PolicyErrors,
     ticks: u64,
 }
 
@@ -262,6 +266,7 @@ impl Measure {
             ksm_saved_sum: 0.0,
             balloon_actions: 0,
             ksm_actions: 0,
+            policy_errors: PolicyErrors::default(),
             ticks: 0,
         }
     }
@@ -415,6 +420,7 @@ impl Measure {
             ksm_saved_mean_mib: mib_of(self.ksm_saved_sum / n),
             wall_s,
             tiers,
+            policy_errors: self.policy_errors,
             per_vm,
         };
         Report {

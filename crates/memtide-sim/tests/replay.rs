@@ -8,6 +8,7 @@ use memtide_sim::replay::CAVEAT;
 use memtide_sim::{
     recording_files, replay, Recorder, RecorderConfig, Records, Scenario, Simulation,
 };
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 fn committed() -> Vec<PathBuf> {
@@ -41,7 +42,7 @@ fn regenerate_the_committed_recording() {
 fn replaying_the_recorded_policy_changes_nothing() {
     let report = replay(
         &committed(),
-        Box::new(Mom::default()),
+        &|| Box::new(Mom::default()),
         EngineConfig::default(),
     )
     .unwrap();
@@ -57,7 +58,12 @@ fn replaying_the_recorded_policy_changes_nothing() {
 
 #[test]
 fn replaying_another_policy_shows_what_it_would_not_have_reclaimed() {
-    let report = replay(&committed(), Box::new(Unmanaged), EngineConfig::default()).unwrap();
+    let report = replay(
+        &committed(),
+        &|| Box::new(Unmanaged),
+        EngineConfig::default(),
+    )
+    .unwrap();
     assert_eq!(report.policy, "none");
     assert!(report.ticks_differing > 0);
     let reclaimed: f64 = report.per_vm.iter().map(|v| v.recorded.reclaimed_mib).sum();
@@ -122,7 +128,12 @@ fn a_cut_recording_is_read_up_to_the_cut() {
     let n = read.len();
     assert!(n > 5 && n < 30, "{n}");
     assert_eq!(records.truncated, vec![path.clone()]);
-    let report = replay(&[path], Box::new(Mom::default()), EngineConfig::default()).unwrap();
+    let report = replay(
+        &[path],
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap();
     assert_eq!(report.truncated_files.len(), 1);
     assert!(report.text().contains("ends early"));
 }
@@ -134,7 +145,7 @@ fn a_file_that_is_no_recording_is_an_error_not_an_empty_replay() {
     std::fs::write(&path, "garbage\n").unwrap();
     let e = replay(
         std::slice::from_ref(&path),
-        Box::new(Mom::default()),
+        &|| Box::new(Mom::default()),
         EngineConfig::default(),
     )
     .unwrap_err()
@@ -224,4 +235,63 @@ fn a_line_too_long_or_not_text_is_an_error_naming_its_line() {
         e.contains("record-1.jsonl.gz:1:") && e.contains("line longer than 64 MiB"),
         "{e}"
     );
+}
+
+#[test]
+fn a_daemon_run_after_another_is_replayed_by_a_fresh_engine() {
+    // The same run twice: the second's time starts again, as a restarted daemon's does.
+    let twice = [committed(), committed()].concat();
+    let report = replay(
+        &twice,
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    assert_eq!((report.ticks, report.runs), (240, 2));
+    assert_eq!(report.ticks_differing, 0, "{}", report.text());
+    assert!(
+        report.text().contains("starts again 1 times"),
+        "{}",
+        report.text()
+    );
+}
+
+#[test]
+fn time_going_back_within_a_file_or_no_tick_at_all_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    flate2::read::MultiGzDecoder::new(std::fs::File::open(&committed()[0]).unwrap())
+        .read_to_string(&mut lines)
+        .unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    let write = |name: &str, lines: &[&str]| {
+        let path = dir.path().join(name);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        for l in lines {
+            writeln!(enc, "{l}").unwrap();
+        }
+        std::fs::write(&path, enc.finish().unwrap()).unwrap();
+        path
+    };
+    let back = write("back.jsonl.gz", &[lines[0], lines[1], lines[2], lines[1]]);
+    let e = replay(
+        &[back],
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("back.jsonl.gz:4:") && e.contains("time goes back"),
+        "{e}"
+    );
+    let empty = write("empty.jsonl.gz", &[]);
+    let e = replay(
+        &[empty],
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("empty.jsonl.gz: no recorded tick"), "{e}");
 }

@@ -653,16 +653,6 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             adaptive_age,
             config,
         } => {
-            let policies = if compare.is_empty() {
-                vec![policy]
-            } else {
-                compare
-            };
-            for (i, p) in policies.iter().enumerate() {
-                if policies[..i].contains(p) {
-                    anyhow::bail!("--compare: {p} named twice (each run's report is DIR/{p})");
-                }
-            }
             let options = sim_cmd::SimOptions {
                 seed,
                 ticks,
@@ -673,6 +663,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 tier_placement,
                 cold_age_s,
                 adaptive_age,
+            };
+            let policies = match compare.is_empty() {
+                true => sim_cmd::Policies::One(policy),
+                false => sim_cmd::Policies::Compare(compare),
             };
             sim_cmd::sim(
                 &scenario,

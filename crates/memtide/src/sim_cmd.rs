@@ -55,15 +55,64 @@ fn tiers<'a>(scenario: &'a mut Scenario, flag: &str) -> anyhow::Result<&'a mut T
         .with_context(|| format!("{flag} needs --tiers or a scenario with [tiers]"))
 }
 
-/// Run a scenario under one policy, or under several with `compare`; print a summary and
-/// write the reports to `out`.
+/// The policies `memtide sim` runs.
+pub enum Policies {
+    /// One run (`--policy`): its summary.
+    One(String),
+    /// A comparison (`--compare`), even of one policy: the table.
+    Compare(Vec<String>),
+}
+
+/// Print `text` to standard output; a reader that went away (`| head`) is no error.
+fn print(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `--out`: a folder, created now (before the runs) so that a path that cannot be one
+/// fails at once.
+fn out_dir(out: Option<&Path>) -> anyhow::Result<()> {
+    let Some(dir) = out else { return Ok(()) };
+    if dir.exists() && !dir.is_dir() {
+        bail!("--out {}: not a folder", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))
+}
+
+/// Each compared policy once, each writing a report folder of its own.
+fn distinct(policies: &[String]) -> anyhow::Result<()> {
+    for (i, p) in policies.iter().enumerate() {
+        let folder = memtide_sim::report::folder_name(p);
+        if let Some(q) = policies[..i]
+            .iter()
+            .find(|q| memtide_sim::report::folder_name(q) == folder)
+        {
+            match q == p {
+                true => bail!("--compare: {p} named twice"),
+                false => {
+                    bail!("--compare: {q} and {p} would both write their report to DIR/{folder}")
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run a scenario under one policy, or compare several; print a summary (warnings to
+/// standard error) and write the reports to `out`.
 pub fn sim(
     scenario_name: &str,
-    policies: &[String],
+    policies: &Policies,
     out: Option<&Path>,
     options: SimOptions,
     config: &Config,
 ) -> anyhow::Result<()> {
+    if let Policies::Compare(list) = policies {
+        distinct(list)?;
+    }
     let mut scenario = scenario(scenario_name)?;
     if let Some(ticks) = options.ticks {
         scenario.ticks = ticks;
@@ -94,29 +143,37 @@ pub fn sim(
         scenario.validate().context("--cold-age-s")?;
     }
     let seed = options.seed.unwrap_or(scenario.seed);
-    if options.density {
-        return density(&scenario, policies, out, seed, config);
-    }
-    if let [one] = policies {
-        let report = run(&scenario, policy(one, config)?, config.engine.clone(), seed);
-        println!("{}", report.summary_json());
-        if let Some(dir) = out {
-            report
-                .write(dir)
-                .with_context(|| format!("writing the report to {}", dir.display()))?;
-            eprintln!(
-                "report (summary.json and plots) written to {}",
-                dir.display()
-            );
+    let list = match policies {
+        Policies::One(one) => {
+            let loaded = policy(one, config)?;
+            out_dir(out)?;
+            let report = run(&scenario, loaded, config.engine.clone(), seed);
+            if let Some(dir) = out {
+                report
+                    .write(dir)
+                    .with_context(|| format!("writing the report to {}", dir.display()))?;
+                eprintln!(
+                    "report (summary.json and plots) written to {}",
+                    dir.display()
+                );
+            }
+            let s = &report.summary;
+            if let Some(w) = s.policy_errors.warning(one, s.ticks) {
+                eprintln!("{w}");
+            }
+            return print(&(report.summary_json() + "\n"));
         }
-        return Ok(());
+        Policies::Compare(list) => list,
+    };
+    if options.density {
+        return density(&scenario, list, out, seed, config);
     }
-    let runs = policies
+    let runs = list
         .iter()
         .map(|p| Ok((p.clone(), policy(p, config)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    out_dir(out)?;
     let report = compare(&scenario, runs, config.engine.clone(), seed);
-    print!("{}", report.table());
     if let Some(dir) = out {
         report
             .write(dir)
@@ -126,7 +183,7 @@ pub fn sim(
             dir.display()
         );
     }
-    Ok(())
+    print(&report.table())
 }
 
 /// The density benchmark under each policy: print the table, write `density.json`.
@@ -140,6 +197,7 @@ fn density(
     for p in policies {
         policy(p, config)?; // fail early on a bad name or file
     }
+    out_dir(out)?;
     // One closure expression, so one type: a Vec of them, each making its policy afresh.
     let makers: Vec<_> = policies
         .iter()
@@ -156,9 +214,7 @@ fn density(
         })
         .collect();
     let report = memtide_sim::density(scenario, &refs, &config.engine, seed);
-    print!("{}", report.table());
     if let Some(dir) = out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut json = serde_json::to_value(&report)?;
         json["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
         let path = dir.join("density.json");
@@ -166,7 +222,7 @@ fn density(
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("density.json written to {}", dir.display());
     }
-    Ok(())
+    print(&report.table())
 }
 
 /// Run `policy` over recorded ticks (files, or directories of them) and print how its
@@ -195,11 +251,11 @@ pub fn replay_cmd(
                 .join(", ")
         );
     }
-    let report = replay(&files, policy(policy_name, config)?, config.engine.clone())?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.text());
+    policy(policy_name, config)?; // fail early on a bad name or file
+    let make = || policy(policy_name, config).expect("loaded once already");
+    let report = replay(&files, &make, config.engine.clone())?;
+    match json {
+        true => print(&(serde_json::to_string_pretty(&report)? + "\n")),
+        false => print(&report.text()),
     }
-    Ok(())
 }
