@@ -24,13 +24,16 @@ pub const MAX_TICK: Duration = Duration::from_secs(5);
 /// size is noise (QEMU's own memory, pages in flight), not a contradiction.
 pub const TOLERANCE: f64 = 0.05;
 
-/// The least the host must see a guest's backed memory grow by, as a share of its
-/// configured size per second, for a contradicted tick not to count against it: a guest
-/// touching what it claims is telling the truth ahead of the host (found in the
-/// simulator: a database that committed its 3 GiB heap at start and filled it at 33 MiB/s
-/// was found out after the grace, held to its fair share below its working set, and
-/// OOM-killed five times while its host had 1.4 GiB free). At this pace every claim is
-/// met within 200 s; a guest that touches what it claims holds what it claims.
+/// The least the host must see a guest's backed memory grow beyond the most it ever
+/// backed of it, as a share of its configured size per second since its last figures,
+/// for a contradicted tick not to count against it: a guest touching what it claims for
+/// the first time is telling the truth ahead of the host (found in the simulator: a
+/// database that committed its 3 GiB heap at start and filled it at 33 MiB/s was found
+/// out after the grace, held to its fair share below its working set, and OOM-killed five
+/// times while its host had 1.4 GiB free). At this pace any guest has touched all its
+/// memory within 200 s, once: memory freed and touched again earns nothing (found in
+/// review: a liar climbing to its claim, agreeing for a tick at the top, then freeing it
+/// all was otherwise never found out while it held half its claim on average).
 pub const PROGRESS: f64 = 0.005;
 
 /// One VM's record of contradictions between its figures and the host's.
@@ -46,8 +49,12 @@ pub struct Trust {
     claimed: Bytes,
     /// The latest tick seen.
     last: Option<Duration>,
-    /// What the host backed at the latest tick with figures.
-    backed: Bytes,
+    /// The most the host has backed of it at a tick with figures, and when that tick was:
+    /// touching counts only beyond it, so that memory freed and touched again earns
+    /// nothing.
+    high: Bytes,
+    /// The latest tick with figures.
+    figures_at: Option<Duration>,
 }
 
 impl Trust {
@@ -70,7 +77,8 @@ impl Trust {
     /// rate where the guest claims less instead (a guest telling the truth one tick in 20
     /// started the grace over each time and was never found out; at half rate one that
     /// lies over a third of the time is found out). A tick in which the host sees the
-    /// guest touch memory at [`PROGRESS`] or faster counts neither way.
+    /// guest touch memory it never held before at [`PROGRESS`] or faster counts neither
+    /// way.
     pub fn observe(
         &mut self,
         at: Duration,
@@ -91,9 +99,14 @@ impl Trust {
             claimed.min(size)
         };
         let tolerance = configured.scale(TOLERANCE);
-        let progress = configured.scale(PROGRESS * dt.as_secs_f64());
-        let touching = !dt.is_zero() && backed > self.backed + progress;
-        self.backed = backed;
+        // Growth is measured over the whole time since the last figures (not capped as
+        // `dt` is), beyond the most the host ever backed of it.
+        let touching = self.figures_at.is_some_and(|then| {
+            let since = at.saturating_sub(then).as_secs_f64();
+            since > 0.0 && backed > self.high + configured.scale(PROGRESS * since)
+        });
+        self.high = self.high.max(backed);
+        self.figures_at = Some(self.figures_at.map_or(at, |then| then.max(at)));
         if held_to > backed + tolerance && touching {
             // Catching up with its claim: neither a contradiction nor an agreement yet.
         } else if held_to > backed + tolerance {
@@ -231,6 +244,21 @@ mod tests {
         let mut t = Trust::default();
         let crawl = feed(&mut t, 0..30, |_| mib(900), |s| 30 + s);
         assert_eq!(crawl.iter().position(|d| *d), Some(g));
+    }
+
+    #[test]
+    fn a_liar_touching_its_claim_then_freeing_it_over_and_over_is_found_out() {
+        // Claims 1000 MiB; climbs from 30 MiB to it at 10 MiB a second, agrees for a tick
+        // at the top, frees it all (free page reporting), climbs again.
+        let mut t = Trust::default();
+        let cycle = |s: u64| 30 + 10 * (s % 99);
+        let d = feed(&mut t, 0..400, |_| mib(1000), cycle);
+        assert!(d[200..].iter().all(|d| *d), "found out on its second climb");
+        // Figures one tick in ten, backed growing 1 MiB a second: no catching up.
+        let mut t = Trust::default();
+        let sparse = |s: u64| (s % 10 == 0).then(|| Bytes::from_mib(1000));
+        let d = feed(&mut t, 0..400, sparse, |s| 30 + s);
+        assert!(d.iter().any(|d| *d), "found out");
     }
 
     #[test]
