@@ -191,6 +191,9 @@ fn number(word: &str) -> Result<Token, ErrorKind> {
     };
     let mut end = digits_from(0);
     let mut is_float = false;
+    // MOM reads digits after a leading 0 as an octal integer, also before an exponent
+    // (`010e2` is 8 then the name `e2`): refused unless a fraction follows (`010.5`).
+    let octal = end > 1 && bytes[0] == b'0' && bytes.get(end) != Some(&b'.');
     if bytes.get(end) == Some(&b'.') {
         is_float = true;
         end = digits_from(end + 1);
@@ -207,10 +210,10 @@ fn number(word: &str) -> Result<Token, ErrorKind> {
     if end != bytes.len() {
         return Err(malformed());
     }
-    if is_float {
-        word.parse().map(Token::Float).map_err(|_| malformed())
-    } else if body.len() > 1 && body.starts_with('0') {
+    if octal {
         Err(ErrorKind::LeadingZero(word.to_string()))
+    } else if is_float {
+        word.parse().map(Token::Float).map_err(|_| malformed())
     } else {
         word.parse().map(Token::Int).map_err(|_| out_of_range())
     }

@@ -306,9 +306,14 @@ impl Guest {
     }
 
     /// Start again after the VM was killed and restarted: the balloon is gone, memory
-    /// and counters start from boot.
+    /// and counters start from boot. What it did in the tick it was killed in (`last`)
+    /// still happened: it stays until its next step (found by a capacity planner: the
+    /// tick of every host OOM kill was missing from the per-VM figures, which then fell
+    /// short of the run's totals).
     pub fn reboot(&mut self) {
+        let last = std::mem::take(&mut self.last);
         *self = Guest::boot(self.params.clone(), self.rng.clone());
+        self.last = last;
     }
 
     /// The fixed parameters.

@@ -50,6 +50,18 @@ pub enum RecordError {
         /// What the JSON reader said.
         message: String,
     },
+    /// A tick no later than the one before it in the same file.
+    #[error("{path}:{line}: a tick at {at_s:.1} s after one at {before_s:.1} s: time goes back within a file")]
+    OutOfOrder {
+        /// The file.
+        path: PathBuf,
+        /// Line number, from 1.
+        line: usize,
+        /// The tick's time (s).
+        at_s: f64,
+        /// The time of the tick before it (s).
+        before_s: f64,
+    },
 }
 
 /// Where and how much to record.
@@ -273,6 +285,8 @@ pub struct Records {
     files: VecDeque<PathBuf>,
     /// The file being read, the number of its last line read, and its lines.
     current: Option<(PathBuf, usize, FileLines)>,
+    /// Ticks read from that file so far.
+    ticks_in_file: usize,
     /// Files that ended before their gzip stream did (a recorder that died, a full
     /// disk): every complete line before the cut was read, a torn one after it skipped.
     pub truncated: Vec<PathBuf>,
@@ -284,8 +298,14 @@ impl Records {
         Records {
             files: paths.iter().cloned().collect(),
             current: None,
+            ticks_in_file: 0,
             truncated: Vec::new(),
         }
+    }
+
+    /// Whether the last tick read was the first of its file.
+    pub fn first_of_file(&self) -> bool {
+        self.ticks_in_file == 1
     }
 
     /// The file the last tick read came from.
@@ -310,6 +330,7 @@ impl Iterator for Records {
                     Ok(Some(f)) => {
                         let lines = BufReader::new(MultiGzDecoder::new(f));
                         self.current = Some((path, 0, lines));
+                        self.ticks_in_file = 0;
                     }
                     Ok(None) => {
                         let error = io::Error::new(io::ErrorKind::InvalidData, NOT_A_RECORDING);
@@ -341,6 +362,7 @@ impl Iterator for Records {
                 Some(Ok(Ok(line))) if line.trim().is_empty() => *number += 1,
                 Some(Ok(line)) => {
                     *number += 1;
+                    self.ticks_in_file += 1;
                     let parsed =
                         line.and_then(|l| serde_json::from_str(&l).map_err(|e| e.to_string()));
                     return Some(parsed.map_err(|message| RecordError::Parse {

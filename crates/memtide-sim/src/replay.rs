@@ -84,7 +84,8 @@ pub struct ReplayReport {
     pub caveat: String,
     /// The policy replayed.
     pub policy: String,
-    /// The policy that made the recording (from its first decision).
+    /// The policy that made the recording (from its first decision; `A then B` where a
+    /// daemon run after a restart had another).
     pub recorded_policy: String,
     /// Ticks replayed.
     pub ticks: u64,
@@ -209,17 +210,13 @@ pub fn replay(
     while let Some(record) = records.next() {
         let record = record?;
         let snap = &record.snapshot;
-        let first_of_file = records.line() == 1;
         match last {
-            Some(at) if snap.at <= at && !first_of_file => {
-                return Err(RecordError::Parse {
+            Some(at) if snap.at <= at && !records.first_of_file() => {
+                return Err(RecordError::OutOfOrder {
                     path: records.path().map(Path::to_path_buf).unwrap_or_default(),
                     line: records.line(),
-                    message: format!(
-                        "a tick at {:.1} s after one at {:.1} s: time goes back within a file",
-                        snap.at.as_secs_f64(),
-                        at.as_secs_f64()
-                    ),
+                    at_s: snap.at.as_secs_f64(),
+                    before_s: at.as_secs_f64(),
                 });
             }
             Some(at) if snap.at <= at => {
@@ -227,6 +224,10 @@ pub fn replay(
                 recorded.restart();
                 replayed.restart();
                 report.runs += 1;
+                let policy = &record.decision.policy;
+                if report.recorded_policy.rsplit(" then ").next() != Some(policy.as_str()) {
+                    report.recorded_policy = format!("{} then {policy}", report.recorded_policy);
+                }
             }
             Some(_) => {}
             None => {
@@ -331,9 +332,10 @@ impl ReplayReport {
         if self.runs > 1 {
             let _ = writeln!(
                 out,
-                "the recorded time starts again {} times (the daemon restarted): each run \
-                 replayed by a fresh engine",
-                self.runs - 1
+                "{} daemon runs: the recorded time starts again where the daemon restarted \
+                 (or where files were given out of their order), each run replayed by a fresh \
+                 engine",
+                self.runs
             );
         }
         for f in &self.truncated_files {

@@ -59,7 +59,8 @@ pub struct Summary {
     /// On a two-tier host: where the guests' memory was and what moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierSummary>,
-    /// Ticks in which the policy failed (a script's error): it proposed nothing then.
+    /// Ticks in which the policy failed, in whole or for some VM (a script's error):
+    /// what failed was not proposed.
     #[serde(default, skip_serializing_if = "PolicyErrors::is_none")]
     pub policy_errors: PolicyErrors,
     /// Per VM, in scenario order.
@@ -101,8 +102,8 @@ impl PolicyErrors {
     pub fn warning(&self, policy: &str, of: u64) -> Option<String> {
         let first = self.first.as_deref()?;
         Some(format!(
-            "warning: policy {policy} failed in {} of {of} ticks (it proposed nothing \
-             then); the first error: {first}",
+            "warning: policy {policy} failed in {} of {of} ticks (what failed was not \
+             proposed); the first error: {first}",
             self.ticks
         ))
     }

@@ -343,6 +343,17 @@ pub struct VmSpec {
     pub lie: Option<crate::lie::Lie>,
 }
 
+/// The largest size a scenario may give (MiB): 1 PiB, so that no sum of sizes in pages
+/// overflows.
+const MAX_MIB: f64 = (1u64 << 30) as f64;
+
+/// What a size must be.
+const SIZE: &str = "must be a size ≥ 0, at most 1 PiB (1073741824 MiB)";
+
+/// The most VMs a scenario may hold: the host's OOM killer looks at every VM for each
+/// kill, so a host far too small for 100 000 VMs took minutes a tick.
+const MAX_VMS: u64 = 10_000;
+
 fn default_count() -> u32 {
     1
 }
@@ -462,7 +473,7 @@ impl Scenario {
             message: message.to_string(),
         };
         let positive = |v: f64| v.is_finite() && v > 0.0;
-        let size = |v: f64| v.is_finite() && v >= 0.0;
+        let size = |v: f64| v.is_finite() && (0.0..=MAX_MIB).contains(&v);
         let pct = |v: f64| (0.0..=100.0).contains(&v);
         if self.ticks == 0 {
             return Err(invalid("ticks".into(), "must be at least 1"));
@@ -478,13 +489,13 @@ impl Scenario {
             ("cache_mib", h.cache_mib),
         ] {
             if !size(v) {
-                return Err(invalid(format!("host.{name}"), "must be a size ≥ 0"));
+                return Err(invalid(format!("host.{name}"), SIZE));
             }
         }
-        if !(positive(h.memory_mib) && h.memory_mib > h.reserved_mib + h.min_free_mib) {
+        if !(size(h.memory_mib) && h.memory_mib > h.reserved_mib + h.min_free_mib) {
             return Err(invalid(
                 "host.memory_mib".into(),
-                "must exceed reserved_mib + min_free_mib",
+                "must be a size above reserved_mib + min_free_mib, at most 1 PiB",
             ));
         }
         let c = &self.costs;
@@ -505,6 +516,13 @@ impl Scenario {
         if self.vms.is_empty() {
             return Err(invalid("vm".into(), "needs at least one VM"));
         }
+        let vms: u64 = self.vms.iter().map(|vm| u64::from(vm.count)).sum();
+        if vms > MAX_VMS {
+            return Err(invalid(
+                "vm".into(),
+                "at most 10000 VMs in all (counts included)",
+            ));
+        }
         let mut names = BTreeSet::new();
         for (i, vm) in self.vms.iter().enumerate() {
             let at = |f: &str| format!("vm[{i}].{f}");
@@ -514,17 +532,20 @@ impl Scenario {
             if vm.count == 0 {
                 return Err(invalid(at("count"), "must be at least 1"));
             }
-            if !(positive(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
-                return Err(invalid(at("memory_mib"), "must exceed kernel_mib"));
+            if !(size(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
+                return Err(invalid(
+                    at("memory_mib"),
+                    "must be a size above kernel_mib, at most 1 PiB",
+                ));
             }
             if !size(vm.kernel_mib) {
-                return Err(invalid(at("kernel_mib"), "must be a size ≥ 0"));
+                return Err(invalid(at("kernel_mib"), SIZE));
             }
             if !size(vm.swap_mib) {
-                return Err(invalid(at("swap_mib"), "must be a size ≥ 0"));
+                return Err(invalid(at("swap_mib"), SIZE));
             }
             if !size(vm.untouched_commit_mib) {
-                return Err(invalid(at("untouched_commit_mib"), "must be a size ≥ 0"));
+                return Err(invalid(at("untouched_commit_mib"), SIZE));
             }
             if !(size(vm.min_mib()) && vm.min_mib() <= vm.memory_mib) {
                 return Err(invalid(at("min_mib"), "must be between 0 and memory_mib"));
@@ -615,7 +636,7 @@ impl Scenario {
                 return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
             }
             if !size(t.reserve_mib) {
-                return Err(invalid("tiers.reserve_mib".into(), "must be a size ≥ 0"));
+                return Err(invalid("tiers.reserve_mib".into(), SIZE));
             }
             if !size(t.cold_age_s) {
                 return Err(invalid("tiers.cold_age_s".into(), "must be a time ≥ 0"));

@@ -389,13 +389,15 @@ enum SnapshotCommand {
 enum PolicyCommand {
     /// Parse and check policy files: exit 0 if fine, 1 with located diagnostics.
     Check {
-        /// Policy files, evaluated in the order of their names.
+        /// Policy files, or directories of them (their *.policy files), evaluated in the
+        /// order of their names.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
     /// Evaluate policy files once over a snapshot and print results and controls.
     Eval {
-        /// Policy files, evaluated in the order of their names.
+        /// Policy files, or directories of them (their *.policy files), evaluated in the
+        /// order of their names.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Snapshot JSON: {"host": {"props", "stats"}, "guests": [...]}; without it, no entities.

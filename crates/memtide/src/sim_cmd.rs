@@ -82,10 +82,14 @@ fn out_dir(out: Option<&Path>) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--out {}", dir.display()))
 }
 
-/// Each compared policy once, each writing a report folder of its own.
+/// Each compared policy once, each writing a report folder of its own beside the
+/// comparison's own files.
 fn distinct(policies: &[String]) -> anyhow::Result<()> {
     for (i, p) in policies.iter().enumerate() {
         let folder = memtide_sim::report::folder_name(p);
+        if ["compare.json", "compare.txt", "density.json"].contains(&folder.as_str()) {
+            bail!("--compare: {p} would write its report to DIR/{folder}, the comparison's own file: name it by another path");
+        }
         if let Some(q) = policies[..i]
             .iter()
             .find(|q| memtide_sim::report::folder_name(q) == folder)
@@ -143,6 +147,13 @@ pub fn sim(
         scenario.validate().context("--cold-age-s")?;
     }
     let seed = options.seed.unwrap_or(scenario.seed);
+    if options.density {
+        let list = match policies {
+            Policies::One(one) => std::slice::from_ref(one),
+            Policies::Compare(list) => list.as_slice(),
+        };
+        return density(&scenario, list, out, seed, config);
+    }
     let list = match policies {
         Policies::One(one) => {
             let loaded = policy(one, config)?;
@@ -165,9 +176,6 @@ pub fn sim(
         }
         Policies::Compare(list) => list,
     };
-    if options.density {
-        return density(&scenario, list, out, seed, config);
-    }
     let runs = list
         .iter()
         .map(|p| Ok((p.clone(), policy(p, config)?)))
@@ -252,7 +260,13 @@ pub fn replay_cmd(
         );
     }
     policy(policy_name, config)?; // fail early on a bad name or file
-    let make = || policy(policy_name, config).expect("loaded once already");
+                                  // Made again for each daemon run in the recording: a file changed since is an error.
+    let make = || {
+        policy(policy_name, config).unwrap_or_else(|e| {
+            eprintln!("memtide: {e:#}");
+            std::process::exit(1)
+        })
+    };
     let report = replay(&files, &make, config.engine.clone())?;
     match json {
         true => print(&(serde_json::to_string_pretty(&report)? + "\n")),

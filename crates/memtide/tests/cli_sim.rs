@@ -140,3 +140,46 @@ fn a_reader_that_goes_away_is_no_crash_and_the_report_is_written() {
     assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
     assert!(dir.path().join("pt/summary.json").exists());
 }
+
+#[test]
+fn density_runs_with_one_policy_and_no_report_takes_the_comparison_s_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "sim",
+            "quick",
+            "--ticks",
+            "20",
+            "--density",
+            "--policy",
+            "none",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).starts_with("policy      VMs admitted"),
+        "{}",
+        text(&o.stdout)
+    );
+    std::fs::write(dir.path().join("compare.json"), "1\n").unwrap();
+    let o = run_in(
+        dir.path(),
+        &[
+            "sim",
+            "quick",
+            "--compare",
+            "none",
+            "compare.json",
+            "--out",
+            "o",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("compare.json would write its report to DIR/compare.json"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!dir.path().join("o").exists(), "refused before the runs");
+}

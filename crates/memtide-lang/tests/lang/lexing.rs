@@ -70,7 +70,14 @@ fn malformed_numbers_name_the_word() {
 #[test]
 fn a_leading_zero_is_refused_as_mom_would_read_octal() {
     // MOM's int(tok, 0) reads 010 as 8: refused rather than read differently.
-    for (text, word) in [("010", "010"), ("(+ 1 -007)", "-007"), ("00", "00")] {
+    // Before an exponent too: MOM reads `010e2` as 8 and then the name `e2`.
+    for (text, word) in [
+        ("010", "010"),
+        ("(+ 1 -007)", "-007"),
+        ("00", "00"),
+        ("010e2", "010e2"),
+        ("-01E5", "-01E5"),
+    ] {
         let error = error(text);
         assert!(
             error.ends_with(&format!(
@@ -80,8 +87,9 @@ fn a_leading_zero_is_refused_as_mom_would_read_octal() {
             "{error}"
         );
     }
-    // Floats are decimal in MOM too.
+    // Floats are decimal in MOM too, and a lone zero takes an exponent.
     assert_eq!(value("007.5"), Value::Float(7.5));
+    assert_eq!(value("0e1"), Value::Float(0.0));
 }
 
 #[test]
