@@ -473,7 +473,8 @@ impl Scenario {
             message: message.to_string(),
         };
         let positive = |v: f64| v.is_finite() && v > 0.0;
-        let size = |v: f64| v.is_finite() && (0.0..=MAX_MIB).contains(&v);
+        let size = |v: f64| v.is_finite() && v >= 0.0;
+        let mib = |v: f64| size(v) && v <= MAX_MIB;
         let pct = |v: f64| (0.0..=100.0).contains(&v);
         if self.ticks == 0 {
             return Err(invalid("ticks".into(), "must be at least 1"));
@@ -488,11 +489,11 @@ impl Scenario {
             ("min_free_mib", h.min_free_mib),
             ("cache_mib", h.cache_mib),
         ] {
-            if !size(v) {
+            if !mib(v) {
                 return Err(invalid(format!("host.{name}"), SIZE));
             }
         }
-        if !(size(h.memory_mib) && h.memory_mib > h.reserved_mib + h.min_free_mib) {
+        if !(mib(h.memory_mib) && h.memory_mib > h.reserved_mib + h.min_free_mib) {
             return Err(invalid(
                 "host.memory_mib".into(),
                 "must be a size above reserved_mib + min_free_mib, at most 1 PiB",
@@ -532,19 +533,19 @@ impl Scenario {
             if vm.count == 0 {
                 return Err(invalid(at("count"), "must be at least 1"));
             }
-            if !(size(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
+            if !(mib(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
                 return Err(invalid(
                     at("memory_mib"),
                     "must be a size above kernel_mib, at most 1 PiB",
                 ));
             }
-            if !size(vm.kernel_mib) {
+            if !mib(vm.kernel_mib) {
                 return Err(invalid(at("kernel_mib"), SIZE));
             }
-            if !size(vm.swap_mib) {
+            if !mib(vm.swap_mib) {
                 return Err(invalid(at("swap_mib"), SIZE));
             }
-            if !size(vm.untouched_commit_mib) {
+            if !mib(vm.untouched_commit_mib) {
                 return Err(invalid(at("untouched_commit_mib"), SIZE));
             }
             if !(size(vm.min_mib()) && vm.min_mib() <= vm.memory_mib) {
@@ -635,7 +636,7 @@ impl Scenario {
             if !size(t.margin_pct) {
                 return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
             }
-            if !size(t.reserve_mib) {
+            if !mib(t.reserve_mib) {
                 return Err(invalid("tiers.reserve_mib".into(), SIZE));
             }
             if !size(t.cold_age_s) {

@@ -244,9 +244,9 @@ enum Command {
         #[arg(long)]
         ticks: Option<u64>,
         /// Run the density benchmark instead: VMs arrive into an admission queue and
-        /// each policy admits as many as it can at the same service level (needs
-        /// --compare; writes density.json to --out).
-        #[arg(long, requires = "compare")]
+        /// each policy (--policy, or those of --compare) admits as many as it can at the
+        /// same service level (writes density.json to --out).
+        #[arg(long)]
         density: bool,
         /// Give the guests' balloons deflate-on-oom (the scenario's `host.deflate_on_oom`):
         /// OOM kills it prevents are counted apart.

@@ -23,6 +23,15 @@ fn policy(name: &str, config: &Config) -> anyhow::Result<Box<dyn Policy>> {
     Ok(PolicySource::from_config(name, None).load(config)?)
 }
 
+/// [`policy`] made again for another run, after it loaded once: a file changed since so
+/// that it no longer loads ends the command as any error does.
+fn remake(name: &str, config: &Config) -> Box<dyn Policy> {
+    policy(name, config).unwrap_or_else(|e| {
+        eprintln!("memtide: {e:#}");
+        std::process::exit(1)
+    })
+}
+
 /// How `memtide sim` runs a scenario.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SimOptions {
@@ -207,10 +216,7 @@ fn density(
     }
     out_dir(out)?;
     // One closure expression, so one type: a Vec of them, each making its policy afresh.
-    let makers: Vec<_> = policies
-        .iter()
-        .map(|p| move || policy(p, config).expect("loaded once already"))
-        .collect();
+    let makers: Vec<_> = policies.iter().map(|p| move || remake(p, config)).collect();
     let refs: Vec<(String, memtide_sim::density::PolicyFactory<'_>)> = policies
         .iter()
         .zip(&makers)
@@ -259,14 +265,10 @@ pub fn replay_cmd(
                 .join(", ")
         );
     }
-    policy(policy_name, config)?; // fail early on a bad name or file
-                                  // Made again for each daemon run in the recording: a file changed since is an error.
-    let make = || {
-        policy(policy_name, config).unwrap_or_else(|e| {
-            eprintln!("memtide: {e:#}");
-            std::process::exit(1)
-        })
-    };
+    // Loaded once to fail early on a bad name or file, then made for each daemon run in
+    // the recording.
+    policy(policy_name, config)?;
+    let make = || remake(policy_name, config);
     let report = replay(&files, &make, config.engine.clone())?;
     match json {
         true => print(&(serde_json::to_string_pretty(&report)? + "\n")),

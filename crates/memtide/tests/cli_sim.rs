@@ -144,24 +144,18 @@ fn a_reader_that_goes_away_is_no_crash_and_the_report_is_written() {
 #[test]
 fn density_runs_with_one_policy_and_no_report_takes_the_comparison_s_file() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run_in(
-        dir.path(),
-        &[
-            "sim",
-            "quick",
-            "--ticks",
-            "20",
-            "--density",
-            "--policy",
-            "none",
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(
-        text(&o.stdout).starts_with("policy      VMs admitted"),
-        "{}",
-        text(&o.stdout)
-    );
+    for args in [&["--policy", "none"][..], &[]] {
+        let o = run_in(
+            dir.path(),
+            &[&["sim", "quick", "--ticks", "20", "--density"][..], args].concat(),
+        );
+        assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stdout).starts_with("policy      VMs admitted"),
+            "{}",
+            text(&o.stdout)
+        );
+    }
     std::fs::write(dir.path().join("compare.json"), "1\n").unwrap();
     let o = run_in(
         dir.path(),

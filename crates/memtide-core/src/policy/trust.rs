@@ -62,7 +62,9 @@ impl Trust {
     /// committed, within its configured size (`None` when it gave no figures this tick:
     /// nothing to hold against the host, neither a contradiction nor an agreement);
     /// `size`, its current size; `backed`, what its hypervisor holds of that size;
-    /// `configured`, its size at boot. True while the guest is found out.
+    /// `configured`, its size at boot; `measured`, whether `backed` is the host's
+    /// measure (its hypervisor's resident memory) rather than a stand-in. True while the
+    /// guest is found out.
     ///
     /// A guest is first held to its claim within its current size: memory it says it uses
     /// there is memory it has touched. Once found out, to its whole claim: squeezed to
@@ -86,6 +88,7 @@ impl Trust {
         size: Bytes,
         backed: Bytes,
         configured: Bytes,
+        measured: bool,
     ) -> bool {
         let last = self.last.map_or(at, |l| l.max(at));
         let dt = at.saturating_sub(self.last.unwrap_or(at)).min(MAX_TICK);
@@ -100,13 +103,18 @@ impl Trust {
         };
         let tolerance = configured.scale(TOLERANCE);
         // Growth is measured over the whole time since the last figures (not capped as
-        // `dt` is), beyond the most the host ever backed of it.
-        let touching = self.figures_at.is_some_and(|then| {
-            let since = at.saturating_sub(then).as_secs_f64();
-            since > 0.0 && backed > self.high + configured.scale(PROGRESS * since)
-        });
-        self.high = self.high.max(backed);
-        self.figures_at = Some(self.figures_at.map_or(at, |then| then.max(at)));
+        // `dt` is), beyond the most the host ever backed of it; only where the host
+        // measured it (a tick without its hypervisor's resident memory takes the guest's
+        // size as backed, which would end all credit).
+        let touching = measured
+            && self.figures_at.is_some_and(|then| {
+                let since = at.saturating_sub(then).as_secs_f64();
+                since > 0.0 && backed >= self.high + configured.scale(PROGRESS * since)
+            });
+        if measured {
+            self.high = self.high.max(backed);
+            self.figures_at = Some(self.figures_at.map_or(at, |then| then.max(at)));
+        }
         if held_to > backed + tolerance && touching {
             // Catching up with its claim: neither a contradiction nor an agreement yet.
         } else if held_to > backed + tolerance {
@@ -147,7 +155,7 @@ mod tests {
         seconds
             .map(|s| {
                 let at = Duration::from_secs(s);
-                t.observe(at, claim(s), FULL, Bytes::from_mib(backed(s)), FULL)
+                t.observe(at, claim(s), FULL, Bytes::from_mib(backed(s)), FULL, true)
             })
             .collect()
     }
@@ -188,13 +196,13 @@ mod tests {
         // Ballooned to 250 MiB, of which the host backs 240: all of its size is in use
         // as it claims, but the rest of its claim is still not behind it.
         for s in g + 1..g + 100 {
-            assert!(t.observe(at(s), claim, mib_(250), mib_(240), FULL));
+            assert!(t.observe(at(s), claim, mib_(250), mib_(240), FULL, true));
         }
         // A guest not found out is held to its claim within its size: squeezed to 250 MiB
         // and using all of it, it is believed however much it has committed.
         let mut honest = Trust::default();
         for s in 0..1000 {
-            assert!(!honest.observe(at(s), claim, mib_(250), mib_(240), FULL));
+            assert!(!honest.observe(at(s), claim, mib_(250), mib_(240), FULL, true));
         }
     }
 
@@ -240,6 +248,14 @@ mod tests {
         let stopped = feed(&mut t, 80..110, |_| mib(900), |_| 600);
         let g = GRACE.as_secs() as usize;
         assert_eq!(stopped.iter().position(|d| *d), Some(g - 1));
+        // A tick whose backed memory the host could not measure (its size stood in for
+        // it) neither counts as touching nor ends the credit.
+        let mut t = Trust::default();
+        feed(&mut t, 0..30, |_| mib(900), |s| 30 + 10 * s);
+        let at = Duration::from_secs(30);
+        assert!(!t.observe(at, mib(900), FULL, FULL, FULL, false));
+        let rest = feed(&mut t, 31..80, |_| mib(900), |s| 30 + 10 * s);
+        assert!(rest.iter().all(|d| !d), "{rest:?}");
         // Touching a MiB a second is not catching up.
         let mut t = Trust::default();
         let crawl = feed(&mut t, 0..30, |_| mib(900), |s| 30 + s);
@@ -256,7 +272,7 @@ mod tests {
         assert!(d[200..].iter().all(|d| *d), "found out on its second climb");
         // Figures one tick in ten, backed growing 1 MiB a second: no catching up.
         let mut t = Trust::default();
-        let sparse = |s: u64| (s % 10 == 0).then(|| Bytes::from_mib(1000));
+        let sparse = |s: u64| s.is_multiple_of(10).then(|| Bytes::from_mib(1000));
         let d = feed(&mut t, 0..400, sparse, |s| 30 + s);
         assert!(d.iter().any(|d| *d), "found out");
     }
@@ -267,24 +283,24 @@ mod tests {
         let mut t = Trust::default();
         let at = |s: u64| Duration::from_secs(s);
         let (claim, backed) = (mib(1000), Bytes::from_mib(200));
-        assert!(!t.observe(at(0), claim, FULL, backed, FULL));
-        assert!(!t.observe(at(60), claim, FULL, backed, FULL));
-        assert!(!t.observe(at(120), claim, FULL, backed, FULL));
-        assert!(!t.observe(at(180), claim, FULL, backed, FULL));
+        assert!(!t.observe(at(0), claim, FULL, backed, FULL, true));
+        assert!(!t.observe(at(60), claim, FULL, backed, FULL, true));
+        assert!(!t.observe(at(120), claim, FULL, backed, FULL, true));
+        assert!(!t.observe(at(180), claim, FULL, backed, FULL, true));
         assert!(
-            t.observe(at(240), claim, FULL, backed, FULL),
+            t.observe(at(240), claim, FULL, backed, FULL, true),
             "the fifth sample"
         );
         // A tick without figures neither drains the doubt nor clears it.
         for s in 241..400 {
-            assert!(t.observe(at(s), None, FULL, backed, FULL));
+            assert!(t.observe(at(s), None, FULL, backed, FULL, true));
         }
         // A tick whose clock went back counts for nothing, and the next counts from the
         // latest tick: found out at 20 s, it agrees from 21 s on and is cleared at 40 s
         // (at 36 s had the tick at 10 s counted as the latest).
         let mut t = Trust::default();
         feed(&mut t, 0..21, |_| claim, |_| 200);
-        assert!(t.observe(at(10), claim, FULL, Bytes::from_mib(990), FULL));
+        assert!(t.observe(at(10), claim, FULL, Bytes::from_mib(990), FULL, true));
         let d = feed(&mut t, 21..41, |_| claim, |_| 990);
         assert_eq!(d.iter().position(|d| !d), Some(19), "{d:?}");
     }

@@ -255,9 +255,14 @@ impl WorkingSet {
                 let claimed =
                     figures.then(|| costless.unwrap_or_default().max(*beyond).min(configured));
                 let watched = self.watched.entry(vm.name.to_string()).or_default();
-                watched
-                    .trust
-                    .observe(input.at, claimed, vm.actual, backed(vm), configured)
+                watched.trust.observe(
+                    input.at,
+                    claimed,
+                    vm.actual,
+                    backed(vm),
+                    configured,
+                    vm.latest().rss.is_some(),
+                )
             })
             .collect()
     }
