@@ -30,7 +30,9 @@ pub fn read(dir: &Path) -> Option<KsmState> {
 }
 
 /// Write the knobs that are set, tuning knobs first and `run` last, so ksmd starts with
-/// its new settings. Stops at the first failure, naming the file.
+/// its new settings. All or nothing: at the first failure (naming the file) the knobs
+/// already written get their earlier values back, so a refused write leaves no half-applied
+/// setting behind.
 pub fn write(dir: &Path, settings: &KsmSettings) -> std::io::Result<()> {
     let knobs = [
         ("merge_across_nodes", settings.merge_across_nodes),
@@ -38,14 +40,40 @@ pub fn write(dir: &Path, settings: &KsmSettings) -> std::io::Result<()> {
         ("sleep_millisecs", settings.sleep_millisecs),
         ("run", settings.run),
     ];
+    let mut written: Vec<(&str, String)> = Vec::new();
     for (name, value) in knobs {
-        if let Some(v) = value {
-            let path = dir.join(name);
-            std::fs::write(&path, format!("{v}\n"))
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let Some(v) = value else { continue };
+        let path = dir.join(name);
+        let before = std::fs::read_to_string(&path);
+        if let Err(e) = std::fs::write(&path, format!("{v}\n")) {
+            let undone = undo(dir, &written);
+            let msg = format!("{}: {e}{undone}", path.display());
+            return Err(std::io::Error::new(e.kind(), msg));
+        }
+        if let Ok(before) = before {
+            written.push((name, before));
         }
     }
     Ok(())
+}
+
+/// Put back the earlier values of the knobs written before a failure; says what it did.
+fn undo(dir: &Path, written: &[(&str, String)]) -> String {
+    if written.is_empty() {
+        return String::new();
+    }
+    let failed: Vec<&str> = written
+        .iter()
+        .rev()
+        .filter(|(name, before)| std::fs::write(dir.join(name), before).is_err())
+        .map(|(name, _)| *name)
+        .collect();
+    let names: Vec<&str> = written.iter().map(|(n, _)| *n).collect();
+    if failed.is_empty() {
+        format!(" ({} set back)", names.join(", "))
+    } else {
+        format!(" ({} could not be set back)", failed.join(", "))
+    }
 }
 
 #[cfg(test)]
@@ -112,5 +140,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("/nonexistent/ksm/run: "), "{err}");
+    }
+
+    #[test]
+    fn a_refused_write_sets_back_the_knobs_written_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, v) in [("pages_to_scan", "100\n"), ("run", "0\n")] {
+            std::fs::write(dir.path().join(f), v).unwrap();
+        }
+        // A directory where a knob's file should be: the write fails as the kernel's EINVAL
+        // or EBUSY would, after pages_to_scan was written.
+        std::fs::create_dir(dir.path().join("sleep_millisecs")).unwrap();
+        let s = KsmSettings {
+            run: Some(1),
+            pages_to_scan: Some(400),
+            sleep_millisecs: Some(10),
+            ..KsmSettings::default()
+        };
+        let err = write(dir.path(), &s).unwrap_err().to_string();
+        assert!(err.contains("sleep_millisecs: "), "{err}");
+        assert!(err.ends_with("(pages_to_scan set back)"), "{err}");
+        let get = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+        assert_eq!((get("pages_to_scan"), get("run")), ("100\n".into(), "0\n".into()));
     }
 }
