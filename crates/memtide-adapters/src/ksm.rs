@@ -161,6 +161,9 @@ mod tests {
         assert!(err.contains("sleep_millisecs: "), "{err}");
         assert!(err.ends_with("(pages_to_scan set back)"), "{err}");
         let get = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
-        assert_eq!((get("pages_to_scan"), get("run")), ("100\n".into(), "0\n".into()));
+        assert_eq!(
+            (get("pages_to_scan"), get("run")),
+            ("100\n".into(), "0\n".into())
+        );
     }
 }

@@ -97,6 +97,9 @@ pub struct DensityReport {
     pub density: DensitySpec,
     /// Results by policy label.
     pub policies: BTreeMap<String, PolicyDensity>,
+    /// The labels in the order given, the table's order.
+    #[serde(skip)]
+    pub order: Vec<String>,
 }
 
 /// What each VM does alone on the host: work per tick (pages) and its expected need (pages).
@@ -189,6 +192,7 @@ pub fn density(
         candidates: solo.need.len(),
         density: spec,
         policies: results,
+        order: policies.iter().map(|(label, _)| label.clone()).collect(),
     }
 }
 
@@ -214,7 +218,6 @@ fn run_one(
     let mut configured = 0;
     let mut last_admit: Option<f64> = None;
     let mut work: Vec<Vec<f64>> = vec![Vec::new(); vms.len()];
-    let mut policy_errors = PolicyErrors::default();
     for tick in 1..=scenario.ticks {
         let t = (tick - 1) as f64 * scenario.tick_s;
         let head = admitted.len();
@@ -235,8 +238,7 @@ fn run_one(
                 last_admit = Some(t);
             }
         }
-        let d = sim.step(tick);
-        policy_errors.observe(&d);
+        sim.step(tick);
         let world = sim.lock();
         for &(i, _) in &admitted {
             work[i].push(world.guests[i].last.touched);
@@ -284,7 +286,7 @@ fn run_one(
         },
         oom_kills,
         oom_deflations: counters.map(|c| c.oom_deflations).sum(),
-        policy_errors,
+        policy_errors: sim.policy_errors().clone(),
         vms: out,
     }
 }
@@ -296,7 +298,8 @@ impl DensityReport {
             "{:<10}  {:>12}  {:>8}  {:>14}  {:>9}  {:>8}\n",
             "policy", "VMs admitted", "VM-hours", "SLO violations", "OOM kills", "reserve"
         );
-        for (label, p) in &self.policies {
+        let in_order = || self.order.iter().map(|l| (l, &self.policies[l]));
+        for (label, p) in in_order() {
             out.push_str(&format!(
                 "{label:<10}  {:>12}  {:>8.1}  {:>13.1}%  {:>9}  {:>8}\n",
                 p.vms_admitted,
@@ -307,7 +310,7 @@ impl DensityReport {
                     .map_or("none met".to_string(), |r| format!("{r}%"))
             ));
         }
-        for (label, p) in &self.policies {
+        for (label, p) in in_order() {
             let failed = p.sweep.iter().map(|r| &r.policy_errors);
             if let Some(w) = failed.filter_map(|e| e.warning(label, self.ticks)).next() {
                 out.push_str(&w);

@@ -202,6 +202,11 @@ impl Simulation {
         self.measure.observe(&world, tick, targets);
         decision
     }
+
+    /// The ticks the policy failed in so far.
+    pub(crate) fn policy_errors(&self) -> &PolicyErrors {
+        &self.measure.policy_errors
+    }
 }
 
 /// Running totals of one VM.

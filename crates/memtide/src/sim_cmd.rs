@@ -72,6 +72,16 @@ pub enum Policies {
     Compare(Vec<String>),
 }
 
+impl Policies {
+    /// The policies' names, in the order given.
+    fn names(&self) -> &[String] {
+        match self {
+            Policies::One(one) => std::slice::from_ref(one),
+            Policies::Compare(list) => list,
+        }
+    }
+}
+
 /// Print `text` to standard output; a reader that went away (`| head`) is no error.
 fn print(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
@@ -157,40 +167,55 @@ pub fn sim(
     }
     let seed = options.seed.unwrap_or(scenario.seed);
     if options.density {
-        let list = match policies {
-            Policies::One(one) => std::slice::from_ref(one),
-            Policies::Compare(list) => list.as_slice(),
-        };
-        return density(&scenario, list, out, seed, config);
+        return density(&scenario, policies.names(), out, seed, config);
     }
-    let list = match policies {
-        Policies::One(one) => {
-            let loaded = policy(one, config)?;
-            out_dir(out)?;
-            let report = run(&scenario, loaded, config.engine.clone(), seed);
-            if let Some(dir) = out {
-                report
-                    .write(dir)
-                    .with_context(|| format!("writing the report to {}", dir.display()))?;
-                eprintln!(
-                    "report (summary.json and plots) written to {}",
-                    dir.display()
-                );
-            }
-            let s = &report.summary;
-            if let Some(w) = s.policy_errors.warning(one, s.ticks) {
-                eprintln!("{w}");
-            }
-            return print(&(report.summary_json() + "\n"));
-        }
-        Policies::Compare(list) => list,
-    };
+    match policies {
+        Policies::One(one) => run_one(&scenario, one, out, seed, config),
+        Policies::Compare(list) => run_compare(&scenario, list, out, seed, config),
+    }
+}
+
+/// One run: its summary printed, its report written to `out`.
+fn run_one(
+    scenario: &Scenario,
+    name: &str,
+    out: Option<&Path>,
+    seed: u64,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let loaded = policy(name, config)?;
+    out_dir(out)?;
+    let report = run(scenario, loaded, config.engine.clone(), seed);
+    if let Some(dir) = out {
+        report
+            .write(dir)
+            .with_context(|| format!("writing the report to {}", dir.display()))?;
+        eprintln!(
+            "report (summary.json and plots) written to {}",
+            dir.display()
+        );
+    }
+    let s = &report.summary;
+    if let Some(w) = s.policy_errors.warning(name, s.ticks) {
+        eprintln!("{w}");
+    }
+    print(&(report.summary_json() + "\n"))
+}
+
+/// A comparison: its table printed, its reports written to `out`.
+fn run_compare(
+    scenario: &Scenario,
+    list: &[String],
+    out: Option<&Path>,
+    seed: u64,
+    config: &Config,
+) -> anyhow::Result<()> {
     let runs = list
         .iter()
         .map(|p| Ok((p.clone(), policy(p, config)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     out_dir(out)?;
-    let report = compare(&scenario, runs, config.engine.clone(), seed);
+    let report = compare(scenario, runs, config.engine.clone(), seed);
     if let Some(dir) = out {
         report
             .write(dir)

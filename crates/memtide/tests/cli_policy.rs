@@ -1,24 +1,8 @@
 //! `memtide policy check`/`eval` and the policy settings as a MOM user meets them.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod support;
 
-/// `memtide ARGS` run in `dir`.
-fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memtide"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use support::cli::{run_in, stderr, stdout};
 
 /// A temporary directory holding `files`.
 fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {

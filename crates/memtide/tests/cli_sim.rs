@@ -1,21 +1,10 @@
 //! `memtide sim` as a capacity planner meets it: what a failing policy, a single
 //! `--compare`, clashing report folders, a bad `--out` and a closed pipe do.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod support;
 
-/// `memtide ARGS` run in `dir`.
-fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memtide"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use std::process::Stdio;
+use support::cli::{run_in, stderr, stdout};
 
 #[test]
 fn a_policy_failing_every_tick_is_said_not_passed_off_as_doing_nothing() {
@@ -33,8 +22,8 @@ fn a_policy_failing_every_tick_is_said_not_passed_off_as_doing_nothing() {
             "bad.policy",
         ],
     );
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let table = text(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
     assert!(
         table.contains("warning: policy bad.policy failed in 5 of 5 ticks")
             && table.contains("bad.policy:1:"),
@@ -46,17 +35,13 @@ fn a_policy_failing_every_tick_is_said_not_passed_off_as_doing_nothing() {
     );
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["policy_errors"]["ticks"], 5);
-    assert!(text(&o.stderr).contains("warning: policy bad.policy failed in 5 of 5 ticks"));
+    assert!(stderr(&o).contains("warning: policy bad.policy failed in 5 of 5 ticks"));
     // A policy that works says nothing of errors.
     let o = run_in(
         dir.path(),
         &["sim", "quick", "--ticks", "5", "--policy", "mom"],
     );
-    assert!(
-        !text(&o.stdout).contains("policy_errors"),
-        "{}",
-        text(&o.stdout)
-    );
+    assert!(!stdout(&o).contains("policy_errors"), "{}", stdout(&o));
 }
 
 #[test]
@@ -75,12 +60,8 @@ fn compare_of_one_policy_writes_a_comparison_and_folders_do_not_clash() {
             "one",
         ],
     );
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(
-        text(&o.stdout).starts_with("policy "),
-        "{}",
-        text(&o.stdout)
-    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("policy "), "{}", stdout(&o));
     assert!(dir.path().join("one/compare.json").exists());
     assert!(dir.path().join("one/mom/summary.json").exists());
     // Two files whose reports would share a folder.
@@ -100,7 +81,7 @@ fn compare_of_one_policy_writes_a_comparison_and_folders_do_not_clash() {
         ],
     );
     assert_eq!(o.status.code(), Some(1));
-    let err = text(&o.stderr);
+    let err = stderr(&o);
     assert!(
         err.contains("a/b.policy and a_b.policy would both write their report to DIR/a_b.policy"),
         "{err}"
@@ -117,17 +98,17 @@ fn an_out_that_is_a_file_is_refused_before_the_runs() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        text(&o.stderr).contains("--out afile: not a folder"),
+        stderr(&o).contains("--out afile: not a folder"),
         "{}",
-        text(&o.stderr)
+        stderr(&o)
     );
-    assert!(o.stdout.is_empty(), "nothing ran: {}", text(&o.stdout));
+    assert!(o.stdout.is_empty(), "nothing ran: {}", stdout(&o));
 }
 
 #[test]
 fn a_reader_that_goes_away_is_no_crash_and_the_report_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memtide"))
+    let mut child = support::daemon::memtide()
         .current_dir(dir.path())
         .args(["sim", "quick", "--ticks", "5", "--out", "pt"])
         .stdout(Stdio::piped())
@@ -136,8 +117,8 @@ fn a_reader_that_goes_away_is_no_crash_and_the_report_is_written() {
         .unwrap();
     drop(child.stdout.take()); // `| true`: the reader is gone before the summary
     let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(!text(&o.stderr).contains("panicked"), "{}", text(&o.stderr));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     assert!(dir.path().join("pt/summary.json").exists());
 }
 
@@ -149,11 +130,11 @@ fn density_runs_with_one_policy_and_no_report_takes_the_comparison_s_file() {
             dir.path(),
             &[&["sim", "quick", "--ticks", "20", "--density"][..], args].concat(),
         );
-        assert!(o.status.success(), "{args:?}: {}", text(&o.stderr));
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
         assert!(
-            text(&o.stdout).starts_with("policy      VMs admitted"),
+            stdout(&o).starts_with("policy      VMs admitted"),
             "{}",
-            text(&o.stdout)
+            stdout(&o)
         );
     }
     std::fs::write(dir.path().join("compare.json"), "1\n").unwrap();
@@ -171,9 +152,23 @@ fn density_runs_with_one_policy_and_no_report_takes_the_comparison_s_file() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        text(&o.stderr).contains("compare.json would write its report to DIR/compare.json"),
+        stderr(&o).contains("compare.json would write its report to DIR/compare.json"),
         "{}",
-        text(&o.stderr)
+        stderr(&o)
     );
     assert!(!dir.path().join("o").exists(), "refused before the runs");
+}
+
+#[test]
+fn the_density_table_keeps_the_order_the_policies_were_given_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["sim", "quick", "--ticks", "20", "--density", "--compare"];
+    let o = run_in(dir.path(), &[&args[..], &["none", "mom", "esx"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let labels: Vec<String> = stdout(&o)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert_eq!(labels, ["none", "mom", "esx"], "{}", stdout(&o));
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the support code
 
 pub mod cgroup;
+pub mod cli;
 pub mod daemon;
 pub mod guest;
 pub mod libvirtd;
