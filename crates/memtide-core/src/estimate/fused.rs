@@ -152,9 +152,10 @@ pub struct Fused {
     /// The guest's own need at the last rebase.
     base: Bytes,
     /// The guest's own need and Committed_AS at their highest since the balloon last
-    /// squeezed it or its estimate last followed its need (a rebase or a release): what
-    /// it frees is measured from there, also when it frees a little each tick.
-    freed_from: Option<(Bytes, Option<Bytes>)>,
+    /// squeezed it or its estimate last followed its need (a rebase or a release), and
+    /// what it swapped out since: what it frees is measured from there, also when it
+    /// frees a little each tick.
+    freed_from: Option<(Bytes, Option<Bytes>, Bytes)>,
     /// Probing resumes at this time.
     hold_until: Duration,
     /// What the hold is for, as its reason says it.
@@ -342,7 +343,7 @@ impl Fused {
             estimate: Some(m.estimate),
             first_seen: Some(at),
             base: m.base,
-            freed_from: Some((m.base, None)),
+            freed_from: Some((m.base, None, Bytes::ZERO)),
             hold_until: at + secs(m.hold_s),
             hold_for: "what was learnt before a restart or a reload",
             backoffs: m.backoffs,
@@ -399,7 +400,7 @@ impl Fused {
         if obs.size + Bytes::from_mib(1) < obs.configured {
             let wss = clamp(obs.size.max(base), floor, obs.configured);
             self.estimate = Some(wss);
-            (self.base, self.freed_from) = (base, Some((base, s.committed_as)));
+            (self.base, self.freed_from) = (base, Some((base, s.committed_as, Bytes::ZERO)));
             self.last_size = Some(obs.size);
             self.last_committed = s.committed_as.map(|c| (c, 0));
             // Probing may have found its working set already: slowly, as after a back-off.
@@ -514,13 +515,25 @@ impl Fused {
         // each tick frees as much (found in the simulator: a CI builder whose compilers
         // rose and fell kept its balloon at their peak, 1.5 GiB above its working set at
         // the trough).
-        let (from, from_committed) = match self.freed_from {
-            Some((b, c)) => (b.max(base), c.max(s.committed_as)),
-            None => (base, s.committed_as),
+        // What it swapped out this tick (balloon statistics): its need falls by as much.
+        let swapped = s
+            .swap_out_per_s
+            .zip(s.interval)
+            .map_or(Bytes::ZERO, |(rate, d)| {
+                Bytes::from_f64(rate * d.as_secs_f64())
+            });
+        let (from, from_committed, swapped) = match self.freed_from {
+            Some((b, c, out)) => (b.max(base), c.max(s.committed_as), out + swapped),
+            None => (base, s.committed_as, Bytes::ZERO),
         };
+        // What it gave up of its commitment bounds what it freed; without Committed_AS
+        // (no agent), what it swapped out is not freed: its need fell as the balloon
+        // pushed its memory to swap (found on a real guest without an agent: ballooned
+        // 384 -> 128 MiB in "releases" of what it had just swapped out, at 95% of the host
+        // free).
         let uncommitted = match (s.committed_as, from_committed) {
             (Some(now), Some(last)) => last - now,
-            _ => Bytes(u64::MAX),
+            _ => (from - base) - swapped,
         };
         // Squeezed: the balloon took the guest below its need's highest, which its need
         // then follows down. A balloon shrinking a guest that stays above it (memory
@@ -534,7 +547,7 @@ impl Fused {
             && base.as_f64() < from.as_f64() * (1.0 - cfg.rebase_change))
             .then(|| (from - base).min(uncommitted))
             .filter(|f| *f > Bytes::ZERO);
-        self.freed_from = Some((from, from_committed));
+        self.freed_from = Some((from, from_committed, swapped));
         let last_base = std::mem::replace(&mut self.base, base);
         let faults = s.faults();
         // Allocation stalls and memory pressure while the balloon inflates (this tick or
@@ -835,7 +848,7 @@ impl Fused {
                 .max(committed_kept);
         }
         if squeezed || matches!(phase, "start" | "rebase" | "allocate" | "release") {
-            self.freed_from = Some((base, s.committed_as));
+            self.freed_from = Some((base, s.committed_as, Bytes::ZERO));
         }
         self.last_probe = (phase == "probe").then_some(probe);
         self.last_backoff_faults = matches!(phase, "back_off" | "recover").then_some(faults);
@@ -1933,6 +1946,35 @@ mod tests {
         k.step(&cfg, &obs(3, 704, 24, 0));
         let e = k.step(&cfg, &obs(4, 704, 604, 0)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (130.0, "release"));
+    }
+
+    #[test]
+    fn without_committed_as_what_the_guest_swapped_out_is_not_freed() {
+        // As the unprobed release above (need 700, backed off to 754 and held), but the
+        // need falls by 300 MiB as the guest swaps out: a guest without an agent, whose
+        // balloon statistics give no Committed_AS, has freed only what it did not swap out.
+        let swapping = |o: Observation, mib: u64| Observation {
+            signals: Signals {
+                swap_out_per_s: Some(Bytes::from_mib(mib).as_f64()),
+                ..o.signals
+            },
+            ..o
+        };
+        let run = |out: [u64; 2]| {
+            let (cfg, mut g) = (cfg(), Fused::default());
+            g.step(&cfg, &obs(0, 1000, 300, 0));
+            g.step(&cfg, &obs(1, 730, 30, 1024));
+            g.step(&cfg, &swapping(obs(2, 754, 54, 0), out[0]));
+            g.step(&cfg, &swapping(obs(3, 754, 354, 0), out[1]))
+                .unwrap()
+        };
+        let e = run([0, 300]);
+        assert_ne!(e.phase, "release", "{}", e.detail);
+        assert!(e.wss.mib_f64() >= 700.0, "{}", e.wss);
+        // Swapped out over two ticks, 100 then 100: 100 of the 300 was freed.
+        let e = run([100, 100]);
+        assert_eq!((e.wss.mib_f64(), e.phase), (654.0, "release"));
+        assert!(e.detail.contains("freed 100 MiB"), "{}", e.detail);
     }
 
     #[test]

@@ -515,6 +515,7 @@ impl Policy for WorkingSet {
         let ample = need.is_some_and(|n| n.level == NeedLevel::Ample);
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
+        let mut swapless_first = Vec::with_capacity(estimated.len());
         let mut no_swap = Vec::with_capacity(estimated.len());
         let mut after_kill = Vec::with_capacity(estimated.len());
         let mut beyond_ram = Vec::with_capacity(estimated.len());
@@ -571,6 +572,18 @@ impl Policy for WorkingSet {
             });
             let used = costless.map_or(min, |c| within(c, *credible)).max(room);
             first.push(used);
+            // A guest without swap has its use and burst room served before anyone
+            // else's use: a guest with swap pays for a shortfall in swap-ins, one without
+            // in OOM kills (found in the simulator: a batch job without swap bursting
+            // 1.3 GiB in a tick beside web servers and a database, its room divided with
+            // their use, was killed 3 times in 4 minutes, once with its room first; none
+            // of the built-in scenarios, nor their variants with every other VM's swap
+            // removed, moved by more than 0.03%).
+            swapless_first.push(if fused && vm.signals.no_swap() {
+                used
+            } else {
+                min
+            });
             // A guest recovering from an OOM kill gets its estimate (after the kill's
             // back-off, its whole size) next, as far as its word may claim: after every
             // VM's use, burst room and minimum, before the rest of anyone's estimate
@@ -578,7 +591,7 @@ impl Policy for WorkingSet {
             after_kill.push(killed.map_or(used, |(_, bound)| want.min(bound)));
         }
         let wanted: Bytes = claims.iter().map(|c| c.want).sum();
-        let given = divide_by_use(capacity, &claims, &[&first, &after_kill]);
+        let given = divide_by_use(capacity, &claims, &[&swapless_first, &first, &after_kill]);
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
