@@ -1,5 +1,6 @@
 //! What the engine asks the world to do, each with the reason it was decided.
 
+use crate::need::NeedLevel;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -13,6 +14,10 @@ pub struct Reason {
     pub rule: Cow<'static, str>,
     /// The inputs, in words an operator can check, e.g. `host free 14.2% < 20.0%`.
     pub detail: String,
+    /// The level of the host's need for memory that drove the decision, where the policy
+    /// weighs one (memtide's own; absent in older recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub need: Option<NeedLevel>,
 }
 
 impl Reason {
@@ -21,6 +26,7 @@ impl Reason {
         Reason {
             rule: rule.into(),
             detail: detail.into(),
+            need: None,
         }
     }
 }

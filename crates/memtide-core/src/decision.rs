@@ -1,6 +1,7 @@
 //! The outcome of one tick: actions, and an explanation of every VM and of the host.
 
 use crate::action::{Action, Reason};
+use crate::need::Need;
 use crate::snapshot::BackendError;
 use crate::stats::{DomainScope, KsmState};
 use crate::units::Bytes;
@@ -227,6 +228,10 @@ pub struct HostReport {
     pub ksm: Option<KsmState>,
     /// What was decided for KSM and why.
     pub ksm_reason: Option<Reason>,
+    /// The host's need for memory as the policy weighed it (memtide's own; absent for
+    /// other policies and in older recordings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub need: Option<Need>,
 }
 
 /// The result of `Engine::tick`.

@@ -258,7 +258,8 @@ impl Engine {
                 });
             }
         }
-        let host = self.host_report(snap, output.ksm.as_ref().map(|k| &k.reason));
+        let mut host = self.host_report(snap, output.ksm.as_ref().map(|k| &k.reason));
+        host.need = output.need;
         // Two managers on the same knobs undo each other's work: KSM is left to a running
         // ksmtuned; one that sets balloon targets is reported (memtide cannot tell which
         // VMs it acts on).
@@ -564,6 +565,7 @@ impl Engine {
             swapped_out_pages: snap.host.vmstat.pswpout,
             ksm: snap.host.ksm.clone(),
             ksm_reason,
+            need: None,
         }
     }
 }
@@ -626,10 +628,11 @@ fn clamp(p: Proposal, limits: &VmLimits) -> (Bytes, Reason) {
         return (p.target, p.reason);
     };
     let detail = format!("{}; {verb} {target} by the VM's {bound}", p.reason.detail);
-    (
-        target,
-        Reason::new(format!("{}+safeguard.{bound}", p.reason.rule), detail),
-    )
+    let reason = Reason {
+        need: p.reason.need,
+        ..Reason::new(format!("{}+safeguard.{bound}", p.reason.rule), detail)
+    };
+    (target, reason)
 }
 
 /// The knobs of `wanted` that differ from the kernel's current values.

@@ -34,7 +34,7 @@ impl NeedLevel {
 }
 
 /// The host's need, and the free memory behind it.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Need {
     /// The level.
     pub level: NeedLevel,

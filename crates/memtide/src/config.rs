@@ -681,6 +681,24 @@ impl Config {
             },
         };
         let d = &self.daemon;
+        // Recordings are files in a directory, made where there is none: a file in its
+        // place fails `run` ("File exists").
+        if !d.record_dir.as_os_str().is_empty() {
+            let why = match std::fs::metadata(&d.record_dir) {
+                Ok(m) if !m.is_dir() => Some("a file, not a directory"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+                    Some("below a file, where no directory can be made")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                let message = format!(
+                    "{} is {why}: recordings are written as files into a directory",
+                    d.record_dir.display()
+                );
+                return bad("daemon.record_dir", message);
+            }
+        }
         let record = match d.record_dir.as_os_str().is_empty() {
             true => None,
             false => match d.record_file_mib.checked_mul(1 << 20).filter(|b| *b > 0) {

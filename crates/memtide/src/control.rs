@@ -299,17 +299,30 @@ async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<V
     send(path, &json!({ "command": command }), wait).await
 }
 
+/// Why the daemon's socket at `path` could not be connected to: not running, or (refused
+/// by the socket's mode) running for others than this user.
+fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
+    let hint = match e.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            "the control socket is for root and the daemon's user (and the users and groups \
+             in `[control] allow_uids` / `allow_gids`): run this as one of them, e.g. with sudo"
+        }
+        _ => "is `memtide run` running?",
+    };
+    anyhow::Error::new(e).context(format!(
+        "cannot reach memtide at {} ({hint})",
+        path.display()
+    ))
+}
+
 /// Send one request to a running daemon and return its reply, waiting for it at most
 /// `wait`: a daemon that was stopped (SIGSTOP) or hangs still accepts the connection
 /// (the kernel does), so without a limit a client would wait forever.
 async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Value> {
     let exchange = async {
-        let stream = UnixStream::connect(path).await.with_context(|| {
-            format!(
-                "cannot reach memtide at {} (is `memtide run` running?)",
-                path.display()
-            )
-        })?;
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|e| not_reached(path, e))?;
         let (read, mut write) = stream.into_split();
         write.write_all(format!("{request}\n").as_bytes()).await?;
         let mut line = String::new();
@@ -440,6 +453,25 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    #[test]
+    fn a_refused_connection_says_who_may_use_the_socket_not_whether_memtide_runs() {
+        use std::io::{Error, ErrorKind};
+        let path = Path::new("/run/memtide/memtide.sock");
+        let denied = format!(
+            "{:#}",
+            not_reached(path, Error::from(ErrorKind::PermissionDenied))
+        );
+        assert!(
+            denied.starts_with(
+                "cannot reach memtide at /run/memtide/memtide.sock (the control socket is for \
+                 root and the daemon's user"
+            ) && !denied.contains("running?"),
+            "{denied}"
+        );
+        let absent = format!("{:#}", not_reached(path, Error::from(ErrorKind::NotFound)));
+        assert!(absent.contains("(is `memtide run` running?)"), "{absent}");
     }
 
     /// Whether this test runs as root (changing a thread's credentials needs it).

@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod http;
+pub mod journal;
 pub mod metrics;
 pub mod place_cmd;
 pub mod placement;

@@ -834,7 +834,7 @@ async fn main() -> ExitCode {
     };
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(memtide::journal::LogWriter::new());
     match cli.log_format {
         LogFormat::Json => log.json().init(),
         LogFormat::Text => log

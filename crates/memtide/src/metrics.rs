@@ -4,6 +4,7 @@
 use crate::daemon::fleet::Sampling;
 use crate::status::Status;
 use memtide_core::decision::{VmReport, VmState};
+use memtide_core::need::NeedLevel;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, NoLabelSet,
@@ -121,8 +122,23 @@ impl Collector for StatusCollector {
             "Ticks skipped: host statistics unreadable.",
             vec![(vec![], c.host_errors)],
         )?;
-        let actions = c
-            .actions
+        gauges(
+            &mut enc,
+            "memtide_host_up",
+            "0 while the host's statistics cannot be read: no decision is made, and every VM \
+             figure is the last decision's; 1 otherwise.",
+            vec![(vec![], f64::from(u8::from(status.host_error.is_none())))],
+        )?;
+        // The failures alerted on are there at 0 before they first happen, so that an
+        // increase() sees the first one.
+        let mut actions = c.actions.clone();
+        for kind in ["balloon", "ksm"] {
+            for result in ["ok", "error"] {
+                let results = actions.entry(kind.to_string()).or_default();
+                results.entry(result.to_string()).or_default();
+            }
+        }
+        let actions = actions
             .iter()
             .flat_map(|(kind, results)| {
                 results
@@ -217,8 +233,11 @@ impl Collector for StatusCollector {
             "Diagnostics (errors and warnings), by kind.",
             diags,
         )?;
-        let writes = c
-            .write_errors
+        let mut write_errors = c.write_errors.clone();
+        for file in ["event_log", "recording", "state"] {
+            write_errors.entry(file.to_string()).or_default();
+        }
+        let writes = write_errors
             .iter()
             .map(|(f, n)| (vec![("file", f.as_str())], *n))
             .collect();
@@ -341,6 +360,30 @@ impl Collector for StatusCollector {
                 .map(|p| host(p / 100.0))
                 .unwrap_or_default(),
         )?;
+        // A state set: one series per level, 1 for the level in force.
+        let levels = [NeedLevel::Ample, NeedLevel::Tight, NeedLevel::Short];
+        gauges(
+            &mut enc,
+            "memtide_host_need",
+            "The host's need for memory as the policy weighed it, by level (ample: only what \
+             costs the guests nothing is taken; tight: probing slowly; short: at full speed): \
+             1 for the level in force (memtide's policy only).",
+            h.need
+                .map(|n| {
+                    let row = |l: NeedLevel| {
+                        (vec![("level", l.name())], f64::from(u8::from(l == n.level)))
+                    };
+                    levels.into_iter().map(row).collect()
+                })
+                .unwrap_or_default(),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_host_free_at_costless_ratio",
+            "The domain's free share with every VM at its costless size, the figure the need \
+             level is read from (memtide's policy only).",
+            h.need.map(|n| host(n.free_share)).unwrap_or_default(),
+        )?;
         let total = |v: Option<u64>| v.map(|v| vec![(vec![], v)]).unwrap_or_default();
         counters(
             &mut enc,
@@ -392,6 +435,13 @@ impl Collector for StatusCollector {
         // Looked up once per VM: a map, not a search of the list each time.
         let by_name: HashMap<&str, &Sampling> =
             sampling.iter().map(|s| (s.name.as_str(), s)).collect();
+        // The policy that decides each VM: its own, else the host's (not the fleet's
+        // name, which names every exception); the decision's without them (a status not
+        // from a daemon).
+        let policy_of = |vm: &str| match status.policies.host.is_empty() {
+            true => d.policy.as_str(),
+            false => status.policies.of(vm),
+        };
         let info = vms
             .iter()
             .map(|vm| {
@@ -400,7 +450,7 @@ impl Collector for StatusCollector {
                 let labels = vec![
                     ("vm", vm.name.as_str()),
                     ("connector", s.map_or("", |s| s.connector.as_str())),
-                    ("policy", d.policy.as_str()),
+                    ("policy", policy_of(&vm.name)),
                     ("state", vm.state.name()),
                     ("min_from", from.map_or("", |f| f.min.name())),
                     ("max_from", from.map_or("", |f| f.max.name())),
@@ -729,6 +779,72 @@ mod tests {
             ],
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_host_s_need_is_a_state_set_of_its_levels() {
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut decision = engine.tick(&snapshot(0, host(4000, 400), vec![]));
+        let text = |decision: &memtide_core::Decision| {
+            let status = Status {
+                decision: Some(decision.clone()),
+                ..Status::default()
+            };
+            classic(&render(&registry(Arc::new(RwLock::new(status)))))
+        };
+        assert!(
+            !text(&decision).contains("memtide_host_need"),
+            "mom weighs none"
+        );
+        decision.host.need = Some(memtide_core::need::Need {
+            level: NeedLevel::Tight,
+            free_share: 0.12,
+            free_at_full: 0.05,
+        });
+        let text = text(&decision);
+        for line in [
+            "memtide_host_need{level=\"ample\"} 0.0",
+            "memtide_host_need{level=\"tight\"} 1.0",
+            "memtide_host_need{level=\"short\"} 0.0",
+            "memtide_host_free_at_costless_ratio 0.12",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_host_is_down_and_the_failures_alerted_on_start_at_zero() {
+        let mut status = Status::default();
+        let text =
+            |status: &Status| classic(&render(&registry(Arc::new(RwLock::new(status.clone())))));
+        let healthy = text(&status);
+        for line in [
+            "memtide_host_up 1.0",
+            "memtide_write_errors_total{file=\"event_log\"} 0",
+            "memtide_write_errors_total{file=\"state\"} 0",
+            "memtide_actions_total{kind=\"balloon\",result=\"error\"} 0",
+            "memtide_actions_total{kind=\"ksm\",result=\"error\"} 0",
+        ] {
+            assert!(
+                healthy.lines().any(|l| l == line),
+                "{line:?} missing from\n{healthy}"
+            );
+        }
+        status.host_error = Some("host statistics unreadable, tick skipped: meminfo".into());
+        status.counters.write_errors.insert("state".into(), 2);
+        let failing = text(&status);
+        for line in [
+            "memtide_host_up 0.0",
+            "memtide_write_errors_total{file=\"state\"} 2",
+        ] {
+            assert!(
+                failing.lines().any(|l| l == line),
+                "{line:?} missing from\n{failing}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! and turning that into a running policy (with located, rendered errors).
 
 use crate::config::Config;
+use crate::status::Policies;
 use memtide_core::policy::esx::Esx;
 use memtide_core::policy::mom::Mom;
 use memtide_core::policy::none::Unmanaged;
@@ -90,7 +91,16 @@ impl PolicySource {
 
 /// The configuration's policy: the host's, with the VMs that name their own routed to it.
 pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
+    load_named(c).map(|(policy, _)| policy)
+}
+
+/// [`load`], and which of its policies decides each VM, by the policies' names.
+pub fn load_named(c: &Config) -> Result<(Box<dyn Policy>, Policies), LoadError> {
     let host = c.policy_source().load(c)?;
+    let mut names = Policies {
+        host: host.name().to_string(),
+        vms: BTreeMap::new(),
+    };
     let mut groups: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for vm in &c.vms {
         if let Some(p) = &vm.policy {
@@ -101,13 +111,19 @@ pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
         }
     }
     if groups.is_empty() {
-        return Ok(host);
+        return Ok((host, names));
     }
     let exceptions = groups
         .into_iter()
-        .map(|(policy, vms)| Ok((vms, PolicySource::from_config(policy, None).load(c)?)))
+        .map(|(policy, vms)| {
+            let policy = PolicySource::from_config(policy, None).load(c)?;
+            for vm in &vms {
+                names.vms.insert(vm.clone(), policy.name().to_string());
+            }
+            Ok((vms, policy))
+        })
         .collect::<Result<Vec<_>, LoadError>>()?;
-    Ok(Box::new(Routed::new(host, exceptions)))
+    Ok((Box::new(Routed::new(host, exceptions)), names))
 }
 
 /// Why `name` is no policy: neither a built-in one nor a file or directory.
@@ -258,6 +274,22 @@ mod tests {
         .unwrap();
         assert_eq!(super::load(&c).unwrap().name(), "memtide (tws for db)");
         assert_eq!(super::load(&Config::default()).unwrap().name(), "memtide");
+    }
+
+    #[test]
+    fn each_vm_is_told_the_name_of_the_policy_that_decides_it() {
+        let c = Config::parse(
+            "policy = \"memtide\"\n[[vm]]\nname = \"db\"\nqmp = \"/db\"\npolicy = \"mom\"\n\
+             [[vm]]\nname = \"web\"\nqmp = \"/web\"\n",
+            "x",
+        )
+        .unwrap();
+        let (policy, names) = load_named(&c).unwrap();
+        assert_eq!(policy.name(), "memtide (mom for db)");
+        assert_eq!((names.of("db"), names.of("web")), ("mom", "memtide"));
+        assert_eq!(names.of("found"), "memtide", "found, not configured");
+        let (_, names) = load_named(&Config::default()).unwrap();
+        assert_eq!((names.host.as_str(), names.vms.len()), ("memtide", 0));
     }
 
     #[test]

@@ -95,12 +95,13 @@ pub fn status(s: &Status) -> String {
     let h = &d.host;
     let _ = writeln!(
         out,
-        "host ({}): {} total, {} freeable ({:.1}%, avg {:.1}%){}{}",
+        "host ({}): {} total, {} freeable ({:.1}%, avg {:.1}%){}{}{}",
         scope(&h.scope),
         h.total,
         h.freeable,
         h.free_ratio * 100.0,
         h.free_ratio_avg * 100.0,
+        h.need.map_or(String::new(), |n| format!(" · {n}")),
         h.psi_some_avg10
             .map_or(String::new(), |p| format!(" · memory PSI some {p:.2}%")),
         h.ksm.as_ref().map_or(String::new(), |k| format!(
@@ -293,6 +294,7 @@ mod tests {
             last_tick_ms: 1.5,
             host_error: None,
             policy_error: None,
+            policies: Default::default(),
             decision: Some(decision),
             waiting: Vec::new(),
             sampling: vec![

@@ -72,6 +72,24 @@ impl Counters {
     }
 }
 
+/// Which policy decides each VM, by the policies' names: the one its `[[vm]]` entry names
+/// (`policy`), else the host's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Policies {
+    /// The host's policy: it decides every VM not in `vms`.
+    pub host: String,
+    /// The VMs with a policy of their own, and its name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vms: BTreeMap<String, String>,
+}
+
+impl Policies {
+    /// The name of the policy that decides `vm`.
+    pub fn of(&self, vm: &str) -> &str {
+        self.vms.get(vm).map_or(&self.host, String::as_str)
+    }
+}
+
 /// Everything the daemon shows about itself.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
@@ -89,6 +107,9 @@ pub struct Status {
     pub host_error: Option<String>,
     /// Why the last policy reload was rejected, if it was.
     pub policy_error: Option<String>,
+    /// Which policy decides each VM, as of the policy last loaded.
+    #[serde(default)]
+    pub policies: Policies,
     /// The latest decision.
     pub decision: Option<Decision>,
     /// VMs known but not connected.

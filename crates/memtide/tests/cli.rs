@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
+use support::cli::fake_host;
 use support::daemon::memtide;
 
 fn run(args: &[&str]) -> Output {
@@ -121,26 +122,6 @@ fn status_without_a_daemon_says_so() {
         ),
         "{err}"
     );
-}
-
-/// A fake /proc and /sys where the domain is 1 GiB with 100 MiB free and KSM is off.
-fn fake_host(root: &Path) {
-    let proc = root.join("proc");
-    std::fs::create_dir_all(proc.join("pressure")).unwrap();
-    std::fs::create_dir_all(root.join("sys/kernel/mm/ksm")).unwrap();
-    std::fs::write(
-        proc.join("meminfo"),
-        "MemTotal: 1048576 kB\nMemFree: 102400 kB\nBuffers: 0 kB\nCached: 0 kB\n",
-    )
-    .unwrap();
-    std::fs::write(proc.join("vmstat"), "pswpin 0\npswpout 0\n").unwrap();
-    for (knob, v) in [
-        ("run", "0"),
-        ("pages_to_scan", "100"),
-        ("sleep_millisecs", "20"),
-    ] {
-        std::fs::write(root.join("sys/kernel/mm/ksm").join(knob), v).unwrap();
-    }
 }
 
 /// Run the daemon for three ticks on fake trees in `root`, logging events to `events`.

@@ -209,3 +209,33 @@ fn policy_and_policy_dir_together_are_refused() {
         stderr(&o)
     );
 }
+
+#[test]
+fn log_lines_carry_their_syslog_priority_only_on_the_journal_s_stream() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = dir_with(&[("dbg.policy", "(debug \"hello\")\n")]);
+    let log = dir.path().join("stderr");
+    let other = dir.path().join("other");
+    std::fs::write(&other, "").unwrap();
+    let id = |p: &std::path::Path| {
+        let m = std::fs::metadata(p).unwrap();
+        format!("{}:{}", m.dev(), m.ino())
+    };
+    for (stream, prefixed) in [(&log, true), (&other, false)] {
+        let file = std::fs::File::create(&log).unwrap();
+        let status = support::daemon::memtide()
+            .current_dir(dir.path())
+            .args(["sim", "quick", "--ticks", "1", "--policy", "dbg.policy"])
+            .args(["--log-level", "debug"])
+            .env("JOURNAL_STREAM", id(stream))
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        let first = text.lines().next().unwrap_or_default();
+        assert!(first.contains("hello"), "{text}");
+        assert_eq!(first.starts_with("<7>"), prefixed, "{text}");
+    }
+}

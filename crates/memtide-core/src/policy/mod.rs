@@ -18,6 +18,7 @@ pub mod working_set;
 use crate::action::{KsmSettings, Reason};
 use crate::estimate::fused::FusedMemory;
 use crate::history::History;
+use crate::need::Need;
 use crate::signals::Signals;
 use crate::snapshot::{VmLimits, VmSample};
 use crate::stats::HostStats;
@@ -131,6 +132,8 @@ pub struct PolicyOutput {
     pub faults: Vec<PolicyFault>,
     /// Claims not honoured for want of evidence (see [`divide::credible`]).
     pub unbacked: Vec<UnbackedClaim>,
+    /// The host's need for memory, where the policy weighs one.
+    pub need: Option<Need>,
 }
 
 impl PolicyOutput {

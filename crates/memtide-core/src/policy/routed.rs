@@ -39,6 +39,8 @@ fn merge(into: &mut PolicyOutput, from: PolicyOutput) {
     into.holds.extend(from.holds);
     into.estimates.extend(from.estimates);
     into.faults.extend(from.faults);
+    into.unbacked.extend(from.unbacked);
+    into.need = into.need.or(from.need);
 }
 
 impl Routed {

@@ -173,6 +173,13 @@ impl EstimatorConfig {
     }
 }
 
+/// How long a VM may give no figures its estimator needs before that is a policy fault:
+/// until then it keeps its size, with a hold reason saying why. A guest gives none in its
+/// first ticks after connecting (the balloon driver's statistics not polled yet, the guest
+/// agent not up yet), which is no error; measured from the first tick without them, so
+/// with a tick interval of 30 s or more the second such tick is a fault.
+pub const NO_FIGURES_GRACE: Duration = Duration::from_secs(30);
+
 /// A working-set policy.
 pub struct WorkingSet {
     estimator: EstimatorConfig,
@@ -180,6 +187,8 @@ pub struct WorkingSet {
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
     watched: FxHashMap<String, Watched>,
+    /// Since when each VM has given no figures its estimator needs ([`NO_FIGURES_GRACE`]).
+    missing: FxHashMap<String, Duration>,
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
@@ -197,6 +206,7 @@ impl WorkingSet {
             ksm,
             states: FxHashMap::default(),
             watched: FxHashMap::default(),
+            missing: FxHashMap::default(),
             recalled: BTreeMap::new(),
             handed: BTreeMap::new(),
         }
@@ -376,6 +386,7 @@ impl Policy for WorkingSet {
         let known = input.known();
         self.states.retain(|name, _| known.contains(name.as_str()));
         self.watched.retain(|name, _| known.contains(name.as_str()));
+        self.missing.retain(|name, _| known.contains(name.as_str()));
         let observations: Vec<Observation> =
             input.vms.iter().map(|vm| observe(input.at, vm)).collect();
         let costless: Vec<Option<Bytes>> = observations
@@ -481,11 +492,33 @@ impl Policy for WorkingSet {
                 .entry(vm.name.to_string())
                 .or_insert_with(|| self.estimator.fresh());
             match self.estimator.step(state, &obs) {
-                Ok(e) => estimated.push((vm, e, first, *credible, beyond, growth, room, killed)),
-                Err(message) => out.faults.push(PolicyFault {
-                    vm: Some(vm.name.to_string()),
-                    message: message.into(),
-                }),
+                Ok(e) => {
+                    self.missing.remove(vm.name);
+                    estimated.push((vm, e, first, *credible, beyond, growth, room, killed))
+                }
+                // No figures yet: a hold for [`NO_FIGURES_GRACE`] (a new or reset VM
+                // starts its grace afresh), a fault after.
+                Err(message) => {
+                    if vm.history.len() == 1 {
+                        self.missing.remove(vm.name);
+                    }
+                    let since = *self.missing.entry(vm.name.to_string()).or_insert(input.at);
+                    let grace = NO_FIGURES_GRACE.as_secs();
+                    if input.at.saturating_sub(since) < NO_FIGURES_GRACE {
+                        let detail = format!(
+                            "{message}: it keeps its size (still none after {grace} s is a \
+                             policy error)"
+                        );
+                        let rule = rule(self.estimator.policy_name(), "no_figures");
+                        out.holds
+                            .insert(vm.name.to_string(), Reason::new(rule, detail));
+                    } else {
+                        out.faults.push(PolicyFault {
+                            vm: Some(vm.name.to_string()),
+                            message: format!("{message} (still none after {grace} s)"),
+                        });
+                    }
+                }
             }
         }
         for (vm, credible) in input.vms.iter().zip(&credible) {
@@ -742,8 +775,12 @@ impl Policy for WorkingSet {
                 let _ = write!(detail, "; {n}");
             }
             let change = target.abs_diff(vm.actual);
+            let reason = |detail| Reason {
+                need: need.map(|n| n.level),
+                ..Reason::new(rule.clone(), detail)
+            };
             if change.as_f64() > vm.actual.as_f64() * self.config.min_change {
-                let reason = Reason::new(rule, detail);
+                let reason = reason(detail);
                 out.balloon
                     .insert(vm.name.to_string(), Proposal { target, reason });
             } else {
@@ -756,10 +793,10 @@ impl Policy for WorkingSet {
                         self.config.min_change * 100.0
                     );
                 }
-                out.holds
-                    .insert(vm.name.to_string(), Reason::new(rule, detail));
+                out.holds.insert(vm.name.to_string(), reason(detail));
             }
         }
+        out.need = need;
         out
     }
 }
@@ -892,6 +929,9 @@ mod tests {
             detail.ends_with("; host need ample (90.2% free at costless sizes)"),
             "{detail}"
         );
+        // And carries the level, as does the output (for status, metrics and events).
+        assert_eq!(o.balloon["a"].reason.need, Some(NeedLevel::Ample));
+        assert_eq!(o.need.map(|n| n.level), Some(NeedLevel::Ample));
     }
 
     #[test]
@@ -1342,7 +1382,8 @@ mod tests {
             vms: &vms,
             unreachable: &[],
         });
-        assert_eq!(o.faults[0].vm.as_deref(), Some("mute"));
+        assert!(o.faults.is_empty(), "none yet is no fault: {:?}", o.faults);
+        assert_eq!(o.holds["mute"].rule, "memtide.no_figures");
         let why = &o.holds["b"].detail;
         assert!(
             why.contains("VMs want 931 MiB but can have 900 MiB"),
@@ -1357,11 +1398,61 @@ mod tests {
             WorkingSetConfig::default(),
             KsmConfig::default(),
         );
-        let o = decide(&mut p, 8192, 6000, &[("a", 1024, 624, 1000, 400)]);
+        let vms = [("a", 1024, 624, 1000, 400)];
+        decide(&mut p, 8192, 6000, &vms);
+        let o = decide_at(&mut p, 30, testkit::host(8192, 6000), &vms, |_, _, _| {});
         assert_eq!(
             o.faults[0].message,
-            "no access sampling for this VM (see `host.sample_access`)"
+            "no access sampling for this VM (see `host.sample_access`) (still none after 30 s)"
         );
         assert!(o.ksm.is_some(), "KSM is still tuned");
+    }
+
+    #[test]
+    fn a_vm_without_figures_yet_holds_its_size_until_the_grace_is_over() {
+        // "a" gives no MemAvailable nor free memory; "b" does.
+        let mut p = memtide();
+        let vms = [("a", 1024, 0, 1000, 0), ("b", 1024, 624, 1000, 400)];
+        let mute = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+            if i == 0 {
+                sample.stats.free = None;
+                *s = Signals::default();
+            }
+        };
+        let at = |p: &mut WorkingSet, t| decide_at(p, t, testkit::host(8192, 6000), &vms, mute);
+        // Its first ticks: no fault, a hold that says why and for how long.
+        for t in [0, 10, 29] {
+            let o = at(&mut p, t);
+            assert!(o.faults.is_empty(), "at {t} s: {:?}", o.faults);
+            let hold = &o.holds["a"];
+            assert_eq!(hold.rule, "memtide.no_figures");
+            assert_eq!(
+                hold.detail,
+                "no MemAvailable nor free-memory figures from the guest yet: it keeps its \
+                 size (still none after 30 s is a policy error)"
+            );
+            assert!(!o.balloon.contains_key("a") && o.estimates.contains_key("b"));
+        }
+        // Still none 30 s after the first tick without them: a fault.
+        let o = at(&mut p, 30);
+        assert_eq!(o.faults.len(), 1);
+        assert_eq!(o.faults[0].vm.as_deref(), Some("a"));
+        assert_eq!(
+            o.faults[0].message,
+            "no MemAvailable nor free-memory figures from the guest yet (still none after 30 s)"
+        );
+        assert!(!o.holds.contains_key("a"));
+        // Reset (a history of one sample again): a new grace.
+        let o = at(&mut p, 0);
+        assert!(o.faults.is_empty() && o.holds.contains_key("a"), "{o:?}");
+        // Figures that come end it; gone again later, a new grace starts then.
+        let given =
+            |p: &mut WorkingSet, t| decide_at(p, t, testkit::host(8192, 6000), &vms, |_, _, _| {});
+        assert!(given(&mut p, 5).estimates.contains_key("a"));
+        for t in [40, 69] {
+            let o = at(&mut p, t);
+            assert!(o.faults.is_empty(), "at {t} s: {:?}", o.faults);
+        }
+        assert_eq!(at(&mut p, 70).faults.len(), 1);
     }
 }

@@ -7,8 +7,11 @@
 //! Crash safety: each event is one `write()` to a file opened with O_APPEND, so a kill
 //! leaves whole lines; a write the disk cuts short is taken back (the file truncated to
 //! where it was), and a write that fails (ENOSPC) is counted, logged once until writing
-//! works again, and never stops the daemon. [`read_log`] skips a torn last line.
+//! works again, and never stops the daemon; a file that cannot be reopened on SIGHUP is
+//! the same, never written to where logrotate moved it. [`read_log`] skips a torn last
+//! line.
 
+use memtide_core::need::NeedLevel;
 use memtide_core::{guest_text, Decision, Diagnostic, DiagnosticKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -108,6 +111,10 @@ pub struct Event {
     /// The rule behind an action.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The level of the host's need for memory that drove an action (`ample`, `tight`,
+    /// `short`), where its policy weighs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub need: Option<NeedLevel>,
     /// A sentence for the operator.
     pub message: String,
 }
@@ -126,6 +133,9 @@ pub struct EventLog {
     write_errors: u64,
     /// Failed writes since the last one that worked (the first is logged).
     failing: u64,
+    /// The file could not be reopened: no event is written (nor to the file moved away)
+    /// until it can be, tried again at each event.
+    unopened: bool,
 }
 
 impl EventLog {
@@ -139,26 +149,51 @@ impl EventLog {
             windows: HashMap::new(),
             write_errors: 0,
             failing: 0,
+            unopened: false,
         };
         if !path.as_os_str().is_empty() {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
             }
-            log.reopen()?;
+            log.file = Some(log.open_file()?);
         }
         Ok(log)
     }
 
-    /// Open the file again (on SIGHUP, after logrotate moved it away).
+    /// Open the file again (on SIGHUP, after logrotate moved it away). Where it cannot be
+    /// opened, nothing more is written to the file it had open (moved away, logrotate may
+    /// compress or delete it): the failure is logged and counted in [`write_errors`], the
+    /// events since lost are counted too, and each event tries to open it again.
+    ///
+    /// [`write_errors`]: EventLog::write_errors
     pub fn reopen(&mut self) -> std::io::Result<()> {
-        if !self.path.as_os_str().is_empty() {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.path)?;
-            self.file = Some(file);
+        if self.path.as_os_str().is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.file = None;
+        match self.open_file() {
+            Ok(file) => {
+                (self.file, self.unopened) = (Some(file), false);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    "event log {}: cannot reopen it, events are lost until it can be (tried \
+                     again at each event; counted in memtide_write_errors_total): {e}",
+                    self.path.display()
+                );
+                self.unopened = true;
+                self.write_errors += 1;
+                Err(e)
+            }
+        }
+    }
+
+    fn open_file(&self) -> io::Result<File> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
     }
 
     /// Record an event, unless its kind, VM and rule were logged [`BURST`] times in the
@@ -170,6 +205,18 @@ impl EventLog {
         kind: &'static str,
         vm: Option<&str>,
         rule: Option<&str>,
+        message: String,
+    ) {
+        self.log_decided(kind, vm, rule, None, message);
+    }
+
+    /// [`EventLog::log`] of an action, with the level of the host's need behind it.
+    pub fn log_decided(
+        &mut self,
+        kind: &'static str,
+        vm: Option<&str>,
+        rule: Option<&str>,
+        need: Option<NeedLevel>,
         message: String,
     ) {
         let vm = vm.map(guest_text::clean);
@@ -196,6 +243,7 @@ impl EventLog {
             kind: kind.to_string(),
             vm,
             rule,
+            need,
             message: guest_text::clean_to(&message, MESSAGE_MAX),
         });
     }
@@ -212,6 +260,7 @@ impl EventLog {
                 kind: kind.to_string(),
                 vm,
                 rule,
+                need: None,
                 message: format!(
                     "{} more like this not logged (at most {BURST} a minute)",
                     window.held
@@ -227,6 +276,16 @@ impl EventLog {
             tracing::Level::ERROR => tracing::error!(kind, vm, "{message}"),
             tracing::Level::WARN => tracing::warn!(kind, vm, "{message}"),
             _ => tracing::info!(kind, vm, "{message}"),
+        }
+        if self.unopened {
+            if let Ok(file) = self.open_file() {
+                (self.file, self.unopened) = (Some(file), false);
+            } else {
+                // Logged when the reopen failed; the first write that works says how
+                // many were lost.
+                self.failing += 1;
+                self.write_errors += 1;
+            }
         }
         if let Some(f) = &mut self.file {
             match append_line(f, &event) {
@@ -303,7 +362,13 @@ impl EventLog {
         }
     }
 
-    /// Events that could not be written to the file since the daemon started.
+    /// The file it appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Events that could not be written to the file since the daemon started, and
+    /// failures to reopen it.
     pub fn write_errors(&self) -> u64 {
         self.write_errors
     }
@@ -528,6 +593,78 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_without_figures_yet_is_no_policy_error_until_the_grace_is_over() {
+        use memtide_core::estimate::fused::FusedConfig;
+        use memtide_core::policy::ksmtuned::KsmConfig;
+        use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        let memtide = WorkingSet::new(
+            EstimatorConfig::Fused(FusedConfig::default()),
+            WorkingSetConfig::default(),
+            KsmConfig::default(),
+        );
+        let mut engine = Engine::new(EngineConfig::default(), Box::new(memtide));
+        // Just connected: its balloon statistics not polled yet.
+        let mut mute = vm("a", 1000, 800, 600);
+        mute.sample.as_mut().unwrap().stats.free = None;
+        let errors = || {
+            let events = read(&path).into_iter();
+            let errors = events.filter(|e| e.rule.as_deref() == Some("policy_error"));
+            errors.map(|e| e.message).collect::<Vec<_>>()
+        };
+        for t in (0..30).step_by(2) {
+            let d = engine.tick(&snapshot(t, host(4000, 400), vec![mute.clone()]));
+            assert!(d.diagnostics.is_empty(), "at {t} s: {:?}", d.diagnostics);
+            let reason = d.vms[0].reason.as_ref().unwrap();
+            assert_eq!(reason.rule, "memtide.no_figures", "at {t} s");
+            log.diagnostics(&d);
+        }
+        assert_eq!(errors(), [] as [String; 0]);
+        // Still none 30 s on: a policy error, logged once.
+        for t in [30, 32] {
+            log.diagnostics(&engine.tick(&snapshot(t, host(4000, 400), vec![mute.clone()])));
+        }
+        assert_eq!(
+            errors(),
+            [
+                "policy memtide: no MemAvailable nor free-memory figures from the guest yet \
+              (still none after 30 s)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_reopened_is_not_written_where_it_was_moved_and_is_tried_again() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        let rotated = dir.path().join("events.jsonl.2");
+        log.log("started", None, None, "one".into());
+        // As an operator's mistake does: the log moved away, a directory in its place.
+        std::fs::rename(&path, &rotated).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let e = log.reopen().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::IsADirectory, "{e}");
+        assert_eq!(log.write_errors(), 1, "the failure is counted");
+        log.log("action", Some("a"), Some("r"), "lost".into());
+        log.log("action", Some("a"), Some("r"), "lost too".into());
+        assert_eq!((log.write_errors(), log.failing), (3, 2));
+        let messages = |p: &Path| read(p).into_iter().map(|e| e.message).collect::<Vec<_>>();
+        assert_eq!(
+            messages(&rotated),
+            ["one"],
+            "nothing more where it was moved"
+        );
+        assert_eq!(log.recent().len(), 3, "status still shows them");
+        // The path writable again: the next event opens it.
+        std::fs::remove_dir(&path).unwrap();
+        log.log("stopped", None, None, "two".into());
+        assert_eq!(messages(&path), ["two"]);
+        assert_eq!(messages(&rotated), ["one"]);
+        assert_eq!((log.write_errors(), log.failing), (3, 0));
+    }
+
+    #[test]
     fn guest_text_is_cut_and_escaped_and_each_event_is_one_write() {
         /// Keeps each write call apart.
         #[derive(Default)]
@@ -590,6 +727,21 @@ mod tests {
     }
 
     #[test]
+    fn an_action_says_the_level_of_need_behind_it() {
+        let (dir, mut log) = open("events.jsonl");
+        let path = dir.path().join("events.jsonl");
+        let need = Some(NeedLevel::Tight);
+        log.log_decided("action", Some("a"), Some("memtide.probe"), need, "b".into());
+        log.log("started", None, None, "s".into());
+        let lines = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = lines.lines().collect();
+        assert!(lines[0].contains(r#""need":"tight""#), "{}", lines[0]);
+        assert!(!lines[1].contains("need"), "{}", lines[1]);
+        let (events, _) = read_log(&path).unwrap();
+        assert_eq!(events[0].need, need);
+    }
+
+    #[test]
     fn a_full_disk_loses_events_counted_and_the_daemon_goes_on() {
         // /dev/full fails every write with ENOSPC.
         let mut log = EventLog::open(Path::new("/dev/full")).unwrap();
@@ -633,6 +785,7 @@ mod tests {
             kind: "k".into(),
             vm: None,
             rule: None,
+            need: None,
             message: "m".into(),
         };
         let (written, len) = write_line(&mut Short(&mut file), &event).unwrap();

@@ -141,6 +141,8 @@ pub struct Checked {
     settings: crate::config::Settings,
     host: LinuxHost,
     policy: Box<dyn memtide_core::policy::Policy>,
+    /// Which of its policies decides each VM.
+    policies: crate::status::Policies,
     tier_nodes: Option<crate::placement::Nodes>,
 }
 
@@ -157,7 +159,7 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
     });
     host.sample().context("reading host statistics")?;
     warn_without_idle_tracking(config);
-    let policy = policies::load(config).context("loading the policy")?;
+    let (policy, vm_policies) = policies::load_named(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
         false => None,
         true => {
@@ -179,6 +181,7 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
         settings,
         host,
         policy,
+        policies: vm_policies,
         tier_nodes,
     })
 }
@@ -218,6 +221,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         settings,
         host,
         policy,
+        policies: vm_policies,
         tier_nodes,
     } = check(&config)?;
     let nofile = raise_nofile_limit();
@@ -242,6 +246,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         last_tick_ms: 0.0,
         host_error: None,
         policy_error: None,
+        policies: vm_policies,
         decision: None,
         waiting: Vec::new(),
         sampling: Vec::new(),
@@ -479,9 +484,15 @@ impl Daemon {
     /// is said to wait for a restart); a file or policy that fails to load is rejected and
     /// the running policy stays in force. SIGHUP and `memtide reload` alike.
     fn reload(&mut self) -> Result<String, String> {
-        if let Err(e) = self.events.reopen() {
-            tracing::error!("cannot reopen the event log: {e}");
-        }
+        // Logged by the event log itself (an error on stderr).
+        let unopened = self.events.reopen().err().map(|e| {
+            format!(
+                "; the event log {} could not be reopened: {e}: events are lost (counted in \
+                 memtide_write_errors_total{{file=\"event_log\"}}) until it can be, tried \
+                 again at each event",
+                self.events.path().display()
+            )
+        });
         // The operator's word: VMs left alone because another manager moved their
         // balloons are managed again, and KSM if someone else had set its knobs.
         for vm in self.engine.manage_again() {
@@ -490,9 +501,10 @@ impl Daemon {
                 .log("vm_managed_again", Some(&vm), None, message.into());
         }
         let result = self.reread().and_then(|(next, left)| {
-            let policy = policies::load(&next).map_err(|e| e.to_string())?;
+            let (policy, vm_policies) = policies::load_named(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
             self.engine.set_policy(policy, self.start.elapsed());
+            self.status.write().expect("status lock").policies = vm_policies;
             self.config = next;
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
@@ -512,12 +524,17 @@ impl Daemon {
                 self.engine.policy_name()
             )
         });
+        self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
+        // The answer, and the event status shows after a SIGHUP, say so too.
+        let result = match unopened {
+            Some(note) => result.map(|m| m + &note).map_err(|m| m + &note),
+            None => result,
+        };
         let (kind, message) = match &result {
             Ok(message) => ("policy_reloaded", message),
             Err(message) => ("policy_rejected", message),
         };
         self.events.log(kind, None, None, message.clone());
-        self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
         result
     }
 
@@ -733,29 +750,20 @@ impl Daemon {
             Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
             Action::SetKsm { .. } => ("ksm", None),
         };
-        let rule = Some(action.reason().rule.as_ref());
-        self.counters.rule(&action.reason().rule);
-        match result {
-            None => {
-                self.counters.action(kind, "dry_run");
-                self.events
-                    .log("action", vm, rule, format!("would set {action} (dry run)"));
-            }
-            Some(Ok(())) => {
-                self.counters.action(kind, "ok");
-                self.events
-                    .log("action", vm, rule, format!("{action}{note}"));
-            }
-            Some(Err(e)) => {
-                self.counters.action(kind, "error");
-                self.events.log(
-                    "action_failed",
-                    vm,
-                    rule,
-                    format!("{action} failed{note}: {e}"),
-                );
-            }
-        }
+        let reason = action.reason();
+        let (rule, need) = (Some(reason.rule.as_ref()), reason.need);
+        self.counters.rule(&reason.rule);
+        let (event, result, message) = match result {
+            None => ("action", "dry_run", format!("would set {action} (dry run)")),
+            Some(Ok(())) => ("action", "ok", format!("{action}{note}")),
+            Some(Err(e)) => (
+                "action_failed",
+                "error",
+                format!("{action} failed{note}: {e}"),
+            ),
+        };
+        self.counters.action(kind, result);
+        self.events.log_decided(event, vm, rule, need, message);
     }
 
     fn publish(&mut self, decision: Option<Decision>, host_error: Option<String>, t0: Instant) {

@@ -68,6 +68,15 @@ fn header_lines(top: &Top) -> Vec<Line<'static>> {
                 d.vms.len(),
                 if d.vms.len() == 1 { "" } else { "s" }
             );
+            if let Some(n) = d.host.need {
+                line += &format!(" · need {}", n.level.name());
+            }
+            if s.host_error.is_some() {
+                line += " · HOST UNREADABLE: no decisions (memtide status)";
+            }
+            if s.policy_error.is_some() {
+                line += " · POLICY RELOAD REJECTED (memtide status)";
+            }
             let waiting = top.not_connected();
             if !waiting.is_empty() {
                 line += &format!(" · not connected: {}", waiting.join(", "));
