@@ -11,6 +11,9 @@ use memtide_core::Bytes;
 use std::path::Path;
 use std::time::Duration;
 
+/// The file, in a VM's directory of the store, that a clone command of it locks.
+const CLONE_LOCK: &str = "clone.lock";
+
 /// A table of `snapshots` (every VM's when `vm` is `None`), or JSON.
 pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<String> {
     let store = Store::new(&config.snapshots.dir);
@@ -140,7 +143,8 @@ impl<'a> Starter<'a> {
     }
 
     /// Why the VM cannot be restored now: its socket answers, it runs (libvirt checks
-    /// its domain itself).
+    /// its domain itself). Never blocks: a QEMU whose one monitor client is connected
+    /// (the daemon's) and whose backlog is full counts as answering.
     fn running(&self) -> Option<String> {
         let (socket, what) = match self {
             Starter::Qemu { qmp, .. } => (qmp, "QMP socket"),
@@ -149,9 +153,7 @@ impl<'a> Starter<'a> {
             }
             Starter::Libvirt { .. } => return None,
         };
-        std::os::unix::net::UnixStream::connect(socket)
-            .is_ok()
-            .then(|| format!("its {what} {} answers", socket.display()))
+        qmp_snapshot::listening(socket).then(|| format!("its {what} {} answers", socket.display()))
     }
 }
 
@@ -159,7 +161,9 @@ impl<'a> Starter<'a> {
 /// connector that saved it: QEMU, Firecracker and Cloud Hypervisor by the VM's `launch`
 /// command, a libvirt domain by libvirt. The VM must not run; the snapshot's checksums
 /// are verified first. Only a hibernation not woken from yet matches the guest's disk:
-/// another snapshot (its guest ran on) is restored only with `force`.
+/// another snapshot (its guest ran on) is restored only with `force`. One restore of a
+/// VM at a time (the operator's, the daemon's wake or crash recovery): the store's lock
+/// is held from the check that the VM does not run until it runs.
 pub async fn restore(
     config: &Config,
     vm: &str,
@@ -167,10 +171,11 @@ pub async fn restore(
     force: bool,
 ) -> anyhow::Result<Started> {
     let starter = starter(config, vm)?;
+    let store = Store::new(&config.snapshots.dir);
+    let _restoring = store.lock_restore(vm)?;
     if let Some(why) = starter.running() {
         bail!("VM {vm} is running ({why}): stop it before restoring it");
     }
-    let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
     let saved_by = saved_through(&snapshot);
     if saved_by != starter.connector() {
@@ -210,10 +215,11 @@ pub async fn recover(config: &Config, vm: &str) -> anyhow::Result<Started> {
         bail!("VM {vm} is not among the configuration's [[vm]] entries");
     };
     let starter = Starter::of(vm_config)?;
+    let store = Store::new(&config.snapshots.dir);
+    let _restoring = store.lock_restore(vm)?;
     if let Some(why) = starter.running() {
         bail!("VM {vm} is running again ({why})");
     }
-    let store = Store::new(&config.snapshots.dir);
     let (snapshot, skipped) = {
         let (store, vm, connector) = (store.clone(), vm.to_string(), starter.connector());
         tokio::task::spawn_blocking(move || newest_good(&store, &vm, connector)).await??
@@ -391,13 +397,18 @@ async fn restore_domain(
 /// Start `count` clones of VM `vm` from its snapshot `id` (its latest by default), each
 /// by the VM's `clone_launch` with `{n}` its number, all sharing the snapshot's memory
 /// until they write it: the snapshot is made a template first (its RAM in a file, kept in
-/// the snapshot's directory for the next clones). Returns a line per clone.
+/// the snapshot's directory for the next clones). Returns a line per clone. One clone
+/// command of a VM at a time: a second waits for the first (which may be making the
+/// template it would use, or starting the clones whose numbers it would take).
 pub async fn clone(
     config: &Config,
     vm: &str,
     count: u32,
     id: Option<&str>,
 ) -> anyhow::Result<Vec<String>> {
+    if count == 0 {
+        bail!("no clone to start: give a count of 1 or more");
+    }
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!("VM {vm} is not among the configuration's [[vm]] entries");
     };
@@ -413,6 +424,16 @@ pub async fn clone(
     };
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
+    let _cloning = {
+        let lock = store.vm_dir(vm).join(CLONE_LOCK);
+        match snapshots::Lock::try_take(&lock)? {
+            Some(held) => held,
+            None => {
+                tracing::info!("another clone of {vm} is under way: waiting for it to end");
+                tokio::task::spawn_blocking(move || snapshots::Lock::take(&lock)).await??
+            }
+        }
+    };
     store.verify(&snapshot)?;
     let _uncache = Uncache(&store, &snapshot);
     let dir = store.dir_of(&snapshot);
@@ -449,6 +470,14 @@ pub async fn clone(
         qmp_snapshot::make_template(&qemu, &dir, format, &ram, &partial.join("devices"))
             .await
             .with_context(|| format!("making a clone template of {vm} from {}", snapshot.id))?;
+        // Guest memory: for root alone, as every memory file of the store (QEMU creates
+        // the RAM file by its umask).
+        for name in ["ram", "devices"] {
+            use std::os::unix::fs::PermissionsExt;
+            let file = partial.join(name);
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("restricting {}", file.display()))?;
+        }
         std::fs::rename(&partial, &template)
             .with_context(|| format!("renaming {}", partial.display()))?;
     }
@@ -456,7 +485,7 @@ pub async fn clone(
     // The lowest numbers whose clone is not running (its monitor does not answer).
     let free = (1..).filter(|n| {
         let monitor = vm_dir.join(format!("clone-{n}.qmp"));
-        std::os::unix::net::UnixStream::connect(monitor).is_err()
+        !qmp_snapshot::listening(&monitor)
     });
     for n in free.take(count as usize).collect::<Vec<u32>>() {
         let (launch, monitor, log) = numbered(&format!("clone-{n}"), &n.to_string());
@@ -655,6 +684,56 @@ mod tests {
                 socket.display()
             )
         );
+    }
+
+    #[tokio::test]
+    async fn a_second_restore_of_a_vm_under_way_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = "firecracker = \"/nonexistent/fc.sock\"\nlaunch = [\"firecracker\"]\n";
+        let c = config(dir.path(), keys);
+        // The first restore (the operator's, or the daemon's wake) holds the lock.
+        let first = Store::new(dir.path()).lock_restore("a").unwrap();
+        let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
+        assert!(e.starts_with("a restore of a is already under way"), "{e}");
+        let e = recover(&c, "a").await.unwrap_err().to_string();
+        assert!(e.starts_with("a restore of a is already under way"), "{e}");
+        drop(first);
+        let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
+        assert!(e.starts_with("VM a has no snapshot"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_qemu_whose_monitor_is_busy_is_seen_running_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("a.qmp");
+        // A QEMU whose one client (the daemon) is connected: the others wait in its
+        // backlog, which fills; a blocking connect would wait there for ever.
+        let listener = tokio::net::UnixSocket::new_stream().unwrap();
+        listener.bind(&socket).unwrap();
+        let _listening = listener.listen(1).unwrap();
+        for _ in 0..16 {
+            assert!(qmp_snapshot::listening(&socket));
+        }
+        let keys = format!("qmp = {socket:?}\nlaunch = [\"qemu\"]\n");
+        let c = config(dir.path(), &keys);
+        let restoring = restore(&c, "a", None, false);
+        let e = tokio::time::timeout(Duration::from_secs(5), restoring)
+            .await
+            .expect("no wait")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("VM a is running (its QMP socket"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn no_clone_is_not_a_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(
+            dir.path(),
+            "qmp = \"/a.qmp\"\nclone_launch = [\"qemu-{n}\"]\n",
+        );
+        let e = clone(&c, "a", 0, None).await.unwrap_err().to_string();
+        assert_eq!(e, "no clone to start: give a count of 1 or more");
     }
 
     #[tokio::test]

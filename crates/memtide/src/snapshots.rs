@@ -100,6 +100,63 @@ impl Snapshot {
     }
 }
 
+/// The file, in a VM's directory of the store, that a restore of it locks.
+const RESTORE_LOCK: &str = "restore.lock";
+
+/// The name of VM `vm`'s directory in the store: its name with every byte other than
+/// ASCII letters, digits, `_`, `-` and a `.` not in first place written as `%XX`.
+fn dir_name(vm: &str) -> String {
+    let mut name = String::new();
+    for (i, b) in vm.bytes().enumerate() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => name.push(b as char),
+            b'.' if i > 0 => name.push('.'),
+            _ => name.push_str(&format!("%{b:02X}")),
+        }
+    }
+    name
+}
+
+/// An exclusive lock (`flock`) on a file, held until dropped or its process ends.
+#[derive(Debug)]
+pub struct Lock {
+    _file: std::fs::File,
+}
+
+impl Lock {
+    fn open(path: &Path) -> anyhow::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))
+    }
+
+    /// The lock on `path` (created if missing), or `None` when another holds it.
+    pub fn try_take(path: &Path) -> anyhow::Result<Option<Lock>> {
+        let file = Lock::open(path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Lock { _file: file })),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("locking {}", path.display()))
+            }
+        }
+    }
+
+    /// The lock on `path` (created if missing), waiting for whoever holds it.
+    pub fn take(path: &Path) -> anyhow::Result<Lock> {
+        let file = Lock::open(path)?;
+        file.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(Lock { _file: file })
+    }
+}
+
 /// The store at a directory.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -130,15 +187,24 @@ impl Store {
     /// letters, digits, `_`, `-` and a `.` not in first place written as `%XX`, so that
     /// no name (`..`, `a/b`) leaves the store.
     pub fn vm_dir(&self, vm: &str) -> PathBuf {
-        let mut name = String::new();
-        for (i, b) in vm.bytes().enumerate() {
-            match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' => name.push(b as char),
-                b'.' if i > 0 => name.push('.'),
-                _ => name.push_str(&format!("%{b:02X}")),
-            }
+        self.dir.join(dir_name(vm))
+    }
+
+    /// Take the lock that a restore of VM `vm` holds from its check that the VM is not
+    /// running until its hypervisor runs it (`restore.lock` in its directory), or say
+    /// that another restore of it (the operator's, the daemon's wake or crash recovery)
+    /// holds it. Released when dropped, or when the process ends.
+    pub fn lock_restore(&self, vm: &str) -> anyhow::Result<Lock> {
+        let vm_dir = self.vm_dir(vm);
+        private_dirs(&vm_dir)?;
+        let path = vm_dir.join(RESTORE_LOCK);
+        match Lock::try_take(&path)? {
+            Some(lock) => Ok(lock),
+            None => bail!(
+                "a restore of {vm} is already under way (it holds {}): not started twice",
+                path.display()
+            ),
         }
-        self.dir.join(name)
     }
 
     /// The directory of snapshot `s`.
@@ -161,7 +227,8 @@ impl Store {
                     .with_context(|| format!("removing {}", entry.path().display()))?;
             }
         }
-        room_for(&vm_dir, configured).context("not saved")?;
+        // Its caller says "not saved" (the daemon's event, `memtide snapshot save`).
+        room_for(&vm_dir, configured)?;
         let stamp = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         let base: String = stamp.chars().filter(|c| *c != '-' && *c != ':').collect();
         let mut id = base.clone();
@@ -405,15 +472,28 @@ impl Drop for Pending {
 }
 
 /// The complete snapshots in one VM's directory, in no order; one whose description is
-/// unreadable is skipped with a warning.
+/// unreadable, or names another VM or snapshot than its directories do (copied or moved
+/// by hand: the store finds, verifies and deletes a snapshot by what it records), is
+/// skipped with a warning.
 fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
     let mut found = Vec::new();
+    let vm_name = vm_dir.file_name().map(|n| n.to_string_lossy().into_owned());
     for entry in std::fs::read_dir(vm_dir)?.flatten() {
         let meta = entry.path().join(META);
-        if entry.file_name().to_string_lossy().ends_with(PARTIAL) || !meta.exists() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(PARTIAL) || !meta.exists() {
             continue;
         }
         match read_meta(&meta) {
+            Ok(s) if s.id != name || vm_name.as_deref() != Some(dir_name(&s.vm).as_str()) => {
+                tracing::warn!(
+                    "{}: records snapshot {} of VM {}, not what its directory says: skipped \
+                     (a snapshot copied or moved by hand?)",
+                    meta.display(),
+                    s.id,
+                    s.vm
+                );
+            }
             Ok(s) => found.push(s),
             Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
         }
@@ -740,6 +820,51 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_copied_under_another_vm_or_id_is_skipped_not_taken_for_the_original() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let c = take(&store, "c", b"c's memory");
+        let a = take(&store, "a", b"a's memory");
+        let copy = |to: PathBuf| {
+            std::fs::create_dir_all(&to).unwrap();
+            for entry in std::fs::read_dir(store.dir_of(&c)).unwrap().flatten() {
+                std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            }
+        };
+        // c's snapshot copied into a's directory, under another id, and under its own.
+        copy(store.vm_dir("a").join("20990101T000000.000Z"));
+        copy(store.vm_dir("a").join(&c.id));
+        // And into c's directory under another id.
+        copy(store.vm_dir("c").join("20990101T000000.000Z"));
+        assert_eq!(store.list("a").unwrap(), std::slice::from_ref(&a));
+        assert_eq!(store.list("c").unwrap(), std::slice::from_ref(&c));
+        assert_eq!(store.list_all().unwrap(), [a, c.clone()]);
+        assert!(store.find("a", Some("20990101T000000.000Z")).is_err());
+        assert_eq!(
+            store.find("c", None).unwrap(),
+            c,
+            "not the copy, newer by its name"
+        );
+        assert!(store.dir_of(&c).exists());
+    }
+
+    #[test]
+    fn one_restore_of_a_vm_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let held = store.lock_restore("c").unwrap();
+        let e = store.lock_restore("c").unwrap_err().to_string();
+        assert!(e.starts_with("a restore of c is already under way"), "{e}");
+        let other = store.lock_restore("b").unwrap();
+        drop(held);
+        let again = store.lock_restore("c").unwrap();
+        drop((other, again));
+        // No snapshot is seen in the lock file.
+        assert!(store.list("c").unwrap().is_empty());
+        assert!(store.list_all().unwrap().is_empty());
+    }
+
+    #[test]
     fn only_the_oldest_scheduled_snapshots_beyond_the_kept_are_pruned() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
@@ -785,8 +910,9 @@ mod tests {
         let store = Store::new(dir.path());
         let huge = Bytes::from_gib(1 << 30);
         let e = format!("{:#}", store.begin("big", huge).unwrap_err());
+        // Its caller says "not saved": said once.
         assert!(
-            e.starts_with("not saved: ") && e.contains("free, less than the guest's"),
+            !e.contains("not saved") && e.contains("free, less than the guest's"),
             "{e}"
         );
         let left: Vec<_> = std::fs::read_dir(store.vm_dir("big")).unwrap().collect();

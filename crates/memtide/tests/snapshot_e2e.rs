@@ -164,10 +164,31 @@ fn a_guest_saved_hibernated_and_restored_keeps_its_memory() {
     assert_eq!(both[1]["then"], "quit");
 
     // 3. Restored from the latest, by the configured launch command: the state is intact.
+    // Two restores asked at once start one QEMU: the other is refused (the restore lock,
+    // or the VM already running).
     let t0 = Instant::now();
+    let second = std::thread::spawn({
+        let config = config.clone();
+        move || snapshot(&config, &["restore", "s"])
+    });
     let out = snapshot(&config, &["restore", "s"]);
     let wake = t0.elapsed();
+    let other = second.join().unwrap();
+    let (out, other) = match out.status.success() {
+        true => (out, other),
+        false => (other, out),
+    };
     assert!(out.status.success(), "{}", text(&out));
+    let _twice = other
+        .status
+        .success()
+        .then(|| Restored(restored_pid(&text(&other))));
+    assert!(!other.status.success(), "restored twice: {}", text(&other));
+    let refused = text(&other);
+    assert!(
+        refused.contains("a restore of s is already under way") || refused.contains("is running"),
+        "{refused}"
+    );
     eprintln!(
         "{} (the command: {:.2} s)",
         text(&out).trim(),

@@ -33,6 +33,11 @@ const QUIT_GRACE: Duration = Duration::from_secs(2);
 const UNLIMITED: u64 = 1 << 40;
 /// The name the snapshot file is handed to QEMU under.
 const FD_NAME: &str = "memtide-snapshot";
+/// The `opaque` of the fd set that marks a guest stopped by a save of memtide's, for as
+/// long as it is: left in QEMU by a daemon killed mid-save, it tells the next connection
+/// to resume the guest ([`clean_up`]); a guest stopped otherwise (by its operator, or by a
+/// migration to another host) bears none and is left stopped.
+const STOPPED_MARK: &str = "memtide-save-stopped-the-guest";
 /// How a snapshot of the plain migration stream says it was saved.
 const MECHANISM_STREAM: &str = "qmp migrate to fd";
 /// How a `mapped-ram` snapshot says it was saved: its restore needs the capability.
@@ -66,14 +71,23 @@ async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, Back
         .is_some_and(|caps| caps.iter().any(|c| c["capability"] == name)))
 }
 
-/// Undo what a save of memtide's cut short (a call timed out and closed its session)
-/// left in QEMU: its fd sets (`opaque` [`FD_NAME`]) removed and `mapped-ram` turned off,
-/// lest they hold a descriptor of the store's and bend the VM's next migration; nothing
+/// Undo what a save of memtide's cut short (a call timed out and closed its session, or
+/// the daemon was killed) left in QEMU: its fd sets (`opaque` [`FD_NAME`]) removed and
+/// `mapped-ram` turned off, lest they hold a descriptor of the store's and bend the VM's
+/// next migration; and a guest that save stopped ([`STOPPED_MARK`]) resumed: nobody else
+/// would, and QEMU refuses every later migration of it. A guest stopped otherwise (paused
+/// by its operator, or left `postmigrate` by a migration to another host, where it runs
+/// now) is left stopped. Nothing is done
 /// while a migration runs or is awaited (a save or restore under way). Best effort: a
-/// failure is logged (a command QEMU lacks, at debug level).
-pub async fn clean_up(client: &mut QmpClient) {
+/// failure is logged (a command QEMU lacks, at debug level). Returns what it resumed, said
+/// in a sentence, when it resumed the guest.
+pub async fn clean_up(client: &mut QmpClient) -> Option<String> {
     match try_clean_up(client).await {
-        Ok(()) => {}
+        Ok(Some(resumed)) => {
+            tracing::warn!("{resumed}");
+            return Some(resumed);
+        }
+        Ok(None) => {}
         Err(e @ QmpError::Command { .. }) => {
             tracing::debug!("no clean-up of cut-short saves: {e}");
         }
@@ -81,27 +95,38 @@ pub async fn clean_up(client: &mut QmpClient) {
             tracing::warn!("what a cut-short save left in QEMU could not be cleaned up: {e}");
         }
     }
+    None
 }
 
-async fn try_clean_up(client: &mut QmpClient) -> Result<(), QmpError> {
+/// The run states (QAPI `RunState`) a save leaves a guest in: stopped for it (`paused`),
+/// then by the migration (`finish-migrate`, `postmigrate`) until someone says `cont`.
+const STOPPED_BY_SAVE: [&str; 3] = ["paused", "postmigrate", "finish-migrate"];
+
+async fn try_clean_up(client: &mut QmpClient) -> Result<Option<String>, QmpError> {
     let status = client.execute("query-status", None).await?;
     let migration = client.execute("query-migrate", None).await?;
+    let migration_status = migration.get("status").and_then(Value::as_str);
     let idle = matches!(
-        migration.get("status").and_then(Value::as_str),
+        migration_status,
         None | Some("none" | "completed" | "failed" | "cancelled")
     );
-    if status.get("status").and_then(Value::as_str) == Some("inmigrate") || !idle {
-        return Ok(());
+    let state = status.get("status").and_then(Value::as_str).unwrap_or("");
+    if state == "inmigrate" || !idle {
+        return Ok(None);
     }
     let sets = match client.execute("query-fdsets", None).await {
         Err(QmpError::Command { .. }) => Value::Null, // a QEMU without fd sets
         other => other?,
     };
+    let mut marked = false;
     for set in sets.as_array().into_iter().flatten() {
-        let ours = set["fds"]
-            .as_array()
-            .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == FD_NAME));
-        if ours {
+        let has = |name: &str| {
+            set["fds"]
+                .as_array()
+                .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == name))
+        };
+        marked |= has(STOPPED_MARK);
+        if has(FD_NAME) || has(STOPPED_MARK) {
             let args = json!({ "fdset-id": set["fdset-id"] });
             client.execute("remove-fd", Some(args)).await?;
         }
@@ -114,7 +139,37 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<(), QmpError> {
     if on {
         set_mapped_ram(client, false).await?;
     }
-    Ok(())
+    if !marked || !STOPPED_BY_SAVE.contains(&state) {
+        return Ok(None);
+    }
+    client.execute("cont", None).await?;
+    let ended = migration_status.unwrap_or("none");
+    Ok(Some(format!(
+        "the guest was left stopped ({state}, migration {ended}) by a save of memtide's \
+         cut short (memtide killed mid-save): resumed"
+    )))
+}
+
+/// Whether something listens on the unix socket `path` (a VM's QMP or API socket): a
+/// connection is accepted, or waits in a full backlog (QEMU's monitor takes one client,
+/// its backlog one more). Never blocks: a plain `connect` to a listener whose backlog is
+/// full waits until it is accepted, which may be never.
+pub fn listening(path: &Path) -> bool {
+    use rustix::io::Errno;
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let Ok(addr) = SocketAddrUnix::new(path) else {
+        return false;
+    };
+    let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+    let Ok(socket) = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None)
+    else {
+        return false;
+    };
+    match rustix::net::connect(&socket, &addr) {
+        Ok(()) => true,
+        // A full backlog: a listener, busy.
+        Err(e) => e == Errno::AGAIN || e == Errno::INPROGRESS,
+    }
 }
 
 /// Turn `mapped-ram` on or off.
@@ -245,6 +300,60 @@ pub async fn save(
             .ok(),
         Format::MappedRam => None,
     };
+    // While the guest is stopped for the save, an fd set says so (see [`clean_up`]).
+    // Best effort: without it, a save cut short leaves the guest stopped, as before.
+    let mark = match running {
+        true => client
+            .add_fd(file.as_fd(), STOPPED_MARK)
+            .await
+            .map_err(|e| tracing::debug!("no mark of the stopped guest: {e}"))
+            .ok(),
+        false => None,
+    };
+    let stopped = Stopped {
+        running,
+        ram_backend,
+        format,
+        summing,
+    };
+    let saved = save_stopped(client, &path, file, stopped, then, limit, seal).await;
+    let gone = matches!((&saved, then), (Ok(_), AfterSave::Quit));
+    if let (Some(id), false) = (mark, gone) {
+        let args = json!({ "fdset-id": id });
+        if let Err(e) = client.execute("remove-fd", Some(args)).await {
+            tracing::debug!("the save's mark could not be removed: {e}");
+        }
+    }
+    saved
+}
+
+/// What [`save`] learnt before stopping the guest.
+struct Stopped {
+    /// The guest ran: it is stopped, and resumed after unless it hibernates.
+    running: bool,
+    ram_backend: Option<String>,
+    format: Format,
+    /// The stream's checksum, taken as it is written.
+    summing: Option<SumBehind>,
+}
+
+/// [`save`] from the stop on: the guest stopped if it ran, the snapshot written, sealed,
+/// and the guest left as `then` says.
+async fn save_stopped(
+    client: &mut QmpClient,
+    path: &Path,
+    file: std::fs::File,
+    stopped: Stopped,
+    then: AfterSave,
+    limit: Duration,
+    seal: Seal,
+) -> Result<Saved, BackendError> {
+    let Stopped {
+        running,
+        ram_backend,
+        format,
+        summing,
+    } = stopped;
     let stopped = Instant::now();
     if running {
         client.execute("stop", None).await?;
@@ -492,7 +601,13 @@ pub async fn make_template(
     };
     let mut started = start_incoming(&qemu, &file, format, false).await?;
     let saved = async {
-        let out = std::fs::File::create(devices)
+        // Guest state: for root alone, as every memory file of the store.
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(devices)
             .map_err(|e| BackendError::Io(format!("creating {}: {e}", devices.display())))?;
         ignore_shared(&mut started.client).await?;
         migrate_out(&mut started.client, &out, Format::Stream, qemu.limit).await?;
@@ -768,6 +883,7 @@ mod tests {
             "query-status",
             "qom-get",
             "query-migrate-capabilities",
+            "add-fd",
             "stop",
             "query-migrate-parameters",
             "migrate-set-parameters",
@@ -779,8 +895,12 @@ mod tests {
             "closefd",
             "migrate-set-parameters",
             "cont",
+            "remove-fd",
         ];
-        assert_eq!(sent, expected, "resumed, not quit");
+        assert_eq!(
+            sent, expected,
+            "resumed, not quit; marked stopped meanwhile"
+        );
     }
 
     #[tokio::test]
@@ -826,6 +946,7 @@ mod tests {
                 "migrate-set-capabilities mapped-ram false",
                 "migrate-set-parameters",
                 "cont",
+                "remove-fd",
             ]);
             assert_eq!(sent[at..], expected, "saved: {saved}");
         }
@@ -872,7 +993,7 @@ mod tests {
              runs on"
         );
         let sent = sent.lock().unwrap().clone();
-        assert_eq!(sent[sent.len() - 2..], ["quit", "cont"]);
+        assert_eq!(sent[sent.len() - 3..], ["quit", "cont", "remove-fd"]);
         // It ends as it is asked to resume: the guest stopped at its snapshot, hibernated.
         let (dir, mut client, sent) =
             scripted(json!({"status": "completed"}), Some(true), json!([])).await;
@@ -970,6 +1091,98 @@ mod tests {
         }
     }
 
+    /// A QEMU in run state `state` after a migration whose `query-migrate` says
+    /// `migration`, cleaned up on connection: the commands it was sent, and what the
+    /// clean-up said it resumed.
+    async fn cleaned_up(
+        state: &'static str,
+        migration: &'static str,
+        marked: bool,
+    ) -> (Vec<String>, Option<String>) {
+        let sets = match marked {
+            true => json!([{"fdset-id": 3, "fds": [{"fd": 40, "opaque": STOPPED_MARK}]}]),
+            false => json!([]),
+        };
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let log = sent.clone();
+        let (_dir, path) = serve(move |req| {
+            let command = req["execute"].as_str().unwrap().to_string();
+            log.lock().unwrap().push(command.clone());
+            vec![match command.as_str() {
+                "query-status" => ok(&req, json!({"running": false, "status": state})),
+                "query-migrate" => ok(&req, json!({"status": migration})),
+                "query-fdsets" => ok(&req, sets.clone()),
+                "query-migrate-capabilities" => ok(&req, json!([])),
+                _ => ok(&req, json!({})),
+            }]
+        })
+        .await;
+        let mut client = QmpClient::connect(&path, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let resumed = clean_up(&mut client).await;
+        let sent = sent.lock().unwrap().clone();
+        (sent, resumed)
+    }
+
+    #[tokio::test]
+    async fn a_guest_a_cut_short_save_stopped_is_resumed_and_one_stopped_otherwise_is_not() {
+        // The daemon killed mid-save, its mark left: the guest stopped for the save, then
+        // by the migration QEMU finished by itself, waits for a `cont`.
+        for state in ["paused", "postmigrate", "finish-migrate"] {
+            let (sent, resumed) = cleaned_up(state, "completed", true).await;
+            assert_eq!(
+                sent.last().map(String::as_str),
+                Some("cont"),
+                "{state}: {sent:?}"
+            );
+            assert!(sent.iter().any(|c| c == "remove-fd"), "the mark: {sent:?}");
+            let resumed = resumed.expect("said");
+            assert!(
+                resumed.contains(&format!("left stopped ({state}")),
+                "{resumed}"
+            );
+        }
+        // Unmarked (paused by its operator, or left by a migration to another host, where
+        // it runs now: resuming it would run it twice), or a migration still running:
+        // left as it is.
+        for (state, migration, marked) in [
+            ("paused", "completed", false),
+            ("paused", "none", false),
+            ("postmigrate", "completed", false),
+            ("finish-migrate", "completed", false),
+            ("postmigrate", "active", true),
+            ("finish-migrate", "device", true),
+            ("running", "completed", true),
+        ] {
+            let (sent, resumed) = cleaned_up(state, migration, marked).await;
+            assert!(
+                !sent.iter().any(|c| c == "cont"),
+                "{state}, {migration}: {sent:?}"
+            );
+            assert_eq!(resumed, None);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_socket_is_seen_listening_without_blocking_even_when_its_backlog_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        assert!(!listening(&path), "no socket");
+        // QEMU's monitor: a backlog of one. Never accepted: the backlog fills, and each
+        // probe still returns at once.
+        let socket = tokio::net::UnixSocket::new_stream().unwrap();
+        socket.bind(&path).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let start = Instant::now();
+        for _ in 0..100 {
+            assert!(listening(&path));
+        }
+        assert!(start.elapsed() < Duration::from_secs(5));
+        drop(listener);
+        assert!(!listening(&path), "a socket file nobody listens on");
+    }
+
     #[tokio::test]
     async fn a_hibernation_whose_snapshot_cannot_be_sealed_runs_on() {
         let done = json!({"status": "completed"});
@@ -981,7 +1194,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), "No space left on device; the guest runs on");
         let sent = sent.lock().unwrap().clone();
-        assert_eq!(sent.last().map(String::as_str), Some("cont"), "{sent:?}");
+        assert_eq!(sent[sent.len() - 2..], ["cont", "remove-fd"], "{sent:?}");
         assert!(!sent.iter().any(|c| c == "quit"), "{sent:?}");
     }
 }
