@@ -32,8 +32,9 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// Check the settings, naming the first bad field.
     pub fn validate(&self) -> Result<(), String> {
-        if self.history_len == 0 {
-            return Err("history_len: must be at least 1".into());
+        // Rates (swap-ins, refaults, stalls) and a VM's reset are told from two samples.
+        if self.history_len < 2 {
+            return Err("history_len: must be at least 2 (rates need two samples)".into());
         }
         Ok(())
     }

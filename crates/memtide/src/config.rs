@@ -1787,8 +1787,8 @@ mod tests {
             ),
         }
         assert_eq!(
-            err("[engine]\nhistory_len = 0\n"),
-            "memtide.toml: engine.history_len: must be at least 1"
+            err("[engine]\nhistory_len = 1\n"),
+            "memtide.toml: engine.history_len: must be at least 2 (rates need two samples)"
         );
     }
 

@@ -7,7 +7,7 @@
 //! writer from [`MakeWriter::make_writer_for`], which sees the event's level: the prefix
 //! is written there, so neither output format changes in a terminal or a pipe.
 
-use std::io::{self, Stderr, Write};
+use std::io::{self, StderrLock, Write};
 use tracing::{Level, Metadata};
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -24,6 +24,18 @@ impl LogWriter {
             .ok()
             .is_some_and(|stream| stream == stderr_id().unwrap_or_default());
         LogWriter { prefixed }
+    }
+}
+
+impl LogWriter {
+    /// What starts a line memtide writes on standard error itself (not through tracing)
+    /// as an error: `<3>` on the journal's stream, nothing elsewhere.
+    pub fn error_prefix(&self) -> &'static str {
+        if self.prefixed {
+            "<3>"
+        } else {
+            ""
+        }
     }
 }
 
@@ -50,10 +62,11 @@ pub fn priority(level: &Level) -> u8 {
     }
 }
 
-/// One event's writer: its priority first, where prefixed.
+/// One event's writer: its priority first, where prefixed. It holds standard error's
+/// lock, so that no other thread's line comes between the prefix and its line.
 pub struct EventWriter {
     prefix: Option<u8>,
-    out: Stderr,
+    out: StderrLock<'static>,
 }
 
 impl Write for EventWriter {
@@ -75,14 +88,14 @@ impl<'a> MakeWriter<'a> for LogWriter {
     fn make_writer(&'a self) -> EventWriter {
         EventWriter {
             prefix: None,
-            out: io::stderr(),
+            out: io::stderr().lock(),
         }
     }
 
     fn make_writer_for(&'a self, meta: &Metadata<'_>) -> EventWriter {
         EventWriter {
             prefix: self.prefixed.then(|| priority(meta.level())),
-            out: io::stderr(),
+            out: io::stderr().lock(),
         }
     }
 }

@@ -820,6 +820,8 @@ fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let writer = memtide::journal::LogWriter::new();
+    let error = writer.error_prefix();
     let (filter, from) = match (&cli.log_level, std::env::var("MEMTIDE_LOG")) {
         (Some(f), _) => (f.clone(), "--log-level"),
         (None, Ok(f)) if !f.trim().is_empty() => (f, "MEMTIDE_LOG"),
@@ -828,13 +830,13 @@ async fn main() -> ExitCode {
     let filter = match log_filter(&filter) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("memtide: {from} {filter:?}: {e}");
+            eprintln!("{error}memtide: {from} {filter:?}: {e}");
             return ExitCode::from(2);
         }
     };
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(memtide::journal::LogWriter::new());
+        .with_writer(writer);
     match cli.log_format {
         LogFormat::Json => log.json().init(),
         LogFormat::Text => log
@@ -845,7 +847,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Reported>() => ExitCode::from(1),
         Err(e) => {
-            eprintln!("memtide: {e:#}");
+            eprintln!("{error}memtide: {e:#}");
             ExitCode::from(if e.is::<memtide::config::ConfigError>() {
                 2
             } else {

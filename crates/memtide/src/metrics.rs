@@ -124,6 +124,21 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
+            "memtide_interval_seconds",
+            "Seconds between ticks (interval_s).",
+            vec![(vec![], status.interval_s)],
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_last_decision_timestamp_seconds",
+            "When the last decision was made (seconds since the Unix epoch).",
+            status
+                .last_decision_unix_s
+                .map(|t| vec![(vec![], t)])
+                .unwrap_or_default(),
+        )?;
+        gauges(
+            &mut enc,
             "memtide_host_up",
             "0 while the host's statistics cannot be read: no decision is made, and every VM \
              figure is the last decision's; 1 otherwise.",

@@ -292,6 +292,7 @@ mod tests {
             interval_s: 2.0,
             dry_run: true,
             last_tick_ms: 1.5,
+            last_decision_unix_s: None,
             host_error: None,
             policy_error: None,
             policies: Default::default(),

@@ -103,6 +103,9 @@ pub struct Status {
     pub dry_run: bool,
     /// How long the last tick took, in milliseconds.
     pub last_tick_ms: f64,
+    /// When the last decision was made (seconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_unix_s: Option<f64>,
     /// Why the last tick was skipped, if it was.
     pub host_error: Option<String>,
     /// Why the last policy reload was rejected, if it was.

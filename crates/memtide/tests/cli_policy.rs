@@ -237,5 +237,17 @@ fn log_lines_carry_their_syslog_priority_only_on_the_journal_s_stream() {
         let first = text.lines().next().unwrap_or_default();
         assert!(first.contains("hello"), "{text}");
         assert_eq!(first.starts_with("<7>"), prefixed, "{text}");
+        // The error that ends a command, written by memtide itself, is one too.
+        let file = std::fs::File::create(&log).unwrap();
+        let status = support::daemon::memtide()
+            .current_dir(dir.path())
+            .args(["sim", "no-such-scenario"])
+            .env("JOURNAL_STREAM", id(stream))
+            .stderr(file)
+            .status()
+            .unwrap();
+        assert!(!status.success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.starts_with("<3>memtide: "), prefixed, "{text}");
     }
 }

@@ -515,15 +515,23 @@ impl Fused {
         // each tick frees as much (found in the simulator: a CI builder whose compilers
         // rose and fell kept its balloon at their peak, 1.5 GiB above its working set at
         // the trough).
-        // What it swapped out this tick (balloon statistics): its need falls by as much.
-        let swapped = s
-            .swap_out_per_s
-            .zip(s.interval)
-            .map_or(Bytes::ZERO, |(rate, d)| {
+        // What it swapped out this tick, less what it swapped in (balloon statistics):
+        // its need falls and rises by as much. Counted since the need's highest, and never
+        // more than its fall since then (review: swapped out and back in, then freed in
+        // earnest, nothing was taken back).
+        let moved = |rate: Option<f64>| {
+            rate.zip(s.interval).map_or(Bytes::ZERO, |(rate, d)| {
                 Bytes::from_f64(rate * d.as_secs_f64())
-            });
+            })
+        };
+        let (out, back) = (moved(s.swap_out_per_s), moved(s.swap_in_per_s));
         let (from, from_committed, swapped) = match self.freed_from {
-            Some((b, c, out)) => (b.max(base), c.max(s.committed_as), out + swapped),
+            Some((b, c, _)) if base >= b => (base, c.max(s.committed_as), Bytes::ZERO),
+            Some((b, c, swapped)) => (
+                b,
+                c.max(s.committed_as),
+                ((swapped + out) - back).min(b - base),
+            ),
             None => (base, s.committed_as, Bytes::ZERO),
         };
         // What it gave up of its commitment bounds what it freed; without Committed_AS
@@ -1953,28 +1961,32 @@ mod tests {
         // As the unprobed release above (need 700, backed off to 754 and held), but the
         // need falls by 300 MiB as the guest swaps out: a guest without an agent, whose
         // balloon statistics give no Committed_AS, has freed only what it did not swap out.
-        let swapping = |o: Observation, mib: u64| Observation {
-            signals: Signals {
-                swap_out_per_s: Some(Bytes::from_mib(mib).as_f64()),
-                ..o.signals
-            },
-            ..o
-        };
-        let run = |out: [u64; 2]| {
+        // Each tick after the back-off: MemAvailable, MiB swapped out, MiB swapped in.
+        let run = |ticks: &[(u64, u64, u64)]| {
             let (cfg, mut g) = (cfg(), Fused::default());
             g.step(&cfg, &obs(0, 1000, 300, 0));
             g.step(&cfg, &obs(1, 730, 30, 1024));
-            g.step(&cfg, &swapping(obs(2, 754, 54, 0), out[0]));
-            g.step(&cfg, &swapping(obs(3, 754, 354, 0), out[1]))
-                .unwrap()
+            let mut last = None;
+            for (t, &(avail, out, back)) in (2..).zip(ticks) {
+                let mut o = obs(t, 754, avail, 0);
+                o.signals.swap_out_per_s = Some(Bytes::from_mib(out).as_f64());
+                o.signals.swap_in_per_s = Some(Bytes::from_mib(back).as_f64());
+                last = g.step(&cfg, &o);
+            }
+            last.unwrap()
         };
-        let e = run([0, 300]);
+        let e = run(&[(54, 0, 0), (354, 300, 0)]);
         assert_ne!(e.phase, "release", "{}", e.detail);
         assert!(e.wss.mib_f64() >= 700.0, "{}", e.wss);
-        // Swapped out over two ticks, 100 then 100: 100 of the 300 was freed.
-        let e = run([100, 100]);
+        // Swapped out over two ticks after its need's highest, 100 then 100: 100 of the
+        // 300 was freed.
+        let e = run(&[(54, 0, 0), (154, 100, 0), (354, 100, 0)]);
         assert_eq!((e.wss.mib_f64(), e.phase), (654.0, "release"));
         assert!(e.detail.contains("freed 100 MiB"), "{}", e.detail);
+        // Swapped out, then back in: what it frees after is freed (review: nothing was
+        // taken back while the swap-outs were still counted).
+        let e = run(&[(54, 0, 0), (354, 300, 0), (54, 0, 300), (354, 0, 0)]);
+        assert_eq!((e.wss.mib_f64(), e.phase), (454.0, "release"));
     }
 
     #[test]

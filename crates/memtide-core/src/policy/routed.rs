@@ -40,7 +40,8 @@ fn merge(into: &mut PolicyOutput, from: PolicyOutput) {
     into.estimates.extend(from.estimates);
     into.faults.extend(from.faults);
     into.unbacked.extend(from.unbacked);
-    into.need = into.need.or(from.need);
+    // The host's need stays the host policy's: an exception's is weighed over its own
+    // VMs alone (each of its VMs' reasons carry it).
 }
 
 impl Routed {

@@ -244,6 +244,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         interval_s: config.interval_s,
         dry_run: options.dry_run,
         last_tick_ms: 0.0,
+        last_decision_unix_s: None,
         host_error: None,
         policy_error: None,
         policies: vm_policies,
@@ -780,6 +781,8 @@ impl Daemon {
         s.placed = self.placed.values().cloned().collect();
         if decision.is_some() {
             s.decision = decision;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            s.last_decision_unix_s = now.ok().map(|d| d.as_secs_f64());
         }
         s.host_error = host_error;
         s.last_tick_ms = t0.elapsed().as_secs_f64() * 1000.0;
