@@ -809,6 +809,16 @@ impl Fleet {
         self.managed.get(vm)?.configured
     }
 
+    /// Connect to VM `vm` at the next refresh, its reconnection backoff forgotten: the
+    /// daemon has just started it (a wake, a crash recovery), so its socket answers now
+    /// (its backoff, grown while it was hibernated or gone, left it unmanaged up to a
+    /// minute after its restore).
+    pub fn reconnect_now(&mut self, vm: &str) {
+        for c in self.candidates.values_mut().filter(|c| c.name == vm) {
+            c.backoff = Backoff::default();
+        }
+    }
+
     /// VM `vm`'s hypervisor process, when known, and its `[[vm]]` entry, if any.
     pub fn process(&self, vm: &str) -> Option<(Option<u32>, Option<&VmConfig>)> {
         let m = self.managed.get(vm)?;
@@ -1236,6 +1246,38 @@ mod tests {
         tokio::time::advance(Duration::from_secs(8)).await;
         let events = settle(&mut fleet).await;
         assert!(matches!(&events[..], [FleetEvent::Connected { vm, .. }] if vm == "db"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_the_daemon_just_started_is_connected_at_once_whatever_its_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("db.sock");
+        std::fs::write(&socket, "").unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        let refuse = |b| {
+            connector
+                .behaviour
+                .lock()
+                .unwrap()
+                .insert(socket.clone(), b)
+        };
+        refuse(Behaviour::Refuses);
+        let mut fleet = fleet(dir.path(), connector.clone());
+        // A minute refused (hibernated): its next attempt is seconds away.
+        for _ in 0..600 {
+            settle(&mut fleet).await;
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        let tried = connector.attempts.lock().unwrap().len();
+        refuse(Behaviour::Healthy);
+        // Restored by the daemon: connected at the next refresh.
+        fleet.reconnect_now("db");
+        let events = settle(&mut fleet).await;
+        assert!(
+            matches!(&events[..], [FleetEvent::Connected { vm, .. }] if vm == "db"),
+            "{events:?}"
+        );
+        assert_eq!(connector.attempts.lock().unwrap().len(), tried + 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -352,6 +352,7 @@ impl Daemon {
                 match result {
                     Ok(started) => {
                         self.counters.action("restore", "ok");
+                        self.fleet.reconnect_now(&vm);
                         self.events.log("restored", Some(&vm), None, started.line);
                         if let Some(why) = started.unmarked {
                             self.events.log("snapshot_failed", Some(&vm), None, why);
