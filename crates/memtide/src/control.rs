@@ -327,6 +327,12 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
         write.write_all(format!("{request}\n").as_bytes()).await?;
         let mut line = String::new();
         BufReader::new(read).read_line(&mut line).await?;
+        if line.is_empty() {
+            bail!(
+                "the daemon closed the connection without answering (did it stop? \
+                 `systemctl status memtide`)"
+            );
+        }
         serde_json::from_str(&line).context("invalid reply from the daemon")
     };
     tokio::time::timeout(wait, exchange)

@@ -379,6 +379,9 @@ enum SnapshotCommand {
         vm: String,
         /// The snapshot.
         id: String,
+        /// Delete a hibernation not woken from too (the guest's running state is lost).
+        #[arg(long)]
+        force: bool,
         /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
@@ -769,8 +772,13 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 println!("{line}");
             }
         }
-        SnapshotCommand::Delete { vm, id, config } => {
-            let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id)?;
+        SnapshotCommand::Delete {
+            vm,
+            id,
+            force,
+            config,
+        } => {
+            let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id, force)?;
             println!("snapshot {} of {} deleted", deleted.id, deleted.vm);
         }
     }

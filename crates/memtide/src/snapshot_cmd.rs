@@ -511,9 +511,16 @@ pub async fn clone(
 }
 
 /// Delete VM `vm`'s snapshot `id`.
-pub fn delete(config: &Config, vm: &str, id: &str) -> anyhow::Result<Snapshot> {
+pub fn delete(config: &Config, vm: &str, id: &str, force: bool) -> anyhow::Result<Snapshot> {
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, Some(id))?;
+    if snapshot.asleep() && !force {
+        bail!(
+            "snapshot {id} is the hibernation of {vm}, not woken from: it holds the guest's \
+             running state, lost with it (`memtide snapshot restore {vm}` wakes it); \
+             --force deletes it anyway"
+        );
+    }
     store.delete(&snapshot)?;
     Ok(snapshot)
 }
@@ -667,6 +674,23 @@ mod tests {
             )),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_hibernation_not_woken_from_is_deleted_only_with_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), "qmp = \"/a.qmp\"\n");
+        let store = Store::new(dir.path());
+        let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"m").unwrap();
+        let asleep = pending
+            .finish(&saved(), AfterSave::Quit, snapshots::TakenBy::Hibernation)
+            .unwrap();
+        let e = delete(&c, "a", &asleep.id, false).unwrap_err().to_string();
+        assert!(e.contains("is the hibernation of a, not woken from"), "{e}");
+        assert_eq!(store.list("a").unwrap().len(), 1, "kept");
+        delete(&c, "a", &asleep.id, true).unwrap();
+        assert!(store.list("a").unwrap().is_empty());
     }
 
     #[tokio::test]
