@@ -161,6 +161,7 @@ pub fn meminfo(text: &str) -> Result<MemInfo, ParseError> {
         inactive_file: fields.get("Inactive(file)").copied(),
         shmem: fields.get("Shmem").copied(),
         slab_unreclaimable: fields.get("SUnreclaim").copied(),
+        slab_reclaimable: fields.get("SReclaimable").copied(),
     })
 }
 

@@ -5,7 +5,7 @@
 
 use crate::history::History;
 use crate::snapshot::VmSample;
-use crate::stats::AgentStats;
+use crate::stats::{AgentStats, MemInfo};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -81,6 +81,29 @@ fn agent(s: &VmSample) -> Option<&AgentStats> {
     s.agent.as_ref()?.as_ref().ok()
 }
 
+/// What the guest cannot give up without an OOM kill. Anonymous memory (shmem with it: it
+/// is on the same lists) can go to swap as far as swap is free; page cache and reclaimable
+/// slab can be dropped; everything else the guest's size holds stays: the kernel's own
+/// memory (unreclaimable slab, page tables, stacks, what it reserved at boot), locked and
+/// huge-TLB pages (found in the simulator: guests without swap sized to their anonymous
+/// memory, the kernel's 128 MiB left out, were OOM-killed when neighbours burst).
+/// Without the page cache's lists only slab, shmem and anonymous memory are counted.
+fn unreclaimable(s: &VmSample, m: &MemInfo) -> Bytes {
+    let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
+    let (Some(active_file), Some(inactive_file)) = (m.active_file, m.inactive_file) else {
+        return m.slab_unreclaimable.unwrap_or_default()
+            + m.shmem.unwrap_or_default()
+            + (anon - m.swap_free);
+    };
+    // The guest's size less MemFree: MemTotal leaves out what the kernel reserved at boot
+    // and, with deflate-on-oom, still counts the balloon's pages.
+    let used = s.balloon.unwrap_or(s.configured) - m.free;
+    used - active_file
+        - inactive_file
+        - m.slab_reclaimable.unwrap_or_default()
+        - anon.min(m.swap_free)
+}
+
 impl Signals {
     /// Signals from a VM's (sanitized) history; the latest sample is the current one.
     pub fn derive(history: &History<VmSample>) -> Signals {
@@ -94,14 +117,7 @@ impl Signals {
             .map(|free| s.balloon.unwrap_or(s.configured) - free);
         let total = a.map(|a| a.meminfo.total).or(s.stats.total);
         let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
-        let unreclaimable = a.map(|a| {
-            // Anonymous memory can only go to swap: what does not fit in free swap stays.
-            let m = &a.meminfo;
-            let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
-            m.slab_unreclaimable.unwrap_or_default()
-                + m.shmem.unwrap_or_default()
-                + (anon - m.swap_free)
-        });
+        let unreclaimable = a.map(|a| unreclaimable(s, &a.meminfo));
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
@@ -163,7 +179,7 @@ impl Signals {
 mod tests {
     use super::*;
 
-    use crate::stats::{MemInfo, VmStat};
+    use crate::stats::VmStat;
     use crate::testkit;
 
     fn sample(pswpin: u64, refault_file: u64, majflt: u64, swap_total: u64) -> VmSample {
@@ -257,6 +273,29 @@ mod tests {
             "with swap, anon can go"
         );
         assert_eq!(s.swap_used, Some(Bytes::from_mib(100)), "512 - 412");
+    }
+
+    #[test]
+    fn the_kernels_own_memory_is_never_given_up() {
+        // A 1 GiB guest: 200 MiB free, 400 MiB of page cache, 50 of reclaimable slab, 150
+        // of anonymous memory; the 224 MiB left are the kernel's own, gone with no swap.
+        let with_swap = |swap_free: u64| {
+            let mut s = sample(0, 0, 0, 512);
+            s.balloon = Some(Bytes::from_mib(1024));
+            if let Some(Ok(a)) = &mut s.agent {
+                a.meminfo.free = Bytes::from_mib(200);
+                a.meminfo.active_file = Some(Bytes::from_mib(300));
+                a.meminfo.inactive_file = Some(Bytes::from_mib(100));
+                a.meminfo.slab_reclaimable = Some(Bytes::from_mib(50));
+                a.meminfo.swap_free = Bytes::from_mib(swap_free);
+            }
+            let mut h = History::new(2);
+            h.push(Duration::from_secs(1), s);
+            Signals::derive(&h).unreclaimable.map(Bytes::mib)
+        };
+        assert_eq!(with_swap(512), Some(224), "anonymous memory goes to swap");
+        assert_eq!(with_swap(100), Some(274), "what swap cannot take stays");
+        assert_eq!(with_swap(0), Some(374), "no swap: all of it stays");
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub struct MemInfo {
     pub shmem: Option<Bytes>,
     /// SUnreclaim (kernel slab that cannot be reclaimed).
     pub slab_unreclaimable: Option<Bytes>,
+    /// SReclaimable (kernel slab the kernel frees under pressure: dentries, inodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slab_reclaimable: Option<Bytes>,
 }
 
 impl MemInfo {

@@ -105,6 +105,7 @@ fn meminfo_text(m: &MemInfo) -> String {
         ("Inactive(file)", m.inactive_file),
         ("Shmem", m.shmem),
         ("SUnreclaim", m.slab_unreclaimable),
+        ("SReclaimable", m.slab_reclaimable),
     ];
     let fields = fields.map(|(name, value)| (name, value.map(|b| b.0)));
     fields_text(&fields, ": ")

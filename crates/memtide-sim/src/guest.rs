@@ -942,6 +942,7 @@ impl Guest {
                 inactive_file: Some(bytes(self.file_idle.pages)),
                 shmem: Some(Bytes::ZERO),
                 slab_unreclaimable: None,
+                slab_reclaimable: None,
             },
             vmstat: VmStat {
                 pswpin: Some(c.swap_in),

@@ -74,7 +74,8 @@ pub struct FusedConfig {
     /// Share of a tick (percent) some guest task may stall on memory (PSI) before the
     /// guest counts as short.
     pub psi_threshold: f64,
-    /// Memory kept above the guest's unreclaimable memory, in MiB.
+    /// Memory kept above the guest's unreclaimable memory, in MiB: by the estimate, and
+    /// by the division of memory among VMs.
     pub floor_mib: u64,
     /// Length of an epoch in seconds (steps scale with the tick interval).
     pub epoch_s: f64,

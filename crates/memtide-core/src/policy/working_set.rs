@@ -285,14 +285,16 @@ fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
 
 /// What a guest holds or has committed beyond its free swap, less what it has kept
 /// `reserved` (committed and left untouched for minutes, [`Reserved`]): below it, its next
-/// allocations are OOM kills. When memory is divided, no VM is given less (or less than
-/// it wants, if that is smaller).
-fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes) -> Bytes {
+/// allocations are OOM kills. What it cannot give up counts with `margin` above it, room
+/// for its kernel's free-memory watermarks (found in the simulator: a database without
+/// swap held at exactly its anonymous and kernel memory was OOM-killed). When memory is
+/// divided, no VM is given less (or less than it wants, if that is smaller).
+fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> Bytes {
     let committed = s
         .committed_as
         .zip(s.swap_free)
         .map_or(Bytes::ZERO, |(c, free)| c - reserved - free);
-    committed.max(s.unreclaimable.unwrap_or_default())
+    committed.max(s.unreclaimable.map_or(Bytes::ZERO, |u| u + margin))
 }
 
 /// What the policy watches of each VM beside its estimator.
@@ -423,6 +425,10 @@ impl Policy for WorkingSet {
         // reclaim, and swap, for what the targets hand out.
         let reserve = self.config.reserve(domain.total).max(domain.kept_free);
         let fused = matches!(self.estimator, EstimatorConfig::Fused(_));
+        let margin = match &self.estimator {
+            EstimatorConfig::Fused(c) => Bytes::from_mib(c.floor_mib),
+            _ => Bytes::ZERO,
+        };
         let (mut beyond, mut growth, mut room, mut killed) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for vm in input.vms {
@@ -431,7 +437,7 @@ impl Policy for WorkingSet {
             let reserved = s
                 .untouched
                 .map_or(Bytes::ZERO, |u| watched.reserved.observe(input.at, u));
-            let committed = beyond_swap(s, reserved);
+            let committed = beyond_swap(s, reserved, margin);
             // What it says it uses in either figure: balloon statistics' free memory
             // reported high while MemAvailable says the guest is short would otherwise
             // lower the peak without lowering its claims (found in review).
