@@ -429,15 +429,17 @@ impl Policy for WorkingSet {
             EstimatorConfig::Fused(c) => Bytes::from_mib(c.floor_mib),
             _ => Bytes::ZERO,
         };
-        let (mut beyond, mut growth, mut room, mut killed) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut claimed, mut beyond, mut growth, mut room, mut killed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for vm in input.vms {
             let watched = self.watched.entry(vm.name.to_string()).or_default();
             let s = vm.signals;
             let reserved = s
                 .untouched
                 .map_or(Bytes::ZERO, |u| watched.reserved.observe(input.at, u));
-            let committed = beyond_swap(s, reserved, margin);
+            // What it claims to hold, held against what the host backs; and, the margin
+            // above it, what it is never divided below.
+            let committed = beyond_swap(s, reserved, Bytes::ZERO);
             // What it says it uses in either figure: balloon statistics' free memory
             // reported high while MemAvailable says the guest is short would otherwise
             // lower the peak without lowering its claims (found in review).
@@ -457,13 +459,14 @@ impl Policy for WorkingSet {
                     .then(|| watched.killed.observe(input.at, tick))
                     .flatten(),
             );
-            beyond.push(committed);
+            claimed.push(committed);
+            beyond.push(beyond_swap(s, reserved, margin));
         }
         // The most each VM's own word may claim when memory is divided ([`credible`]):
         // bounding a VM whose figures are doubted, and the lift of one recovering from an
         // OOM kill (the kill is its word too, and a guest may fake it). The fair shares are
         // worked out only when some VM needs them.
-        let doubts = self.doubts(input, &costless, &beyond);
+        let doubts = self.doubts(input, &costless, &claimed);
         let bounds = (doubts.contains(&true) || killed.iter().any(Option::is_some)).then(|| {
             let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
             credible(capacity(input, reserve), &vms, &growth)
