@@ -149,6 +149,7 @@ impl VmBackend for FirecrackerVm {
             virtio_mem: None,
             free_page_reporting: false,
             fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
+            swapped: self.process.as_ref().and_then(procfs::ProcessRss::swapped),
             events: Vec::new(),
         })
     }

@@ -270,9 +270,20 @@ pub fn status_fixed(text: &str) -> Option<FixedMemory> {
     })
 }
 
-/// How many reads of a process's RSS between two reads of its fixed memory: locked,
-/// pinned and huge-page memory change only when the hypervisor's backends or devices do.
-const FIXED_EVERY: u32 = 60;
+/// Its memory the host swapped out, from a /proc/PID/status text (`VmSwap`).
+pub fn status_swap(text: &str) -> Option<Bytes> {
+    let value = text.lines().find_map(|l| l.strip_prefix("VmSwap:"))?;
+    let mut words = value.split_whitespace();
+    let kib = words.next()?.parse::<u64>().ok()?;
+    (words.next() == Some("kB")).then(|| Bytes::from_kib(kib))
+}
+
+/// How many reads of a process's RSS between two reads of its status: its fixed memory
+/// (locked, pinned and huge-page memory change only when the hypervisor's backends or
+/// devices do) and the memory the host swapped out of it, which the policy counts as
+/// memory the guest touched and must see within its trust grace (at least five samples,
+/// `memtide_core::policy::trust`).
+const STATUS_EVERY: u32 = 4;
 
 /// A process's resident set size, read from /proc/PID/statm when asked. The file stays
 /// open: each read is one `pread` (where reading it by path took five system calls and a
@@ -287,8 +298,9 @@ pub struct ProcessRss {
     /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
     ticks: f64,
     status: PathBuf,
-    /// The last fixed memory read, and the reads of it left before the next.
-    fixed: (Option<FixedMemory>, u32),
+    /// The last fixed memory and swapped-out memory read, and the reads of the RSS left
+    /// before the next.
+    status_read: (Option<FixedMemory>, Option<Bytes>, u32),
 }
 
 impl ProcessRss {
@@ -303,22 +315,27 @@ impl ProcessRss {
             page: Bytes(page_size()),
             ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
-            fixed: (None, 0),
+            status_read: (None, None, 0),
         }
     }
 
-    /// Its memory a balloon cannot give back: read on the first call and every
-    /// [`FIXED_EVERY`] calls after; `None` when status is unreadable.
+    /// Its memory a balloon cannot give back: status is read on the first call and every
+    /// [`STATUS_EVERY`] calls after; `None` when status is unreadable.
     pub fn fixed(&mut self) -> Option<FixedMemory> {
-        let (last, left) = &mut self.fixed;
+        let (fixed, swapped, left) = &mut self.status_read;
         if *left == 0 {
-            *last = std::fs::read_to_string(&self.status)
-                .ok()
-                .and_then(|t| status_fixed(&t));
-            *left = FIXED_EVERY;
+            let text = std::fs::read_to_string(&self.status).ok();
+            *fixed = text.as_deref().and_then(status_fixed);
+            *swapped = text.as_deref().and_then(status_swap);
+            *left = STATUS_EVERY;
         }
         *left -= 1;
-        *last
+        *fixed
+    }
+
+    /// Its memory the host swapped out, as status was last read by [`Self::fixed`].
+    pub fn swapped(&self) -> Option<Bytes> {
+        self.status_read.1
     }
 
     /// Its resident set size now; `None` when the file is unreadable (the process ended).
@@ -857,6 +874,27 @@ garbage
             ProcessRss::new(Path::new("/proc"), i32::MAX).fixed(),
             None,
             "no such process"
+        );
+    }
+
+    #[test]
+    fn swapped_out_memory_is_read_from_status_with_the_fixed_memory() {
+        let status = "Name:\tqemu-system-x86\nVmRSS:\t  600000 kB\nVmSwap:\t  131072 kB\n";
+        assert_eq!(status_swap(status), Some(Bytes::from_mib(128)));
+        assert_eq!(
+            status_swap("Name:\tx\nVmRSS:\t10 kB\n"),
+            None,
+            "a kernel thread"
+        );
+        assert_eq!(status_swap("VmSwap:\tlots kB\n"), None);
+        // A live process: read on the first call and every STATUS_EVERY after.
+        let mut own = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
+        assert_eq!(own.swapped(), None, "not read before its status");
+        own.fixed();
+        assert!(own.swapped().is_some(), "every process's status has VmSwap");
+        assert_eq!(
+            ProcessRss::new(Path::new("/proc"), i32::MAX).swapped(),
+            None
         );
     }
 

@@ -46,6 +46,9 @@ pub struct VmSample {
     pub agent: Option<Result<AgentStats, String>>,
     /// Resident memory of the hypervisor process, when known.
     pub rss: Option<Bytes>,
+    /// Memory of the hypervisor process the host swapped out (VmSwap), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swapped: Option<Bytes>,
     /// CPU time the hypervisor process has used, in seconds, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_s: Option<f64>,

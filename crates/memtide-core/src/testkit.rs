@@ -64,6 +64,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
             },
             agent: None,
             rss: None,
+            swapped: None,
             cpu_s: None,
             referenced: None,
             cold: None,

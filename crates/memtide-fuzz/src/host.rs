@@ -1,4 +1,4 @@
-//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/swaps, /proc/PID/statm, stat, smaps and maps, NUMA
+//! Host files: /proc/meminfo, /proc/vmstat, PSI, /proc/swaps, /proc/PID/statm, status, stat, smaps and maps, NUMA
 //! node lists and meminfo, cgroup limit, usage and memory.stat files (refaults among
 //! them), /proc/PID/cgroup, KSM's one-number files. The same bytes go to every parser;
 //! what parses must print back, in the file's own format, to itself.
@@ -26,6 +26,15 @@ pub fn run(data: &[u8]) {
     if let Some(rss) = procfs::statm_rss(&text, page) {
         assert_eq!(rss.0 % page.0, 0, "whole pages");
     }
+    // Whole KiB that print back to themselves, or saturated.
+    if let Some(swapped) = procfs::status_swap(&text) {
+        let line = format!("VmSwap:\t{} kB\n", swapped.kib());
+        assert!(
+            swapped == Bytes::from_kib(u64::MAX) || procfs::status_swap(&line) == Some(swapped),
+            "{swapped:?}"
+        );
+    }
+    procfs::status_fixed(&text);
     if let Some(ids) = tiers::parse_list(&text) {
         assert!(
             ids.len() <= 1025 * text.len(),

@@ -199,6 +199,7 @@ impl World {
             stats,
             agent: agent.map(Ok),
             rss: Some(bytes(g.host_resident())),
+            swapped: Some(bytes(g.host_swapped())),
             cpu_s: None,
             referenced: Some(bytes(g.last.referenced as u64)),
             cold: Some(bytes(side.untouched.least(self.t) as u64)),

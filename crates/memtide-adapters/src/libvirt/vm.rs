@@ -218,6 +218,7 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
+            swapped: None,
             // The idle time a hibernation waits for.
             cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,

@@ -536,6 +536,7 @@ impl QmpVm {
             stats,
             agent,
             rss,
+            swapped: self.process.as_ref().and_then(procfs::ProcessRss::swapped),
             cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             referenced,
             cold,

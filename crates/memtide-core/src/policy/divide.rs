@@ -37,6 +37,12 @@ pub fn backed(vm: &VmInput<'_>) -> Bytes {
         .map_or(vm.actual, |rss| (rss - own).min(vm.actual))
 }
 
+/// What the host has seen of a VM's memory: what it backs, and what it swapped out of
+/// the hypervisor (memory the guest touched all the same).
+pub fn seen(vm: &VmInput<'_>) -> Bytes {
+    (backed(vm) + vm.latest().swapped.unwrap_or_default()).min(vm.actual)
+}
+
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
 /// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
 /// or more only as far as the host backs it (its hypervisor's resident memory, within its
@@ -57,7 +63,7 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<
         .into_iter()
         .zip(vms)
         .zip(growth)
-        .map(|((fair, vm), growth)| fair.max(backed(vm) + *growth))
+        .map(|((fair, vm), growth)| fair.max(seen(vm) + *growth))
         .collect()
 }
 
@@ -80,7 +86,7 @@ pub fn growth(vm: &VmInput<'_>, most: Option<Bytes>) -> Bytes {
         return Bytes::ZERO;
     };
     let configured = vm.latest().configured;
-    if now > backed(vm) + configured.scale(super::trust::TOLERANCE) {
+    if now > seen(vm) + configured.scale(super::trust::TOLERANCE) {
         return Bytes::ZERO;
     }
     (now - most).scale(2.0).min(configured.scale(GROWTH))
@@ -261,9 +267,10 @@ mod tests {
         // A 4 GiB guest at 2 GiB that uses `now` MiB, the most it used lately `most`, the
         // host backing 1.5 GiB of it; the most its word may claim out of 2 GiB divided
         // between it and another.
-        let credible_of = |most: Option<u64>, now: u64| {
+        let credible_swapped = |most: Option<u64>, now: u64, swapped: u64| {
             let mut sample = testkit::vm("x", 4096, 2048, 2048 - now).sample.unwrap();
             sample.rss = Some(Bytes::from_mib(1536));
+            sample.swapped = Some(Bytes::from_mib(swapped));
             let mut h = History::new(2);
             h.push(Duration::ZERO, sample);
             let signals = Signals::derive(&h);
@@ -277,6 +284,7 @@ mod tests {
             let room = growth(&vm, most.map(Bytes::from_mib));
             credible(Bytes::from_mib(2048), &[&vm, &vm], &[room, room])[0].0 >> 20
         };
+        let credible_of = |most, now| credible_swapped(most, now, 0);
         // Its fair share is 1 GiB; the host backs 1.5 GiB of it.
         assert_eq!(credible_of(Some(1000), 1000), 1536, "using nothing new");
         assert_eq!(credible_of(None, 1000), 1536, "first seen");
@@ -287,6 +295,20 @@ mod tests {
         assert_eq!(credible_of(Some(300), 1500), 1536 + 1024);
         // Its figures claim 300 MiB more in use than the host backs: nothing.
         assert_eq!(credible_of(Some(1500), 1800), 1536);
+        // Unless the host swapped 300 MiB of it out: the host saw all it claims (found in
+        // the simulator: guests without swap lent the host's swap were doubted, held to
+        // what stayed resident and OOM-killed).
+        assert_eq!(credible_swapped(Some(1800), 1800, 300), 1836);
+        assert_eq!(
+            credible_swapped(Some(1500), 1800, 300),
+            1836 + 600,
+            "and growing"
+        );
+        assert_eq!(
+            credible_swapped(Some(1800), 1800, 1024),
+            2048,
+            "within its size"
+        );
     }
 
     #[test]

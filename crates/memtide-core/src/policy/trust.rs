@@ -61,7 +61,8 @@ impl Trust {
     /// Feed one tick: `claimed`, the memory the guest's figures say it uses or has
     /// committed, within its configured size (`None` when it gave no figures this tick:
     /// nothing to hold against the host, neither a contradiction nor an agreement);
-    /// `size`, its current size; `backed`, what its hypervisor holds of that size;
+    /// `size`, its current size; `backed`, what its hypervisor holds of that size
+    /// or the host swapped out of it;
     /// `configured`, its size at boot; `measured`, whether `backed` is the host's
     /// measure (its hypervisor's resident memory) rather than a stand-in. True while the
     /// guest is found out.

@@ -269,7 +269,7 @@ impl WorkingSet {
                     input.at,
                     claimed,
                     vm.actual,
-                    backed(vm),
+                    divide::seen(vm),
                     configured,
                     vm.latest().rss.is_some(),
                 )
@@ -536,10 +536,11 @@ impl Policy for WorkingSet {
                     vm: vm.name.to_string(),
                     message: format!(
                         "its figures have claimed more in use or committed than its \
-                         hypervisor holds ({}) for {} s longer than they agreed with it: \
-                         beyond {credible} they count for nothing when memory is divided \
-                         until the host backs all they claim for as long",
-                        backed(vm),
+                         hypervisor holds or the host swapped out of it ({}) for {} s \
+                         longer than they agreed with it: beyond {credible} they count for \
+                         nothing when memory is divided until the host backs all they \
+                         claim for as long",
+                        divide::seen(vm),
                         super::trust::GRACE.as_secs()
                     ),
                 });

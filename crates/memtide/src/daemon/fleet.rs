@@ -914,6 +914,7 @@ mod tests {
                     stats: Default::default(),
                     agent: None,
                     rss: None,
+                    swapped: None,
                     cpu_s: None,
                     referenced: None,
                     cold: None,
