@@ -280,10 +280,14 @@ pub fn status_swap(text: &str) -> Option<Bytes> {
 
 /// How many reads of a process's RSS between two reads of its status: its fixed memory
 /// (locked, pinned and huge-page memory change only when the hypervisor's backends or
-/// devices do) and the memory the host swapped out of it, which the policy counts as
-/// memory the guest touched and must see within its trust grace (at least five samples,
-/// `memtide_core::policy::trust`).
-const STATUS_EVERY: u32 = 4;
+/// devices do) and the memory the host swapped out of it. Status is read sooner when the
+/// RSS moved by more than [`STATUS_MOVE`] of itself since: what the host swaps out or in
+/// moves it, and the policy counts swapped memory as memory the guest touched, which a
+/// stale figure would count twice or not at all (found in review).
+const STATUS_EVERY: u32 = 60;
+
+/// The share of its RSS a process's RSS may move by before its status is read again.
+const STATUS_MOVE: f64 = 1.0 / 64.0;
 
 /// A process's resident set size, read from /proc/PID/statm when asked. The file stays
 /// open: each read is one `pread` (where reading it by path took five system calls and a
@@ -298,9 +302,9 @@ pub struct ProcessRss {
     /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
     ticks: f64,
     status: PathBuf,
-    /// The last fixed memory and swapped-out memory read, and the reads of the RSS left
-    /// before the next.
-    status_read: (Option<FixedMemory>, Option<Bytes>, u32),
+    /// The last fixed memory and swapped-out memory read, the RSS then, and the reads of
+    /// the RSS left before the next.
+    status_read: (Option<FixedMemory>, Option<Bytes>, Option<Bytes>, u32),
 }
 
 impl ProcessRss {
@@ -315,18 +319,25 @@ impl ProcessRss {
             page: Bytes(page_size()),
             ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
-            status_read: (None, None, 0),
+            status_read: (None, None, None, 0),
         }
     }
 
-    /// Its memory a balloon cannot give back: status is read on the first call and every
-    /// [`STATUS_EVERY`] calls after; `None` when status is unreadable.
+    /// Its memory a balloon cannot give back: status is read on the first call, every
+    /// [`STATUS_EVERY`] calls after, and whenever its RSS moved ([`STATUS_MOVE`]); `None`
+    /// when status is unreadable.
     pub fn fixed(&mut self) -> Option<FixedMemory> {
-        let (fixed, swapped, left) = &mut self.status_read;
-        if *left == 0 {
+        let rss = self.read();
+        let (fixed, swapped, then, left) = &mut self.status_read;
+        let moved = match (*then, rss) {
+            (Some(then), Some(now)) => now.abs_diff(then) > then.scale(STATUS_MOVE),
+            _ => false,
+        };
+        if *left == 0 || moved {
             let text = std::fs::read_to_string(&self.status).ok();
             *fixed = text.as_deref().and_then(status_fixed);
             *swapped = text.as_deref().and_then(status_swap);
+            *then = rss;
             *left = STATUS_EVERY;
         }
         *left -= 1;
@@ -887,7 +898,7 @@ garbage
             "a kernel thread"
         );
         assert_eq!(status_swap("VmSwap:\tlots kB\n"), None);
-        // A live process: read on the first call and every STATUS_EVERY after.
+        // A live process: read on the first call, then when due or its RSS moved.
         let mut own = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
         assert_eq!(own.swapped(), None, "not read before its status");
         own.fixed();
@@ -896,6 +907,17 @@ garbage
             ProcessRss::new(Path::new("/proc"), i32::MAX).swapped(),
             None
         );
+        let then = own.status_read.2;
+        // 41 MiB more resident: status read again at once.
+        let ram = crate::test_memory::Buffer::new(41 << 8);
+        own.fixed();
+        assert!(
+            own.status_read.2 > then,
+            "{:?} then {then:?}",
+            own.status_read.2
+        );
+        assert_eq!(own.status_read.3, STATUS_EVERY - 1);
+        drop(ram);
     }
 
     #[tokio::test]

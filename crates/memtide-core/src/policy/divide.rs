@@ -45,8 +45,8 @@ pub fn seen(vm: &VmInput<'_>) -> Bytes {
 
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
 /// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
-/// or more only as far as the host backs it (its hypervisor's resident memory, within its
-/// size) and its `growth` room ([`growth`]). A guest's figures may move memory within its
+/// or more only as far as the host has seen of it ([`seen`]: its hypervisor's resident
+/// memory and what the host swapped out of it, within its size) and its `growth` room ([`growth`]). A guest's figures may move memory within its
 /// own bounds, but beyond its fair share they take nothing from its neighbours unless the
 /// host sees the memory behind them: a guest claiming to use more than it holds cannot
 /// grow at the others' expense.
@@ -69,7 +69,7 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<
 
 /// Room for what a VM is loading: twice what it uses beyond `most`, the most it used
 /// lately ([`super::peak::Peak`]), at most [`GROWTH`] of its size; none where its figures
-/// say it uses more than the host backs. It is protected when memory is divided, and a
+/// say it uses more than the host has seen of it ([`seen`]). It is protected when memory is divided, and a
 /// doubted guest may claim it beyond what the host backs: a guest touching memory gets
 /// room for its next tick; one whose figures only claim it earns nothing, nor one squeezed
 /// to what it holds that touches nothing new (found in the simulator: honest guests
