@@ -259,7 +259,7 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
     let config = match hostile {
         Hostile::Nothing | Hostile::HttpIdle(_) => "[discovery]\nqmp_glob = []\n".to_string(),
         Hostile::Vm(behaviour, agent) => {
-            qmp::serve(&qmp, *behaviour, 256 << 20)?;
+            qmp::serve(&qmp, *behaviour, 256 << 20, false)?;
             let mut vm = format!(
                 "[discovery]\nqmp_glob = []\n[[vm]]\nname = \"hostile\"\nqmp = {}\n",
                 quote(&qmp)
@@ -272,7 +272,7 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
             vm
         }
         Hostile::BigVm(behaviour) => {
-            qmp::serve(&qmp, *behaviour, 1 << 30)?;
+            qmp::serve(&qmp, *behaviour, 1 << 30, false)?;
             format!(
                 "[discovery]\nqmp_glob = []\n[[vm]]\nname = \"hostile\"\nqmp = {}\n",
                 quote(&qmp)
@@ -283,7 +283,7 @@ fn hostile_part(dir: &Path, hostile: &Hostile) -> anyhow::Result<String> {
             let found = dir.with_file_name("d");
             std::fs::create_dir(&found)?;
             let name = "a\"} 1\nmemtide_injected_total{x=\"1.sock";
-            qmp::serve(&found.join(name), Qmp::Honest, 256 << 20)?;
+            qmp::serve(&found.join(name), Qmp::Honest, 256 << 20, false)?;
             format!(
                 "[discovery]\nqmp_glob = [{}]\n",
                 quote(&found.join("*.sock"))

@@ -24,19 +24,20 @@ pub enum Qmp {
     NoStatistics,
 }
 
-/// Serve `behaviour` on a new socket at `path`, for a guest of `size` bytes, until the
-/// runtime ends.
-pub fn serve(path: &Path, behaviour: Qmp, size: u64) -> std::io::Result<()> {
+/// Serve `behaviour` on a new socket at `path`, for a guest of `size` bytes, under KVM or
+/// TCG as `kvm` says (`query-kvm`: the daemon samples a TCG guest's accesses through its
+/// hypervisor's page tables, here the harness's own), until the runtime ends.
+pub fn serve(path: &Path, behaviour: Qmp, size: u64, kvm: bool) -> std::io::Result<()> {
     let listener = UnixListener::bind(path)?;
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(session(stream, behaviour, size));
+            tokio::spawn(session(stream, behaviour, size, kvm));
         }
     });
     Ok(())
 }
 
-async fn session(stream: UnixStream, behaviour: Qmp, size: u64) {
+async fn session(stream: UnixStream, behaviour: Qmp, size: u64, kvm: bool) {
     let (read, mut write) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(4);
     tokio::spawn(async move {
@@ -81,7 +82,7 @@ async fn session(stream: UnixStream, behaviour: Qmp, size: u64) {
                 actual = args["value"].as_u64().unwrap_or(actual);
                 json!({})
             }
-            _ => answer(command, args, behaviour, size, actual),
+            _ => answer(command, args, behaviour, size, actual, kvm),
         };
         let mut reply = match reply {
             Value::Object(_) if reply.get("error").is_some() => reply,
@@ -97,12 +98,12 @@ async fn session(stream: UnixStream, behaviour: Qmp, size: u64) {
 }
 
 /// The answer to a command that does not depend on the session's state.
-fn answer(command: &str, args: &Value, behaviour: Qmp, size: u64, actual: u64) -> Value {
+fn answer(command: &str, args: &Value, behaviour: Qmp, size: u64, actual: u64, kvm: bool) -> Value {
     match command {
         "qmp_capabilities" | "qom-set" => json!({}),
         "query-memory-size-summary" => json!({"base-memory": size, "plugged-memory": 0}),
         "query-memory-devices" => json!([]),
-        "query-kvm" => json!({"enabled": false, "present": false}),
+        "query-kvm" => json!({"enabled": kvm, "present": kvm}),
         "query-balloon" => json!({"actual": actual}),
         "qom-list" if args["path"] == "/machine/peripheral" => {
             json!([{"name": "balloon0", "type": "child<virtio-balloon-pci>"}])
