@@ -46,10 +46,11 @@ pub fn seen(vm: &VmInput<'_>) -> Bytes {
 /// What each VM's own word may claim when memory is divided, in order: its fair share of
 /// `capacity` (its minimum, then the rest by shares, as if every VM wanted its maximum),
 /// or more only as far as the host has seen of it ([`seen`]: its hypervisor's resident
-/// memory and what the host swapped out of it, within its size) and its `growth` room ([`growth`]). A guest's figures may move memory within its
-/// own bounds, but beyond its fair share they take nothing from its neighbours unless the
-/// host sees the memory behind them: a guest claiming to use more than it holds cannot
-/// grow at the others' expense.
+/// memory and what the host swapped out of it, within its size) and its `growth` room
+/// ([`growth`]). A guest's figures may move memory within its own bounds, but beyond its
+/// fair share they take nothing from its neighbours unless the host sees the memory
+/// behind them: a guest claiming to use more than it holds cannot grow at the others'
+/// expense.
 pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<Bytes> {
     let everything: Vec<Claim> = vms
         .iter()
@@ -69,13 +70,13 @@ pub fn credible(capacity: Bytes, vms: &[&VmInput<'_>], growth: &[Bytes]) -> Vec<
 
 /// Room for what a VM is loading: twice what it uses beyond `most`, the most it used
 /// lately ([`super::peak::Peak`]), at most [`GROWTH`] of its size; none where its figures
-/// say it uses more than the host has seen of it ([`seen`]). It is protected when memory is divided, and a
-/// doubted guest may claim it beyond what the host backs: a guest touching memory gets
-/// room for its next tick; one whose figures only claim it earns nothing, nor one squeezed
-/// to what it holds that touches nothing new (found in the simulator: honest guests
-/// without swap, doubted for heaps committed up front, could never grow past their fair
-/// share and were OOM-killed when they loaded them together; believed, with their heaps
-/// counted as reservations, they were too). Requiring the host to see as much more of the
+/// say it uses more than the host has seen of it ([`seen`]). It is protected when memory
+/// is divided, and a doubted guest may claim it beyond what the host backs: a guest
+/// touching memory gets room for its next tick; one whose figures only claim it earns
+/// nothing, nor one squeezed to what it holds that touches nothing new (found in the
+/// simulator: honest guests without swap, doubted for heaps committed up front, could
+/// never grow past their fair share and were OOM-killed when they loaded them together;
+/// believed, with their heaps counted as reservations, they were too). Requiring the host to see as much more of the
 /// guest touched cost those guests 16 OOM kills: loading a heap a second time, ten
 /// minutes on, they touched free memory the host already backed. For five minutes after
 /// using more, a guest gets no room until it uses more again. `used` is the balloon
