@@ -137,6 +137,11 @@ impl VmBackend for FirecrackerVm {
             }
         };
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
+        let status = self
+            .process
+            .as_mut()
+            .map(|p| p.status(rss))
+            .unwrap_or_default();
         Ok(VmSample {
             configured: self.mem,
             balloon,
@@ -148,8 +153,8 @@ impl VmBackend for FirecrackerVm {
             cold: None,
             virtio_mem: None,
             free_page_reporting: false,
-            fixed: self.process.as_mut().and_then(procfs::ProcessRss::fixed),
-            swapped: self.process.as_ref().and_then(procfs::ProcessRss::swapped),
+            fixed: status.fixed,
+            swapped: status.swapped,
             events: Vec::new(),
         })
     }

@@ -302,9 +302,26 @@ pub struct ProcessRss {
     /// Clock ticks per second, the unit of /proc/PID/stat's CPU times.
     ticks: f64,
     status: PathBuf,
-    /// The last fixed memory and swapped-out memory read, the RSS then, and the reads of
-    /// the RSS left before the next.
-    status_read: (Option<FixedMemory>, Option<Bytes>, Option<Bytes>, u32),
+    /// What its status last said, and when.
+    status_read: StatusRead,
+}
+
+/// What a hypervisor's /proc/PID/status says that a balloon cannot move: its fixed memory
+/// and the memory the host swapped out of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProcessStatus {
+    /// Its locked, pinned and huge-page memory ([`status_fixed`]); `None` when unreadable.
+    pub fixed: Option<FixedMemory>,
+    /// Its memory the host swapped out ([`status_swap`]); `None` when unreadable.
+    pub swapped: Option<Bytes>,
+}
+
+/// The status last read, the RSS then, and the reads of the RSS left before the next.
+#[derive(Debug, Default)]
+struct StatusRead {
+    status: ProcessStatus,
+    rss: Option<Bytes>,
+    left: u32,
 }
 
 impl ProcessRss {
@@ -319,34 +336,30 @@ impl ProcessRss {
             page: Bytes(page_size()),
             ticks: if ticks > 0 { ticks as f64 } else { 100.0 },
             status: dir.join("status"),
-            status_read: (None, None, None, 0),
+            status_read: StatusRead::default(),
         }
     }
 
-    /// Its memory a balloon cannot give back: status is read on the first call, every
-    /// [`STATUS_EVERY`] calls after, and whenever its RSS moved ([`STATUS_MOVE`]); `None`
-    /// when status is unreadable.
-    pub fn fixed(&mut self) -> Option<FixedMemory> {
-        let rss = self.read();
-        let (fixed, swapped, then, left) = &mut self.status_read;
-        let moved = match (*then, rss) {
+    /// Its status, given its RSS just read ([`Self::read`]): read on the first call,
+    /// every [`STATUS_EVERY`] calls after, and whenever the RSS moved ([`STATUS_MOVE`]);
+    /// the last figures otherwise.
+    pub fn status(&mut self, rss: Option<Bytes>) -> ProcessStatus {
+        let last = &mut self.status_read;
+        let moved = match (last.rss, rss) {
             (Some(then), Some(now)) => now.abs_diff(then) > then.scale(STATUS_MOVE),
             _ => false,
         };
-        if *left == 0 || moved {
+        if last.left == 0 || moved {
             let text = std::fs::read_to_string(&self.status).ok();
-            *fixed = text.as_deref().and_then(status_fixed);
-            *swapped = text.as_deref().and_then(status_swap);
-            *then = rss;
-            *left = STATUS_EVERY;
+            last.status = ProcessStatus {
+                fixed: text.as_deref().and_then(status_fixed),
+                swapped: text.as_deref().and_then(status_swap),
+            };
+            last.rss = rss;
+            last.left = STATUS_EVERY;
         }
-        *left -= 1;
-        *fixed
-    }
-
-    /// Its memory the host swapped out, as status was last read by [`Self::fixed`].
-    pub fn swapped(&self) -> Option<Bytes> {
-        self.status_read.1
+        last.left -= 1;
+        last.status
     }
 
     /// Its resident set size now; `None` when the file is unreadable (the process ended).
@@ -880,10 +893,12 @@ garbage
         assert_eq!(status_fixed("VmLck:\t10 pages\n"), None);
         // A live process, read through ProcessRss: this test's own locks nothing.
         let mut own = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
-        assert_eq!(own.fixed().map(|f| f.locked), Some(Bytes::ZERO));
+        let rss = own.read();
+        assert_eq!(own.status(rss).fixed.map(|f| f.locked), Some(Bytes::ZERO));
+        let mut gone = ProcessRss::new(Path::new("/proc"), i32::MAX);
         assert_eq!(
-            ProcessRss::new(Path::new("/proc"), i32::MAX).fixed(),
-            None,
+            gone.status(None),
+            ProcessStatus::default(),
             "no such process"
         );
     }
@@ -900,23 +915,20 @@ garbage
         assert_eq!(status_swap("VmSwap:\tlots kB\n"), None);
         // A live process: read on the first call, then when due or its RSS moved.
         let mut own = ProcessRss::new(Path::new("/proc"), std::process::id() as i32);
-        assert_eq!(own.swapped(), None, "not read before its status");
-        own.fixed();
-        assert!(own.swapped().is_some(), "every process's status has VmSwap");
-        assert_eq!(
-            ProcessRss::new(Path::new("/proc"), i32::MAX).swapped(),
-            None
-        );
-        let then = own.status_read.2;
+        let then = own.read();
+        let first = own.status(then);
+        assert!(first.swapped.is_some(), "every process's status has VmSwap");
+        assert_eq!(own.status_read.rss, then);
+        // Its RSS unchanged: the figures read then, one read fewer left.
+        assert_eq!(own.status(then), first);
+        assert_eq!(own.status_read.left, STATUS_EVERY - 2);
         // 41 MiB more resident: status read again at once.
         let ram = crate::test_memory::Buffer::new(41 << 8);
-        own.fixed();
-        assert!(
-            own.status_read.2 > then,
-            "{:?} then {then:?}",
-            own.status_read.2
-        );
-        assert_eq!(own.status_read.3, STATUS_EVERY - 1);
+        let now = own.read();
+        own.status(now);
+        assert_eq!(own.status_read.rss, now);
+        assert!(now > then, "{now:?} then {then:?}");
+        assert_eq!(own.status_read.left, STATUS_EVERY - 1);
         drop(ram);
     }
 

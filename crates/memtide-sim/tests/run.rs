@@ -26,6 +26,15 @@ fn memtide_without_host_swap_room() -> Box<dyn Policy> {
     })
 }
 
+/// The built-in scenario `name` with every guest's swap removed.
+fn without_guest_swap(name: &str) -> Scenario {
+    let mut scenario = Scenario::builtin(name).unwrap();
+    for vm in &mut scenario.vms {
+        vm.swap_mib = 0.0;
+    }
+    scenario
+}
+
 /// Asserts that run `a` was at least as fast as run `b` (`what` names them).
 fn assert_no_slower(a: &Summary, b: &Summary, what: &str) {
     assert!(
@@ -388,7 +397,7 @@ fn guests_without_swap_bursting_faster_than_the_balloon_are_never_oom_killed() {
 /// times). That lift is tested in `working_set`; here, with the host's swap room off too.
 #[test]
 fn guests_without_swap_are_not_oom_killed_where_no_management_kills_none() {
-    let mut scenario = Scenario::builtin("fleet-1000").unwrap();
+    let mut scenario = without_guest_swap("fleet-1000");
     scenario.ticks = 1800;
     let host = &mut scenario.host;
     host.memory_mib /= 10.0;
@@ -398,7 +407,6 @@ fn guests_without_swap_are_not_oom_killed_where_no_management_kills_none() {
     host.cache_mib /= 10.0;
     for vm in &mut scenario.vms {
         vm.count /= 10;
-        vm.swap_mib = 0.0;
     }
     let none = run(&scenario, Box::new(Unmanaged), EngineConfig::default(), 1).summary;
     assert_eq!(none.oom_kills, 0);
@@ -417,10 +425,7 @@ fn guests_without_swap_are_not_oom_killed_where_no_management_kills_none() {
 /// down to its anonymous memory at each burst, its kernel's 128 MiB left out.
 #[test]
 fn guests_without_swap_keep_their_kernels_memory_when_neighbours_burst() {
-    let mut scenario = Scenario::builtin("burst").unwrap();
-    for vm in &mut scenario.vms {
-        vm.swap_mib = 0.0;
-    }
+    let scenario = without_guest_swap("burst");
     let mom = run(
         &scenario,
         Box::new(Mom::default()),
@@ -440,10 +445,7 @@ fn guests_without_swap_keep_their_kernels_memory_when_neighbours_burst() {
 /// no less throughput.
 #[test]
 fn the_hosts_swap_takes_the_place_of_the_guests_own() {
-    let mut scenario = Scenario::builtin("mixed-8").unwrap();
-    for vm in &mut scenario.vms {
-        vm.swap_mib = 0.0;
-    }
+    let scenario = without_guest_swap("mixed-8");
     let with = run(&scenario, memtide(), EngineConfig::default(), 1).summary;
     let without = run(
         &scenario,

@@ -529,20 +529,24 @@ impl QmpVm {
             Some(own) => own.sample().await,
             None => None,
         };
-        let fixed = self.process.as_mut().and_then(procfs::ProcessRss::fixed);
+        let status = self
+            .process
+            .as_mut()
+            .map(|p| p.status(rss))
+            .unwrap_or_default();
         Ok(VmSample {
             configured: self.configured,
             balloon,
             stats,
             agent,
             rss,
-            swapped: self.process.as_ref().and_then(procfs::ProcessRss::swapped),
+            swapped: status.swapped,
             cpu_s: self.process.as_ref().and_then(procfs::ProcessRss::cpu_s),
             referenced,
             cold,
             virtio_mem,
             free_page_reporting: self.free_page_reporting,
-            fixed: fixed.map(|f| FixedMemory { own, ..f }),
+            fixed: status.fixed.map(|f| FixedMemory { own, ..f }),
             events,
         })
     }

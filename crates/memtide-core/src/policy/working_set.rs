@@ -285,16 +285,19 @@ fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
 
 /// What a guest holds or has committed beyond its free swap, less what it has kept
 /// `reserved` (committed and left untouched for minutes, [`Reserved`]): below it, its next
-/// allocations are OOM kills. What it cannot give up counts with `margin` above it, room
-/// for its kernel's free-memory watermarks (found in the simulator: a database without
-/// swap held at exactly its anonymous and kernel memory was OOM-killed). When memory is
-/// divided, no VM is given less (or less than it wants, if that is smaller).
-fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> Bytes {
+/// allocations are OOM kills. Returned twice: as it claims it, and with what it cannot
+/// give up counted `margin` higher, room for its kernel's free-memory watermarks (found
+/// in the simulator: a database without swap held at exactly its anonymous and kernel
+/// memory was OOM-killed). When memory is divided, no VM is given less than the second
+/// (or less than it wants, if that is smaller).
+fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> (Bytes, Bytes) {
     let committed = s
         .committed_as
         .zip(s.swap_free)
         .map_or(Bytes::ZERO, |(c, free)| c - reserved - free);
-    committed.max(s.unreclaimable.map_or(Bytes::ZERO, |u| u + margin))
+    s.unreclaimable.map_or((committed, committed), |kept| {
+        (committed.max(kept), committed.max(kept + margin))
+    })
 }
 
 /// What the policy watches of each VM beside its estimator.
@@ -439,7 +442,7 @@ impl Policy for WorkingSet {
                 .map_or(Bytes::ZERO, |u| watched.reserved.observe(input.at, u));
             // What it claims to hold, held against what the host backs; and, the margin
             // above it, what it is never divided below.
-            let committed = beyond_swap(s, reserved, Bytes::ZERO);
+            let (committed, floor) = beyond_swap(s, reserved, margin);
             // What it says it uses in either figure: balloon statistics' free memory
             // reported high while MemAvailable says the guest is short would otherwise
             // lower the peak without lowering its claims (found in review).
@@ -460,7 +463,7 @@ impl Policy for WorkingSet {
                     .flatten(),
             );
             claimed.push(committed);
-            beyond.push(beyond_swap(s, reserved, margin));
+            beyond.push(floor);
         }
         // The most each VM's own word may claim when memory is divided ([`credible`]):
         // bounding a VM whose figures are doubted, and the lift of one recovering from an
