@@ -163,6 +163,10 @@ pub struct VmReport {
     /// ([`crate::FixedMemory::own`]): `rss` less it is the guest memory the host backs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hypervisor_own: Option<Bytes>,
+    /// Memory of the hypervisor process the host swapped out (its VmSwap): guest memory
+    /// the guest touched that the host no longer holds in RAM, beside `rss`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_swapped: Option<Bytes>,
     /// Memory plugged through virtio-mem.
     pub plugged: Option<Bytes>,
     /// Freed guest pages return to the host by themselves (free page reporting).

@@ -423,6 +423,7 @@ impl Engine {
         report.totals = totals(latest);
         report.rss = sample.rss;
         report.hypervisor_own = sample.fixed.and_then(|f| f.own);
+        report.host_swapped = sample.swapped;
 
         let Some(actual) = latest.balloon else {
             report.state = VmState::Unmanaged;
@@ -704,6 +705,7 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         swap_out_per_s: None,
         rss: None,
         hypervisor_own: None,
+        host_swapped: None,
         plugged: None,
         free_page_reporting: false,
         reason: None,

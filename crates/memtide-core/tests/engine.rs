@@ -701,11 +701,12 @@ fn a_restarted_engine_leaves_a_ballooned_vm_at_its_size_for_a_cool_down() {
 }
 
 #[test]
-fn a_hypervisors_own_memory_is_reported_apart_from_the_guest_ram_it_backs() {
+fn a_hypervisors_own_and_swapped_out_memory_are_reported_apart_from_the_guest_ram_it_backs() {
     use memtide_core::FixedMemory;
     let mut told = vm("told", 1024, 1024, 100);
     let sample = told.sample.as_mut().unwrap();
     sample.rss = Some(Bytes::from_mib(700));
+    sample.swapped = Some(Bytes::from_mib(128));
     sample.fixed = Some(FixedMemory {
         own: Some(Bytes::from_mib(53)),
         ..FixedMemory::default()
@@ -715,15 +716,12 @@ fn a_hypervisors_own_memory_is_reported_apart_from_the_guest_ram_it_backs() {
         host(4096, 2000),
         vec![told, vm("not", 1024, 1024, 100)],
     ));
-    let own = |name| {
-        d.vms
-            .iter()
-            .find(|r| r.name == name)
-            .unwrap()
-            .hypervisor_own
-    };
-    assert_eq!(own("told"), Some(Bytes::from_mib(53)));
-    assert_eq!(own("not"), None);
+    let report = |name| d.vms.iter().find(|r| r.name == name).unwrap();
+    assert_eq!(report("told").hypervisor_own, Some(Bytes::from_mib(53)));
+    assert_eq!(report("told").host_swapped, Some(Bytes::from_mib(128)));
+    assert_eq!(report("told").rss, Some(Bytes::from_mib(700)));
+    assert_eq!(report("not").hypervisor_own, None);
+    assert_eq!(report("not").host_swapped, None);
 }
 
 #[test]

@@ -579,6 +579,13 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
+            "memtide_vm_host_swapped_bytes",
+            "Memory of the QEMU process the host swapped out (VmSwap): guest memory the \
+             host no longer holds in RAM.",
+            per_vm(vms, |v| bytes(v.host_swapped)),
+        )?;
+        gauges(
+            &mut enc,
             "memtide_vm_memory_pressure_ratio",
             "Share of the last 10 s some guest tasks stalled on memory (PSI some avg10, 0-1; \
              guest agent).",
@@ -740,6 +747,32 @@ mod tests {
         assert!(text.lines().any(|l| l == up), "{text}");
         let kind = r#"memtide_diagnostics_total{kind="a\"} 1\nmemtide_injected_total{x=\"1\\"} 1"#;
         assert!(text.lines().any(|l| l == kind), "{text}");
+    }
+
+    #[test]
+    fn what_the_host_swapped_out_of_a_vm_is_a_gauge_of_its_own() {
+        let mut swapped = vm("web", 1000, 800, 600);
+        swapped.sample.as_mut().unwrap().swapped = Some(memtide_core::Bytes::from_mib(128));
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let decision = engine.tick(&snapshot(
+            0,
+            host(4000, 400),
+            vec![swapped, vm("db", 1000, 800, 600)],
+        ));
+        let status = Status {
+            decision: Some(decision),
+            ..Status::default()
+        };
+        let text = render(&registry(Arc::new(RwLock::new(status))));
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("memtide_vm_host_swapped_bytes"))
+            .collect();
+        assert_eq!(
+            series,
+            [r#"memtide_vm_host_swapped_bytes{vm="web"} 134217728.0"#],
+            "not known for db: {text}"
+        );
     }
 
     #[test]

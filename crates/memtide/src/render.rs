@@ -173,6 +173,18 @@ pub fn status(s: &Status) -> String {
             vm.reason.as_ref().expect("filtered")
         );
     }
+    // What the host swapped out of a VM is memory its guest will wait for, not memory
+    // the balloon took: an operator tells the two apart here.
+    for vm in &d.vms {
+        if let Some(swapped) = vm.host_swapped.filter(|b| *b >= Bytes::from_mib(1)) {
+            let _ = writeln!(
+                out,
+                "  {}: the host swapped out {swapped} of its memory (resident {})",
+                vm.name,
+                size(vm.rss)
+            );
+        }
+    }
     for p in s.sampling.iter().filter(|p| p.stale) {
         let age = p
             .age_s
@@ -278,14 +290,14 @@ mod tests {
 
     #[test]
     fn shows_each_vm_its_reason_and_problems() {
+        let mut web = vm("web", 1000, 800, 600);
+        let sample = web.sample.as_mut().unwrap();
+        sample.rss = Some(Bytes::from_mib(700));
+        sample.swapped = Some(Bytes::from_mib(128));
         let mut down = vm("down", 1000, 800, 600);
         down.sample = Err(BackendError::Timeout(2000));
         let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
-        let decision = engine.tick(&snapshot(
-            0,
-            host(4000, 400),
-            vec![vm("web", 1000, 800, 600), down],
-        ));
+        let decision = engine.tick(&snapshot(0, host(4000, 400), vec![web, down]));
         let s = Status {
             version: "9.9".into(),
             started: "2026-01-01T00:00:00Z".into(),
@@ -406,6 +418,14 @@ mod tests {
         assert!(
             text.contains("  web: mom.shrink: host free 10.0% < 20.0%"),
             "{text}"
+        );
+        assert!(
+            lines.contains(&"  web: the host swapped out 128 MiB of its memory (resident 700 MiB)"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("down: the host swapped"),
+            "nothing known swapped: {text}"
         );
         assert!(text.contains("down             unreachable"), "{text}");
         assert!(
