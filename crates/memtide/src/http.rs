@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -78,8 +78,11 @@ async fn read_only(request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-async fn status_json(State(s): State<AppState>) -> Json<Status> {
-    Json(s.status.read().expect("status lock").clone())
+/// The status, written as JSON while it is read (not copied first).
+async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
+    let text =
+        serde_json::to_vec(&*s.status.read().expect("status lock")).expect("status serializes");
+    ([(header::CONTENT_TYPE, "application/json")], text)
 }
 
 /// What HTTP clients may hold, so that they cannot take the descriptors or the time the
@@ -285,6 +288,12 @@ mod tests {
         assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
         let head = b"HEAD /api/v1/status HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n";
         assert!(exchange(addr, head).await.starts_with("HTTP/1.1 200 OK"));
+        let get = b"GET /api/v1/status HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n";
+        let reply = exchange(addr, get).await;
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("content-type: application/json"), "{reply}");
+        let status: Status = serde_json::from_str(body).expect("the status as JSON");
+        assert_eq!(status, Status::default());
     }
 
     #[test]
