@@ -73,24 +73,36 @@ pub fn zfs_arc_reclaimable(text: &str) -> Option<Bytes> {
     Some(Bytes(figure("size")?.saturating_sub(figure("c_min")?)))
 }
 
-/// The free space of the swap devices in /proc/swaps that are zram (compressed RAM, not
-/// disk: a device named `zramN`, under whatever /dev the reader sees), from its `Filename
-/// Type Size Used Priority` lines (sizes in KiB, after a header line). Swapping to them
-/// takes host memory, so it is no room beyond it.
-pub fn swaps_free_in_ram(text: &str) -> Bytes {
-    let kib = text
-        .lines()
+/// The swap devices in /proc/swaps that are zram (compressed RAM, not disk: a device
+/// named `zramN`, under whatever /dev the reader sees), each as its number and free space,
+/// from its `Filename Type Size Used Priority` lines (sizes in KiB, after a header line).
+pub fn zram_swaps(text: &str) -> Vec<(u32, Bytes)> {
+    text.lines()
         .skip(1)
         .filter_map(|line| {
             let mut f = line.split_whitespace();
             let name = f.next()?.rsplit('/').next()?;
-            name.strip_prefix("zram")?.parse::<u32>().ok()?;
+            let device = name.strip_prefix("zram")?.parse::<u32>().ok()?;
             let size: u64 = f.nth(1)?.parse().ok()?;
             let used: u64 = f.next()?.parse().ok()?;
-            Some(size.saturating_sub(used))
+            Some((device, Bytes::from_kib(size.saturating_sub(used))))
         })
-        .fold(0, u64::saturating_add);
-    Bytes::from_kib(kib)
+        .collect()
+}
+
+/// The free space of the zram swap devices in /proc/swaps ([`zram_swaps`]). Swapping to
+/// them takes memory, so it is no room beyond it.
+pub fn swaps_free_in_ram(text: &str) -> Bytes {
+    zram_swaps(text).into_iter().map(|(_, free)| free).sum()
+}
+
+/// What a zram device stores and the memory it takes for it, from its
+/// /sys/block/zramN/mm_stat (`orig_data_size compr_data_size mem_used_total ...`, bytes).
+pub fn zram_mm_stat(text: &str) -> Option<(Bytes, Bytes)> {
+    let mut f = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+    let stored = f.next()??;
+    let used = f.nth(1)??;
+    Some((Bytes(stored), Bytes(used)))
 }
 
 /// The sum of every zone's high watermark from /proc/zoneinfo, in pages (each zone's
@@ -600,6 +612,29 @@ garbage
             Bytes::from_kib(u64::MAX)
         );
         assert_eq!(swaps_free_in_ram(""), Bytes::ZERO);
+        assert_eq!(
+            super::zram_swaps(zram),
+            [
+                (0, Bytes::from_kib(8388604 - 1048576)),
+                (1, Bytes::from_kib(1024)),
+                (3, Bytes::from_kib(2048))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zram_devices_stored_and_used_memory_are_read_from_mm_stat() {
+        use super::{zram_mm_stat, Bytes};
+        // A 6.1 kernel's zram0 holding 300 MiB in 100 MiB.
+        let text =
+            "314572800 98566144 104857600        0 104857600     1024        0        0        0\n";
+        assert_eq!(
+            zram_mm_stat(text),
+            Some((Bytes::from_mib(300), Bytes::from_mib(100)))
+        );
+        assert_eq!(zram_mm_stat("314572800 98566144\n"), None, "too few fields");
+        assert_eq!(zram_mm_stat("lots 1 2\n"), None);
+        assert_eq!(zram_mm_stat(""), None);
     }
 
     #[test]

@@ -10,7 +10,8 @@ use crate::framing::Framed;
 use crate::procfs;
 use crate::qmp::client::qapi_outcome;
 use async_trait::async_trait;
-use memtide_core::stats::AgentStats;
+use memtide_core::stats::{AgentStats, ZramSwap};
+use memtide_core::Bytes;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -327,24 +328,59 @@ async fn read_all(agent: &mut impl AgentChannel, handle: u64) -> Result<Vec<u8>,
     )))
 }
 
-/// The guest files [`read_proc`] reads: meminfo, vmstat and (on kernels with PSI) memory
-/// pressure.
-const PROC_FILES: [&str; 3] = ["/proc/meminfo", "/proc/vmstat", "/proc/pressure/memory"];
+/// The guest files [`read_proc`] reads: meminfo, vmstat, (on kernels with PSI) memory
+/// pressure, and its swap devices.
+const PROC_FILES: [&str; 4] = [
+    "/proc/meminfo",
+    "/proc/vmstat",
+    "/proc/pressure/memory",
+    "/proc/swaps",
+];
 
-/// The guest's own /proc figures: meminfo, vmstat and (on kernels with PSI) memory pressure.
+/// The guest's own /proc figures: meminfo, vmstat, (on kernels with PSI) memory pressure,
+/// and what it swaps to zram, where it does (its devices' mm_stat read in two more round
+/// trips).
 pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, String> {
     let files = read_files(agent, &PROC_FILES)
         .await
         .map_err(|e| e.to_string())?;
-    let [meminfo, vmstat, psi] = <[_; 3]>::try_from(files).expect("one result per file");
+    let [meminfo, vmstat, psi, swaps] = <[_; 4]>::try_from(files).expect("one result per file");
     let meminfo = meminfo.map_err(|e| e.to_string())?;
     let vmstat = vmstat.map_err(|e| e.to_string())?;
     // Guest kernels without PSI have no such file: not an error.
     let psi = psi.ok();
+    let zram = match swaps.map(|text| procfs::zram_swaps(&text)) {
+        Ok(devices) if !devices.is_empty() => Some(zram(agent, &devices).await?),
+        _ => None,
+    };
     Ok(AgentStats {
         meminfo: procfs::meminfo(&meminfo).map_err(|e| format!("guest {e}"))?,
         vmstat: procfs::vmstat(&vmstat),
         psi: psi.and_then(|t| procfs::psi(&t).ok()),
+        zram,
+    })
+}
+
+/// The guest's zram swap `devices` (number, free swap), with what they store and the
+/// memory they take from their mm_stat; a device whose mm_stat is unreadable counts as
+/// storing nothing (its ratio then assumed, [`ZramSwap::ASSUMED_RATIO`]).
+async fn zram(agent: &mut impl AgentChannel, devices: &[(u32, Bytes)]) -> Result<ZramSwap, String> {
+    let paths: Vec<String> = devices
+        .iter()
+        .map(|(n, _)| format!("/sys/block/zram{n}/mm_stat"))
+        .collect();
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let stats = read_files(agent, &paths).await.map_err(|e| e.to_string())?;
+    let (stored, used) = stats
+        .iter()
+        .filter_map(|text| procfs::zram_mm_stat(text.as_ref().ok()?))
+        .fold((Bytes::ZERO, Bytes::ZERO), |(s, u), (stored, used)| {
+            (s + stored, u + used)
+        });
+    Ok(ZramSwap {
+        free: devices.iter().map(|(_, free)| *free).sum(),
+        stored,
+        used,
     })
 }
 
@@ -530,28 +566,43 @@ mod tests {
         assert!(stats.meminfo.total.0 > 0);
     }
 
-    /// An agent channel that runs commands one at a time and counts its batches.
-    #[derive(Default)]
-    struct Counting {
+    /// An agent channel serving `files` by path, running commands one at a time and
+    /// counting its batches and calls.
+    struct Files {
+        files: Vec<(&'static str, &'static str)>,
         batches: usize,
         calls: usize,
     }
 
+    impl Files {
+        fn new(files: Vec<(&'static str, &'static str)>) -> Files {
+            Files {
+                files,
+                batches: 0,
+                calls: 0,
+            }
+        }
+    }
+
     #[async_trait]
-    impl AgentChannel for Counting {
+    impl AgentChannel for Files {
         async fn execute(&mut self, command: &str, args: Value) -> Result<Value, QgaError> {
             self.calls += 1;
+            let missing = |what: &Value| QgaError::Command {
+                class: "GenericError".into(),
+                desc: format!("failed to open file {what}"),
+            };
             Ok(match command {
-                "guest-file-open" if args["path"] == "/proc/pressure/memory" => {
-                    return Err(QgaError::Command {
-                        class: "GenericError".into(),
-                        desc: "no PSI".into(),
-                    })
+                "guest-file-open" => {
+                    let i = self
+                        .files
+                        .iter()
+                        .position(|(path, _)| args["path"] == *path);
+                    json!(i.ok_or_else(|| missing(&args["path"]))?)
                 }
-                "guest-file-open" => json!(self.calls),
                 "guest-file-read" => {
                     use base64::Engine;
-                    let text = "MemTotal: 100 kB\nMemFree: 50 kB\nBuffers: 0 kB\nCached: 10 kB\n";
+                    let text = self.files[args["handle"].as_u64().unwrap() as usize].1;
                     let b64 = base64::engine::general_purpose::STANDARD.encode(text);
                     json!({"count": text.len(), "buf-b64": b64, "eof": true})
                 }
@@ -572,14 +623,58 @@ mod tests {
         }
     }
 
+    const MEMINFO: (&str, &str) = (
+        "/proc/meminfo",
+        "MemTotal: 100 kB\nMemFree: 50 kB\nBuffers: 0 kB\nCached: 10 kB\n",
+    );
+    const VMSTAT: (&str, &str) = ("/proc/vmstat", "pswpin 1\n");
+
     #[tokio::test]
     async fn the_proc_files_take_two_batches_of_calls() {
-        // Before: nine calls one after the other (open, read, close per file).
-        let mut agent = Counting::default();
+        // Before: twelve calls one after the other (open, read, close per file).
+        let swaps = ("/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps]);
         let stats = read_proc(&mut agent).await.unwrap();
         assert_eq!(stats.meminfo.total, Bytes::from_kib(100));
         assert_eq!(stats.psi, None, "no PSI file: not an error");
-        assert_eq!((agent.batches, agent.calls), (2, 7));
+        assert_eq!(stats.zram, None, "no zram device among its swaps");
+        assert_eq!((agent.batches, agent.calls), (2, 10));
+    }
+
+    #[tokio::test]
+    async fn a_guest_swapping_to_zram_tells_what_its_devices_store_and_take() {
+        // Fedora's zram0 beside a swap file, and a second zram device whose mm_stat
+        // cannot be read.
+        let swaps = (
+            "/proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n\
+             /dev/zram0 partition 409600 307200 100\n\
+             /swapfile file 1048576 0 -2\n\
+             /dev/zram1 partition 4096 0 100\n",
+        );
+        let mm_stat = (
+            "/sys/block/zram0/mm_stat",
+            "314572800 98566144 104857600 0 0 0 0 0 0\n",
+        );
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps, mm_stat]);
+        let stats = read_proc(&mut agent).await.unwrap();
+        assert_eq!(
+            stats.zram,
+            Some(ZramSwap {
+                free: Bytes::from_kib(409600 - 307200 + 4096),
+                stored: Bytes::from_mib(300),
+                used: Bytes::from_mib(100),
+            })
+        );
+        assert!((stats.zram.unwrap().ratio() - 1.0 / 3.0).abs() < 1e-9);
+        // Its devices' mm_stat unreadable: what they store is unknown, the ratio assumed.
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps]);
+        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        assert_eq!(zram.stored, Bytes::ZERO);
+        assert_eq!(zram.ratio(), ZramSwap::ASSUMED_RATIO);
+        // No /proc/swaps (or no zram in it): no zram.
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT]);
+        assert_eq!(read_proc(&mut agent).await.unwrap().zram, None);
     }
 
     #[tokio::test]

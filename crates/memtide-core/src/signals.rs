@@ -24,7 +24,8 @@ pub struct Signals {
     pub available: Option<Bytes>,
     /// Committed_AS (needs the agent; else `None`).
     pub committed_as: Option<Bytes>,
-    /// SwapFree: room the guest has to absorb a shortage (needs the agent).
+    /// SwapFree: room the guest has to absorb a shortage (needs the agent). Of swap on
+    /// zram, only what swapping there frees of the guest's RAM ([`swap_room`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap_free: Option<Bytes>,
     /// Swap in use: SwapTotal − SwapFree (needs the agent).
@@ -88,7 +89,7 @@ fn agent(s: &VmSample) -> Option<&AgentStats> {
 /// memory (unreclaimable slab, page tables, stacks, what it reserved at boot), locked and
 /// huge-TLB pages (found in the simulator: guests without swap sized to their anonymous
 /// memory, the kernel's 128 MiB left out, were OOM-killed when neighbours burst).
-fn unreclaimable(s: &VmSample, m: &MemInfo) -> Bytes {
+fn unreclaimable(s: &VmSample, m: &MemInfo, swap_room: Bytes) -> Bytes {
     let size = s.balloon.unwrap_or(s.configured);
     let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
     // What no reading of the other figures lowers: unreclaimable slab and the anonymous
@@ -97,7 +98,7 @@ fn unreclaimable(s: &VmSample, m: &MemInfo) -> Bytes {
     // the balloon moved between the reads of its size and of the guest's figures (found in
     // review: a guest deflating by 300 MiB between them counted less than its anonymous
     // memory).
-    let lower = (m.slab_unreclaimable.unwrap_or_default() + (anon - m.swap_free)).min(size);
+    let lower = (m.slab_unreclaimable.unwrap_or_default() + (anon - swap_room)).min(size);
     let (Some(active_file), Some(inactive_file)) = (m.active_file, m.inactive_file) else {
         return lower;
     };
@@ -116,8 +117,20 @@ fn unreclaimable(s: &VmSample, m: &MemInfo) -> Bytes {
         - active_file
         - inactive_file
         - m.slab_reclaimable.unwrap_or_default()
-        - anon.min(m.swap_free);
+        - anon.min(swap_room);
     rest.max(lower)
+}
+
+/// What the guest's free swap can take out of its RAM: all of it on disk; on zram, a page
+/// less its compressed copy, which stays in the guest's RAM ([`crate::stats::ZramSwap::ratio`]: a guest
+/// swapping only to zram counted as having all its free swap for room could be divided
+/// below the memory its swapped pages still take).
+pub fn swap_room(a: &AgentStats) -> Bytes {
+    let free = a.meminfo.swap_free;
+    let Some(zram) = a.zram else {
+        return free;
+    };
+    free - zram.free.min(free).scale(zram.ratio())
 }
 
 impl Signals {
@@ -133,7 +146,10 @@ impl Signals {
             .map(|free| s.balloon.unwrap_or(s.configured) - free);
         let total = a.map(|a| a.meminfo.total).or(s.stats.total);
         let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
-        let unreclaimable = a.map(|a| unreclaimable(s, &a.meminfo));
+        let room = a.map(swap_room);
+        let unreclaimable = a
+            .zip(room)
+            .map(|(a, room)| unreclaimable(s, &a.meminfo, room));
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
@@ -148,7 +164,7 @@ impl Signals {
             active_file: a.and_then(|a| a.meminfo.active_file),
             inactive_file: a.and_then(|a| a.meminfo.inactive_file),
             anon: a.and_then(|a| a.meminfo.anon_pages),
-            swap_free: a.map(|a| a.meminfo.swap_free),
+            swap_free: room,
             swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
             untouched: a.and_then(|a| {
                 let m = &a.meminfo;
@@ -229,6 +245,7 @@ mod tests {
                 },
                 full: None,
             }),
+            zram: None,
         }));
         s
     }
@@ -326,6 +343,42 @@ mod tests {
             unreclaimable_mib(0, |_| ()),
             Some(374),
             "no swap: all of it stays"
+        );
+    }
+
+    #[test]
+    fn swap_on_zram_is_room_only_for_what_it_frees() {
+        use crate::stats::ZramSwap;
+        // 150 MiB of anonymous memory, 100 MiB of free swap, all of it on zram.
+        let zram = |stored: u64, used: u64| {
+            move |s: &mut VmSample| {
+                if let Some(Ok(a)) = &mut s.agent {
+                    a.zram = Some(ZramSwap {
+                        free: Bytes::from_mib(100),
+                        stored: Bytes::from_mib(stored),
+                        used: Bytes::from_mib(used),
+                    });
+                }
+            }
+        };
+        assert_eq!(unreclaimable_mib(100, |_| ()), Some(274), "on disk: 100 go");
+        // Its devices compress 3:1: what swapping frees is 2/3 of what it moves.
+        assert_eq!(unreclaimable_mib(100, zram(300, 100)), Some(307));
+        // Storing too little to tell, half assumed; not compressing at all, nothing freed.
+        assert_eq!(unreclaimable_mib(100, zram(1, 1)), Some(324));
+        assert_eq!(unreclaimable_mib(100, zram(300, 400)), Some(374));
+        // The room the division and the estimator count is the same.
+        let mut s = sample(0, 0, 0, 512);
+        zram(300, 100)(&mut s);
+        let mut h = History::new(2);
+        h.push(Duration::from_secs(1), s);
+        let signals = Signals::derive(&h);
+        // 512 free, a third of the 100 on zram left in RAM.
+        assert_eq!(signals.swap_free.map(Bytes::mib), Some(478));
+        assert_eq!(
+            signals.swap_used,
+            Some(Bytes::ZERO),
+            "what it uses is SwapTotal's"
         );
     }
 

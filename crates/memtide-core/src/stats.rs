@@ -111,6 +111,42 @@ pub struct AgentStats {
     pub vmstat: VmStat,
     /// The guest's /proc/pressure/memory (absent on kernels without PSI).
     pub psi: Option<Psi>,
+    /// Its swap on zram devices, where it has any (/proc/swaps and their mm_stat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zram: Option<ZramSwap>,
+}
+
+/// A guest's swap on zram (compressed RAM, as Fedora's guests swap by default), summed
+/// over its devices: a page swapped there leaves its compressed copy in the guest's RAM,
+/// so swapping frees less than it moves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ZramSwap {
+    /// Their free swap (/proc/swaps: size less used).
+    pub free: Bytes,
+    /// What they store (mm_stat's `orig_data_size`).
+    pub stored: Bytes,
+    /// The memory they take for it (mm_stat's `mem_used_total`).
+    pub used: Bytes,
+}
+
+impl ZramSwap {
+    /// The memory a byte swapped to zram still takes where its devices store too little to
+    /// tell (under [`Self::MEASURED_FROM`]): anonymous memory compresses 2-4:1 with lz4 or
+    /// zstd, and not at all when it is already compressed or encrypted; half is the cautious
+    /// middle.
+    pub const ASSUMED_RATIO: f64 = 0.5;
+
+    /// What its devices must store before their own ratio counts.
+    pub const MEASURED_FROM: Bytes = Bytes::from_mib(16);
+
+    /// The memory each byte swapped there takes, in [0, 1]: the devices' own ratio once
+    /// they store enough, [`Self::ASSUMED_RATIO`] before.
+    pub fn ratio(&self) -> f64 {
+        if self.stored < Self::MEASURED_FROM {
+            return Self::ASSUMED_RATIO;
+        }
+        (self.used.as_f64() / self.stored.as_f64()).clamp(0.0, 1.0)
+    }
 }
 
 /// Cumulative counters from /proc/vmstat that memtide follows (`None`: not in this kernel).

@@ -13,7 +13,7 @@ use memtide_core::policy::none::Unmanaged;
 use memtide_core::policy::proxmox::{Proxmox, ProxmoxConfig};
 use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
 use memtide_core::policy::Policy;
-use memtide_core::stats::{AgentStats, MemInfo, Psi, PsiLine, VmStat};
+use memtide_core::stats::{AgentStats, MemInfo, Psi, PsiLine, VmStat, ZramSwap};
 use memtide_core::testkit::{host, snapshot, vm};
 use memtide_core::{Bytes, DiagnosticKind, Engine, EngineConfig};
 use proptest::prelude::*;
@@ -70,6 +70,12 @@ fn agent(n: &[u64; 12], avg: f64) -> AgentStats {
                 ..PsiLine::default()
             },
             full: None,
+        }),
+        // Any zram at all, stored and used memory included.
+        zram: Some(ZramSwap {
+            free: Bytes(n[0]),
+            stored: Bytes(n[1]),
+            used: Bytes(n[2]),
         }),
     }
 }

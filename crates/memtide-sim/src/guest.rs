@@ -14,7 +14,7 @@ use crate::pressure::Pressure;
 use crate::rng::Rng;
 use crate::scenario::{Costs, VmSpec};
 use crate::workload::Demand;
-use memtide_core::stats::{AgentStats, GuestStats, MemInfo, Psi, VmStat};
+use memtide_core::stats::{AgentStats, GuestStats, MemInfo, Psi, VmStat, ZramSwap};
 use memtide_core::units::Bytes;
 use std::collections::VecDeque;
 
@@ -189,6 +189,9 @@ pub struct GuestParams {
     /// virtio-balloon's free page reporting: pages the guest has kept free for the
     /// driver's delay go back to the host in whole blocks, without a balloon.
     pub free_page_reporting: bool,
+    /// Swap on zram: the share of each swapped page its compressed copy keeps in the
+    /// guest's RAM. `None`: swap on a disk.
+    pub zram: Option<f64>,
 }
 
 impl GuestParams {
@@ -207,6 +210,7 @@ impl GuestParams {
             base_pages_s: w.base_mib_s * PAGES_PER_MIB,
             deflate_on_oom: false,
             free_page_reporting: false,
+            zram: spec.zram_pct.map(|pct| pct / 100.0),
         }
     }
 }
@@ -229,6 +233,8 @@ pub struct Guest {
     pub file_idle: Pool,
     /// Free pages the host backs.
     pub free_backed: Pool,
+    /// Pages holding what the guest swapped to zram, compressed (none on a disk).
+    pub zram: Pool,
     /// Free pages the host does not back.
     pub free_unbacked: u64,
     /// Pages held by the balloon (given back to the host).
@@ -277,6 +283,7 @@ impl Guest {
             file_ws: Pool::default(),
             file_idle: Pool::default(),
             free_backed: Pool::default(),
+            zram: Pool::default(),
             free_unbacked: params.configured - kernel,
             balloon: 0,
             balloon_target: 0,
@@ -351,9 +358,10 @@ impl Guest {
             + self.file_evicted
     }
 
-    fn pools(&self) -> [Pool; 6] {
+    fn pools(&self) -> [Pool; 7] {
         [
             self.kernel,
+            self.zram,
             self.anon_ws,
             self.anon_idle,
             self.file_ws,
@@ -440,6 +448,7 @@ impl Guest {
     /// its memory to `demand` and runs, and kswapd restores the free watermark.
     pub fn step(&mut self, dt: f64, demand: &Demand, costs: &Costs) {
         let before = self.counters;
+        self.shrink_zram();
         self.move_balloon(dt, costs);
         self.resize(dt, demand);
         let c = &self.counters;
@@ -809,24 +818,53 @@ impl Guest {
         want - left
     }
 
-    /// Write up to `n` anonymous pages (working set or idle) to guest swap.
+    /// Write anonymous pages (working set or idle) to guest swap until `n` pages are
+    /// free, or none is left to write; returns how many were freed (on zram, fewer than
+    /// were written: their compressed copies stay).
     fn swap_out(&mut self, working_set: bool, n: u64) -> u64 {
         let room = self.params.swap - self.swap_ws - self.swap_idle;
+        let written = match self.params.zram {
+            Some(r) if r < 1.0 => (n as f64 / (1.0 - r)).ceil() as u64,
+            _ => n,
+        };
         let (pool, swap) = if working_set {
             (&mut self.anon_ws, &mut self.swap_ws)
         } else {
             (&mut self.anon_idle, &mut self.swap_idle)
         };
-        let p = pool.take(n.min(room), &mut self.rng);
+        let p = pool.take(written.min(room), &mut self.rng);
         *swap += p.pages;
         self.counters.swap_out += p.pages;
         // To write a page the host swapped out, the host must read it back first.
         self.counters.host_swap_in += p.host_swapped;
-        self.free_backed.add(Pool {
-            pages: p.pages,
+        // On zram, the compressed copies stay in the guest's RAM.
+        let kept = self.zram_for(p.pages);
+        self.zram.add(Pool {
+            pages: kept,
             host_swapped: 0,
         });
-        p.pages
+        self.free_backed.add(Pool {
+            pages: p.pages - kept,
+            host_swapped: 0,
+        });
+        (p.pages - kept).min(n)
+    }
+
+    /// The pages zram takes for `swapped` pages (none on a disk).
+    fn zram_for(&self, swapped: u64) -> u64 {
+        self.params
+            .zram
+            .map_or(0, |r| ((swapped as f64 * r).ceil() as u64).min(swapped))
+    }
+
+    /// What zram holds beyond what the guest's swap now stores (pages swapped in, or
+    /// freed, since) becomes free.
+    fn shrink_zram(&mut self) {
+        let keep = self.zram_for(self.swap_ws + self.swap_idle);
+        let freed = self
+            .zram
+            .take(self.zram.pages.saturating_sub(keep), &mut self.rng);
+        self.free_backed.add(freed);
     }
 
     /// Kill the workload: its anonymous memory and swap are freed.
@@ -860,6 +898,7 @@ impl Guest {
         let (mut left, mut left_total) = (n, total);
         for pool in [
             &mut self.kernel,
+            &mut self.zram,
             &mut self.anon_ws,
             &mut self.anon_idle,
             &mut self.file_ws,
@@ -959,6 +998,11 @@ impl Guest {
                 some: line,
                 full: Some(line),
             }),
+            zram: self.params.zram.map(|_| ZramSwap {
+                free: bytes(self.params.swap - self.swap_ws - self.swap_idle),
+                stored: bytes(self.swap_ws + self.swap_idle),
+                used: bytes(self.zram.pages),
+            }),
         }
     }
 }
@@ -1015,6 +1059,7 @@ mod tests {
             base_pages_s: pages(1000.0) as f64,
             deflate_on_oom: false,
             free_page_reporting: false,
+            zram: None,
         }
     }
 
@@ -1061,6 +1106,58 @@ mod tests {
         assert!(g.swap_ws > pages(150.0), "{}", mib(g.swap_ws));
         assert!(g.last.swap_in > 0);
         assert!(mib(g.last.touched as u64) < 500.0);
+    }
+
+    #[test]
+    fn swap_on_zram_keeps_its_compressed_copies_in_the_guests_ram() {
+        let costs = Costs::default();
+        // 600 MiB of anonymous memory ballooned to 600 MiB: on a disk, the kernel's 64 MiB
+        // and the watermarks' go to swap; on zram at a third, half as much again.
+        let swapped = |zram: Option<f64>| {
+            let mut g = Guest::boot(
+                GuestParams {
+                    zram,
+                    ..params(1024.0)
+                },
+                Rng::new(1),
+            );
+            g.step(1.0, &demand(600.0), &costs);
+            g.set_target(pages(600.0));
+            for _ in 0..5 {
+                g.step(1.0, &demand(600.0), &costs);
+                g.check().unwrap();
+            }
+            assert_eq!(g.counters.oom_kills, 0);
+            // What was swapped in since the last step's start is given back at the next.
+            g.shrink_zram();
+            let stored = g.swap_ws + g.swap_idle;
+            assert_eq!(g.zram.pages, g.zram_for(stored), "{zram:?}");
+            let told = g.agent_stats().zram;
+            assert_eq!(told.map(|z| z.used), zram.map(|_| bytes(g.zram.pages)));
+            assert_eq!(told.map(|z| z.stored), zram.map(|_| bytes(stored)));
+            mib(stored)
+        };
+        let disk = swapped(None);
+        let zram = swapped(Some(1.0 / 3.0));
+        assert!(zram > disk * 1.4, "{zram} MiB on zram, {disk} on a disk");
+        // What it swapped comes back: zram gives back what it held for it.
+        let mut g = Guest::boot(
+            GuestParams {
+                zram: Some(0.5),
+                ..params(1024.0)
+            },
+            Rng::new(1),
+        );
+        g.step(1.0, &demand(600.0), &costs);
+        g.set_target(pages(600.0));
+        g.step(1.0, &demand(600.0), &costs);
+        assert!(g.zram.pages > 0);
+        g.set_target(pages(1024.0));
+        for _ in 0..30 {
+            g.step(1.0, &demand(600.0), &costs);
+        }
+        g.check().unwrap();
+        assert_eq!((g.swap_ws + g.swap_idle, g.zram.pages), (0, 0));
     }
 
     #[test]

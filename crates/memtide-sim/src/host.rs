@@ -364,6 +364,7 @@ mod tests {
                         base_pages_s: 1e6,
                         deflate_on_oom: false,
                         free_page_reporting: false,
+                        zram: None,
                     },
                     Rng::new(i as u64),
                 );

@@ -119,6 +119,7 @@ mod tests {
             },
             vmstat: Default::default(),
             psi: None,
+            zram: None,
         };
         Lie::NeedsAll.agent(&mut a, 10.0);
         assert_eq!(a.meminfo.available, Some(Bytes::from_mib(10)));
@@ -136,6 +137,7 @@ mod tests {
             },
             vmstat: Default::default(),
             psi: None,
+            zram: None,
         };
         let told = |at_s| {
             let mut a = honest.clone();
@@ -153,6 +155,7 @@ mod tests {
             meminfo: MemInfo::default(),
             vmstat: Default::default(),
             psi: None,
+            zram: None,
         };
         let mut b = a.clone();
         Lie::Thrashing.agent(&mut a, 10.0);

@@ -310,6 +310,11 @@ pub struct VmSpec {
     /// Guest swap (MiB).
     #[serde(default = "default_swap_mib")]
     pub swap_mib: f64,
+    /// The guest swaps to zram (compressed RAM, as Fedora's guests do by default): the
+    /// share of each swapped page its compressed copy keeps in the guest's RAM (%).
+    /// Absent: its swap is a disk's.
+    #[serde(default)]
+    pub zram_pct: Option<f64>,
     /// Memory the guest kernel and its services use and never free (MiB).
     #[serde(default = "default_kernel_mib")]
     pub kernel_mib: f64,
@@ -544,6 +549,9 @@ impl Scenario {
             }
             if !mib(vm.swap_mib) {
                 return Err(invalid(at("swap_mib"), SIZE));
+            }
+            if vm.zram_pct.is_some_and(|z| !(z > 0.0 && z <= 100.0)) {
+                return Err(invalid(at("zram_pct"), "must be above 0 and at most 100"));
             }
             if !mib(vm.untouched_commit_mib) {
                 return Err(invalid(at("untouched_commit_mib"), SIZE));

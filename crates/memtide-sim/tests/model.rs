@@ -69,6 +69,7 @@ proptest! {
             base_pages_s: pages(512.0) as f64,
             deflate_on_oom: false,
             free_page_reporting: false,
+            zram: None,
         };
         let ram = params.configured;
         let mut g = Guest::boot(params, Rng::new(seed));

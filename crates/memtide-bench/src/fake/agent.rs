@@ -18,7 +18,8 @@ pub enum Agent {
     Trickle,
     /// Answers every command with a 128 KiB error of terminal escapes.
     TextFlood,
-    /// Serves /proc figures no guest can have: counters at u64::MAX, PSI of NaN.
+    /// Serves /proc figures no guest can have: counters at u64::MAX, PSI of NaN, zram swap
+    /// larger than any memory.
     AbsurdFigures,
 }
 
@@ -60,6 +61,8 @@ async fn session(stream: UnixStream, behaviour: Agent) {
                 let file = match args["path"].as_str().unwrap_or_default() {
                     "/proc/meminfo" => 1,
                     "/proc/vmstat" => 2,
+                    "/proc/swaps" => 4,
+                    "/sys/block/zram0/mm_stat" => 5,
                     _ => 3,
                 };
                 json!({ "return": file })
@@ -86,8 +89,8 @@ async fn session(stream: UnixStream, behaviour: Agent) {
     }
 }
 
-/// /proc/meminfo (1), /proc/vmstat (2) and /proc/pressure/memory (3) of a quiet 256 MiB
-/// guest.
+/// /proc/meminfo (1), /proc/vmstat (2), /proc/pressure/memory (3) and /proc/swaps (4)
+/// of a quiet 256 MiB guest, swapping to a disk.
 fn honest_file(handle: u64) -> &'static str {
     match handle {
         1 => "MemTotal: 262144 kB\nMemFree: 98304 kB\nMemAvailable: 131072 kB\nBuffers: 4096 kB\n\
@@ -95,12 +98,14 @@ fn honest_file(handle: u64) -> &'static str {
               SwapTotal: 131072 kB\nSwapFree: 131072 kB\nCommitted_AS: 120000 kB\n\
               Active(anon): 90000 kB\nInactive(anon): 10000 kB\nActive(file): 20000 kB\n",
         2 => "pgmajfault 120\npswpin 0\npswpout 0\nworkingset_refault_anon 0\nworkingset_refault_file 3\n",
+        4 => "Filename\tType\tSize\tUsed\tPriority\n/dev/vda2\tpartition\t131072\t0\t-2\n",
         _ => "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n\
               full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
     }
 }
 
-/// /proc/meminfo (1), /proc/vmstat (2) and /proc/pressure/memory (3) of no real guest.
+/// /proc/meminfo (1), /proc/vmstat (2), /proc/pressure/memory (3), /proc/swaps (4) and
+/// zram0's mm_stat (5) of no real guest.
 fn absurd_file(handle: u64) -> &'static str {
     match handle {
         1 => "MemTotal: 262144 kB\nMemFree: 131072 kB\nMemAvailable: 131072 kB\nBuffers: 0 kB\n\
@@ -108,6 +113,9 @@ fn absurd_file(handle: u64) -> &'static str {
               SwapTotal: 0 kB\nSwapFree: 0 kB\nCommitted_AS: 18014398509481983 kB\n",
         2 => "pgmajfault 18446744073709551615\npswpin 18446744073709551615\n\
               workingset_refault_anon 18446744073709551615\nworkingset_refault_file 18446744073709551615\n",
+        4 => "Filename\tType\tSize\tUsed\tPriority\n/dev/zram0 partition 18446744073709551615 0 100\n\
+              /dev/zram0 partition 1 18446744073709551615 100\n",
+        5 => "18446744073709551615 0 18446744073709551615 0 0 0 0 0 0\n",
         _ => "some avg10=nan avg60=inf avg300=-1.00 total=18446744073709551615\n\
               full avg10=1e308 avg60=0.00 avg300=0.00 total=0\n",
     }
