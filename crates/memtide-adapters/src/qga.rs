@@ -350,7 +350,7 @@ pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, Stri
     // Guest kernels without PSI have no such file: not an error.
     let psi = psi.ok();
     let zram = match swaps.map(|text| procfs::zram_swaps(&text)) {
-        Ok(devices) if !devices.is_empty() => Some(zram(agent, &devices).await?),
+        Ok(devices) if !devices.is_empty() => Some(zram(agent, devices).await),
         _ => None,
     };
     Ok(AgentStats {
@@ -361,27 +361,38 @@ pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, Stri
     })
 }
 
+/// The most zram devices whose mm_stat is read: a guest listing more (any number fits in
+/// /proc/swaps' 256 KiB) would cost the daemon three agent commands for each, each sample.
+const MAX_ZRAM_DEVICES: usize = 32;
+
 /// The guest's zram swap `devices` (number, free swap), with what they store and the
-/// memory they take from their mm_stat; a device whose mm_stat is unreadable counts as
-/// storing nothing (its ratio then assumed, [`ZramSwap::ASSUMED_RATIO`]).
-async fn zram(agent: &mut impl AgentChannel, devices: &[(u32, Bytes)]) -> Result<ZramSwap, String> {
+/// memory they take from their mm_stat. Where that cannot be read (a device's file, any
+/// of them when the guest lists more than [`MAX_ZRAM_DEVICES`], or the channel failing),
+/// they count as storing nothing: their ratio is then assumed
+/// ([`ZramSwap::ASSUMED_RATIO`]), and the figures already read are kept.
+async fn zram(agent: &mut impl AgentChannel, mut devices: Vec<(u32, Bytes)>) -> ZramSwap {
+    devices.sort_unstable_by_key(|(n, _)| *n);
+    devices.dedup_by_key(|(n, _)| *n);
+    let free = devices.iter().map(|(_, free)| *free).sum();
+    if devices.len() > MAX_ZRAM_DEVICES {
+        return ZramSwap {
+            free,
+            ..ZramSwap::default()
+        };
+    }
     let paths: Vec<String> = devices
         .iter()
         .map(|(n, _)| format!("/sys/block/zram{n}/mm_stat"))
         .collect();
     let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let stats = read_files(agent, &paths).await.map_err(|e| e.to_string())?;
+    let stats = read_files(agent, &paths).await.unwrap_or_default();
     let (stored, used) = stats
         .iter()
         .filter_map(|text| procfs::zram_mm_stat(text.as_ref().ok()?))
         .fold((Bytes::ZERO, Bytes::ZERO), |(s, u), (stored, used)| {
             (s + stored, u + used)
         });
-    Ok(ZramSwap {
-        free: devices.iter().map(|(_, free)| *free).sum(),
-        stored,
-        used,
-    })
+    ZramSwap { free, stored, used }
 }
 
 /// Backoff between guest agent reads after failures, so that a guest without a running
@@ -672,6 +683,31 @@ mod tests {
         let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
         assert_eq!(zram.stored, Bytes::ZERO);
         assert_eq!(zram.ratio(), ZramSwap::ASSUMED_RATIO);
+        // A device listed twice counts once; more devices than are read: none read.
+        let twice = (
+            "/proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n\
+             /dev/zram0 partition 409600 307200 100\n\
+             /dev/zram0 partition 409600 307200 100\n",
+        );
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, twice, mm_stat]);
+        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        assert_eq!(
+            (zram.free, zram.stored),
+            (Bytes::from_kib(102400), Bytes::from_mib(300))
+        );
+        let many: String = (0..=MAX_ZRAM_DEVICES)
+            .map(|n| format!("/dev/zram{n} partition 1024 0 100\n"))
+            .collect();
+        let many = Box::leak(format!("Filename\n{many}").into_boxed_str());
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, ("/proc/swaps", many), mm_stat]);
+        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        assert_eq!(
+            zram.free,
+            Bytes::from_kib(1024 * (MAX_ZRAM_DEVICES as u64 + 1))
+        );
+        assert_eq!(zram.stored, Bytes::ZERO, "no mm_stat read");
+        assert_eq!(agent.batches, 2, "one read of the /proc files");
         // No /proc/swaps (or no zram in it): no zram.
         let mut agent = Files::new(vec![MEMINFO, VMSTAT]);
         assert_eq!(read_proc(&mut agent).await.unwrap().zram, None);

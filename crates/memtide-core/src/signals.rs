@@ -5,7 +5,7 @@
 
 use crate::history::History;
 use crate::snapshot::VmSample;
-use crate::stats::{AgentStats, MemInfo};
+use crate::stats::{AgentStats, MemInfo, ZramSwap};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -24,10 +24,13 @@ pub struct Signals {
     pub available: Option<Bytes>,
     /// Committed_AS (needs the agent; else `None`).
     pub committed_as: Option<Bytes>,
-    /// SwapFree: room the guest has to absorb a shortage (needs the agent). Of swap on
-    /// zram, only what swapping there frees of the guest's RAM ([`swap_room`]).
+    /// SwapFree: room the guest has to absorb a shortage (needs the agent); what swapping
+    /// there frees of its RAM is [`Signals::swap_frees`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap_free: Option<Bytes>,
+    /// Its swap on zram, where it has any (needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zram: Option<ZramSwap>,
     /// Swap in use: SwapTotal − SwapFree (needs the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap_used: Option<Bytes>,
@@ -89,7 +92,7 @@ fn agent(s: &VmSample) -> Option<&AgentStats> {
 /// memory (unreclaimable slab, page tables, stacks, what it reserved at boot), locked and
 /// huge-TLB pages (found in the simulator: guests without swap sized to their anonymous
 /// memory, the kernel's 128 MiB left out, were OOM-killed when neighbours burst).
-fn unreclaimable(s: &VmSample, m: &MemInfo, swap_room: Bytes) -> Bytes {
+fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> Bytes {
     let size = s.balloon.unwrap_or(s.configured);
     let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
     // What no reading of the other figures lowers: unreclaimable slab and the anonymous
@@ -98,7 +101,8 @@ fn unreclaimable(s: &VmSample, m: &MemInfo, swap_room: Bytes) -> Bytes {
     // the balloon moved between the reads of its size and of the guest's figures (found in
     // review: a guest deflating by 300 MiB between them counted less than its anonymous
     // memory).
-    let lower = (m.slab_unreclaimable.unwrap_or_default() + (anon - swap_room)).min(size);
+    let swappable = frees(anon);
+    let lower = (m.slab_unreclaimable.unwrap_or_default() + (anon - swappable)).min(size);
     let (Some(active_file), Some(inactive_file)) = (m.active_file, m.inactive_file) else {
         return lower;
     };
@@ -113,24 +117,24 @@ fn unreclaimable(s: &VmSample, m: &MemInfo, swap_room: Bytes) -> Bytes {
     // The guest's size less MemFree: MemTotal leaves out what the kernel reserved at boot
     // and, with deflate-on-oom, still counts the balloon's pages.
     let used = size - offline - m.free;
-    let rest = used
-        - active_file
-        - inactive_file
-        - m.slab_reclaimable.unwrap_or_default()
-        - anon.min(swap_room);
+    let rest =
+        used - active_file - inactive_file - m.slab_reclaimable.unwrap_or_default() - swappable;
     rest.max(lower)
 }
 
-/// What the guest's free swap can take out of its RAM: all of it on disk; on zram, a page
-/// less its compressed copy, which stays in the guest's RAM ([`crate::stats::ZramSwap::ratio`]: a guest
-/// swapping only to zram counted as having all its free swap for room could be divided
-/// below the memory its swapped pages still take).
-pub fn swap_room(a: &AgentStats) -> Bytes {
-    let free = a.meminfo.swap_free;
-    let Some(zram) = a.zram else {
-        return free;
+/// What swapping out `x` of a guest's anonymous memory frees of its RAM, with `free` swap
+/// free, `zram` of it on zram: zram first (its usual priority), each page there leaving its
+/// compressed copy in RAM ([`ZramSwap::ratio`]), then the rest of its swap (found in
+/// review: counting zram's free swap as room for whole pages left a guest swapping only to
+/// zram divided below the memory its compressed copies take).
+fn swap_frees(free: Bytes, zram: Option<ZramSwap>, x: Bytes) -> Bytes {
+    let Some(zram) = zram else {
+        return x.min(free);
     };
-    free - zram.free.min(free).scale(zram.ratio())
+    let zram_free = zram.free.min(free);
+    let on_zram = x.min(zram_free);
+    let on_disk = (x - on_zram).min(free - zram_free);
+    on_zram.scale(1.0 - zram.ratio()) + on_disk
 }
 
 impl Signals {
@@ -146,10 +150,10 @@ impl Signals {
             .map(|free| s.balloon.unwrap_or(s.configured) - free);
         let total = a.map(|a| a.meminfo.total).or(s.stats.total);
         let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
-        let room = a.map(swap_room);
-        let unreclaimable = a
-            .zip(room)
-            .map(|(a, room)| unreclaimable(s, &a.meminfo, room));
+        let unreclaimable = a.map(|a| {
+            let frees = |x| swap_frees(a.meminfo.swap_free, a.zram, x);
+            unreclaimable(s, &a.meminfo, frees)
+        });
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
@@ -164,7 +168,8 @@ impl Signals {
             active_file: a.and_then(|a| a.meminfo.active_file),
             inactive_file: a.and_then(|a| a.meminfo.inactive_file),
             anon: a.and_then(|a| a.meminfo.anon_pages),
-            swap_free: room,
+            swap_free: a.map(|a| a.meminfo.swap_free),
+            zram: a.and_then(|a| a.zram),
             swap_used: a.map(|a| a.meminfo.swap_total - a.meminfo.swap_free),
             untouched: a.and_then(|a| {
                 let m = &a.meminfo;
@@ -188,6 +193,12 @@ impl Signals {
             swap_in_per_s: history.rate(|s| s.stats.swap_in.map(|b| b.0)),
             swap_out_per_s: history.rate(|s| s.stats.swap_out.map(|b| b.0)),
         }
+    }
+
+    /// What swapping out `x` of its anonymous memory would free of the guest's RAM, its
+    /// free swap taking it ([`swap_frees`]); `None` without its agent's figures.
+    pub fn swap_frees(&self, x: Bytes) -> Option<Bytes> {
+        Some(swap_frees(self.swap_free?, self.zram, x))
     }
 
     /// Whether the guest's agent says it has no swap at all: memory it allocates beyond
@@ -349,37 +360,49 @@ mod tests {
     #[test]
     fn swap_on_zram_is_room_only_for_what_it_frees() {
         use crate::stats::ZramSwap;
-        // 150 MiB of anonymous memory, 100 MiB of free swap, all of it on zram.
-        let zram = |stored: u64, used: u64| {
+        // 150 MiB of anonymous memory; `free` MiB of its free swap on zram.
+        let zram = |free: u64, stored: u64, used: u64| {
             move |s: &mut VmSample| {
                 if let Some(Ok(a)) = &mut s.agent {
                     a.zram = Some(ZramSwap {
-                        free: Bytes::from_mib(100),
+                        free: Bytes::from_mib(free),
                         stored: Bytes::from_mib(stored),
                         used: Bytes::from_mib(used),
                     });
                 }
             }
         };
-        assert_eq!(unreclaimable_mib(100, |_| ()), Some(274), "on disk: 100 go");
-        // Its devices compress 3:1: what swapping frees is 2/3 of what it moves.
-        assert_eq!(unreclaimable_mib(100, zram(300, 100)), Some(307));
+        // 100 MiB of free swap.
+        assert_eq!(
+            unreclaimable_mib(100, |_| ()),
+            Some(274),
+            "on a disk: 100 go"
+        );
+        // On zram compressing 3:1, swapping frees 2/3 of what it moves.
+        assert_eq!(unreclaimable_mib(100, zram(100, 300, 100)), Some(307));
         // Storing too little to tell, half assumed; not compressing at all, nothing freed.
-        assert_eq!(unreclaimable_mib(100, zram(1, 1)), Some(324));
-        assert_eq!(unreclaimable_mib(100, zram(300, 400)), Some(374));
-        // The room the division and the estimator count is the same.
+        assert_eq!(unreclaimable_mib(100, zram(100, 1, 1)), Some(324));
+        assert_eq!(unreclaimable_mib(100, zram(100, 300, 400)), Some(374));
+        // Free zram larger than the anonymous memory (zram-generator sizes it as RAM):
+        // all 150 MiB can go, their compressed 50 MiB stay.
+        assert_eq!(unreclaimable_mib(512, |_| ()), Some(224), "on a disk");
+        assert_eq!(unreclaimable_mib(512, zram(512, 300, 100)), Some(274));
+        // zram first, then the disk: 100 MiB of 512 free on zram.
         let mut s = sample(0, 0, 0, 512);
-        zram(300, 100)(&mut s);
+        zram(100, 300, 100)(&mut s);
         let mut h = History::new(2);
         h.push(Duration::from_secs(1), s);
         let signals = Signals::derive(&h);
-        // 512 free, a third of the 100 on zram left in RAM.
-        assert_eq!(signals.swap_free.map(Bytes::mib), Some(478));
         assert_eq!(
-            signals.swap_used,
-            Some(Bytes::ZERO),
-            "what it uses is SwapTotal's"
+            signals.swap_free,
+            Some(Bytes::from_mib(512)),
+            "SwapFree as told"
         );
+        let frees = |mib| signals.swap_frees(Bytes::from_mib(mib)).map(Bytes::mib);
+        assert_eq!(frees(60), Some(40));
+        assert_eq!(frees(300), Some(266), "66 of 100 on zram, 200 on the disk");
+        assert_eq!(frees(1000), Some(478), "all free swap taken");
+        assert_eq!(Signals::default().swap_frees(Bytes::from_mib(1)), None);
     }
 
     #[test]

@@ -132,8 +132,8 @@ pub struct ZramSwap {
 impl ZramSwap {
     /// The memory a byte swapped to zram still takes where its devices store too little to
     /// tell (under [`Self::MEASURED_FROM`]): anonymous memory compresses 2-4:1 with lz4 or
-    /// zstd, and not at all when it is already compressed or encrypted; half is the cautious
-    /// middle.
+    /// zstd, and not at all when it is already compressed or encrypted; half is the
+    /// cautious end of the usual range.
     pub const ASSUMED_RATIO: f64 = 0.5;
 
     /// What its devices must store before their own ratio counts.

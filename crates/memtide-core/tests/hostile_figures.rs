@@ -39,7 +39,7 @@ fn policies() -> Vec<Box<dyn Policy>> {
 }
 
 /// An agent report made of arbitrary numbers.
-fn agent(n: &[u64; 12], avg: f64) -> AgentStats {
+fn agent(n: &[u64; 12], avg: f64, zram: Option<[u64; 3]>) -> AgentStats {
     let b = Bytes;
     AgentStats {
         meminfo: MemInfo {
@@ -71,11 +71,11 @@ fn agent(n: &[u64; 12], avg: f64) -> AgentStats {
             },
             full: None,
         }),
-        // Any zram at all, stored and used memory included.
-        zram: Some(ZramSwap {
-            free: Bytes(n[0]),
-            stored: Bytes(n[1]),
-            used: Bytes(n[2]),
+        // Any zram at all, or none.
+        zram: zram.map(|[free, stored, used]| ZramSwap {
+            free: Bytes(free),
+            stored: Bytes(stored),
+            used: Bytes(used),
         }),
     }
 }
@@ -86,17 +86,22 @@ proptest! {
     #[test]
     fn arbitrary_agent_figures_and_balloon_sizes_never_panic_a_policy(
         ticks in proptest::collection::vec(
-            (proptest::array::uniform12(any::<u64>()), any::<u64>(), -1e9f64..1e9),
+            (
+                proptest::array::uniform12(any::<u64>()),
+                any::<u64>(),
+                -1e9f64..1e9,
+                proptest::option::of(proptest::array::uniform3(any::<u64>())),
+            ),
             2..4,
         ),
     ) {
         for policy in policies() {
             let mut engine = Engine::new(EngineConfig::default(), policy);
-            for (t, (figures, actual, avg)) in ticks.iter().enumerate() {
+            for (t, (figures, actual, avg, zram)) in ticks.iter().enumerate() {
                 let mut liar = vm("liar", 1024, 512, 100);
                 let s = liar.sample.as_mut().unwrap();
                 s.balloon = Some(Bytes(*actual));
-                s.agent = Some(Ok(agent(figures, *avg)));
+                s.agent = Some(Ok(agent(figures, *avg, *zram)));
                 let vms = vec![liar, vm("honest", 1024, 800, 300)];
                 engine.tick(&snapshot(t as u64, host(4096, 1000), vms));
             }

@@ -448,7 +448,6 @@ impl Guest {
     /// its memory to `demand` and runs, and kswapd restores the free watermark.
     pub fn step(&mut self, dt: f64, demand: &Demand, costs: &Costs) {
         let before = self.counters;
-        self.shrink_zram();
         self.move_balloon(dt, costs);
         self.resize(dt, demand);
         let c = &self.counters;
@@ -460,6 +459,7 @@ impl Guest {
         if !demand.stopped && self.counters.oom_kills == before.oom_kills {
             self.run(dt, busy_us * 1e-6, costs);
         }
+        self.shrink_zram();
         let free = self.free();
         let low = self.wmark.low;
         if free < low {
@@ -799,12 +799,13 @@ impl Guest {
 
     /// Free up to `want` pages in LRU order; returns how many were freed.
     fn reclaim(&mut self, want: u64) -> u64 {
-        let mut left = want;
+        // Pages swapped in or freed since give back their compressed copies first.
+        let mut left = want.saturating_sub(self.shrink_zram());
         let p = self.file_idle.take(left, &mut self.rng);
         left -= p.pages;
         self.free_backed.add(p);
         if left > 0 {
-            left -= self.swap_out(false, left);
+            left -= self.swap_out(false, left).min(left);
         }
         if left > 0 {
             let p = self.file_ws.take(left, &mut self.rng);
@@ -813,7 +814,7 @@ impl Guest {
             self.free_backed.add(p);
         }
         if left > 0 {
-            left -= self.swap_out(true, left);
+            left -= self.swap_out(true, left).min(left);
         }
         want - left
     }
@@ -847,7 +848,7 @@ impl Guest {
             pages: p.pages - kept,
             host_swapped: 0,
         });
-        (p.pages - kept).min(n)
+        p.pages - kept
     }
 
     /// The pages zram takes for `swapped` pages (none on a disk).
@@ -858,13 +859,16 @@ impl Guest {
     }
 
     /// What zram holds beyond what the guest's swap now stores (pages swapped in, or
-    /// freed, since) becomes free.
-    fn shrink_zram(&mut self) {
+    /// freed, since) becomes free: before each reclaim and at the end of each step, as
+    /// the kernel frees a slot's compressed copy when the slot is freed. Returns how
+    /// many pages.
+    fn shrink_zram(&mut self) -> u64 {
         let keep = self.zram_for(self.swap_ws + self.swap_idle);
         let freed = self
             .zram
             .take(self.zram.pages.saturating_sub(keep), &mut self.rng);
         self.free_backed.add(freed);
+        freed.pages
     }
 
     /// Kill the workload: its anonymous memory and swap are freed.
@@ -1128,8 +1132,6 @@ mod tests {
                 g.check().unwrap();
             }
             assert_eq!(g.counters.oom_kills, 0);
-            // What was swapped in since the last step's start is given back at the next.
-            g.shrink_zram();
             let stored = g.swap_ws + g.swap_idle;
             assert_eq!(g.zram.pages, g.zram_for(stored), "{zram:?}");
             let told = g.agent_stats().zram;

@@ -452,8 +452,7 @@ fn guests_without_swap_keep_their_kernels_memory_when_neighbours_burst() {
 
 /// The burst scenario with every guest swapping to zram, each swapped page's compressed
 /// copy a third of it: none is OOM-killed, and memtide runs at least as fast as MOM and
-/// no management. Counted as free swap, zram let the databases be divided down to what
-/// their swap seemed to take: 4 kills.
+/// no management (at 60% the burst guests are killed once each: docs/simulator.md).
 #[test]
 fn guests_swapping_to_zram_keep_the_memory_their_compressed_swap_takes() {
     let mut scenario = Scenario::builtin("burst").unwrap();

@@ -580,8 +580,8 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_host_swapped_bytes",
-            "Memory of the QEMU process the host swapped out (VmSwap): guest memory the \
-             host no longer holds in RAM.",
+            "Memory of the hypervisor process the host swapped out (VmSwap): guest memory \
+             the host no longer holds in RAM.",
             per_vm(vms, |v| bytes(v.host_swapped)),
         )?;
         gauges(

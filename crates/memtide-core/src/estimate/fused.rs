@@ -283,8 +283,9 @@ fn reported_kept(cfg: &FusedConfig, obs: &Observation, unreported: Bytes) -> Opt
 
 /// What of the guest's own need its host's access tracking saw untouched for the cold age:
 /// the cold memory beyond all its page cache and free memory (which the tracker counts
-/// too, and the other rules take or keep), no more than its anonymous memory and its free
-/// swap — what it can write out (hugetlb pages, shared memory and the like cannot go).
+/// too, and the other rules take or keep), no more than what writing its anonymous memory
+/// to its free swap frees (hugetlb pages, shared memory and the like cannot go; on zram,
+/// each page's compressed copy stays).
 /// The guest gives it up at the cost of writing it out once. Cold page cache is left to
 /// the other rules: read again after longer than the cold age, it would come from disk
 /// (found in the simulator: web caches whose files came back every 15 min lost 2.5% of
@@ -301,7 +302,7 @@ fn cold_need(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     s.committed_as?;
     let cache = s.active_file? + s.inactive_file?;
     let free = obs.size - s.used?;
-    Some((obs.cold? - cache - free).min(s.anon?).min(s.swap_free?))
+    s.swap_frees((obs.cold? - cache - free).min(s.anon?))
 }
 
 /// What the guest has committed less what of it is in its swap: the memory it has

@@ -291,10 +291,10 @@ fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
 /// memory was OOM-killed). When memory is divided, no VM is given less than the second
 /// (or less than it wants, if that is smaller).
 fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> (Bytes, Bytes) {
-    let committed = s
-        .committed_as
-        .zip(s.swap_free)
-        .map_or(Bytes::ZERO, |(c, free)| c - reserved - free);
+    let committed = s.committed_as.map_or(Bytes::ZERO, |c| {
+        let c = c - reserved;
+        s.swap_frees(c).map_or(Bytes::ZERO, |frees| c - frees)
+    });
     s.unreclaimable.map_or((committed, committed), |kept| {
         (committed.max(kept), committed.max(kept + margin))
     })
