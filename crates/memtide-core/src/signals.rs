@@ -50,8 +50,8 @@ pub struct Signals {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untouched: Option<Bytes>,
     /// Memory the guest cannot give up without an OOM kill: all its size holds but free
-    /// memory, page cache, reclaimable slab and the anonymous memory its free swap can
-    /// take (needs the agent).
+    /// memory, page cache, reclaimable slab and what swapping its anonymous memory frees
+    /// ([`Signals::swap_frees`]: on zram, less the compressed copies; needs the agent).
     pub unreclaimable: Option<Bytes>,
     /// Pages swapped in since the previous sample.
     pub swap_ins: Option<u64>,
