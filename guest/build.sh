@@ -20,7 +20,8 @@ TARGET=x86_64-unknown-linux-gnu
 # Load order for guest/init: each module after its dependencies (checked
 # against modinfo below). Swap itself is built into the kernel.
 MODULES=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
-    virtio_balloon virtio_blk virtio_console virtio_mem)
+    virtio_balloon virtio_blk virtio_console virtio_mem
+    zsmalloc lzo-rle zram) # zram swap (memtide.zram=MiB), lzo-rle its default compressor
 
 die() {
     echo "build.sh: error: $*" >&2

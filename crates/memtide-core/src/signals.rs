@@ -201,6 +201,16 @@ impl Signals {
         Some(swap_frees(self.swap_free?, self.zram, x))
     }
 
+    /// What its free swap would keep of the guest's RAM once filled: the compressed copies
+    /// of what it swaps to zram (nothing on a disk); `None` without its agent's figures.
+    /// Kept free beside what it uses, it lets the guest swap as much of a burst as a disk
+    /// as large would take: swapping `x` frees `x` less its copies, and the room holds
+    /// the copies.
+    pub fn swap_keeps(&self) -> Option<Bytes> {
+        let free = self.swap_free?;
+        Some(free - swap_frees(free, self.zram, free))
+    }
+
     /// Whether the guest's agent says it has no swap at all: memory it allocates beyond
     /// what it holds is then an OOM kill unless the balloon gives it back first.
     pub fn no_swap(&self) -> bool {
@@ -403,6 +413,15 @@ mod tests {
         assert_eq!(frees(300), Some(266), "66 of 100 on zram, 200 on the disk");
         assert_eq!(frees(1000), Some(478), "all free swap taken");
         assert_eq!(Signals::default().swap_frees(Bytes::from_mib(1)), None);
+        // Filled, its zram would keep a third of its 100 MiB; the disk keeps nothing.
+        assert_eq!(signals.swap_keeps().map(Bytes::mib), Some(33));
+        let disk = Signals::derive(&{
+            let mut h = History::new(2);
+            h.push(Duration::from_secs(1), sample(0, 0, 0, 512));
+            h
+        });
+        assert_eq!(disk.swap_keeps(), Some(Bytes::ZERO));
+        assert_eq!(Signals::default().swap_keeps(), None);
     }
 
     #[test]

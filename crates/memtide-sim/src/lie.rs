@@ -3,7 +3,7 @@
 //! from honest neighbours (`docs/security.md`). Each lie is consistent enough to pass the
 //! engine's plausibility checks: absurd figures are refused at ingest, these are not.
 
-use memtide_core::stats::{AgentStats, GuestStats, Psi, PsiLine};
+use memtide_core::stats::{AgentStats, GuestStats, Psi, PsiLine, ZramSwap};
 use memtide_core::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +20,12 @@ pub enum Lie {
     /// [`Lie::NeedsAll`], but the truth for one second in every 20: a guest that hopes
     /// each truthful report starts the host's doubt over.
     NowAndThen,
+    /// No swap, where it has some: it keeps all it holds while memory is ample, and gets
+    /// room for bursts, as a guest whose allocations would be OOM kills.
+    NoSwap,
+    /// Swap on zram four times its size that compresses nothing: all of it would stay in
+    /// its RAM, so it claims room for all of it while memory is ample.
+    IncompressibleZram,
 }
 
 impl Lie {
@@ -51,6 +57,7 @@ impl Lie {
                 s.major_faults = Some(s.major_faults.unwrap_or_default() + fake);
                 s.alloc_stalls = Some(s.alloc_stalls.unwrap_or_default() + fake / 64);
             }
+            Lie::NoSwap | Lie::IncompressibleZram => {}
         }
     }
 
@@ -91,6 +98,24 @@ impl Lie {
                 a.psi = Some(Psi {
                     some: line,
                     full: Some(line),
+                });
+            }
+            Lie::NoSwap => {
+                let m = &mut a.meminfo;
+                m.swap_total = Bytes::ZERO;
+                m.swap_free = Bytes::ZERO;
+                a.zram = None;
+            }
+            Lie::IncompressibleZram => {
+                let m = &mut a.meminfo;
+                let used = m.swap_total - m.swap_free;
+                m.swap_total = m.total.scale(4.0);
+                m.swap_free = m.swap_total - used;
+                let stored = Bytes::from_mib(1024);
+                a.zram = Some(ZramSwap {
+                    free: m.swap_free,
+                    stored,
+                    used: stored,
                 });
             }
         }

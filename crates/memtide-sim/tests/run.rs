@@ -451,22 +451,31 @@ fn guests_without_swap_keep_their_kernels_memory_when_neighbours_burst() {
 }
 
 /// The burst scenario with every guest swapping to zram, each swapped page's compressed
-/// copy a third of it: none is OOM-killed, and memtide runs at least as fast as MOM and
-/// no management (at 60% the burst guests are killed once each: docs/simulator.md).
+/// copy a third of it, or 60% (compressing poorly): none is OOM-killed, and memtide runs at
+/// least as fast as MOM and no management at a third, within 1% of them at 60% (#11's
+/// bound; killed once each in their first burst before they kept room for their copies).
 #[test]
 fn guests_swapping_to_zram_keep_the_memory_their_compressed_swap_takes() {
-    let mut scenario = Scenario::builtin("burst").unwrap();
-    for vm in &mut scenario.vms {
-        vm.zram_pct = Some(33.0);
-    }
-    let s = run(&scenario, memtide(), EngineConfig::default(), 1).summary;
-    assert_eq!(s.oom_kills, 0);
-    for baseline in [
-        Box::new(Mom::default()) as Box<dyn Policy>,
-        Box::new(Unmanaged),
-    ] {
-        let b = run(&scenario, baseline, EngineConfig::default(), 1).summary;
-        assert_no_slower(&s, &b, "memtide, a baseline");
+    for pct in [33.0, 60.0] {
+        let mut scenario = Scenario::builtin("burst").unwrap();
+        for vm in &mut scenario.vms {
+            vm.zram_pct = Some(pct);
+        }
+        let s = run(&scenario, memtide(), EngineConfig::default(), 1).summary;
+        assert_eq!(s.oom_kills, 0, "zram at {pct}%");
+        for baseline in [
+            Box::new(Mom::default()) as Box<dyn Policy>,
+            Box::new(Unmanaged),
+        ] {
+            let b = run(&scenario, baseline, EngineConfig::default(), 1).summary;
+            let bound = if pct < 50.0 { 1.0 } else { 0.99 };
+            assert!(
+                s.total_throughput >= bound * b.total_throughput,
+                "zram at {pct}%: memtide {:.0} MiB/s against a baseline's {:.0}",
+                s.total_throughput,
+                b.total_throughput
+            );
+        }
     }
 }
 
@@ -631,7 +640,13 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
     };
     let (truth, truth_held, _, none) = run_with("");
     assert_eq!(none, 0, "an honest guest is never reported");
-    for lie in ["needs_all", "thrashing", "now_and_then"] {
+    for lie in [
+        "needs_all",
+        "thrashing",
+        "now_and_then",
+        "no_swap",
+        "incompressible_zram",
+    ] {
         let (throughput, held, liar, unbacked) = run_with(lie);
         // Until its lie is found out, the liar's claims count: the databases lose a little
         // then (without this check they ran at 0.17 of the truth, swapping all run).
@@ -645,7 +660,11 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
         // kept 2.4 GiB). That share counts as in use, so the host's need reads tight, not
         // ample, and the databases stay where probing found their working sets, 50 MiB
         // below what they keep when memory is ample.
-        if lie != "thrashing" {
+        // A guest lying about its swap keeps, while memory is ample, memory no one else
+        // wants (3.0 GiB of its 4 claiming no swap, 2.1 claiming zram that compresses
+        // nothing): the databases keep what they keep beside an honest guest.
+        let about_swap = ["no_swap", "incompressible_zram"].contains(&lie);
+        if lie != "thrashing" && !about_swap {
             assert!(liar <= 1850.0, "{lie}: the liar kept {liar:.0} MiB");
         }
         assert!(
@@ -653,8 +672,14 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
             "{lie}: the databases held {held:.0} MiB next to the liar, {truth_held:.0} next \
              to an honest guest"
         );
-        if lie != "thrashing" {
+        if lie != "thrashing" && !about_swap {
             assert!(unbacked > 0, "the contradicted claim is reported");
+        }
+        if about_swap {
+            assert!(
+                throughput >= truth && held >= truth_held,
+                "{lie}: {throughput:.0} MiB/s, {held:.0} MiB held"
+            );
         }
     }
 }

@@ -1,9 +1,10 @@
 //! End to end: a real guest without swap keeps all it holds while the host's memory is
-//! ample (rule `memtide.no_swap`), where the same idle guest with swap is ballooned down
-//! to what it uses. Its agent (Debian's qemu-ga) reads the guest's own /proc/meminfo:
-//! `SwapTotal: 0 kB`.
+//! ample (rule `memtide.no_swap`), and one swapping to zram keeps room for what its swap
+//! would keep of its RAM (rule `memtide.zram`), where the same idle guest with swap on a
+//! disk is ballooned down to what it uses. Their agent (Debian's qemu-ga) reads the
+//! guest's own /proc/meminfo (`SwapTotal: 0 kB`), /proc/swaps and zram's `mm_stat`.
 //!
-//! Boots two guests under TCG (about a minute), so ignored by a plain `cargo test`;
+//! Boots three guests under TCG (about a minute), so ignored by a plain `cargo test`;
 //! `scripts/test.sh` builds the guest and runs it.
 
 mod support;
@@ -14,17 +15,27 @@ use support::daemon::{actual_mib, mib, vm, Daemon};
 use support::guest::Guest;
 
 const GUEST_MIB: u64 = 384;
+/// The zram guest's swap: while zram stores too little to tell its ratio, half of each
+/// page is assumed to stay, so it keeps 96 MiB beside its estimate.
+const ZRAM_MIB: u64 = 192;
 
 #[test]
 #[ignore = "boots QEMU guests; run by scripts/test.sh"]
-fn an_idle_guest_without_swap_keeps_its_memory_while_memory_is_ample() {
+fn idle_guests_whose_swap_cannot_take_a_burst_keep_room_while_memory_is_ample() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-no-swap");
     let procs = cgroup.procs();
     let mut swapping = Guest::boot("swap", dir.path(), &procs, GUEST_MIB, "", "");
     let mut swapless = Guest::boot_without_swap("noswap", dir.path(), &procs, GUEST_MIB);
+    let mut zram = Guest::boot_with_zram("zram", dir.path(), &procs, GUEST_MIB, ZRAM_MIB);
     swapping.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     swapless.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    zram.wait_console(
+        &format!("memtide-guest: swap on /dev/zram0 ({ZRAM_MIB} MiB)"),
+        1,
+        Duration::from_secs(120),
+    );
+    zram.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
 
     // Memory is ample whatever the build machine holds: no free share is too little.
     let port = support::free_port();
@@ -35,12 +46,15 @@ fn an_idle_guest_without_swap_keeps_its_memory_while_memory_is_ample() {
          [engine]\nksm_control = false\n\
          [memtide]\nample_free = 0.0\nshort_free = 0.0\narrive_s = 0.0\n\
          [[vm]]\nname = \"swap\"\nqmp = {:?}\nagent = {:?}\n\
-         [[vm]]\nname = \"noswap\"\nqmp = {:?}\nagent = {:?}\n",
+         [[vm]]\nname = \"noswap\"\nqmp = {:?}\nagent = {:?}\n\
+         [[vm]]\nname = \"zram\"\nqmp = {:?}\nagent = {:?}\n",
         cgroup.dir.display().to_string(),
         swapping.qmp().display().to_string(),
         swapping.agent().display().to_string(),
         swapless.qmp().display().to_string(),
         swapless.agent().display().to_string(),
+        zram.qmp().display().to_string(),
+        zram.agent().display().to_string(),
     );
     let daemon = Daemon::start(dir.path(), &config, port);
     // The guest with swap gives back the free memory it does not use.
@@ -65,4 +79,30 @@ fn an_idle_guest_without_swap_keeps_its_memory_while_memory_is_ample() {
     // Its estimate is still its working set, well below its size.
     let estimate = mib(without, "estimate").unwrap();
     assert!(estimate < GUEST_MIB as f64 * 0.8, "{without}");
+
+    // The zram guest keeps, beside its estimate (or its minimum, where that is more), half
+    // its free zram: 96 MiB.
+    let settled = daemon.wait_until(
+        "the zram guest at its estimate and room for its swap's copies",
+        Duration::from_secs(90),
+        |s| {
+            vm(s, "zram").is_some_and(|z| {
+                let below = mib(z, "estimate")
+                    .zip(mib(z, "min"))
+                    .map_or(f64::MAX, |(e, min)| e.max(min));
+                let room = actual_mib(s, "zram") - below;
+                z["reason"]["rule"] == "memtide.zram" && (room - 96.0).abs() < 4.0
+            })
+        },
+    );
+    let zram = vm(&settled, "zram").unwrap();
+    eprintln!(
+        "on zram: {:.0} MiB ({})",
+        actual_mib(&settled, "zram"),
+        zram["reason"]
+    );
+    assert!(
+        actual_mib(&settled, "zram") < GUEST_MIB as f64 * 0.9,
+        "the zram guest gives back the rest: {zram}"
+    );
 }

@@ -300,6 +300,18 @@ fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> (
     })
 }
 
+/// What a VM's want was lifted to above its estimate and minimum (`below`), by which
+/// rule, for the reason: each only where it lifted the want further.
+struct Lift {
+    below: Bytes,
+    /// Room for a burst, while it has no swap.
+    room: Option<Bytes>,
+    /// All it holds, while memory is ample and it has no swap.
+    whole: Option<Bytes>,
+    /// Room for its zram swap's compressed copies, while memory is ample.
+    zram: Option<Bytes>,
+}
+
 /// What the policy watches of each VM beside its estimator.
 #[derive(Default)]
 struct Watched {
@@ -332,6 +344,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "no_agent") => "memtide.no_agent",
         ("memtide", "ample") => "memtide.ample",
         ("memtide", "no_swap") => "memtide.no_swap",
+        ("memtide", "zram") => "memtide.zram",
         ("memtide", "reported") => "memtide.reported",
         ("memtide", "cold") => "memtide.cold",
         ("memtide", "touched") => "memtide.touched",
@@ -562,7 +575,7 @@ impl Policy for WorkingSet {
         let mut claims = Vec::with_capacity(estimated.len());
         let mut first = Vec::with_capacity(estimated.len());
         let mut swapless_first = Vec::with_capacity(estimated.len());
-        let mut no_swap = Vec::with_capacity(estimated.len());
+        let mut lifts = Vec::with_capacity(estimated.len());
         let mut after_kill = Vec::with_capacity(estimated.len());
         let mut beyond_ram = Vec::with_capacity(estimated.len());
         for (vm, e, costless, credible, beyond, growth, room, killed) in &estimated {
@@ -596,11 +609,32 @@ impl Policy for WorkingSet {
             };
             // What each lifts the want by, for the reason.
             let below = want.max(min);
-            no_swap.push((
-                Some(room).filter(|r| *r > below),
-                Some(whole).filter(|w| *w > below.max(room)),
-            ));
-            let want = below.max(room).max(whole);
+            // A guest swapping to zram keeps, while memory is ample, room for what its swap
+            // would keep of its RAM filled ([`Signals::swap_keeps`](crate::signals::Signals)):
+            // a burst faster than the balloon then finds what a disk as large would give it
+            // (found in the simulator: guests at their costless size on zram keeping 60% of
+            // each page, killed in their burst's first tick where on a disk none was). As
+            // far as it holds it: the figures are its word, and unbounded they would regrow
+            // it at its neighbours' expense (found in review), which reporting no swap
+            // cannot.
+            let zram = if ample {
+                let copies = vm.signals.swap_keeps().unwrap_or_default();
+                within(
+                    (below + copies)
+                        .min(vm.actual.max(below))
+                        .min(vm.limits.max),
+                    *credible,
+                )
+            } else {
+                Bytes::ZERO
+            };
+            lifts.push(Lift {
+                below,
+                room: Some(room).filter(|r| *r > below),
+                whole: Some(whole).filter(|w| *w > below.max(room)),
+                zram: Some(zram).filter(|z| *z > below.max(room).max(whole)),
+            });
+            let want = below.max(room).max(whole).max(zram);
             // What a guest without swap wants of the host's swap room: its want, and while
             // memory is ample all of its size, room for a first burst nothing foretold.
             beyond_ram.push((fused && vm.signals.no_swap()).then(|| {
@@ -702,12 +736,12 @@ impl Policy for WorkingSet {
         // How much of the room is lent: what the targets hand out beyond the VMs' memory.
         let from_swap = lifted.iter().copied().sum::<Bytes>() - capacity;
         let policy = self.estimator.policy_name();
-        for ((((((vm, e, .., killed), target), lifted), keep), (room, whole)), level) in estimated
+        for ((((((vm, e, .., killed), target), lifted), keep), lift), level) in estimated
             .into_iter()
             .zip(given)
             .zip(lifted)
             .zip(keeps)
-            .zip(no_swap)
+            .zip(lifts)
             .zip(&after_kill)
         {
             out.estimates.insert(vm.name.to_string(), e.wss);
@@ -729,19 +763,32 @@ impl Policy for WorkingSet {
                         }
                     ),
                 ),
-                None if whole.is_some() => (
+                None if target > lift.below && lift.whole.is_some() => (
                     target,
                     rule(policy, "no_swap"),
                     format!(
                         "{}; memory is ample and the guest has no swap: it wants all it holds \
                          ({}), its only room for a burst faster than the balloon",
                         e.detail,
-                        whole.unwrap_or_default()
+                        lift.whole.unwrap_or_default()
+                    ),
+                ),
+                None if target > lift.below && lift.zram.is_some() => (
+                    target,
+                    rule(policy, "zram"),
+                    format!(
+                        "{}; memory is ample and the guest swaps to zram: it wants {}, {} \
+                         beside {} for what its swap would keep of its RAM as it fills, room \
+                         for a burst faster than the balloon",
+                        e.detail,
+                        lift.zram.unwrap_or_default(),
+                        lift.zram.unwrap_or_default() - lift.below,
+                        lift.below
                     ),
                 ),
                 None => (target, rule(policy, e.phase), e.detail),
             };
-            if let Some(room) = room.filter(|_| whole.is_none()) {
+            if let Some(room) = lift.room.filter(|_| lift.whole.is_none()) {
                 let _ = write!(
                     detail,
                     "; no swap: it wants {room}, room for a burst as fast as its last hour's"
@@ -1066,6 +1113,54 @@ mod tests {
         assert_eq!(target(&o, "a"), Some(430));
         let o = decide_with(&mut memtide(), 8192, 6000, &vms, swap(None));
         assert_eq!(target(&o, "a"), Some(430));
+    }
+
+    #[test]
+    fn a_guest_swapping_to_zram_keeps_room_for_its_compressed_copies_while_memory_is_ample() {
+        // "a" counts 400 MiB needed of its 1024 MiB, with 512 MiB of free swap. On a disk
+        // it is ballooned to its need and margin; on zram it keeps beside them what its
+        // swap would keep of its RAM filled: half (assumed) while zram stores too little to
+        // tell, a third where it compresses 3:1. A host short of memory takes it to its
+        // need as on a disk; its estimate is its need throughout. Zram that compresses
+        // nothing, four times its size, keeps it what it holds and no more: its word
+        // cannot regrow it.
+        let zram = |free: u64, stored: u64, used: u64| {
+            move |_: &mut VmSample, s: &mut Signals| {
+                s.swap_free = Some(Bytes::from_mib(free));
+                s.swap_used = Some(Bytes::ZERO);
+                s.zram = Some(crate::stats::ZramSwap {
+                    free: Bytes::from_mib(free),
+                    stored: Bytes::from_mib(stored),
+                    used: Bytes::from_mib(used),
+                });
+            }
+        };
+        let disk = |_: &mut VmSample, s: &mut Signals| {
+            s.swap_free = Some(Bytes::from_mib(512));
+            s.swap_used = Some(Bytes::ZERO);
+        };
+        let vms = [("a", 1024, 624, 1000, 400)];
+        let o = decide_with(&mut memtide(), 8192, 6000, &vms, disk);
+        assert_eq!(target(&o, "a"), Some(430));
+        let o = decide_with(&mut memtide(), 8192, 6000, &vms, zram(512, 0, 0));
+        assert_eq!(target(&o, "a"), Some(686));
+        let reason = &o.balloon["a"].reason;
+        assert_eq!(reason.rule, "memtide.zram");
+        assert!(
+            reason
+                .detail
+                .contains("the guest swaps to zram: it wants 687 MiB, 256 MiB beside 431 MiB"),
+            "{}",
+            reason.detail
+        );
+        assert_eq!(o.estimates["a"].mib(), 430);
+        let o = decide_with(&mut memtide(), 8192, 6000, &vms, zram(512, 300, 100));
+        assert_eq!(target(&o, "a"), Some(601));
+        let o = decide_with(&mut memtide(), 8192, 0, &vms, zram(512, 0, 0));
+        assert_eq!(target(&o, "a"), Some(430));
+        let held = [("a", 600, 200, 1000, 400)];
+        let o = decide_with(&mut memtide(), 8192, 6000, &held, zram(4096, 1024, 1024));
+        assert_eq!(target(&o, "a"), None);
     }
 
     #[test]

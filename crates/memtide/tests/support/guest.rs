@@ -134,6 +134,20 @@ impl Guest {
         Guest::started(boot.device(BALLOON).agent(), procs)
     }
 
+    /// Like [`Guest::boot_without_swap`], swapping to zram of `zram_mib` instead (guest/init's
+    /// `memtide.zram`).
+    pub fn boot_with_zram(
+        name: &str,
+        dir: &Path,
+        procs: &Path,
+        mem_mib: u64,
+        zram_mib: u64,
+    ) -> Guest {
+        let zram = format!("memtide.zram={zram_mib}");
+        let boot = Guest::with_workload(name, dir, &mem_mib.to_string(), "", "", &zram);
+        Guest::started(boot.device(BALLOON).agent(), procs)
+    }
+
     /// The tests' guest running `workload` with `args`, with its QMP socket.
     fn with_workload(
         name: &str,
