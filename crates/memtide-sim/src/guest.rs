@@ -668,7 +668,11 @@ impl Guest {
         } else {
             0.0
         };
-        let guest_us = p_anon * costs.guest_swap_in_us + p_file * costs.file_read_us;
+        let swap_in_us = match self.params.zram {
+            Some(_) => costs.zram_swap_in_us,
+            None => costs.guest_swap_in_us,
+        };
+        let guest_us = p_anon * swap_in_us + p_file * costs.file_read_us;
         let host_us = p_host * costs.host_swap_in_us + (p_anon + p_file) * frame_us;
         let per_page_s = (1.0 + self.tier_slowdown) / rate + (guest_us + host_us) * 1e-6;
         let touched = time / per_page_s;
@@ -682,7 +686,7 @@ impl Guest {
             0.0
         };
         self.counters.memory_stall_us +=
-            touched * (p_anon * costs.guest_swap_in_us + p_refault * costs.file_read_us);
+            touched * (p_anon * swap_in_us + p_refault * costs.file_read_us);
         self.counters.host_stall_us += touched * host_us;
 
         // Host faults on working-set pages the host swapped out.
@@ -1112,21 +1116,28 @@ mod tests {
         assert!(mib(g.last.touched as u64) < 500.0);
     }
 
+    /// A 1 GiB guest (swap on zram keeping `zram` of each page, or a disk) that used
+    /// 600 MiB of anonymous memory for a second, its balloon then set to leave it 600 MiB.
+    fn ballooned_to_600_mib(zram: Option<f64>, costs: &Costs) -> Guest {
+        let mut g = Guest::boot(
+            GuestParams {
+                zram,
+                ..params(1024.0)
+            },
+            Rng::new(1),
+        );
+        g.step(1.0, &demand(600.0), costs);
+        g.set_target(pages(600.0));
+        g
+    }
+
     #[test]
     fn swap_on_zram_keeps_its_compressed_copies_in_the_guests_ram() {
         let costs = Costs::default();
         // 600 MiB of anonymous memory ballooned to 600 MiB: on a disk, the kernel's 64 MiB
         // and the watermarks' go to swap; on zram at a third, half as much again.
         let swapped = |zram: Option<f64>| {
-            let mut g = Guest::boot(
-                GuestParams {
-                    zram,
-                    ..params(1024.0)
-                },
-                Rng::new(1),
-            );
-            g.step(1.0, &demand(600.0), &costs);
-            g.set_target(pages(600.0));
+            let mut g = ballooned_to_600_mib(zram, &costs);
             for _ in 0..5 {
                 g.step(1.0, &demand(600.0), &costs);
                 g.check().unwrap();
@@ -1143,15 +1154,7 @@ mod tests {
         let zram = swapped(Some(1.0 / 3.0));
         assert!(zram > disk * 1.4, "{zram} MiB on zram, {disk} on a disk");
         // What it swapped comes back: zram gives back what it held for it.
-        let mut g = Guest::boot(
-            GuestParams {
-                zram: Some(0.5),
-                ..params(1024.0)
-            },
-            Rng::new(1),
-        );
-        g.step(1.0, &demand(600.0), &costs);
-        g.set_target(pages(600.0));
+        let mut g = ballooned_to_600_mib(Some(0.5), &costs);
         g.step(1.0, &demand(600.0), &costs);
         assert!(g.zram.pages > 0);
         g.set_target(pages(1024.0));
@@ -1160,6 +1163,34 @@ mod tests {
         }
         g.check().unwrap();
         assert_eq!((g.swap_ws + g.swap_idle, g.zram.pages), (0, 0));
+    }
+
+    #[test]
+    fn a_page_faulted_back_from_zram_costs_a_decompression_not_a_disk_read() {
+        // 600 MiB of anonymous memory held at 600 MiB: part of its working set is in swap
+        // and comes back as it is touched, each page costing what its swap device costs.
+        let costs = Costs::default();
+        let stall_per_swap_in = |zram: Option<f64>| {
+            let mut g = ballooned_to_600_mib(zram, &costs);
+            let before = g.counters;
+            for _ in 0..5 {
+                g.step(1.0, &demand(600.0), &costs);
+            }
+            let swap_ins = g.counters.swap_in - before.swap_in;
+            assert!(swap_ins > 1000, "{zram:?}: {swap_ins} swap-ins");
+            (g.counters.memory_stall_us - before.memory_stall_us) / swap_ins as f64
+        };
+        let disk = stall_per_swap_in(None);
+        let zram = stall_per_swap_in(Some(0.5));
+        // (Other stalls, reclaim's among them, add a little to each.)
+        assert!(
+            (disk / costs.guest_swap_in_us - 1.0).abs() < 0.1,
+            "{disk} µs"
+        );
+        assert!(
+            zram >= costs.zram_swap_in_us && zram < disk / 10.0,
+            "{zram} µs on zram, {disk} on a disk"
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub enum Lie {
     /// Swap on zram four times its size that compresses nothing: all of it would stay in
     /// its RAM, so it claims room for all of it while memory is ample.
     IncompressibleZram,
+    /// A commitment growing by 2% of its size every second, beside swap sixteen times its
+    /// size: it seems to allocate anew every tick.
+    CreepingCommit,
 }
 
 impl Lie {
@@ -57,7 +60,7 @@ impl Lie {
                 s.major_faults = Some(s.major_faults.unwrap_or_default() + fake);
                 s.alloc_stalls = Some(s.alloc_stalls.unwrap_or_default() + fake / 64);
             }
-            Lie::NoSwap | Lie::IncompressibleZram => {}
+            Lie::NoSwap | Lie::IncompressibleZram | Lie::CreepingCommit => {}
         }
     }
 
@@ -99,6 +102,14 @@ impl Lie {
                     some: line,
                     full: Some(line),
                 });
+            }
+            Lie::CreepingCommit => {
+                let m = &mut a.meminfo;
+                let used = m.swap_total - m.swap_free;
+                m.swap_total = m.total.scale(16.0);
+                m.swap_free = m.swap_total - used;
+                let crept = m.total.scale(0.02 * at_s.max(0.0));
+                m.committed_as = m.committed_as.map(|c| c + crept);
             }
             Lie::NoSwap => {
                 let m = &mut a.meminfo;

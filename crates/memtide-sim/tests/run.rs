@@ -451,9 +451,9 @@ fn guests_without_swap_keep_their_kernels_memory_when_neighbours_burst() {
 }
 
 /// The burst scenario with every guest swapping to zram, each swapped page's compressed
-/// copy a third of it, or 60% (compressing poorly): none is OOM-killed, and memtide runs at
-/// least as fast as MOM and no management at a third, within 1% of them at 60% (#11's
-/// bound; killed once each in their first burst before they kept room for their copies).
+/// copy a third of it or 60% (compressing poorly): none is OOM-killed, and memtide runs at
+/// least as fast as MOM and no management (the burst guests were killed once each in their
+/// first burst before they kept room for their swap's copies while memory was ample).
 #[test]
 fn guests_swapping_to_zram_keep_the_memory_their_compressed_swap_takes() {
     for pct in [33.0, 60.0] {
@@ -468,13 +468,7 @@ fn guests_swapping_to_zram_keep_the_memory_their_compressed_swap_takes() {
             Box::new(Unmanaged),
         ] {
             let b = run(&scenario, baseline, EngineConfig::default(), 1).summary;
-            let bound = if pct < 50.0 { 1.0 } else { 0.99 };
-            assert!(
-                s.total_throughput >= bound * b.total_throughput,
-                "zram at {pct}%: memtide {:.0} MiB/s against a baseline's {:.0}",
-                s.total_throughput,
-                b.total_throughput
-            );
+            assert_no_slower(&s, &b, &format!("zram at {pct}%: memtide, a baseline"));
         }
     }
 }
@@ -646,6 +640,7 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
         "now_and_then",
         "no_swap",
         "incompressible_zram",
+        "creeping_commit",
     ] {
         let (throughput, held, liar, unbacked) = run_with(lie);
         // Until its lie is found out, the liar's claims count: the databases lose a little
@@ -655,27 +650,24 @@ fn a_lying_guest_takes_nothing_from_its_honest_neighbours() {
             "{lie}: the databases ran at {throughput:.0} MiB/s next to the liar, {truth:.0} \
              next to an honest guest"
         );
-        // Found out, a guest claiming all it holds keeps no more than its fair share: a
-        // quarter of the 7 GiB the VMs can have (before its estimate was bounded too, it
-        // kept 2.4 GiB). That share counts as in use, so the host's need reads tight, not
-        // ample, and the databases stay where probing found their working sets, 50 MiB
-        // below what they keep when memory is ample.
-        // A guest lying about its swap keeps, while memory is ample, memory no one else
-        // wants (3.0 GiB of its 4 claiming no swap, 2.1 claiming zram that compresses
-        // nothing): the databases keep what they keep beside an honest guest.
-        let about_swap = ["no_swap", "incompressible_zram"].contains(&lie);
-        if lie != "thrashing" && !about_swap {
-            assert!(liar <= 1850.0, "{lie}: the liar kept {liar:.0} MiB");
-        }
         assert!(
             held >= 0.96 * truth_held,
             "{lie}: the databases held {held:.0} MiB next to the liar, {truth_held:.0} next \
              to an honest guest"
         );
-        if lie != "thrashing" && !about_swap {
+        if ["needs_all", "now_and_then"].contains(&lie) {
+            // Found out, a guest claiming all it holds keeps no more than its fair share: a
+            // quarter of the 7 GiB the VMs can have (before its estimate was bounded too, it
+            // kept 2.4 GiB). That share counts as in use, so the host's need reads tight,
+            // not ample, and the databases stay where probing found their working sets, 50
+            // MiB below what they keep when memory is ample.
+            assert!(liar <= 1850.0, "{lie}: the liar kept {liar:.0} MiB");
             assert!(unbacked > 0, "the contradicted claim is reported");
-        }
-        if about_swap {
+        } else {
+            // The other lies keep the liar, while memory is ample, memory no one else wants
+            // (2.2 GiB of its 4 thrashing or committing more every second, 3.0 claiming no
+            // swap, 2.1 claiming zram that compresses nothing): the databases run and hold
+            // what they do beside an honest guest.
             assert!(
                 throughput >= truth && held >= truth_held,
                 "{lie}: {throughput:.0} MiB/s, {held:.0} MiB held"
