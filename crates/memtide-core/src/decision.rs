@@ -167,6 +167,10 @@ pub struct VmReport {
     /// the guest touched that the host no longer holds in RAM, beside `rss`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_swapped: Option<Bytes>,
+    /// The guest's swap on zram, as its agent reports it (the guest's word): free, stored
+    /// and the memory it takes for what it stores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_zram: Option<crate::stats::ZramSwap>,
     /// Memory plugged through virtio-mem.
     pub plugged: Option<Bytes>,
     /// Freed guest pages return to the host by themselves (free page reporting).

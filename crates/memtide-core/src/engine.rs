@@ -395,6 +395,7 @@ impl Engine {
         report.guest_available = latest.stats.available;
         report.used = signals.used;
         report.committed_as = signals.committed_as;
+        report.guest_zram = signals.zram;
         report.guest_psi_some_avg10 = signals.psi_some_avg10;
         report.refaults_per_s = signals
             .refaults
@@ -706,6 +707,7 @@ fn empty_report(vm: &VmSnapshot) -> VmReport {
         rss: None,
         hypervisor_own: None,
         host_swapped: None,
+        guest_zram: None,
         plugged: None,
         free_page_reporting: false,
         reason: None,

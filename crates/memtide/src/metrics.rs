@@ -586,6 +586,20 @@ impl Collector for StatusCollector {
         )?;
         gauges(
             &mut enc,
+            "memtide_vm_zram_stored_bytes",
+            "What the guest's zram swap stores, uncompressed (mm_stat's orig_data_size; \
+             guest agent).",
+            per_vm(vms, |v| bytes(v.guest_zram.map(|z| z.stored))),
+        )?;
+        gauges(
+            &mut enc,
+            "memtide_vm_zram_used_bytes",
+            "The guest memory its zram swap takes for what it stores (mm_stat's \
+             mem_used_total; guest agent).",
+            per_vm(vms, |v| bytes(v.guest_zram.map(|z| z.used))),
+        )?;
+        gauges(
+            &mut enc,
             "memtide_vm_memory_pressure_ratio",
             "Share of the last 10 s some guest tasks stalled on memory (PSI some avg10, 0-1; \
              guest agent).",
@@ -749,29 +763,64 @@ mod tests {
         assert!(text.lines().any(|l| l == kind), "{text}");
     }
 
-    #[test]
-    fn what_the_host_swapped_out_of_a_vm_is_a_gauge_of_its_own() {
-        let mut swapped = vm("web", 1000, 800, 600);
-        swapped.sample.as_mut().unwrap().swapped = Some(memtide_core::Bytes::from_mib(128));
+    /// The series named `prefix…` once MOM has decided for "web" (as `edit` makes it)
+    /// beside a plain "db".
+    fn series_of_web(
+        prefix: &str,
+        edit: impl FnOnce(&mut memtide_core::snapshot::VmSample),
+    ) -> Vec<String> {
+        let mut web = vm("web", 1000, 800, 600);
+        edit(web.sample.as_mut().unwrap());
         let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
         let decision = engine.tick(&snapshot(
             0,
             host(4000, 400),
-            vec![swapped, vm("db", 1000, 800, 600)],
+            vec![web, vm("db", 1000, 800, 600)],
         ));
         let status = Status {
             decision: Some(decision),
             ..Status::default()
         };
         let text = render(&registry(Arc::new(RwLock::new(status))));
-        let series: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("memtide_vm_host_swapped_bytes"))
-            .collect();
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn what_the_host_swapped_out_of_a_vm_is_a_gauge_of_its_own() {
+        let series = series_of_web("memtide_vm_host_swapped_bytes", |s| {
+            s.swapped = Some(memtide_core::Bytes::from_mib(128));
+        });
         assert_eq!(
             series,
             [r#"memtide_vm_host_swapped_bytes{vm="web"} 134217728.0"#],
-            "not known for db: {text}"
+            "not known for db"
+        );
+    }
+
+    #[test]
+    fn a_guests_zram_swap_is_two_gauges_of_its_own() {
+        use memtide_core::stats::{AgentStats, ZramSwap};
+        use memtide_core::Bytes;
+        let series = series_of_web("memtide_vm_zram_", |s| {
+            s.agent = Some(Ok(AgentStats {
+                zram: Some(ZramSwap {
+                    free: Bytes::from_mib(500),
+                    stored: Bytes::from_mib(300),
+                    used: Bytes::from_mib(100),
+                }),
+                ..AgentStats::default()
+            }));
+        });
+        assert_eq!(
+            series,
+            [
+                r#"memtide_vm_zram_stored_bytes{vm="web"} 314572800.0"#,
+                r#"memtide_vm_zram_used_bytes{vm="web"} 104857600.0"#
+            ],
+            "none for db"
         );
     }
 

@@ -185,6 +185,16 @@ pub fn status(s: &Status) -> String {
             );
         }
     }
+    // What a guest's zram swap holds and takes: swapping to it frees only what it saves.
+    for vm in &d.vms {
+        if let Some(z) = vm.guest_zram.filter(|z| z.stored >= Bytes::from_mib(1)) {
+            let _ = writeln!(
+                out,
+                "  {}: zram stores {} in {} of its memory ({} free)",
+                vm.name, z.stored, z.used, z.free
+            );
+        }
+    }
     for p in s.sampling.iter().filter(|p| p.stale) {
         let age = p
             .age_s
@@ -294,6 +304,14 @@ mod tests {
         let sample = web.sample.as_mut().unwrap();
         sample.rss = Some(Bytes::from_mib(700));
         sample.swapped = Some(Bytes::from_mib(128));
+        sample.agent = Some(Ok(memtide_core::stats::AgentStats {
+            zram: Some(memtide_core::stats::ZramSwap {
+                free: Bytes::from_mib(500),
+                stored: Bytes::from_mib(300),
+                used: Bytes::from_mib(100),
+            }),
+            ..Default::default()
+        }));
         let mut down = vm("down", 1000, 800, 600);
         down.sample = Err(BackendError::Timeout(2000));
         let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
@@ -426,6 +444,10 @@ mod tests {
         assert!(
             !text.contains("down: the host swapped"),
             "nothing known swapped: {text}"
+        );
+        assert!(
+            lines.contains(&"  web: zram stores 300 MiB in 100 MiB of its memory (500 MiB free)"),
+            "{text}"
         );
         assert!(text.contains("down             unreachable"), "{text}");
         assert!(
