@@ -105,4 +105,21 @@ fn idle_guests_whose_swap_cannot_take_a_burst_keep_room_while_memory_is_ample() 
         actual_mib(&settled, "zram") < GUEST_MIB as f64 * 0.9,
         "the zram guest gives back the rest: {zram}"
     );
+    // Its zram as its agent read it from the guest's own /proc/swaps (KiB, less a header
+    // page) and mm_stat: nothing stored yet, so nothing taken.
+    let free = zram["guest_zram"]["free"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    assert!(
+        (free - ZRAM_MIB as f64).abs() < 1.0,
+        "free zram {free:.1} MiB: {zram}"
+    );
+    assert!(
+        zram["guest_zram"]["stored"]
+            .as_u64()
+            .is_some_and(|b| b < 1 << 20),
+        "{zram}"
+    );
+    assert!(
+        vm(&settled, "swap").is_some_and(|v| v["guest_zram"].is_null()),
+        "no zram on the disk-swap guest"
+    );
 }
