@@ -53,6 +53,11 @@ pub struct Signals {
     /// memory, page cache, reclaimable slab and what swapping its anonymous memory frees
     /// ([`Signals::swap_frees`]: on zram, less the compressed copies; needs the agent).
     pub unreclaimable: Option<Bytes>,
+    /// The part of `unreclaimable` the guest's lists name: unreclaimable slab and the
+    /// anonymous memory beyond what swapping frees, without the kernel's other memory
+    /// (what it reserved at boot, page tables, stacks; needs the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreclaimable_listed: Option<Bytes>,
     /// Pages swapped in since the previous sample.
     pub swap_ins: Option<u64>,
     /// Evicted pages faulted back since the previous sample (refaults with the agent,
@@ -92,7 +97,8 @@ fn agent(s: &VmSample) -> Option<&AgentStats> {
 /// memory (unreclaimable slab, page tables, stacks, what it reserved at boot), locked and
 /// huge-TLB pages (found in the simulator: guests without swap sized to their anonymous
 /// memory, the kernel's 128 MiB left out, were OOM-killed when neighbours burst).
-fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> Bytes {
+/// Returns it with the part the guest's lists name (`Signals::unreclaimable_listed`).
+fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> (Bytes, Bytes) {
     let size = s.balloon.unwrap_or(s.configured);
     let anon = m.active_anon.unwrap_or_default() + m.inactive_anon.unwrap_or_default();
     // What no reading of the other figures lowers: unreclaimable slab and the anonymous
@@ -104,14 +110,14 @@ fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> B
     let swappable = frees(anon);
     let lower = (m.slab_unreclaimable.unwrap_or_default() + (anon - swappable)).min(size);
     let (Some(active_file), Some(inactive_file)) = (m.active_file, m.inactive_file) else {
-        return lower;
+        return (lower, lower);
     };
     // Plugged memory the guest never onlined is in neither MemTotal nor MemFree.
     let offline = match &s.virtio_mem {
         None => Bytes::ZERO,
         Some(mem) => match mem.offline {
             Some(offline) => offline,
-            None => return lower,
+            None => return (lower, lower),
         },
     };
     // The guest's size less MemFree: MemTotal leaves out what the kernel reserved at boot
@@ -119,7 +125,16 @@ fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> B
     let used = size - offline - m.free;
     let rest =
         used - active_file - inactive_file - m.slab_reclaimable.unwrap_or_default() - swappable;
-    rest.max(lower)
+    (rest.max(lower), lower)
+}
+
+/// The most of a guest's kernel memory off its lists that host-side access sampling sees
+/// touched in every sample: the kernel's image (taken as 32 MiB: the test guest's Debian
+/// 6.1 kernel has 30 MiB of code, data and bss, by its boot log's `Memory:` line) and the
+/// page structures of its memory (64 bytes a 4 KiB page: 1/64 of `configured`). What the
+/// kernel reserved beyond that (a crash kernel, huge-page pools) is not touched by itself.
+pub fn kernel_seen_touched(configured: Bytes) -> Bytes {
+    Bytes::from_mib(32) + Bytes(configured.0 / 64)
 }
 
 /// What swapping out `x` of a guest's anonymous memory frees of its RAM, with `free` swap
@@ -154,6 +169,8 @@ impl Signals {
             let frees = |x| swap_frees(a.meminfo.swap_free, a.zram, x);
             unreclaimable(s, &a.meminfo, frees)
         });
+        let unreclaimable_listed = unreclaimable.map(|(_, listed)| listed);
+        let unreclaimable = unreclaimable.map(|(all, _)| all);
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
@@ -177,6 +194,7 @@ impl Signals {
                 Some(m.committed_as? - m.anon_pages? - swapped - m.shmem.unwrap_or_default())
             }),
             unreclaimable,
+            unreclaimable_listed,
             swap_ins,
             refaults,
             alloc_stalls: agent_delta(|a| a.vmstat.allocstall)
@@ -332,6 +350,11 @@ mod tests {
     /// A 1 GiB guest: 200 MiB free, 400 MiB of page cache, 50 of reclaimable slab, 150 of
     /// anonymous memory (20 of unreclaimable slab among the rest); `edit` changes it.
     fn unreclaimable_mib(swap_free: u64, edit: impl FnOnce(&mut VmSample)) -> Option<u64> {
+        guest_1g(swap_free, edit).unreclaimable.map(Bytes::mib)
+    }
+
+    /// The signals of `unreclaimable_mib`'s guest.
+    fn guest_1g(swap_free: u64, edit: impl FnOnce(&mut VmSample)) -> Signals {
         let mut s = sample(0, 0, 0, 512);
         s.balloon = Some(Bytes::from_mib(1024));
         if let Some(Ok(a)) = &mut s.agent {
@@ -344,7 +367,7 @@ mod tests {
         edit(&mut s);
         let mut h = History::new(2);
         h.push(Duration::from_secs(1), s);
-        Signals::derive(&h).unreclaimable.map(Bytes::mib)
+        Signals::derive(&h)
     }
 
     #[test]
@@ -365,6 +388,25 @@ mod tests {
             Some(374),
             "no swap: all of it stays"
         );
+    }
+
+    #[test]
+    fn the_part_the_lists_name_is_slab_and_anonymous_memory_swap_cannot_take() {
+        let listed = |swap_free| guest_1g(swap_free, |_| ()).unreclaimable_listed;
+        assert_eq!(listed(512), Some(Bytes::from_mib(20)), "the slab alone");
+        assert_eq!(
+            listed(100),
+            Some(Bytes::from_mib(70)),
+            "and the anon beyond swap"
+        );
+        assert_eq!(listed(0), Some(Bytes::from_mib(170)));
+        // Without the page cache's lists nothing else can be told apart: both the same.
+        let bare = guest_1g(512, |s| {
+            if let Some(Ok(a)) = &mut s.agent {
+                a.meminfo.active_file = None;
+            }
+        });
+        assert_eq!(bare.unreclaimable, bare.unreclaimable_listed);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::pressure::Pressure;
 use crate::rng::Rng;
 use crate::scenario::{Costs, VmSpec};
 use crate::workload::Demand;
+use memtide_core::signals::kernel_seen_touched;
 use memtide_core::stats::{AgentStats, GuestStats, MemInfo, Psi, VmStat, ZramSwap};
 use memtide_core::units::Bytes;
 use std::collections::VecDeque;
@@ -459,6 +460,10 @@ impl Guest {
         if !demand.stopped && self.counters.oom_kills == before.oom_kills {
             self.run(dt, busy_us * 1e-6, costs);
         }
+        // The kernel runs whatever its workload does: its image and page structures are
+        // touched every tick.
+        let kernel_touched = kernel_seen_touched(Bytes(self.params.configured * PAGE_SIZE));
+        self.counters.referenced += self.kernel.pages.min(kernel_touched.0 / PAGE_SIZE) as f64;
         self.shrink_zram();
         let free = self.free();
         let low = self.wmark.low;
@@ -1098,6 +1103,31 @@ mod tests {
         }
         g.check().unwrap();
         assert_eq!(g.host_resident(), pages(564.0));
+    }
+
+    #[test]
+    fn the_host_sees_the_kernels_image_and_page_structures_touched_every_tick() {
+        // A 1 GiB guest: 32 MiB of image and 16 of page structures, of its 64 MiB kernel.
+        let mut g = Guest::boot(params(1024.0), Rng::new(1));
+        let costs = Costs::default();
+        g.step(1.0, &demand(0.0), &costs);
+        g.step(1.0, &demand(0.0), &costs);
+        assert_eq!(
+            g.last.referenced,
+            pages(48.0) as f64,
+            "idle: the kernel's alone"
+        );
+        g.step(1.0, &demand(300.0), &costs);
+        g.step(1.0, &demand(300.0), &costs);
+        let both = mib(g.last.referenced as u64);
+        assert!(
+            (48.0 + 250.0..=48.0 + 300.0).contains(&both),
+            "and the workload's: {both}"
+        );
+        // A kernel smaller than that is all touched.
+        let mut g = Guest::boot(params(4096.0), Rng::new(1));
+        g.step(1.0, &demand(0.0), &costs);
+        assert_eq!(g.last.referenced, pages(64.0) as f64);
     }
 
     #[test]
