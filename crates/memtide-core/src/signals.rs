@@ -128,13 +128,14 @@ fn unreclaimable(s: &VmSample, m: &MemInfo, frees: impl Fn(Bytes) -> Bytes) -> (
     (rest.max(lower), lower)
 }
 
-/// The most of a guest's kernel memory off its lists that host-side access sampling sees
-/// touched in every sample: the kernel's image (taken as 32 MiB: the test guest's Debian
-/// 6.1 kernel has 30 MiB of code, data and bss, by its boot log's `Memory:` line) and the
-/// page structures of its memory (64 bytes a 4 KiB page: 1/64 of `configured`). What the
-/// kernel reserved beyond that (a crash kernel, huge-page pools) is not touched by itself.
-pub fn kernel_seen_touched(configured: Bytes) -> Bytes {
-    Bytes::from_mib(32) + Bytes(configured.0 / 64)
+/// The most of the kernel memory off its lists that host-side access sampling sees
+/// touched in every sample of a guest of `size`: the kernel's image (taken as 32 MiB: the
+/// test guest's Debian 6.1 kernel has 30 MiB of code, data and bss, by its boot log's
+/// `Memory:` line) and the page structures of the memory it holds (64 bytes a 4 KiB page:
+/// 1/64 of `size`; those of the memory in its balloon are not touched). What the kernel
+/// reserved beyond that (a crash kernel, huge-page pools) is not touched by itself.
+pub fn kernel_seen_touched(size: Bytes) -> Bytes {
+    Bytes::from_mib(32) + Bytes(size.0 / 64)
 }
 
 /// What swapping out `x` of a guest's anonymous memory frees of its RAM, with `free` swap

@@ -462,7 +462,7 @@ impl Guest {
         }
         // The kernel runs whatever its workload does: its image and page structures are
         // touched every tick.
-        let kernel_touched = kernel_seen_touched(Bytes(self.params.configured * PAGE_SIZE));
+        let kernel_touched = kernel_seen_touched(bytes(self.actual()));
         self.counters.referenced += self.kernel.pages.min(kernel_touched.0 / PAGE_SIZE) as f64;
         self.shrink_zram();
         let free = self.free();

@@ -94,8 +94,9 @@ pub struct FusedConfig {
     pub touched_samples: usize,
     /// The least share of what a guest needs above its floor that it is taken to touch in
     /// each sample: no probe goes below its floor and what the host saw it touch divided
-    /// by this share (nor, where that is more, below its need; that floor less the kernel
-    /// memory the host sees touched anyway, [`kernel_seen_touched`]). What a guest needs
+    /// by this share, or its need where that is less, nor ever below its whole floor and
+    /// below what it touched above the floor (that floor less the kernel memory the host
+    /// sees touched anyway, [`kernel_seen_touched`]). What a guest needs
     /// without touching it every sample (its kernel's own memory, programs it runs now
     /// and then) is more than the floor counts. In (0, 1]; 1 leaves only the floor.
     pub touched_share: f64,
@@ -661,7 +662,7 @@ impl Fused {
         // it had been held at 153 before the floor counted them).
         let touched_floor = s.unreclaimable_listed.map_or(floor, |listed| {
             let listed = (listed + Bytes::from_mib(cfg.floor_mib)).min(floor);
-            listed.max(floor - kernel_seen_touched(obs.configured))
+            listed.max(floor - kernel_seen_touched(obs.size))
         });
         let touched_need = hot.map(|h| {
             let above_floor = Bytes::from_f64(h.as_f64() / cfg.touched_share);
@@ -996,9 +997,10 @@ impl Told {
             ),
             "touched" => format!(
                 "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
-                 last {} samples: no probe below {} and the margin (the more of its floor \
-                 {} with what it touched, and that touched taken as {} of what it needs \
-                 above its floor, up to its need {need})",
+                 last {} samples: no probe below {} and the margin (the more of {} (its \
+                 floor {floor} less the kernel memory seen touched anyway) with what it \
+                 touched, and that touched taken as {} of what it needs above it, up to its \
+                 need {need}; never below its floor), nor by less than a step",
                 self.hot.unwrap_or_default(),
                 cfg.touched_samples,
                 self.touched_need.unwrap_or_default(),
@@ -1845,8 +1847,8 @@ mod tests {
     #[test]
     fn the_kernel_memory_the_host_sees_touched_is_not_counted_again_in_the_floor() {
         // A 1000 MiB guest: of its kernel memory off its lists, at most 32 MiB of image and
-        // 1000 ÷ 64 of page structures are taken as seen touched (47.6 MiB). The size it
-        // settles at, and its last tick's phase.
+        // the page structures of what it holds (1/64) are taken as seen touched. The size
+        // it settles at, and its last tick's phase.
         let settle = |kernel: u64, listed: Option<u64>, touched: u64| {
             let (cfg, mut f, mut size) = (cfg(), Fused::default(), 1000);
             let mut phase = "";
@@ -1861,13 +1863,15 @@ mod tests {
             assert_eq!(phase, "touched");
             size
         };
-        // 60 MiB of kernel memory, 20 on its lists (slab), 100 MiB seen touched: no probe
-        // below 20 and the 32 MiB floor, 100 ÷ 0.8 above them, and the 30 MiB margin.
-        assert_eq!(settle(60, Some(20), 100), 207);
-        // Without the lists, the whole floor (60 + 32).
-        assert_eq!(settle(60, None, 100), 247);
-        // A 256 MiB crash kernel beside them is not touched: only 47.6 MiB comes off.
-        assert_eq!(settle(300, Some(20), 100), 439);
+        // 50 MiB of kernel memory, 20 on its lists (slab), 100 MiB seen touched: the 30
+        // off its lists are within the image, so no probe below 20 and the 32 MiB floor,
+        // 100 ÷ 0.8 above them, and the 30 MiB margin.
+        assert_eq!(settle(50, Some(20), 100), 207);
+        // Without the lists, the whole floor (50 + 32).
+        assert_eq!(settle(50, None, 100), 237);
+        // A 256 MiB crash kernel beside them is not touched: near 447 MiB, only the image
+        // and 7 MiB of page structures come off its floor (332 MiB): 293 + 125 + 30.
+        assert_eq!(settle(300, Some(20), 100), 447);
         // Touching little, never below the floor and the margin (332 + 30).
         assert_eq!(settle(300, Some(20), 10), 362);
     }
