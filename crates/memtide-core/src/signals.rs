@@ -166,12 +166,12 @@ impl Signals {
             .map(|free| s.balloon.unwrap_or(s.configured) - free);
         let total = a.map(|a| a.meminfo.total).or(s.stats.total);
         let available = a.and_then(|a| a.meminfo.available).or(s.stats.available);
-        let unreclaimable = a.map(|a| {
-            let frees = |x| swap_frees(a.meminfo.swap_free, a.zram, x);
-            unreclaimable(s, &a.meminfo, frees)
-        });
-        let unreclaimable_listed = unreclaimable.map(|(_, listed)| listed);
-        let unreclaimable = unreclaimable.map(|(all, _)| all);
+        let (unreclaimable, unreclaimable_listed) = a
+            .map(|a| {
+                let frees = |x| swap_frees(a.meminfo.swap_free, a.zram, x);
+                unreclaimable(s, &a.meminfo, frees)
+            })
+            .unzip();
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
