@@ -5,11 +5,10 @@
 //! first sign of shortage, slowly after, each probe only once the balloon has brought
 //! the guest to the last, and not while the guest agent is silent, nor below its floor, nor
 //! below its kernel's memory and what the host saw it touch in each of its latest samples
-//! over the share of its need it is taken to touch (at most its need), where the
-//! hypervisor shows it (host-side access
-//! sampling), nor before sampling has its samples, nor within a step of a level that
-//! failed. Any sign of
-//! shortage — swap-ins, refaults, OOM kills, and memory pressure and allocation stalls the balloon's
+//! over the share of its need it is taken to touch (at most its need and the page cache it
+//! uses), where the hypervisor shows it (host-side access sampling), nor before sampling
+//! has its samples, nor within a step of a level that failed. Any sign of shortage —
+//! swap-ins, refaults, OOM kills, and memory pressure and allocation stalls the balloon's
 //! own inflation did not cause — backs it off within the same tick: after a failed probe
 //! to near the last level that was fine; straight to Committed_AS on a new allocation, or
 //! when the guest faults heavily unprobed or with its swap nearly full; to the guest's
@@ -251,6 +250,77 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
     let cache = obs.signals.active_file.unwrap_or_default();
     let cold = cold_need(cfg, obs).unwrap_or_default();
     Some(clamp(need + cache + margin - cold, floor, obs.configured))
+}
+
+/// The least a guest needs by what the host saw it touch in each of its latest samples,
+/// and the figures it is made of (for the reason).
+#[derive(Debug, Clone, Copy, Default)]
+struct TouchedBound {
+    bound: Bytes,
+    /// The guest's unreclaimable memory (its whole floor where its lists are not read).
+    kernel: Bytes,
+    /// The part of `kernel` taken as in the touched memory: its image and page structures.
+    seen: Bytes,
+    /// The kernel memory off its lists the host does not see touched.
+    unseen: Bytes,
+    /// The page cache counted with its need.
+    cache: Bytes,
+}
+
+impl TouchedBound {
+    /// For a guest needing `need`, with `floor`, seen touching `touched`: its kernel's
+    /// memory and what it touched beyond the kernel's image and page structures, taken as
+    /// the share it touches of what it needs (it needs more than it touches each sample),
+    /// up to its need and the page cache it uses; never less than all it touched and the
+    /// kernel memory the host does not see touched, nor than its floor.
+    ///
+    /// The image and page structures (`kernel_seen_touched`) are in the touched memory:
+    /// counted beside it too, they were counted twice (found on real guests: the coldmem
+    /// guest, 40 of its 58 MiB of kernel memory reserved at boot, was held at 216 MiB,
+    /// 1.9 × its working set). The floor's margin for what the guest runs is not counted
+    /// beside the touched memory either: that is what it runs, and the share the room for
+    /// what it runs less often (found on real guests: the same guest, 114 MiB of working
+    /// set, was held at 162 MiB by three margins stacked: the floor's 32 MiB, the share's
+    /// 25% of the kernel's image and the 3% margin). Nor is what its lists name (slab,
+    /// anonymous memory swap cannot take) counted beside it: what of it the guest uses,
+    /// the host saw (found in review: a guest without swap, all its anonymous memory
+    /// touched, was bounded at nearly twice it). The page cache it uses counts with its
+    /// need, as far as the host saw more touched than that need (found on real guests:
+    /// the pagecache guest, rereading 150 MiB of files, 85 MiB needed, was probed 8 MiB
+    /// into that cache and faulted 7 MiB back in two ticks); cache on the active list the
+    /// host does not see touched does not (review). Without the guest's lists, its whole
+    /// floor is counted beside the touched memory.
+    fn new(
+        cfg: &FusedConfig,
+        obs: &Observation,
+        need: Bytes,
+        floor: Bytes,
+        touched: Bytes,
+    ) -> Self {
+        let s = &obs.signals;
+        // Without the lists the guest's figures give its unreclaimable memory as what they
+        // name alone (`Signals::unreclaimable_listed`).
+        let (kernel, listed, seen) = match (s.unreclaimable, s.unreclaimable_listed) {
+            (Some(all), Some(listed)) if listed < all => {
+                (all, listed, kernel_seen_touched(obs.size).min(all - listed))
+            }
+            _ => (floor, Bytes::ZERO, Bytes::ZERO),
+        };
+        let unseen = kernel - listed - seen;
+        let least = touched + unseen;
+        let share = |b: Bytes| Bytes::from_f64(b.as_f64() / cfg.touched_share);
+        let cache = s.active_file.unwrap_or_default().min(share(least - need));
+        let bound = least
+            .max((kernel + share(touched - seen)).min(need + cache))
+            .max(floor);
+        TouchedBound {
+            bound,
+            kernel,
+            seen,
+            unseen,
+            cache,
+        }
+    }
 }
 
 /// With free page reporting, the size a guest may keep while memory is ample: all of it
@@ -653,39 +723,8 @@ impl Fused {
         let recovering =
             kills == 0 && !allocated && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
-        // The least the guest needs by what the host saw it touch: its kernel's memory and
-        // what it touched beyond that, taken as the share it touches of what it needs, up
-        // to its need and the page cache it uses (it needs more than it touches each
-        // sample), and never less than its kernel's memory and all it touched, nor than its
-        // floor. The page cache it uses counts with its need: the host sees it touched
-        // (found on real guests: the pagecache guest, rereading 150 MiB of files, 85 MiB
-        // needed, was probed 8 MiB into the cache it rereads and faulted 7 MiB back in two
-        // ticks). The kernel's memory off
-        // its lists that the host sees touched in every sample, its image and page
-        // structures (`kernel_seen_touched`), is in the touched memory already: counted
-        // beside it too, it was counted twice (found on real guests: the coldmem guest, 40
-        // of its 58 MiB of kernel memory reserved at boot, was held at 216 MiB, 1.9 × its
-        // working set, where it had been held at 153 before the floor counted them). The
-        // floor's margin for what the guest runs is not counted beside what the host saw it
-        // touch either: that is what it runs, and the share above it the room for what it
-        // runs less often (found on real guests: the coldmem guest, 114 MiB of working
-        // set, was held at 162 MiB by three margins stacked: the floor's 32 MiB, the
-        // touched share's 25% of its kernel image and the 3% margin). Without the guest's
-        // lists, its whole floor is counted beside the touched memory.
-        let (touched_floor, kernel_touched) = match (s.unreclaimable, s.unreclaimable_listed) {
-            (Some(all), Some(listed)) => {
-                let seen = kernel_seen_touched(obs.size).min(all - listed);
-                (all - seen, seen)
-            }
-            _ => (floor, Bytes::ZERO),
-        };
-        let cache_in_use = s.active_file.unwrap_or_default();
-        let touched_need = hot.map(|h| {
-            let beyond = Bytes::from_f64((h - kernel_touched).as_f64() / cfg.touched_share);
-            (h + touched_floor)
-                .max((touched_floor + kernel_touched + beyond).min(need + cache_in_use))
-                .max(floor)
-        });
+        let touched_bound = hot.map(|h| TouchedBound::new(cfg, obs, need, floor, h));
+        let touched_need = touched_bound.map(|t| t.bound);
         // Fast until the first back-off since the last rebase (TWS's FAST), then slowly;
         // only slowly while the host's need is merely tight.
         let fast = self.backoffs == 0 && level == NeedLevel::Short;
@@ -872,19 +911,19 @@ impl Fused {
         } else if touched_need.is_some_and(|lowest| {
             estimate - probed < lowest + margin || probed < step(cfg.probe_step)
         }) {
-            // The host saw the guest touch this much in each of its latest samples, on top
-            // of which it needs its kernel's memory (the floor) and what it touches less
-            // often than a sample: probing below that would only evict what the guest uses
-            // (seen on real guests: each probe into a busy guest's hot set cost it a second
-            // or two of thrashing, 0.66 of its solo throughput over the coldmem benchmark;
-            // in the density benchmark a busy guest touching 230 MiB every 2 s, 277 MiB
-            // needed, probed to 271 MiB, faulted 186 MiB back and ran at 0.7-0.8 of its
-            // solo throughput for the rest of the run, its memory long given back). What
-            // it touched counts for the share it is taken to touch of what it needs above
-            // its floor: the floor does not count all it needs without touching it each
-            // sample (seen on real guests: on a host whose guest RAM was not in huge pages,
-            // the same busy guest probed to 271 MiB, below touched + floor + margin, and ran
-            // at 0.76 of its solo throughput for 20 s).
+            // The host saw the guest touch this much in each of its latest samples, beside
+            // which it needs the kernel memory the host does not see touched and what it
+            // touches less often than a sample (`TouchedBound`): probing below that would
+            // only evict what the guest uses (seen on real guests: each probe into a busy
+            // guest's hot set cost it a second or two of thrashing, 0.66 of its solo
+            // throughput over the coldmem benchmark; in the density benchmark a busy guest
+            // touching 230 MiB every 2 s, 277 MiB needed, probed to 271 MiB, faulted 186 MiB
+            // back and ran at 0.7-0.8 of its solo throughput for the rest of the run, its
+            // memory long given back). What it touched counts for the share it is taken to
+            // touch of what it needs: it needs more than it touches each sample (seen on
+            // real guests: on a host whose guest RAM was not in huge pages, the same busy
+            // guest probed to 271 MiB, below touched + floor + margin, and ran at 0.76 of
+            // its solo throughput for 20 s).
             "touched"
         } else {
             // Fine below what it has committed: there is cold memory to find.
@@ -926,10 +965,7 @@ impl Fused {
             size: obs.size,
             failed_at: self.failed_at,
             hot,
-            touched_floor,
-            kernel_touched,
-            cache_in_use,
-            touched_need,
+            touched_bound,
             samples: self.touched.len(),
             cold,
             allocation,
@@ -962,14 +998,7 @@ struct Told {
     size: Bytes,
     failed_at: Option<Bytes>,
     hot: Option<Bytes>,
-    /// The part of the floor counted beside the touched memory: what the host does not
-    /// see touched.
-    touched_floor: Bytes,
-    /// The kernel memory taken as in the touched memory.
-    kernel_touched: Bytes,
-    /// The page cache the guest uses, counted with its need in the touched bound.
-    cache_in_use: Bytes,
-    touched_need: Option<Bytes>,
+    touched_bound: Option<TouchedBound>,
     /// Host-side access samples in.
     samples: usize,
     cold: Option<Bytes>,
@@ -1018,21 +1047,26 @@ impl Told {
                 "estimate {wss}: holding: a probe failed at {} and the guest's need has not changed since",
                 self.failed_at.unwrap_or_default()
             ),
-            "touched" => format!(
-                "estimate {wss}: holding: the host saw {} of guest memory touched in each of the \
-                 last {} samples: no probe below {} and the margin (the more of {} of its \
-                 floor not seen touched with what it touched, and what it touched beyond {} \
-                 of kernel image and page structures taken as {} of what it needs beyond \
-                 them, up to its need {need} and the page cache it uses {}; never below its \
-                 floor {floor}), nor by less than a step",
-                self.hot.unwrap_or_default(),
-                cfg.touched_samples,
-                self.touched_need.unwrap_or_default(),
-                self.touched_floor,
-                self.kernel_touched,
-                cfg.touched_share,
-                self.cache_in_use
-            ),
+            "touched" => {
+                let t = self.touched_bound.unwrap_or_default();
+                format!(
+                    "estimate {wss}: holding: the host saw {} of guest memory touched in each \
+                     of the last {} samples: no probe below {} and the margin (the more of \
+                     what it touched with {} of kernel memory not seen touched, and its \
+                     unreclaimable {} with what it touched beyond {} of kernel image and page \
+                     structures taken as {} of what it needs beyond them, up to its need \
+                     {need} and {} of page cache it uses; never below its floor {floor}), nor \
+                     by less than a step",
+                    self.hot.unwrap_or_default(),
+                    cfg.touched_samples,
+                    t.bound,
+                    t.unseen,
+                    t.kernel,
+                    t.seen,
+                    cfg.touched_share,
+                    t.cache
+                )
+            }
             "sampling" => format!(
                 "estimate {wss}: holding: {} of {} host-side access samples in; no probe before \
                  they tell what the guest touches",
@@ -1058,13 +1092,13 @@ impl Told {
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
             ),
-            _ => match (self.hot, self.touched_need) {
-                (Some(h), Some(lowest)) => format!(
-                    "estimate {wss}: no shortage: probe lower, no deeper than {lowest} and the \
+            _ => match (self.hot, self.touched_bound) {
+                (Some(h), Some(t)) => format!(
+                    "estimate {wss}: no shortage: probe lower, no deeper than {} and the \
                      margin (floor {floor}; the guest counts {need} needed and touched at least \
-                     {h} in each of the last {} host-side access samples, beside {} of its \
-                     floor not seen touched)",
-                    cfg.touched_samples, self.touched_floor
+                     {h} in each of the last {} host-side access samples, beside {} of kernel \
+                     memory not seen touched)",
+                    t.bound, cfg.touched_samples, t.unseen
                 ),
                 _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
             },
@@ -1899,12 +1933,15 @@ mod tests {
         // below the kernel's 50 MiB and the 70 touched beyond them ÷ 0.8 (137.5 MiB),
         // and the 30 MiB margin; the last step down (to 167.5) is less than a 1% step.
         assert_eq!(settle(50, Some(20), 100), (169, "138 MiB".into()));
-        // Without the lists, the whole floor (50 + 32) and 100 ÷ 0.8.
+        // Without the lists, the whole floor (50 + 32) and 100 ÷ 0.8; so too where the
+        // guest's figures give its unreclaimable memory as what its lists name alone (as
+        // they do without the page cache's lists).
         assert_eq!(settle(50, None, 100), (237, "207 MiB".into()));
+        assert_eq!(settle(50, Some(50), 100), (237, "207 MiB".into()));
         // A 256 MiB crash kernel beside them is not touched: only the image and the page
         // structures of what it holds (near 400 MiB: 38 MiB) are taken as touched.
         let (size, bound) = settle(300, Some(20), 100);
-        assert_eq!(bound, "377 MiB", "300 + 61.9 ÷ 0.8");
+        assert_eq!(bound, "377 MiB", "300 + 61.7 ÷ 0.8");
         assert_eq!(size, 406, "the bound and the 30 MiB margin");
         // Touching little, never below the floor and the margin (332 + 30).
         assert_eq!(settle(300, Some(20), 10), (362, "332 MiB".into()));
@@ -1937,9 +1974,44 @@ mod tests {
         let (size, e) = settle(360);
         assert_eq!((size, e.phase), (430, "touched"), "{}", e.detail);
         assert!(e.detail.contains("no probe below 400 MiB"), "{}", e.detail);
-        // Touching 200 MiB, probed down to 20 + 30 + 170 ÷ 0.8, 262.5 MiB, and the margin.
+        // Touching 200 MiB, only what it touched beyond its need counts of its cache, at
+        // the share: (200 − 100) ÷ 0.8, 125 MiB; probed down to 225 MiB and the margin.
         let (size, e) = settle(200);
-        assert_eq!((size, e.phase), (292, "touched"), "{}", e.detail);
+        assert_eq!((size, e.phase), (255, "touched"), "{}", e.detail);
+        assert!(
+            e.detail.contains("125 MiB of page cache it uses"),
+            "{}",
+            e.detail
+        );
+    }
+
+    #[test]
+    fn what_the_lists_name_and_cache_not_seen_touched_do_not_raise_the_touched_bound() {
+        // A 1000 MiB guest without swap needing 600 MiB: 550 of it unreclaimable (500 of
+        // anonymous memory and 20 of slab on its lists, 30 off them, within the image),
+        // 560 seen touched (its anonymous memory, 30 of kernel image, 30 more), 300 MiB
+        // of page cache on the active list that it no longer reads. Counted beside the
+        // touched memory, its anonymous memory would hold it above 1000 MiB; its stale
+        // cache would hold it at 930. It is probed from its need, cache and margin (930)
+        // down to its need (550 + 530 ÷ 0.8, at most 600) and the margin.
+        let (cfg, mut f, mut size) = (cfg(), Fused::default(), 1000);
+        let mut e = None;
+        for t in 0..30 {
+            let mut o = obs(t, size, size - 600, 0);
+            o.signals.unreclaimable = Some(Bytes::from_mib(550));
+            o.signals.unreclaimable_listed = Some(Bytes::from_mib(520));
+            o.signals.active_file = Some(Bytes::from_mib(300));
+            o.referenced = Some(Bytes::from_mib(560));
+            let told = f.step(&cfg, &o).unwrap();
+            if t == 1 {
+                assert_eq!(told.wss.mib(), 930, "{}", told.detail);
+            }
+            size = told.wss.mib();
+            e = Some(told);
+        }
+        let e = e.unwrap();
+        assert_eq!((size, e.phase), (630, "touched"), "{}", e.detail);
+        assert!(e.detail.contains("no probe below 600 MiB"), "{}", e.detail);
     }
 
     #[test]
