@@ -4,7 +4,7 @@
 //! guest holds but does not use (cold anonymous memory, stale cache): fast until the
 //! first sign of shortage, slowly after, each probe only once the balloon has brought
 //! the guest to the last, and not while the guest agent is silent, nor below its floor, nor
-//! below its kernel's memory and what the host saw it touch in each of its latest samples
+//! below what it cannot give up and what the host saw it touch in each of its latest samples
 //! over the share of its need it is taken to touch (at most its need and the page cache it
 //! uses), where the hypervisor shows it (host-side access sampling), nor before sampling
 //! has its samples, nor within a step of a level that failed. Any sign of shortage —
@@ -88,18 +88,20 @@ pub struct FusedConfig {
     /// slowly).
     pub short_free: f64,
     /// Samples of host-side access sampling, where the hypervisor gives it, of which the
-    /// least touched counts as the guest's hot memory: no probe goes below it, the floor
-    /// and the margin (the least of a few, not the latest: the guest's own swap-out after
-    /// a probe is read by the hypervisor and shows as touched for a tick).
+    /// least touched counts as the guest's hot memory: no probe goes below the bound it
+    /// gives ([`FusedConfig::touched_share`]) and the margin (the least of a few, not the
+    /// latest: the guest's own swap-out after a probe is read by the hypervisor and shows
+    /// as touched for a tick).
     pub touched_samples: usize,
-    /// The least share of what a guest needs beyond its kernel's memory that it is taken
-    /// to touch in each sample: no probe goes below its kernel's memory and what the host
-    /// saw it touch beyond the kernel's image and page structures
-    /// ([`kernel_seen_touched`]) divided by this share, or its need and the page cache
-    /// it uses where that is less, nor ever below its floor, nor below all it touched and
-    /// the part of its floor the host does not see touched. What a guest needs without
-    /// touching it every sample (programs it runs now and then, cache it rereads) is more
-    /// than it touches. In (0, 1]; 1 leaves only what it touched.
+    /// The least share of what a guest needs beyond what it cannot give up that it is
+    /// taken to touch in each sample: no probe goes below what it cannot give up
+    /// (unreclaimable memory) and what the host saw it touch beyond the kernel's image and
+    /// page structures ([`kernel_seen_touched`]) divided by this share, or its need and
+    /// the page cache it uses where that is less, nor ever below its floor, nor below all
+    /// it touched and what it cannot give up beyond that image and those page structures.
+    /// What a guest needs without touching it every sample (programs it runs now and
+    /// then, cache it rereads) is more than it touches. In (0, 1]; 1 takes what it touched
+    /// as all it needs beyond what it cannot give up.
     pub touched_share: f64,
     /// Take the part of a guest's need the host's access tracking saw untouched for its
     /// cold age, at any level of need (off by default: in the simulator it frees 1.44 ×
@@ -257,22 +259,25 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
 #[derive(Debug, Clone, Copy, Default)]
 struct TouchedBound {
     bound: Bytes,
-    /// The guest's unreclaimable memory (its whole floor where its lists are not read).
-    kernel: Bytes,
-    /// The part of `kernel` taken as in the touched memory: its image and page structures.
+    /// What the guest cannot give up: its unreclaimable memory, or its whole floor where
+    /// its lists are not read.
+    kept: Bytes,
+    /// The part of `kept` taken as in the touched memory: its kernel's image and page
+    /// structures.
     seen: Bytes,
-    /// The kernel memory off its lists the host does not see touched.
+    /// The rest of `kept`, counted beside the touched memory.
     unseen: Bytes,
     /// The page cache counted with its need.
     cache: Bytes,
 }
 
 impl TouchedBound {
-    /// For a guest needing `need`, with `floor`, seen touching `touched`: its kernel's
-    /// memory and what it touched beyond the kernel's image and page structures, taken as
-    /// the share it touches of what it needs (it needs more than it touches each sample),
-    /// up to its need and the page cache it uses; never less than all it touched and the
-    /// kernel memory the host does not see touched, nor than its floor.
+    /// For a guest needing `need`, with `floor`, seen touching `touched`: what it cannot
+    /// give up and what it touched beyond the kernel's image and page structures, taken
+    /// as the share it touches of what it needs (it needs more than it touches each
+    /// sample), up to its need and the page cache it uses; never less than all it touched
+    /// and what it cannot give up beyond that image and those page structures, nor than
+    /// its floor.
     ///
     /// The image and page structures (`kernel_seen_touched`) are in the touched memory:
     /// counted beside it too, they were counted twice (found on real guests: the coldmem
@@ -281,15 +286,18 @@ impl TouchedBound {
     /// beside the touched memory either: that is what it runs, and the share the room for
     /// what it runs less often (found on real guests: the same guest, 114 MiB of working
     /// set, was held at 162 MiB by three margins stacked: the floor's 32 MiB, the share's
-    /// 25% of the kernel's image and the 3% margin). Nor is what its lists name (slab,
-    /// anonymous memory swap cannot take) counted beside it: what of it the guest uses,
-    /// the host saw (found in review: a guest without swap, all its anonymous memory
-    /// touched, was bounded at nearly twice it). The page cache it uses counts with its
-    /// need, as far as the host saw more touched than that need (found on real guests:
-    /// the pagecache guest, rereading 150 MiB of files, 85 MiB needed, was probed 8 MiB
-    /// into that cache and faulted 7 MiB back in two ticks); cache on the active list the
-    /// host does not see touched does not (review). Without the guest's lists, its whole
-    /// floor is counted beside the touched memory.
+    /// 25% of the kernel's image and the 3% margin). What its lists name (slab,
+    /// anonymous memory swap cannot take) is counted beside the touched memory, though
+    /// the host may have seen part of it touched: a guest without swap touching its page
+    /// cache looks the same as one touching its anonymous memory, and only the first
+    /// would thrash if probed (found in review: not counting it, a swapless guest with
+    /// 290 MiB of cold anonymous memory and 300 MiB of cache it rereads would have been
+    /// probed 220 MiB into that cache). The page cache it uses counts with its need, as
+    /// far as the host saw more touched than that need (found on real guests: the
+    /// pagecache guest, rereading 150 MiB of files, 85 MiB needed, was probed 8 MiB into
+    /// that cache and faulted 7 MiB back in two ticks); cache on the active list the host
+    /// does not see touched does not (review). Without the guest's lists, its whole floor
+    /// is counted beside the touched memory.
     fn new(
         cfg: &FusedConfig,
         obs: &Observation,
@@ -300,22 +308,22 @@ impl TouchedBound {
         let s = &obs.signals;
         // Without the lists the guest's figures give its unreclaimable memory as what they
         // name alone (`Signals::unreclaimable_listed`).
-        let (kernel, listed, seen) = match (s.unreclaimable, s.unreclaimable_listed) {
+        let (kept, seen) = match (s.unreclaimable, s.unreclaimable_listed) {
             (Some(all), Some(listed)) if listed < all => {
-                (all, listed, kernel_seen_touched(obs.size).min(all - listed))
+                (all, kernel_seen_touched(obs.size).min(all - listed))
             }
-            _ => (floor, Bytes::ZERO, Bytes::ZERO),
+            _ => (floor, Bytes::ZERO),
         };
-        let unseen = kernel - listed - seen;
+        let unseen = kept - seen;
         let least = touched + unseen;
         let share = |b: Bytes| Bytes::from_f64(b.as_f64() / cfg.touched_share);
         let cache = s.active_file.unwrap_or_default().min(share(least - need));
         let bound = least
-            .max((kernel + share(touched - seen)).min(need + cache))
+            .max((kept + share(touched - seen)).min(need + cache))
             .max(floor);
         TouchedBound {
             bound,
-            kernel,
+            kept,
             seen,
             unseen,
             cache,
@@ -912,10 +920,10 @@ impl Fused {
             estimate - probed < lowest + margin || probed < step(cfg.probe_step)
         }) {
             // The host saw the guest touch this much in each of its latest samples, beside
-            // which it needs the kernel memory the host does not see touched and what it
-            // touches less often than a sample (`TouchedBound`): probing below that would
-            // only evict what the guest uses (seen on real guests: each probe into a busy
-            // guest's hot set cost it a second or two of thrashing, 0.66 of its solo
+            // which it needs what it cannot give up beyond what the host sees touched and
+            // what it touches less often than a sample (`TouchedBound`): probing below that
+            // would only evict what the guest uses (seen on real guests: each probe into a
+            // busy guest's hot set cost it a second or two of thrashing, 0.66 of its solo
             // throughput over the coldmem benchmark; in the density benchmark a busy guest
             // touching 230 MiB every 2 s, 277 MiB needed, probed to 271 MiB, faulted 186 MiB
             // back and ran at 0.7-0.8 of its solo throughput for the rest of the run, its
@@ -1052,8 +1060,8 @@ impl Told {
                 format!(
                     "estimate {wss}: holding: the host saw {} of guest memory touched in each \
                      of the last {} samples: no probe below {} and the margin (the more of \
-                     what it touched with {} of kernel memory not seen touched, and its \
-                     unreclaimable {} with what it touched beyond {} of kernel image and page \
+                     what it touched with {} it cannot give up beside it, and the {} it \
+                     cannot give up with what it touched beyond {} of kernel image and page \
                      structures taken as {} of what it needs beyond them, up to its need \
                      {need} and {} of page cache it uses; never below its floor {floor}), nor \
                      by less than a step",
@@ -1061,7 +1069,7 @@ impl Told {
                     cfg.touched_samples,
                     t.bound,
                     t.unseen,
-                    t.kernel,
+                    t.kept,
                     t.seen,
                     cfg.touched_share,
                     t.cache
@@ -1096,8 +1104,8 @@ impl Told {
                 (Some(h), Some(t)) => format!(
                     "estimate {wss}: no shortage: probe lower, no deeper than {} and the \
                      margin (floor {floor}; the guest counts {need} needed and touched at least \
-                     {h} in each of the last {} host-side access samples, beside {} of kernel \
-                     memory not seen touched)",
+                     {h} in each of the last {} host-side access samples, beside {} it \
+                     cannot give up)",
                     t.bound, cfg.touched_samples, t.unseen
                 ),
                 _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
@@ -1942,7 +1950,10 @@ mod tests {
         // structures of what it holds (near 400 MiB: 38 MiB) are taken as touched.
         let (size, bound) = settle(300, Some(20), 100);
         assert_eq!(bound, "377 MiB", "300 + 61.7 ÷ 0.8");
-        assert_eq!(size, 406, "the bound and the 30 MiB margin");
+        assert_eq!(
+            size, 406,
+            "the bound when it probed (its page structures shrink with it) and the 30 MiB margin"
+        );
         // Touching little, never below the floor and the margin (332 + 30).
         assert_eq!(settle(300, Some(20), 10), (362, "332 MiB".into()));
     }
@@ -1974,44 +1985,54 @@ mod tests {
         let (size, e) = settle(360);
         assert_eq!((size, e.phase), (430, "touched"), "{}", e.detail);
         assert!(e.detail.contains("no probe below 400 MiB"), "{}", e.detail);
-        // Touching 200 MiB, only what it touched beyond its need counts of its cache, at
-        // the share: (200 − 100) ÷ 0.8, 125 MiB; probed down to 225 MiB and the margin.
+        // Touching 200 MiB, only what it touched (and the 20 MiB beside) beyond its need
+        // counts of its cache, at the share: (220 − 100) ÷ 0.8, 150 MiB; probed down to
+        // 250 MiB and the margin.
         let (size, e) = settle(200);
-        assert_eq!((size, e.phase), (255, "touched"), "{}", e.detail);
+        assert_eq!((size, e.phase), (280, "touched"), "{}", e.detail);
         assert!(
-            e.detail.contains("125 MiB of page cache it uses"),
+            e.detail.contains("150 MiB of page cache it uses"),
             "{}",
             e.detail
         );
     }
 
     #[test]
-    fn what_the_lists_name_and_cache_not_seen_touched_do_not_raise_the_touched_bound() {
-        // A 1000 MiB guest without swap needing 600 MiB: 550 of it unreclaimable (500 of
-        // anonymous memory and 20 of slab on its lists, 30 off them, within the image),
-        // 560 seen touched (its anonymous memory, 30 of kernel image, 30 more), 300 MiB
-        // of page cache on the active list that it no longer reads. Counted beside the
-        // touched memory, its anonymous memory would hold it above 1000 MiB; its stale
-        // cache would hold it at 930. It is probed from its need, cache and margin (930)
-        // down to its need (550 + 530 ÷ 0.8, at most 600) and the margin.
-        let (cfg, mut f, mut size) = (cfg(), Fused::default(), 1000);
-        let mut e = None;
-        for t in 0..30 {
-            let mut o = obs(t, size, size - 600, 0);
-            o.signals.unreclaimable = Some(Bytes::from_mib(550));
-            o.signals.unreclaimable_listed = Some(Bytes::from_mib(520));
-            o.signals.active_file = Some(Bytes::from_mib(300));
-            o.referenced = Some(Bytes::from_mib(560));
-            let told = f.step(&cfg, &o).unwrap();
-            if t == 1 {
-                assert_eq!(told.wss.mib(), 930, "{}", told.detail);
+    fn active_cache_not_seen_touched_does_not_raise_the_touched_bound_and_a_swapless_guests_does() {
+        // A 1000 MiB guest needing 600 MiB, 560 seen touched each tick (500 of anonymous
+        // memory, 30 of kernel image, 30 more), 300 MiB of page cache on its active list.
+        // The size it settles at and its last reason; `swapless`: its anonymous memory
+        // on its lists (swap cannot take it) beside 20 of slab and 30 of kernel memory.
+        let settle = |swapless: bool| {
+            let (cfg, mut f, mut size) = (cfg(), Fused::default(), 1000);
+            let listed = if swapless { 520 } else { 20 };
+            let mut e = None;
+            for t in 0..30 {
+                let mut o = obs(t, size, size - 600, 0);
+                o.signals.unreclaimable = Some(Bytes::from_mib(listed + 30));
+                o.signals.unreclaimable_listed = Some(Bytes::from_mib(listed));
+                o.signals.active_file = Some(Bytes::from_mib(300));
+                o.referenced = Some(Bytes::from_mib(560));
+                let told = f.step(&cfg, &o).unwrap();
+                if t == 1 {
+                    assert_eq!(told.wss.mib(), 930, "need, cache, margin: {}", told.detail);
+                }
+                size = told.wss.mib();
+                e = Some(told);
             }
-            size = told.wss.mib();
-            e = Some(told);
-        }
-        let e = e.unwrap();
+            (size, e.unwrap())
+        };
+        // With swap, what it touched is within its need: its cache, though on the active
+        // list, is not what the host saw touched, and it is probed down to its need (50 +
+        // 530 ÷ 0.8, at most 600) and the margin.
+        let (size, e) = settle(false);
         assert_eq!((size, e.phase), (630, "touched"), "{}", e.detail);
         assert!(e.detail.contains("no probe below 600 MiB"), "{}", e.detail);
+        // Without swap, its anonymous memory counts beside what the host saw touched: of
+        // that, the host may have seen its cache touched, not its anonymous memory.
+        // No probe.
+        let (size, e) = settle(true);
+        assert_eq!((size, e.phase), (930, "touched"), "{}", e.detail);
     }
 
     #[test]
