@@ -259,6 +259,8 @@ pub fn costless(cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
 #[derive(Debug, Clone, Copy, Default)]
 struct TouchedBound {
     bound: Bytes,
+    /// The least the host saw touched in each of the latest samples.
+    touched: Bytes,
     /// What the guest cannot give up: its unreclaimable memory, or its whole floor where
     /// its lists are not read.
     kept: Bytes,
@@ -323,6 +325,7 @@ impl TouchedBound {
             .max(floor);
         TouchedBound {
             bound,
+            touched,
             kept,
             seen,
             unseen,
@@ -972,7 +975,6 @@ impl Fused {
             cache: active_file,
             size: obs.size,
             failed_at: self.failed_at,
-            hot,
             touched_bound,
             samples: self.touched.len(),
             cold,
@@ -1005,7 +1007,6 @@ struct Told {
     cache: Option<Bytes>,
     size: Bytes,
     failed_at: Option<Bytes>,
-    hot: Option<Bytes>,
     touched_bound: Option<TouchedBound>,
     /// Host-side access samples in.
     samples: usize,
@@ -1065,7 +1066,7 @@ impl Told {
                      structures taken as {} of what it needs beyond them, up to its need \
                      {need} and {} of page cache it uses; never below its floor {floor}), nor \
                      by less than a step",
-                    self.hot.unwrap_or_default(),
+                    t.touched,
                     cfg.touched_samples,
                     t.bound,
                     t.unseen,
@@ -1100,15 +1101,15 @@ impl Told {
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
             ),
-            _ => match (self.hot, self.touched_bound) {
-                (Some(h), Some(t)) => format!(
+            _ => match self.touched_bound {
+                Some(t) => format!(
                     "estimate {wss}: no shortage: probe lower, no deeper than {} and the \
                      margin (floor {floor}; the guest counts {need} needed and touched at least \
-                     {h} in each of the last {} host-side access samples, beside {} it \
+                     {} in each of the last {} host-side access samples, beside {} it \
                      cannot give up)",
-                    t.bound, cfg.touched_samples, t.unseen
+                    t.bound, t.touched, cfg.touched_samples, t.unseen
                 ),
-                _ => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
+                None => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
             },
         }
     }
