@@ -31,6 +31,8 @@ pub struct QmpVmOptions {
     /// How to measure the guest memory touched between samples (host-side access
     /// sampling).
     pub sample_access: AccessSampling,
+    /// The shortest window an access sample may cover (half the daemon's tick).
+    pub least_sample_window: Duration,
 }
 
 /// Host-side access sampling of a QEMU VM's guest RAM.
@@ -88,20 +90,45 @@ enum Access {
     Idle(Arc<Mutex<IdleTracking>>),
 }
 
+/// When a host-side access sample's window began, and the shortest it may be. A sample
+/// asked for sooner is not taken and its window stays open: the daemon asks again at once
+/// after a sample late for its tick, and what the host saw touched in a fraction of a
+/// tick would bound the guest's probing below what it touches in one.
+#[derive(Debug, Clone, Copy)]
+struct SampleWindow {
+    least: Duration,
+    began: Option<Instant>,
+}
+
+impl SampleWindow {
+    /// Whether a sample taken at `now` would cover less than the least window.
+    fn too_short(&self, now: Instant) -> bool {
+        self.began
+            .is_some_and(|began| now.saturating_duration_since(began) < self.least)
+    }
+}
+
 /// Idle page tracking of a VM's guest RAM.
 struct IdleTracking {
     /// The QMP socket, naming the VM in logs.
     socket: String,
     tracker: Tracker,
     since: Instant,
+    window: SampleWindow,
     /// The latest scan's error, logged once until a scan succeeds.
     failed: Option<String>,
 }
 
 impl IdleTracking {
-    /// Guest RAM accessed since the previous scan, and cold; neither after a failed scan.
+    /// Guest RAM accessed since the previous scan, and cold; neither after a failed scan,
+    /// nor without a scan where the last was too recent.
     fn scan(&mut self) -> (Option<Bytes>, Option<Bytes>) {
-        match self.tracker.scan(self.since.elapsed()) {
+        let now = Instant::now();
+        if self.window.too_short(now) {
+            return (None, None);
+        }
+        self.window.began = Some(now);
+        match self.tracker.scan(now.saturating_duration_since(self.since)) {
             Ok(scan) => {
                 self.failed = None;
                 (scan.accessed, scan.cold)
@@ -132,21 +159,24 @@ static NO_IDLE_TRACKING: Once = Once::new();
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
-    primed: bool,
+    /// Begun when the accessed bits were last cleared.
+    window: SampleWindow,
 }
 
 impl AccessSampler {
-    /// Referenced guest RAM since the previous call (`None` on the first, which only
-    /// starts the window, and on any read or write failure).
-    fn sample(&mut self, ram: Bytes) -> Option<Bytes> {
-        let referenced = if self.primed {
+    /// Referenced guest RAM since the accessed bits were last cleared, at `now` (`None`
+    /// on the first call, which only starts the window, on any read or write failure, and
+    /// where the window is too short: it then stays open).
+    fn sample(&mut self, ram: Bytes, now: Instant) -> Option<Bytes> {
+        if self.window.too_short(now) {
+            return None;
+        }
+        let referenced = self.window.began.and_then(|_| {
             std::fs::read_to_string(&self.smaps)
                 .ok()
                 .and_then(|t| procfs::smaps_referenced(&t, ram))
-        } else {
-            None
-        };
-        self.primed = std::fs::write(&self.clear_refs, "1").is_ok();
+        });
+        self.window.began = std::fs::write(&self.clear_refs, "1").is_ok().then_some(now);
         referenced
     }
 }
@@ -385,6 +415,10 @@ async fn access(
                         socket: socket.display().to_string(),
                         tracker,
                         since,
+                        window: SampleWindow {
+                            least: opts.least_sample_window,
+                            began: Some(since),
+                        },
                         failed: None,
                     })))))
                 }
@@ -427,7 +461,10 @@ async fn access(
     Ok(Some(Access::ClearRefs(AccessSampler {
         smaps: dir.join("smaps"),
         clear_refs: dir.join("clear_refs"),
-        primed: false,
+        window: SampleWindow {
+            least: opts.least_sample_window,
+            began: None,
+        },
     })))
 }
 
@@ -501,7 +538,7 @@ impl QmpVm {
         };
         // Guest RAM proper; virtio-mem memory is a mapping of its own.
         let (referenced, cold) = match &mut self.access {
-            Some(Access::ClearRefs(a)) => (a.sample(self.base), None),
+            Some(Access::ClearRefs(a)) => (a.sample(self.base, Instant::now()), None),
             Some(Access::Idle(t)) => {
                 let t = Arc::clone(t);
                 tokio::task::spawn_blocking(move || {
@@ -623,6 +660,36 @@ mod tests {
     use crate::qmp::client::tests::{ok, serve, HANG_UP};
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    #[test]
+    fn an_access_sample_of_a_short_window_is_not_taken_and_its_window_stays_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let smaps = dir.path().join("smaps");
+        // A 192 MiB guest with 6 MiB referenced (a real QEMU's smaps).
+        std::fs::write(&smaps, include_str!("../../tests/data/proc/qemu-smaps")).unwrap();
+        let window = SampleWindow {
+            least: Duration::from_millis(500),
+            began: None,
+        };
+        let mut s = AccessSampler {
+            smaps,
+            clear_refs: dir.path().join("clear_refs"),
+            window,
+        };
+        let (t0, ram) = (Instant::now(), Bytes::from_mib(192));
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(s.sample(ram, t0), None, "the first starts the window");
+        // Asked again at once (after a late sample): not taken, the window left open.
+        assert_eq!(s.sample(ram, at(200)), None);
+        assert_eq!(s.sample(ram, at(600)), Some(Bytes::from_mib(6)));
+        // The next window begins there.
+        assert_eq!(s.sample(ram, at(1000)), None);
+        assert_eq!(s.sample(ram, at(1100)), Some(Bytes::from_mib(6)));
+        // Where the accessed bits cannot be cleared, no window begins.
+        s.clear_refs = dir.path().join("gone/clear_refs");
+        assert_eq!(s.sample(ram, at(2000)), Some(Bytes::from_mib(6)));
+        assert_eq!(s.sample(ram, at(3000)), None);
+    }
+
     /// A QEMU with a balloon that goes away at the second `query-balloon` (the first
     /// sample's), announcing its shutdown first when `announce`.
     async fn going_away(announce: bool) -> BackendError {
@@ -647,6 +714,7 @@ mod tests {
             proc: "/proc".into(),
             sys: "/sys".into(),
             sample_access: AccessSampling::Off,
+            least_sample_window: Duration::from_millis(500),
         };
         let mut vm = QmpVm::connect(&path, None, &opts).await.unwrap();
         vm.sample().await.unwrap_err()

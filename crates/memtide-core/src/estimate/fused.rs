@@ -6,8 +6,8 @@
 //! the guest to the last, and not while the guest agent is silent, nor below its floor, nor
 //! below what it cannot give up and what the host saw it touch in each of its latest samples
 //! over the share of its need it is taken to touch (at most its need and the page cache it
-//! uses), where the hypervisor shows it (host-side access sampling), nor before sampling
-//! has its samples, nor within a step of a level that failed. Any sign of shortage —
+//! uses), where the hypervisor shows it (host-side access sampling), nor while sampling
+//! has no sample in, nor within a step of a level that failed. Any sign of shortage —
 //! swap-ins, refaults, OOM kills, and memory pressure and allocation stalls the balloon's
 //! own inflation did not cause — backs it off within the same tick: after a failed probe
 //! to near the last level that was fine; straight to Committed_AS on a new allocation, or
@@ -91,7 +91,8 @@ pub struct FusedConfig {
     /// least touched counts as the guest's hot memory: no probe goes below the bound it
     /// gives ([`FusedConfig::touched_share`]) and the margin (the least of a few, not the
     /// latest: the guest's own swap-out after a probe is read by the hypervisor and shows
-    /// as touched for a tick).
+    /// as touched for a tick). Until that many are in, the least of those in bounds
+    /// probing: never less than the least of more.
     pub touched_samples: usize,
     /// The least share of what a guest needs beyond what it cannot give up that it is
     /// taken to touch in each sample: no probe goes below what it cannot give up
@@ -211,7 +212,7 @@ pub struct FusedMemory {
     /// The last failed probe found no cold memory below the guest's commitment.
     pub exact: bool,
     /// The hypervisor was sampling what the guest touches: the estimator recalled waits
-    /// for its samples before it probes, as after a missed one (files written before this
+    /// for a sample before it probes, as after a missed one (files written before this
     /// field read as false).
     #[serde(default)]
     pub sampling: bool,
@@ -445,8 +446,14 @@ impl Fused {
     }
 
     /// Take in a host-side access sample: what the guest touched in each of the latest
-    /// [`FusedConfig::touched_samples`] samples (memory it uses, seen by the host), once
-    /// there are that many; none without sampling.
+    /// [`FusedConfig::touched_samples`] samples (memory it uses, seen by the host), or in
+    /// each of those in while fewer are; none without a sample since sampling began or
+    /// last missed one.
+    ///
+    /// The least of fewer samples is never below the least of more, so a bound from the
+    /// first sample is no deeper than the one the full count would give; waiting for them
+    /// all only held a guest at its need meanwhile (found on a real guest: coldmem's
+    /// 384 MiB guest held at 326 MiB, 211 MiB above its working set, two seconds longer).
     fn touched(&mut self, cfg: &FusedConfig, obs: &Observation) -> Option<Bytes> {
         match obs.referenced {
             Some(r) => {
@@ -458,9 +465,7 @@ impl Fused {
             }
             None => self.touched.clear(),
         }
-        (self.touched.len() == cfg.touched_samples)
-            .then(|| self.touched.iter().copied().min())
-            .flatten()
+        self.touched.iter().copied().min()
     }
 
     /// Before a guest's first estimate, where the usual rules must wait: a guest found
@@ -914,10 +919,10 @@ impl Fused {
                 obs.at.saturating_sub(at) < span
             })
         {
-            // Host-side access sampling gives figures but has not all its samples yet (it
-            // has just begun, or missed one): no probe before it can tell what the guest
-            // touches (without this, a guest first seen while the host is short is probed
-            // twice before its third sample).
+            // Host-side access sampling gives figures but has no sample in (it has just
+            // begun, or missed one): no probe before it can tell what the guest touches
+            // (without this, a guest first seen while the host is short is probed before
+            // its first sample).
             "sampling"
         } else if touched_need.is_some_and(|lowest| {
             estimate - probed < lowest + margin || probed < step(cfg.probe_step)
@@ -1059,15 +1064,15 @@ impl Told {
             "touched" => {
                 let t = self.touched_bound.unwrap_or_default();
                 format!(
-                    "estimate {wss}: holding: the host saw {} of guest memory touched in each \
-                     of the last {} samples: no probe below {} and the margin (the more of \
+                    "estimate {wss}: holding: the host saw {} of guest memory touched in {}: \
+                     no probe below {} and the margin (the more of \
                      what it touched with {} it cannot give up beside it, and the {} it \
                      cannot give up with what it touched beyond {} of kernel image and page \
                      structures taken as {} of what it needs beyond them, up to its need \
                      {need} and {} of page cache it uses; never below its floor {floor}), nor \
                      by less than a step",
                     t.touched,
-                    cfg.touched_samples,
+                    last_samples(self.samples),
                     t.bound,
                     t.unseen,
                     t.kept,
@@ -1077,10 +1082,8 @@ impl Told {
                 )
             }
             "sampling" => format!(
-                "estimate {wss}: holding: {} of {} host-side access samples in; no probe before \
-                 they tell what the guest touches",
-                self.samples,
-                cfg.touched_samples
+                "estimate {wss}: holding: host-side access sampling has no sample in (it has \
+                 just begun or missed one); no probe before one tells what the guest touches"
             ),
             "cold" => format!(
                 "estimate {wss}: the host saw {} of what the guest counts needed ({need}) \
@@ -1105,13 +1108,23 @@ impl Told {
                 Some(t) => format!(
                     "estimate {wss}: no shortage: probe lower, no deeper than {} and the \
                      margin (floor {floor}; the guest counts {need} needed and touched at least \
-                     {} in each of the last {} host-side access samples, beside {} it \
-                     cannot give up)",
-                    t.bound, t.touched, cfg.touched_samples, t.unseen
+                     {} in {}, beside {} it cannot give up)",
+                    t.bound,
+                    t.touched,
+                    last_samples(self.samples),
+                    t.unseen
                 ),
                 None => format!("estimate {wss}: no shortage: probe lower (floor {floor})"),
             },
         }
+    }
+}
+
+/// "the last host-side access sample", or "each of the last N" of them.
+fn last_samples(n: usize) -> String {
+    match n {
+        1 => "the last host-side access sample".to_owned(),
+        n => format!("each of the last {n} host-side access samples"),
     }
 }
 
@@ -1911,7 +1924,7 @@ mod tests {
             size = f.step(&cfg, &o).unwrap().wss.mib();
             sizes.push(size);
         }
-        assert_eq!(sizes[2..], [990, 980, 970, 960, 950, 940], "{sizes:?}");
+        assert_eq!(sizes[1..], [990, 980, 970, 960, 950, 940, 930], "{sizes:?}");
     }
 
     #[test]
@@ -2015,7 +2028,7 @@ mod tests {
                 o.signals.active_file = Some(Bytes::from_mib(300));
                 o.referenced = Some(Bytes::from_mib(560));
                 let told = f.step(&cfg, &o).unwrap();
-                if t == 1 {
+                if t == 0 {
                     assert_eq!(told.wss.mib(), 930, "need, cache, margin: {}", told.detail);
                 }
                 size = told.wss.mib();
@@ -2049,7 +2062,7 @@ mod tests {
             let e = f.step(&cfg, &o).unwrap();
             size = e.wss.mib();
             assert!(size >= 430, "tick {t}: {}", e.detail);
-            if t >= 3 {
+            if t >= 1 {
                 assert_eq!(e.phase, "touched", "tick {t}: {}", e.detail);
                 assert!(e.detail.contains("no probe below 400 MiB"), "{}", e.detail);
             }
@@ -2077,9 +2090,9 @@ mod tests {
     }
 
     #[test]
-    fn no_probe_before_access_sampling_has_its_samples_nor_while_it_misses_a_few() {
+    fn the_first_access_sample_bounds_probing_and_none_goes_on_while_sampling_misses() {
         let (cfg, mut f) = (cfg(), Fused::default());
-        // A guest needing 300 MiB, touching 10 of it, its balloon following at once.
+        // A guest needing 300 MiB, its balloon following at once.
         let mut size = 1000;
         let mut step = |t: u64, referenced: Option<u64>| {
             let mut o = obs(t, size, size.saturating_sub(300), 0);
@@ -2088,14 +2101,30 @@ mod tests {
             size = e.wss.mib();
             e
         };
-        assert_eq!(step(0, Some(10)).phase, "start");
-        let e = step(1, Some(10));
-        assert_eq!(e.phase, "sampling", "{}", e.detail);
-        assert!(e.detail.contains("2 of 3"), "{}", e.detail);
-        assert_eq!(step(2, Some(10)).phase, "probe", "the third sample is in");
+        // The sampler's first call only starts its window.
+        assert_eq!(step(0, None).phase, "start");
+        // One sample in bounds probing at once: the guest touched all it needs.
+        let e = step(1, Some(300));
+        assert_eq!(e.phase, "touched", "{}", e.detail);
+        assert!(
+            e.detail.contains("in the last host-side access sample:"),
+            "{}",
+            e.detail
+        );
+        // The least of those in: touching 10 MiB now, it is probed.
+        let e = step(2, Some(10));
+        assert_eq!(e.phase, "probe", "{}", e.detail);
+        assert!(
+            e.detail.contains("in each of the last 2 host-side"),
+            "{}",
+            e.detail
+        );
         // A sample missed: the history starts again, and no probe for the samples' span.
-        assert_eq!(step(3, None).phase, "sampling");
-        assert_eq!(step(4, None).phase, "sampling");
+        for t in [3, 4] {
+            let e = step(t, None);
+            assert_eq!(e.phase, "sampling", "{}", e.detail);
+            assert!(e.detail.contains("no sample in"), "{}", e.detail);
+        }
         // Sampling gone for longer than that: probing goes on without it.
         assert_eq!(step(5, None).phase, "probe");
     }
@@ -2103,11 +2132,11 @@ mod tests {
     #[test]
     fn a_recalled_estimator_awaits_access_sampling_as_it_had_it() {
         let (cfg, mut f) = (cfg(), Fused::default());
-        // A guest needing 300 MiB, touching 10 of it: started at 330 MiB, its samples
-        // coming in when the daemon is killed.
+        // A guest needing 300 MiB, touching all of it: started at 330 MiB, held there by
+        // its samples when the daemon is killed.
         for (t, (size, avail)) in [(1000, 700), (330, 30)].into_iter().enumerate() {
             let mut o = obs(t as u64, size, avail, 0);
-            o.referenced = Some(Bytes::from_mib(10));
+            o.referenced = Some(Bytes::from_mib(300));
             f.step(&cfg, &o);
         }
         let m = f.memory(Duration::from_secs(2)).unwrap();

@@ -11,6 +11,7 @@ use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Connects to QEMU (QMP), libvirt domains, Firecracker and Cloud Hypervisor.
 pub struct Connectors {
@@ -33,6 +34,7 @@ impl Connectors {
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
                 sample_access: config.sample_access(),
+                least_sample_window: Duration::from_secs_f64(config.interval_s / 2.0),
             },
             pve_config_dir: config.discovery.pve_config_dir.clone(),
             api: ApiVmOptions {
