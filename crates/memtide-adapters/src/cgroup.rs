@@ -79,6 +79,9 @@ const V2: Layout = Layout {
 /// An error reading a cgroup.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
+    /// There is no such directory (no cgroup of that name, or not mounted there).
+    #[error("{0}: no such cgroup (the directory is not there)")]
+    Missing(String),
     /// The directory is not a memory cgroup.
     #[error("{0}: not a memory cgroup (neither memory.max nor memory.limit_in_bytes is there)")]
     NotMemoryCgroup(String),
@@ -245,8 +248,11 @@ fn layout(dir: &Path) -> Option<&'static Layout> {
 
 /// Read a memory cgroup directory, detecting its version.
 pub fn read(dir: &Path) -> Result<CgroupMemory, CgroupError> {
-    let layout =
-        layout(dir).ok_or_else(|| CgroupError::NotMemoryCgroup(dir.display().to_string()))?;
+    let named = || dir.display().to_string();
+    let layout = layout(dir).ok_or_else(|| match dir.is_dir() {
+        true => CgroupError::NotMemoryCgroup(named()),
+        false => CgroupError::Missing(named()),
+    })?;
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|error| CgroupError::Io {
@@ -378,6 +384,15 @@ mod tests {
     #[test]
     fn errors_name_the_directory_or_file() {
         let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("machine.slice");
+        let err = read(&gone).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: no such cgroup (the directory is not there)",
+                gone.display()
+            )
+        );
         let err = read(dir.path()).unwrap_err().to_string();
         assert!(
             err.ends_with(

@@ -399,9 +399,10 @@ impl ProcessRss {
 const OWN_EVERY: Duration = Duration::from_secs(60);
 
 /// A hypervisor's own resident memory beside its guest RAM ([`FixedMemory::own`]), read
-/// from /proc/PID/smaps once a minute off the async runtime: the read walks the
-/// process's page tables (27 ms per GiB of 4 KiB pages resident), and the first is put
-/// off by the pid's share of a minute, so that VMs found together are not read together.
+/// from /proc/PID/smaps once a minute off the async runtime and never waited for (the
+/// read walks the process's page tables, 27 ms per GiB of 4 KiB pages resident: seconds
+/// for a large guest); the first is put off by the pid's share of a minute, so that VMs
+/// found together are not read together.
 /// A process whose smaps shows no single mapping of its guest RAM's size (memory
 /// backends, hot-plugged DIMMs) is not read again.
 #[derive(Debug)]
@@ -410,6 +411,8 @@ pub struct OwnMemory {
     guest_ram: Bytes,
     next: Option<Instant>,
     last: Option<Bytes>,
+    /// The read under way.
+    reading: Option<tokio::task::JoinHandle<Option<Bytes>>>,
 }
 
 impl OwnMemory {
@@ -421,15 +424,19 @@ impl OwnMemory {
             guest_ram,
             next: Some(Instant::now() + stagger),
             last: None,
+            reading: None,
         }
     }
 
-    /// Its own memory as last read, reading it again (on a blocking thread) when due.
+    /// Its own memory as last read: a read that has ended is taken, and one started (on a
+    /// blocking thread) when due, its figure for a later sample.
     pub async fn sample(&mut self) -> Option<Bytes> {
-        if self.next.is_some_and(|next| Instant::now() >= next) {
-            let (smaps, size) = (self.smaps.clone(), self.guest_ram);
-            let read = tokio::task::spawn_blocking(move || read_own(&smaps, size));
+        if let Some(read) = self.reading.take_if(|r| r.is_finished()) {
             self.store(read.await.ok().flatten());
+        }
+        if self.reading.is_none() && self.next.is_some_and(|next| Instant::now() >= next) {
+            let (smaps, size) = (self.smaps.clone(), self.guest_ram);
+            self.reading = Some(tokio::task::spawn_blocking(move || read_own(&smaps, size)));
         }
         self.last
     }
@@ -975,7 +982,17 @@ garbage
         let proc = Path::new("/proc");
         let mut own = OwnMemory::new(proc, pid, Bytes::from_mib(41));
         own.next = Some(Instant::now());
-        let read = own.sample().await.expect("own memory told apart");
+        // Samples until the read a sample started has ended and been taken.
+        async fn read_taken(own: &mut OwnMemory) -> Option<Bytes> {
+            assert_eq!(own.sample().await, None, "nothing read before");
+            assert!(own.reading.is_some(), "a read started, not waited for");
+            while own.reading.is_some() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                own.sample().await;
+            }
+            own.last
+        }
+        let read = read_taken(&mut own).await.expect("own memory told apart");
         let rss = ProcessRss::new(proc, pid).read().unwrap();
         drop(ram);
         // What is left of the process's RSS is the mapping, to what the test's other
@@ -989,8 +1006,10 @@ garbage
         // No mapping of the size: nothing told apart, and smaps is not read again.
         let mut none = OwnMemory::new(proc, pid, Bytes::from_mib(4099));
         none.next = Some(Instant::now());
-        assert_eq!(none.sample().await, None);
+        assert_eq!(read_taken(&mut none).await, None);
         assert_eq!(none.next, None);
+        none.sample().await;
+        assert!(none.reading.is_none());
     }
 
     #[test]

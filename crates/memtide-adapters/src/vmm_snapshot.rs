@@ -75,7 +75,13 @@ pub async fn save(
         }
         AfterSave::Quit => None,
     };
-    let synced = sync_files(dir);
+    // Off the runtime: the memory file may be gigabytes still in the page cache.
+    let synced = {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || sync_files(&dir))
+            .await
+            .unwrap_or_else(|e| Err(BackendError::Io(format!("syncing: {e}"))))
+    };
     let saved = Saved {
         mechanism: vmm.mechanism().into(),
         was_running: running,

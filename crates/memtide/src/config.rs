@@ -606,22 +606,34 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Read and check a configuration file.
+    /// Read and check a configuration file. Policy files and directories it names by a
+    /// relative path are found from the file's own directory, whatever directory memtide
+    /// runs in (`check-config` by hand, the daemon from `/`).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let display = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: display.clone(),
             error,
         })?;
-        Config::parse(&text, &display)
+        Config::parse_in(&text, &display, path.parent().unwrap_or(Path::new("")))
     }
 
     /// Parse and check configuration text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        Config::parse_in(text, origin, Path::new(""))
+    }
+
+    /// [`Config::parse`] of text whose relative policy paths are from `base`.
+    fn parse_in(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
+        config.policy = policy_from(base, &config.policy);
+        config.policy_dir = config.policy_dir.map(|dir| base.join(dir));
+        for vm in &mut config.vms {
+            vm.policy = vm.policy.as_deref().map(|p| policy_from(base, p));
+        }
         let table: toml::Table = toml::from_str(text).expect("parsed above");
         config
             .validate()
@@ -1486,12 +1498,66 @@ pub struct BoundsFrom {
     pub max: BoundFrom,
 }
 
+/// A `policy` setting of a configuration file in `base`: a built-in policy's name as it
+/// is, a relative path to a policy file or directory (one that names a path, as
+/// `PolicySource::from_config` tells them, or is there) joined to `base`.
+fn policy_from(base: &Path, policy: &str) -> String {
+    let joined = base.join(policy);
+    let path_like = policy.contains('/') || policy.ends_with(".policy") || joined.exists();
+    match !crate::policies::BUILTIN.contains(&policy) && path_like {
+        true => joined.to_string_lossy().into_owned(),
+        false => policy.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
         Config::parse(text, "memtide.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn policy_paths_are_found_from_the_configuration_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("memtide.toml");
+        let vm = |name: &str, policy: &str| {
+            format!("[[vm]]\nname = \"{name}\"\nqmp = \"/run/{name}.qmp\"\npolicy = \"{policy}\"\n")
+        };
+        let text = format!(
+            "policy = \"my.policy\"\n{}{}{}",
+            vm("a", "mom"),
+            vm("b", "vms/b"),
+            vm("c", "/etc/memtide/c.policy")
+        );
+        std::fs::write(&file, text).unwrap();
+        let config = Config::load(&file).unwrap();
+        let at = |p: &str| dir.path().join(p).to_string_lossy().into_owned();
+        assert_eq!(config.policy, at("my.policy"));
+        let vms: Vec<_> = config
+            .vms
+            .iter()
+            .map(|v| v.policy.clone().unwrap())
+            .collect();
+        assert_eq!(
+            vms,
+            [
+                String::from("mom"),
+                at("vms/b"),
+                "/etc/memtide/c.policy".into()
+            ]
+        );
+        // A directory, and a name that is a file there; a built-in name stays one.
+        std::fs::write(dir.path().join("tuned"), "").unwrap();
+        std::fs::write(&file, "policy_dir = \"policies\"\n").unwrap();
+        let config = Config::load(&file).unwrap();
+        assert_eq!(config.policy_dir, Some(dir.path().join("policies")));
+        std::fs::write(&file, "policy = \"tuned\"\n").unwrap();
+        assert_eq!(Config::load(&file).unwrap().policy, at("tuned"));
+        std::fs::write(dir.path().join("memtide"), "").unwrap();
+        std::fs::write(&file, "policy = \"memtide\"\n").unwrap();
+        assert_eq!(Config::load(&file).unwrap().policy, "memtide");
     }
 
     #[test]

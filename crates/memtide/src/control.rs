@@ -171,8 +171,15 @@ pub async fn serve(
                 if let Some(line) = line {
                     tracing::warn!("{line}");
                 }
+                // Told at once, its request not read, its slot given back: a refused peer
+                // holds nothing (one reconnecting in a loop would otherwise keep every
+                // slot, each waiting for its request, and root's requests out).
+                let mut told = refusal(who).to_string().into_bytes();
+                told.push(b'\n');
+                let _ = stream.try_write(&told);
+                return;
             }
-            let answered = answer(stream, refused, owner, status.clone(), requests.clone());
+            let answered = answer(stream, owner, status.clone(), requests.clone());
             tokio::spawn(async move {
                 answered.await;
                 drop(slot);
@@ -204,12 +211,10 @@ fn bind_private(dir: &Path, path: &Path, mode: u32) -> std::io::Result<UnixListe
     listener
 }
 
-/// Read one request and answer it; a peer `refused` (naming it) is told why instead.
-/// Only root and the daemon's own user (`owner`) may save snapshots: a save stops the
-/// guest, and a hibernation ends its QEMU.
+/// Read one request and answer it. Only root and the daemon's own user (`owner`) may save
+/// snapshots: a save stops the guest, and a hibernation ends its QEMU.
 async fn answer(
     stream: UnixStream,
-    refused: Option<String>,
     owner: bool,
     status: Arc<RwLock<Status>>,
     requests: mpsc::Sender<Request>,
@@ -223,12 +228,12 @@ async fn answer(
     }
     let request = serde_json::from_str::<Value>(&line);
     let asks_status = |r: &Value| r.get("command").and_then(Value::as_str) == Some("status");
-    let mut out = if refused.is_none() && request.as_ref().is_ok_and(asks_status) {
+    let mut out = if request.as_ref().is_ok_and(asks_status) {
         // Written as text straight from the status: a JSON value of it first took 4.6 MiB
         // of the daemon's heap at 500 VMs (heaptrack, the load benchmark).
         serde_json::to_vec(&*status.read().expect("status lock")).expect("status serializes")
     } else {
-        reply(refused, request, owner, &requests)
+        reply(request, owner, &requests)
             .await
             .to_string()
             .into_bytes()
@@ -237,22 +242,23 @@ async fn answer(
     let _ = tokio::time::timeout(IO_TIMEOUT, write.write_all(&out)).await;
 }
 
+/// What a peer refused (`who`) is told.
+fn refusal(who: &str) -> Value {
+    let message = format!(
+        "permission denied: {who} may not use the memtide control socket (root and the \
+         users and groups in [control] allow_uids and allow_gids may)"
+    );
+    json!({ "error": message })
+}
+
 /// The answer to a request other than for the status.
 async fn reply(
-    refused: Option<String>,
     request: serde_json::Result<Value>,
     owner: bool,
     requests: &mpsc::Sender<Request>,
 ) -> Value {
-    match (refused, request) {
-        (Some(who), _) => {
-            let message = format!(
-                "permission denied: {who} may not use the memtide control socket (root and \
-                 the users and groups in [control] allow_uids and allow_gids may)"
-            );
-            json!({ "error": message })
-        }
-        (None, Ok(req)) => match req.get("command").and_then(Value::as_str) {
+    match request {
+        Ok(req) => match req.get("command").and_then(Value::as_str) {
             Some("reload") => reload(requests).await,
             Some("snapshot") if !owner => json!({"error": "permission denied: only root and \
                 the daemon's own user may save snapshots"}),
@@ -260,7 +266,7 @@ async fn reply(
             Some(other) => json!({"error": format!("unknown command {other:?}")}),
             None => json!({"error": "no command"}),
         },
-        (None, Err(e)) => json!({"error": format!("invalid request: {e}")}),
+        Err(e) => json!({"error": format!("invalid request: {e}")}),
     }
 }
 
@@ -342,10 +348,13 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
             .await
             .map_err(|e| not_reached(path, e))?;
         let (read, mut write) = stream.into_split();
-        write.write_all(format!("{request}\n").as_bytes()).await?;
+        // A peer the daemon refuses is told so at once, and the connection closed, maybe
+        // before the request is written: the reply is read all the same.
+        let written = write.write_all(format!("{request}\n").as_bytes()).await;
         let mut line = String::new();
         BufReader::new(read).read_line(&mut line).await?;
         if line.is_empty() {
+            written?;
             bail!(
                 "the daemon closed the connection without answering (did it stop? \
                  `systemctl status memtide`)"
@@ -456,9 +465,10 @@ mod tests {
         assert_eq!(status, Status::default());
     }
 
-    /// Send `line` to the socket at `path` from a thread running as `uid` and `gid`, and
-    /// read the reply. Credentials belong to a thread in the kernel, and the raw system
-    /// calls (unlike libc's wrappers) change only the calling thread's.
+    /// Send `line` (nothing if empty) to the socket at `path` from a thread running as
+    /// `uid` and `gid`, and read the reply, within 5 s. Credentials belong to a thread in
+    /// the kernel, and the raw system calls (unlike libc's wrappers) change only the
+    /// calling thread's.
     fn ask_as(uid: u32, gid: u32, path: &Path, line: &str) -> std::io::Result<String> {
         use std::io::{BufRead, Write};
         let (path, line) = (path.to_path_buf(), line.to_string());
@@ -470,9 +480,14 @@ mod tests {
                 assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
             }
             let mut stream = std::os::unix::net::UnixStream::connect(&path)?;
-            stream.write_all(line.as_bytes())?;
+            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+            // A refused peer may be answered, and closed, before its request is written.
+            let written = stream.write_all(line.as_bytes());
             let mut reply = String::new();
             std::io::BufReader::new(stream).read_line(&mut reply)?;
+            if reply.is_empty() {
+                written?;
+            }
             Ok(reply)
         })
         .join()
@@ -550,6 +565,38 @@ mod tests {
             error.starts_with("permission denied: uid 65534 gid 65534 (pid "),
             "{error}"
         );
+        // A refused peer that sends nothing is told at once (not after the 10 s a request
+        // may take to come), and holds no slot: root is served while it stays connected.
+        let path_silent = path.clone();
+        let silent = tokio::task::spawn_blocking(move || ask_as(65534, 65534, &path_silent, ""));
+        let reply: Value = serde_json::from_str(&silent.await.unwrap().unwrap()).unwrap();
+        assert!(reply["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("permission denied"));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (path_held, (opened, all_open)) = (path.clone(), std::sync::mpsc::channel());
+        let holder = std::thread::spawn(move || {
+            // SAFETY: as in `ask_as`: this thread's credentials only.
+            unsafe {
+                assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+            }
+            let streams: Vec<_> = (0..=MAX_CONNECTIONS)
+                .map(|_| std::os::unix::net::UnixStream::connect(&path_held).unwrap())
+                .collect();
+            opened.send(()).unwrap();
+            let _ = held.recv();
+            drop(streams);
+        });
+        all_open.recv().unwrap();
+        let path_root = path.clone();
+        let root = tokio::task::spawn_blocking(move || ask_as(0, 0, &path_root, status));
+        let reply = root.await.unwrap();
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let reply: Value = serde_json::from_str(&reply.unwrap()).unwrap();
+        assert!(reply.get("counters").is_some(), "{reply}");
     }
 
     #[tokio::test]

@@ -20,4 +20,5 @@ pub mod sim_cmd;
 pub mod snapshot_cmd;
 pub mod snapshots;
 pub mod status;
+pub mod stdout;
 pub mod top;

@@ -9,12 +9,13 @@ use memtide::policy_cmd::{self, Format};
 use memtide::reclaim_cmd;
 use memtide::sim_cmd;
 use memtide::snapshot_cmd;
-use memtide::{control, render};
+use memtide::{control, render, stdout};
 use memtide_adapters::access::Mappings;
 use memtide_core::backend::AfterSave;
 use memtide_core::reclaim::Keep;
 use memtide_core::tiering::age::AgeConfig;
 use memtide_core::Bytes;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -424,15 +425,25 @@ fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<P
         Ok(config) => return Ok(config.daemon.socket),
         Err(fault) => fault,
     };
-    let table = config_file(config)
-        .and_then(|file| std::fs::read_to_string(file).ok())
-        .and_then(|text| text.parse::<toml::Table>().ok());
-    let Some(table) = table else {
+    // A file that is there but wrong must not keep the operator from the daemon (its
+    // status, a reload that reports why the file is refused).
+    let Some(text) = config_file(config).and_then(|file| std::fs::read_to_string(file).ok()) else {
         return Err(fault);
     };
-    tracing::warn!("{fault:#}; its [daemon] socket is used all the same");
-    let named = table.get("daemon").and_then(|d| d.get("socket")?.as_str());
-    Ok(named.map_or_else(|| Config::default().daemon.socket, PathBuf::from))
+    let default = Config::default().daemon.socket;
+    let named = match text.parse::<toml::Table>() {
+        Ok(table) => {
+            tracing::warn!("{fault:#}; its [daemon] socket is used all the same");
+            let named = table.get("daemon").and_then(|d| d.get("socket")?.as_str());
+            named.map(PathBuf::from)
+        }
+        Err(_) => {
+            let tried = default.display();
+            tracing::warn!("{fault:#}; the default socket {tried} is tried (or give --socket)");
+            None
+        }
+    };
+    Ok(named.unwrap_or(default))
 }
 
 /// The configuration file: `path`, else [`DEFAULT_CONFIG`] if there is one.
@@ -481,12 +492,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let socket = self::socket(socket, config.as_ref())?;
             let status = control::request_status(&socket).await?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&status).context("encoding status")?
-                );
+                stdout::println(serde_json::to_string_pretty(&status).context("encoding status")?)?;
             } else {
-                print!("{}", render::status(&status));
+                stdout::print(render::status(&status))?;
             }
             Ok(())
         }
@@ -513,11 +521,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             // defaults, which are checked as run would.
             let Some(file) = config_file(named.as_ref()) else {
                 check(&Config::default())?;
-                println!("no {DEFAULT_CONFIG}: the built-in defaults: ok");
+                stdout::println(format_args!(
+                    "no {DEFAULT_CONFIG}: the built-in defaults: ok"
+                ))?;
                 return Ok(());
             };
             check(&Config::load(&file)?)?;
-            println!("{}: ok", file.display());
+            stdout::println(format_args!("{}: ok", file.display()))?;
             Ok(())
         }
         Command::Access {
@@ -546,7 +556,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 sys: config.host.sys.clone(),
             };
             tokio::task::spawn_blocking(move || {
-                memtide::access_cmd::run(&options, &mut std::io::stdout())
+                memtide::access_cmd::run(&options, &mut stdout::Stdout)
             })
             .await?
         }
@@ -595,7 +605,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 sys: config.host.sys.clone(),
             };
             tokio::task::spawn_blocking(move || {
-                memtide::place_cmd::run(&options, &mut std::io::stdout())
+                memtide::place_cmd::run(&options, &mut stdout::Stdout)
             })
             .await?
         }
@@ -615,7 +625,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let options = reclaim_cmd::Options {
                 place: match (cgroup, pid) {
                     (Some(dir), _) => Place::Cgroup(dir),
-                    (None, Some(pid)) => Place::Process(pid),
+                    (None, Some(pid)) => {
+                        let proc = &config.host.proc;
+                        let started = i32::try_from(pid)
+                            .ok()
+                            .and_then(|p| memtide_adapters::procfs::start_time(proc, p))
+                            .ok_or_else(|| anyhow::anyhow!("--pid {pid}: no such process"))?;
+                        Place::Process { pid, started }
+                    }
                     (None, None) => unreachable!("clap requires one"),
                 },
                 keep: Keep {
@@ -629,7 +646,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let proc = config.host.proc.clone();
             let ticks = options.ticks;
             let failed = tokio::task::spawn_blocking(move || {
-                reclaim_cmd::run(&config.reclaim, proc, &options, &mut std::io::stdout())
+                reclaim_cmd::run(&config.reclaim, proc, &options, &mut stdout::Stdout)
             })
             .await??;
             match failed {
@@ -639,7 +656,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Reload { socket, config } => {
             let loaded = control::request_reload(&self::socket(socket, config.as_ref())?).await?;
-            println!("{loaded}");
+            stdout::println(loaded)?;
             Ok(())
         }
         Command::Sim {
@@ -688,22 +705,22 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             config,
         } => sim_cmd::replay_cmd(&recordings, &policy, json, &load(config.as_ref())?),
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "memtide",
-                &mut std::io::stdout(),
-            );
+            // Written whole, then printed: clap_complete panics on a failed write.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "memtide", &mut script);
+            stdout::Stdout.write_all(&script)?;
             Ok(())
         }
         Command::Man { out_dir } => {
             // The pages name each other as memtide-SUBCOMMAND(1): `help` is no page.
             let command = Cli::command().disable_help_subcommand(true);
             match out_dir {
-                None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
-                Some(dir) => clap_mangen::generate_to(command, &dir),
+                None => clap_mangen::Man::new(command)
+                    .render(&mut stdout::Stdout)
+                    .context("writing the man page"),
+                Some(dir) => clap_mangen::generate_to(command, &dir)
+                    .with_context(|| format!("writing the man pages into {}", dir.display())),
             }
-            .context("writing the man pages")
         }
         Command::Snapshot(command) => snapshot(command).await,
         Command::Policy(PolicyCommand::Check { files }) => ok_or_fail(policy_cmd::check(&files)),
@@ -736,17 +753,18 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             );
             let wait = Duration::from_secs(limit + 60);
             let saved = control::request_save(&socket, &vm, then, wait).await?;
-            println!("{}", snapshot_cmd::saved_line(&saved)?);
+            stdout::println(snapshot_cmd::saved_line(&saved)?)?;
             let why = loaded.and_then(|c| snapshot_cmd::cannot_restore(&c, &vm));
             if let Some(why) = why {
                 eprintln!("note: `memtide snapshot restore` cannot start it again: {why}");
             }
         }
         SnapshotCommand::List { vm, json, config } => {
-            print!(
-                "{}",
-                snapshot_cmd::list(&load(config.as_ref())?, vm.as_deref(), json)?
-            );
+            stdout::print(snapshot_cmd::list(
+                &load(config.as_ref())?,
+                vm.as_deref(),
+                json,
+            )?)?;
         }
         SnapshotCommand::Restore {
             vm,
@@ -756,7 +774,7 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
         } => {
             let config = load(config.as_ref())?;
             let restored = snapshot_cmd::restore(&config, &vm, id.as_deref(), force).await?;
-            println!("{}", restored.line);
+            stdout::println(&restored.line)?;
             if let Some(why) = restored.unmarked {
                 eprintln!("warning: {why}");
             }
@@ -769,7 +787,7 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
         } => {
             let config = load(config.as_ref())?;
             for line in snapshot_cmd::clone(&config, &vm, count, id.as_deref()).await? {
-                println!("{line}");
+                stdout::println(line)?;
             }
         }
         SnapshotCommand::Delete {
@@ -779,7 +797,10 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             config,
         } => {
             let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id, force)?;
-            println!("snapshot {} of {} deleted", deleted.id, deleted.vm);
+            stdout::println(format_args!(
+                "snapshot {} of {} deleted",
+                deleted.id, deleted.vm
+            ))?;
         }
     }
     Ok(())
@@ -821,13 +842,31 @@ fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
     tracing_subscriber::EnvFilter::try_new(text).map_err(|e| e.to_string())
 }
 
-// One worker: the daemon's work per tick is milliseconds even at 500 VMs, and a second
-// worker cost more in cross-thread wake-ups than it gave (bench/load-test.sh, see
-// docs/benchmarks.md); blocking work (libvirt calls, the state file's fsyncs) runs on
-// the blocking pool.
-#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // An empty $MEMTIDE_CONFIG counts as unset (clap would refuse the empty path as a
+    // --config given without a value). Changed while this is the only thread.
+    if std::env::var_os("MEMTIDE_CONFIG").is_some_and(|v| v.is_empty()) {
+        std::env::remove_var("MEMTIDE_CONFIG");
+    }
     let cli = Cli::parse();
+    // One worker: the daemon's work per tick is milliseconds even at 500 VMs, and a
+    // second worker cost more in cross-thread wake-ups than it gave (bench/load-test.sh,
+    // see docs/benchmarks.md); blocking work (libvirt calls, the state file's fsyncs)
+    // runs on the blocking pool.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => {
+            eprintln!("memtide: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     let writer = memtide::journal::LogWriter::new();
     let error = writer.error_prefix();
     let (filter, from) = match (&cli.log_level, std::env::var("MEMTIDE_LOG")) {
@@ -853,6 +892,7 @@ async fn main() -> ExitCode {
     }
     match main_inner(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if memtide::stdout::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) if e.is::<Reported>() => ExitCode::from(1),
         Err(e) => {
             eprintln!("{error}memtide: {e:#}");

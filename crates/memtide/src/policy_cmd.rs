@@ -1,6 +1,6 @@
 //! `memtide policy check` and `memtide policy eval`: policies outside the daemon.
 
-use crate::policies;
+use crate::{policies, stdout};
 use memtide_lang::{control_value, Controls, ErrorKind, Input, Limits, Program, Value};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,8 @@ pub fn check(paths: &[PathBuf]) -> bool {
     match errors {
         None => {
             let names: Vec<_> = sources.iter().map(|s| s.name.as_str()).collect();
-            println!("{}: ok", names.join(", "));
+            // Checked whether or not anyone reads it (`| head`: crate::stdout).
+            let _ = stdout::println(format_args!("{}: ok", names.join(", ")));
             true
         }
         Some(errors) => {
@@ -79,7 +80,7 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         Ok(e) => e,
         Err(e) => {
             match format {
-                Format::Json => println!("{}", e.to_json()),
+                Format::Json => stdout::println(e.to_json())?,
                 Format::Text => eprintln!("{}", e.render(&sources)),
             }
             if !given && may_come_from_no_input(&e.kind) {
@@ -93,11 +94,10 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         }
     };
     match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::json!({"results": e.results, "controls": e.controls})
-        ),
-        Format::Text => print!("{}", text(&e)),
+        Format::Json => {
+            stdout::println(serde_json::json!({"results": e.results, "controls": e.controls}))?
+        }
+        Format::Text => stdout::print(text(&e))?,
     }
     for warning in refused_controls(&e.controls) {
         eprintln!("warning: {warning}");

@@ -450,7 +450,18 @@ impl Pending {
         let done = self.dir.with_file_name(&self.id);
         std::fs::rename(&self.dir, &done)
             .with_context(|| format!("renaming {} to {}", self.dir.display(), done.display()))?;
-        sync_dir(done.parent().expect("a snapshot's directory has a parent"))?;
+        if let Err(e) = sync_dir(done.parent().expect("a snapshot's directory has a parent")) {
+            // Whole but perhaps not durable: put back where a failed seal leaves nothing,
+            // or a hibernation that then runs on would stand in the store as asleep.
+            if let Err(back) = std::fs::rename(&done, &self.dir) {
+                tracing::warn!(
+                    "{}: {e:#}; left in place (moving it back failed: {back})",
+                    done.display()
+                );
+                return Ok(snapshot);
+            }
+            return Err(e);
+        }
         Ok(snapshot)
     }
 

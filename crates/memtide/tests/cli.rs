@@ -1232,21 +1232,17 @@ fn reclaim_paces_a_cgroup_a_line_a_tick_and_names_what_it_cannot_read() {
     // About 10% of 1 GiB a second for half a second.
     let written: u64 = written.parse().unwrap();
     assert!((40 << 20..80 << 20).contains(&written), "{written}");
-    // A process that is not there (above the kernel's largest pid_max): every tick says
-    // why.
+    // A process that is not there (above the kernel's largest pid_max): refused before
+    // any tick.
     let o = memtide()
         .args(["reclaim", "--ticks", "1", "--pid", "4999999"])
         .arg("--config")
         .arg(&config)
         .output()
         .unwrap();
-    assert!(!o.status.success(), "a failed tick fails the command");
-    assert!(stderr(&o).contains("1 of 1 ticks failed"), "{}", stderr(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        out.contains("asked=0 result=error (/proc/4999999/cgroup: No such file"),
-        "{out}"
-    );
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o), "memtide: --pid 4999999: no such process\n");
+    assert!(o.stdout.is_empty());
 }
 
 #[test]
@@ -1560,4 +1556,115 @@ fn tier_placement_refuses_a_host_with_one_node_and_logs_a_process_it_cannot_plac
     let message = failed[0]["message"].as_str().unwrap();
     assert!(message.starts_with("not placed: "), "{message}");
     assert!(message.contains("(CONFIG_IDLE_PAGE_TRACKING)"), "{message}");
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_a_command_quietly() {
+    let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtide-lang/policies");
+    let balloon = policies
+        .join("balloon.policy")
+        .to_str()
+        .unwrap()
+        .to_string();
+    let policies = policies.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("snapshot.json");
+    let snapshot = serde_json::json!({
+        "host": {"props": {}, "stats": [{"mem_available": 1048576, "mem_free": 104857}]},
+        "guests": []
+    });
+    std::fs::write(&input, snapshot.to_string()).unwrap();
+    let input = input.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["completions", "bash"],
+        &["man"],
+        &["policy", "check", policies],
+        &[
+            "policy", "eval", "--format", "text", &balloon, "--input", input,
+        ],
+    ];
+    for args in commands {
+        let mut child = memtide()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // `| head -0`: the reader gone before the first line.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("Broken pipe"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn an_empty_memtide_config_counts_as_unset() {
+    for args in [&["check-config"][..], &["check-config", "--no-host"]] {
+        let o = memtide()
+            .env("MEMTIDE_CONFIG", "")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).ends_with(": ok\n"));
+    }
+    // Where clap reads --config from it: not a --config given without a value.
+    let o = memtide()
+        .env("MEMTIDE_CONFIG", "")
+        .args(["status", "--socket", "/nonexistent/memtide.sock"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&o).contains("cannot reach memtide at"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("memtide.toml");
+    let socket = dir.path().join("memtide.sock");
+    // An unknown key: the file's own socket is asked.
+    let text = format!("bogus = 1\n[daemon]\nsocket = {socket:?}\n");
+    std::fs::write(&config, text).unwrap();
+    let o = memtide()
+        .args(["status", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("its [daemon] socket is used all the same"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("cannot reach memtide at {}", socket.display())),
+        "{err}"
+    );
+    // Not TOML at all: the default socket is tried, and said so (status: a daemon there
+    // is only read).
+    std::fs::write(&config, "garbage [[[\n").unwrap();
+    let o = memtide()
+        .args(["status", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("the default socket /run/memtide/memtide.sock is tried"),
+        "{err}"
+    );
 }

@@ -371,8 +371,11 @@ async fn save_stopped(
         }
         AfterSave::Quit => None,
     };
-    let synced = file
-        .sync_all()
+    // Off the runtime: the disk may take seconds to write what QEMU left in the page
+    // cache, and the daemon's runtime has one worker for every VM.
+    let synced = tokio::task::spawn_blocking(move || file.sync_all())
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
         .map_err(|e| BackendError::Io(format!("writing {}: {e}", path.display())));
     let written = stopped.elapsed();
     // What the checksum did not reach yet is read now, off the runtime; one that failed
@@ -479,7 +482,8 @@ async fn migrate_out(
     // The disk writes what QEMU wrote while QEMU writes on.
     let behind = WriteBehind::start(file);
     let result = migrate_through(client, "migrate", file, format, limit).await;
-    drop(behind);
+    // Its thread is joined off the runtime: its last pass may wait for the disk.
+    let _ = tokio::task::spawn_blocking(move || drop(behind)).await;
     if let Some(cap) = cap {
         let back = json!({ "max-bandwidth": cap });
         if let Err(e) = client.execute("migrate-set-parameters", Some(back)).await {

@@ -11,7 +11,7 @@ use memtide_core::stats::{AgentStats, GuestStats};
 use memtide_core::{BackendError, Bytes, FixedMemory, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Once, PoisonError};
+use std::sync::Once;
 use std::time::{Duration, Instant};
 
 /// QOM containers where user-created devices live (with and without an `id`).
@@ -84,10 +84,71 @@ pub struct QmpVm {
 /// How a VM's accesses are sampled.
 enum Access {
     ClearRefs(AccessSampler),
-    /// Scanned on the blocking pool (a scan reads and writes some bytes per guest page,
-    /// and the daemon's runtime has one worker), where a scan outlives a sample call
-    /// that timed out: the next one waits for it.
-    Idle(Arc<Mutex<IdleTracking>>),
+    /// Idle page tracking, scanned on the blocking pool.
+    Idle(Scans<IdleTracking>),
+}
+
+/// What a scan found: guest RAM accessed since the one before, and cold.
+type Scanned = (Option<Bytes>, Option<Bytes>);
+
+/// A scan of a VM's memory, made on the blocking pool by [`Scans`].
+trait Scan: Send + 'static {
+    fn scan(&mut self) -> Scanned;
+}
+
+/// Scans, one at a time, on the blocking pool: an idle page tracking scan reads and
+/// writes some bytes per guest page (seconds for a guest of tens of GiB) and the daemon's
+/// runtime has one worker. A sample waits for its scan up to `wait`; a scan that outlasts
+/// it runs on, its result taken by a later sample, and no other starts meanwhile (waiting
+/// in line, scans of a VM larger than a tick can scan would pile up on the pool).
+struct Scans<T> {
+    wait: Duration,
+    state: ScanState<T>,
+}
+
+enum ScanState<T> {
+    Ready(Box<T>),
+    Running(tokio::task::JoinHandle<(Box<T>, Scanned)>),
+    /// A scan panicked, and what it scanned with went with it.
+    Lost,
+}
+
+impl<T: Scan> Scans<T> {
+    fn new(scanner: T, wait: Duration) -> Scans<T> {
+        Scans {
+            wait,
+            state: ScanState::Ready(Box::new(scanner)),
+        }
+    }
+
+    /// The latest scan's result: a scan started now, or one started by an earlier sample
+    /// that has ended; nothing while one runs on.
+    async fn sample(&mut self) -> Scanned {
+        self.state = match std::mem::replace(&mut self.state, ScanState::Lost) {
+            ScanState::Ready(mut tracking) => {
+                ScanState::Running(tokio::task::spawn_blocking(move || {
+                    let scanned = tracking.scan();
+                    (tracking, scanned)
+                }))
+            }
+            state => state,
+        };
+        let ScanState::Running(scan) = &mut self.state else {
+            return (None, None);
+        };
+        match tokio::time::timeout(self.wait, scan).await {
+            Err(_) => (None, None),
+            Ok(Ok((tracking, scanned))) => {
+                self.state = ScanState::Ready(tracking);
+                scanned
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("host-side access sampling stopped: its scan failed ({e})");
+                self.state = ScanState::Lost;
+                (None, None)
+            }
+        }
+    }
 }
 
 /// When a host-side access sample's window began, and the shortest it may be. A sample
@@ -119,10 +180,10 @@ struct IdleTracking {
     failed: Option<String>,
 }
 
-impl IdleTracking {
+impl Scan for IdleTracking {
     /// Guest RAM accessed since the previous scan, and cold; neither after a failed scan,
     /// nor without a scan where the last was too recent.
-    fn scan(&mut self) -> (Option<Bytes>, Option<Bytes>) {
+    fn scan(&mut self) -> Scanned {
         let now = Instant::now();
         if self.window.too_short(now) {
             return (None, None);
@@ -411,7 +472,7 @@ async fn access(
             .map_err(|e| BackendError::Io(format!("idle page tracking: {e}")))?;
             match tracked {
                 Ok(tracker) => {
-                    return Ok(Some(Access::Idle(Arc::new(Mutex::new(IdleTracking {
+                    let tracking = IdleTracking {
                         socket: socket.display().to_string(),
                         tracker,
                         since,
@@ -420,7 +481,9 @@ async fn access(
                             began: Some(since),
                         },
                         failed: None,
-                    })))))
+                    };
+                    let wait = opts.call_timeout / 4;
+                    return Ok(Some(Access::Idle(Scans::new(tracking, wait))));
                 }
                 // The host's reasons, the same for every VM: said once.
                 Err(e @ (TrackError::Unsupported(_) | TrackError::NoFrames(_))) => {
@@ -539,14 +602,7 @@ impl QmpVm {
         // Guest RAM proper; virtio-mem memory is a mapping of its own.
         let (referenced, cold) = match &mut self.access {
             Some(Access::ClearRefs(a)) => (a.sample(self.base, Instant::now()), None),
-            Some(Access::Idle(t)) => {
-                let t = Arc::clone(t);
-                tokio::task::spawn_blocking(move || {
-                    t.lock().unwrap_or_else(PoisonError::into_inner).scan()
-                })
-                .await
-                .unwrap_or((None, None))
-            }
+            Some(Access::Idle(scan)) => scan.sample().await,
             None => (None, None),
         };
         let (balloon, virtio_mem) = match &device {
@@ -659,6 +715,7 @@ mod tests {
     use super::*;
     use crate::qmp::client::tests::{ok, serve, HANG_UP};
     use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn an_access_sample_of_a_short_window_is_not_taken_and_its_window_stays_open() {
@@ -688,6 +745,59 @@ mod tests {
         s.clear_refs = dir.path().join("gone/clear_refs");
         assert_eq!(s.sample(ram, at(2000)), Some(Bytes::from_mib(6)));
         assert_eq!(s.sample(ram, at(3000)), None);
+    }
+
+    /// A scan that ends when the test says, counting those started.
+    struct Gated {
+        started: Arc<AtomicU32>,
+        go: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl Scan for Gated {
+        fn scan(&mut self) -> Scanned {
+            let n = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+            self.go.recv().unwrap();
+            (Some(Bytes::from_mib(n.into())), None)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_scan_that_outlasts_its_sample_runs_on_alone_and_a_later_sample_takes_it() {
+        let started = Arc::new(AtomicU32::new(0));
+        let (go, gate) = std::sync::mpsc::channel();
+        let gated = Gated {
+            started: Arc::clone(&started),
+            go: gate,
+        };
+        let mut scans = Scans::new(gated, Duration::from_millis(20));
+        assert_eq!(
+            scans.sample().await,
+            (None, None),
+            "not waited for past 20 ms"
+        );
+        assert_eq!(scans.sample().await, (None, None), "still running");
+        assert_eq!(started.load(Ordering::SeqCst), 1, "no second scan in line");
+        // Samples until one takes a scan's result (within 10 s: the pool's thread may be
+        // slow to run on a loaded host).
+        async fn taken(scans: &mut Scans<Gated>) -> Scanned {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut scanned = scans.sample().await;
+            while scanned == (None, None) && Instant::now() < deadline {
+                scanned = scans.sample().await;
+            }
+            scanned
+        }
+        go.send(()).unwrap();
+        let first = taken(&mut scans).await;
+        assert_eq!(
+            first,
+            (Some(Bytes::from_mib(1)), None),
+            "taken by a later sample"
+        );
+        // Then the next sample starts the next scan.
+        go.send(()).unwrap();
+        assert_eq!(taken(&mut scans).await, (Some(Bytes::from_mib(2)), None));
+        assert_eq!(started.load(Ordering::SeqCst), 2);
     }
 
     /// A QEMU with a balloon that goes away at the second `query-balloon` (the first

@@ -24,8 +24,10 @@ pub(super) type SealReply = oneshot::Receiver<Result<snapshots::Snapshot, String
 /// A save that ended, and who waits for its outcome.
 pub(super) struct SaveDone {
     vm: String,
-    by: TakenBy,
     result: Result<snapshots::Snapshot, String>,
+    /// A scheduled save's older snapshots deleted beyond its `snapshot_keep` (that many
+    /// kept), or why not.
+    pruned: Option<(usize, Result<Vec<snapshots::Snapshot>, String>)>,
     reply: oneshot::Sender<Result<serde_json::Value, String>>,
 }
 
@@ -73,6 +75,11 @@ impl Daemon {
             }
         };
         let (done, store) = (self.saves.clone(), self.store.clone());
+        let keep = match by {
+            TakenBy::Schedule => self.config.vms.iter().find(|v| v.name == vm),
+            _ => None,
+        }
+        .map(|v| v.snapshot_keep);
         tokio::spawn(async move {
             let result = match saved.await {
                 // The seal's outcome: the snapshot made whole, or why not.
@@ -82,6 +89,7 @@ impl Daemon {
                 Ok(Err(e)) => {
                     let sealed = sealed.await.ok().and_then(Result::ok);
                     let e = e.to_string();
+                    let store = store.clone();
                     let ran_on = move || failed_after_seal(&store, sealed, e);
                     Err(tokio::task::spawn_blocking(ran_on)
                         .await
@@ -89,10 +97,20 @@ impl Daemon {
                 }
                 Err(_) => Err("the VM was lost before its save ended".into()),
             };
+            // Deleting snapshots (GiBs of files) is the blocking pool's work, not the loop's.
+            let pruned = match keep {
+                Some(keep) if result.is_ok() => {
+                    let name = vm.clone();
+                    let prune = move || store.prune(&name, keep).map_err(|e| format!("{e:#}"));
+                    let pruned = tokio::task::spawn_blocking(prune).await;
+                    Some((keep, pruned.unwrap_or_else(|e| Err(e.to_string()))))
+                }
+                _ => None,
+            };
             let done_save = SaveDone {
                 vm,
-                by,
                 result,
+                pruned,
                 reply,
             };
             let _ = done.send(done_save).await;
@@ -133,16 +151,23 @@ impl Daemon {
         let (tx, saved) = oneshot::channel();
         let (sealed_tx, sealed) = oneshot::channel();
         let dir = pending.dir().to_path_buf();
+        // The seal's outcome is sent from its blocking task, which runs to its end even
+        // where the save's task is given up on meanwhile: whoever waits for the save then
+        // still learns whether its snapshot stands (a hibernation sealed but not ended is
+        // marked woken, `failed_after_seal`).
         let seal: Seal = Box::new(move |saved| {
             Box::pin(async move {
-                let finish = move || pending.finish(&saved, then, by);
-                let result = match tokio::task::spawn_blocking(finish).await {
-                    Ok(r) => r.map_err(|e| format!("{e:#}")),
-                    Err(e) => Err(e.to_string()),
+                let finish = move || {
+                    let result = pending
+                        .finish(&saved, then, by)
+                        .map_err(|e| format!("{e:#}"));
+                    let outcome = result.as_ref().map(drop).map_err(Clone::clone);
+                    let _ = sealed_tx.send(result);
+                    outcome
                 };
-                let outcome = result.as_ref().map(drop).map_err(Clone::clone);
-                let _ = sealed_tx.send(result);
-                outcome
+                tokio::task::spawn_blocking(finish)
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()))
             })
         });
         let job = SaveJob {
@@ -427,23 +452,17 @@ impl Daemon {
         }
     }
 
-    /// Delete VM `vm`'s scheduled snapshots beyond its `snapshot_keep`, each logged.
-    fn prune(&mut self, vm: &str) {
-        let Some(keep) = self.config.vms.iter().find(|v| v.name == vm) else {
-            return;
-        };
-        match self.store.prune(vm, keep.snapshot_keep) {
+    /// Log the scheduled snapshots of VM `vm` deleted beyond the `keep` newest, each.
+    fn pruned(&mut self, vm: &str, keep: usize, pruned: Result<Vec<snapshots::Snapshot>, String>) {
+        match pruned {
             Ok(deleted) => {
                 for s in deleted {
-                    let message = format!(
-                        "scheduled snapshot {} deleted: {} newer kept",
-                        s.id, keep.snapshot_keep
-                    );
+                    let message = format!("scheduled snapshot {} deleted: {keep} newer kept", s.id);
                     self.events.log("snapshot_deleted", Some(vm), None, message);
                 }
             }
             Err(e) => {
-                let message = format!("old scheduled snapshots not deleted: {e:#}");
+                let message = format!("old scheduled snapshots not deleted: {e}");
                 self.events.log("snapshot_failed", Some(vm), None, message);
             }
         }
@@ -453,15 +472,12 @@ impl Daemon {
     pub(super) fn saved(&mut self, done: SaveDone) {
         let SaveDone {
             vm,
-            by,
             result,
+            pruned,
             reply,
         } = done;
         self.saving.remove(&vm);
         self.recount_hibernated |= result.as_ref().is_ok_and(snapshots::Snapshot::asleep);
-        if result.is_ok() && by == TakenBy::Schedule {
-            self.prune(&vm);
-        }
         match &result {
             Ok(s) => {
                 let message = s.summary();
@@ -473,6 +489,9 @@ impl Daemon {
                 self.events.log("snapshot_failed", Some(&vm), None, message);
                 self.counters.action("snapshot", "error");
             }
+        }
+        if let Some((keep, pruned)) = pruned {
+            self.pruned(&vm, keep, pruned);
         }
         let reply_value = result.map(|s| serde_json::to_value(s).expect("a snapshot serializes"));
         let _ = reply.send(reply_value);

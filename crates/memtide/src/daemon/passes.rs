@@ -42,12 +42,13 @@ impl Daemon {
             .iter()
             .zip(&decision.vms)
             .filter_map(|(vm, report)| {
-                let (pid, vm_config) = self.fleet.process(&vm.name)?;
+                let (_, vm_config) = self.fleet.process(&vm.name)?;
+                let process = self.fleet.hypervisor(&vm.name);
                 reclaim::serves(config, vm_config, vm).then(|| reclaim::Target {
                     vm: vm.name.clone(),
-                    place: match (vm_config.and_then(|c| c.reclaim_cgroup.clone()), pid) {
+                    place: match (vm_config.and_then(|c| c.reclaim_cgroup.clone()), process) {
                         (Some(dir), _) => reclaim::Place::Cgroup(dir),
-                        (None, Some(pid)) => reclaim::Place::Process(pid),
+                        (None, Some((pid, started))) => reclaim::Place::Process { pid, started },
                         (None, None) => reclaim::Place::Unknown,
                     },
                     keep: Keep {

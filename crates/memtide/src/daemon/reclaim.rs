@@ -3,6 +3,7 @@
 //! [`Pacer`]), write `memory.reclaim` (memtide-adapters' `reclaim`).
 
 use crate::config::{ReclaimConfig, ReclaimVms, VmConfig};
+use memtide_adapters::procfs;
 use memtide_adapters::reclaim::{self as io, Reclaimed};
 use memtide_core::reclaim::{Keep, Pace, PaceConfig, Pacer};
 use memtide_core::{Bytes, VmSnapshot};
@@ -39,8 +40,9 @@ pub struct Target {
 pub enum Place {
     /// Configured (`[[vm]] reclaim_cgroup`).
     Cgroup(PathBuf),
-    /// The cgroup of this process.
-    Process(u32),
+    /// The cgroup of this process, started at this time (`procfs::start_time`): a pid
+    /// reused by another process since the VM connected is not its.
+    Process { pid: u32, started: u64 },
     /// Unknown: no process id from its connector and none configured.
     Unknown,
 }
@@ -175,10 +177,23 @@ impl Reclaimer {
         };
         let dir = match &t.place {
             Place::Cgroup(dir) => dir.clone(),
-            Place::Process(pid) => match io::cgroup_of(&self.proc, &self.root, *pid) {
-                Ok(dir) => dir,
-                Err(e) => return failed(None, e.to_string()),
-            },
+            Place::Process { pid, started } => {
+                let ours = || {
+                    let pid = i32::try_from(*pid).ok()?;
+                    (procfs::start_time(&self.proc, pid)? == *started).then_some(())
+                };
+                let dir = ours().ok_or_else(|| format!("its process {pid} has ended"));
+                match dir.and_then(|()| {
+                    let dir = io::cgroup_of(&self.proc, &self.root, *pid);
+                    let dir = dir.map_err(|e| e.to_string())?;
+                    // Read after the cgroup: the pid was still the VM's when it was found.
+                    ours().ok_or_else(|| format!("its process {pid} has ended"))?;
+                    Ok(dir)
+                }) {
+                    Ok(dir) => dir,
+                    Err(e) => return failed(None, e),
+                }
+            }
             Place::Unknown => {
                 let why = "its connector gives no process id: set [[vm]] reclaim_cgroup";
                 return failed(None, why.into());
@@ -269,15 +284,26 @@ mod tests {
             ..ReclaimConfig::default()
         };
         let mut r = Reclaimer::new(&config, root.path().join("proc"));
+        // Processes 7 and 8, started at 1 and 2 (field 22 of their stat).
+        for (pid, started) in [(7, 1), (8, 2)] {
+            let dir = root.path().join(format!("proc/{pid}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let stat = format!("{pid} (qemu) S{} {started}\n", " 0".repeat(18));
+            std::fs::write(dir.join("stat"), stat).unwrap();
+        }
         let targets = [
             target("a", Place::Cgroup(a.clone())),
             target("b", Place::Unknown),
-            target("c", Place::Process(7)),
+            target("c", Place::Process { pid: 7, started: 1 }),
+            // Pid 8 was started at 1 when its VM connected: now another process's.
+            target("d", Place::Process { pid: 8, started: 1 }),
         ];
         let first = r.pass(&targets, Duration::from_secs(10), false);
         assert_eq!(first[0].done, Done::Held);
         assert!(matches!(&first[1].done, Done::Failed(w) if w.contains("reclaim_cgroup")));
         assert!(matches!(&first[2].done, Done::Failed(w) if w.contains("7/cgroup")));
+        let reused = Done::Failed("its process 8 has ended".into());
+        assert_eq!(first[3].done, reused);
         let second = r.pass(&targets[..1], Duration::from_secs(15), false);
         // 1% of 1 GiB a second for 5 s.
         assert_eq!(second[0].done, Done::Reclaimed(Reclaimed::All));

@@ -81,12 +81,16 @@ pub struct Collected {
     pub sample: Option<Result<Box<VmSample>, BackendError>>,
 }
 
+/// A backend lent to a call, as the call hands it back.
+type Lent = Option<Box<dyn VmBackend>>;
+
 /// A call in flight: what it is, when it started, and the task that hands the backend back.
 struct InFlight {
     call: Call,
     since: Instant,
-    /// Hands back the backend, the answer and when it came.
-    task: JoinHandle<(Box<dyn VmBackend>, Answer, Instant)>,
+    /// Hands back the backend (none after a save given up on), the answer and when it
+    /// came.
+    task: JoinHandle<(Lent, Answer, Instant)>,
 }
 
 /// A managed VM's backend, idle or lent to the call in flight.
@@ -148,6 +152,7 @@ impl VmTask {
         let span = tracing::info_span!("vm", name = self.name.as_str());
         let task = tokio::spawn(
             async move {
+                let mut kept = true;
                 let answer = match job {
                     Job::Sample => Answer::Sample(
                         timeout(limit, backend.sample())
@@ -166,14 +171,21 @@ impl VmTask {
                         // this bound is for a backend that cannot even do that.
                         let saving = backend.save(&save.dir, save.then, save.limit, save.seal);
                         let bound = save.limit + SAVE_GRACE;
-                        let result = timeout(bound, saving)
-                            .await
-                            .unwrap_or_else(|_| Err(BackendError::timeout(bound)));
+                        let result = match timeout(bound, saving).await {
+                            Ok(result) => result,
+                            // Cut off at any step, the guest perhaps stopped: the backend
+                            // is let go, so that the VM is connected afresh (a QEMU's
+                            // connection resumes a guest a save left stopped).
+                            Err(_) => {
+                                kept = false;
+                                Err(BackendError::timeout(bound))
+                            }
+                        };
                         let _ = save.reply.send(result);
                         Answer::Saved
                     }
                 };
-                (backend, answer, Instant::now())
+                (kept.then_some(backend), answer, Instant::now())
             }
             .instrument(span),
         );
@@ -200,7 +212,9 @@ impl VmTask {
             if !asked {
                 asked = self.start(Call::Sample);
                 if !asked && self.in_flight.is_none() {
-                    let gone = BackendError::Disconnected("its task ended".into());
+                    let gone = BackendError::Disconnected(
+                        "its connection was let go after a call that did not end".into(),
+                    );
                     let sample = Some(Err(gone));
                     return Collected { balloon, sample };
                 }
@@ -263,8 +277,10 @@ impl VmTask {
         Some(match joined {
             Ok((backend, answer, at)) => {
                 self.answered = Some(at);
-                self.target = backend.target();
-                self.idle = Some(backend);
+                if let Some(backend) = backend {
+                    self.target = backend.target();
+                    self.idle = Some(backend);
+                }
                 answer
             }
             // The backend went with the task: the VM is treated as disconnected.
@@ -394,6 +410,53 @@ mod tests {
         assert_eq!(sent.load(Ordering::SeqCst), 1, "sent once");
         assert_eq!(task.in_flight(), None);
         assert!(task.start(Call::Sample), "idle again");
+    }
+
+    /// Samples, but never ends a save.
+    struct HungSave;
+
+    #[async_trait]
+    impl VmBackend for HungSave {
+        async fn sample(&mut self) -> Result<VmSample, BackendError> {
+            Ok(memtide_core::testkit::vm("v", 512, 512, 100)
+                .sample
+                .unwrap())
+        }
+        async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn target(&self) -> Option<Bytes> {
+            None
+        }
+        async fn save(
+            &mut self,
+            _: &std::path::Path,
+            _: AfterSave,
+            _: Duration,
+            _: Seal,
+        ) -> Result<Saved, BackendError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_save_given_up_on_lets_its_backend_go_so_the_vm_is_connected_afresh() {
+        let mut task = VmTask::new("v", Box::new(HungSave), Duration::from_secs(2));
+        let (save, result) = SaveJob::for_test();
+        let mut save = Some(save);
+        let first = task.sample_by(Instant::now() + Duration::from_millis(500), &mut save);
+        assert_eq!(first.await.sample, None, "the save holds the backend");
+        assert!(save.is_none(), "started");
+        // for_test's limit (5 s) and the grace after it.
+        tokio::time::sleep(Duration::from_secs(5) + SAVE_GRACE).await;
+        assert_eq!(result.await.unwrap(), Err(BackendError::Timeout(35_000)));
+        let next = task
+            .sample_by(Instant::now() + Duration::from_millis(500), &mut None)
+            .await;
+        assert!(
+            matches!(next.sample, Some(Err(BackendError::Disconnected(_)))),
+            "not sampled through a backend in an unknown state"
+        );
     }
 
     /// Answers its first sample late, with a reset among its events; the next at once.
