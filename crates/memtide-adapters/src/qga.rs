@@ -170,9 +170,10 @@ impl GuestAgent {
         Ok(replies.iter().map(reply_value).collect())
     }
 
-    /// Read a whole guest file (not just a first chunk), closing it whatever happens.
+    /// Read a whole guest file (not just a first chunk), closing it whatever happens
+    /// (but the channel failing).
     pub async fn read_file(&mut self, path: &str) -> Result<String, QgaError> {
-        read_file(self, path).await
+        read_file(self, path, &mut OpenHandles::default()).await
     }
 }
 
@@ -226,17 +227,60 @@ pub trait AgentChannel: Send {
     }
 }
 
+/// Guest file handles opened and not known closed. A read cut short (by its budget, or
+/// its channel failing) leaves them open in the agent, a process that does not cap them:
+/// a guest slow to answer would collect them until the agent could open no file. They
+/// are closed before the next read.
+#[derive(Debug, Default)]
+pub struct OpenHandles(Vec<u64>);
+
+impl OpenHandles {
+    /// Close the handles left open: each closed, or unknown to the agent (closed
+    /// already); where the channel fails, all are kept for the next time.
+    async fn close(&mut self, agent: &mut impl AgentChannel) -> Result<(), QgaError> {
+        if !self.0.is_empty() {
+            let closes: Vec<_> = self.0.iter().map(|h| close_command(*h)).collect();
+            agent.execute_all(&closes).await?;
+            self.0.clear();
+        }
+        Ok(())
+    }
+
+    /// `handle`, opened, is owed a close.
+    fn opened(&mut self, handle: u64) {
+        self.0.push(handle);
+    }
+
+    /// `handle` was closed (or the agent answered its close).
+    fn closed(&mut self, handle: u64) {
+        self.0.retain(|h| *h != handle);
+    }
+}
+
+/// The command that closes `handle`.
+fn close_command(handle: u64) -> (&'static str, Value) {
+    ("guest-file-close", json!({ "handle": handle }))
+}
+
 /// Read a whole guest file (not just a first chunk) with `guest-file-open`/`-read`/`-close`,
-/// closing it whatever happens.
-pub async fn read_file(agent: &mut impl AgentChannel, path: &str) -> Result<String, QgaError> {
+/// closing it whatever happens but the channel failing (its handle is then left in
+/// `open`).
+pub async fn read_file(
+    agent: &mut impl AgentChannel,
+    path: &str,
+    open: &mut OpenHandles,
+) -> Result<String, QgaError> {
     let opened = agent
         .execute("guest-file-open", json!({"path": path, "mode": "r"}))
         .await?;
     let handle = handle(opened)?;
+    open.opened(handle);
     let content = read_all(agent, handle).await;
-    let closed = agent
-        .execute("guest-file-close", json!({"handle": handle}))
-        .await;
+    let (command, arguments) = close_command(handle);
+    let closed = agent.execute(command, arguments).await;
+    if !matches!(closed, Err(QgaError::Io(_) | QgaError::Timeout(_))) {
+        open.closed(handle);
+    }
     let content = content?;
     closed?;
     utf8(path, content)
@@ -249,6 +293,7 @@ pub async fn read_file(agent: &mut impl AgentChannel, path: &str) -> Result<Stri
 pub async fn read_files(
     agent: &mut impl AgentChannel,
     paths: &[&str],
+    open: &mut OpenHandles,
 ) -> Result<Vec<Result<String, QgaError>>, QgaError> {
     let opens: Vec<_> = paths
         .iter()
@@ -258,10 +303,14 @@ pub async fn read_files(
     let handles: Vec<_> = handles.into_iter().map(|h| h.and_then(handle)).collect();
     let mut calls = Vec::new();
     for handle in handles.iter().flatten() {
+        open.opened(*handle);
         calls.push(("guest-file-read", json!({"handle": handle, "count": CHUNK})));
-        calls.push(("guest-file-close", json!({"handle": handle})));
+        calls.push(close_command(*handle));
     }
     let mut replies = agent.execute_all(&calls).await?.into_iter();
+    for handle in handles.iter().flatten() {
+        open.closed(*handle);
+    }
     let mut files = Vec::with_capacity(paths.len());
     for (path, handle) in paths.iter().zip(handles) {
         if let Err(e) = handle {
@@ -275,7 +324,7 @@ pub async fn read_files(
         let file = match read.and_then(|r| chunk(&r)) {
             Err(e) => Err(e),
             Ok((content, true)) => closed.and_then(|_| utf8(path, content)),
-            Ok((_, false)) => read_file(agent, path).await,
+            Ok((_, false)) => read_file(agent, path, open).await,
         };
         files.push(file);
     }
@@ -340,8 +389,12 @@ const PROC_FILES: [&str; 4] = [
 /// The guest's own /proc figures: meminfo, vmstat, (on kernels with PSI) memory pressure,
 /// and what it swaps to zram, where it does (its devices' mm_stat read in two more round
 /// trips).
-pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, String> {
-    let files = read_files(agent, &PROC_FILES)
+pub async fn read_proc(
+    agent: &mut impl AgentChannel,
+    open: &mut OpenHandles,
+) -> Result<AgentStats, String> {
+    open.close(agent).await.map_err(|e| e.to_string())?;
+    let files = read_files(agent, &PROC_FILES, open)
         .await
         .map_err(|e| e.to_string())?;
     let [meminfo, vmstat, psi, swaps] = <[_; 4]>::try_from(files).expect("one result per file");
@@ -350,7 +403,7 @@ pub async fn read_proc(agent: &mut impl AgentChannel) -> Result<AgentStats, Stri
     // Guest kernels without PSI have no such file: not an error.
     let psi = psi.ok();
     let zram = match swaps.map(|text| procfs::zram_swaps(&text)) {
-        Ok(devices) if !devices.is_empty() => Some(zram(agent, devices).await),
+        Ok(devices) if !devices.is_empty() => Some(zram(agent, devices, open).await),
         _ => None,
     };
     Ok(AgentStats {
@@ -370,7 +423,11 @@ const MAX_ZRAM_DEVICES: usize = 32;
 /// of them when the guest lists more than [`MAX_ZRAM_DEVICES`], or the channel failing),
 /// they count as storing nothing: their ratio is then assumed
 /// ([`ZramSwap::ASSUMED_RATIO`]), and the figures already read are kept.
-async fn zram(agent: &mut impl AgentChannel, mut devices: Vec<(u32, Bytes)>) -> ZramSwap {
+async fn zram(
+    agent: &mut impl AgentChannel,
+    mut devices: Vec<(u32, Bytes)>,
+    open: &mut OpenHandles,
+) -> ZramSwap {
     devices.sort_unstable_by_key(|(n, _)| *n);
     devices.dedup_by_key(|(n, _)| *n);
     let free = devices.iter().map(|(_, free)| *free).sum();
@@ -385,7 +442,7 @@ async fn zram(agent: &mut impl AgentChannel, mut devices: Vec<(u32, Bytes)>) -> 
         .map(|(n, _)| format!("/sys/block/zram{n}/mm_stat"))
         .collect();
     let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let stats = read_files(agent, &paths).await.unwrap_or_default();
+    let stats = read_files(agent, &paths, open).await.unwrap_or_default();
     let (stored, used) = stats
         .iter()
         .filter_map(|text| procfs::zram_mm_stat(text.as_ref().ok()?))
@@ -563,17 +620,25 @@ mod tests {
                 .count()
         };
         let open_before = descriptors();
-        let files = read_files(&mut qga, &[small, "/nonexistent", big, "/proc/meminfo"])
-            .await
-            .unwrap();
+        let mut open = OpenHandles::default();
+        let files = read_files(
+            &mut qga,
+            &[small, "/nonexistent", big, "/proc/meminfo"],
+            &mut open,
+        )
+        .await
+        .unwrap();
         assert_eq!(files[0].as_ref().unwrap(), "some avg10=0.00\n");
         let err = files[1].as_ref().unwrap_err().to_string();
         assert!(err.contains("failed to open file '/nonexistent'"), "{err}");
         assert_eq!(files[2].as_ref().unwrap(), &text);
         assert!(crate::procfs::meminfo(files[3].as_ref().unwrap()).is_ok());
         assert_eq!(descriptors(), open_before, "every file closed");
+        assert!(open.0.is_empty(), "none owed a close");
         // The session is in sync after the batches.
-        let stats = read_proc(&mut qga).await.unwrap();
+        let stats = read_proc(&mut qga, &mut OpenHandles::default())
+            .await
+            .unwrap();
         assert!(stats.meminfo.total.0 > 0);
     }
 
@@ -583,6 +648,10 @@ mod tests {
         files: Vec<(&'static str, &'static str)>,
         batches: usize,
         calls: usize,
+        /// The handles closed, in order.
+        closed: Vec<u64>,
+        /// The batch (counted from 1) whose channel fails.
+        failing: Option<usize>,
     }
 
     impl Files {
@@ -591,6 +660,8 @@ mod tests {
                 files,
                 batches: 0,
                 calls: 0,
+                closed: Vec::new(),
+                failing: None,
             }
         }
     }
@@ -617,6 +688,10 @@ mod tests {
                     let b64 = base64::engine::general_purpose::STANDARD.encode(text);
                     json!({"count": text.len(), "buf-b64": b64, "eof": true})
                 }
+                "guest-file-close" => {
+                    self.closed.push(args["handle"].as_u64().unwrap());
+                    json!({})
+                }
                 _ => json!({}),
             })
         }
@@ -626,6 +701,9 @@ mod tests {
             commands: &[(&str, Value)],
         ) -> Result<Vec<Result<Value, QgaError>>, QgaError> {
             self.batches += 1;
+            if self.failing == Some(self.batches) {
+                return Err(QgaError::Timeout(Duration::from_millis(500)));
+            }
             let mut replies = Vec::new();
             for (command, args) in commands {
                 replies.push(self.execute(command, args.clone()).await);
@@ -645,11 +723,40 @@ mod tests {
         // Before: twelve calls one after the other (open, read, close per file).
         let swaps = ("/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
         let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps]);
-        let stats = read_proc(&mut agent).await.unwrap();
+        let stats = read_proc(&mut agent, &mut OpenHandles::default())
+            .await
+            .unwrap();
         assert_eq!(stats.meminfo.total, Bytes::from_kib(100));
         assert_eq!(stats.psi, None, "no PSI file: not an error");
         assert_eq!(stats.zram, None, "no zram device among its swaps");
         assert_eq!((agent.batches, agent.calls), (2, 10));
+    }
+
+    #[tokio::test]
+    async fn files_left_open_by_a_read_cut_short_are_closed_before_the_next() {
+        let swaps = ("/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
+        let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps]);
+        // The channel fails after the opens, before the reads and closes.
+        agent.failing = Some(2);
+        let mut open = OpenHandles::default();
+        assert!(read_proc(&mut agent, &mut open).await.is_err());
+        assert!(agent.closed.is_empty());
+        assert_eq!(open.0, [0, 1, 2], "owed a close");
+        agent.failing = None;
+        let stats = read_proc(&mut agent, &mut open).await.unwrap();
+        assert_eq!(stats.meminfo.total, Bytes::from_kib(100));
+        assert_eq!(
+            agent.closed,
+            [0, 1, 2, 0, 1, 2],
+            "the three left, then this read's"
+        );
+        assert!(open.0.is_empty());
+        // The channel failing at the closes keeps them owed.
+        agent.failing = Some(agent.batches + 2);
+        assert!(read_proc(&mut agent, &mut open).await.is_err());
+        agent.failing = Some(agent.batches + 1);
+        assert!(read_proc(&mut agent, &mut open).await.is_err());
+        assert_eq!(open.0, [0, 1, 2]);
     }
 
     #[tokio::test]
@@ -668,7 +775,9 @@ mod tests {
             "314572800 98566144 104857600 0 0 0 0 0 0\n",
         );
         let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps, mm_stat]);
-        let stats = read_proc(&mut agent).await.unwrap();
+        let stats = read_proc(&mut agent, &mut OpenHandles::default())
+            .await
+            .unwrap();
         assert_eq!(
             stats.zram,
             Some(ZramSwap {
@@ -680,7 +789,11 @@ mod tests {
         assert!((stats.zram.unwrap().ratio() - 1.0 / 3.0).abs() < 1e-9);
         // Its devices' mm_stat unreadable: what they store is unknown, the ratio assumed.
         let mut agent = Files::new(vec![MEMINFO, VMSTAT, swaps]);
-        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        let zram = read_proc(&mut agent, &mut OpenHandles::default())
+            .await
+            .unwrap()
+            .zram
+            .unwrap();
         assert_eq!(zram.stored, Bytes::ZERO);
         assert_eq!(zram.ratio(), ZramSwap::ASSUMED_RATIO);
         // A device listed twice counts once; more devices than are read: none read.
@@ -691,7 +804,11 @@ mod tests {
              /dev/zram0 partition 409600 307200 100\n",
         );
         let mut agent = Files::new(vec![MEMINFO, VMSTAT, twice, mm_stat]);
-        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        let zram = read_proc(&mut agent, &mut OpenHandles::default())
+            .await
+            .unwrap()
+            .zram
+            .unwrap();
         assert_eq!(
             (zram.free, zram.stored),
             (Bytes::from_kib(102400), Bytes::from_mib(300))
@@ -701,7 +818,11 @@ mod tests {
             .collect();
         let many = Box::leak(format!("Filename\n{many}").into_boxed_str());
         let mut agent = Files::new(vec![MEMINFO, VMSTAT, ("/proc/swaps", many), mm_stat]);
-        let zram = read_proc(&mut agent).await.unwrap().zram.unwrap();
+        let zram = read_proc(&mut agent, &mut OpenHandles::default())
+            .await
+            .unwrap()
+            .zram
+            .unwrap();
         assert_eq!(
             zram.free,
             Bytes::from_kib(1024 * (MAX_ZRAM_DEVICES as u64 + 1))
@@ -710,7 +831,13 @@ mod tests {
         assert_eq!(agent.batches, 2, "one read of the /proc files");
         // No /proc/swaps (or no zram in it): no zram.
         let mut agent = Files::new(vec![MEMINFO, VMSTAT]);
-        assert_eq!(read_proc(&mut agent).await.unwrap().zram, None);
+        assert_eq!(
+            read_proc(&mut agent, &mut OpenHandles::default())
+                .await
+                .unwrap()
+                .zram,
+            None
+        );
     }
 
     #[tokio::test]
@@ -789,7 +916,9 @@ mod tests {
     async fn a_file_trickled_a_byte_at_a_time_is_given_up_after_a_few_reads() {
         // Before: 4 Mi calls (one per byte up to the 4 MiB bound) per file, per sample.
         let mut agent = Trickle { reads: 0 };
-        let err = read_file(&mut agent, "/proc/meminfo").await.unwrap_err();
+        let err = read_file(&mut agent, "/proc/meminfo", &mut OpenHandles::default())
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "guest agent: protocol error: file not read in 8 guest-file-read calls"
@@ -824,13 +953,19 @@ mod tests {
         };
         let budget = Duration::from_millis(200);
         let started = Instant::now();
-        let err = retry.read(budget, read_proc(&mut agent)).await.unwrap_err();
+        let err = retry
+            .read(budget, read_proc(&mut agent, &mut OpenHandles::default()))
+            .await
+            .unwrap_err();
         let took = started.elapsed();
         assert!(err.contains("within the agent's budget of 200ms"), "{err}");
         assert!(took < Duration::from_millis(400), "{took:?}");
         let calls = agent.calls;
         let started = Instant::now();
-        let err = retry.read(budget, read_proc(&mut agent)).await.unwrap_err();
+        let err = retry
+            .read(budget, read_proc(&mut agent, &mut OpenHandles::default()))
+            .await
+            .unwrap_err();
         assert!(err.ends_with("retrying in 0 s"), "{err}");
         assert_eq!(agent.calls, calls, "no call while backing off");
         assert!(started.elapsed() < Duration::from_millis(50));

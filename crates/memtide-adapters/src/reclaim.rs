@@ -16,6 +16,11 @@ pub enum ReclaimError {
     /// memory in v2).
     #[error("process {0} is in no cgroup v2 (memory.reclaim needs cgroup v2)")]
     NotV2(u32),
+    /// What is mounted there is not cgroup v2.
+    #[error(
+        "{0}: not a cgroup v2 mount (memory.reclaim needs cgroup v2; set [reclaim] cgroup_root)"
+    )]
+    NotV2Mount(PathBuf),
     /// Its cgroup holds other processes too: reclaim would take theirs.
     #[error(
         "{0}: the VM's cgroup holds other processes too (give its QEMU a cgroup of its own, \
@@ -63,7 +68,12 @@ pub fn parse_v2_path(text: &str) -> Option<&str> {
 /// (`/sys/fs/cgroup`), checked to hold that process alone.
 pub fn cgroup_of(proc: &Path, root: &Path, pid: u32) -> Result<PathBuf, ReclaimError> {
     let text = read(&proc.join(pid.to_string()).join("cgroup"))?;
-    let dir = root.join(parse_v2_path(&text).ok_or(ReclaimError::NotV2(pid))?);
+    let path = parse_v2_path(&text).ok_or(ReclaimError::NotV2(pid))?;
+    // A hybrid host lists a v2 path too, with v1 mounted at `root`.
+    if !root.join("cgroup.controllers").exists() {
+        return Err(ReclaimError::NotV2Mount(root.to_path_buf()));
+    }
+    let dir = root.join(path);
     let procs = read(&dir.join("cgroup.procs"))?;
     match procs.split_whitespace().collect::<Vec<_>>()[..] {
         [one] if one == pid.to_string() => Ok(dir),
@@ -190,6 +200,15 @@ mod tests {
             ("cg/vms/b/cgroup.procs", "43\n77\n"),
         ]);
         let (proc, cg) = (root.path().join("proc"), root.path().join("cg"));
+        // cgroup v1 (or nothing) mounted there: said so.
+        assert_eq!(
+            cgroup_of(&proc, &cg, 42).unwrap_err().to_string(),
+            format!(
+                "{}: not a cgroup v2 mount (memory.reclaim needs cgroup v2; set [reclaim] cgroup_root)",
+                cg.display()
+            )
+        );
+        std::fs::write(cg.join("cgroup.controllers"), "cpu memory\n").unwrap();
         assert_eq!(cgroup_of(&proc, &cg, 42).unwrap(), cg.join("vms/a"));
         let shared = cgroup_of(&proc, &cg, 43).unwrap_err().to_string();
         assert!(shared.contains("holds other processes too"), "{shared}");

@@ -3,7 +3,9 @@
 //! `-close`, for meminfo, vmstat and pressure) and parses what the guest sent.
 
 use async_trait::async_trait;
-use memtide_adapters::qga::{read_proc, reply_value, AgentChannel, QgaError, MAX_READS};
+use memtide_adapters::qga::{
+    read_proc, reply_value, AgentChannel, OpenHandles, QgaError, MAX_READS,
+};
 use serde_json::Value;
 
 /// Files `read_proc` reads.
@@ -34,7 +36,7 @@ pub fn run(data: &[u8]) {
         replies: crate::lines(data),
         calls: 0,
     };
-    let read = futures::executor::block_on(read_proc(&mut agent));
+    let read = futures::executor::block_on(read_proc(&mut agent, &mut OpenHandles::default()));
     // Open, at most MAX_READS reads, close: a guest cannot keep the sample going.
     assert!(
         agent.calls <= FILES * (MAX_READS + 2),

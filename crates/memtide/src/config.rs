@@ -754,6 +754,11 @@ impl Config {
                 format!("{share} must be in (0, 1]"),
             );
         }
+        if self.memtide.touched_samples == 0 {
+            let message = "0: at least 1 (with none, host-side access sampling would bound \
+                           nothing)";
+            return bad("memtide.touched_samples", message.into());
+        }
         let fill = self.memtide.fill_s;
         if !(fill.is_finite() && fill >= 0.0) {
             return bad(
@@ -1784,6 +1789,11 @@ mod tests {
         assert_eq!(
             err("[memtide]\ntouched_share = 0\n"),
             "memtide.toml: memtide.touched_share: 0 must be in (0, 1]"
+        );
+        assert_eq!(
+            err("[memtide]\ntouched_samples = 0\n"),
+            "memtide.toml: memtide.touched_samples: 0: at least 1 (with none, host-side access \
+             sampling would bound nothing)"
         );
         assert_eq!(
             err("[memtide]\nfill_s = -1\n"),

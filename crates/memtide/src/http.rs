@@ -6,6 +6,7 @@
 use crate::status::Status;
 use crate::{accept, metrics};
 use anyhow::Context;
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -17,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 /// Most bytes of a request's line and headers; a longer one is answered 431 and the
@@ -28,12 +29,53 @@ pub const MAX_HEADERS: usize = 16 * 1024;
 struct AppState {
     status: Arc<RwLock<Status>>,
     registry: Arc<Registry>,
+    /// The metrics, OpenMetrics and classic.
+    metrics: Arc<Rendered<(Bytes, Bytes)>>,
+    /// The status as JSON.
+    json: Arc<Rendered<Bytes>>,
+}
+
+/// What was rendered of a status, kept until the status changes: the endpoint is open to
+/// every local user, who may ask as fast as they like, and a render at 500 VMs takes the
+/// daemon's one worker milliseconds. One render at a time; the others wait for it.
+struct Rendered<T>(Mutex<Option<(u64, T)>>);
+
+impl<T: Clone> Rendered<T> {
+    fn new() -> Arc<Rendered<T>> {
+        Arc::new(Rendered(Mutex::new(None)))
+    }
+
+    /// What `render` makes of the status of `generation` ([`Status::changed`]): kept, or
+    /// made now.
+    fn of(&self, generation: u64, render: impl FnOnce() -> T) -> T {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*kept {
+            Some((g, rendered)) if *g == generation => rendered.clone(),
+            _ => {
+                let rendered = render();
+                *kept = Some((generation, rendered.clone()));
+                rendered
+            }
+        }
+    }
+}
+
+impl AppState {
+    /// The status's generation now. Read before a render: a render of a newer status is
+    /// kept under an older generation, and made again at the next request.
+    fn generation(&self) -> u64 {
+        self.status.read().expect("status lock").generation
+    }
 }
 
 /// The metrics, in OpenMetrics when the client's `Accept` names it (Prometheus does),
 /// else in the classic text format (curl, promtool, older scrapers).
 async fn metrics_text(State(s): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
-    let text = metrics::render(&s.registry);
+    let (text, classic) = s.metrics.of(s.generation(), || {
+        let text = metrics::render(&s.registry);
+        let classic = metrics::classic(&text);
+        (Bytes::from(text), Bytes::from(classic))
+    });
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -44,10 +86,7 @@ async fn metrics_text(State(s): State<AppState>, headers: HeaderMap) -> impl Int
         ([(header::CONTENT_TYPE, content_type)], text)
     } else {
         let content_type = "text/plain; version=0.0.4; charset=utf-8";
-        (
-            [(header::CONTENT_TYPE, content_type)],
-            metrics::classic(&text),
-        )
+        ([(header::CONTENT_TYPE, content_type)], classic)
     }
 }
 
@@ -80,8 +119,10 @@ async fn read_only(request: Request, next: Next) -> Response {
 
 /// The status, written as JSON while it is read (not copied first).
 async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
-    let text =
-        serde_json::to_vec(&*s.status.read().expect("status lock")).expect("status serializes");
+    let text = s.json.of(s.generation(), || {
+        let status = s.status.read().expect("status lock");
+        Bytes::from(serde_json::to_vec(&*status).expect("status serializes"))
+    });
     ([(header::CONTENT_TYPE, "application/json")], text)
 }
 
@@ -121,7 +162,12 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/api/v1/status", get(status_json))
-        .with_state(AppState { status, registry })
+        .with_state(AppState {
+            status,
+            registry,
+            metrics: Rendered::new(),
+            json: Rendered::new(),
+        })
         .layer(middleware::from_fn(read_only));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -183,6 +229,37 @@ mod tests {
             .expect("an answer within 10 s")
             .unwrap();
         reply
+    }
+
+    /// GET `path` on a new connection to `addr`; the reply's body.
+    async fn body(addr: SocketAddr, path: &str) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: memtide\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        reply.split_once("\r\n\r\n").unwrap().1.to_string()
+    }
+
+    #[tokio::test]
+    async fn what_is_rendered_is_kept_until_the_status_changes() {
+        let status = Arc::new(RwLock::new(Status::default()));
+        let addr = "127.0.0.1:0".parse().unwrap();
+        let addr = serve(addr, status.clone(), limits(4, 60_000))
+            .await
+            .unwrap();
+        let ticks = |text: &str| text.lines().any(|l| l == "memtide_ticks_total 7");
+        let first = body(addr, "/api/v1/status").await;
+        assert!(!ticks(&body(addr, "/metrics").await));
+        // Changed without saying so: what was rendered is served again.
+        status.write().unwrap().counters.ticks = 7;
+        assert_eq!(body(addr, "/api/v1/status").await, first);
+        assert!(!ticks(&body(addr, "/metrics").await));
+        status.write().unwrap().changed();
+        let json: serde_json::Value =
+            serde_json::from_str(&body(addr, "/api/v1/status").await).unwrap();
+        assert_eq!(json["counters"]["ticks"], 7);
+        assert!(ticks(&body(addr, "/metrics").await));
     }
 
     #[tokio::test]

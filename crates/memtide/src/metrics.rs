@@ -1,5 +1,5 @@
-//! Prometheus metrics, rendered from the latest status on every scrape, so VMs that
-//! leave simply stop appearing.
+//! Prometheus metrics, rendered from the latest status (at the first scrape after it
+//! changed: `http.rs`), so VMs that leave simply stop appearing.
 
 use crate::daemon::fleet::Sampling;
 use crate::status::Status;

@@ -395,6 +395,7 @@ mod tests {
                     adaptive: true,
                 }),
             }],
+            generation: 0,
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();

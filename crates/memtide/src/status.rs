@@ -133,9 +133,18 @@ pub struct Status {
     /// The VMs placed between the tiers (`[tiering] place`), as of each one's last pass.
     #[serde(default)]
     pub placed: Vec<Placed>,
+    /// Counts the daemon's changes ([`Status::changed`]), so that what is rendered of the
+    /// status can be kept until the next (not shown).
+    #[serde(skip)]
+    pub generation: u64,
 }
 
 impl Status {
+    /// Say that the status changed: every writer calls it.
+    pub fn changed(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+    }
+
     /// Whether memtide hibernated `vm` and has not woken it.
     pub fn is_hibernated(&self, vm: &str) -> bool {
         self.hibernated.iter().any(|h| h.vm == vm)

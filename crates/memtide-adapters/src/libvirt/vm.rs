@@ -37,6 +37,8 @@ pub struct LibvirtVm {
     vmem_follower: Follower,
     target: Option<Bytes>,
     agent: Option<AgentRetry>,
+    /// Guest files left open by agent reads cut short, closed at the next.
+    agent_open: qga::OpenHandles,
 }
 
 /// What one sample reads from libvirt in a single blocking call.
@@ -92,6 +94,7 @@ impl LibvirtVm {
             description,
             vmem_follower: Follower::default(),
             target: None,
+            agent_open: qga::OpenHandles::default(),
         })
     }
 
@@ -190,7 +193,8 @@ impl VmBackend for LibvirtVm {
                     limit: self.call_timeout / 4,
                 };
                 let budget = self.call_timeout / 2;
-                Some(retry.read(budget, qga::read_proc(&mut channel)).await)
+                let read = qga::read_proc(&mut channel, &mut self.agent_open);
+                Some(retry.read(budget, read).await)
             }
             None => None,
         };

@@ -83,7 +83,8 @@ pub struct QmpVm {
 
 /// How a VM's accesses are sampled.
 enum Access {
-    ClearRefs(AccessSampler),
+    /// Sampled on the blocking pool (smaps is a walk of QEMU's page tables).
+    ClearRefs(Scans<AccessSampler>),
     /// Idle page tracking, scanned on the blocking pool.
     Idle(Scans<IdleTracking>),
 }
@@ -97,8 +98,8 @@ trait Scan: Send + 'static {
 }
 
 /// Scans, one at a time, on the blocking pool: an idle page tracking scan reads and
-/// writes some bytes per guest page (seconds for a guest of tens of GiB) and the daemon's
-/// runtime has one worker. A sample waits for its scan up to `wait`; a scan that outlasts
+/// writes some bytes per guest page (seconds for a guest of tens of GiB), a clear_refs
+/// sample walks QEMU's page tables twice, and the daemon's runtime has one worker. A sample waits for its scan up to `wait`; a scan that outlasts
 /// it runs on, its result taken by a later sample, and no other starts meanwhile (waiting
 /// in line, scans of a VM larger than a tick can scan would pile up on the pool).
 struct Scans<T> {
@@ -220,6 +221,8 @@ static NO_IDLE_TRACKING: Once = Once::new();
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
+    /// The guest RAM's size.
+    ram: Bytes,
     /// Begun when the accessed bits were last cleared.
     window: SampleWindow,
 }
@@ -242,6 +245,12 @@ impl AccessSampler {
     }
 }
 
+impl Scan for AccessSampler {
+    fn scan(&mut self) -> Scanned {
+        (self.sample(self.ram, Instant::now()), None)
+    }
+}
+
 /// The VM's guest agent: a session when one is open, and backoff after failures.
 struct AgentLink {
     socket: PathBuf,
@@ -250,6 +259,8 @@ struct AgentLink {
     budget: Duration,
     session: Option<GuestAgent>,
     retry: AgentRetry,
+    /// Guest files left open by reads cut short, closed at the next.
+    open: qga::OpenHandles,
 }
 
 impl AgentLink {
@@ -260,6 +271,7 @@ impl AgentLink {
             call_timeout,
             budget,
             session: None,
+            open: qga::OpenHandles::default(),
         }
     }
 
@@ -267,6 +279,7 @@ impl AgentLink {
     /// failure, its timeout included, the session is dropped and reopened next time.
     async fn read(&mut self) -> Result<AgentStats, String> {
         let (socket, call_timeout, session) = (&self.socket, self.call_timeout, &mut self.session);
+        let open = &mut self.open;
         let budget = self.budget;
         let read = self
             .retry
@@ -279,7 +292,7 @@ impl AgentLink {
                             .map_err(|e| e.to_string())?,
                     ),
                 };
-                qga::read_proc(agent).await
+                qga::read_proc(agent, open).await
             })
             .await;
         if read.is_err() {
@@ -521,14 +534,19 @@ async fn access(
         return Ok(None);
     }
     let dir = opts.proc.join(pid.to_string());
-    Ok(Some(Access::ClearRefs(AccessSampler {
+    let sampler = AccessSampler {
         smaps: dir.join("smaps"),
         clear_refs: dir.join("clear_refs"),
+        ram: base,
         window: SampleWindow {
             least: opts.least_sample_window,
             began: None,
         },
-    })))
+    };
+    Ok(Some(Access::ClearRefs(Scans::new(
+        sampler,
+        opts.call_timeout / 4,
+    ))))
 }
 
 /// True when the VM runs under KVM (`query-kvm`).
@@ -601,8 +619,8 @@ impl QmpVm {
         };
         // Guest RAM proper; virtio-mem memory is a mapping of its own.
         let (referenced, cold) = match &mut self.access {
-            Some(Access::ClearRefs(a)) => (a.sample(self.base, Instant::now()), None),
-            Some(Access::Idle(scan)) => scan.sample().await,
+            Some(Access::ClearRefs(scans)) => scans.sample().await,
+            Some(Access::Idle(scans)) => scans.sample().await,
             None => (None, None),
         };
         let (balloon, virtio_mem) = match &device {
@@ -727,12 +745,13 @@ mod tests {
             least: Duration::from_millis(500),
             began: None,
         };
+        let (t0, ram) = (Instant::now(), Bytes::from_mib(192));
         let mut s = AccessSampler {
             smaps,
             clear_refs: dir.path().join("clear_refs"),
+            ram,
             window,
         };
-        let (t0, ram) = (Instant::now(), Bytes::from_mib(192));
         let at = |ms| t0 + Duration::from_millis(ms);
         assert_eq!(s.sample(ram, t0), None, "the first starts the window");
         // Asked again at once (after a late sample): not taken, the window left open.

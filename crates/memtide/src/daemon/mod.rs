@@ -256,6 +256,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         tiers: Default::default(),
         hibernated: Vec::new(),
         placed: Vec::new(),
+        generation: 0,
     }));
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
@@ -505,7 +506,10 @@ impl Daemon {
             let (policy, vm_policies) = policies::load_named(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
             self.engine.set_policy(policy, self.start.elapsed());
-            self.status.write().expect("status lock").policies = vm_policies;
+            let mut status = self.status.write().expect("status lock");
+            status.policies = vm_policies;
+            status.changed();
+            drop(status);
             self.config = next;
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
@@ -525,7 +529,10 @@ impl Daemon {
                 self.engine.policy_name()
             )
         });
-        self.status.write().expect("status lock").policy_error = result.as_ref().err().cloned();
+        let mut status = self.status.write().expect("status lock");
+        status.policy_error = result.as_ref().err().cloned();
+        status.changed();
+        drop(status);
         // The answer, and the event status shows after a SIGHUP, say so too.
         let result = match unopened {
             Some(note) => result.map(|m| m + &note).map_err(|m| m + &note),
@@ -774,6 +781,7 @@ impl Daemon {
             .then(|| memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc));
         let hibernated = self.hibernated();
         let mut s = self.status.write().expect("status lock");
+        s.changed();
         if let Some(tiers) = tiers {
             s.tiers = tiers;
         }
