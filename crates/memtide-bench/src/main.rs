@@ -35,9 +35,10 @@ use std::sync::atomic::Ordering;
 struct Cli {
     /// The scenario file (bench/scenarios/*.toml).
     scenario: Option<PathBuf>,
-    /// Directory for `<scenario>.json` and `<scenario>.svg`.
-    #[arg(long, default_value = "bench/results")]
-    out: PathBuf,
+    /// Directory for `<scenario>.json` and `<scenario>.svg` [default: bench/results;
+    /// with --render, the results file's own].
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Directory for per-run files (consoles, daemon configurations, event logs);
     /// default target/bench-runs/<scenario>.
     #[arg(long)]
@@ -75,6 +76,13 @@ struct Cli {
     /// `<out>/<scenario>.json` and `.svg` with the scenario's targets checked over all.
     #[arg(long, value_name = "RESULTS_JSON", num_args = 1.., requires = "scenario", conflicts_with_all = ["render", "resize"])]
     merge: Vec<PathBuf>,
+}
+
+impl Cli {
+    /// Where results go: `--out`, else `bench/results`.
+    fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| "bench/results".into())
+    }
 }
 
 static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -215,8 +223,9 @@ fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
         );
     }
     let doc = json!({"command": command_line(), "scenarios": files});
-    let path = cli.out.join("resize.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    let path = cli.out().join("resize.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("memtide-bench: wrote {}", path.display());
     Ok(true)
 }
@@ -241,8 +250,19 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     }
     if let Some(path) = &cli.render {
         let doc = read_json(path)?;
-        let svg_path = path.with_extension("svg");
-        std::fs::write(&svg_path, svg::render_any(&doc))?;
+        if !doc["policies"].is_object() {
+            anyhow::bail!(
+                "{}: not a results file (it has no \"policies\")",
+                path.display()
+            );
+        }
+        let svg_path = match &cli.out {
+            Some(dir) => dir.join(path.file_name().unwrap_or_default()),
+            None => path.to_path_buf(),
+        }
+        .with_extension("svg");
+        std::fs::write(&svg_path, svg::render_any(&doc))
+            .with_context(|| format!("writing {}", svg_path.display()))?;
         eprintln!("memtide-bench: wrote {}", svg_path.display());
         return Ok(true);
     }
@@ -257,7 +277,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
             .map(|p| read_json(p))
             .collect::<Result<_, _>>()?;
         let doc = density::merge(&scenario, docs, command_line())?;
-        write_outputs(&cli.out, &scenario.name, &doc)?;
+        write_outputs(&cli.out(), &scenario.name, &doc)?;
         print!("{}", density::summary(&doc));
         return Ok(all_ran(&doc));
     }
@@ -355,7 +375,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         let mut environment = environment;
         environment["wall_s"] = json!(started.elapsed().as_secs());
         let doc = density::document(&b, &bases, &solo, &runs, command_line(), environment);
-        write_outputs(&cli.out, &scenario.name, &doc)?;
+        write_outputs(&cli.out(), &scenario.name, &doc)?;
         print!("{}", density::summary(&doc));
         return Ok(all_ran(&doc));
     }
@@ -375,7 +395,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         command: command_line(),
         environment,
     });
-    write_outputs(&cli.out, &scenario.name, &doc)?;
+    write_outputs(&cli.out(), &scenario.name, &doc)?;
     print!("{}", summary(&doc));
     Ok(runs.iter().all(|r| r.error.is_none()))
 }

@@ -30,6 +30,11 @@ pub struct Snapshot {
     pub vm: String,
     /// Its identifier: when it was taken (UTC, `YYYYMMDDTHHMMSS.mmmZ`).
     pub id: String,
+    /// Its place among the VM's snapshots, counted from 1 (0: taken before memtide
+    /// counted them): their order whatever the clock did (one stepped back, at a boot
+    /// before NTP, would have put a new hibernation behind an older snapshot).
+    #[serde(default)]
+    pub seq: u64,
     /// When it was taken (RFC 3339).
     pub created: String,
     /// How the connector wrote it.
@@ -168,6 +173,7 @@ pub struct Store {
 pub struct Pending {
     vm: String,
     id: String,
+    seq: u64,
     dir: PathBuf,
     configured: Bytes,
     started: std::time::Instant,
@@ -238,11 +244,15 @@ impl Store {
             }
             id = format!("{base}-{n}");
         }
+        let taken =
+            snapshots_in(&vm_dir).with_context(|| format!("reading {}", vm_dir.display()))?;
+        let seq = taken.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
         let dir = vm_dir.join(format!("{id}{PARTIAL}"));
         private_dirs(&dir)?;
         Ok(Pending {
             vm: vm.to_string(),
             id,
+            seq,
             dir,
             configured,
             started: std::time::Instant::now(),
@@ -258,7 +268,7 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             other => other.with_context(|| format!("reading {}", vm_dir.display()))?,
         };
-        found.sort_by(|a, b| a.id.cmp(&b.id));
+        found.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
         Ok(found)
     }
 
@@ -276,7 +286,7 @@ impl Store {
                 Err(e) => tracing::warn!("{}: {e}, skipped", entry.path().display()),
             }
         }
-        all.sort_by(|a, b| (&a.vm, &a.id).cmp(&(&b.vm, &b.id)));
+        all.sort_by(|a, b| (&a.vm, a.seq, &a.id).cmp(&(&b.vm, b.seq, &b.id)));
         Ok(all)
     }
 
@@ -432,6 +442,7 @@ impl Pending {
             created: self.created(),
             vm: self.vm.clone(),
             id: self.id.clone(),
+            seq: self.seq,
             mechanism: saved.mechanism.clone(),
             then,
             by,
@@ -645,6 +656,35 @@ mod tests {
         pending
             .finish(&saved(), AfterSave::Run, TakenBy::Operator)
             .unwrap()
+    }
+
+    #[test]
+    fn snapshots_are_in_the_order_taken_whatever_the_clock_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        // Taken while the clock ran years ahead: its id sorts after any taken since.
+        let ahead = take(&store, "web", b"then");
+        let future = "29991231T000000.000Z";
+        let mut moved = ahead.clone();
+        moved.id = future.into();
+        std::fs::rename(store.dir_of(&ahead), store.dir_of(&moved)).unwrap();
+        let meta = serde_json::to_vec_pretty(&moved).unwrap();
+        std::fs::write(store.dir_of(&moved).join(META), meta).unwrap();
+        let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"now").unwrap();
+        let asleep = pending
+            .finish(&saved(), AfterSave::Quit, TakenBy::Hibernation)
+            .unwrap();
+        assert_eq!((moved.seq, asleep.seq), (1, 2));
+        let ids: Vec<String> = store
+            .list("web")
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(ids, [future.to_string(), asleep.id.clone()]);
+        assert_eq!(store.hibernation("web").unwrap(), Some(asleep.clone()));
+        assert_eq!(store.asleep().unwrap(), vec![asleep]);
     }
 
     #[test]
