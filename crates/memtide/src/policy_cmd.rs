@@ -65,6 +65,16 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         }
         None => Input::default(),
     };
+    // Controls are keyed by the guest's name: a second guest of a name would take the
+    // first's.
+    let mut named = std::collections::BTreeMap::new();
+    for (i, guest) in input.guests.iter().enumerate() {
+        if let Some(name) = guest.props.get("name").map(|n| n.to_string()) {
+            if let Some(first) = named.insert(name.clone(), i) {
+                anyhow::bail!("--input: guests {first} and {i} are both named {name:?}");
+            }
+        }
+    }
     let sources = policies::read(&policies::files(paths)?)?;
     let outcome = Program::parse(&sources)
         .and_then(|p| p.check().map(|()| p))

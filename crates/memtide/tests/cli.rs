@@ -1668,3 +1668,24 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
         "{err}"
     );
 }
+
+#[test]
+fn policy_eval_refuses_two_guests_of_one_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("snapshot.json");
+    let guest = serde_json::json!({"props": {"name": "vm1"}, "stats": []});
+    let snapshot = serde_json::json!({"host": {}, "guests": [guest, guest]});
+    std::fs::write(&input, snapshot.to_string()).unwrap();
+    let policy = dir.path().join("p.policy");
+    std::fs::write(&policy, "(+ 1 1)\n").unwrap();
+    let o = memtide()
+        .args(["policy", "eval", policy.to_str().unwrap(), "--input"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert_eq!(
+        stderr(&o),
+        "memtide: --input: guests 0 and 1 are both named \"vm1\"\n"
+    );
+}
