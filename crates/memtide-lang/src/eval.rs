@@ -241,7 +241,17 @@ impl<'a> Evaluator<'a> {
             .map_err(|kind| Fault::at(loc, kind))?;
         let size = values.iter().map(Value::size).sum::<usize>() + result.size();
         self.charge_size(size, loc)?;
-        Ok(result)
+        self.shallow(result, loc)
+    }
+
+    /// `value`, unless it nests lists deeper than the depth limit: a list nested one level
+    /// more at each step of a recursion would otherwise be within every other limit and
+    /// overflow the stack when shown, compared or dropped.
+    fn shallow(&self, value: Value, loc: Loc) -> Result<Value, Fault> {
+        match value.depth() > self.limits.max_depth {
+            true => Err(Fault::at(loc, ErrorKind::DepthLimit(self.limits.max_depth))),
+            false => Ok(value),
+        }
     }
 
     /// A function defined with `def`: its parameters are bound in a new scope.
@@ -356,7 +366,7 @@ impl<'a> Evaluator<'a> {
             }
             results.push(result);
         }
-        Ok(Value::List(List::new(results)))
+        self.shallow(Value::List(List::new(results)), loc)
     }
 
     /// `(debug value…)`: record the values, yield the last.

@@ -10,8 +10,9 @@ pub struct Limits {
     /// sizes of a built-in's arguments and result.
     pub max_steps: u64,
     /// Deepest nesting of evaluation (expressions within expressions, function calls
-    /// within function calls). Each level takes up to about 4.5 KiB of Rust stack
-    /// unoptimized, 0.5 KiB optimized: the default fits in a 2 MiB thread stack.
+    /// within function calls), and of the lists it builds (lists within lists). Each level
+    /// of evaluation takes up to about 4.5 KiB of Rust stack unoptimized, 0.5 KiB
+    /// optimized: the default fits in a 2 MiB thread stack.
     pub max_depth: usize,
     /// Largest string or list a policy may build (see [`crate::Value::size`]).
     pub max_value_size: usize,

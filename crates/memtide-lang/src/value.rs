@@ -25,11 +25,12 @@ pub enum Value {
     Entity(Entity),
 }
 
-/// A list of values, with its size (see [`Value::size`]) cached.
+/// A list of values, with its size (see [`Value::size`]) and depth cached.
 #[derive(Debug, Clone, PartialEq)]
 pub struct List {
     items: Arc<[Value]>,
     size: usize,
+    depth: usize,
 }
 
 impl List {
@@ -38,9 +39,11 @@ impl List {
         let size = items
             .iter()
             .fold(1usize, |sum, item| sum.saturating_add(item.size()));
+        let depth = 1 + items.iter().map(Value::depth).max().unwrap_or(0);
         List {
             items: items.into(),
             size,
+            depth,
         }
     }
 
@@ -84,6 +87,16 @@ impl Value {
             Value::Str(s) => 1 + s.len(),
             Value::List(l) => l.size,
             _ => 1,
+        }
+    }
+
+    /// Lists within lists: 0 for anything but a list, 1 for a list of no list. Displaying,
+    /// comparing and dropping a value go through its levels one by one, so evaluation
+    /// bounds them ([`crate::Limits::max_depth`]).
+    pub fn depth(&self) -> usize {
+        match self {
+            Value::List(l) => l.depth,
+            _ => 0,
         }
     }
 }

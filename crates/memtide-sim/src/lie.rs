@@ -14,6 +14,11 @@ pub enum Lie {
     /// All its memory in use, all of it committed and its swap full: it needs everything
     /// it has and more.
     NeedsAll,
+    /// [`Lie::NeedsAll`] with the figures that would give it away left out: no
+    /// MemAvailable nor Committed_AS from its agent, no available memory in its balloon
+    /// statistics (found by review: the claim its anonymous memory made was not held
+    /// against the host without them).
+    Silent,
     /// Swap-ins, refaults, allocation stalls and memory pressure that are not happening:
     /// it seems to thrash, whatever it is given.
     Thrashing,
@@ -48,10 +53,10 @@ impl Lie {
             return;
         }
         match self {
-            Lie::NeedsAll | Lie::NowAndThen => {
+            Lie::NeedsAll | Lie::NowAndThen | Lie::Silent => {
                 let little = s.total.map(|t| t.scale(0.01));
                 s.free = little;
-                s.available = little;
+                s.available = little.filter(|_| self != Lie::Silent);
                 s.disk_caches = Some(Bytes::ZERO);
             }
             Lie::Thrashing => {
@@ -70,18 +75,19 @@ impl Lie {
             return;
         }
         match self {
-            Lie::NeedsAll | Lie::NowAndThen => {
+            Lie::NeedsAll | Lie::NowAndThen | Lie::Silent => {
                 let m = &mut a.meminfo;
                 let little = m.total.scale(0.01);
+                let told = self != Lie::Silent;
                 m.free = little;
-                m.available = Some(little);
+                m.available = Some(little).filter(|_| told);
                 m.cached = Bytes::ZERO;
                 m.active_file = Some(Bytes::ZERO);
                 m.inactive_file = Some(Bytes::ZERO);
                 m.anon_pages = Some(m.total - little);
                 m.active_anon = Some(m.total - little);
                 m.inactive_anon = Some(Bytes::ZERO);
-                m.committed_as = Some(m.total + m.swap_total);
+                m.committed_as = Some(m.total + m.swap_total).filter(|_| told);
                 m.swap_free = Bytes::ZERO;
             }
             Lie::Thrashing => {

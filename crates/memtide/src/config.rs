@@ -988,6 +988,7 @@ impl Config {
         }
         let mut names = std::collections::HashSet::new();
         let mut pids: std::collections::HashMap<i32, &str> = std::collections::HashMap::new();
+        let mut sockets: std::collections::HashMap<&Path, &str> = std::collections::HashMap::new();
         for (i, vm) in self.vms.iter().enumerate() {
             let field = |f: &str| format!("vm[{i}].{f}");
             if vm.name.is_empty() || vm.name.chars().any(|c| c.is_control() || c == '/') {
@@ -1030,6 +1031,23 @@ impl Config {
                     let message = "give exactly one of qmp, libvirt, firecracker, \
                                    cloud_hypervisor (or `pid` for a process only placed)";
                     return bad(&field("qmp"), message.into());
+                }
+            }
+            let socket = [
+                ("qmp", &vm.qmp),
+                ("firecracker", &vm.firecracker),
+                ("cloud_hypervisor", &vm.cloud_hypervisor),
+            ]
+            .into_iter()
+            .find_map(|(name, socket)| Some((name, socket.as_deref()?)));
+            if let Some((name, socket)) = socket {
+                if let Some(other) = sockets.insert(socket, &vm.name) {
+                    let message = format!(
+                        "{} is given to VMs {other:?} and {:?}: one socket reaches one VM",
+                        socket.display(),
+                        vm.name
+                    );
+                    return bad(&field(name), message);
                 }
             }
             if vm.agent.is_some() && vm.qmp.is_none() {
@@ -1773,6 +1791,11 @@ mod tests {
         assert_eq!(
             err("[[vm]]\nname = \"a\"\nqmp = \"/a\"\n[[vm]]\nname = \"a\"\nqmp = \"/b\"\n"),
             "memtide.toml: vm[1].name: \"a\" is named twice"
+        );
+        assert_eq!(
+            err("[[vm]]\nname = \"a\"\nfirecracker = \"/s\"\n[[vm]]\nname = \"b\"\nfirecracker = \"/s\"\n"),
+            "memtide.toml: vm[1].firecracker: /s is given to VMs \"a\" and \"b\": one socket \
+             reaches one VM"
         );
         assert_eq!(
             err("[mom]\npressure_critical = 0.5\n"),

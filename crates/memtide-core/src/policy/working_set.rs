@@ -260,8 +260,14 @@ impl WorkingSet {
             .map(|((vm, costless), beyond)| {
                 let configured = vm.latest().configured;
                 // No figures at all (the agent failed, balloon statistics stale): nothing
-                // to hold against the host this tick.
-                let figures = vm.signals.available.is_some() || vm.signals.committed_as.is_some();
+                // to hold against the host this tick. Any figure a claim is made of counts:
+                // a guest leaving out MemAvailable and Committed_AS still claims what its
+                // anonymous memory says it cannot give up (found by review: its claim went
+                // unchecked, and its neighbours swapped).
+                let figures = vm.signals.available.is_some()
+                    || vm.signals.committed_as.is_some()
+                    || costless.is_some()
+                    || *beyond > Bytes::ZERO;
                 let claimed =
                     figures.then(|| costless.unwrap_or_default().max(*beyond).min(configured));
                 let watched = self.watched.entry(vm.name.to_string()).or_default();

@@ -34,6 +34,24 @@ fn deep_recursion_through_every_kind_of_form_stays_on_a_small_stack() {
 }
 
 #[test]
+fn lists_nested_a_level_a_call_hit_the_depth_limit_not_the_stack() {
+    // Each leaf of a shallow recursion wraps x in one more list: 4096 levels in far fewer
+    // steps than the budget, and, unbounded, a few more calls nest deeper than showing,
+    // comparing or dropping them can go on a small stack (found by review).
+    let text = "(defvar x 0)\n\
+                (def f (d) (if (> d 0) { (f (- d 1)) (f (- d 1)) } (set x (with Guests g x))))\n\
+                (f 12)\n(debug x)";
+    let one_guest = input(json!({"guests": [{}]}));
+    let guest = one_guest.clone();
+    let error = on_small_stack(move || eval_with(text, &guest, &Limits::default()).unwrap_err());
+    assert_eq!(error.kind, ErrorKind::DepthLimit(200));
+    // Fewer levels are a value like any other.
+    let text = "(defvar x 0)\n(def f (d) (if (> d 0) { (set x (with Guests g x)) (f (- d 1)) } x))\n(f 30)";
+    let deep = on_small_stack(move || eval_with(text, &one_guest, &Limits::default()).unwrap());
+    assert_eq!(deep.results.last().unwrap().depth(), 30);
+}
+
+#[test]
 fn the_deepest_nesting_the_parser_accepts_evaluates_with_default_limits() {
     let text = format!(
         "{}0{}",

@@ -89,8 +89,19 @@ impl Connector for Connectors {
             Endpoint::Qmp(socket) => {
                 // Read first: a VM whose PVE configuration cannot be read is not connected
                 // (its bounds are unknown), and is retried with the others.
+                // Read off the runtime, and not waited for past the call timeout: /etc/pve
+                // is a FUSE file system (pmxcfs), and one that hangs must not hold every
+                // other VM's task.
                 let pve = match &self.pve_config_dir {
-                    Some(dir) => Some(pve_memory(dir, socket)?),
+                    Some(dir) => {
+                        let (dir, socket) = (dir.clone(), socket.clone());
+                        let read = tokio::task::spawn_blocking(move || pve_memory(&dir, &socket));
+                        let limit = self.qmp.call_timeout;
+                        let read = tokio::time::timeout(limit, read)
+                            .await
+                            .map_err(|_| BackendError::timeout(limit))?;
+                        Some(read.map_err(|e| BackendError::Io(e.to_string()))??)
+                    }
                     None => None,
                 };
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;

@@ -226,6 +226,8 @@ pub struct Fleet {
     /// Their pods' memory, when their VMs take their bounds from it.
     pods: Option<Arc<PodBounds>>,
     agent_extension: String,
+    /// Links found by the globs, each refused (and said) once while it is there.
+    links: HashSet<PathBuf>,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
     candidates: BTreeMap<Endpoint, Candidate>,
@@ -287,6 +289,7 @@ impl Fleet {
             }),
             pods: None,
             agent_extension: config.discovery.agent_extension.clone(),
+            links: HashSet::new(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
             candidates,
@@ -540,10 +543,25 @@ impl Fleet {
     }
 
     /// Add sockets matching the globs; forget discovered candidates whose socket is gone.
+    /// A symbolic link is refused: whoever may write to a discovery directory could
+    /// otherwise have memtide, as root, manage a socket they cannot open themselves (a VM
+    /// under another name, counted twice, below its own bounds), or read a guest agent
+    /// of their making beside a real VM's.
     fn discover(&mut self) {
         let mut seen = HashSet::new();
+        let mut links = HashSet::new();
         for (kind, pattern) in &self.globs {
             for socket in glob::glob(pattern).into_iter().flatten().flatten() {
+                if is_link(&socket) {
+                    if !self.links.contains(&socket) {
+                        tracing::warn!(
+                            "{}: a symbolic link, not managed (discovery takes sockets only)",
+                            socket.display()
+                        );
+                    }
+                    links.insert(socket);
+                    continue;
+                }
                 let endpoint = match kind {
                     SocketKind::Qmp => Endpoint::Qmp(socket.clone()),
                     SocketKind::Firecracker => Endpoint::Firecracker(socket.clone()),
@@ -560,11 +578,12 @@ impl Fleet {
                 }
                 let agent = matches!(kind, SocketKind::Qmp)
                     .then(|| socket.with_extension(&self.agent_extension))
-                    .filter(|a| !self.agent_extension.is_empty() && a.exists());
+                    .filter(|a| !self.agent_extension.is_empty() && a.exists() && !is_link(a));
                 let c = Fleet::discovered(name, agent);
                 self.candidates.insert(endpoint, c);
             }
         }
+        self.links = links;
         self.candidates.retain(|endpoint, c| {
             !c.discovered || endpoint.socket().is_none() || seen.contains(endpoint)
         });
@@ -863,6 +882,11 @@ impl Fleet {
     }
 }
 
+/// Whether `path` is a symbolic link (not followed).
+fn is_link(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1128,6 +1152,33 @@ mod tests {
         let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["db"]);
         assert!(fleet.process("web").is_none());
+    }
+
+    /// A symbolic link in a discovery directory is not managed, nor a guest agent that is
+    /// one: anyone who may write there could point them at sockets they cannot open.
+    #[tokio::test(start_paused = true)]
+    async fn links_in_a_discovery_directory_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        let mut fleet = fleet(dir.path(), connector.clone());
+        let (logs, _guard) = captured_logs();
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        std::fs::write(dir.path().join("elsewhere"), "").unwrap();
+        let db = dir.path().join("db.sock");
+        std::os::unix::fs::symlink(dir.path().join("web.sock"), &db).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), dir.path().join("web.qga"))
+            .unwrap();
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["web"]);
+        let web = &fleet.managed["web"];
+        assert_eq!(web.endpoint, Endpoint::Qmp(dir.path().join("web.sock")));
+        assert_eq!(web.agent, None, "its agent a link: none");
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        let said = format!("{}: a symbolic link, not managed", db.display());
+        assert_eq!(logs.matches(&said).count(), 1, "said once: {logs}");
     }
 
     /// A hypervisor is known by its pid and its start time when its VM connected: a
