@@ -99,9 +99,10 @@ trait Scan: Send + 'static {
 
 /// Scans, one at a time, on the blocking pool: an idle page tracking scan reads and
 /// writes some bytes per guest page (seconds for a guest of tens of GiB), a clear_refs
-/// sample walks QEMU's page tables twice, and the daemon's runtime has one worker. A sample waits for its scan up to `wait`; a scan that outlasts
-/// it runs on, its result taken by a later sample, and no other starts meanwhile (waiting
-/// in line, scans of a VM larger than a tick can scan would pile up on the pool).
+/// sample walks QEMU's page tables twice, and the daemon's runtime has one worker. A
+/// sample waits for its scan up to `wait`; a scan that outlasts it runs on, its result
+/// taken by a later sample, and no other starts meanwhile (waiting in line, scans of a VM
+/// larger than a tick can scan would pile up on the pool).
 struct Scans<T> {
     wait: Duration,
     state: ScanState<T>,
@@ -123,17 +124,13 @@ impl<T: Scan> Scans<T> {
     }
 
     /// The latest scan's result: a scan started now, or one started by an earlier sample
-    /// that has ended; nothing while one runs on.
+    /// that has ended; nothing while one runs on. A scan that outlasted its own sample is
+    /// followed at once by the next, which the next sample takes: a VM whose scans take
+    /// longer than the wait but less than a tick has a result every tick (one tick old),
+    /// not every other.
     async fn sample(&mut self) -> Scanned {
-        self.state = match std::mem::replace(&mut self.state, ScanState::Lost) {
-            ScanState::Ready(mut tracking) => {
-                ScanState::Running(tokio::task::spawn_blocking(move || {
-                    let scanned = tracking.scan();
-                    (tracking, scanned)
-                }))
-            }
-            state => state,
-        };
+        let started_now = matches!(self.state, ScanState::Ready(_));
+        self.start();
         let ScanState::Running(scan) = &mut self.state else {
             return (None, None);
         };
@@ -141,6 +138,9 @@ impl<T: Scan> Scans<T> {
             Err(_) => (None, None),
             Ok(Ok((tracking, scanned))) => {
                 self.state = ScanState::Ready(tracking);
+                if !started_now {
+                    self.start();
+                }
                 scanned
             }
             Ok(Err(e)) => {
@@ -149,6 +149,19 @@ impl<T: Scan> Scans<T> {
                 (None, None)
             }
         }
+    }
+
+    /// Start a scan on the blocking pool, unless one runs (or the scanner was lost).
+    fn start(&mut self) {
+        self.state = match std::mem::replace(&mut self.state, ScanState::Lost) {
+            ScanState::Ready(mut scanner) => {
+                ScanState::Running(tokio::task::spawn_blocking(move || {
+                    let scanned = scanner.scan();
+                    (scanner, scanned)
+                }))
+            }
+            state => state,
+        };
     }
 }
 
@@ -775,7 +788,8 @@ mod tests {
     impl Scan for Gated {
         fn scan(&mut self) -> Scanned {
             let n = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-            self.go.recv().unwrap();
+            // The test may end with a scan waiting: its gate then closes.
+            let _ = self.go.recv();
             (Some(Bytes::from_mib(n.into())), None)
         }
     }
@@ -813,10 +827,33 @@ mod tests {
             (Some(Bytes::from_mib(1)), None),
             "taken by a later sample"
         );
-        // Then the next sample starts the next scan.
+        // The next scan was started as it was taken, and is the next sample's: a result
+        // every sample, not every other.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while started.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            2,
+            "started, no sample asking"
+        );
         go.send(()).unwrap();
         assert_eq!(taken(&mut scans).await, (Some(Bytes::from_mib(2)), None));
-        assert_eq!(started.load(Ordering::SeqCst), 2);
+        // A scan that ends within its own sample's wait is not followed by another: the
+        // next sample starts the next.
+        let started = Arc::new(AtomicU32::new(0));
+        let (go, gate) = std::sync::mpsc::channel();
+        let gated = Gated {
+            started: Arc::clone(&started),
+            go: gate,
+        };
+        let mut scans = Scans::new(gated, Duration::from_secs(10));
+        go.send(()).unwrap();
+        assert_eq!(scans.sample().await, (Some(Bytes::from_mib(1)), None));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(started.load(Ordering::SeqCst), 1);
+        assert!(matches!(scans.state, ScanState::Ready(_)));
     }
 
     /// A QEMU with a balloon that goes away at the second `query-balloon` (the first

@@ -86,16 +86,20 @@ impl Daemon {
                 Ok(Ok(_)) => sealed
                     .await
                     .unwrap_or_else(|_| Err("the snapshot was not made whole".into())),
-                Ok(Err(e)) => {
+                // Failed, or its task ended: a seal begun runs to its end, and is waited
+                // for (the VM's next save would remove what it is still sealing).
+                failed => {
+                    let e = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "the VM was lost before its save ended".into(),
+                    };
                     let sealed = sealed.await.ok().and_then(Result::ok);
-                    let e = e.to_string();
                     let store = store.clone();
                     let ran_on = move || failed_after_seal(&store, sealed, e);
                     Err(tokio::task::spawn_blocking(ran_on)
                         .await
                         .unwrap_or_else(|e| e.to_string()))
                 }
-                Err(_) => Err("the VM was lost before its save ended".into()),
             };
             // Deleting snapshots (GiBs of files) is the blocking pool's work, not the loop's.
             let pruned = match keep {
@@ -574,9 +578,12 @@ impl Daemon {
 /// snapshot was sealed): a hibernation sealed whose VMM did not quit and still runs (one
 /// that ended all the same is a hibernation that succeeded) has its snapshot marked
 /// woken, and no restore without --force brings back memory the guest may have moved on
-/// from.
+/// from; a snapshot of a guest that ran on stands, and is named.
 fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: String) -> String {
     match sealed {
+        Some(s) if s.then == AfterSave::Run => {
+            format!("{e}; its snapshot {} was made whole all the same", s.id)
+        }
         Some(s) if s.asleep() => match store.mark_woken(&s) {
             Ok(()) => format!(
                 "{e}; its snapshot is marked woken (to go back to it, stop the VM and restore \
@@ -647,11 +654,16 @@ mod tests {
             !listed[0].asleep() && listed[0].woken.is_some(),
             "{listed:?}"
         );
-        // A save that failed before its seal, or a snapshot whose guest ran on anyway,
-        // is told as it failed.
+        // A save that failed before its seal is told as it failed; one whose snapshot of
+        // a guest that ran on was sealed all the same (its task's bound passed during the
+        // seal) names it.
         assert_eq!(failed_after_seal(&store, None, "refused".into()), "refused");
         let ran = take(AfterSave::Run, TakenBy::Operator);
-        assert_eq!(failed_after_seal(&store, Some(ran), "x".into()), "x");
+        let id = ran.id.clone();
+        assert_eq!(
+            failed_after_seal(&store, Some(ran), "timed out".into()),
+            format!("timed out; its snapshot {id} was made whole all the same")
+        );
     }
 
     #[test]

@@ -195,7 +195,9 @@ impl Reclaimer {
                 }
             }
             Place::Unknown => {
-                let why = "its connector gives no process id: set [[vm]] reclaim_cgroup";
+                let why =
+                    "its connector gives no process id, or its start time could not be read: \
+                           set [[vm]] reclaim_cgroup";
                 return failed(None, why.into());
             }
         };
@@ -343,7 +345,8 @@ mod tests {
         );
         assert_eq!(
             failed.message,
-            "no reclaim: its connector gives no process id: set [[vm]] reclaim_cgroup"
+            "no reclaim: its connector gives no process id, or its start time could not be \
+             read: set [[vm]] reclaim_cgroup"
         );
         let second = r.pass(&targets[..1], Duration::from_secs(15), false);
         let done = second[0].event().unwrap();

@@ -213,7 +213,8 @@ impl VmTask {
                 asked = self.start(Call::Sample);
                 if !asked && self.in_flight.is_none() {
                     let gone = BackendError::Disconnected(
-                        "its connection was let go after a call that did not end".into(),
+                        "its connection was let go (a save given up on, or a call that failed)"
+                            .into(),
                     );
                     let sample = Some(Err(gone));
                     return Collected { balloon, sample };
