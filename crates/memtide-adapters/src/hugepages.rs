@@ -180,16 +180,12 @@ pub fn collapse_resident(
     dry_run: bool,
 ) -> Result<Collapsed, CollapseError> {
     let dir = proc.join(pid.to_string());
-    let process = Pidfd::open(pid).map_err(io_err(format!("holding process {pid}")))?;
     // Held first: the process checked is the one advised, never one taking its pid later.
-    match crate::procfs::start_time(proc, pid) {
-        Some(s) if s == started => {}
-        Some(_) => return Err(CollapseError::Replaced(pid)),
-        None => {
-            let gone = io::Error::from_raw_os_error(libc::ESRCH);
-            return Err(io_err(format!("holding process {pid}"))(gone));
-        }
-    }
+    let process = match Pidfd::hold_started(proc, pid, started) {
+        Ok(Some(process)) => process,
+        Ok(None) => return Err(CollapseError::Replaced(pid)),
+        Err(e) => return Err(io_err(format!("holding process {pid}"))(e)),
+    };
     let maps = std::fs::read_to_string(dir.join("maps"))
         .map_err(io_err(format!("reading {}/maps", dir.display())))?;
     let pagemap = File::open(dir.join("pagemap"))

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
 /// A process, by its pidfd.
 #[derive(Debug)]
@@ -19,6 +20,19 @@ impl Pidfd {
         let fd = i32::try_from(fd).map_err(|_| io::Error::other("pidfd_open: no descriptor"))?;
         // SAFETY: `fd` was just opened and nothing else owns it.
         Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Process `pid` held, if it is the one that started at `started` (field 22 of its
+    /// `/proc/PID/stat` under `proc`): held before the check, so that no process taking
+    /// its pid after the check passes for it. `Ok(None)`: another process has its pid; an
+    /// error (`ESRCH`) once it has ended.
+    pub fn hold_started(proc: &Path, pid: i32, started: u64) -> io::Result<Option<Pidfd>> {
+        let process = Pidfd::open(pid)?;
+        match crate::procfs::start_time(proc, pid) {
+            Some(s) if s == started => Ok(Some(process)),
+            Some(_) => Ok(None),
+            None => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+        }
     }
 
     /// Give the kernel `advice` (madvise(2)'s, e.g. `MADV_COLLAPSE`) for `len` bytes of

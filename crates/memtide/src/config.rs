@@ -1522,12 +1522,10 @@ pub struct BoundsFrom {
 }
 
 /// A `policy` setting of a configuration file in `base`: a built-in policy's name as it
-/// is, a relative path to a policy file or directory (one that names a path, as
-/// `PolicySource::from_config` tells them, or is there) joined to `base`.
+/// is, a relative path to a policy file or directory joined to `base`.
 fn policy_from(base: &Path, policy: &str) -> String {
     let joined = base.join(policy);
-    let path_like = policy.contains('/') || policy.ends_with(".policy") || joined.exists();
-    match !crate::policies::BUILTIN.contains(&policy) && path_like {
+    match crate::policies::names_a_path(policy, &joined) {
         true => joined.to_string_lossy().into_owned(),
         false => policy.to_string(),
     }

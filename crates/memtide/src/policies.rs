@@ -42,6 +42,14 @@ pub enum PolicySource {
     Dir(PathBuf),
 }
 
+/// Whether a `policy` setting names a file or directory (found at `at`) rather than a
+/// built-in policy: not a built-in name, and there, or looking like a path (a `/`, or
+/// ending in `.policy`).
+pub fn names_a_path(policy: &str, at: &Path) -> bool {
+    !BUILTIN.contains(&policy)
+        && (at.exists() || policy.contains('/') || policy.ends_with(".policy"))
+}
+
 impl PolicySource {
     /// `policy_dir` names a directory. Else `policy` is a built-in name if it is one;
     /// else an existing directory stands for its `*.policy` files, and any other
@@ -52,12 +60,9 @@ impl PolicySource {
         let path = Path::new(policy);
         match policy_dir {
             Some(dir) => PolicySource::Dir(dir.to_path_buf()),
-            None if BUILTIN.contains(&policy) => PolicySource::Builtin(policy.to_string()),
+            None if !names_a_path(policy, path) => PolicySource::Builtin(policy.to_string()),
             None if path.is_dir() => PolicySource::Dir(path.to_path_buf()),
-            None if path.exists() || policy.contains('/') || policy.ends_with(".policy") => {
-                PolicySource::Files(vec![path.to_path_buf()])
-            }
-            None => PolicySource::Builtin(policy.to_string()),
+            None => PolicySource::Files(vec![path.to_path_buf()]),
         }
     }
 

@@ -244,14 +244,14 @@ impl AccessSampler {
     /// Referenced guest RAM since the accessed bits were last cleared, at `now` (`None`
     /// on the first call, which only starts the window, on any read or write failure, and
     /// where the window is too short: it then stays open).
-    fn sample(&mut self, ram: Bytes, now: Instant) -> Option<Bytes> {
+    fn sample(&mut self, now: Instant) -> Option<Bytes> {
         if self.window.too_short(now) {
             return None;
         }
         let referenced = self.window.began.and_then(|_| {
             std::fs::read_to_string(&self.smaps)
                 .ok()
-                .and_then(|t| procfs::smaps_referenced(&t, ram))
+                .and_then(|t| procfs::smaps_referenced(&t, self.ram))
         });
         self.window.began = std::fs::write(&self.clear_refs, "1").is_ok().then_some(now);
         referenced
@@ -260,7 +260,7 @@ impl AccessSampler {
 
 impl Scan for AccessSampler {
     fn scan(&mut self) -> Scanned {
-        (self.sample(self.ram, Instant::now()), None)
+        (self.sample(Instant::now()), None)
     }
 }
 
@@ -482,6 +482,8 @@ async fn access(
     pid: i32,
     base: Bytes,
 ) -> Result<Option<Access>, BackendError> {
+    // How long a sample waits for its scan: a quarter of its call.
+    let wait = opts.call_timeout / 4;
     let fallback = match opts.sample_access {
         AccessSampling::Off => return Ok(None),
         AccessSampling::ClearRefs => true,
@@ -508,7 +510,6 @@ async fn access(
                         },
                         failed: None,
                     };
-                    let wait = opts.call_timeout / 4;
                     return Ok(Some(Access::Idle(Scans::new(tracking, wait))));
                 }
                 // The host's reasons, the same for every VM: said once.
@@ -556,10 +557,7 @@ async fn access(
             began: None,
         },
     };
-    Ok(Some(Access::ClearRefs(Scans::new(
-        sampler,
-        opts.call_timeout / 4,
-    ))))
+    Ok(Some(Access::ClearRefs(Scans::new(sampler, wait))))
 }
 
 /// True when the VM runs under KVM (`query-kvm`).
@@ -766,17 +764,17 @@ mod tests {
             window,
         };
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert_eq!(s.sample(ram, t0), None, "the first starts the window");
+        assert_eq!(s.sample(t0), None, "the first starts the window");
         // Asked again at once (after a late sample): not taken, the window left open.
-        assert_eq!(s.sample(ram, at(200)), None);
-        assert_eq!(s.sample(ram, at(600)), Some(Bytes::from_mib(6)));
+        assert_eq!(s.sample(at(200)), None);
+        assert_eq!(s.sample(at(600)), Some(Bytes::from_mib(6)));
         // The next window begins there.
-        assert_eq!(s.sample(ram, at(1000)), None);
-        assert_eq!(s.sample(ram, at(1100)), Some(Bytes::from_mib(6)));
+        assert_eq!(s.sample(at(1000)), None);
+        assert_eq!(s.sample(at(1100)), Some(Bytes::from_mib(6)));
         // Where the accessed bits cannot be cleared, no window begins.
         s.clear_refs = dir.path().join("gone/clear_refs");
-        assert_eq!(s.sample(ram, at(2000)), Some(Bytes::from_mib(6)));
-        assert_eq!(s.sample(ram, at(3000)), None);
+        assert_eq!(s.sample(at(2000)), Some(Bytes::from_mib(6)));
+        assert_eq!(s.sample(at(3000)), None);
     }
 
     /// A scan that ends when the test says, counting those started.

@@ -3,7 +3,7 @@
 //! [`Pacer`]), write `memory.reclaim` (memtide-adapters' `reclaim`).
 
 use crate::config::{ReclaimConfig, ReclaimVms, VmConfig};
-use memtide_adapters::procfs;
+use memtide_adapters::pidfd::Pidfd;
 use memtide_adapters::reclaim::{self as io, Reclaimed};
 use memtide_core::reclaim::{Keep, Pace, PaceConfig, Pacer};
 use memtide_core::{Bytes, VmSnapshot};
@@ -178,20 +178,17 @@ impl Reclaimer {
         let dir = match &t.place {
             Place::Cgroup(dir) => dir.clone(),
             Place::Process { pid, started } => {
-                let ours = || {
-                    let pid = i32::try_from(*pid).ok()?;
-                    (procfs::start_time(&self.proc, pid)? == *started).then_some(())
+                // Held while its cgroup is found: the cgroup of the VM's process, never of
+                // one that took its pid since.
+                let held = i32::try_from(*pid)
+                    .ok()
+                    .map(|p| Pidfd::hold_started(&self.proc, p, *started));
+                let Some(Ok(Some(_held))) = held else {
+                    return failed(None, format!("its process {pid} has ended"));
                 };
-                let dir = ours().ok_or_else(|| format!("its process {pid} has ended"));
-                match dir.and_then(|()| {
-                    let dir = io::cgroup_of(&self.proc, &self.root, *pid);
-                    let dir = dir.map_err(|e| e.to_string())?;
-                    // Read after the cgroup: the pid was still the VM's when it was found.
-                    ours().ok_or_else(|| format!("its process {pid} has ended"))?;
-                    Ok(dir)
-                }) {
+                match io::cgroup_of(&self.proc, &self.root, *pid) {
                     Ok(dir) => dir,
-                    Err(e) => return failed(None, e),
+                    Err(e) => return failed(None, e.to_string()),
                 }
             }
             Place::Unknown => {
@@ -286,26 +283,49 @@ mod tests {
             ..ReclaimConfig::default()
         };
         let mut r = Reclaimer::new(&config, root.path().join("proc"));
-        // Processes 7 and 8, started at 1 and 2 (field 22 of their stat).
-        for (pid, started) in [(7, 1), (8, 2)] {
-            let dir = root.path().join(format!("proc/{pid}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let stat = format!("{pid} (qemu) S{} {started}\n", " 0".repeat(18));
-            std::fs::write(dir.join("stat"), stat).unwrap();
-        }
+        // This process (held by a pidfd as the VM's would be), started at 1 as the fake
+        // procfs tells (field 22 of its stat).
+        let me = std::process::id();
+        let dir = root.path().join(format!("proc/{me}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stat = format!("{me} (qemu) S{} 1\n", " 0".repeat(18));
+        std::fs::write(dir.join("stat"), stat).unwrap();
         let targets = [
             target("a", Place::Cgroup(a.clone())),
             target("b", Place::Unknown),
-            target("c", Place::Process { pid: 7, started: 1 }),
-            // Pid 8 was started at 1 when its VM connected: now another process's.
-            target("d", Place::Process { pid: 8, started: 1 }),
+            target(
+                "c",
+                Place::Process {
+                    pid: me,
+                    started: 1,
+                },
+            ),
+            // Started at 2 when its VM connected: the pid is another process's now.
+            target(
+                "d",
+                Place::Process {
+                    pid: me,
+                    started: 2,
+                },
+            ),
+            // Above the kernel's largest pid_max: ended.
+            target(
+                "e",
+                Place::Process {
+                    pid: 4_999_999,
+                    started: 1,
+                },
+            ),
         ];
         let first = r.pass(&targets, Duration::from_secs(10), false);
         assert_eq!(first[0].done, Done::Held);
         assert!(matches!(&first[1].done, Done::Failed(w) if w.contains("reclaim_cgroup")));
-        assert!(matches!(&first[2].done, Done::Failed(w) if w.contains("7/cgroup")));
-        let reused = Done::Failed("its process 8 has ended".into());
+        let no_cgroup = format!("{me}/cgroup");
+        assert!(matches!(&first[2].done, Done::Failed(w) if w.contains(&no_cgroup)));
+        let reused = Done::Failed(format!("its process {me} has ended"));
         assert_eq!(first[3].done, reused);
+        let ended = Done::Failed("its process 4999999 has ended".into());
+        assert_eq!(first[4].done, ended);
         let second = r.pass(&targets[..1], Duration::from_secs(15), false);
         // 1% of 1 GiB a second for 5 s.
         assert_eq!(second[0].done, Done::Reclaimed(Reclaimed::All));
