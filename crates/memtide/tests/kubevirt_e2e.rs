@@ -53,6 +53,12 @@ fn host_view(dir: &Path) -> (Option<Vec<String>>, Vec<String>) {
     (names, ours)
 }
 
+/// The URIs of the launcher daemons on this host.
+fn launcher_uris() -> Vec<String> {
+    let found = memtide_adapters::kubevirt::launchers(Path::new("/proc"));
+    found.into_iter().map(|l| l.uri).collect()
+}
+
 /// The processes in mount namespace `ns` (a `/proc/PID/ns/mnt` link).
 fn in_namespace(ns: &Path) -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -97,7 +103,7 @@ fn a_launcher_pods_vm_is_found_through_its_root_managed_and_forgotten_when_it_en
     // within the root), the test's directory bound on /run/libvirt in the namespace, and
     // virtqemud-sock -> libvirt-sock there. Not root: session mode.
     let uri = format!("qemu+unix:///session?socket=/proc/{pid}/root/run/libvirt/libvirt-sock");
-    let found = memtide_adapters::kubevirt::launcher_uris(Path::new("/proc"));
+    let found = launcher_uris();
     assert!(found.contains(&uri), "{uri} not in {found:?}");
 
     let limits = "<memtide:limits xmlns:memtide='urn:memtide:limits:1' min_mib='200'/>";
@@ -185,7 +191,7 @@ fn a_launcher_pods_vm_is_found_through_its_root_managed_and_forgotten_when_it_en
         "{}",
         gone["waiting"]
     );
-    let found = memtide_adapters::kubevirt::launcher_uris(Path::new("/proc"));
+    let found = launcher_uris();
     assert!(!found.contains(&uri), "{found:?}");
     let lost = daemon
         .event_log()

@@ -27,11 +27,21 @@ const DAEMON: &str = "virtqemud";
 /// Its socket, relative to its root.
 const SOCKET: &str = "var/run/libvirt/virtqemud-sock";
 
-/// The libvirt URIs of the virt-launcher daemons running under `proc`, sorted: one per
-/// `virtqemud` process whose socket exists below its root ([`socket_in_root`]).
-/// Processes that end during the scan, or whose files cannot be read, are passed over.
-pub fn launcher_uris(proc: &Path) -> Vec<String> {
-    let mut uris: Vec<String> = procfs::processes(proc, |name| name == DAEMON)
+/// A virt-launcher's libvirt daemon found on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launcher {
+    /// Its libvirt URI: its socket by a path with no link in it ([`socket_in_root`]).
+    pub uri: String,
+    /// The UID of the pod it runs in, by its cgroup ([`pod_uid`]); `None` where its cgroup
+    /// names no pod.
+    pub pod: Option<String>,
+}
+
+/// The virt-launcher daemons running under `proc`, by URI: one per `virtqemud` process
+/// whose socket exists below its root ([`socket_in_root`]). Processes that end during
+/// the scan, or whose files cannot be read, are passed over.
+pub fn launchers(proc: &Path) -> Vec<Launcher> {
+    let mut found: Vec<Launcher> = procfs::processes(proc, |name| name == DAEMON)
         .into_iter()
         .filter_map(|(_, _, dir)| {
             let socket = socket_in_root(&dir.join("root"))?;
@@ -41,12 +51,55 @@ pub fn launcher_uris(proc: &Path) -> Vec<String> {
             } else {
                 "session"
             };
-            Some(format!("qemu+unix:///{mode}?socket={}", socket.display()))
+            let pod = std::fs::read_to_string(dir.join("cgroup"))
+                .ok()
+                .and_then(|text| pod_uid(&text));
+            let uri = format!("qemu+unix:///{mode}?socket={}", socket.display());
+            Some(Launcher { uri, pod })
         })
         .collect();
-    uris.sort();
-    uris.dedup();
-    uris
+    found.sort_by(|a, b| a.uri.cmp(&b.uri));
+    found.dedup_by(|a, b| a.uri == b.uri);
+    found
+}
+
+/// The UID of the Kubernetes pod a process runs in, from its `/proc/PID/cgroup` text:
+/// the kubelet puts each pod's containers below a cgroup named after the pod's UID:
+/// `pod<UID>` with the cgroupfs driver, `kubepods[-QOS]-pod<UID>.slice` (the UID's `-`
+/// written `_`) with the systemd one. A reader in a cgroup namespace of its own (memtide
+/// in its pod) sees the path from its own cgroup (`/../../pod<UID>/…`), so the name is
+/// looked for in any component. A process cannot move itself into another pod's cgroup
+/// unless it is privileged, so this names the pod whatever files the pod shapes. `None`
+/// where no line names a pod, or two lines name different ones.
+pub fn pod_uid(cgroup: &str) -> Option<String> {
+    let mut found: Option<String> = None;
+    for line in cgroup.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        let uid = path.split('/').rev().find_map(|c| {
+            let uid = match c.strip_suffix(".slice") {
+                Some(slice) => slice.rsplit_once("-pod")?.1.replace('_', "-"),
+                None => c.strip_prefix("pod")?.to_string(),
+            };
+            is_uid(&uid).then_some(uid)
+        });
+        match (uid, &found) {
+            (Some(uid), Some(seen)) if uid != *seen => return None,
+            (Some(uid), None) => found = Some(uid),
+            _ => {}
+        }
+    }
+    found
+}
+
+/// True for a UID as Kubernetes writes one: 8-4-4-4-12 hexadecimal digits.
+fn is_uid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The most symbolic links followed on the way to a socket, as the kernel's own limit.
@@ -227,8 +280,9 @@ mod tests {
         let root = proc.join("600/root");
         link("../run", &root.join("var/run"));
         bind(&root.join("run/libvirt/virtqemud-sock"));
+        let uris: Vec<String> = launchers(&proc).into_iter().map(|l| l.uri).collect();
         assert_eq!(
-            launcher_uris(&proc),
+            uris,
             [format!(
                 "qemu+unix:///session?socket={}",
                 root.join("run/libvirt/virtqemud-sock").display()
@@ -245,16 +299,58 @@ mod tests {
         process(proc, 300, "virtqemud", 107, false); // still starting: no socket yet
         process(proc, 400, "qemu-kvm", 107, true);
         std::fs::create_dir_all(proc.join("self")).unwrap();
-        let uris = launcher_uris(proc);
+        std::fs::write(
+            proc.join("4100/cgroup"),
+            format!("0::/kubepods/pod{POD}/c1\n"),
+        )
+        .unwrap();
         let socket = |pid: u32| proc.join(pid.to_string()).join("root").join(SOCKET);
+        let launcher = |mode: &str, pid: u32, pod: Option<&str>| Launcher {
+            uri: format!("qemu+unix:///{mode}?socket={}", socket(pid).display()),
+            pod: pod.map(str::to_string),
+        };
         assert_eq!(
-            uris,
+            launchers(proc),
             [
-                format!("qemu+unix:///session?socket={}", socket(4100).display()),
-                format!("qemu+unix:///system?socket={}", socket(200).display()),
+                launcher("session", 4100, Some(POD)),
+                launcher("system", 200, None),
             ]
         );
-        assert!(launcher_uris(&proc.join("missing")).is_empty());
+        assert!(launchers(&proc.join("missing")).is_empty());
+    }
+
+    const POD: &str = "6f1c2a3b-0d4e-4f5a-8b6c-7d8e9f0a1b2c";
+
+    #[test]
+    fn a_process_is_placed_in_its_pod_by_its_cgroup() {
+        let systemd = "6f1c2a3b_0d4e_4f5a_8b6c_7d8e9f0a1b2c";
+        for text in [
+            // cgroup v2, systemd driver, burstable and guaranteed.
+            format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd}.slice/cri-containerd-ab12.scope\n"),
+            format!("0::/kubepods.slice/kubepods-pod{systemd}.slice/crio-ab12.scope\n"),
+            // cgroupfs driver, v2 and v1 (every controller's line agrees).
+            format!("0::/kubepods/besteffort/pod{POD}/ab12\n"),
+            format!("12:memory:/kubepods/burstable/pod{POD}/ab12\n11:cpu,cpuacct:/kubepods/burstable/pod{POD}/ab12\n1:name=systemd:/\n"),
+            // Seen from memtide's own pod, in a cgroup namespace of its own.
+            format!("0::/../../../besteffort/pod{POD}/ab12\n"),
+            format!("0::/../../kubepods-besteffort-pod{systemd}.slice/cri-containerd-ab12.scope\n"),
+        ] {
+            assert_eq!(pod_uid(&text).as_deref(), Some(POD), "{text}");
+        }
+        for text in [
+            "0::/system.slice/libvirtd.service\n".to_string(),
+            // Not a UID.
+            "0::/kubepods/burstable/podnot-a-uid/ab12\n".to_string(),
+            "0::/kubepods.slice/kubepods-pod1234.slice/x\n".to_string(),
+            // Two controllers naming two pods.
+            format!(
+                "12:memory:/kubepods/pod{POD}/a\n11:cpu:/kubepods/pod{}/a\n",
+                POD.replace('6', "7")
+            ),
+            String::new(),
+        ] {
+            assert_eq!(pod_uid(&text), None, "{text}");
+        }
     }
 
     #[test]

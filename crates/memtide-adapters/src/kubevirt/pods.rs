@@ -64,6 +64,9 @@ pub struct LauncherPods {
     pub memory: BTreeMap<String, PodMemory>,
     /// Why each pod passed over for its quantities cannot be read, by `NAMESPACE/POD`.
     pub unreadable: BTreeMap<String, String>,
+    /// The VM each running launcher pod runs, by the pod's UID: what its libvirt daemon
+    /// may name its domain (a pod chooses its annotation, but not its namespace).
+    pub vms: BTreeMap<String, String>,
 }
 
 /// The memory of each running launcher pod in a pod list (`GET /api/v1/pods`), by the
@@ -75,7 +78,8 @@ pub struct LauncherPods {
 /// running pods for one VMI (never on one node) leave it out, as neither can be chosen.
 /// A pod whose memory cannot be read is passed over too, and listed with why: anyone who
 /// may create pods on the node can label and annotate one as a launcher, and its
-/// quantities must not cost every VM of the node its bounds.
+/// quantities must not cost every VM of the node its bounds. Each running pod's VM is
+/// also given by the pod's UID, memory or not.
 pub fn launcher_pods(json: &[u8]) -> Result<LauncherPods, PodsError> {
     let list: PodList =
         serde_json::from_slice(json).map_err(|e| PodsError(format!("not a pod list: {e}")))?;
@@ -88,6 +92,10 @@ pub fn launcher_pods(json: &[u8]) -> Result<LauncherPods, PodsError> {
         };
         if pod.status.phase.as_deref() != Some("Running") {
             continue;
+        }
+        let name = format!("{}/{vmi}", meta.namespace);
+        if !meta.uid.is_empty() {
+            pods.vms.insert(meta.uid.clone(), name.clone());
         }
         let Some(compute) = pod.spec.containers.iter().find(|c| c.name == COMPUTE) else {
             continue;
@@ -111,7 +119,6 @@ pub fn launcher_pods(json: &[u8]) -> Result<LauncherPods, PodsError> {
                 continue;
             }
         };
-        let name = format!("{}/{vmi}", meta.namespace);
         if pods.memory.insert(name.clone(), memory).is_some() {
             twice.push(name);
         }
@@ -226,6 +233,8 @@ struct Pod {
 struct Metadata {
     name: String,
     namespace: String,
+    #[serde(default)]
+    uid: String,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
 }
@@ -392,13 +401,27 @@ mod tests {
             "the finished launcher, the pod without the annotation and the one without a \
              compute container are passed over"
         );
+        assert_eq!(
+            pods.vms,
+            BTreeMap::from([
+                (
+                    "4f1c2a0e-3b8d-4e61-9d0a-6c2f0b7e9a11".to_string(),
+                    "default/web".to_string()
+                ),
+                (
+                    "c2d4e6f8-1a3b-4c5d-8e9f-0a1b2c3d4e5f".to_string(),
+                    "team-a/db".to_string()
+                ),
+            ]),
+            "each running launcher's VM by its pod's UID"
+        );
     }
 
     #[test]
     fn two_running_launchers_of_one_vmi_leave_it_out() {
         let pod = |name: &str, request: &str| {
             format!(
-                r#"{{"metadata": {{"name": "{name}", "namespace": "ns",
+                r#"{{"metadata": {{"name": "{name}", "namespace": "ns", "uid": "uid-{name}",
                     "annotations": {{"kubevirt.io/domain": "vm"}}}},
                   "spec": {{"containers": [{{"name": "compute",
                     "resources": {{"requests": {{"memory": "{request}"}}}}}}]}},
@@ -410,7 +433,16 @@ mod tests {
             pod("a", "1Gi"),
             pod("b", "2Gi")
         );
-        assert_eq!(launcher_pods(json.as_bytes()), Ok(LauncherPods::default()));
+        let pods = launcher_pods(json.as_bytes()).unwrap();
+        assert!(pods.memory.is_empty() && pods.unreadable.is_empty());
+        assert_eq!(
+            pods.vms,
+            BTreeMap::from([
+                ("uid-a".to_string(), "ns/vm".to_string()),
+                ("uid-b".to_string(), "ns/vm".to_string()),
+            ]),
+            "each pod still runs that VM alone"
+        );
         let json = format!(r#"{{"items": [{}]}}"#, pod("a", "1Gi"));
         assert_eq!(launcher_pods(json.as_bytes()).unwrap().memory.len(), 1);
     }

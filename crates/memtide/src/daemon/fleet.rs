@@ -9,6 +9,7 @@ use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
 use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
+use memtide_adapters::kubevirt::Launcher;
 use memtide_adapters::procfs;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
@@ -204,15 +205,34 @@ enum SocketKind {
 /// How often the process table is scanned for KubeVirt's launcher daemons.
 const LAUNCHER_SCAN: Duration = Duration::from_secs(10);
 
+/// A scan for launchers still running after this long is said to be late, once.
+const LAUNCHER_SCAN_LATE: Duration = Duration::from_secs(60);
+
 /// KubeVirt's launcher daemons found on this node: their libvirt URIs are listed as the
 /// configured ones are.
 struct Launchers {
     /// Where they are looked for (the host's `/proc`).
     proc: PathBuf,
-    /// When they were last looked for.
+    /// When the last look started.
     scanned: Option<Instant>,
-    /// Their URIs, as the last look found them.
-    uris: Vec<String>,
+    /// The look under way, off the runtime: at most one.
+    scanning: JoinSet<Vec<Launcher>>,
+    /// Whether the look under way has been said to be late.
+    late: bool,
+    /// The daemons the last look found.
+    found: Vec<Launcher>,
+    /// The domains refused from each daemon's last listing, with why (each said once).
+    refused: HashMap<String, BTreeMap<String, String>>,
+}
+
+impl Launchers {
+    fn get(&self, uri: &str) -> Option<&Launcher> {
+        self.found.iter().find(|l| l.uri == uri)
+    }
+
+    fn has(&self, uri: &str) -> bool {
+        self.get(uri).is_some()
+    }
 }
 
 /// All VMs, connected or not.
@@ -285,7 +305,10 @@ impl Fleet {
             launchers: config.libvirt.kubevirt.then(|| Launchers {
                 proc: config.host.proc.clone(),
                 scanned: None,
-                uris: Vec::new(),
+                scanning: JoinSet::new(),
+                late: false,
+                found: Vec::new(),
+                refused: HashMap::new(),
             }),
             pods: None,
             agent_extension: config.discovery.agent_extension.clone(),
@@ -330,7 +353,7 @@ impl Fleet {
                         endpoint: endpoint.to_string(),
                     });
                     let launcher = matches!(&endpoint, Endpoint::Libvirt { uri, .. }
-                        if self.launchers.as_ref().is_some_and(|l| l.uris.contains(uri)));
+                        if self.launchers.as_ref().is_some_and(|l| l.has(uri)));
                     if let Some(pods) = self.pods.as_ref().filter(|_| launcher) {
                         if pods.get(&c.name).is_none() {
                             pods.ask(); // a pod started since the last list
@@ -385,7 +408,10 @@ impl Fleet {
                 });
             }
         }
-        let launched = self.launchers.iter().flat_map(|l| &l.uris);
+        let launched = self
+            .launchers
+            .iter()
+            .flat_map(|l| l.found.iter().map(|l| &l.uri));
         for uri in self.libvirt_uris.iter().chain(launched) {
             if self.listing_in_flight.insert(uri.clone()) {
                 let (connector, uri, limit) =
@@ -451,31 +477,88 @@ impl Fleet {
         }
     }
 
-    /// Look for KubeVirt launcher daemons every [`LAUNCHER_SCAN`]: a new one is listed
-    /// like a configured URI; the candidates of one that is gone are forgotten, and so is
-    /// its connection (the pod ended; its managed VM is lost when its calls fail).
+    /// Look for KubeVirt launcher daemons every [`LAUNCHER_SCAN`], off the runtime and one
+    /// look at a time (a pod's hung mount below its root holds a look, not the tick), and
+    /// take in the look that has ended.
     fn find_launchers(&mut self, now: Instant) {
         let Some(launchers) = &mut self.launchers else {
             return;
         };
-        if launchers
-            .scanned
-            .is_some_and(|at| now.duration_since(at) < LAUNCHER_SCAN)
-        {
-            return;
+        let found = launchers.scanning.try_join_next().and_then(Result::ok);
+        let since = launchers.scanned.map(|at| now.duration_since(at));
+        if launchers.scanning.is_empty() {
+            if since.is_none_or(|s| s >= LAUNCHER_SCAN) {
+                launchers.scanned = Some(now);
+                launchers.late = false;
+                let proc = launchers.proc.clone();
+                launchers
+                    .scanning
+                    .spawn_blocking(move || memtide_adapters::kubevirt::launchers(&proc));
+            }
+        } else if since.is_some_and(|s| s >= LAUNCHER_SCAN_LATE) && !launchers.late {
+            launchers.late = true;
+            tracing::warn!(
+                "the look for KubeVirt launchers in {} started {} s ago has not ended (a \
+                 file below a process's root may hang): no launcher is found or forgotten \
+                 until it does",
+                launchers.proc.display(),
+                since.unwrap_or_default().as_secs()
+            );
         }
-        launchers.scanned = Some(now);
-        let found = memtide_adapters::kubevirt::launcher_uris(&launchers.proc);
-        let gone: Vec<String> = std::mem::replace(&mut launchers.uris, found)
+        if let Some(found) = found {
+            self.found_launchers(found);
+        }
+    }
+
+    /// Take in the launchers a look found: a new one is listed like a configured URI (and
+    /// its pod asked for, where pods are listed and it is not known); the candidates of
+    /// one that is gone are forgotten, and so is its connection (the pod ended; its
+    /// managed VM is lost when its calls fail).
+    fn found_launchers(&mut self, found: Vec<Launcher>) {
+        let Some(launchers) = &mut self.launchers else {
+            return;
+        };
+        let old = std::mem::replace(&mut launchers.found, found);
+        let gone: Vec<String> = old
             .into_iter()
-            .filter(|u| !launchers.uris.contains(u))
+            .filter(|l| !launchers.has(&l.uri))
+            .map(|l| l.uri)
             .collect();
+        launchers.refused.retain(|uri, _| !gone.contains(uri));
+        if let Some(pods) = &self.pods {
+            let unknown = |l: &Launcher| l.pod.as_ref().is_some_and(|p| pods.vm_of(p).is_none());
+            if launchers.found.iter().any(unknown) {
+                pods.ask();
+            }
+        }
         self.candidates.retain(
             |endpoint, _| !matches!(endpoint, Endpoint::Libvirt { uri, .. } if gone.contains(uri)),
         );
         for uri in &gone {
             self.connector.forget(uri);
             self.listing_failures.remove(uri);
+        }
+    }
+
+    /// The name of the VM that launcher `uri`'s daemon runs as `domain`. Where the launcher
+    /// pods are listed, it is the VM of the pod the daemon runs in, known by the pod's UID
+    /// from the daemon's cgroup: a domain named otherwise is refused (`Err`, why), and
+    /// `Ok(None)` means the pod is not listed yet. Otherwise it is the domain's name as
+    /// KubeVirt writes it ([`memtide_adapters::kubevirt::vm_name`]), which is the pod's own
+    /// claim.
+    fn launcher_vm(&self, uri: &str, domain: &str) -> Result<Option<String>, String> {
+        let claimed = memtide_adapters::kubevirt::vm_name(domain);
+        let Some(pods) = &self.pods else {
+            return Ok(Some(claimed));
+        };
+        let launcher = self.launchers.as_ref().and_then(|l| l.get(uri));
+        let Some(pod) = launcher.and_then(|l| l.pod.as_deref()) else {
+            return Err("its daemon's cgroup names no Kubernetes pod".into());
+        };
+        match pods.vm_of(pod) {
+            None => Ok(None),
+            Some(vm) if vm == claimed => Ok(Some(vm)),
+            Some(vm) => Err(format!("its daemon runs in pod {pod}, whose VM is {vm}")),
         }
     }
 
@@ -487,10 +570,7 @@ impl Fleet {
         while let Some(done) = self.listing.try_join_next() {
             let Ok((uri, names)) = done else { continue };
             self.listing_in_flight.remove(&uri);
-            let launcher = self
-                .launchers
-                .as_ref()
-                .is_some_and(|l| l.uris.contains(&uri));
+            let launcher = self.launchers.as_ref().is_some_and(|l| l.has(&uri));
             if !launcher && !self.libvirt_uris.contains(&uri) {
                 continue;
             }
@@ -516,6 +596,7 @@ impl Fleet {
                     continue;
                 }
             };
+            let mut refused = BTreeMap::new();
             for domain in &names {
                 let endpoint = Endpoint::Libvirt {
                     uri: uri.clone(),
@@ -523,7 +604,14 @@ impl Fleet {
                 };
                 // A launcher's domain is named as KubeVirt names its VM: namespace/name.
                 let name = match launcher {
-                    true => memtide_adapters::kubevirt::vm_name(domain),
+                    true => match self.launcher_vm(&uri, domain) {
+                        Ok(Some(name)) => name,
+                        Ok(None) => continue, // its pod is not listed yet
+                        Err(why) => {
+                            refused.insert(domain.clone(), why);
+                            continue;
+                        }
+                    },
                     false => domain.clone(),
                 };
                 let known = self.candidates.contains_key(&endpoint)
@@ -535,10 +623,24 @@ impl Fleet {
             }
             self.candidates.retain(|endpoint, c| match endpoint {
                 Endpoint::Libvirt { uri: u, domain } if c.discovered && *u == uri => {
-                    names.contains(domain)
+                    names.contains(domain) && !refused.contains_key(domain)
                 }
                 _ => true,
             });
+            if let Some(launchers) = self.launchers.as_mut().filter(|_| launcher) {
+                let said = launchers.refused.remove(&uri).unwrap_or_default();
+                for (domain, why) in &refused {
+                    if said.get(domain) != Some(why) {
+                        tracing::warn!(
+                            "KubeVirt launcher {uri}: domain {domain} not managed: {why} \
+                             (logged again only if this changes)"
+                        );
+                    }
+                }
+                if !refused.is_empty() {
+                    launchers.refused.insert(uri, refused);
+                }
+            }
         }
     }
 
@@ -693,7 +795,7 @@ impl Fleet {
         };
         if m.launcher
             && matches!(&m.endpoint, Endpoint::Libvirt { uri, .. }
-                if !self.launchers.as_ref().is_some_and(|l| l.uris.contains(uri)))
+                if !self.launchers.as_ref().is_some_and(|l| l.has(uri)))
         {
             return;
         }
@@ -1421,14 +1523,40 @@ mod tests {
     /// A non-root KubeVirt launcher's virtqemud under `proc` (pid 4100), reached through
     /// its root: its /proc directory and the libvirt URI memtide finds for it.
     fn kubevirt_launcher(proc: &Path) -> (PathBuf, String) {
-        let launcher = proc.join("4100");
+        kubevirt_launcher_in(proc, 4100, "")
+    }
+
+    /// A launcher daemon as process `pid` under `proc`, in pod `pod` (a UID's first group;
+    /// `""` for none): its /proc entry and URI.
+    fn kubevirt_launcher_in(proc: &Path, pid: u32, pod: &str) -> (PathBuf, String) {
+        let launcher = proc.join(pid.to_string());
         let socket = launcher.join("root/var/run/libvirt/virtqemud-sock");
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         std::os::unix::net::UnixListener::bind(&socket).unwrap();
         std::fs::write(launcher.join("comm"), "virtqemud\n").unwrap();
         std::fs::write(launcher.join("status"), "Uid:\t107\t107\t107\t107\n").unwrap();
+        if !pod.is_empty() {
+            let cgroup = format!("0::/kubepods/burstable/pod{}/c\n", pod_uid(pod));
+            std::fs::write(launcher.join("cgroup"), cgroup).unwrap();
+        }
         let uri = format!("qemu+unix:///session?socket={}", socket.display());
         (launcher, uri)
+    }
+
+    /// A pod's UID whose first group is `first` (8 hex digits).
+    fn pod_uid(first: &str) -> String {
+        format!("{first}-0000-4000-8000-000000000000")
+    }
+
+    /// Look for launchers now (an earlier look under way dropped) and take in what it finds.
+    async fn scan_launchers(fleet: &mut Fleet) {
+        let launchers = fleet.launchers.as_mut().unwrap();
+        while launchers.scanning.join_next().await.is_some() {}
+        launchers.scanned = None;
+        fleet.find_launchers(Instant::now());
+        let launchers = fleet.launchers.as_mut().unwrap();
+        let found = launchers.scanning.join_next().await.unwrap().unwrap();
+        fleet.found_launchers(found);
     }
 
     /// A fleet on a node (procfs below `dir`) with one KubeVirt launcher whose daemon
@@ -1450,6 +1578,7 @@ mod tests {
         config.host.proc = proc;
         config.libvirt.kubevirt = true;
         let mut fleet = Fleet::new(&config, connector.clone());
+        scan_launchers(&mut fleet).await;
         for _ in 0..3 {
             settle(&mut fleet).await;
         }
@@ -1481,14 +1610,49 @@ mod tests {
             },
             Fleet::discovered("default_db", None),
         );
-        fleet.find_launchers(Instant::now() + LAUNCHER_SCAN);
-        let listed = &fleet.launchers.as_ref().unwrap().uris;
+        scan_launchers(&mut fleet).await;
+        let listed = &fleet.launchers.as_ref().unwrap().found;
         assert!(
             fleet.libvirt_uris.is_empty() && listed.is_empty(),
             "{listed:?}"
         );
         assert!(fleet.waiting().is_empty(), "{:?}", fleet.waiting());
         assert_eq!(*connector.forgotten.lock().unwrap(), [uri]);
+    }
+
+    #[tokio::test]
+    async fn a_look_for_launchers_that_hangs_holds_back_no_tick_and_starts_no_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let (_, uri) = kubevirt_launcher(&proc);
+        // A process whose name cannot be read until something writes it: a look blocks.
+        let hung = proc.join("999");
+        std::fs::create_dir_all(&hung).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, hung.join("comm"), 0o600.into()).unwrap();
+        let mut config = Config::default();
+        config.discovery.qmp_glob = Vec::new();
+        config.host.proc = proc;
+        config.libvirt.kubevirt = true;
+        let mut fleet = Fleet::new(&config, Arc::new(FakeConnector::default()));
+        let start = Instant::now();
+        fleet.find_launchers(start);
+        fleet.find_launchers(start + LAUNCHER_SCAN_LATE);
+        let launchers = fleet.launchers.as_ref().unwrap();
+        assert_eq!(launchers.scanning.len(), 1, "one look at a time");
+        assert!(launchers.late && launchers.found.is_empty());
+
+        // The name is written: the look ends, and what it found is taken in.
+        std::fs::write(hung.join("comm"), "sleep\n").unwrap();
+        let found = |fleet: &Fleet| fleet.launchers.as_ref().unwrap().found.clone();
+        for _ in 0..500 {
+            fleet.find_launchers(Instant::now());
+            if !found(&fleet).is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let uris: Vec<String> = found(&fleet).into_iter().map(|l| l.uri).collect();
+        assert_eq!(uris, [uri]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1503,7 +1667,7 @@ mod tests {
         assert!(fleet.listing_in_flight.contains(&uri));
         std::fs::remove_dir_all(&launcher).unwrap();
         connector.domains.lock().unwrap().clear();
-        fleet.find_launchers(Instant::now() + LAUNCHER_SCAN);
+        scan_launchers(&mut fleet).await;
         turn(&mut fleet, "default/web", Behaviour::Dies);
         let (vms, events) = sample(&mut fleet).await;
         assert!(vms.is_empty());
@@ -1529,33 +1693,50 @@ mod tests {
         use super::super::pods::fake_api::{FakeApi, TOKEN};
         let dir = tempfile::tempdir().unwrap();
         let proc = dir.path().join("proc");
-        let (_, uri) = kubevirt_launcher(&proc);
         let connector = Arc::new(FakeConnector::default());
-        let domains = vec![
-            "default_web".into(),
-            "team-a_db".into(),
-            "default_new".into(),
-        ];
-        connector.domains.lock().unwrap().insert(uri, domains);
+        // One daemon a pod, each running the domain given; the last three are not to be
+        // managed: a domain not its pod's VM, a daemon in no pod, a pod not listed (yet).
+        for (pid, pod, domain) in [
+            (4100, "aaaaaaaa", "default_web"),
+            (4200, "bbbbbbbb", "team-a_db"),
+            (4300, "cccccccc", "default_new"),
+            (4400, "dddddddd", "team-a_other"),
+            (4500, "", "default_spare"),
+            (4600, "eeeeeeee", "default_later"),
+        ] {
+            let (_, uri) = kubevirt_launcher_in(&proc, pid, pod);
+            let domains = vec![domain.to_string()];
+            connector.domains.lock().unwrap().insert(uri, domains);
+        }
         // Each guest has 512 MiB; each domain says min 200 MiB (FakeConnector).
-        let pod = |ns: &str, vmi: &str, resources: &str| {
+        let pod = |uid: &str, ns: &str, vmi: &str, resources: &str| {
             format!(
                 r#"{{"metadata": {{"name": "virt-launcher-{vmi}-x", "namespace": "{ns}",
+                    "uid": "{}",
                     "labels": {{"kubevirt.io": "virt-launcher"}},
                     "annotations": {{"kubevirt.io/domain": "{vmi}"}}}},
                   "spec": {{"nodeName": "node-1", "containers": [{{"name": "compute",
                     "resources": {resources}}}]}},
-                  "status": {{"phase": "Running"}}}}"#
+                  "status": {{"phase": "Running"}}}}"#,
+                pod_uid(uid)
             )
         };
         let list = format!(
-            r#"{{"kind": "PodList", "apiVersion": "v1", "items": [{}, {}]}}"#,
+            r#"{{"kind": "PodList", "apiVersion": "v1", "items": [{}, {}, {}, {}]}}"#,
             pod(
+                "aaaaaaaa",
                 "default",
                 "web",
                 r#"{"requests": {"memory": "300Mi"}, "limits": {"memory": "400Mi"}}"#
             ),
-            pod("team-a", "db", r#"{"requests": {"memory": "1Gi"}}"#),
+            pod(
+                "bbbbbbbb",
+                "team-a",
+                "db",
+                r#"{"requests": {"memory": "1Gi"}}"#
+            ),
+            pod("cccccccc", "default", "new", "{}"),
+            pod("dddddddd", "evil", "other", "{}"),
         );
         let api = FakeApi::start(&list).await;
         let token = dir.path().join("token");
@@ -1574,9 +1755,33 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        scan_launchers(&mut fleet).await;
         for _ in 0..3 {
             settle(&mut fleet).await;
         }
+        let refused = &fleet.launchers.as_ref().unwrap().refused;
+        let refused: BTreeMap<String, String> = refused
+            .values()
+            .flatten()
+            .map(|(d, why)| (d.clone(), why.clone()))
+            .collect();
+        assert_eq!(
+            refused,
+            BTreeMap::from([
+                (
+                    "team-a_other".to_string(),
+                    format!(
+                        "its daemon runs in pod {}, whose VM is evil/other",
+                        pod_uid("dddddddd")
+                    )
+                ),
+                (
+                    "default_spare".to_string(),
+                    "its daemon's cgroup names no Kubernetes pod".to_string()
+                ),
+            ]),
+            "a pod names only its own VM"
+        );
         let limits = |vms: &[VmSnapshot]| -> Vec<(String, u64, u64)> {
             vms.iter()
                 .map(|v| (v.name.clone(), v.limits.min.mib(), v.limits.max.mib()))

@@ -7,7 +7,7 @@
 
 use super::backoff::{Failures, LOG_EVERY};
 use memtide_adapters::kubevirt::api::ApiServer;
-use memtide_adapters::kubevirt::pods::PodMemory;
+use memtide_adapters::kubevirt::pods::{LauncherPods, PodMemory};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -31,6 +31,8 @@ pub struct PodBounds {
 #[derive(Default)]
 struct Known {
     pods: BTreeMap<String, PodMemory>,
+    /// Each running launcher pod's VM, by the pod's UID.
+    vms: BTreeMap<String, String>,
     /// When the list was taken; `None` before the first that succeeded.
     at: Option<Instant>,
 }
@@ -52,13 +54,24 @@ impl PodBounds {
         fresh.then(|| known.pods.get(vm).copied()).flatten()
     }
 
+    /// The VM launcher pod `uid` runs, by the last list that held the pod, however old:
+    /// a pod's UID is never given to another pod.
+    pub fn vm_of(&self, uid: &str) -> Option<String> {
+        let known = self.known.lock().expect("pod bounds lock");
+        known.vms.get(uid).cloned()
+    }
+
     /// Ask for a list soon: a VM connected whose pod the last list did not hold.
     pub fn ask(&self) {
         self.wake.notify_one();
     }
 
-    fn set(&self, pods: BTreeMap<String, PodMemory>, at: Instant) {
-        *self.known.lock().expect("pod bounds lock") = Known { pods, at: Some(at) };
+    fn set(&self, pods: LauncherPods, at: Instant) {
+        let mut known = self.known.lock().expect("pod bounds lock");
+        known.pods = pods.memory;
+        // Pods ended since are forgotten only after the list that finds them gone.
+        known.vms = pods.vms;
+        known.at = Some(at);
     }
 }
 
@@ -80,7 +93,7 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
         };
         let now = Instant::now();
         match result {
-            Ok(pods) => {
+            Ok(mut pods) => {
                 if let Some(failed) = failures.succeeded() {
                     tracing::info!(
                         "KubeVirt pod bounds: the Kubernetes API answers again after {failed} \
@@ -88,13 +101,14 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
                         pods.memory.len()
                     );
                 }
-                for (pod, why) in newly_unreadable(&mut unreadable, pods.unreadable) {
+                let unreadable_now = std::mem::take(&mut pods.unreadable);
+                for (pod, why) in newly_unreadable(&mut unreadable, unreadable_now) {
                     tracing::warn!(
                         "KubeVirt pod bounds: pod {pod}: {why}: its VM takes its domain's \
                          bounds (logged again only if this changes)"
                     );
                 }
-                bounds.set(pods.memory, now);
+                bounds.set(pods, now);
             }
             Err(e) => {
                 if let Some(n) = failures.failed(now) {
@@ -317,10 +331,12 @@ mod tests {
             limit: None,
         };
         assert_eq!(bounds.get("default/web"), None, "nothing listed yet");
-        bounds.set(
-            BTreeMap::from([("default/web".into(), web)]),
-            Instant::now(),
-        );
+        let pods = LauncherPods {
+            memory: BTreeMap::from([("default/web".into(), web)]),
+            vms: BTreeMap::from([("uid-1".into(), "default/web".into())]),
+            ..LauncherPods::default()
+        };
+        bounds.set(pods, Instant::now());
         assert_eq!(bounds.get("default/web"), Some(web));
         assert_eq!(bounds.get("default/db"), None);
         tokio::time::advance(Duration::from_secs(300)).await;
@@ -331,6 +347,12 @@ mod tests {
             None,
             "too old: the domain's bounds"
         );
+        assert_eq!(
+            bounds.vm_of("uid-1").as_deref(),
+            Some("default/web"),
+            "a pod's VM stays known: its UID is never another pod's"
+        );
+        assert_eq!(bounds.vm_of("uid-2"), None);
     }
 
     #[tokio::test]
