@@ -65,7 +65,8 @@ impl LinuxHost {
         }
     }
 
-    fn ksm_dir(&self) -> PathBuf {
+    /// The KSM sysfs directory.
+    pub fn ksm_dir(&self) -> PathBuf {
         self.paths.sys.join("kernel/mm/ksm")
     }
 }

@@ -283,7 +283,28 @@ impl Engine {
             && self.ksm_domain(snap)
             && self.ksm.foreign.is_none();
         if let (Some(proposal), Some(state)) = (&output.ksm, &snap.host.ksm) {
-            let changed = ksm_changes(&proposal.settings, state);
+            let mut changed = ksm_changes(&proposal.settings, state);
+            // The kernel refuses a new merge_across_nodes (EBUSY) while pages are merged;
+            // `run` 2 would unmerge them all first, and the host need that memory back at
+            // once. Asked for, it would fail the other knobs' write with it every tick.
+            if let Some(wanted) = changed
+                .merge_across_nodes
+                .filter(|_| state.pages_shared > 0)
+            {
+                changed.merge_across_nodes = None;
+                if self.config.ksm_control && ksm_is_ours {
+                    diagnostics.push(Diagnostic {
+                        vm: None,
+                        kind: DiagnosticKind::PolicyError,
+                        message: format!(
+                            "policy {} asks KSM's merge_across_nodes {wanted}: the kernel \
+                             changes it only while no page is merged, and memtide does not \
+                             unmerge them all (ksm run 2) to do it; left as it is",
+                            self.policy.name()
+                        ),
+                    });
+                }
+            }
             if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
                 actions.push(Action::SetKsm {
                     settings: changed,

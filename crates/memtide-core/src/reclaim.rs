@@ -19,6 +19,10 @@ const PAGE: u64 = 4096;
 /// swap are freed (a test guest's cgroup went 60 KiB below it when asked for 60 KiB with
 /// 150 KiB to go; with 1 MiB least steps it ended 0.4 and 1.3 MiB above it).
 const MIN_STEP: Bytes = Bytes::from_mib(2);
+/// Readings further apart than this, and than three times the gap before, start the
+/// rates again: a stall or refaults averaged over a long gap (a pass skipped, a VM away)
+/// would look diluted, while the step counts at most this long.
+const LONG_GAP: Duration = Duration::from_secs(60);
 
 /// What one reading of a VM's cgroup says.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,17 +84,26 @@ pub struct Pace {
 }
 
 /// One VM's pacer: it keeps the previous reading, as stall time and refaults are
-/// counters.
+/// counters, the gap between the last two, and the last working set it was given.
 #[derive(Clone, Debug, Default)]
 pub struct Pacer {
     previous: Option<CgroupReading>,
+    gap: Option<Duration>,
+    working_set: Option<Bytes>,
 }
 
 impl Pacer {
     /// Decide this tick's reclaim from `now`, the reading before it, what the VM keeps and
-    /// the settings.
+    /// the settings. A VM whose working set is not known this tick (its sample late)
+    /// keeps the last one it was given.
     pub fn pace(&mut self, now: CgroupReading, keep: Keep, config: &PaceConfig) -> Pace {
         let previous = self.previous.replace(now);
+        let last_known = keep.working_set.is_none() && self.working_set.is_some();
+        let keep = Keep {
+            working_set: keep.working_set.or(self.working_set),
+            ..keep
+        };
+        self.working_set = keep.working_set;
         let hold = |rule, detail: String| Pace {
             reclaim: Bytes::ZERO,
             reason: Reason::new(rule, detail),
@@ -101,6 +114,16 @@ impl Pacer {
         let dt = now.at.checked_sub(previous.at).unwrap_or_default();
         if dt.is_zero() {
             return hold("reclaim.first", "no time since the last reading".into());
+        }
+        let gap = self.gap.replace(dt);
+        if dt > LONG_GAP && gap.is_none_or(|g| dt > g * 3) {
+            return hold(
+                "reclaim.first",
+                format!(
+                    "{} s since the last reading: rates start again",
+                    dt.as_secs()
+                ),
+            );
         }
         let (Some(stalled), Some(refaulted)) = (
             now.stall_us.checked_sub(previous.stall_us),
@@ -129,6 +152,7 @@ impl Pacer {
         let keep_at = keep.working_set.unwrap_or(Bytes::ZERO) + c.floor;
         let keep_at = keep_at.max(keep.min);
         let basis = match keep.working_set {
+            Some(ws) if last_known => format!("last known working set {ws} + floor {}", c.floor),
             Some(ws) => format!("working set {ws} + floor {}", c.floor),
             None => format!("no working-set estimate: floor {}", c.floor),
         };
@@ -327,6 +351,48 @@ mod tests {
     }
 
     #[test]
+    fn a_tick_without_a_working_set_keeps_the_last_one() {
+        let config = PaceConfig {
+            step_per_s: 1.0,
+            ..PaceConfig::default()
+        };
+        let mut p = Pacer::default();
+        p.pace(reading(0, GIB, 0, 0), keep(Some(900)), &config);
+        let late = p.pace(reading(10, GIB, 0, 0), keep(None), &config);
+        assert_eq!(late.reclaim, Bytes::from_mib((1024 - 900 - 64) / 2));
+        assert!(
+            late.reason
+                .detail
+                .contains("last known working set 900 MiB"),
+            "{}",
+            late.reason
+        );
+        let lower = p.pace(reading(20, GIB, 0, 0), keep(Some(700)), &config);
+        assert_eq!(lower.reclaim, Bytes::from_mib((1024 - 700 - 64) / 2));
+    }
+
+    #[test]
+    fn a_long_gap_between_readings_starts_the_rates_again() {
+        let config = PaceConfig::default();
+        let mut p = Pacer::default();
+        p.pace(reading(0, GIB, 0, 0), keep(None), &config);
+        p.pace(reading(2, GIB, 0, 0), keep(None), &config);
+        // Ten minutes on, refaults that would be over the limit in a tick look diluted.
+        let away = p.pace(reading(602, GIB, 0, 30_000), keep(None), &config);
+        assert_eq!(away.reason.rule, "reclaim.first", "{}", away.reason);
+        assert_eq!(away.reclaim, Bytes::ZERO);
+        let on = p.pace(reading(604, GIB, 0, 30_000), keep(None), &config);
+        assert_eq!(on.reason.rule, "reclaim.probe", "{}", on.reason);
+        // Ticks longer than the gap, every one alike, reclaim from the second gap on.
+        let mut slow = Pacer::default();
+        slow.pace(reading(0, GIB, 0, 0), keep(None), &config);
+        let first = slow.pace(reading(120, GIB, 0, 0), keep(None), &config);
+        assert_eq!(first.reason.rule, "reclaim.first");
+        let second = slow.pace(reading(240, GIB, 0, 0), keep(None), &config);
+        assert_eq!(second.reason.rule, "reclaim.probe", "{}", second.reason);
+    }
+
+    #[test]
     fn unusable_settings_reclaim_nothing() {
         for config in [
             PaceConfig {
@@ -374,6 +440,8 @@ mod tests {
                 floor: Bytes(floor),
             };
             let keep = Keep { working_set: ws.map(Bytes), min: Bytes(min) };
+            // The first reading's working set, then none: the last known one is kept.
+            let mut keep = keep;
             let mut p = Pacer::default();
             for (at, usage, stall_us, avg10, refaults) in readings {
                 let now = CgroupReading {
@@ -384,6 +452,7 @@ mod tests {
                     refaults,
                 };
                 let pace = p.pace(now, keep, &config);
+                keep.working_set = None;
                 let kept = (Bytes(ws.unwrap_or(0)) + Bytes(floor)).max(Bytes(min));
                 prop_assert!(pace.reclaim == Bytes::ZERO || Bytes(usage) - pace.reclaim >= kept);
                 prop_assert_eq!(pace.reclaim.0 % PAGE, 0);

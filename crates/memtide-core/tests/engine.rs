@@ -768,3 +768,58 @@ fn a_new_policy_takes_up_what_the_last_one_learnt_of_each_vm() {
     let d = engine.tick(&snapshot(5, host(4000, 260), vec![reset]));
     assert_eq!(d.vms[0].reason.as_ref().unwrap().rule, "memtide.start");
 }
+
+/// Mom, asking KSM's merge_across_nodes to be 0 besides.
+#[derive(Default)]
+struct MomAcrossNodes(Mom);
+
+impl memtide_core::policy::Policy for MomAcrossNodes {
+    fn name(&self) -> &str {
+        "mom-across-nodes"
+    }
+
+    fn decide(
+        &mut self,
+        input: &memtide_core::policy::PolicyInput<'_>,
+    ) -> memtide_core::policy::PolicyOutput {
+        let mut output = self.0.decide(input);
+        if let Some(ksm) = output.ksm.as_mut() {
+            ksm.settings.merge_across_nodes = Some(0);
+        }
+        output
+    }
+}
+
+#[test]
+fn merge_across_nodes_is_left_as_it_is_while_pages_are_merged_and_the_other_knobs_still_set() {
+    let set_ksm = |d: &Decision| {
+        d.actions.iter().find_map(|a| match a {
+            Action::SetKsm { settings, .. } => Some(settings.clone()),
+            _ => None,
+        })
+    };
+    let mut e = Engine::new(EngineConfig::default(), Box::<MomAcrossNodes>::default());
+    // No page merged: the kernel takes the new value, with the others.
+    let mut h = host(16384, 1024);
+    let k = h.ksm.as_mut().unwrap();
+    (k.merge_across_nodes, k.pages_shared) = (Some(1), 0);
+    let d = e.tick(&snapshot(0, h.clone(), vec![vm("a", 8192, 8192, 10)]));
+    let asked = set_ksm(&d).expect("KSM tuned");
+    assert_eq!((asked.merge_across_nodes, asked.run), (Some(0), Some(1)));
+    // Pages merged: the kernel would refuse it (EBUSY), and the whole write with it.
+    h.ksm.as_mut().unwrap().pages_shared = 5000;
+    let d = e.tick(&snapshot(10, h, vec![vm("a", 8192, 8192, 10)]));
+    let asked = set_ksm(&d).expect("the other knobs still tuned");
+    assert_eq!((asked.merge_across_nodes, asked.run), (None, Some(1)));
+    let said = d
+        .diagnostics
+        .iter()
+        .find(|g| g.vm.is_none() && g.kind == DiagnosticKind::PolicyError)
+        .expect("said why");
+    assert!(
+        said.message
+            .contains("merge_across_nodes 0: the kernel changes it only while no page is merged"),
+        "{}",
+        said.message
+    );
+}

@@ -27,11 +27,13 @@ use events::EventLog;
 use fleet::{Answered, Fleet, FleetEvent, Sent};
 use lifecycle::{Restoring, SaveDone};
 use memtide_adapters::host::{HostPaths, LinuxHost};
+use memtide_adapters::ksm;
 use memtide_core::backend::HostBackend;
 use memtide_core::hibernate::Idleness;
 use memtide_core::recovery::{Recovery, Room};
 use memtide_core::{
-    guest_text, Action, BackendError, Bytes, Decision, Engine, Snapshot, VmSample, VmSnapshot,
+    guest_text, Action, BackendError, Bytes, Decision, Engine, KsmSettings, Snapshot, VmSample,
+    VmSnapshot,
 };
 use memtide_sim::Recorder;
 use passes::{CollapsePass, PlacePass, ReclaimPass, RECLAIM_WAIT_AT_STOP};
@@ -43,6 +45,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
+
+/// A KSM write running off the runtime: its result, when it returns.
+type KsmWrite = tokio::task::JoinHandle<std::io::Result<()>>;
 
 /// The share of the interval a tick waits for samples: a VM whose sample has not
 /// arrived by then is left out of the decision.
@@ -79,6 +84,8 @@ struct Daemon {
     counters: Counters,
     /// Balloon commands sent and not answered yet, by VM.
     pending: HashMap<String, Action>,
+    /// A KSM write not returned by its tick, with its action: at most one runs.
+    ksm_write: Option<(Action, KsmWrite)>,
     start: Instant,
     recorder: Option<Recorder>,
     recording: writes::Retry,
@@ -329,6 +336,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         status,
         counters: Counters::default(),
         pending: HashMap::new(),
+        ksm_write: None,
         start: Instant::now(),
         recorder,
         recording: writes::Retry::default(),
@@ -718,26 +726,77 @@ impl Daemon {
             self.fleet.set_balloons(&balloons, deadline).await
         }
         .into_iter();
+        self.ksm_written();
         for action in &decision.actions {
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
-                Action::SetKsm { settings, .. } => {
-                    let result = self.host.apply_ksm(settings);
-                    if result.is_ok() {
-                        self.engine.ksm_applied(settings);
-                    }
-                    Some(Sent::Answered(result))
-                }
+                // Asked again once the write under way has returned.
+                Action::SetKsm { .. } if self.ksm_write.is_some() => continue,
+                Action::SetKsm { settings, .. } => Some(self.write_ksm(action, settings).await),
             };
             match (result, action) {
                 (Some(Sent::InFlight), Action::SetBalloon { vm, .. }) => {
                     self.pending.insert(vm.clone(), action.clone());
                 }
+                (Some(Sent::InFlight), Action::SetKsm { .. }) => {}
                 (Some(Sent::Answered(result)), _) => self.log_action(action, Some(&result), ""),
                 _ => self.log_action(action, None, ""),
             }
         }
+    }
+
+    /// Write KSM's knobs off the runtime (`run` 2 returns only once every merged page is
+    /// unmerged, seconds to minutes), waiting up to the call timeout; a write still under
+    /// way then is logged when it returns ([`Daemon::ksm_written`]).
+    async fn write_ksm(&mut self, action: &Action, settings: &KsmSettings) -> Sent {
+        let (dir, wanted) = (self.host.ksm_dir(), settings.clone());
+        let mut write = tokio::task::spawn_blocking(move || ksm::write(&dir, &wanted));
+        match tokio::time::timeout(self.config.call_timeout(), &mut write).await {
+            Ok(done) => Sent::Answered(self.ksm_result(settings, done)),
+            Err(_) => {
+                self.ksm_write = Some((action.clone(), write));
+                Sent::InFlight
+            }
+        }
+    }
+
+    /// Log a KSM write that returned after its tick.
+    fn ksm_written(&mut self) {
+        if !self
+            .ksm_write
+            .as_ref()
+            .is_some_and(|(_, w)| w.is_finished())
+        {
+            return;
+        }
+        let Some((action, write)) = self.ksm_write.take() else {
+            return;
+        };
+        let Action::SetKsm { settings, .. } = &action else {
+            return;
+        };
+        let done = futures::FutureExt::now_or_never(write).expect("finished");
+        let result = self.ksm_result(settings, done);
+        self.log_action(&action, Some(&result), " (returned after its tick)");
+    }
+
+    /// A KSM write's result; the engine told of the knobs written.
+    fn ksm_result(
+        &mut self,
+        settings: &KsmSettings,
+        done: Result<std::io::Result<()>, tokio::task::JoinError>,
+    ) -> Result<(), BackendError> {
+        let result = match done {
+            Ok(written) => written.map_err(|e| BackendError::Io(e.to_string())),
+            Err(e) => Err(BackendError::Io(format!(
+                "the KSM write ended abnormally: {e}"
+            ))),
+        };
+        if result.is_ok() {
+            self.engine.ksm_applied(settings);
+        }
+        result
     }
 
     /// Count and log a balloon command answered after the tick that sent it.
