@@ -119,6 +119,22 @@ pub fn zoneinfo_high_pages(text: &str) -> Option<u64> {
     highs.fold(None, |sum, high| Some(sum.unwrap_or(0) + high))
 }
 
+/// [`zoneinfo_high_pages`] of node `node`'s zones only (those after a `Node N, zone`
+/// line naming it).
+pub fn zoneinfo_high_pages_on(text: &str, node: i32) -> Option<u64> {
+    let mut ours = false;
+    let mut zones = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Node ") {
+            ours = rest.split(',').next().and_then(|n| n.trim().parse().ok()) == Some(node);
+        } else if ours {
+            zones.push_str(line);
+            zones.push('\n');
+        }
+    }
+    zoneinfo_high_pages(&zones)
+}
+
 /// The kernel's page size, the unit of /proc/zoneinfo, statm and pagemap.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
@@ -765,6 +781,16 @@ garbage
         assert_eq!(zoneinfo_high_pages("      high:  203\n"), None);
         assert_eq!(zoneinfo_high_pages("        high     x\n"), None);
         assert_eq!(zoneinfo_high_pages(""), None);
+
+        // A node's own zones only.
+        assert_eq!(
+            zoneinfo_high_pages_on(&text, 0),
+            Some(30 + 6116 + 19195 + 32)
+        );
+        let two = format!("{one}Node 1, zone   Normal\n        high     40\n");
+        assert_eq!(zoneinfo_high_pages_on(&two, 0), Some(14));
+        assert_eq!(zoneinfo_high_pages_on(&two, 1), Some(40));
+        assert_eq!(zoneinfo_high_pages_on(&two, 2), None);
     }
 
     #[test]

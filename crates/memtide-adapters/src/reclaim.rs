@@ -21,7 +21,7 @@ pub enum ReclaimError {
         "{0}: not a cgroup v2 mount (memory.reclaim needs cgroup v2; set [reclaim] cgroup_root)"
     )]
     NotV2Mount(PathBuf),
-    /// Its cgroup holds other processes too: reclaim would take theirs.
+    /// Its cgroup, or one below it, holds other processes too: reclaim would take theirs.
     #[error(
         "{0}: the VM's cgroup holds other processes too (give its QEMU a cgroup of its own, \
          or set [[vm]] reclaim_cgroup)"
@@ -76,9 +76,38 @@ pub fn cgroup_of(proc: &Path, root: &Path, pid: u32) -> Result<PathBuf, ReclaimE
     let dir = root.join(path);
     let procs = read(&dir.join("cgroup.procs"))?;
     match procs.split_whitespace().collect::<Vec<_>>()[..] {
-        [one] if one == pid.to_string() => Ok(dir),
+        [one] if one == pid.to_string() && !busy_below(&dir)? => Ok(dir),
         _ => Err(ReclaimError::Shared(dir)),
     }
+}
+
+/// The most cgroups below a VM's looked through for processes.
+const MAX_BELOW: usize = 4096;
+
+/// True when a cgroup below `dir` holds a process (or there are more than [`MAX_BELOW`]
+/// to look through): their memory is charged to `dir` too, and cgroup v2 allows
+/// processes beside children that enable no controller.
+fn busy_below(dir: &Path) -> Result<bool, ReclaimError> {
+    let mut todo = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(cgroup) = todo.pop() {
+        let entries = std::fs::read_dir(&cgroup).map_err(|error| ReclaimError::Io {
+            path: cgroup.clone(),
+            error,
+        })?;
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            seen += 1;
+            let child = entry.path();
+            if seen > MAX_BELOW || !read(&child.join("cgroup.procs"))?.trim().is_empty() {
+                return Ok(true);
+            }
+            todo.push(child);
+        }
+    }
+    Ok(false)
 }
 
 /// Refaults counted in `memory.stat`: anonymous and file refaults (Linux 5.9+), or the
@@ -218,6 +247,15 @@ mod tests {
         );
         let gone = cgroup_of(&proc, &cg, 45).unwrap_err().to_string();
         assert!(gone.contains("45/cgroup: No such file"), "{gone}");
+
+        // Children without processes are its own; a process below is charged to it too.
+        std::fs::create_dir_all(cg.join("vms/a/idle/deeper")).unwrap();
+        std::fs::write(cg.join("vms/a/idle/cgroup.procs"), "").unwrap();
+        std::fs::write(cg.join("vms/a/idle/deeper/cgroup.procs"), "").unwrap();
+        assert_eq!(cgroup_of(&proc, &cg, 42).unwrap(), cg.join("vms/a"));
+        std::fs::write(cg.join("vms/a/idle/deeper/cgroup.procs"), "99\n").unwrap();
+        let below = cgroup_of(&proc, &cg, 42).unwrap_err().to_string();
+        assert!(below.contains("holds other processes too"), "{below}");
     }
 
     #[test]

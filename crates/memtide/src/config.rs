@@ -1123,6 +1123,15 @@ impl Config {
                 return bad("tiering.slow_node", message);
             }
         }
+        // Two trackers marking the same pages idle each miss the accesses made between
+        // the other's scan and their own: pages look colder than they are, and hot ones
+        // are demoted.
+        if t.place && matches!(self.sample_access(), AccessSampling::Idle { .. }) {
+            let message = "placement tracks guest pages by idle page tracking, and so does \
+                           this sampling: each would miss the accesses the other clears; set \
+                           sample_access = \"clear_refs\" or false while [tiering] place is on";
+            return bad("host.sample_access", message.into());
+        }
         Ok(())
     }
 
@@ -2072,6 +2081,12 @@ mod tests {
             (
                 "[tiering]\nfast_node = 1\nslow_node = 1\n",
                 "tiering.slow_node: node 1 is the fast node too",
+            ),
+            (
+                "[host]\nsample_access = \"idle\"\n[tiering]\nplace = true\n",
+                "host.sample_access: placement tracks guest pages by idle page tracking, and so \
+                 does this sampling: each would miss the accesses the other clears; set \
+                 sample_access = \"clear_refs\" or false while [tiering] place is on",
             ),
             (
                 "[[vm]]\nname = \"a\"\npid = 7\n",

@@ -78,7 +78,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         let at = start.elapsed();
         let mut m = placer.measure(at, &age)?;
         let tier = FastTier {
-            free: placement::free_on(&options.sys, nodes.fast)?,
+            free: placement::free_on(&options.proc, &options.sys, nodes.fast)?,
             reserve: Bytes::ZERO,
         };
         let vm = m.vm("", 1, Some(options.budget));

@@ -57,12 +57,22 @@ pub fn check_nodes(sys: &Path, nodes: Nodes) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Free memory on node `node` (its sysfs `meminfo`'s `MemFree`).
-pub fn free_on(sys: &Path, node: i32) -> anyhow::Result<Bytes> {
+/// Free memory on node `node` that pages may be moved into: its sysfs `meminfo`'s
+/// `MemFree` above its zones' high watermarks (`proc`'s zoneinfo; none taken where it
+/// cannot be read). Below the low watermark kswapd reclaims, and the memory it would
+/// take is other VMs' and the host's: moves never take the node there.
+pub fn free_on(proc: &Path, sys: &Path, node: i32) -> anyhow::Result<Bytes> {
     let meminfo = sys.join(format!("devices/system/node/node{node}/meminfo"));
-    std::fs::read_to_string(&meminfo)
+    let free = std::fs::read_to_string(&meminfo)
         .map(|t| tiers::node_meminfo(&t).1)
-        .with_context(|| meminfo.display().to_string())
+        .with_context(|| meminfo.display().to_string())?;
+    let kept = std::fs::read_to_string(proc.join("zoneinfo"))
+        .ok()
+        .and_then(|t| procfs::zoneinfo_high_pages_on(&t, node))
+        .map_or(Bytes::ZERO, |pages| {
+            Bytes(pages.saturating_mul(procfs::page_size()))
+        });
+    Ok(free - kept)
 }
 
 /// A process's pages, tracked from one interval to the next.
@@ -302,46 +312,59 @@ impl Placer {
     }
 
     /// Move the pages that carry out `placement` (nothing after a first scan), and
-    /// record where they went in `m`.
+    /// record where they went in `m`. Promotions count on the room the demotions make:
+    /// as many fewer are made as demotions failed (pinned or busy pages).
     pub fn carry_out(&mut self, m: &mut Measured, placement: &Placement) -> anyhow::Result<Moved> {
         let mut moved = Moved::default();
         if m.first {
             return Ok(moved);
         }
-        let Nodes { fast, slow } = self.nodes;
-        let (down, up) = tiering::pick_pages(
+        let (down, mut up) = tiering::pick_pages(
             &m.pages,
             placement.demote.0 / m.page,
             placement.promote.0 / m.page,
             m.least,
         );
-        for (chosen, to, count) in [
-            (down, slow, &mut moved.demoted),
-            (up, fast, &mut moved.promoted),
-        ] {
-            let which: Vec<usize> = chosen.iter().map(|&k| m.placed[k]).collect();
-            if which.is_empty() {
+        self.move_to(m, &down, self.nodes.slow, &mut moved)?;
+        let short = down.len() - moved.demoted as usize;
+        up.truncate(up.len().saturating_sub(short));
+        self.move_to(m, &up, self.nodes.fast, &mut moved)?;
+        Ok(moved)
+    }
+
+    /// Move the `chosen` pages of `m` to node `to`, counted in `moved`.
+    fn move_to(
+        &mut self,
+        m: &mut Measured,
+        chosen: &[usize],
+        to: i32,
+        moved: &mut Moved,
+    ) -> anyhow::Result<()> {
+        let which: Vec<usize> = chosen.iter().map(|&k| m.placed[k]).collect();
+        if which.is_empty() {
+            return Ok(());
+        }
+        let at: Vec<u64> = which.iter().map(|&i| m.addrs[i]).collect();
+        self.same()?;
+        let after = migrate::move_to(self.pid, &at, to).map_err(|e| self.gone(e.into()))?;
+        for (&i, s) in which.iter().zip(after) {
+            if s != to {
+                moved.failed += 1;
                 continue;
             }
-            let at: Vec<u64> = which.iter().map(|&i| m.addrs[i]).collect();
-            self.same()?;
-            let after = migrate::move_to(self.pid, &at, to).map_err(|e| self.gone(e.into()))?;
-            for (&i, s) in which.iter().zip(after) {
-                if s == to {
-                    *count += 1;
-                    m.status[i] = s;
-                    let page = m.addrs[i] / m.page;
-                    if to == slow {
-                        self.demoted.mark(page);
-                    } else if self.demoted.take(page) {
-                        moved.returned += 1;
-                    }
-                } else {
-                    moved.failed += 1;
+            m.status[i] = s;
+            let page = m.addrs[i] / m.page;
+            if to == self.nodes.slow {
+                moved.demoted += 1;
+                self.demoted.mark(page);
+            } else {
+                moved.promoted += 1;
+                if self.demoted.take(page) {
+                    moved.returned += 1;
                 }
             }
         }
-        Ok(moved)
+        Ok(())
     }
 
     /// Adapt the process's cold age `age` to an interval's moves (`moved`, carried out on
@@ -414,6 +437,30 @@ pub fn comm(proc: &Path, pid: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_nodes_free_memory_is_what_is_above_its_high_watermarks() {
+        let (proc, sys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let node0 = sys.path().join("devices/system/node/node0");
+        std::fs::create_dir_all(&node0).unwrap();
+        std::fs::write(node0.join("meminfo"), "Node 0 MemFree: 1048576 kB\n").unwrap();
+        let free = |proc: &Path| free_on(proc, sys.path(), 0).unwrap();
+        assert_eq!(
+            free(proc.path()),
+            Bytes::from_gib(1),
+            "no zoneinfo: MemFree"
+        );
+        let zoneinfo = "Node 0, zone   Normal\n        high     1000\n\
+                        Node 1, zone   Normal\n        high     7\n";
+        std::fs::write(proc.path().join("zoneinfo"), zoneinfo).unwrap();
+        let page = procfs::page_size();
+        assert_eq!(free(proc.path()), Bytes::from_gib(1) - Bytes(1000 * page));
+        let missing = free_on(proc.path(), sys.path(), 3).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("node3/meminfo"),
+            "{missing:#}"
+        );
+    }
 
     /// A page far into a sixth chunk.
     const FAR: u64 = 5 * Marks::CHUNK + 63;

@@ -226,9 +226,9 @@ impl Daemon {
     /// The VMs to place ([`place::targets`]).
     fn place_targets(&self, snapshot: &Snapshot) -> Vec<place::Target> {
         let known = |vm: &str| {
-            let (pid, config) = self.fleet.process(vm)?;
+            let (_, config) = self.fleet.process(vm)?;
             Some(place::Known {
-                pid,
+                process: self.fleet.hypervisor(vm),
                 config,
                 configured: self.fleet.configured(vm),
             })

@@ -105,6 +105,9 @@ pub struct Target {
     /// Configured by `pid` (fixed until the daemon restarts), not a connected VM's
     /// hypervisor: another process at that pid is not placed.
     pub fixed: bool,
+    /// A connected VM's hypervisor's start time when it connected: a process at its pid
+    /// started at another time (its pid taken since) is not placed.
+    pub started: Option<u64>,
 }
 
 /// One pass of `placer` over `targets`, as the daemon runs it off the runtime: a panic
@@ -136,8 +139,8 @@ fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 
 /// A connected VM as the fleet knows it.
 pub struct Known<'a> {
-    /// Its hypervisor's process, when known.
-    pub pid: Option<u32>,
+    /// Its hypervisor's process and its start time when the VM connected, when known.
+    pub process: Option<(u32, u64)>,
     /// Its `[[vm]]` entry, if any.
     pub config: Option<&'a crate::config::VmConfig>,
     /// Its configured size as last sampled, if ever.
@@ -145,7 +148,7 @@ pub struct Known<'a> {
 }
 
 /// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
-/// hypervisor's process is known — one whose sample failed this tick keeps its place,
+/// hypervisor's process and start time are known — one whose sample failed this tick keeps its place,
 /// with the size last sampled — then each configured by `pid`.
 pub fn targets<'a>(
     vms: &[memtide_core::VmSnapshot],
@@ -159,13 +162,15 @@ pub fn targets<'a>(
             Ok(sample) => sample.configured,
             Err(_) => k.configured?,
         };
+        let (pid, started) = k.process?;
         Some(Target {
             vm: vm.name.clone(),
-            pid: i32::try_from(k.pid?).ok()?,
+            pid: i32::try_from(pid).ok()?,
             mappings: Mappings::GuestRam(configured),
             shares: vm.limits.shares,
             budget: k.config.and_then(budget),
             fixed: false,
+            started: Some(started),
         })
     });
     let by_pid = config.vms.iter().filter_map(|c| {
@@ -176,6 +181,7 @@ pub fn targets<'a>(
             shares: c.shares.unwrap_or(config.defaults.shares),
             budget: budget(c),
             fixed: true,
+            started: None,
         })
     });
     connected.chain(by_pid).collect()
@@ -579,6 +585,7 @@ impl TierPlacer {
                 a.is_ok()
                     && &t.vm == vm
                     && t.pid == p.pid()
+                    && t.started.is_none_or(|s| s == p.started())
                     && procfs::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
             })
         });
@@ -587,7 +594,7 @@ impl TierPlacer {
             .zip(admitted)
             .map(|(t, a)| a.and_then(|()| self.measure(t, at)))
             .collect();
-        let free = placement::free_on(&self.sys, self.nodes.fast);
+        let free = placement::free_on(&self.proc, &self.sys, self.nodes.fast);
         let placements = match &free {
             Ok(free) => self.divide(targets, &measured, *free),
             Err(_) => vec![None; targets.len()],
@@ -700,7 +707,15 @@ impl TierPlacer {
                 let opened = Placer::open(
                     &self.proc, &self.sys, t.pid, t.mappings, self.ages, self.nodes,
                 );
-                e.insert(opened.map_err(|e| format!("{e:#}"))?)
+                let opened = opened.map_err(|e| format!("{e:#}"))?;
+                if t.started.is_some_and(|s| s != opened.started()) {
+                    return Err(format!(
+                        "process {} is not the hypervisor its VM connected with (it started \
+                         at another time: its pid was taken since)",
+                        t.pid
+                    ));
+                }
+                e.insert(opened)
             }
         };
         let ages = &self.ages;
@@ -881,6 +896,7 @@ mod tests {
             shares: 1000,
             budget: None,
             fixed: false,
+            started: None,
         };
         // A process that does not exist (pids stay below 2^22), and this one on a sysfs
         // without idle page tracking.
@@ -911,6 +927,7 @@ mod tests {
             shares: 1000,
             budget: None,
             fixed,
+            started: None,
         }
     }
 
@@ -1012,12 +1029,15 @@ mod tests {
                 _ => return None,
             };
             Some(Known {
-                pid,
+                process: pid.map(|pid| (pid, 7)),
                 config: None,
                 configured,
             })
         };
         let got = targets(&vms, known, &config);
+        for t in &got {
+            assert_eq!(t.started, (!t.fixed).then_some(7), "{}", t.vm);
+        }
         let summary: Vec<_> = got
             .iter()
             .map(|t| {
@@ -1077,8 +1097,10 @@ mod tests {
     /// than the longest age loses that (the age lived in the tracker, and one failed scan
     /// sent the VM back to the least). This process is the VM, on a procfs that links to
     /// the real one.
-    #[test]
-    fn a_failed_scan_keeps_the_vms_cold_age_until_the_vm_is_gone() {
+    /// A placer over this process, on a procfs linking to the real one (the process and
+    /// kpageflags: root reads page frame numbers) and a sysfs with an idle bitmap and node
+    /// 0: the placer, the procfs and sysfs, and the process's link.
+    fn placer_over_this_process() -> (TierPlacer, [tempfile::TempDir; 2], std::path::PathBuf) {
         let (proc, sys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let me = std::process::id() as i32;
         let link = proc.path().join(me.to_string());
@@ -1092,18 +1114,52 @@ mod tests {
         std::fs::write(node0.join("meminfo"), "Node 0 MemFree: 1048576 kB\n").unwrap();
         let nodes = Nodes { fast: 0, slow: 1 };
         let config = TieringConfig::default();
-        let mut p = TierPlacer::new(nodes, &config, proc.path().into(), sys.path().into());
+        let p = TierPlacer::new(nodes, &config, proc.path().into(), sys.path().into());
+        (p, [proc, sys], link)
+    }
+
+    /// A connected VM whose pid another process took since it connected is not placed:
+    /// the process at the pid started at another time.
+    #[test]
+    #[ignore = "reads page frame numbers: needs root"]
+    fn a_process_that_took_a_vms_pid_is_not_placed() {
+        let (mut p, _dirs, _) = placer_over_this_process();
+        let me = std::process::id() as i32;
+        let started = procfs::start_time(std::path::Path::new("/proc"), me).unwrap();
+        let vm = |started| Target {
+            started: Some(started),
+            ..target("vm", me, false)
+        };
+        let taken = p.pass(&[vm(started + 1)], Duration::from_secs(1), false);
+        assert_eq!(
+            taken[0].done,
+            Done::Failed(format!(
+                "process {me} is not the hypervisor its VM connected with (it started at \
+                 another time: its pid was taken since)"
+            ))
+        );
+        assert!(p.placers.is_empty());
+        let own = p.pass(&[vm(started)], Duration::from_secs(2), false);
+        assert!(matches!(own[0].done, Done::First(_)), "{:?}", own[0].done);
+    }
+
+    #[test]
+    #[ignore = "reads page frame numbers: needs root"]
+    fn a_failed_scan_keeps_the_vms_cold_age_until_the_vm_is_gone() {
+        let (mut p, _dirs, link) = placer_over_this_process();
+        let me = std::process::id() as i32;
         let vm = [target("vm", me, false)];
         let first = p.pass(&vm, Duration::from_secs(1), false);
         let least = Some(Age {
             age_s: 30.0,
             adaptive: true,
         });
-        match &first[0].done {
-            Done::First(_) => assert_eq!(first[0].cold_age, least),
-            // No NUMA in this kernel, or no kpageflags to read: nothing to check here.
-            done => return eprintln!("skipped: {done:?}"),
-        }
+        assert!(
+            matches!(first[0].done, Done::First(_)),
+            "{:?}",
+            first[0].done
+        );
+        assert_eq!(first[0].cold_age, least);
         // The VM's promotions have raised its age.
         let (age, _) = p.learnt.get_mut("vm").unwrap();
         let (ws, dt) = (Bytes::from_mib(100), 60.0);

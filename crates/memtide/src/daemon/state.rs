@@ -679,6 +679,7 @@ mod tests {
             shares: 1000,
             budget: None,
             fixed: true,
+            started: None,
         };
         placer.pass(&[batch], Duration::from_secs(1), false);
         placer.ages().get("batch").copied()
