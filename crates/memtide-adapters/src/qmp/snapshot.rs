@@ -547,7 +547,7 @@ impl<'a> Incoming<'a> {
 }
 
 /// Start the VM again from the snapshot in `dir`, written in `format`: its launch command
-/// with `-incoming defer` and memtide's monitor added, detached in a session of its own; the snapshot
+/// with `-incoming defer` and memtide's monitor added, in a process group of its own; the snapshot
 /// migrated in; the guest resumed when it was running at the save. A QEMU that fails to
 /// restore is killed, the last lines of its output in the error.
 pub async fn restore(
@@ -720,7 +720,8 @@ async fn start_incoming(
         .stdin(std::process::Stdio::null())
         .stdout(output.try_clone().map_err(io)?)
         .stderr(output);
-    // Its own session: the VM outlives the command that started it.
+    // Its own process group: a signal to the starting command's group (Ctrl-C) does not
+    // reach it, and the VM outlives the command.
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .spawn()
