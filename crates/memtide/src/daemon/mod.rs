@@ -604,7 +604,7 @@ impl Daemon {
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))
             .await;
         self.reclaim(&snapshot, &decision).await;
-        self.restore_huge_pages(&snapshot).await;
+        self.restore_huge_pages(&snapshot, decision.host.need).await;
         self.place(&snapshot).await;
         self.hibernate_idle(&snapshot, &decision);
         self.restore_waiting(&decision.host);

@@ -5,6 +5,7 @@
 use super::{hugepages, place, reclaim, Daemon};
 use crate::status::Placed;
 use memtide_core::reclaim::Keep;
+use memtide_core::need::{Need, NeedLevel};
 use memtide_core::{Bytes, Decision, Snapshot};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -101,9 +102,11 @@ impl Daemon {
     /// Guest RAM back in huge pages (`[host] restore_huge_pages`) for the VMs whose
     /// balloon gave memory back lately: one pass over them off the runtime, not waited
     /// for, none beside one still running (in a dry run, counting what it would ask
-    /// for); each is logged and counted when it has ended. A kernel that refuses the
-    /// advice (before 6.1, no CAP_SYS_NICE) turns it off.
-    pub(super) async fn restore_huge_pages(&mut self, snapshot: &Snapshot) {
+    /// for); each is logged and counted when it has ended. None starts while the host is
+    /// short (`need`): `MADV_COLLAPSE` finds each huge page by compaction and reclaim,
+    /// whatever the THP settings. A kernel that refuses the advice (before 6.1, no
+    /// CAP_SYS_NICE) turns it off.
+    pub(super) async fn restore_huge_pages(&mut self, snapshot: &Snapshot, need: Option<Need>) {
         if self.collapsing.as_ref().is_some_and(|p| p.is_finished()) {
             if let Some(pass) = self.collapsing.take() {
                 self.collapsed(pass).await;
@@ -118,7 +121,8 @@ impl Daemon {
             (vm.name.as_str(), actual)
         });
         let due = restore.due(snapshot.at, actuals);
-        if self.collapsing.is_some() {
+        let short = need.is_some_and(|n| n.level == NeedLevel::Short);
+        if self.collapsing.is_some() || short {
             return;
         }
         let targets: Vec<hugepages::Target> = snapshot
