@@ -29,51 +29,80 @@ pub fn read(dir: &Path) -> Option<KsmState> {
     })
 }
 
+/// A KSM write that failed: why, and the knobs it left as it wrote them (their old value
+/// could not be written back, or was not known), which are now as memtide set them.
+#[derive(Debug)]
+pub struct WriteError {
+    /// Why, naming the file, and what was set back or could not be.
+    pub error: std::io::Error,
+    /// The knobs left written.
+    pub left: KsmSettings,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for WriteError {}
+
 /// Write the knobs that are set, tuning knobs first and `run` last, so ksmd starts with
-/// its new settings. All or nothing: at the first failure (naming the file) the knobs
-/// already written get their earlier values back, so a refused write leaves no half-applied
-/// setting behind.
-pub fn write(dir: &Path, settings: &KsmSettings) -> std::io::Result<()> {
+/// its new settings. All or nothing where it can be: at the first failure (naming the
+/// file) the knobs already written get their earlier values back, so a refused write
+/// leaves no half-applied setting behind; those that cannot are in the error's `left`.
+pub fn write(dir: &Path, settings: &KsmSettings) -> Result<(), WriteError> {
     let knobs = [
         ("merge_across_nodes", settings.merge_across_nodes),
         ("pages_to_scan", settings.pages_to_scan),
         ("sleep_millisecs", settings.sleep_millisecs),
         ("run", settings.run),
     ];
-    let mut written: Vec<(&str, String)> = Vec::new();
+    let mut written: Vec<(&str, u64, Option<String>)> = Vec::new();
     for (name, value) in knobs {
         let Some(v) = value else { continue };
         let path = dir.join(name);
-        let before = std::fs::read_to_string(&path);
+        let before = std::fs::read_to_string(&path).ok();
         if let Err(e) = std::fs::write(&path, format!("{v}\n")) {
-            let undone = undo(dir, &written);
-            let msg = format!("{}: {e}{undone}", path.display());
-            return Err(std::io::Error::new(e.kind(), msg));
+            let (undone, left) = undo(dir, &written);
+            let error = std::io::Error::new(e.kind(), format!("{}: {e}{undone}", path.display()));
+            return Err(WriteError { error, left });
         }
-        if let Ok(before) = before {
-            written.push((name, before));
-        }
+        written.push((name, v, before));
     }
     Ok(())
 }
 
-/// Put back the earlier values of the knobs written before a failure; says what it did.
-fn undo(dir: &Path, written: &[(&str, String)]) -> String {
-    if written.is_empty() {
-        return String::new();
+/// Put back the earlier values of the knobs written before a failure: what it did, in
+/// words, and the knobs it could not put back.
+fn undo(dir: &Path, written: &[(&str, u64, Option<String>)]) -> (String, KsmSettings) {
+    let mut left = KsmSettings::default();
+    let (mut back, mut stuck) = (Vec::new(), Vec::new());
+    for (name, value, before) in written.iter().rev() {
+        let restored = before
+            .as_ref()
+            .is_some_and(|b| std::fs::write(dir.join(name), b).is_ok());
+        if restored {
+            back.push(*name);
+            continue;
+        }
+        stuck.push(*name);
+        let knob = match *name {
+            "merge_across_nodes" => &mut left.merge_across_nodes,
+            "pages_to_scan" => &mut left.pages_to_scan,
+            "sleep_millisecs" => &mut left.sleep_millisecs,
+            _ => &mut left.run,
+        };
+        *knob = Some(*value);
     }
-    let failed: Vec<&str> = written
-        .iter()
-        .rev()
-        .filter(|(name, before)| std::fs::write(dir.join(name), before).is_err())
-        .map(|(name, _)| *name)
-        .collect();
-    let names: Vec<&str> = written.iter().map(|(n, _)| *n).collect();
-    if failed.is_empty() {
-        format!(" ({} set back)", names.join(", "))
-    } else {
-        format!(" ({} could not be set back)", failed.join(", "))
+    let mut said = String::new();
+    if !back.is_empty() {
+        said += &format!(" ({} set back)", back.join(", "));
     }
+    if !stuck.is_empty() {
+        said += &format!(" ({} could not be set back)", stuck.join(", "));
+    }
+    (said, left)
 }
 
 #[cfg(test)]
@@ -157,13 +186,43 @@ mod tests {
             sleep_millisecs: Some(10),
             ..KsmSettings::default()
         };
-        let err = write(dir.path(), &s).unwrap_err().to_string();
-        assert!(err.contains("sleep_millisecs: "), "{err}");
-        assert!(err.ends_with("(pages_to_scan set back)"), "{err}");
+        let err = write(dir.path(), &s).unwrap_err();
+        let said = err.to_string();
+        assert!(said.contains("sleep_millisecs: "), "{said}");
+        assert!(said.ends_with("(pages_to_scan set back)"), "{said}");
+        assert_eq!(err.left, KsmSettings::default(), "nothing left written");
         let get = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
         assert_eq!(
             (get("pages_to_scan"), get("run")),
             ("100\n".into(), "0\n".into())
+        );
+    }
+
+    #[test]
+    fn a_knob_that_cannot_be_set_back_is_named_and_left_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        // merge_across_nodes cannot be read before it is written (no earlier value to
+        // put back); pages_to_scan can.
+        std::fs::write(dir.path().join("pages_to_scan"), "100\n").unwrap();
+        std::fs::create_dir(dir.path().join("sleep_millisecs")).unwrap();
+        let s = KsmSettings {
+            merge_across_nodes: Some(0),
+            pages_to_scan: Some(400),
+            sleep_millisecs: Some(10),
+            ..KsmSettings::default()
+        };
+        let err = write(dir.path(), &s).unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.ends_with("(pages_to_scan set back) (merge_across_nodes could not be set back)"),
+            "{said}"
+        );
+        assert_eq!(
+            err.left,
+            KsmSettings {
+                merge_across_nodes: Some(0),
+                ..KsmSettings::default()
+            }
         );
     }
 }

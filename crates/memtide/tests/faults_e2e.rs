@@ -113,13 +113,30 @@ fn is_fresh(rule: &Value) -> bool {
 
 /// Events about the guest of `kind` whose message contains `text`.
 fn logged(daemon: &Daemon, kind: &str, text: &str) -> usize {
+    logged_since(daemon, 0, kind, text).len()
+}
+
+/// Events about the guest of `kind` whose message contains `text`, from the `from`th
+/// event of the log on (its length before a fault: only what came after it).
+fn logged_since(daemon: &Daemon, from: usize, kind: &str, text: &str) -> Vec<Value> {
     daemon
         .event_log()
-        .iter()
+        .into_iter()
+        .skip(from)
         .filter(|e| {
             e["vm"] == "g" && e["kind"] == kind && e["message"].as_str().unwrap().contains(text)
         })
-        .count()
+        .collect()
+}
+
+/// When an event was logged, in seconds since the Unix epoch.
+fn unix_s(event: &Value) -> f64 {
+    let ts = event["ts"].as_str().expect("an event's time");
+    humantime::parse_rfc3339_weak(ts)
+        .unwrap_or_else(|e| panic!("event time {ts}: {e}"))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 #[test]
@@ -135,40 +152,57 @@ fn a_guest_reset_during_an_inflation_starts_it_afresh() {
     let target = inflating(&daemon);
     let fds = daemon.steady_fds();
     let at = qmp.balloon_mib().unwrap();
+    // Only what is logged and decided from the reset on counts: the inflation under way
+    // began with a fresh rule of its own.
+    let before = daemon.event_log().len();
     qmp.execute("system_reset", None).expect("system_reset");
     let fault = Instant::now();
     eprintln!("reset with QEMU at {at:.0} MiB, inflating to {target:.0} MiB");
 
-    // The reset is seen, the guest reboots, and memtide starts it afresh.
-    let mut rules = Vec::new();
-    let seen = support::wait_for(Duration::from_secs(30), || {
-        let s = daemon.try_status()?;
-        rules.extend(rule(&s).map(str::to_string));
-        (logged(&daemon, "diagnostic", "guest reset") > 0).then_some(())
+    // The reset is seen, the guest reboots, and memtide starts it afresh. Each status's
+    // rule is kept with when its decision was published: the reset's own tick logs its
+    // diagnostic before it publishes, so the decisions published from the diagnostic's
+    // time on are those made with the reset known.
+    let mut decided: Vec<(f64, String)> = Vec::new();
+    let mut note = |s: Option<Value>| {
+        if let Some(s) = s {
+            if let (Some(at), Some(r)) = (s["last_decision_unix_s"].as_f64(), rule(&s)) {
+                decided.push((at, r.to_string()));
+            }
+        }
+    };
+    let reset_at = support::wait_for(Duration::from_secs(30), || {
+        note(daemon.try_status());
+        logged_since(&daemon, before, "diagnostic", "guest reset")
+            .first()
+            .map(unix_s)
     });
-    assert!(seen.is_some(), "the reset is not in the event log");
+    let reset_at = reset_at.expect("the reset is not in the event log");
     support::wait_for::<()>(3 * TICK, || {
-        rules.extend(
-            daemon
-                .try_status()
-                .as_ref()
-                .and_then(rule)
-                .map(str::to_string),
-        );
+        note(daemon.try_status());
         None
     });
     guest.wait_console(READY, 2, Duration::from_secs(120));
-    let (_, _) = managed_again(&daemon, fault, Instant::now(), |_| true);
-    let started = daemon
+    let (again, _) = managed_again(&daemon, fault, Instant::now(), |_| true);
+    note(Some(again));
+    let mut rules: Vec<String> = decided
+        .into_iter()
+        .filter(|(at, _)| *at >= reset_at)
+        .map(|(_, r)| r)
+        .collect();
+    let started: Vec<String> = daemon
         .event_log()
-        .iter()
-        .any(|e| e["vm"] == "g" && e["kind"] == "action" && is_fresh(&e["rule"]));
-    let fresh = started || rules.iter().any(|r| is_fresh(&Value::from(r.as_str())));
+        .into_iter()
+        .skip(before)
+        .filter(|e| e["vm"] == "g" && e["kind"] == "action" && is_fresh(&e["rule"]))
+        .map(|e| e["rule"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let fresh = !started.is_empty() || rules.iter().any(|r| is_fresh(&Value::from(r.as_str())));
     rules.dedup();
-    eprintln!("rules from the reset on: {rules:?}");
+    eprintln!("rules decided from the reset on: {rules:?}; fresh actions logged: {started:?}");
     assert!(
         fresh,
-        "no fresh start after the reset; rules seen: {rules:?}"
+        "no fresh start after the reset; rules decided from it on: {rules:?}"
     );
     no_exit_no_leak(&mut daemon, fds);
 }
@@ -199,6 +233,9 @@ fn the_guest_agent_killed_in_the_guest_and_started_again() {
         with_agent,
     );
     let fds = daemon.steady_fds();
+    // Only the diagnostics from the fault on count (not one from before the agent first
+    // answered): the log's length while the agent still serves.
+    let before = daemon.event_log().len();
 
     guest.wait_console(KILLED, 1, Duration::from_secs(30));
     let fault = Instant::now();
@@ -213,8 +250,8 @@ fn the_guest_agent_killed_in_the_guest_and_started_again() {
     let recovered = Instant::now();
     managed_again(&daemon, fault, recovered, with_agent);
     assert!(
-        logged(&daemon, "diagnostic", "guest agent") > 0,
-        "the agent's failure is in the event log"
+        !logged_since(&daemon, before, "diagnostic", "guest agent").is_empty(),
+        "the agent's failure is not in the event log after it was killed"
     );
     no_exit_no_leak(&mut daemon, fds);
 }

@@ -136,9 +136,13 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
     // claims all it holds and the host backs all of it, which proves nothing (it was once
     // believed again there, grew back to its full size and pushed the honest guest below
     // its commitment).
+    // Counted, so that a status that never answers, or an honest agent that never does,
+    // cannot let the watch pass unchecked: most rounds must have checked each guest.
     let until = std::time::Instant::now() + Duration::from_secs(30);
+    let (mut rounds, mut liar_checked, mut honest_checked) = (0u32, 0u32, 0u32);
     while std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_secs(1));
+        rounds += 1;
         let Some(s) = daemon.try_status() else {
             continue;
         };
@@ -148,14 +152,29 @@ fn a_guest_lying_through_its_agent_takes_nothing_from_its_honest_neighbour() {
             "the liar stays below its claim: {}",
             l["reason"]
         );
+        liar_checked += 1;
         if let (Some(target), Some(committed)) = (mib(h, "target"), mib(h, "committed_as")) {
             assert!(
                 target >= committed,
                 "the honest guest keeps what it committed: {target} MiB of {committed} ({})",
                 h["reason"]
             );
+            honest_checked += 1;
         }
     }
+    eprintln!(
+        "stays found out: {rounds} rounds, the liar checked in {liar_checked}, the honest \
+         guest in {honest_checked}"
+    );
+    assert!(
+        liar_checked * 4 >= rounds * 3,
+        "the liar checked in only {liar_checked} of {rounds} rounds (no status in the others)"
+    );
+    assert!(
+        honest_checked * 2 > rounds,
+        "the honest guest checked in only {honest_checked} of {rounds} rounds (no target or \
+         committed figure in the others)"
+    );
     let metrics = support::http_get(port, "/metrics");
     assert!(
         metrics.contains("memtide_diagnostics_total{kind=\"unbacked_claim\"}"),

@@ -400,8 +400,8 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
     let ((in_before, out_before), refaulted_before) = (g.swap_disk(), g.refaulted());
     let mark = g.mark(log_c);
     let actual = |qmp: &mut Qmp| (qmp.balloon_mib().unwrap() * MIB as f64) as u64;
+    let mut excess = g.usage(VM).saturating_sub(kept);
     for _ in 0..6 {
-        let excess = g.usage(VM).saturating_sub(kept);
         if excess <= 2 * MIB {
             break;
         }
@@ -418,6 +418,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
             last = now;
             settled.then_some(())
         });
+        excess = g.usage(VM).saturating_sub(kept);
     }
     let squeezing = g.rates_since(log_c, mark, f64::INFINITY);
     let balloon = GUEST_MIB * MIB - actual(&mut qmp);
@@ -447,6 +448,18 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
         refaulted_balloon >> 10,
         mib(ctl_usage),
         mib(ctl_usage_end),
+    );
+    assert!(
+        excess <= 2 * MIB,
+        "the balloon squeezed the VM to within 2 MiB of what the zswap arm kept ({} MiB): \
+         {} MiB over after its last round",
+        mib(kept),
+        mib(excess)
+    );
+    assert!(balloon > 0, "the balloon took nothing from the guest");
+    assert!(
+        out_squeeze > 0,
+        "the squeeze sent no pages to the swap disk ({in_squeeze} swapped in)"
     );
     assert!(
         g.meminfo("Zswapped:") <= zswapped_left,

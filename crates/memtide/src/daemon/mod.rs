@@ -47,7 +47,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
 /// A KSM write running off the runtime: its result, when it returns.
-type KsmWrite = tokio::task::JoinHandle<std::io::Result<()>>;
+type KsmWrite = tokio::task::JoinHandle<Result<(), ksm::WriteError>>;
 
 /// The share of the interval a tick waits for samples: a VM whose sample has not
 /// arrived by then is left out of the decision.
@@ -781,22 +781,26 @@ impl Daemon {
         self.log_action(&action, Some(&result), " (returned after its tick)");
     }
 
-    /// A KSM write's result; the engine told of the knobs written.
+    /// A KSM write's result; the engine told of the knobs written (all of them, or those
+    /// a failed write could not set back: otherwise they would read as someone else's).
     fn ksm_result(
         &mut self,
         settings: &KsmSettings,
-        done: Result<std::io::Result<()>, tokio::task::JoinError>,
+        done: Result<Result<(), ksm::WriteError>, tokio::task::JoinError>,
     ) -> Result<(), BackendError> {
-        let result = match done {
-            Ok(written) => written.map_err(|e| BackendError::Io(e.to_string())),
+        match done {
+            Ok(Ok(())) => {
+                self.engine.ksm_applied(settings);
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.engine.ksm_applied(&e.left);
+                Err(BackendError::Io(e.to_string()))
+            }
             Err(e) => Err(BackendError::Io(format!(
                 "the KSM write ended abnormally: {e}"
             ))),
-        };
-        if result.is_ok() {
-            self.engine.ksm_applied(settings);
         }
-        result
     }
 
     /// Count and log a balloon command answered after the tick that sent it.

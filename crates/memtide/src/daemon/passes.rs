@@ -4,8 +4,8 @@
 
 use super::{hugepages, place, reclaim, Daemon};
 use crate::status::Placed;
-use memtide_core::reclaim::Keep;
 use memtide_core::need::{Need, NeedLevel};
+use memtide_core::reclaim::Keep;
 use memtide_core::{Bytes, Decision, Snapshot};
 use std::collections::HashSet;
 use std::time::Duration;
