@@ -78,23 +78,57 @@ pub(crate) fn job(domain: &virt::domain::Domain) -> Result<(i32, Option<i32>), E
     Ok((kind, found.then_some(operation)))
 }
 
-/// Events received for each domain (by name) since it was last drained.
+/// Events received for each domain memtide watches (by name) since it was last drained.
+/// Events of other domains are not kept: on a host that starts and removes domains of
+/// other names all day, they would pile up for as long as the connection lives.
 #[derive(Default)]
-pub(crate) struct Events(Mutex<HashMap<String, Vec<VmEvent>>>);
+pub(crate) struct Events(Mutex<EventQueues>);
+
+#[derive(Default)]
+struct EventQueues {
+    queues: HashMap<String, Vec<VmEvent>>,
+    /// The domains watched, each with how many of memtide's VMs watch it.
+    watched: HashMap<String, usize>,
+}
 
 impl Events {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EventQueues> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn push(&self, domain: String, event: VmEvent) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let queue = map.entry(domain).or_default();
+        let mut events = self.lock();
+        if !events.watched.contains_key(&domain) {
+            return;
+        }
+        let queue = events.queues.entry(domain).or_default();
         if queue.len() < EVENTS_PER_DOMAIN {
             queue.push(event);
         }
     }
 
+    /// Keep the domain's events from now on (those before concern an earlier life of it).
+    pub(crate) fn watch(&self, domain: &str) {
+        let mut events = self.lock();
+        *events.watched.entry(domain.to_string()).or_default() += 1;
+        events.queues.remove(domain);
+    }
+
+    /// Stop keeping the domain's events, once no VM of memtide's watches it.
+    pub(crate) fn unwatch(&self, domain: &str) {
+        let mut events = self.lock();
+        if let Some(n) = events.watched.get_mut(domain) {
+            *n -= 1;
+            if *n == 0 {
+                events.watched.remove(domain);
+                events.queues.remove(domain);
+            }
+        }
+    }
+
     /// The domain's events since the last call.
     pub(crate) fn take(&self, domain: &str) -> Vec<VmEvent> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(domain).unwrap_or_default()
+        self.lock().queues.remove(domain).unwrap_or_default()
     }
 }
 
@@ -327,5 +361,47 @@ impl Libvirt {
     /// The call timeout.
     pub(crate) fn call_timeout(&self) -> Duration {
         self.call_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_watched_domains_events_are_kept_and_each_queue_is_bounded() {
+        let events = Events::default();
+        // A domain of someone else's, started and removed: nothing kept of it.
+        events.push("ci-1234".into(), VmEvent::Reset);
+        events.push("ci-1234".into(), VmEvent::Shutdown);
+        assert!(events.lock().queues.is_empty());
+        assert!(events.take("ci-1234").is_empty());
+
+        // Watched: kept, up to the bound, and drained by each take.
+        events.watch("web");
+        for _ in 0..EVENTS_PER_DOMAIN + 10 {
+            events.push("web".into(), VmEvent::Reset);
+        }
+        assert_eq!(events.take("web").len(), EVENTS_PER_DOMAIN);
+        assert!(events.take("web").is_empty());
+
+        // Watched twice (a VM connected again before the old one went): kept until both
+        // have let it go; a new watch drops what came before it.
+        events.watch("web");
+        events.push("web".into(), VmEvent::Shutdown);
+        events.unwatch("web");
+        events.push("web".into(), VmEvent::Reset);
+        assert_eq!(events.take("web"), [VmEvent::Shutdown, VmEvent::Reset]);
+        events.push("web".into(), VmEvent::Reset);
+        events.watch("web");
+        assert!(
+            events.take("web").is_empty(),
+            "events before a watch are an earlier life's"
+        );
+        events.unwatch("web");
+        events.unwatch("web");
+        events.push("web".into(), VmEvent::Reset);
+        let e = events.lock();
+        assert!(e.queues.is_empty() && e.watched.is_empty());
     }
 }

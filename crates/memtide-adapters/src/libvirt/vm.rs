@@ -79,8 +79,7 @@ impl LibvirtVm {
             })
             .await?;
         }
-        // Events from before this connection concern an earlier life of the domain.
-        session.events.take(name);
+        session.events.watch(name);
         Ok(LibvirtVm {
             agent: description
                 .agent_channel
@@ -109,6 +108,12 @@ impl LibvirtVm {
             self.target = None;
         }
         events
+    }
+}
+
+impl Drop for LibvirtVm {
+    fn drop(&mut self) {
+        self.session.events.unwatch(&self.name);
     }
 }
 
