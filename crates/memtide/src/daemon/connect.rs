@@ -11,6 +11,7 @@ use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Connects to QEMU (QMP), libvirt domains, Firecracker and Cloud Hypervisor.
@@ -18,6 +19,9 @@ pub struct Connectors {
     qmp: QmpVmOptions,
     /// Proxmox VE's VM configurations, where QMP VMs take their bounds from.
     pve_config_dir: Option<PathBuf>,
+    /// One read of a Proxmox VE configuration at a time: a read of a hung pmxcfs keeps
+    /// its thread, and attempts after it wait here instead of each taking another.
+    pve_reads: Arc<tokio::sync::Semaphore>,
     api: ApiVmOptions,
     #[cfg(feature = "libvirt")]
     libvirt: libvirt::Connections,
@@ -37,6 +41,7 @@ impl Connectors {
                 least_sample_window: Duration::from_secs_f64(config.interval_s / 2.0),
             },
             pve_config_dir: config.discovery.pve_config_dir.clone(),
+            pve_reads: Arc::new(tokio::sync::Semaphore::new(1)),
             api: ApiVmOptions {
                 call_timeout: config.call_timeout(),
                 stats_interval_s,
@@ -78,6 +83,32 @@ fn pve_settings(dir: &Path, vmid: &std::ffi::OsStr) -> Result<proxmox::PveMemory
     })
 }
 
+impl Connectors {
+    /// [`pve_memory`] off the runtime, one read at a time, within the call timeout
+    /// (waiting for a read under way included).
+    async fn pve_memory(
+        &self,
+        dir: &Path,
+        socket: &Path,
+    ) -> Result<proxmox::PveMemory, BackendError> {
+        let limit = self.qmp.call_timeout;
+        let read = async {
+            let permit = self.pve_reads.clone().acquire_owned().await;
+            let permit = permit.expect("the semaphore is never closed");
+            let (dir, socket) = (dir.to_path_buf(), socket.to_path_buf());
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                pve_memory(&dir, &socket)
+            })
+            .await
+        };
+        let read = tokio::time::timeout(limit, read)
+            .await
+            .map_err(|_| BackendError::timeout(limit))?;
+        read.map_err(|e| BackendError::Io(e.to_string()))?
+    }
+}
+
 #[async_trait]
 impl Connector for Connectors {
     async fn connect(
@@ -93,15 +124,7 @@ impl Connector for Connectors {
                 // is a FUSE file system (pmxcfs), and one that hangs must not hold every
                 // other VM's task.
                 let pve = match &self.pve_config_dir {
-                    Some(dir) => {
-                        let (dir, socket) = (dir.clone(), socket.clone());
-                        let read = tokio::task::spawn_blocking(move || pve_memory(&dir, &socket));
-                        let limit = self.qmp.call_timeout;
-                        let read = tokio::time::timeout(limit, read)
-                            .await
-                            .map_err(|_| BackendError::timeout(limit))?;
-                        Some(read.map_err(|e| BackendError::Io(e.to_string()))??)
-                    }
+                    Some(dir) => Some(self.pve_memory(dir, socket).await?),
                     None => None,
                 };
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
@@ -269,5 +292,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.ends_with("102.conf: bad memory: \"2G\""), "{bad}");
+    }
+
+    #[tokio::test]
+    async fn a_hung_proxmox_configuration_is_read_by_one_thread_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        // A configuration whose read blocks until something writes it, as a hung pmxcfs.
+        let conf = dir.path().join("101.conf");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &conf, 0o600.into()).unwrap();
+        let mut config = Config::default();
+        config.daemon.call_timeout_ms = 100;
+        config.discovery.pve_config_dir = Some(dir.path().into());
+        let connectors = Connectors::new(&config);
+        let socket = Path::new("/run/memtide/qmp/101.sock");
+        for _ in 0..3 {
+            let e = connectors.pve_memory(dir.path(), socket).await.unwrap_err();
+            assert!(matches!(e, BackendError::Timeout(_)), "{e}");
+        }
+        assert_eq!(
+            connectors.pve_reads.available_permits(),
+            0,
+            "the first read still holds its thread; the others took none"
+        );
+        // pmxcfs answers: the read under way ends, and the next read may start.
+        std::fs::write(&conf, "memory: 2048\n").unwrap();
+        for _ in 0..200 {
+            if connectors.pve_reads.available_permits() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(connectors.pve_reads.available_permits(), 1);
     }
 }
