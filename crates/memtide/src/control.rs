@@ -11,13 +11,13 @@
 
 use crate::accept;
 use crate::config::ControlConfig;
-use crate::status::Status;
+use crate::status::{SharedStatus, Status};
 use anyhow::{bail, Context};
 use memtide_core::backend::AfterSave;
 use serde_json::{json, Value};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -111,7 +111,7 @@ impl Drop for ControlSocket {
 pub async fn serve(
     path: &Path,
     allowed: &ControlConfig,
-    status: Arc<RwLock<Status>>,
+    status: SharedStatus,
     requests: mpsc::Sender<Request>,
 ) -> anyhow::Result<ControlSocket> {
     // Others reach the socket only when some are allowed; the peer check refuses the rest.
@@ -216,7 +216,7 @@ fn bind_private(dir: &Path, path: &Path, mode: u32) -> std::io::Result<UnixListe
 async fn answer(
     stream: UnixStream,
     owner: bool,
-    status: Arc<RwLock<Status>>,
+    status: SharedStatus,
     requests: mpsc::Sender<Request>,
 ) {
     let (read, mut write) = stream.into_split();
@@ -231,7 +231,7 @@ async fn answer(
     let mut out = if request.as_ref().is_ok_and(asks_status) {
         // Written as text straight from the status: a JSON value of it first took 4.6 MiB
         // of the daemon's heap at 500 VMs (heaptrack, the load benchmark).
-        serde_json::to_vec(&*status.read().expect("status lock")).expect("status serializes")
+        serde_json::to_vec(&*status.read()).expect("status serializes")
     } else {
         reply(request, owner, &requests)
             .await
@@ -449,7 +449,9 @@ mod tests {
         let path = dir.path().join("memtide.sock");
         let (requests, _) = mpsc::channel(1);
         let none = ControlConfig::default();
-        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
+        let _socket = serve(&path, &none, SharedStatus::default(), requests)
+            .await
+            .unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let mut buffer = [0; 4096];
@@ -542,7 +544,7 @@ mod tests {
             allow_gids: vec![777],
         };
         let (requests, _) = mpsc::channel(1);
-        let _socket = serve(&path, &allowed, Arc::default(), requests)
+        let _socket = serve(&path, &allowed, SharedStatus::default(), requests)
             .await
             .unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -608,7 +610,7 @@ mod tests {
             allow_gids: vec![],
         };
         let (requests, mut incoming) = mpsc::channel(1);
-        let _socket = serve(&path, &allowed, Arc::default(), requests)
+        let _socket = serve(&path, &allowed, SharedStatus::default(), requests)
             .await
             .unwrap();
         let save = "{\"command\": \"snapshot\", \"vm\": \"web\", \"then\": \"quit\"}\n";
@@ -644,7 +646,9 @@ mod tests {
         let (_dir, path) = socket_others_reach();
         let (requests, _) = mpsc::channel(1);
         let none = ControlConfig::default();
-        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
+        let _socket = serve(&path, &none, SharedStatus::default(), requests)
+            .await
+            .unwrap();
         let refused = tokio::task::spawn_blocking(move || ask_as(4242, 4242, &path, "{}\n"));
         // Mode 0600: the kernel refuses the connection before the peer check sees it.
         let error = refused.await.unwrap().unwrap_err();
@@ -658,7 +662,9 @@ mod tests {
         let path = dir.path().join("memtide.sock");
         let (requests, _) = mpsc::channel(1);
         let none = ControlConfig::default();
-        let _socket = serve(&path, &none, Arc::default(), requests).await.unwrap();
+        let _socket = serve(&path, &none, SharedStatus::default(), requests)
+            .await
+            .unwrap();
         let mut idle = Vec::new();
         for _ in 0..MAX_CONNECTIONS {
             idle.push(UnixStream::connect(&path).await.unwrap());

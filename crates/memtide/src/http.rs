@@ -3,7 +3,7 @@
 //! read-only: GET and HEAD only, no request body read, request headers at most
 //! [`MAX_HEADERS`] bytes.
 
-use crate::status::Status;
+use crate::status::SharedStatus;
 use crate::{accept, metrics};
 use anyhow::Context;
 use axum::body::Bytes;
@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// Most bytes of a request's line and headers; a longer one is answered 431 and the
@@ -27,7 +27,7 @@ pub const MAX_HEADERS: usize = 16 * 1024;
 
 #[derive(Clone)]
 struct AppState {
-    status: Arc<RwLock<Status>>,
+    status: SharedStatus,
     registry: Arc<Registry>,
     /// The metrics, OpenMetrics and classic.
     metrics: Arc<Rendered<(Bytes, Bytes)>>,
@@ -45,8 +45,8 @@ impl<T: Clone> Rendered<T> {
         Arc::new(Rendered(Mutex::new(None)))
     }
 
-    /// What `render` makes of the status of `generation` ([`Status::changed`]): kept, or
-    /// made now.
+    /// What `render` makes of the status of `generation` ([`SharedStatus::generation`]): kept,
+    /// or made now.
     fn of(&self, generation: u64, render: impl FnOnce() -> T) -> T {
         let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match &*kept {
@@ -64,7 +64,7 @@ impl AppState {
     /// The status's generation now. Read before a render: a render of a newer status is
     /// kept under an older generation, and made again at the next request.
     fn generation(&self) -> u64 {
-        self.status.read().expect("status lock").generation
+        self.status.generation()
     }
 }
 
@@ -120,7 +120,7 @@ async fn read_only(request: Request, next: Next) -> Response {
 /// The status, written as JSON while it is read (not copied first).
 async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
     let text = s.json.of(s.generation(), || {
-        let status = s.status.read().expect("status lock");
+        let status = s.status.read();
         Bytes::from(serde_json::to_vec(&*status).expect("status serializes"))
     });
     ([(header::CONTENT_TYPE, "application/json")], text)
@@ -155,7 +155,7 @@ impl Limits {
 /// Bind `addr` and serve in the background within `limits`; returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
-    status: Arc<RwLock<Status>>,
+    status: SharedStatus,
     limits: Limits,
 ) -> anyhow::Result<SocketAddr> {
     let registry = Arc::new(metrics::registry(status.clone()));
@@ -195,6 +195,7 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::Status;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
@@ -209,7 +210,7 @@ mod tests {
 
     async fn start(limits: Limits) -> SocketAddr {
         let addr = "127.0.0.1:0".parse().unwrap();
-        serve(addr, Arc::default(), limits).await.unwrap()
+        serve(addr, SharedStatus::default(), limits).await.unwrap()
     }
 
     /// GET `/metrics` on `stream` and read the reply to its end.
@@ -243,23 +244,37 @@ mod tests {
 
     #[tokio::test]
     async fn what_is_rendered_is_kept_until_the_status_changes() {
-        let status = Arc::new(RwLock::new(Status::default()));
+        let status = SharedStatus::default();
         let addr = "127.0.0.1:0".parse().unwrap();
         let addr = serve(addr, status.clone(), limits(4, 60_000))
             .await
             .unwrap();
         let ticks = |text: &str| text.lines().any(|l| l == "memtide_ticks_total 7");
-        let first = body(addr, "/api/v1/status").await;
         assert!(!ticks(&body(addr, "/metrics").await));
-        // Changed without saying so: what was rendered is served again.
-        status.write().unwrap().counters.ticks = 7;
-        assert_eq!(body(addr, "/api/v1/status").await, first);
-        assert!(!ticks(&body(addr, "/metrics").await));
-        status.write().unwrap().changed();
+        // Every write is a change: the next request renders it.
+        status.write().counters.ticks = 7;
         let json: serde_json::Value =
             serde_json::from_str(&body(addr, "/api/v1/status").await).unwrap();
         assert_eq!(json["counters"]["ticks"], 7);
         assert!(ticks(&body(addr, "/metrics").await));
+    }
+
+    #[test]
+    fn a_status_of_the_same_generation_is_rendered_once() {
+        let status = SharedStatus::default();
+        let rendered = Rendered::new();
+        let renders = std::cell::Cell::new(0);
+        let render = || {
+            renders.set(renders.get() + 1);
+            status.read().counters.ticks
+        };
+        let generation = || status.generation();
+        assert_eq!(rendered.of(generation(), render), 0);
+        assert_eq!(rendered.of(generation(), render), 0);
+        assert_eq!(renders.get(), 1, "kept while the status is not written");
+        status.write().counters.ticks = 7;
+        assert_eq!(rendered.of(generation(), render), 7);
+        assert_eq!(renders.get(), 2);
     }
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //! changed: `http.rs`), so VMs that leave simply stop appearing.
 
 use crate::daemon::fleet::Sampling;
-use crate::status::Status;
+use crate::status::SharedStatus;
 use memtide_core::decision::{VmReport, VmState};
 use memtide_core::need::NeedLevel;
 use prometheus_client::collector::Collector;
@@ -15,11 +15,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::{Arc, RwLock};
 
 /// Reads the daemon status at scrape time.
 #[derive(Debug)]
-struct StatusCollector(Arc<RwLock<Status>>);
+struct StatusCollector(SharedStatus);
 
 type Labels<'a> = Vec<(&'static str, &'a str)>;
 
@@ -102,7 +101,7 @@ fn per_vm<'a, T>(
 
 impl Collector for StatusCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let status = self.0.read().expect("status lock");
+        let status = self.0.read();
         let c = &status.counters;
         gauges(
             &mut enc,
@@ -662,7 +661,7 @@ impl Collector for StatusCollector {
 }
 
 /// A registry exposing the daemon's status.
-pub fn registry(status: Arc<RwLock<Status>>) -> Registry {
+pub fn registry(status: SharedStatus) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatusCollector(status)));
     registry
@@ -724,6 +723,7 @@ fn push_line(out: &mut String, line: &str) {
 mod tests {
     use super::*;
     use crate::config::{BoundFrom, BoundsFrom};
+    use crate::status::Status;
     use memtide_core::policy::mom::Mom;
     use memtide_core::testkit::{host, snapshot, vm};
     use memtide_core::{Engine, EngineConfig};
@@ -750,7 +750,7 @@ mod tests {
             late_samples: 2,
             bounds_from: None,
         });
-        let text = render(&registry(Arc::new(RwLock::new(status))));
+        let text = render(&registry(SharedStatus::new(status)));
         let late =
             r#"memtide_vm_late_samples_total{vm="a\"} 1\nmemtide_injected_total{x=\"1\\"} 2"#;
         assert!(text.lines().any(|l| l == late), "{text}");
@@ -781,7 +781,7 @@ mod tests {
             decision: Some(decision),
             ..Status::default()
         };
-        let text = render(&registry(Arc::new(RwLock::new(status))));
+        let text = render(&registry(SharedStatus::new(status)));
         text.lines()
             .filter(|l| l.starts_with(prefix))
             .map(String::from)
@@ -863,7 +863,7 @@ mod tests {
             }],
             ..Status::default()
         };
-        let text = classic(&render(&registry(Arc::new(RwLock::new(status)))));
+        let text = classic(&render(&registry(SharedStatus::new(status))));
         let up: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("memtide_vm_up{"))
@@ -887,7 +887,7 @@ mod tests {
                 decision: Some(decision.clone()),
                 ..Status::default()
             };
-            classic(&render(&registry(Arc::new(RwLock::new(status)))))
+            classic(&render(&registry(SharedStatus::new(status))))
         };
         assert!(
             !text(&decision).contains("memtide_host_need"),
@@ -915,8 +915,7 @@ mod tests {
     #[test]
     fn an_unreadable_host_is_down_and_the_failures_alerted_on_start_at_zero() {
         let mut status = Status::default();
-        let text =
-            |status: &Status| classic(&render(&registry(Arc::new(RwLock::new(status.clone())))));
+        let text = |status: &Status| classic(&render(&registry(SharedStatus::new(status.clone()))));
         let healthy = text(&status);
         for line in [
             "memtide_host_up 1.0",
@@ -997,7 +996,7 @@ mod tests {
                 max: BoundFrom::Config,
             }),
         });
-        let open = render(&registry(Arc::new(RwLock::new(status))));
+        let open = render(&registry(SharedStatus::new(status)));
         let text = classic(&open);
         for line in [
             "memtide_build_info{version=\"9.8.7\"} 1.0",

@@ -395,7 +395,7 @@ mod tests {
                     adaptive: true,
                 }),
             }],
-            generation: 0,
+            ..Status::default()
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();

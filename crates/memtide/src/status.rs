@@ -7,6 +7,8 @@ use memtide_adapters::tiers::Tiers;
 use memtide_core::Decision;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Counters since the daemon started.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -90,6 +92,44 @@ impl Policies {
     }
 }
 
+/// The daemon's status, shared by the tick loop, which writes it, and the control socket
+/// and HTTP endpoint, which read it. Each write is counted as a change
+/// ([`SharedStatus::generation`]), so that what is rendered of it can be kept until the
+/// next without any writer having to say so.
+#[derive(Clone, Debug, Default)]
+pub struct SharedStatus {
+    status: Arc<RwLock<Status>>,
+    generation: Arc<AtomicU64>,
+}
+
+impl SharedStatus {
+    /// The status `status`, to be shared.
+    pub fn new(status: Status) -> SharedStatus {
+        SharedStatus {
+            status: Arc::new(RwLock::new(status)),
+            generation: Arc::default(),
+        }
+    }
+
+    /// The status, to read.
+    pub fn read(&self) -> RwLockReadGuard<'_, Status> {
+        self.status.read().expect("status lock")
+    }
+
+    /// The status, to change: counted as a change, once the lock is held (a reader that
+    /// sees the new count renders what this write leaves).
+    pub fn write(&self) -> RwLockWriteGuard<'_, Status> {
+        let status = self.status.write().expect("status lock");
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        status
+    }
+
+    /// How many writes the status has had.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+}
+
 /// Everything the daemon shows about itself.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
@@ -133,18 +173,9 @@ pub struct Status {
     /// The VMs placed between the tiers (`[tiering] place`), as of each one's last pass.
     #[serde(default)]
     pub placed: Vec<Placed>,
-    /// Counts the daemon's changes ([`Status::changed`]), so that what is rendered of the
-    /// status can be kept until the next (not shown).
-    #[serde(skip)]
-    pub generation: u64,
 }
 
 impl Status {
-    /// Say that the status changed: every writer calls it.
-    pub fn changed(&mut self) {
-        self.generation = self.generation.wrapping_add(1);
-    }
-
     /// Whether memtide hibernated `vm` and has not woken it.
     pub fn is_hibernated(&self, vm: &str) -> bool {
         self.hibernated.iter().any(|h| h.vm == vm)

@@ -4,10 +4,9 @@
 use memtide::config::Config;
 use memtide::metrics::{classic, registry, render};
 use memtide::policies::load_named;
-use memtide::status::Status;
+use memtide::status::{SharedStatus, Status};
 use memtide_core::testkit::{host, snapshot, vm};
 use memtide_core::{Engine, EngineConfig};
-use std::sync::{Arc, RwLock};
 
 /// The `policy` label of each `memtide_vm_info` line, by VM, in `text`.
 fn policies(text: &str) -> Vec<(String, String)> {
@@ -45,7 +44,7 @@ fn each_vm_s_info_names_the_policy_that_decides_it() {
         policies: names,
         ..Status::default()
     };
-    let text = classic(&render(&registry(Arc::new(RwLock::new(status)))));
+    let text = classic(&render(&registry(SharedStatus::new(status))));
     let mut got = policies(&text);
     got.sort();
     let want = [("db1", "mom"), ("found", "memtide"), ("web", "memtide")];

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
-use crate::status::{Counters, Placed, Status};
+use crate::status::{Counters, Placed, SharedStatus, Status};
 use crate::{control, http};
 use anyhow::Context;
 use events::EventLog;
@@ -39,7 +39,7 @@ use memtide_sim::Recorder;
 use passes::{CollapsePass, PlacePass, ReclaimPass, RECLAIM_WAIT_AT_STOP};
 use state::StateFile;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -80,7 +80,7 @@ struct Daemon {
     fleet: Fleet,
     engine: Engine,
     events: EventLog,
-    status: Arc<RwLock<Status>>,
+    status: SharedStatus,
     counters: Counters,
     /// Balloon commands sent and not answered yet, by VM.
     pending: HashMap<String, Action>,
@@ -245,7 +245,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             config.daemon.event_log.display()
         )
     })?;
-    let status = Arc::new(RwLock::new(Status {
+    let status = SharedStatus::new(Status {
         version: env!("CARGO_PKG_VERSION").into(),
         started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         interval_s: config.interval_s,
@@ -263,8 +263,8 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         tiers: Default::default(),
         hibernated: Vec::new(),
         placed: Vec::new(),
-        generation: 0,
-    }));
+        ..Status::default()
+    });
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
         &config.daemon.socket,
@@ -514,10 +514,7 @@ impl Daemon {
             let (policy, vm_policies) = policies::load_named(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
             self.engine.set_policy(policy, self.start.elapsed());
-            let mut status = self.status.write().expect("status lock");
-            status.policies = vm_policies;
-            status.changed();
-            drop(status);
+            self.status.write().policies = vm_policies;
             self.config = next;
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
@@ -537,10 +534,7 @@ impl Daemon {
                 self.engine.policy_name()
             )
         });
-        let mut status = self.status.write().expect("status lock");
-        status.policy_error = result.as_ref().err().cloned();
-        status.changed();
-        drop(status);
+        self.status.write().policy_error = result.as_ref().err().cloned();
         // The answer, and the event status shows after a SIGHUP, say so too.
         let result = match unopened {
             Some(note) => result.map(|m| m + &note).map_err(|m| m + &note),
@@ -843,8 +837,7 @@ impl Daemon {
         let tiers = (self.counters.ticks % TIERS_EVERY == 1)
             .then(|| memtide_adapters::tiers::read(&self.config.host.sys, &self.config.host.proc));
         let hibernated = self.hibernated();
-        let mut s = self.status.write().expect("status lock");
-        s.changed();
+        let mut s = self.status.write();
         if let Some(tiers) = tiers {
             s.tiers = tiers;
         }
