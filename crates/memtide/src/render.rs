@@ -395,7 +395,6 @@ mod tests {
                     adaptive: true,
                 }),
             }],
-            ..Status::default()
         };
         let text = status(&s);
         let lines: Vec<&str> = text.lines().collect();

@@ -263,7 +263,6 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         tiers: Default::default(),
         hibernated: Vec::new(),
         placed: Vec::new(),
-        ..Status::default()
     });
     let (requests, mut incoming) = mpsc::channel(8);
     let _control = control::serve(
