@@ -89,6 +89,8 @@ struct Actuation {
     backoff: Backoff,
     /// Why the last command failed, while the backoff lasts.
     error: Option<String>,
+    /// The last target sent.
+    sent: Option<Bytes>,
 }
 
 impl Actuation {
@@ -96,12 +98,23 @@ impl Actuation {
     /// starts or extends it.
     fn took(&mut self, result: &Result<(), BackendError>) {
         match result {
-            Ok(()) => *self = Actuation::default(),
+            Ok(()) => {
+                self.backoff = Backoff::default();
+                self.error = None;
+            }
             Err(e) => {
                 self.backoff.failed(Instant::now());
                 self.error = Some(e.to_string());
             }
         }
+    }
+
+    /// Whether `target` may be sent at `now`: once the backoff after a failed command has
+    /// passed, or at once when it gives the guest more than the last target sent (memory
+    /// given back must not wait: the guest may be short of it, and each raise is sent
+    /// once, so a VM that ignores commands is not asked every tick).
+    fn may_send(&self, target: Bytes, now: Instant) -> bool {
+        self.backoff.ready(now) || self.sent.is_some_and(|sent| target > sent)
     }
 }
 
@@ -838,7 +851,7 @@ impl Fleet {
                     ))));
                 };
                 let a = &m.actuation;
-                if !a.backoff.ready(now) {
+                if !a.may_send(*target, now) {
                     return Some(Sent::Answered(Err(BackendError::Protocol(format!(
                         "not sent: the last balloon command failed ({}); next attempt in {} s",
                         a.error.as_deref().unwrap_or("unknown"),
@@ -850,6 +863,7 @@ impl Fleet {
                         "not sent: its previous call is still in flight".into(),
                     ))));
                 }
+                m.actuation.sent = Some(*target);
                 None
             })
             .collect();
@@ -2111,6 +2125,18 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(matches!(
             set_balloons(&mut fleet, &targets).await[0],
+            Sent::Answered(Err(BackendError::Protocol(_)))
+        ));
+        // Memory given back waits for no backoff: a raise is sent at once, once.
+        let raise = [("deaf".to_string(), Bytes::from_mib(400))];
+        let start = Instant::now();
+        assert_eq!(
+            set_balloons(&mut fleet, &raise).await[0],
+            Sent::Answered(Err(BackendError::Timeout(100)))
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(100), "sent");
+        assert!(matches!(
+            set_balloons(&mut fleet, &raise).await[0],
             Sent::Answered(Err(BackendError::Protocol(_)))
         ));
     }
