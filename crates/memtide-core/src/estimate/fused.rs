@@ -22,7 +22,7 @@
 //! with its balloon already inflated (managed before: memtide restarted) starts from its
 //! current size, held for a cool-down, not from its need afresh.
 
-use super::{clamp, epochs, Estimate, Observation};
+use super::{clamp, epochs, Estimate, Observation, TickInterval};
 use crate::need::NeedLevel;
 use crate::signals::{kernel_seen_touched, PAGE};
 use crate::units::Bytes;
@@ -194,6 +194,7 @@ pub struct Fused {
     /// When the guest last freed memory, what the host backed of it then and how much it
     /// freed: what its free page reporting has still to give back.
     freed_at: Option<(Duration, Option<Bytes>, Bytes)>,
+    interval: TickInterval,
 }
 
 /// What a guest's estimator must not forget when the daemon restarts: where probing
@@ -573,9 +574,10 @@ impl Fused {
         let base = need + margin;
         let hot = self.touched(cfg, obs);
         let level = obs.need.map_or(NeedLevel::Short, |n| n.level);
+        let interval = self.interval.bounded(s.interval);
         let step = |share: f64| {
             obs.configured
-                .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
+                .scale(share * epochs(interval, secs(cfg.epoch_s)))
         };
         let first_seen = *self.first_seen.get_or_insert(obs.at);
         if let Some(first) =
@@ -1187,6 +1189,19 @@ mod tests {
         assert_eq!(mib(f.step(&cfg, &obs(12, 254, 0, 0))), 244.0);
         let held = f.step(&cfg, &obs(13, 244, 0, 0)).unwrap();
         assert_eq!((held.wss.mib_f64(), held.phase), (244.0, "probed"));
+    }
+
+    #[test]
+    fn a_probe_after_missed_samples_takes_two_ticks_worth_not_the_gap() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        assert_eq!(mib(f.step(&cfg, &obs(0, 1000, 700, 0))), 330.0);
+        assert_eq!(mib(f.step(&cfg, &obs(1, 330, 30, 0))), 280.0);
+        // Ten seconds without a sample: 10 × 50 MiB would take it to its floor at once.
+        let mut back = obs(11, 280, 0, 0);
+        back.signals.interval = Some(Duration::from_secs(10));
+        assert_eq!(mib(f.step(&cfg, &back)), 180.0);
+        // The next tick is a tick again.
+        assert_eq!(mib(f.step(&cfg, &obs(12, 180, 0, 0))), 130.0);
     }
 
     /// `o` seen with the host's need at `level`.

@@ -67,6 +67,23 @@ pub fn clamp(b: Bytes, lo: Bytes, hi: Bytes) -> Bytes {
     b.max(lo).min(hi)
 }
 
+/// The sample interval a tick's steps scale with, kept from tick to tick.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TickInterval(Option<Duration>);
+
+impl TickInterval {
+    /// `d`, at most twice the interval before it: a VM whose samples were missed for a
+    /// while (late, its agent away) probes no more than two ticks' worth when they come
+    /// back, not the whole gap's (20 s of 5% steps was its whole size).
+    pub fn bounded(&mut self, d: Option<Duration>) -> Option<Duration> {
+        let before = std::mem::replace(&mut self.0, d);
+        match (d, before) {
+            (Some(d), Some(before)) => Some(d.min(before * 2)),
+            _ => d,
+        }
+    }
+}
+
 /// Seconds of `d` as a fraction of `epoch` (a missing interval counts as one epoch).
 pub fn epochs(d: Option<Duration>, epoch: Duration) -> f64 {
     match d {

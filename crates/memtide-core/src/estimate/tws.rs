@@ -4,7 +4,7 @@
 //! the pages faulted back and cool down for 8 s, restarting the cool-down on new faults.
 //! A change of Committed_AS resets the machine to FAST at the new Committed_AS.
 
-use super::{clamp, epochs, Estimate, Observation};
+use super::{clamp, epochs, Estimate, Observation, TickInterval};
 use crate::signals::PAGE;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,7 @@ pub struct Tws {
     state: Option<(Phase, Bytes)>,
     /// Committed_AS at the last reset.
     committed: Bytes,
+    interval: TickInterval,
 }
 
 impl Tws {
@@ -78,9 +79,10 @@ impl Tws {
         }
         let (phase, wss) = self.state.expect("set above");
         let faults = s.faults();
+        let interval = self.interval.bounded(s.interval);
         let step = |share: f64| {
             self.committed
-                .scale(share * epochs(s.interval, secs(cfg.epoch_s)))
+                .scale(share * epochs(interval, secs(cfg.epoch_s)))
         };
         let (phase, wss, why) = if faults > 0 {
             let until = obs.at + secs(cfg.cool_down_s);
