@@ -866,6 +866,24 @@ impl Policy for WorkingSet {
             if let Some(n) = &need {
                 let _ = write!(detail, "; {n}");
             }
+            // The figures the guest's agent gives (its swap, commitments, zram) went
+            // missing with its reply, and what they hold the guest up by with them: for
+            // a few ticks without it, nothing is taken on that (review: one missed reply
+            // inflated a swapless guest's balloon by gigabytes for a tick). An agent
+            // that stays away is a guest without one (a guest that kills its agent keeps
+            // nothing by it).
+            let missed = agent_misses(vm.history);
+            let target = if (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual {
+                let _ = write!(
+                    detail,
+                    "; its guest agent missed its last {missed} replies: it keeps its size \
+                     ({}) until the agent answers, for {AGENT_MISSES_HELD} at most",
+                    vm.actual
+                );
+                vm.actual
+            } else {
+                target
+            };
             let change = target.abs_diff(vm.actual);
             let reason = |detail| Reason {
                 need: need.map(|n| n.level),
@@ -891,6 +909,20 @@ impl Policy for WorkingSet {
         out.need = need;
         out
     }
+}
+
+/// Ticks in a row without the guest agent's reply across which a guest keeps its size.
+const AGENT_MISSES_HELD: usize = 3;
+
+/// How many of the latest samples in a row the guest agent failed to answer (counted up
+/// to one past [`AGENT_MISSES_HELD`]); 0 for a guest without an agent.
+fn agent_misses(history: &crate::history::History<crate::VmSample>) -> usize {
+    history
+        .iter()
+        .rev()
+        .take(AGENT_MISSES_HELD + 1)
+        .take_while(|s| matches!(s.agent, Some(Err(_))))
+        .count()
 }
 
 #[cfg(test)]
@@ -1144,6 +1176,30 @@ mod tests {
         let o = decide_with(&mut memtide(), 8192, 0, &vms, swap(Some(0)));
         assert_eq!(target(&o, "a"), Some(430));
         let o = decide_with(&mut memtide(), 8192, 6000, &vms, swap(None));
+        assert_eq!(target(&o, "a"), Some(430));
+    }
+
+    #[test]
+    fn a_guest_whose_agent_misses_a_reply_keeps_its_size_for_a_few_ticks() {
+        // "a", with no swap, keeps all it holds while memory is ample; its agent misses a
+        // reply, and with it the figures that say it has no swap: it would be ballooned to
+        // its need at once.
+        let missed = |_: usize, sample: &mut VmSample, s: &mut Signals| {
+            sample.agent = Some(Err("no answer within 1000 ms".into()));
+            s.agent_failed = true;
+        };
+        let vms = [("a", 1024, 624, 1000, 400)];
+        let host = || testkit::host(8192, 6000);
+        let o = decide_at(&mut memtide(), 0, host(), &vms, missed);
+        assert_eq!(target(&o, "a"), None);
+        let held = &o.holds["a"].detail;
+        assert!(
+            held.contains("its guest agent missed its last 1 replies: it keeps its size (1.0 GiB)"),
+            "{held}"
+        );
+        // An agent away longer than that: a guest without one (a guest does not keep its
+        // memory by killing its agent).
+        let o = decide_at(&mut memtide(), 3, host(), &vms, missed);
         assert_eq!(target(&o, "a"), Some(430));
     }
 
