@@ -33,7 +33,7 @@ pub enum DiagnosticKind {
     AgentUnavailable,
     /// virtio-mem memory is plugged but the guest never onlined it.
     MemoryNotOnlined,
-    /// The guest reset and its balloon deflated.
+    /// The guest reset: its balloon is given back in full while it boots.
     GuestReset,
     /// The guest shut down.
     GuestShutdown,

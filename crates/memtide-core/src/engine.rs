@@ -47,6 +47,8 @@ struct VmMemory {
     /// Managed again: its target is sent even if memtide's last one is still in force
     /// (the other manager's is QEMU's now).
     resend: bool,
+    /// The guest reset this tick: its balloon is given back in full.
+    reset: bool,
     /// When memtide began to watch for other managers: its first sight of the VM, or its
     /// first sample after the reload that let memtide manage it again.
     since: Option<Duration>,
@@ -219,6 +221,36 @@ impl Engine {
             let report = &mut reports[s.index];
             let name = &s.snap.name;
             report.estimate = output.estimates.get(name).copied();
+            // QEMU keeps a balloon's target across a guest reset, and the guest's driver
+            // inflates to it again as it boots: a target chosen for the workload before
+            // the reset, which the estimator would then take for the guest's size.
+            if self
+                .vms
+                .get_mut(name)
+                .is_some_and(|m| std::mem::take(&mut m.reset))
+            {
+                output.balloon.remove(name);
+                output.holds.remove(name);
+                let target = s.snap.limits.max;
+                let reason = Reason::new(
+                    "safeguard.reset",
+                    format!(
+                        "guest reset: its balloon given back ({target}) while it boots (QEMU \
+                         keeps the target across a reset, and the guest would inflate to it \
+                         again)"
+                    ),
+                );
+                if let Some(m) = self.vms.get_mut(name) {
+                    asked(m, target, at, Duration::from_secs(self.config.settle_s));
+                }
+                actions.push(Action::SetBalloon {
+                    vm: name.clone(),
+                    target,
+                    reason: reason.clone(),
+                });
+                (report.target, report.reason) = (Some(target), Some(reason));
+                continue;
+            }
             if let Some(p) = output.balloon.remove(name) {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
                 let delivered = s.snap.target.or(report.actual);
@@ -345,6 +377,7 @@ impl Engine {
                 asked: None,
                 foreign: None,
                 resend: false,
+                reset: false,
                 since: None,
             };
             self.vms.insert(vm.name.clone(), fresh);
@@ -373,9 +406,10 @@ impl Engine {
                     memory.history.clear();
                     memory.unreached = None;
                     (memory.undelivered_since, memory.released) = (None, false);
+                    memory.reset = true;
                     diag(
                         DiagnosticKind::GuestReset,
-                        "guest reset: its balloon deflated".into(),
+                        "guest reset: its balloon is given back in full while it boots".into(),
                     );
                 }
                 VmEvent::Shutdown => diag(DiagnosticKind::GuestShutdown, "guest shut down".into()),

@@ -20,7 +20,8 @@ pub struct VmLimits {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum VmEvent {
-    /// The guest reset; its balloon deflated ("popped") and its driver starts afresh.
+    /// The guest reset: its driver starts afresh (QEMU keeps the balloon's target, which
+    /// the driver inflates to again unless it is changed).
     Reset,
     /// The guest shut down.
     Shutdown,

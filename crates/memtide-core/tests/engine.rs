@@ -184,7 +184,11 @@ fn guest_reset_forgets_history() {
     after.sample.as_mut().unwrap().events.push(VmEvent::Reset);
     let d = e.tick(&snapshot(1, host(4000, 400), vec![after]));
     assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::GuestReset]);
+    // Its balloon given back in full while it boots: QEMU keeps the old target.
+    assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 1000)]);
+    assert_eq!(d.vms[0].reason.as_ref().unwrap().rule, "safeguard.reset");
     // used 700 + margin 10% of 800 = 780 > 760: the floor wins, uninfluenced by free 600.
+    let d = e.tick(&snapshot(2, host(4000, 400), vec![vm("a", 1000, 800, 100)]));
     assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 780)]);
 }
 
@@ -766,7 +770,11 @@ fn a_new_policy_takes_up_what_the_last_one_learnt_of_each_vm() {
         sample.events = vec![memtide_core::VmEvent::Reset];
     }
     let d = engine.tick(&snapshot(5, host(4000, 260), vec![reset]));
-    assert_eq!(d.vms[0].reason.as_ref().unwrap().rule, "memtide.start");
+    // Its balloon given back while it boots, and its estimate started over.
+    assert_eq!(d.vms[0].reason.as_ref().unwrap().rule, "safeguard.reset");
+    assert_eq!(targets_of(&d, "db"), [1000]);
+    let fresh = d.vms[0].estimate.unwrap();
+    assert!(fresh > before, "{fresh} after {before}: started over");
 }
 
 /// Mom, asking KSM's merge_across_nodes to be 0 besides.
