@@ -1,13 +1,15 @@
 //! The MOM balloon policy (oVirt's Memory Overcommitment Manager, as described in the
-//! IBM developerWorks article "Manage resources on overcommitted KVM hosts").
+//! IBM developerWorks article "Manage resources on overcommitted KVM hosts", and as its
+//! balloon rules ship with MOM, `doc/balloon.rules`).
 //!
 //! When the host's freeable memory (MemFree + Buffers + Cached, averaged over recent
 //! samples) falls below a threshold, every guest is shrunk toward its used memory plus
 //! a free margin that scales with host pressure; under critical pressure the margin turns
-//! negative and guests are pushed below their used memory. Each step is bounded. When
-//! pressure ends, ballooned guests grow back toward their maximum, again in bounded steps.
-//! Arithmetic is done in KiB, MOM's unit, so that policy-language versions of this policy
-//! produce the same targets.
+//! negative and guests are pushed below their used memory. Each step is bounded, and no
+//! guest is grown while the host is under pressure. When pressure ends, ballooned guests
+//! grow back toward their maximum in bounded steps, at once to their used memory and a
+//! free margin where they are below it. Arithmetic is done in KiB, MOM's unit, so that
+//! policy-language versions of this policy produce the same targets.
 
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
@@ -96,6 +98,19 @@ fn pct(ratio: f64) -> Percent {
     Percent(ratio)
 }
 
+/// The guest's used memory in KiB, as MOM takes it: its balloon size less its free
+/// memory, each averaged over the history.
+fn used_kib(vm: &VmInput<'_>) -> Result<f64, String> {
+    let avg_cur = vm
+        .history
+        .mean(|s| s.balloon.map(kib))
+        .unwrap_or(kib(vm.actual));
+    let avg_free = vm.history.mean(|s| s.stats.free.map(kib)).ok_or(
+        "no free-memory statistic from the guest yet (is its balloon driver reporting stats?)",
+    )?;
+    Ok(avg_cur - avg_free)
+}
+
 /// A decision for one VM: a new target, a reason to hold, or a failure.
 enum Step {
     Target(Proposal),
@@ -141,11 +156,7 @@ impl Mom {
         } else {
             c.min_guest_free * (host_ratio / c.pressure_threshold)
         };
-        let avg_cur = vm.history.mean(|s| s.balloon.map(kib)).unwrap_or(cur);
-        let avg_free = vm.history.mean(|s| s.stats.free.map(kib)).ok_or(
-            "no free-memory statistic from the guest yet (is its balloon driver reporting stats?)",
-        )?;
-        let used = avg_cur - avg_free;
+        let used = used_kib(vm)?;
         let floor = used + guest_free_ratio * cur;
         let size = (cur * (1.0 - c.max_change)).max(floor);
         let why = format!(
@@ -156,27 +167,36 @@ impl Mom {
             pct(guest_free_ratio),
             Bytes::from_kib(size as u64),
         );
-        if size > kib(vm.limits.max) {
+        // Under pressure MOM only ever shrinks: a guest whose floor is above its size
+        // keeps its size.
+        if size > cur {
             return Ok(Step::Hold(Reason::new(
                 "mom.shrink",
-                format!("{why}, above the maximum {}", vm.limits.max),
+                format!("{why}, above its size: under host pressure it keeps its size"),
             )));
         }
         Ok(self.bounded("mom.shrink", vm, size, why))
     }
 
-    fn grow(&self, host_ratio: f64, vm: &VmInput<'_>) -> Step {
+    fn grow(&self, host_ratio: f64, vm: &VmInput<'_>) -> Result<Step, String> {
         let c = &self.balloon;
+        let cur = kib(vm.actual);
         let max = kib(vm.limits.max);
-        let size = (kib(vm.actual) * (1.0 + c.max_change)).min(max);
+        // At least its used memory and its free margin, at once; else one step.
+        let used = used_kib(vm)?;
+        let floor = used + c.min_guest_free * cur;
+        let size = (cur * (1.0 + c.max_change)).max(floor).min(max);
         let why = format!(
-            "host free {} ≥ {}: grow by up to {} toward the maximum {}",
+            "host free {} ≥ {}: grow by {}, at least to its use {} and a free margin of {}, \
+             toward the maximum {}",
             pct(host_ratio),
             pct(c.pressure_threshold),
             pct(c.max_change),
+            Bytes::from_kib(used.max(0.0) as u64),
+            pct(c.min_guest_free),
             vm.limits.max
         );
-        self.bounded("mom.grow", vm, size, why)
+        Ok(self.bounded("mom.grow", vm, size, why))
     }
 }
 
@@ -193,7 +213,7 @@ impl Policy for Mom {
             let step = if under_pressure {
                 self.shrink(host_ratio, vm)
             } else {
-                Ok(self.grow(host_ratio, vm))
+                self.grow(host_ratio, vm)
             };
             match step {
                 Ok(Step::Target(p)) => {
@@ -265,9 +285,14 @@ mod tests {
     #[test]
     fn shrink_stops_at_used_plus_margin() {
         // host free 10% → margin 10% of 400 = 40; used 370 → floor 410 above the guest's
-        // size: MOM gives a starving guest its margin back even under pressure.
+        // size: under pressure MOM only shrinks, so the guest keeps its size.
         let out = decide(100, 400, 30);
-        assert_eq!(target_mib(&out), Some(410.0));
+        assert_eq!(target_mib(&out), None);
+        assert!(
+            out.holds["a"].detail.contains("keeps its size"),
+            "{:?}",
+            out.holds
+        );
         // floor 384 (used 344 + 40): within the 5% step, the floor wins.
         let out = decide(100, 400, 56);
         assert_eq!(target_mib(&out), Some(384.0));
@@ -283,6 +308,8 @@ mod tests {
     #[test]
     fn grows_back_by_five_percent_up_to_max_without_pressure() {
         assert_eq!(target_mib(&decide(500, 600, 100)), Some(630.0));
+        // At least its use and a 20% margin at once: used 590 + 120.
+        assert_eq!(target_mib(&decide(500, 600, 10)), Some(710.0));
         assert_eq!(target_mib(&decide(500, 990, 100)), Some(1000.0));
         let at_max = decide(500, 1000, 100);
         assert_eq!(target_mib(&at_max), None);

@@ -1,10 +1,15 @@
-//! Proxmox VE's auto-ballooning, as its documentation and pvestatd describe it: every
-//! 10 s, steer the host toward 80% of its memory used; move each VM by at most 100 MiB
-//! per cycle, between its `balloon:` minimum and its `memory:` size, in proportion to its
-//! `shares:`; when there is memory to give, give it first to VMs whose free memory is at
-//! or below 25% of their minimum. No working-set estimate, no pressure signal, no KSM
-//! tuning (PVE runs ksmtuned apart). It is what most KVM operators run today: a baseline.
+//! Proxmox VE's auto-ballooning, as its documentation and pvestatd describe it (PVE's
+//! `AutoBalloon.pm`, `compute_alg1`): every 10 s, steer the host toward 80% of its memory
+//! used, unless it is within 10 MiB of that; move each VM by at most 100 MiB per cycle,
+//! between its `balloon:` minimum and its `memory:` size, toward its part of the memory
+//! above the minimums in proportion to its `shares:`. Memory to give goes first to the
+//! VMs whose free memory is at or below 25% of their minimum (or below it), and memory
+//! to take first from the others; only where that moves nothing are all VMs asked. No
+//! working-set estimate, no pressure signal. PVE enables KSM by default, tuned by
+//! ksmtuned apart from pvestatd: it runs here beside it. It is what most KVM operators
+//! run today: a baseline.
 
+use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
 use crate::units::{Bytes, Percent};
@@ -22,8 +27,10 @@ pub struct ProxmoxConfig {
     /// Seconds between cycles (pvestatd's update loop).
     pub cycle_s: f64,
     /// Free memory, as a share of the VM's minimum, at or below which a VM is served
-    /// first when memory is given.
+    /// first when memory is given (and taken from last).
     pub starving: f64,
+    /// A goal nearer than this, in MiB, moves nothing.
+    pub dead_band_mib: u64,
 }
 
 impl Default for ProxmoxConfig {
@@ -33,6 +40,7 @@ impl Default for ProxmoxConfig {
             max_change_mib: 100,
             cycle_s: 10.0,
             starving: 0.25,
+            dead_band_mib: 10,
         }
     }
 }
@@ -52,28 +60,75 @@ impl Proxmox {
         }
     }
 
-    /// Whether the VM's free memory is at or below `starving` of its minimum.
+    /// Whether the VM is short of memory as PVE tells it: its free memory unknown, or at
+    /// or below `starving` of its minimum, or the VM below its minimum.
     fn starving(&self, vm: &VmInput<'_>) -> bool {
-        vm.signals
-            .used
-            .is_some_and(|used| (vm.actual - used) <= vm.limits.min.scale(self.config.starving))
+        let free = vm.signals.used.map(|used| vm.actual - used);
+        vm.actual < vm.limits.min
+            || free.is_none_or(|free| free <= vm.limits.min.scale(self.config.starving))
     }
 }
 
-/// Hand `goal` bytes out to `vms` (each with its room and weight), at most `cap` each;
-/// returns the amount per VM and what is left.
-fn hand_out(goal: f64, vms: &[(usize, f64, f64)], cap: f64, given: &mut [f64]) -> f64 {
-    let total: f64 = vms.iter().map(|&(_, _, w)| w).sum();
-    if total <= 0.0 {
-        return goal;
+/// One VM as a cycle sees it (bytes).
+struct Ballooned {
+    size: f64,
+    min: f64,
+    max: f64,
+    shares: f64,
+}
+
+/// Move `amount` bytes (given when positive, taken when negative) among the VMs `ids`,
+/// as PVE does: each toward its minimum plus its part, by shares, of what the VMs hold
+/// above their minimums plus the amount, within its bounds and at most `cap` from its
+/// size this cycle; rounds repeat, without the VMs that reached their part, while some
+/// VM hit a bound and the last round moved something. `moved` holds each VM's new size
+/// once it has one. Returns what is left to move.
+fn change(
+    vms: &[Ballooned],
+    ids: &[usize],
+    amount: f64,
+    cap: f64,
+    moved: &mut [Option<f64>],
+) -> f64 {
+    let mut rest = amount;
+    let mut done = vec![false; vms.len()];
+    let (mut repeat, mut progress) = (true, true);
+    while rest != 0.0 && repeat && progress {
+        (repeat, progress) = (false, false);
+        let open = || ids.iter().copied().filter(|&i| !done[i]);
+        let shares: f64 = open().map(|i| vms[i].shares).sum();
+        let held: f64 = open()
+            .map(|i| moved[i].unwrap_or(vms[i].size) - vms[i].min)
+            .sum();
+        let pool = held + rest;
+        let mut changes = 0.0;
+        for i in open().collect::<Vec<_>>() {
+            let vm = &vms[i];
+            let mut desired = vm.min + pool / shares * vm.shares;
+            if desired > vm.max {
+                (desired, repeat) = (vm.max, true);
+            } else if desired < vm.min {
+                (desired, repeat) = (vm.min, true);
+            }
+            let size = if amount > 0.0 && desired > vm.size {
+                (vm.size + cap).min(desired)
+            } else if desired < vm.size {
+                (vm.size - cap).max(desired)
+            } else {
+                done[i] = true;
+                continue;
+            };
+            if size != vm.size {
+                let before = moved[i].replace(size).unwrap_or(vm.size);
+                if size != before {
+                    changes += size - before;
+                    (progress, repeat) = (true, true);
+                }
+            }
+        }
+        rest -= changes;
     }
-    let mut left = goal;
-    for &(i, room, w) in vms {
-        let d = (goal * w / total).min(room).min(cap - given[i]).max(0.0);
-        given[i] += d;
-        left -= d;
-    }
-    left
+    rest
 }
 
 impl Policy for Proxmox {
@@ -83,6 +138,7 @@ impl Policy for Proxmox {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
+        out.ksm = ksmtuned::decide(&KsmConfig::default(), input);
         if self.next_cycle.is_some_and(|next| input.at < next) {
             for vm in input.vms {
                 out.holds.insert(
@@ -99,42 +155,41 @@ impl Policy for Proxmox {
         let used = domain.total - domain.freeable;
         let goal = domain.total.as_f64() * c.goal_used - used.as_f64();
         let cap = Bytes::from_mib(c.max_change_mib).as_f64();
-        let shares = |vm: &VmInput<'_>| f64::from(vm.limits.shares.max(1));
-        let mut moved = vec![0.0; input.vms.len()];
-        let (rule, why) = if goal > 0.0 {
-            // Give: VMs below their size, the starving first, by shares.
-            let room = |vm: &VmInput<'_>| (vm.limits.max - vm.actual).as_f64();
-            let pick = |starving: bool| -> Vec<(usize, f64, f64)> {
-                input
-                    .vms
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, vm)| room(vm) > 0.0 && self.starving(vm) == starving)
-                    .map(|(i, vm)| (i, room(vm), shares(vm)))
-                    .collect()
-            };
-            let left = hand_out(goal, &pick(true), cap, &mut moved);
-            hand_out(left, &pick(false), cap, &mut moved);
+        let band = Bytes::from_mib(c.dead_band_mib).as_f64();
+        let vms: Vec<Ballooned> = input
+            .vms
+            .iter()
+            .map(|vm| Ballooned {
+                size: vm.actual.as_f64(),
+                min: vm.limits.min.as_f64(),
+                max: vm.limits.max.as_f64(),
+                shares: f64::from(vm.limits.shares.max(1)),
+            })
+            .collect();
+        let all: Vec<usize> = (0..vms.len()).collect();
+        let (starving, enough): (Vec<usize>, Vec<usize>) =
+            all.iter().partition(|&&i| self.starving(&input.vms[i]));
+        let mut moved = vec![None; vms.len()];
+        let (rule, why) = if goal > band {
+            // Give: the starving first; everyone only where they took nothing.
+            let rest = change(&vms, &starving, goal, cap, &mut moved);
+            if rest >= goal {
+                change(&vms, &all, rest, cap, &mut moved);
+            }
             ("proxmox.grow", "below the goal: give")
-        } else {
-            // Take: VMs above their minimum, those with fewer shares more.
-            let vms: Vec<(usize, f64, f64)> = input
-                .vms
-                .iter()
-                .enumerate()
-                .map(|(i, vm)| (i, (vm.actual - vm.limits.min).as_f64(), 1.0 / shares(vm)))
-                .filter(|&(_, room, _)| room > 0.0)
-                .collect();
-            hand_out(-goal, &vms, cap, &mut moved);
-            moved.iter_mut().for_each(|m| *m = -*m);
+        } else if goal < -band {
+            // Take: from those with enough free memory first; everyone only where they
+            // gave nothing.
+            let rest = change(&vms, &enough, goal, cap, &mut moved);
+            if rest <= goal {
+                change(&vms, &all, rest, cap, &mut moved);
+            }
             ("proxmox.shrink", "above the goal: take")
+        } else {
+            ("proxmox.hold", "within the dead band of the goal: nothing")
         };
         for (vm, m) in input.vms.iter().zip(moved) {
-            let target = if m >= 0.0 {
-                vm.actual + Bytes::from_f64(m)
-            } else {
-                vm.actual - Bytes::from_f64(-m)
-            };
+            let target = m.map_or(vm.actual, Bytes::from_f64);
             let detail = format!(
                 "host {} used, goal {}: {why} (at most {} MiB per VM per cycle)",
                 Percent(used.as_f64() / domain.total.as_f64().max(1.0)),
@@ -220,28 +275,63 @@ mod tests {
     }
 
     #[test]
-    fn above_the_goal_each_vm_gives_at_most_100_mib_per_cycle_fewer_shares_more() {
-        // 4000 MiB, 200 free: 95% used, 600 MiB over the 80% goal.
+    fn above_the_goal_each_vm_moves_at_most_100_mib_per_cycle_toward_its_part_by_shares() {
+        // 4000 MiB, 200 free: 95% used, 600 MiB over the 80% goal. Above the minimums the
+        // two hold 1536 MiB; 936 are to be left, a quarter to a (234) and three quarters
+        // to b (702): a goes 100 MiB toward 490, b to its part, 958.
         let mut p = Proxmox::new(ProxmoxConfig::default());
         let o = decide(&mut p, 0, 200, &[(1024, 500, 1000), (1024, 500, 3000)]);
-        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(924), Some(924)));
-        // 100 MiB to take: three quarters from the VM with a third of the shares.
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(924), Some(958)));
+        assert_eq!(o.balloon["a"].reason.rule, "proxmox.shrink");
+        // 100 MiB to take: b's part is above its size, so a gives it all.
         let mut p = Proxmox::new(ProxmoxConfig::default());
         let o = decide(&mut p, 0, 700, &[(1024, 500, 1000), (1024, 500, 3000)]);
-        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(949), Some(999)));
-        assert_eq!(o.balloon["a"].reason.rule, "proxmox.shrink");
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(924), None));
+        // Within 10 MiB of the goal: nothing moves.
+        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let o = decide(&mut p, 0, 795, &[(1024, 500, 1000)]);
+        assert_eq!(target(&o, "a"), None);
+        assert_eq!(o.holds["a"].rule, "proxmox.hold");
+    }
+
+    #[test]
+    fn memory_is_taken_first_from_vms_with_enough_free_and_from_the_others_only_as_a_last_resort() {
+        // a has 32 MiB free (under a quarter of its 256 MiB minimum), b 524: b alone gives.
+        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let o = decide(&mut p, 0, 200, &[(512, 480, 1000), (1024, 500, 1000)]);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (None, Some(924)));
+        // Only starving VMs: they give all the same, each toward its part (424 MiB above
+        // the minimums left, 212 each: 468), by 100 MiB at most.
+        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let o = decide(&mut p, 0, 200, &[(512, 480, 1000), (1024, 1000, 1000)]);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(468), Some(924)));
     }
 
     #[test]
     fn memory_to_give_goes_first_to_vms_starving_below_a_quarter_of_their_minimum() {
-        // 1000 MiB free: 75% used, 200 MiB to give; a has 40 MiB free (< 64), b 300.
+        // 1000 MiB free: 75% used, 200 MiB to give; a has 40 MiB free (< 64), b 300: a
+        // alone grows, by 100 MiB toward its part.
         let mut p = Proxmox::new(ProxmoxConfig::default());
         let o = decide(&mut p, 0, 1000, &[(512, 472, 1000), (512, 212, 1000)]);
-        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(612), Some(612)));
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(612), None));
         // Only 40 MiB to give: all of it to the starving VM.
         let mut p = Proxmox::new(ProxmoxConfig::default());
         let o = decide(&mut p, 0, 840, &[(512, 472, 1000), (512, 212, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(552), None));
+        // None starving: every VM is given to.
+        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let o = decide(&mut p, 0, 1000, &[(512, 212, 1000), (512, 212, 1000)]);
+        assert_eq!((target(&o, "a"), target(&o, "b")), (Some(612), Some(612)));
+    }
+
+    #[test]
+    fn ksm_is_tuned_as_ksmtuned_does_on_a_pve_host() {
+        let mut p = Proxmox::new(ProxmoxConfig::default());
+        assert!(decide(&mut p, 0, 200, &[(1024, 500, 1000)]).ksm.is_some());
+        assert!(
+            decide(&mut p, 5, 200, &[(1024, 500, 1000)]).ksm.is_some(),
+            "between cycles too"
+        );
     }
 
     #[test]

@@ -76,16 +76,16 @@ fn balloon_shrinks_under_pressure() {
         "guests": [
             // used 400000 − 110000 = 290000, floor 290000 + 48000 = 338000 < 380000: 5% step.
             guest("vm1", 400_000, 500_000, &[100_000, 120_000]),
-            // used 380000, floor 428000 > 380000: the floor.
-            guest("vm2", 400_000, 500_000, &[20_000, 20_000]),
-            // used 390000, floor 438000 is above balloon_max 420000: nothing.
-            guest("vm3", 400_000, 420_000, &[10_000, 10_000]),
+            // used 360000, floor 408000 > 400000, its size: under pressure it keeps it.
+            guest("vm2", 400_000, 500_000, &[40_000, 40_000]),
+            // used 340000, floor 388000 > 380000: the floor, above the 5% step.
+            guest("vm3", 400_000, 420_000, &[60_000, 60_000]),
             // used 352500, floor 400500: a change of 500 is below 0.25% of 400000: nothing.
             guest("vm4", 400_000, 500_000, &[47_500, 47_500]),
         ]
     }));
     let evaluation = evaluate(&["balloon.policy"], &input);
-    assert_targets(&evaluation, &[("vm1", 380_000.0), ("vm2", 428_000.0)]);
+    assert_targets(&evaluation, &[("vm1", 380_000.0), ("vm3", 388_000.0)]);
     assert!(evaluation.controls.host.is_empty());
 }
 
@@ -113,14 +113,19 @@ fn balloon_grows_without_pressure() {
     let input = input(json!({
         "host": host(1_000_000, &[500_000]),
         "guests": [
-            guest("vm1", 400_000, 500_000, &[0]),  // 420000
-            guest("vm2", 490_000, 500_000, &[0]),  // 514500 capped to 500000
-            guest("vm3", 499_000, 500_000, &[0]),  // capped to 500000: change 1000 ≤ 1247.5
-            guest("vm4", 500_000, 500_000, &[0]),  // at its maximum
+            guest("vm1", 400_000, 500_000, &[100_000]), // 420000
+            guest("vm2", 490_000, 500_000, &[0]),       // 514500 capped to 500000
+            guest("vm3", 499_000, 500_000, &[0]),       // capped to 500000: change 1000 ≤ 1247.5
+            guest("vm4", 500_000, 500_000, &[0]),       // at its maximum
+            // used 400000: at once to it and a 20% margin, 480000, not 420000.
+            guest("vm5", 400_000, 500_000, &[0]),
         ]
     }));
     let evaluation = evaluate(&["balloon.policy"], &input);
-    assert_targets(&evaluation, &[("vm1", 420_000.0), ("vm2", 500_000.0)]);
+    assert_targets(
+        &evaluation,
+        &[("vm1", 420_000.0), ("vm2", 500_000.0), ("vm5", 480_000.0)],
+    );
     assert_eq!(
         evaluation.controls.guests["vm2"]["balloon_target"],
         Value::Int(500_000)
@@ -130,7 +135,7 @@ fn balloon_grows_without_pressure() {
 #[test]
 fn balloon_grows_at_exactly_the_threshold() {
     let input = input(
-        json!({"host": host(1_000_000, &[200_000]), "guests": [guest("vm1", 400_000, 500_000, &[0])]}),
+        json!({"host": host(1_000_000, &[200_000]), "guests": [guest("vm1", 400_000, 500_000, &[100_000])]}),
     );
     assert_targets(
         &evaluate(&["balloon.policy"], &input),
