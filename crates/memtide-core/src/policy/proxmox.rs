@@ -71,46 +71,53 @@ impl Proxmox {
 
 /// One VM as a cycle sees it (bytes).
 struct Ballooned {
-    size: f64,
-    min: f64,
-    max: f64,
-    shares: f64,
+    size: i64,
+    min: i64,
+    max: i64,
+    shares: i64,
 }
 
 /// Move `amount` bytes (given when positive, taken when negative) among the VMs `ids`,
 /// as PVE does: each toward its minimum plus its part, by shares, of what the VMs hold
 /// above their minimums plus the amount, within its bounds and at most `cap` from its
 /// size this cycle; rounds repeat, without the VMs that reached their part, while some
-/// VM hit a bound and the last round moved something. `moved` holds each VM's new size
-/// once it has one. Returns what is left to move.
+/// VM hit a bound and the last round moved something (in whole bytes, as PVE counts:
+/// with fractions, rounds could go on moving a VM by nothing; and at most one round more
+/// than there are VMs). `moved` holds each VM's new size once it has one. Returns what is
+/// left to move.
 fn change(
     vms: &[Ballooned],
     ids: &[usize],
-    amount: f64,
-    cap: f64,
-    moved: &mut [Option<f64>],
-) -> f64 {
+    amount: i64,
+    cap: i64,
+    moved: &mut [Option<i64>],
+) -> i64 {
     let mut rest = amount;
     let mut done = vec![false; vms.len()];
-    let (mut repeat, mut progress) = (true, true);
-    while rest != 0.0 && repeat && progress {
-        (repeat, progress) = (false, false);
-        let open = || ids.iter().copied().filter(|&i| !done[i]);
-        let shares: f64 = open().map(|i| vms[i].shares).sum();
-        let held: f64 = open()
-            .map(|i| moved[i].unwrap_or(vms[i].size) - vms[i].min)
+    for _ in 0..=ids.len() {
+        let open: Vec<usize> = ids.iter().copied().filter(|&i| !done[i]).collect();
+        let shares: i64 = open.iter().map(|&i| vms[i].shares).sum();
+        if rest == 0 || shares == 0 {
+            break;
+        }
+        let held: i64 = open
+            .iter()
+            .map(|&i| moved[i].unwrap_or(vms[i].size) - vms[i].min)
             .sum();
-        let pool = held + rest;
-        let mut changes = 0.0;
-        for i in open().collect::<Vec<_>>() {
+        let pool = i128::from(held + rest);
+        let (mut repeat, mut changes) = (false, 0);
+        for &i in &open {
             let vm = &vms[i];
-            let mut desired = vm.min + pool / shares * vm.shares;
+            let part = pool * i128::from(vm.shares) / i128::from(shares);
+            let mut desired = vm
+                .min
+                .saturating_add(i64::try_from(part).unwrap_or(i64::MAX));
             if desired > vm.max {
                 (desired, repeat) = (vm.max, true);
             } else if desired < vm.min {
                 (desired, repeat) = (vm.min, true);
             }
-            let size = if amount > 0.0 && desired > vm.size {
+            let size = if amount > 0 && desired > vm.size {
                 (vm.size + cap).min(desired)
             } else if desired < vm.size {
                 (vm.size - cap).max(desired)
@@ -120,13 +127,13 @@ fn change(
             };
             if size != vm.size {
                 let before = moved[i].replace(size).unwrap_or(vm.size);
-                if size != before {
-                    changes += size - before;
-                    (progress, repeat) = (true, true);
-                }
+                changes += size - before;
             }
         }
         rest -= changes;
+        if !repeat || changes == 0 {
+            break;
+        }
     }
     rest
 }
@@ -153,17 +160,18 @@ impl Policy for Proxmox {
             Some(input.at + Duration::try_from_secs_f64(c.cycle_s).unwrap_or_default());
         let domain = &input.host_latest().domain;
         let used = domain.total - domain.freeable;
-        let goal = domain.total.as_f64() * c.goal_used - used.as_f64();
-        let cap = Bytes::from_mib(c.max_change_mib).as_f64();
-        let band = Bytes::from_mib(c.dead_band_mib).as_f64();
+        let bytes = |b: Bytes| i64::try_from(b.0).unwrap_or(i64::MAX);
+        let goal = (domain.total.as_f64() * c.goal_used - used.as_f64()) as i64;
+        let cap = bytes(Bytes::from_mib(c.max_change_mib));
+        let band = bytes(Bytes::from_mib(c.dead_band_mib));
         let vms: Vec<Ballooned> = input
             .vms
             .iter()
             .map(|vm| Ballooned {
-                size: vm.actual.as_f64(),
-                min: vm.limits.min.as_f64(),
-                max: vm.limits.max.as_f64(),
-                shares: f64::from(vm.limits.shares.max(1)),
+                size: bytes(vm.actual),
+                min: bytes(vm.limits.min),
+                max: bytes(vm.limits.max),
+                shares: i64::from(vm.limits.shares.max(1)),
             })
             .collect();
         let all: Vec<usize> = (0..vms.len()).collect();
@@ -189,7 +197,7 @@ impl Policy for Proxmox {
             ("proxmox.hold", "within the dead band of the goal: nothing")
         };
         for (vm, m) in input.vms.iter().zip(moved) {
-            let target = m.map_or(vm.actual, Bytes::from_f64);
+            let target = m.map_or(vm.actual, |m| Bytes(m.max(0) as u64));
             let detail = format!(
                 "host {} used, goal {}: {why} (at most {} MiB per VM per cycle)",
                 Percent(used.as_f64() / domain.total.as_f64().max(1.0)),
