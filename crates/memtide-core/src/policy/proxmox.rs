@@ -171,10 +171,11 @@ impl Policy for Proxmox {
                 size: bytes(vm.actual),
                 min: bytes(vm.limits.min),
                 max: bytes(vm.limits.max),
-                shares: i64::from(vm.limits.shares.max(1)),
+                shares: i64::from(vm.limits.shares),
             })
             .collect();
-        let all: Vec<usize> = (0..vms.len()).collect();
+        // PVE leaves a VM of no shares alone.
+        let all: Vec<usize> = (0..vms.len()).filter(|&i| vms[i].shares > 0).collect();
         let (starving, enough): (Vec<usize>, Vec<usize>) =
             all.iter().partition(|&&i| self.starving(&input.vms[i]));
         let mut moved = vec![None; vms.len()];
@@ -349,5 +350,63 @@ mod tests {
         let o = decide(&mut p, 5, 200, &[(1024, 500, 1000)]);
         assert_eq!(o.holds["a"].rule, "proxmox.wait");
         assert!(target(&decide(&mut p, 10, 200, &[(1024, 500, 1000)]), "a").is_some());
+    }
+
+    proptest::proptest! {
+        /// Whatever the VMs and the host, a cycle ends (in whole bytes: in fractions its
+        /// rounds went on), moves no VM by more than 100 MiB, and moves each toward its
+        /// bounds, never past them.
+        #[test]
+        fn a_cycle_ends_and_moves_each_vm_at_most_its_step_within_its_bounds(
+            vms in proptest::collection::vec(
+                (64u64..4096, 0u64..4096, 0u64..4096, 0u32..5000, 0u64..4096),
+                1..40,
+            ),
+            free in 0u64..200_000,
+        ) {
+            let mut host = History::new(2);
+            host.push(Duration::ZERO, testkit::host(200_000, free));
+            let (mut histories, mut signals, mut limits, mut names) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (i, &(size, min, span, shares, used)) in vms.iter().enumerate() {
+                let mut h = History::new(2);
+                h.push(Duration::ZERO, testkit::vm("x", 8192, size, 0).sample.unwrap());
+                histories.push(h);
+                signals.push(Signals {
+                    used: Some(Bytes::from_mib(used)),
+                    ..Signals::default()
+                });
+                limits.push(VmLimits {
+                    min: Bytes::from_mib(min),
+                    max: Bytes::from_mib(min + span),
+                    shares,
+                });
+                names.push(format!("vm{i}"));
+            }
+            let inputs: Vec<VmInput<'_>> = (0..vms.len())
+                .map(|i| VmInput {
+                    name: &names[i],
+                    limits: &limits[i],
+                    history: &histories[i],
+                    actual: Bytes::from_mib(vms[i].0),
+                    signals: &signals[i],
+                })
+                .collect();
+            let out = Proxmox::new(ProxmoxConfig::default()).decide(&PolicyInput {
+                at: Duration::ZERO,
+                host: &host,
+                vms: &inputs,
+                unreachable: &[],
+            });
+            for vm in &inputs {
+                let Some(p) = out.balloon.get(vm.name) else { continue };
+                proptest::prop_assert!(p.target.abs_diff(vm.actual) <= Bytes::from_mib(100));
+                if p.target > vm.actual {
+                    proptest::prop_assert!(p.target <= vm.limits.max.max(vm.actual));
+                } else {
+                    proptest::prop_assert!(p.target >= vm.limits.min.min(vm.actual));
+                }
+            }
+        }
     }
 }
