@@ -69,6 +69,8 @@ pub struct Engine {
 struct KsmWatch {
     set: KsmSettings,
     foreign: Option<String>,
+    /// A write of memtide's is under way: the knobs may read half written.
+    writing: bool,
 }
 
 /// A VM that made it through ingestion this tick.
@@ -122,6 +124,12 @@ impl Engine {
                 *mine = new;
             }
         }
+    }
+
+    /// Whether a write of KSM's knobs is under way (the daemon's word, each tick): while it
+    /// is, knobs that read otherwise than memtide set them are not someone else's doing.
+    pub fn ksm_writing(&mut self, writing: bool) {
+        self.ksm.writing = writing;
     }
 
     /// Manage again the VMs left alone because another manager moved their balloons,
@@ -223,23 +231,31 @@ impl Engine {
             report.estimate = output.estimates.get(name).copied();
             // QEMU keeps a balloon's target across a guest reset, and the guest's driver
             // inflates to it again as it boots: a target chosen for the workload before
-            // the reset, which the estimator would then take for the guest's size.
-            if self
+            // the reset, which the estimator would then take for the guest's size. Not
+            // while the host is short: the policy decides then, its estimator started
+            // afresh all the same.
+            let short = output
+                .need
+                .is_some_and(|n| n.level == crate::need::NeedLevel::Short);
+            let reset = self
                 .vms
                 .get_mut(name)
-                .is_some_and(|m| std::mem::take(&mut m.reset))
-            {
-                output.balloon.remove(name);
-                output.holds.remove(name);
+                .is_some_and(|m| std::mem::take(&mut m.reset));
+            if reset && !short {
+                let then = output
+                    .balloon
+                    .remove(name)
+                    .map(|p| p.reason)
+                    .or_else(|| output.holds.remove(name));
                 let target = s.snap.limits.max;
-                let reason = Reason::new(
-                    "safeguard.reset",
-                    format!(
-                        "guest reset: its balloon given back ({target}) while it boots (QEMU \
-                         keeps the target across a reset, and the guest would inflate to it \
-                         again)"
-                    ),
+                let mut detail = format!(
+                    "guest reset: its balloon given back ({target}) while it boots (QEMU keeps \
+                     the target across a reset, and the guest would inflate to it again)"
                 );
+                if let Some(then) = then {
+                    detail += &format!("; the policy, starting afresh: {then}");
+                }
+                let reason = Reason::new("safeguard.reset", detail);
                 if let Some(m) = self.vms.get_mut(name) {
                     asked(m, target, at, Duration::from_secs(self.config.settle_s));
                 }
@@ -280,7 +296,12 @@ impl Engine {
             }
         }
 
-        if let (None, Some(state)) = (&self.ksm.foreign, &snap.host.ksm) {
+        // A reset seen for a VM not decided this tick (left alone, its memory fixed) is
+        // not carried to a later one.
+        for m in self.vms.values_mut() {
+            m.reset = false;
+        }
+        if let (None, Some(state), false) = (&self.ksm.foreign, &snap.host.ksm, self.ksm.writing) {
             self.ksm.foreign = foreign_ksm(&self.ksm.set, state);
             if let Some(why) = &self.ksm.foreign {
                 diagnostics.push(Diagnostic {

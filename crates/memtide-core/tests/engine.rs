@@ -831,3 +831,66 @@ fn merge_across_nodes_is_left_as_it_is_while_pages_are_merged_and_the_other_knob
         said.message
     );
 }
+
+#[test]
+fn knobs_read_while_a_write_of_memtides_is_under_way_are_not_someone_elses() {
+    let mut e = engine();
+    let h = || host(16384, 1024);
+    let asked = e
+        .tick(&snapshot(0, h(), vec![vm("a", 8192, 8192, 10)]))
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            Action::SetKsm { settings, .. } => Some(settings.clone()),
+            _ => None,
+        })
+        .expect("KSM tuned");
+    e.ksm_applied(&asked);
+    // A write of `run` 2 unmerging: the kernel shows 2 before the write returns.
+    let mut unmerging = h();
+    unmerging.ksm.as_mut().unwrap().run = 2;
+    e.ksm_writing(true);
+    let d = e.tick(&snapshot(
+        10,
+        unmerging.clone(),
+        vec![vm("a", 8192, 8192, 10)],
+    ));
+    assert!(!kinds_host(&d).contains(&DiagnosticKind::OtherManager));
+    // With no write of memtide's under way, the same knobs are someone else's.
+    e.ksm_writing(false);
+    let d = e.tick(&snapshot(20, unmerging, vec![vm("a", 8192, 8192, 10)]));
+    assert!(kinds_host(&d).contains(&DiagnosticKind::OtherManager));
+}
+
+#[test]
+fn a_guest_that_resets_while_the_host_is_short_is_left_to_the_policy() {
+    use memtide_core::estimate::fused::FusedConfig;
+    use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
+    let memtide = Box::new(WorkingSet::new(
+        EstimatorConfig::Fused(FusedConfig::default()),
+        WorkingSetConfig::default(),
+        KsmConfig::default(),
+    ));
+    let mut engine = Engine::new(EngineConfig::default(), memtide);
+    engine.tick(&snapshot(0, host(4000, 0), vec![vm("db", 1000, 600, 100)]));
+    let mut reset = vm("db", 1000, 600, 100);
+    if let Ok(sample) = &mut reset.sample {
+        sample.events = vec![memtide_core::VmEvent::Reset];
+    }
+    let d = engine.tick(&snapshot(1, host(4000, 0), vec![reset]));
+    assert_eq!(
+        d.host.need.map(|n| n.level),
+        Some(memtide_core::need::NeedLevel::Short)
+    );
+    let rule = &d.vms[0].reason.as_ref().unwrap().rule;
+    assert_ne!(
+        rule, "safeguard.reset",
+        "nothing given back on a short host"
+    );
+    assert!(
+        targets_of(&d, "db").iter().all(|&t| t < 1000),
+        "{:?}",
+        d.actions
+    );
+}

@@ -858,7 +858,14 @@ fn main() -> ExitCode {
         .enable_all()
         .build();
     match runtime {
-        Ok(runtime) => runtime.block_on(run(cli)),
+        Ok(runtime) => {
+            let code = runtime.block_on(run(cli));
+            // Blocking work still under way (a read of a hung FUSE mount, a KSM write
+            // unmerging every page) is not waited for past a few seconds: dropping the
+            // runtime would wait for it without end.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            code
+        }
         Err(e) => {
             eprintln!("memtide: starting the async runtime: {e}");
             ExitCode::FAILURE

@@ -68,16 +68,18 @@ pub fn launchers(proc: &Path) -> Vec<Launcher> {
 /// `pod<UID>` with the cgroupfs driver, `kubepods[-QOS]-pod<UID>.slice` (the UID's `-`
 /// written `_`) with the systemd one. A reader in a cgroup namespace of its own (memtide
 /// in its pod) sees the path from its own cgroup (`/../../pod<UID>/…`), so the name is
-/// looked for in any component. A process cannot move itself into another pod's cgroup
-/// unless it is privileged, so this names the pod whatever files the pod shapes. `None`
-/// where no line names a pod, or two lines name different ones.
+/// looked for in any component, the outermost first: the kubelet made that one, and a
+/// pod allowed to make cgroups of its own below it could name one after another pod. A
+/// process cannot move itself into another pod's cgroup unless it is privileged, so this
+/// names the pod whatever files the pod shapes. `None` where no line names a pod, or two
+/// lines name different ones.
 pub fn pod_uid(cgroup: &str) -> Option<String> {
     let mut found: Option<String> = None;
     for line in cgroup.lines() {
         let Some(path) = line.splitn(3, ':').nth(2) else {
             continue;
         };
-        let uid = path.split('/').rev().find_map(|c| {
+        let uid = path.split('/').find_map(|c| {
             let uid = match c.strip_suffix(".slice") {
                 Some(slice) => slice.rsplit_once("-pod")?.1.replace('_', "-"),
                 None => c.strip_prefix("pod")?.to_string(),

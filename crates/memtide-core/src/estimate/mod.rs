@@ -72,15 +72,17 @@ pub fn clamp(b: Bytes, lo: Bytes, hi: Bytes) -> Bytes {
 pub struct TickInterval(Option<Duration>);
 
 impl TickInterval {
-    /// `d`, at most twice the interval before it: a VM whose samples were missed for a
-    /// while (late, its agent away) probes no more than two ticks' worth when they come
-    /// back, not the whole gap's (20 s of 5% steps was its whole size).
+    /// `d`, at most twice the (bounded) interval before it: a VM whose samples were
+    /// missed for a while (late, its agent away) probes no more than two ticks' worth when
+    /// they come back, not the whole gap's (20 s of 5% steps was its whole size), and
+    /// gaps one after another grow it by no more than twice each.
     pub fn bounded(&mut self, d: Option<Duration>) -> Option<Duration> {
-        let before = std::mem::replace(&mut self.0, d);
-        match (d, before) {
+        let bounded = match (d, self.0) {
             (Some(d), Some(before)) => Some(d.min(before * 2)),
             _ => d,
-        }
+        };
+        self.0 = bounded.or(self.0);
+        bounded
     }
 }
 

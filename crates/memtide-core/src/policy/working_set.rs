@@ -868,12 +868,15 @@ impl Policy for WorkingSet {
             }
             // The figures the guest's agent gives (its swap, commitments, zram) went
             // missing with its reply, and what they hold the guest up by with them: for
-            // a few ticks without it, nothing is taken on that (review: one missed reply
-            // inflated a swapless guest's balloon by gigabytes for a tick). An agent
-            // that stays away is a guest without one (a guest that kills its agent keeps
-            // nothing by it).
+            // a few ticks without it, nothing is taken on that while memory is ample
+            // (review: one missed reply inflated a swapless guest's balloon by gigabytes
+            // for a tick). Not where memory is tight: agents miss replies most when the
+            // host swaps, and what a guest keeps then is its neighbours'. An agent that
+            // stays away is a guest without one.
             let missed = agent_misses(vm.history);
-            let target = if (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual {
+            let ample = need.is_some_and(|n| n.level == NeedLevel::Ample);
+            let target = if ample && (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual
+            {
                 let _ = write!(
                     detail,
                     "; its guest agent missed its last {missed} replies: it keeps its size \
@@ -1200,6 +1203,9 @@ mod tests {
         // An agent away longer than that: a guest without one (a guest does not keep its
         // memory by killing its agent).
         let o = decide_at(&mut memtide(), 3, host(), &vms, missed);
+        assert_eq!(target(&o, "a"), Some(430));
+        // A host short of memory: nothing held, what it keeps would be its neighbours'.
+        let o = decide_at(&mut memtide(), 0, testkit::host(8192, 0), &vms, missed);
         assert_eq!(target(&o, "a"), Some(430));
     }
 

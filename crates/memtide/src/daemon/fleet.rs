@@ -236,6 +236,8 @@ struct Launchers {
     found: Vec<Launcher>,
     /// The domains refused from each daemon's last listing, with why (each said once).
     refused: HashMap<String, BTreeMap<String, String>>,
+    /// The domains waiting for their pod in the pod list, by daemon (each said once).
+    waiting: HashMap<String, HashSet<String>>,
 }
 
 impl Launchers {
@@ -322,6 +324,7 @@ impl Fleet {
                 late: false,
                 found: Vec::new(),
                 refused: HashMap::new(),
+                waiting: HashMap::new(),
             }),
             pods: None,
             agent_extension: config.discovery.agent_extension.clone(),
@@ -538,6 +541,7 @@ impl Fleet {
             .map(|l| l.uri)
             .collect();
         launchers.refused.retain(|uri, _| !gone.contains(uri));
+        launchers.waiting.retain(|uri, _| !gone.contains(uri));
         if let Some(pods) = &self.pods {
             let unknown = |l: &Launcher| l.pod.as_ref().is_some_and(|p| pods.vm_of(p).is_none());
             if launchers.found.iter().any(unknown) {
@@ -550,6 +554,27 @@ impl Fleet {
         for uri in &gone {
             self.connector.forget(uri);
             self.listing_failures.remove(uri);
+        }
+    }
+
+    /// Say once that launcher `uri`'s `domain` waits for its pod in the pod list (a pod
+    /// started since the last list, or a list that never came: the API server refusing
+    /// or down, the node's name wrong).
+    fn wait_for_pod(&mut self, uri: &str, domain: &str) {
+        let Some(launchers) = self.launchers.as_mut() else {
+            return;
+        };
+        if launchers
+            .waiting
+            .entry(uri.to_string())
+            .or_default()
+            .insert(domain.to_string())
+        {
+            tracing::info!(
+                "KubeVirt launcher {uri}: domain {domain} is managed once the list of the \
+                 node's launcher pods holds its pod (asked for; see the pod bounds' messages \
+                 if it never comes)"
+            );
         }
     }
 
@@ -619,7 +644,10 @@ impl Fleet {
                 let name = match launcher {
                     true => match self.launcher_vm(&uri, domain) {
                         Ok(Some(name)) => name,
-                        Ok(None) => continue, // its pod is not listed yet
+                        Ok(None) => {
+                            self.wait_for_pod(&uri, domain);
+                            continue;
+                        }
                         Err(why) => {
                             refused.insert(domain.clone(), why);
                             continue;

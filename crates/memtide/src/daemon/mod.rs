@@ -592,6 +592,8 @@ impl Daemon {
             vms: sampled.vms,
         };
         self.started_again(&snapshot);
+        self.ksm_written();
+        self.engine.ksm_writing(self.ksm_write.is_some());
         let decision = self.engine.tick(&snapshot);
         self.record(&snapshot, &decision);
         self.actuate(&decision, t0 + self.interval.mul_f64(ACTUATION_SHARE))

@@ -115,8 +115,9 @@ async fn list(api: ApiServer, node: String, every: Duration, weak: Weak<PodBound
                     tracing::warn!(
                         "KubeVirt pod bounds: {e} ({n} failed lists; the last list that \
                          succeeded stays in force for {} s after it, then the VMs take their \
-                         domains' bounds; retried every {} s, logged again in {} s while it \
-                         fails)",
+                         domains' bounds; a launcher whose pod no list has held is not \
+                         managed until one does; retried every {} s, logged again in {} s \
+                         while it fails)",
                         bounds.keep.as_secs(),
                         every.as_secs(),
                         LOG_EVERY.as_secs()
