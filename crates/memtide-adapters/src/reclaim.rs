@@ -86,22 +86,37 @@ const MAX_BELOW: usize = 4096;
 
 /// True when a cgroup below `dir` holds a process (or there are more than [`MAX_BELOW`]
 /// to look through): their memory is charged to `dir` too, and cgroup v2 allows
-/// processes beside children that enable no controller.
+/// processes beside children that enable no controller. A child removed while it is
+/// looked through held none (only an empty cgroup can be removed): found in review, it
+/// made the whole look fail.
 fn busy_below(dir: &Path) -> Result<bool, ReclaimError> {
     let mut todo = vec![dir.to_path_buf()];
     let mut seen = 0;
     while let Some(cgroup) = todo.pop() {
-        let entries = std::fs::read_dir(&cgroup).map_err(|error| ReclaimError::Io {
-            path: cgroup.clone(),
-            error,
-        })?;
+        let entries = match std::fs::read_dir(&cgroup) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && cgroup != dir => continue,
+            entries => entries.map_err(|error| ReclaimError::Io {
+                path: cgroup.clone(),
+                error,
+            })?,
+        };
         for entry in entries.flatten() {
             if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             seen += 1;
+            if seen > MAX_BELOW {
+                return Ok(true);
+            }
             let child = entry.path();
-            if seen > MAX_BELOW || !read(&child.join("cgroup.procs"))?.trim().is_empty() {
+            let procs = match std::fs::read_to_string(child.join("cgroup.procs")) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                procs => procs.map_err(|error| ReclaimError::Io {
+                    path: child.join("cgroup.procs"),
+                    error,
+                })?,
+            };
+            if !procs.trim().is_empty() {
                 return Ok(true);
             }
             todo.push(child);
@@ -252,6 +267,10 @@ mod tests {
         std::fs::create_dir_all(cg.join("vms/a/idle/deeper")).unwrap();
         std::fs::write(cg.join("vms/a/idle/cgroup.procs"), "").unwrap();
         std::fs::write(cg.join("vms/a/idle/deeper/cgroup.procs"), "").unwrap();
+        assert_eq!(cgroup_of(&proc, &cg, 42).unwrap(), cg.join("vms/a"));
+        // A child removed as it is looked through (its directory listed, its files gone)
+        // held no process; before, the look failed on it.
+        std::fs::create_dir_all(cg.join("vms/a/removed")).unwrap();
         assert_eq!(cgroup_of(&proc, &cg, 42).unwrap(), cg.join("vms/a"));
         std::fs::write(cg.join("vms/a/idle/deeper/cgroup.procs"), "99\n").unwrap();
         let below = cgroup_of(&proc, &cg, 42).unwrap_err().to_string();

@@ -109,6 +109,12 @@ impl Engine {
         self.policy.recall(memory);
     }
 
+    /// Forget what [`Engine::recall`] gave for VM `vm`, not yet used: it runs in another
+    /// hypervisor process than the one it was kept for.
+    pub fn forget_recalled(&mut self, vm: &str) {
+        self.policy.forget_recalled(vm);
+    }
+
     /// KSM's knobs were written as `settings` asked (the daemon's word, once the write
     /// succeeded): from now on, knobs found otherwise were set by someone else, and
     /// memtide leaves KSM alone until [`Engine::manage_again`].
@@ -194,6 +200,9 @@ impl Engine {
                 limits: &s.snap.limits,
                 history: &self.vms[&s.snap.name].history,
                 actual: reports[s.index].actual.expect("managed VMs have a balloon"),
+                // None where memtide sends its next target even if it is its last one (a
+                // VM managed again: the one in force may be another manager's).
+                target: s.snap.target.filter(|_| !self.vms[&s.snap.name].resend),
                 signals: &s.signals,
             })
             .collect();

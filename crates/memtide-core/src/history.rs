@@ -86,6 +86,19 @@ impl<T> History<T> {
         (n >= 2).then(|| self.samples[n - 1].0.saturating_sub(self.samples[n - 2].0))
     }
 
+    /// Growth of a cumulative counter from the latest earlier sample that has it to the
+    /// latest, and the time between the two: samples without it in between (a guest
+    /// agent's missed replies) lose none of it (found in review: an OOM kill counted in
+    /// the reply after a missed one was never seen). `None` when the latest lacks it, no
+    /// earlier sample has it, or it went backwards (a reset).
+    pub fn growth(&self, counter: impl Fn(&T) -> Option<u64>) -> Option<(u64, Duration)> {
+        let mut samples = self.samples.iter().rev();
+        let (t1, latest) = samples.next()?;
+        let c1 = counter(latest)?;
+        let (t0, c0) = samples.find_map(|(t, s)| Some((t, counter(s)?)))?;
+        Some((c1.checked_sub(c0)?, t1.saturating_sub(*t0)))
+    }
+
     /// Growth of a cumulative counter between the two latest samples; `None` when either
     /// lacks it or it went backwards (a reset).
     pub fn delta(&self, counter: impl Fn(&T) -> Option<u64>) -> Option<u64> {
@@ -165,6 +178,26 @@ mod tests {
         );
         h.push(at(4), 2);
         assert_eq!(h.delta(|v| Some(*v)), None, "a counter reset is no delta");
+    }
+
+    #[test]
+    fn growth_reaches_over_samples_that_lack_the_counter() {
+        let mut h = History::new(10);
+        for (t, v) in [(1, Some(5u64)), (3, None), (5, None), (7, Some(9))] {
+            h.push(at(t), v);
+        }
+        assert_eq!(
+            h.growth(|v| *v),
+            Some((4, at(6))),
+            "nothing lost in the gap"
+        );
+        assert_eq!(h.delta(|v| *v), None, "the two latest only");
+        h.push(at(9), None);
+        assert_eq!(h.growth(|v| *v), None, "the latest lacks it");
+        let mut h = History::new(10);
+        h.push(at(1), None);
+        h.push(at(2), Some(3u64));
+        assert_eq!(h.growth(|v| *v), None, "nothing earlier has it");
     }
 
     #[test]

@@ -63,14 +63,16 @@ pub struct Signals {
     /// Evicted pages faulted back since the previous sample (refaults with the agent,
     /// major faults without it).
     pub refaults: Option<u64>,
-    /// Direct-reclaim stalls since the previous sample.
+    /// Direct-reclaim stalls since the previous sample (after guest agent replies
+    /// missed, with neither count in the balloon statistics: since its previous reply).
     pub alloc_stalls: Option<u64>,
-    /// OOM kills since the previous sample.
+    /// OOM kills since the previous sample (as `alloc_stalls`).
     pub oom_kills: Option<u64>,
     /// The guest's memory PSI, `some` over 10 s (percent).
     pub psi_some_avg10: Option<f64>,
-    /// Share of the last interval during which some guest task stalled on memory
-    /// (percent; from PSI's cumulative total, so it measures this tick only).
+    /// Share of the time since the agent's previous reply during which some guest task
+    /// stalled on memory (percent; from PSI's cumulative total, so it measures this tick,
+    /// and the ticks of missed replies before it, only).
     pub psi_some_stalled: Option<f64>,
     /// The guest has an agent but it did not answer this tick: its /proc figures are
     /// missing and the balloon statistics (which a struggling guest may also leave
@@ -174,6 +176,15 @@ impl Signals {
             .unzip();
         // Counters from the agent when both samples have it, else from balloon stats.
         let agent_delta = |f: fn(&AgentStats) -> Option<u64>| history.delta(|s| f(agent(s)?));
+        // Events, else from the agent's previous reply: one counted in the reply after a
+        // missed one is not lost (found in review: an OOM kill then was never seen). Not
+        // where the balloon statistics counted the missed ticks, which would count them
+        // twice.
+        let events = |f: fn(&AgentStats) -> Option<u64>, stats: fn(&VmSample) -> Option<u64>| {
+            agent_delta(f)
+                .or_else(|| history.delta(stats))
+                .or_else(|| history.growth(|s| f(agent(s)?)).map(|(n, _)| n))
+        };
         let swap_ins = agent_delta(|a| a.vmstat.pswpin)
             .or_else(|| history.delta(|s| s.stats.swap_in.map(|b| b.0 / PAGE)));
         let refaults = agent_delta(|a| a.vmstat.refaults())
@@ -198,13 +209,12 @@ impl Signals {
             unreclaimable_listed,
             swap_ins,
             refaults,
-            alloc_stalls: agent_delta(|a| a.vmstat.allocstall)
-                .or_else(|| history.delta(|s| s.stats.alloc_stalls)),
-            oom_kills: agent_delta(|a| a.vmstat.oom_kill)
-                .or_else(|| history.delta(|s| s.stats.oom_kills)),
+            alloc_stalls: events(|a| a.vmstat.allocstall, |s| s.stats.alloc_stalls),
+            oom_kills: events(|a| a.vmstat.oom_kill, |s| s.stats.oom_kills),
             psi_some_avg10: a.and_then(|a| a.psi).map(|p| p.some.avg10),
-            psi_some_stalled: agent_delta(|a| Some(a.psi?.some.total_us))
-                .zip(history.interval().filter(|d| !d.is_zero()))
+            psi_some_stalled: history
+                .growth(|s| Some(agent(s)?.psi?.some.total_us))
+                .filter(|(_, d)| !d.is_zero())
                 .map(|(us, d)| (us as f64 / d.as_micros() as f64 * 100.0).min(100.0)),
             agent_failed: matches!(s.agent, Some(Err(_))),
             interval: history.interval(),
@@ -346,6 +356,51 @@ mod tests {
             "with swap, anon can go"
         );
         assert_eq!(s.swap_used, Some(Bytes::from_mib(100)), "512 - 412");
+    }
+
+    /// An answered reply, a missed one, an answered one again, whose agent counts one OOM
+    /// kill in the second half.
+    fn h_samples() -> [VmSample; 3] {
+        let mut answered = sample(10, 5, 1000, 0);
+        if let Some(Ok(a)) = &mut answered.agent {
+            a.vmstat.oom_kill = Some(0);
+        }
+        let mut missed = sample(12, 6, 1000, 0);
+        missed.agent = Some(Err("guest agent: no reply".into()));
+        let mut killed = sample(14, 9, 5000, 0);
+        if let Some(Ok(a)) = &mut killed.agent {
+            a.vmstat.oom_kill = Some(1);
+        }
+        [answered, missed, killed]
+    }
+
+    #[test]
+    fn counters_count_from_the_agents_previous_reply_over_a_missed_one() {
+        // Before: the reply after a missed one had no delta, and the OOM kill in it was
+        // never seen (nor the swap-ins, nor the stalls).
+        let mut h = History::new(10);
+        for (t, s) in (1..).zip(h_samples()) {
+            h.push(Duration::from_secs(t), s);
+        }
+        let s = Signals::derive(&h);
+        assert_eq!(s.oom_kills, Some(1));
+        // 40 ms of stall over the 2 s since its previous reply.
+        assert_eq!(s.psi_some_stalled, Some(2.0));
+        // Where the balloon statistics count kills too, the missed tick was counted from
+        // them: the kill it saw is not counted again.
+        let mut h = History::new(10);
+        let mut kills = 0;
+        for (t, mut s) in (1..).zip(h_samples()) {
+            if t == 2 {
+                kills = 1; // in the tick whose reply was missed
+            }
+            s.stats.oom_kills = Some(kills);
+            h.push(Duration::from_secs(t), s);
+            if t == 2 {
+                assert_eq!(Signals::derive(&h).oom_kills, Some(1), "from the balloon");
+            }
+        }
+        assert_eq!(Signals::derive(&h).oom_kills, Some(0), "not again");
     }
 
     /// A 1 GiB guest: 200 MiB free, 400 MiB of page cache, 50 of reclaimable slab, 150 of

@@ -5,8 +5,8 @@ use memtide_core::policy::mom::Mom;
 use memtide_core::stats::{DomainScope, OtherManager};
 use memtide_core::testkit::{host, snapshot, vm, Fixed};
 use memtide_core::{
-    Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, Reason, VmEvent,
-    VmSnapshot,
+    Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, KsmSettings,
+    Reason, VmEvent, VmSnapshot,
 };
 
 fn engine() -> Engine {
@@ -192,17 +192,17 @@ fn guest_reset_forgets_history() {
     assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 780)]);
 }
 
+/// The KSM settings `action` writes, if it writes any.
+fn ksm_set(action: &Action) -> Option<KsmSettings> {
+    match action {
+        Action::SetKsm { settings, .. } => Some(settings.clone()),
+        _ => None,
+    }
+}
+
 #[test]
 fn ksm_knobs_are_written_only_when_they_differ() {
-    let ksm_actions = |d: &Decision| {
-        d.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::SetKsm { settings, .. } => Some(settings.clone()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
+    let ksm_actions = |d: &Decision| d.actions.iter().filter_map(ksm_set).collect::<Vec<_>>();
     let mut h = host(16384, 1024);
     let d = engine().tick(&snapshot(0, h.clone(), vec![vm("a", 8192, 8192, 10)]));
     let ksm = ksm_actions(&d);
@@ -263,12 +263,7 @@ fn ksm_is_tuned_for_a_cgroup_domain_only_when_the_operator_says_so() {
 
 #[test]
 fn ksm_knobs_set_by_someone_else_keep_memtide_off_ksm_until_reload() {
-    let set_ksm = |d: &Decision| {
-        d.actions.iter().find_map(|a| match a {
-            Action::SetKsm { settings, .. } => Some(settings.clone()),
-            _ => None,
-        })
-    };
+    let set_ksm = |d: &Decision| d.actions.iter().find_map(ksm_set);
     // The host is short (1 GiB free of 16): mom runs ksmd.
     let mut e = engine();
     let h = || host(16384, 1024);
@@ -800,12 +795,7 @@ impl memtide_core::policy::Policy for MomAcrossNodes {
 
 #[test]
 fn merge_across_nodes_is_left_as_it_is_while_pages_are_merged_and_the_other_knobs_still_set() {
-    let set_ksm = |d: &Decision| {
-        d.actions.iter().find_map(|a| match a {
-            Action::SetKsm { settings, .. } => Some(settings.clone()),
-            _ => None,
-        })
-    };
+    let set_ksm = |d: &Decision| d.actions.iter().find_map(ksm_set);
     let mut e = Engine::new(EngineConfig::default(), Box::<MomAcrossNodes>::default());
     // No page merged: the kernel takes the new value, with the others.
     let mut h = host(16384, 1024);
@@ -840,10 +830,7 @@ fn knobs_read_while_a_write_of_memtides_is_under_way_are_not_someone_elses() {
         .tick(&snapshot(0, h(), vec![vm("a", 8192, 8192, 10)]))
         .actions
         .iter()
-        .find_map(|a| match a {
-            Action::SetKsm { settings, .. } => Some(settings.clone()),
-            _ => None,
-        })
+        .find_map(ksm_set)
         .expect("KSM tuned");
     e.ksm_applied(&asked);
     // A write of `run` 2 unmerging: the kernel shows 2 before the write returns.

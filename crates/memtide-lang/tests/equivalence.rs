@@ -73,6 +73,7 @@ fn decide(policy: &mut dyn Policy, host: &(u64, Vec<u64>, u64), vms: &[VmCase]) 
             limits: &limits[i],
             history: &histories[i],
             actual: histories[i].latest().unwrap().balloon.unwrap(),
+            target: None,
             signals: &signals,
         })
         .collect();
@@ -149,6 +150,7 @@ fn guests_without_statistics_are_not_shown_and_say_why() {
         limits: &limits,
         history: &history,
         actual: Bytes::from_mib(1024),
+        target: None,
         signals: &signals,
     }];
     let out = policy.decide(&PolicyInput {

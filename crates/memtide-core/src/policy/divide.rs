@@ -234,6 +234,7 @@ mod tests {
                 limits: &limits,
                 history: h,
                 actual: Bytes::from_mib(1024),
+                target: None,
                 signals: &signals,
             })
             .collect();
@@ -280,6 +281,7 @@ mod tests {
                 limits: &limits,
                 history: &h,
                 actual: Bytes::from_mib(2048),
+                target: None,
                 signals: &signals,
             };
             let room = growth(&vm, most.map(Bytes::from_mib));

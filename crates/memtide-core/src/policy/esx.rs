@@ -215,6 +215,7 @@ mod tests {
                 limits: &limits,
                 history: &histories[i],
                 actual: Bytes::from_mib(size),
+                target: None,
                 signals: &signals,
             })
             .collect();

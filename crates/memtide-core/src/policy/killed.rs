@@ -45,7 +45,7 @@ pub struct Recovering {
 /// What a guest said in one tick.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tick {
-    /// OOM kills since the last tick.
+    /// OOM kills since the last tick ([`Signals::oom_kills`](crate::signals::Signals)).
     pub kills: Option<u64>,
     /// Allocation stalls (direct reclaim of the whole guest) since the last tick.
     pub stalls: Option<u64>,

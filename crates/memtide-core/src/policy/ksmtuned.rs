@@ -154,6 +154,7 @@ mod tests {
                 limits: &limits,
                 history: &history,
                 actual: Bytes::from_mib(*m),
+                target: None,
                 signals: &signals,
             })
             .collect();

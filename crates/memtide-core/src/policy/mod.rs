@@ -38,6 +38,9 @@ pub struct VmInput<'a> {
     pub history: &'a History<VmSample>,
     /// The guest's current logical size (balloon actual).
     pub actual: Bytes,
+    /// The balloon target in force (the last one delivered), when known: the size the
+    /// guest is moving to.
+    pub target: Option<Bytes>,
     /// Derived signals.
     pub signals: &'a Signals,
 }
@@ -166,6 +169,9 @@ pub trait Policy: Send {
     /// Take back what [`Policy::memory`] kept before a restart, each VM's with its
     /// configured size: used when the VM is first seen, at that size.
     fn recall(&mut self, _memory: BTreeMap<String, (Bytes, FusedMemory)>) {}
+    /// Forget what [`Policy::recall`] gave for VM `vm`, not yet used: the VM is not the
+    /// one it was kept for.
+    fn forget_recalled(&mut self, _vm: &str) {}
     /// Take over what the policy this one replaces (a reload) had learnt, each VM's with
     /// its configured size: used at the next decision for each VM still running at that
     /// size, and for no other (one that reset or left starts afresh).

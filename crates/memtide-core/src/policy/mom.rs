@@ -259,6 +259,7 @@ mod tests {
             limits: &limits,
             history: &history,
             actual: Bytes::from_mib(actual_mib),
+            target: None,
             signals: &signals,
         }];
         Mom::default().decide(&PolicyInput {
@@ -339,6 +340,7 @@ mod tests {
             limits: &limits,
             history: &history,
             actual: Bytes::from_mib(800),
+            target: None,
             signals: &signals,
         }];
         let out = Mom::default().decide(&PolicyInput {

@@ -268,6 +268,7 @@ mod tests {
                 limits: &limits[i],
                 history: &histories[i],
                 actual: Bytes::from_mib(vms[i].0),
+                target: None,
                 signals: &signals[i],
             })
             .collect();
@@ -389,6 +390,7 @@ mod tests {
                     limits: &limits[i],
                     history: &histories[i],
                     actual: Bytes::from_mib(vms[i].0),
+                    target: None,
                     signals: &signals[i],
                 })
                 .collect();

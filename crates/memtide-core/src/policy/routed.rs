@@ -104,6 +104,13 @@ impl Policy for Routed {
     fn take_over(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
         self.share(memory, |policy, mine| policy.take_over(mine));
     }
+
+    fn forget_recalled(&mut self, vm: &str) {
+        self.host.forget_recalled(vm);
+        for (_, policy) in &mut self.exceptions {
+            policy.forget_recalled(vm);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +144,7 @@ mod tests {
             limits: &limits,
             history: &h,
             actual: Bytes::from_mib(1024),
+            target: None,
             signals: &signals,
         };
         let vms = [vm("db"), vm("web"), vm("batch")];

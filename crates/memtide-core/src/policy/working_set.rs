@@ -35,7 +35,8 @@ pub struct WorkingSetConfig {
     /// Share of the domain kept free for the host when dividing memory; unset,
     /// [`default_reserve`].
     pub host_reserve: Option<f64>,
-    /// Smallest change worth making, as a share of the guest's size.
+    /// Smallest change worth making, as a share of the balloon target in force (the
+    /// guest's size where none is known).
     pub min_change: f64,
     /// Under memtide's estimator, the share of the host's free swap that guests without
     /// swap may be given beyond the domain's memory ([`host_swap_room`]); at 0 they are
@@ -402,6 +403,10 @@ impl Policy for WorkingSet {
 
     fn take_over(&mut self, memory: BTreeMap<String, (Bytes, FusedMemory)>) {
         self.handed = memory;
+    }
+
+    fn forget_recalled(&mut self, vm: &str) {
+        self.recalled.remove(vm);
     }
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
@@ -877,32 +882,41 @@ impl Policy for WorkingSet {
             let ample = need.is_some_and(|n| n.level == NeedLevel::Ample);
             let target = if ample && (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual
             {
+                // Its size, or where its balloon is giving memory back, the target that does.
+                let kept = vm.target.map_or(vm.actual, |t| t.max(vm.actual));
                 let _ = write!(
                     detail,
-                    "; its guest agent missed its last {missed} replies: it keeps its size \
-                     ({}) until the agent answers, for {AGENT_MISSES_HELD} at most",
-                    vm.actual
+                    "; its guest agent missed its last {missed} replies: it keeps {kept} \
+                     until the agent answers, for {AGENT_MISSES_HELD} at most",
                 );
-                vm.actual
+                kept
             } else {
                 target
             };
-            let change = target.abs_diff(vm.actual);
+            // Measured from where the balloon is going, not where it is: a want held as
+            // too close to a guest's size while its balloon inflated to an older, lower
+            // target let the balloon go on taking what was no longer to be taken (found in
+            // review).
+            let (from, at) = match vm.target {
+                Some(t) => (t, "its balloon's target"),
+                None => (vm.actual, "its size"),
+            };
+            let change = target.abs_diff(from);
             let reason = |detail| Reason {
                 need: need.map(|n| n.level),
                 ..Reason::new(rule.clone(), detail)
             };
-            if change.as_f64() > vm.actual.as_f64() * self.config.min_change {
+            if change.as_f64() > from.as_f64() * self.config.min_change {
                 let reason = reason(detail);
                 out.balloon
                     .insert(vm.name.to_string(), Proposal { target, reason });
             } else {
                 if change < Bytes::from_mib(1) {
-                    detail.push_str("; the guest is at that size");
+                    let _ = write!(detail, "; that is {at}");
                 } else {
                     let _ = write!(
                         detail,
-                        "; {change} from its size, within the {:.1}% not worth a change",
+                        "; {change} from {at}, within the {:.1}% not worth a change",
                         self.config.min_change * 100.0
                     );
                 }
@@ -1011,6 +1025,7 @@ mod tests {
                 limits: &limits[i],
                 history: &histories[i],
                 actual: Bytes::from_mib(vms[i].1),
+                target: None,
                 signals: &signals[i],
             })
             .collect();
@@ -1197,7 +1212,7 @@ mod tests {
         assert_eq!(target(&o, "a"), None);
         let held = &o.holds["a"].detail;
         assert!(
-            held.contains("its guest agent missed its last 1 replies: it keeps its size (1.0 GiB)"),
+            held.contains("its guest agent missed its last 1 replies: it keeps 1.0 GiB until"),
             "{held}"
         );
         // An agent away longer than that: a guest without one (a guest does not keep its
@@ -1606,6 +1621,7 @@ mod tests {
                 limits: &limits,
                 history: &mute,
                 actual: Bytes::from_mib(1000),
+                target: None,
                 signals: &Signals::default(),
             },
             VmInput {
@@ -1613,6 +1629,7 @@ mod tests {
                 limits: &limits,
                 history: &b,
                 actual: Bytes::from_mib(900),
+                target: None,
                 signals: &figures,
             },
         ];
@@ -1629,6 +1646,54 @@ mod tests {
             why.contains("VMs want 931 MiB but can have 900 MiB"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_want_near_the_guests_size_stops_a_balloon_inflating_to_an_older_target() {
+        // "b" is at 1000 MiB and needs all of it (970 used, a 30 MiB margin), its balloon
+        // inflating to an older target, 400. Before: the want, within 0.5% of its size,
+        // was held as not worth a change, and the balloon went on to 400.
+        let mut host = History::new(10);
+        host.push(Duration::ZERO, testkit::host(8192, 6000));
+        let mut history = History::new(10);
+        history.push(
+            Duration::ZERO,
+            testkit::vm("b", 1024, 1000, 0).sample.unwrap(),
+        );
+        let figures = Signals {
+            available: Some(Bytes::from_mib(30)),
+            committed_as: Some(Bytes::from_mib(970)),
+            ..Signals::default()
+        };
+        let limits = VmLimits {
+            min: Bytes::from_mib(64),
+            max: Bytes::from_mib(1024),
+            shares: 1000,
+        };
+        let decide = |target: Option<u64>| {
+            let vms = [VmInput {
+                name: "b",
+                limits: &limits,
+                history: &history,
+                actual: Bytes::from_mib(1000),
+                target: target.map(Bytes::from_mib),
+                signals: &figures,
+            }];
+            memtide().decide(&PolicyInput {
+                at: Duration::ZERO,
+                host: &host,
+                vms: &vms,
+                unreachable: &[],
+            })
+        };
+        let settled = decide(Some(1000));
+        let why = &settled.holds["b"].detail;
+        assert!(why.contains("; that is its balloon's target"), "{why}");
+        let inflating = decide(Some(400));
+        assert_eq!(target(&inflating, "b"), Some(1000), "{:?}", inflating.holds);
+        // Where no target is known, from its size.
+        let why = &decide(None).holds["b"].detail;
+        assert!(why.contains("; that is its size"), "{why}");
     }
 
     #[test]

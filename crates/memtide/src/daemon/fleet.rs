@@ -265,6 +265,8 @@ pub struct Fleet {
     links: HashSet<PathBuf>,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
+    /// The tick interval: a sample asked for at the previous tick is fresh.
+    interval: Duration,
     candidates: BTreeMap<Endpoint, Candidate>,
     managed: BTreeMap<String, Managed>,
     /// The names of the VMs configured by `pid` alone: never connected, only placed, but
@@ -331,6 +333,7 @@ impl Fleet {
             links: HashSet::new(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
+            interval: Duration::try_from_secs_f64(config.interval_s).unwrap_or_default(),
             candidates,
             managed: BTreeMap::new(),
             placed_only: config
@@ -738,14 +741,21 @@ impl Fleet {
     /// (so the policy decides nothing for it and divides none of its memory), is counted
     /// and marked stale, and keeps its call; nothing else waits for it. A call from an
     /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
-    /// result is returned for reporting, and a save queued behind the call started before
-    /// the sample. VMs whose connection is gone are dropped (and reported); the rest are
+    /// result is returned for reporting, a save queued behind the call started before
+    /// the sample, and a sample the previous tick asked for (since an interval and a half
+    /// ago: a tick that ran late, not one before it) is this one's. VMs whose connection is gone are dropped (and reported); the rest are
     /// returned in name order.
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
+        let fresh = start
+            .checked_sub(self.interval.mul_f64(1.5))
+            .unwrap_or(start);
         let mut out = Sampled::default();
         let collected = join_all(self.managed.iter_mut().map(|(name, m)| async move {
-            (name.clone(), m.task.sample_by(deadline, &mut m.save).await)
+            (
+                name.clone(),
+                m.task.sample_by(fresh, deadline, &mut m.save).await,
+            )
         }))
         .await;
         for (name, collected) in collected {
@@ -1050,6 +1060,8 @@ mod tests {
         Hangs,
         /// Samples fine, never answers a balloon command.
         IgnoresBalloon,
+        /// Samples fine, each sample taking [`SLOW_SAMPLE`].
+        SlowSample,
         Dies,
     }
 
@@ -1075,23 +1087,25 @@ mod tests {
         async fn sample(&mut self) -> Result<VmSample, BackendError> {
             match self.0 {
                 Behaviour::Hangs => std::future::pending().await,
-                Behaviour::Dies => Err(BackendError::Disconnected("end of stream".into())),
-                _ => Ok(VmSample {
-                    configured: Bytes::from_mib(512),
-                    balloon: Some(Bytes::from_mib(512)),
-                    stats: Default::default(),
-                    agent: None,
-                    rss: None,
-                    swapped: None,
-                    cpu_s: None,
-                    referenced: None,
-                    cold: None,
-                    virtio_mem: None,
-                    free_page_reporting: false,
-                    fixed: None,
-                    events: Vec::new(),
-                }),
+                Behaviour::Dies => return Err(BackendError::Disconnected("end of stream".into())),
+                Behaviour::SlowSample => tokio::time::sleep(SLOW_SAMPLE).await,
+                _ => {}
             }
+            Ok(VmSample {
+                configured: Bytes::from_mib(512),
+                balloon: Some(Bytes::from_mib(512)),
+                stats: Default::default(),
+                agent: None,
+                rss: None,
+                swapped: None,
+                cpu_s: None,
+                referenced: None,
+                cold: None,
+                virtio_mem: None,
+                free_page_reporting: false,
+                fixed: None,
+                events: Vec::new(),
+            })
         }
         async fn set_balloon(&mut self, _: Bytes) -> Result<(), BackendError> {
             self.1.fetch_add(1, Ordering::SeqCst);
@@ -1115,6 +1129,10 @@ mod tests {
             Ok(Saved::default())
         }
     }
+
+    /// How long a slow fake VM's sample takes: more than a tick waits, less than its
+    /// interval.
+    const SLOW_SAMPLE: Duration = Duration::from_millis(1400);
 
     /// How long a fake VM's save takes.
     const SAVE_TAKES: Duration = Duration::from_secs(1);
@@ -1933,6 +1951,45 @@ mod tests {
             assert!(!ok.stale && ok.late_samples == 0 && ok.age_s == Some(1.0));
             tokio::time::sleep_until(t0 + INTERVAL).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_answering_after_the_wait_but_within_the_interval_is_decided_every_other_tick() {
+        // Before: each tick superseded the sample that came after the previous tick's
+        // deadline and asked for one that came late again: never decided.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "laggard", Behaviour::SlowSample, 30_000).await;
+        let mut decided = Vec::new();
+        for tick in 1..=6 {
+            let t0 = Instant::now();
+            let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+            assert_eq!(names(&sampled.vms), ["laggard", "ok"]);
+            assert!(sampled.vms[1].sample.is_ok(), "ok decided at tick {tick}");
+            let on_time = sampled.vms[0].sample.is_ok();
+            // Waited for it until the deadline, or not at all when its sample was in.
+            let waited = if on_time {
+                Duration::ZERO
+            } else {
+                INTERVAL / 2
+            };
+            assert_eq!(t0.elapsed(), waited, "tick {tick}");
+            decided.push(on_time);
+            // No second call was asked of it in a tick it is decided in: a balloon
+            // command goes out at once.
+            let target = [("laggard".into(), Bytes::from_mib(300))];
+            let sent = fleet.set_balloons(&target, t0 + INTERVAL * 3 / 4).await;
+            if on_time {
+                assert_eq!(sent[0], Sent::Answered(Ok(())), "tick {tick}");
+            }
+            tokio::time::sleep_until(t0 + INTERVAL).await;
+        }
+        assert_eq!(decided, [false, true, false, true, false, true]);
+        let laggard = &fleet.sampling()[0];
+        assert_eq!(
+            (laggard.name.as_str(), laggard.late_samples),
+            ("laggard", 3)
+        );
     }
 
     #[tokio::test(start_paused = true)]

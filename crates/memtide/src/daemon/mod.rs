@@ -669,6 +669,12 @@ impl Daemon {
                     if !self.restores.contains(vm) {
                         self.running_on(vm);
                     }
+                    if let Some(state) = &mut self.state {
+                        if let Some(why) = state.connected(vm, self.fleet.hypervisor(vm)) {
+                            self.engine.forget_recalled(vm);
+                            self.events.log("state", Some(vm), None, why);
+                        }
+                    }
                 }
                 FleetEvent::Lost {
                     vm,

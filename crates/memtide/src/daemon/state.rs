@@ -3,7 +3,8 @@
 //! and cool-down), and its adaptive cold age in tier placement. Written every tick,
 //! atomically (a temporary file, fsync, rename), as small versioned JSON; read at start.
 //! A VM's state is used when the VM is found again under its name at the same configured
-//! size (a VM configured by `pid`, which has only a cold age, when it is the same process);
+//! size, in the same hypervisor process where that is known (a VM configured by `pid`,
+//! which has only a cold age, when it is the same process);
 //! a file that is unreadable or of another version is ignored, with the reason logged, and
 //! so is one older than [`MAX_AGE`] but for its cold ages, kept within the longest age.
 
@@ -78,6 +79,25 @@ struct SavedVm {
     /// Its adaptive cold age in tier placement (s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cold_age_s: Option<f64>,
+    /// The hypervisor process it ran in, where known: its estimator and target are not
+    /// used for a VM of that name found in another (the VM restarted meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hypervisor: Option<Hypervisor>,
+}
+
+/// A hypervisor process: its pid and its start time (`/proc/PID/stat` field 22, clock
+/// ticks after boot), which tells it from a later process given the pid.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hypervisor {
+    pid: u32,
+    started: u64,
+}
+
+impl From<(u32, u64)> for Hypervisor {
+    fn from((pid, started): (u32, u64)) -> Hypervisor {
+        Hypervisor { pid, started }
+    }
 }
 
 /// A VM configured by `pid`'s cold age, with the process it was learnt for. Such a VM has
@@ -105,6 +125,10 @@ pub struct StateFile {
     given: BTreeSet<String>,
     cold_ages: BTreeMap<String, (LearntFor, ColdAge)>,
     last: BTreeMap<String, SavedVm>,
+    /// The hypervisor each VM restored ran in, until the VM connects.
+    restored_in: BTreeMap<String, Hypervisor>,
+    /// The hypervisor each VM connected in, where known.
+    hypervisors: BTreeMap<String, Hypervisor>,
 }
 
 fn unix_now() -> u64 {
@@ -125,6 +149,8 @@ impl StateFile {
             given: BTreeSet::new(),
             cold_ages: BTreeMap::new(),
             last: BTreeMap::new(),
+            restored_in: BTreeMap::new(),
+            hypervisors: BTreeMap::new(),
         };
         let saved = match std::fs::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -190,6 +216,9 @@ impl StateFile {
             if let Some(target) = vm.target {
                 state.targets.insert(name.clone(), (vm.configured, target));
             }
+            if let Some(hypervisor) = vm.hypervisor.filter(|_| !only_ages) {
+                state.restored_in.insert(name.clone(), hypervisor);
+            }
             if let (Some(ages), Some(age_s)) = (ages, vm.cold_age_s) {
                 let age = ColdAge::resume(ages, age_s);
                 let size = LearntFor::Size(vm.configured);
@@ -253,6 +282,27 @@ impl StateFile {
         }
     }
 
+    /// VM `vm` connected, in `hypervisor` where known. Its first connection since the
+    /// start in another process than the one its state was kept for (the VM restarted
+    /// while no daemon ran) forgets the target restored for it and returns why, for the
+    /// event log: the caller forgets its estimator ([`Engine::forget_recalled`]).
+    pub fn connected(&mut self, vm: &str, hypervisor: Option<(u32, u64)>) -> Option<String> {
+        let now = hypervisor.map(Hypervisor::from);
+        match now {
+            Some(h) => self.hypervisors.insert(vm.to_string(), h),
+            None => self.hypervisors.remove(vm),
+        };
+        let then = self.restored_in.remove(vm)?;
+        let now = now.filter(|h| *h != then)?;
+        self.targets.remove(vm);
+        Some(format!(
+            "its state not restored: it was kept for hypervisor process {} (started {} clock \
+             ticks after boot), and the VM runs in process {} (started {}): it restarted \
+             meanwhile, and its estimator and balloon target start afresh",
+            then.pid, then.started, now.pid, now.started
+        ))
+    }
+
     /// VM `vm` was lost: a target restored for it is no longer in force (its hypervisor
     /// may come back started afresh).
     pub fn forget_target(&mut self, vm: &str) {
@@ -298,6 +348,7 @@ impl StateFile {
                         target: vm.target,
                         memtide,
                         cold_age_s: age.and_then(|a| a.for_size(configured)),
+                        hypervisor: self.hypervisors.get(&vm.name).copied(),
                     },
                     None => {
                         let last = self.last.remove(&vm.name)?;
@@ -379,8 +430,22 @@ mod tests {
     /// The rule behind the first decision about VM `a` of a new engine given `path`'s
     /// state, the message logged, and the target restored for `a` (configured 1000 MiB).
     fn restart(path: &Path, configured: u64) -> (String, String, Option<Bytes>) {
+        restart_in(path, configured, None)
+    }
+
+    /// [`restart`], VM `a` connecting in `hypervisor`; the message is what its connection
+    /// logged, if anything, else what opening the file did.
+    fn restart_in(
+        path: &Path,
+        configured: u64,
+        hypervisor: Option<(u32, u64)>,
+    ) -> (String, String, Option<Bytes>) {
         let mut engine = memtide();
-        let (mut state, message) = StateFile::open(path, &mut engine, None);
+        let (mut state, mut message) = StateFile::open(path, &mut engine, None);
+        if let Some(why) = state.connected("a", hypervisor) {
+            engine.forget_recalled("a");
+            message = why;
+        }
         let mut vms = vec![vm("a", configured, 600, 200)];
         state.restore_targets(&mut vms);
         let target = vms[0].target;
@@ -389,11 +454,9 @@ mod tests {
         (rule, message, target)
     }
 
-    #[test]
-    fn a_restarted_daemon_goes_on_where_the_last_one_stood() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
-        // A guest shrunk from 1000 to 600 MiB over a few ticks, then memtide killed.
+    /// An engine that shrank guest `a` from 1000 to 600 MiB over a few ticks, and its
+    /// last decision.
+    fn shrunk_from_1000_to_600() -> (Engine, Decision) {
         let mut engine = memtide();
         let mut d = None;
         for (t, size) in [(0, 1000), (2, 800), (4, 600), (6, 600)] {
@@ -401,7 +464,15 @@ mod tests {
             a.target = Some(Bytes::from_mib(580));
             d = Some(engine.tick(&snapshot(t, host(4000, 1500), vec![a])));
         }
-        let d = d.unwrap();
+        (engine, d.expect("decided"))
+    }
+
+    #[test]
+    fn a_restarted_daemon_goes_on_where_the_last_one_stood() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        // A guest shrunk from 1000 to 600 MiB over a few ticks, then memtide killed.
+        let (engine, d) = shrunk_from_1000_to_600();
         let in_force = d.vms[0].target;
         assert!(in_force.is_some());
         let mut file = StateFile::open(&path, &mut memtide(), None).0;
@@ -460,6 +531,47 @@ mod tests {
     }
 
     #[test]
+    fn a_vm_that_restarted_while_no_daemon_ran_starts_afresh() {
+        // Before: a VM found under its name at its size after a restart had its estimate
+        // and target recalled, whatever had become of it meanwhile.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let (engine, d) = shrunk_from_1000_to_600();
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        assert_eq!(
+            file.connected("a", Some((4242, 1000))),
+            None,
+            "nothing kept"
+        );
+        write_atomically(&path, &file.encode(&d, &engine, &BTreeMap::new())).unwrap();
+        // The same process: it goes on.
+        let (rule, message, target) = restart_in(&path, 1000, Some((4242, 1000)));
+        assert!(rule != "memtide.adopt" && rule != "memtide.start", "{rule}");
+        assert!(message.starts_with("state of 1 VMs restored"), "{message}");
+        assert!(target.is_some());
+        // Where the process is not known, as before.
+        let (rule, _, target) = restart_in(&path, 1000, None);
+        assert!(rule != "memtide.adopt" && target.is_some(), "{rule}");
+        // Another process under the pid, started later: afresh, and said.
+        let (rule, message, target) = restart_in(&path, 1000, Some((4242, 2000)));
+        assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+        assert_eq!(
+            message,
+            "its state not restored: it was kept for hypervisor process 4242 (started 1000 \
+             clock ticks after boot), and the VM runs in process 4242 (started 2000): it \
+             restarted meanwhile, and its estimator and balloon target start afresh"
+        );
+        // The file written after keeps the process it runs in now.
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        file.connected("a", Some((4300, 3000)));
+        file.encode(&d, &engine, &BTreeMap::new());
+        assert_eq!(
+            file.last["a"].hypervisor,
+            Some(Hypervisor::from((4300, 3000)))
+        );
+    }
+
+    #[test]
     fn a_vm_not_sampled_for_a_tick_keeps_what_was_learnt_of_it() {
         // A guest shrunk to 600 MiB, then one tick whose sample came too late: its
         // estimator goes on afterwards, and the state file written then still holds it.
@@ -473,10 +585,13 @@ mod tests {
             a
         };
         let aged = BTreeMap::from([("a".to_string(), kept(120.0, None))]);
+        let mut in_force = None;
         for t in [0, 2, 4, 6] {
             let d = engine.tick(&snapshot(t, host(4000, 1500), vec![shrunk()]));
+            in_force = d.vms[0].target;
             file.encode(&d, &engine, &aged);
         }
+        assert!(in_force.is_some());
         let late = VmSnapshot {
             sample: Err(BackendError::timeout(std::time::Duration::from_secs(1))),
             ..shrunk()
@@ -486,7 +601,7 @@ mod tests {
         let saved: Saved = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let a = &saved.vms["a"];
         assert_eq!(a.configured, Bytes::from_mib(1000));
-        assert_eq!(a.target, Some(Bytes::from_mib(580)));
+        assert_eq!(a.target, in_force);
         assert!(a.memtide.is_some());
         assert_eq!(
             a.cold_age_s,
