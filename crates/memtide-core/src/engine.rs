@@ -276,29 +276,14 @@ impl Engine {
                 (report.target, report.reason) = (Some(target), Some(reason));
                 continue;
             }
-            // Held by the policy, a guest that reset keeps its size: its driver would
-            // inflate to the target QEMU kept as it boots (found in review: a hold while
-            // the host was short let it do so, before its estimator had any figures).
-            let proposal = output.balloon.remove(name).or_else(|| {
-                let size = report.actual.filter(|_| reset)?;
-                let mut reason = output.holds.remove(name)?;
-                reason.detail += "; guest reset: kept at its size while it boots (QEMU keeps \
-                                  the target across a reset, and the guest would inflate to it \
-                                  again)";
-                Some(Proposal {
-                    target: size,
-                    reason,
-                })
-            });
-            if let Some(p) = proposal {
+            if let Some(p) = output.balloon.remove(name) {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
                 let delivered = s.snap.target.or(report.actual);
                 let resend = self
                     .vms
                     .get_mut(name)
                     .is_some_and(|m| std::mem::take(&mut m.resend));
-                // After a reset the target QEMU kept is not known: sent all the same.
-                if delivered == Some(target) && !resend && !reset {
+                if delivered == Some(target) && !resend {
                     reason.rule = "safeguard.unchanged".into();
                     reason.detail.push_str("; that is already the target");
                     report.reason = Some(reason);

@@ -880,18 +880,4 @@ fn a_guest_that_resets_while_the_host_is_short_is_left_to_the_policy() {
         "{:?}",
         d.actions
     );
-    // Reset again, the policy without figures for it yet: held at its size, and that
-    // size sent (before: a hold, and the guest inflated to the target QEMU kept).
-    let mut reset = vm("db", 1000, 1000, 100);
-    if let Ok(sample) = &mut reset.sample {
-        sample.events = vec![memtide_core::VmEvent::Reset];
-        sample.stats = Default::default();
-    }
-    let d = engine.tick(&snapshot(2, host(4000, 0), vec![reset]));
-    assert_eq!(targets_of(&d, "db"), [1000], "{:?}", d.vms[0].reason);
-    let why = &d.vms[0].reason.as_ref().unwrap().detail;
-    assert!(
-        why.contains("; guest reset: kept at its size while it boots"),
-        "{why}"
-    );
 }
