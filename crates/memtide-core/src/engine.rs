@@ -234,6 +234,9 @@ impl Engine {
                 message: claim.message.clone(),
             });
         }
+        let short = output
+            .need
+            .is_some_and(|n| n.level == crate::need::NeedLevel::Short);
         for s in &sampled {
             let report = &mut reports[s.index];
             let name = &s.snap.name;
@@ -243,9 +246,6 @@ impl Engine {
             // the reset, which the estimator would then take for the guest's size. Not
             // while the host is short: the policy decides then, its estimator started
             // afresh all the same.
-            let short = output
-                .need
-                .is_some_and(|n| n.level == crate::need::NeedLevel::Short);
             let reset = self
                 .vms
                 .get_mut(name)

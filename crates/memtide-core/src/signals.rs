@@ -377,7 +377,7 @@ mod tests {
     #[test]
     fn counters_count_from_the_agents_previous_reply_over_a_missed_one() {
         // Before: the reply after a missed one had no delta, and the OOM kill in it was
-        // never seen (nor the swap-ins, nor the stalls).
+        // never seen (nor the stalls).
         let mut h = History::new(10);
         for (t, s) in (1..).zip(h_samples()) {
             h.push(Duration::from_secs(t), s);

@@ -879,7 +879,6 @@ impl Policy for WorkingSet {
             // host swaps, and what a guest keeps then is its neighbours'. An agent that
             // stays away is a guest without one.
             let missed = agent_misses(vm.history);
-            let ample = need.is_some_and(|n| n.level == NeedLevel::Ample);
             let target = if ample && (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual
             {
                 // Its size, or where its balloon is giving memory back, the target that does.

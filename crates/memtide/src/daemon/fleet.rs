@@ -743,8 +743,8 @@ impl Fleet {
     /// earlier tick is waited for first ([`VmTask::sample_by`]): a balloon command's
     /// result is returned for reporting, a save queued behind the call started before
     /// the sample, and a sample the previous tick asked for (since an interval and a half
-    /// ago: a tick that ran late, not one before it) is this one's. VMs whose connection is gone are dropped (and reported); the rest are
-    /// returned in name order.
+    /// ago: a tick that ran late, not one before it) is this one's. VMs whose connection
+    /// is gone are dropped (and reported); the rest are returned in name order.
     pub async fn sample(&mut self, deadline: Instant) -> Sampled {
         let start = Instant::now();
         let fresh = start

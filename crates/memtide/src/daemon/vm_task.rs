@@ -217,9 +217,7 @@ impl VmTask {
         let mut balloon = None;
         let mut asked = false;
         loop {
-            if let Some(job) = save.take() {
-                *save = self.start_save(job).err();
-            }
+            self.start_queued(save);
             let fresh_sample = self
                 .in_flight
                 .as_ref()
@@ -259,9 +257,7 @@ impl VmTask {
                         s.events.extend(later);
                     }
                     // A save waiting for the call goes before this tick's balloon command.
-                    if let Some(job) = save.take() {
-                        *save = self.start_save(job).err();
-                    }
+                    self.start_queued(save);
                     return Collected {
                         balloon,
                         sample: Some(sample),
@@ -272,6 +268,13 @@ impl VmTask {
                 }
                 Some(Answer::Sample(Err(_))) => {}
             }
+        }
+    }
+
+    /// Start the save queued in `save`, if any, taken from there once started.
+    fn start_queued(&mut self, save: &mut Option<SaveJob>) {
+        if let Some(job) = save.take() {
+            *save = self.start_save(job).err();
         }
     }
 
