@@ -245,6 +245,59 @@ impl WorkingSet {
         ))
     }
 
+    /// Give VMs that have been `blind` (no figures past [`NO_FIGURES_GRACE`], each with how
+    /// long) memory back towards their maximum, as far as the host stays ample; returns
+    /// what they were given. A guest that cannot be seen cannot be seen to suffer: left at
+    /// the size an estimate gave it when it could, it would be squeezed for as long as its
+    /// agent or balloon statistics are gone, with nothing to say when its workload grew
+    /// (found in an OOM-safety review). Only from memory that leaves the host ample, so a
+    /// guest withholding its figures never makes its neighbours probed harder; memtide's
+    /// estimator only (the other estimators keep their sources' behaviour).
+    fn give_back_blind(
+        &self,
+        input: &PolicyInput<'_>,
+        need: Option<Need>,
+        reserve: Bytes,
+        blind: &[(&VmInput<'_>, Duration)],
+        out: &mut PolicyOutput,
+    ) -> Bytes {
+        let (EstimatorConfig::Fused(c), Some(need)) = (&self.estimator, need) else {
+            return Bytes::ZERO;
+        };
+        if need.level != NeedLevel::Ample || blind.is_empty() {
+            return Bytes::ZERO;
+        }
+        let total = input.host_latest().domain.total.as_f64();
+        // Free now, less what VMs are still to grow into and the reserve; and free at
+        // costless sizes above the ample level.
+        let free = need.free_at_full * total - reserve.as_f64();
+        let above_ample = (need.free_share - c.ample_free) * total;
+        let mut spare = Bytes::from_f64(free.min(above_ample).max(0.0));
+        let mut returned = Bytes::ZERO;
+        for (vm, blind_for) in blind {
+            let from = vm.target.map_or(vm.actual, |t| t.max(vm.actual));
+            let give = (vm.limits.max - from).min(spare);
+            if give.as_f64() <= from.as_f64() * self.config.min_change {
+                continue;
+            }
+            spare = spare - give;
+            returned += give;
+            let target = from + give;
+            let detail = format!(
+                "no figures for {} s: it cannot be seen to need less, so it is given memory                  back, up to its maximum ({}), as far as the host stays ample; {need}",
+                blind_for.as_secs(),
+                vm.limits.max
+            );
+            let reason = Reason {
+                need: Some(need.level),
+                ..Reason::new(rule(self.estimator.policy_name(), "no_figures"), detail)
+            };
+            out.balloon
+                .insert(vm.name.to_string(), Proposal { target, reason });
+        }
+        returned
+    }
+
     /// Hold each VM's claims against what the host backs for it ([`Trust`]) and say, in
     /// input order, whether its figures are doubted.
     fn doubts(
@@ -511,6 +564,7 @@ impl Policy for WorkingSet {
             .map(|(i, k)| Some((k?, bound(i)?)))
             .collect();
         let mut estimated = Vec::new();
+        let mut blind = Vec::new();
         for (((((((vm, mut obs), first), credible), beyond), growth), room), killed) in input
             .vms
             .iter()
@@ -553,6 +607,7 @@ impl Policy for WorkingSet {
                             vm: Some(vm.name.to_string()),
                             message: format!("{message} (still none after {grace} s)"),
                         });
+                        blind.push((vm, input.at.saturating_sub(since)));
                     }
                 }
             }
@@ -574,8 +629,10 @@ impl Policy for WorkingSet {
             }
         }
         // Memory of VMs without an estimate stays where it is: it is not divided among
-        // the others (#18: a VM that gave no figures was counted as memory to hand out).
-        let capacity = capacity_of(input, estimated.iter().map(|(vm, ..)| *vm), reserve);
+        // the others (#18: a VM that gave no figures was counted as memory to hand out),
+        // less what the blind ones are given back.
+        let returned = self.give_back_blind(input, need, reserve, &blind, &mut out);
+        let capacity = capacity_of(input, estimated.iter().map(|(vm, ..)| *vm), reserve) - returned;
         // Scarce memory goes first to what each guest uses now (its costless size, where
         // the estimator knows it), then to the rest of its estimate by shares (found in
         // the simulator's density runs: a database whose estimate a back-off had raised
@@ -1710,6 +1767,44 @@ mod tests {
             "no access sampling for this VM (see `host.sample_access`) (still none after 30 s)"
         );
         assert!(o.ksm.is_some(), "KSM is still tuned");
+    }
+
+    #[test]
+    fn a_vm_whose_figures_stay_away_is_given_memory_back_as_far_as_the_host_stays_ample() {
+        // "a" (600 of 1024 MiB) gives no figures; "b" (1000 MiB) uses all it has.
+        let vms = [("a", 600, 0, 1000, 0), ("b", 1000, 0, 1000, 1000)];
+        let mute = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+            if i == 0 {
+                sample.stats.free = None;
+                *s = Signals::default();
+            }
+        };
+        let blind = |free| {
+            let mut p = memtide();
+            decide_at(&mut p, 0, testkit::host(8192, free), &vms, mute);
+            decide_at(&mut p, 30, testkit::host(8192, free), &vms, mute)
+        };
+        // Ample: all of its maximum back, and still a fault.
+        let o = blind(6000);
+        assert_eq!(o.faults.len(), 1, "{:?}", o.faults);
+        assert_eq!(target(&o, "a"), Some(1024), "{:?}", o.holds);
+        let why = &o.balloon["a"].reason;
+        assert_eq!(why.rule, "memtide.no_figures");
+        assert!(
+            why.detail.starts_with("no figures for 30 s"),
+            "{}",
+            why.detail
+        );
+        assert_eq!(why.need, Some(NeedLevel::Ample));
+        // Just ample: only what keeps it so (8% of 8192 MiB is 655 MiB; 900 free).
+        let o = blind(900);
+        let given = target(&o, "a").expect("some given back") - 600;
+        assert!((1..=900 - 655).contains(&given), "{given}");
+        // Not ample: it keeps its size, and nothing is handed out for it.
+        let o = blind(500);
+        assert_eq!(o.need.map(|n| n.level), Some(NeedLevel::Tight));
+        assert_eq!(target(&o, "a"), None);
+        assert_eq!(o.faults.len(), 1);
     }
 
     #[test]
