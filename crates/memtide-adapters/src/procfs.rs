@@ -57,6 +57,27 @@ pub fn processes(proc: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(u32, String
     found
 }
 
+/// The one QEMU process under `proc` (its name starting `qemu`: `qemu-system-x86`,
+/// `qemu-kvm`) whose command line has the argument `flag` followed by `value`, as libvirt
+/// starts each domain's QEMU with `-uuid UUID`; `None` where there is none or more than
+/// one (a process made to look like a domain's QEMU then hides it rather than stands in
+/// for it).
+pub fn qemu_with_argument(proc: &Path, flag: &str, value: &str) -> Option<u32> {
+    let mut found = processes(proc, |name| name.starts_with("qemu"))
+        .into_iter()
+        .filter(|(.., dir)| {
+            let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.windows(2)
+                .any(|w| w[0] == flag.as_bytes() && w[1] == value.as_bytes())
+        })
+        .map(|(pid, ..)| pid);
+    let pid = found.next()?;
+    found.next().is_none().then_some(pid)
+}
+
 /// What the ZFS ARC would give back under memory pressure, from
 /// `/proc/spl/kstat/zfs/arcstats` (`name type data` lines after a two-line header): its
 /// size above its floor `c_min`. The ARC is kernel memory that /proc/meminfo counts as
@@ -611,6 +632,39 @@ mod tests {
 garbage
 7f2a70000000-7f2a70000000 rw-p 00000000 00:00 0
 ";
+
+    #[test]
+    fn a_domains_qemu_is_the_one_process_named_qemu_with_its_uuid() {
+        let proc = tempfile::tempdir().unwrap();
+        let process = |pid: u32, comm: &str, args: &[&str]| {
+            let dir = proc.path().join(pid.to_string());
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            std::fs::write(dir.join("cmdline"), args.join("\0") + "\0").unwrap();
+        };
+        let uuid = "5a1f2c3d-0000-4000-8000-000000000001";
+        let qemu = ["/usr/bin/qemu-system-x86_64", "-name", "guest=a", "-uuid"];
+        process(10, "qemu-system-x86", &[&qemu[..], &[uuid]].concat());
+        // Another domain's, a shell quoting it in one argument, a process not named qemu.
+        process(
+            11,
+            "qemu-system-x86",
+            &[&qemu[..], &["5a1f-other"]].concat(),
+        );
+        process(12, "bash", &["bash", "-c", &format!("-uuid {uuid}")]);
+        process(13, "sleep", &["sleep", "-uuid", uuid]);
+        std::fs::create_dir(proc.path().join("self")).unwrap();
+        let find = |value| super::qemu_with_argument(proc.path(), "-uuid", value);
+        assert_eq!(find(uuid), Some(10));
+        assert_eq!(find("5a1f"), None, "arguments match whole");
+        // Two claiming one domain: neither is taken for it.
+        process(14, "qemu-kvm", &["qemu-kvm", "-uuid", uuid]);
+        assert_eq!(find(uuid), None);
+        assert_eq!(
+            super::qemu_with_argument(&proc.path().join("none"), "-uuid", uuid),
+            None
+        );
+    }
 
     #[test]
     fn only_zram_swap_counts_as_swap_in_ram() {

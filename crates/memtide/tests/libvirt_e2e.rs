@@ -90,6 +90,10 @@ fn two_domains_through_libvirt() {
     );
     assert!(a["rss"].is_u64(), "QEMU's RSS as libvirt reports it");
     assert!(
+        a["host_swapped"].is_u64(),
+        "what the host swapped out of its QEMU, found by the domain's UUID"
+    );
+    assert!(
         vm(&both, "b").unwrap()["committed_as"].is_null(),
         "b has no agent channel"
     );

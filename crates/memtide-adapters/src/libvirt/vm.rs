@@ -2,6 +2,7 @@
 
 use super::session::{backend_error, blocking, job, Session};
 use super::{stats, xml, Libvirt};
+use crate::procfs;
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
 use crate::virtio_mem::{self, Device, Follower};
 use async_trait::async_trait;
@@ -9,7 +10,7 @@ use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use virt::domain::Domain;
@@ -20,6 +21,8 @@ use virt_sys as sys;
 pub struct LibvirtVmOptions {
     /// How often the guest should refresh its balloon statistics, in seconds.
     pub stats_interval_s: u64,
+    /// The host's procfs, where a local domain's QEMU process is found.
+    pub proc: PathBuf,
 }
 
 /// A running libvirt domain.
@@ -39,6 +42,9 @@ pub struct LibvirtVm {
     agent: Option<AgentRetry>,
     /// Guest files left open by agent reads cut short, closed at the next.
     agent_open: qga::OpenHandles,
+    /// Its QEMU process, where the daemon is local and it was found
+    /// ([`procfs::qemu_with_argument`]): what the host swapped out of it.
+    process: Option<(i32, procfs::ProcessRss)>,
 }
 
 /// What one sample reads from libvirt in a single blocking call.
@@ -64,10 +70,21 @@ impl LibvirtVm {
         let limit = libvirt.call_timeout();
         let (conn_session, domain_name) = (session.clone(), name.to_string());
         let period = opts.stats_interval_s.clamp(1, i32::MAX as u64) as i32;
-        let (domain, text) = blocking(limit, move || {
+        let proc = local(libvirt.uri()).then(|| opts.proc.clone());
+        let (domain, text, pid) = blocking(limit, move || {
             let domain = Domain::lookup_by_name(&conn_session.conn, &domain_name)?;
             let text = domain.get_xml_desc(0)?;
-            Ok((domain, text))
+            // libvirt's API gives no pid: its QEMU is the process started with its UUID.
+            let pid = match proc {
+                Some(proc) => {
+                    let uuid = domain.get_uuid_string()?;
+                    procfs::qemu_with_argument(&proc, "-uuid", &uuid)
+                        .and_then(|pid| i32::try_from(pid).ok())
+                        .map(|pid| (pid, procfs::ProcessRss::new(&proc, pid)))
+                }
+                None => None,
+            };
+            Ok((domain, text, pid))
         })
         .await?;
         let description = xml::parse(&text).map_err(|e| BackendError::Protocol(e.to_string()))?;
@@ -94,7 +111,13 @@ impl LibvirtVm {
             vmem_follower: Follower::default(),
             target: None,
             agent_open: qga::OpenHandles::default(),
+            process: pid,
         })
+    }
+
+    /// Its QEMU process id, where found.
+    pub fn pid(&self) -> Option<i32> {
+        self.process.as_ref().map(|(pid, _)| *pid)
     }
 
     /// Bounds from the domain's description: (min, max).
@@ -115,6 +138,19 @@ impl Drop for LibvirtVm {
     fn drop(&mut self) {
         self.session.events.unwatch(&self.name);
     }
+}
+
+/// Whether `uri` reaches a libvirt daemon on this host (no host name, or `localhost`, as
+/// in `qemu:///system` and `qemu+unix:///session?socket=...`): only then is a domain's
+/// QEMU one of this host's processes.
+fn local(uri: &str) -> bool {
+    let Some((_, rest)) = uri.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    let host = host.split(':').next().unwrap_or_default();
+    host.is_empty() || host == "localhost"
 }
 
 /// The virtio-mem device in a running domain's XML, and its sizes.
@@ -227,7 +263,10 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
-            swapped: None,
+            swapped: self
+                .process
+                .as_mut()
+                .and_then(|(_, p)| p.status(memory.rss).swapped),
             // The idle time a hibernation waits for.
             cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,
@@ -325,6 +364,24 @@ impl AgentChannel for AgentCommands {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_daemon_on_this_host_has_its_qemu_among_its_processes() {
+        for uri in [
+            "qemu:///system",
+            "qemu+unix:///session?socket=/run/x/libvirt-sock",
+            "qemu+ssh://root@localhost:22/system",
+        ] {
+            assert!(local(uri), "{uri}");
+        }
+        for uri in [
+            "qemu+ssh://root@kvm1/system",
+            "qemu+tcp://kvm1:16509/system",
+            "nonsense",
+        ] {
+            assert!(!local(uri), "{uri}");
+        }
+    }
 
     #[test]
     fn migrating_domains_are_left_alone() {

@@ -208,7 +208,10 @@ mod libvirt {
             Connections {
                 by_uri: Mutex::default(),
                 call_timeout: config.call_timeout(),
-                opts: LibvirtVmOptions { stats_interval_s },
+                opts: LibvirtVmOptions {
+                    stats_interval_s,
+                    proc: config.host.proc.clone(),
+                },
             }
         }
 
@@ -234,12 +237,11 @@ mod libvirt {
             let vm = LibvirtVm::connect(&self.get(uri), domain, &self.opts).await?;
             let (min, max) = vm.bounds();
             let domain = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Libvirt));
+            let pid = vm.pid();
             Ok(Connection {
-                backend: Box::new(vm),
                 min: domain(min),
                 max: domain(max),
-                shares: None,
-                pid: None,
+                ..super::with_pid(pid, Box::new(vm))
             })
         }
 
