@@ -181,6 +181,15 @@ impl EstimatorConfig {
 /// with a tick interval of 30 s or more the second such tick is a fault.
 pub const NO_FIGURES_GRACE: Duration = Duration::from_secs(30);
 
+/// A VM giving no figures its estimator needs.
+#[derive(Clone, Copy, Debug)]
+struct Missing {
+    /// Since when.
+    since: Duration,
+    /// What it was to hold when it was first given memory back ([`WorkingSet::give_back_blind`]).
+    before: Option<Bytes>,
+}
+
 /// A working-set policy.
 pub struct WorkingSet {
     estimator: EstimatorConfig,
@@ -188,8 +197,8 @@ pub struct WorkingSet {
     ksm: KsmConfig,
     states: FxHashMap<String, State>,
     watched: FxHashMap<String, Watched>,
-    /// Since when each VM has given no figures its estimator needs ([`NO_FIGURES_GRACE`]).
-    missing: FxHashMap<String, Duration>,
+    /// The VMs giving no figures their estimator needs ([`NO_FIGURES_GRACE`]).
+    missing: FxHashMap<String, Missing>,
     /// Estimator states kept from before a restart, each with its VM's configured size,
     /// for VMs not seen yet.
     recalled: BTreeMap<String, (Bytes, FusedMemory)>,
@@ -246,19 +255,24 @@ impl WorkingSet {
     }
 
     /// Give VMs that have been `blind` (no figures past [`NO_FIGURES_GRACE`], each with how
-    /// long) memory back towards their maximum, as far as the host stays ample; returns
-    /// what they were given. A guest that cannot be seen cannot be seen to suffer: left at
-    /// the size an estimate gave it when it could, it would be squeezed for as long as its
-    /// agent or balloon statistics are gone, with nothing to say when its workload grew
-    /// (found in an OOM-safety review). Only from memory that leaves the host ample, so a
-    /// guest withholding its figures never makes its neighbours probed harder; memtide's
-    /// estimator only (the other estimators keep their sources' behaviour).
+    /// long) memory back towards their maximum, as far as the host stays ample and no
+    /// further than their fair share or what the host has seen of them; returns what they
+    /// were given. A guest that cannot be seen cannot be seen to suffer: left at the size
+    /// an estimate gave it when it could, it would be squeezed for as long as its agent or
+    /// balloon statistics are gone, with nothing to say when its workload grew (found in
+    /// an OOM-safety review). What it is given stays its when the host is short later,
+    /// as nothing is taken from a VM without figures: bounded as a doubted guest's claims
+    /// are ([`credible`]), a guest withholding its figures holds no more of its neighbours'
+    /// memory than its word could win it (found in review: it grew to its maximum in an
+    /// ample moment and kept it). memtide's estimator only (the other estimators keep
+    /// their sources' behaviour).
     fn give_back_blind(
-        &self,
+        &mut self,
         input: &PolicyInput<'_>,
         need: Option<Need>,
         reserve: Bytes,
-        blind: &[(&VmInput<'_>, Duration)],
+        blind: &[(usize, Duration)],
+        untouched: Bytes,
         out: &mut PolicyOutput,
     ) -> Bytes {
         let (EstimatorConfig::Fused(c), Some(need)) = (&self.estimator, need) else {
@@ -268,25 +282,45 @@ impl WorkingSet {
             return Bytes::ZERO;
         }
         let total = input.host_latest().domain.total.as_f64();
-        // Free now, less what VMs are still to grow into and the reserve; and free at
-        // costless sizes above the ample level.
-        let free = need.free_at_full * total - reserve.as_f64();
-        let above_ample = (need.free_share - c.ample_free) * total;
+        let vms: Vec<&VmInput<'_>> = input.vms.iter().collect();
+        let fair = credible(
+            capacity(input, reserve),
+            &vms,
+            &vec![Bytes::ZERO; vms.len()],
+        );
+        // Free now, less what VMs are still to grow into (a blind VM's from its balloon's
+        // target where that is above its size) and the reserve; and free at costless sizes
+        // above the ample level, less what the blind VMs were given back and have not
+        // touched (their figures missing, the level does not count it, and a VM given part
+        // of its memory back one tick was given as much again the next).
+        let inflight: Bytes = blind
+            .iter()
+            .map(|(i, _)| held_for(&input.vms[*i]) - input.vms[*i].actual)
+            .sum();
+        let free = need.free_at_full * total - reserve.as_f64() - inflight.as_f64();
+        let above_ample = (need.free_share - c.ample_free) * total - untouched.as_f64();
         let mut spare = Bytes::from_f64(free.min(above_ample).max(0.0));
         let mut returned = Bytes::ZERO;
-        for (vm, blind_for) in blind {
-            let from = vm.target.map_or(vm.actual, |t| t.max(vm.actual));
-            let give = (vm.limits.max - from).min(spare);
+        for (i, blind_for) in blind {
+            let vm = &input.vms[*i];
+            let from = held_for(vm);
+            let give = (vm.limits.max.min(fair[*i]) - from).min(spare);
             if give.as_f64() <= from.as_f64() * self.config.min_change {
                 continue;
             }
             spare = spare - give;
             returned += give;
+            if let Some(m) = self.missing.get_mut(vm.name) {
+                m.before.get_or_insert(from);
+            }
             let target = from + give;
             let detail = format!(
-                "no figures for {} s: it cannot be seen to need less, so it is given memory                  back, up to its maximum ({}), as far as the host stays ample; {need}",
+                "no figures for {} s: it cannot be seen to need less, so it is given memory \
+                 back, up to its maximum ({}) or its fair share ({}), as far as the host stays \
+                 ample; {need}",
                 blind_for.as_secs(),
-                vm.limits.max
+                vm.limits.max,
+                fair[*i]
             );
             let reason = Reason {
                 need: Some(need.level),
@@ -296,6 +330,18 @@ impl WorkingSet {
                 .insert(vm.name.to_string(), Proposal { target, reason });
         }
         returned
+    }
+
+    /// What the `blind` VMs were given back ([`Self::give_back_blind`]) and have not
+    /// touched yet: what each is to hold beyond both what the host backs of it and what it
+    /// was to hold before.
+    fn given_untouched(&self, input: &PolicyInput<'_>, blind: &[(usize, Duration)]) -> Bytes {
+        let untouched = |(i, _): &(usize, Duration)| {
+            let vm = &input.vms[*i];
+            let before = self.missing.get(vm.name)?.before?;
+            Some(held_for(vm) - backed(vm).max(before))
+        };
+        blind.iter().filter_map(untouched).sum()
     }
 
     /// Hold each VM's claims against what the host backs for it ([`Trust`]) and say, in
@@ -336,6 +382,12 @@ impl WorkingSet {
             })
             .collect()
     }
+}
+
+/// What a VM is to hold: its balloon's target where that is above its size (memory being
+/// given back), its size otherwise.
+fn held_for(vm: &VmInput<'_>) -> Bytes {
+    vm.target.map_or(vm.actual, |t| t.max(vm.actual))
 }
 
 /// `claim`, no more than `credible` where there is a bound.
@@ -565,9 +617,10 @@ impl Policy for WorkingSet {
             .collect();
         let mut estimated = Vec::new();
         let mut blind = Vec::new();
-        for (((((((vm, mut obs), first), credible), beyond), growth), room), killed) in input
+        for ((((((((i, vm), mut obs), first), credible), beyond), growth), room), killed) in input
             .vms
             .iter()
+            .enumerate()
             .zip(observations)
             .zip(costless)
             .zip(&credible)
@@ -592,7 +645,14 @@ impl Policy for WorkingSet {
                     if vm.history.len() == 1 {
                         self.missing.remove(vm.name);
                     }
-                    let since = *self.missing.entry(vm.name.to_string()).or_insert(input.at);
+                    let since = self
+                        .missing
+                        .entry(vm.name.to_string())
+                        .or_insert(Missing {
+                            since: input.at,
+                            before: None,
+                        })
+                        .since;
                     let grace = NO_FIGURES_GRACE.as_secs();
                     if input.at.saturating_sub(since) < NO_FIGURES_GRACE {
                         let detail = format!(
@@ -607,7 +667,7 @@ impl Policy for WorkingSet {
                             vm: Some(vm.name.to_string()),
                             message: format!("{message} (still none after {grace} s)"),
                         });
-                        blind.push((vm, input.at.saturating_sub(since)));
+                        blind.push((i, input.at.saturating_sub(since)));
                     }
                 }
             }
@@ -630,9 +690,13 @@ impl Policy for WorkingSet {
         }
         // Memory of VMs without an estimate stays where it is: it is not divided among
         // the others (#18: a VM that gave no figures was counted as memory to hand out),
-        // less what the blind ones are given back.
-        let returned = self.give_back_blind(input, need, reserve, &blind, &mut out);
-        let capacity = capacity_of(input, estimated.iter().map(|(vm, ..)| *vm), reserve) - returned;
+        // nor what the blind ones were given back and have not touched yet, nor what they
+        // are given now (found in review: handed out again the next tick).
+        let untouched = self.given_untouched(input, &blind);
+        let returned = self.give_back_blind(input, need, reserve, &blind, untouched, &mut out);
+        let capacity = capacity_of(input, estimated.iter().map(|(vm, ..)| *vm), reserve)
+            - untouched
+            - returned;
         // Scarce memory goes first to what each guest uses now (its costless size, where
         // the estimator knows it), then to the rest of its estimate by shares (found in
         // the simulator's density runs: a database whose estimate a back-off had raised
@@ -939,7 +1003,7 @@ impl Policy for WorkingSet {
             let target = if ample && (1..=AGENT_MISSES_HELD).contains(&missed) && target < vm.actual
             {
                 // Its size, or where its balloon is giving memory back, the target that does.
-                let kept = vm.target.map_or(vm.actual, |t| t.max(vm.actual));
+                let kept = held_for(vm);
                 let _ = write!(
                     detail,
                     "; its guest agent missed its last {missed} replies: it keeps {kept} \
@@ -1800,6 +1864,42 @@ mod tests {
         let o = blind(900);
         let given = target(&o, "a").expect("some given back") - 600;
         assert!((1..=900 - 655).contains(&given), "{given}");
+        // What it was given and has not touched yet is neither given again nor divided
+        // among the others: the next tick, "a" at 600 + given MiB, its QEMU still holding
+        // 600 (found in review: handed out again).
+        let untouched = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+            mute(i, sample, s);
+            if i == 0 {
+                sample.rss = Some(Bytes::from_mib(600));
+            }
+        };
+        let mut p = memtide();
+        decide_at(&mut p, 0, testkit::host(8192, 900), &vms, untouched);
+        let o = decide_at(&mut p, 30, testkit::host(8192, 900), &vms, untouched);
+        let first = target(&o, "a").unwrap();
+        let b_first = target(&o, "b").unwrap_or(1000);
+        let grown = [("a", first, 0, 1000, 0), ("b", 1000, 0, 1000, 1000)];
+        let o = decide_at(&mut p, 31, testkit::host(8192, 900), &grown, untouched);
+        let again = target(&o, "a").map_or(0, |t| t - first);
+        assert!(
+            first - 600 + again <= 900 - 655,
+            "{first} then {again} more: beyond what leaves the host ample"
+        );
+        assert!(target(&o, "b").unwrap_or(1000) <= b_first, "{o:?}");
+        // No further than its fair share: four VMs of 1024 MiB on a 2600 MiB host, 800 free.
+        let crowd = [
+            ("a", 300, 0, 1000, 0),
+            ("b", 500, 0, 1000, 500),
+            ("c", 500, 0, 1000, 500),
+            ("d", 500, 0, 1000, 500),
+        ];
+        let mut p = memtide();
+        decide_at(&mut p, 0, testkit::host(2600, 800), &crowd, mute);
+        let o = decide_at(&mut p, 30, testkit::host(2600, 800), &crowd, mute);
+        // Its fair share: (1800 held and 800 free, less a 64 MiB reserve) / 4.
+        assert_eq!(target(&o, "a"), Some(634), "{:?}", o.holds);
+        let why = &o.balloon["a"].reason.detail;
+        assert!(why.contains("or its fair share (634 MiB)"), "{why}");
         // Not ample: it keeps its size, and nothing is handed out for it.
         let o = blind(500);
         assert_eq!(o.need.map(|n| n.level), Some(NeedLevel::Tight));
