@@ -57,25 +57,30 @@ pub fn processes(proc: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(u32, String
     found
 }
 
-/// The one QEMU process under `proc` (its name starting `qemu`: `qemu-system-x86`,
-/// `qemu-kvm`) whose command line has the argument `flag` followed by `value`, as libvirt
-/// starts each domain's QEMU with `-uuid UUID`; `None` where there is none or more than
-/// one (a process made to look like a domain's QEMU then hides it rather than stands in
-/// for it).
-pub fn qemu_with_argument(proc: &Path, flag: &str, value: &str) -> Option<u32> {
-    let mut found = processes(proc, |name| name.starts_with("qemu"))
+/// The QEMU processes under `proc` (their name starting `qemu`: `qemu-system-x86`,
+/// `qemu-kvm`) by the argument that follows `flag` on their command line, as libvirt
+/// starts each domain's QEMU with `-uuid UUID`. A value two processes claim is left out
+/// (a process made to look like a domain's QEMU then hides it rather than stands in for
+/// it).
+pub fn qemus_by_argument(proc: &Path, flag: &str) -> HashMap<String, u32> {
+    let mut found: HashMap<String, Option<u32>> = HashMap::new();
+    for (pid, _, dir) in processes(proc, |name| name.starts_with("qemu")) {
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let values = args.windows(2).filter(|w| w[0] == flag.as_bytes());
+        for value in values.filter_map(|w| std::str::from_utf8(w[1]).ok()) {
+            found
+                .entry(value.to_string())
+                .and_modify(|p| *p = None)
+                .or_insert(Some(pid));
+        }
+    }
+    found
         .into_iter()
-        .filter(|(.., dir)| {
-            let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.windows(2)
-                .any(|w| w[0] == flag.as_bytes() && w[1] == value.as_bytes())
-        })
-        .map(|(pid, ..)| pid);
-    let pid = found.next()?;
-    found.next().is_none().then_some(pid)
+        .filter_map(|(value, pid)| Some((value, pid?)))
+        .collect()
 }
 
 /// What the ZFS ARC would give back under memory pressure, from
@@ -654,16 +659,16 @@ garbage
         process(12, "bash", &["bash", "-c", &format!("-uuid {uuid}")]);
         process(13, "sleep", &["sleep", "-uuid", uuid]);
         std::fs::create_dir(proc.path().join("self")).unwrap();
-        let find = |value| super::qemu_with_argument(proc.path(), "-uuid", value);
-        assert_eq!(find(uuid), Some(10));
-        assert_eq!(find("5a1f"), None, "arguments match whole");
+        let found = super::qemus_by_argument(proc.path(), "-uuid");
+        assert_eq!(found.get(uuid), Some(&10));
+        assert_eq!(found.get("5a1f-other"), Some(&11));
+        assert_eq!(found.len(), 2, "{found:?}");
         // Two claiming one domain: neither is taken for it.
         process(14, "qemu-kvm", &["qemu-kvm", "-uuid", uuid]);
-        assert_eq!(find(uuid), None);
-        assert_eq!(
-            super::qemu_with_argument(&proc.path().join("none"), "-uuid", uuid),
-            None
-        );
+        let found = super::qemus_by_argument(proc.path(), "-uuid");
+        assert_eq!(found.get(uuid), None);
+        assert_eq!(found.get("5a1f-other"), Some(&11));
+        assert!(super::qemus_by_argument(&proc.path().join("none"), "-uuid").is_empty());
     }
 
     #[test]

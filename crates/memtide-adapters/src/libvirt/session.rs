@@ -4,11 +4,13 @@
 //! answering, so that a hung daemon does not pile up blocked calls for long.
 
 use super::LibvirtError;
+use crate::procfs;
 use memtide_core::{BackendError, Bytes, VmEvent};
 use std::collections::HashMap;
 use std::os::raw::{c_int, c_ulonglong, c_void};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::time::timeout;
 use virt::connect::Connect;
 use virt::error::{Error, ErrorDomain, ErrorNumber};
@@ -307,7 +309,13 @@ pub struct Libvirt {
     uri: String,
     call_timeout: Duration,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// This host's QEMU processes by their `-uuid`, and when they were scanned.
+    qemus: tokio::sync::Mutex<(Option<Instant>, HashMap<String, u32>)>,
 }
+
+/// How long one scan for domains' QEMU processes serves: a daemon starting connects every
+/// domain at once, one scan serves them all; a domain started again later has a new one.
+const QEMU_SCAN_SERVES: Duration = Duration::from_secs(2);
 
 impl Libvirt {
     /// Connections to `uri` (opened on first use), every call bounded by `call_timeout`.
@@ -316,7 +324,24 @@ impl Libvirt {
             uri: uri.to_string(),
             call_timeout,
             session: tokio::sync::Mutex::new(None),
+            qemus: tokio::sync::Mutex::default(),
         }
+    }
+
+    /// The QEMU process of the domain `uuid` under the procfs mount `proc`
+    /// ([`procfs::qemus_by_argument`]), from a scan of the last [`QEMU_SCAN_SERVES`] or a
+    /// new one, off the runtime and given up after the call timeout: `None` then, as where
+    /// none or two claim it.
+    pub(crate) async fn qemu(&self, proc: &Path, uuid: &str) -> Option<u32> {
+        let mut qemus = self.qemus.lock().await;
+        if qemus.0.is_none_or(|at| at.elapsed() >= QEMU_SCAN_SERVES) {
+            let proc = proc.to_path_buf();
+            let scan =
+                tokio::task::spawn_blocking(move || procfs::qemus_by_argument(&proc, "-uuid"));
+            let found = timeout(self.call_timeout, scan).await.ok()?.ok()?;
+            *qemus = (Some(Instant::now()), found);
+        }
+        qemus.1.get(uuid).copied()
     }
 
     /// The open session, opening one if there is none or the last one died.

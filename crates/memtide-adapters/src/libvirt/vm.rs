@@ -43,8 +43,10 @@ pub struct LibvirtVm {
     /// Guest files left open by agent reads cut short, closed at the next.
     agent_open: qga::OpenHandles,
     /// Its QEMU process, where the daemon is local and it was found
-    /// ([`procfs::qemu_with_argument`]): what the host swapped out of it.
+    /// ([`procfs::qemus_by_argument`]): what the host swapped out of it.
     process: Option<(i32, procfs::ProcessRss)>,
+    /// Its UUID where the daemon is local, and the procfs its QEMU is found in.
+    find: Option<(String, PathBuf)>,
 }
 
 /// What one sample reads from libvirt in a single blocking call.
@@ -70,23 +72,24 @@ impl LibvirtVm {
         let limit = libvirt.call_timeout();
         let (conn_session, domain_name) = (session.clone(), name.to_string());
         let period = opts.stats_interval_s.clamp(1, i32::MAX as u64) as i32;
-        let proc = local(libvirt.uri()).then(|| opts.proc.clone());
-        let (domain, text, pid) = blocking(limit, move || {
+        let local = local(libvirt.uri());
+        let (domain, text, uuid) = blocking(limit, move || {
             let domain = Domain::lookup_by_name(&conn_session.conn, &domain_name)?;
             let text = domain.get_xml_desc(0)?;
-            // libvirt's API gives no pid: its QEMU is the process started with its UUID.
-            let pid = match proc {
-                Some(proc) => {
-                    let uuid = domain.get_uuid_string()?;
-                    procfs::qemu_with_argument(&proc, "-uuid", &uuid)
-                        .and_then(|pid| i32::try_from(pid).ok())
-                        .map(|pid| (pid, procfs::ProcessRss::new(&proc, pid)))
-                }
-                None => None,
+            let uuid = if local {
+                Some(domain.get_uuid_string()?)
+            } else {
+                None
             };
-            Ok((domain, text, pid))
+            Ok((domain, text, uuid))
         })
         .await?;
+        // libvirt's API gives no pid: its QEMU is the process started with its UUID.
+        let process = match &uuid {
+            Some(uuid) => libvirt.qemu(&opts.proc, uuid).await,
+            None => None,
+        };
+        let process = process.and_then(|pid| own_process(&opts.proc, pid));
         let description = xml::parse(&text).map_err(|e| BackendError::Protocol(e.to_string()))?;
         let domain = Arc::new(domain);
         if description.balloon.is_some() {
@@ -111,8 +114,23 @@ impl LibvirtVm {
             vmem_follower: Follower::default(),
             target: None,
             agent_open: qga::OpenHandles::default(),
-            process: pid,
+            process,
+            find: uuid.map(|uuid| (uuid, opts.proc.clone())),
         })
+    }
+
+    /// Its QEMU process found again by a scan of its own, off the runtime, given up after
+    /// a quarter of the call timeout.
+    async fn find_again(&self) -> Option<(i32, procfs::ProcessRss)> {
+        let (uuid, proc) = self.find.clone()?;
+        let scan = tokio::task::spawn_blocking(move || {
+            let pid = *procfs::qemus_by_argument(&proc, "-uuid").get(&uuid)?;
+            own_process(&proc, pid)
+        });
+        tokio::time::timeout(self.call_timeout / 4, scan)
+            .await
+            .ok()?
+            .ok()?
     }
 
     /// Its QEMU process id, where found.
@@ -140,17 +158,35 @@ impl Drop for LibvirtVm {
     }
 }
 
-/// Whether `uri` reaches a libvirt daemon on this host (no host name, or `localhost`, as
-/// in `qemu:///system` and `qemu+unix:///session?socket=...`): only then is a domain's
-/// QEMU one of this host's processes.
+/// Whether `uri` reaches a QEMU driver's daemon on this host (no host name, or the
+/// loopback's, as in `qemu:///system` and `qemu+unix:///session?socket=...`): only then
+/// is a domain's QEMU one of this host's processes.
 fn local(uri: &str) -> bool {
-    let Some((_, rest)) = uri.split_once("://") else {
+    let Some((scheme, rest)) = uri.split_once("://") else {
         return false;
     };
+    let driver = scheme.split('+').next().unwrap_or_default();
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
     let host = authority.rsplit('@').next().unwrap_or_default();
-    let host = host.split(':').next().unwrap_or_default();
-    host.is_empty() || host == "localhost"
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    driver == "qemu" && ["", "localhost", "127.0.0.1", "::1"].contains(&host)
+}
+
+/// Process `pid`, found under `proc`, as one this daemon can watch: the same process in
+/// this daemon's own pid namespace (where `proc` is another namespace's procfs, its pid
+/// there names another process here, or none), its memory readable.
+fn own_process(proc: &Path, pid: u32) -> Option<(i32, procfs::ProcessRss)> {
+    let pid = i32::try_from(pid).ok()?;
+    let started = procfs::start_time(proc, pid)?;
+    if procfs::start_time(Path::new("/proc"), pid) != Some(started) {
+        return None;
+    }
+    let process = procfs::ProcessRss::new(proc, pid);
+    process.read()?;
+    Some((pid, process))
 }
 
 /// The virtio-mem device in a running domain's XML, and its sizes.
@@ -226,6 +262,21 @@ impl VmBackend for LibvirtVm {
             return Err(BackendError::Busy(format!("{why}; left alone")));
         }
         let memory = stats::parse(&raw.memory);
+        // A QEMU that ended while its domain runs on (a save that ran it again, a restart
+        // after a crash) is followed to the new one. What the daemon knows of the process
+        // (the state file, crash recovery, reclaim, placement) is the first one's until the
+        // domain is connected again, each of those checking it still runs as it was.
+        if self
+            .process
+            .as_ref()
+            .is_some_and(|(_, p)| p.read().is_none())
+        {
+            self.process = self.find_again().await;
+        }
+        let swapped = self
+            .process
+            .as_mut()
+            .and_then(|(_, p)| p.status(memory.rss).swapped);
         let events = self.events();
         let agent = match &mut self.agent {
             Some(retry) => {
@@ -263,10 +314,7 @@ impl VmBackend for LibvirtVm {
             stats,
             agent,
             rss: memory.rss,
-            swapped: self
-                .process
-                .as_mut()
-                .and_then(|(_, p)| p.status(memory.rss).swapped),
+            swapped,
             // The idle time a hibernation waits for.
             cpu_s: raw.cpu_ns.map(|ns| ns as f64 / 1e9),
             referenced: None,
@@ -377,9 +425,18 @@ mod tests {
         for uri in [
             "qemu+ssh://root@kvm1/system",
             "qemu+tcp://kvm1:16509/system",
+            "qemu+tcp://[fe80::1]:16509/system",
+            "test:///default",
+            "xen:///system",
             "nonsense",
         ] {
             assert!(!local(uri), "{uri}");
+        }
+        for uri in [
+            "qemu+tcp://127.0.0.1/system",
+            "qemu+tcp://[::1]:16509/system",
+        ] {
+            assert!(local(uri), "{uri}");
         }
     }
 
