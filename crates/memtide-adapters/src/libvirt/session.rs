@@ -309,8 +309,16 @@ pub struct Libvirt {
     uri: String,
     call_timeout: Duration,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    /// This host's QEMU processes by their `-uuid`, and when they were scanned.
-    qemus: tokio::sync::Mutex<(Option<Instant>, HashMap<String, u32>)>,
+    /// The last scan for this host's QEMU processes.
+    qemus: tokio::sync::Mutex<Option<QemuScan>>,
+}
+
+/// A scan for this host's QEMU processes.
+struct QemuScan {
+    /// When it began.
+    started: Instant,
+    /// The processes by their `-uuid`; `None` where the scan was given up.
+    found: Option<HashMap<String, u32>>,
 }
 
 /// How long one scan for domains' QEMU processes serves: a daemon starting connects every
@@ -329,19 +337,36 @@ impl Libvirt {
     }
 
     /// The QEMU process of the domain `uuid` under the procfs mount `proc`
-    /// ([`procfs::qemus_by_argument`]), from a scan of the last [`QEMU_SCAN_SERVES`] or a
-    /// new one, off the runtime and given up after the call timeout: `None` then, as where
-    /// none or two claim it.
-    pub(crate) async fn qemu(&self, proc: &Path, uuid: &str) -> Option<u32> {
-        let mut qemus = self.qemus.lock().await;
-        if qemus.0.is_none_or(|at| at.elapsed() >= QEMU_SCAN_SERVES) {
-            let proc = proc.to_path_buf();
-            let scan =
-                tokio::task::spawn_blocking(move || procfs::qemus_by_argument(&proc, "-uuid"));
-            let found = timeout(self.call_timeout, scan).await.ok()?.ok()?;
-            *qemus = (Some(Instant::now()), found);
+    /// ([`procfs::qemus_by_argument`]) for a domain looked up at `since`: from the last
+    /// scan where that began within [`QEMU_SCAN_SERVES`] and found it, or began after the
+    /// lookup (its QEMU would have been there); a new scan otherwise, off the runtime and
+    /// given up after the call timeout. `None` where none or two claim it, and while a
+    /// scan that was given up is recent (connections waiting for this one do not each
+    /// start another on a /proc that hangs).
+    pub(crate) async fn qemu(&self, proc: &Path, uuid: &str, since: Instant) -> Option<u32> {
+        let mut last = self.qemus.lock().await;
+        if let Some(scan) = last
+            .as_ref()
+            .filter(|s| s.started.elapsed() < QEMU_SCAN_SERVES)
+        {
+            let found = scan.found.as_ref().map(|f| f.get(uuid));
+            match found {
+                None => return None,
+                Some(Some(pid)) => return Some(*pid),
+                Some(None) if scan.started >= since => return None,
+                Some(None) => {}
+            }
         }
-        qemus.1.get(uuid).copied()
+        let started = Instant::now();
+        let dir = proc.to_path_buf();
+        let scan = tokio::task::spawn_blocking(move || procfs::qemus_by_argument(&dir, "-uuid"));
+        let found = timeout(self.call_timeout, scan)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let pid = found.as_ref().and_then(|f| f.get(uuid).copied());
+        *last = Some(QemuScan { started, found });
+        pid
     }
 
     /// The open session, opening one if there is none or the last one died.
