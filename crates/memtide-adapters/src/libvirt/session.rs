@@ -317,6 +317,8 @@ pub struct Libvirt {
 struct QemuScan {
     /// When it began.
     started: Instant,
+    /// When it ended, or was given up.
+    ended: Instant,
     /// The processes by their `-uuid`; `None` where the scan was given up.
     found: Option<HashMap<String, u32>>,
 }
@@ -337,9 +339,9 @@ impl Libvirt {
     }
 
     /// The QEMU process of the domain `uuid` under the procfs mount `proc`
-    /// ([`procfs::qemus_by_argument`]) for a domain looked up at `since`: from the last
-    /// scan where that began within [`QEMU_SCAN_SERVES`] and found it, or began after the
-    /// lookup (its QEMU would have been there); a new scan otherwise, off the runtime and
+    /// ([`procfs::qemus_by_argument`]) for a domain known to run at `since`: from the last
+    /// scan where that ended within [`QEMU_SCAN_SERVES`] and found it, or began after
+    /// `since` (its QEMU was there to be found); a new scan otherwise, off the runtime and
     /// given up after the call timeout. `None` where none or two claim it, and while a
     /// scan that was given up is recent (connections waiting for this one do not each
     /// start another on a /proc that hangs).
@@ -347,7 +349,7 @@ impl Libvirt {
         let mut last = self.qemus.lock().await;
         if let Some(scan) = last
             .as_ref()
-            .filter(|s| s.started.elapsed() < QEMU_SCAN_SERVES)
+            .filter(|s| s.ended.elapsed() < QEMU_SCAN_SERVES)
         {
             let found = scan.found.as_ref().map(|f| f.get(uuid));
             match found {
@@ -365,7 +367,11 @@ impl Libvirt {
             .ok()
             .and_then(Result::ok);
         let pid = found.as_ref().and_then(|f| f.get(uuid).copied());
-        *last = Some(QemuScan { started, found });
+        *last = Some(QemuScan {
+            started,
+            ended: Instant::now(),
+            found,
+        });
         pid
     }
 

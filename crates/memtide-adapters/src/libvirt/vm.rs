@@ -73,7 +73,6 @@ impl LibvirtVm {
         let (conn_session, domain_name) = (session.clone(), name.to_string());
         let period = opts.stats_interval_s.clamp(1, i32::MAX as u64) as i32;
         let local = local(libvirt.uri());
-        let since = std::time::Instant::now();
         let (domain, text, uuid) = blocking(limit, move || {
             let domain = Domain::lookup_by_name(&conn_session.conn, &domain_name)?;
             let text = domain.get_xml_desc(0)?;
@@ -85,7 +84,9 @@ impl LibvirtVm {
             Ok((domain, text, uuid))
         })
         .await?;
-        // libvirt's API gives no pid: its QEMU is the process started with its UUID.
+        // libvirt's API gives no pid: its QEMU is the process started with its UUID, and
+        // a scan begun from now on finds it.
+        let since = std::time::Instant::now();
         let process = match &uuid {
             Some(uuid) => libvirt.qemu(&opts.proc, uuid, since).await,
             None => None,
