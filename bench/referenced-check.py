@@ -10,12 +10,14 @@ it walks the page tables: a reader that keeps its core and whose buffer fits its
 2 MiB entries can go unseen (docs/benchmarks.md#density-on-16-cores).
 
     bench/referenced-check.py [--mib 192] [--samples 6] [--interval-s 2] [--cpu N]
-                              [--soft-dirty]
+                              [--soft-dirty] [--write]
 
 Run as root (clear_refs). --cpu pins the reader to that CPU (default: the last one) and
-this process to the first. --soft-dirty also writes 4 to clear_refs after each 1: clearing
-soft-dirty bits flushes the TLB (and write-protects every page, so a writer would fault
-once per page per sample): a trial of a remedy, not what memtide does.
+this process to the first. --soft-dirty also writes 4 to clear_refs after each 1:
+clearing soft-dirty bits flushes the TLB (and write-protects every page, so a writer
+faults once per page per sample), as memtide's sampler does where guest RAM holds huge
+pages. --write writes the buffer in the loop instead of reading it. Each sample also
+gives the loop's speed (MiB/s): what the write faults cost.
 """
 import argparse
 import ctypes
@@ -30,9 +32,10 @@ import time
 MIB = 1 << 20
 
 
-def reader(mib, huge, ready):
+def reader(mib, huge, write, passes, ready):
     """Map `mib` MiB (2 MiB-aligned, huge pages asked for or refused), write it once, then
-    read all of it in a loop; report the mapping's address on `ready`."""
+    read (or write) all of it in a loop, counting passes in `passes`; report the mapping's
+    address on `ready`."""
     size = mib * MIB
     buf = mmap.mmap(-1, size + 2 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
@@ -44,7 +47,11 @@ def reader(mib, huge, ready):
     scratch = ctypes.create_string_buffer(MIB)
     while True:
         for chunk in range(start, start + size, MIB):
-            ctypes.memmove(scratch, chunk, MIB)
+            if write:
+                ctypes.memmove(chunk, scratch, MIB)
+            else:
+                ctypes.memmove(scratch, chunk, MIB)
+        passes.value += 1
 
 
 def mapping_fields(pid, addr):
@@ -61,22 +68,27 @@ def mapping_fields(pid, addr):
 
 def run(args, huge):
     r, w = os.pipe()
+    shared = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    passes = ctypes.c_uint64.from_buffer(shared)
     pid = os.fork()
     if pid == 0:
         os.close(r)
         os.sched_setaffinity(0, {args.cpu})
-        reader(args.mib, huge, w)
+        reader(args.mib, huge, args.write, passes, w)
     os.close(w)
     addr = int(os.fdopen(r).readline())
     try:
         time.sleep(args.interval_s)
         for n in range(args.samples):
+            before = passes.value
             for value in ("1", "4") if args.soft_dirty else ("1",):
                 with open(f"/proc/{pid}/clear_refs", "w") as f:
                     f.write(value)
             time.sleep(args.interval_s)
-            sample = {"huge_pages": huge, "soft_dirty": args.soft_dirty, "sample": n,
-                      "mib": args.mib, **mapping_fields(pid, addr)}
+            sample = {"huge_pages": huge, "soft_dirty": args.soft_dirty, "write": args.write,
+                      "sample": n, "mib": args.mib,
+                      "mib_per_s": round((passes.value - before) * args.mib / args.interval_s),
+                      **mapping_fields(pid, addr)}
             print(json.dumps(sample), flush=True)
     finally:
         os.kill(pid, signal.SIGKILL)
@@ -90,6 +102,7 @@ def main():
     p.add_argument("--interval-s", type=float, default=2.0)
     p.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)))
     p.add_argument("--soft-dirty", action="store_true")
+    p.add_argument("--write", action="store_true")
     args = p.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     for huge in (True, False):

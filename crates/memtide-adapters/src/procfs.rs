@@ -599,8 +599,19 @@ fn smaps_fields(text: &str, size: Bytes) -> impl Iterator<Item = (bool, &str, u6
 /// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
 /// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
 pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
+    smaps_ram_field(text, size, "Referenced:")
+}
+
+/// Memory in transparent huge pages (`AnonHugePages`) in the same mappings as
+/// [`smaps_referenced`]: the guest RAM's. `None` when there is no such mapping.
+pub fn smaps_ram_huge(text: &str, size: Bytes) -> Option<Bytes> {
+    smaps_ram_field(text, size, "AnonHugePages:")
+}
+
+/// A field summed over the private writable mappings of `size`.
+fn smaps_ram_field(text: &str, size: Bytes, name: &str) -> Option<Bytes> {
     smaps_fields(text, size)
-        .filter(|(ram, field, _)| *ram && *field == "Referenced:")
+        .filter(|(ram, field, _)| *ram && *field == name)
         .map(|(.., kib)| Bytes::from_kib(kib))
         .reduce(|a, b| a + b)
 }
@@ -981,6 +992,12 @@ garbage
         );
         assert_eq!(smaps_referenced(smaps, Bytes::from_mib(4096)), None);
         assert_eq!(smaps_referenced("", Bytes::from_mib(192)), None);
+        // 6 MiB of it in huge pages; the code buffer's 2 MiB are not guest RAM's.
+        assert_eq!(
+            smaps_ram_huge(smaps, Bytes::from_mib(192)),
+            Some(Bytes::from_mib(6))
+        );
+        assert_eq!(smaps_ram_huge(smaps, Bytes::from_mib(4096)), None);
     }
 
     #[test]

@@ -227,10 +227,16 @@ static NO_IDLE_TRACKING: Once = Once::new();
 /// the last sample (/proc/PID/smaps), then cleared (/proc/PID/clear_refs). This sees the
 /// guest's accesses only when QEMU makes them (TCG); under KVM they go through the
 /// second-level page tables, which only idle page tracking ([`Access::Idle`]) or DAMON
-/// see. It undercounts memory in huge pages that a thread keeping its core touches
-/// without a TLB miss: clearing the accessed bits flushes no TLB (measured on a 16-core
-/// host, of 192 MiB read in a loop: 102-192 MiB seen referenced in huge pages, all of
-/// it in 4 KiB pages).
+/// see. Clearing the accessed bits flushes no TLB, and a CPU sets a page's accessed bit
+/// only when it walks the page tables, so a thread that keeps its core touches huge pages
+/// its TLB holds unseen (measured on a 16-core host, of 192 MiB read in a loop: 102-192
+/// MiB seen referenced in huge pages, all of it in 4 KiB pages). Where guest RAM holds
+/// huge pages, the sampler also clears the soft-dirty bits, the one clear_refs that
+/// flushes the process's TLB (there: 192 MiB seen each time, where 128 were without;
+/// docs/benchmarks.md#density-on-16-cores). It write-protects QEMU's pages, so each page
+/// written in the next window faults once (a huge page once for its 2 MiB), and a 2 MiB
+/// range none of whose pages was written since is not collapsed into a huge page
+/// (khugepaged and MADV_COLLAPSE want a writable page in it) until one is.
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
@@ -238,9 +244,21 @@ struct AccessSampler {
     ram: Bytes,
     /// Begun when the accessed bits were last cleared.
     window: SampleWindow,
+    /// Guest RAM held huge pages at the last read of smaps (assumed before the first).
+    huge: bool,
 }
 
 impl AccessSampler {
+    fn new(dir: &Path, ram: Bytes, least: Duration) -> AccessSampler {
+        AccessSampler {
+            smaps: dir.join("smaps"),
+            clear_refs: dir.join("clear_refs"),
+            ram,
+            window: SampleWindow { least, began: None },
+            huge: true,
+        }
+    }
+
     /// Referenced guest RAM since the accessed bits were last cleared, at `now` (`None`
     /// on the first call, which only starts the window, on any read or write failure, and
     /// where the window is too short: it then stays open).
@@ -248,12 +266,20 @@ impl AccessSampler {
         if self.window.too_short(now) {
             return None;
         }
-        let referenced = self.window.began.and_then(|_| {
-            std::fs::read_to_string(&self.smaps)
-                .ok()
-                .and_then(|t| procfs::smaps_referenced(&t, self.ram))
+        let smaps = self
+            .window
+            .began
+            .and_then(|_| std::fs::read_to_string(&self.smaps).ok());
+        let referenced = smaps.as_ref().and_then(|t| {
+            self.huge = procfs::smaps_ram_huge(t, self.ram).is_some_and(|h| h > Bytes::ZERO);
+            procfs::smaps_referenced(t, self.ram)
         });
-        self.window.began = std::fs::write(&self.clear_refs, "1").is_ok().then_some(now);
+        let cleared = std::fs::write(&self.clear_refs, "1").is_ok();
+        if cleared && self.huge {
+            // Best effort: without the flush the next sample may undercount, no more.
+            let _ = std::fs::write(&self.clear_refs, "4");
+        }
+        self.window.began = cleared.then_some(now);
         referenced
     }
 }
@@ -548,15 +574,7 @@ async fn access(
         return Ok(None);
     }
     let dir = opts.proc.join(pid.to_string());
-    let sampler = AccessSampler {
-        smaps: dir.join("smaps"),
-        clear_refs: dir.join("clear_refs"),
-        ram: base,
-        window: SampleWindow {
-            least: opts.least_sample_window,
-            began: None,
-        },
-    };
+    let sampler = AccessSampler::new(&dir, base, opts.least_sample_window);
     Ok(Some(Access::ClearRefs(Scans::new(sampler, wait))))
 }
 
@@ -752,17 +770,9 @@ mod tests {
         let smaps = dir.path().join("smaps");
         // A 192 MiB guest with 6 MiB referenced (a real QEMU's smaps).
         std::fs::write(&smaps, include_str!("../../tests/data/proc/qemu-smaps")).unwrap();
-        let window = SampleWindow {
-            least: Duration::from_millis(500),
-            began: None,
-        };
-        let (t0, ram) = (Instant::now(), Bytes::from_mib(192));
-        let mut s = AccessSampler {
-            smaps,
-            clear_refs: dir.path().join("clear_refs"),
-            ram,
-            window,
-        };
+        let t0 = Instant::now();
+        let mut s =
+            AccessSampler::new(dir.path(), Bytes::from_mib(192), Duration::from_millis(500));
         let at = |ms| t0 + Duration::from_millis(ms);
         assert_eq!(s.sample(t0), None, "the first starts the window");
         // Asked again at once (after a late sample): not taken, the window left open.
@@ -775,6 +785,43 @@ mod tests {
         s.clear_refs = dir.path().join("gone/clear_refs");
         assert_eq!(s.sample(at(2000)), Some(Bytes::from_mib(6)));
         assert_eq!(s.sample(at(3000)), None);
+    }
+
+    #[test]
+    fn access_sampling_flushes_the_tlb_where_guest_ram_holds_huge_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let (smaps, clear_refs) = (dir.path().join("smaps"), dir.path().join("clear_refs"));
+        // A 192 MiB guest with 6 MiB of its RAM in huge pages.
+        let huge = include_str!("../../tests/data/proc/qemu-smaps");
+        let small = huge.replacen(
+            "AnonHugePages:      6144 kB",
+            "AnonHugePages:         0 kB",
+            1,
+        );
+        assert_ne!(small, huge);
+        std::fs::write(&smaps, &small).unwrap();
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        let mut s =
+            AccessSampler::new(dir.path(), Bytes::from_mib(192), Duration::from_millis(500));
+        // The last write to clear_refs is what the file holds: 4 clears the soft-dirty
+        // bits after 1 cleared the accessed bits, and flushes the TLB.
+        let last = || std::fs::read_to_string(&clear_refs).unwrap();
+        s.sample(t0);
+        assert_eq!(
+            last(),
+            "4",
+            "before any read of smaps, huge pages are assumed"
+        );
+        assert_eq!(s.sample(at(1)), Some(Bytes::from_mib(6)));
+        assert_eq!(last(), "1", "no huge pages in guest RAM: no flush");
+        std::fs::write(&smaps, huge).unwrap();
+        assert_eq!(s.sample(at(2)), Some(Bytes::from_mib(6)));
+        assert_eq!(last(), "4");
+        // A failed read of smaps leaves what was last seen.
+        std::fs::remove_file(&smaps).unwrap();
+        assert_eq!(s.sample(at(3)), None);
+        assert_eq!(last(), "4");
     }
 
     /// A scan that ends when the test says, counting those started.
