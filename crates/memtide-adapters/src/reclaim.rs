@@ -65,7 +65,10 @@ pub fn parse_v2_path(text: &str) -> Option<&str> {
 }
 
 /// The cgroup v2 directory of process `pid`, under the hierarchy mounted at `root`
-/// (`/sys/fs/cgroup`), checked to hold that process alone.
+/// (`/sys/fs/cgroup`), checked to hold that process alone. A process in a threaded
+/// cgroup (libvirt on cgroup v2 keeps QEMU's main thread in a threaded `emulator` child
+/// of the domain's) is charged to its threaded domain, the nearest ancestor that is not
+/// threaded: that one is the VM's (Documentation/admin-guide/cgroup-v2.rst, "Threads").
 pub fn cgroup_of(proc: &Path, root: &Path, pid: u32) -> Result<PathBuf, ReclaimError> {
     let text = read(&proc.join(pid.to_string()).join("cgroup"))?;
     let path = parse_v2_path(&text).ok_or(ReclaimError::NotV2(pid))?;
@@ -73,12 +76,21 @@ pub fn cgroup_of(proc: &Path, root: &Path, pid: u32) -> Result<PathBuf, ReclaimE
     if !root.join("cgroup.controllers").exists() {
         return Err(ReclaimError::NotV2Mount(root.to_path_buf()));
     }
-    let dir = root.join(path);
+    let mut dir = root.join(path);
+    while threaded(&dir) && dir != root {
+        dir.pop();
+    }
+    // A threaded domain's cgroup.procs lists the processes of its whole threaded subtree.
     let procs = read(&dir.join("cgroup.procs"))?;
     match procs.split_whitespace().collect::<Vec<_>>()[..] {
         [one] if one == pid.to_string() && !busy_below(&dir)? => Ok(dir),
         _ => Err(ReclaimError::Shared(dir)),
     }
+}
+
+/// True when `dir` is a threaded cgroup (`cgroup.type`; the root has none).
+fn threaded(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded")
 }
 
 /// The most cgroups below a VM's looked through for processes.
@@ -109,6 +121,11 @@ fn busy_below(dir: &Path) -> Result<bool, ReclaimError> {
                 return Ok(true);
             }
             let child = entry.path();
+            // Its processes are listed by its threaded domain, `dir` or above it: reading
+            // its own cgroup.procs fails (EOPNOTSUPP).
+            if threaded(&child) {
+                continue;
+            }
             let procs = match std::fs::read_to_string(child.join("cgroup.procs")) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 procs => procs.map_err(|error| ReclaimError::Io {
@@ -275,6 +292,53 @@ mod tests {
         std::fs::write(cg.join("vms/a/idle/deeper/cgroup.procs"), "99\n").unwrap();
         let below = cgroup_of(&proc, &cg, 42).unwrap_err().to_string();
         assert!(below.contains("holds other processes too"), "{below}");
+    }
+
+    #[test]
+    fn a_process_in_a_threaded_cgroup_is_reclaimed_in_its_threaded_domain() {
+        // libvirt on cgroup v2: the domain's scope, the `libvirt` threaded domain newer
+        // libvirt makes below it, QEMU's main thread in the threaded `emulator`, vCPU
+        // threads in `vcpu0`. A threaded cgroup's own cgroup.procs cannot be read: none
+        // here, and a directory in its place for `vcpu0`, which fails to read as the
+        // kernel's file does.
+        let scope = "cg/machine.slice/machine-qemu-1-a.scope";
+        let root = cgroup(&[
+            ("cg/cgroup.controllers", "cpu memory\n"),
+            (
+                "proc/42/cgroup",
+                "0::/machine.slice/machine-qemu-1-a.scope/libvirt/emulator\n",
+            ),
+            ("proc/43/cgroup", "0::/solo/t\n"),
+            (&format!("{scope}/cgroup.type"), "domain\n"),
+            (&format!("{scope}/cgroup.procs"), ""),
+            (&format!("{scope}/libvirt/cgroup.type"), "domain threaded\n"),
+            (&format!("{scope}/libvirt/cgroup.procs"), "42\n"),
+            (
+                &format!("{scope}/libvirt/emulator/cgroup.type"),
+                "threaded\n",
+            ),
+            (&format!("{scope}/libvirt/vcpu0/cgroup.type"), "threaded\n"),
+            (
+                &format!("{scope}/libvirt/vcpu0/cgroup.procs/unreadable"),
+                "",
+            ),
+            ("cg/solo/cgroup.type", "domain threaded\n"),
+            ("cg/solo/cgroup.procs", "43\n44\n"),
+            ("cg/solo/t/cgroup.type", "threaded\n"),
+        ]);
+        let (proc, cg) = (root.path().join("proc"), root.path().join("cg"));
+        let domain = cg.join("machine.slice/machine-qemu-1-a.scope/libvirt");
+        assert_eq!(cgroup_of(&proc, &cg, 42).unwrap(), domain);
+        // Another process in the same threaded subtree shares the domain's memory.
+        let shared = cgroup_of(&proc, &cg, 43).unwrap_err().to_string();
+        assert_eq!(
+            shared,
+            format!(
+                "{}: the VM's cgroup holds other processes too (give its QEMU a cgroup of its \
+                 own, or set [[vm]] reclaim_cgroup)",
+                cg.join("solo").display()
+            )
+        );
     }
 
     #[test]

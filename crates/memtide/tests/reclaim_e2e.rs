@@ -45,8 +45,11 @@ struct Coldalloc {
 }
 
 impl Coldalloc {
-    /// Start it, QEMU given `qemu` besides the data disk.
-    fn start(name: &str, args: &str, qemu: &[&str]) -> Coldalloc {
+    /// Start it, QEMU given `qemu` besides the data disk. With `threaded`, the cgroup
+    /// `vm` is made a threaded domain and coldalloc's thread moved to a threaded child,
+    /// as libvirt on cgroup v2 places QEMU's main thread (its `emulator`): memtide must
+    /// reclaim from `vm`, where its memory is charged.
+    fn start(name: &str, args: &str, qemu: &[&str], threaded: bool) -> Coldalloc {
         let dir = tempfile::tempdir().unwrap();
         let config = format!("[reclaim]\nstep_pct_per_s = 10\nfloor_mib = {FLOOR_MIB}\n");
         let image = support::data_disk(dir.path(), &config);
@@ -73,9 +76,16 @@ impl Coldalloc {
                      echo +memory > /sys/fs/cgroup/cgroup.subtree_control && \
                      mkdir /sys/fs/cgroup/vm";
         assert_eq!(agent.run_sh(setup, Duration::from_secs(30)), 0);
+        let enter = if threaded {
+            "echo $$ > /sys/fs/cgroup/vm/cgroup.procs && mkdir /sys/fs/cgroup/vm/emulator && \
+             echo threaded > /sys/fs/cgroup/vm/emulator/cgroup.type && \
+             echo $$ > /sys/fs/cgroup/vm/emulator/cgroup.threads"
+        } else {
+            "echo $$ > /sys/fs/cgroup/vm/cgroup.procs"
+        };
         let pid = agent.spawn_sh(&format!(
-            "echo $$ > /sys/fs/cgroup/vm/cgroup.procs && exec /bin/coldalloc --cold-mib \
-             {COLD_MIB} --hot-mib {HOT_MIB} --interval-s 1 {args} > /tmp/cold.log 2>&1"
+            "{enter} && exec /bin/coldalloc --cold-mib {COLD_MIB} --hot-mib {HOT_MIB} \
+             --interval-s 1 {args} > /tmp/cold.log 2>&1"
         ));
         let written = "grep -q cold_resident_mib /tmp/cold.log";
         wait_for(Duration::from_secs(60), || {
@@ -113,7 +123,7 @@ impl Coldalloc {
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn reclaim_pushes_a_cold_buffer_to_swap_and_keeps_the_hot_one_and_the_floor() {
-    let mut c = Coldalloc::start("memtide-reclaim", "", &[]);
+    let mut c = Coldalloc::start("memtide-reclaim", "", &[], false);
     let cold_before = reported(&c.agent.read_file("/tmp/cold.log"), "cold_resident_mib=");
     assert!(
         cold_before >= (COLD_MIB - 4) * MIB,
@@ -199,12 +209,17 @@ fn reclaim_holds_while_the_cold_buffer_comes_back() {
     // memtide reclaims of the cold buffer comes back, the kernel counts it as refaults,
     // and memtide stops reclaiming and says why, where without the reads it pushed most
     // of the buffer out. The guest's clocks count its instructions, so that the reads
-    // come as often a second of its time however loaded the host is.
+    // come as often a second of its time however loaded the host is. Its thread is in a
+    // threaded child of `vm`, as libvirt's QEMU is: reclaim finds `vm` (any error fails
+    // `reclaim`).
     let mut c = Coldalloc::start(
         "memtide-reclaim-back",
         "--cold-read-every 512",
         &support::ICOUNT,
+        true,
     );
+    let placed = c.agent.read_file(&format!("/proc/{}/cgroup", c.pid));
+    assert_eq!(placed.trim(), "0::/vm/emulator", "{placed}");
     let (log, asked) = c.reclaim();
     let held = log
         .lines()
