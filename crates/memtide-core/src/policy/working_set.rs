@@ -1913,6 +1913,63 @@ mod tests {
     }
 
     #[test]
+    fn what_a_vm_without_figures_was_given_and_has_not_touched_is_not_divided_among_the_others() {
+        // "a" gives no figures and was given memory back in an ample moment (300 to its
+        // fair share, 634 MiB); then "b", "c" and "d" commit 900 MiB each, more than the
+        // host holds. What "a" was given and has not touched is not backed, so the host
+        // counts it free: were it divided among the others, they would be given memory
+        // "a" holds. They are given the same whether "a" touched it or not.
+        let mute = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+            if i == 0 {
+                sample.stats.free = None;
+                *s = Signals::default();
+            }
+        };
+        let crowd = [
+            ("a", 300, 0, 1000, 0),
+            ("b", 500, 0, 1000, 500),
+            ("c", 500, 0, 1000, 500),
+            ("d", 500, 0, 1000, 500),
+        ];
+        let others = |touched: u64| {
+            let mut p = memtide();
+            let rss = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+                mute(i, sample, s);
+                if i == 0 {
+                    sample.rss = Some(Bytes::from_mib(300));
+                }
+            };
+            decide_at(&mut p, 0, testkit::host(2600, 800), &crowd, rss);
+            let o = decide_at(&mut p, 30, testkit::host(2600, 800), &crowd, rss);
+            let given = target(&o, "a").expect("given back");
+            assert_eq!(given, 634, "{:?}", o.holds);
+            let grown = [
+                ("a", given, 0, 1000, 0),
+                ("b", 500, 0, 1000, 900),
+                ("c", 500, 0, 1000, 900),
+                ("d", 500, 0, 1000, 900),
+            ];
+            // What the host backs of "a": 300 MiB and what it touched of the rest.
+            let rss = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+                mute(i, sample, s);
+                if i == 0 {
+                    sample.rss = Some(Bytes::from_mib(300 + touched));
+                }
+            };
+            let free = 800 - touched;
+            let o = decide_at(&mut p, 31, testkit::host(2600, free), &grown, rss);
+            assert_eq!(target(&o, "a"), None, "it keeps what it was given");
+            ["b", "c", "d"]
+                .iter()
+                .map(|vm| target(&o, vm).unwrap_or(500))
+                .sum::<u64>()
+        };
+        let (untouched, touched) = (others(0), others(334));
+        assert!(untouched > 1500, "the others grow: {untouched}");
+        assert_eq!(untouched, touched);
+    }
+
+    #[test]
     fn a_vm_without_figures_yet_holds_its_size_until_the_grace_is_over() {
         // "a" gives no MemAvailable nor free memory; "b" does.
         let mut p = memtide();
