@@ -223,6 +223,9 @@ impl Scan for IdleTracking {
 /// Said once per process: the reason holds for every VM on the host.
 static NO_IDLE_TRACKING: Once = Once::new();
 
+/// Said once per process: a kernel that refuses one QEMU's soft-dirty clear refuses all.
+static NO_TLB_FLUSH: Once = Once::new();
+
 /// Host-side access sampling: the guest RAM pages QEMU's page tables saw referenced since
 /// the last sample (/proc/PID/smaps), then cleared (/proc/PID/clear_refs). This sees the
 /// guest's accesses only when QEMU makes them (TCG); under KVM they go through the
@@ -232,11 +235,14 @@ static NO_IDLE_TRACKING: Once = Once::new();
 /// its TLB holds unseen (measured on a 16-core host, of 192 MiB read in a loop: 102-192
 /// MiB seen referenced in huge pages, all of it in 4 KiB pages). Where guest RAM holds
 /// huge pages, the sampler also clears the soft-dirty bits, the one clear_refs that
-/// flushes the process's TLB (there: 192 MiB seen each time, where 128 were without;
-/// docs/benchmarks.md#density-on-16-cores). It write-protects QEMU's pages, so each page
-/// written in the next window faults once (a huge page once for its 2 MiB), and a 2 MiB
-/// range none of whose pages was written since is not collapsed into a huge page
-/// (khugepaged and MADV_COLLAPSE want a writable page in it) until one is.
+/// flushes the process's TLB on current kernels (on 6.18: 192 MiB seen each time, where
+/// 128 were without; docs/benchmarks.md#density-on-16-cores; kernels before about 5.11
+/// flushed on 1 too, and pay only the cost). It write-protects every page QEMU maps, not
+/// only guest RAM, in a second walk of its address space, so each page written in the
+/// next window faults once (a huge page once for its 2 MiB), a 2 MiB range none of whose
+/// pages was written since is not collapsed into a huge page (khugepaged and
+/// MADV_COLLAPSE want a writable page in it) until one is, and another user of QEMU's
+/// soft-dirty bits (a CRIU pre-dump) would see them cleared.
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
@@ -277,7 +283,15 @@ impl AccessSampler {
         let cleared = std::fs::write(&self.clear_refs, "1").is_ok();
         if cleared && self.huge {
             // Best effort: without the flush the next sample may undercount, no more.
-            let _ = std::fs::write(&self.clear_refs, "4");
+            if let Err(e) = std::fs::write(&self.clear_refs, "4") {
+                NO_TLB_FLUSH.call_once(|| {
+                    tracing::warn!(
+                        "{}: clearing soft-dirty bits failed ({e}): host-side access \
+                         sampling may undercount guest memory in huge pages",
+                        self.clear_refs.display()
+                    )
+                });
+            }
         }
         self.window.began = cleared.then_some(now);
         referenced
@@ -791,7 +805,34 @@ mod tests {
     fn access_sampling_flushes_the_tlb_where_guest_ram_holds_huge_pages() {
         let dir = tempfile::tempdir().unwrap();
         let (smaps, clear_refs) = (dir.path().join("smaps"), dir.path().join("clear_refs"));
-        // A 192 MiB guest with 6 MiB of its RAM in huge pages.
+        // A FIFO in its place, read write by write: the writes in order.
+        let fifo = std::ffi::CString::new(clear_refs.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let written = Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = {
+            let (path, written) = (clear_refs.clone(), Arc::clone(&written));
+            std::thread::spawn(move || loop {
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    return;
+                };
+                if text == "end" {
+                    return;
+                }
+                written.lock().unwrap().push_str(&text);
+            })
+        };
+        // What was written since the last look, once `n` writes are in.
+        let writes = |n: usize| {
+            for _ in 0..500 {
+                if written.lock().unwrap().len() >= n {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::mem::take(&mut *written.lock().unwrap())
+        };
+        // A 192 MiB guest with 6 MiB of its RAM in huge pages, and without.
         let huge = include_str!("../../tests/data/proc/qemu-smaps");
         let small = huge.replacen(
             "AnonHugePages:      6144 kB",
@@ -804,24 +845,24 @@ mod tests {
         let at = |s| t0 + Duration::from_secs(s);
         let mut s =
             AccessSampler::new(dir.path(), Bytes::from_mib(192), Duration::from_millis(500));
-        // The last write to clear_refs is what the file holds: 4 clears the soft-dirty
-        // bits after 1 cleared the accessed bits, and flushes the TLB.
-        let last = || std::fs::read_to_string(&clear_refs).unwrap();
+        // 1 clears the accessed bits, then 4 the soft-dirty bits, which flushes the TLB.
         s.sample(t0);
         assert_eq!(
-            last(),
-            "4",
+            writes(2),
+            "14",
             "before any read of smaps, huge pages are assumed"
         );
         assert_eq!(s.sample(at(1)), Some(Bytes::from_mib(6)));
-        assert_eq!(last(), "1", "no huge pages in guest RAM: no flush");
+        assert_eq!(writes(1), "1", "no huge pages in guest RAM: no flush");
         std::fs::write(&smaps, huge).unwrap();
         assert_eq!(s.sample(at(2)), Some(Bytes::from_mib(6)));
-        assert_eq!(last(), "4");
+        assert_eq!(writes(2), "14");
         // A failed read of smaps leaves what was last seen.
         std::fs::remove_file(&smaps).unwrap();
         assert_eq!(s.sample(at(3)), None);
-        assert_eq!(last(), "4");
+        assert_eq!(writes(2), "14");
+        std::fs::write(&clear_refs, "end").unwrap();
+        reader.join().unwrap();
     }
 
     /// A scan that ends when the test says, counting those started.
