@@ -1,7 +1,8 @@
 //! The engine's behaviour across ticks: isolation of failures, safeguards, verification.
 
 use memtide_core::decision::{Diagnostic, VmState};
-use memtide_core::policy::mom::Mom;
+use memtide_core::policy::ksmtuned::KsmConfig;
+use memtide_core::policy::mom::{Mom, MomConfig};
 use memtide_core::stats::{DomainScope, OtherManager};
 use memtide_core::testkit::{host, snapshot, vm, Fixed};
 use memtide_core::{
@@ -9,8 +10,18 @@ use memtide_core::{
     Reason, VmEvent, VmSnapshot,
 };
 
+/// MOM deciding every tick (not every 10 s, as MOM does): these tests follow the engine
+/// from tick to tick.
+fn every_tick() -> Box<Mom> {
+    let balloon = MomConfig {
+        interval_s: 0.0,
+        ..MomConfig::default()
+    };
+    Box::new(Mom::new(balloon, KsmConfig::default()))
+}
+
 fn engine() -> Engine {
-    Engine::new(EngineConfig::default(), Box::<Mom>::default())
+    Engine::new(EngineConfig::default(), every_tick())
 }
 
 fn balloon_targets(actions: &[Action]) -> Vec<(String, u64)> {
@@ -221,7 +232,7 @@ fn ksm_knobs_are_written_only_when_they_differ() {
         ksm_control: false,
         ..EngineConfig::default()
     };
-    let d = Engine::new(cfg, Box::<Mom>::default()).tick(&snapshot(0, host(16384, 1024), vec![]));
+    let d = Engine::new(cfg, every_tick()).tick(&snapshot(0, host(16384, 1024), vec![]));
     assert!(d.actions.is_empty());
     assert!(d
         .host
@@ -253,7 +264,7 @@ fn ksm_is_tuned_for_a_cgroup_domain_only_when_the_operator_says_so() {
         ksm_in_cgroup_domain: true,
         ..EngineConfig::default()
     };
-    let d = Engine::new(cfg, Box::<Mom>::default()).tick(&snapshot(
+    let d = Engine::new(cfg, every_tick()).tick(&snapshot(
         0,
         cgroup_host(),
         vec![vm("a", 8192, 8192, 10)],

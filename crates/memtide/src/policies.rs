@@ -74,10 +74,7 @@ impl PolicySource {
         match self {
             PolicySource::Builtin(name) => match name.as_str() {
                 "memtide" => Ok(working_set(EstimatorConfig::Fused(c.memtide.clone()))),
-                "mom" => Ok(Box::new(Mom {
-                    balloon: c.mom.clone(),
-                    ksm: c.ksm.clone(),
-                })),
+                "mom" => Ok(Box::new(Mom::new(c.mom.clone(), c.ksm.clone()))),
                 "tws" => Ok(working_set(EstimatorConfig::Tws(c.tws.clone()))),
                 "selfballoon" => Ok(working_set(EstimatorConfig::SelfBalloon(
                     c.selfballoon.clone(),

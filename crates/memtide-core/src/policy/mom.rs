@@ -10,6 +10,10 @@
 //! grow back toward their maximum in bounded steps, at once to their used memory and a
 //! free margin where they are below it. Arithmetic is done in KiB, MOM's unit, so that
 //! policy-language versions of this policy produce the same targets.
+//!
+//! MOM evaluates its policy every `policy-engine-interval` seconds (10 in MOM's shipped
+//! `doc/mom-balloon.conf` and its built-in defaults), not every time it samples; between
+//! evaluations nothing moves, KSM included.
 
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
@@ -18,8 +22,9 @@ use crate::history::History;
 use crate::stats::HostStats;
 use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
-/// The balloon policy's constants (all ratios of 1).
+/// The balloon policy's constants (ratios of 1, and MOM's policy interval).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MomConfig {
@@ -35,6 +40,8 @@ pub struct MomConfig {
     pub max_change: f64,
     /// Smallest change worth making, as a share of the guest's size.
     pub min_change: f64,
+    /// Seconds between decisions (MOM's `policy-engine-interval`); 0 decides every tick.
+    pub interval_s: f64,
 }
 
 impl Default for MomConfig {
@@ -46,6 +53,7 @@ impl Default for MomConfig {
             critical_overshoot: 0.05,
             max_change: 0.05,
             min_change: 0.0025,
+            interval_s: 10.0,
         }
     }
 }
@@ -65,6 +73,12 @@ impl MomConfig {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name}: {v} is not a ratio between 0 and 1"));
             }
+        }
+        if !(self.interval_s.is_finite() && (0.0..=86_400.0).contains(&self.interval_s)) {
+            return Err(format!(
+                "interval_s: {} is not a number of seconds (0 to 86400)",
+                self.interval_s
+            ));
         }
         if self.pressure_critical >= self.pressure_threshold {
             return Err(format!(
@@ -120,13 +134,22 @@ enum Step {
 /// The MOM policy: the balloon rules, plus the ksmtuned rules when KSM is configured.
 #[derive(Clone, Debug, Default)]
 pub struct Mom {
-    /// Balloon constants.
-    pub balloon: MomConfig,
-    /// KSM constants.
-    pub ksm: KsmConfig,
+    balloon: MomConfig,
+    ksm: KsmConfig,
+    /// When the next decision is due; `None` before the first.
+    next: Option<Duration>,
 }
 
 impl Mom {
+    /// MOM with these balloon and KSM constants.
+    pub fn new(balloon: MomConfig, ksm: KsmConfig) -> Mom {
+        Mom {
+            balloon,
+            ksm,
+            next: None,
+        }
+    }
+
     fn bounded(&self, rule: &'static str, vm: &VmInput<'_>, size_kib: f64, why: String) -> Step {
         let cur = kib(vm.actual);
         let change = (size_kib - cur).abs();
@@ -207,6 +230,21 @@ impl Policy for Mom {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
+        if let Some(next) = self.next.filter(|next| input.at < *next) {
+            let wait = format!(
+                "between MOM's policy evaluations (every {} s; the next in {:.0} s)",
+                self.balloon.interval_s,
+                (next - input.at).as_secs_f64()
+            );
+            for vm in input.vms {
+                out.holds
+                    .insert(vm.name.to_string(), Reason::new("mom.wait", wait.clone()));
+            }
+            return out;
+        }
+        self.next = Some(
+            input.at + Duration::try_from_secs_f64(self.balloon.interval_s).unwrap_or_default(),
+        );
         let host_ratio = host_free_ratio(input.host);
         let under_pressure = host_ratio < self.balloon.pressure_threshold;
         for vm in input.vms {
@@ -239,10 +277,20 @@ mod tests {
     use crate::signals::Signals;
     use crate::snapshot::VmLimits;
     use crate::testkit;
-    use std::time::Duration;
 
     /// Run the balloon rules for one guest, with `host_free` of 1000 MiB freeable.
     fn decide(host_free_mib: u64, actual_mib: u64, free_mib: u64) -> PolicyOutput {
+        decide_at(&mut Mom::default(), 0, host_free_mib, actual_mib, free_mib)
+    }
+
+    /// [`decide`] by `mom` at second `at`.
+    fn decide_at(
+        mom: &mut Mom,
+        at: u64,
+        host_free_mib: u64,
+        actual_mib: u64,
+        free_mib: u64,
+    ) -> PolicyOutput {
         let mut host = History::new(10);
         host.push(Duration::ZERO, testkit::host(1000, host_free_mib));
         let vm = testkit::vm("a", 1000, actual_mib, free_mib);
@@ -262,8 +310,8 @@ mod tests {
             target: None,
             signals: &signals,
         }];
-        Mom::default().decide(&PolicyInput {
-            at: Duration::ZERO,
+        mom.decide(&PolicyInput {
+            at: Duration::from_secs(at),
             host: &host,
             vms: &vms,
             unreachable: &[],
@@ -322,6 +370,35 @@ mod tests {
     }
 
     #[test]
+    fn it_decides_once_per_policy_interval_and_holds_between() {
+        let mut mom = Mom::default();
+        assert_eq!(
+            target_mib(&decide_at(&mut mom, 100, 100, 800, 600)),
+            Some(760.0)
+        );
+        for at in [101, 105, 109] {
+            let out = decide_at(&mut mom, at, 100, 760, 560);
+            assert_eq!(target_mib(&out), None, "at {at} s");
+            assert_eq!(out.holds["a"].rule, "mom.wait");
+            assert!(out.ksm.is_none(), "KSM waits too");
+        }
+        assert_eq!(
+            target_mib(&decide_at(&mut mom, 110, 100, 760, 560)),
+            Some(722.0)
+        );
+        let mut every_tick = Mom::new(
+            MomConfig {
+                interval_s: 0.0,
+                ..MomConfig::default()
+            },
+            KsmConfig::default(),
+        );
+        for at in [0, 1] {
+            assert!(target_mib(&decide_at(&mut every_tick, at, 100, 800, 600)).is_some());
+        }
+    }
+
+    #[test]
     fn missing_guest_stats_is_a_fault_for_that_guest() {
         let mut host = History::new(10);
         host.push(Duration::ZERO, testkit::host(1000, 100));
@@ -371,5 +448,12 @@ mod tests {
             ..MomConfig::default()
         };
         assert!(bad.validate().unwrap_err().starts_with("max_change:"));
+        for interval_s in [-1.0, f64::NAN, 1e9] {
+            let bad = MomConfig {
+                interval_s,
+                ..MomConfig::default()
+            };
+            assert!(bad.validate().unwrap_err().starts_with("interval_s:"));
+        }
     }
 }
