@@ -12,7 +12,7 @@ use memtide_core::{BackendError, Bytes, VmEvent, VmSample};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use virt::domain::Domain;
 use virt_sys as sys;
 
@@ -45,8 +45,49 @@ pub struct LibvirtVm {
     /// Its QEMU process, where the daemon is local and it was found
     /// ([`procfs::qemus_by_argument`]): what the host swapped out of it.
     process: Option<(i32, procfs::ProcessRss)>,
-    /// Its UUID where the daemon is local, and the procfs its QEMU is found in.
-    find: Option<(String, PathBuf)>,
+    /// How its QEMU is found again, where the daemon is local.
+    find: Option<Finder>,
+}
+
+/// How long a local domain whose QEMU was not found waits before the next scan for it.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(60);
+
+/// How a local domain's QEMU process is found: by its UUID, in a procfs.
+struct Finder {
+    uuid: String,
+    proc: PathBuf,
+    /// While its QEMU is not found, when to scan for it again.
+    next: Option<Instant>,
+}
+
+impl Finder {
+    /// Follow `process` at `now`: one that ended is looked for again at once (a save that
+    /// ran the domain again, a restart after a crash), one not found every
+    /// [`LOOK_AGAIN_AFTER`] (a scan given up at connection, a procfs that did not show
+    /// it yet). Each scan is off the runtime, given up after `limit`.
+    async fn follow(
+        &mut self,
+        process: &mut Option<(i32, procfs::ProcessRss)>,
+        now: Instant,
+        limit: Duration,
+    ) {
+        let ended = process.as_ref().is_some_and(|(_, p)| p.read().is_none());
+        let due = process.is_none() && self.next.is_none_or(|next| now >= next);
+        if !(ended || due) {
+            return;
+        }
+        let (uuid, proc) = (self.uuid.clone(), self.proc.clone());
+        let scan = tokio::task::spawn_blocking(move || {
+            let pid = *procfs::qemus_by_argument(&proc, "-uuid").get(&uuid)?;
+            own_process(&proc, pid)
+        });
+        *process = tokio::time::timeout(limit, scan)
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .flatten();
+        self.next = process.is_none().then(|| now + LOOK_AGAIN_AFTER);
+    }
 }
 
 /// What one sample reads from libvirt in a single blocking call.
@@ -116,23 +157,13 @@ impl LibvirtVm {
             vmem_follower: Follower::default(),
             target: None,
             agent_open: qga::OpenHandles::default(),
+            find: uuid.map(|uuid| Finder {
+                uuid,
+                proc: opts.proc.clone(),
+                next: process.is_none().then(|| since + LOOK_AGAIN_AFTER),
+            }),
             process,
-            find: uuid.map(|uuid| (uuid, opts.proc.clone())),
         })
-    }
-
-    /// Its QEMU process found again by a scan of its own, off the runtime, given up after
-    /// a quarter of the call timeout.
-    async fn find_again(&self) -> Option<(i32, procfs::ProcessRss)> {
-        let (uuid, proc) = self.find.clone()?;
-        let scan = tokio::task::spawn_blocking(move || {
-            let pid = *procfs::qemus_by_argument(&proc, "-uuid").get(&uuid)?;
-            own_process(&proc, pid)
-        });
-        tokio::time::timeout(self.call_timeout / 4, scan)
-            .await
-            .ok()?
-            .ok()?
     }
 
     /// Its QEMU process id, where found.
@@ -264,16 +295,16 @@ impl VmBackend for LibvirtVm {
             return Err(BackendError::Busy(format!("{why}; left alone")));
         }
         let memory = stats::parse(&raw.memory);
-        // A QEMU that ended while its domain runs on (a save that ran it again, a restart
-        // after a crash) is followed to the new one. What the daemon knows of the process
-        // (the state file, crash recovery, reclaim, placement) is the first one's until the
-        // domain is connected again, each of those checking it still runs as it was.
-        if self
-            .process
-            .as_ref()
-            .is_some_and(|(_, p)| p.read().is_none())
-        {
-            self.process = self.find_again().await;
+        // A QEMU that ended while its domain runs on is followed to the new one, one not
+        // found is looked for now and then: for the swap figure. What the daemon knows of
+        // the process (the state file, crash recovery, reclaim, placement) is the one
+        // found at connection until the domain is connected again, each of those checking
+        // it still runs as it was.
+        if let Some(finder) = &mut self.find {
+            let limit = self.call_timeout / 4;
+            finder
+                .follow(&mut self.process, Instant::now(), limit)
+                .await;
         }
         let swapped = self
             .process
@@ -414,6 +445,69 @@ impl AgentChannel for AgentCommands {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    /// A process named like QEMU and started with `-uuid uuid`, once /proc shows it so: a
+    /// shell waiting in its own `read` (no child to outlive it).
+    fn stand_in(sh: &Path, uuid: &str) -> Child {
+        let child = Command::new(sh)
+            .args(["-c", "read line", "-uuid", uuid])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let comm = format!("/proc/{}/comm", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&comm)
+            .unwrap_or_default()
+            .trim_end()
+            != "qemu-stand-in"
+        {
+            assert!(Instant::now() < deadline, "{comm}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    }
+
+    #[tokio::test]
+    async fn a_qemu_not_found_is_looked_for_again_and_one_that_ended_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sh = dir.path().join("qemu-stand-in");
+        std::fs::copy("/bin/sh", &sh).unwrap();
+        let uuid = "0c5e3c1a-5b1e-4d0e-9a43-3f1d2b7e9c01";
+        let mut finder = Finder {
+            uuid: uuid.into(),
+            proc: "/proc".into(),
+            next: None,
+        };
+        let (t0, limit, mut process) = (Instant::now(), Duration::from_secs(10), None);
+        let pid = |p: &Option<(i32, procfs::ProcessRss)>| p.as_ref().map(|(pid, _)| *pid as u32);
+        finder.follow(&mut process, t0, limit).await;
+        assert_eq!(pid(&process), None);
+        assert_eq!(finder.next, Some(t0 + LOOK_AGAIN_AFTER));
+
+        // It starts after the scan: found at the next one, not before.
+        let mut first = stand_in(&sh, uuid);
+        let due = t0 + LOOK_AGAIN_AFTER;
+        finder
+            .follow(&mut process, due - Duration::from_secs(1), limit)
+            .await;
+        assert_eq!(pid(&process), None, "not scanned for before its time");
+        finder.follow(&mut process, due, limit).await;
+        assert_eq!(pid(&process), Some(first.id()));
+        assert_eq!(finder.next, None);
+
+        // It ends and the domain runs on in another: followed at the next sample.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let mut second = stand_in(&sh, uuid);
+        finder.follow(&mut process, due, limit).await;
+        assert_eq!(pid(&process), Some(second.id()));
+        second.kill().unwrap();
+        second.wait().unwrap();
+        finder.follow(&mut process, due, limit).await;
+        assert_eq!(pid(&process), None);
+        assert_eq!(finder.next, Some(due + LOOK_AGAIN_AFTER));
+    }
 
     #[test]
     fn only_a_daemon_on_this_host_has_its_qemu_among_its_processes() {
