@@ -1,6 +1,8 @@
 //! Builders for snapshots, for tests (enabled by the `testkit` feature).
 
 use crate::action::Reason;
+use crate::policy::ksmtuned::KsmConfig;
+use crate::policy::mom::{Mom, MomConfig};
 use crate::policy::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::snapshot::{Snapshot, VmLimits, VmSample, VmSnapshot};
 use crate::stats::{
@@ -104,4 +106,14 @@ impl Policy for Fixed {
         }
         out
     }
+}
+
+/// MOM evaluating at every tick (not every 10 s, as MOM does), for tests that follow the
+/// engine tick by tick.
+pub fn mom_every_tick() -> Box<Mom> {
+    let balloon = MomConfig {
+        interval_s: 0.0,
+        ..MomConfig::default()
+    };
+    Box::new(Mom::new(balloon, KsmConfig::default()))
 }

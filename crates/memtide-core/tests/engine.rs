@@ -1,27 +1,16 @@
 //! The engine's behaviour across ticks: isolation of failures, safeguards, verification.
 
 use memtide_core::decision::{Diagnostic, VmState};
-use memtide_core::policy::ksmtuned::KsmConfig;
-use memtide_core::policy::mom::{Mom, MomConfig};
+use memtide_core::policy::mom::Mom;
 use memtide_core::stats::{DomainScope, OtherManager};
-use memtide_core::testkit::{host, snapshot, vm, Fixed};
+use memtide_core::testkit::{host, mom_every_tick, snapshot, vm, Fixed};
 use memtide_core::{
     Action, BackendError, Bytes, Decision, DiagnosticKind, Engine, EngineConfig, KsmSettings,
     Reason, VmEvent, VmSnapshot,
 };
 
-/// MOM deciding every tick (not every 10 s, as MOM does): these tests follow the engine
-/// from tick to tick.
-fn every_tick() -> Box<Mom> {
-    let balloon = MomConfig {
-        interval_s: 0.0,
-        ..MomConfig::default()
-    };
-    Box::new(Mom::new(balloon, KsmConfig::default()))
-}
-
 fn engine() -> Engine {
-    Engine::new(EngineConfig::default(), every_tick())
+    Engine::new(EngineConfig::default(), mom_every_tick())
 }
 
 fn balloon_targets(actions: &[Action]) -> Vec<(String, u64)> {
@@ -232,7 +221,7 @@ fn ksm_knobs_are_written_only_when_they_differ() {
         ksm_control: false,
         ..EngineConfig::default()
     };
-    let d = Engine::new(cfg, every_tick()).tick(&snapshot(0, host(16384, 1024), vec![]));
+    let d = Engine::new(cfg, mom_every_tick()).tick(&snapshot(0, host(16384, 1024), vec![]));
     assert!(d.actions.is_empty());
     assert!(d
         .host
@@ -264,7 +253,7 @@ fn ksm_is_tuned_for_a_cgroup_domain_only_when_the_operator_says_so() {
         ksm_in_cgroup_domain: true,
         ..EngineConfig::default()
     };
-    let d = Engine::new(cfg, every_tick()).tick(&snapshot(
+    let d = Engine::new(cfg, mom_every_tick()).tick(&snapshot(
         0,
         cgroup_host(),
         vec![vm("a", 8192, 8192, 10)],
@@ -783,9 +772,8 @@ fn a_new_policy_takes_up_what_the_last_one_learnt_of_each_vm() {
     assert!(fresh > before, "{fresh} after {before}: started over");
 }
 
-/// Mom, asking KSM's merge_across_nodes to be 0 besides.
-#[derive(Default)]
-struct MomAcrossNodes(Mom);
+/// Mom at every tick, asking KSM's merge_across_nodes to be 0 besides.
+struct MomAcrossNodes(Box<Mom>);
 
 impl memtide_core::policy::Policy for MomAcrossNodes {
     fn name(&self) -> &str {
@@ -807,7 +795,10 @@ impl memtide_core::policy::Policy for MomAcrossNodes {
 #[test]
 fn merge_across_nodes_is_left_as_it_is_while_pages_are_merged_and_the_other_knobs_still_set() {
     let set_ksm = |d: &Decision| d.actions.iter().find_map(ksm_set);
-    let mut e = Engine::new(EngineConfig::default(), Box::<MomAcrossNodes>::default());
+    let mut e = Engine::new(
+        EngineConfig::default(),
+        Box::new(MomAcrossNodes(mom_every_tick())),
+    );
     // No page merged: the kernel takes the new value, with the others.
     let mut h = host(16384, 1024);
     let k = h.ksm.as_mut().unwrap();

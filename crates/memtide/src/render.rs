@@ -294,8 +294,7 @@ mod tests {
     use crate::daemon::fleet::Sampling;
     use crate::status::{Counters, Hibernated, Placed};
     use memtide_adapters::tiers::{Node, Zswap};
-    use memtide_core::policy::mom::Mom;
-    use memtide_core::testkit::{host, snapshot, vm};
+    use memtide_core::testkit::{host, mom_every_tick, snapshot, vm};
     use memtide_core::{BackendError, Engine, EngineConfig};
 
     #[test]
@@ -314,7 +313,7 @@ mod tests {
         }));
         let mut down = vm("down", 1000, 800, 600);
         down.sample = Err(BackendError::Timeout(2000));
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = Engine::new(EngineConfig::default(), mom_every_tick());
         let decision = engine.tick(&snapshot(0, host(4000, 400), vec![web, down]));
         let s = Status {
             version: "9.9".into(),
@@ -467,7 +466,7 @@ mod tests {
     #[test]
     fn control_characters_reach_no_terminal() {
         let name = "web\x1b]0;owned\x07";
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = Engine::new(EngineConfig::default(), mom_every_tick());
         let mut down = vm(name, 1000, 800, 600);
         down.sample = Err(BackendError::Protocol("\x1b[2Jfake\nline".into()));
         let decision = engine.tick(&snapshot(0, host(4000, 400), vec![down]));
@@ -493,7 +492,7 @@ mod tests {
             left_alone: false,
             retry_in_s,
         };
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        let mut engine = Engine::new(EngineConfig::default(), mom_every_tick());
         let decision = engine.tick(&snapshot(0, host(4000, 400), vec![]));
         let text = status(&Status {
             decision: Some(decision),

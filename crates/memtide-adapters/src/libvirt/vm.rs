@@ -49,22 +49,32 @@ pub struct LibvirtVm {
     find: Option<Finder>,
 }
 
-/// How long a local domain whose QEMU was not found waits before the next scan for it.
+/// How long a local domain whose QEMU was not found waits before the next scan for it,
+/// doubled after each scan that does not find it, up to [`LOOK_AGAIN_AT_MOST`].
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(60);
+/// The longest wait between two scans for a domain's QEMU (one in another pid namespace
+/// is never found).
+const LOOK_AGAIN_AT_MOST: Duration = Duration::from_secs(3600);
+
+/// A scan of a procfs for a domain's QEMU, running on a blocking thread.
+type Scan = tokio::task::JoinHandle<Option<(i32, procfs::ProcessRss)>>;
 
 /// How a local domain's QEMU process is found: by its UUID, in a procfs.
 struct Finder {
     uuid: String,
     proc: PathBuf,
-    /// While its QEMU is not found, when to scan for it again.
-    next: Option<Instant>,
+    /// While its QEMU is not found, when to scan for it again, and the wait after that.
+    next: Option<(Instant, Duration)>,
+    /// A scan given up on that has not ended yet (a hung procfs): no other starts.
+    scan: Option<Scan>,
 }
 
 impl Finder {
     /// Follow `process` at `now`: one that ended is looked for again at once (a save that
-    /// ran the domain again, a restart after a crash), one not found every
-    /// [`LOOK_AGAIN_AFTER`] (a scan given up at connection, a procfs that did not show
-    /// it yet). Each scan is off the runtime, given up after `limit`.
+    /// ran the domain again, a restart after a crash), one not found after
+    /// [`LOOK_AGAIN_AFTER`] and longer after each scan that does not find it (a scan given
+    /// up at connection, a procfs that did not show it yet). Each scan is off the
+    /// runtime, given up after `limit`.
     async fn follow(
         &mut self,
         process: &mut Option<(i32, procfs::ProcessRss)>,
@@ -72,21 +82,27 @@ impl Finder {
         limit: Duration,
     ) {
         let ended = process.as_ref().is_some_and(|(_, p)| p.read().is_none());
-        let due = process.is_none() && self.next.is_none_or(|next| now >= next);
-        if !(ended || due) {
+        let due = process.is_none() && self.next.is_none_or(|(at, _)| now >= at);
+        if !(ended || due) || self.scan.as_ref().is_some_and(|s| !s.is_finished()) {
             return;
         }
         let (uuid, proc) = (self.uuid.clone(), self.proc.clone());
-        let scan = tokio::task::spawn_blocking(move || {
+        let mut scan = tokio::task::spawn_blocking(move || {
             let pid = *procfs::qemus_by_argument(&proc, "-uuid").get(&uuid)?;
             own_process(&proc, pid)
         });
-        *process = tokio::time::timeout(limit, scan)
-            .await
-            .ok()
-            .and_then(|r| r.ok())
-            .flatten();
-        self.next = process.is_none().then(|| now + LOOK_AGAIN_AFTER);
+        *process = match tokio::time::timeout(limit, &mut scan).await {
+            Ok(found) => found.ok().flatten(),
+            Err(_) => {
+                self.scan = Some(scan);
+                None
+            }
+        };
+        self.next = match (process.is_some(), self.next) {
+            (true, _) => None,
+            (false, Some((_, wait))) => Some((now + wait, (wait * 2).min(LOOK_AGAIN_AT_MOST))),
+            (false, None) => Some((now + LOOK_AGAIN_AFTER, LOOK_AGAIN_AFTER * 2)),
+        };
     }
 }
 
@@ -160,7 +176,10 @@ impl LibvirtVm {
             find: uuid.map(|uuid| Finder {
                 uuid,
                 proc: opts.proc.clone(),
-                next: process.is_none().then(|| since + LOOK_AGAIN_AFTER),
+                next: process
+                    .is_none()
+                    .then(|| (since + LOOK_AGAIN_AFTER, LOOK_AGAIN_AFTER * 2)),
+                scan: None,
             }),
             process,
         })
@@ -448,9 +467,10 @@ mod tests {
     use std::process::{Child, Command, Stdio};
 
     /// A process named like QEMU and started with `-uuid uuid`, once /proc shows it so: a
-    /// shell waiting in its own `read` (no child to outlive it).
-    fn stand_in(sh: &Path, uuid: &str) -> Child {
-        let child = Command::new(sh)
+    /// shell, through a link named like QEMU, waiting in its own `read` (no child to
+    /// outlive it; it ends when its stdin closes, the test's panic included).
+    fn stand_in(link: &Path, uuid: &str) -> Child {
+        let child = Command::new(link)
             .args(["-c", "read line", "-uuid", uuid])
             .stdin(Stdio::piped())
             .spawn()
@@ -471,23 +491,29 @@ mod tests {
     #[tokio::test]
     async fn a_qemu_not_found_is_looked_for_again_and_one_that_ended_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let sh = dir.path().join("qemu-stand-in");
-        std::fs::copy("/bin/sh", &sh).unwrap();
-        let uuid = "0c5e3c1a-5b1e-4d0e-9a43-3f1d2b7e9c01";
+        let link = dir.path().join("qemu-stand-in");
+        std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
+        // A UUID of this test's own: two processes claiming one hide each other.
+        let uuid = format!("0c5e3c1a-5b1e-4d0e-9a43-{:012x}", std::process::id());
         let mut finder = Finder {
-            uuid: uuid.into(),
+            uuid: uuid.clone(),
             proc: "/proc".into(),
             next: None,
+            scan: None,
         };
         let (t0, limit, mut process) = (Instant::now(), Duration::from_secs(10), None);
         let pid = |p: &Option<(i32, procfs::ProcessRss)>| p.as_ref().map(|(pid, _)| *pid as u32);
+        let minute = LOOK_AGAIN_AFTER;
         finder.follow(&mut process, t0, limit).await;
         assert_eq!(pid(&process), None);
-        assert_eq!(finder.next, Some(t0 + LOOK_AGAIN_AFTER));
+        assert_eq!(finder.next, Some((t0 + minute, minute * 2)));
+        // Not found again: the wait doubles.
+        finder.follow(&mut process, t0 + minute, limit).await;
+        assert_eq!(finder.next, Some((t0 + minute * 3, minute * 4)));
 
-        // It starts after the scan: found at the next one, not before.
-        let mut first = stand_in(&sh, uuid);
-        let due = t0 + LOOK_AGAIN_AFTER;
+        // It starts: found at the next scan, not before.
+        let mut first = stand_in(&link, &uuid);
+        let due = t0 + minute * 3;
         finder
             .follow(&mut process, due - Duration::from_secs(1), limit)
             .await;
@@ -499,14 +525,14 @@ mod tests {
         // It ends and the domain runs on in another: followed at the next sample.
         first.kill().unwrap();
         first.wait().unwrap();
-        let mut second = stand_in(&sh, uuid);
+        let mut second = stand_in(&link, &uuid);
         finder.follow(&mut process, due, limit).await;
         assert_eq!(pid(&process), Some(second.id()));
         second.kill().unwrap();
         second.wait().unwrap();
         finder.follow(&mut process, due, limit).await;
         assert_eq!(pid(&process), None);
-        assert_eq!(finder.next, Some(due + LOOK_AGAIN_AFTER));
+        assert_eq!(finder.next, Some((due + minute, minute * 2)));
     }
 
     #[test]

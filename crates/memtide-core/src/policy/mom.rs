@@ -12,8 +12,8 @@
 //! policy-language versions of this policy produce the same targets.
 //!
 //! MOM evaluates its policy every `policy-engine-interval` seconds (10 in MOM's shipped
-//! `doc/mom-balloon.conf` and its built-in defaults), not every time it samples; between
-//! evaluations nothing moves, KSM included.
+//! `doc/mom-balloon.conf` and its built-in defaults), the first an interval after it
+//! starts, not every time it samples; between evaluations nothing moves, KSM included.
 
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
@@ -136,11 +136,30 @@ enum Step {
 pub struct Mom {
     balloon: MomConfig,
     ksm: KsmConfig,
-    /// When the next decision is due; `None` before the first.
+    /// When the next evaluation is due; `None` before the first call.
     next: Option<Duration>,
 }
 
 impl Mom {
+    /// Whether MOM evaluates its policy at `at`, or when it next does: as MOM's policy
+    /// engine, an interval after it starts and every interval after, on a fixed schedule
+    /// (a tick a moment early delays one evaluation, not the ones after it); at every
+    /// call with an interval of 0.
+    fn due(&mut self, at: Duration) -> Result<(), Duration> {
+        let interval = Duration::try_from_secs_f64(self.balloon.interval_s).unwrap_or_default();
+        if interval.is_zero() {
+            return Ok(());
+        }
+        let next = *self.next.get_or_insert(at + interval);
+        if at < next {
+            return Err(next);
+        }
+        let passed = (at - next).as_nanos() / interval.as_nanos();
+        let after = u32::try_from(passed + 1).unwrap_or(u32::MAX);
+        self.next = Some(next + interval.saturating_mul(after));
+        Ok(())
+    }
+
     /// MOM with these balloon and KSM constants.
     pub fn new(balloon: MomConfig, ksm: KsmConfig) -> Mom {
         Mom {
@@ -230,7 +249,7 @@ impl Policy for Mom {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
-        if let Some(next) = self.next.filter(|next| input.at < *next) {
+        if let Err(next) = self.due(input.at) {
             let wait = format!(
                 "between MOM's policy evaluations (every {} s; the next in {:.0} s)",
                 self.balloon.interval_s,
@@ -242,9 +261,6 @@ impl Policy for Mom {
             }
             return out;
         }
-        self.next = Some(
-            input.at + Duration::try_from_secs_f64(self.balloon.interval_s).unwrap_or_default(),
-        );
         let host_ratio = host_free_ratio(input.host);
         let under_pressure = host_ratio < self.balloon.pressure_threshold;
         for vm in input.vms {
@@ -280,7 +296,13 @@ mod tests {
 
     /// Run the balloon rules for one guest, with `host_free` of 1000 MiB freeable.
     fn decide(host_free_mib: u64, actual_mib: u64, free_mib: u64) -> PolicyOutput {
-        decide_at(&mut Mom::default(), 0, host_free_mib, actual_mib, free_mib)
+        decide_at(
+            &mut testkit::mom_every_tick(),
+            0,
+            host_free_mib,
+            actual_mib,
+            free_mib,
+        )
     }
 
     /// [`decide`] by `mom` at second `at`.
@@ -370,31 +392,31 @@ mod tests {
     }
 
     #[test]
-    fn it_decides_once_per_policy_interval_and_holds_between() {
+    fn it_evaluates_an_interval_after_it_starts_and_every_interval_after() {
         let mut mom = Mom::default();
-        assert_eq!(
-            target_mib(&decide_at(&mut mom, 100, 100, 800, 600)),
-            Some(760.0)
-        );
-        for at in [101, 105, 109] {
-            let out = decide_at(&mut mom, at, 100, 760, 560);
-            assert_eq!(target_mib(&out), None, "at {at} s");
-            assert_eq!(out.holds["a"].rule, "mom.wait");
-            assert!(out.ksm.is_none(), "KSM waits too");
+        let held = |out: &PolicyOutput| {
+            target_mib(out).is_none() && out.holds["a"].rule == "mom.wait" && out.ksm.is_none()
+        };
+        for at in [100, 105, 109] {
+            assert!(held(&decide_at(&mut mom, at, 100, 800, 600)), "at {at} s");
         }
         assert_eq!(
-            target_mib(&decide_at(&mut mom, 110, 100, 760, 560)),
-            Some(722.0)
+            target_mib(&decide_at(&mut mom, 110, 100, 800, 600)),
+            Some(760.0)
         );
-        let mut every_tick = Mom::new(
-            MomConfig {
-                interval_s: 0.0,
-                ..MomConfig::default()
-            },
-            KsmConfig::default(),
-        );
+        assert!(held(&decide_at(&mut mom, 119, 100, 760, 560)));
+        // A tick a moment late: evaluated, and the schedule kept.
+        let late = decide_at(&mut mom, 121, 100, 760, 560);
+        assert_eq!(target_mib(&late), Some(722.0));
+        assert!(held(&decide_at(&mut mom, 129, 100, 722, 522)));
+        assert!(target_mib(&decide_at(&mut mom, 130, 100, 722, 522)).is_some());
+        // Ticks that stopped for a while: one evaluation, then the schedule on from it.
+        assert!(target_mib(&decide_at(&mut mom, 175, 100, 722, 522)).is_some());
+        assert!(held(&decide_at(&mut mom, 179, 100, 722, 522)));
+        assert!(target_mib(&decide_at(&mut mom, 180, 100, 722, 522)).is_some());
+        let mut mom = testkit::mom_every_tick();
         for at in [0, 1] {
-            assert!(target_mib(&decide_at(&mut every_tick, at, 100, 800, 600)).is_some());
+            assert!(target_mib(&decide_at(&mut mom, at, 100, 800, 600)).is_some());
         }
     }
 
@@ -420,7 +442,7 @@ mod tests {
             target: None,
             signals: &signals,
         }];
-        let out = Mom::default().decide(&PolicyInput {
+        let out = testkit::mom_every_tick().decide(&PolicyInput {
             at: Duration::ZERO,
             host: &host,
             vms: &vms,
