@@ -763,8 +763,8 @@ mod tests {
         assert!(text.lines().any(|l| l == kind), "{text}");
     }
 
-    /// The series named `prefix…` once MOM has decided for "web" (as `edit` makes it)
-    /// beside a plain "db".
+    /// The series named `prefix…` after a tick with "web" (as `edit` makes it) beside a
+    /// plain "db".
     fn series_of_web(
         prefix: &str,
         edit: impl FnOnce(&mut memtide_core::snapshot::VmSample),

@@ -81,9 +81,23 @@ impl Finder {
         now: Instant,
         limit: Duration,
     ) {
-        let ended = process.as_ref().is_some_and(|(_, p)| p.read().is_none());
-        let due = process.is_none() && self.next.is_none_or(|(at, _)| now >= at);
-        if !(ended || due) || self.scan.as_ref().is_some_and(|s| !s.is_finished()) {
+        if process.as_ref().is_some_and(|(_, p)| p.read().is_none()) {
+            // It ended: nothing is read of it again, and it is looked for at once.
+            (*process, self.next) = (None, None);
+        }
+        if process.is_some() {
+            return;
+        }
+        // A scan given up on that has ended since: what it found, if it still runs.
+        if let Some(scan) = self.scan.take_if(|s| s.is_finished()) {
+            if let Ok(Some(found)) = scan.await {
+                if found.1.read().is_some() {
+                    (*process, self.next) = (Some(found), None);
+                    return;
+                }
+            }
+        }
+        if self.scan.is_some() || self.next.is_some_and(|(at, _)| now < at) {
             return;
         }
         let (uuid, proc) = (self.uuid.clone(), self.proc.clone());
@@ -488,13 +502,65 @@ mod tests {
         child
     }
 
-    #[tokio::test]
-    async fn a_qemu_not_found_is_looked_for_again_and_one_that_ended_at_once() {
+    /// A directory holding a link named like QEMU to /bin/sh, and a UUID of test `test`'s
+    /// own (two processes claiming one hide each other).
+    fn qemu_link(test: u32) -> (tempfile::TempDir, PathBuf, String) {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("qemu-stand-in");
         std::os::unix::fs::symlink("/bin/sh", &link).unwrap();
-        // A UUID of this test's own: two processes claiming one hide each other.
-        let uuid = format!("0c5e3c1a-5b1e-4d0e-9a43-{:012x}", std::process::id());
+        let uuid = format!("0c5e3c1a-5b1e-4d0e-{test:04x}-{:012x}", std::process::id());
+        (dir, link, uuid)
+    }
+
+    #[tokio::test]
+    async fn what_a_scan_given_up_on_finds_is_taken_when_it_ends() {
+        let (dir, link, uuid) = qemu_link(2);
+        let mut qemu = stand_in(&link, &uuid);
+        // A procfs holding the stand-in, whose `comm` hangs (a FIFO) until written.
+        let proc = dir.path().join("proc");
+        let own = proc.join(qemu.id().to_string());
+        std::fs::create_dir_all(&own).unwrap();
+        for file in ["stat", "statm", "status", "cmdline"] {
+            let real = std::fs::read(format!("/proc/{}/{file}", qemu.id())).unwrap();
+            std::fs::write(own.join(file), real).unwrap();
+        }
+        let comm = own.join("comm");
+        let fifo = std::ffi::CString::new(comm.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let mut finder = Finder {
+            uuid,
+            proc,
+            next: None,
+            scan: None,
+        };
+        let (t0, limit, mut process) = (Instant::now(), Duration::from_millis(50), None);
+        finder.follow(&mut process, t0, limit).await;
+        assert!(process.is_none(), "given up on");
+        assert!(finder.scan.is_some() && finder.next.is_some());
+        // Due again while it hangs: no other scan starts.
+        finder
+            .follow(&mut process, t0 + LOOK_AGAIN_AFTER, limit)
+            .await;
+        assert!(process.is_none() && finder.scan.is_some());
+        std::fs::write(&comm, "qemu-stand-in\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !finder.scan.as_ref().unwrap().is_finished() {
+            assert!(Instant::now() < deadline, "the scan ends");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // What it found is taken, before the next scan is due.
+        finder.follow(&mut process, t0, limit).await;
+        let found = process.as_ref().map(|(pid, _)| *pid as u32);
+        assert_eq!(found, Some(qemu.id()));
+        assert!(finder.scan.is_none() && finder.next.is_none());
+        qemu.kill().unwrap();
+        qemu.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_qemu_not_found_is_looked_for_again_and_one_that_ended_at_once() {
+        let (_dir, link, uuid) = qemu_link(1);
         let mut finder = Finder {
             uuid: uuid.clone(),
             proc: "/proc".into(),

@@ -142,21 +142,26 @@ pub struct Mom {
 
 impl Mom {
     /// Whether MOM evaluates its policy at `at`, or when it next does: as MOM's policy
-    /// engine, an interval after it starts and every interval after, on a fixed schedule
-    /// (a tick a moment early delays one evaluation, not the ones after it); at every
-    /// call with an interval of 0.
+    /// engine, an interval after it starts and every interval after (MOM sleeps an
+    /// interval between evaluations, drifting by their length; here the schedule is
+    /// fixed: a tick a moment early delays one evaluation, not the ones after it); at
+    /// every call with an interval of 0, never with one that is not a duration.
     fn due(&mut self, at: Duration) -> Result<(), Duration> {
-        let interval = Duration::try_from_secs_f64(self.balloon.interval_s).unwrap_or_default();
+        let Ok(interval) = Duration::try_from_secs_f64(self.balloon.interval_s) else {
+            return Err(Duration::MAX);
+        };
         if interval.is_zero() {
             return Ok(());
         }
-        let next = *self.next.get_or_insert(at + interval);
+        let next = *self
+            .next
+            .get_or_insert(at.checked_add(interval).unwrap_or(Duration::MAX));
         if at < next {
             return Err(next);
         }
         let passed = (at - next).as_nanos() / interval.as_nanos();
         let after = u32::try_from(passed + 1).unwrap_or(u32::MAX);
-        self.next = Some(next + interval.saturating_mul(after));
+        self.next = Some(next.saturating_add(interval.saturating_mul(after)));
         Ok(())
     }
 
@@ -417,6 +422,15 @@ mod tests {
         let mut mom = testkit::mom_every_tick();
         for at in [0, 1] {
             assert!(target_mib(&decide_at(&mut mom, at, 100, 800, 600)).is_some());
+        }
+        // An interval that is not a duration (refused by `validate`): never, not always.
+        let balloon = MomConfig {
+            interval_s: f64::NAN,
+            ..MomConfig::default()
+        };
+        let mut mom = Mom::new(balloon, KsmConfig::default());
+        for at in [0, 1, 1_000_000] {
+            assert!(held(&decide_at(&mut mom, at, 100, 800, 600)), "at {at} s");
         }
     }
 
