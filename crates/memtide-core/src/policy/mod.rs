@@ -149,6 +149,13 @@ impl PolicyOutput {
             ..PolicyOutput::default()
         }
     }
+
+    /// Every VM of `vms` keeps its size, for `reason` (a policy between its evaluations).
+    pub fn hold_all(&mut self, vms: &[VmInput<'_>], reason: Reason) {
+        for vm in vms {
+            self.holds.insert(vm.name.to_string(), reason.clone());
+        }
+    }
 }
 
 fn map<V>(capacity: usize) -> FxHashMap<String, V> {

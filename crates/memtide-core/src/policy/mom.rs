@@ -260,10 +260,7 @@ impl Policy for Mom {
                 self.balloon.interval_s,
                 (next - input.at).as_secs_f64()
             );
-            for vm in input.vms {
-                out.holds
-                    .insert(vm.name.to_string(), Reason::new("mom.wait", wait.clone()));
-            }
+            out.hold_all(input.vms, Reason::new("mom.wait", wait));
             return out;
         }
         let host_ratio = host_free_ratio(input.host);

@@ -147,12 +147,8 @@ impl Policy for Proxmox {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
         out.ksm = ksmtuned::decide(&KsmConfig::default(), input);
         if self.next_cycle.is_some_and(|next| input.at < next) {
-            for vm in input.vms {
-                out.holds.insert(
-                    vm.name.to_string(),
-                    Reason::new("proxmox.wait", "between pvestatd cycles (every 10 s)"),
-                );
-            }
+            let wait = Reason::new("proxmox.wait", "between pvestatd cycles (every 10 s)");
+            out.hold_all(input.vms, wait);
             return out;
         }
         let c = &self.config;
