@@ -112,11 +112,18 @@ impl Finder {
                 None
             }
         };
-        self.next = match (process.is_some(), self.next) {
-            (true, _) => None,
-            (false, Some((_, wait))) => Some((now + wait, (wait * 2).min(LOOK_AGAIN_AT_MOST))),
-            (false, None) => Some((now + LOOK_AGAIN_AFTER, LOOK_AGAIN_AFTER * 2)),
-        };
+        match process {
+            Some(_) => self.next = None,
+            None => self.missed(now),
+        }
+    }
+
+    /// Its QEMU not found at `now`: the next scan after the wait due (at first
+    /// [`LOOK_AGAIN_AFTER`]), the one after that twice as long, up to
+    /// [`LOOK_AGAIN_AT_MOST`].
+    fn missed(&mut self, now: Instant) {
+        let wait = self.next.map_or(LOOK_AGAIN_AFTER, |(_, wait)| wait);
+        self.next = Some((now + wait, (wait * 2).min(LOOK_AGAIN_AT_MOST)));
     }
 }
 
@@ -187,13 +194,17 @@ impl LibvirtVm {
             vmem_follower: Follower::default(),
             target: None,
             agent_open: qga::OpenHandles::default(),
-            find: uuid.map(|uuid| Finder {
-                uuid,
-                proc: opts.proc.clone(),
-                next: process
-                    .is_none()
-                    .then(|| (since + LOOK_AGAIN_AFTER, LOOK_AGAIN_AFTER * 2)),
-                scan: None,
+            find: uuid.map(|uuid| {
+                let mut finder = Finder {
+                    uuid,
+                    proc: opts.proc.clone(),
+                    next: None,
+                    scan: None,
+                };
+                if process.is_none() {
+                    finder.missed(since);
+                }
+                finder
             }),
             process,
         })
