@@ -108,11 +108,12 @@ impl Policy for Fixed {
     }
 }
 
-/// MOM evaluating at every tick (not every 10 s, as MOM does), for tests that follow the
-/// engine tick by tick.
+/// MOM evaluating at every tick (not every 10 s, as MOM does) on the engine's history
+/// (not its own samples every 5 s), for tests that follow the engine tick by tick.
 pub fn mom_every_tick() -> Box<Mom> {
     let balloon = MomConfig {
         interval_s: 0.0,
+        sample_interval_s: 0.0,
         ..MomConfig::default()
     };
     Box::new(Mom::new(balloon, KsmConfig::default()))

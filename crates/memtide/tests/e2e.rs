@@ -175,14 +175,14 @@ fn two_guests_in_a_cgroup_domain() {
     }
 
     let port = support::free_port();
-    // mom evaluating every second, not every 10 s as MOM does: this test follows the
-    // daemon's work, not MOM's pace.
+    // mom evaluating every second on the daemon's samples, not every 10 s on its own
+    // every 5 s as MOM does: this test follows the daemon's work, not MOM's pace.
     let config = format!(
         "interval_s = 1\npolicy = \"mom\"\n\
          [host]\ndomain_cgroup = {:?}\n\
          [discovery]\nqmp_glob = []\n\
          [engine]\nksm_control = false\nsettle_s = 20\n\
-         [mom]\ninterval_s = 1\n\
+         [mom]\ninterval_s = 1\nsample_interval_s = 0\n\
          [[vm]]\nname = \"a\"\nqmp = {:?}\nagent = {:?}\n\
          [[vm]]\nname = \"b\"\nqmp = {:?}\n",
         cgroup.dir.display().to_string(),

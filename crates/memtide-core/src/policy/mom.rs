@@ -14,7 +14,12 @@
 //! MOM evaluates its policy every `policy-engine-interval` seconds (10 in MOM's shipped
 //! `doc/mom-balloon.conf` and its built-in defaults), the first an interval after it
 //! starts, not every time it samples; between evaluations nothing moves, KSM included.
+//! What it evaluates is what its collectors sampled: every 5 s, averaged over the last
+//! 10 samples ([`collector`]).
 
+mod collector;
+
+use self::collector::{Collector, Schedule};
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
@@ -42,6 +47,12 @@ pub struct MomConfig {
     pub min_change: f64,
     /// Seconds between decisions (MOM's `policy-engine-interval`); 0 decides every tick.
     pub interval_s: f64,
+    /// Seconds between samples of the host and of each guest (MOM's
+    /// `host-monitor-interval` and `guest-monitor-interval`); 0 takes the engine's
+    /// history as it is (every tick, its `history_len` ticks).
+    pub sample_interval_s: f64,
+    /// Samples its averages are taken over (MOM's `sample-history-length`).
+    pub sample_history: usize,
 }
 
 impl Default for MomConfig {
@@ -54,6 +65,8 @@ impl Default for MomConfig {
             max_change: 0.05,
             min_change: 0.0025,
             interval_s: 10.0,
+            sample_interval_s: 5.0,
+            sample_history: 10,
         }
     }
 }
@@ -74,10 +87,20 @@ impl MomConfig {
                 return Err(format!("{name}: {v} is not a ratio between 0 and 1"));
             }
         }
-        if !(self.interval_s.is_finite() && (0.0..=86_400.0).contains(&self.interval_s)) {
+        for (name, v) in [
+            ("interval_s", self.interval_s),
+            ("sample_interval_s", self.sample_interval_s),
+        ] {
+            if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
+                return Err(format!(
+                    "{name}: {v} is not a number of seconds (0 to 86400)"
+                ));
+            }
+        }
+        if !(2..=1000).contains(&self.sample_history) {
             return Err(format!(
-                "interval_s: {} is not a number of seconds (0 to 86400)",
-                self.interval_s
+                "sample_history: {} is not a number of samples (2 to 1000)",
+                self.sample_history
             ));
         }
         if self.pressure_critical >= self.pressure_threshold {
@@ -132,12 +155,20 @@ enum Step {
 }
 
 /// The MOM policy: the balloon rules, plus the ksmtuned rules when KSM is configured.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Mom {
     balloon: MomConfig,
     ksm: KsmConfig,
-    /// When the next evaluation is due; `None` before the first call.
-    next: Option<Duration>,
+    /// When evaluations are due; `None` before the first call.
+    schedule: Option<Schedule>,
+    /// MOM's own samples; `None` where it takes the engine's history.
+    collector: Option<Collector>,
+}
+
+impl Default for Mom {
+    fn default() -> Self {
+        Mom::new(MomConfig::default(), KsmConfig::default())
+    }
 }
 
 impl Mom {
@@ -153,24 +184,22 @@ impl Mom {
         if interval.is_zero() {
             return Ok(());
         }
-        let next = *self
-            .next
-            .get_or_insert(at.checked_add(interval).unwrap_or(Duration::MAX));
-        if at < next {
-            return Err(next);
-        }
-        let passed = (at - next).as_nanos() / interval.as_nanos();
-        let after = u32::try_from(passed + 1).unwrap_or(u32::MAX);
-        self.next = Some(next.saturating_add(interval.saturating_mul(after)));
-        Ok(())
+        self.schedule
+            .get_or_insert_with(|| Schedule::starting(at.saturating_add(interval), interval))
+            .due(at)
     }
 
     /// MOM with these balloon and KSM constants.
     pub fn new(balloon: MomConfig, ksm: KsmConfig) -> Mom {
+        let collector = Duration::try_from_secs_f64(balloon.sample_interval_s)
+            .ok()
+            .filter(|every| !every.is_zero())
+            .map(|every| Collector::new(every, balloon.sample_history));
         Mom {
             balloon,
             ksm,
-            next: None,
+            schedule: None,
+            collector,
         }
     }
 
@@ -254,6 +283,9 @@ impl Policy for Mom {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
+        if let Some(collector) = &mut self.collector {
+            collector.observe(input);
+        }
         if let Err(next) = self.due(input.at) {
             let wait = format!(
                 "between MOM's policy evaluations (every {} s; the next in {:.0} s)",
@@ -263,6 +295,20 @@ impl Policy for Mom {
             out.hold_all(input.vms, Reason::new("mom.wait", wait));
             return out;
         }
+        // What its collectors sampled, where it has them.
+        let (seen, view): (Vec<VmInput<'_>>, PolicyInput<'_>);
+        let input = match &self.collector {
+            Some(c) => {
+                seen = input.vms.iter().map(|vm| c.view(vm)).collect();
+                view = PolicyInput {
+                    host: c.host().unwrap_or(input.host),
+                    vms: &seen,
+                    ..*input
+                };
+                &view
+            }
+            None => input,
+        };
         let host_ratio = host_free_ratio(input.host);
         let under_pressure = host_ratio < self.balloon.pressure_threshold;
         for vm in input.vms {
@@ -431,6 +477,30 @@ mod tests {
         }
     }
 
+    /// `mom` ticked every second from 0 to 60 s with an engine history of 10 ticks: a
+    /// 800 MiB guest with 600 MiB free until 30 s and 100 MiB after, the host 10% free;
+    /// its target at 60 s.
+    fn target_after_a_minute(mom: &mut Mom) -> Option<f64> {
+        let mut out = PolicyOutput::default();
+        let figures = |t| (100, if t < 30 { 600 } else { 100 });
+        collector::tests::feed(60, None, figures, |input| out = mom.decide(input));
+        target_mib(&out)
+    }
+
+    #[test]
+    fn it_averages_over_its_own_samples_every_5_s_for_50_s() {
+        // Sampled at 15, 20, …, 60: free 600 MiB three times, 100 seven times, a mean of
+        // 250; used 550, its floor (and a 10% margin) 630 below a 5% step: 760.
+        assert_eq!(target_after_a_minute(&mut Mom::default()), Some(760.0));
+        // On the engine's 10 ticks (all at 100 MiB free): used 700, the floor 780.
+        let engine = MomConfig {
+            sample_interval_s: 0.0,
+            ..MomConfig::default()
+        };
+        let mut mom = Mom::new(engine, KsmConfig::default());
+        assert_eq!(target_after_a_minute(&mut mom), Some(780.0));
+    }
+
     #[test]
     fn missing_guest_stats_is_a_fault_for_that_guest() {
         let mut host = History::new(10);
@@ -481,6 +551,21 @@ mod tests {
             ..MomConfig::default()
         };
         assert!(bad.validate().unwrap_err().starts_with("max_change:"));
+        for sample_history in [0, 1, 1001] {
+            let bad = MomConfig {
+                sample_history,
+                ..MomConfig::default()
+            };
+            assert!(bad.validate().unwrap_err().starts_with("sample_history:"));
+        }
+        let bad = MomConfig {
+            sample_interval_s: -5.0,
+            ..MomConfig::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("sample_interval_s:"));
         for interval_s in [-1.0, f64::NAN, 1e9] {
             let bad = MomConfig {
                 interval_s,
