@@ -29,7 +29,8 @@ use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The balloon policy's constants (ratios of 1, and MOM's policy interval).
+/// The balloon policy's constants (ratios of 1), and MOM's pace: how often it evaluates,
+/// how often it samples and over how many samples it averages.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MomConfig {
@@ -301,7 +302,7 @@ impl Policy for Mom {
             Some(c) => {
                 seen = input.vms.iter().map(|vm| c.view(vm)).collect();
                 view = PolicyInput {
-                    host: c.host().unwrap_or(input.host),
+                    host: c.host(),
                     vms: &seen,
                     ..*input
                 };
@@ -441,7 +442,11 @@ mod tests {
 
     #[test]
     fn it_evaluates_an_interval_after_it_starts_and_every_interval_after() {
-        let mut mom = Mom::default();
+        let balloon = MomConfig {
+            sample_interval_s: 0.0,
+            ..MomConfig::default()
+        };
+        let mut mom = Mom::new(balloon, KsmConfig::default());
         let held = |out: &PolicyOutput| {
             target_mib(out).is_none() && out.holds["a"].rule == "mom.wait" && out.ksm.is_none()
         };
@@ -478,27 +483,44 @@ mod tests {
     }
 
     /// `mom` ticked every second from 0 to 60 s with an engine history of 10 ticks: a
-    /// 800 MiB guest with 600 MiB free until 30 s and 100 MiB after, the host 10% free;
-    /// its target at 60 s.
-    fn target_after_a_minute(mom: &mut Mom) -> Option<f64> {
+    /// 800 MiB guest on a 1000 MiB host, the host's freeable and the guest's free MiB
+    /// `before` 30 s and `after`; its target at 60 s.
+    fn target_after_a_minute(mom: &mut Mom, before: (u64, u64), after: (u64, u64)) -> Option<f64> {
         let mut out = PolicyOutput::default();
-        let figures = |t| (100, if t < 30 { 600 } else { 100 });
+        let figures = |t| if t < 30 { before } else { after };
         collector::tests::feed(60, None, figures, |input| out = mom.decide(input));
         target_mib(&out)
     }
 
     #[test]
     fn it_averages_over_its_own_samples_every_5_s_for_50_s() {
-        // Sampled at 15, 20, …, 60: free 600 MiB three times, 100 seven times, a mean of
-        // 250; used 550, its floor (and a 10% margin) 630 below a 5% step: 760.
-        assert_eq!(target_after_a_minute(&mut Mom::default()), Some(760.0));
-        // On the engine's 10 ticks (all at 100 MiB free): used 700, the floor 780.
-        let engine = MomConfig {
-            sample_interval_s: 0.0,
-            ..MomConfig::default()
+        let engine = || {
+            let balloon = MomConfig {
+                sample_interval_s: 0.0,
+                ..MomConfig::default()
+            };
+            Mom::new(balloon, KsmConfig::default())
         };
-        let mut mom = Mom::new(engine, KsmConfig::default());
-        assert_eq!(target_after_a_minute(&mut mom), Some(780.0));
+        // The guest: sampled at 15, 20, …, 60, free 600 MiB three times, 100 seven
+        // times, a mean of 250; used 550, its floor (and a 10% margin) 630 below a 5%
+        // step: 760. On the engine's 10 ticks (all at 100 MiB free): used 700, the
+        // floor 780.
+        // The host: 500 MiB free three samples of ten, 100 seven, 22%: no pressure, the
+        // guest (600 MiB free) grows by a step to 840. On the engine's, 10%: it shrinks.
+        let cases = [
+            ("guest", (100, 600), (100, 100), 760.0, 780.0),
+            ("host", (500, 600), (100, 600), 840.0, 760.0),
+        ];
+        for (what, before, after, ours, engines) in cases {
+            let mut mom = Mom::default();
+            assert_eq!(
+                target_after_a_minute(&mut mom, before, after),
+                Some(ours),
+                "{what}"
+            );
+            let on_engines = target_after_a_minute(&mut engine(), before, after);
+            assert_eq!(on_engines, Some(engines), "{what}");
+        }
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! `doc/mom-balloon.conf`) and keep the last 10 samples (`sample-history-length`), over
 //! which its averages (`StatAvg`) are taken: 50 s, where the engine's own history holds
 //! its last ticks (10 s in the simulator). The collector takes the engine's samples at
-//! MOM's pace into histories of its own.
+//! MOM's pace into histories of its own. Where MOM's guest monitor goes on through a
+//! guest's reboot, a reset guest starts over here, as in the engine: its figures from
+//! before say nothing of it after.
 
 use crate::history::History;
 use crate::policy::{PolicyInput, VmInput};
@@ -73,7 +75,7 @@ impl<T: Clone> Sampled<T> {
 pub(super) struct Collector {
     every: Duration,
     len: usize,
-    host: Option<Sampled<HostStats>>,
+    host: Sampled<HostStats>,
     vms: FxHashMap<String, Sampled<VmSample>>,
 }
 
@@ -83,21 +85,20 @@ impl Collector {
         Collector {
             every,
             len,
-            host: None,
+            // MOM's host monitor samples as it starts, with the daemon (at 0).
+            host: Sampled::new(Duration::ZERO, every, len),
             vms: FxHashMap::default(),
         }
     }
 
-    /// Take what is due at this tick: the host, and each VM sampled this tick, each on
-    /// its own schedule from when it was first seen (as MOM starts a guest's monitor
+    /// Take what is due at this tick: the host, and each VM sampled this tick, each VM
+    /// on its own schedule from when it was first seen (as MOM starts a guest's monitor
     /// when it finds the guest). A VM whose engine history holds one sample is new or
     /// was reset (the engine starts its history over): it starts over here too. VMs
     /// no longer known are forgotten.
     pub(super) fn observe(&mut self, input: &PolicyInput<'_>) {
         let (every, len) = (self.every, self.len);
-        self.host
-            .get_or_insert_with(|| Sampled::new(input.at, every, len))
-            .offer(input.at, input.host.latest());
+        self.host.offer(input.at, input.host.latest());
         let known = input.known();
         self.vms.retain(|name, _| known.contains(name.as_str()));
         for vm in input.vms {
@@ -112,24 +113,22 @@ impl Collector {
     }
 
     /// The host's samples; empty before the first [`Collector::observe`].
-    pub(super) fn host(&self) -> Option<&History<HostStats>> {
-        self.host.as_ref().map(|h| &h.history)
+    pub(super) fn host(&self) -> &History<HostStats> {
+        &self.host.history
     }
 
-    /// `vm` as MOM sees it: its samples in place of the engine's, its size the latest
-    /// sampled (MOM's `balloon_cur`). `vm` as the engine gave it if never observed.
+    /// `vm` as MOM sees it: its samples in place of the engine's (every VM of the
+    /// input last observed has them). Its size stays the one the engine reports now:
+    /// MOM's `balloon_cur` is its latest sample, up to a sample interval older, but a
+    /// guest reset releases its balloon at once, and a size from before the release
+    /// would have mom take the memory back from the guest as it boots.
     pub(super) fn view<'a>(&'a self, vm: &VmInput<'a>) -> VmInput<'a> {
-        let Some(sampled) = self.vms.get(vm.name) else {
-            return *vm;
-        };
-        let history = &sampled.history;
-        VmInput {
-            history,
-            actual: history
-                .latest()
-                .and_then(|s| s.balloon)
-                .unwrap_or(vm.actual),
-            ..*vm
+        match self.vms.get(vm.name) {
+            Some(sampled) => VmInput {
+                history: &sampled.history,
+                ..*vm
+            },
+            None => *vm,
         }
     }
 }
@@ -218,12 +217,7 @@ pub(super) mod tests {
             run(&mut c, 59, None),
             [10, 15, 20, 25, 30, 35, 40, 45, 50, 55]
         );
-        let host: Vec<u64> = c
-            .host()
-            .unwrap()
-            .iter()
-            .map(|h| h.domain.freeable.mib())
-            .collect();
+        let host: Vec<u64> = c.host().iter().map(|h| h.domain.freeable.mib()).collect();
         assert_eq!(host, [10, 15, 20, 25, 30, 35, 40, 45, 50, 55]);
     }
 
