@@ -70,6 +70,16 @@ struct Finder {
 }
 
 impl Finder {
+    /// Finding the QEMU started with `uuid` in `proc`, scanning at the next call.
+    fn new(uuid: String, proc: PathBuf) -> Finder {
+        Finder {
+            uuid,
+            proc,
+            next: None,
+            scan: None,
+        }
+    }
+
     /// Follow `process` at `now`: one that ended is looked for again at once (a save that
     /// ran the domain again, a restart after a crash), one not found after
     /// [`LOOK_AGAIN_AFTER`] and longer after each scan that does not find it (a scan given
@@ -195,12 +205,7 @@ impl LibvirtVm {
             target: None,
             agent_open: qga::OpenHandles::default(),
             find: uuid.map(|uuid| {
-                let mut finder = Finder {
-                    uuid,
-                    proc: opts.proc.clone(),
-                    next: None,
-                    scan: None,
-                };
+                let mut finder = Finder::new(uuid, opts.proc.clone());
                 if process.is_none() {
                     finder.missed(since);
                 }
@@ -539,12 +544,7 @@ mod tests {
         let fifo = std::ffi::CString::new(comm.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        let mut finder = Finder {
-            uuid,
-            proc,
-            next: None,
-            scan: None,
-        };
+        let mut finder = Finder::new(uuid, proc);
         let (t0, limit, mut process) = (Instant::now(), Duration::from_millis(50), None);
         finder.follow(&mut process, t0, limit).await;
         assert!(process.is_none(), "given up on");
@@ -572,12 +572,7 @@ mod tests {
     #[tokio::test]
     async fn a_qemu_not_found_is_looked_for_again_and_one_that_ended_at_once() {
         let (_dir, link, uuid) = qemu_link(1);
-        let mut finder = Finder {
-            uuid: uuid.clone(),
-            proc: "/proc".into(),
-            next: None,
-            scan: None,
-        };
+        let mut finder = Finder::new(uuid.clone(), "/proc".into());
         let (t0, limit, mut process) = (Instant::now(), Duration::from_secs(10), None);
         let pid = |p: &Option<(i32, procfs::ProcessRss)>| p.as_ref().map(|(pid, _)| *pid as u32);
         let minute = LOOK_AGAIN_AFTER;

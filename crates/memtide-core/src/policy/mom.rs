@@ -354,6 +354,15 @@ mod tests {
         )
     }
 
+    /// MOM at its own pace, on the engine's history rather than samples of its own.
+    fn on_engine_samples() -> Mom {
+        let balloon = MomConfig {
+            sample_interval_s: 0.0,
+            ..MomConfig::default()
+        };
+        Mom::new(balloon, KsmConfig::default())
+    }
+
     /// [`decide`] by `mom` at second `at`.
     fn decide_at(
         mom: &mut Mom,
@@ -442,11 +451,7 @@ mod tests {
 
     #[test]
     fn it_evaluates_an_interval_after_it_starts_and_every_interval_after() {
-        let balloon = MomConfig {
-            sample_interval_s: 0.0,
-            ..MomConfig::default()
-        };
-        let mut mom = Mom::new(balloon, KsmConfig::default());
+        let mut mom = on_engine_samples();
         let held = |out: &PolicyOutput| {
             target_mib(out).is_none() && out.holds["a"].rule == "mom.wait" && out.ksm.is_none()
         };
@@ -494,13 +499,6 @@ mod tests {
 
     #[test]
     fn it_averages_over_its_own_samples_every_5_s_for_50_s() {
-        let engine = || {
-            let balloon = MomConfig {
-                sample_interval_s: 0.0,
-                ..MomConfig::default()
-            };
-            Mom::new(balloon, KsmConfig::default())
-        };
         // The guest: sampled at 15, 20, …, 60, free 600 MiB three times, 100 seven
         // times, a mean of 250; used 550, its floor (and a 10% margin) 630 below a 5%
         // step: 760. On the engine's 10 ticks (all at 100 MiB free): used 700, the
@@ -518,7 +516,7 @@ mod tests {
                 Some(ours),
                 "{what}"
             );
-            let on_engines = target_after_a_minute(&mut engine(), before, after);
+            let on_engines = target_after_a_minute(&mut on_engine_samples(), before, after);
             assert_eq!(on_engines, Some(engines), "{what}");
         }
     }
