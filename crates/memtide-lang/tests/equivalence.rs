@@ -2,6 +2,7 @@
 //! built-in Rust versions (`memtide_core::policy::mom`) on the same inputs.
 
 use memtide_core::history::History;
+use memtide_core::policy::mom::{Mom, MomConfig, Paced};
 use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, VmInput};
 use memtide_core::signals::Signals;
 use memtide_core::stats::HostStats;
@@ -110,6 +111,114 @@ proptest! {
         let ksm = |o: &PolicyOutput| o.ksm.as_ref().map(|k| k.settings.clone());
         prop_assert_eq!(ksm(&rust), ksm(&script));
     }
+}
+
+/// Two minutes of ticks, one a second, on a 4096 MiB host whose freeable memory falls
+/// from 1500 to 300 MiB at 30 s and comes back at 80 s, with two 2048 MiB guests (about
+/// 1200 and 300 MiB free) whose balloons follow what `policy` proposes: each tick's
+/// output.
+fn two_minutes(policy: &mut dyn Policy) -> Vec<PolicyOutput> {
+    let names = ["web", "db"];
+    let limits = VmLimits {
+        min: Bytes::ZERO,
+        max: Bytes::from_mib(2048),
+        shares: 1,
+    };
+    let signals = Signals::default();
+    let mut host = History::new(10);
+    let mut histories = [History::new(10), History::new(10)];
+    let mut actual = [Bytes::from_mib(2048), Bytes::from_mib(1024)];
+    let mut outputs = Vec::new();
+    for t in 0..120u64 {
+        let at = Duration::from_secs(t);
+        let freeable = if (30..80).contains(&t) { 300 } else { 1500 };
+        host.push(at, testkit::host(4096, freeable));
+        for (i, name) in names.iter().enumerate() {
+            let free = [1200, 300][i] + 10 * (t % 7);
+            let snap = testkit::vm(name, 2048, actual[i].mib(), free);
+            histories[i].push(at, snap.sample.unwrap());
+        }
+        let inputs: Vec<VmInput<'_>> = (0..2)
+            .map(|i| VmInput {
+                name: names[i],
+                limits: &limits,
+                history: &histories[i],
+                actual: actual[i],
+                target: None,
+                signals: &signals,
+            })
+            .collect();
+        let out = policy.decide(&PolicyInput {
+            at,
+            host: &host,
+            vms: &inputs,
+            unreachable: &[],
+        });
+        for (i, name) in names.iter().enumerate() {
+            // Whole MiB, as the guests' samples report it.
+            if let Some(p) = out.balloon.get(*name) {
+                actual[i] = Bytes::from_mib(p.target.mib());
+            }
+        }
+        outputs.push(out);
+    }
+    outputs
+}
+
+#[test]
+fn shipped_policies_at_moms_pace_decide_as_the_builtin_mom() {
+    // As the daemon loads policy files: at MOM's pace, evaluated every 10 s on samples
+    // of their own every 5 s, averaged over the last 10.
+    let mut script = Paced::new(shipped(), &MomConfig::default());
+    let script = two_minutes(&mut script);
+    let rust = two_minutes(&mut Mom::default());
+    let mut evaluations = Vec::new();
+    for (t, (r, s)) in rust.iter().zip(&script).enumerate() {
+        assert!(r.faults.is_empty() && s.faults.is_empty(), "at {t} s");
+        let targets = |o: &PolicyOutput| -> Vec<(String, u64)> {
+            let mut v: Vec<_> = o
+                .balloon
+                .iter()
+                .map(|(vm, p)| (vm.clone(), p.target.kib()))
+                .collect();
+            v.sort();
+            v
+        };
+        let (rt, st) = (targets(r), targets(s));
+        assert_eq!(rt.len(), st.len(), "at {t} s: rust {rt:?} script {st:?}");
+        for ((rv, rk), (sv, sk)) in rt.iter().zip(&st) {
+            assert_eq!(rv, sv, "at {t} s");
+            assert!(rk.abs_diff(*sk) <= 1, "at {t} s, {rv}: {rk} and {sk} KiB");
+        }
+        let ksm = |o: &PolicyOutput| o.ksm.as_ref().map(|k| k.settings.clone());
+        assert_eq!(ksm(r), ksm(s), "at {t} s");
+        let waits = |o: &PolicyOutput, rule: &str| {
+            o.holds.len() == 2 && o.holds.values().all(|h| h.rule == rule)
+        };
+        assert_eq!(waits(s, "script.wait"), waits(r, "mom.wait"), "at {t} s");
+        if !waits(s, "script.wait") {
+            evaluations.push(t);
+        }
+    }
+    // Evaluated an interval after the start, then every interval.
+    let every_10_s: Vec<usize> = (1..12).map(|i| i * 10).collect();
+    assert_eq!(evaluations, every_10_s);
+    // The 50 s average falls below MOM's 20% threshold at 60 s and rises above it at
+    // 100 s: "web" shrinks by 5% steps, then grows by them.
+    let web: Vec<(usize, u64)> = (0..120)
+        .filter_map(|t| Some((t, script[t].balloon.get("web")?.target.mib())))
+        .collect();
+    assert_eq!(
+        web,
+        [
+            (60, 1945),
+            (70, 1847),
+            (80, 1754),
+            (90, 1666),
+            (100, 1749),
+            (110, 1836)
+        ]
+    );
 }
 
 #[test]

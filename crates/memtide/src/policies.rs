@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::status::Policies;
 use memtide_core::policy::esx::Esx;
-use memtide_core::policy::mom::Mom;
+use memtide_core::policy::mom::{Mom, Paced};
 use memtide_core::policy::none::Unmanaged;
 use memtide_core::policy::proxmox::Proxmox;
 use memtide_core::policy::routed::Routed;
@@ -85,8 +85,12 @@ impl PolicySource {
                 "none" => Ok(Box::new(Unmanaged)),
                 other => Err(LoadError(unknown(other))),
             },
-            PolicySource::Files(files) => Ok(Box::new(parse(&read(files)?)?)),
-            PolicySource::Dir(dir) => Ok(Box::new(parse(&read(&dir_files(dir)?)?)?)),
+            // At MOM's pace, as MOM's policy engine runs policy files.
+            PolicySource::Files(files) => Ok(Box::new(Paced::new(parse(&read(files)?)?, &c.mom))),
+            PolicySource::Dir(dir) => Ok(Box::new(Paced::new(
+                parse(&read(&dir_files(dir)?)?)?,
+                &c.mom,
+            ))),
         }
     }
 }

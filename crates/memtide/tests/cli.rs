@@ -881,7 +881,8 @@ fn a_policy_is_reloaded_and_a_broken_one_rejected() {
     std::fs::write(&policy, "(Host.Control \"ksm_pages_to_scan\" 300)\n").unwrap();
     let config = format!(
         "interval_s = 0.2\npolicy = {:?}\n[host]\nproc = {:?}\nsys = {:?}\n[discovery]\nqmp_glob = []\n\
-         [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"\"\n",
+         [daemon]\nsocket = {:?}\nevent_log = {:?}\nstate_file = \"\"\nhttp = \"\"\n\
+         [mom]\ninterval_s = 0\nsample_interval_s = 0\n",
         policy, root.join("proc"), root.join("sys"), root.join("memtide.sock"), root.join("events.jsonl"),
     );
     std::fs::write(root.join("memtide.toml"), config).unwrap();

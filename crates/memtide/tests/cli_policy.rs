@@ -223,9 +223,10 @@ fn log_lines_carry_their_syslog_priority_only_on_the_journal_s_stream() {
     };
     for (stream, prefixed) in [(&log, true), (&other, false)] {
         let file = std::fs::File::create(&log).unwrap();
+        // A policy file is first evaluated MOM's interval (10 s, 10 ticks) after the start.
         let status = support::daemon::memtide()
             .current_dir(dir.path())
-            .args(["sim", "quick", "--ticks", "1", "--policy", "dbg.policy"])
+            .args(["sim", "quick", "--ticks", "11", "--policy", "dbg.policy"])
             .args(["--log-level", "debug"])
             .env("JOURNAL_STREAM", id(stream))
             .stdout(std::process::Stdio::null())

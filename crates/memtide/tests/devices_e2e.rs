@@ -27,8 +27,9 @@ fn diagnosed(status: &Value, name: &str, kind: &str) -> bool {
 }
 
 /// A configuration managing `vms` (each with its `min_mib`, if any) through their QMP
-/// sockets under a policy giving every guest `mib`, written to `dir/fixed.policy`; returns
-/// the policy's path (to rewrite it and reload) and the configuration.
+/// sockets under a policy giving every guest `mib`, written to `dir/fixed.policy` and
+/// evaluated at every tick (not at MOM's pace: the guests' workloads run on a clock);
+/// returns the policy's path (to rewrite it and reload) and the configuration.
 fn fixed_config(
     dir: &std::path::Path,
     mib: u64,
@@ -45,7 +46,8 @@ fn fixed_config(
         })
         .collect();
     let config = format!(
-        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n{vms}",
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [mom]\ninterval_s = 0\nsample_interval_s = 0\n{vms}",
         policy.display().to_string()
     );
     (policy, config)

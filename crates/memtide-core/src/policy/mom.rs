@@ -15,11 +15,13 @@
 //! `doc/mom-balloon.conf` and its built-in defaults), the first an interval after it
 //! starts, not every time it samples; between evaluations nothing moves, KSM included.
 //! What it evaluates is what its collectors sampled: every 5 s, averaged over the last
-//! 10 samples ([`collector`]).
+//! 10 samples ([`collector`]). Policy files run at the same pace ([`Paced`]).
 
 mod collector;
+mod pace;
 
-use self::collector::{Collector, Schedule};
+use self::pace::Pace;
+pub use self::pace::Paced;
 use super::ksmtuned::{self, KsmConfig};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
@@ -27,7 +29,6 @@ use crate::history::History;
 use crate::stats::HostStats;
 use crate::units::{Bytes, Percent};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 /// The balloon policy's constants (ratios of 1), and MOM's pace: how often it evaluates,
 /// how often it samples and over how many samples it averages.
@@ -158,12 +159,15 @@ enum Step {
 /// The MOM policy: the balloon rules, plus the ksmtuned rules when KSM is configured.
 #[derive(Clone, Debug)]
 pub struct Mom {
+    rules: Rules,
+    pace: Pace,
+}
+
+/// The balloon rules' and ksmtuned's constants.
+#[derive(Clone, Debug)]
+struct Rules {
     balloon: MomConfig,
     ksm: KsmConfig,
-    /// When evaluations are due; `None` before the first call.
-    schedule: Option<Schedule>,
-    /// MOM's own samples; `None` where it takes the engine's history.
-    collector: Option<Collector>,
 }
 
 impl Default for Mom {
@@ -173,37 +177,16 @@ impl Default for Mom {
 }
 
 impl Mom {
-    /// Whether MOM evaluates its policy at `at`, or when it next does: as MOM's policy
-    /// engine, an interval after it starts and every interval after (MOM sleeps an
-    /// interval between evaluations, drifting by their length; here the schedule is
-    /// fixed: a tick a moment early delays one evaluation, not the ones after it); at
-    /// every call with an interval of 0, never with one that is not a duration.
-    fn due(&mut self, at: Duration) -> Result<(), Duration> {
-        let Ok(interval) = Duration::try_from_secs_f64(self.balloon.interval_s) else {
-            return Err(Duration::MAX);
-        };
-        if interval.is_zero() {
-            return Ok(());
-        }
-        self.schedule
-            .get_or_insert_with(|| Schedule::starting(at.saturating_add(interval), interval))
-            .due(at)
-    }
-
     /// MOM with these balloon and KSM constants.
     pub fn new(balloon: MomConfig, ksm: KsmConfig) -> Mom {
-        let collector = Duration::try_from_secs_f64(balloon.sample_interval_s)
-            .ok()
-            .filter(|every| !every.is_zero())
-            .map(|every| Collector::new(every, balloon.sample_history));
         Mom {
-            balloon,
-            ksm,
-            schedule: None,
-            collector,
+            pace: Pace::new(&balloon),
+            rules: Rules { balloon, ksm },
         }
     }
+}
 
+impl Rules {
     fn bounded(&self, rule: &'static str, vm: &VmInput<'_>, size_kib: f64, why: String) -> Step {
         let cur = kib(vm.actual);
         let change = (size_kib - cur).abs();
@@ -283,33 +266,16 @@ impl Policy for Mom {
     }
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let rules = &self.rules;
+        self.pace
+            .run(input, "mom.wait", |input| rules.evaluate(input))
+    }
+}
+
+impl Rules {
+    /// One evaluation of the balloon and KSM rules.
+    fn evaluate(&self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
-        if let Some(collector) = &mut self.collector {
-            collector.observe(input);
-        }
-        if let Err(next) = self.due(input.at) {
-            let wait = format!(
-                "between MOM's policy evaluations (every {} s; the next in {:.0} s)",
-                self.balloon.interval_s,
-                (next - input.at).as_secs_f64()
-            );
-            out.hold_all(input.vms, Reason::new("mom.wait", wait));
-            return out;
-        }
-        // What its collectors sampled, where it has them.
-        let (seen, view): (Vec<VmInput<'_>>, PolicyInput<'_>);
-        let input = match &self.collector {
-            Some(c) => {
-                seen = input.vms.iter().map(|vm| c.view(vm)).collect();
-                view = PolicyInput {
-                    host: c.host(),
-                    vms: &seen,
-                    ..*input
-                };
-                &view
-            }
-            None => input,
-        };
         let host_ratio = host_free_ratio(input.host);
         let under_pressure = host_ratio < self.balloon.pressure_threshold;
         for vm in input.vms {
@@ -342,6 +308,7 @@ mod tests {
     use crate::signals::Signals;
     use crate::snapshot::VmLimits;
     use crate::testkit;
+    use std::time::Duration;
 
     /// Run the balloon rules for one guest, with `host_free` of 1000 MiB freeable.
     fn decide(host_free_mib: u64, actual_mib: u64, free_mib: u64) -> PolicyOutput {
