@@ -56,6 +56,13 @@ impl<T> History<T> {
         self.samples.clear();
     }
 
+    /// Forget the samples taken before `at`.
+    pub fn forget_before(&mut self, at: Duration) {
+        while self.samples.front().is_some_and(|(t, _)| *t < at) {
+            self.samples.pop_front();
+        }
+    }
+
     /// The mean of a value over the history, ignoring samples that lack it.
     pub fn mean(&self, value: impl Fn(&T) -> Option<f64>) -> Option<f64> {
         let (sum, n) = self

@@ -197,6 +197,10 @@ fn shipped_policies_at_moms_pace_decide_as_the_builtin_mom() {
         };
         assert_eq!(waits(s, "script.wait"), waits(r, "mom.wait"), "at {t} s");
         if !waits(s, "script.wait") {
+            assert!(
+                s.ksm.is_some(),
+                "at {t} s: ksm.policy proposes at every evaluation"
+            );
             evaluations.push(t);
         }
     }

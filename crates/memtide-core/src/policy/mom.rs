@@ -460,7 +460,7 @@ mod tests {
     fn target_after_a_minute(mom: &mut Mom, before: (u64, u64), after: (u64, u64)) -> Option<f64> {
         let mut out = PolicyOutput::default();
         let figures = |t| if t < 30 { before } else { after };
-        collector::tests::feed(60, None, figures, |input| out = mom.decide(input));
+        collector::tests::feed(0..=60, None, figures, |input| out = mom.decide(input));
         target_mib(&out)
     }
 

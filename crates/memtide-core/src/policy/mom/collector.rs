@@ -62,7 +62,11 @@ impl<T: Clone> Sampled<T> {
         }
     }
 
-    fn offer(&mut self, at: Duration, sample: Option<&T>) {
+    /// Take `sample` if one is due at `at`, first forgetting the samples older than
+    /// `window`: where it was not offered samples for a while (its VM unreachable, a
+    /// routed policy's VMs all gone), MOM's history would hold none from then.
+    fn offer(&mut self, at: Duration, window: Duration, sample: Option<&T>) {
+        self.history.forget_before(at.saturating_sub(window));
         if let (Some(sample), Ok(())) = (sample, self.schedule.due(at)) {
             self.history.push(at, sample.clone());
         }
@@ -98,7 +102,9 @@ impl Collector {
     /// no longer known are forgotten.
     pub(super) fn observe(&mut self, input: &PolicyInput<'_>) {
         let (every, len) = (self.every, self.len);
-        self.host.offer(input.at, input.host.latest());
+        // What `len` samples every `every` span.
+        let window = every.saturating_mul(u32::try_from(len).unwrap_or(u32::MAX));
+        self.host.offer(input.at, window, input.host.latest());
         let known = input.known();
         self.vms.retain(|name, _| known.contains(name.as_str()));
         for vm in input.vms {
@@ -107,7 +113,7 @@ impl Collector {
                 self.vms.insert(vm.name.to_string(), sampled);
             }
             if let Some(sampled) = self.vms.get_mut(vm.name) {
-                sampled.offer(input.at, vm.history.latest());
+                sampled.offer(input.at, window, vm.history.latest());
             }
         }
     }
@@ -159,11 +165,11 @@ pub(super) mod tests {
         assert_eq!(s.due(secs(49)), Err(secs(50)));
     }
 
-    /// Ticks every second from 0 to `last`, each given to `each`: the host 1000 MiB, one
-    /// 1000 MiB VM "a" at 800 MiB, `figures(t)` the host's freeable and the VM's free MiB;
-    /// the VM's engine history (10 ticks) restarts at `reset_at`.
+    /// Ticks at each of `seconds`, each given to `each`: the host 1000 MiB, one 1000 MiB
+    /// VM "a" at 800 MiB, `figures(t)` the host's freeable and the VM's free MiB; the VM's
+    /// engine history (10 ticks) restarts at `reset_at`.
     pub(in crate::policy::mom) fn feed(
-        last: u64,
+        seconds: impl IntoIterator<Item = u64>,
         reset_at: Option<u64>,
         figures: impl Fn(u64) -> (u64, u64),
         mut each: impl FnMut(&PolicyInput<'_>),
@@ -175,7 +181,7 @@ pub(super) mod tests {
         };
         let signals = Signals::default();
         let (mut host, mut engine) = (History::new(10), History::new(10));
-        for t in 0..=last {
+        for t in seconds {
             let (host_free, vm_free) = figures(t);
             host.push(secs(t), testkit::host(1000, host_free));
             if Some(t) == reset_at {
@@ -203,7 +209,12 @@ pub(super) mod tests {
     /// The free MiB of "a" in the collector's samples after [`feed`] to `last` with
     /// figures of the second's number.
     fn run(collector: &mut Collector, last: u64, reset_at: Option<u64>) -> Vec<u64> {
-        feed(last, reset_at, |t| (t, t), |input| collector.observe(input));
+        feed(
+            0..=last,
+            reset_at,
+            |t| (t, t),
+            |input| collector.observe(input),
+        );
         let free = |s: &VmSample| s.stats.free.unwrap().mib();
         collector.vms["a"].history.iter().map(free).collect()
     }
@@ -219,6 +230,20 @@ pub(super) mod tests {
         );
         let host: Vec<u64> = c.host().iter().map(|h| h.domain.freeable.mib()).collect();
         assert_eq!(host, [10, 15, 20, 25, 30, 35, 40, 45, 50, 55]);
+    }
+
+    #[test]
+    fn after_a_gap_the_samples_older_than_the_window_are_forgotten() {
+        let mut c = Collector::new(secs(5), 10);
+        // Not observed from 60 s to 199 s (a routed policy whose VMs were all gone, or
+        // the VM unreachable), then at 200 s: MOM's history would hold nothing from
+        // before 150 s, so neither the host's nor the VM's samples from then count.
+        let seconds = (0..60).chain([200]);
+        feed(seconds, None, |t| (t, t), |input| c.observe(input));
+        let host: Vec<u64> = c.host().iter().map(|h| h.domain.freeable.mib()).collect();
+        let free = |s: &VmSample| s.stats.free.unwrap().mib();
+        let vm: Vec<u64> = c.vms["a"].history.iter().map(free).collect();
+        assert_eq!((host, vm), (vec![200], vec![200]));
     }
 
     #[test]

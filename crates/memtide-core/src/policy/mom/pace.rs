@@ -6,7 +6,7 @@
 use super::collector::{Collector, Schedule};
 use super::MomConfig;
 use crate::action::Reason;
-use crate::policy::{Policy, PolicyInput, PolicyOutput, VmInput};
+use crate::policy::{Policy, PolicyFault, PolicyInput, PolicyOutput, VmInput};
 use std::time::Duration;
 
 /// When evaluations are due and what they see, from `[mom]`'s `interval_s`,
@@ -18,6 +18,9 @@ pub(super) struct Pace {
     schedule: Option<Schedule>,
     /// MOM's own samples; `None` where it takes the engine's history.
     collector: Option<Collector>,
+    /// What failed at the last evaluation: said again until the next, so that a policy
+    /// that fails is not taken for one that waits.
+    faults: Vec<PolicyFault>,
 }
 
 impl Pace {
@@ -31,6 +34,7 @@ impl Pace {
             interval_s: config.interval_s,
             schedule: None,
             collector,
+            faults: Vec::new(),
         }
     }
 
@@ -53,7 +57,8 @@ impl Pace {
 
     /// Take this tick's samples; then, where an evaluation is due, `evaluate` what the
     /// collectors hold (the engine's input where they sample every tick). Between
-    /// evaluations every VM holds, under rule `wait_rule`, and KSM is left as it is.
+    /// evaluations every VM holds, under rule `wait_rule`, KSM is left as it is, and the
+    /// last evaluation's faults stand (those of VMs still in the input).
     pub(super) fn run(
         &mut self,
         input: &PolicyInput<'_>,
@@ -71,17 +76,27 @@ impl Pace {
                 (next - input.at).as_secs_f64()
             );
             out.hold_all(input.vms, Reason::new(wait_rule, wait));
+            let present = |vm: &str| input.vms.iter().any(|v| v.name == vm);
+            out.faults = (self.faults.iter())
+                .filter(|f| f.vm.as_deref().is_none_or(present))
+                .cloned()
+                .collect();
             return out;
         }
-        let Some(collector) = &self.collector else {
-            return evaluate(input);
+        let out = match &self.collector {
+            None => evaluate(input),
+            Some(collector) => {
+                let seen: Vec<VmInput<'_>> =
+                    input.vms.iter().map(|vm| collector.view(vm)).collect();
+                evaluate(&PolicyInput {
+                    host: collector.host(),
+                    vms: &seen,
+                    ..*input
+                })
+            }
         };
-        let seen: Vec<VmInput<'_>> = input.vms.iter().map(|vm| collector.view(vm)).collect();
-        evaluate(&PolicyInput {
-            host: collector.host(),
-            vms: &seen,
-            ..*input
-        })
+        self.faults.clone_from(&out.faults);
+        out
     }
 }
 
@@ -111,5 +126,74 @@ impl<P: Policy> Policy for Paced<P> {
         let policy = &mut self.policy;
         self.pace
             .run(input, "script.wait", |input| policy.decide(input))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::History;
+    use crate::policy::mom::collector::tests::feed;
+    use crate::testkit;
+
+    /// Fails for "a" and as a whole at every evaluation, noting when it was evaluated
+    /// and how many samples of "a" and of the host it was given.
+    #[derive(Default)]
+    struct Failing {
+        seen: Vec<(u64, usize, usize)>,
+    }
+
+    impl Policy for Failing {
+        fn name(&self) -> &str {
+            "failing.policy"
+        }
+
+        fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+            let at = input.at.as_secs();
+            let vm = input.vms[0].history.len();
+            self.seen.push((at, vm, input.host.len()));
+            let mut out = PolicyOutput::default();
+            for vm in [Some("a".to_string()), None] {
+                let message = format!("failed at {at} s");
+                out.faults.push(PolicyFault { vm, message });
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn a_paced_policy_is_evaluated_on_moms_samples_and_its_faults_stand_between() {
+        let mut paced = Paced::new(Failing::default(), &MomConfig::default());
+        let mut outs = Vec::new();
+        feed(
+            0..=25,
+            None,
+            |_| (500, 500),
+            |input| outs.push(paced.decide(input)),
+        );
+        // Evaluated at 10 and 20 s, on the samples taken every 5 s from 0.
+        assert_eq!(paced.policy.seen, [(10, 3, 3), (20, 5, 5)]);
+        for (t, out) in outs.iter().enumerate() {
+            let messages: Vec<&str> = out.faults.iter().map(|f| f.message.as_str()).collect();
+            let expected = match t {
+                0..=9 => vec![],
+                10..=19 => vec!["failed at 10 s"; 2],
+                _ => vec!["failed at 20 s"; 2],
+            };
+            assert_eq!(messages, expected, "at {t} s");
+            let waits = out.holds.get("a").is_some_and(|h| h.rule == "script.wait");
+            assert_eq!(waits, t % 10 != 0 || t == 0, "at {t} s");
+        }
+        // A VM no longer in the input: its fault goes, the policy's own stays.
+        let mut host = History::new(10);
+        host.push(Duration::from_secs(26), testkit::host(1000, 500));
+        let out = paced.decide(&PolicyInput {
+            at: Duration::from_secs(26),
+            host: &host,
+            vms: &[],
+            unreachable: &[],
+        });
+        let vms: Vec<Option<String>> = out.faults.into_iter().map(|f| f.vm).collect();
+        assert_eq!(vms, [None]);
     }
 }
