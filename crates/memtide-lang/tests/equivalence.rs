@@ -1,6 +1,7 @@
 //! The shipped policies in the language (`policies/*.policy`) decide exactly as memtide's
 //! built-in Rust versions (`memtide_core::policy::mom`) on the same inputs.
 
+use memtide_core::action::KsmSettings;
 use memtide_core::history::History;
 use memtide_core::policy::mom::{Mom, MomConfig, Paced};
 use memtide_core::policy::{Policy, PolicyInput, PolicyOutput, VmInput};
@@ -85,6 +86,22 @@ fn decide(policy: &mut dyn Policy, host: &(u64, Vec<u64>, u64), vms: &[VmCase]) 
     })
 }
 
+/// Each VM's proposed target in KiB, by name.
+fn targets(o: &PolicyOutput) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = o
+        .balloon
+        .iter()
+        .map(|(vm, p)| (vm.clone(), p.target.kib()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The KSM settings proposed, if any.
+fn ksm(o: &PolicyOutput) -> Option<KsmSettings> {
+    o.ksm.as_ref().map(|k| k.settings.clone())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -96,11 +113,6 @@ proptest! {
         let script = decide(&mut shipped(), &host, &vms);
         prop_assert!(script.faults.is_empty(), "{:?}", script.faults);
         prop_assert!(rust.faults.is_empty(), "{:?}", rust.faults);
-        let targets = |o: &PolicyOutput| -> Vec<(String, u64)> {
-            let mut t: Vec<_> = o.balloon.iter().map(|(vm, p)| (vm.clone(), p.target.kib())).collect();
-            t.sort();
-            t
-        };
         let (r, s) = (targets(&rust), targets(&script));
         prop_assert_eq!(r.len(), s.len(), "rust {:?} script {:?}", r, s);
         for ((rv, rk), (sv, sk)) in r.iter().zip(&s) {
@@ -108,7 +120,6 @@ proptest! {
             // Both truncate the same KiB arithmetic; float rounding may differ by one.
             prop_assert!(rk.abs_diff(*sk) <= 1, "{}: rust {} KiB, script {} KiB", rv, rk, sk);
         }
-        let ksm = |o: &PolicyOutput| o.ksm.as_ref().map(|k| k.settings.clone());
         prop_assert_eq!(ksm(&rust), ksm(&script));
     }
 }
@@ -175,22 +186,12 @@ fn shipped_policies_at_moms_pace_decide_as_the_builtin_mom() {
     let mut evaluations = Vec::new();
     for (t, (r, s)) in rust.iter().zip(&script).enumerate() {
         assert!(r.faults.is_empty() && s.faults.is_empty(), "at {t} s");
-        let targets = |o: &PolicyOutput| -> Vec<(String, u64)> {
-            let mut v: Vec<_> = o
-                .balloon
-                .iter()
-                .map(|(vm, p)| (vm.clone(), p.target.kib()))
-                .collect();
-            v.sort();
-            v
-        };
         let (rt, st) = (targets(r), targets(s));
         assert_eq!(rt.len(), st.len(), "at {t} s: rust {rt:?} script {st:?}");
         for ((rv, rk), (sv, sk)) in rt.iter().zip(&st) {
             assert_eq!(rv, sv, "at {t} s");
             assert!(rk.abs_diff(*sk) <= 1, "at {t} s, {rv}: {rk} and {sk} KiB");
         }
-        let ksm = |o: &PolicyOutput| o.ksm.as_ref().map(|k| k.settings.clone());
         assert_eq!(ksm(r), ksm(s), "at {t} s");
         let waits = |o: &PolicyOutput, rule: &str| {
             o.holds.len() == 2 && o.holds.values().all(|h| h.rule == rule)

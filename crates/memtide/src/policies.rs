@@ -71,6 +71,10 @@ impl PolicySource {
         let working_set = |e| -> Box<dyn Policy> {
             Box::new(WorkingSet::new(e, c.working_set.clone(), c.ksm.clone()))
         };
+        // At MOM's pace, as MOM's policy engine runs policy files.
+        let script = |files: &[PathBuf]| -> Result<Box<dyn Policy>, LoadError> {
+            Ok(Box::new(Paced::new(parse(&read(files)?)?, &c.mom)))
+        };
         match self {
             PolicySource::Builtin(name) => match name.as_str() {
                 "memtide" => Ok(working_set(EstimatorConfig::Fused(c.memtide.clone()))),
@@ -85,12 +89,8 @@ impl PolicySource {
                 "none" => Ok(Box::new(Unmanaged)),
                 other => Err(LoadError(unknown(other))),
             },
-            // At MOM's pace, as MOM's policy engine runs policy files.
-            PolicySource::Files(files) => Ok(Box::new(Paced::new(parse(&read(files)?)?, &c.mom))),
-            PolicySource::Dir(dir) => Ok(Box::new(Paced::new(
-                parse(&read(&dir_files(dir)?)?)?,
-                &c.mom,
-            ))),
+            PolicySource::Files(files) => script(files),
+            PolicySource::Dir(dir) => script(&dir_files(dir)?),
         }
     }
 }

@@ -258,21 +258,7 @@ impl Rules {
         );
         Ok(self.bounded("mom.grow", vm, size, why))
     }
-}
 
-impl Policy for Mom {
-    fn name(&self) -> &str {
-        "mom"
-    }
-
-    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
-        let rules = &self.rules;
-        self.pace
-            .run(input, "mom.wait", |input| rules.evaluate(input))
-    }
-}
-
-impl Rules {
     /// One evaluation of the balloon and KSM rules.
     fn evaluate(&self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
@@ -299,6 +285,18 @@ impl Rules {
         }
         out.ksm = ksmtuned::decide(&self.ksm, input);
         out
+    }
+}
+
+impl Policy for Mom {
+    fn name(&self) -> &str {
+        "mom"
+    }
+
+    fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
+        let rules = &self.rules;
+        self.pace
+            .run(input, "mom.wait", |input| rules.evaluate(input))
     }
 }
 
