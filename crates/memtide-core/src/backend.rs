@@ -20,6 +20,12 @@ pub trait VmBackend: Send {
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError>;
     /// The last target delivered since connecting (cleared when the guest resets).
     fn target(&self) -> Option<Bytes>;
+    /// Its hypervisor's process id as this connector knows it now, for connectors that
+    /// find it after connecting or find it again after it restarted (libvirt's, by the
+    /// domain's UUID); `None` where unknown or fixed at connection.
+    fn pid(&self) -> Option<i32> {
+        None
+    }
     /// Save the guest's memory and device state into the files of the existing directory
     /// `dir`, the guest stopped meanwhile, within `limit`, then `seal` what was written
     /// (make the snapshot whole) and leave the guest as `then` says: a guest that runs on

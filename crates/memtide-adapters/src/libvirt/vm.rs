@@ -215,11 +215,6 @@ impl LibvirtVm {
         })
     }
 
-    /// Its QEMU process id, where found.
-    pub fn pid(&self) -> Option<i32> {
-        self.process.as_ref().map(|(pid, _)| *pid)
-    }
-
     /// Bounds from the domain's description: (min, max).
     pub fn bounds(&self) -> (Option<Bytes>, Option<Bytes>) {
         (self.description.min, self.description.max)
@@ -445,6 +440,11 @@ impl VmBackend for LibvirtVm {
 
     fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    /// Its QEMU's, where found: at connection, or by a later scan.
+    fn pid(&self) -> Option<i32> {
+        self.process.as_ref().map(|(pid, _)| *pid)
     }
 
     async fn save(

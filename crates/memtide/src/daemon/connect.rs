@@ -190,6 +190,7 @@ mod libvirt {
     use super::super::endpoint::Connection;
     use crate::config::{BoundFrom, Config};
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
+    use memtide_core::backend::VmBackend;
     use memtide_core::{BackendError, Bytes};
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};

@@ -99,7 +99,8 @@ impl Window {
 pub struct Event {
     /// Wall-clock time (RFC 3339, UTC).
     pub ts: String,
-    /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `action`,
+    /// What kind of event: `started`, `stopped`, `vm_connected`, `vm_lost`, `vm_process`,
+    /// `action`,
     /// `action_failed`, `reclaim_failed`, `place_failed`, `huge_pages_skipped`, `diagnostic`,
     /// `diagnostic_cleared`, `host_error`, `hibernate`, `snapshot_started`,
     /// `snapshot_saved`, `snapshot_failed`, `snapshot_deleted`, `restore_started`, `restored`, `restore_failed`,

@@ -14,7 +14,7 @@ use memtide_adapters::procfs;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -44,6 +44,16 @@ pub enum FleetEvent {
         shut_down: bool,
         /// Its hypervisor process, when known.
         pid: Option<u32>,
+    },
+    /// A managed VM's connector found its hypervisor process after connecting, or found
+    /// a new one (libvirt's QEMU, looked for by the domain's UUID).
+    Process {
+        /// Its name.
+        vm: String,
+        /// The process.
+        pid: u32,
+        /// The process it was known by before, if any.
+        was: Option<u32>,
     },
 }
 
@@ -199,9 +209,31 @@ struct Managed {
     save: Option<SaveJob>,
     /// Its hypervisor's process, when known.
     pid: Option<u32>,
-    /// That process's start time when the VM connected: with the pid, it names the
+    /// That process's start time when it became known: with the pid, it names the
     /// process (another may take the pid once it has ended).
     started: Option<u64>,
+}
+
+impl Managed {
+    /// Take the hypervisor process its connector knows now where that is another pid than
+    /// the VM's (found after connecting, or after a restart), its start time read from
+    /// `proc`: what acts on the process (reclaim, huge pages, placement, crash recovery)
+    /// acts on that one from now on. A process the connector lost is not forgotten here:
+    /// the start time kept tells a pid taken by another process since.
+    fn follow_process(&mut self, vm: &str, proc: &Path) -> Option<FleetEvent> {
+        let pid = self
+            .task
+            .pid()
+            .and_then(procfs::known_pid)
+            .filter(|pid| self.pid != Some(pid.unsigned_abs()))?;
+        let was = self.pid.replace(pid.unsigned_abs());
+        self.started = procfs::start_time(proc, pid);
+        Some(FleetEvent::Process {
+            vm: vm.to_string(),
+            pid: pid.unsigned_abs(),
+            was,
+        })
+    }
 }
 
 type Attempt = (Endpoint, Result<Connection, BackendError>);
@@ -785,6 +817,9 @@ impl Fleet {
                     if let Ok(s) = &sample {
                         m.configured = Some(s.configured);
                     }
+                    if let Some(e) = m.follow_process(&name, &self.proc) {
+                        out.events.push(e);
+                    }
                     sample
                 }
                 None => {
@@ -1049,7 +1084,7 @@ mod tests {
     use memtide_core::VmSample;
     use std::collections::HashMap;
     use std::path::Path;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
     use std::sync::Mutex;
 
     /// How a fake VM behaves.
@@ -1078,9 +1113,13 @@ mod tests {
         forgotten: Mutex<Vec<String>>,
         /// The hypervisor's process each connection gives.
         pid: Option<u32>,
+        /// The hypervisor's process its VMs' connectors find after connecting (0: none).
+        found: Arc<AtomicI32>,
     }
 
-    struct FakeVm(Behaviour, Arc<AtomicU32>);
+    /// A fake VM: how it behaves, the balloon commands sent to it, the process its
+    /// connector finds (0: none).
+    struct FakeVm(Behaviour, Arc<AtomicU32>, Arc<AtomicI32>);
 
     #[async_trait]
     impl VmBackend for FakeVm {
@@ -1116,6 +1155,9 @@ mod tests {
         }
         fn target(&self) -> Option<Bytes> {
             None
+        }
+        fn pid(&self) -> Option<i32> {
+            Some(self.2.load(Ordering::SeqCst)).filter(|pid| *pid != 0)
         }
         /// Takes [`SAVE_TAKES`], writes nothing.
         async fn save(
@@ -1172,7 +1214,7 @@ mod tests {
             {
                 Behaviour::Refuses => Err(BackendError::Disconnected("connection refused".into())),
                 b => Ok(Connection {
-                    backend: Box::new(FakeVm(b, self.sent_to(&socket))),
+                    backend: Box::new(FakeVm(b, self.sent_to(&socket), self.found.clone())),
                     min: Some((Bytes::from_mib(200), BoundFrom::Libvirt)),
                     max: None,
                     shares: None,
@@ -1212,7 +1254,7 @@ mod tests {
 
     /// Make the connected VM `name` behave as `behaviour` from now on.
     fn turn(fleet: &mut Fleet, name: &str, behaviour: Behaviour) {
-        let backend = Box::new(FakeVm(behaviour, Arc::default()));
+        let backend = Box::new(FakeVm(behaviour, Arc::default(), Arc::default()));
         fleet.managed.get_mut(name).unwrap().task = VmTask::new(name, backend, fleet.call_timeout);
     }
 
@@ -1372,6 +1414,63 @@ mod tests {
         stat(2000);
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
         assert_eq!(fleet.hypervisor("db"), None);
+    }
+
+    /// A hypervisor process its connector finds after connecting (libvirt's QEMU, by a
+    /// later scan), or a new one it finds, is the VM's from the next sample, known by its
+    /// start time then, and said once.
+    #[tokio::test(start_paused = true)]
+    async fn a_hypervisor_found_after_connecting_is_the_vms_from_the_next_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let stat = |pid: i32, started: u64| {
+            let text = format!(
+                "{pid} (qemu) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 {started} 0 0\n"
+            );
+            std::fs::create_dir_all(dir.path().join(format!("proc/{pid}"))).unwrap();
+            std::fs::write(dir.path().join(format!("proc/{pid}/stat")), text).unwrap();
+        };
+        let connector = Arc::new(FakeConnector::default());
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector.clone());
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        settle(&mut fleet).await;
+        let (vms, events) = sample(&mut fleet).await;
+        assert_eq!((names(&vms), events), (vec!["web"], vec![]));
+        assert_eq!(fleet.hypervisor("web"), None, "not found at connection");
+
+        // What two samples say once the connector finds `pid` (the sample in flight
+        // when it was found tells it at the next).
+        let found = |pid: i32, started: u64| {
+            stat(pid, started);
+            connector.found.store(pid, Ordering::SeqCst);
+        };
+        let event = |pid: u32, was: Option<u32>| FleetEvent::Process {
+            vm: "web".into(),
+            pid,
+            was,
+        };
+        found(4242, 1000);
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!(said, vec![event(4242, None)]);
+        assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
+        assert_eq!(sample(&mut fleet).await.1, vec![], "said once");
+
+        found(4343, 3000);
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!(said, vec![event(4343, Some(4242))]);
+        assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
+
+        // A connector that no longer knows it: the VM keeps the one it had.
+        connector.found.store(0, Ordering::SeqCst);
+        sample(&mut fleet).await;
+        assert!(sample(&mut fleet).await.1.is_empty());
+        assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
     }
 
     #[tokio::test(start_paused = true)]

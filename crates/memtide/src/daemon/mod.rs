@@ -706,6 +706,22 @@ impl Daemon {
                     }
                     self.lost(vm, *shut_down, *pid);
                 }
+                FleetEvent::Process { vm, pid, was } => {
+                    let message = match was {
+                        Some(was) => format!(
+                            "its hypervisor process is now {pid} (was {was}): reclaim, \
+                             huge pages and placement act on it"
+                        ),
+                        None => format!(
+                            "its hypervisor process {pid} found after connecting: reclaim, \
+                             huge pages and placement act on it"
+                        ),
+                    };
+                    self.events.log("vm_process", Some(vm), None, message);
+                    if let (Some(state), Some(h)) = (&mut self.state, self.fleet.hypervisor(vm)) {
+                        state.process_found(vm, h);
+                    }
+                }
             }
         }
     }

@@ -303,6 +303,13 @@ impl StateFile {
         ))
     }
 
+    /// VM `vm`'s hypervisor process became known after it connected: what is kept of it
+    /// from now on is kept for that process.
+    pub fn process_found(&mut self, vm: &str, hypervisor: (u32, u64)) {
+        self.hypervisors
+            .insert(vm.to_string(), Hypervisor::from(hypervisor));
+    }
+
     /// VM `vm` was lost: a target restored for it is no longer in force (its hypervisor
     /// may come back started afresh).
     pub fn forget_target(&mut self, vm: &str) {
@@ -568,6 +575,17 @@ mod tests {
         assert_eq!(
             file.last["a"].hypervisor,
             Some(Hypervisor::from((4300, 3000)))
+        );
+        // So does one whose process was found after it connected.
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        file.connected("a", None);
+        file.encode(&d, &engine, &BTreeMap::new());
+        assert_eq!(file.last["a"].hypervisor, None);
+        file.process_found("a", (4400, 4000));
+        file.encode(&d, &engine, &BTreeMap::new());
+        assert_eq!(
+            file.last["a"].hypervisor,
+            Some(Hypervisor::from((4400, 4000)))
         );
     }
 

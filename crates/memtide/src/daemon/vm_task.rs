@@ -102,6 +102,8 @@ pub struct VmTask {
     in_flight: Option<InFlight>,
     /// The balloon target the backend last reported (kept while it is lent).
     target: Option<Bytes>,
+    /// The hypervisor process the backend last reported (kept while it is lent).
+    pid: Option<i32>,
     /// When the latest answer came.
     answered: Option<Instant>,
     /// Events that came with a sample superseded before any tick used it (a reset seen
@@ -116,6 +118,7 @@ impl VmTask {
             name: name.to_string(),
             call_timeout,
             target: backend.target(),
+            pid: backend.pid(),
             idle: Some(backend),
             in_flight: None,
             answered: None,
@@ -301,7 +304,7 @@ impl VmTask {
             Ok((backend, answer, at)) => {
                 self.answered = Some(at);
                 if let Some(backend) = backend {
-                    self.target = backend.target();
+                    (self.target, self.pid) = (backend.target(), backend.pid());
                     self.idle = Some(backend);
                 }
                 answer
@@ -327,6 +330,11 @@ impl VmTask {
     /// The balloon target the backend last reported.
     pub fn target(&self) -> Option<Bytes> {
         self.target
+    }
+
+    /// The hypervisor process the backend last reported ([`VmBackend::pid`]).
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
     }
 }
 
