@@ -340,10 +340,10 @@ impl VmBackend for LibvirtVm {
         }
         let memory = stats::parse(&raw.memory);
         // A QEMU that ended while its domain runs on is followed to the new one, one not
-        // found is looked for now and then: for the swap figure. What the daemon knows of
-        // the process (the state file, crash recovery, reclaim, placement) is the one
-        // found at connection until the domain is connected again, each of those checking
-        // it still runs as it was.
+        // found is looked for now and then: for the swap figure here, and for the daemon,
+        // which takes the process found ([`VmBackend::pid`]) at its next sample for the
+        // state file, reclaim, huge pages and placement, each checking it still runs as
+        // it was.
         if let Some(finder) = &mut self.find {
             let limit = self.call_timeout / 4;
             finder

@@ -216,19 +216,23 @@ struct Managed {
 
 impl Managed {
     /// Take the hypervisor process its connector knows now where that is another pid than
-    /// the VM's (found after connecting, or after a restart), its start time read from
-    /// `proc`: what acts on the process (reclaim, huge pages, placement, crash recovery)
-    /// acts on that one from now on. A process the connector lost is not forgotten here:
-    /// the start time kept tells a pid taken by another process since.
+    /// the VM's (found after connecting, or after a restart), with its start time read
+    /// from `proc`: what acts on the process (reclaim, huge pages, placement, the state
+    /// file) acts on that one from now on. A start time not read (a process gone, a
+    /// procfs that did not show it) is read again at the next sample, the process not
+    /// taken meanwhile. A process the connector lost is not forgotten here: the start time
+    /// kept tells a pid taken by another process since. Processes are told apart by pid
+    /// at each sample; a start time is read only for a new pid, or for the VM's own where
+    /// it was not read before.
     fn follow_process(&mut self, vm: &str, proc: &Path) -> Option<FleetEvent> {
-        let pid = self
-            .task
-            .pid()
-            .and_then(procfs::known_pid)
-            .filter(|pid| self.pid != Some(pid.unsigned_abs()))?;
+        let pid = self.task.pid().and_then(procfs::known_pid)?;
+        let own = self.pid == Some(pid.unsigned_abs());
+        if own && self.started.is_some() {
+            return None;
+        }
+        self.started = Some(procfs::start_time(proc, pid)?);
         let was = self.pid.replace(pid.unsigned_abs());
-        self.started = procfs::start_time(proc, pid);
-        Some(FleetEvent::Process {
+        (!own).then(|| FleetEvent::Process {
             vm: vm.to_string(),
             pid: pid.unsigned_abs(),
             was,
@@ -1033,8 +1037,8 @@ impl Fleet {
         Some((m.pid, m.config.as_ref()))
     }
 
-    /// VM `vm`'s hypervisor process and its start time when the VM connected, when both
-    /// are known.
+    /// VM `vm`'s hypervisor process and its start time when it became known (at
+    /// connection, or found later: [`Managed::follow_process`]), when both are known.
     pub fn hypervisor(&self, vm: &str) -> Option<(u32, u64)> {
         let m = self.managed.get(vm)?;
         Some((m.pid?, m.started?))
@@ -1468,9 +1472,21 @@ mod tests {
 
         // A connector that no longer knows it: the VM keeps the one it had.
         connector.found.store(0, Ordering::SeqCst);
-        sample(&mut fleet).await;
-        assert!(sample(&mut fleet).await.1.is_empty());
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!(said, vec![]);
         assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
+
+        // One whose start time cannot be read (gone, or not shown yet) is not taken until
+        // it can be.
+        connector.found.store(4444, Ordering::SeqCst);
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!(said, vec![]);
+        assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
+        stat(4444, 5000);
+        assert_eq!(sample(&mut fleet).await.1, vec![event(4444, Some(4343))]);
+        assert_eq!(fleet.hypervisor("web"), Some((4444, 5000)));
     }
 
     #[tokio::test(start_paused = true)]

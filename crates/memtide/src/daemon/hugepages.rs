@@ -17,7 +17,7 @@ pub struct Target {
     pub vm: String,
     /// Its hypervisor's process.
     pub pid: i32,
-    /// And that process's start time when the VM connected: a process with another at
+    /// And that process's start time when it became known: a process with another at
     /// the pid is not its hypervisor.
     pub started: u64,
     /// Its guest RAM's size, which picks the mapping.

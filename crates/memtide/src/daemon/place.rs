@@ -105,8 +105,8 @@ pub struct Target {
     /// Configured by `pid` (fixed until the daemon restarts), not a connected VM's
     /// hypervisor: another process at that pid is not placed.
     pub fixed: bool,
-    /// A connected VM's hypervisor's start time when it connected: a process at its pid
-    /// started at another time (its pid taken since) is not placed.
+    /// A connected VM's hypervisor's start time when it became known: a process at its
+    /// pid started at another time (its pid taken since) is not placed.
     pub started: Option<u64>,
 }
 
@@ -139,7 +139,7 @@ fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 
 /// A connected VM as the fleet knows it.
 pub struct Known<'a> {
-    /// Its hypervisor's process and its start time when the VM connected, when known.
+    /// Its hypervisor's process and its start time when it became known, when known.
     pub process: Option<(u32, u64)>,
     /// Its `[[vm]]` entry, if any.
     pub config: Option<&'a crate::config::VmConfig>,
@@ -710,8 +710,8 @@ impl TierPlacer {
                 let opened = opened.map_err(|e| format!("{e:#}"))?;
                 if t.started.is_some_and(|s| s != opened.started()) {
                     return Err(format!(
-                        "process {} is not the hypervisor its VM connected with (it started \
-                         at another time: its pid was taken since)",
+                        "process {} is not the hypervisor its VM is known by (it started at \
+                         another time: its pid was taken since)",
                         t.pid
                     ));
                 }
@@ -1134,7 +1134,7 @@ mod tests {
         assert_eq!(
             taken[0].done,
             Done::Failed(format!(
-                "process {me} is not the hypervisor its VM connected with (it started at \
+                "process {me} is not the hypervisor its VM is known by (it started at \
                  another time: its pid was taken since)"
             ))
         );

@@ -146,7 +146,8 @@ pub struct Reclaimer {
     pace: PaceConfig,
     proc: PathBuf,
     root: PathBuf,
-    pacers: HashMap<String, Pacer>,
+    /// Each VM's pacer, with the cgroup its readings are of.
+    pacers: HashMap<String, (PathBuf, Pacer)>,
 }
 
 impl Reclaimer {
@@ -202,11 +203,16 @@ impl Reclaimer {
             Ok(r) => r,
             Err(e) => return failed(Some(dir), e.to_string()),
         };
-        let pace = self
+        // A VM found in another cgroup (a new hypervisor process) starts a new pacer: the
+        // old one's counters are not this cgroup's.
+        let (of, pacer) = self
             .pacers
             .entry(t.vm.clone())
-            .or_default()
-            .pace(reading, t.keep, &self.pace);
+            .or_insert_with(|| (dir.clone(), Pacer::default()));
+        if *of != dir {
+            (*of, *pacer) = (dir.clone(), Pacer::default());
+        }
+        let pace = pacer.pace(reading, t.keep, &self.pace);
         let done = if pace.reclaim == Bytes::ZERO {
             Done::Held
         } else if dry_run {
@@ -344,6 +350,19 @@ mod tests {
         r.pass(&[], Duration::from_secs(25), false);
         let again = r.pass(&targets[..1], Duration::from_secs(30), false);
         assert_eq!(again[0].done, Done::Held);
+        r.pass(&targets[..1], Duration::from_secs(35), false);
+        // Found in another cgroup (a new hypervisor), with more stall than the old one
+        // counted: a new pacer, no rates across the two.
+        let moved = root.path().join("a2");
+        cgroup(&moved, 1024, 1_000_000);
+        let elsewhere = [target("a", Place::Cgroup(moved))];
+        let first_there = r.pass(&elsewhere, Duration::from_secs(40), false);
+        assert_eq!(
+            first_there[0].pace.as_ref().unwrap().reason.rule,
+            "reclaim.first"
+        );
+        let next = r.pass(&elsewhere, Duration::from_secs(45), false);
+        assert_eq!(next[0].done, Done::Reclaimed(Reclaimed::All));
     }
 
     #[test]
