@@ -528,6 +528,15 @@ pub fn process_runs(proc: &Path, pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether process `pid` runs ([`process_runs`]) and is the one started `started` clock
+/// ticks after boot ([`start_time`]), where that is known: a process that took the pid
+/// since is not it.
+pub fn process_runs_as(proc: &Path, pid: u32, started: Option<u64>) -> bool {
+    process_runs(proc, pid)
+        && started
+            .is_none_or(|s| i32::try_from(pid).is_ok_and(|pid| start_time(proc, pid) == Some(s)))
+}
+
 /// The state letter in /proc/PID/stat (field 3, after the command name's last `)`).
 fn stat_state(text: &str) -> Option<char> {
     text[text.rfind(')')? + 1..].trim_start().chars().next()
@@ -806,6 +815,16 @@ garbage
         assert!(super::process_runs(proc.path(), 10));
         assert!(!super::process_runs(proc.path(), 11), "a zombie");
         assert!(!super::process_runs(proc.path(), 12), "gone");
+        // Known by its start time too (field 22): another process at the pid is not it.
+        let fields = |started: u64| format!("13 (qemu) S{} {started} 0\n", " 0".repeat(18));
+        stat("13", &fields(1000));
+        assert!(super::process_runs_as(proc.path(), 13, Some(1000)));
+        assert!(super::process_runs_as(proc.path(), 13, None));
+        assert!(
+            !super::process_runs_as(proc.path(), 13, Some(999)),
+            "the pid taken"
+        );
+        assert!(!super::process_runs_as(proc.path(), 11, None), "a zombie");
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub enum FleetEvent {
         shut_down: bool,
         /// Its hypervisor process, when known.
         pid: Option<u32>,
+        /// That process's start time, when known: another process at the pid is not it.
+        started: Option<u64>,
     },
     /// A managed VM's connector found its hypervisor process after connecting, or found
     /// a new one (libvirt's QEMU, looked for by the domain's UUID).
@@ -864,13 +866,17 @@ impl Fleet {
 
     /// [`Fleet::lose`], with its event.
     fn lose_reported(&mut self, name: &str, why: String, shut_down: bool, out: &mut Sampled) {
-        let pid = self.managed.get(name).and_then(|m| m.pid);
+        let (pid, started) = self
+            .managed
+            .get(name)
+            .map_or((None, None), |m| (m.pid, m.started));
         self.lose(name, why.clone());
         out.events.push(FleetEvent::Lost {
             vm: name.to_string(),
             why,
             shut_down,
             pid,
+            started,
         });
     }
 
@@ -1533,6 +1539,7 @@ mod tests {
                 why: "end of stream".into(),
                 shut_down: false,
                 pid: None,
+                started: None,
             }]
         );
         assert_eq!(fleet.waiting()[0].error.as_deref(), Some("end of stream"));

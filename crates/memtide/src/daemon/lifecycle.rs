@@ -262,12 +262,13 @@ impl Daemon {
         }
     }
 
-    /// VM `vm` was lost. Off the loop, its process `pid` is given [`EXIT_GRACE`] to be
-    /// gone (reaped if it is the daemon's own child: a QEMU a restore or a wake started);
+    /// VM `vm` was lost. Off the loop, its process (`pid`, and its start time where known:
+    /// another process that took the pid is not it) is given [`EXIT_GRACE`] to be gone
+    /// (reaped if it is the daemon's own child: a QEMU a restore or a wake started);
     /// then, if the VM opted in to crash recovery and this is no dry run, how it went
     /// (`shut_down`: it announced it; its process still runs; a hibernation not woken from
     /// in the store) goes to [`Daemon::recover`] to decide.
-    pub(super) fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<u32>) {
+    pub(super) fn lost(&mut self, vm: &str, shut_down: bool, pid: Option<(u32, Option<u64>)>) {
         let opted_in = self
             .config
             .vms
@@ -280,7 +281,9 @@ impl Daemon {
         let (vm, store, tx) = (vm.to_string(), self.store.clone(), self.restoring.clone());
         let proc = self.config.host.proc.clone();
         tokio::spawn(async move {
-            let runs = |pid: u32| memtide_adapters::procfs::process_runs(&proc, pid);
+            let runs = |(pid, started): (u32, Option<u64>)| {
+                memtide_adapters::procfs::process_runs_as(&proc, pid, started)
+            };
             let gone_by = Instant::now() + EXIT_GRACE;
             let mut alive = pid.is_some_and(runs);
             while alive && Instant::now() < gone_by {

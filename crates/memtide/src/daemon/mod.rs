@@ -681,6 +681,7 @@ impl Daemon {
                     why,
                     shut_down,
                     pid,
+                    started,
                 } => {
                     // Why it went, where that was no fault: its hypervisor announced a
                     // shutdown, or memtide was saving it (a hibernation ends its QEMU).
@@ -692,10 +693,12 @@ impl Daemon {
                     let mut message = format!("connection lost: {why}");
                     // Whether its process went with it (killed, crashed) or runs on (its
                     // monitor alone went away, or it hangs); not said of one that shut
-                    // down or was saved, which may take a moment to end.
+                    // down or was saved, which may take a moment to end. Another process
+                    // at its pid is not it.
                     if let (Some(pid), None) = (pid, rule) {
                         let proc = &self.config.host.proc;
-                        message += &match memtide_adapters::procfs::process_runs(proc, *pid) {
+                        let runs = memtide_adapters::procfs::process_runs_as(proc, *pid, *started);
+                        message += &match runs {
                             true => format!("; its hypervisor process {pid} still runs"),
                             false => format!("; its hypervisor process {pid} has exited"),
                         };
@@ -704,7 +707,7 @@ impl Daemon {
                     if let Some(state) = &mut self.state {
                         state.forget_target(vm);
                     }
-                    self.lost(vm, *shut_down, *pid);
+                    self.lost(vm, *shut_down, pid.map(|pid| (pid, *started)));
                 }
                 FleetEvent::Process { vm, pid, was } => {
                     let message = match was {
