@@ -342,8 +342,8 @@ impl VmBackend for LibvirtVm {
         // A QEMU that ended while its domain runs on is followed to the new one, one not
         // found is looked for now and then: for the swap figure here, and for the daemon,
         // which takes the process found ([`VmBackend::pid`]) at its next sample for the
-        // state file, reclaim, huge pages and placement, each checking it still runs as
-        // it was.
+        // state file, reclaim, huge pages, placement and crash recovery, each checking it
+        // still runs as it was.
         if let Some(finder) = &mut self.find {
             let limit = self.call_timeout / 4;
             finder

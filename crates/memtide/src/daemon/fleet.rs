@@ -47,14 +47,15 @@ pub enum FleetEvent {
         /// That process's start time, when known: another process at the pid is not it.
         started: Option<u64>,
     },
-    /// A managed VM's connector found its hypervisor process after connecting, or found
-    /// a new one (libvirt's QEMU, looked for by the domain's UUID).
+    /// A managed VM's hypervisor process became known after it connected: its connector
+    /// found it, or found a new one (libvirt's QEMU, looked for by the domain's UUID), or
+    /// its start time could be read at last.
     Process {
         /// Its name.
         vm: String,
         /// The process.
         pid: u32,
-        /// The process it was known by before, if any.
+        /// The other process it was known by before, if any.
         was: Option<u32>,
     },
 }
@@ -218,14 +219,15 @@ struct Managed {
 
 impl Managed {
     /// Take the hypervisor process its connector knows now where that is another pid than
-    /// the VM's (found after connecting, or after a restart), with its start time read
-    /// from `proc`: what acts on the process (reclaim, huge pages, placement, the state
-    /// file) acts on that one from now on. A start time not read (a process gone, a
-    /// procfs that did not show it) is read again at the next sample, the process not
-    /// taken meanwhile. A process the connector lost is not forgotten here: the start time
-    /// kept tells a pid taken by another process since. Processes are told apart by pid
-    /// at each sample; a start time is read only for a new pid, or for the VM's own where
-    /// it was not read before.
+    /// the VM's (found after connecting, or after a restart), or the VM's own whose start
+    /// time was not read at connection, with its start time read from `proc`: what acts
+    /// on the process (reclaim, huge pages, placement, crash recovery, the state file)
+    /// acts on that one from now on. A start time not read (a process gone, a procfs that
+    /// did not show it) is read again at the next sample, the process not taken
+    /// meanwhile. A process the connector lost is not forgotten here: the start time kept
+    /// tells a pid taken by another process since. Processes are told apart by pid at
+    /// each sample; a start time is read only for a new pid, or for the VM's own until it
+    /// is read.
     fn follow_process(&mut self, vm: &str, proc: &Path) -> Option<FleetEvent> {
         let pid = self.task.pid().and_then(procfs::known_pid)?;
         let own = self.pid == Some(pid.unsigned_abs());
@@ -233,8 +235,8 @@ impl Managed {
             return None;
         }
         self.started = Some(procfs::start_time(proc, pid)?);
-        let was = self.pid.replace(pid.unsigned_abs());
-        (!own).then(|| FleetEvent::Process {
+        let was = self.pid.replace(pid.unsigned_abs()).filter(|_| !own);
+        Some(FleetEvent::Process {
             vm: vm.to_string(),
             pid: pid.unsigned_abs(),
             was,
@@ -1417,13 +1419,54 @@ mod tests {
             dir.path().display(),
             dir.path().display()
         );
-        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector);
+        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector.clone());
         std::fs::write(dir.path().join("web.sock"), "").unwrap();
         settle(&mut fleet).await;
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
         stat(2000);
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
         assert_eq!(fleet.hypervisor("db"), None);
+        // Its connector going on naming it (as libvirt's does) changes neither, and says
+        // nothing: its start time is not read again.
+        connector.found.store(4242, Ordering::SeqCst);
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!(said, vec![]);
+        assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
+    }
+
+    /// A hypervisor whose start time could not be read at connection is known once it
+    /// can be, and said.
+    #[tokio::test(start_paused = true)]
+    async fn a_hypervisor_whose_start_time_is_read_late_is_known_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector {
+            pid: Some(4242),
+            ..FakeConnector::default()
+        });
+        connector.found.store(4242, Ordering::SeqCst);
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector);
+        std::fs::write(dir.path().join("web.sock"), "").unwrap();
+        settle(&mut fleet).await;
+        let mut said = sample(&mut fleet).await.1;
+        said.extend(sample(&mut fleet).await.1);
+        assert_eq!((said, fleet.hypervisor("web")), (vec![], None));
+        let text = "4242 (qemu) S 1 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 1000 0 0\n";
+        std::fs::create_dir_all(dir.path().join("proc/4242")).unwrap();
+        std::fs::write(dir.path().join("proc/4242/stat"), text).unwrap();
+        let known = FleetEvent::Process {
+            vm: "web".into(),
+            pid: 4242,
+            was: None,
+        };
+        assert_eq!(sample(&mut fleet).await.1, vec![known]);
+        assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
+        assert_eq!(sample(&mut fleet).await.1, vec![]);
     }
 
     /// A hypervisor process its connector finds after connecting (libvirt's QEMU, by a

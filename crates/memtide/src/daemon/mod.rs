@@ -716,7 +716,7 @@ impl Daemon {
                              huge pages and placement act on it"
                         ),
                         None => format!(
-                            "its hypervisor process {pid} found after connecting: reclaim, \
+                            "its hypervisor process {pid} known after connecting: reclaim, \
                              huge pages and placement act on it"
                         ),
                     };
