@@ -1397,41 +1397,55 @@ mod tests {
         assert_eq!(logs.matches(&said).count(), 1, "said once: {logs}");
     }
 
+    /// Process `pid`'s stat under `dir`/proc, started `started` clock ticks after boot.
+    fn qemu_stat(dir: &Path, pid: i32, started: u64) {
+        let text =
+            format!("{pid} (qemu) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 {started} 0 0\n");
+        std::fs::create_dir_all(dir.join(format!("proc/{pid}"))).unwrap();
+        std::fs::write(dir.join(format!("proc/{pid}/stat")), text).unwrap();
+    }
+
+    /// A fleet managing the VM `web` through a socket in `dir`, its processes read from
+    /// `dir`/proc, once connected.
+    async fn web_with_proc(dir: &Path, connector: Arc<FakeConnector>) -> Fleet {
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
+            dir.display(),
+            dir.display()
+        );
+        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector);
+        std::fs::write(dir.join("web.sock"), "").unwrap();
+        settle(&mut fleet).await;
+        fleet
+    }
+
+    /// What two ticks' sampling say (an answer the first found in flight comes with the
+    /// second).
+    async fn two_samples_say(fleet: &mut Fleet) -> Vec<FleetEvent> {
+        let mut said = sample(fleet).await.1;
+        said.extend(sample(fleet).await.1);
+        said
+    }
+
     /// A hypervisor is known by its pid and its start time when its VM connected: a
     /// process that took the pid since does not change them.
     #[tokio::test(start_paused = true)]
     async fn a_hypervisor_is_known_by_its_pid_and_its_start_time_at_connection() {
         let dir = tempfile::tempdir().unwrap();
-        let stat = |started: u64| {
-            let text = format!(
-                "4242 (qemu) S 1 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 {started} 0 0\n"
-            );
-            std::fs::create_dir_all(dir.path().join("proc/4242")).unwrap();
-            std::fs::write(dir.path().join("proc/4242/stat"), text).unwrap();
-        };
-        stat(1000);
+        qemu_stat(dir.path(), 4242, 1000);
         let connector = Arc::new(FakeConnector {
             pid: Some(4242),
             ..FakeConnector::default()
         });
-        let text = format!(
-            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
-            dir.path().display(),
-            dir.path().display()
-        );
-        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector.clone());
-        std::fs::write(dir.path().join("web.sock"), "").unwrap();
-        settle(&mut fleet).await;
+        let mut fleet = web_with_proc(dir.path(), connector.clone()).await;
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
-        stat(2000);
+        qemu_stat(dir.path(), 4242, 2000);
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
         assert_eq!(fleet.hypervisor("db"), None);
         // Its connector going on naming it (as libvirt's does) changes neither, and says
         // nothing: its start time is not read again.
         connector.found.store(4242, Ordering::SeqCst);
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
-        assert_eq!(said, vec![]);
+        assert_eq!(two_samples_say(&mut fleet).await, vec![]);
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
     }
 
@@ -1445,20 +1459,10 @@ mod tests {
             ..FakeConnector::default()
         });
         connector.found.store(4242, Ordering::SeqCst);
-        let text = format!(
-            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
-            dir.path().display(),
-            dir.path().display()
-        );
-        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector);
-        std::fs::write(dir.path().join("web.sock"), "").unwrap();
-        settle(&mut fleet).await;
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
+        let mut fleet = web_with_proc(dir.path(), connector).await;
+        let said = two_samples_say(&mut fleet).await;
         assert_eq!((said, fleet.hypervisor("web")), (vec![], None));
-        let text = "4242 (qemu) S 1 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 1000 0 0\n";
-        std::fs::create_dir_all(dir.path().join("proc/4242")).unwrap();
-        std::fs::write(dir.path().join("proc/4242/stat"), text).unwrap();
+        qemu_stat(dir.path(), 4242, 1000);
         let known = FleetEvent::Process {
             vm: "web".into(),
             pid: 4242,
@@ -1475,30 +1479,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hypervisor_found_after_connecting_is_the_vms_from_the_next_sample() {
         let dir = tempfile::tempdir().unwrap();
-        let stat = |pid: i32, started: u64| {
-            let text = format!(
-                "{pid} (qemu) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 {started} 0 0\n"
-            );
-            std::fs::create_dir_all(dir.path().join(format!("proc/{pid}"))).unwrap();
-            std::fs::write(dir.path().join(format!("proc/{pid}/stat")), text).unwrap();
-        };
         let connector = Arc::new(FakeConnector::default());
-        let text = format!(
-            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[host]\nproc = \"{}/proc\"\n",
-            dir.path().display(),
-            dir.path().display()
-        );
-        let mut fleet = Fleet::new(&Config::parse(&text, "x").unwrap(), connector.clone());
-        std::fs::write(dir.path().join("web.sock"), "").unwrap();
-        settle(&mut fleet).await;
+        let mut fleet = web_with_proc(dir.path(), connector.clone()).await;
         let (vms, events) = sample(&mut fleet).await;
         assert_eq!((names(&vms), events), (vec!["web"], vec![]));
         assert_eq!(fleet.hypervisor("web"), None, "not found at connection");
 
-        // What two samples say once the connector finds `pid` (the sample in flight
-        // when it was found tells it at the next).
         let found = |pid: i32, started: u64| {
-            stat(pid, started);
+            qemu_stat(dir.path(), pid, started);
             connector.found.store(pid, Ordering::SeqCst);
         };
         let event = |pid: u32, was: Option<u32>| FleetEvent::Process {
@@ -1507,33 +1495,28 @@ mod tests {
             was,
         };
         found(4242, 1000);
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
-        assert_eq!(said, vec![event(4242, None)]);
+        assert_eq!(two_samples_say(&mut fleet).await, vec![event(4242, None)]);
         assert_eq!(fleet.hypervisor("web"), Some((4242, 1000)));
         assert_eq!(sample(&mut fleet).await.1, vec![], "said once");
 
         found(4343, 3000);
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
-        assert_eq!(said, vec![event(4343, Some(4242))]);
+        assert_eq!(
+            two_samples_say(&mut fleet).await,
+            vec![event(4343, Some(4242))]
+        );
         assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
 
         // A connector that no longer knows it: the VM keeps the one it had.
         connector.found.store(0, Ordering::SeqCst);
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
-        assert_eq!(said, vec![]);
+        assert_eq!(two_samples_say(&mut fleet).await, vec![]);
         assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
 
         // One whose start time cannot be read (gone, or not shown yet) is not taken until
         // it can be.
         connector.found.store(4444, Ordering::SeqCst);
-        let mut said = sample(&mut fleet).await.1;
-        said.extend(sample(&mut fleet).await.1);
-        assert_eq!(said, vec![]);
+        assert_eq!(two_samples_say(&mut fleet).await, vec![]);
         assert_eq!(fleet.hypervisor("web"), Some((4343, 3000)));
-        stat(4444, 5000);
+        qemu_stat(dir.path(), 4444, 5000);
         assert_eq!(sample(&mut fleet).await.1, vec![event(4444, Some(4343))]);
         assert_eq!(fleet.hypervisor("web"), Some((4444, 5000)));
     }
