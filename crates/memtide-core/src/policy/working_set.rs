@@ -1479,6 +1479,29 @@ mod tests {
         assert_eq!((target(&o, "b"), target(&o, "c")), (Some(992), Some(992)));
     }
 
+    /// "a", ballooned to 500 of its 1024 MiB and using 400, beside two guests using 600
+    /// of theirs with 1000 committed, on a host with nothing free and `host_swap_mib` of
+    /// free swap: after `ticks` 1 s apart it commits 600 MiB more; the decision then.
+    fn ballooned_guest_commits_more(
+        host_swap_mib: u64,
+        ticks: u64,
+        edit: impl Fn(usize, &mut VmSample, &mut Signals) + Copy,
+    ) -> PolicyOutput {
+        let mut stats = testkit::host(3072, 0);
+        stats.meminfo.swap_free = Bytes::from_mib(host_swap_mib);
+        let mut p = memtide();
+        let mut vms = [
+            ("a", 500, 100, 1000, 400),
+            ("b", 1024, 424, 1000, 1000),
+            ("c", 1024, 424, 1000, 1000),
+        ];
+        for at in 0..ticks {
+            decide_at(&mut p, at, stats.clone(), &vms, edit);
+        }
+        vms[0].4 = 1000;
+        decide_at(&mut p, ticks, stats, &vms, edit)
+    }
+
     #[test]
     fn a_guest_committing_more_is_lent_the_hosts_swap_in_that_tick_when_memory_is_divided() {
         // As above, but "a" ballooned to 500 MiB when it commits 600 MiB more: keeping what
@@ -1486,21 +1509,7 @@ mod tests {
         // still counts at their use; it is lent up to a tenth of the host's free swap
         // beyond the division (none where the host has no swap), and the host swaps
         // instead.
-        let run = |host_swap_mib: u64| {
-            let mut stats = testkit::host(3072, 0);
-            stats.meminfo.swap_free = Bytes::from_mib(host_swap_mib);
-            let mut p = memtide();
-            let mut vms = [
-                ("a", 500, 100, 1000, 400),
-                ("b", 1024, 424, 1000, 1000),
-                ("c", 1024, 424, 1000, 1000),
-            ];
-            for at in 0..5 {
-                decide_at(&mut p, at, stats.clone(), &vms, swap_512);
-            }
-            vms[0].4 = 1000;
-            decide_at(&mut p, 5, stats, &vms, swap_512)
-        };
+        let run = |host_swap_mib| ballooned_guest_commits_more(host_swap_mib, 5, swap_512);
         let without = run(0);
         let divided = target(&without, "a").unwrap();
         let said = &without.balloon["a"].reason.detail;
@@ -1529,6 +1538,30 @@ mod tests {
         let given = |o: &PolicyOutput, vm| target(o, vm).unwrap_or(1024);
         assert_eq!(given(&lent, "b"), given(&without, "b"));
         assert_eq!(given(&lent, "c"), given(&without, "c"));
+    }
+
+    #[test]
+    fn a_doubted_guest_committing_more_is_lent_nothing() {
+        // As above, but for 30 s "a" has claimed 400 MiB while its QEMU held 150: found
+        // out, its word no longer counts beyond its fair share. Its allocation is its word
+        // too (Committed_AS, which it could raise every tick): it is lent none of the
+        // host's swap, and is given what it would be given were the host without swap.
+        let backing = |i: usize, sample: &mut VmSample, s: &mut Signals| {
+            swap_512(i, sample, s);
+            sample.rss = Some(Bytes::from_mib(if i == 0 { 150 } else { 1030 }));
+        };
+        let run = |host_swap_mib| ballooned_guest_commits_more(host_swap_mib, 30, backing);
+        let lent = run(4096);
+        assert_eq!(lent.unbacked.len(), 1);
+        assert_eq!(lent.unbacked[0].vm, "a", "found out");
+        let reason = &lent.balloon["a"].reason.detail;
+        assert!(
+            reason.contains("committing more this tick, it keeps up to what it holds")
+                && !reason.contains("more for its new allocation"),
+            "{reason}"
+        );
+        assert_eq!(target(&lent, "a"), target(&run(0), "a"));
+        assert!(target(&lent, "a").unwrap() < 1024);
     }
 
     #[test]
