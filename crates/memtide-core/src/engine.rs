@@ -109,8 +109,9 @@ impl Engine {
         self.policy.recall(memory);
     }
 
-    /// Forget what [`Engine::recall`] gave for VM `vm`, not yet used: it runs in another
-    /// hypervisor process than the one it was kept for.
+    /// Forget what [`Engine::recall`] gave for VM `vm`, and what was learnt from it since:
+    /// it runs in another hypervisor process than the one it was kept for, and its next
+    /// decision starts afresh.
     pub fn forget_recalled(&mut self, vm: &str) {
         self.policy.forget_recalled(vm);
     }

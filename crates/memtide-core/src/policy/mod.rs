@@ -176,8 +176,9 @@ pub trait Policy: Send {
     /// Take back what [`Policy::memory`] kept before a restart, each VM's with its
     /// configured size: used when the VM is first seen, at that size.
     fn recall(&mut self, _memory: BTreeMap<String, (Bytes, FusedMemory)>) {}
-    /// Forget what [`Policy::recall`] gave for VM `vm`, not yet used: the VM is not the
-    /// one it was kept for.
+    /// Forget what [`Policy::recall`] gave for VM `vm`, and the estimate grown from it if
+    /// it was used: the VM is not the one it was kept for (its next decision starts
+    /// afresh).
     fn forget_recalled(&mut self, _vm: &str) {}
     /// Take over what the policy this one replaces (a reload) had learnt, each VM's with
     /// its configured size: used at the next decision for each VM still running at that

@@ -522,6 +522,7 @@ impl Policy for WorkingSet {
 
     fn forget_recalled(&mut self, vm: &str) {
         self.recalled.remove(vm);
+        self.states.remove(vm);
     }
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {

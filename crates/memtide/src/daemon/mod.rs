@@ -37,7 +37,7 @@ use memtide_core::{
 };
 use memtide_sim::Recorder;
 use passes::{CollapsePass, PlacePass, ReclaimPass, RECLAIM_WAIT_AT_STOP};
-use state::StateFile;
+use state::{Restored, StateFile};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -669,11 +669,17 @@ impl Daemon {
                     if !self.restores.contains(vm) {
                         self.running_on(vm);
                     }
-                    if let Some(state) = &mut self.state {
-                        if let Some(why) = state.connected(vm, self.fleet.hypervisor(vm)) {
-                            self.engine.forget_recalled(vm);
-                            self.events.log("state", Some(vm), None, why);
-                        }
+                    let restored = (self.state.as_mut())
+                        .and_then(|s| s.connected(vm, self.fleet.hypervisor(vm)));
+                    if let Some(restored) = restored {
+                        let why = match restored {
+                            Restored::Afresh(why) => {
+                                self.engine.forget_recalled(vm);
+                                why
+                            }
+                            Restored::Unchecked(why) => why,
+                        };
+                        self.events.log("state", Some(vm), None, why);
                     }
                 }
                 FleetEvent::Lost {
@@ -722,7 +728,10 @@ impl Daemon {
                     };
                     self.events.log("vm_process", Some(vm), None, message);
                     if let (Some(state), Some(h)) = (&mut self.state, self.fleet.hypervisor(vm)) {
-                        state.process_found(vm, h);
+                        if let Some(why) = state.process_found(vm, h) {
+                            self.engine.forget_recalled(vm);
+                            self.events.log("state", Some(vm), None, why);
+                        }
                     }
                 }
             }

@@ -85,6 +85,16 @@ struct SavedVm {
     hypervisor: Option<Hypervisor>,
 }
 
+/// What became of a VM's restored state when it connected ([`StateFile::connected`]), with
+/// the sentence for the event log.
+#[derive(Debug, PartialEq)]
+pub enum Restored {
+    /// Kept for another process than the one it runs in: forgotten.
+    Afresh(String),
+    /// Kept for a process, and the one it runs in is not known yet: used unchecked.
+    Unchecked(String),
+}
+
 /// A hypervisor process: its pid and its start time (`/proc/PID/stat` field 22, clock
 /// ticks after boot), which tells it from a later process given the pid.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -125,7 +135,8 @@ pub struct StateFile {
     given: BTreeSet<String>,
     cold_ages: BTreeMap<String, (LearntFor, ColdAge)>,
     last: BTreeMap<String, SavedVm>,
-    /// The hypervisor each VM restored ran in, until the VM connects.
+    /// The hypervisor each VM restored ran in, until the VM connects in a known one (or
+    /// its own is found later: until then its restored state is used unchecked).
     restored_in: BTreeMap<String, Hypervisor>,
     /// The hypervisor each VM connected in, where known.
     hypervisors: BTreeMap<String, Hypervisor>,
@@ -216,7 +227,10 @@ impl StateFile {
             if let Some(target) = vm.target {
                 state.targets.insert(name.clone(), (vm.configured, target));
             }
-            if let Some(hypervisor) = vm.hypervisor.filter(|_| !only_ages) {
+            // Checked against the process it runs in where its estimator or target is
+            // restored (neither is, past `MAX_AGE`).
+            let restored = vm.memtide.is_some() || vm.target.is_some();
+            if let Some(hypervisor) = vm.hypervisor.filter(|_| restored) {
                 state.restored_in.insert(name.clone(), hypervisor);
             }
             if let (Some(ages), Some(age_s)) = (ages, vm.cold_age_s) {
@@ -282,38 +296,61 @@ impl StateFile {
         }
     }
 
-    /// VM `vm` connected, in `hypervisor` where known. Its first connection since the
-    /// start in another process than the one its state was kept for (the VM restarted
-    /// while no daemon ran) forgets the target restored for it and returns why, for the
-    /// event log: the caller forgets its estimator ([`Engine::forget_recalled`]).
-    pub fn connected(&mut self, vm: &str, hypervisor: Option<(u32, u64)>) -> Option<String> {
-        let now = hypervisor.map(Hypervisor::from);
-        match now {
-            Some(h) => self.hypervisors.insert(vm.to_string(), h),
-            None => self.hypervisors.remove(vm),
+    /// VM `vm` connected, in `hypervisor` where known: what became of the state restored
+    /// for it, for the event log, at its first connection since the start where that
+    /// state was kept for a process. In another process (the VM restarted while no daemon
+    /// ran) the target restored for it is forgotten, and the caller forgets its estimator
+    /// ([`Engine::forget_recalled`]). In a process not known yet the state is used
+    /// unchecked until [`StateFile::process_found`].
+    pub fn connected(&mut self, vm: &str, hypervisor: Option<(u32, u64)>) -> Option<Restored> {
+        let Some(now) = hypervisor.map(Hypervisor::from) else {
+            self.hypervisors.remove(vm);
+            let then = self.restored_in.get(vm)?;
+            return Some(Restored::Unchecked(format!(
+                "its state restored unchecked: it was kept for hypervisor process {} \
+                 (started {} clock ticks after boot), and the process the VM runs in is not \
+                 known yet; checked once it is",
+                then.pid, then.started
+            )));
         };
+        self.hypervisors.insert(vm.to_string(), now);
+        self.restarted(vm, now, "its state not restored")
+            .map(Restored::Afresh)
+    }
+
+    /// VM `vm`'s hypervisor process became known after it connected: what is kept of it
+    /// from now on is kept for that process. Where the state restored for it was kept for
+    /// another (it was used unchecked meanwhile), it is forgotten as at
+    /// [`StateFile::connected`], and why returned.
+    pub fn process_found(&mut self, vm: &str, hypervisor: (u32, u64)) -> Option<String> {
+        let now = Hypervisor::from(hypervisor);
+        self.hypervisors.insert(vm.to_string(), now);
+        self.restarted(vm, now, "its state restored unchecked is forgotten")
+    }
+
+    /// Whether VM `vm`, found in process `now`, ran in another when its restored state
+    /// was kept: if so its restored target goes, and the sentence saying so begins with
+    /// `what`.
+    fn restarted(&mut self, vm: &str, now: Hypervisor, what: &str) -> Option<String> {
         let then = self.restored_in.remove(vm)?;
-        let now = now.filter(|h| *h != then)?;
+        if then == now {
+            return None;
+        }
         self.targets.remove(vm);
         Some(format!(
-            "its state not restored: it was kept for hypervisor process {} (started {} clock \
-             ticks after boot), and the VM runs in process {} (started {}): it restarted \
-             meanwhile, and its estimator and balloon target start afresh",
+            "{what}: it was kept for hypervisor process {} (started {} clock ticks after \
+             boot), and the VM runs in process {} (started {}): it restarted meanwhile, and \
+             its estimator and balloon target start afresh",
             then.pid, then.started, now.pid, now.started
         ))
     }
 
-    /// VM `vm`'s hypervisor process became known after it connected: what is kept of it
-    /// from now on is kept for that process.
-    pub fn process_found(&mut self, vm: &str, hypervisor: (u32, u64)) {
-        self.hypervisors
-            .insert(vm.to_string(), Hypervisor::from(hypervisor));
-    }
-
     /// VM `vm` was lost: a target restored for it is no longer in force (its hypervisor
-    /// may come back started afresh).
+    /// may come back started afresh), nor is its restored state checked any more against
+    /// the process it was kept for (what was learnt since is the VM's own).
     pub fn forget_target(&mut self, vm: &str) {
         self.targets.remove(vm);
+        self.restored_in.remove(vm);
     }
 
     /// The cold ages restored, each with what it was learnt for, for
@@ -420,6 +457,7 @@ mod tests {
     use super::*;
     use memtide_core::estimate::fused::FusedConfig;
     use memtide_core::policy::ksmtuned::KsmConfig;
+    use memtide_core::policy::none::Unmanaged;
     use memtide_core::policy::working_set::{EstimatorConfig, WorkingSet, WorkingSetConfig};
     use memtide_core::snapshot::BackendError;
     use memtide_core::testkit::{host, snapshot, vm};
@@ -449,9 +487,13 @@ mod tests {
     ) -> (String, String, Option<Bytes>) {
         let mut engine = memtide();
         let (mut state, mut message) = StateFile::open(path, &mut engine, None);
-        if let Some(why) = state.connected("a", hypervisor) {
-            engine.forget_recalled("a");
-            message = why;
+        match state.connected("a", hypervisor) {
+            Some(Restored::Afresh(why)) => {
+                engine.forget_recalled("a");
+                message = why;
+            }
+            Some(Restored::Unchecked(why)) => message = why,
+            None => {}
         }
         let mut vms = vec![vm("a", configured, 600, 200)];
         state.restore_targets(&mut vms);
@@ -556,9 +598,15 @@ mod tests {
         assert!(rule != "memtide.adopt" && rule != "memtide.start", "{rule}");
         assert!(message.starts_with("state of 1 VMs restored"), "{message}");
         assert!(target.is_some());
-        // Where the process is not known, as before.
-        let (rule, _, target) = restart_in(&path, 1000, None);
+        // Where the process is not known, unchecked until it is (below), and said.
+        let (rule, message, target) = restart_in(&path, 1000, None);
         assert!(rule != "memtide.adopt" && target.is_some(), "{rule}");
+        assert_eq!(
+            message,
+            "its state restored unchecked: it was kept for hypervisor process 4242 (started \
+             1000 clock ticks after boot), and the process the VM runs in is not known yet; \
+             checked once it is"
+        );
         // Another process under the pid, started later: afresh, and said.
         let (rule, message, target) = restart_in(&path, 1000, Some((4242, 2000)));
         assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
@@ -581,12 +629,90 @@ mod tests {
         file.connected("a", None);
         file.encode(&d, &engine, &BTreeMap::new());
         assert_eq!(file.last["a"].hypervisor, None);
-        file.process_found("a", (4400, 4000));
+        assert!(file.process_found("a", (4400, 4000)).is_some());
         file.encode(&d, &engine, &BTreeMap::new());
         assert_eq!(
             file.last["a"].hypervisor,
             Some(Hypervisor::from((4400, 4000)))
         );
+    }
+
+    #[test]
+    fn a_vm_whose_process_is_found_after_it_connected_is_checked_then() {
+        // Before: a VM connected before its process was known (a libvirt domain whose QEMU
+        // a scan found later) had its state restored, and never checked once the process
+        // was known: a VM restarted while no daemon ran went on with another run's state.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let (engine, d) = shrunk_from_1000_to_600();
+        let in_force_mib = d.vms[0].target.unwrap().as_f64() as u64 >> 20;
+        let mut file = StateFile::open(&path, &mut memtide(), None).0;
+        file.connected("a", Some((4242, 1000)));
+        write_atomically(&path, &file.encode(&d, &engine, &BTreeMap::new())).unwrap();
+        // Connected unknown, ticked on its restored state (the guest at its restored
+        // target), then found in `found`.
+        let found_later = |found: (u32, u64), lost: bool| {
+            let mut engine = memtide();
+            let mut state = StateFile::open(&path, &mut engine, None).0;
+            assert!(matches!(
+                state.connected("a", None),
+                Some(Restored::Unchecked(_))
+            ));
+            let mut rules = Vec::new();
+            let mut targets = Vec::new();
+            let mut said = None;
+            for t in 0..3 {
+                if t == 2 {
+                    if lost {
+                        state.forget_target("a");
+                    }
+                    said = state.process_found("a", found);
+                    if said.is_some() {
+                        engine.forget_recalled("a");
+                    }
+                }
+                let mut vms = vec![vm("a", 1000, in_force_mib, 200)];
+                state.restore_targets(&mut vms);
+                targets.push(vms[0].target);
+                let d = engine.tick(&snapshot(t, host(4000, 1500), vms));
+                rules.push(d.vms[0].reason.as_ref().unwrap().rule.to_string());
+            }
+            (rules, targets, said)
+        };
+        let afresh = |rule: &str| rule == "memtide.adopt" || rule == "memtide.start";
+        // The process it was kept for: it goes on, unsaid.
+        let (rules, targets, said) = found_later((4242, 1000), false);
+        assert_eq!(said, None);
+        assert!(!rules.iter().any(|r| afresh(r)), "{rules:?}");
+        assert!(targets.iter().all(Option::is_some), "{targets:?}");
+        // Another: its target and estimator are forgotten from then on, and said.
+        let (rules, targets, said) = found_later((4242, 2000), false);
+        assert_eq!(
+            said.as_deref(),
+            Some(
+                "its state restored unchecked is forgotten: it was kept for hypervisor \
+                 process 4242 (started 1000 clock ticks after boot), and the VM runs in \
+                 process 4242 (started 2000): it restarted meanwhile, and its estimator and \
+                 balloon target start afresh"
+            )
+        );
+        assert!(!afresh(&rules[1]) && afresh(&rules[2]), "{rules:?}");
+        assert!(targets[1].is_some() && targets[2].is_none(), "{targets:?}");
+        // Lost before it was found: what it learnt meanwhile is its own.
+        let (rules, _, said) = found_later((4242, 2000), true);
+        assert_eq!(said, None);
+        assert!(!afresh(&rules[2]), "{rules:?}");
+        // Nothing of it restored (no estimator nor target: unmanaged): nothing said.
+        let mut none = Engine::new(EngineConfig::default(), Box::new(Unmanaged));
+        let d = none.tick(&snapshot(
+            0,
+            host(4000, 1500),
+            vec![vm("a", 1000, 1000, 200)],
+        ));
+        write_atomically(&path, &file.encode(&d, &none, &BTreeMap::new())).unwrap();
+        let mut state = StateFile::open(&path, &mut memtide(), None).0;
+        assert_eq!(state.connected("a", None), None);
+        assert_eq!(state.process_found("a", (4242, 2000)), None);
     }
 
     #[test]
