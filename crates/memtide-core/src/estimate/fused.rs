@@ -191,6 +191,9 @@ pub struct Fused {
     sampled_at: Option<Duration>,
     /// When the guest last allocated more than a probe step.
     allocated_at: Option<Duration>,
+    /// When the guest last freed memory: it is no longer filling what it allocated
+    /// before.
+    released_at: Option<Duration>,
     /// When the guest last freed memory, what the host backed of it then and how much it
     /// freed: what its free page reporting has still to give back.
     freed_at: Option<(Duration, Option<Bytes>, Bytes)>,
@@ -509,6 +512,7 @@ impl Fused {
                 phase: "adopt",
                 detail,
                 keep: None,
+                allocated_ago: None,
             });
         }
         // A guest first seen while the host does not need memory (ample at costless sizes,
@@ -532,6 +536,7 @@ impl Fused {
                 phase: "arrive",
                 detail,
                 keep: None,
+                allocated_ago: None,
             });
         }
         None
@@ -870,6 +875,7 @@ impl Fused {
             estimate = (estimate - freed).max(estimate.min(base));
             self.failed_at = None;
             self.freed_at = Some((obs.at, obs.backed, freed));
+            self.released_at = Some(obs.at);
             "release"
         } else if obs.at < self.hold_until {
             "hold"
@@ -989,11 +995,18 @@ impl Fused {
             freed,
         };
         let detail = told.detail(phase, cfg);
+        // Still filling its allocation, unless it has freed memory since.
+        let allocated_ago = self
+            .allocated_at
+            .filter(|at| self.released_at.is_none_or(|r| r < *at))
+            .map(|at| obs.at.saturating_sub(at))
+            .filter(|ago| *ago < secs(cfg.cool_down_s));
         Some(Estimate {
             wss,
             phase,
             detail,
             keep,
+            allocated_ago,
         })
     }
 }
@@ -1327,6 +1340,26 @@ mod tests {
         h.step(&super::tests::cfg(), &start);
         let e = h.step(&super::tests::cfg(), &tracked(ample(121, 830, 30), 500));
         assert_eq!(mib(e), 830.0);
+    }
+
+    #[test]
+    fn an_allocation_is_being_filled_for_the_cool_down_after_it_unless_memory_is_freed() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        let mut step = |t, avail, committed_mib| {
+            let e = f.step(&cfg, &committed(obs(t, 1000, avail, 0), committed_mib));
+            let e = e.unwrap();
+            (e.phase, e.allocated_ago.map(|ago| ago.as_secs()))
+        };
+        assert_eq!(step(0, 600, 400).1, None);
+        assert_eq!(step(1, 600, 400).1, None);
+        // 300 MiB more committed: filling it for the cool-down (8 s), whatever the phase.
+        assert_eq!(step(2, 600, 700), ("allocate", Some(0)));
+        assert_eq!(step(5, 400, 700).1, Some(3));
+        assert_eq!(step(10, 300, 700).1, None, "the cool-down over");
+        // Again, then freed within the cool-down: no longer filling.
+        assert_eq!(step(11, 300, 1000), ("allocate", Some(0)));
+        assert_eq!(step(12, 800, 300).0, "release");
+        assert_eq!(step(13, 800, 300).1, None);
     }
 
     #[test]

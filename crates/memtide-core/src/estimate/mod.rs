@@ -60,6 +60,9 @@ pub struct Estimate {
     /// A size above `wss` the guest may keep where memory is not divided: its page cache
     /// and the free memory free page reporting gave back to the host.
     pub keep: Option<Bytes>,
+    /// How long ago the guest committed more, within the cool-down that follows new
+    /// demand (memtide's estimator only): it may still be touching what it allocated.
+    pub allocated_ago: Option<Duration>,
 }
 
 /// Keep `b` within `[lo, hi]` (with `hi` winning if they cross).
