@@ -22,7 +22,7 @@
 //! with its balloon already inflated (managed before: memtide restarted) starts from its
 //! current size, held for a cool-down, not from its need afresh.
 
-use super::{clamp, epochs, Estimate, Observation, TickInterval};
+use super::{clamp, epochs, Allocation, Estimate, Observation, TickInterval};
 use crate::need::NeedLevel;
 use crate::signals::{kernel_seen_touched, PAGE};
 use crate::units::Bytes;
@@ -64,7 +64,8 @@ pub struct FusedConfig {
     /// nearly full it cannot absorb a shortage and the next allocation is an OOM kill.
     pub low_swap: f64,
     /// Seconds to hold after a back-off before probing again (doubles on each further
-    /// back-off, up to `max_cool_down_s`).
+    /// back-off, up to `max_cool_down_s`), and for which a guest that committed more is
+    /// taken to be still filling that allocation.
     pub cool_down_s: f64,
     /// Seconds a guest first seen while the host's need is ample is left at its size
     /// before its first estimate (it may be booting).
@@ -189,10 +190,11 @@ pub struct Fused {
     touched: std::collections::VecDeque<Bytes>,
     /// When the hypervisor last gave a sample of what the guest touched.
     sampled_at: Option<Duration>,
-    /// When the guest last allocated more than a probe step.
+    /// When the guest last allocated more than a probe step, and how much.
     allocated_at: Option<Duration>,
-    /// When the guest last freed memory: it is no longer filling what it allocated
-    /// before.
+    allocated: Bytes,
+    /// When the guest last freed memory or committed less: it is no longer filling what
+    /// it allocated before.
     released_at: Option<Duration>,
     /// When the guest last freed memory, what the host backed of it then and how much it
     /// freed: what its free page reporting has still to give back.
@@ -512,7 +514,7 @@ impl Fused {
                 phase: "adopt",
                 detail,
                 keep: None,
-                allocated_ago: None,
+                allocation: None,
             });
         }
         // A guest first seen while the host does not need memory (ample at costless sizes,
@@ -536,7 +538,7 @@ impl Fused {
                 phase: "arrive",
                 detail,
                 keep: None,
-                allocated_ago: None,
+                allocation: None,
             });
         }
         None
@@ -690,8 +692,18 @@ impl Fused {
             .map(|(now, last)| now - last)
             .filter(|grown| *grown > step(cfg.probe_step));
         let allocated = allocation.is_some();
-        if allocated {
+        if let Some(grown) = allocation {
             self.allocated_at = Some(obs.at);
+            self.allocated = grown;
+        }
+        // Committing less by as much ends the filling of what it allocated before, as a
+        // release does (review: a guest mapping a probe step's worth every few seconds and
+        // unmapping it untouched was otherwise filling all the time).
+        if s.committed_as
+            .zip(last)
+            .is_some_and(|(now, last)| last - now > step(cfg.probe_step))
+        {
+            self.released_at = Some(obs.at);
         }
         // Memory of its need the host saw untouched for the cold age goes at any level of
         // the host's need, but not below what the guest has committed while it may still
@@ -995,18 +1007,23 @@ impl Fused {
             freed,
         };
         let detail = told.detail(phase, cfg);
-        // Still filling its allocation, unless it has freed memory since.
-        let allocated_ago = self
+        // Still filling its allocation, unless it has freed memory since (in the tick of
+        // the allocation whatever the cool-down).
+        let allocation = self
             .allocated_at
             .filter(|at| self.released_at.is_none_or(|r| r < *at))
             .map(|at| obs.at.saturating_sub(at))
-            .filter(|ago| *ago < secs(cfg.cool_down_s));
+            .filter(|ago| ago.is_zero() || *ago < secs(cfg.cool_down_s))
+            .map(|ago| Allocation {
+                ago,
+                grown: self.allocated,
+            });
         Some(Estimate {
             wss,
             phase,
             detail,
             keep,
-            allocated_ago,
+            allocation,
         })
     }
 }
@@ -1348,7 +1365,7 @@ mod tests {
         let mut step = |t, avail, committed_mib| {
             let e = f.step(&cfg, &committed(obs(t, 1000, avail, 0), committed_mib));
             let e = e.unwrap();
-            (e.phase, e.allocated_ago.map(|ago| ago.as_secs()))
+            (e.phase, e.allocation.map(|a| a.ago.as_secs()))
         };
         assert_eq!(step(0, 600, 400).1, None);
         assert_eq!(step(1, 600, 400).1, None);
@@ -1360,6 +1377,9 @@ mod tests {
         assert_eq!(step(11, 300, 1000), ("allocate", Some(0)));
         assert_eq!(step(12, 800, 300).0, "release");
         assert_eq!(step(13, 800, 300).1, None);
+        // Or committing less by more than a probe step, though nothing shows freed.
+        assert_eq!(step(14, 800, 600), ("allocate", Some(0)));
+        assert_eq!(step(15, 800, 300).1, None);
     }
 
     #[test]

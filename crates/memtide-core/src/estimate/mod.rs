@@ -60,9 +60,19 @@ pub struct Estimate {
     /// A size above `wss` the guest may keep where memory is not divided: its page cache
     /// and the free memory free page reporting gave back to the host.
     pub keep: Option<Bytes>,
-    /// How long ago the guest committed more, within the cool-down that follows new
-    /// demand (memtide's estimator only): it may still be touching what it allocated.
-    pub allocated_ago: Option<Duration>,
+    /// The guest's last allocation, this tick or within the cool-down that follows new
+    /// demand and not ended by a release since (memtide's estimator only): it may still
+    /// be touching what it allocated.
+    pub allocation: Option<Allocation>,
+}
+
+/// An allocation a guest may still be filling ([`Estimate::allocation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Allocation {
+    /// How long ago its Committed_AS grew.
+    pub ago: Duration,
+    /// By how much.
+    pub grown: Bytes,
 }
 
 /// Keep `b` within `[lo, hi]` (with `hi` winning if they cross).

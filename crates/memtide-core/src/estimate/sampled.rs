@@ -64,7 +64,7 @@ impl Sampled {
             phase: "sampling",
             detail,
             keep: None,
-            allocated_ago: None,
+            allocation: None,
         })
     }
 }

@@ -78,7 +78,7 @@ impl SelfBalloon {
             phase: if target < floor { "floor" } else { "track" },
             detail,
             keep: None,
-            allocated_ago: None,
+            allocation: None,
         })
     }
 }

@@ -121,7 +121,7 @@ impl Tws {
             phase: name,
             detail,
             keep: None,
-            allocated_ago: None,
+            allocation: None,
         })
     }
 }

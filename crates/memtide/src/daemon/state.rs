@@ -309,7 +309,7 @@ impl StateFile {
             return Some(Restored::Unchecked(format!(
                 "its state restored unchecked: it was kept for hypervisor process {} \
                  (started {} clock ticks after boot), and the process the VM runs in is not \
-                 known yet; checked once it is",
+                 known yet; checked if it becomes known",
                 then.pid, then.started
             )));
         };
@@ -392,7 +392,11 @@ impl StateFile {
                         target: vm.target,
                         memtide,
                         cold_age_s: age.and_then(|a| a.for_size(configured)),
-                        hypervisor: self.hypervisors.get(&vm.name).copied(),
+                        // Until the process it runs in is known, the one its restored state is
+                        // to be checked against: a restart meanwhile still checks it.
+                        hypervisor: (self.hypervisors.get(&vm.name))
+                            .or(self.restored_in.get(&vm.name))
+                            .copied(),
                     },
                     None => {
                         let last = self.last.remove(&vm.name)?;
@@ -605,7 +609,7 @@ mod tests {
             message,
             "its state restored unchecked: it was kept for hypervisor process 4242 (started \
              1000 clock ticks after boot), and the process the VM runs in is not known yet; \
-             checked once it is"
+             checked if it becomes known"
         );
         // Another process under the pid, started later: afresh, and said.
         let (rule, message, target) = restart_in(&path, 1000, Some((4242, 2000)));
@@ -624,11 +628,15 @@ mod tests {
             file.last["a"].hypervisor,
             Some(Hypervisor::from((4300, 3000)))
         );
-        // So does one whose process was found after it connected.
+        // So does one whose process was found after it connected; until then, the one
+        // its restored state is to be checked against (a restart meanwhile checks it).
         let mut file = StateFile::open(&path, &mut memtide(), None).0;
         file.connected("a", None);
         file.encode(&d, &engine, &BTreeMap::new());
-        assert_eq!(file.last["a"].hypervisor, None);
+        assert_eq!(
+            file.last["a"].hypervisor,
+            Some(Hypervisor::from((4242, 1000)))
+        );
         assert!(file.process_found("a", (4400, 4000)).is_some());
         file.encode(&d, &engine, &BTreeMap::new());
         assert_eq!(
