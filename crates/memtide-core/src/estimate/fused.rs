@@ -190,7 +190,8 @@ pub struct Fused {
     touched: std::collections::VecDeque<Bytes>,
     /// When the hypervisor last gave a sample of what the guest touched.
     sampled_at: Option<Duration>,
-    /// When the guest last allocated more than a probe step, and how much.
+    /// When the guest last allocated more than a probe step, and how much it has
+    /// allocated since it began filling (see [`Fused::filling`]).
     allocated_at: Option<Duration>,
     allocated: Bytes,
     /// When the guest last freed memory or committed less: it is no longer filling what
@@ -446,6 +447,15 @@ impl Fused {
         }
     }
 
+    /// How long ago the guest last allocated, while it may still be filling that: not
+    /// since it freed memory, in that tick or within the cool-down after.
+    fn filling(&self, cfg: &FusedConfig, at: Duration) -> Option<Duration> {
+        self.allocated_at
+            .filter(|a| self.released_at.is_none_or(|r| r < *a))
+            .map(|a| at.saturating_sub(a))
+            .filter(|ago| ago.is_zero() || *ago < secs(cfg.cool_down_s))
+    }
+
     /// The cool-down after the back-offs so far: doubling with each, up to the longest.
     fn hold_s(&self, cfg: &FusedConfig) -> f64 {
         (cfg.cool_down_s * 2f64.powi(self.backoffs.max(1) as i32 - 1)).min(cfg.max_cool_down_s)
@@ -693,8 +703,13 @@ impl Fused {
             .filter(|grown| *grown > step(cfg.probe_step));
         let allocated = allocation.is_some();
         if let Some(grown) = allocation {
+            // One made while it still fills the last adds to it (review: a second,
+            // smaller one replaced the first's size, and the guest kept only its room).
+            self.allocated = match self.filling(cfg, obs.at) {
+                Some(_) => self.allocated + grown,
+                None => grown,
+            };
             self.allocated_at = Some(obs.at);
-            self.allocated = grown;
         }
         // Committing less by as much ends the filling of what it allocated before, as a
         // release does (review: a guest mapping a probe step's worth every few seconds and
@@ -1007,17 +1022,10 @@ impl Fused {
             freed,
         };
         let detail = told.detail(phase, cfg);
-        // Still filling its allocation, unless it has freed memory since (in the tick of
-        // the allocation whatever the cool-down).
-        let allocation = self
-            .allocated_at
-            .filter(|at| self.released_at.is_none_or(|r| r < *at))
-            .map(|at| obs.at.saturating_sub(at))
-            .filter(|ago| ago.is_zero() || *ago < secs(cfg.cool_down_s))
-            .map(|ago| Allocation {
-                ago,
-                grown: self.allocated,
-            });
+        let allocation = self.filling(cfg, obs.at).map(|ago| Allocation {
+            ago,
+            grown: self.allocated,
+        });
         Some(Estimate {
             wss,
             phase,
@@ -1380,6 +1388,27 @@ mod tests {
         // Or committing less by more than a probe step, though nothing shows freed.
         assert_eq!(step(14, 800, 600), ("allocate", Some(0)));
         assert_eq!(step(15, 800, 300).1, None);
+    }
+
+    #[test]
+    fn allocations_made_while_it_fills_add_up_and_a_fall_within_a_probe_step_ends_nothing() {
+        let (cfg, mut f) = (cfg(), Fused::default());
+        let mut step = |t, committed_mib| {
+            let e = f.step(&cfg, &committed(obs(t, 1000, 300, 0), committed_mib));
+            e.unwrap()
+                .allocation
+                .map(|a| (a.ago.as_secs(), a.grown.mib()))
+        };
+        step(0, 400);
+        step(1, 400);
+        assert_eq!(step(2, 1000), Some((0, 600)));
+        // 20 MiB more (over a probe step, 10 MiB) a second later: filling both.
+        assert_eq!(step(3, 1020), Some((0, 620)));
+        // 5 MiB less is no release.
+        assert_eq!(step(4, 1015), Some((1, 620)));
+        // After the cool-down, an allocation counts alone.
+        assert_eq!(step(12, 1015), None);
+        assert_eq!(step(13, 1100), Some((0, 85)));
     }
 
     #[test]

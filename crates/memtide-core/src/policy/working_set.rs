@@ -1045,18 +1045,15 @@ impl Policy for WorkingSet {
             }
             if let Some(a) = e.allocation.filter(|_| divided.is_some() && !lent) {
                 let when = match a.ago.is_zero() {
-                    true => "committing more this tick".to_string(),
+                    true => "committing more this tick, it keeps up to what it holds".to_string(),
                     false => format!(
-                        "filling the {} it committed {:.0} s ago",
+                        "filling the {} it committed {:.0} s ago, it keeps what it holds up \
+                         to its use and that",
                         a.grown,
                         a.ago.as_secs_f64()
                     ),
                 };
-                let _ = write!(
-                    detail,
-                    "; {when}, it keeps up to what it holds ({}) after every VM's use",
-                    *reallocated
-                );
+                let _ = write!(detail, "; {when} ({}) after every VM's use", *reallocated);
             }
             if let Some(d) = &divided {
                 detail.push_str(d);
@@ -1609,8 +1606,8 @@ mod tests {
             let said = &o.holds["a"].detail;
             assert!(
                 said.contains(&format!(
-                    "filling the 600 MiB it committed {n} s ago, it keeps up to what it holds \
-                     (1.0 GiB) after every VM's use"
+                    "filling the 600 MiB it committed {n} s ago, it keeps what it holds up to \
+                     its use and that (1.0 GiB) after every VM's use"
                 )) && !said.contains("more for its new allocation"),
                 "{said}"
             );
@@ -1643,11 +1640,13 @@ mod tests {
     }
 
     #[test]
-    fn a_guest_committing_a_little_more_keeps_no_more_than_its_use_and_that_after_the_tick() {
+    fn a_guest_committing_a_little_more_claims_no_more_than_its_use_and_that_after_the_tick() {
         // "a" holds 500 MiB, uses 400 (431 with its margin) and commits 20 MiB more that
-        // it does not touch: in the tick it does, it keeps up to what it holds; after, no
-        // more than its use and the 20 MiB, though it is still in its cool-down (review:
-        // mapping a little every few seconds, it kept all it held).
+        // it does not touch: in the tick it does, its claim after every VM's use is what
+        // it holds; after, no more than its use and the 20 MiB, though it is still in its
+        // cool-down (review: mapping a little every few seconds, it kept all it held). What
+        // it is given then depends on its share of the rest (here its size, memory short
+        // by little).
         let decisions = ballooned_guest_committed_more(0, 5, 1, 420, swap_512);
         let said = |o: &PolicyOutput| match o.balloon.get("a") {
             Some(p) => p.reason.detail.clone(),
@@ -1660,8 +1659,8 @@ mod tests {
         );
         assert!(
             after.contains(
-                "filling the 20 MiB it committed 1 s ago, it keeps up to what it holds \
-                 (451 MiB)"
+                "filling the 20 MiB it committed 1 s ago, it keeps what it holds up to its \
+                 use and that (451 MiB)"
             ),
             "{after}"
         );
