@@ -696,11 +696,10 @@ impl Fused {
             .last_committed
             .filter(|(_, missed)| *missed <= COMMITTED_KEPT_TICKS)
             .map(|(c, _)| c);
-        let allocation = s
-            .committed_as
-            .zip(last)
+        let (committed, probe) = (s.committed_as.zip(last), step(cfg.probe_step));
+        let allocation = committed
             .map(|(now, last)| now - last)
-            .filter(|grown| *grown > step(cfg.probe_step));
+            .filter(|grown| *grown > probe);
         let allocated = allocation.is_some();
         if let Some(grown) = allocation {
             // One made while it still fills the last adds to it (review: a second,
@@ -714,10 +713,7 @@ impl Fused {
         // Committing less by as much ends the filling of what it allocated before, as a
         // release does (review: a guest mapping a probe step's worth every few seconds and
         // unmapping it untouched was otherwise filling all the time).
-        if s.committed_as
-            .zip(last)
-            .is_some_and(|(now, last)| last - now > step(cfg.probe_step))
-        {
+        if committed.is_some_and(|(now, last)| last - now > probe) {
             self.released_at = Some(obs.at);
         }
         // Memory of its need the host saw untouched for the cold age goes at any level of

@@ -75,6 +75,13 @@ pub struct Allocation {
     pub grown: Bytes,
 }
 
+impl Allocation {
+    /// Whether it was made in this tick.
+    pub fn now(&self) -> bool {
+        self.ago.is_zero()
+    }
+}
+
 /// Keep `b` within `[lo, hi]` (with `hi` winning if they cross).
 pub fn clamp(b: Bytes, lo: Bytes, hi: Bytes) -> Bytes {
     b.max(lo).min(hi)

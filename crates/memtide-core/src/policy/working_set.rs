@@ -803,7 +803,7 @@ impl Policy for WorkingSet {
             // it allocates backs off: found on real guests, lent nothing, it swapped 5 769
             // pages a second): lent over the cool-down after it, guests bursting together
             // had the host swap (in the simulator, burst: 0 -> 567 941 host swap-ins).
-            let allocated_now = e.allocation.is_some_and(|a| a.ago.is_zero());
+            let allocated_now = e.allocation.is_some_and(|a| a.now());
             allocating.push(
                 (fused && !vm.signals.no_swap() && allocated_now && credible.is_none())
                     .then_some(want),
@@ -847,7 +847,7 @@ impl Policy for WorkingSet {
             reallocating.push(match e.allocation {
                 Some(a) => {
                     let held = vm.actual.min(want);
-                    let filling = if a.ago.is_zero() {
+                    let filling = if a.now() {
                         held
                     } else {
                         held.min(used + a.grown)
@@ -1044,14 +1044,15 @@ impl Policy for WorkingSet {
                 );
             }
             if let Some(a) = e.allocation.filter(|_| divided.is_some() && !lent) {
-                let when = match a.ago.is_zero() {
-                    true => "committing more this tick, it keeps up to what it holds".to_string(),
-                    false => format!(
-                        "filling the {} it committed {:.0} s ago, it keeps what it holds up \
-                         to its use and that",
+                let when = if a.now() {
+                    "committing more this tick, it keeps up to what it holds".to_string()
+                } else {
+                    format!(
+                        "filling the {} it committed {:.0} s ago, it keeps what it holds up to \
+                         its use and that",
                         a.grown,
                         a.ago.as_secs_f64()
-                    ),
+                    )
                 };
                 let _ = write!(detail, "; {when} ({}) after every VM's use", *reallocated);
             }

@@ -672,14 +672,7 @@ impl Daemon {
                     let restored = (self.state.as_mut())
                         .and_then(|s| s.connected(vm, self.fleet.hypervisor(vm)));
                     if let Some(restored) = restored {
-                        let why = match restored {
-                            Restored::Afresh(why) => {
-                                self.engine.forget_recalled(vm);
-                                why
-                            }
-                            Restored::Unchecked(why) => why,
-                        };
-                        self.events.log("state", Some(vm), None, why);
+                        self.state_restored(vm, restored);
                     }
                 }
                 FleetEvent::Lost {
@@ -727,15 +720,29 @@ impl Daemon {
                         ),
                     };
                     self.events.log("vm_process", Some(vm), None, message);
-                    if let (Some(state), Some(h)) = (&mut self.state, self.fleet.hypervisor(vm)) {
-                        if let Some(why) = state.process_found(vm, h) {
-                            self.engine.forget_recalled(vm);
-                            self.events.log("state", Some(vm), None, why);
-                        }
+                    let found = match (&mut self.state, self.fleet.hypervisor(vm)) {
+                        (Some(state), Some(h)) => state.process_found(vm, h),
+                        _ => None,
+                    };
+                    if let Some(why) = found {
+                        self.state_restored(vm, Restored::Afresh(why));
                     }
                 }
             }
         }
+    }
+
+    /// Log what became of VM `vm`'s restored state, its estimator forgotten where it
+    /// starts afresh.
+    fn state_restored(&mut self, vm: &str, restored: Restored) {
+        let why = match restored {
+            Restored::Afresh(why) => {
+                self.engine.forget_recalled(vm);
+                why
+            }
+            Restored::Unchecked(why) => why,
+        };
+        self.events.log("state", Some(vm), None, why);
     }
 
     /// Carry out the decision's actions (unless in a dry run) and log each with its result;
