@@ -17,6 +17,7 @@ mod host_swap;
 mod measure;
 mod resize;
 mod results;
+mod rounds;
 mod run;
 mod scenario;
 mod svg;
@@ -63,6 +64,13 @@ struct Cli {
     /// only host-global setting the harness changes, and only when asked to).
     #[arg(long, value_name = "MIB")]
     host_swap_mib: Option<u64>,
+    /// Run the baseline and the policies in turn this many times, and the baseline once
+    /// more at the end: each policy's ratios are then taken to the baseline runs right
+    /// before and after each of its runs (cancelling the host's drift), and the targets
+    /// checked on the means over the rounds. Each round's own results go to
+    /// `<work-dir>/round-<n>/results.json`; not for density scenarios.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Re-render the plot of an existing results file instead of running.
     #[arg(long, value_name = "RESULTS_JSON", conflicts_with = "scenario")]
     render: Option<PathBuf>,
@@ -193,6 +201,9 @@ fn summary(doc: &Value) -> String {
                 .map_or(String::new(), |e| format!("  error: {e}"))
         ));
     }
+    if doc["rounds"].is_object() {
+        out.push_str(&rounds::text(&doc["rounds"]));
+    }
     out.push_str(&results::targets_text(doc));
     out
 }
@@ -294,6 +305,12 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
             known(&t.policy) && of_known
         });
     }
+    if cli.rounds > 1 && scenario.density.is_some() {
+        anyhow::bail!(
+            "--rounds is for scenarios that compare policies with the baseline; {} is a density scenario",
+            scenario.name
+        );
+    }
     if let Some(r) = cli.run_s {
         scenario.run_s = r;
         scenario.settled_s = scenario.settled_s.min(r);
@@ -380,24 +397,66 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         return Ok(all_ran(&doc));
     }
     let mut limit = None;
-    let mut runs = Vec::new();
-    for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str)) {
-        runs.push(b.run_policy(policy, &mut limit)?);
+    let rounds = cli.rounds as usize;
+    let mut round_runs = Vec::new();
+    for r in 0..rounds {
+        let sub = if rounds > 1 {
+            log!("{}: round {} of {rounds}", scenario.name, r + 1);
+            format!("round-{}", r + 1)
+        } else {
+            String::new()
+        };
+        let b = b.in_dir(&sub);
+        let mut runs = Vec::new();
+        for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str))
+        {
+            runs.push(b.run_policy(policy, &mut limit)?);
+        }
+        round_runs.push(runs);
     }
+    // The baseline after the last round, for the ratios of that round's policy runs.
+    let last_baseline = if rounds > 1 {
+        log!("{}: the baseline after round {rounds}", scenario.name);
+        let b = b.in_dir(&format!("round-{}", rounds + 1));
+        Some(b.run_policy(BASELINE, &mut limit)?)
+    } else {
+        None
+    };
     let mut environment = environment;
     environment["wall_s"] = json!(started.elapsed().as_secs());
-    let doc = results::document(&results::Inputs {
-        scenario: &scenario,
-        bases: &bases,
-        runs: &runs,
-        limit_mib: limit.map(|l| l as f64 / (1u64 << 20) as f64),
-        host_swap_mib: cli.host_swap_mib,
-        command: command_line(),
-        environment,
-    });
+    let document = |runs: &[run::PolicyRun]| {
+        results::document(&results::Inputs {
+            scenario: &scenario,
+            bases: &bases,
+            runs,
+            limit_mib: limit.map(|l| l as f64 / (1u64 << 20) as f64),
+            host_swap_mib: cli.host_swap_mib,
+            command: command_line(),
+            environment: environment.clone(),
+        })
+    };
+    let docs: Vec<Value> = round_runs.iter().map(|runs| document(runs)).collect();
+    let mut doc = docs[0].clone();
+    if let Some(last) = &last_baseline {
+        let last = document(std::slice::from_ref(last));
+        for (r, d) in docs.iter().chain([&last]).enumerate() {
+            let path = b
+                .work_dir
+                .join(format!("round-{}", r + 1))
+                .join("results.json");
+            std::fs::write(&path, results::to_text(d))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        doc["rounds"] = rounds::summary(&docs, &last);
+        let targets = scenario.targets.iter();
+        doc["targets"] = targets
+            .map(|t| rounds::check_target(&doc["rounds"], t))
+            .collect();
+    }
     write_outputs(&cli.out(), &scenario.name, &doc)?;
     print!("{}", summary(&doc));
-    Ok(runs.iter().all(|r| r.error.is_none()))
+    let all = round_runs.iter().flatten().chain(&last_baseline);
+    Ok(all.into_iter().all(|r| r.error.is_none()))
 }
 
 fn main() -> ExitCode {

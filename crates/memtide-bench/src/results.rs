@@ -346,11 +346,7 @@ pub fn check_target(doc: &Value, t: &Target) -> Value {
         Some(of) if never(&doc["policies"][of][&t.metric]) => Some(f64::INFINITY),
         Some(of) => doc["policies"][of][&t.metric].as_f64().map(|v| t.value * v),
     };
-    let met = match (value, bound) {
-        (Some(v), Some(b)) if t.at_most => v <= b,
-        (Some(v), Some(b)) => v >= b,
-        _ => false,
-    };
+    let met = t.met(value, bound);
     json!({
         "target": t.describe(),
         "policy": t.policy,

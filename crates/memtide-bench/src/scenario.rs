@@ -198,6 +198,15 @@ impl Target {
             None => format!("{} {} {op} {}", self.policy, self.metric, self.value),
         }
     }
+
+    /// Whether `value` is within `bound` (an unknown one of either is not).
+    pub fn met(&self, value: Option<f64>, bound: Option<f64>) -> bool {
+        match (value, bound) {
+            (Some(v), Some(b)) if self.at_most => v <= b,
+            (Some(v), Some(b)) => v >= b,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Deserialize)]
