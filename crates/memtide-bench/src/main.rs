@@ -398,11 +398,13 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     }
     let mut limit = None;
     let rounds = cli.rounds as usize;
+    // Round `n`'s runs (the last baseline's: round N + 1) in a folder of their own.
+    let round_dir = |n: usize| format!("round-{n}");
     let mut round_runs = Vec::new();
     for r in 0..rounds {
         let sub = if rounds > 1 {
             log!("{}: round {} of {rounds}", scenario.name, r + 1);
-            format!("round-{}", r + 1)
+            round_dir(r + 1)
         } else {
             String::new()
         };
@@ -417,7 +419,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     // The baseline after the last round, for the ratios of that round's policy runs.
     let last_baseline = if rounds > 1 {
         log!("{}: the baseline after round {rounds}", scenario.name);
-        let b = b.in_dir(&format!("round-{}", rounds + 1));
+        let b = b.in_dir(&round_dir(rounds + 1));
         Some(b.run_policy(BASELINE, &mut limit)?)
     } else {
         None
@@ -440,10 +442,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
     if let Some(last) = &last_baseline {
         let last = document(std::slice::from_ref(last));
         for (r, d) in docs.iter().chain([&last]).enumerate() {
-            let path = b
-                .work_dir
-                .join(format!("round-{}", r + 1))
-                .join("results.json");
+            let path = b.work_dir.join(round_dir(r + 1)).join("results.json");
             std::fs::write(&path, results::to_text(d))
                 .with_context(|| format!("writing {}", path.display()))?;
         }

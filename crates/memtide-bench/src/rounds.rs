@@ -99,7 +99,7 @@ pub fn summary(rounds: &[Value], last_baseline: &Value) -> Value {
         .map(str::to_string)
         .collect();
     let docs: Vec<&Value> = rounds.iter().collect();
-    let around = |r: usize, metric: &str| mean(&values(&baselines[r..r + 2], BASELINE, metric));
+    let none_totals = values(&baselines, BASELINE, "total_throughput");
     for name in names {
         let mut m = per_metric(&docs, &name);
         m.insert(
@@ -108,7 +108,7 @@ pub fn summary(rounds: &[Value], last_baseline: &Value) -> Value {
         );
         let totals = values(&docs, &name, "total_throughput");
         let total_ratio: Vec<Option<f64>> = (0..rounds.len())
-            .map(|r| Some(totals[r]? / around(r, "total_throughput").filter(|b| *b > 0.0)?))
+            .map(|r| Some(totals[r]? / mean(&none_totals[r..r + 2]).filter(|b| *b > 0.0)?))
             .collect();
         let vm_ratio: Vec<Option<f64>> = (0..rounds.len())
             .map(|r| {
@@ -148,26 +148,17 @@ pub fn summary(rounds: &[Value], last_baseline: &Value) -> Value {
 /// came) leaves the value unknown, and the target unmet; an unknown figure of what it is
 /// relative to, the bound.
 pub fn check_target(rounds: &Value, t: &Target) -> Value {
-    let each = |policy: &str, metric: &str| -> Option<Vec<Option<f64>>> {
-        let a = rounds["policies"][policy][metric].as_array()?;
+    // Each run's value: a metric's runs, or a ratio's `each`.
+    let runs = |policy: &str| -> Option<Vec<Option<f64>>> {
+        let v = &rounds["policies"][policy][&t.metric];
+        let a = v.as_array().or_else(|| v["each"].as_array())?;
         Some(a.iter().map(Value::as_f64).collect())
-    };
-    let metric: &str = if t.metric == "throughput_ratio" {
-        "throughput_ratio_each"
-    } else {
-        &t.metric
-    };
-    let runs = |policy: &str| match metric {
-        "throughput_ratio_each" => rounds["policies"][policy]["throughput_ratio"]["each"]
-            .as_array()
-            .map(|a| a.iter().map(Value::as_f64).collect()),
-        m => each(policy, m),
     };
     let value = runs(&t.policy).and_then(|v| mean(&v));
     let of = match t.of.as_deref() {
         None => Some(1.0),
         Some("ideal") => rounds["policies"][&t.policy]["hot_set_mib"].as_f64(),
-        Some(BASELINE) => each(BASELINE, metric).and_then(|b| {
+        Some(BASELINE) => runs(BASELINE).and_then(|b| {
             let around: Vec<Option<f64>> = b.windows(2).map(mean).collect();
             mean(&around)
         }),

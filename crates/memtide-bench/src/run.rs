@@ -157,9 +157,6 @@ fn mib(b: Option<memtide_core::Bytes>) -> Option<f64> {
 }
 
 impl<'a> Bench<'a> {
-    /// An empty directory for one run's files in the work directory, named `name` — a
-    /// policy file by its file name alone, so that the directory stays inside the work
-    /// directory and its sockets' paths within a unix socket's 108 bytes.
     /// The same bench with its per-run files under `sub` of its work directory.
     pub fn in_dir(&self, sub: &str) -> Bench<'a> {
         Bench {
@@ -172,6 +169,9 @@ impl<'a> Bench<'a> {
         }
     }
 
+    /// An empty directory for one run's files in the work directory, named `name` — a
+    /// policy file by its file name alone, so that the directory stays inside the work
+    /// directory and its sockets' paths within a unix socket's 108 bytes.
     pub(crate) fn fresh_dir(&self, name: &str) -> anyhow::Result<PathBuf> {
         let dir = self.work_dir.join(run_dir_name(name));
         memtide_bench::fresh_dir(&dir).with_context(|| format!("emptying {}", dir.display()))

@@ -1336,20 +1336,27 @@ fn holding_a_buffer() -> (std::process::Child, std::process::ChildStdin) {
     stdin.write_all(&[0u8; 1 << 20]).unwrap();
     // Read all of it once it waits in read(2) (0) on its standard input for the other
     // 63 MiB (0x3f00000) of its block.
+    blocked_in(&child, "dd never read the MiB", |call| {
+        call.len() > 3 && call[0] == "0" && call[1] == "0x0" && call[3] == "0x3f00000"
+    });
+    (child, stdin)
+}
+
+/// Wait until `child` is blocked in the system call `is` recognizes from the fields of
+/// its /proc/PID/syscall (the call's number, then its arguments), for 10 s at most.
+fn blocked_in(child: &std::process::Child, never: &str, is: impl Fn(&[&str]) -> bool) {
     let syscall = format!("/proc/{}/syscall", child.id());
     let started = std::time::Instant::now();
-    while !std::fs::read_to_string(&syscall).is_ok_and(|s| {
-        let args: Vec<&str> = s.split_whitespace().collect();
-        args.len() > 3 && args[0] == "0" && args[1] == "0x0" && args[3] == "0x3f00000"
-    }) {
+    while !std::fs::read_to_string(&syscall)
+        .is_ok_and(|s| is(&s.split_whitespace().collect::<Vec<_>>()))
+    {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(10),
-            "dd never read the MiB: {:?}",
+            "{never}: {:?}",
             std::fs::read_to_string(&syscall)
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    (child, stdin)
 }
 
 /// `sleep 30`, once it sleeps: its loader has stopped touching new pages (found flaky
@@ -1361,17 +1368,9 @@ fn sleeping() -> std::process::Child {
         .unwrap();
     // /proc/PID/syscall names the call a blocked task waits in: nanosleep (35) or
     // clock_nanosleep (230) on x86-64.
-    let syscall = format!("/proc/{}/syscall", child.id());
-    let started = std::time::Instant::now();
-    while !std::fs::read_to_string(&syscall)
-        .is_ok_and(|s| s.starts_with("35 ") || s.starts_with("230 "))
-    {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(10),
-            "sleep never slept"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    blocked_in(&child, "sleep never slept", |call| {
+        call.first().is_some_and(|n| *n == "35" || *n == "230")
+    });
     child
 }
 
