@@ -199,8 +199,25 @@ impl View {
         (self.latest_t(log), self.latest_t(CTL_LOG))
     }
 
-    /// The VM's rates and the control's since `mark`, within `span` seconds of it.
+    /// Wait until the VM's coldalloc and the control have each reported `w` seconds past
+    /// `mark`.
+    fn wait_past(&mut self, log: &str, mark: (f64, f64), w: f64) {
+        wait_for(Duration::from_secs(30 * window_s()), || {
+            sleep(Duration::from_secs(1));
+            (self.latest_t(log) >= mark.0 + w && self.latest_t(CTL_LOG) >= mark.1 + w).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "coldalloc stopped reporting:\n{}",
+                self.agent.read_file(log)
+            )
+        });
+    }
+
+    /// The VM's rates and the control's since `mark`, within `span` seconds of it, and
+    /// over 3 s at least: what happened since may have taken less than three reports.
     fn rates_since(&mut self, log: &str, mark: (f64, f64), span: f64) -> Window {
+        self.wait_past(log, mark, 3.0);
         Window::new(
             &rates_after(&self.agent.read_file(log), mark.0, span),
             &rates_after(&self.agent.read_file(CTL_LOG), mark.1, span),
@@ -212,16 +229,7 @@ impl View {
     fn window(&mut self, log: &str) -> Window {
         let mark = self.mark(log);
         let w = window_s() as f64;
-        wait_for(Duration::from_secs(30 * window_s()), || {
-            sleep(Duration::from_secs(1));
-            (self.latest_t(log) >= mark.0 + w && self.latest_t(CTL_LOG) >= mark.1 + w).then_some(())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "coldalloc stopped reporting:\n{}",
-                self.agent.read_file(log)
-            )
-        });
+        self.wait_past(log, mark, w);
         self.rates_since(log, mark, w)
     }
 }
