@@ -1,10 +1,14 @@
 //! The plot, hand-written SVG in the style of the TWS paper's figures: one column per VM;
 //! rows for the balloon allocation over time (one line per policy, the ideal allocation
 //! dashed, the hot set dotted), the pages faulted back per second, and throughput as a
-//! share of the baseline's. Drawn with the simulator's plot primitives
+//! share of the baseline's; with rounds, a row of every run's total and each round's
+//! ratio to the baseline. Drawn with the simulator's plot primitives
 //! (`memtide_sim::svg::plot`).
 
-use memtide_sim::svg::plot::{document, fmt_tick_k, Axes, Legend, Panel, Scale, Ticks};
+use crate::scenario::BASELINE;
+use memtide_sim::svg::plot::{
+    document, fmt_tick, fmt_tick_k, tick_step, Axes, Legend, Panel, Scale, Ticks,
+};
 use serde_json::Value;
 use std::fmt::Write as _;
 
@@ -99,6 +103,119 @@ fn reference(f: &Panel, out: &mut String, v: f64) {
         f.x(0.0),
         f.x(f.x_max)
     );
+}
+
+/// Whole-number ticks along the bottom, up to `x_max` (runs, rounds), at most 12; the y
+/// axis as the other panels'.
+fn counted(x_max: f64) -> Axes {
+    Axes {
+        x: Ticks {
+            count: x_max.clamp(1.0, 12.0),
+            per: 1.0,
+            label: fmt_tick,
+        },
+        ..AXES
+    }
+}
+
+/// A dot at `(x, v)` of `f`.
+fn dot(f: &Panel, out: &mut String, x: f64, v: f64, color: &str) {
+    let _ = write!(
+        out,
+        r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#,
+        f.x(x),
+        f.y(v)
+    );
+}
+
+/// The row of a run with rounds (`doc["rounds"]`, [`crate::rounds`]) at `top`: every
+/// run's total throughput in the order run, the baseline's joined by a line (the host's
+/// drift); and each round's total throughput over the baseline runs around it, a line a
+/// policy, 1 dashed. False, and nothing drawn, without rounds.
+fn rounds_row(doc: &Value, order: &[&str], top: f64, out: &mut String) -> bool {
+    let rounds = &doc["rounds"];
+    let Some(runs) = rounds["order"].as_array() else {
+        return false;
+    };
+    let colour = |p: &str| color(order.iter().position(|o| *o == p).unwrap_or(order.len()));
+    // Each run's policy, its place in the order run (from 1) and its total.
+    let mut seen: std::collections::HashMap<&str, usize> = Default::default();
+    let totals: Vec<(&str, f64, Option<f64>)> = runs
+        .iter()
+        .filter_map(Value::as_str)
+        .enumerate()
+        .map(|(i, p)| {
+            let k = seen.entry(p).or_default();
+            let total = rounds["policies"][p]["total_throughput"][*k].as_f64();
+            *k += 1;
+            (p, (i + 1) as f64, total)
+        })
+        .collect();
+    let max = totals.iter().filter_map(|t| t.2).fold(1.0, f64::max) * 1.1;
+    let step = tick_step(max, 4.0);
+    let f = panel(
+        LEFT,
+        top,
+        (totals.len() + 1) as f64,
+        step * (max / step).ceil(),
+        Scale::Linear,
+    );
+    f.axes(out, &counted(f.x_max));
+    f.title(out, "every run in turn: total throughput", 6.0);
+    f.x_label(out, "run, in the order run", 30.0);
+    f.y_label(out, "MiB/s", 48.0);
+    let (xs, values): (Vec<f64>, Vec<Option<f64>>) = totals
+        .iter()
+        .filter(|t| t.0 == BASELINE)
+        .map(|t| (t.1, t.2))
+        .unzip();
+    f.line(out, &xs, values, colour(BASELINE), "");
+    for (p, x, total) in &totals {
+        if let Some(v) = total {
+            dot(&f, out, *x, *v, colour(p));
+        }
+    }
+    let count = rounds["count"].as_f64().unwrap_or(1.0);
+    let ratios: Vec<(&str, Vec<Option<f64>>)> = order
+        .iter()
+        .filter(|p| **p != BASELINE)
+        .map(|p| {
+            (
+                *p,
+                floats(&rounds["policies"][*p]["total_throughput_ratio"]["each"]),
+            )
+        })
+        .collect();
+    let most = ratios
+        .iter()
+        .flat_map(|r| r.1.iter().flatten())
+        .fold(1.2f64, |m, r| m.max(*r * 1.1));
+    let g = panel(
+        LEFT + PANEL_W + GAP_X,
+        top,
+        count + 1.0,
+        (most * 5.0).ceil() / 5.0,
+        Scale::Linear,
+    );
+    g.axes(out, &counted(g.x_max));
+    g.title(
+        out,
+        "each round: total throughput × the none runs around it",
+        6.0,
+    );
+    g.x_label(out, "round", 30.0);
+    g.y_label(out, "× none", 48.0);
+    reference(&g, out, 1.0);
+    for (p, each) in &ratios {
+        let xs: Vec<f64> = (1..=each.len()).map(|r| r as f64).collect();
+        g.line(out, &xs, each.iter().copied(), colour(p), "");
+        for (x, v) in xs.iter().zip(each) {
+            if let Some(v) = v {
+                dot(&g, out, *x, *v, colour(p));
+            }
+        }
+    }
+    true
 }
 
 /// The density benchmark: per policy (one line each) the guests running, the domain's
@@ -230,10 +347,15 @@ pub fn render(doc: &Value) -> String {
         .map(|a| a.iter().collect())
         .unwrap_or_default();
     let run_s = doc["settings"]["run_s"].as_f64().unwrap_or(60.0);
-    let cols = vms.len().max(1);
-    let width = LEFT + cols as f64 * (PANEL_W + GAP_X);
-    let height = TOP + 3.0 * (PANEL_H + GAP_Y) + 20.0;
     let mut body = String::new();
+    let rounds = rounds_row(doc, &order, TOP + 3.0 * (PANEL_H + GAP_Y), &mut body);
+    let (cols, rows) = if rounds {
+        (vms.len().max(2), 4.0)
+    } else {
+        (vms.len().max(1), 3.0)
+    };
+    let width = LEFT + cols as f64 * (PANEL_W + GAP_X);
+    let height = TOP + rows * (PANEL_H + GAP_Y) + 20.0;
     for (c, vm) in vms.iter().enumerate() {
         let name = vm["name"].as_str().unwrap_or("?");
         let left = LEFT + c as f64 * (PANEL_W + GAP_X);
@@ -406,5 +528,69 @@ mod tests {
         );
         // Two policies × three rows of lines, none broken by the gap except the allocation.
         assert!(svg.matches("<polyline").count() >= 6);
+        assert!(!svg.contains("each round"), "no rounds, no rounds row");
+    }
+
+    #[test]
+    fn a_run_with_rounds_plots_every_run_and_each_rounds_ratio() {
+        let series = json!({"t_s": [1.0], "vms": {"a": {"actual_mib": [384.0]}}});
+        let doc = json!({
+            "scenario": "t", "description": "rounds",
+            "settings": {"run_s": 1.0},
+            "order": ["none", "memtide"],
+            "guests": [{"name": "a", "memory_mib": 384}],
+            "policies": {"none": {"series": series}, "memtide": {"series": series}},
+            "rounds": {
+                "count": 2,
+                "order": ["none", "memtide", "none", "memtide", "none"],
+                "policies": {
+                    "none": {"total_throughput": [100.0, 120.0, 110.0]},
+                    "memtide": {
+                        "total_throughput": [105.0, null],
+                        "total_throughput_ratio": {"each": [0.955, null]}
+                    }
+                }
+            }
+        });
+        let svg = render(&doc);
+        assert!(svg.contains("every run in turn: total throughput"));
+        assert!(svg.contains("each round: total throughput × the none runs around it"));
+        assert_eq!(
+            svg.matches("<rect x=").count(),
+            5,
+            "three VM panels, two rounds panels"
+        );
+        // Four runs with a total (one of memtide's is missing) and one round's ratio.
+        assert_eq!(svg.matches("<circle").count(), 5);
+        // The baseline's three runs joined, in grey, at runs 1, 3 and 5 of 5.
+        let f = panel(
+            LEFT,
+            TOP + 3.0 * (PANEL_H + GAP_Y),
+            6.0,
+            150.0,
+            Scale::Linear,
+        );
+        let drift = format!(
+            "{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}",
+            f.x(1.0),
+            f.y(100.0),
+            f.x(3.0),
+            f.y(120.0),
+            f.x(5.0),
+            f.y(110.0)
+        );
+        assert!(
+            svg.contains(&format!(
+                r#"points="{drift}" fill="none" stroke="{}""#,
+                color(0)
+            )),
+            "{svg}"
+        );
+        // The ratio's reference at 1 (and the legend's ideal).
+        assert_eq!(
+            svg.matches("stroke-dasharray=\"8 4\"").count(),
+            2,
+            "the legend's and the reference"
+        );
     }
 }
