@@ -174,7 +174,7 @@ impl HostBackend for LinuxHost {
             }
             Some(dir) => {
                 let c = cgroup::read(dir)
-                    .map_err(|e| BackendError::Io(format!("domain cgroup: {e}")))?;
+                    .map_err(|e| BackendError::Io(format!("[host] domain_cgroup: {e}")))?;
                 let swappiness = std::fs::read_to_string(proc.join("sys/vm/swappiness"))
                     .ok()
                     .and_then(|t| t.trim().parse().ok());
@@ -416,7 +416,7 @@ mod tests {
         let (root, mut paths) = fake_tree();
         paths.domain_cgroup = Some(root.path().join("no-such-slice"));
         let err = LinuxHost::new(paths).sample().unwrap_err().to_string();
-        assert!(err.starts_with("domain cgroup: "), "{err}");
+        assert!(err.starts_with("[host] domain_cgroup: "), "{err}");
         assert!(err.contains("no-such-slice: no such cgroup"), "{err}");
     }
 

@@ -12,17 +12,19 @@
 //!   the host has not when the receiver is `Host` itself (which cannot be rebound);
 //! - a built-in form, function, operator or method given a number of arguments it
 //!   never takes, and a defined function given a number that none of its well-formed
-//!   definitions takes.
+//!   definitions takes;
+//! - a form of a shape the evaluator refuses before it evaluates anything in it, with
+//!   the evaluator's error: a head that is no name (`((f) 1)`), a `def`/`defun` of a
+//!   built-in's name or without a list of parameter names, a `defvar`/`set`/`setq`/`with`
+//!   whose name is none, a `let` without a list of `(name value)` bindings.
 //!
 //! It is deliberately no stricter than the evaluator:
 //!
 //! - Definitions count wherever they are, in any file, in any order, nested in a
 //!   function body or not: `def` defines a global function when it runs, and a body
 //!   may call a function defined further down (or in a later file).
-//! - Only expressions the evaluator would evaluate are checked: not parameter lists,
-//!   binding names or `let`'s binding pairs, and not the arguments of a form of the
-//!   wrong shape (the evaluator fails on those before evaluating any of their
-//!   arguments, with an error of its own).
+//! - Only expressions the evaluator would evaluate are looked into for calls: not
+//!   parameter lists or binding names, and nothing after a shape it refuses.
 //! - Calls in code that may never run (an `if` branch, a function never called) are
 //!   checked all the same: that is the point of checking at load.
 //!
@@ -33,7 +35,7 @@ use crate::ast::{Expr, ExprKind, Loc};
 use crate::builtins::{self, exactly};
 use crate::entities::{self, GUEST_CONTROLS, HOST_CONTROLS};
 use crate::error::{ErrorKind, Fault};
-use crate::eval::name;
+use crate::eval::{self, name};
 use std::collections::HashMap;
 
 /// Fail at the first bad call (in source order).
@@ -83,9 +85,10 @@ impl<'a> Checker<'a> {
     /// A call at `loc`, resolved in the evaluator's order (see `Evaluator::call`), its
     /// errors located where the evaluator locates them.
     fn call(&mut self, head: &'a Expr, args: &'a [Expr], loc: Loc) -> Result<(), Fault> {
-        // Any other head is an error of its own, before the arguments are evaluated.
+        // Any other head fails before the arguments are evaluated.
         let ExprKind::Symbol(callee) = &head.kind else {
-            return Ok(());
+            let kind = ErrorKind::Malformed("expected a function name");
+            return self.refuse(Fault::at(head.loc, kind));
         };
         if builtins::is_builtin(callee) {
             if let Err(kind) = builtins::arity(callee, args.len()) {
@@ -156,68 +159,63 @@ impl<'a> Checker<'a> {
     }
 
     /// The forms, shape by shape as the evaluator takes them (see `Evaluator::call_form`),
-    /// once their arity is known right.
+    /// once their arity is known right: a shape the evaluator refuses is refused with its
+    /// error, and what it would not evaluate after it is not looked into.
     fn form(&mut self, form: &str, args: &'a [Expr]) -> Result<(), Fault> {
         match (form, args) {
-            ("defvar" | "set" | "setq", [target, value]) if name(target).is_ok() => {
-                self.visit(value)
-            }
+            ("defvar" | "set" | "setq", [target, value]) => match name(target) {
+                Ok(_) => self.visit(value),
+                Err(fault) => self.refuse(fault),
+            },
             ("let", [bindings, body @ ..]) => {
                 let ExprKind::List(bindings) = &bindings.kind else {
-                    return Ok(());
+                    let kind = ErrorKind::Malformed("expected a list of bindings");
+                    return self.refuse(Fault::at(bindings.loc, kind));
                 };
                 for binding in bindings {
                     match &binding.kind {
-                        ExprKind::List(pair) if pair.len() == 2 && name(&pair[0]).is_ok() => {
-                            self.visit(&pair[1])?;
+                        ExprKind::List(pair) if pair.len() == 2 => match name(&pair[0]) {
+                            Ok(_) => self.visit(&pair[1])?,
+                            Err(fault) => return self.refuse(fault),
+                        },
+                        _ => {
+                            let kind = ErrorKind::Malformed("a let binding must be (name value)");
+                            return self.refuse(Fault::at(binding.loc, kind));
                         }
-                        // Evaluation stops at a malformed binding.
-                        _ => return Ok(()),
                     }
                 }
                 self.visit_all(body)
             }
             ("def" | "defun", [function, params, body]) => {
-                // A name only some malformed `def` defines is taken as defined: running
-                // that `def` fails with an error that says what is wrong with it.
-                let ExprKind::Symbol(function_name) = &function.kind else {
-                    return Ok(());
-                };
-                let arity = definition(function, params);
+                // A malformed definition fails whenever it runs, with the evaluator's
+                // error; the first pass takes the name it gives as defined (with no
+                // arity), so that its calls are not refused before it is.
+                let defined = eval::definition(function, params);
                 if self.collecting {
-                    let arities = self.functions.entry(function_name).or_default();
-                    if let Some(arity) = arity.filter(|arity| !arities.contains(arity)) {
-                        arities.push(arity);
+                    if let ExprKind::Symbol(function_name) = &function.kind {
+                        let arities = self.functions.entry(function_name).or_default();
+                        let arity = defined.as_ref().ok().map(|(_, params)| params.len());
+                        if let Some(arity) = arity.filter(|arity| !arities.contains(arity)) {
+                            arities.push(arity);
+                        }
                     }
                 }
-                match arity {
-                    Some(_) => self.visit(body),
-                    None => Ok(()),
+                match defined {
+                    Ok(_) => self.visit(body),
+                    Err(fault) => self.refuse(fault),
                 }
             }
             ("if" | "debug", _) => self.visit_all(args),
-            ("with", [list, item, body]) if name(item).is_ok() => {
-                self.visit(list)?;
-                self.visit(body)
-            }
+            ("with", [list, item, body]) => match name(item) {
+                Ok(_) => {
+                    self.visit(list)?;
+                    self.visit(body)
+                }
+                Err(fault) => self.refuse(fault),
+            },
             _ => Ok(()),
         }
     }
-}
-
-/// The number of parameters of `(def FUNCTION PARAMS BODY)`, or `None` when the
-/// evaluator refuses the definition (and so never defines FUNCTION with it).
-fn definition(function: &Expr, params: &Expr) -> Option<usize> {
-    if !name(function).is_ok_and(|function| !builtins::is_builtin(function)) {
-        return None;
-    }
-    let ExprKind::List(params) = &params.kind else {
-        return None;
-    };
-    params
-        .iter()
-        .all(|param| name(param).is_ok())
-        .then_some(params.len())
 }
 
 #[cfg(test)]
@@ -240,17 +238,29 @@ mod tests {
             for args in ["", " 1", " x 1", " x () 1", " 1 2 3 4"] {
                 let text = format!("({name}{args})");
                 let count = args.split_whitespace().count();
-                let expected = builtins::arity(name, count).map_err(|kind| {
-                    Fault::at(
-                        Loc {
+                match builtins::arity(name, count) {
+                    Err(kind) => {
+                        let at = Loc {
                             file: 0,
                             line: 1,
                             column: 1,
-                        },
-                        kind,
-                    )
-                });
-                assert_eq!(check(&text), expected, "{text}");
+                        };
+                        assert_eq!(check(&text), Err(Fault::at(at, kind)), "{text}");
+                    }
+                    // Right in number, only a form's shape may still be refused.
+                    Ok(()) => assert!(
+                        matches!(
+                            check(&text),
+                            Ok(())
+                                | Err(Fault {
+                                    kind: ErrorKind::Malformed(_),
+                                    ..
+                                })
+                        ),
+                        "{text}: {:?}",
+                        check(&text)
+                    ),
+                }
             }
         }
     }

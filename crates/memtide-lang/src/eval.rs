@@ -91,6 +91,30 @@ pub(crate) fn name(expr: &Expr) -> Result<&str, Fault> {
     }
 }
 
+/// The name and parameters `(def FUNCTION PARAMS BODY)` defines, or why every run of it
+/// fails: a name that cannot be bound or is built in, parameters that are no list of
+/// names.
+pub(crate) fn definition<'a>(
+    function: &'a Expr,
+    params: &'a Expr,
+) -> Result<(&'a str, Rc<[&'a str]>), Fault> {
+    let function_name = name(function)?;
+    if builtins::is_builtin(function_name) {
+        return Err(Fault::at(
+            function.loc,
+            ErrorKind::Redefine(function_name.to_string()),
+        ));
+    }
+    let ExprKind::List(list) = &params.kind else {
+        return Err(Fault::at(
+            params.loc,
+            ErrorKind::Malformed("expected a list of parameters"),
+        ));
+    };
+    let params = list.iter().map(name).collect::<Result<_, _>>()?;
+    Ok((function_name, params))
+}
+
 impl<'a> Evaluator<'a> {
     /// Count `steps` against the budget.
     fn charge(&mut self, steps: u64, loc: Loc) -> Result<(), Fault> {
@@ -310,20 +334,7 @@ impl<'a> Evaluator<'a> {
 
     /// `(def name (params…) body)`: yields the name.
     fn define_function(&mut self, args: &'a [Expr]) -> Result<Value, Fault> {
-        let function_name = name(&args[0])?;
-        if builtins::is_builtin(function_name) {
-            return Err(Fault::at(
-                args[0].loc,
-                ErrorKind::Redefine(function_name.to_string()),
-            ));
-        }
-        let ExprKind::List(params) = &args[1].kind else {
-            return Err(Fault::at(
-                args[1].loc,
-                ErrorKind::Malformed("expected a list of parameters"),
-            ));
-        };
-        let params = params.iter().map(name).collect::<Result<Rc<[_]>, _>>()?;
+        let (function_name, params) = definition(&args[0], &args[1])?;
         self.functions.insert(
             function_name,
             Function {

@@ -300,7 +300,10 @@ pub enum SampleAccess {
 
 /// What `sample_access` is written as.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "true, false, \"idle\" or \"clear_refs\" for the host-side access sampling"
+)]
 enum SampleAccessText {
     Bool(bool),
     Name(String),
@@ -1653,6 +1656,13 @@ mod tests {
             e.contains(
                 "unknown access sampling \"damon\": true, false, \"idle\" or \"clear_refs\""
             ),
+            "{e}"
+        );
+        // Neither a boolean nor a string: the choices, not serde's enum.
+        let e = err("[host]\nsample_access = 1\n");
+        assert!(
+            e.contains("true, false, \"idle\" or \"clear_refs\" for the host-side access sampling")
+                && !e.contains("untagged"),
             "{e}"
         );
         assert!(

@@ -621,9 +621,18 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = load(config.as_ref())?;
             let interval = Duration::try_from_secs_f64(interval_s)
-                .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?;
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--interval-s {interval_s} is not a number of seconds above 0")
+                })?;
             let options = reclaim_cmd::Options {
                 place: match (cgroup, pid) {
+                    // Refused now, not by every tick's write.
+                    (Some(dir), _) if !dir.join("memory.current").is_file() => anyhow::bail!(
+                        "--cgroup {}: no cgroup v2 memory controller there (no memory.current)",
+                        dir.display()
+                    ),
                     (Some(dir), _) => Place::Cgroup(dir),
                     (None, Some(pid)) => {
                         let proc = &config.host.proc;

@@ -31,6 +31,13 @@ pub const BUILTIN: [&str; 8] = [
 #[error("{0}")]
 pub struct LoadError(pub String);
 
+impl LoadError {
+    /// The error of the setting `field` that names the policy.
+    fn of(self, field: &str) -> LoadError {
+        LoadError(format!("{field}: {}", self.0))
+    }
+}
+
 /// What the configuration names as the policy.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicySource {
@@ -102,7 +109,12 @@ pub fn load(c: &Config) -> Result<Box<dyn Policy>, LoadError> {
 
 /// [`load`], and which of its policies decides each VM, by the policies' names.
 pub fn load_named(c: &Config) -> Result<(Box<dyn Policy>, Policies), LoadError> {
-    let host = c.policy_source().load(c)?;
+    let field = if c.policy_dir.is_some() {
+        "policy_dir"
+    } else {
+        "policy"
+    };
+    let host = c.policy_source().load(c).map_err(|e| e.of(field))?;
     let mut names = Policies {
         host: host.name().to_string(),
         vms: BTreeMap::new(),
@@ -122,7 +134,12 @@ pub fn load_named(c: &Config) -> Result<(Box<dyn Policy>, Policies), LoadError> 
     let exceptions = groups
         .into_iter()
         .map(|(policy, vms)| {
-            let policy = PolicySource::from_config(policy, None).load(c)?;
+            let policy = PolicySource::from_config(policy, None)
+                .load(c)
+                .map_err(|e| {
+                    let names: Vec<&str> = vms.iter().map(String::as_str).collect();
+                    e.of(&format!("the policy of [[vm]] {}", names.join(", ")))
+                })?;
             for vm in &vms {
                 names.vms.insert(vm.clone(), policy.name().to_string());
             }
@@ -280,6 +297,34 @@ mod tests {
         .unwrap();
         assert_eq!(super::load(&c).unwrap().name(), "memtide (tws for db)");
         assert_eq!(super::load(&Config::default()).unwrap().name(), "memtide");
+    }
+
+    #[test]
+    fn a_policy_that_cannot_be_loaded_names_the_setting_that_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("gone.policy");
+        let vm = |name: &str| {
+            format!("[[vm]]\nname = \"{name}\"\nqmp = \"/{name}\"\npolicy = {missing:?}\n")
+        };
+        let c = Config::parse(&format!("{}{}", vm("a"), vm("b")), "x").unwrap();
+        let err = super::load(&c).err().unwrap().to_string();
+        let expected = format!("the policy of [[vm]] a, b: {}: ", missing.display());
+        assert!(err.starts_with(&expected), "{err}");
+        let c = Config::parse(&format!("policy = {missing:?}\n"), "x").unwrap();
+        let err = super::load(&c).err().unwrap().to_string();
+        assert!(
+            err.starts_with(&format!("policy: {}: ", missing.display())),
+            "{err}"
+        );
+        let c = Config::parse(&format!("policy_dir = {:?}\n", dir.path()), "x").unwrap();
+        let err = super::load(&c).err().unwrap().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "policy_dir: {}: no *.policy file in it",
+                dir.path().display()
+            )
+        );
     }
 
     #[test]

@@ -50,8 +50,17 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
             by
         );
     }
-    if found.is_empty() {
-        out += &format!("(no snapshots in {})\n", config.snapshots.dir.display());
+    let dir = &config.snapshots.dir;
+    match (found.is_empty(), dir.exists()) {
+        (false, _) => {}
+        (true, true) => out += &format!("(no snapshots in {})\n", dir.display()),
+        // A mistyped `[snapshots] dir` is told from a store not used yet.
+        (true, false) => {
+            out += &format!(
+                "(no snapshots: {} does not exist; the first save makes it)\n",
+                dir.display()
+            )
+        }
     }
     Ok(out)
 }
@@ -573,6 +582,18 @@ mod tests {
         assert!(lines[0].ends_with("THEN  BY           WOKEN"), "{text}");
         assert!(lines[1].ends_with("run   schedule     -"), "{text}");
         assert!(lines[2].ends_with("quit  hibernation  asleep"), "{text}");
+        // None: an empty store, and one not there (a mistyped dir, or no save yet).
+        let text = list(&c, Some("b"), false).unwrap();
+        let empty = format!("(no snapshots in {})", dir.path().display());
+        assert_eq!(text.lines().nth(1), Some(empty.as_str()), "{text}");
+        let gone = dir.path().join("typo");
+        let c = config(&gone, "qmp = \"/a.qmp\"\n");
+        let text = list(&c, None, false).unwrap();
+        let missing = format!(
+            "(no snapshots: {} does not exist; the first save makes it)",
+            gone.display()
+        );
+        assert_eq!(text.lines().nth(1), Some(missing.as_str()), "{text}");
     }
 
     #[test]

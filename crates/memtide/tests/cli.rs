@@ -1253,6 +1253,32 @@ fn reclaim_paces_a_cgroup_a_line_a_tick_and_names_what_it_cannot_read() {
     assert!(!o.status.success());
     assert_eq!(stderr(&o), "memtide: --pid 4999999: no such process\n");
     assert!(o.stdout.is_empty());
+    // So are a directory that is no cgroup v2 memory controller, and no interval.
+    let refused = |args: &[&str], cgroup: &std::path::Path| {
+        let o = memtide()
+            .args(["reclaim", "--ticks", "1"])
+            .args(args)
+            .arg("--cgroup")
+            .arg(cgroup)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!o.status.success() && o.stdout.is_empty());
+        stderr(&o)
+    };
+    let typo = dir.path().join("typo");
+    assert_eq!(
+        refused(&[], &typo),
+        format!(
+            "memtide: --cgroup {}: no cgroup v2 memory controller there (no memory.current)\n",
+            typo.display()
+        )
+    );
+    assert_eq!(
+        refused(&["--interval-s", "0"], dir.path()),
+        "memtide: --interval-s 0 is not a number of seconds above 0\n"
+    );
 }
 
 #[test]

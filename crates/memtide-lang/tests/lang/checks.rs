@@ -276,39 +276,50 @@ fn a_variable_is_not_a_function() {
 }
 
 #[test]
-fn what_the_evaluator_never_evaluates_is_not_checked() {
-    // Each of these fails when evaluated, with an error of its own, before it would
-    // evaluate the call of `nope`; loading leaves them to it.
+fn a_form_that_fails_whenever_it_runs_is_refused_with_the_evaluators_error() {
+    // Each fails when evaluated, before it evaluates anything in it: loading refuses it
+    // with the same error, at the same place, though nothing calls it.
     let cases = [
-        ("(def f (nope other) 1) 0", None),
-        ("(let ((nope 1)) nope)", None),
-        (
-            "(let (nope 1) 1)",
-            Some("a let binding must be (name value)"),
-        ),
-        ("(defvar 5 (nope))", Some("expected a name")),
-        ("(with Guests 5 (nope))", Some("expected a name")),
-        ("(def f x (nope)) 0", Some("expected a list of parameters")),
-        (
-            "(def max (a) (nope))",
-            Some("cannot redefine built-in 'max'"),
-        ),
-        ("((nope))", Some("expected a function name")),
+        ("(let (nope 1) 1)", "a let binding must be (name value)"),
+        ("(let x 1)", "expected a list of bindings"),
+        ("(let ((5 1)) 1)", "expected a name"),
+        ("(defvar 5 (nope))", "expected a name"),
+        ("(set Host 1)", "cannot bind 'Host'"),
+        ("(with Guests 5 (nope))", "expected a name"),
+        ("(def f x (nope)) 0", "expected a list of parameters"),
+        ("(def f (a 5) a) 0", "expected a name"),
+        ("(def max (a) (nope))", "cannot redefine built-in 'max'"),
+        ("(defun abs (x) 42)", "cannot redefine built-in 'abs'"),
+        ("((nope))", "expected a function name"),
     ];
     for (text, error) in cases {
-        accepted(text);
-        match (run(text), error) {
-            (Ok(_), None) => {}
-            (Err(e), Some(error)) => assert!(e.to_string().ends_with(error), "{text}: {e}"),
-            (outcome, _) => panic!("{text}: {outcome:?}"),
-        }
+        let at_load = refused(text);
+        assert!(at_load.ends_with(error), "{text}: {at_load}");
+        assert_eq!(run(text).unwrap_err().to_string(), at_load, "{text}");
     }
-    // A name only a malformed `def` defines is left to that `def`'s error.
-    let text = "(def g x x)\n(g)";
-    accepted(text);
+    // In a function never called, in a branch never taken.
     assert_eq!(
-        run(text).unwrap_err().to_string(),
-        "t.policy:1:8: expected a list of parameters"
+        refused("(def f () (if 0 (def if (x) 1) 2))"),
+        "t.policy:1:22: cannot redefine built-in 'if'"
+    );
+    // A name only a malformed `def` defines: the `def` is refused, not its call.
+    assert_eq!(
+        refused("(g)\n(def g x x)"),
+        "t.policy:2:8: expected a list of parameters"
+    );
+}
+
+#[test]
+fn what_the_evaluator_never_evaluates_is_not_checked() {
+    // Parameter and binding names are names, not calls, and nothing after a form's
+    // first error is evaluated.
+    for text in ["(def f (nope other) 1) 0", "(let ((nope 1)) nope)"] {
+        accepted(text);
+        run(text).unwrap();
+    }
+    assert_eq!(
+        refused("(let (x (nope)) 1)"),
+        "t.policy:1:7: a let binding must be (name value)"
     );
 }
 
