@@ -1955,6 +1955,16 @@ mod tests {
                 "[mom]\nmax_change = nan\n",
                 "mom.max_change: NaN is not a ratio between 0 and 1",
             ),
+            (
+                "[ksm]\nnpages_boost = -300\n",
+                "ksm.npages_boost: -300 is below 0: the pages to scan would fall as memory \
+                 runs short",
+            ),
+            (
+                "[ksm]\nnpages_decay = 50\n",
+                "ksm.npages_decay: 50 is above 0: the pages to scan would grow while memory \
+                 is ample",
+            ),
             // The other policies' constants, each as an operator got it wrong.
             (
                 "[esx]\nhigh = 0.01\nsoft = 0.5\n",

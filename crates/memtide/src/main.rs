@@ -34,7 +34,7 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (without libvirt)");
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// What to log: a level (error, warn, info, debug, trace) or a tracing filter such as
+    /// What to log: a level (off, error, warn, info, debug, trace) or a tracing filter such as
     /// `info,memtide::daemon=debug` (default: $MEMTIDE_LOG, else info).
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,

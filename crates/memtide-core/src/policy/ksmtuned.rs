@@ -56,6 +56,19 @@ impl KsmConfig {
                 self.free_ratio
             ));
         }
+        // ksmtuned adds the boost while memory is short and the decay while it is not.
+        if self.npages_boost < 0 {
+            return Err(format!(
+                "npages_boost: {} is below 0: the pages to scan would fall as memory runs short",
+                self.npages_boost
+            ));
+        }
+        if self.npages_decay > 0 {
+            return Err(format!(
+                "npages_decay: {} is above 0: the pages to scan would grow while memory is ample",
+                self.npages_decay
+            ));
+        }
         if self.npages_min > self.npages_max {
             return Err(format!(
                 "npages_min: {} is above npages_max {}",
