@@ -238,6 +238,56 @@ fn problems_are_logged_as_warnings_and_a_log_level_that_is_no_level_is_refused()
 }
 
 #[test]
+fn check_config_refuses_a_sys_that_is_no_sysfs_and_warns_of_a_cgroup_root_without_v2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fake_host(root);
+    let check = |sys: &Path, extra: &str| {
+        let config = root.join("memtide.toml");
+        let text = format!(
+            "[host]\nproc = {:?}\nsys = {sys:?}\n{extra}",
+            root.join("proc")
+        );
+        std::fs::write(&config, text).unwrap();
+        memtide()
+            .args(["--log-level", "warn", "check-config"])
+            .arg(&config)
+            .env_remove("MEMTIDE_LOG")
+            .output()
+            .unwrap()
+    };
+    // A typo there reads as a host without KSM: KSM control would be off, unsaid.
+    let typo = root.join("sy");
+    let o = check(&typo, "");
+    assert!(!o.status.success());
+    let said = format!(
+        "[host] sys = {}: no kernel/mm there: not the host's sysfs",
+        typo.display()
+    );
+    assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+    // Reclaim finding VMs' cgroups under a root that is no cgroup v2: said, not refused
+    // (a VM with a reclaim_cgroup of its own does not need it).
+    let sys = root.join("sys");
+    let v1 = root.join("cgroup");
+    std::fs::create_dir_all(&v1).unwrap();
+    let reclaim = format!("[reclaim]\nvms = \"all\"\ncgroup_root = {v1:?}\n");
+    let o = check(&sys, &reclaim);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no cgroup v2 hierarchy there"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(v1.join("cgroup.controllers"), "memory\n").unwrap();
+    let o = check(&sys, &reclaim);
+    assert!(
+        o.status.success() && !stderr(&o).contains("WARN"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();

@@ -16,7 +16,7 @@ pub mod state;
 pub mod vm_task;
 pub mod writes;
 
-use crate::config::Config;
+use crate::config::{Config, ReclaimVms};
 use crate::control::Request;
 use crate::policies;
 use crate::snapshots::{self, Store, TakenBy};
@@ -165,6 +165,7 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
         domain_cgroup: config.host.domain_cgroup.clone(),
     });
     host.sample().context("reading host statistics")?;
+    check_paths(config)?;
     warn_without_idle_tracking(config);
     let (policy, vm_policies) = policies::load_named(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
@@ -191,6 +192,33 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
         policies: vm_policies,
         tier_nodes,
     })
+}
+
+/// Refuse a `[host] sys` that is no sysfs (read as a host without KSM, a typo there would
+/// turn KSM control off unsaid), and warn of a `[reclaim] cgroup_root` that is no cgroup
+/// v2 hierarchy where reclaim may find a VM's cgroup through it (reclaim would fail at
+/// every tick; a VM with a `reclaim_cgroup` of its own does not need it).
+fn check_paths(config: &Config) -> anyhow::Result<()> {
+    let sys = &config.host.sys;
+    if !sys.join("kernel/mm").is_dir() {
+        anyhow::bail!(
+            "[host] sys = {}: no kernel/mm there: not the host's sysfs",
+            sys.display()
+        );
+    }
+    let root = &config.reclaim.cgroup_root;
+    let own =
+        |vm: &crate::config::VmConfig| vm.reclaim == Some(true) && vm.reclaim_cgroup.is_none();
+    let used = config.reclaim.vms != ReclaimVms::Off || config.vms.iter().any(own);
+    if used && !root.join("cgroup.controllers").is_file() {
+        tracing::warn!(
+            "[reclaim] cgroup_root = {}: no cgroup v2 hierarchy there (no \
+             cgroup.controllers; where cgroup v1 is mounted beside it, v2 is often at \
+             /sys/fs/cgroup/unified): reclaim of a VM without a reclaim_cgroup will fail",
+            root.display()
+        );
+    }
+    Ok(())
 }
 
 /// Say at once, not at the first VM, that idle page tracking was asked for on a kernel
