@@ -492,7 +492,7 @@ impl Scenario {
             return Err(invalid("ticks".into(), "must be at least 1"));
         }
         if !positive(self.tick_s) {
-            return Err(invalid("tick_s".into(), "must be positive"));
+            return Err(invalid("tick_s".into(), "must be a finite number above 0"));
         }
         let h = &self.host;
         for (name, v) in [
@@ -525,7 +525,10 @@ impl Scenario {
             }
         }
         if !positive(c.balloon_mib_s) {
-            return Err(invalid("costs.balloon_mib_s".into(), "must be positive"));
+            return Err(invalid(
+                "costs.balloon_mib_s".into(),
+                "must be a finite number above 0",
+            ));
         }
         if self.vms.is_empty() {
             return Err(invalid("vm".into(), "needs at least one VM"));
@@ -600,7 +603,10 @@ impl Scenario {
             }
             let w = &vm.workload;
             if !positive(w.base_mib_s) {
-                return Err(invalid(at("workload.base_mib_s"), "must be positive"));
+                return Err(invalid(
+                    at("workload.base_mib_s"),
+                    "must be a finite number above 0",
+                ));
             }
             for (name, v) in [
                 ("hot_pct", w.hot_pct),
@@ -647,7 +653,10 @@ impl Scenario {
                 return Err(invalid("tiers.latency_factor".into(), "must be at least 1"));
             }
             if !positive(t.rate_mib_s) {
-                return Err(invalid("tiers.rate_mib_s".into(), "must be positive"));
+                return Err(invalid(
+                    "tiers.rate_mib_s".into(),
+                    "must be a finite number above 0",
+                ));
             }
             if !size(t.margin_pct) {
                 return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
@@ -667,7 +676,7 @@ impl Scenario {
             if !positive(t.promotion_slo_pct_per_min) {
                 return Err(invalid(
                     "tiers.promotion_slo_pct_per_min".into(),
-                    "must be positive",
+                    "must be a finite number above 0",
                 ));
             }
         }
@@ -681,7 +690,10 @@ impl Scenario {
                 }
             }
             if !positive(d.window_s) {
-                return Err(invalid("density.window_s".into(), "must be positive"));
+                return Err(invalid(
+                    "density.window_s".into(),
+                    "must be a finite number above 0",
+                ));
             }
             if d.reserves_pct.is_empty() || !d.reserves_pct.iter().all(|&r| pct(r)) {
                 return Err(invalid(

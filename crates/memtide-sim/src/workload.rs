@@ -174,7 +174,10 @@ impl Shape {
                         return err(&format!("phases[{i}].mib"), "must be a size ≥ 0");
                     }
                     if !(p.duration_s.is_finite() && p.duration_s > 0.0) {
-                        return err(&format!("phases[{i}].duration_s"), "must be positive");
+                        return err(
+                            &format!("phases[{i}].duration_s"),
+                            "must be a finite number above 0",
+                        );
                     }
                 }
                 Ok(())
@@ -191,7 +194,7 @@ impl Shape {
                 } else if !(max_mib.is_finite() && max_mib >= min_mib) {
                     err("max_mib", "must be at least min_mib")
                 } else if !(period_s.is_finite() && *period_s > 0.0) {
-                    err("period_s", "must be positive")
+                    err("period_s", "must be a finite number above 0")
                 } else if !phase_s.is_finite() {
                     err("phase_s", "must be a number")
                 } else {
@@ -212,7 +215,7 @@ impl Shape {
                 } else if !size_ok(*step_mib) {
                     err("step_mib", "must be a size ≥ 0")
                 } else if !(every_s.is_finite() && *every_s > 0.0) {
-                    err("every_s", "must be positive")
+                    err("every_s", "must be a finite number above 0")
                 } else if start_mib.is_some_and(|s| !(s >= *min_mib && s <= *max_mib)) {
                     err("start_mib", "must be within min_mib and max_mib")
                 } else {

@@ -222,7 +222,7 @@ fn scenario_errors_name_the_field() {
     ));
     assert_eq!(
         e,
-        "scenario: vm[0].workload.anon.period_s: must be positive"
+        "scenario: vm[0].workload.anon.period_s: must be a finite number above 0"
     );
     let e = parse_error(&format!(
         "{BASE}[vm.workload]\nanon = {{ kind = \"spiral\" }}\n"

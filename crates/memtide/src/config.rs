@@ -818,6 +818,17 @@ impl Config {
             let message = "0: at least 1, the file being written".to_string();
             return bad("daemon.record_keep", message);
         }
+        // Relative, they would be found from whatever directory memtide runs in (the
+        // daemon from /, `memtide status` from the operator's).
+        let paths = [
+            ("daemon.socket", &self.daemon.socket),
+            ("snapshots.dir", &self.snapshots.dir),
+        ];
+        for (field, path) in paths {
+            if !path.is_absolute() {
+                return bad(field, format!("{path:?} is not an absolute path"));
+            }
+        }
         let extension = &self.discovery.agent_extension;
         if extension.contains('/') || extension.starts_with('.') {
             let message = format!(
@@ -1954,6 +1965,18 @@ mod tests {
             (
                 "[mom]\nmax_change = nan\n",
                 "mom.max_change: NaN is not a ratio between 0 and 1",
+            ),
+            (
+                "[daemon]\nsocket = \"memtide.sock\"\n",
+                "daemon.socket: \"memtide.sock\" is not an absolute path",
+            ),
+            (
+                "[daemon]\nsocket = \"\"\n",
+                "daemon.socket: \"\" is not an absolute path",
+            ),
+            (
+                "[snapshots]\ndir = \"snaps\"\n",
+                "snapshots.dir: \"snaps\" is not an absolute path",
             ),
             (
                 "[ksm]\nnpages_boost = -300\n",

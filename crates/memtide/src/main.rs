@@ -289,7 +289,7 @@ enum Command {
     /// page for each subcommand (memtide-run.1, memtide-snapshot-save.1, ...) into a
     /// directory.
     Man {
-        /// Write every page into this directory instead.
+        /// Write every page into this directory instead (made if it is not there).
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
@@ -727,7 +727,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 None => clap_mangen::Man::new(command)
                     .render(&mut stdout::Stdout)
                     .context("writing the man page"),
-                Some(dir) => clap_mangen::generate_to(command, &dir)
+                Some(dir) => std::fs::create_dir_all(&dir)
+                    .and_then(|()| clap_mangen::generate_to(command, &dir))
                     .with_context(|| format!("writing the man pages into {}", dir.display())),
             }
         }

@@ -500,11 +500,13 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
     let page = String::from_utf8_lossy(&o.stdout);
     assert!(page.contains(".TH memtide 1"), "{page}");
     assert!(page.contains("check\\-config"), "{page}");
-    // Every page a page names is written beside it: the subcommands' too.
-    let dir = tempfile::tempdir().unwrap();
-    let o = run(&["man", "--out-dir", dir.path().to_str().unwrap()]);
+    // Every page a page names is written beside it: the subcommands' too, into a
+    // directory made for them.
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("man1");
+    let o = run(&["man", "--out-dir", dir.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let written = |name: &str| dir.path().join(name).exists();
+    let written = |name: &str| dir.join(name).exists();
     for name in [
         "memtide.1",
         "memtide-run.1",
@@ -513,7 +515,7 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
     ] {
         assert!(written(name), "{name}");
     }
-    for page in std::fs::read_dir(dir.path()).unwrap() {
+    for page in std::fs::read_dir(&dir).unwrap() {
         let text = std::fs::read_to_string(page.unwrap().path()).unwrap();
         let named = text.lines().filter_map(|l| l.strip_suffix("(1)"));
         for name in named.filter(|n| n.starts_with("memtide\\-")) {
