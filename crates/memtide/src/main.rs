@@ -550,7 +550,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                     None => Mappings::Private,
                 },
                 cold_age: seconds("--cold-age-s", cold_age_s.unwrap_or(config.host.cold_age_s))?,
-                interval: seconds("--interval-s", interval_s)?,
+                interval: interval(interval_s)?,
                 count,
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
@@ -582,9 +582,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 min_s: cold_age_s,
                 ..config.tiering.ages()
             };
-            // As the configuration's check (a negative interval is refused below).
+            let interval = interval(interval_s)?;
+            // As the configuration's check.
             let beyond = memtide_adapters::access::age_beyond_scans(interval_s, ages.horizon_s());
-            if let Some(why) = beyond.filter(|_| interval_s >= 0.0) {
+            if let Some(why) = beyond {
                 anyhow::bail!("--interval-s {interval_s}: {why}");
             }
             let options = memtide::place_cmd::Options {
@@ -596,8 +597,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                     Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
                     None => Mappings::Private,
                 },
-                interval: Duration::try_from_secs_f64(interval_s)
-                    .map_err(|_| anyhow::anyhow!("--interval-s {interval_s} is not a duration"))?,
+                interval,
                 rate_mib_s,
                 ages,
                 count,
@@ -620,12 +620,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             config,
         } => {
             let config = load(config.as_ref())?;
-            let interval = Duration::try_from_secs_f64(interval_s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    anyhow::anyhow!("--interval-s {interval_s} is not a number of seconds above 0")
-                })?;
+            let interval = interval(interval_s)?;
             let options = reclaim_cmd::Options {
                 place: match (cgroup, pid) {
                     // Refused now, not by every tick's write.
@@ -740,6 +735,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             format,
         }) => ok_or_fail(policy_cmd::eval(&files, input.as_deref(), format)?),
     }
+}
+
+/// A foreground command's `--interval-s`: a duration above 0 (at 0 it would loop
+/// without a pause).
+fn interval(s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--interval-s {s} is not a number of seconds above 0"))
 }
 
 async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {

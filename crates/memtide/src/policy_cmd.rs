@@ -61,7 +61,16 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            // serde takes a struct from an array too, by position: `[]` read as empty.
+            if !json.is_object() {
+                anyhow::bail!(
+                    "{}: not a snapshot: a JSON object with \"host\" and \"guests\" expected",
+                    path.display()
+                );
+            }
+            serde_json::from_value(json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         }
         None => Input::default(),
     };

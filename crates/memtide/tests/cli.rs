@@ -1515,21 +1515,23 @@ fn place_prints_a_json_line_an_interval_and_names_a_node_it_cannot_use() {
         "{}",
         stderr(&o)
     );
-    // Scans too short to count the longest cold age.
-    let o = placing()
-        .args(["--budget-mib", "0", "--interval-s", "0.01"])
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains(
-            "--interval-s 0.01: scans count ages up to 655 s, below the longest cold age, 1800 s"
+    // No pause between scans, and scans too short to count the longest cold age.
+    for (interval, said) in [
+        ("0", "--interval-s 0 is not a number of seconds above 0"),
+        (
+            "0.01",
+            "--interval-s 0.01: scans count ages up to 655 s, below the longest cold age, 1800 s",
         ),
-        "{}",
-        stderr(&o)
-    );
+    ] {
+        let o = placing()
+            .args(["--budget-mib", "0", "--interval-s", interval])
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(said), "{}", stderr(&o));
+    }
     let o = place("1024");
     assert!(!o.status.success());
     assert!(

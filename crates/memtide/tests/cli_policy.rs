@@ -45,6 +45,25 @@ fn policy_eval_prints_the_debug_lines_of_a_failed_evaluation_before_the_error() 
 }
 
 #[test]
+fn policy_eval_refuses_an_input_that_is_no_snapshot_object() {
+    let dir = dir_with(&[("d.policy", "1\n"), ("list.json", "[]"), ("n.json", "5")]);
+    for input in ["list.json", "n.json"] {
+        let o = run_in(
+            dir.path(),
+            &["policy", "eval", "d.policy", "--input", input],
+        );
+        assert!(!o.status.success(), "{input}");
+        assert_eq!(
+            stderr(&o),
+            format!(
+                "memtide: {input}: not a snapshot: a JSON object with \"host\" and \"guests\" \
+                 expected\n"
+            )
+        );
+    }
+}
+
+#[test]
 fn policy_eval_prints_debug_lines_on_stderr_in_text_format_too() {
     let dir = dir_with(&[("d.policy", "(debug \"x\" 1)\n")]);
     let o = run_in(
