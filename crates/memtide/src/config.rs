@@ -837,6 +837,16 @@ impl Config {
             );
             return bad("discovery.agent_extension", message);
         }
+        // The agent's socket would be the QMP socket itself.
+        let suffix = format!(".{extension}");
+        let qmp = |glob: &&String| !extension.is_empty() && glob.ends_with(&suffix);
+        if let Some(glob) = self.discovery.qmp_glob.iter().find(qmp) {
+            let message = format!(
+                "{extension:?} is the extension of the QMP sockets {glob:?} finds: each VM's \
+                 guest agent would be looked for at its QMP socket"
+            );
+            return bad("discovery.agent_extension", message);
+        }
         if let PolicySource::Builtin(name) = self.policy_source() {
             if !crate::policies::BUILTIN.contains(&name.as_str()) {
                 return bad("policy", crate::policies::unknown(&name));
@@ -2049,6 +2059,12 @@ mod tests {
             (
                 "[daemon]\nrecord_dir = \"/r\"\nrecord_keep = 0\n",
                 "daemon.record_keep: 0: at least 1, the file being written",
+            ),
+            (
+                "[discovery]\nqmp_glob = [\"/run/vms/*.sock\"]\nagent_extension = \"sock\"\n",
+                "discovery.agent_extension: \"sock\" is the extension of the QMP sockets \
+                 \"/run/vms/*.sock\" finds: each VM's guest agent would be looked for at its \
+                 QMP socket",
             ),
             (
                 "[discovery]\nagent_extension = \"../qga\"\n",
