@@ -327,6 +327,7 @@ async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<V
 /// by the socket's mode) running for others than this user.
 fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
     let hint = match e.kind() {
+        _ if path.is_dir() => "a directory: name the socket in it, as `[daemon] socket` does",
         std::io::ErrorKind::PermissionDenied => {
             "the control socket is for root and the daemon's user (and the users and groups \
              in `[control] allow_uids` / `allow_gids`): run this as one of them, e.g. with sudo"
@@ -513,6 +514,13 @@ mod tests {
         );
         let absent = format!("{:#}", not_reached(path, Error::from(ErrorKind::NotFound)));
         assert!(absent.contains("(is `memtide run` running?)"), "{absent}");
+        let dir = tempfile::tempdir().unwrap();
+        let refused = Error::from(ErrorKind::ConnectionRefused);
+        let dir_named = format!("{:#}", not_reached(dir.path(), refused));
+        assert!(
+            dir_named.contains("(a directory: name the socket in it, as `[daemon] socket` does)"),
+            "{dir_named}"
+        );
     }
 
     /// Whether this test runs as root (changing a thread's credentials needs it).
