@@ -456,16 +456,29 @@ impl Collector for StatusCollector {
             true => d.policy.as_str(),
             false => status.policies.of(vm),
         };
-        let info = vms
+        // A VM memtide knows and cannot connect to (its QEMU gone, hung at connection, its
+        // socket missing) is out of reach for as long as it waits. Not one down on purpose:
+        // hibernated by memtide, or left to another manager.
+        let not_connected: Vec<&str> = status
+            .out_of_reach()
+            .into_iter()
+            .filter(|(_, w)| !w.left_alone)
+            .map(|(vm, _)| vm)
+            .collect();
+        let decided = vms.iter().map(|vm| (vm.name.as_str(), vm.state.name()));
+        let waiting = not_connected
             .iter()
-            .map(|vm| {
-                let s = by_name.get(vm.name.as_str());
+            .map(|vm| (*vm, VmState::Unreachable.name()));
+        let info = decided
+            .chain(waiting)
+            .map(|(vm, state)| {
+                let s = by_name.get(vm);
                 let from = s.and_then(|s| s.bounds_from);
                 let labels = vec![
-                    ("vm", vm.name.as_str()),
+                    ("vm", vm),
                     ("connector", s.map_or("", |s| s.connector.as_str())),
-                    ("policy", policy_of(&vm.name)),
-                    ("state", vm.state.name()),
+                    ("policy", policy_of(vm)),
+                    ("state", state),
                     ("min_from", from.map_or("", |f| f.min.name())),
                     ("max_from", from.map_or("", |f| f.max.name())),
                 ];
@@ -487,15 +500,9 @@ impl Collector for StatusCollector {
                 1.0
             })
         });
-        // A VM memtide knows and cannot connect to (its QEMU gone, hung at connection, its
-        // socket missing) is down too, for as long as it waits: an alert on
-        // `memtide_vm_up == 0` then holds for as long as the VM is out of reach. Not one
-        // down on purpose: hibernated by memtide, or left to another manager.
-        let not_connected = status
-            .out_of_reach()
-            .into_iter()
-            .filter(|(_, w)| !w.left_alone);
-        up.extend(not_connected.map(|(vm, _)| (vec![("vm", vm)], 0.0)));
+        // Down too, for as long as it waits: an alert on `memtide_vm_up == 0` then holds
+        // for as long as the VM is out of reach.
+        up.extend(not_connected.iter().map(|vm| (vec![("vm", *vm)], 0.0)));
         gauges(
             &mut enc,
             "memtide_vm_up",
@@ -874,6 +881,28 @@ mod tests {
                 "memtide_vm_up{vm=\"web\"} 1.0",
                 "memtide_vm_up{vm=\"db\"} 0.0"
             ],
+            "{text}"
+        );
+        // And counted by state as unreachable (docs/metrics.md's `count by (connector,
+        // state) (memtide_vm_info)`), not left out of the count.
+        let states: Vec<(&str, &str)> = text
+            .lines()
+            .filter(|l| l.starts_with("memtide_vm_info{"))
+            .map(|l| {
+                let label = |k: &str| {
+                    l.split(&format!("{k}=\""))
+                        .nth(1)
+                        .unwrap()
+                        .split('"')
+                        .next()
+                        .unwrap()
+                };
+                (label("vm"), label("state"))
+            })
+            .collect();
+        assert_eq!(
+            states,
+            [("web", "managed"), ("db", "unreachable")],
             "{text}"
         );
     }
