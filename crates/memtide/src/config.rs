@@ -1295,10 +1295,14 @@ impl Config {
     /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
     /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`) and
     /// each VM's `policy` where the VMs are otherwise the same. With it, what else
-    /// differs in `fresh`, and host-side access sampling where the new policy uses it
-    /// and the old did not (or the other way round): settings a running daemon does not
-    /// change, which take effect when it restarts.
-    pub fn with_policy_of(&self, fresh: &Config) -> (Config, Vec<&'static str>) {
+    /// differs in `fresh`, and host-side access sampling where the new policy's differs
+    /// from `sampling`, the one in force (set up at start): settings a running daemon does
+    /// not change, which take effect when it restarts.
+    pub fn with_policy_of(
+        &self,
+        fresh: &Config,
+        sampling: AccessSampling,
+    ) -> (Config, Vec<&'static str>) {
         let mut next = self.clone();
         next.policy.clone_from(&fresh.policy);
         next.policy_dir.clone_from(&fresh.policy_dir);
@@ -1353,7 +1357,7 @@ impl Config {
         }
         // Host-side access sampling follows the policy (memtide, sampled and esx use it)
         // and is set up when the VMs connect.
-        if next.sample_access() != self.sample_access() {
+        if next.sample_access() != sampling {
             left.push("host-side access sampling (which the new policy changes)");
         }
         (next, left)
@@ -1768,14 +1772,14 @@ mod tests {
             "policy = \"tws\"\n{}[mom]\npressure_threshold = 0.3\n",
             vm("policy = \"mom\"\n", 512)
         ));
-        let (next, left) = running.with_policy_of(&fresh);
+        let (next, left) = running.with_policy_of(&fresh, running.sample_access());
         assert_eq!((next.clone(), left), (fresh.clone(), vec![]));
         // A VM changed otherwise keeps its routing and says so; the interval too.
         let fresh = parse(&format!(
             "interval_s = 5\npolicy = \"tws\"\n{}",
             vm("policy = \"mom\"\n", 256)
         ));
-        let (next, left) = running.with_policy_of(&fresh);
+        let (next, left) = running.with_policy_of(&fresh, running.sample_access());
         assert_eq!(left, ["interval_s", "[[vm]]"]);
         assert_eq!(next.policy, "tws");
         assert_eq!(
@@ -1783,13 +1787,17 @@ mod tests {
             (running.interval_s, &running.vms)
         );
         // To a policy that samples guest accesses from the host: not until a restart.
-        let (next, left) =
-            running.with_policy_of(&parse(&format!("policy = \"esx\"\n{}", vm("", 512))));
+        let esx = parse(&format!("policy = \"esx\"\n{}", vm("", 512)));
+        let (next, left) = running.with_policy_of(&esx, running.sample_access());
         assert_eq!(next.policy, "esx");
         assert_eq!(
             left,
             ["host-side access sampling (which the new policy changes)"]
         );
+        // Back to the policy started with, after that reload: nothing waits, the sampling
+        // in force being the start's (not the last reload's).
+        let (back, left) = next.with_policy_of(&running, running.sample_access());
+        assert_eq!((back, left), (running.clone(), vec![]));
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct RunOptions {
 /// Everything a tick needs.
 struct Daemon {
     config: Config,
+    /// The host-side access sampling the VMs were connected with (the configuration's at
+    /// start: a reload does not change it).
+    sampling: memtide_adapters::qmp::AccessSampling,
     options: RunOptions,
     interval: Duration,
     host: LinuxHost,
@@ -353,6 +356,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             .map(|sizes| (hugepages::Restore::default(), sizes))
     });
     let mut daemon = Daemon {
+        sampling: config.sample_access(),
         config,
         options,
         interval: settings.interval,
@@ -583,7 +587,7 @@ impl Daemon {
             None => Ok((self.config.clone(), Vec::new())),
             Some(file) => {
                 let fresh = Config::load(file).map_err(|e| e.to_string())?;
-                Ok(self.config.with_policy_of(&fresh))
+                Ok(self.config.with_policy_of(&fresh, self.sampling))
             }
         }
     }
