@@ -433,17 +433,35 @@ fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<P
     let default = Config::default().daemon.socket;
     let named = match text.parse::<toml::Table>() {
         Ok(table) => {
-            tracing::warn!("{fault:#}; its [daemon] socket is used all the same");
             let named = table.get("daemon").and_then(|d| d.get("socket")?.as_str());
             named.map(PathBuf::from)
         }
-        Err(_) => {
+        // A syntax error (a line being edited) elsewhere: the line under `[daemon]`.
+        Err(_) => daemon_socket_line(&text),
+    };
+    match named {
+        Some(_) => tracing::warn!("{fault:#}; its [daemon] socket is used all the same"),
+        None => {
             let tried = default.display();
             tracing::warn!("{fault:#}; the default socket {tried} is tried (or give --socket)");
-            None
         }
-    };
+    }
     Ok(named.unwrap_or(default))
+}
+
+/// `socket = "…"` under the `[daemon]` header of configuration text that does not parse
+/// as a whole, each line read alone (no crate parses a TOML file around its errors).
+fn daemon_socket_line(text: &str) -> Option<PathBuf> {
+    let mut in_daemon = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_daemon = line.split('#').next().map(str::trim) == Some("[daemon]");
+        } else if in_daemon && line.starts_with("socket") {
+            let table = line.parse::<toml::Table>().ok()?;
+            return table.get("socket")?.as_str().map(PathBuf::from);
+        }
+    }
+    None
 }
 
 /// The configuration file: `path`, else [`DEFAULT_CONFIG`] if there is one.

@@ -1784,6 +1784,20 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
         err.contains(&format!("cannot reach memtide at {}", socket.display())),
         "{err}"
     );
+    // A line being edited elsewhere: the socket under [daemon] all the same.
+    let text = format!("[daemon]\nsocket = {socket:?} # ours\n[memtide]\nmargin = [\n");
+    std::fs::write(&config, text).unwrap();
+    let o = memtide()
+        .args(["reload", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("its [daemon] socket is used all the same")
+            && err.contains(&format!("cannot reach memtide at {}", socket.display())),
+        "{err}"
+    );
     // Not TOML at all: the default socket is tried, and said so (status: a daemon there
     // is only read).
     std::fs::write(&config, "garbage [[[\n").unwrap();
