@@ -1767,15 +1767,18 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("memtide.toml");
     let socket = dir.path().join("memtide.sock");
+    let asking = |command: &str| {
+        let o = memtide()
+            .args([command, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        stderr(&o)
+    };
     // An unknown key: the file's own socket is asked.
     let text = format!("bogus = 1\n[daemon]\nsocket = {socket:?}\n");
     std::fs::write(&config, text).unwrap();
-    let o = memtide()
-        .args(["status", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
+    let err = asking("status");
     assert!(
         err.contains("its [daemon] socket is used all the same"),
         "{err}"
@@ -1787,12 +1790,7 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
     // A line being edited elsewhere: the socket under [daemon] all the same.
     let text = format!("[daemon]\nsocket = {socket:?} # ours\n[memtide]\nmargin = [\n");
     std::fs::write(&config, text).unwrap();
-    let o = memtide()
-        .args(["reload", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
+    let err = asking("reload");
     assert!(
         err.contains("its [daemon] socket is used all the same")
             && err.contains(&format!("cannot reach memtide at {}", socket.display())),
@@ -1801,12 +1799,7 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
     // Not TOML at all: the default socket is tried, and said so (status: a daemon there
     // is only read).
     std::fs::write(&config, "garbage [[[\n").unwrap();
-    let o = memtide()
-        .args(["status", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
+    let err = asking("status");
     assert!(
         err.contains("the default socket /run/memtide/memtide.sock is tried"),
         "{err}"
