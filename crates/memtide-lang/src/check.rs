@@ -86,15 +86,15 @@ impl<'a> Checker<'a> {
     /// errors located where the evaluator locates them.
     fn call(&mut self, head: &'a Expr, args: &'a [Expr], loc: Loc) -> Result<(), Fault> {
         // Any other head fails before the arguments are evaluated.
-        let ExprKind::Symbol(callee) = &head.kind else {
-            let kind = ErrorKind::Malformed("expected a function name");
-            return self.refuse(Fault::at(head.loc, kind));
+        let callee = match eval::callee(head) {
+            Ok(callee) => callee,
+            Err(fault) => return self.refuse(fault),
         };
         if builtins::is_builtin(callee) {
             if let Err(kind) = builtins::arity(callee, args.len()) {
                 return self.refuse(Fault::at(loc, kind));
             }
-            return match builtins::FORMS.contains(&callee.as_str()) {
+            return match builtins::FORMS.contains(&callee) {
                 true => self.form(callee, args),
                 false => self.visit_all(args),
             };
@@ -102,26 +102,26 @@ impl<'a> Checker<'a> {
         if let Some((base, method)) = callee.split_once('.') {
             return self.method(callee, base, method, args, loc);
         }
-        match self.functions.get(callee.as_str()) {
+        match self.functions.get(callee) {
             // Definitions further down may take this many: the first pass looks on.
             _ if self.collecting => self.visit_all(args),
             None => Err(Fault::at(
                 head.loc,
-                ErrorKind::UnknownFunction(callee.clone()),
+                ErrorKind::UnknownFunction(callee.to_string()),
             )),
-            // Only malformed definitions: running one fails with an error of its own.
+            // Only malformed definitions: each is refused where it stands.
             Some(arities) if arities.is_empty() || arities.contains(&args.len()) => {
                 self.visit_all(args)
             }
             Some(arities) => {
                 let kind = match arities[..] {
                     [expected] => ErrorKind::Arity {
-                        name: callee.clone(),
+                        name: callee.to_string(),
                         expected,
                         got: args.len(),
                     },
                     _ => ErrorKind::ArityOneOf {
-                        name: callee.clone(),
+                        name: callee.to_string(),
                         expected: arities.clone(),
                         got: args.len(),
                     },
@@ -168,20 +168,14 @@ impl<'a> Checker<'a> {
                 Err(fault) => self.refuse(fault),
             },
             ("let", [bindings, body @ ..]) => {
-                let ExprKind::List(bindings) = &bindings.kind else {
-                    let kind = ErrorKind::Malformed("expected a list of bindings");
-                    return self.refuse(Fault::at(bindings.loc, kind));
+                let bindings = match eval::let_bindings(bindings) {
+                    Ok(bindings) => bindings,
+                    Err(fault) => return self.refuse(fault),
                 };
                 for binding in bindings {
-                    match &binding.kind {
-                        ExprKind::List(pair) if pair.len() == 2 => match name(&pair[0]) {
-                            Ok(_) => self.visit(&pair[1])?,
-                            Err(fault) => return self.refuse(fault),
-                        },
-                        _ => {
-                            let kind = ErrorKind::Malformed("a let binding must be (name value)");
-                            return self.refuse(Fault::at(binding.loc, kind));
-                        }
+                    match eval::let_binding(binding) {
+                        Ok((_, value)) => self.visit(value)?,
+                        Err(fault) => return self.refuse(fault),
                     }
                 }
                 self.visit_all(body)

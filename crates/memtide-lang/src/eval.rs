@@ -91,6 +91,40 @@ pub(crate) fn name(expr: &Expr) -> Result<&str, Fault> {
     }
 }
 
+/// The name a call's head gives, or why every run of the call fails.
+pub(crate) fn callee(head: &Expr) -> Result<&str, Fault> {
+    match &head.kind {
+        ExprKind::Symbol(callee) => Ok(callee),
+        _ => Err(Fault::at(
+            head.loc,
+            ErrorKind::Malformed("expected a function name"),
+        )),
+    }
+}
+
+/// The bindings of `(let BINDINGS BODY…)`, or why every run of it fails.
+pub(crate) fn let_bindings(bindings: &Expr) -> Result<&[Expr], Fault> {
+    match &bindings.kind {
+        ExprKind::List(bindings) => Ok(bindings),
+        _ => Err(Fault::at(
+            bindings.loc,
+            ErrorKind::Malformed("expected a list of bindings"),
+        )),
+    }
+}
+
+/// One of `let`'s bindings, `(name value)`: its name and the value to evaluate, or why
+/// evaluation stops at it.
+pub(crate) fn let_binding(binding: &Expr) -> Result<(&str, &Expr), Fault> {
+    match &binding.kind {
+        ExprKind::List(pair) if pair.len() == 2 => Ok((name(&pair[0])?, &pair[1])),
+        _ => Err(Fault::at(
+            binding.loc,
+            ErrorKind::Malformed("a let binding must be (name value)"),
+        )),
+    }
+}
+
 /// The name and parameters `(def FUNCTION PARAMS BODY)` defines, or why every run of it
 /// fails: a name that cannot be bound or is built in, parameters that are no list of
 /// names.
@@ -203,13 +237,8 @@ impl<'a> Evaluator<'a> {
     }
 
     fn call(&mut self, head: &'a Expr, args: &'a [Expr], loc: Loc) -> Result<Value, Fault> {
-        let ExprKind::Symbol(callee) = &head.kind else {
-            return Err(Fault::at(
-                head.loc,
-                ErrorKind::Malformed("expected a function name"),
-            ));
-        };
-        if builtins::FORMS.contains(&callee.as_str()) {
+        let callee = callee(head)?;
+        if builtins::FORMS.contains(&callee) {
             self.call_form(callee, args, loc)
         } else if callee.contains('.') {
             self.call_method(callee, args, loc)
@@ -305,27 +334,12 @@ impl<'a> Evaluator<'a> {
 
     /// `(let ((name value) …) body…)`: bind sequentially in a new scope.
     fn eval_let(&mut self, bindings: &'a Expr, body: &'a [Expr]) -> Result<Value, Fault> {
-        let ExprKind::List(bindings) = &bindings.kind else {
-            return Err(Fault::at(
-                bindings.loc,
-                ErrorKind::Malformed("expected a list of bindings"),
-            ));
-        };
+        let bindings = let_bindings(bindings)?;
         self.scopes.push();
         for binding in bindings {
-            match &binding.kind {
-                ExprKind::List(pair) if pair.len() == 2 => {
-                    let name = name(&pair[0])?;
-                    let value = self.eval(&pair[1])?;
-                    self.scopes.bind(name, value);
-                }
-                _ => {
-                    return Err(Fault::at(
-                        binding.loc,
-                        ErrorKind::Malformed("a let binding must be (name value)"),
-                    ))
-                }
-            }
+            let (name, value) = let_binding(binding)?;
+            let value = self.eval(value)?;
+            self.scopes.bind(name, value);
         }
         let result = self.eval_body(body)?;
         self.scopes.pop();
