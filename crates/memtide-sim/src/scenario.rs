@@ -1,7 +1,7 @@
 //! Scenario files (TOML): the host, the costs of faults, the VMs and their workloads.
 //! Every field, its unit and its default are documented in `docs/simulator.md`.
 
-use crate::workload::WorkloadSpec;
+use crate::workload::{WorkloadSpec, ABOVE_ZERO};
 use memtide_core::tiering::age::AgeConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -492,7 +492,7 @@ impl Scenario {
             return Err(invalid("ticks".into(), "must be at least 1"));
         }
         if !positive(self.tick_s) {
-            return Err(invalid("tick_s".into(), "must be a finite number above 0"));
+            return Err(invalid("tick_s".into(), ABOVE_ZERO));
         }
         let h = &self.host;
         for (name, v) in [
@@ -525,10 +525,7 @@ impl Scenario {
             }
         }
         if !positive(c.balloon_mib_s) {
-            return Err(invalid(
-                "costs.balloon_mib_s".into(),
-                "must be a finite number above 0",
-            ));
+            return Err(invalid("costs.balloon_mib_s".into(), ABOVE_ZERO));
         }
         if self.vms.is_empty() {
             return Err(invalid("vm".into(), "needs at least one VM"));
@@ -603,10 +600,7 @@ impl Scenario {
             }
             let w = &vm.workload;
             if !positive(w.base_mib_s) {
-                return Err(invalid(
-                    at("workload.base_mib_s"),
-                    "must be a finite number above 0",
-                ));
+                return Err(invalid(at("workload.base_mib_s"), ABOVE_ZERO));
             }
             for (name, v) in [
                 ("hot_pct", w.hot_pct),
@@ -653,10 +647,7 @@ impl Scenario {
                 return Err(invalid("tiers.latency_factor".into(), "must be at least 1"));
             }
             if !positive(t.rate_mib_s) {
-                return Err(invalid(
-                    "tiers.rate_mib_s".into(),
-                    "must be a finite number above 0",
-                ));
+                return Err(invalid("tiers.rate_mib_s".into(), ABOVE_ZERO));
             }
             if !size(t.margin_pct) {
                 return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
@@ -676,7 +667,7 @@ impl Scenario {
             if !positive(t.promotion_slo_pct_per_min) {
                 return Err(invalid(
                     "tiers.promotion_slo_pct_per_min".into(),
-                    "must be a finite number above 0",
+                    ABOVE_ZERO,
                 ));
             }
         }
@@ -690,10 +681,7 @@ impl Scenario {
                 }
             }
             if !positive(d.window_s) {
-                return Err(invalid(
-                    "density.window_s".into(),
-                    "must be a finite number above 0",
-                ));
+                return Err(invalid("density.window_s".into(), ABOVE_ZERO));
             }
             if d.reserves_pct.is_empty() || !d.reserves_pct.iter().all(|&r| pct(r)) {
                 return Err(invalid(

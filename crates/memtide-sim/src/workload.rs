@@ -8,6 +8,10 @@ use crate::guest::pages;
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
+/// Why a rate, a length of time or a count of seconds is refused: it must be finite and
+/// above 0 (scenario and workload checks alike).
+pub(crate) const ABOVE_ZERO: &str = "must be a finite number above 0";
+
 /// A size over time, in MiB.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -174,10 +178,7 @@ impl Shape {
                         return err(&format!("phases[{i}].mib"), "must be a size ≥ 0");
                     }
                     if !(p.duration_s.is_finite() && p.duration_s > 0.0) {
-                        return err(
-                            &format!("phases[{i}].duration_s"),
-                            "must be a finite number above 0",
-                        );
+                        return err(&format!("phases[{i}].duration_s"), ABOVE_ZERO);
                     }
                 }
                 Ok(())
@@ -194,7 +195,7 @@ impl Shape {
                 } else if !(max_mib.is_finite() && max_mib >= min_mib) {
                     err("max_mib", "must be at least min_mib")
                 } else if !(period_s.is_finite() && *period_s > 0.0) {
-                    err("period_s", "must be a finite number above 0")
+                    err("period_s", ABOVE_ZERO)
                 } else if !phase_s.is_finite() {
                     err("phase_s", "must be a number")
                 } else {
@@ -215,7 +216,7 @@ impl Shape {
                 } else if !size_ok(*step_mib) {
                     err("step_mib", "must be a size ≥ 0")
                 } else if !(every_s.is_finite() && *every_s > 0.0) {
-                    err("every_s", "must be a finite number above 0")
+                    err("every_s", ABOVE_ZERO)
                 } else if start_mib.is_some_and(|s| !(s >= *min_mib && s <= *max_mib)) {
                     err("start_mib", "must be within min_mib and max_mib")
                 } else {
