@@ -214,10 +214,12 @@ impl View {
         });
     }
 
-    /// The VM's rates and the control's since `mark`, within `span` seconds of it, and
-    /// over 3 s at least: what happened since may have taken less than three reports.
+    /// The VM's rates and the control's since `mark`, within `span` seconds of it (once
+    /// both have reported that far), and over 3 s at least: what happened since may
+    /// have taken less than three reports.
     fn rates_since(&mut self, log: &str, mark: (f64, f64), span: f64) -> Window {
-        self.wait_past(log, mark, 3.0);
+        let past = if span.is_finite() { span.max(3.0) } else { 3.0 };
+        self.wait_past(log, mark, past);
         Window::new(
             &rates_after(&self.agent.read_file(log), mark.0, span),
             &rates_after(&self.agent.read_file(CTL_LOG), mark.1, span),
@@ -228,9 +230,7 @@ impl View {
     /// guest's time.
     fn window(&mut self, log: &str) -> Window {
         let mark = self.mark(log);
-        let w = window_s() as f64;
-        self.wait_past(log, mark, w);
-        self.rates_since(log, mark, w)
+        self.rates_since(log, mark, window_s() as f64)
     }
 }
 
