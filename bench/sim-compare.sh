@@ -13,7 +13,7 @@ target=${CARGO_TARGET_DIR:-target}
 cargo build --release -p memtide
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] ||
-  scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms)
+  scenarios=(memknobs-32 mixed-8 quick fleet-1000 no-overcommit burst cloud-mix small-vms periodic)
 policies=(none mom proxmox esx memtide)
 {
   echo "# commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+changes')"

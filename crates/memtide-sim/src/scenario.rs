@@ -399,7 +399,7 @@ impl VmSpec {
 }
 
 /// The built-in scenarios: name and TOML text.
-const BUILTIN: [(&str, &str); 10] = [
+const BUILTIN: [(&str, &str); 11] = [
     ("memknobs-32", include_str!("../scenarios/memknobs-32.toml")),
     ("mixed-8", include_str!("../scenarios/mixed-8.toml")),
     ("quick", include_str!("../scenarios/quick.toml")),
@@ -411,6 +411,7 @@ const BUILTIN: [(&str, &str); 10] = [
     ("burst", include_str!("../scenarios/burst.toml")),
     ("cloud-mix", include_str!("../scenarios/cloud-mix.toml")),
     ("small-vms", include_str!("../scenarios/small-vms.toml")),
+    ("periodic", include_str!("../scenarios/periodic.toml")),
     ("density", include_str!("../scenarios/density.toml")),
     (
         "tiered-redis",

@@ -226,7 +226,7 @@ enum Command {
     /// Run a scenario in the simulator under one or more policies (see docs/simulator.md).
     Sim {
         /// A built-in scenario (memknobs-32, mixed-8, quick, fleet-1000, no-overcommit,
-        /// burst, cloud-mix, small-vms, density, tiered-redis) or a scenario file.
+        /// burst, cloud-mix, small-vms, periodic, density, tiered-redis) or a scenario file.
         scenario: String,
         /// The policy: a built-in name or a policy file.
         #[arg(long, default_value = "memtide", conflicts_with = "compare")]

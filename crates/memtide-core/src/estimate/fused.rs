@@ -22,8 +22,9 @@
 //! with its balloon already inflated (managed before: memtide restarted) starts from its
 //! current size, held for a cool-down, not from its need afresh.
 
-use super::{clamp, epochs, Allocation, Estimate, Observation, TickInterval};
+use super::{clamp, epochs, Allocation, Estimate, Keep, KeepWhy, Observation, TickInterval};
 use crate::need::NeedLevel;
+use crate::policy::peak::WINDOW;
 use crate::signals::{kernel_seen_touched, PAGE};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -200,6 +201,10 @@ pub struct Fused {
     /// When the guest last freed memory, what the host backed of it then and how much it
     /// freed: what its free page reporting has still to give back.
     freed_at: Option<(Duration, Option<Bytes>, Bytes)>,
+    /// The need (with its margin) the guest last freed memory from, at its highest over
+    /// the releases since, each within [`WINDOW`] of the last, and until when it may keep
+    /// it ([`WINDOW`] after the last): see [`Fused::freed_keep`].
+    freed_peak: Option<(Duration, Bytes)>,
     interval: TickInterval,
 }
 
@@ -223,6 +228,14 @@ pub struct FusedMemory {
     /// field read as false).
     #[serde(default)]
     pub sampling: bool,
+    /// The need the guest last freed memory from, as far as it may still keep it
+    /// ([`Fused::freed_keep`]), and for how many seconds more (none, 0, in files written
+    /// before these fields existed).
+    #[serde(default)]
+    pub freed_peak: Bytes,
+    /// Seconds left of [`FusedMemory::freed_peak`].
+    #[serde(default)]
+    pub freed_peak_s: f64,
 }
 
 /// Ticks without Committed_AS across which the last figure is still compared.
@@ -424,6 +437,10 @@ impl Fused {
             hold_s: self.hold_until.saturating_sub(at).as_secs_f64(),
             exact: self.exact,
             sampling: !self.touched.is_empty(),
+            freed_peak: self.freed_peak.map_or(Bytes::ZERO, |(_, b)| b),
+            freed_peak_s: self
+                .freed_peak
+                .map_or(0.0, |(until, _)| until.saturating_sub(at).as_secs_f64()),
         })
     }
 
@@ -443,6 +460,7 @@ impl Fused {
             hold_for: "what was learnt before a restart or a reload",
             backoffs: m.backoffs,
             exact: m.exact,
+            freed_peak: (m.freed_peak_s > 0.0).then(|| (at + secs(m.freed_peak_s), m.freed_peak)),
             ..Fused::default()
         }
     }
@@ -581,6 +599,40 @@ impl Fused {
             .filter(|_| level == NeedLevel::Ample)
             .map(|k| k.min(obs.configured))
             .filter(|k| *k > wss)
+    }
+
+    /// What a guest that freed memory within [`WINDOW`] may keep while memory is ample, on
+    /// top of its estimate `wss`, as far as memory is not divided (the policy decides):
+    /// the need it freed from, at its highest over its releases since, less what of it
+    /// the host saw cold. A program that freed memory may allocate it again, and touch it
+    /// within the tick, faster than any balloon deflates: taken back, the guest swaps it
+    /// in, or is OOM-killed where its swap cannot hold it (found by an operator audit and
+    /// reproduced in the simulator: a 384 MiB guest alternating a 240 MiB and a 60 MiB
+    /// phase every minute on an idle 16 GiB host ran at 0.92 of no management's
+    /// throughput, with 151 303 swap-ins and an OOM kill, where every baseline left it
+    /// alone). Where memory is ample, nobody wants what taking it would free; after
+    /// [`WINDOW`] without freeing more, the guest is taken to have stopped needing it.
+    /// Not kept by raising the estimate: held at its peak, memknobs guests sharing a
+    /// crowded host divided it by their peaks and churned (40 000 balloon actions,
+    /// 2.2 million swap-ins, where keeping it out of memory no VM wants ran 250 and
+    /// 94 000).
+    fn freed_keep(
+        &self,
+        obs: &Observation,
+        level: NeedLevel,
+        cold: Option<Bytes>,
+        wss: Bytes,
+    ) -> Option<Keep> {
+        let (until, peak) = self
+            .freed_peak
+            .filter(|(until, _)| level == NeedLevel::Ample && obs.at < *until)?;
+        let size = (peak - cold.unwrap_or_default()).min(obs.configured);
+        (size > wss).then(|| Keep {
+            size,
+            why: KeepWhy::Freed {
+                ago: (obs.at + WINDOW).saturating_sub(until),
+            },
+        })
     }
 
     /// Advance one tick. Needs MemAvailable (guest agent or balloon statistics) or, at
@@ -769,6 +821,8 @@ impl Fused {
         let recovering =
             kills == 0 && !allocated && self.last_backoff_faults.is_some_and(|last| faults < last);
         let mut hold_s = 0;
+        // Where a release stopped short to leave room for allocating it again.
+        let mut refilled = None;
         let touched_bound = hot.map(|h| TouchedBound::new(cfg, obs, need, floor, h));
         let touched_need = touched_bound.map(|t| t.bound);
         // Fast until the first back-off since the last rebase (TWS's FAST), then slowly;
@@ -895,10 +949,26 @@ impl Fused {
             // counts as needed (or stay, where probing found less was enough), instead of
             // probing down to it a step at a time (found on real guests: a 384 MiB guest
             // that freed 170 MiB gave it back at 4 MiB a tick while its neighbours swapped).
-            estimate = (estimate - freed).max(estimate.min(base));
+            // Not so far that allocating it again would overflow the guest's RAM and half
+            // its swap (its other half for what it swaps beside, as where cold memory is
+            // taken): a program may touch what it allocates within the tick, before the
+            // balloon deflates (found in the simulator: a guest alternating a 240 MiB and a
+            // 60 MiB phase, released to its 60 MiB need, was OOM-killed when its 240 MiB
+            // phase came back 400 s later; bounded, it swapped for a tick).
+            let refill = s
+                .swap_free
+                .zip(s.swap_used)
+                .map_or(Bytes::ZERO, |(free, used)| from - (free + used).scale(0.5));
+            let released = (estimate - freed).max(estimate.min(base));
+            if released < refill.min(estimate) {
+                refilled = Some(refill.min(estimate));
+            }
+            estimate = released.max(estimate.min(refill));
             self.failed_at = None;
             self.freed_at = Some((obs.at, obs.backed, freed));
             self.released_at = Some(obs.at);
+            let earlier = self.freed_peak.filter(|(until, _)| obs.at < *until);
+            self.freed_peak = Some((obs.at + WINDOW, earlier.map_or(from, |(_, b)| b.max(from))));
             "release"
         } else if obs.at < self.hold_until {
             "hold"
@@ -997,7 +1067,15 @@ impl Fused {
         if allocated || rebase || short {
             self.freed_at = None;
         }
-        let keep = self.reported_keep(cfg, obs, level, wss);
+        let keep = self
+            .reported_keep(cfg, obs, level, wss)
+            .map(|size| Keep {
+                size,
+                why: KeepWhy::Reported,
+            })
+            .into_iter()
+            .chain(self.freed_keep(obs, level, cold, wss))
+            .max_by_key(|k| k.size);
         let told = Told {
             wss,
             need,
@@ -1016,6 +1094,7 @@ impl Fused {
             cold,
             allocation,
             freed,
+            refilled,
         };
         let detail = told.detail(phase, cfg);
         let allocation = self.filling(cfg, obs.at).map(|ago| Allocation {
@@ -1054,6 +1133,8 @@ struct Told {
     cold: Option<Bytes>,
     allocation: Option<Bytes>,
     freed: Option<Bytes>,
+    /// How far a release went where it stopped short of the guest's need.
+    refilled: Option<Bytes>,
 }
 
 impl Told {
@@ -1134,8 +1215,11 @@ impl Told {
                 self.allocation.unwrap_or_default()
             ),
             "release" => format!(
-                "estimate {wss}: the guest freed {}: take it back; it counts {need} needed",
-                self.freed.unwrap_or_default()
+                "estimate {wss}: the guest freed {}: take it back{}; it counts {need} needed",
+                self.freed.unwrap_or_default(),
+                self.refilled.map_or(String::new(), |r| format!(
+                    ", no lower than {r}, where allocating it again fits in its RAM and half its swap"
+                ))
             ),
             "recover" => format!(
                 "estimate {wss}: holding: {faults} pages faulted back, fewer than at the back-off (the guest recovers)"
@@ -1405,6 +1489,117 @@ mod tests {
         // After the cool-down, an allocation counts alone.
         assert_eq!(step(12, 1015), None);
         assert_eq!(step(13, 1100), Some((0, 85)));
+    }
+
+    /// `o` with `free` MiB of swap free of `total`.
+    fn swap(mut o: Observation, free: u64, total: u64) -> Observation {
+        o.signals.swap_free = Some(Bytes::from_mib(free));
+        o.signals.swap_used = Some(Bytes::from_mib(total - free));
+        o
+    }
+
+    #[test]
+    fn a_release_leaves_room_to_allocate_it_again_in_the_guests_ram_and_half_its_swap() {
+        let cfg = cfg();
+        // Needing 700 MiB (730 with its margin), then 200: it freed 500.
+        let run = |swap_mib: Option<u64>| {
+            let mut f = Fused::default();
+            let o = |t, avail, committed_mib| {
+                let o = at(
+                    committed(obs(t, 1000, avail, 0), committed_mib),
+                    NeedLevel::Short,
+                );
+                swap_mib.map_or(o.clone(), |s| swap(o, s, s))
+            };
+            f.step(&cfg, &o(0, 300, 700));
+            f.step(&cfg, &o(1, 800, 200)).unwrap()
+        };
+        // With 200 MiB of swap, allocating it again must fit in its RAM and 100 MiB of it.
+        let e = run(Some(200));
+        assert_eq!((e.wss.mib_f64(), e.phase), (630.0, "release"));
+        assert!(
+            e.detail.contains("no lower than 630 MiB, where allocating it again fits in its RAM and half its swap"),
+            "{}",
+            e.detail
+        );
+        // With 1 GiB of it, to its need: it fits its swap's half.
+        let e = run(Some(1024));
+        assert_eq!((e.wss.mib_f64(), e.phase), (230.0, "release"));
+        assert!(!e.detail.contains("no lower"), "{}", e.detail);
+        // Without swap, nothing: what it freed would come back as an OOM kill.
+        assert_eq!(run(Some(0)).wss.mib_f64(), 730.0);
+        // Its swap unknown (no agent figures of it): to its need, as before.
+        assert_eq!(run(None).wss.mib_f64(), 230.0);
+    }
+
+    #[test]
+    fn what_a_guest_freed_it_keeps_while_memory_is_ample_for_the_window_after_it_last_frees() {
+        let cfg = cfg();
+        let mut f = Fused::default();
+        let mut step = |t: u64, avail, committed_mib, level| {
+            let o = at(committed(obs(t, 1000, avail, 0), committed_mib), level);
+            let e = f.step(&cfg, &swap(o, 1024, 1024)).unwrap();
+            (e.wss.mib_f64(), e.keep.map(|k| (k.size.mib_f64(), k.why)))
+        };
+        let freed = |ago| {
+            Some((
+                730.0,
+                KeepWhy::Freed {
+                    ago: Duration::from_secs(ago),
+                },
+            ))
+        };
+        // Needing 700 MiB, then 200: released to 230, it keeps the 730 it freed from.
+        assert_eq!(step(0, 300, 700, NeedLevel::Ample), (730.0, None));
+        assert_eq!(step(1, 800, 200, NeedLevel::Ample), (230.0, freed(0)));
+        // Not while the host's need is tight.
+        assert_eq!(step(100, 800, 200, NeedLevel::Tight).1, None);
+        assert_eq!(step(200, 800, 200, NeedLevel::Ample).1, freed(199));
+        // A smaller release within the window keeps the larger need and restarts it.
+        // Allocating 100 MiB again raises its estimate, not what it may keep.
+        assert_eq!(step(250, 700, 300, NeedLevel::Ample), (330.0, freed(249)));
+        assert_eq!(step(251, 800, 200, NeedLevel::Ample), (230.0, freed(0)));
+        assert_eq!(step(550, 800, 200, NeedLevel::Ample).1, freed(299));
+        // The window past with nothing freed since: it keeps its estimate.
+        assert_eq!(step(552, 800, 200, NeedLevel::Ample), (230.0, None));
+    }
+
+    #[test]
+    fn what_a_guest_may_keep_of_what_it_freed_is_kept_across_a_restart() {
+        let cfg = cfg();
+        let mut f = Fused::default();
+        let o = |t, avail, committed_mib| {
+            let o = at(
+                committed(obs(t, 1000, avail, 0), committed_mib),
+                NeedLevel::Ample,
+            );
+            swap(o, 1024, 1024)
+        };
+        f.step(&cfg, &o(0, 300, 700));
+        f.step(&cfg, &o(1, 800, 200));
+        let m = f.memory(Duration::from_secs(101)).unwrap();
+        assert_eq!((m.freed_peak.mib_f64(), m.freed_peak_s), (730.0, 200.0));
+        let text = serde_json::to_string(&m).unwrap();
+        let read: FusedMemory = serde_json::from_str(&text).unwrap();
+        // Recalled at another clock (a new daemon's): 100 s after it freed, 200 s left.
+        let mut g = Fused::recall(&read, Duration::from_secs(5));
+        let mut late = o(6, 800, 200);
+        late.size = Bytes::from_mib(230);
+        let e = g.step(&cfg, &late).unwrap();
+        assert_eq!(
+            e.keep.map(|k| (k.size.mib_f64(), k.why)),
+            Some((
+                730.0,
+                KeepWhy::Freed {
+                    ago: Duration::from_secs(101)
+                }
+            ))
+        );
+        // A file written before the fields existed keeps nothing.
+        let old = r#"{"estimate":300,"base":300,"backoffs":0,"hold_s":0.0,"exact":false}"#;
+        let read: FusedMemory = serde_json::from_str(old).unwrap();
+        let mut h = Fused::recall(&read, Duration::ZERO);
+        assert_eq!(h.step(&cfg, &o(1, 700, 300)).unwrap().keep, None);
     }
 
     #[test]
@@ -2399,7 +2594,7 @@ mod tests {
             o.free_page_reporting = fpr;
             o
         };
-        let keep = |e: Option<Estimate>| e.unwrap().keep.map(|k| k.mib_f64());
+        let keep = |e: Option<Estimate>| e.unwrap().keep.map(|k| k.size.mib_f64());
         let (cfg, ample) = (cfg(), NeedLevel::Ample);
         // Needing 700 MiB, 300 free and reported: its estimate is its need and margin
         // either way; with reporting it may keep its size.
@@ -2412,12 +2607,21 @@ mod tests {
         let e = f.step(&cfg, &o(0, 300, 0, 700, true, ample)).unwrap();
         assert_eq!(
             (e.wss.mib_f64(), e.keep),
-            (730.0, Some(Bytes::from_mib(1000)))
+            (
+                730.0,
+                Some(Keep {
+                    size: Bytes::from_mib(1000),
+                    why: KeepWhy::Reported
+                })
+            )
         );
         // It frees 300 MiB more: the estimate falls to its need, what it may keep does not.
         let e = f.step(&cfg, &o(1, 600, 0, 400, true, ample)).unwrap();
         assert_eq!((e.wss.mib_f64(), e.phase), (430.0, "release"));
-        assert_eq!(e.keep, Some(Bytes::from_mib(1000)));
+        assert_eq!(
+            e.keep.map(|k| (k.size, k.why)),
+            Some((Bytes::from_mib(1000), KeepWhy::Reported))
+        );
         // Free memory the host still backs (a driver that does not report) is not kept.
         let mut n = Fused::default();
         assert_eq!(keep(n.step(&cfg, &o(0, 300, 0, 1000, true, ample))), None);
@@ -2452,7 +2656,7 @@ mod tests {
             o.free_page_reporting = true;
             o
         };
-        let keep = |e: Estimate| e.keep.map(|k| k.mib_f64());
+        let keep = |e: Estimate| e.keep.map(|k| k.size.mib_f64());
         let cfg = cfg();
         // Needing 700 MiB, 100 of its 300 free not reported (the host backs 800): it
         // keeps its need, margin and the 200 reported (930).

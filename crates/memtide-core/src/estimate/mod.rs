@@ -57,13 +57,35 @@ pub struct Estimate {
     /// The estimate and the inputs behind it, in words (formatted once: estimators run
     /// for every VM every tick).
     pub detail: String,
-    /// A size above `wss` the guest may keep where memory is not divided: its page cache
-    /// and the free memory free page reporting gave back to the host.
-    pub keep: Option<Bytes>,
+    /// A size above `wss` the guest may keep where memory is not divided.
+    pub keep: Option<Keep>,
     /// The guest's last allocation, this tick or within the cool-down that follows new
     /// demand and not ended by a release since (memtide's estimator only): it may still
     /// be touching what it allocated.
     pub allocation: Option<Allocation>,
+}
+
+/// A size above its estimate a guest may keep out of memory no VM wants
+/// ([`Estimate::keep`]), and why.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Keep {
+    /// The size.
+    pub size: Bytes,
+    /// Why it may keep it.
+    pub why: KeepWhy,
+}
+
+/// Why a guest may keep more than its estimate ([`Keep`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepWhy {
+    /// Its page cache and the free memory free page reporting gave back to the host.
+    Reported,
+    /// What it freed lately, `ago` ago: it may allocate it again.
+    Freed {
+        /// How long ago it last freed memory.
+        ago: Duration,
+    },
 }
 
 /// An allocation a guest may still be filling ([`Estimate::allocation`]).

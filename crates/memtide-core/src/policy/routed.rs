@@ -202,6 +202,8 @@ mod tests {
             hold_s: 0.0,
             exact: false,
             sampling: false,
+            freed_peak: Bytes::ZERO,
+            freed_peak_s: 0.0,
         };
         let keeps = || Box::new(Keeps(BTreeMap::new()));
         // "db" is decided by a policy that keeps nothing: what was saved for it is not

@@ -8,7 +8,7 @@ use super::burst::BurstRoom;
 use super::divide::{self, backed, capacity, capacity_of, credible, divide_by_use, Claim};
 use super::killed::{Killed, Recovering, Tick};
 use super::ksmtuned::{self, KsmConfig};
-use super::peak::Peak;
+use super::peak::{Peak, WINDOW};
 use super::reserved::Reserved;
 use super::trust::Trust;
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
@@ -17,7 +17,7 @@ use crate::estimate::fused::{costless, Fused, FusedConfig, FusedMemory};
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
-use crate::estimate::{Estimate, Observation};
+use crate::estimate::{Estimate, Keep, KeepWhy, Observation};
 use crate::need::{Need, NeedLevel};
 use crate::stats::{DomainScope, SwapRoom};
 use crate::units::{Bytes, Percent};
@@ -468,6 +468,7 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         ("memtide", "no_swap") => "memtide.no_swap",
         ("memtide", "zram") => "memtide.zram",
         ("memtide", "reported") => "memtide.reported",
+        ("memtide", "reuse") => "memtide.reuse",
         ("memtide", "cold") => "memtide.cold",
         ("memtide", "touched") => "memtide.touched",
         ("memtide", "sampling") => "memtide.sampling",
@@ -481,6 +482,29 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
         _ => return Cow::Owned(format!("{policy}.{phase}")),
     };
     Cow::Borrowed(known)
+}
+
+/// The phase under which a guest keeps more than its estimate ([`Keep`]).
+fn keep_rule(keep: Option<Keep>) -> &'static str {
+    match keep.map(|k| k.why) {
+        Some(KeepWhy::Freed { .. }) => "reuse",
+        _ => "reported",
+    }
+}
+
+/// Why a guest keeps more than its estimate, in words.
+fn keep_why(keep: Option<Keep>) -> String {
+    match keep.map(|k| k.why) {
+        Some(KeepWhy::Freed { ago }) => format!(
+            "it keeps what it freed {:.0} s ago (it may allocate it again within a tick) until \
+             {:.0} s pass without it freeing more",
+            ago.as_secs_f64(),
+            WINDOW.as_secs_f64()
+        ),
+        _ => {
+            "it keeps its page cache and the free memory free page reporting gave back".to_string()
+        }
+    }
 }
 
 /// One tick's observation of a VM.
@@ -873,7 +897,9 @@ impl Policy for WorkingSet {
         // at every phase, and stalled as the next one began, though not all of their
         // domain was wanted).
         let kept = |(vm, e, ..): &(&VmInput<'_>, Estimate, _, _, _, _, _, _), want: Bytes| {
-            e.keep.map(|k| k.min(vm.limits.max)).filter(|k| *k > want)
+            e.keep
+                .map(|k| k.size.min(vm.limits.max))
+                .filter(|k| *k > want)
         };
         let keeps: Vec<Option<Bytes>> = estimated
             .iter()
@@ -946,10 +972,9 @@ impl Policy for WorkingSet {
             let (target, rule, mut detail) = match keep.filter(|(kept, ..)| *kept > target) {
                 Some((kept, above, short)) => (
                     kept,
-                    rule(policy, "reported"),
+                    rule(policy, keep_rule(e.keep)),
                     format!(
-                        "{}; kept at {kept}{}: memory is ample; it keeps its page cache and \
-                         the free memory free page reporting gave back",
+                        "{}; kept at {kept}{}: memory is ample; {}",
                         e.detail,
                         if short > Bytes::ZERO {
                             format!(
@@ -958,7 +983,8 @@ impl Policy for WorkingSet {
                             )
                         } else {
                             String::new()
-                        }
+                        },
+                        keep_why(e.keep)
                     ),
                 ),
                 None if target > lift.below && lift.whole.is_some() => (
@@ -1819,6 +1845,43 @@ mod tests {
             "{:?}",
             target(&o, "a")
         );
+    }
+
+    #[test]
+    fn what_a_guest_freed_it_keeps_out_of_what_no_vm_wants_while_memory_is_ample() {
+        // "a" needs 700 MiB, then frees 500 of it: its estimate falls to its need and
+        // margin (230), but memory being ample it is ballooned only to the 730 it freed
+        // from, as it may allocate that again; the reason says so. (`freed`: on a host of
+        // `total` MiB with `free` free.)
+        let freed = |total, free| {
+            let with_swap = |_: usize, _: &mut VmSample, s: &mut Signals| {
+                (s.swap_free, s.swap_used) = (Some(Bytes::from_mib(1024)), Some(Bytes::ZERO));
+            };
+            let mut p = memtide();
+            let stats = || testkit::host(total, free);
+            let needing = [("a", 1024, 324, 1000, 700)];
+            decide_at(&mut p, 0, stats(), &needing, with_swap);
+            let freed = [("a", 1024, 824, 1000, 200)];
+            decide_at(&mut p, 1, stats(), &freed, with_swap)
+        };
+        let o = freed(8192, 6000);
+        assert_eq!((target(&o, "a"), o.estimates["a"].mib()), (Some(730), 230));
+        let why = &o.balloon["a"].reason;
+        assert_eq!(why.rule, "memtide.reuse");
+        assert!(
+            why.detail.contains(
+                "kept at 731 MiB: memory is ample; it keeps what it freed 0 s ago (it may \
+                 allocate it again within a tick) until 300 s pass without it freeing more"
+            ),
+            "{}",
+            why.detail
+        );
+        // Where memory is tight (794 MiB freeable at costless sizes, 4.8% of 16 GiB), to
+        // its estimate.
+        let o = freed(16384, 0);
+        assert_eq!(o.balloon["a"].reason.rule, "memtide.release");
+        assert_eq!(target(&o, "a"), Some(230));
+        assert_eq!(o.need.map(|n| n.level), Some(NeedLevel::Tight));
     }
 
     #[test]
