@@ -279,7 +279,15 @@ impl Engine {
             }
             if let Some(p) = output.balloon.remove(name) {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
-                let delivered = s.snap.target.or(report.actual);
+                // Where the backend knows no target (a VM first seen, or reconnected to)
+                // the guest's size is QEMU's target only while it is whole: one ballooned
+                // below its size is sent memtide's even where it is at it already, so
+                // that QEMU's target is known (found in an audit: a QEMU reconnected
+                // after a hang showed no target in status and metrics for as long as its
+                // guest stayed at its minimum, though QEMU held one).
+                let delivered = s.snap.target.or(report
+                    .actual
+                    .filter(|a| report.configured.is_some_and(|c| *a >= c)));
                 let resend = self
                     .vms
                     .get_mut(name)

@@ -89,6 +89,40 @@ fn targets_are_sent_only_when_they_change() {
     );
 }
 
+/// A guest ballooned below its size whose backend knows no target (a QEMU reconnected to)
+/// is sent memtide's even where it is at it, so that QEMU's target is known; a whole
+/// guest's size is its target.
+#[test]
+fn a_ballooned_guest_whose_target_is_unknown_is_sent_it_once() {
+    let fixed = |mib| {
+        Engine::new(
+            EngineConfig::default(),
+            Box::new(Fixed(Bytes::from_mib(mib))),
+        )
+    };
+    let at_500 = vm("a", 1000, 500, 100);
+    let mut e = fixed(500);
+    let d = e.tick(&snapshot(0, host(4000, 400), vec![at_500.clone()]));
+    assert_eq!(balloon_targets(&d.actions), vec![("a".to_string(), 500)]);
+    assert_eq!(d.vms[0].target, Some(Bytes::from_mib(500)));
+    // Known from then on: not sent again.
+    let mut known = at_500;
+    known.target = Some(Bytes::from_mib(500));
+    let d = e.tick(&snapshot(1, host(4000, 400), vec![known]));
+    assert!(balloon_targets(&d.actions).is_empty(), "{:?}", d.actions);
+    assert_eq!(
+        d.vms[0].reason.as_ref().unwrap().rule,
+        "safeguard.unchanged"
+    );
+    // A whole guest asked for its size is not.
+    let d = fixed(1000).tick(&snapshot(
+        0,
+        host(4000, 400),
+        vec![vm("b", 1000, 1000, 600)],
+    ));
+    assert!(balloon_targets(&d.actions).is_empty(), "{:?}", d.actions);
+}
+
 #[test]
 fn targets_stay_within_min_and_max() {
     let mut small = vm("small", 1000, 500, 90);
