@@ -972,12 +972,18 @@ impl Fused {
             "release"
         } else if obs.at < self.hold_until {
             "hold"
-        } else if obs.size > estimate + probe {
+        } else if obs.size > estimate.max(obs.min) + probe {
             // A probe is tried by the guest living at that level: no deeper while the
             // balloon has not brought it there (found in the simulator: a 4 GiB guest
             // whose balloon took 7 ticks to inflate was probed down to its floor and
             // thrashed when it arrived).
             "settle"
+        } else if estimate < obs.min {
+            // Its operator's min holds the guest above the estimate: a deeper probe would
+            // move no balloon (found in an audit: a guest at its 128 MiB min was said to
+            // be held "until the guest comes down to" an estimate of 105 MiB, which it
+            // never would).
+            "at_min"
         } else if let Some((_, kept)) =
             cold_target.filter(|(cold, kept)| *cold > probe && estimate > *kept + probe)
         {
@@ -1095,6 +1101,7 @@ impl Fused {
             allocation,
             freed,
             refilled,
+            min: obs.min,
         };
         let detail = told.detail(phase, cfg);
         let allocation = self.filling(cfg, obs.at).map(|ago| Allocation {
@@ -1135,6 +1142,8 @@ struct Told {
     freed: Option<Bytes>,
     /// How far a release went where it stopped short of the guest's need.
     refilled: Option<Bytes>,
+    /// The VM's min.
+    min: Bytes,
 }
 
 impl Told {
@@ -1172,6 +1181,11 @@ impl Told {
             "settle" => format!(
                 "estimate {wss}: holding until the guest comes down to it (now {})",
                 self.size
+            ),
+            "at_min" => format!(
+                "estimate {wss}: holding: the VM's min, {}, keeps the guest above it; no probe \
+                 goes below what the balloon may take",
+                self.min
             ),
             "no_agent" => format!("estimate {wss}: holding: the guest agent did not answer"),
             "probed" => format!(
@@ -1260,6 +1274,7 @@ mod tests {
             at: Duration::from_secs(t),
             size: Bytes::from_mib(size),
             configured: Bytes::from_mib(1000),
+            min: Bytes::ZERO,
             referenced: None,
             cold: None,
             free_page_reporting: false,
@@ -1307,6 +1322,32 @@ mod tests {
         assert_eq!(mib(f.step(&cfg, &obs(12, 254, 0, 0))), 244.0);
         let held = f.step(&cfg, &obs(13, 244, 0, 0)).unwrap();
         assert_eq!((held.wss.mib_f64(), held.phase), (244.0, "probed"));
+    }
+
+    #[test]
+    fn a_guest_its_min_holds_above_the_estimate_is_not_said_to_be_settling() {
+        let cfg = cfg();
+        let run = |min| {
+            let mut f = Fused::default();
+            let o = |t, size, avail| Observation {
+                min: Bytes::from_mib(min),
+                ..obs(t, size, avail, 0)
+            };
+            f.step(&cfg, &o(0, 1000, 700));
+            assert_eq!(mib(f.step(&cfg, &o(1, 330, 30))), 280.0);
+            // Probed to 280, the balloon leaves it at 300.
+            f.step(&cfg, &o(2, 300, 0)).unwrap()
+        };
+        let e = run(300);
+        assert_eq!((e.wss.mib_f64(), e.phase), (280.0, "at_min"));
+        assert!(
+            e.detail
+                .contains("the VM's min, 300 MiB, keeps the guest above it"),
+            "{}",
+            e.detail
+        );
+        // Without that min, within a step of the estimate: probing goes on.
+        assert_eq!(run(0).phase, "probe");
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct Observation {
     pub size: Bytes,
     /// The size it was started with.
     pub configured: Bytes,
+    /// The least size its operator lets the balloon leave it (its `min`).
+    pub min: Bytes,
     /// Guest memory the hypervisor saw touched in the last window, when sampled.
     pub referenced: Option<Bytes>,
     /// Guest memory the host backs that went untouched for the access tracker's cold

@@ -143,6 +143,7 @@ mod tests {
             at: Duration::from_secs(t),
             size: Bytes::from_mib(1024),
             configured: Bytes::from_mib(2048),
+            min: Bytes::ZERO,
             referenced: None,
             cold: None,
             signals: Signals {
