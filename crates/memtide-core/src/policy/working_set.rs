@@ -10,7 +10,7 @@ use super::killed::{Killed, Recovering, Tick};
 use super::ksmtuned::{self, KsmConfig};
 use super::peak::{Peak, WINDOW};
 use super::reserved::Reserved;
-use super::trust::Trust;
+use super::trust::{Claimed, Trust};
 use super::{Policy, PolicyFault, PolicyInput, PolicyOutput, Proposal, UnbackedClaim, VmInput};
 use crate::action::Reason;
 use crate::estimate::fused::{costless, Fused, FusedConfig, FusedMemory};
@@ -360,7 +360,7 @@ impl WorkingSet {
         &mut self,
         input: &PolicyInput<'_>,
         costless: &[Option<Bytes>],
-        beyond: &[Bytes],
+        beyond: &[Claimed],
     ) -> Vec<bool> {
         input
             .vms
@@ -377,9 +377,13 @@ impl WorkingSet {
                 let figures = vm.signals.available.is_some()
                     || vm.signals.committed_as.is_some()
                     || costless.is_some()
-                    || *beyond > Bytes::ZERO;
-                let claimed =
-                    figures.then(|| costless.unwrap_or_default().max(*beyond).min(configured));
+                    || beyond.whole > Bytes::ZERO;
+                let claim =
+                    |beyond: Bytes| costless.unwrap_or_default().max(beyond).min(configured);
+                let claimed = figures.then(|| Claimed {
+                    whole: claim(beyond.whole),
+                    in_ram: claim(beyond.in_ram),
+                });
                 let watched = self.watched.entry(vm.name.to_string()).or_default();
                 watched.trust.observe(
                     input.at,
@@ -407,19 +411,29 @@ fn within(claim: Bytes, credible: Option<Bytes>) -> Bytes {
 
 /// What a guest holds or has committed beyond its free swap, less what it has kept
 /// `reserved` (committed and left untouched for minutes, [`Reserved`]): below it, its next
-/// allocations are OOM kills. Returned twice: as it claims it, and with what it cannot
-/// give up counted `margin` higher, room for its kernel's free-memory watermarks (found
-/// in the simulator: a database without swap held at exactly its anonymous and kernel
-/// memory was OOM-killed). When memory is divided, no VM is given less than the second
-/// (or less than it wants, if that is smaller).
-fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> (Bytes, Bytes) {
-    let committed = s.committed_as.map_or(Bytes::ZERO, |c| {
-        let c = c - reserved;
-        s.swap_frees(c).map_or(Bytes::ZERO, |frees| c - frees)
-    });
-    s.unreclaimable.map_or((committed, committed), |kept| {
-        (committed.max(kept), committed.max(kept + margin))
-    })
+/// allocations are OOM kills. Returned as it claims it, held against what the host backs
+/// (whole, and in RAM: less what its swap holds already, [`Claimed`]), and as it is never
+/// divided below, with what it cannot give up counted `margin` higher, room for its
+/// kernel's free-memory watermarks (found in the simulator: a database without swap held
+/// at exactly its anonymous and kernel memory was OOM-killed). When memory is divided, no
+/// VM is given less than the second (or less than it wants, if that is smaller).
+fn beyond_swap(s: &crate::signals::Signals, reserved: Bytes, margin: Bytes) -> (Claimed, Bytes) {
+    let committed = s.committed_as.map_or(Bytes::ZERO, |c| c - reserved);
+    let beyond = |c: Bytes| s.swap_frees(c).map_or(Bytes::ZERO, |frees| c - frees);
+    let (whole, in_ram) = (
+        beyond(committed),
+        beyond(committed - s.swap_used.unwrap_or_default()),
+    );
+    match s.unreclaimable {
+        Some(kept) => (
+            Claimed {
+                whole: whole.max(kept),
+                in_ram: in_ram.max(kept),
+            },
+            whole.max(kept + margin),
+        ),
+        None => (Claimed { whole, in_ram }, whole),
+    }
 }
 
 /// What a VM's want was lifted to above its estimate and minimum (`below`), by which
@@ -615,7 +629,7 @@ impl Policy for WorkingSet {
             let short = s.available.map(|a| vm.actual - a);
             let seen = s.used.max(short);
             growth.push(divide::growth(vm, watched.peak.observe(input.at, seen)));
-            let held = (fused && s.no_swap()).then(|| committed.min(backed(vm)));
+            let held = (fused && s.no_swap()).then(|| committed.whole.min(backed(vm)));
             let configured = vm.latest().configured;
             room.push(watched.burst.observe(input.at, held, configured));
             let tick = Tick {
@@ -1693,6 +1707,31 @@ mod tests {
             ),
             "{after}"
         );
+    }
+
+    #[test]
+    fn a_guest_whose_swap_holds_what_a_squeeze_pushed_out_is_not_found_out() {
+        // "a" uses 400 MiB of the 500 it holds and has committed 600, 200 of it in its
+        // swap (56 of 256 free), since a squeeze: its QEMU holds 420, all it has in RAM.
+        // Thirty seconds of that contradict nothing. The same claim with its swap empty
+        // and its QEMU at 150 is found out.
+        let run = |swap_used: u64, rss: u64| {
+            let mut p = memtide();
+            let vms = [("a", 500, 100, 1000, 600), ("b", 1024, 424, 1000, 600)];
+            let edit = move |i: usize, sample: &mut VmSample, s: &mut Signals| {
+                s.swap_used = Some(Bytes::from_mib(if i == 0 { swap_used } else { 0 }));
+                s.swap_free = Some(Bytes::from_mib(256) - s.swap_used.unwrap_or_default());
+                sample.rss = Some(Bytes::from_mib(if i == 0 { rss } else { 610 }));
+            };
+            (0..=30)
+                .map(|at| decide_at(&mut p, at, testkit::host(2048, 0), &vms, edit))
+                .last()
+                .unwrap()
+        };
+        assert_eq!(run(200, 420).unbacked, Vec::new());
+        let liar = run(0, 150);
+        assert_eq!(liar.unbacked.len(), 1);
+        assert_eq!(liar.unbacked[0].vm, "a");
     }
 
     #[test]
