@@ -24,7 +24,7 @@
 
 use super::{clamp, epochs, Allocation, Estimate, Keep, KeepWhy, Observation, TickInterval};
 use crate::need::NeedLevel;
-use crate::policy::peak::WINDOW;
+use crate::policy::peak::{Peak, WINDOW};
 use crate::signals::{kernel_seen_touched, PAGE};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -201,10 +201,11 @@ pub struct Fused {
     /// When the guest last freed memory, what the host backed of it then and how much it
     /// freed: what its free page reporting has still to give back.
     freed_at: Option<(Duration, Option<Bytes>, Bytes)>,
-    /// The need (with its margin) the guest last freed memory from, at its highest over
-    /// the releases since, each within [`WINDOW`] of the last, and until when it may keep
-    /// it ([`WINDOW`] after the last): see [`Fused::freed_keep`].
-    freed_peak: Option<(Duration, Bytes)>,
+    /// The needs (with their margins) the guest freed memory from over the last
+    /// [`WINDOW`], and until when it may keep the most of them ([`WINDOW`] after it last
+    /// freed): see [`Fused::freed_keep`].
+    freed_peaks: Peak,
+    freed_until: Option<Duration>,
     interval: TickInterval,
 }
 
@@ -437,10 +438,10 @@ impl Fused {
             hold_s: self.hold_until.saturating_sub(at).as_secs_f64(),
             exact: self.exact,
             sampling: !self.touched.is_empty(),
-            freed_peak: self.freed_peak.map_or(Bytes::ZERO, |(_, b)| b),
+            freed_peak: self.freed_most(at).unwrap_or_default(),
             freed_peak_s: self
-                .freed_peak
-                .map_or(0.0, |(until, _)| until.saturating_sub(at).as_secs_f64()),
+                .freed_until
+                .map_or(0.0, |until| until.saturating_sub(at).as_secs_f64()),
         })
     }
 
@@ -460,9 +461,22 @@ impl Fused {
             hold_for: "what was learnt before a restart or a reload",
             backoffs: m.backoffs,
             exact: m.exact,
-            freed_peak: (m.freed_peak_s > 0.0).then(|| (at + secs(m.freed_peak_s), m.freed_peak)),
+            freed_peaks: {
+                let mut peaks = Peak::default();
+                peaks.observe(at, Some(m.freed_peak));
+                peaks
+            },
+            freed_until: (m.freed_peak_s > 0.0).then(|| at + secs(m.freed_peak_s)),
             ..Fused::default()
         }
+    }
+
+    /// The most of the needs the guest freed memory from over the last [`WINDOW`], until
+    /// [`WINDOW`] after it last freed.
+    fn freed_most(&self, at: Duration) -> Option<Bytes> {
+        self.freed_until
+            .filter(|until| at < *until)
+            .and_then(|_| self.freed_peaks.most(at))
     }
 
     /// How long ago the guest last allocated, while it may still be filling that: not
@@ -603,8 +617,9 @@ impl Fused {
 
     /// What a guest that freed memory within [`WINDOW`] may keep while memory is ample, on
     /// top of its estimate `wss`, as far as memory is not divided (the policy decides):
-    /// the need it freed from, at its highest over its releases since, less what of it
-    /// the host saw cold. A program that freed memory may allocate it again, and touch it
+    /// the most of the needs it freed from over the last [`WINDOW`], less what of it the
+    /// host saw cold (and given back to it where a tighter spell took it since). A
+    /// program that freed memory may allocate it again, and touch it
     /// within the tick, faster than any balloon deflates: taken back, the guest swaps it
     /// in, or is OOM-killed where its swap cannot hold it (found by an operator audit and
     /// reproduced in the simulator: a 384 MiB guest alternating a 240 MiB and a 60 MiB
@@ -623,9 +638,10 @@ impl Fused {
         cold: Option<Bytes>,
         wss: Bytes,
     ) -> Option<Keep> {
-        let (until, peak) = self
-            .freed_peak
-            .filter(|(until, _)| level == NeedLevel::Ample && obs.at < *until)?;
+        let peak = self
+            .freed_most(obs.at)
+            .filter(|_| level == NeedLevel::Ample)?;
+        let until = self.freed_until?;
         let size = (peak - cold.unwrap_or_default()).min(obs.configured);
         (size > wss).then(|| Keep {
             size,
@@ -950,15 +966,18 @@ impl Fused {
             // probing down to it a step at a time (found on real guests: a 384 MiB guest
             // that freed 170 MiB gave it back at 4 MiB a tick while its neighbours swapped).
             // Not so far that allocating it again would overflow the guest's RAM and half
-            // its swap (its other half for what it swaps beside, as where cold memory is
-            // taken): a program may touch what it allocates within the tick, before the
+            // its swap, as far as that is free (its other half for what it swaps beside,
+            // as where cold memory is taken; probing may go deeper later, as for any
+            // guest): a program may touch what it allocates within the tick, before the
             // balloon deflates (found in the simulator: a guest alternating a 240 MiB and a
             // 60 MiB phase, released to its 60 MiB need, was OOM-killed when its 240 MiB
             // phase came back 400 s later; bounded, it swapped for a tick).
             let refill = s
                 .swap_free
                 .zip(s.swap_used)
-                .map_or(Bytes::ZERO, |(free, used)| from - (free + used).scale(0.5));
+                .map_or(Bytes::ZERO, |(free, used)| {
+                    from - free.min((free + used).scale(0.5))
+                });
             let released = (estimate - freed).max(estimate.min(base));
             if released < refill.min(estimate) {
                 refilled = Some(refill.min(estimate));
@@ -967,8 +986,8 @@ impl Fused {
             self.failed_at = None;
             self.freed_at = Some((obs.at, obs.backed, freed));
             self.released_at = Some(obs.at);
-            let earlier = self.freed_peak.filter(|(until, _)| obs.at < *until);
-            self.freed_peak = Some((obs.at + WINDOW, earlier.map_or(from, |(_, b)| b.max(from))));
+            self.freed_peaks.observe(obs.at, Some(from));
+            self.freed_until = Some(obs.at + WINDOW);
             "release"
         } else if obs.at < self.hold_until {
             "hold"
@@ -1179,7 +1198,8 @@ impl Told {
                 self.hold_for, self.hold_left_s
             ),
             "settle" => format!(
-                "estimate {wss}: holding until the guest comes down to it (now {})",
+                "estimate {wss}: holding until the guest comes down to {} (now {})",
+                wss.max(self.min),
                 self.size
             ),
             "at_min" => format!(
@@ -1543,20 +1563,21 @@ mod tests {
     fn a_release_leaves_room_to_allocate_it_again_in_the_guests_ram_and_half_its_swap() {
         let cfg = cfg();
         // Needing 700 MiB (730 with its margin), then 200: it freed 500.
-        let run = |swap_mib: Option<u64>| {
+        // Its swap: (free, total) MiB.
+        let run = |swap_mib: Option<(u64, u64)>| {
             let mut f = Fused::default();
             let o = |t, avail, committed_mib| {
                 let o = at(
                     committed(obs(t, 1000, avail, 0), committed_mib),
                     NeedLevel::Short,
                 );
-                swap_mib.map_or(o.clone(), |s| swap(o, s, s))
+                swap_mib.map_or(o.clone(), |(free, total)| swap(o, free, total))
             };
             f.step(&cfg, &o(0, 300, 700));
             f.step(&cfg, &o(1, 800, 200)).unwrap()
         };
         // With 200 MiB of swap, allocating it again must fit in its RAM and 100 MiB of it.
-        let e = run(Some(200));
+        let e = run(Some((200, 200)));
         assert_eq!((e.wss.mib_f64(), e.phase), (630.0, "release"));
         assert!(
             e.detail.contains("no lower than 630 MiB, where allocating it again fits in its RAM and half its swap"),
@@ -1564,11 +1585,13 @@ mod tests {
             e.detail
         );
         // With 1 GiB of it, to its need: it fits its swap's half.
-        let e = run(Some(1024));
+        let e = run(Some((1024, 1024)));
         assert_eq!((e.wss.mib_f64(), e.phase), (230.0, "release"));
         assert!(!e.detail.contains("no lower"), "{}", e.detail);
+        // But not with 974 MiB of it used: 50 free.
+        assert_eq!(run(Some((50, 1024))).wss.mib_f64(), 680.0);
         // Without swap, nothing: what it freed would come back as an OOM kill.
-        assert_eq!(run(Some(0)).wss.mib_f64(), 730.0);
+        assert_eq!(run(Some((0, 0))).wss.mib_f64(), 730.0);
         // Its swap unknown (no agent figures of it): to its need, as before.
         assert_eq!(run(None).wss.mib_f64(), 230.0);
     }
@@ -1582,9 +1605,9 @@ mod tests {
             let e = f.step(&cfg, &swap(o, 1024, 1024)).unwrap();
             (e.wss.mib_f64(), e.keep.map(|k| (k.size.mib_f64(), k.why)))
         };
-        let freed = |ago| {
+        let freed = |mib, ago| {
             Some((
-                730.0,
+                mib,
                 KeepWhy::Freed {
                     ago: Duration::from_secs(ago),
                 },
@@ -1592,17 +1615,29 @@ mod tests {
         };
         // Needing 700 MiB, then 200: released to 230, it keeps the 730 it freed from.
         assert_eq!(step(0, 300, 700, NeedLevel::Ample), (730.0, None));
-        assert_eq!(step(1, 800, 200, NeedLevel::Ample), (230.0, freed(0)));
+        assert_eq!(
+            step(1, 800, 200, NeedLevel::Ample),
+            (230.0, freed(730.0, 0))
+        );
         // Not while the host's need is tight.
         assert_eq!(step(100, 800, 200, NeedLevel::Tight).1, None);
-        assert_eq!(step(200, 800, 200, NeedLevel::Ample).1, freed(199));
-        // A smaller release within the window keeps the larger need and restarts it.
-        // Allocating 100 MiB again raises its estimate, not what it may keep.
-        assert_eq!(step(250, 700, 300, NeedLevel::Ample), (330.0, freed(249)));
-        assert_eq!(step(251, 800, 200, NeedLevel::Ample), (230.0, freed(0)));
-        assert_eq!(step(550, 800, 200, NeedLevel::Ample).1, freed(299));
+        assert_eq!(step(200, 800, 200, NeedLevel::Ample).1, freed(730.0, 199));
+        // Allocating 100 MiB again raises its estimate, not what it may keep; freeing it
+        // again, the larger need is kept for the window after its own release, the
+        // smaller one for the window after the last.
+        assert_eq!(
+            step(250, 700, 300, NeedLevel::Ample),
+            (330.0, freed(730.0, 249))
+        );
+        assert_eq!(
+            step(251, 800, 200, NeedLevel::Ample),
+            (230.0, freed(730.0, 0))
+        );
+        assert_eq!(step(301, 800, 200, NeedLevel::Ample).1, freed(730.0, 50));
+        assert_eq!(step(302, 800, 200, NeedLevel::Ample).1, freed(330.0, 51));
+        assert_eq!(step(550, 800, 200, NeedLevel::Ample).1, freed(330.0, 299));
         // The window past with nothing freed since: it keeps its estimate.
-        assert_eq!(step(552, 800, 200, NeedLevel::Ample), (230.0, None));
+        assert_eq!(step(551, 800, 200, NeedLevel::Ample), (230.0, None));
     }
 
     #[test]

@@ -67,6 +67,17 @@ impl Peak {
         self.samples.push_back((at, used));
         most
     }
+
+    /// The most over the window before `at`, as [`Peak::observe`] gives it, without taking
+    /// a figure at `at`; `None` once every figure seen is older than the window.
+    pub fn most(&self, at: Duration) -> Option<Bytes> {
+        // Oldest first and each smaller than the one before: the first still in the
+        // window is the most.
+        self.samples
+            .iter()
+            .find(|(t, _)| *t + self.window >= at)
+            .map(|(_, b)| *b)
+    }
 }
 
 #[cfg(test)]

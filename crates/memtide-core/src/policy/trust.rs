@@ -47,6 +47,7 @@ pub struct Claimed {
     pub in_ram: Bytes,
 }
 
+#[cfg(test)]
 impl From<Bytes> for Claimed {
     /// A claim all in RAM.
     fn from(whole: Bytes) -> Claimed {

@@ -17,7 +17,7 @@ use crate::estimate::fused::{costless, Fused, FusedConfig, FusedMemory};
 use crate::estimate::sampled::{Sampled, SampledConfig};
 use crate::estimate::selfballoon::{SelfBalloon, SelfBalloonConfig};
 use crate::estimate::tws::{Tws, TwsConfig};
-use crate::estimate::{Estimate, Keep, KeepWhy, Observation};
+use crate::estimate::{Estimate, KeepWhy, Observation};
 use crate::need::{Need, NeedLevel};
 use crate::stats::{DomainScope, SwapRoom};
 use crate::units::{Bytes, Percent};
@@ -499,26 +499,23 @@ fn rule(policy: &'static str, phase: &'static str) -> Cow<'static, str> {
     Cow::Borrowed(known)
 }
 
-/// The phase under which a guest keeps more than its estimate ([`Keep`]).
-fn keep_rule(keep: Option<Keep>) -> &'static str {
-    match keep.map(|k| k.why) {
-        Some(KeepWhy::Freed { .. }) => "reuse",
-        _ => "reported",
-    }
-}
-
-/// Why a guest keeps more than its estimate, in words.
-fn keep_why(keep: Option<Keep>) -> String {
-    match keep.map(|k| k.why) {
-        Some(KeepWhy::Freed { ago }) => format!(
-            "it keeps what it freed {:.0} s ago (it may allocate it again within a tick) until \
-             {:.0} s pass without it freeing more",
-            ago.as_secs_f64(),
-            WINDOW.as_secs_f64()
+/// The phase of the rule under which a guest keeps more than its estimate, and why, in
+/// words.
+fn keep_reason(why: KeepWhy) -> (&'static str, String) {
+    match why {
+        KeepWhy::Freed { ago } => (
+            "reuse",
+            format!(
+                "it keeps what it freed lately, last {:.0} s ago (it may allocate it again \
+                 within a tick), for {:.0} s after each release",
+                ago.as_secs_f64(),
+                WINDOW.as_secs_f64()
+            ),
         ),
-        _ => {
-            "it keeps its page cache and the free memory free page reporting gave back".to_string()
-        }
+        KeepWhy::Reported => (
+            "reported",
+            "it keeps its page cache and the free memory free page reporting gave back".to_string(),
+        ),
     }
 }
 
@@ -906,8 +903,9 @@ impl Policy for WorkingSet {
         let divided = (wanted > capacity).then(|| {
             format!("; VMs want {wanted} but can have {capacity}: divided by use, then shares")
         });
-        // What free page reporting lets guests keep above their estimates, out of the
-        // memory no VM wants: never at a neighbour's expense. Where not all of it fits,
+        // What guests may keep above their estimates (the free memory free page reporting
+        // gave back, what they freed lately: `estimate::Keep`), out of the memory no VM wants:
+        // never at a neighbour's expense. Where not all of it fits,
         // each keeps the same share of its own (found on real guests: kept all or not at
         // all, four guests whose phases ran out of step were each ballooned to its need
         // at every phase, and stalled as the next one began, though not all of their
@@ -986,23 +984,25 @@ impl Policy for WorkingSet {
         {
             out.estimates.insert(vm.name.to_string(), e.wss);
             let (target, rule, mut detail) = match keep.filter(|(kept, ..)| *kept > target) {
-                Some((kept, above, short)) => (
-                    kept,
-                    rule(policy, keep_rule(e.keep)),
-                    format!(
-                        "{}; kept at {kept}{}: memory is ample; {}",
-                        e.detail,
-                        if short > Bytes::ZERO {
-                            format!(
-                                ", {} of the {above} above its estimate it could keep",
-                                Percent(share)
-                            )
-                        } else {
-                            String::new()
-                        },
-                        keep_why(e.keep)
-                    ),
-                ),
+                Some((kept, above, short)) => {
+                    let (phase, why) = keep_reason(e.keep.map_or(KeepWhy::Reported, |k| k.why));
+                    (
+                        kept,
+                        rule(policy, phase),
+                        format!(
+                            "{}; kept at {kept}{}: memory is ample; {why}",
+                            e.detail,
+                            if short > Bytes::ZERO {
+                                format!(
+                                    ", {} of the {above} above its estimate it could keep",
+                                    Percent(share)
+                                )
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    )
+                }
                 None if target > lift.below && lift.whole.is_some() => (
                     target,
                     rule(policy, "no_swap"),
@@ -1911,8 +1911,8 @@ mod tests {
         assert_eq!(why.rule, "memtide.reuse");
         assert!(
             why.detail.contains(
-                "kept at 731 MiB: memory is ample; it keeps what it freed 0 s ago (it may \
-                 allocate it again within a tick) until 300 s pass without it freeing more"
+                "kept at 731 MiB: memory is ample; it keeps what it freed lately, last 0 s ago \
+                 (it may allocate it again within a tick), for 300 s after each release"
             ),
             "{}",
             why.detail
