@@ -106,4 +106,22 @@ mod tests {
         // Time going back starts over.
         assert_eq!(p.observe(at(400), seen(300)), None);
     }
+
+    #[test]
+    fn the_most_over_the_window_is_read_without_taking_a_figure() {
+        let mut p = Peak::default();
+        let (at, mib) = (Duration::from_secs, Bytes::from_mib);
+        assert_eq!(p.most(at(0)), None);
+        p.observe(at(0), Some(mib(900)));
+        p.observe(at(100), Some(mib(300)));
+        // Read twice: nothing taken.
+        assert_eq!(
+            (p.most(at(300)), p.most(at(300))),
+            (Some(mib(900)), Some(mib(900)))
+        );
+        // 900 counts until 300, 300 until 400, then nothing.
+        assert_eq!(p.most(at(301)), Some(mib(300)));
+        assert_eq!(p.most(at(400)), Some(mib(300)));
+        assert_eq!(p.most(at(401)), None);
+    }
 }
