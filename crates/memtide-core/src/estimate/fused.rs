@@ -978,11 +978,12 @@ impl Fused {
                 .map_or(Bytes::ZERO, |(free, used)| {
                     from - free.min((free + used).scale(0.5))
                 });
-            let released = (estimate - freed).max(estimate.min(base));
-            if released < refill.min(estimate) {
-                refilled = Some(refill.min(estimate));
-            }
-            estimate = released.max(estimate.min(refill));
+            let (released, bound) = (
+                (estimate - freed).max(estimate.min(base)),
+                estimate.min(refill),
+            );
+            refilled = (released < bound).then_some(bound);
+            estimate = released.max(bound);
             self.failed_at = None;
             self.freed_at = Some((obs.at, obs.backed, freed));
             self.released_at = Some(obs.at);
