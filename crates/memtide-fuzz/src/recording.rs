@@ -12,7 +12,8 @@ use std::path::PathBuf;
 /// The gzip magic number.
 const GZIP: [u8; 2] = [0x1f, 0x8b];
 
-/// The file written for each input: one per process, so that parallel jobs do not share.
+/// The file written for each input, removed once read: one name per process, so that
+/// parallel jobs do not share.
 fn file() -> PathBuf {
     std::env::temp_dir().join(format!("memtide-fuzz-{}.jsonl.gz", std::process::id()))
 }
@@ -28,10 +29,13 @@ pub fn run(data: &[u8]) {
     let path = file();
     std::fs::write(&path, content).expect("temporary file written");
     let report = replay(
-        &[path],
+        std::slice::from_ref(&path),
         &|| Box::new(Mom::default()),
         EngineConfig::default(),
     );
+    // Each input's file goes once it is read (found: every test run left one in the
+    // temporary directory).
+    let _ = std::fs::remove_file(&path);
     let Ok(report) = report else {
         return;
     };

@@ -14,7 +14,7 @@ mod support;
 use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{actual_mib, mib, vm, Daemon};
+use support::daemon::{actual_mib, ample_config, mib, vm, Daemon};
 use support::guest::Guest;
 
 const GUEST_MIB: u64 = 384;
@@ -46,17 +46,10 @@ fn memory_a_guest_freed_is_kept_while_memory_is_ample_and_its_next_allocation_do
     );
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
 
-    // Memory is ample whatever the build machine holds: no free share is too little.
-    let config = format!(
-        "interval_s = 1\npolicy = \"memtide\"\n\
-         [host]\ndomain_cgroup = {:?}\nsample_access = false\n\
-         [discovery]\nqmp_glob = []\n\
-         [engine]\nksm_control = false\n\
-         [memtide]\nample_free = 0.0\nshort_free = 0.0\narrive_s = 0.0\n\
-         [[vm]]\nname = \"g\"\nqmp = {:?}\nagent = {:?}\n",
-        cgroup.dir.display().to_string(),
-        guest.qmp().display().to_string(),
-        guest.agent().display().to_string(),
+    let config = ample_config(
+        &cgroup.dir,
+        "sample_access = false",
+        &[("g", guest.qmp(), guest.agent())],
     );
     let daemon = Daemon::start(dir.path(), &config, 0);
     // The program frees its 160 MiB: the estimate falls to the guest's need, the balloon

@@ -11,7 +11,7 @@ mod support;
 
 use std::time::Duration;
 use support::cgroup::TestCgroup;
-use support::daemon::{actual_mib, mib, vm, Daemon};
+use support::daemon::{actual_mib, ample_config, mib, vm, Daemon};
 use support::guest::Guest;
 
 const GUEST_MIB: u64 = 384;
@@ -37,24 +37,15 @@ fn idle_guests_whose_swap_cannot_take_a_burst_keep_room_while_memory_is_ample() 
     );
     zram.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
 
-    // Memory is ample whatever the build machine holds: no free share is too little.
     let port = support::free_port();
-    let config = format!(
-        "interval_s = 1\npolicy = \"memtide\"\n\
-         [host]\ndomain_cgroup = {:?}\n\
-         [discovery]\nqmp_glob = []\n\
-         [engine]\nksm_control = false\n\
-         [memtide]\nample_free = 0.0\nshort_free = 0.0\narrive_s = 0.0\n\
-         [[vm]]\nname = \"swap\"\nqmp = {:?}\nagent = {:?}\n\
-         [[vm]]\nname = \"noswap\"\nqmp = {:?}\nagent = {:?}\n\
-         [[vm]]\nname = \"zram\"\nqmp = {:?}\nagent = {:?}\n",
-        cgroup.dir.display().to_string(),
-        swapping.qmp().display().to_string(),
-        swapping.agent().display().to_string(),
-        swapless.qmp().display().to_string(),
-        swapless.agent().display().to_string(),
-        zram.qmp().display().to_string(),
-        zram.agent().display().to_string(),
+    let config = ample_config(
+        &cgroup.dir,
+        "",
+        &[
+            ("swap", swapping.qmp(), swapping.agent()),
+            ("noswap", swapless.qmp(), swapless.agent()),
+            ("zram", zram.qmp(), zram.agent()),
+        ],
     );
     let daemon = Daemon::start(dir.path(), &config, port);
     // The guest with swap gives back the free memory it does not use.

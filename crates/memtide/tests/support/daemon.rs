@@ -181,6 +181,29 @@ impl Daemon {
     }
 }
 
+/// A configuration managing `vms` (name, QMP socket, guest agent socket) in the cgroup
+/// `domain` with memtide's policy and its memory ample whatever the build machine holds
+/// (no free share is too little): memtide takes only what costs the guests nothing.
+/// `host` is added to the `[host]` table (e.g. `sample_access = false`).
+pub fn ample_config(domain: &Path, host: &str, vms: &[(&str, &Path, &Path)]) -> String {
+    let mut text = format!(
+        "interval_s = 1\npolicy = \"memtide\"\n\
+         [host]\ndomain_cgroup = {:?}\n{host}\n\
+         [discovery]\nqmp_glob = []\n\
+         [engine]\nksm_control = false\n\
+         [memtide]\nample_free = 0.0\nshort_free = 0.0\narrive_s = 0.0\n",
+        domain.display().to_string()
+    );
+    for (name, qmp, agent) in vms {
+        text += &format!(
+            "[[vm]]\nname = {name:?}\nqmp = {:?}\nagent = {:?}\n",
+            qmp.display().to_string(),
+            agent.display().to_string()
+        );
+    }
+    text
+}
+
 /// A configuration managing `vms` (name, QMP socket, guest agent socket) with memtide's
 /// policy and the host declared short (`ample_free`/`short_free` above 1, as
 /// bench/scenarios/converge.toml does): it probes at once and the balloons keep moving.
