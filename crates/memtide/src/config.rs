@@ -1293,8 +1293,9 @@ impl Config {
 
     /// This configuration with the policy of `fresh`, the file read again at a reload:
     /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
-    /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`) and
-    /// each VM's `policy` where the VMs are otherwise the same. With it, what else
+    /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`),
+    /// `[defaults]`, and each VM's `policy`, `min_mib`, `max_mib` and `shares` where the
+    /// VMs are otherwise the same. With it, what else
     /// differs in `fresh`, and host-side access sampling where the new policy's differs
     /// from `sampling`, the one in force (set up at start): settings a running daemon does
     /// not change, which take effect when it restarts.
@@ -1315,16 +1316,23 @@ impl Config {
         next.sampled = fresh.sampled.clone();
         next.esx = fresh.esx.clone();
         next.proxmox = fresh.proxmox.clone();
-        let routing_aside = |vms: &[VmConfig]| -> Vec<VmConfig> {
+        // What a running daemon applies at once beside the policy: each VM's policy and
+        // bounds, and the defaults (the fleet reads them at each sample, tier placement
+        // at each pass).
+        let live_aside = |vms: &[VmConfig]| -> Vec<VmConfig> {
             let aside = |vm: &VmConfig| VmConfig {
                 policy: None,
+                min_mib: None,
+                max_mib: None,
+                shares: None,
                 ..vm.clone()
             };
             vms.iter().map(aside).collect()
         };
-        if routing_aside(&self.vms) == routing_aside(&fresh.vms) {
+        if live_aside(&self.vms) == live_aside(&fresh.vms) {
             next.vms.clone_from(&fresh.vms);
         }
+        next.defaults.clone_from(&fresh.defaults);
         let mut left = Vec::new();
         macro_rules! differing {
             ($($field:ident => $name:literal),* $(,)?) => {
@@ -1342,7 +1350,6 @@ impl Config {
             libvirt => "[libvirt]",
             firecracker => "[firecracker]",
             cloud_hypervisor => "[cloud_hypervisor]",
-            defaults => "[defaults]",
             vms => "[[vm]]",
             engine => "[engine]",
             snapshots => "[snapshots]",
@@ -1766,6 +1773,7 @@ mod tests {
         let vm = |policy: &str, min: u64| {
             format!("[[vm]]\nname = \"db\"\nqmp = \"/q\"\nmin_mib = {min}\n{policy}")
         };
+        let vm_at = |qmp: &str| format!("[[vm]]\nname = \"db\"\nqmp = \"{qmp}\"\nmin_mib = 512\n");
         let running = parse(&format!("policy = \"mom\"\n{}", vm("", 512)));
         // The policy, its sections and a VM's own policy: all taken, nothing left.
         let fresh = parse(&format!(
@@ -1774,10 +1782,19 @@ mod tests {
         ));
         let (next, left) = running.with_policy_of(&fresh, running.sample_access());
         assert_eq!((next.clone(), left), (fresh.clone(), vec![]));
-        // A VM changed otherwise keeps its routing and says so; the interval too.
+        // Its bounds and the defaults: taken too.
         let fresh = parse(&format!(
-            "interval_s = 5\npolicy = \"tws\"\n{}",
-            vm("policy = \"mom\"\n", 256)
+            "policy = \"mom\"\n[defaults]\nmin_mib = 200\nshares = 500\n{}shares = 2000\n\
+             max_mib = 1024\n",
+            vm("", 256)
+        ));
+        let (next, left) = running.with_policy_of(&fresh, running.sample_access());
+        assert_eq!((next.clone(), left), (fresh.clone(), vec![]));
+        // A VM changed otherwise (its socket) keeps its routing and says so; the interval
+        // too.
+        let fresh = parse(&format!(
+            "interval_s = 5\npolicy = \"tws\"\n{}policy = \"mom\"\n",
+            vm_at("/other")
         ));
         let (next, left) = running.with_policy_of(&fresh, running.sample_access());
         assert_eq!(left, ["interval_s", "[[vm]]"]);

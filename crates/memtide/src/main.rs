@@ -110,8 +110,8 @@ enum Command {
         no_host: bool,
     },
     /// Make the running daemon reload its policy, as SIGHUP does: the configuration file
-    /// is read again for its policy settings (what else changed waits for a restart) and
-    /// the event log reopened.
+    /// is read again for its policy settings and the VMs' bounds (what else changed waits
+    /// for a restart) and the event log reopened.
     Reload {
         /// The daemon's control socket (default: the one in the configuration, else
         /// /run/memtide/memtide.sock).

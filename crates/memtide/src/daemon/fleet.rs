@@ -495,6 +495,26 @@ impl Fleet {
         self.pods = Some(pods);
     }
 
+    /// Take the VMs' bounds of `config`, reloaded: each configured VM's `[[vm]]` entry
+    /// (its bounds the only fields a reload changes in it) and the defaults, from the
+    /// next sample on.
+    pub fn reload_bounds(&mut self, config: &Config) {
+        self.defaults.clone_from(&config.defaults);
+        let entry = |name: &str| config.vms.iter().find(|vm| vm.name == name).cloned();
+        let entries = self
+            .candidates
+            .values_mut()
+            .map(|c| (c.name.as_str(), &mut c.config))
+            .chain(
+                self.managed
+                    .iter_mut()
+                    .map(|(n, m)| (n.as_str(), &mut m.config)),
+            );
+        for (name, config) in entries.filter(|(_, c)| c.is_some()) {
+            *config = entry(name);
+        }
+    }
+
     /// Managed VM `name`'s bounds now: its configuration's, then its pod's, then its
     /// hypervisor's, then the defaults.
     fn bounds(&self, name: &str) -> Bounds {
@@ -1640,6 +1660,50 @@ mod tests {
             "{events:?}"
         );
         assert_eq!(connector.attempts.lock().unwrap().len(), tried + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_gives_the_vms_their_new_bounds_at_the_next_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let connector = Arc::new(FakeConnector::default());
+        for socket in ["db.qmp", "web.sock"] {
+            std::fs::write(dir.path().join(socket), "").unwrap();
+        }
+        let (db, glob) = (dir.path().join("db.qmp"), dir.path().join("*.sock"));
+        let config = |own: &str, defaults: &str| {
+            let text = format!(
+                "[discovery]\nqmp_glob = [{glob:?}]\n[defaults]\n{defaults}\n\
+                 [[vm]]\nname = \"db\"\nqmp = {db:?}\n{own}\n"
+            );
+            Config::parse(&text, "memtide.toml").unwrap()
+        };
+        let running = config("min_mib = 300", "");
+        let mut fleet = Fleet::new(&running, connector.clone());
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        let bounds = |vms: &[VmSnapshot]| -> Vec<(u64, u64, u32)> {
+            let b = |v: &VmSnapshot| (v.limits.min.mib(), v.limits.max.mib(), v.limits.shares);
+            vms.iter().map(b).collect()
+        };
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["db", "web"]);
+        // web's minimum is its hypervisor's (the fake's), its shares the default.
+        assert_eq!(bounds(&vms), [(300, 512, 1000), (200, 512, 1000)]);
+        // The configured VM's own bounds and the default shares the discovered one takes.
+        let fresh = config(
+            "min_mib = 400\nmax_mib = 450\nshares = 2000",
+            "shares = 500",
+        );
+        let (next, left) = running.with_policy_of(&fresh, running.sample_access());
+        assert_eq!(left, Vec::<&str>::new());
+        fleet.reload_bounds(&next);
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(bounds(&vms), [(400, 450, 2000), (200, 512, 500)]);
+        assert_eq!(
+            fleet.managed["db"].bounds_from.unwrap().max,
+            BoundFrom::Config
+        );
     }
 
     #[tokio::test(start_paused = true)]

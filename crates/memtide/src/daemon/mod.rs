@@ -521,8 +521,8 @@ fn clean_guest_text(vm: &mut VmSnapshot) {
 
 impl Daemon {
     /// Reopen the event log (after logrotate moved it) and load the policy again from
-    /// the configuration file read again (its policy settings; what else changed in it
-    /// is said to wait for a restart); a file or policy that fails to load is rejected and
+    /// the configuration file read again (its policy settings and the VMs' bounds; what
+    /// else changed in it is said to wait for a restart); a file or policy that fails to load is rejected and
     /// the running policy stays in force. SIGHUP and `memtide reload` alike.
     fn reload(&mut self) -> Result<String, String> {
         // Logged by the event log itself (an error on stderr).
@@ -546,6 +546,7 @@ impl Daemon {
             let name = policy.name().to_string();
             self.engine.set_policy(policy, self.start.elapsed());
             self.status.write().policies = vm_policies;
+            self.fleet.reload_bounds(&next);
             self.config = next;
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
