@@ -1294,8 +1294,8 @@ impl Config {
     /// This configuration with the policy of `fresh`, the file read again at a reload:
     /// `policy`, `policy_dir`, the policies' own sections (`[memtide]`, `[mom]`, `[ksm]`,
     /// `[working_set]`, `[tws]`, `[selfballoon]`, `[sampled]`, `[esx]`, `[proxmox]`),
-    /// `[defaults]`, and each VM's `policy`, `min_mib`, `max_mib` and `shares` where the
-    /// VMs are otherwise the same. With it, what else
+    /// and each VM's `policy`, `min_mib`, `max_mib` and `shares` with `[defaults]`, where
+    /// the VMs are otherwise the same. With it, what else
     /// differs in `fresh`, and host-side access sampling where the new policy's differs
     /// from `sampling`, the one in force (set up at start): settings a running daemon does
     /// not change, which take effect when it restarts.
@@ -1317,8 +1317,9 @@ impl Config {
         next.esx = fresh.esx.clone();
         next.proxmox = fresh.proxmox.clone();
         // What a running daemon applies at once beside the policy: each VM's policy and
-        // bounds, and the defaults (the fleet reads them at each sample, tier placement
-        // at each pass).
+        // bounds, and the defaults with them (the fleet reads them at each sample, tier
+        // placement at each pass). Not the defaults alone: with the VMs of the start they
+        // were never checked together (a default minimum above a VM's maximum).
         let live_aside = |vms: &[VmConfig]| -> Vec<VmConfig> {
             let aside = |vm: &VmConfig| VmConfig {
                 policy: None,
@@ -1331,8 +1332,8 @@ impl Config {
         };
         if live_aside(&self.vms) == live_aside(&fresh.vms) {
             next.vms.clone_from(&fresh.vms);
+            next.defaults.clone_from(&fresh.defaults);
         }
-        next.defaults.clone_from(&fresh.defaults);
         let mut left = Vec::new();
         macro_rules! differing {
             ($($field:ident => $name:literal),* $(,)?) => {
@@ -1350,6 +1351,7 @@ impl Config {
             libvirt => "[libvirt]",
             firecracker => "[firecracker]",
             cloud_hypervisor => "[cloud_hypervisor]",
+            defaults => "[defaults]",
             vms => "[[vm]]",
             engine => "[engine]",
             snapshots => "[snapshots]",
@@ -1790,14 +1792,16 @@ mod tests {
         ));
         let (next, left) = running.with_policy_of(&fresh, running.sample_access());
         assert_eq!((next.clone(), left), (fresh.clone(), vec![]));
-        // A VM changed otherwise (its socket) keeps its routing and says so; the interval
-        // too.
+        // A VM changed otherwise (its socket) keeps its routing and its bounds, and the
+        // defaults wait with it, and says so; the interval too.
         let fresh = parse(&format!(
-            "interval_s = 5\npolicy = \"tws\"\n{}policy = \"mom\"\n",
+            "interval_s = 5\npolicy = \"tws\"\n[defaults]\nmin_mib = 200\n{}policy = \"mom\"\n\
+             max_mib = 1024\n",
             vm_at("/other")
         ));
         let (next, left) = running.with_policy_of(&fresh, running.sample_access());
-        assert_eq!(left, ["interval_s", "[[vm]]"]);
+        assert_eq!(left, ["interval_s", "[defaults]", "[[vm]]"]);
+        assert_eq!(next.defaults, running.defaults);
         assert_eq!(next.policy, "tws");
         assert_eq!(
             (next.interval_s, &next.vms),
