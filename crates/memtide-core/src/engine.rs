@@ -277,7 +277,24 @@ impl Engine {
                 (report.target, report.reason) = (Some(target), Some(reason));
                 continue;
             }
-            if let Some(p) = output.balloon.remove(name) {
+            // A VM the policy holds outside its bounds (raised by a reload, or found so
+            // at connection) is brought within them all the same: the bounds are the
+            // operator's, whatever the policy's pace (found in review: mom under host
+            // pressure holds a guest whose floor is above its size for good).
+            let in_force = s.snap.target.or(report.actual);
+            let proposal = output.balloon.remove(name).or_else(|| {
+                let outside =
+                    in_force.filter(|t| !(s.snap.limits.min..=s.snap.limits.max).contains(t))?;
+                let reason = output
+                    .holds
+                    .remove(name)
+                    .unwrap_or_else(|| Reason::new("hold", "the policy proposes nothing"));
+                Some(Proposal {
+                    target: outside,
+                    reason,
+                })
+            });
+            if let Some(p) = proposal {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
                 // Where the backend knows no target (a VM first seen, or reconnected to)
                 // the guest's size is QEMU's target only while it is whole: one ballooned

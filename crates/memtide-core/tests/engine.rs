@@ -155,6 +155,65 @@ fn targets_stay_within_min_and_max() {
     }
 }
 
+/// A policy that holds every VM where it is.
+struct Holds;
+
+impl memtide_core::policy::Policy for Holds {
+    fn name(&self) -> &str {
+        "holds"
+    }
+
+    fn decide(
+        &mut self,
+        input: &memtide_core::policy::PolicyInput<'_>,
+    ) -> memtide_core::policy::PolicyOutput {
+        let mut out = memtide_core::policy::PolicyOutput::default();
+        for vm in input.vms {
+            out.holds
+                .insert(vm.name.to_string(), Reason::new("test.hold", "held"));
+        }
+        out
+    }
+}
+
+#[test]
+fn a_vm_the_policy_holds_outside_its_bounds_is_brought_within_them() {
+    let mut e = Engine::new(EngineConfig::default(), Box::new(Holds));
+    // Its floor raised above its size (a reload), its cap lowered below it, and one
+    // within both.
+    let mut low = vm("low", 1000, 200, 90);
+    low.limits.min = Bytes::from_mib(300);
+    let mut high = vm("high", 1000, 900, 90);
+    high.limits.max = Bytes::from_mib(800);
+    let mut held = vm("held", 1000, 500, 90);
+    held.target = Some(Bytes::from_mib(500));
+    let d = e.tick(&snapshot(
+        0,
+        host(4000, 2000),
+        vec![low, high, held.clone()],
+    ));
+    assert_eq!(
+        balloon_targets(&d.actions),
+        [("low".to_string(), 300), ("high".to_string(), 800)]
+    );
+    assert_eq!(
+        d.actions[0].reason(),
+        &Reason::new(
+            "test.hold+safeguard.min",
+            "held; raised to 300 MiB by the VM's min"
+        )
+    );
+    assert_eq!(d.vms[2].reason.as_ref().unwrap().rule, "test.hold");
+    // Its target in force counts, not where the guest is on its way to it.
+    let mut on_its_way = held;
+    on_its_way.limits.min = Bytes::from_mib(400);
+    if let Ok(s) = &mut on_its_way.sample {
+        s.balloon = Some(Bytes::from_mib(350));
+    }
+    let d = e.tick(&snapshot(1, host(4000, 2000), vec![on_its_way]));
+    assert_eq!(balloon_targets(&d.actions), []);
+}
+
 #[test]
 fn an_unreached_target_is_reported_once_after_settling() {
     let mut e = engine();
