@@ -1666,18 +1666,23 @@ mod tests {
     async fn a_reload_gives_the_vms_their_new_bounds_at_the_next_sample() {
         let dir = tempfile::tempdir().unwrap();
         let connector = Arc::new(FakeConnector::default());
-        for socket in ["db.qmp", "web.sock"] {
+        for socket in ["db.qmp", "cache.qmp", "web.sock"] {
             std::fs::write(dir.path().join(socket), "").unwrap();
         }
-        let (db, glob) = (dir.path().join("db.qmp"), dir.path().join("*.sock"));
-        let config = |own: &str, defaults: &str| {
+        let (db, cache) = (dir.path().join("db.qmp"), dir.path().join("cache.qmp"));
+        let glob = dir.path().join("*.sock");
+        // cache's QEMU refuses until after the reload: it is still waiting then.
+        let refuse = |b| connector.behaviour.lock().unwrap().insert(cache.clone(), b);
+        refuse(Behaviour::Refuses);
+        let config = |db_own: &str, cache_own: &str, defaults: &str| {
             let text = format!(
                 "[discovery]\nqmp_glob = [{glob:?}]\n[defaults]\n{defaults}\n\
-                 [[vm]]\nname = \"db\"\nqmp = {db:?}\n{own}\n"
+                 [[vm]]\nname = \"db\"\nqmp = {db:?}\n{db_own}\n\
+                 [[vm]]\nname = \"cache\"\nqmp = {cache:?}\n{cache_own}\n"
             );
             Config::parse(&text, "memtide.toml").unwrap()
         };
-        let running = config("min_mib = 300", "");
+        let running = config("min_mib = 300", "", "");
         let mut fleet = Fleet::new(&running, connector.clone());
         for _ in 0..3 {
             settle(&mut fleet).await;
@@ -1690,9 +1695,11 @@ mod tests {
         assert_eq!(names(&vms), ["db", "web"]);
         // web's minimum is its hypervisor's (the fake's), its shares the default.
         assert_eq!(bounds(&vms), [(300, 512, 1000), (200, 512, 1000)]);
-        // The configured VM's own bounds and the default shares the discovered one takes.
+        // The configured VMs' own bounds, connected or waiting, and the default shares
+        // the discovered one takes.
         let fresh = config(
             "min_mib = 400\nmax_mib = 450\nshares = 2000",
+            "min_mib = 350",
             "shares = 500",
         );
         let (next, left) = running.with_policy_of(&fresh, running.sample_access());
@@ -1704,6 +1711,12 @@ mod tests {
             fleet.managed["db"].bounds_from.unwrap().max,
             BoundFrom::Config
         );
+        refuse(Behaviour::Healthy);
+        fleet.reconnect_now("cache");
+        settle(&mut fleet).await;
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(names(&vms), ["cache", "db", "web"]);
+        assert_eq!(bounds(&vms)[0], (350, 512, 500));
     }
 
     #[tokio::test(start_paused = true)]
