@@ -522,8 +522,9 @@ fn clean_guest_text(vm: &mut VmSnapshot) {
 impl Daemon {
     /// Reopen the event log (after logrotate moved it) and load the policy again from
     /// the configuration file read again (its policy settings and the VMs' bounds; what
-    /// else changed in it is said to wait for a restart); a file or policy that fails to load is rejected and
-    /// the running policy stays in force. SIGHUP and `memtide reload` alike.
+    /// else changed in it is said to wait for a restart); a file or policy that fails to
+    /// load is rejected and the running policy stays in force. SIGHUP and `memtide
+    /// reload` alike.
     fn reload(&mut self) -> Result<String, String> {
         // Logged by the event log itself (an error on stderr).
         let unopened = self.events.reopen().err().map(|e| {
