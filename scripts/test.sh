@@ -49,6 +49,8 @@ if ! command -v promtool >/dev/null; then
 fi
 
 guest/build.sh
+# damon_e2e's guest: Debian's 6.12 kernel has DAMON (target/guest/linux-6.12).
+MEMTIDE_GUEST_KERNEL=6.12 guest/build.sh
 # QEMU 10 beside 7.2, for the mapped-ram snapshot test (docs/snapshots.md).
 scripts/newer-qemu.sh
 # access_e2e's, place_e2e's and zswap_e2e's guest kernel: none of Debian's has idle page

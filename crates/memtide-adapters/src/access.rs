@@ -1,16 +1,22 @@
-//! Host-side access tracking by idle page tracking: which of a process's resident pages
-//! were accessed between two scans, and how long each has gone untouched.
+//! Host-side access tracking: which of a process's resident pages were accessed between
+//! two scans, and how long each has gone untouched — by idle page tracking, or by DAMON
+//! ([`crate::damon`]) where the kernel has it.
 //!
-//! Each scan reads the pages' frame numbers from `/proc/PID/pagemap`, asks
+//! Each scan reads the pages' frame numbers from `/proc/PID/pagemap`; with idle page
+//! tracking it asks
 //! `/sys/kernel/mm/page_idle/bitmap` whether each frame is still idle, and marks the
 //! resident frames idle again. The kernel clears a frame's idle flag when any page table
 //! that maps it says it was accessed: the process's own and, through mmu notifiers,
 //! KVM's (Documentation/admin-guide/mm/idle_page_tracking.rst). So unlike clear_refs,
 //! which sees only the process's own page tables, this sees a KVM guest's accesses.
+//! With DAMON a page counts as accessed when the region DAMON holds it in was accessed
+//! since the previous scan: coarser (regions, sampled), at a cost bounded by the
+//! region count rather than by the process's size.
 //!
-//! Root only: the bitmap is root's, and pagemap shows frame numbers only to
-//! CAP_SYS_ADMIN (Documentation/admin-guide/mm/pagemap.rst).
+//! Root only: the bitmap and DAMON's files are root's, and pagemap shows frame numbers
+//! only to CAP_SYS_ADMIN (Documentation/admin-guide/mm/pagemap.rst).
 
+use crate::damon::{self, DamonError, Monitor};
 use memtide_core::Bytes;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -160,12 +166,45 @@ impl Mappings {
     }
 }
 
+/// How a tracker learns which pages were accessed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// DAMON where the kernel has it and no other tool uses it, else idle page tracking.
+    #[default]
+    Auto,
+    /// Idle page tracking: exact, each page read and marked at every scan.
+    IdlePages,
+    /// DAMON: regions sampled by a kdamond of memtide's own.
+    Damon,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Auto => "DAMON or idle page tracking",
+            Method::IdlePages => "idle page tracking",
+            Method::Damon => "DAMON",
+        })
+    }
+}
+
 /// Why a process's accesses cannot be tracked.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackError {
     /// The kernel has no idle page tracking.
     #[error("{0} is missing: the kernel has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING)")]
     Unsupported(PathBuf),
+    /// The kernel has no idle page tracking, and DAMON cannot be had either.
+    #[error("{idle} is missing: the kernel has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING), and no DAMON: {damon}")]
+    Neither {
+        /// The idle page tracking's bitmap.
+        idle: PathBuf,
+        /// Why not DAMON.
+        damon: DamonError,
+    },
+    /// DAMON cannot be had.
+    #[error(transparent)]
+    Damon(#[from] DamonError),
     /// pagemap hides frame numbers from this reader.
     #[error("{0} shows no page frame numbers: idle page tracking needs CAP_SYS_ADMIN")]
     NoFrames(PathBuf),
@@ -313,11 +352,23 @@ pub struct Page {
     pub shared: bool,
 }
 
-/// Tracks a process's accesses by idle page tracking, one scan at a time.
+/// Where a tracker learns which pages were accessed.
+enum Source {
+    /// Idle page tracking's bitmap.
+    Idle(Named),
+    /// A kdamond of memtide's own on the process.
+    Damon(Monitor),
+}
+
+/// Tracks a process's accesses, one scan at a time.
 pub struct Tracker {
     maps: PathBuf,
+    /// `/proc/PID/ksm_merging_pages`.
+    ksm_merging: PathBuf,
     pagemap: Named,
-    bitmap: Named,
+    source: Source,
+    /// The previous scan's time.
+    last: Option<Duration>,
     kpageflags: Named,
     which: Mappings,
     page: u64,
@@ -327,30 +378,60 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// Track process `pid`'s `which` mappings (procfs at `proc`, sysfs at `sys`), a page
-    /// being cold once untouched for `cold_age`.
+    /// Track process `pid`'s `which` mappings (procfs at `proc`, sysfs at `sys`) by
+    /// `method`, a page being cold once untouched for `cold_age`.
     pub fn open(
         proc: &Path,
         sys: &Path,
         pid: i32,
         which: Mappings,
         cold_age: Duration,
+        method: Method,
     ) -> Result<Tracker, TrackError> {
-        let bitmap = sys.join("kernel/mm/page_idle/bitmap");
-        let bitmap = match Named::open(bitmap.clone(), true) {
-            Err(TrackError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Err(TrackError::Unsupported(bitmap));
-            }
-            b => b?,
-        };
         let dir = proc.join(pid.to_string());
+        let bitmap = sys.join("kernel/mm/page_idle/bitmap");
+        let idle = || match Named::open(bitmap.clone(), true) {
+            Err(TrackError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Err(TrackError::Unsupported(bitmap.clone()))
+            }
+            b => b.map(Source::Idle),
+        };
+        let idle_else = |damon| match idle() {
+            Err(TrackError::Unsupported(idle)) => Err(TrackError::Neither { idle, damon }),
+            source => source,
+        };
+        // What the kernel offers first, then the process's files, then a kdamond for it.
+        let admin = damon::admin_dir(sys);
+        let chosen = match method {
+            Method::IdlePages => Some(idle()?),
+            Method::Damon => {
+                damon::supported(&admin)?;
+                None
+            }
+            Method::Auto => match damon::supported(&admin) {
+                Ok(()) => None,
+                Err(e) => Some(idle_else(e)?),
+            },
+        };
+        let pagemap = Named::open(dir.join("pagemap"), false)?;
+        let kpageflags = Named::open(proc.join("kpageflags"), false)?;
+        let source = match chosen {
+            Some(source) => source,
+            None => match Monitor::start(&admin, pid) {
+                Ok(monitor) => Source::Damon(monitor),
+                Err(e) if method == Method::Auto => idle_else(e)?,
+                Err(e) => return Err(e.into()),
+            },
+        };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         Ok(Tracker {
             maps: dir.join("maps"),
-            pagemap: Named::open(dir.join("pagemap"), false)?,
-            bitmap,
-            kpageflags: Named::open(proc.join("kpageflags"), false)?,
+            ksm_merging: dir.join("ksm_merging_pages"),
+            pagemap,
+            source,
+            last: None,
+            kpageflags,
             which,
             page: u64::try_from(page).unwrap_or(4096),
             tracked: Vec::new(),
@@ -359,9 +440,30 @@ impl Tracker {
         })
     }
 
+    /// How it tracks: [`Method::IdlePages`] or [`Method::Damon`].
+    pub fn method(&self) -> Method {
+        match self.source {
+            Source::Idle(_) => Method::IdlePages,
+            Source::Damon(_) => Method::Damon,
+        }
+    }
+
     /// Scan at `at` (monotonic): read which pages were accessed since the previous scan,
     /// age them, mark them idle again.
     pub fn scan(&mut self, at: Duration) -> Result<Scan, TrackError> {
+        // DAMON's regions accessed since the previous scan, as far back as its kdamond
+        // has run (less two aggregation intervals: a region made at its start is not
+        // taken as accessed).
+        let damon = match &self.source {
+            Source::Damon(monitor) => {
+                let since = at.saturating_sub(self.last.unwrap_or(at));
+                let ran = monitor.running_for().saturating_sub(damon::AGGREGATION * 2);
+                damon::accessed_within(&monitor.regions()?, damon::AGGREGATION, since.min(ran))
+            }
+            Source::Idle(_) => Vec::new(),
+        };
+        self.last = Some(at);
+        let ksm = may_have_ksm_pages(&self.ksm_merging);
         let maps = std::fs::read_to_string(&self.maps).map_err(io(&self.maps))?;
         let ranges: Vec<_> = private_writable(&maps)
             .into_iter()
@@ -396,7 +498,7 @@ impl Tracker {
             let chunks = t.ages.chunks_mut(CHUNK).zip(t.shared.chunks_mut(CHUNK));
             for (i, (chunk, shared)) in chunks.enumerate() {
                 let first = t.start / page + (i * CHUNK) as u64;
-                let (a, r) = self.scan_chunk(first, chunk, shared, &mut before)?;
+                let (a, r) = self.scan_chunk(first, chunk, shared, &mut before, &damon, ksm)?;
                 accessed += a;
                 resident += r;
             }
@@ -463,6 +565,8 @@ impl Tracker {
         ages: &mut [u16],
         is_shared: &mut [bool],
         before: &mut Option<(u64, Seen)>,
+        damon: &[std::ops::Range<u64>],
+        ksm: bool,
     ) -> Result<(u64, u64), TrackError> {
         let mut entries = vec![0; ages.len()];
         self.pagemap.read_all_words(first, &mut entries)?;
@@ -473,84 +577,35 @@ impl Tracker {
         let mut present: Vec<u64> = frames.iter().flatten().copied().collect();
         present.sort_unstable();
         present.dedup();
-        let Flagged { tails, shared } = self.flagged(&present)?;
-        // Idle flags are kept on a compound page's head only: its tails read as not idle
-        // and cannot be marked (idle_page_tracking.rst). Pages others map too — merged by
-        // KSM, or not anonymous (a clone's template, shared memory) — count as accessed
-        // and are not marked: another tracker's scan of the same frame marks it idle
-        // again and would make it look cold here, and giving one up frees nothing.
-        let heads: Vec<u64> = present
-            .iter()
-            .copied()
-            .filter(|f| tails.binary_search(f).is_err() && shared.binary_search(f).is_err())
-            .collect();
-        let mut words: Vec<u64> = heads.iter().map(|f| f / 64).collect();
-        words.dedup();
-        // The kernel answers whole words below its highest frame only: the last word,
-        // when that frame is not at a word's end, reads as nothing (and writes as nothing,
-        // though its frames are marked) (mm/page_idle.c). Its frames count as accessed.
-        let mut bits: Vec<Option<u64>> = vec![None; words.len()];
-        for (lo, hi) in runs(&words) {
-            let mut run = vec![0; (hi - lo + 1) as usize];
-            let read = self.bitmap.read_words(lo, &mut run)?;
-            let from = words.partition_point(|&w| w < lo);
-            let to = words.partition_point(|&w| w <= hi);
-            for (k, w) in words[from..to].iter().enumerate() {
-                let i = (w - lo) as usize;
-                bits[from + k] = (i < read).then_some(run[i]);
+        let flagged = self.flagged(&present, ksm)?;
+        let seen = match &self.source {
+            Source::Idle(bitmap) => idle_seen(bitmap, &frames, &present, &flagged, before)?,
+            Source::Damon(_) => {
+                // Pages others map too count as accessed, as with idle page tracking.
+                let page = self.page;
+                (first..)
+                    .zip(&frames)
+                    .map(|(n, frame)| match *frame {
+                        None => Seen::Absent,
+                        Some(f) if flagged.shared.binary_search(&f).is_ok() => Seen::Accessed,
+                        Some(_) if within(damon, n * page) => Seen::Accessed,
+                        Some(_) => Seen::Idle,
+                    })
+                    .collect()
             }
-        }
-        let idle = |f: u64| {
-            let k = words.binary_search(&(f / 64)).expect("word read");
-            bits[k].is_some_and(|b| b >> (f % 64) & 1 == 1)
         };
-        // A tail takes its head's state from the frame before it, the page before it
-        // when mapped in order (a huge page mapped whole); otherwise it is taken as
-        // accessed, never as cold.
-        let seen: Vec<Seen> = frames
-            .iter()
-            .map(|frame| {
-                let s = match *frame {
-                    None => Seen::Absent,
-                    Some(f) if shared.binary_search(&f).is_ok() => Seen::Accessed,
-                    Some(f) if tails.binary_search(&f).is_ok() => match *before {
-                        Some((b, s)) if b + 1 == f => s,
-                        _ => Seen::Accessed,
-                    },
-                    Some(f) if idle(f) => Seen::Idle,
-                    Some(_) => Seen::Accessed,
-                };
-                *before = frame.map(|f| (f, s));
-                s
-            })
-            .collect();
         let accessed = age(ages, seen);
         for (s, frame) in is_shared.iter_mut().zip(&frames) {
-            *s = frame.is_some_and(|f| shared.binary_search(&f).is_ok());
+            *s = frame.is_some_and(|f| flagged.shared.binary_search(&f).is_ok());
         }
         let resident = frames.iter().flatten().count() as u64;
-        // Mark every resident frame idle again (writing a set bit marks; a clear one does
-        // nothing, so gaps in a run are written as zeros).
-        let mut marks = vec![0u64; words.len()];
-        for f in heads {
-            let k = words.binary_search(&(f / 64)).expect("word read");
-            marks[k] |= 1 << (f % 64);
-        }
-        for (lo, hi) in runs(&words) {
-            let mut run = vec![0; (hi - lo + 1) as usize];
-            let from = words.partition_point(|&w| w < lo);
-            let to = words.partition_point(|&w| w <= hi);
-            for k in from..to {
-                run[(words[k] - lo) as usize] = marks[k];
-            }
-            self.bitmap.write_words(lo, &run)?;
-        }
         Ok((accessed, resident))
     }
 
     /// Which of the sorted, distinct `frames` are compound pages' tails, and which are
-    /// shared with other mappings (`/proc/kpageflags`).
-    fn flagged(&self, frames: &[u64]) -> Result<Flagged, TrackError> {
+    /// shared with other mappings (`/proc/kpageflags`); `ksm`: whether KPF_KSM is to be
+    /// believed.
+    fn flagged(&self, frames: &[u64], ksm: bool) -> Result<Flagged, TrackError> {
         let mut out = Flagged::default();
         for (lo, hi) in runs(frames) {
             let mut flags = vec![0; (hi - lo + 1) as usize];
@@ -562,13 +617,111 @@ impl Tracker {
                 if flags & KPF_COMPOUND_TAIL != 0 {
                     out.tails.push(f);
                 }
-                if flags & KPF_KSM != 0 || flags & KPF_ANON == 0 {
+                if ksm && flags & KPF_KSM != 0 || flags & KPF_ANON == 0 {
                     out.shared.push(f);
                 }
             }
         }
         Ok(out)
     }
+}
+
+/// Whether a process may have pages KSM merged, by its `ksm_merging_pages` file (Linux
+/// 5.19): not when it says 0. Debian's 6.12 kernel sets KPF_KSM on every anonymous page
+/// (seen in the test guest, 6.12.118), which would make all of them shared, never cold;
+/// a process none of whose pages KSM merged shows that flag wrongly. Where the file is
+/// missing (older kernels, which set the flag right) or unreadable, the flag is believed.
+fn may_have_ksm_pages(ksm_merging_pages: &Path) -> bool {
+    std::fs::read_to_string(ksm_merging_pages)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .is_none_or(|pages| pages > 0)
+}
+
+/// Whether `addr` lies in one of the sorted, disjoint `ranges`.
+fn within(ranges: &[std::ops::Range<u64>], addr: u64) -> bool {
+    let i = ranges.partition_point(|r| r.end <= addr);
+    ranges.get(i).is_some_and(|r| r.start <= addr)
+}
+
+/// What idle page tracking's `bitmap` says of a chunk's pages (their `frames`, the
+/// sorted distinct `present` ones and what kpageflags says of them; `before` the frame
+/// and state of the page before the chunk, updated to its last), marking every
+/// resident frame idle again.
+fn idle_seen(
+    bitmap: &Named,
+    frames: &[Option<u64>],
+    present: &[u64],
+    Flagged { tails, shared }: &Flagged,
+    before: &mut Option<(u64, Seen)>,
+) -> Result<Vec<Seen>, TrackError> {
+    // Idle flags are kept on a compound page's head only: its tails read as not idle
+    // and cannot be marked (idle_page_tracking.rst). Pages others map too — merged by
+    // KSM, or not anonymous (a clone's template, shared memory) — count as accessed
+    // and are not marked: another tracker's scan of the same frame marks it idle
+    // again and would make it look cold here, and giving one up frees nothing.
+    let heads: Vec<u64> = present
+        .iter()
+        .copied()
+        .filter(|f| tails.binary_search(f).is_err() && shared.binary_search(f).is_err())
+        .collect();
+    let mut words: Vec<u64> = heads.iter().map(|f| f / 64).collect();
+    words.dedup();
+    // The kernel answers whole words below its highest frame only: the last word,
+    // when that frame is not at a word's end, reads as nothing (and writes as nothing,
+    // though its frames are marked) (mm/page_idle.c). Its frames count as accessed.
+    let mut bits: Vec<Option<u64>> = vec![None; words.len()];
+    for (lo, hi) in runs(&words) {
+        let mut run = vec![0; (hi - lo + 1) as usize];
+        let read = bitmap.read_words(lo, &mut run)?;
+        let from = words.partition_point(|&w| w < lo);
+        let to = words.partition_point(|&w| w <= hi);
+        for (k, w) in words[from..to].iter().enumerate() {
+            let i = (w - lo) as usize;
+            bits[from + k] = (i < read).then_some(run[i]);
+        }
+    }
+    let idle = |f: u64| {
+        let k = words.binary_search(&(f / 64)).expect("word read");
+        bits[k].is_some_and(|b| b >> (f % 64) & 1 == 1)
+    };
+    // A tail takes its head's state from the frame before it, the page before it
+    // when mapped in order (a huge page mapped whole); otherwise it is taken as
+    // accessed, never as cold.
+    let seen: Vec<Seen> = frames
+        .iter()
+        .map(|frame| {
+            let s = match *frame {
+                None => Seen::Absent,
+                Some(f) if shared.binary_search(&f).is_ok() => Seen::Accessed,
+                Some(f) if tails.binary_search(&f).is_ok() => match *before {
+                    Some((b, s)) if b + 1 == f => s,
+                    _ => Seen::Accessed,
+                },
+                Some(f) if idle(f) => Seen::Idle,
+                Some(_) => Seen::Accessed,
+            };
+            *before = frame.map(|f| (f, s));
+            s
+        })
+        .collect();
+    // Mark every resident frame idle again (writing a set bit marks; a clear one does
+    // nothing, so gaps in a run are written as zeros).
+    let mut marks = vec![0u64; words.len()];
+    for f in heads {
+        let k = words.binary_search(&(f / 64)).expect("word read");
+        marks[k] |= 1 << (f % 64);
+    }
+    for (lo, hi) in runs(&words) {
+        let mut run = vec![0; (hi - lo + 1) as usize];
+        let from = words.partition_point(|&w| w < lo);
+        let to = words.partition_point(|&w| w <= hi);
+        for k in from..to {
+            run[(words[k] - lo) as usize] = marks[k];
+        }
+        bitmap.write_words(lo, &run)?;
+    }
+    Ok(seen)
 }
 
 #[cfg(test)]
@@ -588,6 +741,17 @@ mod tests {
             .chunks_exact(8)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn ksm_flags_are_believed_unless_the_process_says_ksm_merged_none_of_its_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ksm_merging_pages");
+        assert!(may_have_ksm_pages(&file), "no file: an older kernel");
+        for (text, may) in [("0\n", false), ("12\n", true), ("?\n", true)] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(may_have_ksm_pages(&file), may, "{text:?}");
+        }
     }
 
     #[test]
@@ -708,18 +872,30 @@ garbage
         let sys = tempfile::tempdir().unwrap();
         let mm = sys.path().join("kernel/mm/page_idle");
         std::fs::create_dir_all(&mm).unwrap();
-        let err = Tracker::open(
-            Path::new("/proc"),
-            sys.path(),
-            std::process::id() as i32,
-            Mappings::Private,
-            Duration::from_secs(2),
-        )
-        .err()
-        .unwrap();
+        let open = |method| {
+            Tracker::open(
+                Path::new("/proc"),
+                sys.path(),
+                std::process::id() as i32,
+                Mappings::Private,
+                Duration::from_secs(2),
+                method,
+            )
+            .err()
+            .unwrap()
+        };
+        let err = open(Method::IdlePages);
         assert!(matches!(err, TrackError::Unsupported(_)), "{err}");
         assert!(
             err.to_string().contains("CONFIG_IDLE_PAGE_TRACKING"),
+            "{err}"
+        );
+        // Neither DAMON: both said.
+        let err = open(Method::Auto);
+        assert!(matches!(err, TrackError::Neither { .. }), "{err}");
+        assert!(
+            err.to_string().contains("CONFIG_IDLE_PAGE_TRACKING")
+                && err.to_string().contains("CONFIG_DAMON_SYSFS"),
             "{err}"
         );
         let bitmap = stand_in_bitmap(&mm);
@@ -733,6 +909,7 @@ garbage
             std::process::id() as i32,
             Mappings::GuestRam(Bytes::from_mib(37)),
             Duration::from_secs(2),
+            Method::IdlePages,
         )
         .unwrap();
         let s = Duration::from_secs;
@@ -806,6 +983,99 @@ garbage
         assert_eq!(tracker.pages().count(), 0, "nothing after a failed scan");
     }
 
+    /// The real pagemap and kpageflags of this process, with a tree standing in for
+    /// DAMON's sysfs interface: pages of the regions DAMON found accessed since the
+    /// previous scan start their age over, the others age, and pages DAMON's regions
+    /// cover but that are not in memory count for nothing.
+    #[test]
+    #[ignore = "reads page frame numbers: needs root"]
+    fn with_damon_the_regions_accessed_since_the_previous_scan_set_the_pages_ages() {
+        let sys = tempfile::tempdir().unwrap();
+        let admin = damon::admin_dir(sys.path());
+        crate::damon::tests::fake_kdamonds(&admin, 1);
+        // 34 MiB, tracked as guest RAM of 33 MiB (to 2 MiB): 30 MiB written, 4 not.
+        let pages = 34 * 256;
+        let buffer = Buffer::new(pages);
+        // SAFETY: the buffer's last 4 MiB, given back.
+        let unbacked = unsafe { buffer.at.add(30 << 20) };
+        assert_eq!(
+            unsafe { libc::madvise(unbacked.cast(), 4 << 20, libc::MADV_DONTNEED) },
+            0
+        );
+        let mut tracker = Tracker::open(
+            Path::new("/proc"),
+            sys.path(),
+            std::process::id() as i32,
+            Mappings::GuestRam(Bytes::from_mib(33)),
+            Duration::from_secs(4),
+            Method::Auto,
+        )
+        .unwrap();
+        assert_eq!(tracker.method(), Method::Damon);
+        let tried = admin.join("kdamonds/0/contexts/0/schemes/0/tried_regions");
+        let at = buffer.at as u64;
+        let regions = |list: &[(u64, u64, u32, u32)]| {
+            let _ = std::fs::remove_dir_all(&tried);
+            std::fs::create_dir_all(&tried).unwrap();
+            for (i, &(start, end, n, age)) in list.iter().enumerate() {
+                let r = tried.join(i.to_string());
+                std::fs::create_dir(&r).unwrap();
+                for (f, v) in [
+                    ("start", start),
+                    ("end", end),
+                    ("nr_accesses", n.into()),
+                    ("age", age.into()),
+                ] {
+                    std::fs::write(r.join(f), v.to_string()).unwrap();
+                }
+            }
+        };
+        let mib = |m: u64| m << 20;
+        let s = Duration::from_secs;
+        regions(&[(at, at + mib(34), 0, 0)]);
+        let first = match tracker.scan(s(0)) {
+            Err(e @ TrackError::NoFrames(_)) => {
+                panic!("{e}: this test reads page frame numbers, it needs root")
+            }
+            scan => scan.unwrap(),
+        };
+        assert_eq!(first.resident, Bytes(mib(30)));
+        assert_eq!(first.accessed, None);
+        // Two seconds on: the first 2 MiB accessed in the last aggregation interval, the
+        // next 2 MiB idle for only 1 s (accessed within the 2 s), the rest idle for 10 s
+        // (longer than the kdamond has run: aged from its start).
+        // (Regions are taken as no older than the kdamond, which has run for as long.)
+        std::thread::sleep(Duration::from_millis(2_500));
+        let idle_1s = (1_000 / damon::AGGREGATION.as_millis()) as u32;
+        regions(&[
+            (at + mib(4), at + mib(34), 0, 50),
+            (at, at + mib(2), 7, 3),
+            (at + mib(2), at + mib(4), 0, idle_1s),
+        ]);
+        let second = tracker.scan(s(2)).unwrap();
+        assert_eq!(second.accessed, Some(Bytes(mib(4))));
+        let ages: Vec<u16> = tracker.pages().map(|p| p.age).collect();
+        assert_eq!(ages.len(), pages - 4 * 256, "resident pages only");
+        assert!(ages[..4 * 256].iter().all(|&a| a == 0));
+        assert!(ages[4 * 256..].iter().all(|&a| a == 1));
+        // Four seconds in, all idle since: the pages idle since the first scan are cold.
+        regions(&[(at, at + mib(34), 0, 50)]);
+        let third = tracker.scan(s(4)).unwrap();
+        assert_eq!(third.accessed, Some(Bytes::ZERO));
+        assert_eq!(third.cold, Some(Bytes(mib(26))));
+        assert_eq!(
+            std::fs::read_to_string(admin.join("kdamonds/0/contexts/0/targets/0/pid_target"))
+                .unwrap(),
+            std::process::id().to_string()
+        );
+        drop(tracker);
+        assert_eq!(
+            std::fs::read_to_string(admin.join("kdamonds/nr_kdamonds")).unwrap(),
+            "0"
+        );
+        drop(buffer);
+    }
+
     /// Pages a clone shares with its template — a private file mapping's pages it has
     /// only read, page cache other mappings hold too — are never cold and never marked;
     /// the pages it wrote (copied on write, anonymous) are tracked.
@@ -852,6 +1122,7 @@ garbage
             std::process::id() as i32,
             Mappings::GuestRam(Bytes::from_mib(26)),
             Duration::from_secs(1),
+            Method::IdlePages,
         )
         .unwrap();
         let s = Duration::from_secs;

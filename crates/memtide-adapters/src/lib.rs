@@ -7,6 +7,7 @@ pub mod api_socket;
 pub mod cgroup;
 pub mod checksum;
 pub mod cloud_hypervisor;
+pub mod damon;
 pub mod firecracker;
 pub mod framing;
 pub mod host;

@@ -1,7 +1,8 @@
-//! `memtide access`: idle page tracking of one process in the foreground, a JSON line a
-//! scan — what the daemon measures of a VM's guest RAM, tried on any process.
+//! `memtide access`: page tracking (DAMON or idle page tracking) of one process in the
+//! foreground, a JSON line a scan — what the daemon measures of a VM's guest RAM, tried
+//! on any process.
 
-use memtide_adapters::access::{Mappings, Scan, Tracker};
+use memtide_adapters::access::{Mappings, Method, Scan, Tracker};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,16 +20,18 @@ pub struct Options {
     pub interval: Duration,
     /// Stop after this many scans.
     pub count: u64,
-    /// The procfs and sysfs mounts.
+    /// How to track its accesses.
+    pub method: Method,
+    /// The procfs mount.
     pub proc: PathBuf,
     /// The sysfs mount.
     pub sys: PathBuf,
 }
 
 /// Scan `options.count` times, a line each to `out`:
-/// `{"t":…,"accessed":…,"cold":…,"resident":…,"scan_ms":…}` (bytes; `accessed` null at
-/// the first scan, `cold` null until the scans span the cold age). A failed scan is an
-/// error naming what could not be read.
+/// `{"t":…,"tracker":…,"accessed":…,"cold":…,"resident":…,"scan_ms":…}` (`tracker`:
+/// `"damon"` or `"idle"`; bytes; `accessed` null at the first scan, `cold` null until
+/// the scans span the cold age). A failed scan is an error naming what could not be read.
 pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
     let mut tracker = Tracker::open(
         &options.proc,
@@ -36,6 +39,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         options.pid,
         options.mappings,
         options.cold_age,
+        options.method,
     )?;
     let start = Instant::now();
     for n in 0..options.count {
@@ -44,15 +48,20 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         }
         let at = start.elapsed();
         let scan = tracker.scan(at)?;
-        writeln!(out, "{}", line(at, start.elapsed() - at, &scan))?;
+        let tracker = match tracker.method() {
+            Method::Damon => "damon",
+            _ => "idle",
+        };
+        writeln!(out, "{}", line(at, start.elapsed() - at, tracker, &scan))?;
         out.flush()?;
     }
     Ok(())
 }
 
-fn line(at: Duration, took: Duration, scan: &Scan) -> serde_json::Value {
+fn line(at: Duration, took: Duration, tracker: &str, scan: &Scan) -> serde_json::Value {
     json!({
         "t": (at.as_secs_f64() * 1000.0).round() / 1000.0,
+        "tracker": tracker,
         "accessed": scan.accessed.map(|b| b.0),
         "cold": scan.cold.map(|b| b.0),
         "resident": scan.resident.0,

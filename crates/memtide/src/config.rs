@@ -2,6 +2,7 @@
 //! Unknown keys are errors, and every semantic check names the field it rejects.
 
 use crate::policies::PolicySource;
+use memtide_adapters::access::Method;
 use memtide_adapters::qmp::AccessSampling;
 use memtide_core::estimate::fused::FusedConfig;
 use memtide_core::estimate::sampled::SampledConfig;
@@ -269,14 +270,17 @@ pub struct HostConfig {
     pub sys: PathBuf,
     /// A memory cgroup holding the VMs (v1 or v2 directory); unset: the whole host.
     pub domain_cgroup: Option<PathBuf>,
-    /// Measure the guest memory each QEMU touches between ticks: `"idle"` by idle page
+    /// Measure the guest memory each QEMU touches between ticks: `"damon"` by a kdamond
+    /// of memtide's own per QEMU (sees KVM guests too; needs CONFIG_DAMON_SYSFS and
+    /// CONFIG_DAMON_VADDR, root, and no kdamond of another tool), `"idle"` by idle page
     /// tracking (sees KVM guests too; needs CONFIG_IDLE_PAGE_TRACKING and root),
-    /// `"clear_refs"` by /proc/PID/smaps and clear_refs (TCG only), `true` idle page
-    /// tracking where the host has it and clear_refs elsewhere, `false` none. Unset:
-    /// `"clear_refs"` when a policy uses it (memtide, sampled, esx), else `false`.
+    /// `"clear_refs"` by /proc/PID/smaps and clear_refs (TCG only), `true` DAMON, else
+    /// idle page tracking, where the host has them and clear_refs elsewhere, `false`
+    /// none. Unset: `"clear_refs"` when a policy uses it (memtide, sampled, esx), else
+    /// `false`.
     pub sample_access: Option<SampleAccess>,
-    /// Seconds a page of guest RAM must go untouched to count as cold (idle page
-    /// tracking).
+    /// Seconds a page of guest RAM must go untouched to count as cold (DAMON and idle
+    /// page tracking).
     pub cold_age_s: f64,
     /// After a VM's balloon gave memory back, collapse its hypervisor's resident guest
     /// RAM into huge pages again (`MADV_COLLAPSE`, Linux 6.1, CAP_SYS_NICE): the balloon
@@ -284,14 +288,17 @@ pub struct HostConfig {
     pub restore_huge_pages: bool,
 }
 
-/// `[host] sample_access`: `true`, `false`, `"idle"` or `"clear_refs"`.
+/// `[host] sample_access`: `true`, `false`, `"damon"`, `"idle"` or `"clear_refs"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "SampleAccessText")]
 pub enum SampleAccess {
     /// None (`false`).
     Off,
-    /// Idle page tracking where the host has it, clear_refs elsewhere (`true`).
+    /// DAMON, else idle page tracking, where the host has them; clear_refs elsewhere
+    /// (`true`).
     Auto,
+    /// DAMON only (`"damon"`).
+    Damon,
     /// Idle page tracking only (`"idle"`).
     Idle,
     /// clear_refs only (`"clear_refs"`).
@@ -302,7 +309,7 @@ pub enum SampleAccess {
 #[derive(Deserialize)]
 #[serde(
     untagged,
-    expecting = "true, false, \"idle\" or \"clear_refs\" for the host-side access sampling"
+    expecting = "true, false, \"damon\", \"idle\" or \"clear_refs\" for the host-side access sampling"
 )]
 enum SampleAccessText {
     Bool(bool),
@@ -316,10 +323,11 @@ impl TryFrom<SampleAccessText> for SampleAccess {
         match text {
             SampleAccessText::Bool(false) => Ok(SampleAccess::Off),
             SampleAccessText::Bool(true) => Ok(SampleAccess::Auto),
+            SampleAccessText::Name(n) if n == "damon" => Ok(SampleAccess::Damon),
             SampleAccessText::Name(n) if n == "idle" => Ok(SampleAccess::Idle),
             SampleAccessText::Name(n) if n == "clear_refs" => Ok(SampleAccess::ClearRefs),
             SampleAccessText::Name(n) => Err(format!(
-                "unknown access sampling {n:?}: true, false, \"idle\" or \"clear_refs\""
+                "unknown access sampling {n:?}: true, false, \"damon\", \"idle\" or \"clear_refs\""
             )),
         }
     }
@@ -1147,11 +1155,11 @@ impl Config {
                 return bad("tiering.slow_node", message);
             }
         }
-        // Two trackers marking the same pages idle each miss the accesses made between
-        // the other's scan and their own: pages look colder than they are, and hot ones
-        // are demoted.
-        if t.place && matches!(self.sample_access(), AccessSampling::Idle { .. }) {
-            let message = "placement tracks guest pages by idle page tracking, and so does \
+        // Two trackers clearing the same pages' accessed bits (idle page tracking's
+        // marks, DAMON's checks) each miss the accesses made between the other's scan
+        // and their own: pages look colder than they are, and hot ones are demoted.
+        if t.place && matches!(self.sample_access(), AccessSampling::Tracked { .. }) {
+            let message = "placement tracks guest pages by page tracking, and so does \
                            this sampling: each would miss the accesses the other clears; set \
                            sample_access = \"clear_refs\" or false while [tiering] place is on";
             return bad("host.sample_access", message.into());
@@ -1389,13 +1397,20 @@ impl Config {
             // writes some bytes per guest page each tick, its cost on a large host not
             // measured yet, so it is the operator's choice.
             None => AccessSampling::ClearRefs,
-            Some(SampleAccess::Auto) => AccessSampling::Idle {
+            Some(SampleAccess::Auto) => AccessSampling::Tracked {
                 cold_age,
                 fallback: true,
+                method: Method::Auto,
             },
-            Some(SampleAccess::Idle) => AccessSampling::Idle {
+            Some(SampleAccess::Damon) => AccessSampling::Tracked {
                 cold_age,
                 fallback: false,
+                method: Method::Damon,
+            },
+            Some(SampleAccess::Idle) => AccessSampling::Tracked {
+                cold_age,
+                fallback: false,
+                method: Method::IdlePages,
             },
             Some(SampleAccess::ClearRefs) => AccessSampling::ClearRefs,
         }
@@ -1658,9 +1673,10 @@ mod tests {
     #[test]
     fn sample_access_takes_a_boolean_or_a_tracker_and_a_cold_age() {
         let sampling = |text: &str| Config::parse(text, "x").unwrap().sample_access();
-        let idle = |fallback| AccessSampling::Idle {
+        let tracked = |fallback, method| AccessSampling::Tracked {
             cold_age: Duration::from_secs(120),
             fallback,
+            method,
         };
         // Unset: clear_refs for the policies that use it (idle tracking is chosen).
         assert_eq!(
@@ -1668,34 +1684,42 @@ mod tests {
             AccessSampling::ClearRefs
         );
         assert_eq!(sampling("policy = \"mom\"\n"), AccessSampling::Off);
-        // `true`: the best tracking the host has, idle page tracking first.
-        assert_eq!(sampling("[host]\nsample_access = true\n"), idle(true));
+        // `true`: the best tracking the host has, DAMON first.
+        assert_eq!(
+            sampling("[host]\nsample_access = true\n"),
+            tracked(true, Method::Auto)
+        );
+        assert_eq!(
+            sampling("[host]\nsample_access = \"damon\"\n"),
+            tracked(false, Method::Damon)
+        );
         assert_eq!(
             sampling("policy = \"esx\"\n[host]\nsample_access = false\n"),
             AccessSampling::Off
         );
         assert_eq!(
             sampling("[host]\nsample_access = \"idle\"\ncold_age_s = 30\n"),
-            AccessSampling::Idle {
+            AccessSampling::Tracked {
                 cold_age: Duration::from_secs(30),
-                fallback: false
+                fallback: false,
+                method: Method::IdlePages,
             }
         );
         assert_eq!(
             sampling("[host]\nsample_access = \"clear_refs\"\n"),
             AccessSampling::ClearRefs
         );
-        let e = err("[host]\nsample_access = \"damon\"\n");
+        let e = err("[host]\nsample_access = \"kstaled\"\n");
         assert!(
             e.contains(
-                "unknown access sampling \"damon\": true, false, \"idle\" or \"clear_refs\""
+                "unknown access sampling \"kstaled\": true, false, \"damon\", \"idle\" or \"clear_refs\""
             ),
             "{e}"
         );
         // Neither a boolean nor a string: the choices, not serde's enum.
         let e = err("[host]\nsample_access = 1\n");
         assert!(
-            e.contains("true, false, \"idle\" or \"clear_refs\" for the host-side access sampling")
+            e.contains("true, false, \"damon\", \"idle\" or \"clear_refs\" for the host-side access sampling")
                 && !e.contains("untagged"),
             "{e}"
         );
@@ -2172,7 +2196,7 @@ mod tests {
             ),
             (
                 "[host]\nsample_access = \"idle\"\n[tiering]\nplace = true\n",
-                "host.sample_access: placement tracks guest pages by idle page tracking, and so \
+                "host.sample_access: placement tracks guest pages by page tracking, and so \
                  does this sampling: each would miss the accesses the other clears; set \
                  sample_access = \"clear_refs\" or false while [tiering] place is on",
             ),

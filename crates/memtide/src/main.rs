@@ -10,7 +10,7 @@ use memtide::reclaim_cmd;
 use memtide::sim_cmd;
 use memtide::snapshot_cmd;
 use memtide::{control, render, stdout};
-use memtide_adapters::access::Mappings;
+use memtide_adapters::access::{Mappings, Method};
 use memtide_core::backend::AfterSave;
 use memtide_core::reclaim::Keep;
 use memtide_core::tiering::age::AgeConfig;
@@ -54,6 +54,27 @@ enum LogFormat {
 /// Where every subcommand looks for its configuration when none is given (and
 /// $MEMTIDE_CONFIG is unset): the Debian package's conffile.
 const DEFAULT_CONFIG: &str = "/etc/memtide/memtide.toml";
+
+/// `--tracker`: how `memtide access` and `memtide place` track a process's accesses.
+#[derive(Clone, Copy, ValueEnum)]
+enum TrackerArg {
+    /// DAMON where the kernel has it and no other tool uses it, else idle page tracking.
+    Auto,
+    /// A kdamond of memtide's own (CONFIG_DAMON_SYSFS, CONFIG_DAMON_VADDR).
+    Damon,
+    /// Idle page tracking (CONFIG_IDLE_PAGE_TRACKING).
+    Idle,
+}
+
+impl From<TrackerArg> for Method {
+    fn from(t: TrackerArg) -> Method {
+        match t {
+            TrackerArg::Auto => Method::Auto,
+            TrackerArg::Damon => Method::Damon,
+            TrackerArg::Idle => Method::IdlePages,
+        }
+    }
+}
 
 #[derive(Subcommand)]
 enum Command {
@@ -122,14 +143,18 @@ enum Command {
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Track one process's memory accesses by idle page tracking in the foreground, as the
-    /// daemon tracks a VM's guest RAM (see docs/tiering.md): a JSON line a scan with the
-    /// bytes accessed since the previous scan and the bytes cold. Needs root and a kernel
-    /// with CONFIG_IDLE_PAGE_TRACKING.
+    /// Track one process's memory accesses by DAMON or idle page tracking in the
+    /// foreground, as the daemon tracks a VM's guest RAM (see docs/tiering.md): a JSON
+    /// line a scan with the bytes accessed since the previous scan and the bytes cold.
+    /// Needs root and a kernel with CONFIG_DAMON_SYSFS or CONFIG_IDLE_PAGE_TRACKING.
     Access {
         /// The process to track.
         #[arg(long)]
         pid: i32,
+        /// How: `auto` DAMON where the kernel has it and no other tool uses it, else idle
+        /// page tracking.
+        #[arg(long, value_enum, default_value_t = TrackerArg::Auto)]
+        tracker: TrackerArg,
         /// Track only its private writable mappings of this size (to 2 MiB), as the
         /// daemon picks a QEMU's guest RAM; default: all of them.
         #[arg(long)]
@@ -151,11 +176,14 @@ enum Command {
     /// (see docs/tiering.md): each interval, its pages least recently accessed beyond the
     /// fast budget go to the slow node and its pages accessed since the previous scan on
     /// the slow node come back, with move_pages(2); a JSON line an interval. Needs root,
-    /// NUMA and a kernel with CONFIG_IDLE_PAGE_TRACKING.
+    /// NUMA and a kernel with CONFIG_DAMON_SYSFS or CONFIG_IDLE_PAGE_TRACKING.
     Place {
         /// The process whose pages to place.
         #[arg(long)]
         pid: i32,
+        /// How to track its accesses (as `memtide access --tracker`).
+        #[arg(long, value_enum, default_value_t = TrackerArg::Auto)]
+        tracker: TrackerArg,
         /// The fast tier's NUMA node.
         #[arg(long)]
         fast_node: i32,
@@ -550,6 +578,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Access {
             pid,
+            tracker,
             size_mib,
             cold_age_s,
             interval_s,
@@ -570,6 +599,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 cold_age: seconds("--cold-age-s", cold_age_s.unwrap_or(config.host.cold_age_s))?,
                 interval: interval(interval_s)?,
                 count,
+                method: tracker.into(),
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
             };
@@ -580,6 +610,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Place {
             pid,
+            tracker,
             fast_node,
             slow_node,
             budget_mib,
@@ -619,6 +650,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 rate_mib_s,
                 ages,
                 count,
+                method: tracker.into(),
                 proc: config.host.proc.clone(),
                 sys: config.host.sys.clone(),
             };

@@ -7,7 +7,7 @@
 //! move_pages moves them.
 
 use crate::placement::{self, Nodes, Placer};
-use memtide_adapters::access::Mappings;
+use memtide_adapters::access::{Mappings, Method};
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, FastTier, TierConfig};
 use memtide_core::Bytes;
@@ -37,6 +37,8 @@ pub struct Options {
     pub ages: AgeConfig,
     /// Stop after this many intervals.
     pub count: u64,
+    /// How to track the process's accesses.
+    pub method: Method,
     /// The procfs mount.
     pub proc: PathBuf,
     /// The sysfs mount.
@@ -64,6 +66,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         options.mappings,
         options.ages,
         nodes,
+        options.method,
     )?;
     let mut age = ColdAge::new(&options.ages);
     let config = TierConfig {
@@ -135,6 +138,7 @@ mod tests {
                 ..AgeConfig::default()
             },
             count: 2,
+            method: Method::IdlePages,
             proc: "/proc".into(),
             sys: sys.to_path_buf(),
         }

@@ -11,7 +11,7 @@
 //! scan).
 
 use anyhow::Context;
-use memtide_adapters::access::{Mappings, Tracker};
+use memtide_adapters::access::{Mappings, Method, Tracker};
 use memtide_adapters::{migrate, procfs, tiers};
 use memtide_core::action::Reason;
 use memtide_core::tiering::age::{AgeConfig, ColdAge};
@@ -229,7 +229,7 @@ pub struct Moved {
 }
 
 impl Placer {
-    /// Track process `pid`'s `mappings` for placement between `nodes`, demoting pages
+    /// Track process `pid`'s `mappings` by `method` for placement between `nodes`, demoting pages
     /// only once untouched for its cold age (`ages`: from the least, 0 for whatever is
     /// idle, adapted to its promotions). Fails when the kernel cannot move its pages (no
     /// NUMA, the process gone, no permission) or cannot track them.
@@ -240,11 +240,12 @@ impl Placer {
         mappings: Mappings,
         ages: AgeConfig,
         nodes: Nodes,
+        method: Method,
     ) -> anyhow::Result<Placer> {
         // Asks the kernel nothing but whether it can: NUMA, the process, the permission.
         migrate::nodes(pid, &[])?;
         let horizon = Duration::try_from_secs_f64(ages.horizon_s()).unwrap_or(Duration::ZERO);
-        let tracker = Tracker::open(proc, sys, pid, mappings, horizon)?;
+        let tracker = Tracker::open(proc, sys, pid, mappings, horizon, method)?;
         let started = procfs::start_time(proc, pid).ok_or(migrate::MoveError::Gone(pid))?;
         Ok(Placer {
             pid,
@@ -522,6 +523,7 @@ mod tests {
                 ..AgeConfig::default()
             },
             nodes,
+            Method::IdlePages,
         );
         let mut placer = match open {
             Ok(p) => p,

@@ -11,11 +11,9 @@
 
 mod support;
 
-use serde_json::Value;
 use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::guest::Guest;
-use support::harness::Agent;
 
 const COLD_MIB: u64 = 96;
 const HOT_MIB: u64 = 16;
@@ -29,14 +27,8 @@ const MIB: u64 = 1 << 20;
 fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
     let kernel = support::idle_kernel();
     let dir = tempfile::tempdir().unwrap();
-    let image = support::data_disk(dir.path(), "");
     let cgroup = TestCgroup::create("memtide-access");
-    let drive = support::data_drive(&image);
-    let devices = ["-drive", &drive, "-device", support::DATA_DEVICE];
-    let mut guest = Guest::boot_kernel("a", dir.path(), &cgroup.procs(), &kernel, 384, &devices);
-    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
-    assert!(guest.console().contains("on /data"), "{}", guest.console());
-    let mut agent = Agent::connect(guest.agent());
+    let (_guest, mut agent) = support::guest_with_memtide("a", dir.path(), &cgroup, &kernel);
     assert_eq!(
         agent.run_sh(
             "test -e /sys/kernel/mm/page_idle/bitmap",
@@ -76,37 +68,22 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
         cold_log.lines().last().unwrap_or("no coldalloc report")
     );
     assert_eq!(status, 0, "memtide access: {log}");
-    let scans: Vec<Value> = log
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
-    assert_eq!(scans.len() as u64, SCANS, "{log}");
-    let bytes = |v: &Value| v.as_u64().map(|b| b as f64 / MIB as f64);
+    let scans = support::coldalloc_scans(&log, SCANS, COLD_MIB + HOT_MIB);
     let mut cold_seen = 0;
     for (n, scan) in scans.iter().enumerate() {
-        let t = scan["t"].as_f64().unwrap();
-        let resident = bytes(&scan["resident"]).unwrap();
-        // coldalloc's two buffers, and a little heap, stack and static data.
-        let buffers = (COLD_MIB + HOT_MIB) as f64;
-        assert!(
-            (buffers..=buffers + 4.0).contains(&resident),
-            "scan {n}: {resident} MiB resident"
-        );
-        let accessed = bytes(&scan["accessed"]);
-        if n == 0 {
-            assert_eq!(accessed, None, "the first scan only marks");
-        } else {
+        assert_eq!(scan.tracker, "idle", "scan {n}: no DAMON in this kernel");
+        let (t, resident) = (scan.t, scan.resident);
+        if let Some(accessed) = scan.accessed {
             // The hot loop writes every hot page many times a scan. Beyond it: the
             // reporting thread's stack and heap, and where the two buffers' mappings
             // meet, one huge page of the cold buffer sharing a huge page with the hot one
             // (2 MiB).
-            let accessed = accessed.unwrap();
             assert!(
                 (HOT_MIB as f64..=HOT_MIB as f64 + 4.0).contains(&accessed),
                 "scan {n}: {accessed} MiB accessed, the hot buffer is {HOT_MIB} MiB"
             );
         }
-        let cold = bytes(&scan["cold"]);
+        let cold = scan.cold;
         // The scans span the cold age from the scan COLD_AGE_S after the first (the
         // interval is a little longer than asked: a scan takes time).
         if t < COLD_AGE_S as f64 {
@@ -136,8 +113,9 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
 /// file standing in for the kernel's idle bitmap (this host has none; the file keeps
 /// every mark, as if nothing were touched again), the daemon tracks QEMU's real guest
 /// RAM through pagemap and kpageflags: after the cold age the guest memory QEMU holds is
-/// cold, and only pages newly backed count as referenced. Without the bitmap it says so
-/// once and samples by clear_refs as before: referenced, no cold.
+/// cold, and only pages newly backed count as referenced. Without the bitmap, or DAMON,
+/// it says so once and samples by clear_refs as before: referenced, no cold. (A sysfs
+/// of the test's own each time: the host's DAMON is never touched.)
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() {
@@ -177,16 +155,21 @@ fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() 
     };
     let mib = |b: Option<memtide_core::Bytes>| b.map(|b| b.0 as f64 / MIB as f64);
 
-    // A sysfs with a stand-in bitmap, sparse, a bit for every frame of up to 1 TiB.
-    let sys = dir.path().join("sys");
-    std::fs::create_dir_all(sys.join("kernel/mm/ksm")).unwrap();
-    for (knob, v) in [
-        ("run", "0"),
-        ("pages_to_scan", "100"),
-        ("sleep_millisecs", "20"),
-    ] {
-        std::fs::write(sys.join("kernel/mm/ksm").join(knob), v).unwrap();
-    }
+    // A sysfs with KSM's knobs and no idle page tracking or DAMON.
+    let sys_of = |name: &str| {
+        let sys = dir.path().join(name);
+        std::fs::create_dir_all(sys.join("kernel/mm/ksm")).unwrap();
+        for (knob, v) in [
+            ("run", "0"),
+            ("pages_to_scan", "100"),
+            ("sleep_millisecs", "20"),
+        ] {
+            std::fs::write(sys.join("kernel/mm/ksm").join(knob), v).unwrap();
+        }
+        sys
+    };
+    // With a stand-in bitmap, sparse, a bit for every frame of up to 1 TiB.
+    let sys = sys_of("sys");
     support::idle_bitmap_stand_in(&sys);
     let (samples, log) = run("idle", &sys, "\"idle\"");
     let held = std::fs::read_to_string(format!("/proc/{}/status", guest.pid())).unwrap();
@@ -201,7 +184,8 @@ fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() 
             .find(|l| l.starts_with("RssAnon"))
             .unwrap_or("")
     );
-    assert!(!log.contains("idle page tracking"), "{log}");
+    assert!(!log.contains("no page tracking"), "{log}");
+    assert!(log.contains("tracked by idle page tracking"), "{log}");
     for s in &samples {
         // Only pages backed since the previous scan are new to the tracker.
         let referenced = mib(s.referenced).expect("referenced every sample");
@@ -216,12 +200,18 @@ fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() 
         "{cold} MiB cold of QEMU's {rss} MiB resident"
     );
 
-    // The host's sysfs, which has no idle page tracking: clear_refs, as before.
-    let (samples, log) = run("fallback", std::path::Path::new("/sys"), "true");
-    let said = "no idle page tracking: /sys/kernel/mm/page_idle/bitmap is missing: the kernel \
-                has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING); host-side access \
-                sampling falls back to clear_refs";
-    assert_eq!(log.matches(said).count(), 1, "{log}");
+    // Neither: clear_refs, as before.
+    let bare = sys_of("bare");
+    let (samples, log) = run("fallback", &bare, "true");
+    let said = format!(
+        "no page tracking: {0}/kernel/mm/page_idle/bitmap is missing: the kernel has no idle \
+         page tracking (CONFIG_IDLE_PAGE_TRACKING), and no DAMON: \
+         {0}/kernel/mm/damon/admin/kdamonds is missing: the kernel has no DAMON sysfs \
+         interface (CONFIG_DAMON_SYSFS, CONFIG_DAMON_VADDR); host-side access sampling falls \
+         back to clear_refs",
+        bare.display()
+    );
+    assert_eq!(log.matches(&said).count(), 1, "{log}");
     assert!(samples.iter().all(|s| s.cold.is_none()));
     assert!(
         samples.iter().skip(1).all(|s| s.referenced.is_some()),

@@ -2,7 +2,8 @@
 
 use super::client::{QmpClient, QmpError, QmpEvent};
 use super::virtio_mem;
-use crate::access::{Mappings, TrackError, Tracker};
+use crate::access::{Mappings, Method, TrackError, Tracker};
+use crate::damon::DamonError;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
 use async_trait::async_trait;
@@ -42,14 +43,17 @@ pub enum AccessSampling {
     Off,
     /// The pages QEMU's own page tables saw referenced (smaps and clear_refs): TCG only.
     ClearRefs,
-    /// Idle page tracking (`crate::access`), which sees KVM's accesses too, and cold
-    /// memory: pages untouched for `cold_age`. With `fallback`, clear_refs where the
-    /// kernel or memtide's privileges do not allow it.
-    Idle {
+    /// Page tracking (`crate::access`: idle page tracking or DAMON, as `method` says),
+    /// which sees KVM's accesses too, and cold memory: pages untouched for `cold_age`.
+    /// With `fallback`, clear_refs where the kernel or memtide's privileges do not allow
+    /// it.
+    Tracked {
         /// How long a page goes untouched to be cold.
         cold_age: Duration,
-        /// clear_refs where idle page tracking cannot be had.
+        /// clear_refs where page tracking cannot be had.
         fallback: bool,
+        /// How pages are tracked.
+        method: Method,
     },
 }
 
@@ -85,8 +89,8 @@ pub struct QmpVm {
 enum Access {
     /// Sampled on the blocking pool (smaps is a walk of QEMU's page tables).
     ClearRefs(Scans<AccessSampler>),
-    /// Idle page tracking, scanned on the blocking pool.
-    Idle(Scans<IdleTracking>),
+    /// Page tracking, scanned on the blocking pool.
+    Tracked(Scans<PageTracking>),
 }
 
 /// What a scan found: guest RAM accessed since the one before, and cold.
@@ -184,7 +188,7 @@ impl SampleWindow {
 }
 
 /// Idle page tracking of a VM's guest RAM.
-struct IdleTracking {
+struct PageTracking {
     /// The QMP socket, naming the VM in logs.
     socket: String,
     tracker: Tracker,
@@ -194,7 +198,7 @@ struct IdleTracking {
     failed: Option<String>,
 }
 
-impl Scan for IdleTracking {
+impl Scan for PageTracking {
     /// Guest RAM accessed since the previous scan, and cold; neither after a failed scan,
     /// nor without a scan where the last was too recent.
     fn scan(&mut self) -> Scanned {
@@ -211,7 +215,7 @@ impl Scan for IdleTracking {
             Err(e) => {
                 let e = e.to_string();
                 if self.failed.as_ref() != Some(&e) {
-                    tracing::warn!("{}: idle page tracking: {e}", self.socket);
+                    tracing::warn!("{}: page tracking: {e}", self.socket);
                 }
                 self.failed = Some(e);
                 (None, None)
@@ -221,7 +225,7 @@ impl Scan for IdleTracking {
 }
 
 /// Said once per process: the reason holds for every VM on the host.
-static NO_IDLE_TRACKING: Once = Once::new();
+static NO_PAGE_TRACKING: Once = Once::new();
 
 /// Said once per process: a kernel that refuses one QEMU's soft-dirty clear refuses all.
 static NO_TLB_FLUSH: Once = Once::new();
@@ -229,7 +233,7 @@ static NO_TLB_FLUSH: Once = Once::new();
 /// Host-side access sampling: the guest RAM pages QEMU's page tables saw referenced since
 /// the last sample (/proc/PID/smaps), then cleared (/proc/PID/clear_refs). This sees the
 /// guest's accesses only when QEMU makes them (TCG); under KVM they go through the
-/// second-level page tables, which only idle page tracking ([`Access::Idle`]) or DAMON
+/// second-level page tables, which only page tracking ([`Access::Tracked`]: idle page tracking or DAMON)
 /// see. Clearing the accessed bits flushes no TLB, and a CPU sets a page's accessed bit
 /// only when it walks the page tables, so a thread that keeps its core touches huge pages
 /// its TLB holds unseen (measured on a 16-core host, of 192 MiB read in a loop: 102-192
@@ -527,20 +531,29 @@ async fn access(
     let fallback = match opts.sample_access {
         AccessSampling::Off => return Ok(None),
         AccessSampling::ClearRefs => true,
-        AccessSampling::Idle { cold_age, fallback } => {
+        AccessSampling::Tracked {
+            cold_age,
+            fallback,
+            method,
+        } => {
             let (proc, sys) = (opts.proc.clone(), opts.sys.clone());
             let since = Instant::now();
             let tracked = tokio::task::spawn_blocking(move || {
                 let mut tracker =
-                    Tracker::open(&proc, &sys, pid, Mappings::GuestRam(base), cold_age)?;
+                    Tracker::open(&proc, &sys, pid, Mappings::GuestRam(base), cold_age, method)?;
                 tracker.scan(since.elapsed())?;
                 Ok::<_, TrackError>(tracker)
             })
             .await
-            .map_err(|e| BackendError::Io(format!("idle page tracking: {e}")))?;
+            .map_err(|e| BackendError::Io(format!("page tracking: {e}")))?;
             match tracked {
                 Ok(tracker) => {
-                    let tracking = IdleTracking {
+                    tracing::info!(
+                        "{}: guest RAM accesses tracked by {}",
+                        socket.display(),
+                        tracker.method()
+                    );
+                    let tracking = PageTracking {
                         socket: socket.display().to_string(),
                         tracker,
                         since,
@@ -550,20 +563,25 @@ async fn access(
                         },
                         failed: None,
                     };
-                    return Ok(Some(Access::Idle(Scans::new(tracking, wait))));
+                    return Ok(Some(Access::Tracked(Scans::new(tracking, wait))));
                 }
                 // The host's reasons, the same for every VM: said once.
-                Err(e @ (TrackError::Unsupported(_) | TrackError::NoFrames(_))) => {
-                    NO_IDLE_TRACKING.call_once(|| {
+                Err(
+                    e @ (TrackError::Unsupported(_)
+                    | TrackError::NoFrames(_)
+                    | TrackError::Neither { .. }
+                    | TrackError::Damon(DamonError::Unsupported(_) | DamonError::InUse { .. })),
+                ) => {
+                    NO_PAGE_TRACKING.call_once(|| {
                         if fallback {
-                            tracing::info!("no idle page tracking: {e}; host-side access sampling falls back to clear_refs, which sees guest accesses under TCG only");
+                            tracing::info!("no page tracking: {e}; host-side access sampling falls back to clear_refs, which sees guest accesses under TCG only");
                         } else {
                             tracing::warn!("no host-side access sampling: {e}");
                         }
                     });
                 }
                 Err(e) => tracing::warn!(
-                    "{}: no idle page tracking: {e}{}",
+                    "{}: no page tracking: {e}{}",
                     socket.display(),
                     if fallback {
                         "; falling back to clear_refs"
@@ -663,7 +681,7 @@ impl QmpVm {
         // Guest RAM proper; virtio-mem memory is a mapping of its own.
         let (referenced, cold) = match &mut self.access {
             Some(Access::ClearRefs(scans)) => scans.sample().await,
-            Some(Access::Idle(scans)) => scans.sample().await,
+            Some(Access::Tracked(scans)) => scans.sample().await,
             None => (None, None),
         };
         let (balloon, virtio_mem) = match &device {

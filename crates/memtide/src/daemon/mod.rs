@@ -169,7 +169,7 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
     });
     host.sample().context("reading host statistics")?;
     check_paths(config)?;
-    warn_without_idle_tracking(config);
+    warn_without_page_tracking(config);
     let (policy, vm_policies) = policies::load_named(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
         false => None,
@@ -224,17 +224,39 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Say at once, not at the first VM, that idle page tracking was asked for on a kernel
+/// Say at once, not at the first VM, that page tracking was asked for on a kernel
 /// without it: what sampling falls back to, or that there is none.
-fn warn_without_idle_tracking(config: &Config) {
+fn warn_without_page_tracking(config: &Config) {
+    use memtide_adapters::access::Method;
     use memtide_adapters::qmp::vm::AccessSampling;
-    let AccessSampling::Idle { fallback, .. } = config.sample_access() else {
+    let AccessSampling::Tracked {
+        fallback, method, ..
+    } = config.sample_access()
+    else {
         return;
     };
     let bitmap = config.host.sys.join("kernel/mm/page_idle/bitmap");
-    if bitmap.exists() {
-        return;
-    }
+    let damon = memtide_adapters::damon::admin_dir(&config.host.sys).join("kdamonds");
+    let no_idle = || {
+        format!(
+            "{} is missing: the kernel has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING)",
+            bitmap.display()
+        )
+    };
+    let no_damon = || {
+        format!(
+            "{} is missing: the kernel has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)",
+            damon.display()
+        )
+    };
+    let missing = match method {
+        Method::IdlePages if !bitmap.exists() => no_idle(),
+        Method::Damon if !damon.is_dir() => no_damon(),
+        Method::Auto if !bitmap.exists() && !damon.is_dir() => {
+            format!("{}, nor DAMON ({})", no_idle(), no_damon())
+        }
+        _ => return,
+    };
     let then = match fallback {
         true => {
             "host-side access sampling falls back to clear_refs, which sees guest \
@@ -245,11 +267,7 @@ fn warn_without_idle_tracking(config: &Config) {
                   back to clear_refs)"
         }
     };
-    tracing::warn!(
-        "[host] sample_access: {} is missing: the kernel has no idle page tracking \
-         (CONFIG_IDLE_PAGE_TRACKING); {then}",
-        bitmap.display()
-    );
+    tracing::warn!("[host] sample_access: {missing}; {then}");
 }
 
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).

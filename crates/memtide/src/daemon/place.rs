@@ -5,7 +5,7 @@
 
 use crate::config::TieringConfig;
 use crate::placement::{self, Measured, Moved, Nodes, Placer};
-use memtide_adapters::access::Mappings;
+use memtide_adapters::access::{Mappings, Method};
 use memtide_adapters::procfs;
 use memtide_adapters::tiers::Node;
 use memtide_core::action::Reason;
@@ -705,7 +705,13 @@ impl TierPlacer {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let opened = Placer::open(
-                    &self.proc, &self.sys, t.pid, t.mappings, self.ages, self.nodes,
+                    &self.proc,
+                    &self.sys,
+                    t.pid,
+                    t.mappings,
+                    self.ages,
+                    self.nodes,
+                    Method::Auto,
                 );
                 let opened = opened.map_err(|e| format!("{e:#}"))?;
                 if t.started.is_some_and(|s| s != opened.started()) {

@@ -134,6 +134,51 @@ pub fn coldalloc(agent: &mut harness::Agent, cold_mib: u64, hot_mib: u64) -> u64
     pid
 }
 
+/// One line of `memtide access`: its time (s), tracker and figures (MiB).
+pub struct AccessScan {
+    pub t: f64,
+    pub tracker: String,
+    pub accessed: Option<f64>,
+    pub cold: Option<f64>,
+    pub resident: f64,
+}
+
+/// `memtide access`'s `count` lines on coldalloc, each checked to find its buffers
+/// resident (`buffers_mib`, and a little heap, stack and static data), the first to
+/// have counted no access (it only marks).
+pub fn coldalloc_scans(log: &str, count: u64, buffers_mib: u64) -> Vec<AccessScan> {
+    let mib = |v: &serde_json::Value| v.as_u64().map(|b| b as f64 / (1 << 20) as f64);
+    let scans: Vec<AccessScan> = log
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            AccessScan {
+                t: v["t"].as_f64().unwrap(),
+                tracker: v["tracker"].as_str().unwrap().to_string(),
+                accessed: mib(&v["accessed"]),
+                cold: mib(&v["cold"]),
+                resident: mib(&v["resident"]).unwrap(),
+            }
+        })
+        .collect();
+    assert_eq!(scans.len() as u64, count, "{log}");
+    let buffers = buffers_mib as f64;
+    for (n, scan) in scans.iter().enumerate() {
+        assert!(
+            (buffers..=buffers + 4.0).contains(&scan.resident),
+            "scan {n}: {} MiB resident",
+            scan.resident
+        );
+        assert_eq!(
+            scan.accessed.is_none(),
+            n == 0,
+            "scan {n}: the first only marks"
+        );
+    }
+    scans
+}
+
 /// A `NAME: N kB` (/proc/meminfo, /proc/PID/status) or `name N` (memory.stat,
 /// /proc/vmstat) field of `text`, the line's first word being `name`, scaled by `unit`.
 pub fn field(text: &str, name: &str, unit: u64) -> u64 {
@@ -180,6 +225,25 @@ pub fn data_drive(image: &Path) -> String {
 pub const ICOUNT: [&str; 2] = ["-icount", "shift=2,sleep=on"];
 /// The `-device` argument of a guest's data disk: the serial guest/init mounts on /data.
 pub const DATA_DEVICE: &str = "virtio-blk-pci,drive=data,serial=memtide-data";
+
+/// A 384 MiB guest named `name` booting `kernel` (a directory holding `vmlinuz` and
+/// `initrd.img`) in `cgroup`, memtide's binary on its data disk ([`GUEST_MEMTIDE`]):
+/// ready, with its agent.
+pub fn guest_with_memtide(
+    name: &str,
+    dir: &Path,
+    cgroup: &cgroup::TestCgroup,
+    kernel: &Path,
+) -> (guest::Guest, harness::Agent) {
+    let image = data_disk(dir, "");
+    let drive = data_drive(&image);
+    let devices = ["-drive", &drive, "-device", DATA_DEVICE];
+    let mut guest = guest::Guest::boot_kernel(name, dir, &cgroup.procs(), kernel, 384, &devices);
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    assert!(guest.console().contains("on /data"), "{}", guest.console());
+    let agent = harness::Agent::connect(guest.agent());
+    (guest, agent)
+}
 
 /// An ext2 image holding memtide's binary (debug info stripped), the shared libraries
 /// it links against (the guest runs it through their loader, [`GUEST_MEMTIDE`]) and
@@ -255,6 +319,20 @@ pub fn idle_kernel() -> PathBuf {
     assert!(
         kernel.join("vmlinuz").exists(),
         "no {}/vmlinuz: run guest/build-idle-kernel.sh (scripts/test.sh does)",
+        kernel.display()
+    );
+    kernel
+}
+
+/// The directory of the test guest with Debian's 6.12 cloud kernel, which has DAMON
+/// (virtual address monitoring and its sysfs interface), that
+/// `MEMTIDE_GUEST_KERNEL=6.12 guest/build.sh` builds (none of the 6.1 kernels has it).
+pub fn damon_kernel() -> PathBuf {
+    let kernel = guest_dir().join("linux-6.12");
+    assert!(
+        kernel.join("vmlinuz").exists() && kernel.join("initrd.img").exists(),
+        "no {}/vmlinuz or initrd.img: run MEMTIDE_GUEST_KERNEL=6.12 guest/build.sh \
+         (scripts/test.sh does)",
         kernel.display()
     );
     kernel

@@ -1,0 +1,529 @@
+//! Host-side access tracking by DAMON's virtual address monitoring, through its sysfs
+//! interface (Documentation/admin-guide/mm/damon/usage.rst): which parts of a process's
+//! address space were accessed lately, as regions DAMON adapts to the access pattern.
+//!
+//! DAMON checks a sampled page's accessed bit with the mmu notifiers, so it sees a KVM
+//! guest's accesses as idle page tracking does, at a cost bounded by its region count
+//! rather than by the process's size. Debian's kernels have DAMON (6.12) but no idle page
+//! tracking. Root only, as the sysfs files are root's.
+//!
+//! memtide runs a kdamond of its own per tracked process — a `stat` scheme over every
+//! region, whose `tried_regions` hold the regions with their access counts and ages — and
+//! never touches a kdamond it did not start: writing `nr_kdamonds` rebuilds every kdamond
+//! directory (mm/damon/sysfs.c), so memtide only uses DAMON while every kdamond there is
+//! its own. Written by hand: no crate drives DAMON's sysfs interface.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// DAMON's sysfs interface under a sysfs mount.
+pub fn admin_dir(sys: &Path) -> PathBuf {
+    sys.join("kernel/mm/damon/admin")
+}
+
+/// Between two checks of a region's sampled page.
+pub const SAMPLE: Duration = Duration::from_millis(10);
+/// The interval a region's access count covers: ages count in these.
+pub const AGGREGATION: Duration = Duration::from_millis(200);
+/// Between two updates of the monitored address ranges from the process's mappings.
+pub const UPDATE: Duration = Duration::from_secs(1);
+/// The fewest and most regions DAMON splits a process's address space into.
+pub const REGIONS: (u32, u32) = (10, 1000);
+
+/// A region as DAMON's `stat` scheme last saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Its start address.
+    pub start: u64,
+    /// Its end address (exclusive).
+    pub end: u64,
+    /// Checks of its sampled page that found it accessed, in the last aggregation interval.
+    pub nr_accesses: u32,
+    /// Aggregation intervals since its access count last changed much (or it was made).
+    pub age: u32,
+}
+
+/// The address ranges of `regions` accessed within the last `within`: those found
+/// accessed in the last aggregation interval, and those whose access count changed less
+/// than `within` ago (ages count `aggregation` intervals) — idle now, but not for all of
+/// `within`. Sorted by address, adjacent ones joined.
+pub fn accessed_within(
+    regions: &[Region],
+    aggregation: Duration,
+    within: Duration,
+) -> Vec<Range<u64>> {
+    let mut out: Vec<Range<u64>> = Vec::new();
+    let mut accessed: Vec<&Region> = regions
+        .iter()
+        .filter(|r| r.start < r.end)
+        .filter(|r| r.nr_accesses > 0 || aggregation * r.age < within)
+        .collect();
+    accessed.sort_by_key(|r| r.start);
+    for r in accessed {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r.start..r.end),
+        }
+    }
+    out
+}
+
+/// Whether the kernel has DAMON's sysfs interface under `admin`.
+pub fn supported(admin: &Path) -> Result<(), DamonError> {
+    let kdamonds = admin.join("kdamonds");
+    match kdamonds.is_dir() {
+        true => Ok(()),
+        false => Err(DamonError::Unsupported(kdamonds)),
+    }
+}
+
+/// Why DAMON cannot track a process.
+#[derive(Debug, thiserror::Error)]
+pub enum DamonError {
+    /// The kernel has no DAMON sysfs interface.
+    #[error("{0} is missing: the kernel has no DAMON sysfs interface (CONFIG_DAMON_SYSFS, CONFIG_DAMON_VADDR)")]
+    Unsupported(PathBuf),
+    /// Kdamonds memtide did not start are there.
+    #[error("{path} is {found}, not memtide's {ours}: another tool uses DAMON, and memtide never touches a kdamond it did not start")]
+    InUse {
+        /// The `nr_kdamonds` file.
+        path: PathBuf,
+        /// Kdamonds there.
+        found: u32,
+        /// Kdamonds memtide started.
+        ours: u32,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// A file held something else than a number.
+    #[error("{path}: not a number: {text:?}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+}
+
+fn write(path: &Path, value: impl std::fmt::Display) -> Result<(), DamonError> {
+    // Sysfs files exist or the interface lacks them: never created.
+    let io = |source| DamonError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io)?;
+    std::io::Write::write_all(&mut file, value.to_string().as_bytes()).map_err(io)
+}
+
+fn read_number<T: std::str::FromStr>(path: &Path) -> Result<T, DamonError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DamonError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.trim().parse().map_err(|_| DamonError::Parse {
+        path: path.to_path_buf(),
+        text: text.trim().to_string(),
+    })
+}
+
+/// memtide's kdamonds under one admin directory: a slot per kdamond, the process it
+/// monitors while in use.
+#[derive(Default)]
+struct Kdamonds {
+    slots: Vec<Option<i32>>,
+}
+
+/// memtide's kdamonds by admin directory (one in a daemon; tests use their own trees).
+static KDAMONDS: Mutex<Option<HashMap<PathBuf, Kdamonds>>> = Mutex::new(None);
+
+/// A kdamond of memtide's own monitoring one process; turned off when dropped.
+#[derive(Debug)]
+pub struct Monitor {
+    admin: PathBuf,
+    index: usize,
+    started: Instant,
+}
+
+impl Monitor {
+    /// Start monitoring process `pid` with DAMON under `admin` (see [`admin_dir`]).
+    ///
+    /// Takes a kdamond directory memtide left free, or adds one: DAMON rebuilds them all
+    /// then, so memtide's running kdamonds are stopped, set up again and restarted
+    /// (their regions start afresh). Refused, touching nothing, while kdamonds memtide
+    /// did not start are there.
+    pub fn start(admin: &Path, pid: i32) -> Result<Monitor, DamonError> {
+        supported(admin)?;
+        let kdamonds = admin.join("kdamonds");
+        let nr_path = kdamonds.join("nr_kdamonds");
+        let mut all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let ours = all
+            .get_or_insert_with(HashMap::new)
+            .entry(admin.to_path_buf())
+            .or_default();
+        let found: u32 = read_number(&nr_path)?;
+        if found as usize != ours.slots.len() {
+            return Err(DamonError::InUse {
+                path: nr_path,
+                found,
+                ours: ours.slots.len() as u32,
+            });
+        }
+        let index = match ours.slots.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                // Stop ours, grow (which rebuilds every directory), set ours up again.
+                let running: Vec<(usize, i32)> = (0..)
+                    .zip(&ours.slots)
+                    .filter_map(|(i, s)| Some((i, (*s)?)))
+                    .collect();
+                for &(i, _) in &running {
+                    turn_off(&kdamonds.join(i.to_string()));
+                }
+                let grown = write(&nr_path, ours.slots.len() + 1);
+                if grown.is_ok() {
+                    ours.slots.push(None);
+                }
+                for (i, pid) in running {
+                    if let Err(e) = set_up(&kdamonds.join(i.to_string()), pid) {
+                        // Its process is likely gone: its tracker fails at its next scan.
+                        tracing::debug!("DAMON: kdamond {i} (pid {pid}) not restarted: {e}");
+                    }
+                }
+                grown?;
+                ours.slots.len() - 1
+            }
+        };
+        if let Err(e) = set_up(&kdamonds.join(index.to_string()), pid) {
+            release(ours, admin, index);
+            return Err(e);
+        }
+        ours.slots[index] = Some(pid);
+        Ok(Monitor {
+            admin: admin.to_path_buf(),
+            index,
+            started: Instant::now(),
+        })
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.admin.join("kdamonds").join(self.index.to_string())
+    }
+
+    /// How long this kdamond has monitored its process: regions are no older.
+    pub fn running_for(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The regions as of DAMON's latest aggregation interval (asks the kdamond to update
+    /// its scheme's `tried_regions`, which waits for the kdamond's next pass).
+    pub fn regions(&self) -> Result<Vec<Region>, DamonError> {
+        let dir = self.dir();
+        write(&dir.join("state"), "update_schemes_tried_regions")?;
+        let tried = dir.join("contexts/0/schemes/0/tried_regions");
+        let entries = std::fs::read_dir(&tried).map_err(|source| DamonError::Io {
+            path: tried.clone(),
+            source,
+        })?;
+        let mut regions = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| DamonError::Io {
+                path: tried.clone(),
+                source,
+            })?;
+            // Numbered directories, beside files such as total_bytes.
+            if entry
+                .file_name()
+                .to_str()
+                .is_none_or(|n| n.parse::<u32>().is_err())
+            {
+                continue;
+            }
+            let r = entry.path();
+            regions.push(Region {
+                start: read_number(&r.join("start"))?,
+                end: read_number(&r.join("end"))?,
+                nr_accesses: read_number(&r.join("nr_accesses"))?,
+                age: read_number(&r.join("age"))?,
+            });
+        }
+        Ok(regions)
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let mut all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ours) = all.as_mut().and_then(|a| a.get_mut(&self.admin)) {
+            release(ours, &self.admin, self.index);
+        }
+    }
+}
+
+/// Turn kdamond `index` off and free its slot; with the last of memtide's, remove them
+/// all, leaving DAMON as memtide found it.
+fn release(ours: &mut Kdamonds, admin: &Path, index: usize) {
+    turn_off(&admin.join("kdamonds").join(index.to_string()));
+    ours.slots[index] = None;
+    if ours.slots.iter().all(Option::is_none) {
+        match write(&admin.join("kdamonds/nr_kdamonds"), 0) {
+            Ok(()) => ours.slots.clear(),
+            Err(e) => tracing::warn!("DAMON: memtide's kdamonds not removed: {e}"),
+        }
+    }
+}
+
+/// Turn a kdamond off; one already off (its process gone) refuses, which is as good.
+fn turn_off(kdamond: &Path) {
+    let _ = write(&kdamond.join("state"), "off");
+}
+
+/// Set kdamond directory `kdamond` up to monitor `pid`'s virtual address space with a
+/// `stat` scheme over every region, and turn it on.
+fn set_up(kdamond: &Path, pid: i32) -> Result<(), DamonError> {
+    write(&kdamond.join("contexts/nr_contexts"), 1)?;
+    let ctx = kdamond.join("contexts/0");
+    write(&ctx.join("operations"), "vaddr")?;
+    let attrs = ctx.join("monitoring_attrs");
+    write(&attrs.join("intervals/sample_us"), SAMPLE.as_micros())?;
+    write(&attrs.join("intervals/aggr_us"), AGGREGATION.as_micros())?;
+    write(&attrs.join("intervals/update_us"), UPDATE.as_micros())?;
+    write(&attrs.join("nr_regions/min"), REGIONS.0)?;
+    write(&attrs.join("nr_regions/max"), REGIONS.1)?;
+    write(&ctx.join("targets/nr_targets"), 1)?;
+    write(&ctx.join("targets/0/pid_target"), pid)?;
+    write(&ctx.join("schemes/nr_schemes"), 1)?;
+    let scheme = ctx.join("schemes/0");
+    write(&scheme.join("action"), "stat")?;
+    // Every region, whatever its size, access count and age.
+    for (name, max) in [
+        ("sz", u64::MAX),
+        ("nr_accesses", u32::MAX.into()),
+        ("age", u32::MAX.into()),
+    ] {
+        write(&scheme.join("access_pattern").join(name).join("min"), 0)?;
+        write(&scheme.join("access_pattern").join(name).join("max"), max)?;
+    }
+    write(&kdamond.join("state"), "on")
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    const AGGR: Duration = Duration::from_millis(200);
+
+    fn region(start: u64, end: u64, nr_accesses: u32, age: u32) -> Region {
+        Region {
+            start,
+            end,
+            nr_accesses,
+            age,
+        }
+    }
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // lists of address ranges, of one here
+    fn regions_accessed_lately_or_changed_within_the_window_count_as_accessed() {
+        let regions = [
+            region(0x3000, 0x4000, 0, 100), // idle for 20 s
+            region(0x1000, 0x2000, 5, 100), // accessed now
+            region(0x2000, 0x3000, 0, 10),  // idle for 2 s: accessed within 5 s
+            region(0x5000, 0x6000, 0, 25),  // idle for exactly 5 s: not
+            region(0x7000, 0x7000, 3, 0),   // empty
+        ];
+        let within = |s| accessed_within(&regions, AGGR, Duration::from_secs(s));
+        // Joined with the region accessed now.
+        assert_eq!(within(5), [0x1000..0x3000]);
+        // Over a second only the region accessed now.
+        assert_eq!(within(1), [0x1000..0x2000]);
+        assert_eq!(accessed_within(&[], AGGR, Duration::from_secs(1)), []);
+    }
+
+    /// A DAMON sysfs tree as the kernel shows it with `n` kdamonds, in a temporary
+    /// directory.
+    fn tree(n: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fake_kdamonds(dir.path(), n);
+        std::fs::write(dir.path().join("kdamonds/nr_kdamonds"), format!("{n}\n")).unwrap();
+        dir
+    }
+
+    /// Under `admin`, the directories of `n` kdamonds (one context, target and scheme
+    /// each) as the kernel makes them, `nr_kdamonds` 0: as if memtide's write made them.
+    pub(crate) fn fake_kdamonds(admin: &Path, n: usize) {
+        let k = admin.join("kdamonds");
+        std::fs::create_dir_all(&k).unwrap();
+        std::fs::write(k.join("nr_kdamonds"), "0\n").unwrap();
+        for i in 0..n {
+            let d = k.join(i.to_string());
+            let ctx = d.join("contexts/0");
+            let scheme = ctx.join("schemes/0");
+            for sub in [
+                "monitoring_attrs/intervals",
+                "monitoring_attrs/nr_regions",
+                "targets/0",
+                "schemes/0/access_pattern/sz",
+                "schemes/0/access_pattern/nr_accesses",
+                "schemes/0/access_pattern/age",
+                "schemes/0/tried_regions",
+            ] {
+                std::fs::create_dir_all(ctx.join(sub)).unwrap();
+            }
+            let mut files = vec![
+                d.join("state"),
+                d.join("contexts/nr_contexts"),
+                ctx.join("operations"),
+                ctx.join("targets/nr_targets"),
+                ctx.join("targets/0/pid_target"),
+                ctx.join("schemes/nr_schemes"),
+                scheme.join("action"),
+            ];
+            for f in ["sample_us", "aggr_us", "update_us"] {
+                files.push(ctx.join("monitoring_attrs/intervals").join(f));
+            }
+            for f in ["min", "max"] {
+                files.push(ctx.join("monitoring_attrs/nr_regions").join(f));
+                for p in ["sz", "nr_accesses", "age"] {
+                    files.push(scheme.join("access_pattern").join(p).join(f));
+                }
+            }
+            for f in files {
+                std::fs::write(f, "0\n").unwrap();
+            }
+            std::fs::write(d.join("state"), "off\n").unwrap();
+            std::fs::write(scheme.join("tried_regions/total_bytes"), "0\n").unwrap();
+        }
+    }
+
+    fn read(path: PathBuf) -> String {
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    #[test]
+    fn a_monitor_sets_its_kdamond_up_on_the_process_and_reads_its_regions() {
+        // nr_kdamonds 0 at first: the tree's kdamond 0 stands for the one the kernel
+        // makes when memtide writes 1.
+        let t = tree(1);
+        std::fs::write(t.path().join("kdamonds/nr_kdamonds"), "0\n").unwrap();
+        let monitor = Monitor::start(t.path(), 4242).unwrap();
+        let k = t.path().join("kdamonds");
+        assert_eq!(read(k.join("nr_kdamonds")), "1");
+        let ctx = k.join("0/contexts/0");
+        assert_eq!(read(ctx.join("operations")), "vaddr");
+        assert_eq!(read(ctx.join("targets/0/pid_target")), "4242");
+        assert_eq!(
+            read(ctx.join("monitoring_attrs/intervals/aggr_us")),
+            "200000"
+        );
+        assert_eq!(read(ctx.join("schemes/0/action")), "stat");
+        let pattern = ctx.join("schemes/0/access_pattern");
+        assert_eq!(read(pattern.join("age/max")), u32::MAX.to_string());
+        assert_eq!(read(pattern.join("sz/max")), u64::MAX.to_string());
+        assert_eq!(read(k.join("0/state")), "on");
+
+        // The kernel's answer to update_schemes_tried_regions.
+        let tried = ctx.join("schemes/0/tried_regions");
+        for (i, (start, end, n, age)) in [(4096, 8192, 3, 1), (8192, 65536, 0, 40)]
+            .into_iter()
+            .enumerate()
+        {
+            let r = tried.join(i.to_string());
+            std::fs::create_dir(&r).unwrap();
+            for (f, v) in [
+                ("start", start),
+                ("end", end),
+                ("nr_accesses", n),
+                ("age", age),
+            ] {
+                std::fs::write(r.join(f), format!("{v}\n")).unwrap();
+            }
+        }
+        let mut regions = monitor.regions().unwrap();
+        regions.sort_by_key(|r| r.start);
+        assert_eq!(
+            regions,
+            [region(4096, 8192, 3, 1), region(8192, 65536, 0, 40)]
+        );
+        assert_eq!(read(k.join("0/state")), "update_schemes_tried_regions");
+
+        // A region file that is not a number: said, with the file.
+        std::fs::write(tried.join("1/age"), "many\n").unwrap();
+        let e = monitor.regions().unwrap_err().to_string();
+        assert!(
+            e.contains("tried_regions/1/age: not a number: \"many\""),
+            "{e}"
+        );
+
+        // Dropped: off, and DAMON left as found.
+        drop(monitor);
+        assert_eq!(read(k.join("0/state")), "off");
+        assert_eq!(read(k.join("nr_kdamonds")), "0");
+    }
+
+    #[test]
+    fn kdamonds_memtide_did_not_start_are_never_touched() {
+        let t = tree(1);
+        std::fs::write(t.path().join("kdamonds/0/state"), "on\n").unwrap();
+        let e = Monitor::start(t.path(), 7).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DamonError::InUse {
+                    found: 1,
+                    ours: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("another tool uses DAMON"), "{e}");
+        let k = t.path().join("kdamonds");
+        assert_eq!(read(k.join("nr_kdamonds")), "1\n");
+        assert_eq!(read(k.join("0/state")), "on\n");
+        assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "0\n");
+    }
+
+    #[test]
+    fn a_second_process_restarts_memtides_kdamonds_and_a_freed_one_is_reused() {
+        let t = tree(2);
+        let k = t.path().join("kdamonds");
+        std::fs::write(k.join("nr_kdamonds"), "0\n").unwrap();
+        let first = Monitor::start(t.path(), 100).unwrap();
+        let second = Monitor::start(t.path(), 200).unwrap();
+        assert_eq!(read(k.join("nr_kdamonds")), "2");
+        // Rebuilt, the first is set up again on its own process.
+        assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "100");
+        assert_eq!(read(k.join("1/contexts/0/targets/0/pid_target")), "200");
+        assert_eq!(read(k.join("0/state")), "on");
+        drop(first);
+        assert_eq!(read(k.join("0/state")), "off");
+        assert_eq!(read(k.join("nr_kdamonds")), "2", "kdamond 1 still runs");
+        let third = Monitor::start(t.path(), 300).unwrap();
+        assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "300");
+        assert_eq!(read(k.join("nr_kdamonds")), "2");
+        drop(second);
+        drop(third);
+        assert_eq!(read(k.join("nr_kdamonds")), "0");
+    }
+
+    #[test]
+    fn a_kernel_without_damon_is_said_to_lack_it() {
+        let t = tempfile::tempdir().unwrap();
+        let e = Monitor::start(t.path(), 1).unwrap_err();
+        assert!(matches!(e, DamonError::Unsupported(_)), "{e}");
+        assert!(e.to_string().contains("CONFIG_DAMON_SYSFS"), "{e}");
+    }
+}
