@@ -178,6 +178,17 @@ pub enum Method {
     Damon,
 }
 
+impl Method {
+    /// Its name in `memtide access` and `memtide place` (`--tracker`, their lines).
+    pub fn key(&self) -> &'static str {
+        match self {
+            Method::Auto => "auto",
+            Method::IdlePages => "idle",
+            Method::Damon => "damon",
+        }
+    }
+}
+
 impl std::fmt::Display for Method {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -48,10 +48,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         }
         let at = start.elapsed();
         let scan = tracker.scan(at)?;
-        let tracker = match tracker.method() {
-            Method::Damon => "damon",
-            _ => "idle",
-        };
+        let tracker = tracker.method().key();
         writeln!(out, "{}", line(at, start.elapsed() - at, tracker, &scan))?;
         out.flush()?;
     }

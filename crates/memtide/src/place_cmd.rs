@@ -46,7 +46,7 @@ pub struct Options {
 }
 
 /// Place for `options.count` intervals, a line each to `out`:
-/// `{"t":…,"nodes":{"0":…,"1":…},"other":…,"hot":…,"fast_budget":…,"demoted":…,
+/// `{"t":…,"tracker":…,"nodes":{"0":…,"1":…},"other":…,"hot":…,"fast_budget":…,"demoted":…,
 /// "promoted":…,"failed":…,"cold_age_s":…,"reason":…}` — pages on each node after the
 /// interval's moves (from move_pages' statuses), resident pages on neither node or not
 /// present, pages accessed since the previous scan, the budget in bytes, pages moved down
@@ -104,6 +104,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
             .collect();
         let line = json!({
             "t": (at.as_secs_f64() * 1000.0).round() / 1000.0,
+            "tracker": placer.method().key(),
             "nodes": nodes,
             "other": m.other(),
             "hot": m.counts.hot,

@@ -260,6 +260,11 @@ impl Placer {
         })
     }
 
+    /// How the process's accesses are tracked.
+    pub fn method(&self) -> Method {
+        self.tracker.method()
+    }
+
     /// Scan at `at` (monotonic) and find each resident page's node, for demotion under
     /// the process's cold age `age` (0: every page may be demoted, whatever its age).
     pub fn measure(&mut self, at: Duration, age: &ColdAge) -> anyhow::Result<Measured> {
