@@ -469,11 +469,19 @@ impl Tracker {
             Source::Damon(monitor) => {
                 let since = at.saturating_sub(self.last.unwrap_or(at));
                 let ran = monitor.running_for().saturating_sub(damon::AGGREGATION * 2);
-                damon::accessed_within(&monitor.regions()?, damon::AGGREGATION, since.min(ran))
+                match monitor.regions() {
+                    Ok(regions) => {
+                        damon::accessed_within(&regions, damon::AGGREGATION, since.min(ran))
+                    }
+                    Err(e) => {
+                        self.tracked.clear();
+                        self.scans = 0;
+                        return Err(e.into());
+                    }
+                }
             }
             Source::Idle(_) => Vec::new(),
         };
-        self.last = Some(at);
         let ksm = may_have_ksm_pages(&self.ksm_merging);
         let maps = std::fs::read_to_string(&self.maps).map_err(io(&self.maps))?;
         let ranges: Vec<_> = private_writable(&maps)
@@ -532,6 +540,7 @@ impl Tracker {
             Bytes(pages * self.page)
         });
         self.scans += 1;
+        self.last = Some(at);
         Ok(Scan {
             accessed: (self.scans > 1).then_some(Bytes(accessed * self.page)),
             cold,

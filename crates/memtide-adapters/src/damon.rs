@@ -114,18 +114,34 @@ pub enum DamonError {
     },
 }
 
+/// Write `value` to a sysfs file. The kernel takes one DAMON command at a time and
+/// refuses a concurrent one with EBUSY (another tool's, as memtide's own are written one
+/// at a time): tried again for up to a second.
 fn write(path: &Path, value: impl std::fmt::Display) -> Result<(), DamonError> {
-    // Sysfs files exist or the interface lacks them: never created.
-    let io = |source| DamonError::Io {
-        path: path.to_path_buf(),
-        source,
+    let text = value.to_string();
+    let once = || {
+        // Sysfs files exist or the interface lacks them: never created.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
     };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io)?;
-    std::io::Write::write_all(&mut file, value.to_string().as_bytes()).map_err(io)
+    let mut tries = 0;
+    loop {
+        match once() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            done => {
+                return done.map_err(|source| DamonError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
 }
 
 fn read_number<T: std::str::FromStr>(path: &Path) -> Result<T, DamonError> {
@@ -139,22 +155,40 @@ fn read_number<T: std::str::FromStr>(path: &Path) -> Result<T, DamonError> {
     })
 }
 
-/// memtide's kdamonds under one admin directory: a slot per kdamond, the process it
-/// monitors while in use.
+/// A kdamond memtide started: its process, and when it was last (re)started.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    pid: i32,
+    started: Instant,
+}
+
+/// memtide's kdamonds under one admin directory: a slot per kdamond directory, the
+/// process it monitors while in use.
 #[derive(Default)]
 struct Kdamonds {
-    slots: Vec<Option<i32>>,
+    slots: Vec<Option<Slot>>,
 }
 
 /// memtide's kdamonds by admin directory (one in a daemon; tests use their own trees).
+/// Held over every write to DAMON's files and the reads that follow: the kernel takes
+/// one command at a time, so the VMs' scans take turns.
 static KDAMONDS: Mutex<Option<HashMap<PathBuf, Kdamonds>>> = Mutex::new(None);
+
+/// Whether kdamond directory `kdamond` is still the one memtide set up for `pid`: its
+/// target that process, its operations `vaddr`. Another tool could have rebuilt the
+/// directories while none of memtide's kdamonds ran (DAMON refuses only while one runs).
+fn is_ours(kdamond: &Path, pid: i32) -> bool {
+    let ctx = kdamond.join("contexts/0");
+    let read = |f: &str| std::fs::read_to_string(ctx.join(f)).unwrap_or_default();
+    read("targets/0/pid_target").trim() == pid.to_string() && read("operations").trim() == "vaddr"
+}
 
 /// A kdamond of memtide's own monitoring one process; turned off when dropped.
 #[derive(Debug)]
 pub struct Monitor {
     admin: PathBuf,
     index: usize,
-    started: Instant,
+    pid: i32,
 }
 
 impl Monitor {
@@ -174,32 +208,53 @@ impl Monitor {
             .entry(admin.to_path_buf())
             .or_default();
         let found: u32 = read_number(&nr_path)?;
-        if found as usize != ours.slots.len() {
+        let running: Vec<(usize, i32)> = (0..)
+            .zip(&ours.slots)
+            .filter_map(|(i, s)| Some((i, s.as_ref()?.pid)))
+            .collect();
+        let theirs = running
+            .iter()
+            .any(|&(i, pid)| !is_ours(&kdamonds.join(i.to_string()), pid));
+        if found as usize != ours.slots.len() || theirs {
             return Err(DamonError::InUse {
                 path: nr_path,
                 found,
-                ours: ours.slots.len() as u32,
+                ours: running.len() as u32,
             });
         }
         let index = match ours.slots.iter().position(Option::is_none) {
             Some(free) => free,
             None => {
                 // Stop ours, grow (which rebuilds every directory), set ours up again.
-                let running: Vec<(usize, i32)> = (0..)
-                    .zip(&ours.slots)
-                    .filter_map(|(i, s)| Some((i, (*s)?)))
-                    .collect();
                 for &(i, _) in &running {
-                    turn_off(&kdamonds.join(i.to_string()));
+                    turn_off(&kdamonds.join(i.to_string()))?;
                 }
                 let grown = write(&nr_path, ours.slots.len() + 1);
-                if grown.is_ok() {
-                    ours.slots.push(None);
+                match &grown {
+                    Ok(()) => ours.slots.push(None),
+                    // The kernel removes every directory before it makes the new ones:
+                    // unless the count stayed, memtide's are gone.
+                    Err(_) if read_number::<usize>(&nr_path).ok() != Some(ours.slots.len()) => {
+                        ours.slots.iter_mut().for_each(|s| *s = None);
+                    }
+                    Err(_) => {}
                 }
                 for (i, pid) in running {
-                    if let Err(e) = set_up(&kdamonds.join(i.to_string()), pid) {
-                        // Its process is likely gone: its tracker fails at its next scan.
-                        tracing::debug!("DAMON: kdamond {i} (pid {pid}) not restarted: {e}");
+                    let slot = &mut ours.slots[i];
+                    if slot.is_none() {
+                        continue;
+                    }
+                    match set_up(&kdamonds.join(i.to_string()), pid) {
+                        Ok(()) => {
+                            *slot = Some(Slot {
+                                pid,
+                                started: Instant::now(),
+                            })
+                        }
+                        Err(e) => {
+                            // Its process is likely gone: its tracker fails at its next scan.
+                            tracing::debug!("DAMON: kdamond {i} (pid {pid}) not restarted: {e}");
+                        }
                     }
                 }
                 grown?;
@@ -207,14 +262,18 @@ impl Monitor {
             }
         };
         if let Err(e) = set_up(&kdamonds.join(index.to_string()), pid) {
-            release(ours, admin, index);
+            let _ = turn_off(&kdamonds.join(index.to_string()));
+            remove_if_unused(ours, admin);
             return Err(e);
         }
-        ours.slots[index] = Some(pid);
+        ours.slots[index] = Some(Slot {
+            pid,
+            started: Instant::now(),
+        });
         Ok(Monitor {
             admin: admin.to_path_buf(),
             index,
-            started: Instant::now(),
+            pid,
         })
     }
 
@@ -222,15 +281,29 @@ impl Monitor {
         self.admin.join("kdamonds").join(self.index.to_string())
     }
 
-    /// How long this kdamond has monitored its process: regions are no older.
+    /// How long this kdamond has monitored its process since it last (re)started:
+    /// regions are no older. Zero once it is no longer memtide's.
     pub fn running_for(&self) -> Duration {
-        self.started.elapsed()
+        let all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+        all.as_ref()
+            .and_then(|a| a.get(&self.admin)?.slots.get(self.index).copied()?)
+            .filter(|s| s.pid == self.pid)
+            .map_or(Duration::ZERO, |s| s.started.elapsed())
     }
 
     /// The regions as of DAMON's latest aggregation interval (asks the kdamond to update
     /// its scheme's `tried_regions`, which waits for the kdamond's next pass).
     pub fn regions(&self) -> Result<Vec<Region>, DamonError> {
+        let _turn = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
         let dir = self.dir();
+        if !is_ours(&dir, self.pid) {
+            let nr_path = self.admin.join("kdamonds/nr_kdamonds");
+            return Err(DamonError::InUse {
+                found: read_number(&nr_path)?,
+                path: nr_path,
+                ours: 0,
+            });
+        }
         write(&dir.join("state"), "update_schemes_tried_regions")?;
         let tried = dir.join("contexts/0/schemes/0/tried_regions");
         let entries = std::fs::read_dir(&tried).map_err(|source| DamonError::Io {
@@ -267,27 +340,67 @@ impl Drop for Monitor {
     fn drop(&mut self) {
         let mut all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(ours) = all.as_mut().and_then(|a| a.get_mut(&self.admin)) {
-            release(ours, &self.admin, self.index);
+            release(ours, &self.admin, self.index, self.pid);
         }
     }
 }
 
-/// Turn kdamond `index` off and free its slot; with the last of memtide's, remove them
-/// all, leaving DAMON as memtide found it.
-fn release(ours: &mut Kdamonds, admin: &Path, index: usize) {
-    turn_off(&admin.join("kdamonds").join(index.to_string()));
-    ours.slots[index] = None;
-    if ours.slots.iter().all(Option::is_none) {
-        match write(&admin.join("kdamonds/nr_kdamonds"), 0) {
-            Ok(()) => ours.slots.clear(),
-            Err(e) => tracing::warn!("DAMON: memtide's kdamonds not removed: {e}"),
-        }
+/// Turn kdamond `index` (memtide's, for `pid`) off and free its slot; with the last of
+/// memtide's, remove them all, leaving DAMON as memtide found it. A kdamond that is no
+/// longer memtide's is left alone (and memtide forgets its others); one that would not
+/// stop keeps its slot.
+fn release(ours: &mut Kdamonds, admin: &Path, index: usize, pid: i32) {
+    if ours.slots.get(index).copied().flatten().map(|s| s.pid) != Some(pid) {
+        // Forgotten already (its directories were found another tool's).
+        return;
+    }
+    let kdamonds = admin.join("kdamonds");
+    let dir = kdamonds.join(index.to_string());
+    if !is_ours(&dir, pid) {
+        // Another tool rebuilt the directories (it could only while none of memtide's
+        // ran): none of them is memtide's any more.
+        ours.slots.clear();
+        return;
+    }
+    if let Err(e) = turn_off(&dir) {
+        tracing::warn!("DAMON: memtide's kdamond {index} (pid {pid}) not stopped: {e}");
+        return;
+    }
+    if let Some(slot) = ours.slots.get_mut(index) {
+        *slot = None;
+    }
+    remove_if_unused(ours, admin);
+}
+
+/// With none of memtide's kdamonds in use, remove them all, leaving DAMON as memtide
+/// found it.
+fn remove_if_unused(ours: &mut Kdamonds, admin: &Path) {
+    if ours.slots.iter().any(Option::is_some) {
+        return;
+    }
+    let nr_path = admin.join("kdamonds/nr_kdamonds");
+    if read_number::<usize>(&nr_path).ok() != Some(ours.slots.len()) {
+        // Not the count memtide made: the directories are another tool's now.
+        ours.slots.clear();
+        return;
+    }
+    match write(&nr_path, 0) {
+        Ok(()) => ours.slots.clear(),
+        Err(e) => tracing::warn!("DAMON: memtide's kdamonds not removed: {e}"),
     }
 }
 
-/// Turn a kdamond off; one already off (its process gone) refuses, which is as good.
-fn turn_off(kdamond: &Path) {
-    let _ = write(&kdamond.join("state"), "off");
+/// Turn a kdamond off. One already off (its process gone) refuses with EINVAL or EPERM
+/// (mm/damon's damon_stop), which is as good.
+fn turn_off(kdamond: &Path) -> Result<(), DamonError> {
+    match write(&kdamond.join("state"), "off") {
+        Err(DamonError::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EPERM)) =>
+        {
+            Ok(())
+        }
+        done => done,
+    }
 }
 
 /// Set kdamond directory `kdamond` up to monitor `pid`'s virtual address space with a
@@ -497,12 +610,47 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_kdamond_another_tool_set_up_again_is_no_longer_written_to() {
+        let t = tree(1);
+        let k = t.path().join("kdamonds");
+        std::fs::write(k.join("nr_kdamonds"), "0\n").unwrap();
+        let monitor = Monitor::start(t.path(), 100).unwrap();
+        // While memtide's kdamond was off (its process gone), another tool rebuilt the
+        // directory for a process of its own and started it.
+        let target = k.join("0/contexts/0/targets/0/pid_target");
+        std::fs::write(&target, "555\n").unwrap();
+        std::fs::write(k.join("0/state"), "on\n").unwrap();
+        let e = monitor.regions().unwrap_err();
+        assert!(matches!(e, DamonError::InUse { .. }), "{e}");
+        drop(monitor);
+        assert_eq!(read(k.join("0/state")), "on\n", "not turned off");
+        assert_eq!(read(k.join("nr_kdamonds")), "1", "not removed");
+        assert_eq!(read(target), "555\n");
+        // Nor is it taken for memtide's at the next start.
+        let e = Monitor::start(t.path(), 7).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DamonError::InUse {
+                    found: 1,
+                    ours: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_second_process_restarts_memtides_kdamonds_and_a_freed_one_is_reused() {
         let t = tree(2);
         let k = t.path().join("kdamonds");
         std::fs::write(k.join("nr_kdamonds"), "0\n").unwrap();
         let first = Monitor::start(t.path(), 100).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
         let second = Monitor::start(t.path(), 200).unwrap();
+        // Restarted, its regions are no older than now.
+        assert!(first.running_for() < Duration::from_millis(300));
         assert_eq!(read(k.join("nr_kdamonds")), "2");
         // Rebuilt, the first is set up again on its own process.
         assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "100");
