@@ -28,7 +28,7 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
     let kernel = support::idle_kernel();
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-access");
-    let (_guest, mut agent) = support::guest_with_memtide("a", dir.path(), &cgroup, &kernel);
+    let (_guest, mut agent) = support::guest_with_memtide("a", dir.path(), &cgroup, &kernel, "");
     assert_eq!(
         agent.run_sh(
             "test -e /sys/kernel/mm/page_idle/bitmap",

@@ -34,7 +34,8 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
     let kernel = support::damon_kernel();
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-damon");
-    let (_guest, mut agent) = support::guest_with_memtide("a", dir.path(), &cgroup, &kernel);
+    let (_guest, mut agent) =
+        support::guest_with_memtide("a", dir.path(), &cgroup, &kernel, support::DAMON_GUEST_ARGS);
     assert_eq!(
         agent.read_file(&format!("{KDAMONDS}/nr_kdamonds")).trim(),
         "0",

@@ -75,8 +75,9 @@ struct Setup {
 }
 
 impl Setup {
-    /// Booting `kernel` (a directory holding vmlinuz and initrd.img).
-    fn boot(name: &str, kernel: &std::path::Path) -> Setup {
+    /// Booting `kernel` (a directory holding vmlinuz and initrd.img), `append` added to
+    /// its command line.
+    fn boot(name: &str, kernel: &std::path::Path, append: &str) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let image = support::data_disk(dir.path(), "");
         let cgroup = TestCgroup::create(&format!("memtide-{name}"));
@@ -97,7 +98,15 @@ impl Setup {
             "-numa",
             "node,nodeid=1,memdev=m1",
         ];
-        let mut guest = Guest::boot_kernel(name, dir.path(), &cgroup.procs(), kernel, 384, &args);
+        let mut guest = Guest::boot_kernel(
+            name,
+            dir.path(),
+            &cgroup.procs(),
+            kernel,
+            384,
+            &args,
+            append,
+        );
         guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(180));
         let mut agent = Agent::connect(guest.agent());
         assert_eq!(
@@ -158,9 +167,9 @@ impl Setup {
     /// First touch put everything on node 0, the CPU's. Set up the opposite: node 1
     /// taken as the fast one, with a budget of twice the hot buffer, so the pages
     /// accessed (the hot buffer) are promoted to it and nothing is demoted. (DAMON's
-    /// first regions are coarse, some of the cold buffer in regions with hot: up to a
-    /// fifth of the cold buffer may come along, and nothing sends it back while the
-    /// budget holds it.)
+    /// first regions are coarse, some of the cold buffer in regions with hot: it may come
+    /// along, as much as the budget leaves room for beside the hot buffer — a third of
+    /// the cold buffer, seen in CI — and nothing sends it back while the budget holds it.)
     fn hot_on_node_1(&mut self, tracker: &str) {
         let (hot, cold) = self.numa();
         eprintln!("first touch: hot {hot:?}, cold {cold:?}");
@@ -172,7 +181,7 @@ impl Setup {
             on(&hot, 1) * 100 >= HOT_PAGES * 95,
             "hot buffer on node 1: {hot:?}"
         );
-        let least_pct = if tracker == "damon" { 80 } else { 95 };
+        let least_pct = if tracker == "damon" { 60 } else { 95 };
         assert!(
             on(&cold, 0) * 100 >= COLD_MIB * PAGES_PER_MIB * least_pct,
             "cold {cold:?}"
@@ -189,19 +198,25 @@ const HOT_PAGES: u64 = HOT_MIB * PAGES_PER_MIB;
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
-    hot_pages_end_on_the_fast_node(&support::idle_kernel(), "p", "idle");
+    hot_pages_end_on_the_fast_node(&support::idle_kernel(), "", "p", "idle");
 }
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn with_damon_hot_pages_end_on_the_fast_node_and_the_fast_node_holds_the_budget() {
-    hot_pages_end_on_the_fast_node(&support::damon_kernel(), "pdamon", "damon");
+    let (kernel, append) = (support::damon_kernel(), support::DAMON_GUEST_ARGS);
+    hot_pages_end_on_the_fast_node(&kernel, append, "pdamon", "damon");
 }
 
-/// Booting `kernel`, the pages tracked by `tracker` (`memtide place`'s choice: DAMON
-/// where the kernel has it).
-fn hot_pages_end_on_the_fast_node(kernel: &std::path::Path, name: &str, tracker: &str) {
-    let mut setup = Setup::boot(name, kernel);
+/// Booting `kernel` with `append`, the pages tracked by `tracker` (`memtide place`'s
+/// choice: DAMON where the kernel has it).
+fn hot_pages_end_on_the_fast_node(
+    kernel: &std::path::Path,
+    append: &str,
+    name: &str,
+    tracker: &str,
+) {
+    let mut setup = Setup::boot(name, kernel, append);
     setup.hot_on_node_1(tracker);
 
     // Now node 0 is the fast one, with a third of the memory: the cold buffer must
@@ -263,7 +278,7 @@ fn hot_pages_end_on_the_fast_node(kernel: &std::path::Path, name: &str, tracker:
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
 fn the_daemon_places_a_process_given_by_pid_and_logs_and_counts_the_moves() {
-    let mut setup = Setup::boot("pd", &support::idle_kernel());
+    let mut setup = Setup::boot("pd", &support::idle_kernel(), "");
     setup.hot_on_node_1("idle");
     // The daemon in the guest, the nodes discovered (node 0 has the CPU, node 1 is
     // memory-only), coldalloc a VM given by its pid, a pass a second; no hypervisor.

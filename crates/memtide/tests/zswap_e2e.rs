@@ -273,6 +273,7 @@ fn zswap_takes_the_cold_pages_and_keeps_the_hot_set_against_no_reclaim_and_the_b
         &kernel,
         GUEST_MIB,
         &devices,
+        "",
     );
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(180));
     assert!(guest.console().contains("swap on"), "{}", guest.console());

@@ -55,7 +55,8 @@ impl Guest {
     }
 
     /// Like [`Guest::boot_with`] with no balloon, booting the kernel and initramfs in
-    /// `kernel_dir` rather than the test guest's (e.g. guest/build-idle-kernel.sh's).
+    /// `kernel_dir` rather than the test guest's (e.g. guest/build-idle-kernel.sh's),
+    /// `append` added to its command line.
     pub fn boot_kernel(
         name: &str,
         dir: &Path,
@@ -63,10 +64,12 @@ impl Guest {
         kernel_dir: &Path,
         mem_mib: u64,
         devices: &[&str],
+        append: &str,
     ) -> Guest {
         let boot = Boot::new(name, dir, kernel_dir, mem_mib.to_string())
             .qmp("qmp")
-            .args(devices);
+            .args(devices)
+            .kernel_args(append);
         Guest::spawn(boot, procs)
     }
 

@@ -227,18 +227,20 @@ pub const ICOUNT: [&str; 2] = ["-icount", "shift=2,sleep=on"];
 pub const DATA_DEVICE: &str = "virtio-blk-pci,drive=data,serial=memtide-data";
 
 /// A 384 MiB guest named `name` booting `kernel` (a directory holding `vmlinuz` and
-/// `initrd.img`) in `cgroup`, memtide's binary on its data disk ([`GUEST_MEMTIDE`]):
-/// ready, with its agent.
+/// `initrd.img`) in `cgroup`, `append` added to its command line, memtide's binary on
+/// its data disk ([`GUEST_MEMTIDE`]): ready, with its agent.
 pub fn guest_with_memtide(
     name: &str,
     dir: &Path,
     cgroup: &cgroup::TestCgroup,
     kernel: &Path,
+    append: &str,
 ) -> (guest::Guest, harness::Agent) {
     let image = data_disk(dir, "");
     let drive = data_drive(&image);
     let devices = ["-drive", &drive, "-device", DATA_DEVICE];
-    let mut guest = guest::Guest::boot_kernel(name, dir, &cgroup.procs(), kernel, 384, &devices);
+    let mut guest =
+        guest::Guest::boot_kernel(name, dir, &cgroup.procs(), kernel, 384, &devices, append);
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     assert!(guest.console().contains("on /data"), "{}", guest.console());
     let agent = harness::Agent::connect(guest.agent());
@@ -323,6 +325,14 @@ pub fn idle_kernel() -> PathBuf {
     );
     kernel
 }
+
+/// The command line for a guest whose process DAMON tracks: under TCG a page's accessed
+/// bit is set only when QEMU's software TLB misses on it, and DAMON clears the bit without
+/// a TLB flush, so a hot page is seen again only after the guest flushes its TLB (a
+/// context switch: tlbtick's wake-ups, every 500 ms by default). DAMON counts accesses
+/// over 200 ms: tlbtick wakes every 20 ms, as a hardware TLB's entries come and go (and
+/// under KVM, which has no such TLB).
+pub const DAMON_GUEST_ARGS: &str = "memtide.tlbtick_ms=20";
 
 /// The directory of the test guest with Debian's 6.12 cloud kernel, which has DAMON
 /// (virtual address monitoring and its sysfs interface), that
