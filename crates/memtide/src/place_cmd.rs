@@ -59,6 +59,9 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         slow: options.slow_node,
     };
     placement::check_nodes(&options.sys, nodes)?;
+    if let Some(why) = placement::numa_balancing_fights(&options.proc) {
+        tracing::warn!("{why}");
+    }
     let mut placer = Placer::open(
         &options.proc,
         &options.sys,

@@ -57,6 +57,27 @@ pub fn check_nodes(sys: &Path, nodes: Nodes) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Why placement would fight the kernel, if it would: automatic NUMA balancing on
+/// (`kernel.numa_balancing`, procfs at `proc`) moves pages toward the CPUs that touch
+/// them (mode 1) or promotes slow-tier pages it finds hot (mode 2) behind memtide's
+/// placement: a hot page memtide keeps on the slow node is pulled to the CPU's node, and
+/// placement moves it back (seen in a test guest booting Debian's 6.12 kernel, which has
+/// it on by default). `None` where it is off or the kernel has none.
+pub fn numa_balancing_fights(proc: &Path) -> Option<String> {
+    let path = proc.join("sys/kernel/numa_balancing");
+    let mode = std::fs::read_to_string(&path).ok()?;
+    let mode = mode.trim();
+    (mode != "0").then(|| {
+        format!(
+            "automatic NUMA balancing is on ({} is {mode}): the kernel moves pages behind \
+             memtide's placement (toward the CPUs that touch them, or up from the slow \
+             tier), and placement moves them back; set kernel.numa_balancing = 0 where \
+             memtide places pages",
+            path.display()
+        )
+    })
+}
+
 /// Free memory on node `node` that pages may be moved into: its sysfs `meminfo`'s
 /// `MemFree` above its zones' high watermarks (`proc`'s zoneinfo; none taken where it
 /// cannot be read). Below the low watermark kswapd reclaims, and the memory it would
@@ -505,6 +526,29 @@ mod tests {
         let status = [0, 1, 2, -libc::ENOENT, 0, 1];
         let shared = [false, false, false, false, true, true];
         assert_eq!(movable(&status, &shared, nodes), [0, 1]);
+    }
+
+    #[test]
+    fn automatic_numa_balancing_on_is_said_to_fight_placement() {
+        let proc = tempfile::tempdir().unwrap();
+        assert_eq!(
+            numa_balancing_fights(proc.path()),
+            None,
+            "a kernel without it"
+        );
+        let knob = proc.path().join("sys/kernel");
+        std::fs::create_dir_all(&knob).unwrap();
+        std::fs::write(knob.join("numa_balancing"), "0\n").unwrap();
+        assert_eq!(numa_balancing_fights(proc.path()), None);
+        for mode in ["1", "2", "3"] {
+            std::fs::write(knob.join("numa_balancing"), format!("{mode}\n")).unwrap();
+            let why = numa_balancing_fights(proc.path()).unwrap();
+            assert!(
+                why.contains(&format!("numa_balancing is {mode}"))
+                    && why.contains("set kernel.numa_balancing = 0"),
+                "{why}"
+            );
+        }
     }
 
     /// A placer whose process is not the one it opened (its start time differs, as when

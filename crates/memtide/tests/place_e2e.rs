@@ -118,6 +118,10 @@ impl Setup {
             "two NUMA nodes with memory:\n{}",
             guest.console()
         );
+        // Automatic NUMA balancing (on by default in Debian's 6.12; the idle-tracking
+        // kernel is built without it) would move pages behind placement's back.
+        let off = "f=/proc/sys/kernel/numa_balancing; ! test -e $f || echo 0 > $f";
+        assert_eq!(agent.run_sh(off, Duration::from_secs(10)), 0, "{off}");
         let pid = support::coldalloc(&mut agent, COLD_MIB, HOT_MIB);
         let maps = agent.read_file(&format!("/proc/{pid}/maps"));
         Setup {
@@ -230,19 +234,18 @@ fn hot_pages_end_on_the_fast_node(
     );
     let sum = |key: &str| lines.iter().map(|l| l[key].as_u64().unwrap()).sum::<u64>();
     let (demoted, promoted, failed) = (sum("demoted"), sum("promoted"), sum("failed"));
-    // Converged: the interval after which nothing more moved. With DAMON an interval
-    // late in the run was seen to count 8192 pages promoted (the most a tick) with no
-    // node's pages changing, which is not understood yet: not asserted with DAMON.
+    // Converged: the interval after which nothing more moved — with DAMON, nothing
+    // beyond the flicker of a region's edge (a page or two swapped late in a run, seen;
+    // up to 1 MiB taken as that).
+    let flicker = if tracker == "damon" { PAGES_PER_MIB } else { 0 };
     let last_move = lines
         .iter()
-        .rposition(|l| l["demoted"].as_u64() != Some(0) || l["promoted"].as_u64() != Some(0))
+        .rposition(|l| l["demoted"].as_u64().unwrap() + l["promoted"].as_u64().unwrap() > flicker)
         .expect("pages moved");
-    if tracker != "damon" {
-        assert!(
-            last_move + 3 < INTERVALS,
-            "still moving at the end:\n{lines:?}"
-        );
-    }
+    assert!(
+        last_move + 3 < INTERVALS,
+        "still moving at the end:\n{lines:?}"
+    );
     let converged_s = lines[last_move]["t"].as_f64().unwrap();
     eprintln!(
         "converged at {converged_s} s; moved {demoted} pages down ({} MiB), {promoted} up \

@@ -185,6 +185,9 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
                 nodes.fast,
                 nodes.slow
             );
+            if let Some(why) = crate::placement::numa_balancing_fights(&config.host.proc) {
+                tracing::warn!("[tiering] place: {why}");
+            }
             Some(nodes)
         }
     };
