@@ -468,14 +468,13 @@ impl Tracker {
         let damon = match &self.source {
             Source::Damon(monitor) => {
                 let since = at.saturating_sub(self.last.unwrap_or(at));
-                let ran = monitor.running_for().saturating_sub(damon::AGGREGATION * 2);
                 match monitor.regions() {
                     Ok(regions) => {
-                        damon::accessed_within(&regions, damon::AGGREGATION, since.min(ran))
+                        let ran = regions.ran.saturating_sub(damon::AGGREGATION * 2);
+                        damon::accessed_within(&regions.list, damon::AGGREGATION, since.min(ran))
                     }
                     Err(e) => {
-                        self.tracked.clear();
-                        self.scans = 0;
+                        self.start_over();
                         return Err(e.into());
                     }
                 }
@@ -489,8 +488,7 @@ impl Tracker {
             .filter(|r| self.which.wants(r))
             .collect();
         if ranges.is_empty() {
-            self.tracked.clear();
-            self.scans = 0;
+            self.start_over();
             return Err(TrackError::NoMapping(self.maps.clone(), self.which));
         }
         // Ages follow a mapping by its start address, whatever its size now.
@@ -526,8 +524,7 @@ impl Tracker {
         self.tracked = tracked;
         if let Err(e) = scanned {
             // A partial scan leaves ages that no longer match the marks: start over.
-            self.tracked.clear();
-            self.scans = 0;
+            self.start_over();
             return Err(e);
         }
         let least = self.clock.tick(at);
@@ -547,6 +544,12 @@ impl Tracker {
             cold_scans: least,
             resident: Bytes(resident * self.page),
         })
+    }
+
+    /// Forget every page's age after a failed scan: the next scan is a first one.
+    fn start_over(&mut self) {
+        self.tracked.clear();
+        self.scans = 0;
     }
 
     /// The size of a page in bytes.

@@ -183,6 +183,15 @@ fn is_ours(kdamond: &Path, pid: i32) -> bool {
     read("targets/0/pid_target").trim() == pid.to_string() && read("operations").trim() == "vaddr"
 }
 
+/// A kdamond's regions, and how long it has run.
+#[derive(Debug)]
+pub struct Regions {
+    /// The regions, in no particular order.
+    pub list: Vec<Region>,
+    /// How long the kdamond has monitored its process since it last (re)started.
+    pub ran: Duration,
+}
+
 /// A kdamond of memtide's own monitoring one process; turned off when dropped.
 #[derive(Debug)]
 pub struct Monitor {
@@ -281,20 +290,17 @@ impl Monitor {
         self.admin.join("kdamonds").join(self.index.to_string())
     }
 
-    /// How long this kdamond has monitored its process since it last (re)started:
-    /// regions are no older. Zero once it is no longer memtide's.
-    pub fn running_for(&self) -> Duration {
+    /// The regions as of DAMON's latest aggregation interval (asks the kdamond to update
+    /// its scheme's `tried_regions`, which waits for the kdamond's next pass), and how
+    /// long the kdamond has monitored its process since it last (re)started, read under
+    /// the same lock as the regions: they are no older.
+    pub fn regions(&self) -> Result<Regions, DamonError> {
         let all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
-        all.as_ref()
+        let ran = all
+            .as_ref()
             .and_then(|a| a.get(&self.admin)?.slots.get(self.index).copied()?)
             .filter(|s| s.pid == self.pid)
-            .map_or(Duration::ZERO, |s| s.started.elapsed())
-    }
-
-    /// The regions as of DAMON's latest aggregation interval (asks the kdamond to update
-    /// its scheme's `tried_regions`, which waits for the kdamond's next pass).
-    pub fn regions(&self) -> Result<Vec<Region>, DamonError> {
-        let _turn = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+            .map_or(Duration::ZERO, |s| s.started.elapsed());
         let dir = self.dir();
         if !is_ours(&dir, self.pid) {
             let nr_path = self.admin.join("kdamonds/nr_kdamonds");
@@ -310,7 +316,7 @@ impl Monitor {
             path: tried.clone(),
             source,
         })?;
-        let mut regions = Vec::new();
+        let mut list = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|source| DamonError::Io {
                 path: tried.clone(),
@@ -325,14 +331,14 @@ impl Monitor {
                 continue;
             }
             let r = entry.path();
-            regions.push(Region {
+            list.push(Region {
                 start: read_number(&r.join("start"))?,
                 end: read_number(&r.join("end"))?,
                 nr_accesses: read_number(&r.join("nr_accesses"))?,
                 age: read_number(&r.join("age"))?,
             });
         }
-        Ok(regions)
+        Ok(Regions { list, ran })
     }
 }
 
@@ -564,7 +570,7 @@ pub(crate) mod tests {
                 std::fs::write(r.join(f), format!("{v}\n")).unwrap();
             }
         }
-        let mut regions = monitor.regions().unwrap();
+        let mut regions = monitor.regions().unwrap().list;
         regions.sort_by_key(|r| r.start);
         assert_eq!(
             regions,
@@ -586,11 +592,9 @@ pub(crate) mod tests {
         assert_eq!(read(k.join("nr_kdamonds")), "0");
     }
 
-    #[test]
-    fn kdamonds_memtide_did_not_start_are_never_touched() {
-        let t = tree(1);
-        std::fs::write(t.path().join("kdamonds/0/state"), "on\n").unwrap();
-        let e = Monitor::start(t.path(), 7).unwrap_err();
+    /// A start under `admin`, where one kdamond is there and none is memtide's: refused.
+    fn refused_beside_one_not_ours(admin: &Path) {
+        let e = Monitor::start(admin, 7).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -603,6 +607,13 @@ pub(crate) mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("another tool uses DAMON"), "{e}");
+    }
+
+    #[test]
+    fn kdamonds_memtide_did_not_start_are_never_touched() {
+        let t = tree(1);
+        std::fs::write(t.path().join("kdamonds/0/state"), "on\n").unwrap();
+        refused_beside_one_not_ours(t.path());
         let k = t.path().join("kdamonds");
         assert_eq!(read(k.join("nr_kdamonds")), "1\n");
         assert_eq!(read(k.join("0/state")), "on\n");
@@ -627,18 +638,7 @@ pub(crate) mod tests {
         assert_eq!(read(k.join("nr_kdamonds")), "1", "not removed");
         assert_eq!(read(target), "555\n");
         // Nor is it taken for memtide's at the next start.
-        let e = Monitor::start(t.path(), 7).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                DamonError::InUse {
-                    found: 1,
-                    ours: 0,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        refused_beside_one_not_ours(t.path());
     }
 
     #[test]
@@ -649,13 +649,13 @@ pub(crate) mod tests {
         let first = Monitor::start(t.path(), 100).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let second = Monitor::start(t.path(), 200).unwrap();
-        // Restarted, its regions are no older than now.
-        assert!(first.running_for() < Duration::from_millis(300));
         assert_eq!(read(k.join("nr_kdamonds")), "2");
         // Rebuilt, the first is set up again on its own process.
         assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "100");
         assert_eq!(read(k.join("1/contexts/0/targets/0/pid_target")), "200");
         assert_eq!(read(k.join("0/state")), "on");
+        // Restarted, its regions are no older than now.
+        assert!(first.regions().unwrap().ran < Duration::from_millis(300));
         drop(first);
         assert_eq!(read(k.join("0/state")), "off");
         assert_eq!(read(k.join("nr_kdamonds")), "2", "kdamond 1 still runs");

@@ -55,20 +55,8 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
         huge_kib >= COLD_MIB / 2 * 1024,
         "the cold buffer is mostly huge pages: {huge_kib} KiB"
     );
-    let memtide = support::GUEST_MEMTIDE;
-    let run = format!(
-        "{memtide} access --config /data/memtide.toml --pid {pid} --cold-age-s {COLD_AGE_S} \
-         --interval-s {INTERVAL_S} --count {SCANS} > /tmp/access.log 2>&1"
-    );
-    let status = agent.run_sh(&run, Duration::from_secs(240));
-    let log = agent.read_file("/tmp/access.log");
-    let cold_log = agent.read_file("/tmp/cold.log");
-    eprintln!(
-        "{log}{}",
-        cold_log.lines().last().unwrap_or("no coldalloc report")
-    );
-    assert_eq!(status, 0, "memtide access: {log}");
-    let scans = support::coldalloc_scans(&log, SCANS, COLD_MIB + HOT_MIB);
+    let args = format!("--pid {pid} --cold-age-s {COLD_AGE_S} --interval-s {INTERVAL_S}");
+    let scans = support::coldalloc_access(&mut agent, &args, SCANS, COLD_MIB + HOT_MIB);
     let mut cold_seen = 0;
     for (n, scan) in scans.iter().enumerate() {
         assert_eq!(scan.tracker, "idle", "scan {n}: no DAMON in this kernel");
@@ -105,7 +93,7 @@ fn idle_page_tracking_finds_the_cold_buffer_cold_and_the_hot_one_accessed() {
     }
     assert!(
         cold_seen >= 3,
-        "{cold_seen} scans past the cold age:\n{log}"
+        "{cold_seen} scans past the cold age:\n{scans:?}"
     );
 }
 

@@ -42,23 +42,12 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
         "the guest kernel has DAMON, and no kdamond yet"
     );
     let pid = support::coldalloc(&mut agent, COLD_MIB, HOT_MIB);
-    let memtide = support::GUEST_MEMTIDE;
-    let access = |tracker: &str, count: u64| {
+    let args = |tracker: &str| {
         format!(
-            "{memtide} access --config /data/memtide.toml --tracker {tracker} --pid {pid} \
-             --cold-age-s {COLD_AGE_S} --interval-s {INTERVAL_S} --count {count} \
-             > /tmp/access.log 2>&1"
+            "--tracker {tracker} --pid {pid} --cold-age-s {COLD_AGE_S} --interval-s {INTERVAL_S}"
         )
     };
-    let status = agent.run_sh(&access("damon", SCANS), Duration::from_secs(240));
-    let log = agent.read_file("/tmp/access.log");
-    let cold_log = agent.read_file("/tmp/cold.log");
-    eprintln!(
-        "{log}{}",
-        cold_log.lines().last().unwrap_or("no coldalloc report")
-    );
-    assert_eq!(status, 0, "memtide access: {log}");
-    let scans = support::coldalloc_scans(&log, SCANS, COLD_MIB + HOT_MIB);
+    let scans = support::coldalloc_access(&mut agent, &args("damon"), SCANS, COLD_MIB + HOT_MIB);
     let mut cold_seen = 0;
     for (n, scan) in scans.iter().enumerate() {
         assert_eq!(scan.tracker, "damon", "scan {n}");
@@ -102,7 +91,10 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
             "scan {n}: the hot buffer is never cold ({resident} MiB resident, {cold} cold)"
         );
     }
-    assert!(cold_seen >= 3, "{cold_seen} scans past convergence:\n{log}");
+    assert!(
+        cold_seen >= 3,
+        "{cold_seen} scans past convergence:\n{scans:?}"
+    );
     assert_eq!(
         agent.read_file(&format!("{KDAMONDS}/nr_kdamonds")).trim(),
         "0",
@@ -122,8 +114,8 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
         "{theirs}"
     );
     for tracker in ["damon", "auto"] {
-        let status = agent.run_sh(&access(tracker, 1), Duration::from_secs(60));
-        let log = agent.read_file("/tmp/access.log");
+        let (status, log) =
+            support::guest_access(&mut agent, &format!("{} --count 1", args(tracker)));
         assert_ne!(status, 0, "--tracker {tracker}: {log}");
         assert!(
             log.contains(&format!(

@@ -230,7 +230,7 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
 /// Say at once, not at the first VM, that page tracking was asked for on a kernel
 /// without it: what sampling falls back to, or that there is none.
 fn warn_without_page_tracking(config: &Config) {
-    use memtide_adapters::access::Method;
+    use memtide_adapters::access::{Method, TrackError};
     use memtide_adapters::qmp::vm::AccessSampling;
     let AccessSampling::Tracked {
         fallback, method, ..
@@ -238,26 +238,15 @@ fn warn_without_page_tracking(config: &Config) {
     else {
         return;
     };
+    // The trackers' own errors, as a VM's tracker would say them.
     let bitmap = config.host.sys.join("kernel/mm/page_idle/bitmap");
-    let damon = memtide_adapters::damon::admin_dir(&config.host.sys).join("kdamonds");
-    let no_idle = || {
-        format!(
-            "{} is missing: the kernel has no idle page tracking (CONFIG_IDLE_PAGE_TRACKING)",
-            bitmap.display()
-        )
-    };
-    let no_damon = || {
-        format!(
-            "{} is missing: the kernel has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)",
-            damon.display()
-        )
-    };
-    let missing = match method {
-        Method::IdlePages if !bitmap.exists() => no_idle(),
-        Method::Damon if !damon.is_dir() => no_damon(),
-        Method::Auto if !bitmap.exists() && !damon.is_dir() => {
-            format!("{}, nor DAMON ({})", no_idle(), no_damon())
-        }
+    let no_idle = (!bitmap.exists()).then_some(bitmap);
+    let admin = memtide_adapters::damon::admin_dir(&config.host.sys);
+    let no_damon = memtide_adapters::damon::supported(&admin).err();
+    let missing = match (method, no_idle, no_damon) {
+        (Method::IdlePages, Some(idle), _) => TrackError::Unsupported(idle),
+        (Method::Damon, _, Some(damon)) => TrackError::Damon(damon),
+        (Method::Auto, Some(idle), Some(damon)) => TrackError::Neither { idle, damon },
         _ => return,
     };
     let then = match fallback {

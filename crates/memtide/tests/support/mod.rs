@@ -135,6 +135,7 @@ pub fn coldalloc(agent: &mut harness::Agent, cold_mib: u64, hot_mib: u64) -> u64
 }
 
 /// One line of `memtide access`: its time (s), tracker and figures (MiB).
+#[derive(Debug)]
 pub struct AccessScan {
     pub t: f64,
     pub tracker: String,
@@ -143,10 +144,32 @@ pub struct AccessScan {
     pub resident: f64,
 }
 
-/// `memtide access`'s `count` lines on coldalloc, each checked to find its buffers
-/// resident (`buffers_mib`, and a little heap, stack and static data), the first to
-/// have counted no access (it only marks).
-pub fn coldalloc_scans(log: &str, count: u64, buffers_mib: u64) -> Vec<AccessScan> {
+/// `memtide access --config /data/memtide.toml ARGS` run in the guest (memtide's binary
+/// on its data disk): its exit status and output.
+pub fn guest_access(agent: &mut harness::Agent, args: &str) -> (i64, String) {
+    let run =
+        format!("{GUEST_MEMTIDE} access --config /data/memtide.toml {args} > /tmp/access.log 2>&1");
+    let status = agent.run_sh(&run, Duration::from_secs(240));
+    (status, agent.read_file("/tmp/access.log"))
+}
+
+/// `memtide access` on coldalloc for `count` scans (`args` naming its pid and the rest),
+/// shown with coldalloc's last report: it succeeded, and its lines, each checked to find
+/// coldalloc's buffers resident (`buffers_mib`, and a little heap, stack and static
+/// data), the first to have counted no access (it only marks).
+pub fn coldalloc_access(
+    agent: &mut harness::Agent,
+    args: &str,
+    count: u64,
+    buffers_mib: u64,
+) -> Vec<AccessScan> {
+    let (status, log) = guest_access(agent, &format!("{args} --count {count}"));
+    let cold_log = agent.read_file("/tmp/cold.log");
+    eprintln!(
+        "{log}{}",
+        cold_log.lines().last().unwrap_or("no coldalloc report")
+    );
+    assert_eq!(status, 0, "memtide access: {log}");
     let mib = |v: &serde_json::Value| v.as_u64().map(|b| b as f64 / (1 << 20) as f64);
     let scans: Vec<AccessScan> = log
         .lines()
