@@ -410,8 +410,7 @@ fn bench(cli: &Cli) -> anyhow::Result<bool> {
         };
         let b = b.in_dir(&sub);
         let mut runs = Vec::new();
-        for policy in std::iter::once(BASELINE).chain(scenario.policies.iter().map(String::as_str))
-        {
+        for policy in std::iter::once(BASELINE).chain(rounds::turn(&scenario.policies, r)) {
             runs.push(b.run_policy(policy, &mut limit)?);
         }
         round_runs.push(runs);

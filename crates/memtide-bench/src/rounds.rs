@@ -10,6 +10,21 @@ use crate::measure::round2;
 use crate::scenario::{Target, BASELINE, METRICS};
 use serde_json::{json, Map, Value};
 
+/// The policies' order in round `r` (from 0): the scenario's, turned left by `r`. A run
+/// leaves the host in a state the next one starts from, and a policy at a round's end
+/// runs farther from the baseline before it than one at its start: turned round by round,
+/// every policy follows the baseline and each other policy, and runs at each position,
+/// equally often over every `policies.len()` rounds.
+pub fn turn(policies: &[String], r: usize) -> impl Iterator<Item = &str> {
+    let n = policies.len().max(1);
+    policies
+        .iter()
+        .cycle()
+        .skip(r % n)
+        .take(policies.len())
+        .map(String::as_str)
+}
+
 /// The mean of the values, `None` where one is missing or there are none.
 fn mean(values: &[Option<f64>]) -> Option<f64> {
     let v: Option<Vec<f64>> = values.iter().copied().collect();
@@ -130,8 +145,9 @@ pub fn summary(rounds: &[Value], last_baseline: &Value) -> Value {
     }
     json!({
         "count": rounds.len(),
-        "how": "the baseline and the policies in turn, round after round, and the baseline once more at the end; \
-                a policy's ratios are to the mean of the baseline runs right before and after its run",
+        "how": "the baseline and the policies in turn, round after round, the policies' order turned by one each \
+                round, and the baseline once more at the end; a policy's ratios are to the mean of the baseline \
+                runs of its round and the next",
         "order": rounds
             .iter()
             .flat_map(|d| d["order"].as_array().cloned().unwrap_or_default())
@@ -232,6 +248,19 @@ mod tests {
             value,
             of: of.map(str::to_string),
         }
+    }
+
+    #[test]
+    fn each_round_turns_the_order_so_every_policy_runs_at_every_place_and_after_every_other() {
+        let p: Vec<String> = ["mom", "proxmox", "memtide"].map(String::from).into();
+        let order = |r| turn(&p, r).collect::<Vec<_>>();
+        assert_eq!(order(0), ["mom", "proxmox", "memtide"]);
+        assert_eq!(order(1), ["proxmox", "memtide", "mom"]);
+        assert_eq!(order(2), ["memtide", "mom", "proxmox"]);
+        assert_eq!(order(3), order(0));
+        let two: Vec<String> = ["mom", "memtide"].map(String::from).into();
+        assert_eq!(turn(&two, 1).collect::<Vec<_>>(), ["memtide", "mom"]);
+        assert_eq!(turn(&[], 1).count(), 0);
     }
 
     /// The host slows down steadily: none runs at 100, 90, 80 across the two rounds'
