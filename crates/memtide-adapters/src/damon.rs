@@ -11,8 +11,13 @@
 //! region, whose `tried_regions` hold the regions with their access counts and ages — and
 //! never touches a kdamond it did not start: writing `nr_kdamonds` rebuilds every kdamond
 //! directory (mm/damon/sysfs.c), so memtide only uses DAMON while every kdamond there is
-//! its own. Written by hand: no crate drives DAMON's sysfs interface.
+//! its own. It records the kdamonds it runs (see [`record_path`]), so that one left
+//! running by a memtide process that ended without stopping them (killed, or crashed) is
+//! known for its own by the next and taken back. Written by hand: no crate drives
+//! DAMON's sysfs interface.
 
+use crate::procfs;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -183,6 +188,108 @@ fn is_ours(kdamond: &Path, pid: i32) -> bool {
     read("targets/0/pid_target").trim() == pid.to_string() && read("operations").trim() == "vaddr"
 }
 
+/// Where memtide records the kdamonds it runs under `admin`: in memtide's runtime
+/// directory for the kernel's own tree (/run is a tmpfs, emptied at boot as the kdamonds
+/// are), in the tree itself where it is a test's fake one.
+pub fn record_path(admin: &Path) -> PathBuf {
+    if admin == admin_dir(Path::new("/sys")) {
+        PathBuf::from("/run/memtide/damon-kdamonds.json")
+    } else {
+        admin.join("memtide-kdamonds.json")
+    }
+}
+
+/// What memtide records of its kdamonds under one admin directory ([`record_path`]).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Record {
+    /// The memtide process running them: its pid and start time ([`procfs::start_time`]).
+    owner: (i32, u64),
+    /// `nr_kdamonds` as that process left it.
+    kdamonds: usize,
+    /// Each running kdamond: its directory's index and the process it monitors.
+    running: Vec<(usize, i32)>,
+}
+
+/// This process, as a record names its owner.
+fn this_process() -> Option<(i32, u64)> {
+    let pid = i32::try_from(std::process::id()).ok()?;
+    Some((pid, procfs::start_time(Path::new("/proc"), pid)?))
+}
+
+/// Record memtide's kdamonds under `admin` as they are now; the record removed with the
+/// last of them. Best effort: without it, kdamonds a killed memtide leaves are not taken
+/// back, and DAMON is refused until they are removed by hand, as before records.
+fn save_record(ours: &Kdamonds, admin: &Path) {
+    let path = record_path(admin);
+    if ours.slots.is_empty() {
+        let _ = std::fs::remove_file(&path);
+        return;
+    }
+    let record = this_process().map(|owner| Record {
+        owner,
+        kdamonds: ours.slots.len(),
+        running: (0..)
+            .zip(&ours.slots)
+            .filter_map(|(i, s)| Some((i, s.as_ref()?.pid)))
+            .collect(),
+    });
+    let saved = record
+        .ok_or_else(|| "this process's start time is unknown".to_string())
+        .and_then(|r| {
+            let tmp = path.with_extension("json.tmp");
+            let text = serde_json::to_vec(&r).map_err(|e| e.to_string())?;
+            path.parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .map_err(|e| e.to_string())?;
+            std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+            std::fs::rename(&tmp, &path).map_err(|e| e.to_string())
+        });
+    if let Err(e) = saved {
+        tracing::debug!(
+            "DAMON: memtide's kdamonds not recorded in {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// Stop and remove the kdamonds under `admin` that a memtide process which has ended
+/// left running (killed, or crashed, before it could stop them), leaving DAMON as that
+/// process found it; whether it did. Only as its record names them: the record's process
+/// gone, `nr_kdamonds` (`found`) the count it made, each kdamond it ran still set up on
+/// the same process and every other one off — another tool's kdamonds are never touched.
+fn take_back(admin: &Path, found: usize) -> Result<bool, DamonError> {
+    let path = record_path(admin);
+    let Some(record) = std::fs::read(&path)
+        .ok()
+        .and_then(|text| serde_json::from_slice::<Record>(&text).ok())
+    else {
+        return Ok(false);
+    };
+    let (owner, started) = record.owner;
+    let kdamonds = admin.join("kdamonds");
+    let dir = |i: usize| kdamonds.join(i.to_string());
+    let as_left = (0..found).all(|i| match record.running.iter().find(|(j, _)| *j == i) {
+        Some(&(_, pid)) => is_ours(&dir(i), pid),
+        None => std::fs::read_to_string(dir(i).join("state")).is_ok_and(|s| s.trim() == "off"),
+    });
+    let owner_runs = procfs::start_time(Path::new("/proc"), owner) == Some(started);
+    if owner_runs || record.kdamonds != found || !as_left {
+        return Ok(false);
+    }
+    for i in 0..found {
+        turn_off(&dir(i))?;
+    }
+    write(&kdamonds.join("nr_kdamonds"), 0)?;
+    let _ = std::fs::remove_file(&path);
+    tracing::warn!(
+        "DAMON: memtide process {owner} ended without stopping its {} kdamond(s) on \
+         process(es) {:?}: stopped and removed",
+        record.running.len(),
+        record.running.iter().map(|r| r.1).collect::<Vec<_>>()
+    );
+    Ok(true)
+}
+
 /// A kdamond's regions, and how long it has run.
 #[derive(Debug)]
 pub struct Regions {
@@ -216,7 +323,10 @@ impl Monitor {
             .get_or_insert_with(HashMap::new)
             .entry(admin.to_path_buf())
             .or_default();
-        let found: u32 = read_number(&nr_path)?;
+        let mut found: u32 = read_number(&nr_path)?;
+        if ours.slots.is_empty() && found > 0 && take_back(admin, found as usize)? {
+            found = 0;
+        }
         let running: Vec<(usize, i32)> = (0..)
             .zip(&ours.slots)
             .filter_map(|(i, s)| Some((i, s.as_ref()?.pid)))
@@ -266,6 +376,9 @@ impl Monitor {
                         }
                     }
                 }
+                if grown.is_err() {
+                    save_record(ours, admin);
+                }
                 grown?;
                 ours.slots.len() - 1
             }
@@ -273,12 +386,14 @@ impl Monitor {
         if let Err(e) = set_up(&kdamonds.join(index.to_string()), pid) {
             let _ = turn_off(&kdamonds.join(index.to_string()));
             remove_if_unused(ours, admin);
+            save_record(ours, admin);
             return Err(e);
         }
         ours.slots[index] = Some(Slot {
             pid,
             started: Instant::now(),
         });
+        save_record(ours, admin);
         Ok(Monitor {
             admin: admin.to_path_buf(),
             index,
@@ -366,6 +481,7 @@ fn release(ours: &mut Kdamonds, admin: &Path, index: usize, pid: i32) {
         // Another tool rebuilt the directories (it could only while none of memtide's
         // ran): none of them is memtide's any more.
         ours.slots.clear();
+        save_record(ours, admin);
         return;
     }
     if let Err(e) = turn_off(&dir) {
@@ -376,6 +492,7 @@ fn release(ours: &mut Kdamonds, admin: &Path, index: usize, pid: i32) {
         *slot = None;
     }
     remove_if_unused(ours, admin);
+    save_record(ours, admin);
 }
 
 /// With none of memtide's kdamonds in use, remove them all, leaving DAMON as memtide
@@ -665,6 +782,107 @@ pub(crate) mod tests {
         drop(second);
         drop(third);
         assert_eq!(read(k.join("nr_kdamonds")), "0");
+    }
+
+    /// The pid of a process that has ended.
+    fn ended() -> i32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        child.id() as i32
+    }
+
+    /// A record under `admin` of `running` kdamonds out of `kdamonds`, by `owner`.
+    fn record(admin: &Path, owner: (i32, u64), kdamonds: usize, running: &[(usize, i32)]) {
+        let r = Record {
+            owner,
+            kdamonds,
+            running: running.to_vec(),
+        };
+        std::fs::write(record_path(admin), serde_json::to_vec(&r).unwrap()).unwrap();
+    }
+
+    /// Kdamond `i` under `admin` set up as memtide sets it up on process `pid`, and on.
+    fn running_on(admin: &Path, i: usize, pid: i32) {
+        let d = admin.join("kdamonds").join(i.to_string());
+        std::fs::write(d.join("contexts/0/operations"), "vaddr\n").unwrap();
+        let target = d.join("contexts/0/targets/0/pid_target");
+        std::fs::write(target, format!("{pid}\n")).unwrap();
+        std::fs::write(d.join("state"), "on\n").unwrap();
+    }
+
+    #[test]
+    fn kdamonds_a_killed_memtide_left_running_are_taken_back_by_the_next() {
+        // Two kdamonds, the second freed: as a memtide killed while tracking one process
+        // left them.
+        let t = tree(2);
+        running_on(t.path(), 0, 4242);
+        record(t.path(), (ended(), 1), 2, &[(0, 4242)]);
+        let monitor = Monitor::start(t.path(), 77).unwrap();
+        // Stopped and removed, then made again for this process (a fake tree keeps its
+        // directories where the kernel would make them anew).
+        let k = t.path().join("kdamonds");
+        assert_eq!(read(k.join("nr_kdamonds")), "1");
+        assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "77");
+        assert_eq!(read(k.join("0/state")), "on");
+        assert_eq!(read(k.join("1/state")), "off");
+        let recorded = std::fs::read(record_path(t.path())).unwrap();
+        let recorded: Record = serde_json::from_slice(&recorded).unwrap();
+        assert_eq!(
+            recorded,
+            Record {
+                owner: this_process().unwrap(),
+                kdamonds: 1,
+                running: vec![(0, 77)],
+            }
+        );
+        drop(monitor);
+        assert_eq!(read(k.join("nr_kdamonds")), "0");
+        assert!(
+            !record_path(t.path()).exists(),
+            "the record goes with the last kdamond"
+        );
+    }
+
+    #[test]
+    fn kdamonds_are_taken_back_only_as_a_memtide_that_has_ended_recorded_them() {
+        for case in [
+            "its process runs",
+            "another count",
+            "rebuilt",
+            "another on",
+            "none",
+        ] {
+            let t = tree(2);
+            running_on(t.path(), 0, 4242);
+            let owner = match case {
+                "its process runs" => this_process().unwrap(),
+                _ => (ended(), 1),
+            };
+            let count = if case == "another count" { 1 } else { 2 };
+            match case {
+                "rebuilt" => running_on(t.path(), 0, 555),
+                "another on" => running_on(t.path(), 1, 999),
+                _ => {}
+            }
+            if case != "none" {
+                record(t.path(), owner, count, &[(0, 4242)]);
+            }
+            let e = Monitor::start(t.path(), 77).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    DamonError::InUse {
+                        found: 2,
+                        ours: 0,
+                        ..
+                    }
+                ),
+                "{case}: {e}"
+            );
+            let k = t.path().join("kdamonds");
+            assert_eq!(read(k.join("nr_kdamonds")), "2\n", "{case}");
+            assert_eq!(read(k.join("0/state")), "on\n", "{case}");
+        }
     }
 
     #[test]

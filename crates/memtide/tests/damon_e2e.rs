@@ -4,8 +4,9 @@
 //! guest/build.sh`) and runs a process standing in for QEMU — coldalloc: a cold buffer
 //! written once, a hot one written over and over — and memtide's own binary
 //! (`memtide access --tracker damon`, the tracker the daemon runs on a VM's guest RAM)
-//! tracks it with a kdamond of its own. Then a kdamond another tool started: memtide
-//! refuses DAMON and leaves it as it was.
+//! tracks it with a kdamond of its own. Then a memtide killed while it tracks: the next
+//! takes its kdamond back. Last, a kdamond another tool started: memtide refuses DAMON
+//! and leaves it as it was.
 //!
 //! Boots a guest under TCG, so it is ignored by a plain `cargo test`; `scripts/test.sh`
 //! runs it.
@@ -37,7 +38,7 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
     let (_guest, mut agent) =
         support::guest_with_memtide("a", dir.path(), &cgroup, &kernel, support::DAMON_GUEST_ARGS);
     assert_eq!(
-        agent.read_file(&format!("{KDAMONDS}/nr_kdamonds")).trim(),
+        kdamonds(&mut agent, "nr_kdamonds"),
         "0",
         "the guest kernel has DAMON, and no kdamond yet"
     );
@@ -96,9 +97,45 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
         "{cold_seen} scans past convergence:\n{scans:?}"
     );
     assert_eq!(
-        agent.read_file(&format!("{KDAMONDS}/nr_kdamonds")).trim(),
+        kdamonds(&mut agent, "nr_kdamonds"),
         "0",
         "memtide removes its kdamond when done"
+    );
+
+    // A memtide killed while it tracks (SIGKILL: no chance to stop its kdamond) leaves
+    // the kdamond running; the next memtide takes it back, as its record names it.
+    let killed = agent.spawn_sh(&format!(
+        "exec {} access --config /data/memtide.toml {} --count 1000 > /tmp/killed.log 2>&1",
+        support::GUEST_MEMTIDE,
+        args("damon")
+    ));
+    // Read in the guest's shell: a read while memtide's command is in flight is refused
+    // (EBUSY).
+    let on = format!(
+        "cd {KDAMONDS} && for i in $(seq 120); do \
+         [ \"$(cat nr_kdamonds 2>/dev/null)\" = 1 ] && [ \"$(cat 0/state 2>/dev/null)\" = on ] \
+         && exit 0; sleep 0.5; done; exit 1"
+    );
+    let status = agent.run_sh(&on, Duration::from_secs(90));
+    assert_eq!(status, 0, "{}", agent.read_file("/tmp/killed.log"));
+    let kill = format!("kill -9 {killed}");
+    assert_eq!(agent.run_sh(&kill, Duration::from_secs(10)), 0, "{kill}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(kdamonds(&mut agent, "nr_kdamonds"), "1", "left behind");
+    assert_eq!(kdamonds(&mut agent, "0/state"), "on", "left running");
+    let (status, log) = support::guest_access(&mut agent, &format!("{} --count 2", args("damon")));
+    assert_eq!(status, 0, "{log}");
+    assert!(
+        log.contains(&format!(
+            "memtide process {killed} ended without stopping its 1 kdamond(s) on process(es) \
+             [{pid}]: stopped and removed"
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        kdamonds(&mut agent, "nr_kdamonds"),
+        "0",
+        "the kdamond taken back, and its own removed when done"
     );
 
     // Another tool's kdamond, on coldalloc too.
@@ -129,13 +166,18 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
             assert!(log.contains("CONFIG_IDLE_PAGE_TRACKING"), "{log}");
         }
     }
-    let mut state = |file: &str| {
-        agent
-            .read_file(&format!("{KDAMONDS}/{file}"))
-            .trim()
-            .to_string()
-    };
-    assert_eq!(state("nr_kdamonds"), "1");
-    assert_eq!(state("0/state"), "on");
-    assert_eq!(state("0/contexts/0/targets/0/pid_target"), pid.to_string());
+    assert_eq!(kdamonds(&mut agent, "nr_kdamonds"), "1");
+    assert_eq!(kdamonds(&mut agent, "0/state"), "on");
+    assert_eq!(
+        kdamonds(&mut agent, "0/contexts/0/targets/0/pid_target"),
+        pid.to_string()
+    );
+}
+
+/// A file under the guest's DAMON kdamonds directory, trimmed.
+fn kdamonds(agent: &mut support::harness::Agent, file: &str) -> String {
+    agent
+        .read_file(&format!("{KDAMONDS}/{file}"))
+        .trim()
+        .to_string()
 }
