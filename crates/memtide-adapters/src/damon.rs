@@ -11,8 +11,8 @@
 //! region, whose `tried_regions` hold the regions with their access counts and ages — and
 //! never touches a kdamond it did not start: writing `nr_kdamonds` rebuilds every kdamond
 //! directory (mm/damon/sysfs.c), so memtide only uses DAMON while every kdamond there is
-//! its own. It records the kdamonds it runs (see [`record_path`]), so that one left
-//! running by a memtide process that ended without stopping them (killed, or crashed) is
+//! its own. It records the kdamonds it runs (in /run/memtide), so that those a memtide
+//! process left running when it ended without stopping them (killed, or crashed) are
 //! known for its own by the next and taken back. Written by hand: no crate drives
 //! DAMON's sysfs interface.
 
@@ -160,18 +160,62 @@ fn read_number<T: std::str::FromStr>(path: &Path) -> Result<T, DamonError> {
     })
 }
 
-/// A kdamond memtide started: its process, and when it was last (re)started.
+/// A kdamond memtide started: its process, its kernel thread (the kdamond's `pid` file
+/// while it runs) and when it was last (re)started.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     pid: i32,
+    kthread: Option<u32>,
     started: Instant,
 }
 
 /// memtide's kdamonds under one admin directory: a slot per kdamond directory, the
-/// process it monitors while in use.
+/// process it monitors while in use; and the process each was last set up for (0: never),
+/// for the record.
 #[derive(Default)]
 struct Kdamonds {
     slots: Vec<Option<Slot>>,
+    set_for: Vec<i32>,
+}
+
+impl Kdamonds {
+    /// Set kdamond `i` (under `kdamonds`) up on process `pid` and turn it on: its slot in
+    /// use; where that fails, the kdamond turned off and its slot free.
+    fn start_slot(&mut self, kdamonds: &Path, i: usize, pid: i32) -> Result<(), DamonError> {
+        let dir = kdamonds.join(i.to_string());
+        self.set_for[i] = pid;
+        match set_up(&dir, pid) {
+            Ok(()) => {
+                let kthread = read_number::<i64>(&dir.join("pid"))
+                    .ok()
+                    .and_then(|p| u32::try_from(p).ok())
+                    .filter(|p| *p > 0);
+                self.slots[i] = Some(Slot {
+                    pid,
+                    kthread,
+                    started: Instant::now(),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                let _ = turn_off(&dir);
+                self.slots[i] = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// One directory more, free.
+    fn grow(&mut self) {
+        self.slots.push(None);
+        self.set_for.push(0);
+    }
+
+    /// None: the directories are gone, or another tool's.
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.set_for.clear();
+    }
 }
 
 /// memtide's kdamonds by admin directory (one in a daemon; tests use their own trees).
@@ -189,9 +233,9 @@ fn is_ours(kdamond: &Path, pid: i32) -> bool {
 }
 
 /// Where memtide records the kdamonds it runs under `admin`: in memtide's runtime
-/// directory for the kernel's own tree (/run is a tmpfs, emptied at boot as the kdamonds
-/// are), in the tree itself where it is a test's fake one.
-pub fn record_path(admin: &Path) -> PathBuf {
+/// directory for the kernel's own tree (the systemd unit's, on /run), in the tree itself
+/// where it is a test's fake one.
+fn record_path(admin: &Path) -> PathBuf {
     if admin == admin_dir(Path::new("/sys")) {
         PathBuf::from("/run/memtide/damon-kdamonds.json")
     } else {
@@ -202,12 +246,21 @@ pub fn record_path(admin: &Path) -> PathBuf {
 /// What memtide records of its kdamonds under one admin directory ([`record_path`]).
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Record {
+    /// The boot it was written in (`/proc/sys/kernel/random/boot_id`).
+    boot: String,
     /// The memtide process running them: its pid and start time ([`procfs::start_time`]).
     owner: (i32, u64),
-    /// `nr_kdamonds` as that process left it.
-    kdamonds: usize,
-    /// Each running kdamond: its directory's index and the process it monitors.
-    running: Vec<(usize, i32)>,
+    /// Each kdamond directory memtide made, in order: the process it was last set up for
+    /// (0: never) and its kernel thread while memtide ran it.
+    dirs: Vec<(i32, Option<u32>)>,
+    /// Written as memtide grew the count by one, before the kernel did: it may not have.
+    growing: bool,
+}
+
+/// This boot's id.
+fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_string())
 }
 
 /// This process, as a record names its owner.
@@ -216,35 +269,75 @@ fn this_process() -> Option<(i32, u64)> {
     Some((pid, procfs::start_time(Path::new("/proc"), pid)?))
 }
 
-/// Record memtide's kdamonds under `admin` as they are now; the record removed with the
-/// last of them. Best effort: without it, kdamonds a killed memtide leaves are not taken
-/// back, and DAMON is refused until they are removed by hand, as before records.
-fn save_record(ours: &Kdamonds, admin: &Path) {
+/// Whether process `pid`, started at `started`, has ended: no such process, a zombie, or
+/// another process with its pid. Not where /proc cannot tell.
+fn ended(pid: i32, started: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(_) => procfs::start_time(Path::new("/proc"), pid) != Some(started),
+    }
+}
+
+fn read_record(path: &Path) -> Option<Record> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// memtide's hold, across processes (a daemon beside a `memtide access`), on the
+/// kdamonds under `admin` and their record, while it starts or stops its own: a lock file
+/// beside the record. None where that file cannot be made.
+fn hold_across_processes(admin: &Path) -> Option<std::fs::File> {
+    let path = record_path(admin).with_extension("lock");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).ok()?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .ok()?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).ok()?;
+    Some(file)
+}
+
+/// Record memtide's kdamonds under `admin` as they are now (`growing`: with one more,
+/// about to be made); the record removed with the last of them, unless it is another
+/// memtide process's. Best effort: without it, kdamonds a killed memtide leaves are not
+/// taken back, and DAMON is refused until they are removed by hand.
+fn save_record(ours: &Kdamonds, admin: &Path, growing: bool) {
     let path = record_path(admin);
-    if ours.slots.is_empty() {
-        let _ = std::fs::remove_file(&path);
+    let me = this_process();
+    if ours.slots.is_empty() && !growing {
+        if read_record(&path).is_none_or(|r| Some(r.owner) == me) {
+            let _ = std::fs::remove_file(&path);
+        }
         return;
     }
-    let record = this_process().map(|owner| Record {
-        owner,
-        kdamonds: ours.slots.len(),
-        running: (0..)
+    let saved = || -> Result<(), String> {
+        let owner = me.ok_or("this process's start time is unknown")?;
+        let boot = boot_id().ok_or("the boot id is unknown")?;
+        let mut dirs: Vec<(i32, Option<u32>)> = (ours.set_for.iter())
             .zip(&ours.slots)
-            .filter_map(|(i, s)| Some((i, s.as_ref()?.pid)))
-            .collect(),
-    });
-    let saved = record
-        .ok_or_else(|| "this process's start time is unknown".to_string())
-        .and_then(|r| {
-            let tmp = path.with_extension("json.tmp");
-            let text = serde_json::to_vec(&r).map_err(|e| e.to_string())?;
-            path.parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .map_err(|e| e.to_string())?;
-            std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
-            std::fs::rename(&tmp, &path).map_err(|e| e.to_string())
-        });
-    if let Err(e) = saved {
+            .map(|(pid, slot)| (*pid, slot.and_then(|s| s.kthread)))
+            .collect();
+        if growing {
+            dirs.push((0, None));
+        }
+        let record = Record {
+            boot,
+            owner,
+            dirs,
+            growing,
+        };
+        let text = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        }
+        let tmp = path.with_extension(format!("json.{}", owner.0));
+        std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &path).map_err(|e| e.to_string())
+    };
+    if let Err(e) = saved() {
         tracing::debug!(
             "DAMON: memtide's kdamonds not recorded in {}: {e}",
             path.display()
@@ -253,39 +346,56 @@ fn save_record(ours: &Kdamonds, admin: &Path) {
 }
 
 /// Stop and remove the kdamonds under `admin` that a memtide process which has ended
-/// left running (killed, or crashed, before it could stop them), leaving DAMON as that
-/// process found it; whether it did. Only as its record names them: the record's process
-/// gone, `nr_kdamonds` (`found`) the count it made, each kdamond it ran still set up on
-/// the same process and every other one off — another tool's kdamonds are never touched.
+/// left (killed, or crashed, before it could stop them), leaving DAMON as that process
+/// found it; whether it did. Only as its record names them: written in this boot, its
+/// process ended, `nr_kdamonds` (`found`) the count it made, each kdamond on still the
+/// one it ran (its kernel thread the one recorded, its target the same process) and each
+/// one off never set up or set up on the process recorded. Only those on are turned off,
+/// and the kernel refuses the count 0 while any other kdamond runs: another tool's are
+/// never stopped.
 fn take_back(admin: &Path, found: usize) -> Result<bool, DamonError> {
     let path = record_path(admin);
-    let Some(record) = std::fs::read(&path)
-        .ok()
-        .and_then(|text| serde_json::from_slice::<Record>(&text).ok())
-    else {
+    let Some(record) = read_record(&path) else {
         return Ok(false);
     };
     let (owner, started) = record.owner;
-    let kdamonds = admin.join("kdamonds");
-    let dir = |i: usize| kdamonds.join(i.to_string());
-    let as_left = (0..found).all(|i| match record.running.iter().find(|(j, _)| *j == i) {
-        Some(&(_, pid)) => is_ours(&dir(i), pid),
-        None => std::fs::read_to_string(dir(i).join("state")).is_ok_and(|s| s.trim() == "off"),
-    });
-    let owner_runs = procfs::start_time(Path::new("/proc"), owner) == Some(started);
-    if owner_runs || record.kdamonds != found || !as_left {
+    let made = record.dirs.len();
+    let count = found == made || (record.growing && found + 1 == made);
+    if boot_id() != Some(record.boot.clone()) || !count || !ended(owner, started) {
         return Ok(false);
     }
-    for i in 0..found {
-        turn_off(&dir(i))?;
+    let kdamonds = admin.join("kdamonds");
+    let text = |p: PathBuf| std::fs::read_to_string(p).map(|t| t.trim().to_string());
+    let mut on = Vec::new();
+    for (i, &(pid, kthread)) in record.dirs.iter().enumerate().take(found) {
+        let dir = kdamonds.join(i.to_string());
+        let as_left = match text(dir.join("state")).as_deref() {
+            Ok("off") => match text(dir.join("contexts/0/targets/0/pid_target")) {
+                Ok(target) => target == "0" || target == pid.to_string(),
+                // No context: never set up since the kernel made it.
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            },
+            Ok("on") => {
+                let thread = text(dir.join("pid")).ok();
+                on.push((i, pid));
+                kthread.is_some_and(|k| thread == Some(k.to_string())) && is_ours(&dir, pid)
+            }
+            _ => false,
+        };
+        if !as_left {
+            return Ok(false);
+        }
+    }
+    for &(i, _) in &on {
+        turn_off(&kdamonds.join(i.to_string()))?;
     }
     write(&kdamonds.join("nr_kdamonds"), 0)?;
     let _ = std::fs::remove_file(&path);
     tracing::warn!(
         "DAMON: memtide process {owner} ended without stopping its {} kdamond(s) on \
          process(es) {:?}: stopped and removed",
-        record.running.len(),
-        record.running.iter().map(|r| r.1).collect::<Vec<_>>()
+        on.len(),
+        on.iter().map(|r| r.1).collect::<Vec<_>>()
     );
     Ok(true)
 }
@@ -312,13 +422,15 @@ impl Monitor {
     ///
     /// Takes a kdamond directory memtide left free, or adds one: DAMON rebuilds them all
     /// then, so memtide's running kdamonds are stopped, set up again and restarted
-    /// (their regions start afresh). Refused, touching nothing, while kdamonds memtide
-    /// did not start are there.
+    /// (their regions start afresh). Kdamonds a memtide process that has ended left
+    /// behind are taken back first, as its record names them. Refused, touching nothing,
+    /// while kdamonds memtide did not start are there.
     pub fn start(admin: &Path, pid: i32) -> Result<Monitor, DamonError> {
         supported(admin)?;
         let kdamonds = admin.join("kdamonds");
         let nr_path = kdamonds.join("nr_kdamonds");
         let mut all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let _held = hold_across_processes(admin);
         let ours = all
             .get_or_insert_with(HashMap::new)
             .entry(admin.to_path_buf())
@@ -344,13 +456,16 @@ impl Monitor {
         let index = match ours.slots.iter().position(Option::is_none) {
             Some(free) => free,
             None => {
-                // Stop ours, grow (which rebuilds every directory), set ours up again.
+                // Stop ours, grow (which rebuilds every directory), set ours up again;
+                // recorded before the kernel is asked, so that a memtide killed between
+                // leaves a record of either count.
                 for &(i, _) in &running {
                     turn_off(&kdamonds.join(i.to_string()))?;
                 }
+                save_record(ours, admin, true);
                 let grown = write(&nr_path, ours.slots.len() + 1);
                 match &grown {
-                    Ok(()) => ours.slots.push(None),
+                    Ok(()) => ours.grow(),
                     // The kernel removes every directory before it makes the new ones:
                     // unless the count stayed, memtide's are gone.
                     Err(_) if read_number::<usize>(&nr_path).ok() != Some(ours.slots.len()) => {
@@ -359,41 +474,27 @@ impl Monitor {
                     Err(_) => {}
                 }
                 for (i, pid) in running {
-                    let slot = &mut ours.slots[i];
-                    if slot.is_none() {
+                    if ours.slots[i].is_none() {
                         continue;
                     }
-                    match set_up(&kdamonds.join(i.to_string()), pid) {
-                        Ok(()) => {
-                            *slot = Some(Slot {
-                                pid,
-                                started: Instant::now(),
-                            })
-                        }
-                        Err(e) => {
-                            // Its process is likely gone: its tracker fails at its next scan.
-                            tracing::debug!("DAMON: kdamond {i} (pid {pid}) not restarted: {e}");
-                        }
+                    if let Err(e) = ours.start_slot(&kdamonds, i, pid) {
+                        // Its process is likely gone: its tracker fails at its next scan.
+                        tracing::debug!("DAMON: kdamond {i} (pid {pid}) not restarted: {e}");
                     }
                 }
                 if grown.is_err() {
-                    save_record(ours, admin);
+                    save_record(ours, admin, false);
                 }
                 grown?;
                 ours.slots.len() - 1
             }
         };
-        if let Err(e) = set_up(&kdamonds.join(index.to_string()), pid) {
-            let _ = turn_off(&kdamonds.join(index.to_string()));
+        let started = ours.start_slot(&kdamonds, index, pid);
+        if started.is_err() {
             remove_if_unused(ours, admin);
-            save_record(ours, admin);
-            return Err(e);
         }
-        ours.slots[index] = Some(Slot {
-            pid,
-            started: Instant::now(),
-        });
-        save_record(ours, admin);
+        save_record(ours, admin, false);
+        started?;
         Ok(Monitor {
             admin: admin.to_path_buf(),
             index,
@@ -460,6 +561,7 @@ impl Monitor {
 impl Drop for Monitor {
     fn drop(&mut self) {
         let mut all = KDAMONDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let _held = hold_across_processes(&self.admin);
         if let Some(ours) = all.as_mut().and_then(|a| a.get_mut(&self.admin)) {
             release(ours, &self.admin, self.index, self.pid);
         }
@@ -480,8 +582,8 @@ fn release(ours: &mut Kdamonds, admin: &Path, index: usize, pid: i32) {
     if !is_ours(&dir, pid) {
         // Another tool rebuilt the directories (it could only while none of memtide's
         // ran): none of them is memtide's any more.
-        ours.slots.clear();
-        save_record(ours, admin);
+        ours.clear();
+        save_record(ours, admin, false);
         return;
     }
     if let Err(e) = turn_off(&dir) {
@@ -492,7 +594,7 @@ fn release(ours: &mut Kdamonds, admin: &Path, index: usize, pid: i32) {
         *slot = None;
     }
     remove_if_unused(ours, admin);
-    save_record(ours, admin);
+    save_record(ours, admin, false);
 }
 
 /// With none of memtide's kdamonds in use, remove them all, leaving DAMON as memtide
@@ -504,11 +606,11 @@ fn remove_if_unused(ours: &mut Kdamonds, admin: &Path) {
     let nr_path = admin.join("kdamonds/nr_kdamonds");
     if read_number::<usize>(&nr_path).ok() != Some(ours.slots.len()) {
         // Not the count memtide made: the directories are another tool's now.
-        ours.slots.clear();
+        ours.clear();
         return;
     }
     match write(&nr_path, 0) {
-        Ok(()) => ours.slots.clear(),
+        Ok(()) => ours.clear(),
         Err(e) => tracing::warn!("DAMON: memtide's kdamonds not removed: {e}"),
     }
 }
@@ -640,6 +742,7 @@ pub(crate) mod tests {
                 std::fs::write(f, "0\n").unwrap();
             }
             std::fs::write(d.join("state"), "off\n").unwrap();
+            std::fs::write(d.join("pid"), "-1\n").unwrap();
             std::fs::write(scheme.join("tried_regions/total_bytes"), "0\n").unwrap();
         }
     }
@@ -785,87 +888,106 @@ pub(crate) mod tests {
     }
 
     /// The pid of a process that has ended.
-    fn ended() -> i32 {
+    fn ended_pid() -> i32 {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         child.wait().unwrap();
         child.id() as i32
     }
 
-    /// A record under `admin` of `running` kdamonds out of `kdamonds`, by `owner`.
-    fn record(admin: &Path, owner: (i32, u64), kdamonds: usize, running: &[(usize, i32)]) {
+    /// A record under `admin` by `owner`, written in this boot, of these directories.
+    fn record(admin: &Path, owner: (i32, u64), dirs: &[(i32, Option<u32>)], growing: bool) {
         let r = Record {
+            boot: boot_id().unwrap(),
             owner,
-            kdamonds,
-            running: running.to_vec(),
+            dirs: dirs.to_vec(),
+            growing,
         };
         std::fs::write(record_path(admin), serde_json::to_vec(&r).unwrap()).unwrap();
     }
 
-    /// Kdamond `i` under `admin` set up as memtide sets it up on process `pid`, and on.
-    fn running_on(admin: &Path, i: usize, pid: i32) {
+    /// Kdamond `i` under `admin` set up as memtide sets it up on process `pid`, and on,
+    /// its kernel thread `kthread`.
+    fn running_on(admin: &Path, i: usize, pid: i32, kthread: u32) {
         let d = admin.join("kdamonds").join(i.to_string());
         std::fs::write(d.join("contexts/0/operations"), "vaddr\n").unwrap();
         let target = d.join("contexts/0/targets/0/pid_target");
         std::fs::write(target, format!("{pid}\n")).unwrap();
         std::fs::write(d.join("state"), "on\n").unwrap();
+        std::fs::write(d.join("pid"), format!("{kthread}\n")).unwrap();
     }
 
     #[test]
     fn kdamonds_a_killed_memtide_left_running_are_taken_back_by_the_next() {
-        // Two kdamonds, the second freed: as a memtide killed while tracking one process
-        // left them.
-        let t = tree(2);
-        running_on(t.path(), 0, 4242);
-        record(t.path(), (ended(), 1), 2, &[(0, 4242)]);
-        let monitor = Monitor::start(t.path(), 77).unwrap();
-        // Stopped and removed, then made again for this process (a fake tree keeps its
-        // directories where the kernel would make them anew).
-        let k = t.path().join("kdamonds");
-        assert_eq!(read(k.join("nr_kdamonds")), "1");
-        assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "77");
-        assert_eq!(read(k.join("0/state")), "on");
-        assert_eq!(read(k.join("1/state")), "off");
-        let recorded = std::fs::read(record_path(t.path())).unwrap();
-        let recorded: Record = serde_json::from_slice(&recorded).unwrap();
-        assert_eq!(
-            recorded,
-            Record {
-                owner: this_process().unwrap(),
-                kdamonds: 1,
-                running: vec![(0, 77)],
-            }
-        );
-        drop(monitor);
-        assert_eq!(read(k.join("nr_kdamonds")), "0");
-        assert!(
-            !record_path(t.path()).exists(),
-            "the record goes with the last kdamond"
-        );
+        // As a memtide killed while it tracked one process left them: kdamond 0 on,
+        // kdamond 1 free; and as one killed while it grew the count (the kernel had).
+        // Its pid may name another process since (started later).
+        let me = this_process().unwrap();
+        for (owner, dirs, growing) in [
+            ((ended_pid(), 1), vec![(4242, Some(321)), (0, None)], false),
+            ((me.0, me.1 + 1), vec![(4242, Some(321)), (0, None)], false),
+            (
+                (ended_pid(), 1),
+                vec![(4242, Some(321)), (0, None), (0, None)],
+                true,
+            ),
+        ] {
+            let t = tree(2);
+            running_on(t.path(), 0, 4242, 321);
+            record(t.path(), owner, &dirs, growing);
+            let monitor = Monitor::start(t.path(), 77).unwrap();
+            // Stopped and removed, then made again for this process (a fake tree keeps
+            // its directories where the kernel would make them anew).
+            let k = t.path().join("kdamonds");
+            assert_eq!(read(k.join("nr_kdamonds")), "1");
+            assert_eq!(read(k.join("0/contexts/0/targets/0/pid_target")), "77");
+            assert_eq!(read(k.join("0/state")), "on");
+            assert_eq!(read(k.join("1/state")), "off\n");
+            let recorded = read_record(&record_path(t.path())).unwrap();
+            assert_eq!(recorded.owner, me);
+            assert_eq!(recorded.dirs.iter().map(|d| d.0).collect::<Vec<_>>(), [77]);
+            drop(monitor);
+            assert_eq!(read(k.join("nr_kdamonds")), "0");
+            assert!(
+                !record_path(t.path()).exists(),
+                "the record goes with the last kdamond"
+            );
+        }
     }
 
     #[test]
     fn kdamonds_are_taken_back_only_as_a_memtide_that_has_ended_recorded_them() {
         for case in [
             "its process runs",
+            "another boot",
             "another count",
+            "another kernel thread",
             "rebuilt",
             "another on",
             "none",
         ] {
             let t = tree(2);
-            running_on(t.path(), 0, 4242);
+            running_on(t.path(), 0, 4242, 321);
             let owner = match case {
                 "its process runs" => this_process().unwrap(),
-                _ => (ended(), 1),
+                _ => (ended_pid(), 1),
             };
-            let count = if case == "another count" { 1 } else { 2 };
+            let mut dirs = vec![(4242, Some(321)), (0, None)];
             match case {
-                "rebuilt" => running_on(t.path(), 0, 555),
-                "another on" => running_on(t.path(), 1, 999),
+                "another count" => dirs.truncate(1),
+                // Another tool started a kdamond on the same process since.
+                "another kernel thread" => running_on(t.path(), 0, 4242, 654),
+                "rebuilt" => running_on(t.path(), 0, 555, 321),
+                "another on" => running_on(t.path(), 1, 999, 987),
                 _ => {}
             }
-            if case != "none" {
-                record(t.path(), owner, count, &[(0, 4242)]);
+            match case {
+                "none" => {}
+                _ => record(t.path(), owner, &dirs, false),
+            }
+            if case == "another boot" {
+                let mut r = read_record(&record_path(t.path())).unwrap();
+                r.boot = "an earlier boot".into();
+                std::fs::write(record_path(t.path()), serde_json::to_vec(&r).unwrap()).unwrap();
             }
             let e = Monitor::start(t.path(), 77).unwrap_err();
             assert!(
@@ -882,6 +1004,14 @@ pub(crate) mod tests {
             let k = t.path().join("kdamonds");
             assert_eq!(read(k.join("nr_kdamonds")), "2\n", "{case}");
             assert_eq!(read(k.join("0/state")), "on\n", "{case}");
+            let second = if case == "another on" {
+                "on\n"
+            } else {
+                "off\n"
+            };
+            assert_eq!(read(k.join("1/state")), second, "{case}");
+            // Another process's record is left as it was.
+            assert_eq!(record_path(t.path()).exists(), case != "none", "{case}");
         }
     }
 

@@ -28,6 +28,8 @@ const CONVERGED_S: f64 = (COLD_AGE_S + 2 * INTERVAL_S) as f64;
 /// How much of the hot buffer a region at its edge may hide, found idle.
 const EDGE_MIB: f64 = 1.0;
 const KDAMONDS: &str = "/sys/kernel/mm/damon/admin/kdamonds";
+/// Where memtide records its kdamonds.
+const RECORD: &str = "/run/memtide/damon-kdamonds.json";
 
 #[test]
 #[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
@@ -110,11 +112,12 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
         args("damon")
     ));
     // Read in the guest's shell: a read while memtide's command is in flight is refused
-    // (EBUSY).
+    // (EBUSY). Its record kept for later (RECORD: it says the kdamond is on).
     let on = format!(
         "cd {KDAMONDS} && for i in $(seq 120); do \
          [ \"$(cat nr_kdamonds 2>/dev/null)\" = 1 ] && [ \"$(cat 0/state 2>/dev/null)\" = on ] \
-         && exit 0; sleep 0.5; done; exit 1"
+         && grep -q '\"growing\":false' {RECORD} && cp {RECORD} /tmp/stale.json && exit 0; \
+         sleep 0.5; done; exit 1"
     );
     let status = agent.run_sh(&on, Duration::from_secs(90));
     assert_eq!(status, 0, "{}", agent.read_file("/tmp/killed.log"));
@@ -138,7 +141,11 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
         "the kdamond taken back, and its own removed when done"
     );
 
-    // Another tool's kdamond, on coldalloc too.
+    // Another tool's kdamond, on coldalloc too, set up as memtide's was, beside the
+    // record the killed memtide left (put back: its owner gone, the count and the process
+    // the same): the kdamond's kernel thread is not the one recorded, so it is not taken.
+    let stale = format!("mkdir -p /run/memtide && cp /tmp/stale.json {RECORD}");
+    assert_eq!(agent.run_sh(&stale, Duration::from_secs(10)), 0, "{stale}");
     let theirs = format!(
         "cd {KDAMONDS} && echo 1 > nr_kdamonds && echo 1 > 0/contexts/nr_contexts && \
          echo vaddr > 0/contexts/0/operations && \
@@ -168,6 +175,11 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
     }
     assert_eq!(kdamonds(&mut agent, "nr_kdamonds"), "1");
     assert_eq!(kdamonds(&mut agent, "0/state"), "on");
+    assert_eq!(
+        agent.read_file(RECORD),
+        agent.read_file("/tmp/stale.json"),
+        "another process's record is left as it was"
+    );
     assert_eq!(
         kdamonds(&mut agent, "0/contexts/0/targets/0/pid_target"),
         pid.to_string()
