@@ -111,8 +111,9 @@ const VMSTAT_KEYS: [&str; 22] = [
     "thp_fault_fallback",
 ];
 
-fn vmstat_deltas(vm: &VmRun) -> Value {
-    let (Some(b), Some(a)) = (&vm.vmstat_before, &vm.vmstat_after) else {
+/// The [`VMSTAT_KEYS`] counters' growth from `before` to `after` (/proc/vmstat texts).
+fn vmstat_deltas(before: Option<&String>, after: Option<&String>) -> Value {
+    let (Some(b), Some(a)) = (before, after) else {
         return Value::Null;
     };
     let m: Map<String, Value> = VMSTAT_KEYS
@@ -212,7 +213,7 @@ pub fn document(inp: &Inputs<'_>) -> Value {
                     "console_oom_lines": vm.console_oom_lines,
                     "qemu_exit": vm.qemu_exit,
                     "rules": rule_counts(vm),
-                    "vmstat_delta": vmstat_deltas(vm),
+                    "vmstat_delta": vmstat_deltas(vm.vmstat_before.as_ref(), vm.vmstat_after.as_ref()),
                 }),
             );
             series_vms.insert(
@@ -282,6 +283,10 @@ pub fn document(inp: &Inputs<'_>) -> Value {
                     .map(round2),
                 "guest_swap_ins": sum_u64(all.iter().map(|(n, _, _)| n.swap_ins)),
                 "host_swap_ins": run.host_swap_ins,
+                "host_vmstat_delta": vmstat_deltas(
+                    run.host_vmstat.as_ref().map(|v| &v.0),
+                    run.host_vmstat.as_ref().map(|v| &v.1),
+                ),
                 "refaults": sum_u64(all.iter().map(|(n, _, _)| n.refaults)),
                 "oom_kills": sum_u64(all.iter().map(|(n, _, _)| n.oom_kills)),
                 "qemu_exits": qemu_exits,
@@ -514,7 +519,7 @@ mod tests {
         let bases: BTreeMap<String, Base> =
             [("a".to_string(), base.clone()), ("b".to_string(), base)].into();
         // Ideals: a 100, b 220.
-        let runs = [
+        let mut runs = [
             run("none", &[384.0; 4], &[384.0; 4], 100.0),
             run(
                 "memtide",
@@ -529,6 +534,10 @@ mod tests {
                 90.0,
             ),
         ];
+        let vmstat = |alloc: u64, fallback: u64| {
+            format!("thp_fault_alloc {alloc}\nthp_fault_fallback {fallback}\npswpin 5\n")
+        };
+        runs[1].host_vmstat = Some((vmstat(10, 2), vmstat(25, 9)));
         let doc = document(&Inputs {
             scenario: &s,
             bases: &bases,
@@ -586,6 +595,10 @@ mod tests {
         assert_eq!(m["swap_ins"], 30);
         assert_eq!(m["refaults"], 6);
         assert_eq!(m["vms"]["a"]["rules"]["memtide.probe"], 4);
+        // The host's huge page faults over the run, where it was read.
+        assert_eq!(m["host_vmstat_delta"]["thp_fault_alloc"], 15);
+        assert_eq!(m["host_vmstat_delta"]["thp_fault_fallback"], 7);
+        assert_eq!(doc["policies"]["none"]["host_vmstat_delta"], Value::Null);
         let targets = doc["targets"].as_array().unwrap();
         assert_eq!(targets[0]["target"], "memtide converge_s ≤ 0.5 × tws");
         assert_eq!(

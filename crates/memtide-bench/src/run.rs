@@ -116,6 +116,9 @@ pub struct PolicyRun {
     /// Pages the host swapped in while the daemon ran (`pswpin` of the host's
     /// /proc/vmstat: the harness's guests are what the host runs).
     pub host_swap_ins: Option<u64>,
+    /// The host's /proc/vmstat when the daemon started and when it stopped: its huge
+    /// page faults and compaction, among others, over the run.
+    pub host_vmstat: Option<(String, String)>,
     /// Balloon actions the daemon carried out.
     pub balloon_actions: u64,
     /// Diagnostics the daemon logged, by rule (e.g. `agent_unavailable`).
@@ -126,10 +129,9 @@ pub struct PolicyRun {
     pub error: Option<String>,
 }
 
-/// The host's `pswpin` counter.
-fn host_pswpin() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    measure::proc_value(&text, "pswpin")
+/// The host's /proc/vmstat.
+fn host_vmstat() -> Option<String> {
+    std::fs::read_to_string("/proc/vmstat").ok()
 }
 
 /// Diagnostics and actions, each by rule.
@@ -339,7 +341,7 @@ impl<'a> Bench<'a> {
         std::fs::write(dir.join("memtide.toml"), &text)?;
         let mut daemon = Daemon::start(&text, &dir.join("memtide.toml").display().to_string())?;
         let t0 = Instant::now();
-        let host_swap_ins = host_pswpin();
+        let host_before = host_vmstat();
         for (g, vm) in guests.iter_mut().zip(&mut run.vms) {
             if let Some(w) = &g.workload.clone() {
                 vm.lines
@@ -357,9 +359,11 @@ impl<'a> Bench<'a> {
         if let Some(e) = daemon.stop() {
             run.error.get_or_insert(e);
         }
-        run.host_swap_ins = host_swap_ins
-            .zip(host_pswpin())
-            .map(|(before, after)| after.saturating_sub(before));
+        run.host_vmstat = host_before.zip(host_vmstat());
+        run.host_swap_ins = run
+            .host_vmstat
+            .as_ref()
+            .and_then(|(before, after)| measure::vmstat_delta(before, after, "pswpin"));
         for (g, vm) in guests.iter_mut().zip(&mut run.vms) {
             if g.agent.is_some() && g.alive().is_ok() {
                 match g.agent_read(self.rt, &["/proc/vmstat"]) {
