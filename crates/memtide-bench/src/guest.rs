@@ -232,6 +232,13 @@ pub fn foreign_qemus(ours: &[u32]) -> usize {
         .count()
 }
 
+/// Process `pid`'s anonymous memory in huge pages (`AnonHugePages` of its smaps_rollup),
+/// in MiB.
+pub fn anon_huge_mib(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    Some(crate::measure::proc_value(&text, "AnonHugePages")? as f64 / 1024.0)
+}
+
 /// CPU time (user + system) of a process and its threads so far, in seconds.
 pub fn process_cpu_s(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -330,5 +337,12 @@ mod tests {
         assert!(m.others(&[]).unwrap() >= 0.0);
         assert!(loadavg().is_some());
         assert_eq!(foreign_qemus(&[]), foreign_qemus(&[]).min(1000));
+    }
+
+    #[test]
+    fn a_processs_huge_pages_are_read_from_its_smaps_rollup() {
+        let huge = anon_huge_mib(std::process::id()).expect("AnonHugePages of this process");
+        assert!(huge >= 0.0);
+        assert_eq!(anon_huge_mib(u32::MAX), None, "no such process");
     }
 }

@@ -225,6 +225,7 @@ pub fn document(inp: &Inputs<'_>) -> Value {
                     "available_mib": series(&vm.available_mib),
                     "committed_mib": series(&vm.committed_mib),
                     "rss_mib": series(&vm.rss_mib),
+                    "huge_mib": series(&vm.huge_mib),
                     "cpu": series(&vm.cpu),
                     "swap_in_per_s": series(&vm.swap_in_per_s),
                     "refaults_per_s": series(&vm.refaults_per_s),

@@ -66,6 +66,9 @@ pub struct VmRun {
     pub committed_mib: Vec<Option<f64>>,
     /// QEMU's resident memory, MiB.
     pub rss_mib: Vec<Option<f64>>,
+    /// Its QEMU's anonymous memory in huge pages (`AnonHugePages` of smaps_rollup), read
+    /// every [`HUGE_EVERY`] samples (a walk of QEMU's page tables), else `None`.
+    pub huge_mib: Vec<Option<f64>>,
     /// Cores QEMU used in the last second (a busy guest under TCG wants one).
     pub cpu: Vec<Option<f64>>,
     /// Pages swapped in per second (daemon's view of the guest).
@@ -128,6 +131,9 @@ pub struct PolicyRun {
     /// What went wrong, if anything (the run is then incomplete).
     pub error: Option<String>,
 }
+
+/// Samples between two reads of each QEMU's huge pages.
+pub const HUGE_EVERY: u64 = 5;
 
 /// The host's /proc/vmstat.
 fn host_vmstat() -> Option<String> {
@@ -466,6 +472,11 @@ impl<'a> Bench<'a> {
                 .push(Some(guest::foreign_qemus(&ours) as f64));
             run.other_cpu.push(meter.others(&ours));
             for ((vm, pid), last) in run.vms.iter_mut().zip(&ours).zip(&mut qemu_cpu) {
+                vm.huge_mib.push(
+                    (k % HUGE_EVERY == 0)
+                        .then(|| guest::anon_huge_mib(*pid))
+                        .flatten(),
+                );
                 let now = guest::process_cpu_s(&pid.to_string());
                 vm.cpu.push(match (now, *last) {
                     (Some(n), Some(l)) if at > last_at => Some((n - l) / (at - last_at)),
