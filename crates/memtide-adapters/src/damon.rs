@@ -186,10 +186,8 @@ impl Kdamonds {
         self.set_for[i] = pid;
         match set_up(&dir, pid) {
             Ok(()) => {
-                let kthread = read_number::<i64>(&dir.join("pid"))
-                    .ok()
-                    .and_then(|p| u32::try_from(p).ok())
-                    .filter(|p| *p > 0);
+                // -1 while off: no kernel thread.
+                let kthread = read_number::<u32>(&dir.join("pid")).ok().filter(|p| *p > 0);
                 self.slots[i] = Some(Slot {
                     pid,
                     kthread,
@@ -270,7 +268,9 @@ fn this_process() -> Option<(i32, u64)> {
 }
 
 /// Whether process `pid`, started at `started`, has ended: no such process, a zombie, or
-/// another process with its pid. Not where /proc cannot tell.
+/// another process with its pid. Not where /proc cannot tell (where
+/// [`procfs::process_runs_as`] takes a process it cannot read for gone: here that would
+/// let kdamonds be taken back from a memtide that may still run).
 fn ended(pid: i32, started: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,

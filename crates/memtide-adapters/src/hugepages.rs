@@ -254,8 +254,9 @@ pub fn collapse_resident(
     Ok(done)
 }
 
-/// The process's anonymous memory in huge pages (`AnonHugePages` of smaps_rollup).
-fn anon_huge(dir: &Path) -> Result<Bytes, CollapseError> {
+/// The anonymous memory in huge pages (`AnonHugePages` of smaps_rollup) of the process
+/// whose /proc directory is `dir`.
+pub fn anon_huge(dir: &Path) -> Result<Bytes, CollapseError> {
     let path = dir.join("smaps_rollup");
     let text =
         std::fs::read_to_string(&path).map_err(io_err(format!("reading {}", path.display())))?;

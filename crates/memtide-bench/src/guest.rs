@@ -235,8 +235,8 @@ pub fn foreign_qemus(ours: &[u32]) -> usize {
 /// Process `pid`'s anonymous memory in huge pages (`AnonHugePages` of its smaps_rollup),
 /// in MiB.
 pub fn anon_huge_mib(pid: u32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    Some(crate::measure::proc_value(&text, "AnonHugePages")? as f64 / 1024.0)
+    let huge = memtide_adapters::hugepages::anon_huge(Path::new(&format!("/proc/{pid}"))).ok()?;
+    Some(huge.as_f64() / (1u64 << 20) as f64)
 }
 
 /// CPU time (user + system) of a process and its threads so far, in seconds.

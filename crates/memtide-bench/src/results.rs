@@ -283,7 +283,10 @@ pub fn document(inp: &Inputs<'_>) -> Value {
                     .sum::<Option<f64>>()
                     .map(round2),
                 "guest_swap_ins": sum_u64(all.iter().map(|(n, _, _)| n.swap_ins)),
-                "host_swap_ins": run.host_swap_ins,
+                "host_swap_ins": run
+                    .host_vmstat
+                    .as_ref()
+                    .and_then(|(before, after)| measure::vmstat_delta(before, after, "pswpin")),
                 "host_vmstat_delta": vmstat_deltas(
                     run.host_vmstat.as_ref().map(|v| &v.0),
                     run.host_vmstat.as_ref().map(|v| &v.1),

@@ -116,11 +116,9 @@ pub struct PolicyRun {
     pub other_cpu: Vec<Option<f64>>,
     /// The VMs, in scenario order.
     pub vms: Vec<VmRun>,
-    /// Pages the host swapped in while the daemon ran (`pswpin` of the host's
-    /// /proc/vmstat: the harness's guests are what the host runs).
-    pub host_swap_ins: Option<u64>,
-    /// The host's /proc/vmstat when the daemon started and when it stopped: its huge
-    /// page faults and compaction, among others, over the run.
+    /// The host's /proc/vmstat when the daemon started and when it stopped: its swap-ins
+    /// (the harness's guests are what the host runs), huge page faults and compaction,
+    /// among others, over the run.
     pub host_vmstat: Option<(String, String)>,
     /// Balloon actions the daemon carried out.
     pub balloon_actions: u64,
@@ -366,10 +364,6 @@ impl<'a> Bench<'a> {
             run.error.get_or_insert(e);
         }
         run.host_vmstat = host_before.zip(host_vmstat());
-        run.host_swap_ins = run
-            .host_vmstat
-            .as_ref()
-            .and_then(|(before, after)| measure::vmstat_delta(before, after, "pswpin"));
         for (g, vm) in guests.iter_mut().zip(&mut run.vms) {
             if g.agent.is_some() && g.alive().is_ok() {
                 match g.agent_read(self.rt, &["/proc/vmstat"]) {

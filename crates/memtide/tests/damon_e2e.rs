@@ -107,9 +107,8 @@ fn damon_finds_the_cold_buffer_cold_and_leaves_another_tools_kdamond_alone() {
     // A memtide killed while it tracks (SIGKILL: no chance to stop its kdamond) leaves
     // the kdamond running; the next memtide takes it back, as its record names it.
     let killed = agent.spawn_sh(&format!(
-        "exec {} access --config /data/memtide.toml {} --count 1000 > /tmp/killed.log 2>&1",
-        support::GUEST_MEMTIDE,
-        args("damon")
+        "exec {} > /tmp/killed.log 2>&1",
+        support::guest_access_command(&format!("{} --count 1000", args("damon")))
     ));
     // Read in the guest's shell: a read while memtide's command is in flight is refused
     // (EBUSY). Its record kept for later (RECORD: it says the kdamond is on).

@@ -144,11 +144,15 @@ pub struct AccessScan {
     pub resident: f64,
 }
 
-/// `memtide access --config /data/memtide.toml ARGS` run in the guest (memtide's binary
-/// on its data disk): its exit status and output.
+/// The guest's command line of `memtide access --config /data/memtide.toml ARGS`
+/// (memtide's binary on its data disk).
+pub fn guest_access_command(args: &str) -> String {
+    format!("{GUEST_MEMTIDE} access --config /data/memtide.toml {args}")
+}
+
+/// [`guest_access_command`] run in the guest: its exit status and output.
 pub fn guest_access(agent: &mut harness::Agent, args: &str) -> (i64, String) {
-    let run =
-        format!("{GUEST_MEMTIDE} access --config /data/memtide.toml {args} > /tmp/access.log 2>&1");
+    let run = format!("{} > /tmp/access.log 2>&1", guest_access_command(args));
     let status = agent.run_sh(&run, Duration::from_secs(240));
     (status, agent.read_file("/tmp/access.log"))
 }
