@@ -445,12 +445,12 @@ const OWN_EVERY: Duration = Duration::from_secs(60);
 /// read walks the process's page tables, 27 ms per GiB of 4 KiB pages resident: seconds
 /// for a large guest); the first is put off by the pid's share of a minute, so that VMs
 /// found together are not read together.
-/// A process whose smaps shows no single mapping of its guest RAM's size (memory
-/// backends, hot-plugged DIMMs) is not read again.
+/// A process whose smaps does not show its guest RAM as one mapping of each size given
+/// (the base memory's, each memory device's backend) is not read again.
 #[derive(Debug)]
 pub struct OwnMemory {
     smaps: PathBuf,
-    guest_ram: Bytes,
+    guest_ram: Vec<Bytes>,
     next: Option<Instant>,
     last: Option<Bytes>,
     /// The read under way.
@@ -458,8 +458,9 @@ pub struct OwnMemory {
 }
 
 impl OwnMemory {
-    /// The process `pid` under `proc`, its guest RAM one private mapping of `guest_ram`.
-    pub fn new(proc: &Path, pid: i32, guest_ram: Bytes) -> OwnMemory {
+    /// The process `pid` under `proc`, its guest RAM one private mapping of each size in
+    /// `guest_ram`.
+    pub fn new(proc: &Path, pid: i32, guest_ram: Vec<Bytes>) -> OwnMemory {
         let stagger = OWN_EVERY.mul_f64(f64::from(pid.unsigned_abs() % 60) / 60.0);
         OwnMemory {
             smaps: proc.join(pid.to_string()).join("smaps"),
@@ -477,8 +478,8 @@ impl OwnMemory {
             self.store(read.await.ok().flatten());
         }
         if self.reading.is_none() && self.next.is_some_and(|next| Instant::now() >= next) {
-            let (smaps, size) = (self.smaps.clone(), self.guest_ram);
-            self.reading = Some(tokio::task::spawn_blocking(move || read_own(&smaps, size)));
+            let (smaps, ram) = (self.smaps.clone(), self.guest_ram.clone());
+            self.reading = Some(tokio::task::spawn_blocking(move || read_own(&smaps, &ram)));
         }
         self.last
     }
@@ -490,7 +491,7 @@ impl OwnMemory {
 }
 
 /// [`smaps_own`] of the smaps file at `path`; `None` when it cannot be read.
-fn read_own(path: &Path, guest_ram: Bytes) -> Option<Bytes> {
+fn read_own(path: &Path, guest_ram: &[Bytes]) -> Option<Bytes> {
     smaps_own(&std::fs::read_to_string(path).ok()?, guest_ram)
 }
 
@@ -585,10 +586,16 @@ pub fn maps(text: &str) -> impl Iterator<Item = Mapping<'_>> {
 }
 
 /// Each field of each mapping in /proc/PID/smaps text, in kB, with whether its mapping
-/// is guest RAM of `size`: private writable (`rw-p`) and of that size to 2 MiB of
-/// alignment. A mapping's `Size:` comes first among its fields.
-fn smaps_fields(text: &str, size: Bytes) -> impl Iterator<Item = (bool, &str, u64)> {
-    let (lo, hi) = (size.kib(), (size + Bytes::from_mib(2)).kib());
+/// is guest RAM of one of `sizes`: private writable (`rw-p`) and of that size to 2 MiB
+/// of alignment. A mapping's `Size:` comes first among its fields.
+fn smaps_fields<'a>(
+    text: &'a str,
+    sizes: &'a [Bytes],
+) -> impl Iterator<Item = (bool, &'a str, u64)> + 'a {
+    let ranges: Vec<_> = sizes
+        .iter()
+        .map(|size| size.kib()..=(*size + Bytes::from_mib(2)).kib())
+        .collect();
     let (mut private, mut ram) = (false, false);
     text.lines().filter_map(move |line| {
         let mut words = line.split_whitespace();
@@ -599,7 +606,7 @@ fn smaps_fields(text: &str, size: Bytes) -> impl Iterator<Item = (bool, &str, u6
         }
         let value = words.next().and_then(|v| v.parse::<u64>().ok())?;
         if first == "Size:" {
-            ram = private && (lo..=hi).contains(&value);
+            ram = private && ranges.iter().any(|r| r.contains(&value));
         }
         Some((ram, first, value))
     })
@@ -619,26 +626,27 @@ pub fn smaps_ram_huge(text: &str, size: Bytes) -> Option<Bytes> {
 
 /// A field summed over the private writable mappings of `size`.
 fn smaps_ram_field(text: &str, size: Bytes, name: &str) -> Option<Bytes> {
-    smaps_fields(text, size)
+    smaps_fields(text, &[size])
         .filter(|(ram, field, _)| *ram && *field == name)
         .map(|(.., kib)| Bytes::from_kib(kib))
         .reduce(|a, b| a + b)
 }
 
-/// The resident memory of a hypervisor whose guest RAM is the private writable mapping of
-/// `size` in /proc/PID/smaps, outside that mapping: its own heap, device memory and, under
-/// TCG, its translation cache. `None` unless exactly one mapping is of that size: with
-/// two, which is guest RAM cannot be told.
-pub fn smaps_own(text: &str, size: Bytes) -> Option<Bytes> {
+/// The resident memory of a hypervisor whose guest RAM is a private writable mapping of
+/// each size in `guest_ram` (its base memory, each memory device's backend) in
+/// /proc/PID/smaps, outside those mappings: its own heap, device memory and, under TCG,
+/// its translation cache. `None` unless exactly as many mappings as sizes are of those
+/// sizes: with more, which are guest RAM cannot be told; with fewer, some lies elsewhere.
+pub fn smaps_own(text: &str, guest_ram: &[Bytes]) -> Option<Bytes> {
     let (mut own, mut found) = (Bytes::ZERO, 0);
-    for (ram, field, kib) in smaps_fields(text, size) {
+    for (ram, field, kib) in smaps_fields(text, guest_ram) {
         match field {
             "Size:" if ram => found += 1,
             "Rss:" if !ram => own += Bytes::from_kib(kib),
             _ => {}
         }
     }
-    (found == 1).then_some(own)
+    (found == guest_ram.len()).then_some(own)
 }
 
 #[cfg(test)]
@@ -1023,15 +1031,25 @@ garbage
     fn a_qemus_own_memory_is_its_resident_memory_outside_guest_ram() {
         let smaps = include_str!("../tests/data/proc/qemu-smaps");
         // 14 396 kB resident in all, 6 MiB of it in the 192 MiB guest's RAM.
+        let mib = Bytes::from_mib;
         assert_eq!(
-            smaps_own(smaps, Bytes::from_mib(192)),
+            smaps_own(smaps, &[mib(192)]),
             Some(Bytes::from_kib(14_396 - 6_144))
         );
         // No mapping is the guest's RAM, or two might be: nothing can be told apart.
-        assert_eq!(smaps_own(smaps, Bytes::from_mib(4096)), None);
+        assert_eq!(smaps_own(smaps, &[mib(4096)]), None);
         let twice = format!("{smaps}{}", &smaps[smaps.find("7ff7afe00000").unwrap()..]);
-        assert_eq!(smaps_own(&twice, Bytes::from_mib(192)), None);
-        assert_eq!(smaps_own("", Bytes::from_mib(192)), None);
+        assert_eq!(smaps_own(&twice, &[mib(192)]), None);
+        assert_eq!(smaps_own("", &[mib(192)]), None);
+        // Two mappings of guest RAM (base memory and a memory device's backend of the
+        // same size here) where two are expected: both left out (the copy adds the RAM
+        // mapping again and the 2 048 kB resident in the mappings after it).
+        assert_eq!(
+            smaps_own(&twice, &[mib(192), mib(192)]),
+            Some(Bytes::from_kib(14_396 - 6_144 + 2_048))
+        );
+        // A memory device whose backend is no mapping found: nothing told apart.
+        assert_eq!(smaps_own(smaps, &[mib(192), mib(256)]), None);
     }
 
     #[test]
@@ -1101,7 +1119,7 @@ garbage
         let ram = crate::test_memory::Buffer::new(41 << 8);
         let pid = std::process::id() as i32;
         let proc = Path::new("/proc");
-        let mut own = OwnMemory::new(proc, pid, Bytes::from_mib(41));
+        let mut own = OwnMemory::new(proc, pid, vec![Bytes::from_mib(41)]);
         own.next = Some(Instant::now());
         // Samples until the read a sample started has ended and been taken.
         async fn read_taken(own: &mut OwnMemory) -> Option<Bytes> {
@@ -1125,7 +1143,7 @@ garbage
             "read again in a minute"
         );
         // No mapping of the size: nothing told apart, and smaps is not read again.
-        let mut none = OwnMemory::new(proc, pid, Bytes::from_mib(4099));
+        let mut none = OwnMemory::new(proc, pid, vec![Bytes::from_mib(4099)]);
         none.next = Some(Instant::now());
         assert_eq!(read_taken(&mut none).await, None);
         assert_eq!(none.next, None);

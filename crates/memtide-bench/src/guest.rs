@@ -6,7 +6,7 @@
 use crate::scenario::VmSpec;
 use anyhow::{bail, Context};
 use memtide_adapters::qga::GuestAgent;
-use memtide_adapters::qmp::QmpClient;
+use memtide_adapters::qmp::{virtio_mem, QmpClient};
 use memtide_testbed::{Boot, BALLOON};
 use serde_json::json;
 use std::io::{Read, Seek, SeekFrom};
@@ -53,6 +53,8 @@ pub struct Guest {
     qmp_harness: PathBuf,
     /// Console bytes already handed out as lines.
     read_to: u64,
+    /// Whether it has a virtio-mem device (its memory is the balloon's and the device's).
+    virtio_mem: bool,
     /// The harness's QMP session; closed before QEMU is killed (fields drop in order).
     session: Option<QmpClient>,
     vm: memtide_testbed::Guest,
@@ -74,7 +76,11 @@ impl Guest {
             true => format!("{BALLOON},free-page-reporting=on"),
             false => BALLOON.to_string(),
         };
-        let mut boot = Boot::new(name, dir, kernel_dir, spec.memory_mib.to_string())
+        let memory = match spec.virtio_mem_mib {
+            0 => spec.memory_mib.to_string(),
+            plugged => format!("{}M,maxmem={}M", spec.memory_mib - plugged, spec.memory_mib),
+        };
+        let mut boot = Boot::new(name, dir, kernel_dir, memory)
             .qmp("qmp")
             .qmp("hqmp")
             .device(&balloon)
@@ -86,6 +92,22 @@ impl Guest {
             boot = boot.kernel_args(&spec.kernel_args());
         }
         boot = boot.kernel_args(&spec.extra_kernel_args);
+        if spec.virtio_mem_mib > 0 {
+            // Plugged whole at boot, onlined movable so that it can be unplugged again.
+            let mib = spec.virtio_mem_mib;
+            boot = boot
+                .args([
+                    "-object".to_string(),
+                    format!("memory-backend-ram,id=vmem0,size={mib}M"),
+                ])
+                .device(&format!(
+                    "virtio-mem-pci,id=vmem0dev,memdev=vmem0,requested-size={mib}M"
+                ))
+                // Without a bounce buffer: the device's memory lies above 4 GiB, where
+                // the guest would otherwise set 64 MiB of its base memory aside for one
+                // (its virtio devices need none).
+                .kernel_args("memhp_default_state=online_movable swiotlb=noforce");
+        }
         if spec.agent {
             boot = boot.agent();
         }
@@ -102,6 +124,7 @@ impl Guest {
             qmp_daemon: vm.qmp[0].clone(),
             qmp_harness: vm.qmp[1].clone(),
             read_to: 0,
+            virtio_mem: spec.virtio_mem_mib > 0,
             session: None,
             vm,
         })
@@ -171,17 +194,28 @@ impl Guest {
         Ok(())
     }
 
-    /// The balloon's `actual`, in MiB.
+    /// The guest's memory, in MiB: the balloon's `actual`, plus what its virtio-mem
+    /// device has plugged (QEMU's balloon counts base memory only).
     pub fn actual_mib(&mut self, rt: &Runtime) -> anyhow::Result<f64> {
         let name = self.name.clone();
+        let virtio_mem = self.virtio_mem;
         let qmp = self.qmp(rt)?;
         let v = rt
             .block_on(qmp.execute("query-balloon", None))
             .with_context(|| format!("guest {name}: query-balloon"))?;
-        v.get("actual")
+        let mut bytes = v
+            .get("actual")
             .and_then(serde_json::Value::as_u64)
-            .map(|b| b as f64 / (1u64 << 20) as f64)
-            .with_context(|| format!("guest {name}: query-balloon returned {v}"))
+            .with_context(|| format!("guest {name}: query-balloon returned {v}"))?;
+        if virtio_mem {
+            let devices = rt
+                .block_on(qmp.execute("query-memory-devices", None))
+                .with_context(|| format!("guest {name}: query-memory-devices"))?;
+            let (_, device) = virtio_mem::parse(&devices, None)
+                .with_context(|| format!("guest {name}: no virtio-mem device in {devices}"))?;
+            bytes += device.plugged.0;
+        }
+        Ok(bytes as f64 / (1u64 << 20) as f64)
     }
 
     /// Read guest files through the agent (a session of its own: the daemon must not be

@@ -214,13 +214,14 @@ fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
     for path in &cli.resize {
         let doc = read_json(path)?;
         let name = doc["scenario"].as_str().unwrap_or("?").to_string();
+        let mechanism = resize::mechanism(&doc);
         let policies = resize::latencies(&doc);
         for (policy, r) in &policies {
             let p = |x: &memtide_sim::resize::Percentiles| {
                 format!("n={} p50 {} p90 {} max {}", x.count, x.p50, x.p90, x.max)
             };
             println!(
-                "{name} {policy}: give {} (unanswered {}); shortage {}; take back {}",
+                "{name} ({mechanism}) {policy}: give {} (unanswered {}); shortage {}; take back {}",
                 p(&r.give_reaction_s),
                 r.give_unanswered,
                 p(&r.shortage_s),
@@ -230,10 +231,12 @@ fn resize_report(cli: &Cli) -> anyhow::Result<bool> {
         let commit = doc["environment"]["git_commit"].clone();
         files.insert(
             name,
-            json!({"results_commit": commit, "policies": policies}),
+            json!({"results_commit": commit, "mechanism": mechanism, "policies": policies}),
         );
     }
     let doc = json!({"command": command_line(), "scenarios": files});
+    std::fs::create_dir_all(cli.out())
+        .with_context(|| format!("creating {}", cli.out().display()))?;
     let path = cli.out().join("resize.json");
     std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;

@@ -20,6 +20,19 @@ fn kib(mib: f64) -> u64 {
     (mib * 1024.0).round() as u64
 }
 
+/// How the guests of a results document are resized: `virtio-mem` where every guest has
+/// a virtio-mem device (the balloon then moves only what is below a block), else
+/// `balloon`.
+pub fn mechanism(doc: &Value) -> &'static str {
+    let guests = doc["guests"].as_array().map_or(&[][..], Vec::as_slice);
+    let vmem = |g: &Value| g["virtio_mem_mib"].as_u64().is_some_and(|m| m > 0);
+    if !guests.is_empty() && guests.iter().all(vmem) {
+        "virtio-mem"
+    } else {
+        "balloon"
+    }
+}
+
 /// Each policy's resize latencies over every guest of a results document.
 pub fn latencies(doc: &Value) -> BTreeMap<String, ResizeSummary> {
     let tick_s = doc["settings"]["interval_s"].as_f64().unwrap_or(1.0);
@@ -88,5 +101,17 @@ mod tests {
         let s = &latencies(&doc)["memtide"];
         assert_eq!(s.give_reaction_s.count, 1);
         assert_eq!((s.give_reaction_s.max, s.shortage_s.max), (1.0, 3.0));
+        assert_eq!(mechanism(&doc), "balloon", "results before virtio_mem_mib");
+    }
+
+    #[test]
+    fn the_mechanism_is_virtio_mem_only_where_every_guest_has_it() {
+        let doc = |sizes: &[u64]| {
+            let guests: Vec<Value> = sizes.iter().map(|m| json!({"virtio_mem_mib": m})).collect();
+            json!({ "guests": guests })
+        };
+        assert_eq!(mechanism(&doc(&[256, 256])), "virtio-mem");
+        assert_eq!(mechanism(&doc(&[256, 0])), "balloon");
+        assert_eq!(mechanism(&doc(&[])), "balloon");
     }
 }

@@ -139,6 +139,7 @@ pub fn document(inp: &Inputs<'_>) -> Value {
             json!({
                 "name": v.name,
                 "memory_mib": v.memory_mib,
+                "virtio_mem_mib": v.virtio_mem_mib,
                 "workload": v.workload,
                 "args": v.args,
                 "start_mib": match v.start {

@@ -121,8 +121,11 @@ pub enum Start {
 pub struct VmSpec {
     /// Its name (QMP socket stem, daemon VM name, plot panel).
     pub name: String,
-    /// Configured memory (QEMU `-m`).
+    /// Configured memory: QEMU's `-m`, or its base memory and virtio-mem device together.
     pub memory_mib: u64,
+    /// How much of `memory_mib` is a virtio-mem device's (0: none): the guest boots with
+    /// the rest as base memory and this much plugged, onlined movable.
+    pub virtio_mem_mib: u64,
     /// Workload program in the guest, or `None` for an idle guest.
     pub workload: Option<String>,
     /// Its arguments (joined with `+` on the kernel command line).
@@ -163,9 +166,10 @@ impl VmSpec {
 
     /// The key of guests that share a base measurement: same memory, disks and kernel
     /// parameters of their own.
-    pub fn base_key(&self) -> (u64, bool, bool, bool, &str) {
+    pub fn base_key(&self) -> (u64, u64, bool, bool, bool, &str) {
         (
             self.memory_mib,
+            self.virtio_mem_mib,
             self.swap_mib > 0,
             self.data_mib > 0,
             self.agent,
@@ -289,6 +293,8 @@ struct RawVm {
     #[serde(default = "one_vm")]
     count: u32,
     memory_mib: u64,
+    #[serde(default)]
+    virtio_mem_mib: u64,
     workload: Option<String>,
     #[serde(default)]
     args: Vec<String>,
@@ -672,6 +678,27 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
             )
         }
     };
+    if v.virtio_mem_mib > 0 {
+        // The guest uses the device's memory in whole memory blocks of its own (128 MiB
+        // on x86-64 at these sizes: a 192 MiB device gave it 128), and keeps its kernel
+        // in base memory, which cannot be unplugged (128 MiB boots the test guest).
+        if !v.virtio_mem_mib.is_multiple_of(128) || v.virtio_mem_mib + 128 > v.memory_mib {
+            return bad(
+                field("virtio_mem_mib"),
+                format!(
+                    "{} is not a whole number of 128 MiB memory blocks leaving at least \
+                     128 MiB of memory_mib {} as base memory",
+                    v.virtio_mem_mib, v.memory_mib
+                ),
+            );
+        }
+        if start != Start::Full {
+            return bad(
+                field("start_mib"),
+                "a guest with virtio-mem starts full (the harness balloons only base memory)",
+            );
+        }
+    }
     if v.workload.as_deref().is_some_and(|w| w == "filecache") && v.data_mib == 0 {
         return bad(
             field("data_mib"),
@@ -708,6 +735,7 @@ fn check_vm(i: usize, v: RawVm) -> Result<Vec<VmSpec>, ScenarioError> {
     let spec = VmSpec {
         name: v.name.clone(),
         memory_mib: v.memory_mib,
+        virtio_mem_mib: v.virtio_mem_mib,
         workload: v.workload,
         args: v.args,
         start,
@@ -854,7 +882,15 @@ mod tests {
             s.vms[1].extra_kernel_args,
             "transparent_hugepage=never quiet"
         );
-        assert_eq!(s.vms[0].base_key(), (384, true, false, true, ""));
+        assert_eq!(s.vms[0].base_key(), (384, 0, true, false, true, ""));
+        assert_eq!(s.vms[0].virtio_mem_mib, 0, "no virtio-mem by default");
+        let vmem = Scenario::parse(
+            &with("free_page_reporting = true", "virtio_mem_mib = 256"),
+            "v",
+        );
+        let vmem = &vmem.unwrap().vms[1];
+        assert_eq!(vmem.virtio_mem_mib, 256);
+        assert_eq!(vmem.base_key().1, 256, "base usage measured apart");
         assert!(!s.vms[0].free_page_reporting, "off by default");
         assert!(s.vms[1].free_page_reporting);
         assert_eq!(s.targets[0].describe(), "memtide converge_s ≤ 0.5 × tws");
@@ -912,6 +948,18 @@ mod tests {
             (
                 with("start_mib = 160", "start_mib = 999"),
                 "vm[0].start_mib: 999 is neither",
+            ),
+            (
+                with("free_page_reporting = true", "virtio_mem_mib = 192"),
+                "vm[1].virtio_mem_mib: 192 is not a whole number of 128 MiB memory blocks",
+            ),
+            (
+                with("free_page_reporting = true", "virtio_mem_mib = 384"),
+                "vm[1].virtio_mem_mib: 384 is not a whole number of 128 MiB memory blocks leaving at least 128 MiB",
+            ),
+            (
+                with("start_mib = 160", "start_mib = 160\nvirtio_mem_mib = 256"),
+                "vm[0].start_mib: a guest with virtio-mem starts full",
             ),
             (
                 with("workload = \"coldalloc\"", "workload = \"stress\""),

@@ -137,6 +137,20 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         not_onlined["decision"]
     );
 
+    // QEMU's own memory (heap, TCG's translation cache) is told apart from guest RAM with
+    // a virtio-mem device too, its backend's mapping left out beside the base memory's:
+    // read within a minute of the VM being found (each VM's first read is staggered).
+    let told = daemon.wait_until(
+        "QEMU's own memory is read beside the virtio-mem device",
+        Duration::from_secs(90),
+        |s| vm(s, "hot").is_some_and(|v| v["hypervisor_own"].is_u64()),
+    );
+    let own = mib(vm(&told, "hot").unwrap(), "hypervisor_own").unwrap();
+    assert!(
+        own > 0.0 && own < 100.0,
+        "QEMU's own memory {own} MiB: not its guest RAM"
+    );
+
     // Shrinking unplugs what is above 300 MiB; the balloon keeps the rest exact.
     std::fs::write(&policy, fixed_policy(300)).unwrap();
     daemon.reload();

@@ -415,15 +415,10 @@ impl QmpVm {
         let process = client
             .peer_pid()
             .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
-        // QEMU's own memory is told apart from guest RAM only where all of that is one
-        // mapping: memory devices (virtio-mem, DIMMs, as Proxmox VE's memory hot-plug
-        // adds) are mappings of their own, which would count as QEMU's.
-        let plugged = summary.get("plugged-memory").and_then(Value::as_u64);
-        let no_devices = devices.as_array().is_some_and(Vec::is_empty);
         let own = client
             .peer_pid()
-            .filter(|_| no_devices && plugged.unwrap_or(0) == 0)
-            .map(|pid| procfs::OwnMemory::new(&opts.proc, pid, base));
+            .zip(guest_ram(base, &devices))
+            .map(|(pid, ram)| procfs::OwnMemory::new(&opts.proc, pid, ram));
         let agent = agent.map(|a| {
             AgentLink::new(
                 a.to_path_buf(),
@@ -640,6 +635,23 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
     Ok(None)
 }
 
+/// The sizes of a VM's guest RAM mappings in its QEMU, from `query-memory-devices`: its
+/// base memory, and each memory device's backend (a virtio-mem device's whole maximum, a
+/// DIMM's size, as Proxmox VE's memory hot-plug adds them). `None` for a device of any
+/// other kind (NVDIMMs, virtio-pmem: files, whose memory QEMU's own would be mixed with).
+fn guest_ram(base: Bytes, devices: &Value) -> Option<Vec<Bytes>> {
+    let mut ram = vec![base];
+    for device in devices.as_array()? {
+        let size = match device["type"].as_str()? {
+            "virtio-mem" => "max-size",
+            "dimm" => "size",
+            _ => return None,
+        };
+        ram.push(Bytes(device["data"][size].as_u64()?));
+    }
+    Some(ram)
+}
+
 impl QmpVm {
     /// A sample, read from QEMU.
     async fn read_sample(&mut self) -> Result<VmSample, BackendError> {
@@ -795,6 +807,27 @@ mod tests {
     use crate::qmp::client::tests::{ok, serve, HANG_UP};
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+
+    #[test]
+    fn guest_ram_is_the_base_memory_and_each_memory_devices_backend() {
+        let mib = Bytes::from_mib;
+        let device = |kind: &str, data: Value| json!({"type": kind, "data": data});
+        assert_eq!(guest_ram(mib(512), &json!([])), Some(vec![mib(512)]));
+        let devices = json!([
+            device("virtio-mem", json!({"size": 0, "max-size": 256u64 << 20})),
+            device("dimm", json!({"size": 1024u64 << 20})),
+        ]);
+        assert_eq!(
+            guest_ram(mib(128), &devices),
+            Some(vec![mib(128), mib(256), mib(1024)]),
+            "virtio-mem's whole maximum, plugged or not"
+        );
+        let pmem = json!([device("virtio-pmem", json!({"size": 1u64 << 30}))]);
+        assert_eq!(guest_ram(mib(128), &pmem), None, "a file backend");
+        let broken = json!([device("virtio-mem", json!({"size": 0}))]);
+        assert_eq!(guest_ram(mib(128), &broken), None, "no maximum");
+        assert_eq!(guest_ram(mib(128), &json!({})), None);
+    }
 
     #[test]
     fn an_access_sample_of_a_short_window_is_not_taken_and_its_window_stays_open() {
