@@ -150,6 +150,15 @@ pub enum Mappings {
     /// A hypervisor's guest RAM of this size: its private writable mappings of that size
     /// (to 2 MiB of alignment), as `procfs::smaps_referenced` picks them.
     GuestRam(Bytes),
+    /// A hypervisor's guest RAM in two mappings, its base memory's and a memory device's
+    /// backend (a virtio-mem device's, of its whole maximum), each picked as
+    /// [`Mappings::GuestRam`] picks one.
+    GuestRamWithDevice {
+        /// The base memory's size.
+        base: Bytes,
+        /// The device backend's size.
+        device: Bytes,
+    },
     /// Every private writable mapping (a process standing in for a hypervisor).
     Private,
 }
@@ -160,6 +169,9 @@ impl Mappings {
         match *self {
             Mappings::GuestRam(size) => {
                 (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))
+            }
+            Mappings::GuestRamWithDevice { base, device } => {
+                Mappings::GuestRam(base).wants(range) || Mappings::GuestRam(device).wants(range)
             }
             Mappings::Private => true,
         }

@@ -504,5 +504,18 @@ mod tests {
                 0x7f20_0000_0000..0x7f20_1820_0000
             ]
         );
+        // Base memory of 16 MiB and a 384 MiB virtio-mem backend: both mappings.
+        let with_device = Mappings::GuestRamWithDevice {
+            base: Bytes::from_mib(16),
+            device: Bytes::from_mib(384),
+        };
+        assert_eq!(
+            anonymous(maps, with_device),
+            [
+                0x7f00_0000_0000..0x7f00_1800_0000,
+                0x7f20_0000_0000..0x7f20_1820_0000,
+                0x7f40_0000_0000..0x7f40_0100_0000
+            ]
+        );
     }
 }

@@ -137,20 +137,6 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
         not_onlined["decision"]
     );
 
-    // QEMU's own memory (heap, TCG's translation cache) is told apart from guest RAM with
-    // a virtio-mem device too, its backend's mapping left out beside the base memory's:
-    // read within a minute of the VM being found (each VM's first read is staggered).
-    let told = daemon.wait_until(
-        "QEMU's own memory is read beside the virtio-mem device",
-        Duration::from_secs(90),
-        |s| vm(s, "hot").is_some_and(|v| v["hypervisor_own"].is_u64()),
-    );
-    let own = mib(vm(&told, "hot").unwrap(), "hypervisor_own").unwrap();
-    assert!(
-        own > 0.0 && own < 100.0,
-        "QEMU's own memory {own} MiB: not its guest RAM"
-    );
-
     // Shrinking unplugs what is above 300 MiB; the balloon keeps the rest exact.
     std::fs::write(&policy, fixed_policy(300)).unwrap();
     daemon.reload();
@@ -185,6 +171,21 @@ fn virtio_mem_resizes_and_free_page_reporting_returns_memory() {
     );
     let fpr_now = vm(&freed, "fpr").unwrap();
     assert_eq!(mib(fpr_now, "actual"), Some(384.0), "no balloon was needed");
+
+    // QEMU's own memory (heap, TCG's translation cache) is told apart from guest RAM with
+    // a virtio-mem device too, its backend's mapping left out beside the base memory's:
+    // read within a minute of the VM being found (each VM's first read is staggered by
+    // its pid: checked last, so that the workloads' phases above are not waited past).
+    let told = daemon.wait_until(
+        "QEMU's own memory is read beside the virtio-mem device",
+        Duration::from_secs(90),
+        |s| vm(s, "hot").is_some_and(|v| v["hypervisor_own"].is_u64()),
+    );
+    let own = mib(vm(&told, "hot").unwrap(), "hypervisor_own").unwrap();
+    assert!(
+        own > 0.0 && own < 100.0,
+        "QEMU's own memory {own} MiB: not its guest RAM"
+    );
     drop(daemon);
 }
 
@@ -310,7 +311,7 @@ fn a_guest_given_memory_back_has_its_ram_collapsed_into_huge_pages_again() {
         collapsed["message"]
             .as_str()
             .unwrap()
-            .contains("balloon had given memory back"),
+            .contains("memory had been given back to the guest"),
         "{collapsed}"
     );
     // What QEMU holds in huge pages now covers the workload's buffer.

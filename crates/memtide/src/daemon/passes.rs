@@ -135,7 +135,7 @@ impl Daemon {
                     vm: vm.name.clone(),
                     pid: i32::try_from(pid).ok()?,
                     started,
-                    configured: vm.sample.as_ref().ok()?.configured,
+                    mappings: hugepages::guest_ram(vm.sample.as_ref().ok()?),
                     bound: restore.bound(&vm.name, Bytes(sizes.huge)),
                 })
             })
