@@ -17,7 +17,7 @@
 //! only to CAP_SYS_ADMIN (Documentation/admin-guide/mm/pagemap.rst).
 
 use crate::damon::{self, DamonError, Monitor};
-use memtide_core::Bytes;
+use memtide_core::{Bytes, VmSample};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -145,34 +145,43 @@ pub fn private_writable(maps: &str) -> Vec<std::ops::Range<u64>> {
 }
 
 /// Which of the process's mappings to track.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mappings {
-    /// A hypervisor's guest RAM of this size: its private writable mappings of that size
-    /// (to 2 MiB of alignment), as `procfs::smaps_referenced` picks them.
-    GuestRam(Bytes),
-    /// A hypervisor's guest RAM in two mappings, its base memory's and a memory device's
-    /// backend (a virtio-mem device's, of its whole maximum), each picked as
-    /// [`Mappings::GuestRam`] picks one.
-    GuestRamWithDevice {
-        /// The base memory's size.
-        base: Bytes,
-        /// The device backend's size.
-        device: Bytes,
-    },
+    /// A hypervisor's guest RAM in mappings of these sizes: its base memory's, and each
+    /// memory device's backend (a virtio-mem device's of its whole maximum, a DIMM's),
+    /// each a private writable mapping of its size to 2 MiB of alignment, as
+    /// `procfs::smaps_referenced` picks them.
+    GuestRam(Vec<Bytes>),
     /// Every private writable mapping (a process standing in for a hypervisor).
     Private,
 }
 
 impl Mappings {
+    /// A VM's guest RAM as its sample tells it: one mapping of its configured size, or,
+    /// with a virtio-mem device, its base memory's and the device backend's (the
+    /// configured size counts both). A backend that knows the hypervisor's memory
+    /// devices (QMP's `query-memory-devices`) tells DIMMs apart too.
+    pub fn of(sample: &VmSample) -> Mappings {
+        match &sample.virtio_mem {
+            Some(device) => Mappings::GuestRam(vec![sample.configured - device.max, device.max]),
+            None => Mappings::GuestRam(vec![sample.configured]),
+        }
+    }
+
+    /// The guest RAM's size: its mappings' summed (`None` for [`Mappings::Private`]).
+    pub fn guest_ram(&self) -> Option<Bytes> {
+        match self {
+            Mappings::GuestRam(sizes) => Some(sizes.iter().fold(Bytes::ZERO, |a, b| a + *b)),
+            Mappings::Private => None,
+        }
+    }
+
     /// Whether `range` of the process's private writable mappings is one of these.
     pub fn wants(&self, range: &std::ops::Range<u64>) -> bool {
-        match *self {
-            Mappings::GuestRam(size) => {
-                (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))
-            }
-            Mappings::GuestRamWithDevice { base, device } => {
-                Mappings::GuestRam(base).wants(range) || Mappings::GuestRam(device).wants(range)
-            }
+        match self {
+            Mappings::GuestRam(sizes) => sizes
+                .iter()
+                .any(|size| (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))),
             Mappings::Private => true,
         }
     }
@@ -501,7 +510,7 @@ impl Tracker {
             .collect();
         if ranges.is_empty() {
             self.start_over();
-            return Err(TrackError::NoMapping(self.maps.clone(), self.which));
+            return Err(TrackError::NoMapping(self.maps.clone(), self.which.clone()));
         }
         // Ages follow a mapping by its start address, whatever its size now.
         let mut old = std::mem::take(&mut self.tracked);
@@ -835,9 +844,31 @@ garbage
                 0x7ffd1c3de000..0x7ffd1c3ff000
             ]
         );
-        let ram = Mappings::GuestRam(Bytes::from_mib(256));
+        let ram = Mappings::GuestRam(vec![Bytes::from_mib(256)]);
         assert!(ram.wants(&(0x7f2a40000000..0x7f2a50000000)));
         assert!(!ram.wants(&(0x7ffd1c3de000..0x7ffd1c3ff000)));
+    }
+
+    #[test]
+    fn a_samples_guest_ram_is_one_mapping_or_the_base_and_a_virtio_mem_backend() {
+        let mut sample = memtide_core::testkit::vm("a", 384, 384, 100)
+            .sample
+            .unwrap();
+        let mib = Bytes::from_mib;
+        assert_eq!(Mappings::of(&sample), Mappings::GuestRam(vec![mib(384)]));
+        sample.virtio_mem = Some(memtide_core::VirtioMem {
+            plugged: mib(64),
+            requested: mib(64),
+            max: mib(256),
+            offline: None,
+        });
+        let ram = Mappings::of(&sample);
+        assert_eq!(ram, Mappings::GuestRam(vec![mib(128), mib(256)]));
+        assert_eq!(ram.guest_ram(), Some(mib(384)));
+        // Each mapping to 2 MiB of alignment; not one of the configured size.
+        let at = |size: Bytes| 0x7f00_0000_0000..0x7f00_0000_0000 + size.0;
+        assert!(ram.wants(&at(mib(128))) && ram.wants(&at(mib(258))));
+        assert!(!ram.wants(&at(mib(384))) && !ram.wants(&at(mib(127))));
     }
 
     #[test]
@@ -942,7 +973,7 @@ garbage
             Path::new("/proc"),
             sys.path(),
             std::process::id() as i32,
-            Mappings::GuestRam(Bytes::from_mib(37)),
+            Mappings::GuestRam(vec![Bytes::from_mib(37)]),
             Duration::from_secs(2),
             Method::IdlePages,
         )
@@ -1041,7 +1072,7 @@ garbage
             Path::new("/proc"),
             sys.path(),
             std::process::id() as i32,
-            Mappings::GuestRam(Bytes::from_mib(33)),
+            Mappings::GuestRam(vec![Bytes::from_mib(33)]),
             Duration::from_secs(4),
             Method::Auto,
         )
@@ -1155,7 +1186,7 @@ garbage
             Path::new("/proc"),
             sys.path(),
             std::process::id() as i32,
-            Mappings::GuestRam(Bytes::from_mib(26)),
+            Mappings::GuestRam(vec![Bytes::from_mib(26)]),
             Duration::from_secs(1),
             Method::IdlePages,
         )

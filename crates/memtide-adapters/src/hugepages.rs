@@ -157,7 +157,7 @@ pub(crate) fn anonymous_mapping(len: usize) -> io::Result<*mut libc::c_void> {
 
 /// The anonymous private writable mappings (`rw-p`, no path) in `/proc/PID/maps` text
 /// that `which` wants: a file's private copy cannot be collapsed.
-pub(crate) fn anonymous(maps: &str, which: Mappings) -> Vec<std::ops::Range<u64>> {
+pub(crate) fn anonymous(maps: &str, which: &Mappings) -> Vec<std::ops::Range<u64>> {
     crate::procfs::maps(maps)
         .filter(|m| m.perms == "rw-p" && m.path.is_none() && which.wants(&m.range))
         .map(|m| m.range)
@@ -174,7 +174,7 @@ pub fn collapse_resident(
     proc: &Path,
     pid: i32,
     started: u64,
-    which: Mappings,
+    which: &Mappings,
     sizes: Sizes,
     bound: Bound,
     dry_run: bool,
@@ -307,7 +307,7 @@ mod tests {
 
     /// A pass over this process's `which` mappings.
     fn collapse_mine(
-        which: Mappings,
+        which: &Mappings,
         sizes: Sizes,
         bound: Bound,
         dry_run: bool,
@@ -398,8 +398,8 @@ mod tests {
         if always {
             m.advise(libc::MADV_HUGEPAGE);
         }
-        let which = Mappings::GuestRam(Bytes(8 << 20));
-        let done = collapse_mine(which, sizes, ALL, false).unwrap();
+        let which = Mappings::GuestRam(vec![Bytes(8 << 20)]);
+        let done = collapse_mine(&which, sizes, ALL, false).unwrap();
         if always {
             assert!((2..=3).contains(&done.asked), "{done:?}");
         } else {
@@ -425,7 +425,7 @@ mod tests {
             assert_eq!((r, vec[0] & 1), (0, 0), "the hole was filled");
         }
         // Again: the ranges are huge pages now, and nothing more is gained.
-        let again = collapse_mine(which, sizes, ALL, false).unwrap();
+        let again = collapse_mine(&which, sizes, ALL, false).unwrap();
         assert_eq!(again.asked, done.asked);
         assert!(again.huge_after.0 >= done.huge_after.0 - (1 << 20));
     }
@@ -437,8 +437,8 @@ mod tests {
             huge: HUGE,
         };
         let proc = Path::new("/proc");
-        let e =
-            collapse_resident(proc, i32::MAX, 1, Mappings::Private, sizes, ALL, false).unwrap_err();
+        let e = collapse_resident(proc, i32::MAX, 1, &Mappings::Private, sizes, ALL, false)
+            .unwrap_err();
         assert!(matches!(e, CollapseError::Io { .. }), "{e}");
         assert!(e.to_string().contains(&i32::MAX.to_string()), "{e}");
     }
@@ -451,7 +451,7 @@ mod tests {
         };
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = crate::procfs::start_time(proc, me).unwrap();
-        let e = collapse_resident(proc, me, started + 1, Mappings::Private, sizes, ALL, false)
+        let e = collapse_resident(proc, me, started + 1, &Mappings::Private, sizes, ALL, false)
             .unwrap_err();
         assert!(
             matches!(e, CollapseError::Replaced(pid) if pid == me),
@@ -475,14 +475,14 @@ mod tests {
         // 8 MiB in 4 KiB pages, its first 6 MiB written: three ranges (kept from
         // khugepaged as in the test above).
         let (m, _) = small_pages(8 << 20, 6 << 20);
-        let which = Mappings::GuestRam(Bytes(8 << 20));
-        let all = collapse_mine(which, sizes, ALL, true).unwrap();
+        let which = Mappings::GuestRam(vec![Bytes(8 << 20)]);
+        let all = collapse_mine(&which, sizes, ALL, true).unwrap();
         assert_eq!((all.asked, all.refused, all.next), (3, 0, None), "{all:?}");
         let two = Bound { from: 0, ranges: 2 };
-        let first = collapse_mine(which, sizes, two, true).unwrap();
+        let first = collapse_mine(&which, sizes, two, true).unwrap();
         assert_eq!((first.asked, first.next), (2, Some(m.start + (4 << 20))));
         let from = first.next.unwrap();
-        let rest = collapse_mine(which, sizes, Bound { from, ranges: 2 }, true).unwrap();
+        let rest = collapse_mine(&which, sizes, Bound { from, ranges: 2 }, true).unwrap();
         assert_eq!((rest.asked, rest.next), (1, None), "{rest:?}");
         for d in [all, first, rest] {
             assert!(d.huge_after.0 < d.huge_before.0 + HUGE, "collapsed: {d:?}");
@@ -496,21 +496,18 @@ mod tests {
                     7f2000000000-7f2018200000 rw-p 00000000 00:00 0\n\
                     7f3000000000-7f3018000000 r--p 00000000 00:00 0\n\
                     7f4000000000-7f4001000000 rw-p 00000000 00:00 0\n";
-        let ram = Mappings::GuestRam(Bytes::from_mib(384));
+        let ram = Mappings::GuestRam(vec![Bytes::from_mib(384)]);
         assert_eq!(
-            anonymous(maps, ram),
+            anonymous(maps, &ram),
             [
                 0x7f00_0000_0000..0x7f00_1800_0000,
                 0x7f20_0000_0000..0x7f20_1820_0000
             ]
         );
         // Base memory of 16 MiB and a 384 MiB virtio-mem backend: both mappings.
-        let with_device = Mappings::GuestRamWithDevice {
-            base: Bytes::from_mib(16),
-            device: Bytes::from_mib(384),
-        };
+        let with_device = Mappings::GuestRam(vec![Bytes::from_mib(16), Bytes::from_mib(384)]);
         assert_eq!(
-            anonymous(maps, with_device),
+            anonymous(maps, &with_device),
             [
                 0x7f00_0000_0000..0x7f00_1800_0000,
                 0x7f20_0000_0000..0x7f20_1820_0000,

@@ -612,21 +612,22 @@ fn smaps_fields<'a>(
     })
 }
 
-/// Referenced memory in the private writable mappings of `size` (to 2 MiB of alignment)
-/// in /proc/PID/smaps: for QEMU, the guest's RAM. `None` when there is no such mapping.
-pub fn smaps_referenced(text: &str, size: Bytes) -> Option<Bytes> {
-    smaps_ram_field(text, size, "Referenced:")
+/// Referenced memory in the private writable mappings of each size in `guest_ram` (to
+/// 2 MiB of alignment) in /proc/PID/smaps: for QEMU, the guest's RAM, its base memory's
+/// and each memory device's backend. `None` when there is no such mapping.
+pub fn smaps_referenced(text: &str, guest_ram: &[Bytes]) -> Option<Bytes> {
+    smaps_ram_field(text, guest_ram, "Referenced:")
 }
 
 /// Memory in transparent huge pages (`AnonHugePages`) in the same mappings as
 /// [`smaps_referenced`]: the guest RAM's. `None` when there is no such mapping.
-pub fn smaps_ram_huge(text: &str, size: Bytes) -> Option<Bytes> {
-    smaps_ram_field(text, size, "AnonHugePages:")
+pub fn smaps_ram_huge(text: &str, guest_ram: &[Bytes]) -> Option<Bytes> {
+    smaps_ram_field(text, guest_ram, "AnonHugePages:")
 }
 
-/// A field summed over the private writable mappings of `size`.
-fn smaps_ram_field(text: &str, size: Bytes, name: &str) -> Option<Bytes> {
-    smaps_fields(text, &[size])
+/// A field summed over the private writable mappings of the sizes in `guest_ram`.
+fn smaps_ram_field(text: &str, guest_ram: &[Bytes], name: &str) -> Option<Bytes> {
+    smaps_fields(text, guest_ram)
         .filter(|(ram, field, _)| *ram && *field == name)
         .map(|(.., kib)| Bytes::from_kib(kib))
         .reduce(|a, b| a + b)
@@ -775,7 +776,7 @@ garbage
                 0x7ffd1c3de000..0x7ffd1c3ff000,
             ]
         );
-        let anonymous = crate::hugepages::anonymous(QEMU_MAPS, crate::access::Mappings::Private);
+        let anonymous = crate::hugepages::anonymous(QEMU_MAPS, &crate::access::Mappings::Private);
         assert_eq!(anonymous.len(), 1, "{anonymous:x?}");
         assert_eq!(anonymous[0], 0x7f2a40000000..0x7f2a50000000);
     }
@@ -1013,18 +1014,44 @@ garbage
         let smaps = include_str!("../tests/data/proc/qemu-smaps");
         // A 192 MiB guest: its RAM mapping had 6 MiB referenced; TCG's 1 GiB rwx code
         // buffer and the guard mappings are not guest RAM.
-        assert_eq!(
-            smaps_referenced(smaps, Bytes::from_mib(192)),
-            Some(Bytes::from_mib(6))
-        );
-        assert_eq!(smaps_referenced(smaps, Bytes::from_mib(4096)), None);
-        assert_eq!(smaps_referenced("", Bytes::from_mib(192)), None);
+        let mib = Bytes::from_mib;
+        assert_eq!(smaps_referenced(smaps, &[mib(192)]), Some(mib(6)));
+        assert_eq!(smaps_referenced(smaps, &[mib(4096)]), None);
+        assert_eq!(smaps_referenced("", &[mib(192)]), None);
         // 6 MiB of it in huge pages; the code buffer's 2 MiB are not guest RAM's.
-        assert_eq!(
-            smaps_ram_huge(smaps, Bytes::from_mib(192)),
-            Some(Bytes::from_mib(6))
-        );
-        assert_eq!(smaps_ram_huge(smaps, Bytes::from_mib(4096)), None);
+        assert_eq!(smaps_ram_huge(smaps, &[mib(192)]), Some(mib(6)));
+        assert_eq!(smaps_ram_huge(smaps, &[mib(4096)]), None);
+    }
+
+    #[test]
+    fn guest_ram_in_a_base_mapping_and_a_virtio_mem_backend_is_read_from_both() {
+        // A 128 MiB base memory and a 256 MiB virtio-mem backend (2 MiB of alignment on
+        // the latter), beside the heap: the guest's pages mostly in the device's memory,
+        // which a guest onlines movable and fills with its processes' pages first.
+        let smaps = "\
+55d0ca000000-55d0ca400000 rw-p 00000000 00:00 0                          [heap]
+Size:               4096 kB
+Rss:                4096 kB
+Referenced:         4096 kB
+AnonHugePages:         0 kB
+7f2a00000000-7f2a08000000 rw-p 00000000 00:00 0
+Size:             131072 kB
+Rss:               65536 kB
+Referenced:        40960 kB
+AnonHugePages:     32768 kB
+7f2b00000000-7f2b10200000 rw-p 00000000 00:00 0
+Size:             264192 kB
+Rss:              204800 kB
+Referenced:       163840 kB
+AnonHugePages:    131072 kB
+";
+        let mib = Bytes::from_mib;
+        let both = [mib(128), mib(256)];
+        assert_eq!(smaps_referenced(smaps, &both), Some(mib(200)));
+        assert_eq!(smaps_ram_huge(smaps, &both), Some(mib(160)));
+        // The base memory alone, as the sampler read it before: the device's unseen.
+        assert_eq!(smaps_referenced(smaps, &[mib(128)]), Some(mib(40)));
+        assert_eq!(smaps_own(smaps, &both), Some(mib(4)));
     }
 
     #[test]
@@ -1202,7 +1229,7 @@ mod properties {
             let _ = super::vmstat(&text);
             let _ = super::psi(&text);
             let _ = super::statm_rss(&text, memtide_core::Bytes::from_kib(4));
-            let _ = super::smaps_referenced(&text, memtide_core::Bytes::from_mib(1));
+            let _ = super::smaps_referenced(&text, &[memtide_core::Bytes::from_mib(1)]);
             let _ = crate::cgroup::parse_limit(&text);
         }
 

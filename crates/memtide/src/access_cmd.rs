@@ -37,7 +37,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         &options.proc,
         &options.sys,
         options.pid,
-        options.mappings,
+        options.mappings.clone(),
         options.cold_age,
         options.method,
     )?;

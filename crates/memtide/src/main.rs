@@ -593,7 +593,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let options = memtide::access_cmd::Options {
                 pid,
                 mappings: match size_mib {
-                    Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
+                    Some(mib) => Mappings::GuestRam(vec![Bytes::from_mib(mib)]),
                     None => Mappings::Private,
                 },
                 cold_age: seconds("--cold-age-s", cold_age_s.unwrap_or(config.host.cold_age_s))?,
@@ -643,7 +643,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 slow_node,
                 budget: Bytes::from_mib(budget_mib),
                 mappings: match size_mib {
-                    Some(mib) => Mappings::GuestRam(Bytes::from_mib(mib)),
+                    Some(mib) => Mappings::GuestRam(vec![Bytes::from_mib(mib)]),
                     None => Mappings::Private,
                 },
                 interval,

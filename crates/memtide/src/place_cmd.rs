@@ -66,7 +66,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> anyhow::Result<()> {
         &options.proc,
         &options.sys,
         options.pid,
-        options.mappings,
+        options.mappings.clone(),
         options.ages,
         nodes,
         options.method,

@@ -126,18 +126,7 @@ fn the_daemon_fills_referenced_and_cold_from_idle_page_tracking_or_falls_back() 
         );
         let path = dir.path().join(format!("{name}.toml"));
         std::fs::write(&path, config).unwrap();
-        let o = support::daemon::memtide()
-            .args(["run", "--dry-run", "--ticks", "6", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert!(o.status.success(), "{log}");
-        let files = memtide_sim::recording_files(&rec).unwrap();
-        let samples: Vec<memtide_core::VmSample> = memtide_sim::Records::open(&files)
-            .map(|r| r.unwrap().snapshot.vms)
-            .filter_map(|vms| vms.into_iter().next()?.sample.ok())
-            .collect();
+        let (samples, log) = support::daemon::recorded_dry_run(&path, &rec, 6);
         assert!(samples.len() >= 4, "{} samples\n{log}", samples.len());
         (samples, log)
     };

@@ -324,3 +324,60 @@ fn a_guest_given_memory_back_has_its_ram_collapsed_into_huge_pages_again() {
     assert!(huge_kib >= 150 * 1024, "AnonHugePages {huge_kib} kB");
     drop(daemon);
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_virtio_mem_guests_accesses_are_sampled_in_the_devices_memory_too() {
+    // 128 MiB of base memory and a 256 MiB virtio-mem device plugged whole, onlined
+    // movable: the guest puts its processes' pages there first, so the workload's 200 MiB,
+    // written over and over, lies mostly in the device's memory, a second mapping in QEMU
+    // beside the base memory's. Host-side access sampling (clear_refs, which sees a TCG
+    // guest's accesses) reads both: more referenced than the base memory holds.
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-vmem-access");
+    let devices = [
+        "-object",
+        "memory-backend-ram,id=vmem0,size=256M",
+        "-device",
+        "virtio-mem-pci,id=vmem0dev,memdev=vmem0,node=0,requested-size=256M",
+        "-device",
+        "virtio-balloon-pci,id=balloon0",
+    ];
+    let mut guest = Guest::boot_with(
+        "v",
+        dir.path(),
+        &cgroup.procs(),
+        "128M,maxmem=384M",
+        "memknobs",
+        "200:100000",
+        &devices,
+        "memhp_default_state=online_movable swiotlb=noforce",
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    guest.wait_console("phase=1", 1, Duration::from_secs(60));
+    let rec = dir.path().join("rec");
+    let config = format!(
+        "interval_s = 1\npolicy = \"memtide\"\n[host]\nsample_access = \"clear_refs\"\n\
+         [daemon]\nsocket = {:?}\nevent_log = \"\"\nstate_file = \"\"\nhttp = \"\"\n\
+         record_dir = {rec:?}\n[discovery]\nqmp_glob = []\n[engine]\nksm_control = false\n\
+         [[vm]]\nname = \"v\"\nqmp = {:?}\n",
+        dir.path().join("memtide.sock"),
+        guest.qmp(),
+    );
+    let path = dir.path().join("memtide.toml");
+    std::fs::write(&path, config).unwrap();
+    let (samples, log) = support::daemon::recorded_dry_run(&path, &rec, 8);
+    let referenced: Vec<f64> = samples
+        .iter()
+        .filter_map(|s| s.referenced)
+        .map(|b| b.0 as f64 / (1 << 20) as f64)
+        .collect();
+    eprintln!("referenced, MiB: {referenced:?}");
+    assert!(referenced.len() >= 5, "{referenced:?}\n{log}");
+    // The workload's 200 MiB each window, less what TCG's TLB kept unseen in a window.
+    let most = referenced.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        (160.0..=384.0).contains(&most),
+        "{most} MiB referenced at most: the device's memory unseen? {referenced:?}"
+    );
+}

@@ -250,8 +250,8 @@ static NO_TLB_FLUSH: Once = Once::new();
 struct AccessSampler {
     smaps: PathBuf,
     clear_refs: PathBuf,
-    /// The guest RAM's size.
-    ram: Bytes,
+    /// The sizes of the guest RAM's mappings (base memory, memory devices' backends).
+    ram: Vec<Bytes>,
     /// Begun when the accessed bits were last cleared.
     window: SampleWindow,
     /// Guest RAM held huge pages at the last read of smaps (assumed before the first).
@@ -259,7 +259,7 @@ struct AccessSampler {
 }
 
 impl AccessSampler {
-    fn new(dir: &Path, ram: Bytes, least: Duration) -> AccessSampler {
+    fn new(dir: &Path, ram: Vec<Bytes>, least: Duration) -> AccessSampler {
         AccessSampler {
             smaps: dir.join("smaps"),
             clear_refs: dir.join("clear_refs"),
@@ -281,8 +281,8 @@ impl AccessSampler {
             .began
             .and_then(|_| std::fs::read_to_string(&self.smaps).ok());
         let referenced = smaps.as_ref().and_then(|t| {
-            self.huge = procfs::smaps_ram_huge(t, self.ram).is_some_and(|h| h > Bytes::ZERO);
-            procfs::smaps_referenced(t, self.ram)
+            self.huge = procfs::smaps_ram_huge(t, &self.ram).is_some_and(|h| h > Bytes::ZERO);
+            procfs::smaps_referenced(t, &self.ram)
         });
         let cleared = std::fs::write(&self.clear_refs, "1").is_ok();
         if cleared && self.huge {
@@ -415,9 +415,10 @@ impl QmpVm {
         let process = client
             .peer_pid()
             .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
+        let ram = guest_ram(base, &devices);
         let own = client
             .peer_pid()
-            .zip(guest_ram(base, &devices))
+            .zip(ram.clone())
             .map(|(pid, ram)| procfs::OwnMemory::new(&opts.proc, pid, ram));
         let agent = agent.map(|a| {
             AgentLink::new(
@@ -427,7 +428,11 @@ impl QmpVm {
             )
         });
         let access = match client.peer_pid() {
-            Some(pid) => access(&mut client, socket, opts, pid, base).await?,
+            // With a device of another kind (a file's), the base memory's alone.
+            Some(pid) => {
+                let ram = ram.unwrap_or_else(|| vec![base]);
+                access(&mut client, socket, opts, pid, ram).await?
+            }
             None => None,
         };
         Ok(QmpVm {
@@ -519,7 +524,7 @@ async fn access(
     socket: &Path,
     opts: &QmpVmOptions,
     pid: i32,
-    base: Bytes,
+    ram: Vec<Bytes>,
 ) -> Result<Option<Access>, BackendError> {
     // How long a sample waits for its scan: a quarter of its call.
     let wait = opts.call_timeout / 4;
@@ -532,10 +537,10 @@ async fn access(
             method,
         } => {
             let (proc, sys) = (opts.proc.clone(), opts.sys.clone());
+            let mappings = Mappings::GuestRam(ram.clone());
             let since = Instant::now();
             let tracked = tokio::task::spawn_blocking(move || {
-                let mut tracker =
-                    Tracker::open(&proc, &sys, pid, Mappings::GuestRam(base), cold_age, method)?;
+                let mut tracker = Tracker::open(&proc, &sys, pid, mappings, cold_age, method)?;
                 tracker.scan(since.elapsed())?;
                 Ok::<_, TrackError>(tracker)
             })
@@ -601,7 +606,7 @@ async fn access(
         return Ok(None);
     }
     let dir = opts.proc.join(pid.to_string());
-    let sampler = AccessSampler::new(&dir, base, opts.least_sample_window);
+    let sampler = AccessSampler::new(&dir, ram, opts.least_sample_window);
     Ok(Some(Access::ClearRefs(Scans::new(sampler, wait))))
 }
 
@@ -836,8 +841,11 @@ mod tests {
         // A 192 MiB guest with 6 MiB referenced (a real QEMU's smaps).
         std::fs::write(&smaps, include_str!("../../tests/data/proc/qemu-smaps")).unwrap();
         let t0 = Instant::now();
-        let mut s =
-            AccessSampler::new(dir.path(), Bytes::from_mib(192), Duration::from_millis(500));
+        let mut s = AccessSampler::new(
+            dir.path(),
+            vec![Bytes::from_mib(192)],
+            Duration::from_millis(500),
+        );
         let at = |ms| t0 + Duration::from_millis(ms);
         assert_eq!(s.sample(t0), None, "the first starts the window");
         // Asked again at once (after a late sample): not taken, the window left open.
@@ -894,8 +902,11 @@ mod tests {
         std::fs::write(&smaps, &small).unwrap();
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
-        let mut s =
-            AccessSampler::new(dir.path(), Bytes::from_mib(192), Duration::from_millis(500));
+        let mut s = AccessSampler::new(
+            dir.path(),
+            vec![Bytes::from_mib(192)],
+            Duration::from_millis(500),
+        );
         // 1 clears the accessed bits, then 4 the soft-dirty bits, which flushes the TLB.
         s.sample(t0);
         assert_eq!(

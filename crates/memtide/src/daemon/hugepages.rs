@@ -5,7 +5,7 @@
 
 use memtide_adapters::access::Mappings;
 use memtide_adapters::hugepages::{self as io, CollapseError, Collapsed, Sizes};
-use memtide_core::{Bytes, VmSample};
+use memtide_core::Bytes;
 use std::path::Path;
 
 pub use memtide_core::hugepages::{Bound, Restore};
@@ -20,7 +20,7 @@ pub struct Target {
     /// And that process's start time when it became known: a process with another at
     /// the pid is not its hypervisor.
     pub started: u64,
-    /// Its guest RAM's mappings ([`guest_ram`]).
+    /// Its guest RAM's mappings.
     pub mappings: Mappings,
     /// Where in it the pass starts, and how much it may ask for.
     pub bound: Bound,
@@ -94,20 +94,6 @@ impl Outcome {
     }
 }
 
-/// The mappings of a VM's guest RAM in its hypervisor: one of its configured size, or,
-/// with a virtio-mem device, its base memory's and the device backend's (the configured
-/// size counts both; the device's memory, plugged a block at a time, would otherwise
-/// never be collapsed again).
-pub fn guest_ram(sample: &VmSample) -> Mappings {
-    match &sample.virtio_mem {
-        Some(device) => Mappings::GuestRamWithDevice {
-            base: sample.configured - device.max,
-            device: device.max,
-        },
-        None => Mappings::GuestRam(sample.configured),
-    }
-}
-
 /// One pass over `targets` (blocking: it reads each one's page map and the kernel copies
 /// the ranges it collapses), with the host's page `sizes`; a `dry_run` only counts them.
 pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target], dry_run: bool) -> Vec<Outcome> {
@@ -117,7 +103,13 @@ pub fn pass(proc: &Path, sizes: Sizes, targets: &[Target], dry_run: bool) -> Vec
             vm: t.vm.clone(),
             dry_run,
             done: io::collapse_resident(
-                proc, t.pid, t.started, t.mappings, sizes, t.bound, dry_run,
+                proc,
+                t.pid,
+                t.started,
+                &t.mappings,
+                sizes,
+                t.bound,
+                dry_run,
             ),
         })
         .collect()
@@ -191,27 +183,6 @@ mod tests {
     /// A process with another start time at the VM's pid is skipped with a diagnostic,
     /// not counted as an action, and does not turn the passes off.
     #[test]
-    fn guest_ram_is_one_mapping_or_the_base_and_a_virtio_mem_backend() {
-        let mut sample = memtide_core::testkit::vm("a", 384, 384, 100)
-            .sample
-            .unwrap();
-        assert_eq!(guest_ram(&sample), Mappings::GuestRam(Bytes::from_mib(384)));
-        sample.virtio_mem = Some(memtide_core::VirtioMem {
-            plugged: Bytes::from_mib(64),
-            requested: Bytes::from_mib(64),
-            max: Bytes::from_mib(256),
-            offline: None,
-        });
-        assert_eq!(
-            guest_ram(&sample),
-            Mappings::GuestRamWithDevice {
-                base: Bytes::from_mib(128),
-                device: Bytes::from_mib(256)
-            }
-        );
-    }
-
-    #[test]
     fn a_process_that_took_the_pid_is_skipped() {
         let (proc, me) = (Path::new("/proc"), std::process::id() as i32);
         let started = memtide_adapters::procfs::start_time(proc, me).unwrap();
@@ -219,7 +190,7 @@ mod tests {
             vm: "a".into(),
             pid: me,
             started: started + 1,
-            mappings: Mappings::GuestRam(Bytes::from_mib(384)),
+            mappings: Mappings::GuestRam(vec![Bytes::from_mib(384)]),
             bound: Bound { from: 0, ranges: 1 },
         }];
         let sizes = Sizes {
@@ -239,7 +210,7 @@ mod tests {
             vm: "gone".into(),
             pid: i32::MAX,
             started: 1,
-            mappings: Mappings::GuestRam(Bytes::from_mib(384)),
+            mappings: Mappings::GuestRam(vec![Bytes::from_mib(384)]),
             bound: Bound { from: 0, ranges: 1 },
         }];
         let sizes = Sizes {

@@ -4,6 +4,7 @@
 
 use super::{hugepages, place, reclaim, Daemon};
 use crate::status::Placed;
+use memtide_adapters::access::Mappings;
 use memtide_core::need::{Need, NeedLevel};
 use memtide_core::reclaim::Keep;
 use memtide_core::{Bytes, Decision, Snapshot};
@@ -135,7 +136,7 @@ impl Daemon {
                     vm: vm.name.clone(),
                     pid: i32::try_from(pid).ok()?,
                     started,
-                    mappings: hugepages::guest_ram(vm.sample.as_ref().ok()?),
+                    mappings: Mappings::of(vm.sample.as_ref().ok()?),
                     bound: restore.bound(&vm.name, Bytes(sizes.huge)),
                 })
             })

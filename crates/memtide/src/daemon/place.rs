@@ -158,15 +158,17 @@ pub fn targets<'a>(
     let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
     let connected = vms.iter().filter_map(|vm| {
         let k = known(&vm.name)?;
-        let configured = match &vm.sample {
-            Ok(sample) => sample.configured,
-            Err(_) => k.configured?,
+        // A VM whose sample failed: one mapping of the size last sampled, which only a
+        // tracker opened in this pass goes by (one open since keeps its mappings).
+        let mappings = match &vm.sample {
+            Ok(sample) => Mappings::of(sample),
+            Err(_) => Mappings::GuestRam(vec![k.configured?]),
         };
         let (pid, started) = k.process?;
         Some(Target {
             vm: vm.name.clone(),
             pid: i32::try_from(pid).ok()?,
-            mappings: Mappings::GuestRam(configured),
+            mappings,
             shares: vm.limits.shares,
             budget: k.config.and_then(budget),
             fixed: false,
@@ -692,7 +694,7 @@ impl TierPlacer {
     fn measure(&mut self, t: &Target, at: Duration) -> Result<Measured, String> {
         let same = match self.resumed.remove(&t.vm) {
             None => true,
-            Some(LearntFor::Size(size)) => t.mappings == Mappings::GuestRam(size),
+            Some(LearntFor::Size(size)) => t.mappings.guest_ram() == Some(size),
             // Admitted, a `pid` VM's process is the one recorded, if it could be read.
             Some(LearntFor::Process(pid, started)) => {
                 self.fixed.get(&t.vm) == Some(&(pid, started))
@@ -708,7 +710,7 @@ impl TierPlacer {
                     &self.proc,
                     &self.sys,
                     t.pid,
-                    t.mappings,
+                    t.mappings.clone(),
                     self.ages,
                     self.nodes,
                     Method::Auto,
@@ -1050,14 +1052,14 @@ mod tests {
                 (
                     t.vm.as_str(),
                     t.pid,
-                    t.mappings,
+                    t.mappings.clone(),
                     t.fixed,
                     t.shares,
                     t.budget,
                 )
             })
             .collect();
-        let ram = |mib| Mappings::GuestRam(Bytes::from_mib(mib));
+        let ram = |mib| Mappings::GuestRam(vec![Bytes::from_mib(mib)]);
         assert_eq!(
             summary,
             [
@@ -1258,7 +1260,7 @@ mod tests {
         };
         assert_eq!(p.cold_age("same"), adaptive(480.0));
         let vm = |name: &str, pid, size| Target {
-            mappings: Mappings::GuestRam(size),
+            mappings: Mappings::GuestRam(vec![size]),
             ..target(name, pid, false)
         };
         let gone = 1 << 23;

@@ -22,6 +22,35 @@ pub fn snapshot(config: &std::path::Path, args: &[&str]) -> std::process::Output
         .unwrap()
 }
 
+/// `memtide run --dry-run --ticks TICKS --config CONFIG`, run to its end, the
+/// configuration recording to `record_dir`: each tick's sample of its first VM (ticks
+/// where it had none left out) and what the daemon logged.
+pub fn recorded_dry_run(
+    config: &Path,
+    record_dir: &Path,
+    ticks: u32,
+) -> (Vec<memtide_core::VmSample>, String) {
+    let o = memtide()
+        .args([
+            "run",
+            "--dry-run",
+            "--ticks",
+            &ticks.to_string(),
+            "--config",
+        ])
+        .arg(config)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{log}");
+    let files = memtide_sim::recording_files(record_dir).unwrap();
+    let samples = memtide_sim::Records::open(&files)
+        .map(|r| r.unwrap().snapshot.vms)
+        .filter_map(|vms| vms.into_iter().next()?.sample.ok())
+        .collect();
+    (samples, log)
+}
+
 /// What a command printed, stdout then stderr.
 pub fn text(out: &std::process::Output) -> String {
     format!(
