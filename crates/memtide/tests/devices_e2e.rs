@@ -381,3 +381,55 @@ fn a_virtio_mem_guests_accesses_are_sampled_in_the_devices_memory_too() {
         "{most} MiB referenced at most: the device's memory unseen? {referenced:?}"
     );
 }
+
+#[test]
+#[ignore = "boots a real QEMU guest; run by scripts/test.sh"]
+fn a_guest_with_a_dimm_is_sized_with_it() {
+    // 256 MiB of base memory and a 128 MiB DIMM, as Proxmox VE's memory hot-plug builds a
+    // VM: QEMU's balloon counts both (its `actual` reads 384 MiB), so the VM's size is
+    // 384 MiB and a target of 320 leaves the guest 320, not at most the base memory.
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-dimm");
+    let devices = [
+        "-object",
+        "memory-backend-ram,id=d0,size=128M",
+        "-device",
+        "pc-dimm,id=dimm0,memdev=d0",
+        "-device",
+        "virtio-balloon-pci,id=balloon0,deflate-on-oom=on",
+    ];
+    let mut guest = Guest::boot_with(
+        "dimm",
+        dir.path(),
+        &cgroup.procs(),
+        "256M,slots=2,maxmem=1G",
+        "",
+        "",
+        &devices,
+        "memhp_default_state=online",
+    );
+    guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
+    let (policy, config) = fixed_config(dir.path(), 320, &[(&guest, Some(128))]);
+    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+    let at = |want: f64| {
+        move |s: &Value| {
+            vm(s, "dimm").is_some_and(|v| {
+                mib(v, "configured") == Some(384.0)
+                    && (mib(v, "actual").unwrap_or(0.0) - want).abs() < 4.0
+            })
+        }
+    };
+    daemon.wait_until(
+        "the balloon leaves 320 MiB",
+        Duration::from_secs(60),
+        at(320.0),
+    );
+    std::fs::write(&policy, fixed_policy(384)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the guest has all of it",
+        Duration::from_secs(60),
+        at(384.0),
+    );
+    drop(daemon);
+}
