@@ -484,6 +484,17 @@ impl OwnMemory {
         self.last
     }
 
+    /// Its guest RAM, changed (a memory device plugged): the reads under way or made of
+    /// the old mappings are dropped, and the next read is due now.
+    pub fn set_guest_ram(&mut self, guest_ram: Vec<Bytes>) {
+        if guest_ram != self.guest_ram {
+            self.guest_ram = guest_ram;
+            self.reading = None;
+            self.last = None;
+            self.next = Some(Instant::now());
+        }
+    }
+
     fn store(&mut self, read: Option<Bytes>) {
         self.last = read;
         self.next = read.map(|_| Instant::now() + OWN_EVERY);

@@ -4,11 +4,12 @@
 
 mod support;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::time::Duration;
 use support::cgroup::TestCgroup;
 use support::daemon::{fixed_policy, mib, vm, Daemon};
 use support::guest::Guest;
+use support::harness::Qmp;
 
 /// A 256 MiB guest that can grow by 512 MiB through virtio-mem.
 const VIRTIO_MEM: [&str; 6] = [
@@ -430,6 +431,35 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         "the guest has all of it",
         Duration::from_secs(60),
         at(384.0),
+    );
+
+    // A second DIMM plugged while the VM runs, as Proxmox VE adds memory: the VM's size
+    // grows with it, and so does the balloon's `actual` (it holds no page): the policy's
+    // 384 MiB is sent again, and a target above the size known before is met.
+    let mut qmp = Qmp::connect(guest.harness_qmp());
+    let backend = json!({"qom-type": "memory-backend-ram", "id": "d1", "size": 128u64 << 20});
+    qmp.execute("object-add", Some(backend)).unwrap();
+    let dimm = json!({"driver": "pc-dimm", "id": "dimm1", "memdev": "d1"});
+    qmp.execute("device_add", Some(dimm)).unwrap();
+    let sized = |configured: f64, want: f64| {
+        move |s: &Value| {
+            vm(s, "dimm").is_some_and(|v| {
+                mib(v, "configured") == Some(configured)
+                    && (mib(v, "actual").unwrap_or(0.0) - want).abs() < 4.0
+            })
+        }
+    };
+    daemon.wait_until(
+        "the VM is sized with the DIMM plugged",
+        Duration::from_secs(30),
+        sized(512.0, 384.0),
+    );
+    std::fs::write(&policy, fixed_policy(480)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the guest has 480 MiB",
+        Duration::from_secs(60),
+        sized(512.0, 480.0),
     );
     drop(daemon);
 }

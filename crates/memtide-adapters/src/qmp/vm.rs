@@ -60,6 +60,8 @@ pub enum AccessSampling {
 /// A QEMU VM.
 pub struct QmpVm {
     client: QmpClient,
+    /// Base memory (`-m`), as `query-memory-size-summary` tells it.
+    memory: Bytes,
     /// The memory the balloon works on ([`ballooned`]); the configured size adds
     /// virtio-mem's maximum.
     base: Bytes,
@@ -439,6 +441,7 @@ impl QmpVm {
         };
         Ok(QmpVm {
             client,
+            memory,
             base,
             configured,
             virtio_mem: vmem.map(|(path, _)| path),
@@ -703,6 +706,11 @@ impl QmpVm {
             Some(_) => super::stats::parse(&reply()?),
             None => GuestStats::default(),
         };
+        // More memory under the balloon than known: a DIMM plugged since (as Proxmox VE
+        // adds memory to a running VM).
+        if base_actual.is_some_and(|actual| actual > self.base) {
+            self.learn_dimms().await?;
+        }
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         let events = self.events();
         let agent = match &mut self.agent {
@@ -752,6 +760,31 @@ impl QmpVm {
             fixed: status.fixed.map(|f| FixedMemory { own, ..f }),
             events,
         })
+    }
+
+    /// Learn the VM's memory devices again: the memory the balloon works on, the
+    /// configured size, and the mappings QEMU's own memory is told apart from; the
+    /// target last sent is forgotten where they changed, so that the next is sent. (Access
+    /// sampling keeps the mappings it was opened with: a DIMM plugged after memtide
+    /// connected is sampled from the next connection.)
+    async fn learn_dimms(&mut self) -> Result<(), BackendError> {
+        let devices = self.client.execute("query-memory-devices", None).await?;
+        let base = ballooned(self.memory, &devices);
+        if base != self.base {
+            // The balloon's target was a size of the memory known then: no longer in force.
+            self.target = None;
+        }
+        self.configured = self.configured - self.base + base;
+        self.base = base;
+        match guest_ram(self.memory, &devices) {
+            Some(ram) => {
+                if let Some(own) = &mut self.own {
+                    own.set_guest_ram(ram);
+                }
+            }
+            None => self.own = None,
+        }
+        Ok(())
     }
 
     /// Whether QEMU announced a shutdown (`SHUTDOWN`, its queued events included) with

@@ -37,8 +37,8 @@ impl Guest {
     }
 
     /// Like [`Guest::boot`], with QEMU's `-m` given as text (e.g. `256M,maxmem=1G`), the
-    /// balloon and any other devices in `devices`, and `append` added to the kernel
-    /// command line.
+    /// balloon and any other devices in `devices`, `append` added to the kernel command
+    /// line, and a second QMP socket for the test itself ([`Guest::harness_qmp`]).
     #[allow(clippy::too_many_arguments)]
     pub fn boot_with(
         name: &str,
@@ -50,7 +50,9 @@ impl Guest {
         devices: &[&str],
         append: &str,
     ) -> Guest {
-        let boot = Guest::with_workload(name, dir, mem, workload, args, append).args(devices);
+        let boot = Guest::with_workload(name, dir, mem, workload, args, append)
+            .qmp("hqmp")
+            .args(devices);
         Guest::spawn(boot, procs)
     }
 
