@@ -692,7 +692,7 @@ impl QmpVm {
         }
         let mut replies = self.client.execute_all(calls).await?.into_iter();
         let mut reply = || replies.next().expect("one reply per command");
-        // QEMU's balloon works on the base memory only: plugged memory comes on top.
+        // QEMU's balloon works on the base memory and DIMMs: virtio-mem's comes on top.
         let base_actual = if self.has_balloon {
             let b = reply()?;
             let actual = b.get("actual").and_then(Value::as_u64);
