@@ -157,11 +157,14 @@ pub enum Mappings {
 }
 
 impl Mappings {
-    /// A VM's guest RAM as its sample tells it: one mapping of its configured size, or,
-    /// with a virtio-mem device, its base memory's and the device backend's (the
-    /// configured size counts both). A backend that knows the hypervisor's memory
-    /// devices (QMP's `query-memory-devices`) tells DIMMs apart too.
+    /// A VM's guest RAM as its sample tells it: the mappings its connector names
+    /// (`ram_mappings`: QMP's, from `query-memory-devices`, DIMMs included), else one of
+    /// its configured size, or, with a virtio-mem device, its base memory's and the
+    /// device backend's (the configured size counts both).
     pub fn of(sample: &VmSample) -> Mappings {
+        if !sample.ram_mappings.is_empty() {
+            return Mappings::GuestRam(sample.ram_mappings.clone());
+        }
         match &sample.virtio_mem {
             Some(device) => Mappings::GuestRam(vec![sample.configured - device.max, device.max]),
             None => Mappings::GuestRam(vec![sample.configured]),
@@ -850,7 +853,7 @@ garbage
     }
 
     #[test]
-    fn a_samples_guest_ram_is_one_mapping_or_the_base_and_a_virtio_mem_backend() {
+    fn a_samples_guest_ram_is_its_connectors_mappings_else_worked_out_from_its_sizes() {
         let mut sample = memtide_core::testkit::vm("a", 384, 384, 100)
             .sample
             .unwrap();
@@ -865,6 +868,12 @@ garbage
         let ram = Mappings::of(&sample);
         assert_eq!(ram, Mappings::GuestRam(vec![mib(128), mib(256)]));
         assert_eq!(ram.guest_ram(), Some(mib(384)));
+        // The mappings a connector names (a DIMM's among them) go before the sizes.
+        sample.ram_mappings = vec![mib(64), mib(64), mib(256)];
+        assert_eq!(
+            Mappings::of(&sample),
+            Mappings::GuestRam(vec![mib(64), mib(64), mib(256)])
+        );
         // Each mapping to 2 MiB of alignment; not one of the configured size.
         let at = |size: Bytes| 0x7f00_0000_0000..0x7f00_0000_0000 + size.0;
         assert!(ram.wants(&at(mib(128))) && ram.wants(&at(mib(258))));

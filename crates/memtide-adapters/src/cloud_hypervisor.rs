@@ -151,6 +151,7 @@ impl VmBackend for CloudHypervisorVm {
             .map(|p| p.status(rss))
             .unwrap_or_default();
         Ok(VmSample {
+            ram_mappings: Vec::new(),
             configured,
             balloon: balloon.then_some(actual),
             stats,

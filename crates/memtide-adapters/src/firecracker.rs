@@ -143,6 +143,7 @@ impl VmBackend for FirecrackerVm {
             .map(|p| p.status(rss))
             .unwrap_or_default();
         Ok(VmSample {
+            ram_mappings: Vec::new(),
             configured: self.mem,
             balloon,
             stats,

@@ -65,6 +65,10 @@ pub struct VmSample {
     /// The VM's virtio-mem device, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_mem: Option<VirtioMem>,
+    /// The sizes of the hypervisor's mappings of guest RAM (its base memory's, each
+    /// memory device's backend's), where the connector knows them (QMP); empty elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ram_mappings: Vec<Bytes>,
     /// Freed guest pages go back to the host by themselves (the balloon's free page
     /// reporting): the hypervisor's resident memory, not the guest's size, is what it holds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

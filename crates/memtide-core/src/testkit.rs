@@ -54,6 +54,7 @@ pub fn vm(name: &str, configured_mib: u64, actual_mib: u64, free_mib: u64) -> Vm
         },
         target: None,
         sample: Ok(VmSample {
+            ram_mappings: Vec::new(),
             configured: Bytes::from_mib(configured_mib),
             balloon: Some(Bytes::from_mib(actual_mib)),
             stats: GuestStats {

@@ -194,6 +194,7 @@ impl World {
             }
         }
         VmSample {
+            ram_mappings: Vec::new(),
             configured: bytes(g.params().configured),
             balloon: side.balloon_device.then(|| bytes(g.actual())),
             stats,

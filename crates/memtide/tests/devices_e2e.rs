@@ -368,6 +368,9 @@ fn a_virtio_mem_guests_accesses_are_sampled_in_the_devices_memory_too() {
     let path = dir.path().join("memtide.toml");
     std::fs::write(&path, config).unwrap();
     let (samples, log) = support::daemon::recorded_dry_run(&path, &rec, 8);
+    // The sample names both mappings, for the passes that collapse or place guest RAM.
+    let mappings = [128, 256].map(memtide_core::Bytes::from_mib);
+    assert!(samples.iter().all(|s| s.ram_mappings == mappings), "{log}");
     let referenced: Vec<f64> = samples
         .iter()
         .filter_map(|s| s.referenced)

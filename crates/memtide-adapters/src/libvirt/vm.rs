@@ -386,6 +386,7 @@ impl VmBackend for LibvirtVm {
             None => (actual, None),
         };
         Ok(VmSample {
+            ram_mappings: Vec::new(),
             configured: self.description.memory,
             balloon: size,
             stats,

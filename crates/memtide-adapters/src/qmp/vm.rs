@@ -65,6 +65,9 @@ pub struct QmpVm {
     /// The memory the balloon works on ([`ballooned`]); the configured size adds
     /// virtio-mem's maximum.
     base: Bytes,
+    /// The sizes of guest RAM's mappings ([`guest_ram`]; the base memory's alone beside a
+    /// memory device of another kind).
+    ram_mappings: Vec<Bytes>,
     configured: Bytes,
     /// The virtio-mem device's QOM path, when the VM has one.
     virtio_mem: Option<String>,
@@ -420,9 +423,10 @@ impl QmpVm {
             .peer_pid()
             .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
         let ram = guest_ram(memory, &devices);
+        let ram_mappings = ram.clone().unwrap_or_else(|| vec![memory]);
         let own = client
             .peer_pid()
-            .zip(ram.clone())
+            .zip(ram)
             .map(|(pid, ram)| procfs::OwnMemory::new(&opts.proc, pid, ram));
         let agent = agent.map(|a| {
             AgentLink::new(
@@ -432,17 +436,14 @@ impl QmpVm {
             )
         });
         let access = match client.peer_pid() {
-            // With a device of another kind (a file's), the base memory's alone.
-            Some(pid) => {
-                let ram = ram.unwrap_or_else(|| vec![memory]);
-                access(&mut client, socket, opts, pid, ram).await?
-            }
+            Some(pid) => access(&mut client, socket, opts, pid, ram_mappings.clone()).await?,
             None => None,
         };
         Ok(QmpVm {
             client,
             memory,
             base,
+            ram_mappings,
             configured,
             virtio_mem: vmem.map(|(path, _)| path),
             vmem_follower: Default::default(),
@@ -746,6 +747,7 @@ impl QmpVm {
             .map(|p| p.status(rss))
             .unwrap_or_default();
         Ok(VmSample {
+            ram_mappings: self.ram_mappings.clone(),
             configured: self.configured,
             balloon,
             stats,
@@ -763,7 +765,8 @@ impl QmpVm {
     }
 
     /// Learn the VM's memory devices again: the memory the balloon works on, the
-    /// configured size, and the mappings QEMU's own memory is told apart from; the
+    /// configured size, and guest RAM's mappings (QEMU's own memory told apart from them,
+    /// the passes' and placement's); the
     /// target last sent is forgotten where they changed, so that the next is sent. (Access
     /// sampling keeps the mappings it was opened with: a DIMM plugged after memtide
     /// connected is sampled from the next connection.)
@@ -776,7 +779,9 @@ impl QmpVm {
         }
         self.configured = self.configured - self.base + base;
         self.base = base;
-        match guest_ram(self.memory, &devices) {
+        let ram = guest_ram(self.memory, &devices);
+        self.ram_mappings = ram.clone().unwrap_or_else(|| vec![self.memory]);
+        match ram {
             Some(ram) => {
                 if let Some(own) = &mut self.own {
                     own.set_guest_ram(ram);

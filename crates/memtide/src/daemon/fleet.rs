@@ -1163,6 +1163,7 @@ mod tests {
                 _ => {}
             }
             Ok(VmSample {
+                ram_mappings: Vec::new(),
                 configured: Bytes::from_mib(512),
                 balloon: Some(Bytes::from_mib(512)),
                 stats: Default::default(),
