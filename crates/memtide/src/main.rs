@@ -156,9 +156,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = TrackerArg::Auto)]
         tracker: TrackerArg,
         /// Track only its private writable mappings of this size (to 2 MiB), as the
-        /// daemon picks a QEMU's guest RAM; default: all of them.
+        /// daemon picks a QEMU's guest RAM; again for each further mapping (a virtio-mem
+        /// or DIMM backend beside the base memory); default: all of them.
         #[arg(long)]
-        size_mib: Option<u64>,
+        size_mib: Vec<u64>,
         /// Seconds a page must go untouched to be cold [default: `[host] cold_age_s`].
         #[arg(long)]
         cold_age_s: Option<f64>,
@@ -194,9 +195,10 @@ enum Command {
         #[arg(long)]
         budget_mib: u64,
         /// Place only its private writable mappings of this size (to 2 MiB), as the
-        /// daemon picks a QEMU's guest RAM; default: all of them.
+        /// daemon picks a QEMU's guest RAM; again for each further mapping (a virtio-mem
+        /// or DIMM backend beside the base memory); default: all of them.
         #[arg(long)]
-        size_mib: Option<u64>,
+        size_mib: Vec<u64>,
         /// Seconds between two intervals' scans.
         #[arg(long, default_value_t = 5.0)]
         interval_s: f64,
@@ -592,10 +594,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             let options = memtide::access_cmd::Options {
                 pid,
-                mappings: match size_mib {
-                    Some(mib) => Mappings::GuestRam(vec![Bytes::from_mib(mib)]),
-                    None => Mappings::Private,
-                },
+                mappings: mappings(&size_mib),
                 cold_age: seconds("--cold-age-s", cold_age_s.unwrap_or(config.host.cold_age_s))?,
                 interval: interval(interval_s)?,
                 count,
@@ -642,10 +641,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 fast_node,
                 slow_node,
                 budget: Bytes::from_mib(budget_mib),
-                mappings: match size_mib {
-                    Some(mib) => Mappings::GuestRam(vec![Bytes::from_mib(mib)]),
-                    None => Mappings::Private,
-                },
+                mappings: mappings(&size_mib),
                 interval,
                 rate_mib_s,
                 ages,
@@ -784,6 +780,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             input,
             format,
         }) => ok_or_fail(policy_cmd::eval(&files, input.as_deref(), format)?),
+    }
+}
+
+/// The mappings `memtide access` and `memtide place` take: those of each `--size-mib`
+/// given, or every private writable one.
+fn mappings(size_mib: &[u64]) -> Mappings {
+    match size_mib {
+        [] => Mappings::Private,
+        sizes => Mappings::GuestRam(sizes.iter().map(|&mib| Bytes::from_mib(mib)).collect()),
     }
 }
 
