@@ -182,9 +182,9 @@ impl Mappings {
     /// Whether `range` of the process's private writable mappings is one of these.
     pub fn wants(&self, range: &std::ops::Range<u64>) -> bool {
         match self {
-            Mappings::GuestRam(sizes) => sizes
-                .iter()
-                .any(|size| (size.0..=size.0 + (2 << 20)).contains(&(range.end - range.start))),
+            Mappings::GuestRam(sizes) => {
+                crate::procfs::guest_ram_sized(Bytes(range.end - range.start), sizes)
+            }
             Mappings::Private => true,
         }
     }

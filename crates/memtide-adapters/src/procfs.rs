@@ -596,6 +596,14 @@ pub fn maps(text: &str) -> impl Iterator<Item = Mapping<'_>> {
     })
 }
 
+/// Whether a mapping of `len` is guest RAM of one of `sizes`: of that size to 2 MiB of
+/// alignment (QEMU rounds a RAM block's mapping up to its alignment).
+pub(crate) fn guest_ram_sized(len: Bytes, sizes: &[Bytes]) -> bool {
+    sizes
+        .iter()
+        .any(|&size| (size..=size + Bytes::from_mib(2)).contains(&len))
+}
+
 /// Each field of each mapping in /proc/PID/smaps text, in kB, with whether its mapping
 /// is guest RAM of one of `sizes`: private writable (`rw-p`) and of that size to 2 MiB
 /// of alignment. A mapping's `Size:` comes first among its fields.
@@ -603,10 +611,6 @@ fn smaps_fields<'a>(
     text: &'a str,
     sizes: &'a [Bytes],
 ) -> impl Iterator<Item = (bool, &'a str, u64)> + 'a {
-    let ranges: Vec<_> = sizes
-        .iter()
-        .map(|size| size.kib()..=(*size + Bytes::from_mib(2)).kib())
-        .collect();
     let (mut private, mut ram) = (false, false);
     text.lines().filter_map(move |line| {
         let mut words = line.split_whitespace();
@@ -617,7 +621,7 @@ fn smaps_fields<'a>(
         }
         let value = words.next().and_then(|v| v.parse::<u64>().ok())?;
         if first == "Size:" {
-            ram = private && ranges.iter().any(|r| r.contains(&value));
+            ram = private && guest_ram_sized(Bytes::from_kib(value), sizes);
         }
         Some((ram, first, value))
     })

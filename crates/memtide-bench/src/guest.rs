@@ -195,7 +195,7 @@ impl Guest {
     }
 
     /// The guest's memory, in MiB: the balloon's `actual`, plus what its virtio-mem
-    /// device has plugged (QEMU's balloon counts base memory only).
+    /// device has plugged (QEMU's balloon leaves virtio-mem's memory out).
     pub fn actual_mib(&mut self, rt: &Runtime) -> anyhow::Result<f64> {
         let name = self.name.clone();
         let virtio_mem = self.virtio_mem;

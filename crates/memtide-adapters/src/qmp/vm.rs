@@ -422,8 +422,7 @@ impl QmpVm {
         let process = client
             .peer_pid()
             .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
-        let ram = guest_ram(memory, &devices);
-        let ram_mappings = ram.clone().unwrap_or_else(|| vec![memory]);
+        let (ram, ram_mappings) = ram_mappings(memory, &devices);
         let own = client
             .peer_pid()
             .zip(ram)
@@ -658,6 +657,15 @@ fn ballooned(base: Bytes, devices: &Value) -> Bytes {
         .fold(base, |sum, size| sum + Bytes(size))
 }
 
+/// Guest RAM's mappings from `query-memory-devices`: as [`guest_ram`] gives them, for
+/// QEMU's own memory (`None`: it is not told apart), and for access sampling, the passes
+/// and placement, which take the base memory's alone where that gives none.
+fn ram_mappings(memory: Bytes, devices: &Value) -> (Option<Vec<Bytes>>, Vec<Bytes>) {
+    let ram = guest_ram(memory, devices);
+    let mappings = ram.clone().unwrap_or_else(|| vec![memory]);
+    (ram, mappings)
+}
+
 /// The sizes of a VM's guest RAM mappings in its QEMU, from `query-memory-devices`: its
 /// base memory, and each memory device's backend (a virtio-mem device's whole maximum, a
 /// DIMM's size, as Proxmox VE's memory hot-plug adds them). `None` for a device of any
@@ -765,11 +773,10 @@ impl QmpVm {
     }
 
     /// Learn the VM's memory devices again: the memory the balloon works on, the
-    /// configured size, and guest RAM's mappings (QEMU's own memory told apart from them,
-    /// the passes' and placement's); the
-    /// target last sent is forgotten where they changed, so that the next is sent. (Access
-    /// sampling keeps the mappings it was opened with: a DIMM plugged after memtide
-    /// connected is sampled from the next connection.)
+    /// configured size, and guest RAM's mappings ([`ram_mappings`]); the target last sent
+    /// is forgotten where they changed, so that the next is sent. (Access sampling keeps
+    /// the mappings it was opened with: a DIMM plugged after memtide connected is sampled
+    /// from the next connection.)
     async fn learn_dimms(&mut self) -> Result<(), BackendError> {
         let devices = self.client.execute("query-memory-devices", None).await?;
         let base = ballooned(self.memory, &devices);
@@ -779,8 +786,8 @@ impl QmpVm {
         }
         self.configured = self.configured - self.base + base;
         self.base = base;
-        let ram = guest_ram(self.memory, &devices);
-        self.ram_mappings = ram.clone().unwrap_or_else(|| vec![self.memory]);
+        let (ram, mappings) = ram_mappings(self.memory, &devices);
+        self.ram_mappings = mappings;
         match ram {
             Some(ram) => {
                 if let Some(own) = &mut self.own {
