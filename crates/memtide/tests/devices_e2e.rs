@@ -410,7 +410,8 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         "",
         "",
         &devices,
-        "memhp_default_state=online",
+        // Movable, so that the guest can give a DIMM up again.
+        "memhp_default_state=online_movable",
     );
     guest.wait_console("memtide-guest: ready", 1, Duration::from_secs(120));
     let (policy, config) = fixed_config(dir.path(), 320, &[(&guest, Some(128))]);
@@ -463,6 +464,18 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         "the guest has 480 MiB",
         Duration::from_secs(60),
         sized(512.0, 480.0),
+    );
+
+    // The DIMM unplugged again (the guest offlines its memory, QEMU says DEVICE_DELETED):
+    // the VM's size falls back to 384 MiB, and the policy's 480, now above it, is sent
+    // again as the whole VM. QEMU's balloon kept the 32 MiB it held for the old target;
+    // without the event followed, the size would stay 512 and the 32 MiB stay held.
+    qmp.execute("device_del", Some(json!({"id": "dimm1"})))
+        .unwrap();
+    daemon.wait_until(
+        "the VM is sized without the DIMM",
+        Duration::from_secs(60),
+        sized(384.0, 384.0),
     );
     drop(daemon);
 }

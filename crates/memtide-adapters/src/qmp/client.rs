@@ -28,7 +28,7 @@ const MAX_LINE: usize = 4 << 20;
 const EVENT_QUEUE: usize = 1024;
 /// The events memtide acts on (`QmpVm`); others are dropped as they arrive, so a guest
 /// or QEMU flooding events holds no memory (#18 defect 6).
-pub const QUEUED_EVENTS: [&str; 3] = ["RESET", "SHUTDOWN", "BALLOON_CHANGE"];
+pub const QUEUED_EVENTS: [&str; 4] = ["RESET", "SHUTDOWN", "BALLOON_CHANGE", "DEVICE_DELETED"];
 /// Largest event data kept (serialized); larger data is dropped, the event kept: with
 /// the queue's length this bounds what events hold to about 4 MiB.
 pub const MAX_EVENT_DATA: usize = 4096;

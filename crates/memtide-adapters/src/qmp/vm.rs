@@ -89,6 +89,8 @@ pub struct QmpVm {
     access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
     shut_down: bool,
+    /// A device was removed since the memory devices were last learnt.
+    devices_changed: bool,
 }
 
 /// How a VM's accesses are sampled.
@@ -456,6 +458,7 @@ impl QmpVm {
             agent,
             access,
             shut_down: false,
+            devices_changed: false,
         })
     }
 
@@ -476,13 +479,13 @@ impl QmpVm {
         Ok(())
     }
 
+    /// The events since the last call; a device removed (`DEVICE_DELETED`: a DIMM the
+    /// guest gave up, as Proxmox VE unplugs memory) has the memory devices learnt again
+    /// at the next sample.
     fn events(&mut self) -> Vec<VmEvent> {
-        let events: Vec<VmEvent> = self
-            .client
-            .drain_events()
-            .iter()
-            .filter_map(vm_event)
-            .collect();
+        let raw = self.client.drain_events();
+        self.devices_changed |= raw.iter().any(|e| e.name == "DEVICE_DELETED");
+        let events: Vec<VmEvent> = raw.iter().filter_map(vm_event).collect();
         for e in &events {
             match e {
                 VmEvent::Shutdown => self.shut_down = true,
@@ -716,12 +719,13 @@ impl QmpVm {
             None => GuestStats::default(),
         };
         // More memory under the balloon than known: a DIMM plugged since (as Proxmox VE
-        // adds memory to a running VM).
-        if base_actual.is_some_and(|actual| actual > self.base) {
+        // adds memory to a running VM, with no event); or a device removed.
+        let events = self.events();
+        if self.devices_changed || base_actual.is_some_and(|actual| actual > self.base) {
             self.learn_dimms().await?;
+            self.devices_changed = false;
         }
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
-        let events = self.events();
         let agent = match &mut self.agent {
             Some(link) => Some(link.read().await),
             None => None,
@@ -1086,6 +1090,18 @@ mod tests {
         assert!(matches!(scans.state, ScanState::Ready(_)));
     }
 
+    /// Options for a scripted QEMU: no access sampling.
+    fn options() -> QmpVmOptions {
+        QmpVmOptions {
+            call_timeout: Duration::from_secs(2),
+            stats_interval_s: 1,
+            proc: "/proc".into(),
+            sys: "/sys".into(),
+            sample_access: AccessSampling::Off,
+            least_sample_window: Duration::from_millis(500),
+        }
+    }
+
     /// A QEMU with a balloon that goes away at the second `query-balloon` (the first
     /// sample's), announcing its shutdown first when `announce`.
     async fn going_away(announce: bool) -> BackendError {
@@ -1104,16 +1120,53 @@ mod tests {
             _ => vec![ok(&req, json!([]))],
         })
         .await;
-        let opts = QmpVmOptions {
-            call_timeout: Duration::from_secs(2),
-            stats_interval_s: 1,
-            proc: "/proc".into(),
-            sys: "/sys".into(),
-            sample_access: AccessSampling::Off,
-            least_sample_window: Duration::from_millis(500),
-        };
-        let mut vm = QmpVm::connect(&path, None, &opts).await.unwrap();
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
         vm.sample().await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_dimm_unplugged_shrinks_the_vm_at_the_next_sample() {
+        // 256 MiB of base memory and a 128 MiB DIMM, which the guest gives up after the
+        // first sample: QEMU says DEVICE_DELETED (with the second sample's balloon reply
+        // here), and lists no DIMM from then on.
+        let samples = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&samples);
+        let mib = |n: u64| n << 20;
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": mib(256)}))],
+            // The connection's query-balloon, each sample's: the DIMM goes with the third.
+            "query-memory-devices" if seen.load(Ordering::SeqCst) < 3 => {
+                let dimm = json!({"type": "dimm", "data": {"id": "dimm0", "size": mib(128)}});
+                vec![ok(&req, json!([dimm]))]
+            }
+            "query-memory-devices" => vec![ok(&req, json!([]))],
+            "query-balloon" => match seen.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => vec![ok(&req, json!({"actual": mib(384)}))],
+                _ => vec![
+                    r#"{"event": "DEVICE_DELETED", "data": {"device": "dimm0", "path": "/machine/peripheral/dimm0"}, "timestamp": {"seconds": 1, "microseconds": 2}}"#.into(),
+                    ok(&req, json!({"actual": mib(256)})),
+                ],
+            },
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
+        vm.set_balloon(Bytes::from_mib(384)).await.unwrap();
+        let first = vm.sample().await.unwrap();
+        assert_eq!(first.configured, Bytes::from_mib(384));
+        assert_eq!(
+            first.ram_mappings,
+            [Bytes::from_mib(256), Bytes::from_mib(128)]
+        );
+        let second = vm.sample().await.unwrap();
+        assert_eq!(
+            second.configured,
+            Bytes::from_mib(256),
+            "sized without the DIMM"
+        );
+        assert_eq!(second.ram_mappings, [Bytes::from_mib(256)]);
+        assert_eq!(samples.load(Ordering::SeqCst), 3);
+        assert_eq!(vm.target, None, "the old target no longer in force");
     }
 
     #[tokio::test]
