@@ -38,19 +38,25 @@ pub fn config_text(
         Value::String(scenario.policy_setting(policy)),
     );
     let path = |p: &Path| Value::String(p.display().to_string());
-    let mut daemon = toml::Table::new();
-    daemon.insert("socket".into(), path(&dir.join("memtide.sock")));
-    daemon.insert("event_log".into(), path(&dir.join("events.jsonl")));
-    daemon.insert("state_file".into(), path(&dir.join("state.json")));
-    daemon.insert("http".into(), Value::String(String::new()));
-    daemon.insert("call_timeout_ms".into(), Value::Integer(2000));
-    t.insert("daemon".into(), Value::Table(daemon));
     let section = |t: &mut toml::Table, name: &str| -> toml::Table {
         match t.remove(name) {
             Some(Value::Table(s)) => s,
             _ => toml::Table::new(),
         }
     };
+    // The scenario's `record_dir` (for `memtide replay`) stays, a relative one below each
+    // policy run's directory.
+    let mut daemon = section(&mut t, "daemon");
+    if let Some(Value::String(record)) = daemon.get("record_dir") {
+        let record = path(&dir.join(record));
+        daemon.insert("record_dir".into(), record);
+    }
+    daemon.insert("socket".into(), path(&dir.join("memtide.sock")));
+    daemon.insert("event_log".into(), path(&dir.join("events.jsonl")));
+    daemon.insert("state_file".into(), path(&dir.join("state.json")));
+    daemon.insert("http".into(), Value::String(String::new()));
+    daemon.insert("call_timeout_ms".into(), Value::Integer(2000));
+    t.insert("daemon".into(), Value::Table(daemon));
     let mut host = section(&mut t, "host");
     host.insert("domain_cgroup".into(), path(domain));
     t.insert("host".into(), Value::Table(host));
@@ -204,6 +210,8 @@ mod tests {
             sample_access = true
             [config.memtide]
             margin = 0.05
+            [config.daemon]
+            record_dir = "recorded"
             [[vm]]
             name = "a"
             memory_mib = 384
@@ -239,6 +247,7 @@ mod tests {
         );
         assert!(c.discovery.qmp_glob.is_empty());
         assert_eq!(c.daemon.http, "");
+        assert_eq!(c.daemon.record_dir, Path::new("/tmp/run/recorded"));
         assert_eq!(c.vms[0].min_mib, Some(64));
         assert_eq!(c.vms[0].agent.as_deref(), Some(Path::new("/tmp/run/a.qga")));
         assert_eq!(start_mib(spec, false), None);

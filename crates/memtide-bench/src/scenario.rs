@@ -42,15 +42,9 @@ pub const METRICS: [&str; 11] = [
     "refaults",
     "oom_kills",
 ];
-/// Daemon configuration sections the harness sets itself.
-const RESERVED_CONFIG: [&str; 6] = [
-    "daemon",
-    "discovery",
-    "vm",
-    "policy",
-    "policy_dir",
-    "interval_s",
-];
+/// Daemon configuration sections the harness sets itself (of `daemon`, all but
+/// `record_dir`).
+const RESERVED_CONFIG: [&str; 5] = ["discovery", "vm", "policy", "policy_dir", "interval_s"];
 
 /// A checked scenario.
 #[derive(Debug, Clone, PartialEq)]
@@ -590,6 +584,14 @@ fn check_config(config: &toml::Table) -> Result<(), ScenarioError> {
             return bad(format!("config.{key}"), why);
         }
     }
+    if let Some(daemon) = config.get("daemon") {
+        let Some(daemon) = daemon.as_table() else {
+            return bad("config.daemon", "a table: [config.daemon] record_dir");
+        };
+        if let Some(key) = daemon.keys().find(|k| *k != "record_dir") {
+            return bad(format!("config.daemon.{key}"), "set by the harness");
+        }
+    }
     if let Some(host) = config.get("host").and_then(toml::Value::as_table) {
         if host.contains_key("domain_cgroup") {
             return bad(
@@ -997,7 +999,7 @@ mod tests {
                     "[config.memtide]",
                     "[config.daemon]\nsocket = \"/x\"\n[config.memtide]",
                 ),
-                "config.daemon: set by the harness",
+                "config.daemon.socket: set by the harness",
             ),
             (
                 with("memory_mib = 384", "memory_mib = 64"),
