@@ -1191,6 +1191,33 @@ AnonHugePages:    131072 kB
         assert_eq!(none.next, None);
         none.sample().await;
         assert!(none.reading.is_none());
+
+        // A memory device plugged (a second mapping of guest RAM): the figure read of the
+        // old mappings is dropped, the next read is due at once, and it leaves both out.
+        let ram = crate::test_memory::Buffer::new(41 << 8);
+        let dimm = crate::test_memory::Buffer::new(23 << 8);
+        // Flagged apart, so that the kernel keeps it a mapping of its own where it was
+        // placed beside the other.
+        // SAFETY: the buffer's own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(dimm.at.cast(), 23 << 20, libc::MADV_DONTFORK) },
+            0
+        );
+        let mut own = OwnMemory::new(proc, pid, vec![Bytes::from_mib(41)]);
+        own.next = Some(Instant::now());
+        let before = read_taken(&mut own).await.expect("own memory told apart");
+        own.set_guest_ram(vec![Bytes::from_mib(41)]);
+        assert_eq!(own.last, Some(before), "the same mappings: the figure kept");
+        own.set_guest_ram(vec![Bytes::from_mib(41), Bytes::from_mib(23)]);
+        assert_eq!(own.last, None);
+        assert!(own.next.is_some_and(|n| n <= Instant::now()), "due now");
+        let after = read_taken(&mut own).await.expect("own memory told apart");
+        drop((ram, dimm));
+        let left_out = (before - after).mib_f64();
+        assert!(
+            (21.0..=25.0).contains(&left_out),
+            "own {before} before, {after} after"
+        );
     }
 
     #[test]

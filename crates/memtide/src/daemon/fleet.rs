@@ -9,6 +9,7 @@ use super::pods::PodBounds;
 use super::vm_task::{Answer, Call, SaveJob, VmTask};
 use crate::config::{Bound, BoundFrom, Bounds, BoundsFrom, Config, VmConfig};
 use futures::future::join_all;
+use memtide_adapters::access::Mappings;
 use memtide_adapters::kubevirt::Launcher;
 use memtide_adapters::procfs;
 use memtide_core::{BackendError, Bytes, VmSnapshot};
@@ -196,6 +197,8 @@ struct Managed {
     task: VmTask,
     /// The configured size, once a sample has told it.
     configured: Option<Bytes>,
+    /// Guest RAM's mappings, as the latest sample that told them did.
+    ram: Option<Mappings>,
     actuation: Actuation,
     /// Samples that missed their tick's deadline.
     late_samples: u64,
@@ -428,6 +431,7 @@ impl Fleet {
                         discovered: c.discovered,
                         task: VmTask::new(&c.name, connection.backend, self.call_timeout),
                         configured: None,
+                        ram: None,
                         actuation: c.actuation,
                         late_samples: c.late_samples,
                         sampled: None,
@@ -844,6 +848,7 @@ impl Fleet {
                     m.sampled = m.task.answered();
                     if let Ok(s) = &sample {
                         m.configured = Some(s.configured);
+                        m.ram = Some(Mappings::of(s));
                     }
                     if let Some(e) = m.follow_process(&name, &self.proc) {
                         out.events.push(e);
@@ -1047,6 +1052,11 @@ impl Fleet {
     /// VM `vm`'s configured size, once a sample told it.
     pub fn configured(&self, vm: &str) -> Option<Bytes> {
         self.managed.get(vm)?.configured
+    }
+
+    /// VM `vm`'s guest RAM mappings, as its latest sample that told them did.
+    pub fn ram(&self, vm: &str) -> Option<Mappings> {
+        self.managed.get(vm)?.ram.clone()
     }
 
     /// Connect to VM `vm` at the next refresh, its reconnection backoff forgotten: the

@@ -235,7 +235,7 @@ impl Daemon {
             Some(place::Known {
                 process: self.fleet.hypervisor(vm),
                 config,
-                configured: self.fleet.configured(vm),
+                ram: self.fleet.ram(vm),
             })
         };
         place::targets(&snapshot.vms, known, &self.config)

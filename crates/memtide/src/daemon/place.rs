@@ -143,13 +143,13 @@ pub struct Known<'a> {
     pub process: Option<(u32, u64)>,
     /// Its `[[vm]]` entry, if any.
     pub config: Option<&'a crate::config::VmConfig>,
-    /// Its configured size as last sampled, if ever.
-    pub configured: Option<Bytes>,
+    /// Its guest RAM's mappings as last sampled, if ever.
+    pub ram: Option<Mappings>,
 }
 
 /// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
 /// hypervisor's process and start time are known — one whose sample failed this tick keeps its place,
-/// with the size last sampled — then each configured by `pid`.
+/// with the mappings last sampled — then each configured by `pid`.
 pub fn targets<'a>(
     vms: &[memtide_core::VmSnapshot],
     known: impl Fn(&str) -> Option<Known<'a>>,
@@ -158,11 +158,11 @@ pub fn targets<'a>(
     let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
     let connected = vms.iter().filter_map(|vm| {
         let k = known(&vm.name)?;
-        // A VM whose sample failed: one mapping of the size last sampled, which only a
-        // tracker opened in this pass goes by (one open since keeps its mappings).
+        // A VM whose sample failed: the mappings last sampled, which only a tracker opened
+        // in this pass goes by (one open since keeps its mappings).
         let mappings = match &vm.sample {
             Ok(sample) => Mappings::of(sample),
-            Err(_) => Mappings::GuestRam(vec![k.configured?]),
+            Err(_) => k.ram?,
         };
         let (pid, started) = k.process?;
         Some(Target {
@@ -1010,7 +1010,7 @@ mod tests {
     }
 
     #[test]
-    fn a_vm_whose_sample_failed_stays_a_target_with_its_last_size() {
+    fn a_vm_whose_sample_failed_stays_a_target_with_its_last_mappings() {
         use memtide_core::testkit::vm;
         let config = crate::config::Config::parse(
             "[tiering]\nplace = true\n[[vm]]\nname = \"batch\"\npid = 7\nshares = 300\n\
@@ -1028,18 +1028,22 @@ mod tests {
             never,
             vm("nopid", 256, 256, 1),
         ];
+        let ram = |sizes: &[u64]| {
+            Mappings::GuestRam(sizes.iter().map(|&mib| Bytes::from_mib(mib)).collect())
+        };
         let known = |name: &str| {
-            let (pid, configured) = match name {
-                "web" => (Some(100), Some(Bytes::from_mib(1024))),
-                "late" => (Some(101), Some(Bytes::from_mib(384))),
+            let (pid, mappings) = match name {
+                "web" => (Some(100), Some(ram(&[1024]))),
+                // Last sampled with a memory device (a DIMM, virtio-mem) beside its base.
+                "late" => (Some(101), Some(ram(&[256, 128]))),
                 "never" => (Some(102), None),
-                "nopid" => (None, Some(Bytes::from_mib(256))),
+                "nopid" => (None, Some(ram(&[256]))),
                 _ => return None,
             };
             Some(Known {
                 process: pid.map(|pid| (pid, 7)),
                 config: None,
-                configured,
+                ram: mappings,
             })
         };
         let got = targets(&vms, known, &config);
@@ -1059,12 +1063,11 @@ mod tests {
                 )
             })
             .collect();
-        let ram = |mib| Mappings::GuestRam(vec![Bytes::from_mib(mib)]);
         assert_eq!(
             summary,
             [
-                ("web", 100, ram(1024), false, 1000, None),
-                ("late", 101, ram(384), false, 1000, None),
+                ("web", 100, ram(&[1024]), false, 1000, None),
+                ("late", 101, ram(&[256, 128]), false, 1000, None),
                 (
                     "batch",
                     7,
