@@ -58,11 +58,14 @@ pub struct ResizeSummary {
 /// One VM's episodes as they happen.
 #[derive(Clone, Debug, Default)]
 pub struct ResizeTracker {
-    /// The current shortage: its first tick, the target then, whether it was answered.
+    /// The current shortage: its first tick, the target before it, whether it was
+    /// answered.
     shortage: Option<(u64, Option<u64>, bool)>,
     /// The tick the guest last freed memory, while its balloon has not caught up.
     freed: Option<u64>,
     last_ws: Option<u64>,
+    /// The target at the end of the tick before.
+    last_target: Option<u64>,
     give_reaction: Vec<f64>,
     unanswered: usize,
     shortage_s: Vec<f64>,
@@ -92,7 +95,9 @@ impl ResizeTracker {
         let since = |start: u64| (t.tick - start) as f64 * tick_s;
         match (&mut self.shortage, t.short) {
             (None, true) if t.actual < t.configured => {
-                self.shortage = Some((t.tick, t.target, false));
+                // A target raised in the shortage's first tick answers it (in 0 s): the
+                // tick's target is the decision made on that tick's figures.
+                self.shortage = Some((t.tick, self.last_target, false));
                 self.answer(t, tick_s);
             }
             (Some(_), true) => self.answer(t, tick_s),
@@ -120,6 +125,7 @@ impl ResizeTracker {
             }
         }
         self.last_ws = Some(t.working_set);
+        self.last_target = t.target;
     }
 
     /// A raised target answers the current shortage.
@@ -192,6 +198,25 @@ mod tests {
         let s = ResizeTracker::summary([&r].into_iter());
         assert_eq!((s.give_reaction_s.max, s.shortage_s.max), (1.0, 4.0));
         assert_eq!(s.give_unanswered, 0);
+    }
+
+    #[test]
+    fn a_target_raised_in_the_shortages_first_tick_answers_it() {
+        // The tick's target is the decision made on its figures: raised at once, it
+        // answers the shortage in 0 s, and is not taken for the target before it (which
+        // left every such episode unanswered).
+        let mut r = ResizeTracker::default();
+        r.observe(tick(1, false, Some(500), 500, 400), 1.0);
+        r.observe(tick(2, true, Some(700), 500, 600), 1.0);
+        r.observe(tick(3, true, Some(700), 700, 600), 1.0);
+        r.observe(tick(4, false, Some(700), 700, 600), 1.0);
+        // Never raised: unanswered.
+        r.observe(tick(5, true, Some(700), 690, 750), 1.0);
+        r.observe(tick(6, false, Some(700), 700, 650), 1.0);
+        let s = ResizeTracker::summary([&r].into_iter());
+        assert_eq!((s.give_reaction_s.count, s.give_reaction_s.max), (1, 0.0));
+        assert_eq!(s.give_unanswered, 1);
+        assert_eq!((s.shortage_s.count, s.shortage_s.max), (2, 2.0));
     }
 
     #[test]
