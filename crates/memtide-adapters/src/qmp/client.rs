@@ -276,6 +276,12 @@ impl QmpClient {
         }
     }
 
+    /// Whether an event named `name` is among those not drained yet.
+    pub fn has_event(&self, name: &str) -> bool {
+        let shared = self.shared.lock().expect("qmp state lock");
+        shared.events.iter().any(|e| e.name == name)
+    }
+
     /// The events received since the last call.
     pub fn drain_events(&mut self) -> Vec<QmpEvent> {
         let mut shared = self.shared.lock().expect("qmp state lock");

@@ -89,8 +89,6 @@ pub struct QmpVm {
     access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
     shut_down: bool,
-    /// A device was removed since the memory devices were last learnt.
-    devices_changed: bool,
 }
 
 /// How a VM's accesses are sampled.
@@ -458,7 +456,6 @@ impl QmpVm {
             agent,
             access,
             shut_down: false,
-            devices_changed: false,
         })
     }
 
@@ -479,13 +476,13 @@ impl QmpVm {
         Ok(())
     }
 
-    /// The events since the last call; a device removed (`DEVICE_DELETED`: a DIMM the
-    /// guest gave up, as Proxmox VE unplugs memory) has the memory devices learnt again
-    /// at the next sample.
     fn events(&mut self) -> Vec<VmEvent> {
-        let raw = self.client.drain_events();
-        self.devices_changed |= raw.iter().any(|e| e.name == "DEVICE_DELETED");
-        let events: Vec<VmEvent> = raw.iter().filter_map(vm_event).collect();
+        let events: Vec<VmEvent> = self
+            .client
+            .drain_events()
+            .iter()
+            .filter_map(vm_event)
+            .collect();
         for e in &events {
             match e {
                 VmEvent::Shutdown => self.shut_down = true,
@@ -719,13 +716,15 @@ impl QmpVm {
             None => GuestStats::default(),
         };
         // More memory under the balloon than known: a DIMM plugged since (as Proxmox VE
-        // adds memory to a running VM, with no event); or a device removed.
-        let events = self.events();
-        if self.devices_changed || base_actual.is_some_and(|actual| actual > self.base) {
+        // adds memory to a running VM, with no event); or a device removed
+        // (`DEVICE_DELETED`: a DIMM the guest gave up, as Proxmox VE unplugs memory). The
+        // event stays queued until the devices are read: a failed read is tried again.
+        let unplugged = self.client.has_event("DEVICE_DELETED");
+        if unplugged || base_actual.is_some_and(|actual| actual > self.base) {
             self.learn_dimms().await?;
-            self.devices_changed = false;
         }
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
+        let events = self.events();
         let agent = match &mut self.agent {
             Some(link) => Some(link.read().await),
             None => None,
@@ -1128,9 +1127,10 @@ mod tests {
     async fn a_dimm_unplugged_shrinks_the_vm_at_the_next_sample() {
         // 256 MiB of base memory and a 128 MiB DIMM, which the guest gives up after the
         // first sample: QEMU says DEVICE_DELETED (with the second sample's balloon reply
-        // here), and lists no DIMM from then on.
-        let samples = Arc::new(AtomicU32::new(0));
-        let seen = Arc::clone(&samples);
+        // here), and lists no DIMM from then on, but fails the second sample's listing.
+        let balloons = Arc::new(AtomicU32::new(0));
+        let listings = Arc::new(AtomicU32::new(0));
+        let (seen, listed) = (Arc::clone(&balloons), Arc::clone(&listings));
         let mib = |n: u64| n << 20;
         let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
             "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": mib(256)}))],
@@ -1139,13 +1139,18 @@ mod tests {
                 let dimm = json!({"type": "dimm", "data": {"id": "dimm0", "size": mib(128)}});
                 vec![ok(&req, json!([dimm]))]
             }
+            "query-memory-devices" if listed.fetch_add(1, Ordering::SeqCst) == 0 => {
+                let error = json!({"class": "GenericError", "desc": "busy"});
+                vec![json!({"error": error, "id": req["id"]}).to_string()]
+            }
             "query-memory-devices" => vec![ok(&req, json!([]))],
             "query-balloon" => match seen.fetch_add(1, Ordering::SeqCst) {
                 0 | 1 => vec![ok(&req, json!({"actual": mib(384)}))],
-                _ => vec![
+                2 => vec![
                     r#"{"event": "DEVICE_DELETED", "data": {"device": "dimm0", "path": "/machine/peripheral/dimm0"}, "timestamp": {"seconds": 1, "microseconds": 2}}"#.into(),
                     ok(&req, json!({"actual": mib(256)})),
                 ],
+                _ => vec![ok(&req, json!({"actual": mib(256)}))],
             },
             _ => vec![ok(&req, json!([]))],
         })
@@ -1158,15 +1163,20 @@ mod tests {
             first.ram_mappings,
             [Bytes::from_mib(256), Bytes::from_mib(128)]
         );
-        let second = vm.sample().await.unwrap();
+        // The devices not read: the event stays for the next sample.
+        vm.sample().await.unwrap_err();
+        let third = vm.sample().await.unwrap();
         assert_eq!(
-            second.configured,
+            third.configured,
             Bytes::from_mib(256),
             "sized without the DIMM"
         );
-        assert_eq!(second.ram_mappings, [Bytes::from_mib(256)]);
-        assert_eq!(samples.load(Ordering::SeqCst), 3);
+        assert_eq!(third.ram_mappings, [Bytes::from_mib(256)]);
+        assert_eq!(listings.load(Ordering::SeqCst), 2);
         assert_eq!(vm.target, None, "the old target no longer in force");
+        // Read once for the event, not at every sample since.
+        vm.sample().await.unwrap();
+        assert_eq!(listings.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
