@@ -477,5 +477,15 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         Duration::from_secs(60),
         sized(384.0, 384.0),
     );
+
+    // The balloon removed too: the VM goes on being sampled, unmanaged (nothing left to
+    // resize it with), where every sample failed on query-balloon before.
+    qmp.execute("device_del", Some(json!({"id": "balloon0"})))
+        .unwrap();
+    daemon.wait_until(
+        "the VM is sampled without its balloon",
+        Duration::from_secs(60),
+        |s| vm(s, "dimm").is_some_and(|v| v["state"] == "unmanaged" && v["error"].is_null()),
+    );
     drop(daemon);
 }

@@ -276,10 +276,13 @@ impl QmpClient {
         }
     }
 
-    /// Whether an event named `name` is among those not drained yet.
-    pub fn has_event(&self, name: &str) -> bool {
-        let shared = self.shared.lock().expect("qmp state lock");
-        shared.events.iter().any(|e| e.name == name)
+    /// The events named `name` received since the last call, taken out of those
+    /// [`QmpClient::drain_events`] gives.
+    pub fn take_events(&mut self, name: &str) -> usize {
+        let mut shared = self.shared.lock().expect("qmp state lock");
+        let before = shared.events.len();
+        shared.events.retain(|e| e.name != name);
+        before - shared.events.len()
     }
 
     /// The events received since the last call.

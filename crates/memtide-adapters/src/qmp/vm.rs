@@ -62,24 +62,14 @@ pub struct QmpVm {
     client: QmpClient,
     /// Base memory (`-m`), as `query-memory-size-summary` tells it.
     memory: Bytes,
-    /// The memory the balloon works on ([`ballooned`]); the configured size adds
-    /// virtio-mem's maximum.
-    base: Bytes,
-    /// The sizes of guest RAM's mappings ([`guest_ram`]; the base memory's alone beside a
-    /// memory device of another kind).
-    ram_mappings: Vec<Bytes>,
-    configured: Bytes,
-    /// The virtio-mem device's QOM path, when the VM has one.
-    virtio_mem: Option<String>,
+    /// How often the guest refreshes its balloon statistics, in seconds.
+    stats_interval_s: u64,
+    /// Its memory devices and balloon, as last learnt.
+    devices: Devices,
+    /// A device was removed (`DEVICE_DELETED`) since the devices were last learnt.
+    devices_changed: bool,
     /// What is learnt about the virtio-mem device from sample to sample.
     vmem_follower: crate::virtio_mem::Follower,
-    /// The balloon gives memory back when the guest runs out (`deflate-on-oom`); its
-    /// pages then stay in the guest's MemTotal.
-    deflate_on_oom: bool,
-    free_page_reporting: bool,
-    has_balloon: bool,
-    /// QOM path of the balloon device, when found (needed for statistics).
-    balloon_path: Option<String>,
     target: Option<Bytes>,
     /// The QEMU process, for its resident memory.
     process: Option<procfs::ProcessRss>,
@@ -396,36 +386,13 @@ impl QmpVm {
             .and_then(Value::as_u64)
             .map(Bytes)
             .ok_or_else(|| BackendError::Protocol(format!("no base-memory in {summary}")))?;
-        let anonymous = find_device(&mut client, "child<virtio-mem").await?;
-        let devices = client.execute("query-memory-devices", None).await?;
-        let base = ballooned(memory, &devices);
-        let vmem = virtio_mem::parse(&devices, anonymous.as_deref());
-        let configured = base + vmem.as_ref().map_or(Bytes::ZERO, |(_, d)| d.max);
-        let has_balloon = match client.execute("query-balloon", None).await {
-            Ok(_) => true,
-            Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => false,
-            Err(e) => return Err(e.into()),
-        };
-        let balloon_path = if has_balloon {
-            find_device(&mut client, "child<virtio-balloon").await?
-        } else {
-            None
-        };
-        let free_page_reporting =
-            balloon_flag(&mut client, &balloon_path, "free-page-reporting").await;
-        let deflate_on_oom = balloon_flag(&mut client, &balloon_path, "deflate-on-oom").await;
-        if let Some(path) = &balloon_path {
-            let args = json!({"path": path, "property": "guest-stats-polling-interval",
-                "value": opts.stats_interval_s.max(1)});
-            client.execute("qom-set", Some(args)).await?;
-        }
+        let devices = Devices::learn(&mut client, memory, opts.stats_interval_s).await?;
         let process = client
             .peer_pid()
             .map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
-        let (ram, ram_mappings) = ram_mappings(memory, &devices);
         let own = client
             .peer_pid()
-            .zip(ram)
+            .zip(devices.guest_ram.clone())
             .map(|(pid, ram)| procfs::OwnMemory::new(&opts.proc, pid, ram));
         let agent = agent.map(|a| {
             AgentLink::new(
@@ -435,21 +402,18 @@ impl QmpVm {
             )
         });
         let access = match client.peer_pid() {
-            Some(pid) => access(&mut client, socket, opts, pid, ram_mappings.clone()).await?,
+            Some(pid) => {
+                access(&mut client, socket, opts, pid, devices.ram_mappings.clone()).await?
+            }
             None => None,
         };
         Ok(QmpVm {
             client,
             memory,
-            base,
-            ram_mappings,
-            configured,
-            virtio_mem: vmem.map(|(path, _)| path),
+            stats_interval_s: opts.stats_interval_s,
+            devices,
+            devices_changed: false,
             vmem_follower: Default::default(),
-            deflate_on_oom,
-            free_page_reporting,
-            has_balloon,
-            balloon_path,
             target: None,
             process,
             own,
@@ -466,7 +430,7 @@ impl QmpVm {
 
     /// The QOM path of the balloon device, when the VM has one QEMU lets us query.
     pub fn balloon_path(&self) -> Option<&str> {
-        self.balloon_path.as_deref()
+        self.devices.balloon.as_ref()?.path.as_deref()
     }
 
     async fn send_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
@@ -476,13 +440,12 @@ impl QmpVm {
         Ok(())
     }
 
+    /// The events since the last call; a device removed among them (`DEVICE_DELETED`,
+    /// come while the sample was read) has the devices learnt at the next sample.
     fn events(&mut self) -> Vec<VmEvent> {
-        let events: Vec<VmEvent> = self
-            .client
-            .drain_events()
-            .iter()
-            .filter_map(vm_event)
-            .collect();
+        let raw = self.client.drain_events();
+        self.devices_changed |= raw.iter().any(|e| e.name == DEVICE_DELETED);
+        let events: Vec<VmEvent> = raw.iter().filter_map(vm_event).collect();
         for e in &events {
             match e {
                 VmEvent::Shutdown => self.shut_down = true,
@@ -645,6 +608,86 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
     Ok(None)
 }
 
+/// QEMU's event for a device removed: a DIMM the guest gave up, a balloon unplugged.
+const DEVICE_DELETED: &str = "DEVICE_DELETED";
+
+/// What a VM's devices tell of its memory, as [`Devices::learn`] reads them: at the
+/// connection, and again when a device came or went.
+struct Devices {
+    /// The memory the balloon works on ([`ballooned`]).
+    base: Bytes,
+    /// What the VM may be given: `base` and the virtio-mem device's maximum.
+    configured: Bytes,
+    /// The virtio-mem device's QOM path, when the VM has one.
+    virtio_mem: Option<String>,
+    /// Guest RAM's mappings where QEMU's own memory can be told from them
+    /// ([`ram_mappings`]).
+    guest_ram: Option<Vec<Bytes>>,
+    /// Guest RAM's mappings, for access sampling, the passes and placement.
+    ram_mappings: Vec<Bytes>,
+    /// The balloon, when QEMU has one.
+    balloon: Option<Balloon>,
+}
+
+/// A VM's balloon device.
+struct Balloon {
+    /// Its QOM path, where found (needed for statistics).
+    path: Option<String>,
+    /// It gives memory back when the guest runs out (`deflate-on-oom`); its pages then
+    /// stay in the guest's MemTotal.
+    deflate_on_oom: bool,
+    free_page_reporting: bool,
+}
+
+impl Devices {
+    /// The devices of a VM whose base memory is `memory`, its balloon's statistics
+    /// turned on every `stats_interval_s`.
+    async fn learn(
+        client: &mut QmpClient,
+        memory: Bytes,
+        stats_interval_s: u64,
+    ) -> Result<Devices, BackendError> {
+        let anonymous = find_device(client, "child<virtio-mem").await?;
+        let devices = client.execute("query-memory-devices", None).await?;
+        let base = ballooned(memory, &devices);
+        let vmem = virtio_mem::parse(&devices, anonymous.as_deref());
+        let configured = base + vmem.as_ref().map_or(Bytes::ZERO, |(_, d)| d.max);
+        let balloon = match client.execute("query-balloon", None).await {
+            Ok(_) => Some(Balloon::learn(client, stats_interval_s).await?),
+            Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => None,
+            Err(e) => return Err(e.into()),
+        };
+        let (guest_ram, ram_mappings) = ram_mappings(memory, &devices);
+        Ok(Devices {
+            base,
+            configured,
+            virtio_mem: vmem.map(|(path, _)| path),
+            guest_ram,
+            ram_mappings,
+            balloon,
+        })
+    }
+}
+
+impl Balloon {
+    /// The balloon QEMU has: its path, flags, and statistics every `stats_interval_s`.
+    async fn learn(client: &mut QmpClient, stats_interval_s: u64) -> Result<Balloon, BackendError> {
+        let path = find_device(client, "child<virtio-balloon").await?;
+        let free_page_reporting = balloon_flag(client, &path, "free-page-reporting").await;
+        let deflate_on_oom = balloon_flag(client, &path, "deflate-on-oom").await;
+        if let Some(path) = &path {
+            let args = json!({"path": path, "property": "guest-stats-polling-interval",
+                "value": stats_interval_s.max(1)});
+            client.execute("qom-set", Some(args)).await?;
+        }
+        Ok(Balloon {
+            path,
+            deflate_on_oom,
+            free_page_reporting,
+        })
+    }
+}
+
 /// The memory QEMU's balloon works on: the base memory (`-m`) and each DIMM (as Proxmox
 /// VE's memory hot-plug adds them), whose sizes its `actual` and the `balloon` command
 /// count (checked with QEMU 7.2: a 256 MiB guest with a 128 MiB DIMM reads 384 MiB, and
@@ -686,23 +729,33 @@ fn guest_ram(base: Bytes, devices: &Value) -> Option<Vec<Bytes>> {
 impl QmpVm {
     /// A sample, read from QEMU.
     async fn read_sample(&mut self) -> Result<VmSample, BackendError> {
-        let device = match self.virtio_mem.clone() {
+        // A device removed (a DIMM the guest gave up, as Proxmox VE unplugs memory; the
+        // balloon): its devices are learnt again before they are queried. Taken from the
+        // queue, the other events left for the sample; a failed read is tried again at the
+        // next sample.
+        self.devices_changed |= self.client.take_events(DEVICE_DELETED) > 0;
+        if self.devices_changed {
+            self.learn_devices().await?;
+            self.devices_changed = false;
+        }
+        let device = match self.devices.virtio_mem.clone() {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
             None => None,
         };
         // The balloon and its statistics in one round trip.
         let mut calls = Vec::new();
-        if self.has_balloon {
+        let balloon = self.devices.balloon.as_ref();
+        if balloon.is_some() {
             calls.push(("query-balloon", None));
         }
-        if let Some(path) = &self.balloon_path {
+        if let Some(path) = balloon.and_then(|b| b.path.as_ref()) {
             let args = json!({"path": path, "property": "guest-stats"});
             calls.push(("qom-get", Some(args)));
         }
         let mut replies = self.client.execute_all(calls).await?.into_iter();
         let mut reply = || replies.next().expect("one reply per command");
         // QEMU's balloon works on the base memory and DIMMs: virtio-mem's comes on top.
-        let base_actual = if self.has_balloon {
+        let base_actual = if balloon.is_some() {
             let b = reply()?;
             let actual = b.get("actual").and_then(Value::as_u64);
             Some(Bytes(actual.ok_or_else(|| {
@@ -711,17 +764,14 @@ impl QmpVm {
         } else {
             None
         };
-        let stats = match &self.balloon_path {
+        let stats = match balloon.and_then(|b| b.path.as_ref()) {
             Some(_) => super::stats::parse(&reply()?),
             None => GuestStats::default(),
         };
         // More memory under the balloon than known: a DIMM plugged since (as Proxmox VE
-        // adds memory to a running VM, with no event); or a device removed
-        // (`DEVICE_DELETED`: a DIMM the guest gave up, as Proxmox VE unplugs memory). The
-        // event stays queued until the devices are read: a failed read is tried again.
-        let unplugged = self.client.has_event("DEVICE_DELETED");
-        if unplugged || base_actual.is_some_and(|actual| actual > self.base) {
-            self.learn_dimms().await?;
+        // adds memory to a running VM; QEMU says nothing).
+        if base_actual.is_some_and(|actual| actual > self.devices.base) {
+            self.learn_devices().await?;
         }
         let rss = self.process.as_ref().and_then(procfs::ProcessRss::read);
         let events = self.events();
@@ -737,11 +787,16 @@ impl QmpVm {
         };
         let (balloon, virtio_mem) = match &device {
             Some(d) => {
+                let deflate_on_oom = self
+                    .devices
+                    .balloon
+                    .as_ref()
+                    .is_some_and(|b| b.deflate_on_oom);
                 let (size, state) = self.vmem_follower.follow(
                     d,
-                    self.base,
+                    self.devices.base,
                     base_actual,
-                    self.deflate_on_oom,
+                    deflate_on_oom,
                     &stats,
                 );
                 (Some(size), Some(state))
@@ -758,8 +813,8 @@ impl QmpVm {
             .map(|p| p.status(rss))
             .unwrap_or_default();
         Ok(VmSample {
-            ram_mappings: self.ram_mappings.clone(),
-            configured: self.configured,
+            ram_mappings: self.devices.ram_mappings.clone(),
+            configured: self.devices.configured,
             balloon,
             stats,
             agent,
@@ -769,36 +824,40 @@ impl QmpVm {
             referenced,
             cold,
             virtio_mem,
-            free_page_reporting: self.free_page_reporting,
+            free_page_reporting: (self.devices.balloon.as_ref())
+                .is_some_and(|b| b.free_page_reporting),
             fixed: status.fixed.map(|f| FixedMemory { own, ..f }),
             events,
         })
     }
 
-    /// Learn the VM's memory devices again: the memory the balloon works on, the
-    /// configured size, and guest RAM's mappings ([`ram_mappings`]); the target last sent
-    /// is forgotten where they changed, so that the next is sent. (Access sampling keeps
-    /// the mappings it was opened with: a DIMM plugged after memtide connected is sampled
-    /// from the next connection.)
-    async fn learn_dimms(&mut self) -> Result<(), BackendError> {
-        let devices = self.client.execute("query-memory-devices", None).await?;
-        let base = ballooned(self.memory, &devices);
-        if base != self.base {
-            // The balloon's target was a size of the memory known then: no longer in force.
+    /// Learn the VM's devices again ([`Devices::learn`]): the target last sent is
+    /// forgotten where the memory the balloon works on, the balloon or the virtio-mem
+    /// device changed, so that the next is sent, and QEMU's own memory is told from the
+    /// new guest RAM. (Access sampling keeps the mappings it was opened with: a DIMM
+    /// plugged after memtide connected is sampled from the next connection.)
+    async fn learn_devices(&mut self) -> Result<(), BackendError> {
+        let devices = Devices::learn(&mut self.client, self.memory, self.stats_interval_s).await?;
+        let old = &self.devices;
+        if devices.base != old.base
+            || devices.balloon.is_some() != old.balloon.is_some()
+            || devices.virtio_mem != old.virtio_mem
+        {
+            // The target was a size of the devices known then: no longer in force.
             self.target = None;
         }
-        self.configured = self.configured - self.base + base;
-        self.base = base;
-        let (ram, mappings) = ram_mappings(self.memory, &devices);
-        self.ram_mappings = mappings;
-        match ram {
+        if devices.virtio_mem != old.virtio_mem {
+            self.vmem_follower = Default::default();
+        }
+        match &devices.guest_ram {
             Some(ram) => {
                 if let Some(own) = &mut self.own {
-                    own.set_guest_ram(ram);
+                    own.set_guest_ram(ram.clone());
                 }
             }
             None => self.own = None,
         }
+        self.devices = devices;
         Ok(())
     }
 
@@ -831,21 +890,21 @@ impl VmBackend for QmpVm {
     }
 
     async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
-        if !self.has_balloon && self.virtio_mem.is_none() {
+        if self.devices.balloon.is_none() && self.devices.virtio_mem.is_none() {
             return Err(BackendError::Protocol(
                 "the VM has neither a balloon nor a virtio-mem device".into(),
             ));
         }
         let mut balloon = target;
-        if let Some(path) = self.virtio_mem.clone() {
+        if let Some(path) = self.devices.virtio_mem.clone() {
             let device = virtio_mem::query(&mut self.client, &path).await?;
-            let resize = crate::virtio_mem::resize(target, self.base, &device);
+            let resize = crate::virtio_mem::resize(target, self.devices.base, &device);
             if resize.plug != device.requested {
                 virtio_mem::request(&mut self.client, &path, resize.plug).await?;
             }
             balloon = resize.balloon;
         }
-        if self.has_balloon {
+        if self.devices.balloon.is_some() {
             // The balloon's share, relative to the base memory whatever is plugged now.
             self.send_balloon(balloon).await?;
         }
@@ -1123,11 +1182,19 @@ mod tests {
         vm.sample().await.unwrap_err()
     }
 
+    /// QEMU's event for device `id` removed, as a line of the monitor.
+    fn device_deleted(id: &str) -> String {
+        json!({"event": "DEVICE_DELETED", "data": {"device": id,
+            "path": format!("/machine/peripheral/{id}")},
+            "timestamp": {"seconds": 1, "microseconds": 2}})
+        .to_string()
+    }
+
     #[tokio::test]
     async fn a_dimm_unplugged_shrinks_the_vm_at_the_next_sample() {
-        // 256 MiB of base memory and a 128 MiB DIMM, which the guest gives up after the
-        // first sample: QEMU says DEVICE_DELETED (with the second sample's balloon reply
-        // here), and lists no DIMM from then on, but fails the second sample's listing.
+        // 256 MiB of base memory and a 128 MiB DIMM, which the guest gives up while the
+        // second sample is read (QEMU's DEVICE_DELETED comes with its balloon reply):
+        // QEMU lists no DIMM from then on, but fails the first listing after.
         let balloons = Arc::new(AtomicU32::new(0));
         let listings = Arc::new(AtomicU32::new(0));
         let (seen, listed) = (Arc::clone(&balloons), Arc::clone(&listings));
@@ -1147,7 +1214,7 @@ mod tests {
             "query-balloon" => match seen.fetch_add(1, Ordering::SeqCst) {
                 0 | 1 => vec![ok(&req, json!({"actual": mib(384)}))],
                 2 => vec![
-                    r#"{"event": "DEVICE_DELETED", "data": {"device": "dimm0", "path": "/machine/peripheral/dimm0"}, "timestamp": {"seconds": 1, "microseconds": 2}}"#.into(),
+                    device_deleted("dimm0"),
                     ok(&req, json!({"actual": mib(256)})),
                 ],
                 _ => vec![ok(&req, json!({"actual": mib(256)}))],
@@ -1157,26 +1224,70 @@ mod tests {
         .await;
         let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
         vm.set_balloon(Bytes::from_mib(384)).await.unwrap();
+        let mappings = |s: &VmSample| {
+            s.ram_mappings
+                .iter()
+                .map(|m| m.mib_f64())
+                .collect::<Vec<_>>()
+        };
         let first = vm.sample().await.unwrap();
         assert_eq!(first.configured, Bytes::from_mib(384));
+        assert_eq!(mappings(&first), [256.0, 128.0]);
+        let second = vm.sample().await.unwrap();
         assert_eq!(
-            first.ram_mappings,
-            [Bytes::from_mib(256), Bytes::from_mib(128)]
+            second.configured,
+            Bytes::from_mib(384),
+            "the event came late"
         );
-        // The devices not read: the event stays for the next sample.
+        // Learnt at the next sample, whose listing fails: tried again at the one after.
         vm.sample().await.unwrap_err();
-        let third = vm.sample().await.unwrap();
+        let fourth = vm.sample().await.unwrap();
         assert_eq!(
-            third.configured,
+            fourth.configured,
             Bytes::from_mib(256),
             "sized without the DIMM"
         );
-        assert_eq!(third.ram_mappings, [Bytes::from_mib(256)]);
+        assert_eq!(mappings(&fourth), [256.0]);
         assert_eq!(listings.load(Ordering::SeqCst), 2);
         assert_eq!(vm.target, None, "the old target no longer in force");
-        // Read once for the event, not at every sample since.
+        // Learnt once for the event, not at every sample since.
         vm.sample().await.unwrap();
         assert_eq!(listings.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_balloon_unplugged_leaves_the_vm_sampled_without_it() {
+        // A 512 MiB VM whose balloon is removed (`device_del`): QEMU says DEVICE_DELETED,
+        // and query-balloon answers DeviceNotActive from then on.
+        let gone = Arc::new(AtomicU32::new(0));
+        let removed = Arc::clone(&gone);
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": 512u64 << 20}))],
+            "query-balloon" if removed.load(Ordering::SeqCst) > 1 => {
+                let error = json!({"class": "DeviceNotActive", "desc": "No balloon device has been activated"});
+                vec![json!({"error": error, "id": req["id"]}).to_string()]
+            }
+            "query-balloon" => {
+                let mut out = vec![ok(&req, json!({"actual": 400u64 << 20}))];
+                if removed.fetch_add(1, Ordering::SeqCst) == 1 {
+                    out.insert(0, device_deleted("balloon0"));
+                }
+                out
+            }
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
+        let first = vm.sample().await.unwrap();
+        assert_eq!(first.balloon, Some(Bytes::from_mib(400)));
+        let second = vm.sample().await.unwrap();
+        assert_eq!(
+            second.balloon, None,
+            "sampled without the balloon, not failing"
+        );
+        assert_eq!(second.configured, Bytes::from_mib(512));
+        let err = vm.set_balloon(Bytes::from_mib(300)).await.unwrap_err();
+        assert!(err.to_string().contains("neither a balloon"), "{err}");
     }
 
     #[tokio::test]
