@@ -53,20 +53,21 @@ fn memory_a_guest_freed_is_kept_while_memory_is_ample_and_its_next_allocation_do
     );
     let daemon = Daemon::start(dir.path(), &config, 0);
     // The program frees its 160 MiB: the estimate falls to the guest's need, the balloon
-    // stays at what it freed from.
+    // stays at what it freed from, more than its estimate. (Not the first `reuse`: a
+    // release of a few pages before, as the guest settles, has the rule too — a CI run
+    // took 64 KiB freed for the program's 160 MiB.)
     let kept = daemon.wait_until(
-        "the guest keeping what it freed",
+        "the guest keeping what it freed above its estimate",
         Duration::from_secs(120),
-        |s| rule(s) == Some("memtide.reuse"),
+        |s| {
+            let estimate = vm(s, "g").and_then(|g| mib(g, "estimate"));
+            rule(s) == Some("memtide.reuse")
+                && estimate.is_some_and(|e| actual_mib(s, "g") >= e + 32.0)
+        },
     );
     let g = vm(&kept, "g").unwrap();
     eprintln!("kept: {:.0} MiB ({})", actual_mib(&kept, "g"), g["reason"]);
-    // The balloon leaves it more than its estimate: what it freed.
-    let (estimate, committed) = (mib(g, "estimate").unwrap(), mib(g, "committed_as").unwrap());
-    assert!(
-        actual_mib(&kept, "g") >= estimate + 32.0,
-        "the guest keeps what it freed above its estimate: {g}"
-    );
+    let committed = mib(g, "committed_as").unwrap();
     let before = swapped_out_mib(&kept);
     assert!(before.is_finite(), "the agent reports swap-outs: {g}");
 
