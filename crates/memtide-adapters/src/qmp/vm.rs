@@ -60,8 +60,6 @@ pub enum AccessSampling {
 /// A QEMU VM.
 pub struct QmpVm {
     client: QmpClient,
-    /// Base memory (`-m`), as `query-memory-size-summary` tells it.
-    memory: Bytes,
     /// How often the guest refreshes its balloon statistics, in seconds.
     stats_interval_s: u64,
     /// Its memory devices and balloon, as last learnt.
@@ -402,14 +400,11 @@ impl QmpVm {
             )
         });
         let access = match client.peer_pid() {
-            Some(pid) => {
-                access(&mut client, socket, opts, pid, devices.ram_mappings.clone()).await?
-            }
+            Some(pid) => access(&mut client, socket, opts, pid, devices.ram_mappings()).await?,
             None => None,
         };
         Ok(QmpVm {
             client,
-            memory,
             stats_interval_s: opts.stats_interval_s,
             devices,
             devices_changed: false,
@@ -614,17 +609,17 @@ const DEVICE_DELETED: &str = "DEVICE_DELETED";
 /// What a VM's devices tell of its memory, as [`Devices::learn`] reads them: at the
 /// connection, and again when a device came or went.
 struct Devices {
+    /// Base memory (`-m`), as `query-memory-size-summary` tells it.
+    memory: Bytes,
     /// The memory the balloon works on ([`ballooned`]).
     base: Bytes,
     /// What the VM may be given: `base` and the virtio-mem device's maximum.
     configured: Bytes,
     /// The virtio-mem device's QOM path, when the VM has one.
     virtio_mem: Option<String>,
-    /// Guest RAM's mappings where QEMU's own memory can be told from them
-    /// ([`ram_mappings`]).
+    /// Guest RAM's mappings ([`guest_ram`]), where QEMU's own memory can be told from
+    /// them.
     guest_ram: Option<Vec<Bytes>>,
-    /// Guest RAM's mappings, for access sampling, the passes and placement.
-    ram_mappings: Vec<Bytes>,
     /// The balloon, when QEMU has one.
     balloon: Option<Balloon>,
 }
@@ -657,15 +652,20 @@ impl Devices {
             Err(QmpError::Command { class, .. }) if class == "DeviceNotActive" => None,
             Err(e) => return Err(e.into()),
         };
-        let (guest_ram, ram_mappings) = ram_mappings(memory, &devices);
         Ok(Devices {
+            memory,
+            guest_ram: guest_ram(memory, &devices),
             base,
             configured,
             virtio_mem: vmem.map(|(path, _)| path),
-            guest_ram,
-            ram_mappings,
             balloon,
         })
+    }
+
+    /// Guest RAM's mappings for access sampling, the passes and placement: the base
+    /// memory's alone where they cannot be told.
+    fn ram_mappings(&self) -> Vec<Bytes> {
+        self.guest_ram.clone().unwrap_or_else(|| vec![self.memory])
     }
 }
 
@@ -698,15 +698,6 @@ fn ballooned(base: Bytes, devices: &Value) -> Bytes {
         .filter(|d| d["type"] == "dimm")
         .filter_map(|d| d["data"]["size"].as_u64())
         .fold(base, |sum, size| sum + Bytes(size))
-}
-
-/// Guest RAM's mappings from `query-memory-devices`: as [`guest_ram`] gives them, for
-/// QEMU's own memory (`None`: it is not told apart), and for access sampling, the passes
-/// and placement, which take the base memory's alone where that gives none.
-fn ram_mappings(memory: Bytes, devices: &Value) -> (Option<Vec<Bytes>>, Vec<Bytes>) {
-    let ram = guest_ram(memory, devices);
-    let mappings = ram.clone().unwrap_or_else(|| vec![memory]);
-    (ram, mappings)
 }
 
 /// The sizes of a VM's guest RAM mappings in its QEMU, from `query-memory-devices`: its
@@ -813,7 +804,7 @@ impl QmpVm {
             .map(|p| p.status(rss))
             .unwrap_or_default();
         Ok(VmSample {
-            ram_mappings: self.devices.ram_mappings.clone(),
+            ram_mappings: self.devices.ram_mappings(),
             configured: self.devices.configured,
             balloon,
             stats,
@@ -837,7 +828,8 @@ impl QmpVm {
     /// new guest RAM. (Access sampling keeps the mappings it was opened with: a DIMM
     /// plugged after memtide connected is sampled from the next connection.)
     async fn learn_devices(&mut self) -> Result<(), BackendError> {
-        let devices = Devices::learn(&mut self.client, self.memory, self.stats_interval_s).await?;
+        let devices =
+            Devices::learn(&mut self.client, self.devices.memory, self.stats_interval_s).await?;
         let old = &self.devices;
         if devices.base != old.base
             || devices.balloon.is_some() != old.balloon.is_some()
