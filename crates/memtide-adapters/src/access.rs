@@ -475,6 +475,13 @@ impl Tracker {
         })
     }
 
+    /// Track `which` mappings from the next scan on (a memory device plugged or removed):
+    /// the pages of a mapping still tracked keep their ages, a new one's are counted as
+    /// accessed where resident at its first scan, as any newly resident page is.
+    pub fn set_mappings(&mut self, which: Mappings) {
+        self.which = which;
+    }
+
     /// How it tracks: [`Method::IdlePages`] or [`Method::Damon`].
     pub fn method(&self) -> Method {
         match self.source {
@@ -1052,8 +1059,33 @@ garbage
         assert_eq!(shrunk.accessed, Some(Bytes::ZERO));
         // Two scans back (2 s) reach the cold age now; the 100 pages are one scan old.
         assert_eq!(shrunk.cold, Some(Bytes((37 << 20) - 100 * 4096)));
+        // A second mapping tracked from the next scan (a DIMM plugged): 43 MiB, tracked
+        // as 42 (to 2 MiB). Its pages are newly resident: accessed, of age 0. (The
+        // first's are not checked here: marking the second's frames writes zeros over
+        // the stand-in's bits of the first's frames that share their words, where the
+        // kernel's bitmap ignores them.)
+        let plugged = Buffer::new(43 * 256);
+        // Flags of its own, so that the kernel does not merge it with the first where
+        // placed beside it.
+        // SAFETY: the buffer's own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(plugged.at.cast(), 43 << 20, libc::MADV_DONTFORK) },
+            0
+        );
+        tracker.set_mappings(Mappings::GuestRam(vec![
+            Bytes::from_mib(37),
+            Bytes::from_mib(42),
+        ]));
+        let both = tracker.scan(s(4)).unwrap();
+        assert_eq!(both.resident, Bytes((37 + 43) << 20));
+        assert!(both.accessed >= Some(Bytes(43 << 20)), "{both:?}");
+        let at = plugged.at as u64..plugged.at as u64 + (43 << 20);
+        let new: Vec<Page> = tracker.pages().filter(|p| at.contains(&p.addr)).collect();
+        assert_eq!(new.len(), 43 * 256);
+        assert!(new.iter().all(|p| p.age == 0));
+        drop(plugged);
         drop(buffer);
-        let gone = tracker.scan(s(4)).err().unwrap();
+        let gone = tracker.scan(s(5)).err().unwrap();
         assert!(matches!(gone, TrackError::NoMapping(..)), "{gone}");
         assert_eq!(tracker.pages().count(), 0, "nothing after a failed scan");
     }

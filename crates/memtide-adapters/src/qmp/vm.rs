@@ -93,6 +93,19 @@ type Scanned = (Option<Bytes>, Option<Bytes>);
 /// A scan of a VM's memory, made on the blocking pool by [`Scans`].
 trait Scan: Send + 'static {
     fn scan(&mut self) -> Scanned;
+    /// Scan guest RAM in mappings of these sizes from the next scan on.
+    fn set_ram(&mut self, ram: Vec<Bytes>);
+}
+
+impl Access {
+    /// Sample guest RAM in mappings of these sizes from the next scan on (a memory
+    /// device plugged or removed).
+    fn set_ram(&mut self, ram: Vec<Bytes>) {
+        match self {
+            Access::ClearRefs(scans) => scans.set_ram(ram),
+            Access::Tracked(scans) => scans.set_ram(ram),
+        }
+    }
 }
 
 /// Scans, one at a time, on the blocking pool: an idle page tracking scan reads and
@@ -104,6 +117,8 @@ trait Scan: Send + 'static {
 struct Scans<T> {
     wait: Duration,
     state: ScanState<T>,
+    /// Guest RAM's mappings, changed since the last scan started: the next one's.
+    ram: Option<Vec<Bytes>>,
 }
 
 enum ScanState<T> {
@@ -118,7 +133,14 @@ impl<T: Scan> Scans<T> {
         Scans {
             wait,
             state: ScanState::Ready(Box::new(scanner)),
+            ram: None,
         }
+    }
+
+    /// Scan guest RAM in mappings of these sizes from the next scan started on (one
+    /// running goes on with those it had).
+    fn set_ram(&mut self, ram: Vec<Bytes>) {
+        self.ram = Some(ram);
     }
 
     /// The latest scan's result: a scan started now, or one started by an earlier sample
@@ -153,6 +175,9 @@ impl<T: Scan> Scans<T> {
     fn start(&mut self) {
         self.state = match std::mem::replace(&mut self.state, ScanState::Lost) {
             ScanState::Ready(mut scanner) => {
+                if let Some(ram) = self.ram.take() {
+                    scanner.set_ram(ram);
+                }
                 ScanState::Running(tokio::task::spawn_blocking(move || {
                     let scanned = scanner.scan();
                     (scanner, scanned)
@@ -215,6 +240,10 @@ impl Scan for PageTracking {
                 (None, None)
             }
         }
+    }
+
+    fn set_ram(&mut self, ram: Vec<Bytes>) {
+        self.tracker.set_mappings(Mappings::GuestRam(ram));
     }
 }
 
@@ -299,6 +328,10 @@ impl AccessSampler {
 impl Scan for AccessSampler {
     fn scan(&mut self) -> Scanned {
         (self.sample(Instant::now()), None)
+    }
+
+    fn set_ram(&mut self, ram: Vec<Bytes>) {
+        self.ram = ram;
     }
 }
 
@@ -825,8 +858,7 @@ impl QmpVm {
     /// Learn the VM's devices again ([`Devices::learn`]): the target last sent is
     /// forgotten where the memory the balloon works on, the balloon or the virtio-mem
     /// device changed, so that the next is sent, and QEMU's own memory is told from the
-    /// new guest RAM. (Access sampling keeps the mappings it was opened with: a DIMM
-    /// plugged after memtide connected is sampled from the next connection.)
+    /// new guest RAM, whose accesses are sampled from the next scan on.
     async fn learn_devices(&mut self) -> Result<(), BackendError> {
         let devices =
             Devices::learn(&mut self.client, self.devices.memory, self.stats_interval_s).await?;
@@ -840,6 +872,11 @@ impl QmpVm {
         }
         if devices.virtio_mem != old.virtio_mem {
             self.vmem_follower = Default::default();
+        }
+        if devices.ram_mappings() != old.ram_mappings() {
+            if let Some(access) = &mut self.access {
+                access.set_ram(devices.ram_mappings());
+            }
         }
         match &devices.guest_ram {
             Some(ram) => {
@@ -1076,6 +1113,64 @@ mod tests {
             let _ = self.go.recv();
             (Some(Bytes::from_mib(n.into())), None)
         }
+
+        fn set_ram(&mut self, _: Vec<Bytes>) {}
+    }
+
+    /// A scan that ends when the test says, of guest RAM in mappings of `ram`'s sizes,
+    /// which it gives as the memory accessed.
+    struct Sized {
+        ram: Vec<Bytes>,
+        go: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl Scan for Sized {
+        fn scan(&mut self) -> Scanned {
+            let _ = self.go.recv();
+            (Some(self.ram.iter().fold(Bytes::ZERO, |a, b| a + *b)), None)
+        }
+
+        fn set_ram(&mut self, ram: Vec<Bytes>) {
+            self.ram = ram;
+        }
+    }
+
+    #[tokio::test]
+    async fn guest_ram_changed_is_scanned_from_the_next_scan_started() {
+        let mib = Bytes::from_mib;
+        let (go, gate) = std::sync::mpsc::channel();
+        let sized = Sized {
+            ram: vec![mib(256)],
+            go: gate,
+        };
+        let mut scans = Scans::new(sized, Duration::from_millis(20));
+        go.send(()).unwrap();
+        // Samples until one takes a scan's result.
+        async fn taken(scans: &mut Scans<Sized>) -> Scanned {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut scanned = scans.sample().await;
+            while scanned == (None, None) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                scanned = scans.sample().await;
+            }
+            scanned
+        }
+        let first = taken(&mut scans).await;
+        assert_eq!(first, (Some(mib(256)), None));
+        // A DIMM plugged while no scan runs: the next scan's.
+        scans.set_ram(vec![mib(256), mib(128)]);
+        go.send(()).unwrap();
+        let second = taken(&mut scans).await;
+        assert_eq!(second, (Some(mib(384)), None));
+        // Removed while a scan runs: it goes on with what it had, the next has the change.
+        assert_eq!(scans.sample().await, (None, None), "running");
+        scans.set_ram(vec![mib(256)]);
+        go.send(()).unwrap();
+        let third = taken(&mut scans).await;
+        assert_eq!(third, (Some(mib(384)), None));
+        go.send(()).unwrap();
+        let fourth = taken(&mut scans).await;
+        assert_eq!(fourth, (Some(mib(256)), None));
     }
 
     #[tokio::test]
@@ -1280,6 +1375,58 @@ mod tests {
         assert_eq!(second.configured, Bytes::from_mib(512));
         let err = vm.set_balloon(Bytes::from_mib(300)).await.unwrap_err();
         assert!(err.to_string().contains("neither a balloon"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_dimm_plugged_is_sampled_for_accesses_from_the_next_sample() {
+        // 256 MiB of base memory, a 128 MiB DIMM plugged before the second sample (QEMU's
+        // balloon counts it); host-side access sampling by clear_refs reads a QEMU's
+        // smaps with 10 MiB referenced in the base memory's mapping, 20 in the DIMM's.
+        let balloons = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&balloons);
+        let mib = |n: u64| n << 20;
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": mib(256)}))],
+            // The connection's query-balloon, then each sample's: the DIMM with the third.
+            "query-balloon" if seen.fetch_add(1, Ordering::SeqCst) < 2 => {
+                vec![ok(&req, json!({"actual": mib(256)}))]
+            }
+            "query-balloon" => vec![ok(&req, json!({"actual": mib(384)}))],
+            "query-memory-devices" if seen.load(Ordering::SeqCst) >= 3 => {
+                let dimm = json!({"type": "dimm", "data": {"id": "dimm0", "size": mib(128)}});
+                vec![ok(&req, json!([dimm]))]
+            }
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let proc = tempfile::tempdir().unwrap();
+        let dir = proc.path().join(std::process::id().to_string());
+        std::fs::create_dir(&dir).unwrap();
+        let mapping = |at: &str, kib: u64, referenced: u64| {
+            format!(
+                "{at} rw-p 00000000 00:00 0\nSize: {kib} kB\nRss: {kib} kB\n\
+                 Referenced: {referenced} kB\nAnonHugePages: 0 kB\n"
+            )
+        };
+        let smaps = mapping("7f0000000000-7f0010000000", 262144, 10240)
+            + &mapping("7f0020000000-7f0028000000", 131072, 20480);
+        std::fs::write(dir.join("smaps"), smaps).unwrap();
+        let opts = QmpVmOptions {
+            proc: proc.path().into(),
+            sample_access: AccessSampling::ClearRefs,
+            least_sample_window: Duration::ZERO,
+            ..options()
+        };
+        let mut vm = QmpVm::connect(&path, None, &opts).await.unwrap();
+        let first = vm.sample().await.unwrap();
+        assert_eq!(first.referenced, None, "the first sample starts the window");
+        let second = vm.sample().await.unwrap();
+        assert_eq!(second.configured, Bytes::from_mib(384));
+        assert_eq!(
+            second.referenced,
+            Some(Bytes::from_mib(30)),
+            "the DIMM's mapping sampled too"
+        );
     }
 
     #[tokio::test]
