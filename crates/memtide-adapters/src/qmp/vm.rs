@@ -724,7 +724,8 @@ impl Balloon {
 /// The memory QEMU's balloon works on: the base memory (`-m`) and each DIMM (as Proxmox
 /// VE's memory hot-plug adds them), whose sizes its `actual` and the `balloon` command
 /// count (checked with QEMU 7.2: a 256 MiB guest with a 128 MiB DIMM reads 384 MiB, and
-/// `balloon 200M` leaves it 200), where a virtio-mem device's memory comes on top.
+/// `balloon 200M` leaves it 200; newer QEMU keeps the sum as `dimm_size`, NVDIMMs
+/// left out as here), where a virtio-mem device's memory comes on top.
 fn ballooned(base: Bytes, devices: &Value) -> Bytes {
     let dimms = devices.as_array().into_iter().flatten();
     dimms
