@@ -487,5 +487,17 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         Duration::from_secs(60),
         |s| vm(s, "dimm").is_some_and(|v| v["state"] == "unmanaged" && v["error"].is_null()),
     );
+
+    // A balloon plugged again (`device_add`, of which QEMU says nothing): memtide reads
+    // the VM's devices again within a minute of samples and resizes it with the new one.
+    let balloon = json!({"driver": "virtio-balloon-pci", "id": "balloon1"});
+    qmp.execute("device_add", Some(balloon)).unwrap();
+    std::fs::write(&policy, fixed_policy(320)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the guest at 320 MiB through the balloon plugged",
+        Duration::from_secs(120),
+        sized(384.0, 320.0),
+    );
     drop(daemon);
 }

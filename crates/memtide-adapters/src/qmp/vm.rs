@@ -64,8 +64,9 @@ pub struct QmpVm {
     stats_interval_s: u64,
     /// Its memory devices and balloon, as last learnt.
     devices: Devices,
-    /// A device was removed (`DEVICE_DELETED`) since the devices were last learnt.
-    devices_changed: bool,
+    /// Samples left before the devices are learnt again: 0 after a device was removed
+    /// (`DEVICE_DELETED`), or where learning them failed.
+    learn_in: u32,
     /// What is learnt about the virtio-mem device from sample to sample.
     vmem_follower: crate::virtio_mem::Follower,
     target: Option<Bytes>,
@@ -440,7 +441,7 @@ impl QmpVm {
             client,
             stats_interval_s: opts.stats_interval_s,
             devices,
-            devices_changed: false,
+            learn_in: RELEARN_SAMPLES,
             vmem_follower: Default::default(),
             target: None,
             process,
@@ -472,7 +473,9 @@ impl QmpVm {
     /// come while the sample was read) has the devices learnt at the next sample.
     fn events(&mut self) -> Vec<VmEvent> {
         let raw = self.client.drain_events();
-        self.devices_changed |= raw.iter().any(|e| e.name == DEVICE_DELETED);
+        if raw.iter().any(|e| e.name == DEVICE_DELETED) {
+            self.learn_in = 0;
+        }
         let events: Vec<VmEvent> = raw.iter().filter_map(vm_event).collect();
         for e in &events {
             match e {
@@ -639,6 +642,12 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
 /// QEMU's event for a device removed: a DIMM the guest gave up, a balloon unplugged.
 const DEVICE_DELETED: &str = "DEVICE_DELETED";
 
+/// Samples between two readings of a VM's devices when nothing told of a change: a
+/// device plugged (a balloon, a virtio-mem device, a DIMM in a VM without a balloon;
+/// QEMU sends no event for `device_add`) is learnt within as many samples, a minute at
+/// the default interval. (A DIMM plugged beside a balloon shows at once, in its `actual`.)
+const RELEARN_SAMPLES: u32 = 60;
+
 /// What a VM's devices tell of its memory, as [`Devices::learn`] reads them: at the
 /// connection, and again when a device came or went.
 struct Devices {
@@ -757,11 +766,13 @@ impl QmpVm {
         // A device removed (a DIMM the guest gave up, as Proxmox VE unplugs memory; the
         // balloon): its devices are learnt again before they are queried. Taken from the
         // queue, the other events left for the sample; a failed read is tried again at the
-        // next sample.
-        self.devices_changed |= self.client.take_events(DEVICE_DELETED) > 0;
-        if self.devices_changed {
-            self.learn_devices().await?;
-            self.devices_changed = false;
+        // next sample. Without an event, every [`RELEARN_SAMPLES`] samples.
+        if self.client.take_events(DEVICE_DELETED) > 0 {
+            self.learn_in = 0;
+        }
+        match self.learn_in.checked_sub(1) {
+            Some(left) => self.learn_in = left,
+            None => self.learn_devices().await?,
         }
         let device = match self.devices.virtio_mem.clone() {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
@@ -888,6 +899,7 @@ impl QmpVm {
             None => self.own = None,
         }
         self.devices = devices;
+        self.learn_in = RELEARN_SAMPLES;
         Ok(())
     }
 
@@ -1428,6 +1440,54 @@ mod tests {
             Some(Bytes::from_mib(30)),
             "the DIMM's mapping sampled too"
         );
+    }
+
+    #[tokio::test]
+    async fn a_balloon_plugged_into_a_running_vm_is_learnt_within_the_relearn_samples() {
+        // A 512 MiB VM started without a balloon; one is plugged (`device_add`, of which
+        // QEMU says nothing) after memtide connected.
+        let plugged = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let listings = Arc::new(AtomicU32::new(0));
+        let (balloon, listed) = (Arc::clone(&plugged), Arc::clone(&listings));
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": 512u64 << 20}))],
+            "query-balloon" if balloon.load(Ordering::SeqCst) => {
+                vec![ok(&req, json!({"actual": 512u64 << 20}))]
+            }
+            "query-balloon" => {
+                let error = json!({"class": "DeviceNotActive", "desc": "No balloon device has been activated"});
+                vec![json!({"error": error, "id": req["id"]}).to_string()]
+            }
+            "query-memory-devices" => {
+                listed.fetch_add(1, Ordering::SeqCst);
+                vec![ok(&req, json!([]))]
+            }
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
+        assert_eq!(vm.sample().await.unwrap().balloon, None);
+        plugged.store(true, Ordering::SeqCst);
+        // Samples since the connection, until one has the balloon.
+        let mut taken = 1;
+        loop {
+            taken += 1;
+            if vm.sample().await.unwrap().balloon.is_some() {
+                break;
+            }
+            assert!(taken <= RELEARN_SAMPLES + 1, "never learnt");
+        }
+        assert_eq!(
+            taken,
+            RELEARN_SAMPLES + 1,
+            "learnt again once, not every sample"
+        );
+        assert_eq!(
+            listings.load(Ordering::SeqCst),
+            2,
+            "at the connection and once after"
+        );
+        vm.set_balloon(Bytes::from_mib(400)).await.unwrap();
     }
 
     #[tokio::test]
