@@ -138,6 +138,11 @@ impl QmpClient {
         self.peer_pid
     }
 
+    /// The QMP socket it is connected to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Whether the QEMU behind this session has ended, for one that can no longer be
     /// asked (a call timed out and closed the session), given `grace` to end: its
     /// process gone (a zombie counts as gone) or, its pid unknown, its socket refusing

@@ -64,8 +64,9 @@ pub struct QmpVm {
     stats_interval_s: u64,
     /// Its memory devices and balloon, as last learnt.
     devices: Devices,
-    /// Samples left before the devices are learnt again: 0 after a device was removed
-    /// (`DEVICE_DELETED`), or where learning them failed.
+    /// A device was removed (`DEVICE_DELETED`) since the devices were last learnt.
+    removed: bool,
+    /// Samples left before the devices are learnt again with nothing said of a change.
     learn_in: u32,
     /// What is learnt about the virtio-mem device from sample to sample.
     vmem_follower: crate::virtio_mem::Follower,
@@ -441,6 +442,7 @@ impl QmpVm {
             client,
             stats_interval_s: opts.stats_interval_s,
             devices,
+            removed: false,
             learn_in: RELEARN_SAMPLES,
             vmem_follower: Default::default(),
             target: None,
@@ -473,9 +475,7 @@ impl QmpVm {
     /// come while the sample was read) has the devices learnt at the next sample.
     fn events(&mut self) -> Vec<VmEvent> {
         let raw = self.client.drain_events();
-        if raw.iter().any(|e| e.name == DEVICE_DELETED) {
-            self.learn_in = 0;
-        }
+        self.removed |= raw.iter().any(|e| e.name == DEVICE_DELETED);
         let events: Vec<VmEvent> = raw.iter().filter_map(vm_event).collect();
         for e in &events {
             match e {
@@ -765,14 +765,20 @@ impl QmpVm {
     async fn read_sample(&mut self) -> Result<VmSample, BackendError> {
         // A device removed (a DIMM the guest gave up, as Proxmox VE unplugs memory; the
         // balloon): its devices are learnt again before they are queried. Taken from the
-        // queue, the other events left for the sample; a failed read is tried again at the
-        // next sample. Without an event, every [`RELEARN_SAMPLES`] samples.
-        if self.client.take_events(DEVICE_DELETED) > 0 {
-            self.learn_in = 0;
-        }
-        match self.learn_in.checked_sub(1) {
-            Some(left) => self.learn_in = left,
-            None => self.learn_devices().await?,
+        // queue, the other events left for the sample; a failed read fails the sample and
+        // is tried again at the next. Without an event, every [`RELEARN_SAMPLES`] samples,
+        // where a failed read leaves the devices known, tried again as many samples on.
+        self.removed |= self.client.take_events(DEVICE_DELETED) > 0;
+        if self.removed {
+            self.learn_devices().await?;
+        } else if let Some(left) = self.learn_in.checked_sub(1) {
+            self.learn_in = left;
+        } else if let Err(e) = self.learn_devices().await {
+            tracing::warn!(
+                "{}: reading its devices again failed ({e}); sampled with those known",
+                self.client.socket().display()
+            );
+            self.learn_in = RELEARN_SAMPLES;
         }
         let device = match self.devices.virtio_mem.clone() {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
@@ -899,7 +905,7 @@ impl QmpVm {
             None => self.own = None,
         }
         self.devices = devices;
-        self.learn_in = RELEARN_SAMPLES;
+        (self.removed, self.learn_in) = (false, RELEARN_SAMPLES);
         Ok(())
     }
 
@@ -1488,6 +1494,36 @@ mod tests {
             "at the connection and once after"
         );
         vm.set_balloon(Bytes::from_mib(400)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_reading_of_the_devices_with_none_removed_leaves_the_vm_sampled() {
+        // QEMU lists its memory devices at the connection and fails every listing after:
+        // the periodic reading fails, the samples go on with the devices known.
+        let listings = Arc::new(AtomicU32::new(0));
+        let listed = Arc::clone(&listings);
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": 512u64 << 20}))],
+            "query-balloon" => vec![ok(&req, json!({"actual": 400u64 << 20}))],
+            "query-memory-devices" if listed.fetch_add(1, Ordering::SeqCst) > 0 => {
+                let error = json!({"class": "GenericError", "desc": "busy"});
+                vec![json!({"error": error, "id": req["id"]}).to_string()]
+            }
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
+        for _ in 0..=RELEARN_SAMPLES {
+            let sample = vm.sample().await.unwrap();
+            assert_eq!(sample.balloon, Some(Bytes::from_mib(400)));
+        }
+        assert_eq!(
+            listings.load(Ordering::SeqCst),
+            2,
+            "tried once, not every sample after"
+        );
+        vm.sample().await.unwrap();
+        assert_eq!(listings.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
