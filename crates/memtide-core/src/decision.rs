@@ -37,6 +37,8 @@ pub enum DiagnosticKind {
     GuestReset,
     /// The guest shut down.
     GuestShutdown,
+    /// The VM's memory changed while it ran (a memory device plugged or removed).
+    MemoryResized,
     /// Another memory manager runs on the host and acts on the same knobs.
     OtherManager,
     /// The guest's memory is locked, pinned or in huge pages: a balloon frees nothing.
@@ -76,6 +78,7 @@ impl DiagnosticKind {
             DiagnosticKind::MemoryNotOnlined => "memory_not_onlined",
             DiagnosticKind::GuestReset => "guest_reset",
             DiagnosticKind::GuestShutdown => "guest_shutdown",
+            DiagnosticKind::MemoryResized => "memory_resized",
             DiagnosticKind::OtherManager => "other_manager",
             DiagnosticKind::FixedMemory => "fixed_memory",
         }

@@ -496,6 +496,17 @@ impl Engine {
             clean.balloon = Some(actual);
         }
         let before = memory.history.latest().and_then(|s| s.balloon);
+        if let Some(was) = memory.history.latest().map(|s| s.configured) {
+            if was != sample.configured {
+                diag(
+                    DiagnosticKind::MemoryResized,
+                    format!(
+                        "its memory went from {was} to {} while it ran (a memory device                          plugged or removed): sized by it from now on",
+                        sample.configured
+                    ),
+                );
+            }
+        }
         memory.history.push(at, clean);
         let signals = Signals::derive(&memory.history);
         let latest = memory.history.latest().expect("just pushed");

@@ -611,6 +611,26 @@ mod properties {
 }
 
 #[test]
+fn a_vm_whose_memory_changes_while_it_runs_is_reported_once() {
+    // 512 MiB, then a 256 MiB DIMM plugged (its sample's size is 768), then removed.
+    let mut a = vm("a", 512, 512, 300);
+    let mut e = engine();
+    let d = e.tick(&snapshot(0, host(4000, 2000), vec![a.clone()]));
+    assert_eq!(kinds(&d, "a"), vec![], "first seen: nothing to compare");
+    a.sample.as_mut().unwrap().configured = Bytes::from_mib(768);
+    let d = e.tick(&snapshot(1, host(4000, 2000), vec![a.clone()]));
+    assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::MemoryResized]);
+    let message = &d.diagnostics[0].message;
+    assert!(message.contains("512 MiB to 768 MiB"), "{message}");
+    assert_eq!(d.vms[0].configured, Some(Bytes::from_mib(768)));
+    let d = e.tick(&snapshot(2, host(4000, 2000), vec![a.clone()]));
+    assert_eq!(kinds(&d, "a"), vec![], "said once");
+    a.sample.as_mut().unwrap().configured = Bytes::from_mib(512);
+    let d = e.tick(&snapshot(3, host(4000, 2000), vec![a]));
+    assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::MemoryResized]);
+}
+
+#[test]
 fn virtio_mem_memory_the_guest_never_onlined_is_reported() {
     let mut a = vm("a", 1024, 1024, 600);
     a.sample.as_mut().unwrap().virtio_mem = Some(memtide_core::VirtioMem {

@@ -70,7 +70,7 @@ fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
         "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" => Level::WARN,
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
-            Some("guest_reset" | "guest_shutdown") => Level::INFO,
+            Some("guest_reset" | "guest_shutdown" | "memory_resized") => Level::INFO,
             _ => Level::WARN,
         },
         _ => Level::INFO,
