@@ -501,7 +501,8 @@ impl Engine {
                 diag(
                     DiagnosticKind::MemoryResized,
                     format!(
-                        "its memory went from {was} to {} while it ran (a memory device                          plugged or removed): sized by it from now on",
+                        "its memory went from {was} to {} while it ran (a memory device \
+                         plugged or removed): sized by it from now on",
                         sample.configured
                     ),
                 );

@@ -621,7 +621,11 @@ fn a_vm_whose_memory_changes_while_it_runs_is_reported_once() {
     let d = e.tick(&snapshot(1, host(4000, 2000), vec![a.clone()]));
     assert_eq!(kinds(&d, "a"), vec![DiagnosticKind::MemoryResized]);
     let message = &d.diagnostics[0].message;
-    assert!(message.contains("512 MiB to 768 MiB"), "{message}");
+    assert_eq!(
+        message,
+        "its memory went from 512 MiB to 768 MiB while it ran (a memory device plugged or \
+         removed): sized by it from now on"
+    );
     assert_eq!(d.vms[0].configured, Some(Bytes::from_mib(768)));
     let d = e.tick(&snapshot(2, host(4000, 2000), vec![a.clone()]));
     assert_eq!(kinds(&d, "a"), vec![], "said once");
