@@ -28,3 +28,9 @@ pub mod tiers;
 pub mod virtio_mem;
 pub mod vmm_snapshot;
 pub mod write_behind;
+
+/// Samples between two readings of a VM's devices when nothing told of a change (QEMU
+/// sends no event for a device added; libvirt's device events are not watched): a device plugged
+/// while the VM runs — a balloon, a virtio-mem device, a DIMM — is learnt within as many
+/// samples, a minute at the default interval.
+pub(crate) const RELEARN_SAMPLES: u32 = 60;

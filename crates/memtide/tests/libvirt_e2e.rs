@@ -12,6 +12,7 @@
 mod support;
 
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
 use support::daemon::{actual_mib, fixed_policy, memtide, mib, vm, Daemon};
@@ -308,6 +309,35 @@ fn sized(status: &Value, name: &str, plugged: f64, actual: f64) -> bool {
     })
 }
 
+/// A libvirtd of the test's own in `dir` running `domain` as `name` in `cgroup`, booted,
+/// and a daemon managing it under a policy giving it `mib`, written to the path returned
+/// (rewrite it and reload to move the domain).
+fn under_fixed_policy(
+    dir: &Path,
+    cgroup: &TestCgroup,
+    name: &str,
+    domain: &Domain,
+    mib: u64,
+) -> (Libvirtd, Daemon, PathBuf) {
+    let libvirtd = Libvirtd::start(dir, &cgroup.procs());
+    let console = libvirtd.boot(name, domain);
+    let ready = wait_for(Duration::from_secs(180), || {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        text.contains("memtide-guest: ready").then_some(())
+    });
+    assert!(ready.is_some(), "the guest did not boot");
+    let policy = dir.join("fixed.policy");
+    std::fs::write(&policy, fixed_policy(mib)).unwrap();
+    let config = format!(
+        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n\
+         [libvirt]\nuris = [{:?}]\n[engine]\nksm_control = false\n",
+        policy.display().to_string(),
+        libvirtd.uri,
+    );
+    let daemon = Daemon::start(dir, &config, support::free_port());
+    (libvirtd, daemon, policy)
+}
+
 /// The balloon's `actual` and the virtio-mem device's `<requested>` in KiB, as libvirt
 /// reports them.
 fn libvirt_sizes(libvirtd: &Libvirtd, name: &str) -> (u64, u64) {
@@ -336,32 +366,14 @@ fn libvirt_sizes(libvirtd: &Libvirtd, name: &str) -> (u64, u64) {
 fn a_domain_resized_through_virtio_mem() {
     let dir = tempfile::tempdir().unwrap();
     let cgroup = TestCgroup::create("memtide-libvirt-virtio-mem");
-    let libvirtd = Libvirtd::start(dir.path(), &cgroup.procs());
     // 256 MiB of base memory and 512 MiB more through virtio-mem, onlined as plugged.
-    let console = libvirtd.boot(
-        "v",
-        &Domain {
-            mem_mib: 256,
-            virtio_mem_mib: 512,
-            append: "memhp_default_state=online_movable",
-            ..Domain::default()
-        },
-    );
-    let ready = wait_for(Duration::from_secs(180), || {
-        let text = std::fs::read_to_string(&console).unwrap_or_default();
-        text.contains("memtide-guest: ready").then_some(())
-    });
-    assert!(ready.is_some(), "the guest did not boot");
-
-    let policy = dir.path().join("fixed.policy");
-    std::fs::write(&policy, fixed_policy(640)).unwrap();
-    let config = format!(
-        "interval_s = 1\npolicy = {:?}\n[discovery]\nqmp_glob = []\n\
-         [libvirt]\nuris = [{:?}]\n[engine]\nksm_control = false\n",
-        policy.display().to_string(),
-        libvirtd.uri,
-    );
-    let daemon = Daemon::start(dir.path(), &config, support::free_port());
+    let domain = Domain {
+        mem_mib: 256,
+        virtio_mem_mib: 512,
+        append: "memhp_default_state=online_movable",
+        ..Domain::default()
+    };
+    let (libvirtd, daemon, policy) = under_fixed_policy(dir.path(), &cgroup, "v", &domain, 640);
 
     // Growing past the base memory plugs whole blocks, 640 − 256 = 384 MiB; the balloon
     // keeps the whole base.
@@ -402,6 +414,61 @@ fn a_domain_resized_through_virtio_mem() {
     let (actual, requested) = libvirt_sizes(&libvirtd, "v");
     assert_eq!(requested, 0);
     assert!(actual.abs_diff(200 << 10) < 4 << 10, "balloon {actual} KiB");
+}
+
+#[test]
+#[ignore = "starts libvirtd and boots a real guest; run by scripts/test.sh"]
+fn a_dimm_attached_live_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-libvirt-dimm");
+    // 256 MiB, and room for a 128 MiB DIMM attached live, as oVirt hot-plugs memory; the
+    // guest onlines it movable.
+    let domain = Domain {
+        mem_mib: 256,
+        dimm_room_mib: 128,
+        append: "memhp_default_state=online_movable",
+        ..Domain::default()
+    };
+    let (libvirtd, daemon, policy) = under_fixed_policy(dir.path(), &cgroup, "d", &domain, 200);
+    let at = |configured: f64, want: f64| {
+        move |s: &Value| {
+            vm(s, "d").is_some_and(|v| {
+                mib(v, "configured") == Some(configured) && (actual_mib(s, "d") - want).abs() < 4.0
+            })
+        }
+    };
+    daemon.wait_until(
+        "the domain at 200 MiB",
+        Duration::from_secs(60),
+        at(256.0, 200.0),
+    );
+
+    // The DIMM attached, the policy's 360 MiB then above what memtide knew of the domain:
+    // within a minute of samples memtide reads its XML again, sizes it at 384 MiB and
+    // gives it 360 through the balloon, which works on the DIMM too.
+    let dimm = dir.path().join("dimm.xml");
+    std::fs::write(
+        &dimm,
+        "<memory model='dimm'><target><size unit='MiB'>128</size><node>0</node></target></memory>",
+    )
+    .unwrap();
+    let path = dimm.display().to_string();
+    libvirtd
+        .virsh(&["attach-device", "d", &path, "--live"])
+        .unwrap();
+    std::fs::write(&policy, fixed_policy(360)).unwrap();
+    daemon.reload();
+    daemon.wait_until(
+        "the domain sized with its DIMM and at 360 MiB",
+        Duration::from_secs(120),
+        at(384.0, 360.0),
+    );
+    let resized = daemon
+        .event_log()
+        .into_iter()
+        .filter(|e| e["vm"] == "d" && e["rule"] == "memory_resized")
+        .count();
+    assert_eq!(resized, 1, "the change said once");
 }
 
 #[test]

@@ -5,6 +5,7 @@ use super::{stats, xml, Libvirt};
 use crate::procfs;
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
 use crate::virtio_mem::{self, Device, Follower};
+use crate::RELEARN_SAMPLES;
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
@@ -34,6 +35,10 @@ pub struct LibvirtVm {
     pub(super) uri: String,
     pub(super) call_timeout: Duration,
     description: xml::DomainXml,
+    /// Samples left before its live XML is read again for devices attached or detached.
+    relearn_in: u32,
+    /// How often its guest refreshes its balloon statistics (s).
+    stats_period: i32,
     /// The memory the balloon works on: `<memory>` less the virtio-mem device's maximum.
     base: Bytes,
     /// What is learnt about the virtio-mem device from sample to sample.
@@ -144,7 +149,8 @@ struct Raw {
     memory: Vec<(u32, u64)>,
     /// CPU time the domain has used, in nanoseconds (`virDomainGetInfo`).
     cpu_ns: Option<u64>,
-    /// The live XML, for the virtio-mem device's sizes (only when it has one).
+    /// The live XML: for the virtio-mem device's sizes (when it has one), and every
+    /// [`RELEARN_SAMPLES`] samples for its devices (`None` where that reading failed).
     xml: Option<String>,
 }
 
@@ -201,6 +207,8 @@ impl LibvirtVm {
             call_timeout: limit,
             base: description.base_memory(),
             description,
+            relearn_in: RELEARN_SAMPLES,
+            stats_period: period,
             vmem_follower: Follower::default(),
             target: None,
             agent_open: qga::OpenHandles::default(),
@@ -220,6 +228,36 @@ impl LibvirtVm {
         (self.description.min, self.description.max)
     }
 
+    /// Take `new`, the domain's live description read again: where its memory, balloon
+    /// or virtio-mem device changed (a DIMM or virtio-mem device attached or detached
+    /// live, as oVirt hot-plugs memory), the target last sent is forgotten, a size of the
+    /// memory known then, so that the next is sent; a balloon that came has its
+    /// statistics turned on, and a guest agent channel that came or went is followed.
+    async fn follow_description(&mut self, new: xml::DomainXml) -> Result<(), BackendError> {
+        let change = Change::between(&self.description, &new);
+        if change.memory {
+            self.target = None;
+        }
+        if change.virtio_mem {
+            self.vmem_follower = Follower::default();
+        }
+        if change.balloon_came {
+            let (d, period) = (self.domain.clone(), self.stats_period);
+            blocking(self.call_timeout, move || {
+                d.set_memory_stats_period(period, sys::VIR_DOMAIN_AFFECT_LIVE)
+            })
+            .await?;
+        }
+        if new.agent_channel != self.agent.is_some() {
+            self.agent = new
+                .agent_channel
+                .then(|| AgentRetry::new(format!("of libvirt domain {}", self.name)));
+        }
+        self.base = new.base_memory();
+        self.description = new;
+        Ok(())
+    }
+
     fn events(&mut self) -> Vec<VmEvent> {
         let events = self.session.events.take(&self.name);
         if events.contains(&VmEvent::Reset) {
@@ -232,6 +270,32 @@ impl LibvirtVm {
 impl Drop for LibvirtVm {
     fn drop(&mut self) {
         self.session.events.unwatch(&self.name);
+    }
+}
+
+/// What changed between two readings of a domain's description.
+#[derive(Debug, Default, PartialEq)]
+struct Change {
+    /// Its memory, balloon or virtio-mem device: the target last sent no longer holds.
+    memory: bool,
+    /// Its virtio-mem device (another, or none).
+    virtio_mem: bool,
+    /// A balloon where there was none.
+    balloon_came: bool,
+}
+
+impl Change {
+    fn between(old: &xml::DomainXml, new: &xml::DomainXml) -> Change {
+        // A virtio-mem device by its name and size: its requested and plugged sizes move
+        // from sample to sample.
+        let device = |d: &xml::DomainXml| d.virtio_mem.as_ref().map(|v| (v.alias.clone(), v.size));
+        let virtio_mem = device(old) != device(new);
+        let balloon = |d: &xml::DomainXml| d.balloon.is_some();
+        Change {
+            memory: old.memory != new.memory || balloon(old) != balloon(new) || virtio_mem,
+            virtio_mem,
+            balloon_came: !balloon(old) && balloon(new),
+        }
     }
 }
 
@@ -303,6 +367,8 @@ impl VmBackend for LibvirtVm {
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         let d = self.domain.clone();
         let has_virtio_mem = self.description.virtio_mem.is_some();
+        let relearn = self.relearn_in == 0;
+        self.relearn_in = self.relearn_in.checked_sub(1).unwrap_or(RELEARN_SAMPLES);
         let raw = blocking(self.call_timeout, move || {
             let (state, reason) = d.get_state()?;
             if state != sys::VIR_DOMAIN_RUNNING && state != sys::VIR_DOMAIN_PAUSED {
@@ -318,6 +384,8 @@ impl VmBackend for LibvirtVm {
             let memory = d.memory_stats(0)?;
             let xml = if has_virtio_mem {
                 Some(d.get_xml_desc(0)?)
+            } else if relearn {
+                d.get_xml_desc(0).ok()
             } else {
                 None
             };
@@ -337,6 +405,23 @@ impl VmBackend for LibvirtVm {
         }
         if let Some(why) = busy(raw.state, raw.job) {
             return Err(BackendError::Busy(format!("{why}; left alone")));
+        }
+        if relearn {
+            // Read again for devices attached or detached live (libvirt's device events
+            // are not watched); a failed reading leaves the description known.
+            match raw.xml.as_deref().map(xml::parse) {
+                Some(Ok(new)) => self.follow_description(new).await?,
+                Some(Err(e)) => tracing::warn!(
+                    "libvirt domain {}: its XML read again does not parse ({e}); sampled \
+                     as described before",
+                    self.name
+                ),
+                None => tracing::warn!(
+                    "libvirt domain {}: reading its XML again failed; sampled as described \
+                     before",
+                    self.name
+                ),
+            }
         }
         let memory = stats::parse(&raw.memory);
         // A QEMU that ended while its domain runs on is followed to the new one, one not
@@ -633,6 +718,53 @@ mod tests {
         ] {
             assert!(local(uri), "{uri}");
         }
+    }
+
+    #[test]
+    fn a_domain_read_again_tells_what_changed_of_its_memory() {
+        let domain = |memory: u64, devices: &str| {
+            xml::parse(&format!(
+                "<domain><memory unit='MiB'>{memory}</memory><devices>{devices}</devices></domain>"
+            ))
+            .unwrap()
+        };
+        let balloon = "<memballoon model='virtio'/>";
+        let vmem = |alias: &str, requested: u64| {
+            format!(
+                "<memory model='virtio-mem'><target><size unit='MiB'>512</size><node>0</node>\
+                 <block unit='MiB'>2</block><requested unit='MiB'>{requested}</requested>\
+                 </target><alias name='{alias}'/></memory>"
+            )
+        };
+        let plain = domain(256, balloon);
+        assert_eq!(Change::between(&plain, &plain), Change::default());
+        // A DIMM attached live: <memory> grows by it.
+        let memory_only = Change {
+            memory: true,
+            ..Change::default()
+        };
+        assert_eq!(Change::between(&plain, &domain(384, balloon)), memory_only);
+        // A balloon where there was none.
+        let none = domain(256, "<memballoon model='none'/>");
+        let came = Change {
+            memory: true,
+            balloon_came: true,
+            ..Change::default()
+        };
+        assert_eq!(Change::between(&none, &plain), came);
+        assert_eq!(Change::between(&plain, &none), memory_only, "gone");
+        // A virtio-mem device attached; the same device plugging more is no change.
+        let with = domain(768, &format!("{balloon}{}", vmem("virtiomem0", 0)));
+        let device = Change {
+            memory: true,
+            virtio_mem: true,
+            ..Change::default()
+        };
+        assert_eq!(Change::between(&plain, &with), device);
+        let plugging = domain(768, &format!("{balloon}{}", vmem("virtiomem0", 256)));
+        assert_eq!(Change::between(&with, &plugging), Change::default());
+        let other = domain(768, &format!("{balloon}{}", vmem("virtiomem1", 0)));
+        assert_eq!(Change::between(&with, &other), device);
     }
 
     #[test]

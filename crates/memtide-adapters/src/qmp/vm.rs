@@ -6,6 +6,7 @@ use crate::access::{Mappings, Method, TrackError, Tracker};
 use crate::damon::DamonError;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
+use crate::RELEARN_SAMPLES;
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::{AgentStats, GuestStats};
@@ -642,12 +643,6 @@ async fn find_device(client: &mut QmpClient, kind: &str) -> Result<Option<String
 /// QEMU's event for a device removed: a DIMM the guest gave up, a balloon unplugged.
 const DEVICE_DELETED: &str = "DEVICE_DELETED";
 
-/// Samples between two readings of a VM's devices when nothing told of a change: a
-/// device plugged (a balloon, a virtio-mem device, a DIMM in a VM without a balloon;
-/// QEMU sends no event for `device_add`) is learnt within as many samples, a minute at
-/// the default interval. (A DIMM plugged beside a balloon shows at once, in its `actual`.)
-const RELEARN_SAMPLES: u32 = 60;
-
 /// What a VM's devices tell of its memory, as [`Devices::learn`] reads them: at the
 /// connection, and again when a device came or went.
 struct Devices {
@@ -766,8 +761,10 @@ impl QmpVm {
         // A device removed (a DIMM the guest gave up, as Proxmox VE unplugs memory; the
         // balloon): its devices are learnt again before they are queried. Taken from the
         // queue, the other events left for the sample; a failed read fails the sample and
-        // is tried again at the next. Without an event, every [`RELEARN_SAMPLES`] samples,
-        // where a failed read leaves the devices known, tried again as many samples on.
+        // is tried again at the next. Without an event (a device added), every
+        // [`RELEARN_SAMPLES`] samples, where a failed read leaves the devices known, tried
+        // again as many samples on; a DIMM plugged beside a balloon shows at once, in the
+        // balloon's `actual`.
         self.removed |= self.client.take_events(DEVICE_DELETED) > 0;
         if self.removed {
             self.learn_devices().await?;

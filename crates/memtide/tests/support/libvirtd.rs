@@ -30,6 +30,9 @@ pub struct Domain<'a> {
     /// A virtio-mem device of this size beyond `mem_mib` (none when 0), with the memory
     /// slot and NUMA cell libvirt requires for one.
     pub virtio_mem_mib: u64,
+    /// Room for DIMMs of this much in all to be attached live (none when 0), with the
+    /// memory slots and NUMA cell libvirt requires for them.
+    pub dimm_room_mib: u64,
     /// Added to the kernel command line.
     pub append: &'a str,
 }
@@ -234,6 +237,7 @@ impl Libvirtd {
             agent,
             metadata,
             virtio_mem_mib,
+            dimm_room_mib,
             append,
         } = *domain;
         let guest = self.dir.join("guest");
@@ -249,21 +253,25 @@ impl Libvirtd {
         } else {
             ""
         };
-        let (max_memory, numa, virtio_mem) = if virtio_mem_mib > 0 {
+        let (max_memory, numa) = if virtio_mem_mib + dimm_room_mib > 0 {
             (
                 format!(
-                    "<maxMemory slots='1' unit='MiB'>{}</maxMemory>",
-                    mem_mib + virtio_mem_mib
+                    "<maxMemory slots='2' unit='MiB'>{}</maxMemory>",
+                    mem_mib + virtio_mem_mib + dimm_room_mib
                 ),
                 format!("<numa><cell id='0' cpus='0' memory='{mem_mib}' unit='MiB'/></numa>"),
-                format!(
-                    "<memory model='virtio-mem'><target><size unit='MiB'>{virtio_mem_mib}</size>\
-                     <node>0</node><block unit='MiB'>2</block><requested unit='MiB'>0</requested>\
-                     </target></memory>"
-                ),
             )
         } else {
             Default::default()
+        };
+        let virtio_mem = if virtio_mem_mib > 0 {
+            format!(
+                "<memory model='virtio-mem'><target><size unit='MiB'>{virtio_mem_mib}</size>\
+                 <node>0</node><block unit='MiB'>2</block><requested unit='MiB'>0</requested>\
+                 </target></memory>"
+            )
+        } else {
+            String::new()
         };
         let xml = format!(
             "<domain type='qemu'>
@@ -278,7 +286,7 @@ impl Libvirtd {
     <initrd>{initrd}</initrd>
     <cmdline>console=ttyS0 no_timer_check panic=-1 quiet cryptomgr.notests ipv6.disable=1 memtide.workload={workload} memtide.args={args} {append}</cmdline>
   </os>
-  <features><tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>
+  <features>{acpi}<tcg><tb-cache unit='MiB'>16</tb-cache></tcg></features>
   <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model><feature policy='require' name='rdrand'/>{numa}</cpu>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -293,6 +301,8 @@ impl Libvirtd {
   </devices>
 </domain>",
             memory = mem_mib + virtio_mem_mib,
+            // QEMU plugs a DIMM through the guest's ACPI.
+            acpi = if dimm_room_mib > 0 { "<acpi/>" } else { "" },
             kernel = guest.join("vmlinuz").display(),
             initrd = guest.join("initrd.img").display(),
             swap = swap.display(),
