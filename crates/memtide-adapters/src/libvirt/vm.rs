@@ -232,8 +232,9 @@ impl LibvirtVm {
     /// or virtio-mem device changed (a DIMM or virtio-mem device attached or detached
     /// live, as oVirt hot-plugs memory), the target last sent is forgotten, a size of the
     /// memory known then, so that the next is sent; a balloon that came has its
-    /// statistics turned on, and a guest agent channel that came or went is followed.
-    async fn follow_description(&mut self, new: xml::DomainXml) -> Result<(), BackendError> {
+    /// statistics turned on (a refusal warned of: the guest's figures are then missing),
+    /// and a guest agent channel that came or went is followed.
+    async fn follow_description(&mut self, new: xml::DomainXml) {
         let change = Change::between(&self.description, &new);
         if change.memory {
             self.target = None;
@@ -243,10 +244,16 @@ impl LibvirtVm {
         }
         if change.balloon_came {
             let (d, period) = (self.domain.clone(), self.stats_period);
-            blocking(self.call_timeout, move || {
+            let set = blocking(self.call_timeout, move || {
                 d.set_memory_stats_period(period, sys::VIR_DOMAIN_AFFECT_LIVE)
             })
-            .await?;
+            .await;
+            if let Err(e) = set {
+                tracing::warn!(
+                    "libvirt domain {}: its balloon's statistics could not be turned on ({e})",
+                    self.name
+                );
+            }
         }
         if new.agent_channel != self.agent.is_some() {
             self.agent = new
@@ -255,7 +262,6 @@ impl LibvirtVm {
         }
         self.base = new.base_memory();
         self.description = new;
-        Ok(())
     }
 
     fn events(&mut self) -> Vec<VmEvent> {
@@ -410,7 +416,7 @@ impl VmBackend for LibvirtVm {
             // Read again for devices attached or detached live (libvirt's device events
             // are not watched); a failed reading leaves the description known.
             match raw.xml.as_deref().map(xml::parse) {
-                Some(Ok(new)) => self.follow_description(new).await?,
+                Some(Ok(new)) => self.follow_description(new).await,
                 Some(Err(e)) => tracing::warn!(
                     "libvirt domain {}: its XML read again does not parse ({e}); sampled \
                      as described before",
