@@ -30,7 +30,42 @@ pub mod vmm_snapshot;
 pub mod write_behind;
 
 /// Samples between two readings of a VM's devices when nothing told of a change (QEMU
-/// sends no event for a device added; libvirt's device events are not watched): a device plugged
-/// while the VM runs — a balloon, a virtio-mem device, a DIMM — is learnt within as many
-/// samples, a minute at the default interval.
+/// sends no event for a device added; libvirt's device events are not watched): a device
+/// plugged while the VM runs — a balloon, a virtio-mem device, a DIMM — is learnt within
+/// as many samples, a minute at the default interval.
 pub(crate) const RELEARN_SAMPLES: u32 = 60;
+
+/// When a VM's devices are read again with nothing said of a change: every
+/// [`RELEARN_SAMPLES`] samples after the last reading.
+#[derive(Debug)]
+pub(crate) struct Relearn {
+    left: u32,
+}
+
+impl Relearn {
+    /// Counting from a reading made now.
+    pub(crate) fn new() -> Relearn {
+        Relearn {
+            left: RELEARN_SAMPLES,
+        }
+    }
+
+    /// Whether this sample is to read the devices again; counting starts over when it is.
+    pub(crate) fn due(&mut self) -> bool {
+        match self.left.checked_sub(1) {
+            Some(left) => {
+                self.left = left;
+                false
+            }
+            None => {
+                self.restart();
+                true
+            }
+        }
+    }
+
+    /// The devices were read now (for another reason): count from here.
+    pub(crate) fn restart(&mut self) {
+        self.left = RELEARN_SAMPLES;
+    }
+}

@@ -500,12 +500,7 @@ fn a_guest_with_a_dimm_is_sized_with_it() {
         sized(384.0, 320.0),
     );
     // Each change of the VM's size was said in the event log, once.
-    let resized: Vec<String> = daemon
-        .event_log()
-        .into_iter()
-        .filter(|e| e["vm"] == "dimm" && e["rule"] == "memory_resized")
-        .map(|e| e["message"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let resized = daemon.said("dimm", "memory_resized");
     assert_eq!(resized.len(), 2, "{resized:?}");
     assert!(resized[0].contains("384 MiB to 512 MiB"), "{resized:?}");
     assert!(resized[1].contains("512 MiB to 384 MiB"), "{resized:?}");

@@ -463,12 +463,8 @@ fn a_dimm_attached_live_is_followed() {
         Duration::from_secs(120),
         at(384.0, 360.0),
     );
-    let resized = daemon
-        .event_log()
-        .into_iter()
-        .filter(|e| e["vm"] == "d" && e["rule"] == "memory_resized")
-        .count();
-    assert_eq!(resized, 1, "the change said once");
+    let resized = daemon.said("d", "memory_resized");
+    assert_eq!(resized.len(), 1, "the change said once: {resized:?}");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use super::{stats, xml, Libvirt};
 use crate::procfs;
 use crate::qga::{self, AgentChannel, AgentRetry, QgaError};
 use crate::virtio_mem::{self, Device, Follower};
-use crate::RELEARN_SAMPLES;
+use crate::Relearn;
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
@@ -35,8 +35,8 @@ pub struct LibvirtVm {
     pub(super) uri: String,
     pub(super) call_timeout: Duration,
     description: xml::DomainXml,
-    /// Samples left before its live XML is read again for devices attached or detached.
-    relearn_in: u32,
+    /// When its live XML is read again for devices attached or detached.
+    relearn: Relearn,
     /// How often its guest refreshes its balloon statistics (s).
     stats_period: i32,
     /// The memory the balloon works on: `<memory>` less the virtio-mem device's maximum.
@@ -150,7 +150,7 @@ struct Raw {
     /// CPU time the domain has used, in nanoseconds (`virDomainGetInfo`).
     cpu_ns: Option<u64>,
     /// The live XML: for the virtio-mem device's sizes (when it has one), and every
-    /// [`RELEARN_SAMPLES`] samples for its devices (`None` where that reading failed).
+    /// [`crate::RELEARN_SAMPLES`] samples for its devices (`None` where that reading failed).
     xml: Option<String>,
 }
 
@@ -207,7 +207,7 @@ impl LibvirtVm {
             call_timeout: limit,
             base: description.base_memory(),
             description,
-            relearn_in: RELEARN_SAMPLES,
+            relearn: Relearn::new(),
             stats_period: period,
             vmem_follower: Follower::default(),
             target: None,
@@ -373,8 +373,7 @@ impl VmBackend for LibvirtVm {
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         let d = self.domain.clone();
         let has_virtio_mem = self.description.virtio_mem.is_some();
-        let relearn = self.relearn_in == 0;
-        self.relearn_in = self.relearn_in.checked_sub(1).unwrap_or(RELEARN_SAMPLES);
+        let relearn = self.relearn.due();
         let raw = blocking(self.call_timeout, move || {
             let (state, reason) = d.get_state()?;
             if state != sys::VIR_DOMAIN_RUNNING && state != sys::VIR_DOMAIN_PAUSED {

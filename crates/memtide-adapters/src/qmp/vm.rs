@@ -6,7 +6,7 @@ use crate::access::{Mappings, Method, TrackError, Tracker};
 use crate::damon::DamonError;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
-use crate::RELEARN_SAMPLES;
+use crate::Relearn;
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::{AgentStats, GuestStats};
@@ -67,8 +67,8 @@ pub struct QmpVm {
     devices: Devices,
     /// A device was removed (`DEVICE_DELETED`) since the devices were last learnt.
     removed: bool,
-    /// Samples left before the devices are learnt again with nothing said of a change.
-    learn_in: u32,
+    /// When the devices are learnt again with nothing said of a change.
+    relearn: Relearn,
     /// What is learnt about the virtio-mem device from sample to sample.
     vmem_follower: crate::virtio_mem::Follower,
     target: Option<Bytes>,
@@ -444,7 +444,7 @@ impl QmpVm {
             stats_interval_s: opts.stats_interval_s,
             devices,
             removed: false,
-            learn_in: RELEARN_SAMPLES,
+            relearn: Relearn::new(),
             vmem_follower: Default::default(),
             target: None,
             process,
@@ -768,14 +768,13 @@ impl QmpVm {
         self.removed |= self.client.take_events(DEVICE_DELETED) > 0;
         if self.removed {
             self.learn_devices().await?;
-        } else if let Some(left) = self.learn_in.checked_sub(1) {
-            self.learn_in = left;
-        } else if let Err(e) = self.learn_devices().await {
-            tracing::warn!(
-                "{}: reading its devices again failed ({e}); sampled with those known",
-                self.client.socket().display()
-            );
-            self.learn_in = RELEARN_SAMPLES;
+        } else if self.relearn.due() {
+            if let Err(e) = self.learn_devices().await {
+                tracing::warn!(
+                    "{}: reading its devices again failed ({e}); sampled with those known",
+                    self.client.socket().display()
+                );
+            }
         }
         let device = match self.devices.virtio_mem.clone() {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
@@ -902,7 +901,8 @@ impl QmpVm {
             None => self.own = None,
         }
         self.devices = devices;
-        (self.removed, self.learn_in) = (false, RELEARN_SAMPLES);
+        self.removed = false;
+        self.relearn.restart();
         Ok(())
     }
 
@@ -976,6 +976,7 @@ impl VmBackend for QmpVm {
 mod tests {
     use super::*;
     use crate::qmp::client::tests::{ok, serve, HANG_UP};
+    use crate::RELEARN_SAMPLES;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 

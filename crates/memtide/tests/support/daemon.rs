@@ -168,6 +168,15 @@ impl Daemon {
             .collect()
     }
 
+    /// The messages of `vm`'s events under `rule` in the event log, oldest first.
+    pub fn said(&self, vm: &str, rule: &str) -> Vec<String> {
+        self.event_log()
+            .into_iter()
+            .filter(|e| e["vm"] == vm && e["rule"] == rule)
+            .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
