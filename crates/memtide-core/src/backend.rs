@@ -26,6 +26,13 @@ pub trait VmBackend: Send {
     fn pid(&self) -> Option<i32> {
         None
     }
+    /// The operator's bounds, (min, max), as the hypervisor's description of the VM gives
+    /// them now, for connectors that read them there and follow the description while the
+    /// VM runs (libvirt's metadata); `None` where the connector gives none, or gives them
+    /// once at connection.
+    fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
+        None
+    }
     /// Save the guest's memory and device state into the files of the existing directory
     /// `dir`, the guest stopped meanwhile, within `limit`, then `seal` what was written
     /// (make the snapshot whole) and leave the guest as `then` says: a guest that runs on

@@ -468,6 +468,50 @@ fn a_dimm_attached_live_is_followed() {
 }
 
 #[test]
+#[ignore = "starts libvirtd and boots a real guest; run by scripts/test.sh"]
+fn a_min_set_in_the_metadata_live_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = TestCgroup::create("memtide-libvirt-metadata");
+    let domain = Domain {
+        mem_mib: 256,
+        ..Domain::default()
+    };
+    let (libvirtd, daemon, _) = under_fixed_policy(dir.path(), &cgroup, "m", &domain, 160);
+    let at = |min: f64, want: f64| {
+        move |s: &Value| {
+            vm(s, "m").is_some_and(|v| {
+                mib(v, "min") == Some(min) && (actual_mib(s, "m") - want).abs() < 4.0
+            })
+        }
+    };
+    daemon.wait_until(
+        "the domain at 160 MiB, the default min",
+        Duration::from_secs(60),
+        at(128.0, 160.0),
+    );
+    // The operator raises its min in memtide's metadata while it runs: within a minute of
+    // samples memtide reads the live XML again and holds the domain at 224 MiB, above
+    // what the policy asks.
+    libvirtd
+        .virsh(&[
+            "metadata",
+            "m",
+            "urn:memtide:limits:1",
+            "--key",
+            "memtide",
+            "--set",
+            "<limits min_mib='224'/>",
+            "--live",
+        ])
+        .unwrap();
+    daemon.wait_until(
+        "the domain at its new min, 224 MiB",
+        Duration::from_secs(120),
+        at(224.0, 224.0),
+    );
+}
+
+#[test]
 fn a_bad_libvirt_uri_is_rejected_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("memtide.toml");

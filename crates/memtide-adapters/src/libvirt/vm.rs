@@ -223,17 +223,13 @@ impl LibvirtVm {
         })
     }
 
-    /// Bounds from the domain's description: (min, max).
-    pub fn bounds(&self) -> (Option<Bytes>, Option<Bytes>) {
-        (self.description.min, self.description.max)
-    }
-
     /// Take `new`, the domain's live description read again: where its memory, balloon
     /// or virtio-mem device changed (a DIMM or virtio-mem device attached or detached
     /// live, as oVirt hot-plugs memory), the target last sent is forgotten, a size of the
     /// memory known then, so that the next is sent; a balloon that came has its
     /// statistics turned on (a refusal warned of: the guest's figures are then missing),
-    /// and a guest agent channel that came or went is followed.
+    /// a guest agent channel that came or went is followed, and the operator's bounds are
+    /// the new description's.
     async fn follow_description(&mut self, new: xml::DomainXml) {
         let change = Change::between(&self.description, &new);
         if change.memory {
@@ -536,6 +532,13 @@ impl VmBackend for LibvirtVm {
     /// Its QEMU's, where found: at connection, or by a later scan.
     fn pid(&self) -> Option<i32> {
         self.process.as_ref().map(|(pid, _)| *pid)
+    }
+
+    /// From the domain's description as last read (`<memtune><min_guarantee>`, memtide's
+    /// metadata), which follows its live XML every `RELEARN_SAMPLES` samples: bounds set
+    /// with `virsh metadata --live` hold within a minute.
+    fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
+        Some((self.description.min, self.description.max))
     }
 
     async fn save(

@@ -191,7 +191,7 @@ mod libvirt {
     use crate::config::{BoundFrom, Config};
     use memtide_adapters::libvirt::{Libvirt, LibvirtVm, LibvirtVmOptions};
     use memtide_core::backend::VmBackend;
-    use memtide_core::{BackendError, Bytes};
+    use memtide_core::BackendError;
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -236,13 +236,10 @@ mod libvirt {
 
         pub async fn connect(&self, uri: &str, domain: &str) -> Result<Connection, BackendError> {
             let vm = LibvirtVm::connect(&self.get(uri), domain, &self.opts).await?;
-            let (min, max) = vm.bounds();
-            let domain = |b: Option<Bytes>| b.map(|b| (b, BoundFrom::Libvirt));
-            let pid = vm.pid();
+            // Its bounds follow the domain's description as the connector reads it again.
             Ok(Connection {
-                min: domain(min),
-                max: domain(max),
-                ..super::with_pid(pid, Box::new(vm))
+                described: Some(BoundFrom::Libvirt),
+                ..super::with_pid(vm.pid(), Box::new(vm))
             })
         }
 

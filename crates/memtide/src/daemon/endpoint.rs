@@ -1,6 +1,6 @@
 //! Where a VM is reached, and how a connection to it is opened.
 
-use crate::config::{Bound, VmConfig};
+use crate::config::{Bound, BoundFrom, VmConfig};
 use async_trait::async_trait;
 use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
@@ -84,6 +84,9 @@ pub struct Connection {
     pub shares: Option<u32>,
     /// Its hypervisor's process, when known (for its cgroup).
     pub pid: Option<u32>,
+    /// Where the bounds its backend reports while it runs ([`VmBackend::bounds`]) come
+    /// from, for backends that report them; they then stand for `min` and `max`.
+    pub described: Option<BoundFrom>,
 }
 
 impl Connection {
@@ -95,6 +98,7 @@ impl Connection {
             max: None,
             shares: None,
             pid: None,
+            described: None,
         }
     }
 }

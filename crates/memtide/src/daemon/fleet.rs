@@ -189,6 +189,9 @@ struct Managed {
     config: Option<VmConfig>,
     /// The bounds its hypervisor gave when it connected: min, max, shares.
     own: (Option<Bound>, Option<Bound>, Option<u32>),
+    /// Where the bounds its backend reports while it runs come from, where it reports
+    /// them: they stand for `own`'s min and max.
+    described: Option<BoundFrom>,
     /// Where its bounds at the latest sample came from.
     bounds_from: Option<BoundsFrom>,
     /// The VM of a KubeVirt launcher pod on this node.
@@ -426,6 +429,7 @@ impl Fleet {
                         agent: c.agent,
                         config: c.config,
                         own: (connection.min, connection.max, connection.shares),
+                        described: connection.described,
                         bounds_from: None,
                         launcher,
                         discovered: c.discovered,
@@ -524,6 +528,10 @@ impl Fleet {
     fn bounds(&self, name: &str) -> Bounds {
         let m = &self.managed[name];
         let (mut min, mut max, shares) = m.own;
+        if let Some(((now_min, now_max), from)) = m.task.bounds().zip(m.described) {
+            let described = |b: Option<Bytes>| b.map(|b| (b, from));
+            (min, max) = (described(now_min), described(now_max));
+        }
         if let Some(pod) = self
             .pods
             .as_ref()
@@ -1262,6 +1270,7 @@ mod tests {
                     max: None,
                     shares: None,
                     pid: self.pid,
+                    described: None,
                 }),
             }
         }
@@ -1728,6 +1737,73 @@ mod tests {
         let (vms, _) = sample(&mut fleet).await;
         assert_eq!(names(&vms), ["cache", "db", "web"]);
         assert_eq!(bounds(&vms)[0], (350, 512, 500));
+    }
+
+    /// A fake VM whose hypervisor's description gives the bounds the test sets.
+    struct Described(FakeVm, Arc<Mutex<(Option<Bytes>, Option<Bytes>)>>);
+
+    #[async_trait]
+    impl VmBackend for Described {
+        async fn sample(&mut self) -> Result<VmSample, BackendError> {
+            self.0.sample().await
+        }
+        async fn set_balloon(&mut self, target: Bytes) -> Result<(), BackendError> {
+            self.0.set_balloon(target).await
+        }
+        fn target(&self) -> Option<Bytes> {
+            None
+        }
+        fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
+            Some(*self.1.lock().unwrap())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounds_a_hypervisor_describes_follow_its_description_from_sample_to_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = fleet(dir.path(), Arc::new(FakeConnector::default()));
+        std::fs::write(dir.path().join("db.sock"), "").unwrap();
+        settle(&mut fleet).await;
+        // Connected as a libvirt domain is: its bounds are those its backend describes.
+        let described = Arc::new(Mutex::new((Some(Bytes::from_mib(300)), None)));
+        let backend = Described(
+            FakeVm(Behaviour::Healthy, Arc::default(), Arc::default()),
+            described.clone(),
+        );
+        let m = fleet.managed.get_mut("db").unwrap();
+        (m.task, m.described) = (
+            VmTask::new("db", Box::new(backend), fleet.call_timeout),
+            Some(BoundFrom::Libvirt),
+        );
+        let bounds = |fleet: &Fleet, vms: &[VmSnapshot]| {
+            let from = fleet.managed["db"].bounds_from.unwrap();
+            (
+                vms[0].limits.min.mib(),
+                vms[0].limits.max.mib(),
+                from.min,
+                from.max,
+            )
+        };
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(
+            bounds(&fleet, &vms),
+            (300, 512, BoundFrom::Libvirt, BoundFrom::Size),
+            "the described min stands for the connection's (the fake's 200)"
+        );
+        // The operator sets a max and lowers the min in the description while it runs.
+        *described.lock().unwrap() = (Some(Bytes::from_mib(250)), Some(Bytes::from_mib(400)));
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(
+            bounds(&fleet, &vms),
+            (250, 400, BoundFrom::Libvirt, BoundFrom::Libvirt)
+        );
+        // Both removed: the defaults' (`[defaults] min_mib`, 128).
+        *described.lock().unwrap() = (None, None);
+        let (vms, _) = sample(&mut fleet).await;
+        assert_eq!(
+            bounds(&fleet, &vms),
+            (128, 512, BoundFrom::Default, BoundFrom::Size)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -104,6 +104,8 @@ pub struct VmTask {
     target: Option<Bytes>,
     /// The hypervisor process the backend last reported (kept while it is lent).
     pid: Option<i32>,
+    /// The bounds the backend last reported ([`VmBackend::bounds`]; kept while it is lent).
+    bounds: Option<(Option<Bytes>, Option<Bytes>)>,
     /// When the latest answer came.
     answered: Option<Instant>,
     /// Events that came with a sample superseded before any tick used it (a reset seen
@@ -119,6 +121,7 @@ impl VmTask {
             call_timeout,
             target: backend.target(),
             pid: backend.pid(),
+            bounds: backend.bounds(),
             idle: Some(backend),
             in_flight: None,
             answered: None,
@@ -305,6 +308,19 @@ impl VmTask {
                 self.answered = Some(at);
                 if let Some(backend) = backend {
                     (self.target, self.pid) = (backend.target(), backend.pid());
+                    let bounds = backend.bounds();
+                    if bounds != self.bounds {
+                        tracing::info!(
+                            "VM {}: its bounds as its hypervisor describes it are now min {}, \
+                             max {} (were min {}, max {})",
+                            self.name,
+                            shown(bounds.and_then(|b| b.0)),
+                            shown(bounds.and_then(|b| b.1)),
+                            shown(self.bounds.and_then(|b| b.0)),
+                            shown(self.bounds.and_then(|b| b.1)),
+                        );
+                        self.bounds = bounds;
+                    }
                     self.idle = Some(backend);
                 }
                 answer
@@ -336,6 +352,16 @@ impl VmTask {
     pub fn pid(&self) -> Option<i32> {
         self.pid
     }
+
+    /// The bounds the backend last reported ([`VmBackend::bounds`]).
+    pub fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
+        self.bounds
+    }
+}
+
+/// A bound as a log line shows it.
+fn shown(bound: Option<Bytes>) -> String {
+    bound.map_or_else(|| "unset".into(), |b| b.to_string())
 }
 
 /// What a call does, with what it needs.
