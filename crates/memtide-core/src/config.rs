@@ -18,6 +18,10 @@ pub struct EngineConfig {
     pub ksm_in_cgroup_domain: bool,
 }
 
+/// The most samples kept per VM: a sample holds a VM's every figure, and a thousand VMs
+/// keeping a thousand each hold half a GiB or more.
+pub const MAX_HISTORY_LEN: usize = 1000;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -35,6 +39,13 @@ impl EngineConfig {
         // Rates (swap-ins, refaults, stalls) and a VM's reset are told from two samples.
         if self.history_len < 2 {
             return Err("history_len: must be at least 2 (rates need two samples)".into());
+        }
+        if self.history_len > MAX_HISTORY_LEN {
+            return Err(format!(
+                "history_len: {} is above {MAX_HISTORY_LEN} (each VM keeps that many samples \
+                 in memory)",
+                self.history_len
+            ));
         }
         Ok(())
     }

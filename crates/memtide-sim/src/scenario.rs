@@ -362,6 +362,14 @@ const MAX_MIB: f64 = (1u64 << 30) as f64;
 /// What a size must be.
 const SIZE: &str = "must be a size ≥ 0, at most 1 PiB (1073741824 MiB)";
 
+/// The longest tick (s): a day.
+const MAX_TICK_S: f64 = 86_400.0;
+
+/// The longest run (s), ticks × tick_s: about three years. Within it a workload's clock
+/// still moves by its shortest step ([`crate::workload::MIN_STEP_S`]): an audit's walk
+/// stepping every 1e-300 s never reached the next tick, and a tick of 1e300 s panicked.
+const MAX_RUN_S: f64 = 1e8;
+
 /// The most VMs a scenario may hold: the host's OOM killer looks at every VM for each
 /// kill, so a host far too small for 100 000 VMs took minutes a tick.
 const MAX_VMS: u64 = 10_000;
@@ -492,8 +500,20 @@ impl Scenario {
         if self.ticks == 0 {
             return Err(invalid("ticks".into(), "must be at least 1"));
         }
-        if !positive(self.tick_s) {
-            return Err(invalid("tick_s".into(), ABOVE_ZERO));
+        if !(positive(self.tick_s) && self.tick_s <= MAX_TICK_S) {
+            return Err(invalid(
+                "tick_s".into(),
+                "must be a number of seconds above 0, at most 86400",
+            ));
+        }
+        if self.ticks as f64 * self.tick_s > MAX_RUN_S {
+            return Err(invalid(
+                "ticks".into(),
+                &format!(
+                    "{} ticks of {} s run longer than {MAX_RUN_S} s (about three years)",
+                    self.ticks, self.tick_s
+                ),
+            ));
         }
         let h = &self.host;
         for (name, v) in [
@@ -626,6 +646,12 @@ impl Scenario {
                 if !size(v) {
                     return Err(invalid(at(&format!("workload.{name}")), "must be ≥ 0"));
                 }
+            }
+            if w.hold_s > 0.0 && w.hold_s < crate::workload::MIN_STEP_S {
+                return Err(invalid(
+                    at("workload.hold_s"),
+                    "must be 0 (no hold) or at least 0.001 s",
+                ));
             }
             w.anon
                 .validate(&at("workload.anon"))

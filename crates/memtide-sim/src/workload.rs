@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// above 0 (scenario and workload checks alike).
 pub(crate) const ABOVE_ZERO: &str = "must be a finite number above 0";
 
+/// The shortest step of a workload's clock (a walk's `every_s`, a `hold_s`), in s.
+pub(crate) const MIN_STEP_S: f64 = 0.001;
+
 /// A size over time, in MiB.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -215,8 +218,8 @@ impl Shape {
                     err("max_mib", "must be at least min_mib")
                 } else if !size_ok(*step_mib) {
                     err("step_mib", "must be a size ≥ 0")
-                } else if !(every_s.is_finite() && *every_s > 0.0) {
-                    err("every_s", ABOVE_ZERO)
+                } else if !(every_s.is_finite() && *every_s >= MIN_STEP_S) {
+                    err("every_s", "must be a number of seconds, at least 0.001")
                 } else if start_mib.is_some_and(|s| !(s >= *min_mib && s <= *max_mib)) {
                     err("start_mib", "must be within min_mib and max_mib")
                 } else {

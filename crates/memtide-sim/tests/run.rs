@@ -286,6 +286,30 @@ fn scenario_errors_name_the_field() {
         e,
         "scenario: vm: at most 10000 VMs in all (counts included)"
     );
+    // Clocks that stop (found by an audit): a walk stepping every 1e-300 s, or a hold as
+    // short, never reached the next tick, and a tick of 1e300 s panicked.
+    let e = parse_error(&format!(
+        "{BASE}[vm.workload]\nanon = {{ kind = \"walk\", min_mib = 0, max_mib = 500, step_mib = 10, every_s = 1e-300 }}\n"
+    ));
+    assert_eq!(
+        e,
+        "scenario: vm[0].workload.anon.every_s: must be a number of seconds, at least 0.001"
+    );
+    let e = parse_error(&format!("{BASE}[vm.workload]\nhold_s = 1e-300\n"));
+    assert_eq!(
+        e,
+        "scenario: vm[0].workload.hold_s: must be 0 (no hold) or at least 0.001 s"
+    );
+    let e = parse_error(&BASE.replace("name = \"t\"", "name = \"t\"\ntick_s = 1e300"));
+    assert_eq!(
+        e,
+        "scenario: tick_s: must be a number of seconds above 0, at most 86400"
+    );
+    let e = parse_error(&BASE.replace("name = \"t\"", "name = \"t\"\nticks = 200000000"));
+    assert_eq!(
+        e,
+        "scenario: ticks: 200000000 ticks of 1 s run longer than 100000000 s (about three years)"
+    );
     assert!(matches!(
         Scenario::builtin("nope"),
         Err(ScenarioError::UnknownBuiltin(..))

@@ -622,7 +622,7 @@ impl Config {
     /// runs in (`check-config` by hand, the daemon from `/`).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        let text = crate::text_file::read(path).map_err(|error| ConfigError::Read {
             path: display.clone(),
             error,
         })?;
@@ -902,7 +902,7 @@ impl Config {
         }
         for (i, vm) in self.vms.iter().enumerate() {
             match &vm.launch {
-                Some(launch) if launch.is_empty() => {
+                Some(launch) if launch.first().is_none_or(String::is_empty) => {
                     return bad(&format!("vm[{i}].launch"), "an empty command".into())
                 }
                 Some(_) if vm.libvirt.is_some() => {
@@ -1065,13 +1065,27 @@ impl Config {
                     return bad(&field("qmp"), message.into());
                 }
             }
-            let socket = [
+            // Relative, a socket would be found from the daemon's working directory (found
+            // by an audit: `qmp = ""` was accepted, and failed at every connection with
+            // "Invalid argument" naming no key).
+            let sockets_named = [
                 ("qmp", &vm.qmp),
                 ("firecracker", &vm.firecracker),
                 ("cloud_hypervisor", &vm.cloud_hypervisor),
-            ]
-            .into_iter()
-            .find_map(|(name, socket)| Some((name, socket.as_deref()?)));
+                ("agent", &vm.agent),
+            ];
+            for (name, path) in sockets_named {
+                if let Some(path) = path.as_deref().filter(|p| !p.is_absolute()) {
+                    return bad(&field(name), format!("{path:?} is not an absolute path"));
+                }
+            }
+            if vm.agent.is_some() && vm.agent == vm.qmp {
+                let message = "the same socket as qmp: the guest agent has a socket of its own";
+                return bad(&field("agent"), message.into());
+            }
+            let socket = sockets_named[..3]
+                .iter()
+                .find_map(|(name, socket)| Some((*name, socket.as_deref()?)));
             if let Some((name, socket)) = socket {
                 if let Some(other) = sockets.insert(socket, &vm.name) {
                     let message = format!(
@@ -2042,6 +2056,22 @@ mod tests {
                 "snapshots.dir: \"snaps\" is not an absolute path",
             ),
             (
+                "[[vm]]\nname = \"a\"\nqmp = \"\"\n",
+                "vm[0].qmp: \"\" is not an absolute path",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/run/a.qmp\"\nagent = \"a.qga\"\n",
+                "vm[0].agent: \"a.qga\" is not an absolute path",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/run/a.qmp\"\nagent = \"/run/a.qmp\"\n",
+                "vm[0].agent: the same socket as qmp: the guest agent has a socket of its own",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/run/a.qmp\"\nlaunch = [\"\", \"-m\", \"1G\"]\n",
+                "vm[0].launch: an empty command",
+            ),
+            (
                 "[ksm]\nnpages_boost = -300\n",
                 "ksm.npages_boost: -300 is below 0: the pages to scan would fall as memory \
                  runs short",
@@ -2050,6 +2080,25 @@ mod tests {
                 "[ksm]\nnpages_decay = 50\n",
                 "ksm.npages_decay: 50 is above 0: the pages to scan would grow while memory \
                  is ample",
+            ),
+            // The kernel's KSM knobs are 32-bit: larger would be written as it is and
+            // refused by the kernel at every tick (found by an audit).
+            (
+                "[ksm]\nnpages_max = 9000000000000\n",
+                "ksm.npages_max: 9000000000000 is above 4294967295, the most the kernel's KSM \
+                 knobs take",
+            ),
+            (
+                "[ksm]\nsleep_ms_min = 4294967296\n",
+                "ksm.sleep_ms_min: 4294967296 is above 4294967295, the most the kernel's KSM \
+                 knobs take",
+            ),
+            // Samples kept per VM: an audit's 2^63 panicked the daemon, the simulator and
+            // replay as they started (capacity overflow), 10^8 aborted them.
+            (
+                "[engine]\nhistory_len = 9223372036854775807\n",
+                "engine.history_len: 9223372036854775807 is above 1000 (each VM keeps that \
+                 many samples in memory)",
             ),
             // The other policies' constants, each as an operator got it wrong.
             (

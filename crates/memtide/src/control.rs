@@ -19,7 +19,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
@@ -316,6 +316,10 @@ async fn save(requests: &mpsc::Sender<Request>, req: &Value) -> Value {
 const STATUS_WAIT: Duration = Duration::from_secs(30);
 /// How long a client waits for a reload: the daemon takes it between two ticks.
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
+/// The longest reply a client reads: a status of 10 000 VMs is some tens of MiB; what
+/// answers at the socket with more is not a memtide (found by an audit: a peer flooding
+/// its reply grew `memtide status` to 6 GB in 10 s).
+const MAX_REPLY_BYTES: u64 = 256 << 20;
 
 /// Send one command to a running daemon and return its reply, waiting for it at most
 /// `wait`.
@@ -326,8 +330,11 @@ async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<V
 /// Why the daemon's socket at `path` could not be connected to: not running, or (refused
 /// by the socket's mode) running for others than this user.
 fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
+    use std::os::unix::fs::FileTypeExt;
+    let not_socket = std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_socket());
     let hint = match e.kind() {
         _ if path.is_dir() => "a directory: name the socket in it, as `[daemon] socket` does",
+        _ if not_socket => "not a socket: name the daemon's control socket, `[daemon] socket`",
         std::io::ErrorKind::PermissionDenied => {
             "the control socket is for root and the daemon's user (and the users and groups \
              in `[control] allow_uids` / `allow_gids`): run this as one of them, e.g. with sudo"
@@ -353,12 +360,21 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
         // before the request is written: the reply is read all the same.
         let written = write.write_all(format!("{request}\n").as_bytes()).await;
         let mut line = String::new();
-        BufReader::new(read).read_line(&mut line).await?;
+        BufReader::new(read.take(MAX_REPLY_BYTES))
+            .read_line(&mut line)
+            .await?;
         if line.is_empty() {
             written?;
             bail!(
                 "the daemon closed the connection without answering (did it stop? \
                  `systemctl status memtide`)"
+            );
+        }
+        if line.len() as u64 == MAX_REPLY_BYTES && !line.ends_with('\n') {
+            bail!(
+                "the reply from {} is longer than {} MiB: not a memtide daemon's",
+                path.display(),
+                MAX_REPLY_BYTES >> 20
             );
         }
         serde_json::from_str(&line).context("invalid reply from the daemon")
@@ -437,6 +453,28 @@ mod tests {
             e.ends_with("did not answer within 0 s: the daemon is stopped or hangs"),
             "{e}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_peer_answering_without_end_is_refused_at_the_reply_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memtide.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // Not a memtide: it floods whatever it is asked, with no line's end.
+        let flood = tokio::spawn(async move {
+            let (mut peer, _) = listener.accept().await.unwrap();
+            let block = vec![b'x'; 1 << 20];
+            while peer.write_all(&block).await.is_ok() {}
+        });
+        let e = request(&path, "status", Duration::from_secs(60))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("is longer than 256 MiB: not a memtide daemon's"),
+            "{e}"
+        );
+        flood.abort();
     }
 
     #[tokio::test]
@@ -520,6 +558,15 @@ mod tests {
         assert!(
             dir_named.contains("(a directory: name the socket in it, as `[daemon] socket` does)"),
             "{dir_named}"
+        );
+        let file = dir.path().join("memtide.toml");
+        std::fs::write(&file, "").unwrap();
+        let refused = Error::from(ErrorKind::ConnectionRefused);
+        let file_named = format!("{:#}", not_reached(&file, refused));
+        assert!(
+            file_named.contains("(not a socket: name the daemon's control socket")
+                && !file_named.contains("running?"),
+            "{file_named}"
         );
     }
 
@@ -665,7 +712,6 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_clients_are_dropped_and_at_most_64_served_at_once() {
-        use tokio::io::AsyncReadExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memtide.sock");
         let (requests, _) = mpsc::channel(1);

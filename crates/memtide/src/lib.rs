@@ -21,4 +21,5 @@ pub mod snapshot_cmd;
 pub mod snapshots;
 pub mod status;
 pub mod stdout;
+pub mod text_file;
 pub mod top;

@@ -457,7 +457,8 @@ fn socket(socket: Option<PathBuf>, config: Option<&PathBuf>) -> anyhow::Result<P
     };
     // A file that is there but wrong must not keep the operator from the daemon (its
     // status, a reload that reports why the file is refused).
-    let Some(text) = config_file(config).and_then(|file| std::fs::read_to_string(file).ok()) else {
+    let Some(text) = config_file(config).and_then(|file| memtide::text_file::read(&file).ok())
+    else {
         return Err(fault);
     };
     let default = Config::default().daemon.socket;

@@ -201,7 +201,7 @@ pub fn read(files: &[PathBuf]) -> Result<Vec<Source>, LoadError> {
     files
         .iter()
         .map(|f| {
-            let text = std::fs::read_to_string(f)
+            let text = crate::text_file::read(f)
                 .map_err(|e| LoadError(format!("{}: {e}", f.display())))?;
             Ok(Source::new(f.display().to_string(), text))
         })

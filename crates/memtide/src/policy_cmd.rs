@@ -59,7 +59,7 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
     let given = input.is_some();
     let input: Input = match input {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = crate::text_file::read(path)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             let json: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -74,14 +74,14 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
         }
         None => Input::default(),
     };
-    // Controls are keyed by the guest's name: a second guest of a name would take the
-    // first's.
+    // Controls are keyed by the guest's name (`#` and its position for a guest without
+    // one): a second guest of a key would take the first's (found by an audit: a guest
+    // named "#0" beside an unnamed first guest had their controls merged).
     let mut named = std::collections::BTreeMap::new();
     for (i, guest) in input.guests.iter().enumerate() {
-        if let Some(name) = guest.props.get("name").map(|n| n.to_string()) {
-            if let Some(first) = named.insert(name.clone(), i) {
-                anyhow::bail!("--input: guests {first} and {i} are both named {name:?}");
-            }
+        let name = guest.guest_name(i);
+        if let Some(first) = named.insert(name.clone(), i) {
+            anyhow::bail!("--input: guests {first} and {i} are both named {name:?}");
         }
     }
     let sources = policies::read(&policies::files(paths)?)?;

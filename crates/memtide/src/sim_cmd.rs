@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 fn scenario(name: &str) -> anyhow::Result<Scenario> {
     let path = Path::new(name);
     if path.exists() {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?;
+        let text = crate::text_file::read(path).with_context(|| format!("reading {name}"))?;
         return Scenario::from_toml(&text).with_context(|| name.to_string());
     }
     Scenario::builtin(name).map_err(|e| anyhow::anyhow!("{e}, and no scenario file of that name"))

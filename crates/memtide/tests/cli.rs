@@ -265,9 +265,20 @@ fn check_config_refuses_a_sys_that_is_no_sysfs_and_warns_of_a_cgroup_root_withou
         typo.display()
     );
     assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+    // An event log or state file that is a directory (found by an audit: check-config
+    // said ok, then run failed on the one and wrote in vain every tick on the other).
+    let sys = root.join("sys");
+    for key in ["event_log", "state_file"] {
+        let o = check(&sys, &format!("[daemon]\n{key} = {:?}\n", root));
+        assert!(!o.status.success());
+        let said = format!(
+            "[daemon] {key} = {}: a directory: name a file (in it or elsewhere)",
+            root.display()
+        );
+        assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+    }
     // Reclaim finding VMs' cgroups under a root that is no cgroup v2: said, not refused
     // (a VM with a reclaim_cgroup of its own does not need it).
-    let sys = root.join("sys");
     let v1 = root.join("cgroup");
     std::fs::create_dir_all(&v1).unwrap();
     let reclaim = format!("[reclaim]\nvms = \"all\"\ncgroup_root = {v1:?}\n");
@@ -1812,19 +1823,29 @@ fn a_broken_configuration_does_not_keep_the_operator_from_the_daemon() {
 fn policy_eval_refuses_two_guests_of_one_name() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("snapshot.json");
-    let guest = serde_json::json!({"props": {"name": "vm1"}, "stats": []});
-    let snapshot = serde_json::json!({"host": {}, "guests": [guest, guest]});
-    std::fs::write(&input, snapshot.to_string()).unwrap();
     let policy = dir.path().join("p.policy");
     std::fs::write(&policy, "(+ 1 1)\n").unwrap();
-    let o = memtide()
-        .args(["policy", "eval", policy.to_str().unwrap(), "--input"])
-        .arg(&input)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
+    let eval = |guests: serde_json::Value| {
+        let snapshot = serde_json::json!({"host": {}, "guests": guests});
+        std::fs::write(&input, snapshot.to_string()).unwrap();
+        let o = memtide()
+            .args(["policy", "eval", policy.to_str().unwrap(), "--input"])
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        stderr(&o)
+    };
+    let guest = serde_json::json!({"props": {"name": "vm1"}, "stats": []});
     assert_eq!(
-        stderr(&o),
+        eval(serde_json::json!([guest, guest])),
         "memtide: --input: guests 0 and 1 are both named \"vm1\"\n"
+    );
+    // A guest without a name is keyed by its position, as `#0`: one named so is the same.
+    let unnamed = serde_json::json!({"props": {}, "stats": []});
+    let named = serde_json::json!({"props": {"name": "#0"}, "stats": []});
+    assert_eq!(
+        eval(serde_json::json!([unnamed, named])),
+        "memtide: --input: guests 0 and 1 are both named \"#0\"\n"
     );
 }

@@ -75,6 +75,22 @@ impl KsmConfig {
                 self.npages_min, self.npages_max
             ));
         }
+        // The kernel takes pages_to_scan and sleep_millisecs as 32-bit numbers (as the
+        // policy language's KSM controls are bounded).
+        let most = u64::from(u32::MAX);
+        for (name, value) in [
+            ("npages_boost", self.npages_boost.unsigned_abs()),
+            ("npages_decay", self.npages_decay.unsigned_abs()),
+            ("npages_max", self.npages_max),
+            ("sleep_ms_baseline", self.sleep_ms_baseline),
+            ("sleep_ms_min", self.sleep_ms_min),
+        ] {
+            if value > most {
+                return Err(format!(
+                    "{name}: {value} is above {most}, the most the kernel's KSM knobs take"
+                ));
+            }
+        }
         Ok(())
     }
 }

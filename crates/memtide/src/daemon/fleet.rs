@@ -307,8 +307,9 @@ pub struct Fleet {
     /// Their pods' memory, when their VMs take their bounds from it.
     pods: Option<Arc<PodBounds>>,
     agent_extension: String,
-    /// Links found by the globs, each refused (and said) once while it is there.
-    links: HashSet<PathBuf>,
+    /// Sockets found by the globs and not managed (links, names another VM has), each said
+    /// once while it is there.
+    refused: HashSet<PathBuf>,
     defaults: crate::config::VmDefaults,
     call_timeout: Duration,
     /// The tick interval: a sample asked for at the previous tick is fresh.
@@ -376,7 +377,7 @@ impl Fleet {
             }),
             pods: None,
             agent_extension: config.discovery.agent_extension.clone(),
-            links: HashSet::new(),
+            refused: HashSet::new(),
             defaults: config.defaults.clone(),
             call_timeout: config.call_timeout(),
             interval: Duration::try_from_secs_f64(config.interval_s).unwrap_or_default(),
@@ -767,17 +768,21 @@ impl Fleet {
     /// of their making beside a real VM's.
     fn discover(&mut self) {
         let mut seen = HashSet::new();
-        let mut links = HashSet::new();
+        let mut refused = HashSet::new();
+        // Said once while the socket is there.
+        let mut refuse = |socket: PathBuf, why: &str| {
+            if !self.refused.contains(&socket) {
+                tracing::warn!("{}: {why}", socket.display());
+            }
+            refused.insert(socket);
+        };
         for (kind, pattern) in &self.globs {
             for socket in glob::glob(pattern).into_iter().flatten().flatten() {
                 if is_link(&socket) {
-                    if !self.links.contains(&socket) {
-                        tracing::warn!(
-                            "{}: a symbolic link, not managed (discovery takes sockets only)",
-                            socket.display()
-                        );
-                    }
-                    links.insert(socket);
+                    refuse(
+                        socket,
+                        "a symbolic link, not managed (discovery takes sockets only)",
+                    );
                     continue;
                 }
                 let endpoint = match kind {
@@ -791,7 +796,17 @@ impl Fleet {
                 let Some(name) = socket.file_stem().and_then(|s| s.to_str()) else {
                     continue;
                 };
-                if known || self.taken(name) {
+                if known {
+                    continue;
+                }
+                if self.taken(name) {
+                    // Found silently skipped by an audit: a [[vm]] entry of that name
+                    // whose own socket was not there kept this one unmanaged, unsaid.
+                    let why = format!(
+                        "not managed: VM {name:?} is another's (a [[vm]] entry, or a socket \
+                         found first); rename the socket, or name it in that entry"
+                    );
+                    refuse(socket, &why);
                     continue;
                 }
                 let agent = matches!(kind, SocketKind::Qmp)
@@ -801,7 +816,7 @@ impl Fleet {
                 self.candidates.insert(endpoint, c);
             }
         }
-        self.links = links;
+        self.refused = refused;
         self.candidates.retain(|endpoint, c| {
             !c.discovered || endpoint.socket().is_none() || seen.contains(endpoint)
         });
@@ -1434,6 +1449,42 @@ mod tests {
         assert_eq!(web.agent, None, "its agent a link: none");
         let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
         let said = format!("{}: a symbolic link, not managed", db.display());
+        assert_eq!(logs.matches(&said).count(), 1, "said once: {logs}");
+    }
+
+    /// A socket found under the name of a configured VM reached elsewhere is not managed,
+    /// and said so once while it is there.
+    #[tokio::test(start_paused = true)]
+    async fn a_socket_found_under_a_configured_vms_name_is_said_not_managed() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[[vm]]\nname = \"web\"\nqmp = \"{}/gone/web.qmp\"\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        let config = Config::parse(&text, "x").unwrap();
+        // The configured socket is not there.
+        let connector = Arc::new(FakeConnector::default());
+        let gone = dir.path().join("gone/web.qmp");
+        connector
+            .behaviour
+            .lock()
+            .unwrap()
+            .insert(gone, Behaviour::Refuses);
+        let mut fleet = Fleet::new(&config, connector);
+        let (logs, _guard) = captured_logs();
+        let found = dir.path().join("web.sock");
+        std::fs::write(&found, "").unwrap();
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        assert!(!fleet.managed.contains_key("web"));
+        assert!(!fleet.candidates.contains_key(&Endpoint::Qmp(found.clone())));
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        let said = format!(
+            "{}: not managed: VM \"web\" is another's (a [[vm]] entry, or a socket found first)",
+            found.display()
+        );
         assert_eq!(logs.matches(&said).count(), 1, "said once: {logs}");
     }
 

@@ -201,9 +201,11 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
 }
 
 /// Refuse a `[host] sys` that is no sysfs (read as a host without KSM, a typo there would
-/// turn KSM control off unsaid), and warn of a `[reclaim] cgroup_root` that is no cgroup
-/// v2 hierarchy where reclaim may find a VM's cgroup through it (reclaim would fail at
-/// every tick; a VM with a `reclaim_cgroup` of its own does not need it).
+/// turn KSM control off unsaid) and an event log or state file that is a directory (the
+/// one failed `run` at start, the other every tick's write: `check-config` said ok), and
+/// warn of a `[reclaim] cgroup_root` that is no cgroup v2 hierarchy where reclaim may
+/// find a VM's cgroup through it (reclaim would fail at every tick; a VM with a
+/// `reclaim_cgroup` of its own does not need it).
 fn check_paths(config: &Config) -> anyhow::Result<()> {
     let sys = &config.host.sys;
     if !sys.join("kernel/mm").is_dir() {
@@ -211,6 +213,15 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
             "[host] sys = {}: no kernel/mm there: not the host's sysfs",
             sys.display()
         );
+    }
+    let d = &config.daemon;
+    for (key, file) in [("event_log", &d.event_log), ("state_file", &d.state_file)] {
+        if file.is_dir() {
+            anyhow::bail!(
+                "[daemon] {key} = {}: a directory: name a file (in it or elsewhere)",
+                file.display()
+            );
+        }
     }
     let root = &config.reclaim.cgroup_root;
     let own =

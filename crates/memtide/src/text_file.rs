@@ -1,0 +1,77 @@
+//! An operator's text file read whole (configuration, policy files, scenarios, policy
+//! snapshots): a regular file of bounded size, so that a path naming a FIFO, a device or
+//! a huge file gives an error instead of blocking the daemon's reload or filling memory
+//! (found by an audit: `policy = "/dev/zero"` grew `memtide policy check` to 24 GB, and a
+//! reload of a policy naming a FIFO held the daemon's runtime until someone wrote to it).
+
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// The largest text file read: far above any configuration, policy or scenario.
+pub const MAX_BYTES: u64 = 64 << 20;
+
+/// The text of the regular file at `path`, at most [`MAX_BYTES`] long.
+pub fn read(path: &Path) -> io::Result<String> {
+    // Opened without blocking (a FIFO's open waits for a writer), then checked by the
+    // descriptor itself: nothing can swap the file between the check and the read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("larger than {} MiB", MAX_BYTES >> 20),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1;
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not UTF-8 text: line {line} holds an invalid byte"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regular_file_is_read_and_anything_else_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("a.toml");
+        std::fs::write(&text, "interval_s = 2\n").unwrap();
+        assert_eq!(read(&text).unwrap(), "interval_s = 2\n");
+
+        let err = |path: &Path| read(path).unwrap_err().to_string();
+        // A FIFO with no writer: refused without waiting for one.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(err(&fifo), "not a regular file");
+        assert_eq!(err(Path::new("/dev/zero")), "not a regular file");
+        assert_eq!(err(dir.path()), "not a regular file");
+        // Too long: refused having read one byte past the limit, not the whole file.
+        let big = dir.path().join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_BYTES + 1)
+            .unwrap();
+        assert_eq!(err(&big), "larger than 64 MiB");
+        std::fs::write(&text, b"a = 1\nb = \"\xff\"\n").unwrap();
+        assert_eq!(err(&text), "not UTF-8 text: line 2 holds an invalid byte");
+        assert!(err(&dir.path().join("none")).contains("No such file"));
+    }
+}
