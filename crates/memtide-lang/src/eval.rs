@@ -145,7 +145,16 @@ pub(crate) fn definition<'a>(
             ErrorKind::Malformed("expected a list of parameters"),
         ));
     };
-    let params = list.iter().map(name).collect::<Result<_, _>>()?;
+    let params: Rc<[&str]> = list.iter().map(name).collect::<Result<_, _>>()?;
+    // `(def f (x x) x)` would bind the second argument and drop the first unsaid.
+    for (i, param) in list.iter().enumerate().skip(1) {
+        if params[..i].contains(&params[i]) {
+            return Err(Fault::at(
+                param.loc,
+                ErrorKind::Malformed("a parameter named twice"),
+            ));
+        }
+    }
     Ok((function_name, params))
 }
 

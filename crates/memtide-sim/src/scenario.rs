@@ -567,6 +567,11 @@ impl Scenario {
             if vm.count == 0 {
                 return Err(invalid(at("count"), "must be at least 1"));
             }
+            // As the daemon's configuration says: a weight of 0 would give the VM no
+            // share of memory divided beyond the minimums.
+            if vm.shares == 0 {
+                return Err(invalid(at("shares"), "must be at least 1"));
+            }
             if !(mib(vm.memory_mib) && vm.memory_mib > vm.kernel_mib) {
                 return Err(invalid(
                     at("memory_mib"),
@@ -676,8 +681,9 @@ impl Scenario {
             if !positive(t.rate_mib_s) {
                 return Err(invalid("tiers.rate_mib_s".into(), ABOVE_ZERO));
             }
-            if !size(t.margin_pct) {
-                return Err(invalid("tiers.margin_pct".into(), "must be ≥ 0"));
+            // Bounded as the daemon's `[tiering]` is.
+            if !(0.0..=1000.0).contains(&t.margin_pct) {
+                return Err(invalid("tiers.margin_pct".into(), "must be 0 to 1000"));
             }
             if !mib(t.reserve_mib) {
                 return Err(invalid("tiers.reserve_mib".into(), SIZE));
@@ -691,10 +697,10 @@ impl Scenario {
                     "must be a time ≥ tiers.cold_age_s",
                 ));
             }
-            if !positive(t.promotion_slo_pct_per_min) {
+            if !(positive(t.promotion_slo_pct_per_min) && t.promotion_slo_pct_per_min <= 100.0) {
                 return Err(invalid(
                     "tiers.promotion_slo_pct_per_min".into(),
-                    ABOVE_ZERO,
+                    "must be above 0 and at most 100",
                 ));
             }
         }

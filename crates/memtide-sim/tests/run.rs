@@ -286,6 +286,18 @@ fn scenario_errors_name_the_field() {
         e,
         "scenario: vm: at most 10000 VMs in all (counts included)"
     );
+    let e = parse_error(&BASE.replace("memory_mib = 1024", "memory_mib = 1024\nshares = 0"));
+    assert_eq!(e, "scenario: vm[0].shares: must be at least 1");
+    let tiers =
+        |key: &str| parse_error(&format!("{BASE}[tiers]\nfast_mib = 2048\n{key} = 1e300\n"));
+    assert_eq!(
+        tiers("margin_pct"),
+        "scenario: tiers.margin_pct: must be 0 to 1000"
+    );
+    assert_eq!(
+        tiers("promotion_slo_pct_per_min"),
+        "scenario: tiers.promotion_slo_pct_per_min: must be above 0 and at most 100"
+    );
     // Clocks that stop (found by an audit): a walk stepping every 1e-300 s, or a hold as
     // short, never reached the next tick, and a tick of 1e300 s panicked.
     let e = parse_error(&format!(

@@ -179,8 +179,11 @@ pub fn dir_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            !name.starts_with('.') && name.ends_with(".policy") && p.is_file()
+            // By bytes: a name that is not UTF-8 is still a policy file (an audit found it
+            // skipped unsaid).
+            use std::os::unix::ffi::OsStrExt;
+            let name = p.file_name().map_or(&[][..], |n| n.as_bytes());
+            !name.starts_with(b".") && name.ends_with(b".policy") && p.is_file()
         })
         .collect();
     files.sort();
@@ -361,6 +364,13 @@ mod tests {
             .collect();
         assert_eq!(names, ["10-a.policy", "20-b.policy"]);
         assert!(load(&PolicySource::Dir(dir.path().into())).is_ok());
+        // A name that is not UTF-8 is one of them too.
+        use std::os::unix::ffi::OsStrExt;
+        let odd = std::ffi::OsStr::from_bytes(b"30-c\xff.policy");
+        std::fs::write(dir.path().join(odd), "(").unwrap();
+        let files = dir_files(dir.path()).unwrap();
+        assert_eq!(files.last().unwrap().file_name(), Some(odd));
+        assert!(load(&PolicySource::Dir(dir.path().into())).is_err());
     }
 
     #[test]

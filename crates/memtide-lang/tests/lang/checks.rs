@@ -288,6 +288,7 @@ fn a_form_that_fails_whenever_it_runs_is_refused_with_the_evaluators_error() {
         ("(with Guests 5 (nope))", "expected a name"),
         ("(def f x (nope)) 0", "expected a list of parameters"),
         ("(def f (a 5) a) 0", "expected a name"),
+        ("(def f (x y x) x) 0", "a parameter named twice"),
         ("(def max (a) (nope))", "cannot redefine built-in 'max'"),
         ("(defun abs (x) 42)", "cannot redefine built-in 'abs'"),
         ("((nope))", "expected a function name"),
@@ -301,6 +302,11 @@ fn a_form_that_fails_whenever_it_runs_is_refused_with_the_evaluators_error() {
     assert_eq!(
         refused("(def f () (if 0 (def if (x) 1) 2))"),
         "t.policy:1:22: cannot redefine built-in 'if'"
+    );
+    // Where the parameter comes again.
+    assert_eq!(
+        refused("(def f (x y x) x)"),
+        "t.policy:1:13: a parameter named twice"
     );
     // A name only a malformed `def` defines: the `def` is refused, not its call.
     assert_eq!(
