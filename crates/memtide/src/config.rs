@@ -831,6 +831,8 @@ impl Config {
         let paths = [
             ("daemon.socket", &self.daemon.socket),
             ("snapshots.dir", &self.snapshots.dir),
+            ("host.proc", &self.host.proc),
+            ("host.sys", &self.host.sys),
         ];
         for (field, path) in paths {
             if !path.is_absolute() {
@@ -2055,6 +2057,8 @@ mod tests {
                 "[snapshots]\ndir = \"snaps\"\n",
                 "snapshots.dir: \"snaps\" is not an absolute path",
             ),
+            // An empty proc read "meminfo" from the working directory, naming no key.
+            ("[host]\nproc = \"\"\n", "host.proc: \"\" is not an absolute path"),
             (
                 "[[vm]]\nname = \"a\"\nqmp = \"\"\n",
                 "vm[0].qmp: \"\" is not an absolute path",

@@ -896,6 +896,10 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
 /// error).
 fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    // An empty filter logs errors alone, which no one asking for a level means.
+    if text.trim().is_empty() {
+        return Err(format!("no level: give one of {}", LEVELS.join(", ")));
+    }
     for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         let bare = !directive.contains(['=', '[', '{']);
         let level = LEVELS.iter().any(|l| l.eq_ignore_ascii_case(directive))

@@ -219,6 +219,13 @@ fn problems_are_logged_as_warnings_and_a_log_level_that_is_no_level_is_refused()
         let err = stderr(&o);
         assert!(err.contains("\"degub\" is not a level"), "{err}");
     }
+    let o = run(&["--log-level", " ", "check-config", "x.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--log-level \" \": no level: give one of off, error"),
+        "{}",
+        stderr(&o)
+    );
     // Levels in any case or as numbers, target=level filters and memtide's own targets
     // are taken.
     for level in [
