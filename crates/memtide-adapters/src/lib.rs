@@ -32,7 +32,7 @@ pub mod write_behind;
 /// Samples between two readings of a VM's devices when nothing told of a change (QEMU
 /// sends no event for a device added; libvirt's device events are not watched): a device
 /// plugged while the VM runs — a balloon, a virtio-mem device, a DIMM — is learnt within
-/// as many samples, a minute at the default interval.
+/// as many samples, two minutes at the default interval (2 s).
 pub(crate) const RELEARN_SAMPLES: u32 = 60;
 
 /// When a VM's devices are read again with nothing said of a change: every

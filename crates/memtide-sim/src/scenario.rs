@@ -366,7 +366,8 @@ const SIZE: &str = "must be a size ≥ 0, at most 1 PiB (1073741824 MiB)";
 const MAX_TICK_S: f64 = 86_400.0;
 
 /// The longest run (s), ticks × tick_s: about three years. Within it a workload's clock
-/// still moves by its shortest step ([`crate::workload::MIN_STEP_S`]): an audit's walk
+/// still moves by its shortest step ([`crate::workload::MIN_STEP_S`], and a thousandth
+/// of a tick: a walk's or a hold's steps are counted one by one): an audit's walk
 /// stepping every 1e-300 s never reached the next tick, and a tick of 1e300 s panicked.
 const MAX_RUN_S: f64 = 1e8;
 
@@ -652,16 +653,28 @@ impl Scenario {
                     return Err(invalid(at(&format!("workload.{name}")), "must be ≥ 0"));
                 }
             }
-            if w.hold_s > 0.0 && w.hold_s < crate::workload::MIN_STEP_S {
+            // A hold and a walk count their steps one by one: a thousand a tick at most.
+            let least_step = crate::workload::MIN_STEP_S.max(self.tick_s / 1000.0);
+            if w.hold_s > 0.0 && w.hold_s < least_step {
                 return Err(invalid(
                     at("workload.hold_s"),
-                    "must be 0 (no hold) or at least 0.001 s",
+                    "must be 0 (no hold) or at least 0.001 s and a thousandth of tick_s",
                 ));
             }
             w.anon
                 .validate(&at("workload.anon"))
                 .and_then(|()| w.file.validate(&at("workload.file")))
                 .map_err(|(field, message)| ScenarioError::Invalid { field, message })?;
+            for (name, shape) in [("anon", &w.anon), ("file", &w.file)] {
+                if let crate::workload::Shape::Walk { every_s, .. } = shape {
+                    if *every_s < least_step {
+                        return Err(invalid(
+                            at(&format!("workload.{name}.every_s")),
+                            "must be at least a thousandth of tick_s",
+                        ));
+                    }
+                }
+            }
         }
         for (name, _) in self.expand() {
             if !names.insert(name.clone()) {

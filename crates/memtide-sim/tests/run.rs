@@ -307,10 +307,17 @@ fn scenario_errors_name_the_field() {
         e,
         "scenario: vm[0].workload.anon.every_s: must be a number of seconds, at least 0.001"
     );
+    let e = parse_error(&format!(
+        "{BASE}[vm.workload]\nanon = {{ kind = \"walk\", min_mib = 0, max_mib = 500, step_mib = 10, every_s = 0.01 }}\n"
+    ).replace("name = \"t\"", "name = \"t\"\ntick_s = 60"));
+    assert_eq!(
+        e,
+        "scenario: vm[0].workload.anon.every_s: must be at least a thousandth of tick_s"
+    );
     let e = parse_error(&format!("{BASE}[vm.workload]\nhold_s = 1e-300\n"));
     assert_eq!(
         e,
-        "scenario: vm[0].workload.hold_s: must be 0 (no hold) or at least 0.001 s"
+        "scenario: vm[0].workload.hold_s: must be 0 (no hold) or at least 0.001 s and a thousandth of tick_s"
     );
     let e = parse_error(&BASE.replace("name = \"t\"", "name = \"t\"\ntick_s = 1e300"));
     assert_eq!(

@@ -929,6 +929,9 @@ impl Config {
                     let message = "only a VM reached through `qmp` is cloned by memtide".into();
                     return bad(&format!("vm[{i}].clone_launch"), message);
                 }
+                if clone.first().is_none_or(String::is_empty) {
+                    return bad(&format!("vm[{i}].clone_launch"), "an empty command".into());
+                }
                 if !clone.iter().any(|a| a.contains("{n}")) {
                     let message =
                         "no `{n}`: every clone would take the same sockets and disks".into();
@@ -2074,6 +2077,10 @@ mod tests {
             (
                 "[[vm]]\nname = \"a\"\nqmp = \"/run/a.qmp\"\nlaunch = [\"\", \"-m\", \"1G\"]\n",
                 "vm[0].launch: an empty command",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp = \"/run/a.qmp\"\nclone_launch = [\"\", \"{n}\"]\n",
+                "vm[0].clone_launch: an empty command",
             ),
             (
                 "[ksm]\nnpages_boost = -300\n",

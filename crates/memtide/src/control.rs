@@ -359,9 +359,10 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
         // A peer the daemon refuses is told so at once, and the connection closed, maybe
         // before the request is written: the reply is read all the same.
         let written = write.write_all(format!("{request}\n").as_bytes()).await;
-        let mut line = String::new();
+        // Bytes: the limit may cut a character in two.
+        let mut line = Vec::new();
         BufReader::new(read.take(MAX_REPLY_BYTES))
-            .read_line(&mut line)
+            .read_until(b'\n', &mut line)
             .await?;
         if line.is_empty() {
             written?;
@@ -370,14 +371,14 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
                  `systemctl status memtide`)"
             );
         }
-        if line.len() as u64 == MAX_REPLY_BYTES && !line.ends_with('\n') {
+        if line.len() as u64 == MAX_REPLY_BYTES && line.last() != Some(&b'\n') {
             bail!(
                 "the reply from {} is longer than {} MiB: not a memtide daemon's",
                 path.display(),
                 MAX_REPLY_BYTES >> 20
             );
         }
-        serde_json::from_str(&line).context("invalid reply from the daemon")
+        serde_json::from_slice(&line).context("invalid reply from the daemon")
     };
     tokio::time::timeout(wait, exchange)
         .await
@@ -463,7 +464,9 @@ mod tests {
         // Not a memtide: it floods whatever it is asked, with no line's end.
         let flood = tokio::spawn(async move {
             let (mut peer, _) = listener.accept().await.unwrap();
-            let block = vec![b'x'; 1 << 20];
+            // Two-byte characters after one byte: the limit cuts one in two.
+            let block = "é".repeat(1 << 19).into_bytes();
+            let _ = peer.write_all(b"x").await;
             while peer.write_all(&block).await.is_ok() {}
         });
         let e = request(&path, "status", Duration::from_secs(60))

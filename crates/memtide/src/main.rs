@@ -897,7 +897,7 @@ fn ok_or_fail(ok: bool) -> anyhow::Result<()> {
 fn log_filter(text: &str) -> Result<tracing_subscriber::EnvFilter, String> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
     // An empty filter logs errors alone, which no one asking for a level means.
-    if text.trim().is_empty() {
+    if text.split(',').all(|d| d.trim().is_empty()) {
         return Err(format!("no level: give one of {}", LEVELS.join(", ")));
     }
     for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {

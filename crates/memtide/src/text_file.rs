@@ -13,19 +13,23 @@ pub const MAX_BYTES: u64 = 64 << 20;
 
 /// The text of the regular file at `path`, at most [`MAX_BYTES`] long.
 pub fn read(path: &Path) -> io::Result<String> {
-    // Opened without blocking (a FIFO's open waits for a writer), then checked by the
-    // descriptor itself: nothing can swap the file between the check and the read.
+    let not_regular = || io::Error::new(io::ErrorKind::InvalidInput, "not a regular file");
+    // A device is not even opened (opening some has effects: a watchdog arms).
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    // Opened without blocking (a FIFO put in its place since would wait for a writer),
+    // checked again by the descriptor itself, then read as any file is: the flag would
+    // reach a FUSE or NFS file system's reads.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
     }
+    let flags = rustix::fs::fcntl_getfl(&file)?;
+    rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_BYTES {

@@ -489,9 +489,9 @@ fn a_min_set_in_the_metadata_live_is_followed() {
         Duration::from_secs(60),
         at(128.0, 160.0),
     );
-    // The operator raises its min in memtide's metadata while it runs: within a minute of
-    // samples memtide reads the live XML again and holds the domain at 224 MiB, above
-    // what the policy asks.
+    // The operator raises its min in memtide's metadata while it runs: within 60 samples
+    // (a minute at this test's interval) memtide reads the live XML again and holds the
+    // domain at 224 MiB, above what the policy asks.
     libvirtd
         .virsh(&[
             "metadata",

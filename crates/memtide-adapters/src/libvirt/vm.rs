@@ -536,7 +536,8 @@ impl VmBackend for LibvirtVm {
 
     /// From the domain's description as last read (`<memtune><min_guarantee>`, memtide's
     /// metadata), which follows its live XML every `RELEARN_SAMPLES` samples: bounds set
-    /// with `virsh metadata --live` hold within a minute.
+    /// with `virsh metadata --live` hold within 60 samples (two minutes at the default
+    /// interval).
     fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
         Some((self.description.min, self.description.max))
     }

@@ -135,7 +135,9 @@ pub fn decide(cfg: &KsmConfig, input: &PolicyInput<'_>) -> Option<KsmProposal> {
     } else {
         cfg.sleep_ms_baseline
     }
-    .max(cfg.sleep_ms_min);
+    .max(cfg.sleep_ms_min)
+    // Scaled up on a small domain, still what the kernel's 32-bit knob takes.
+    .min(u64::from(u32::MAX));
     let detail = format!(
         "free {} {} threshold {} (committed {}): pages_to_scan {} {:+} → {npages}, sleep {sleep} ms",
         mib(free),
@@ -167,6 +169,14 @@ mod tests {
     use std::time::Duration;
 
     fn decide_with(host: HostStats, committed_mib: &[u64]) -> Option<KsmProposal> {
+        decide_under(&KsmConfig::default(), host, committed_mib)
+    }
+
+    fn decide_under(
+        cfg: &KsmConfig,
+        host: HostStats,
+        committed_mib: &[u64],
+    ) -> Option<KsmProposal> {
         let mut h = History::new(10);
         h.push(Duration::ZERO, host);
         let limits = VmLimits {
@@ -188,7 +198,7 @@ mod tests {
             })
             .collect();
         decide(
-            &KsmConfig::default(),
+            cfg,
             &PolicyInput {
                 at: Duration::ZERO,
                 host: &h,
@@ -237,9 +247,17 @@ mod tests {
     }
 
     #[test]
-    fn sleep_has_a_floor_on_large_hosts() {
+    fn sleep_has_a_floor_on_large_hosts_and_a_ceiling_on_small_ones() {
         let p = decide_with(testkit::host(65536, 100), &[]).unwrap();
         assert_eq!(p.settings.sleep_millisecs, Some(10));
+        // The largest baseline the configuration takes, scaled by 16 GiB / 1 GiB: no
+        // more than the kernel's 32-bit knob takes.
+        let cfg = KsmConfig {
+            sleep_ms_baseline: u64::from(u32::MAX),
+            ..KsmConfig::default()
+        };
+        let p = decide_under(&cfg, testkit::host(1024, 100), &[]).unwrap();
+        assert_eq!(p.settings.sleep_millisecs, Some(u64::from(u32::MAX)));
     }
 
     #[test]

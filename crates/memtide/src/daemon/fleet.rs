@@ -555,6 +555,18 @@ impl Fleet {
             || self.candidates.values().any(|c| c.name == name)
     }
 
+    /// Whether VM `name` is reached through `socket`, by whatever path (the same file).
+    fn reaches(&self, name: &str, socket: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let file = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let endpoint = self.managed.get(name).map(|m| &m.endpoint).or_else(|| {
+            let mut named = self.candidates.iter().filter(|(_, c)| c.name == name);
+            named.next().map(|(endpoint, _)| endpoint)
+        });
+        let own = endpoint.and_then(Endpoint::socket);
+        own.is_some_and(|own| file(own).is_some_and(|f| file(socket) == Some(f)))
+    }
+
     fn discovered(name: &str, agent: Option<PathBuf>) -> Candidate {
         Candidate {
             name: name.to_string(),
@@ -802,11 +814,14 @@ impl Fleet {
                 if self.taken(name) {
                     // Found silently skipped by an audit: a [[vm]] entry of that name
                     // whose own socket was not there kept this one unmanaged, unsaid.
-                    let why = format!(
-                        "not managed: VM {name:?} is another's (a [[vm]] entry, or a socket \
-                         found first); rename the socket, or name it in that entry"
-                    );
-                    refuse(socket, &why);
+                    // The VM's own socket under another path (/var/run for /run) is it.
+                    if !self.reaches(name, &socket) {
+                        let why = format!(
+                            "not managed: VM {name:?} is another's (a [[vm]] entry, or a \
+                             socket found first); rename the socket, or name it in that entry"
+                        );
+                        refuse(socket, &why);
+                    }
                     continue;
                 }
                 let agent = matches!(kind, SocketKind::Qmp)
@@ -1486,6 +1501,31 @@ mod tests {
             found.display()
         );
         assert_eq!(logs.matches(&said).count(), 1, "said once: {logs}");
+
+        // The entry's own socket, found under another path (a link to its directory, as
+        // /var/run is to /run): it is that VM, nothing said.
+        let dir = tempfile::tempdir().unwrap();
+        let (run, var_run) = (dir.path().join("run"), dir.path().join("var-run"));
+        std::fs::create_dir(&run).unwrap();
+        std::os::unix::fs::symlink(&run, &var_run).unwrap();
+        std::fs::write(run.join("db.sock"), "").unwrap();
+        let text = format!(
+            "[discovery]\nqmp_glob = [\"{}/*.sock\"]\n[[vm]]\nname = \"db\"\nqmp = \"{}/db.sock\"\n",
+            run.display(),
+            var_run.display()
+        );
+        let config = Config::parse(&text, "x").unwrap();
+        let mut fleet = Fleet::new(&config, Arc::new(FakeConnector::default()));
+        let (logs, _guard) = captured_logs();
+        for _ in 0..3 {
+            settle(&mut fleet).await;
+        }
+        assert_eq!(
+            fleet.managed["db"].endpoint,
+            Endpoint::Qmp(var_run.join("db.sock"))
+        );
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        assert!(!logs.contains("not managed"), "{logs}");
     }
 
     /// Process `pid`'s stat under `dir`/proc, started `started` clock ticks after boot.

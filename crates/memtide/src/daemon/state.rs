@@ -163,7 +163,7 @@ impl StateFile {
             restored_in: BTreeMap::new(),
             hypervisors: BTreeMap::new(),
         };
-        let saved = match std::fs::read(path) {
+        let saved = match crate::text_file::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return (
                     state,
@@ -171,7 +171,7 @@ impl StateFile {
                 )
             }
             Err(e) => Err(e.to_string()),
-            Ok(bytes) => serde_json::from_slice::<Saved>(&bytes).map_err(|e| e.to_string()),
+            Ok(text) => serde_json::from_str::<Saved>(&text).map_err(|e| e.to_string()),
         };
         let now = unix_now();
         let age = |s: &Saved| now.saturating_sub(s.written);
