@@ -252,6 +252,18 @@ fn with_log_tail(e: BackendError, log: &Path) -> BackendError {
     }
 }
 
+/// The file a started VMM writes its output to, made empty: never through a link (found
+/// by an audit: a `restore.log` linked to a file outside the store truncated that file).
+pub(crate) fn log_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Start the VMM by `launch.command`, detached in a process group of its own (it outlives
 /// the command), and wait until its API socket answers. A stale socket file is removed
 /// first: the caller checked that nothing answers on it. A process that exits or does
@@ -263,7 +275,7 @@ pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
         .split_first()
         .ok_or_else(|| BackendError::Protocol("the launch command is empty".into()))?;
     let _ = std::fs::remove_file(launch.socket);
-    let output = std::fs::File::create(launch.log)
+    let output = log_file(launch.log)
         .map_err(|e| BackendError::Io(format!("creating {}: {e}", launch.log.display())))?;
     let mut command = std::process::Command::new(program);
     command
@@ -304,6 +316,21 @@ pub async fn start(launch: &Launch<'_>) -> Result<Started, BackendError> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_vmms_log_is_never_written_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, outside) = (dir.path().join("restore.log"), dir.path().join("passwd"));
+        std::fs::write(&outside, "root:x:0:0").unwrap();
+        std::os::unix::fs::symlink(&outside, &log).unwrap();
+        assert!(log_file(&log).is_err());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "root:x:0:0");
+        // A log of its own is made empty.
+        std::fs::remove_file(&log).unwrap();
+        std::fs::write(&log, "the last run's").unwrap();
+        drop(log_file(&log).unwrap());
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "");
+    }
 
     /// A VMM whose snapshot times out and which stays busy: it answers nothing but
     /// timeouts, `busy` times, then every call.

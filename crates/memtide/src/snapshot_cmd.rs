@@ -403,6 +403,9 @@ async fn restore_domain(
     bail!("this memtide was built without libvirt support (cargo feature `libvirt`)")
 }
 
+/// The most clones one `memtide snapshot clone` starts.
+const MAX_CLONES: u32 = 1000;
+
 /// Start `count` clones of VM `vm` from its snapshot `id` (its latest by default), each
 /// by the VM's `clone_launch` with `{n}` its number, all sharing the snapshot's memory
 /// until they write it: the snapshot is made a template first (its RAM in a file, kept in
@@ -417,6 +420,11 @@ pub async fn clone(
 ) -> anyhow::Result<Vec<String>> {
     if count == 0 {
         bail!("no clone to start: give a count of 1 or more");
+    }
+    // Each clone is a QEMU of its own (found by an audit: 4 000 000 000 looked for that
+    // many free numbers, a socket tried for each, before starting any).
+    if count > MAX_CLONES {
+        bail!("{count} clones: at most {MAX_CLONES} at a time");
     }
     let Some(vm_config) = config.vms.iter().find(|v| v.name == vm) else {
         bail!("VM {vm} is not among the configuration's [[vm]] entries");
@@ -461,11 +469,26 @@ pub async fn clone(
     let size = snapshot.configured.0;
     // QEMU names x86 machines' RAM `pc.ram` unless told otherwise.
     let ram_id = snapshot.ram_backend.as_deref().unwrap_or("pc.ram");
-    let template = dir.join("template");
+    let template = dir.join(crate::snapshots::TEMPLATE);
+    // memtide's own making, never a link out of the store (found by an audit: a `ram`
+    // linked to /etc/passwd was handed to the clones).
+    for path in [
+        template.clone(),
+        template.join("ram"),
+        template.join("devices"),
+    ] {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink()) {
+            bail!(
+                "{}: a symbolic link in the snapshot's clone template: not used (delete the \
+                 template directory; the next clone makes it again)",
+                path.display()
+            );
+        }
+    }
     if !template.join("devices").exists() {
         // The template's RAM file is as large as the guest.
         crate::snapshots::room_for(&dir, snapshot.configured).context("no clone template")?;
-        let partial = dir.join("template.partial");
+        let partial = dir.join(format!("{}.partial", crate::snapshots::TEMPLATE));
         let _ = std::fs::remove_dir_all(&partial);
         crate::snapshots::private_dirs(&partial)?;
         let (launch, monitor, log) = numbered("template", "template");
@@ -771,7 +794,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn no_clone_is_not_a_request() {
+    async fn no_clone_is_not_a_request_nor_more_than_a_thousand() {
         let dir = tempfile::tempdir().unwrap();
         let c = config(
             dir.path(),
@@ -779,6 +802,8 @@ mod tests {
         );
         let e = clone(&c, "a", 0, None).await.unwrap_err().to_string();
         assert_eq!(e, "no clone to start: give a count of 1 or more");
+        let e = clone(&c, "a", 4_000_000_000, None).await.unwrap_err();
+        assert_eq!(e.to_string(), "4000000000 clones: at most 1000 at a time");
     }
 
     #[tokio::test]

@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime};
 
 /// The description file in each snapshot's directory.
 const META: &str = "snapshot.json";
+/// The directory of a snapshot's clone template (and `template.partial` while made).
+pub const TEMPLATE: &str = "template";
 /// The suffix of a snapshot being written.
 const PARTIAL: &str = ".partial";
 /// Room left on the file system beyond the guest's size before a save starts.
@@ -80,7 +82,39 @@ pub enum TakenBy {
 impl Snapshot {
     /// The size of its files together.
     pub fn bytes(&self) -> u64 {
-        self.files.values().map(|f| f.bytes).sum()
+        self.files
+            .values()
+            .fold(0, |all, f| all.saturating_add(f.bytes))
+    }
+
+    /// What a description must hold before anything is read or started by it (found by
+    /// an audit of hand-made descriptions: a file named `../../x` was read and its
+    /// checksum shown, and a RAM name with a comma reached QEMU's options).
+    fn check(&self) -> Result<(), String> {
+        let plain = |name: &str| {
+            !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+        };
+        if let Some(name) = self.files.keys().find(|n| !plain(n) || *n == META) {
+            return Err(format!("names a file {name:?} that is not one of its own"));
+        }
+        // Shown by `snapshot list`: no terminal control reaches the screen.
+        if let Some(name) = [&self.vm, &self.id]
+            .into_iter()
+            .find(|n| n.contains(char::is_control))
+        {
+            return Err(format!("names {name:?}, with control characters"));
+        }
+        // QEMU's identifiers: a letter, then letters, digits, `-`, `.` and `_`.
+        let qemu_id = |id: &str| {
+            id.starts_with(|c: char| c.is_ascii_alphabetic())
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        };
+        if let Some(id) = self.ram_backend.as_deref().filter(|id| !qemu_id(id)) {
+            return Err(format!("names its RAM {id:?}, which is no QEMU identifier"));
+        }
+        Ok(())
     }
 
     /// A hibernation no guest was woken from yet: its memory matches the guest's disk.
@@ -342,6 +376,25 @@ impl Store {
     /// the snapshot benchmark).
     pub fn verify(&self, s: &Snapshot) -> anyhow::Result<()> {
         let dir = self.dir_of(s);
+        // Every file a restore may read is one the description checksums (found by an
+        // audit: a description listing no file let a changed memory file be restored).
+        let entries =
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let own = name == META || s.files.contains_key(&name);
+            // The clone template beside it: memtide's own, made from the checked files.
+            let template =
+                name.starts_with(TEMPLATE) && entry.file_type().is_ok_and(|t| t.is_dir());
+            if !own && !template {
+                bail!(
+                    "snapshot {} of {}: {name} is not among the files its description \
+                     checksums: not used",
+                    s.id,
+                    s.vm
+                );
+            }
+        }
         for (name, sum) in &s.files {
             let found = checksum(&dir.join(name), Cached::Keep)?;
             if found != *sum {
@@ -502,8 +555,21 @@ fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
     let vm_name = vm_dir.file_name().map(|n| n.to_string_lossy().into_owned());
     for entry in std::fs::read_dir(vm_dir)?.flatten() {
         let meta = entry.path().join(META);
-        let name = entry.file_name().to_string_lossy().into_owned();
+        // A name that is not UTF-8 is none memtide gave (read lossily, it would stand for
+        // another directory's: found by an audit).
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
         if name.ends_with(PARTIAL) || !meta.exists() {
+            continue;
+        }
+        // What the store holds, not what a link points at (found by an audit: a
+        // snapshot directory linked to one outside was listed and restored from there).
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            tracing::warn!(
+                "{}: not a directory of the store (a symbolic link?): skipped",
+                entry.path().display()
+            );
             continue;
         }
         match read_meta(&meta) {
@@ -545,9 +611,20 @@ pub fn private_dirs(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
+/// A snapshot's description: a regular file of the store (not a link, not a FIFO that
+/// would hold `snapshot list`, bounded as any text file), whose names hold.
 fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+    use crate::text_file::{open_regular, Links, MAX_BYTES};
+    use std::io::Read;
+    let mut text = String::new();
+    open_regular(path, Links::Refuse)
+        .and_then(|file| file.take(MAX_BYTES).read_to_string(&mut text))
+        .with_context(|| format!("reading {}", path.display()))?;
+    let s: Snapshot =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    s.check()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(s)
 }
 
 /// What becomes of a file's pages in the host's page cache once it is checksummed.
@@ -561,7 +638,8 @@ enum Cached {
 
 /// A file's size and SHA-256, read afresh.
 fn checksum(path: &Path, cached: Cached) -> anyhow::Result<FileSum> {
-    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = crate::text_file::open_regular(path, crate::text_file::Links::Refuse)
+        .with_context(|| format!("reading {}", path.display()))?;
     let sum = file_sum(&file).with_context(|| format!("reading {}", path.display()))?;
     if cached == Cached::Drop {
         uncache(&file);
@@ -853,6 +931,97 @@ mod tests {
         assert!(e.contains("memory is 5 bytes"), "{e}");
         std::fs::remove_file(&file).unwrap();
         assert!(store.verify(&s).is_err());
+    }
+
+    /// A description made by hand reads, checks and starts nothing outside the snapshot
+    /// (an audit's cases, as root: each once read a file elsewhere, restored memory no
+    /// checksum covered, held `snapshot list`, or reached QEMU's options).
+    #[test]
+    fn a_hand_made_snapshot_reads_nothing_but_its_own_checked_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("store"));
+        let s = take(&store, "db", b"0123456789");
+        let snap = store.dir_of(&s);
+        let meta = snap.join(META);
+        let text = std::fs::read_to_string(&meta).unwrap();
+        let rewrite = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            edit(&mut v);
+            std::fs::write(&meta, v.to_string()).unwrap();
+        };
+        let outside = dir.path().join("secret");
+        std::fs::write(&outside, "not the store's").unwrap();
+        // A file named out of the snapshot, or a RAM name with options in it: skipped.
+        let escapes: [(&str, serde_json::Value); 2] = [
+            (
+                "/files/../../../secret",
+                serde_json::json!({"bytes": 10, "sha256": "00"}),
+            ),
+            ("/ram_backend", "pc.ram,mem-path=/x".into()),
+        ];
+        for (key, value) in escapes {
+            rewrite(&|v| match key.strip_prefix("/files/") {
+                Some(name) => v["files"][name] = value.clone(),
+                None => v["ram_backend"] = value.clone(),
+            });
+            assert!(store.list("db").unwrap().is_empty(), "{key}");
+        }
+        // Files left out of the description: the memory file it no longer checksums is
+        // refused, not restored unchecked.
+        rewrite(&|v| v["files"] = serde_json::json!({}));
+        let unlisted = store.find("db", None).unwrap();
+        let e = store.verify(&unlisted).unwrap_err().to_string();
+        assert!(
+            e.ends_with("memory is not among the files its description checksums: not used"),
+            "{e}"
+        );
+        // The memory a link out of the store, with the very bytes: refused.
+        std::fs::write(&meta, &text).unwrap();
+        let memory = snap.join("memory");
+        std::fs::write(&outside, b"0123456789").unwrap();
+        std::fs::remove_file(&memory).unwrap();
+        std::os::unix::fs::symlink(&outside, &memory).unwrap();
+        let e = format!("{:#}", store.verify(&s).unwrap_err());
+        assert!(e.contains("a symbolic link, not followed"), "{e}");
+        // A FIFO in its place: refused at once.
+        std::fs::remove_file(&memory).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, &memory, 0o600.into()).unwrap();
+        let e = format!("{:#}", store.verify(&s).unwrap_err());
+        assert!(e.contains("not a regular file"), "{e}");
+        // The description a FIFO: `list` goes on without it.
+        std::fs::remove_file(&meta).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, &meta, 0o600.into()).unwrap();
+        assert!(store.list("db").unwrap().is_empty());
+        // A snapshot directory linked to one outside the store: not listed.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::rename(&snap, &elsewhere).unwrap();
+        std::fs::remove_file(elsewhere.join(META)).unwrap();
+        std::fs::write(elsewhere.join(META), &text).unwrap();
+        std::fs::remove_file(elsewhere.join("memory")).unwrap();
+        std::fs::write(elsewhere.join("memory"), b"0123456789").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &snap).unwrap();
+        assert!(store.list("db").unwrap().is_empty());
+        // Names that would reach the terminal as controls: skipped.
+        std::fs::remove_file(&snap).unwrap();
+        std::fs::rename(&elsewhere, &snap).unwrap();
+        assert_eq!(store.list("db").unwrap().len(), 1);
+        let evil = "db\u{1b}[2J";
+        rewrite(&|v| v["vm"] = evil.into());
+        std::fs::create_dir_all(store.vm_dir(evil)).unwrap();
+        std::fs::rename(&snap, store.vm_dir(evil).join(&s.id)).unwrap();
+        assert!(store.list_all().unwrap().is_empty());
+        // Sizes beyond any file add up without overflowing.
+        let mut huge = s.clone();
+        for name in ["a", "b"] {
+            huge.files.insert(
+                name.into(),
+                FileSum {
+                    bytes: u64::MAX,
+                    sha256: String::new(),
+                },
+            );
+        }
+        assert_eq!(huge.bytes(), u64::MAX);
     }
 
     #[test]

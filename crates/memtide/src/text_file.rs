@@ -11,25 +11,52 @@ use std::path::Path;
 /// The largest text file read: far above any configuration, policy or scenario.
 pub const MAX_BYTES: u64 = 64 << 20;
 
-/// The text of the regular file at `path`, at most [`MAX_BYTES`] long.
-pub fn read(path: &Path) -> io::Result<String> {
-    let not_regular = || io::Error::new(io::ErrorKind::InvalidInput, "not a regular file");
+/// Whether [`open_regular`] follows a symbolic link at the path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Links {
+    /// Followed (a configuration file kept elsewhere and linked).
+    Follow,
+    /// Refused (a snapshot's files: what the store holds is read, nothing else).
+    Refuse,
+}
+
+/// The regular file at `path`, open for reading, without ever waiting to open it or
+/// opening anything else.
+pub fn open_regular(path: &Path, links: Links) -> io::Result<std::fs::File> {
+    let not_regular = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    use rustix::fs::OFlags;
     // A device is not even opened (opening some has effects: a watchdog arms).
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(not_regular());
+    let (meta, mut flags) = match links {
+        Links::Follow => (std::fs::metadata(path)?, OFlags::NONBLOCK),
+        Links::Refuse => (
+            std::fs::symlink_metadata(path)?,
+            OFlags::NONBLOCK | OFlags::NOFOLLOW,
+        ),
+    };
+    if meta.is_symlink() {
+        return Err(not_regular("a symbolic link, not followed"));
+    }
+    if !meta.is_file() {
+        return Err(not_regular("not a regular file"));
     }
     // Opened without blocking (a FIFO put in its place since would wait for a writer),
     // checked again by the descriptor itself, then read as any file is: the flag would
     // reach a FUSE or NFS file system's reads.
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .custom_flags(flags.bits() as i32)
         .open(path)?;
     if !file.metadata()?.is_file() {
-        return Err(not_regular());
+        return Err(not_regular("not a regular file"));
     }
-    let flags = rustix::fs::fcntl_getfl(&file)?;
-    rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
+    flags = rustix::fs::fcntl_getfl(&file)?;
+    rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
+    Ok(file)
+}
+
+/// The text of the regular file at `path` (a link followed), at most [`MAX_BYTES`] long.
+pub fn read(path: &Path) -> io::Result<String> {
+    let file = open_regular(path, Links::Follow)?;
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_BYTES {

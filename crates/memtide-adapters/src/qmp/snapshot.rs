@@ -570,11 +570,17 @@ fn file_ram(ram: &Path, size: u64, shared: bool, id: &str) -> Vec<String> {
         "-object".into(),
         format!(
             "memory-backend-file,id={id},size={size},mem-path={},share={share}",
-            ram.display()
+            option_value(&ram.display().to_string())
         ),
         "-machine".into(),
         format!("memory-backend={id}"),
     ]
+}
+
+/// `value` as one value in a QEMU option list, where a comma ends a value unless doubled
+/// (a store under a path with a comma would otherwise add options of its own).
+fn option_value(value: &str) -> String {
+    value.replace(',', ",,")
 }
 
 /// Guest RAM as a clone template gives it: a file, the size of the guest, under the name
@@ -704,7 +710,7 @@ async fn start_incoming(
         .split_first()
         .ok_or_else(|| BackendError::Protocol("the launch command is empty".into()))?;
     let _ = std::fs::remove_file(qemu.monitor);
-    let output = std::fs::File::create(qemu.log)
+    let output = crate::vmm_snapshot::log_file(qemu.log)
         .map_err(|e| BackendError::Io(format!("creating {}: {e}", qemu.log.display())))?;
     let mut command = std::process::Command::new(program);
     command
@@ -715,7 +721,7 @@ async fn start_incoming(
         .arg("-qmp")
         .arg(format!(
             "unix:{},server=on,wait=off",
-            qemu.monitor.display()
+            option_value(&qemu.monitor.display().to_string())
         ))
         .stdin(std::process::Stdio::null())
         .stdout(output.try_clone().map_err(io)?)
@@ -794,6 +800,15 @@ mod tests {
     use super::*;
     use crate::qmp::client::tests::{ok, serve, HANG_UP};
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn a_path_with_a_comma_stays_one_value_of_qemus_options() {
+        let args = file_ram(Path::new("/srv/a,share=on/ram"), 1 << 20, false, "pc.ram");
+        assert_eq!(
+            args[1],
+            "memory-backend-file,id=pc.ram,size=1048576,mem-path=/srv/a,,share=on/ram,share=off"
+        );
+    }
 
     /// A scripted QEMU whose migration ends as `migration` says (its `query-migrate`),
     /// and the commands it was sent (a migration's with its URI, a capability change's
