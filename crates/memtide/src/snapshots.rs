@@ -384,8 +384,8 @@ impl Store {
             let name = entry.file_name().to_string_lossy().into_owned();
             let own = name == META || s.files.contains_key(&name);
             // The clone template beside it: memtide's own, made from the checked files.
-            let template =
-                name.starts_with(TEMPLATE) && entry.file_type().is_ok_and(|t| t.is_dir());
+            let template = (name == TEMPLATE || name == format!("{TEMPLATE}{PARTIAL}"))
+                && entry.file_type().is_ok_and(|t| t.is_dir());
             if !own && !template {
                 bail!(
                     "snapshot {} of {}: {name} is not among the files its description \
@@ -614,11 +614,9 @@ pub fn private_dirs(dir: &Path) -> anyhow::Result<()> {
 /// A snapshot's description: a regular file of the store (not a link, not a FIFO that
 /// would hold `snapshot list`, bounded as any text file), whose names hold.
 fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
-    use crate::text_file::{open_regular, Links, MAX_BYTES};
-    use std::io::Read;
-    let mut text = String::new();
-    open_regular(path, Links::Refuse)
-        .and_then(|file| file.take(MAX_BYTES).read_to_string(&mut text))
+    use crate::text_file::{open_regular, read_file, Links};
+    let text = open_regular(path, Links::Refuse)
+        .and_then(read_file)
         .with_context(|| format!("reading {}", path.display()))?;
     let s: Snapshot =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;

@@ -56,7 +56,11 @@ pub fn open_regular(path: &Path, links: Links) -> io::Result<std::fs::File> {
 
 /// The text of the regular file at `path` (a link followed), at most [`MAX_BYTES`] long.
 pub fn read(path: &Path) -> io::Result<String> {
-    let file = open_regular(path, Links::Follow)?;
+    read_file(open_regular(path, Links::Follow)?)
+}
+
+/// The text of `file`, at most [`MAX_BYTES`] long.
+pub fn read_file(file: std::fs::File) -> io::Result<String> {
     let mut bytes = Vec::new();
     file.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_BYTES {
