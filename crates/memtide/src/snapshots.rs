@@ -453,6 +453,15 @@ impl Store {
     pub fn delete(&self, s: &Snapshot) -> anyhow::Result<()> {
         let dir = self.dir_of(s);
         let doomed = dir.with_file_name(format!("{}{PARTIAL}", s.id));
+        // What a delete cut short left under that name goes first (found by an audit:
+        // "Directory not empty", naming the snapshot, not the leftover in the way); a
+        // link there is removed, not followed.
+        match std::fs::symlink_metadata(&doomed) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&doomed),
+            Ok(_) => std::fs::remove_file(&doomed),
+            Err(_) => Ok(()),
+        }
+        .with_context(|| format!("removing {} left by a delete cut short", doomed.display()))?;
         std::fs::rename(&dir, &doomed).with_context(|| format!("removing {}", dir.display()))?;
         std::fs::remove_dir_all(&doomed).with_context(|| format!("removing {}", dir.display()))
     }
@@ -1032,9 +1041,25 @@ mod tests {
         assert!(a1.id < a2.id, "{} then {}", a1.id, a2.id);
         assert_eq!(store.find("a", None).unwrap(), a2, "the latest");
         assert_eq!(store.list_all().unwrap(), [a1.clone(), a2.clone(), b]);
+        // A delete cut short left its partial behind (not empty), and a link in the
+        // place of another's, pointing out of the store.
+        let leftover = store.vm_dir("a").join(format!("{}{PARTIAL}", a1.id));
+        std::fs::create_dir_all(&leftover).unwrap();
+        std::fs::write(leftover.join("memory"), b"1").unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("kept"), b"").unwrap();
+        let link = store.vm_dir("a").join(format!("{}{PARTIAL}", a2.id));
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
         store.delete(&a1).unwrap();
-        assert_eq!(store.list("a").unwrap(), [a2]);
-        assert!(!store.dir_of(&a1).exists());
+        assert_eq!(store.list("a").unwrap(), std::slice::from_ref(&a2));
+        assert!(!store.dir_of(&a1).exists() && !leftover.exists());
+        store.delete(&a2).unwrap();
+        assert!(store.list("a").unwrap().is_empty());
+        assert!(
+            outside.join("kept").exists(),
+            "nothing followed out of the store"
+        );
     }
 
     #[test]
