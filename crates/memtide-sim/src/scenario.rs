@@ -653,7 +653,7 @@ impl Scenario {
                     return Err(invalid(at(&format!("workload.{name}")), "must be ≥ 0"));
                 }
             }
-            // A hold and a walk count their steps one by one: a thousand a tick at most.
+            // A hold's steps are counted one by one, as a walk's: a thousand a tick at most.
             let least_step = crate::workload::MIN_STEP_S.max(self.tick_s / 1000.0);
             if w.hold_s > 0.0 && w.hold_s < least_step {
                 return Err(invalid(
@@ -662,19 +662,9 @@ impl Scenario {
                 ));
             }
             w.anon
-                .validate(&at("workload.anon"))
-                .and_then(|()| w.file.validate(&at("workload.file")))
+                .validate(&at("workload.anon"), self.tick_s)
+                .and_then(|()| w.file.validate(&at("workload.file"), self.tick_s))
                 .map_err(|(field, message)| ScenarioError::Invalid { field, message })?;
-            for (name, shape) in [("anon", &w.anon), ("file", &w.file)] {
-                if let crate::workload::Shape::Walk { every_s, .. } = shape {
-                    if *every_s < least_step {
-                        return Err(invalid(
-                            at(&format!("workload.{name}.every_s")),
-                            "must be at least a thousandth of tick_s",
-                        ));
-                    }
-                }
-            }
         }
         for (name, _) in self.expand() {
             if !names.insert(name.clone()) {

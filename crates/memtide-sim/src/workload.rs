@@ -165,8 +165,9 @@ impl Default for WorkloadSpec {
 }
 
 impl Shape {
-    /// Check the shape, naming the first bad field under `at`.
-    pub fn validate(&self, at: &str) -> Result<(), (String, String)> {
+    /// Check the shape of a run of ticks of `tick_s`, naming the first bad field under
+    /// `at`.
+    pub fn validate(&self, at: &str, tick_s: f64) -> Result<(), (String, String)> {
         let err = |f: &str, m: &str| Err((format!("{at}.{f}"), m.to_string()));
         let size_ok = |v: f64| v.is_finite() && v >= 0.0;
         match self {
@@ -220,6 +221,9 @@ impl Shape {
                     err("step_mib", "must be a size ≥ 0")
                 } else if !(every_s.is_finite() && *every_s >= MIN_STEP_S) {
                     err("every_s", "must be a number of seconds, at least 0.001")
+                } else if *every_s < tick_s / 1000.0 {
+                    // Its steps are taken one by one: a thousand a tick at most.
+                    err("every_s", "must be at least a thousandth of tick_s")
                 } else if start_mib.is_some_and(|s| !(s >= *min_mib && s <= *max_mib)) {
                     err("start_mib", "must be within min_mib and max_mib")
                 } else {
@@ -563,7 +567,7 @@ mod tests {
             random_phase: false,
         };
         assert_eq!(
-            bad.validate("vm[0].workload.anon").unwrap_err().0,
+            bad.validate("vm[0].workload.anon", 1.0).unwrap_err().0,
             "vm[0].workload.anon.max_mib"
         );
     }

@@ -1073,13 +1073,12 @@ impl Config {
             // Relative, a socket would be found from the daemon's working directory (found
             // by an audit: `qmp = ""` was accepted, and failed at every connection with
             // "Invalid argument" naming no key).
-            let sockets_named = [
+            let hypervisor = [
                 ("qmp", &vm.qmp),
                 ("firecracker", &vm.firecracker),
                 ("cloud_hypervisor", &vm.cloud_hypervisor),
-                ("agent", &vm.agent),
             ];
-            for (name, path) in sockets_named {
+            for (name, path) in hypervisor.iter().chain([("agent", &vm.agent)].iter()) {
                 if let Some(path) = path.as_deref().filter(|p| !p.is_absolute()) {
                     return bad(&field(name), format!("{path:?} is not an absolute path"));
                 }
@@ -1088,7 +1087,7 @@ impl Config {
                 let message = "the same socket as qmp: the guest agent has a socket of its own";
                 return bad(&field("agent"), message.into());
             }
-            let socket = sockets_named[..3]
+            let socket = hypervisor
                 .iter()
                 .find_map(|(name, socket)| Some((*name, socket.as_deref()?)));
             if let Some((name, socket)) = socket {

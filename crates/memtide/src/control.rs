@@ -331,10 +331,14 @@ async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<V
 /// by the socket's mode) running for others than this user.
 fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
     use std::os::unix::fs::FileTypeExt;
-    let not_socket = std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_socket());
+    let found = std::fs::metadata(path).ok().map(|m| m.file_type());
     let hint = match e.kind() {
-        _ if path.is_dir() => "a directory: name the socket in it, as `[daemon] socket` does",
-        _ if not_socket => "not a socket: name the daemon's control socket, `[daemon] socket`",
+        _ if found.is_some_and(|t| t.is_dir()) => {
+            "a directory: name the socket in it, as `[daemon] socket` does"
+        }
+        _ if found.is_some_and(|t| !t.is_socket()) => {
+            "not a socket: name the daemon's control socket, `[daemon] socket`"
+        }
         std::io::ErrorKind::PermissionDenied => {
             "the control socket is for root and the daemon's user (and the users and groups \
              in `[control] allow_uids` / `allow_gids`): run this as one of them, e.g. with sudo"

@@ -488,7 +488,11 @@ pub async fn clone(
     if !template.join("devices").exists() {
         // The template's RAM file is as large as the guest.
         crate::snapshots::room_for(&dir, snapshot.configured).context("no clone template")?;
-        let partial = dir.join(format!("{}.partial", crate::snapshots::TEMPLATE));
+        let partial = dir.join(format!(
+            "{}{}",
+            crate::snapshots::TEMPLATE,
+            crate::snapshots::PARTIAL
+        ));
         let _ = std::fs::remove_dir_all(&partial);
         crate::snapshots::private_dirs(&partial)?;
         let (launch, monitor, log) = numbered("template", "template");

@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 const META: &str = "snapshot.json";
 /// The directory of a snapshot's clone template (and `template.partial` while made).
 pub const TEMPLATE: &str = "template";
-/// The suffix of a snapshot being written.
-const PARTIAL: &str = ".partial";
+/// The suffix of a snapshot (or clone template) being written.
+pub const PARTIAL: &str = ".partial";
 /// Room left on the file system beyond the guest's size before a save starts.
 const HEADROOM: Bytes = Bytes::from_mib(64);
 
