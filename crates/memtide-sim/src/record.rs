@@ -271,6 +271,16 @@ fn next_line(r: &mut FileLines) -> Option<io::Result<Result<String, String>>> {
 /// What a file that cannot be a recording is told to be.
 const NOT_A_RECORDING: &str = "not a recording (gzip-compressed JSON lines, record-N.jsonl.gz)";
 
+/// The regular file at `path` (a link followed), open for reading: a FIFO would block the
+/// replay until something wrote to it, a device would be read as a recording.
+fn open_recording(path: &Path) -> io::Result<File> {
+    if !std::fs::metadata(path)?.is_file() {
+        let why = format!("{NOT_A_RECORDING}: not a regular file");
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    }
+    File::open(path)
+}
+
 /// `f`, rewound, if it starts as gzip does (or is too short to tell: a recording cut at
 /// its start); `None` if it starts otherwise.
 fn gzip_or_empty(mut f: File) -> io::Result<Option<File>> {
@@ -326,7 +336,7 @@ impl Iterator for Records {
         loop {
             if self.current.is_none() {
                 let path = self.files.pop_front()?;
-                match File::open(&path).and_then(gzip_or_empty) {
+                match open_recording(&path).and_then(gzip_or_empty) {
                     Ok(Some(f)) => {
                         let lines = BufReader::new(MultiGzDecoder::new(f));
                         self.current = Some((path, 0, lines));

@@ -180,6 +180,23 @@ fn a_line_that_is_not_a_tick_names_file_and_line() {
 }
 
 #[test]
+fn a_fifo_or_a_device_is_refused_not_read_as_a_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("record-0.jsonl.gz");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success());
+    for path in [fifo, "/dev/null".into()] {
+        let e = Records::open(std::slice::from_ref(&path))
+            .next()
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("not a regular file"), "{e}");
+        assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+}
+
+#[test]
 fn a_torn_last_tick_before_the_cut_is_skipped() {
     // A recorder killed mid-line: the gzip stream ends inside a line whose start was
     // flushed (a sync flush after half a line), so the reader sees the half line then

@@ -410,7 +410,8 @@ enum SnapshotCommand {
         vm: String,
         /// The snapshot.
         id: String,
-        /// Delete a hibernation not woken from too (the guest's running state is lost).
+        /// Delete a hibernation not woken from too (the guest's running state is lost),
+        /// and a snapshot whose description does not read (it may be one).
         #[arg(long)]
         force: bool,
         /// Configuration file [default: /etc/memtide/memtide.toml if it exists].
@@ -866,11 +867,8 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             force,
             config,
         } => {
-            let deleted = snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id, force)?;
-            stdout::println(format_args!(
-                "snapshot {} of {} deleted",
-                deleted.id, deleted.vm
-            ))?;
+            snapshot_cmd::delete(&load(config.as_ref())?, &vm, &id, force)?;
+            stdout::println(format_args!("snapshot {id} of {vm} deleted"))?;
         }
     }
     Ok(())

@@ -546,10 +546,21 @@ pub async fn clone(
     Ok(lines)
 }
 
-/// Delete VM `vm`'s snapshot `id`.
-pub fn delete(config: &Config, vm: &str, id: &str, force: bool) -> anyhow::Result<Snapshot> {
+/// Delete VM `vm`'s snapshot `id`; with `force`, also one the store cannot read (a
+/// damaged description: it may be a hibernation's).
+pub fn delete(config: &Config, vm: &str, id: &str, force: bool) -> anyhow::Result<()> {
     let store = Store::new(&config.snapshots.dir);
-    let snapshot = store.find(vm, Some(id))?;
+    let snapshot = match store.find(vm, Some(id)) {
+        Ok(snapshot) => snapshot,
+        Err(none) => match store.unlisted(vm, id) {
+            Some((dir, _)) if force => return store.remove(&dir),
+            Some((_, why)) => bail!(
+                "snapshot {id} of {vm} cannot be read ({why:#}); it may be a hibernation not \
+                 woken from: --force deletes it anyway"
+            ),
+            None => return Err(none),
+        },
+    };
     if snapshot.asleep() && !force {
         bail!(
             "snapshot {id} is the hibernation of {vm}, not woken from: it holds the guest's \
@@ -557,8 +568,7 @@ pub fn delete(config: &Config, vm: &str, id: &str, force: bool) -> anyhow::Resul
              --force deletes it anyway"
         );
     }
-    store.delete(&snapshot)?;
-    Ok(snapshot)
+    store.delete(&snapshot)
 }
 
 /// A line describing a snapshot the daemon saved (its JSON description).
@@ -739,6 +749,48 @@ mod tests {
         assert_eq!(store.list("a").unwrap().len(), 1, "kept");
         delete(&c, "a", &asleep.id, true).unwrap();
         assert!(store.list("a").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_whose_description_does_not_read_is_deleted_only_with_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), "qmp = \"/a.qmp\"\n");
+        let store = Store::new(dir.path());
+        let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"m").unwrap();
+        let s = pending
+            .finish(&saved(), AfterSave::Run, snapshots::TakenBy::Operator)
+            .unwrap();
+        let damaged = store.dir_of(&s);
+        std::fs::write(damaged.join("snapshot.json"), b"{\"vm\": ").unwrap();
+        assert!(store.list("a").unwrap().is_empty(), "skipped by the store");
+        let e = delete(&c, "a", &s.id, false).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("snapshot {} of a cannot be read (parsing ", s.id))
+                && e.ends_with("--force deletes it anyway"),
+            "{e}"
+        );
+        assert!(damaged.is_dir(), "kept");
+        delete(&c, "a", &s.id, true).unwrap();
+        assert!(!damaged.exists());
+        // A link in a snapshot's place: the link goes, what it points at stays.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("memory"), b"m").unwrap();
+        std::os::unix::fs::symlink(outside.path(), &damaged).unwrap();
+        let e = delete(&c, "a", &s.id, false).unwrap_err().to_string();
+        assert!(e.contains("not a directory of the store"), "{e}");
+        delete(&c, "a", &s.id, true).unwrap();
+        assert!(!damaged.exists() && outside.path().join("memory").exists());
+        // Nothing but a snapshot's own name in the VM's directory is deleted.
+        std::fs::create_dir(dir.path().join("keep")).unwrap();
+        for id in ["../keep", "restore.lock", "x.partial", "", "."] {
+            let e = delete(&c, "a", id, true).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("VM a has no snapshot {id} in")),
+                "{e}"
+            );
+        }
+        assert!(dir.path().join("keep").is_dir());
     }
 
     #[tokio::test]

@@ -451,8 +451,30 @@ impl Store {
     /// Delete `s`: renamed away first, so that a crash midway leaves no snapshot that
     /// looks whole.
     pub fn delete(&self, s: &Snapshot) -> anyhow::Result<()> {
-        let dir = self.dir_of(s);
-        let doomed = dir.with_file_name(format!("{}{PARTIAL}", s.id));
+        self.remove(&self.dir_of(s))
+    }
+
+    /// What stands in VM `vm`'s directory under snapshot `id` but is no snapshot the
+    /// store lists ([`Store::list`] skips it with a warning: a description that does not
+    /// read, a link), with why; `None` where nothing stands there, or a snapshot does.
+    pub fn unlisted(&self, vm: &str, id: &str) -> Option<(PathBuf, anyhow::Error)> {
+        // A plain name in the VM's directory, and none of the store's own.
+        let plain = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id))
+            && !id.ends_with(PARTIAL)
+            && id != RESTORE_LOCK;
+        let dir = self.vm_dir(vm).join(id);
+        if !plain || std::fs::symlink_metadata(&dir).is_err() {
+            return None;
+        }
+        let why = snapshot_at(&dir).err()?;
+        Some((dir, why))
+    }
+
+    /// Remove the snapshot directory `dir` of the store, whatever it holds: renamed away
+    /// first, so that a crash midway leaves nothing that looks whole.
+    pub fn remove(&self, dir: &Path) -> anyhow::Result<()> {
+        let id = dir.file_name().unwrap_or_default().to_string_lossy();
+        let doomed = dir.with_file_name(format!("{id}{PARTIAL}"));
         // What a delete cut short left under that name goes first (found by an audit:
         // "Directory not empty", naming the snapshot, not the leftover in the way); a
         // link there is removed, not followed.
@@ -462,7 +484,7 @@ impl Store {
             Err(_) => Ok(()),
         }
         .with_context(|| format!("removing {} left by a delete cut short", doomed.display()))?;
-        std::fs::rename(&dir, &doomed).with_context(|| format!("removing {}", dir.display()))?;
+        std::fs::rename(dir, &doomed).with_context(|| format!("removing {}", dir.display()))?;
         std::fs::remove_dir_all(&doomed).with_context(|| format!("removing {}", dir.display()))
     }
 }
@@ -561,41 +583,48 @@ impl Drop for Pending {
 /// skipped with a warning.
 fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
     let mut found = Vec::new();
-    let vm_name = vm_dir.file_name().map(|n| n.to_string_lossy().into_owned());
     for entry in std::fs::read_dir(vm_dir)?.flatten() {
-        let meta = entry.path().join(META);
         // A name that is not UTF-8 is none memtide gave (read lossily, it would stand for
         // another directory's: found by an audit).
         let Some(name) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        if name.ends_with(PARTIAL) || !meta.exists() {
+        if name.ends_with(PARTIAL) || !entry.path().join(META).exists() {
             continue;
         }
-        // What the store holds, not what a link points at (found by an audit: a
-        // snapshot directory linked to one outside was listed and restored from there).
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            tracing::warn!(
-                "{}: not a directory of the store (a symbolic link?): skipped",
-                entry.path().display()
-            );
-            continue;
-        }
-        match read_meta(&meta) {
-            Ok(s) if s.id != name || vm_name.as_deref() != Some(dir_name(&s.vm).as_str()) => {
-                tracing::warn!(
-                    "{}: records snapshot {} of VM {}, not what its directory says: skipped \
-                     (a snapshot copied or moved by hand?)",
-                    meta.display(),
-                    s.id,
-                    s.vm
-                );
-            }
+        match snapshot_at(&entry.path()) {
             Ok(s) => found.push(s),
-            Err(e) => tracing::warn!("{}: {e:#}", meta.display()),
+            Err(e) => tracing::warn!("{e:#}"),
         }
     }
     Ok(found)
+}
+
+/// The snapshot whose directory is `dir`, or why it is none to use.
+fn snapshot_at(dir: &Path) -> anyhow::Result<Snapshot> {
+    // What the store holds, not what a link points at (found by an audit: a snapshot
+    // directory linked to one outside was listed and restored from there).
+    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        bail!(
+            "{}: not a directory of the store (a symbolic link?): skipped",
+            dir.display()
+        );
+    }
+    let s = read_meta(&dir.join(META))?;
+    let names = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let vm_dir = dir.parent().unwrap_or(dir);
+    if names(dir).as_deref() != Some(s.id.as_str())
+        || names(vm_dir).as_deref() != Some(dir_name(&s.vm).as_str())
+    {
+        bail!(
+            "{}: records snapshot {} of VM {}, not what its directory says: skipped (a \
+             snapshot copied or moved by hand?)",
+            dir.display(),
+            s.id,
+            s.vm
+        );
+    }
+    Ok(s)
 }
 
 /// Of `all` (oldest first), the scheduled snapshots beyond the `keep` newest of them.
