@@ -14,6 +14,9 @@ use std::time::Duration;
 pub enum DiagnosticKind {
     /// The VM could not be sampled (timeout, disconnect, protocol error).
     Unreachable,
+    /// The VM was not sampled because its hypervisor is busy with it (a save, a
+    /// migration): left alone meanwhile, as it should be.
+    Busy,
     /// The VM has no balloon device; it cannot be resized.
     NoBalloon,
     /// The guest reported statistics that cannot be true; they were ignored.
@@ -52,6 +55,7 @@ impl DiagnosticKind {
         matches!(
             self,
             DiagnosticKind::Unreachable
+                | DiagnosticKind::Busy
                 | DiagnosticKind::AgentUnavailable
                 | DiagnosticKind::MemoryNotOnlined
                 | DiagnosticKind::NoBalloon
@@ -68,6 +72,7 @@ impl DiagnosticKind {
     pub fn as_str(self) -> &'static str {
         match self {
             DiagnosticKind::Unreachable => "unreachable",
+            DiagnosticKind::Busy => "busy",
             DiagnosticKind::NoBalloon => "no_balloon",
             DiagnosticKind::ImplausibleStats => "implausible_stats",
             DiagnosticKind::PolicyError => "policy_error",
@@ -108,6 +113,8 @@ pub enum VmState {
     Unmanaged,
     /// Not sampled this tick.
     Unreachable,
+    /// Not sampled this tick, its hypervisor busy with it (a save, a migration).
+    Busy,
 }
 
 impl VmState {
@@ -117,6 +124,7 @@ impl VmState {
             VmState::Managed => "managed",
             VmState::Unmanaged => "unmanaged",
             VmState::Unreachable => "unreachable",
+            VmState::Busy => "busy",
         }
     }
 }

@@ -449,8 +449,12 @@ impl Engine {
         let mut report = empty_report(vm);
         let sample = match &vm.sample {
             Err(e) => {
-                diag(DiagnosticKind::Unreachable, format!("not sampled: {e}"));
-                report.state = VmState::Unreachable;
+                let kind;
+                (report.state, kind) = match e {
+                    crate::BackendError::Busy(_) => (VmState::Busy, DiagnosticKind::Busy),
+                    _ => (VmState::Unreachable, DiagnosticKind::Unreachable),
+                };
+                diag(kind, format!("not sampled: {e}"));
                 report.error = Some(e.clone());
                 return (report, None);
             }

@@ -33,6 +33,8 @@ struct Track {
     at: Duration,
     cpu_s: f64,
     idle_since: Option<Duration>,
+    /// Its next sample is a new start for the CPU share, judging nothing.
+    rebase: bool,
 }
 
 /// How long each VM has been idle, from its CPU time tick after tick.
@@ -69,6 +71,7 @@ impl Idleness {
                 continue;
             };
             let idle_since = match self.vms.get(name) {
+                Some(t) if t.rebase && cpu_s >= t.cpu_s => t.idle_since,
                 Some(t) if at > t.at && cpu_s >= t.cpu_s => {
                     let share = (cpu_s - t.cpu_s) / (at - t.at).as_secs_f64();
                     (share < cfg.idle_cpu).then(|| t.idle_since.unwrap_or(t.at))
@@ -81,6 +84,7 @@ impl Idleness {
                     at,
                     cpu_s,
                     idle_since,
+                    rebase: false,
                 },
             );
         }
@@ -99,6 +103,47 @@ impl Idleness {
         if let Some(t) = self.vms.get_mut(vm) {
             t.idle_since = None;
         }
+    }
+
+    /// `vm` was saved and runs on: the CPU its hypervisor spent writing its memory (a
+    /// migration thread at a whole CPU for the length of the write, found by an audit)
+    /// falls between its last sample and its next, which is taken as a new start, idle
+    /// time kept, instead of as the guest's work.
+    pub fn saved(&mut self, vm: &str) {
+        if let Some(t) = self.vms.get_mut(vm) {
+            t.rebase = true;
+        }
+    }
+}
+
+/// One hibernation at a time, each seen before the next: none is due while one runs, nor
+/// until the host's free memory, averaged over `settle` (the engine's history), counts
+/// what the last one gave back (found by an audit: with the average still low, the next
+/// idle VM went at the next tick, and the next).
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// A hibernation was started and not seen ended yet.
+    begun: bool,
+    /// When the last one was seen ended.
+    ended: Option<Duration>,
+}
+
+impl Pace {
+    /// A hibernation was started.
+    pub fn begun(&mut self) {
+        self.begun = true;
+    }
+
+    /// Whether another may start at `at`; `running` says whether a hibernation runs now.
+    pub fn allows(&mut self, at: Duration, running: bool, settle: Duration) -> bool {
+        if running {
+            self.begun = true;
+            return false;
+        }
+        if std::mem::take(&mut self.begun) {
+            self.ended = Some(at);
+        }
+        self.ended.is_none_or(|ended| at >= ended + settle)
     }
 }
 
@@ -183,6 +228,44 @@ mod tests {
         );
         // VMs not allowed are never due, however idle.
         assert_eq!(due(&idle, &[], 0.0, &cfg), None);
+    }
+
+    #[test]
+    fn the_cpu_a_save_takes_is_not_the_guests_work() {
+        let cfg = HibernateConfig::default();
+        let mut idle = run(10);
+        // Not sampled while saved (10 s at a whole CPU), then sampled again.
+        idle.observe(s(110), [("b", None)], &cfg);
+        idle.observe(s(120), [("b", None)], &cfg);
+        idle.saved("b");
+        idle.observe(s(130), [("b", Some(11.1))], &cfg);
+        assert_eq!(idle.idle_for("b"), Some(s(130)), "idle all along");
+        // Only the sample after the save is a new start.
+        idle.observe(s(140), [("b", Some(11.2))], &cfg);
+        assert_eq!(idle.idle_for("b"), Some(s(140)));
+        idle.observe(s(150), [("b", Some(16.0))], &cfg);
+        assert_eq!(idle.idle_for("b"), None, "work after it counts");
+        // Without the mark, the save's CPU is the guest's.
+        let mut idle = run(10);
+        idle.observe(s(120), [("b", None)], &cfg);
+        idle.observe(s(130), [("b", Some(11.1))], &cfg);
+        assert_eq!(idle.idle_for("b"), None);
+    }
+
+    #[test]
+    fn one_hibernation_at_a_time_each_seen_before_the_next() {
+        let settle = s(20);
+        let mut pace = Pace::default();
+        assert!(pace.allows(s(0), false, settle), "none yet");
+        pace.begun();
+        assert!(!pace.allows(s(2), true, settle), "one runs");
+        assert!(!pace.allows(s(10), false, settle), "ended: not yet seen");
+        assert!(!pace.allows(s(28), false, settle));
+        assert!(pace.allows(s(30), false, settle), "settled");
+        // One begun and ended between two ticks is seen ended at the next.
+        pace.begun();
+        assert!(!pace.allows(s(32), false, settle));
+        assert!(pace.allows(s(52), false, settle));
     }
 
     #[test]

@@ -56,6 +56,22 @@ fn a_failing_vm_does_not_stop_the_others() {
 }
 
 #[test]
+fn a_vm_its_hypervisor_is_busy_with_is_left_alone_as_busy_not_unreachable() {
+    let mut saved = vm("saved", 1000, 800, 600);
+    saved.sample = Err(BackendError::Busy("being saved".into()));
+    let vms = vec![saved, vm("ok", 1000, 800, 600)];
+    let d = engine().tick(&snapshot(0, host(4000, 400), vms));
+    assert_eq!(balloon_targets(&d.actions), vec![("ok".to_string(), 760)]);
+    assert_eq!(kinds(&d, "saved"), vec![DiagnosticKind::Busy]);
+    assert_eq!(d.diagnostics[0].message, "not sampled: busy: being saved");
+    assert_eq!(d.vms[0].state, VmState::Busy);
+    assert!(
+        DiagnosticKind::Busy.is_condition(),
+        "said once, then cleared"
+    );
+}
+
+#[test]
 fn every_action_explains_its_rule_and_inputs() {
     let d = engine().tick(&snapshot(0, host(4000, 400), vec![vm("a", 1000, 800, 600)]));
     let reason = d.actions[0].reason();

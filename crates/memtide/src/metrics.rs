@@ -488,7 +488,7 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_info",
-            "Each VM's connector, policy, state (managed, unmanaged, unreachable) and where \
+            "Each VM's connector, policy, state (managed, unmanaged, unreachable, busy) and where \
              its bounds came from, as labels; the value is always 1.",
             info,
         )?;
@@ -506,8 +506,9 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_up",
-            "1 when the VM answered this tick; 0 when it did not, or is not connected (a VM \
-             memtide knows and waits to reach; not one hibernated, or left to another manager).",
+            "1 when the VM answered this tick, or its hypervisor is busy with it (a save, a \
+             migration); 0 when it did not, or is not connected (a VM memtide knows and waits \
+             to reach; not one hibernated, or left to another manager).",
             up,
         )?;
         gauges(

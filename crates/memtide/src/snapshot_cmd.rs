@@ -11,9 +11,6 @@ use memtide_core::Bytes;
 use std::path::Path;
 use std::time::Duration;
 
-/// The file, in a VM's directory of the store, that a clone command of it locks.
-const CLONE_LOCK: &str = "clone.lock";
-
 /// A table of `snapshots` (every VM's when `vm` is `None`), or JSON.
 pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<String> {
     let store = Store::new(&config.snapshots.dir);
@@ -442,7 +439,7 @@ pub async fn clone(
     let store = Store::new(&config.snapshots.dir);
     let snapshot = store.find(vm, id)?;
     let _cloning = {
-        let lock = store.vm_dir(vm).join(CLONE_LOCK);
+        let lock = store.vm_dir(vm).join(snapshots::CLONE_LOCK);
         match snapshots::Lock::try_take(&lock)? {
             Some(held) => held,
             None => {

@@ -142,6 +142,10 @@ impl Snapshot {
 /// The file, in a VM's directory of the store, that a restore of it locks.
 const RESTORE_LOCK: &str = "restore.lock";
 
+/// The file, in a VM's directory of the store, that a clone command of it locks (and a
+/// prune of its scheduled snapshots, which may be the one cloned).
+pub const CLONE_LOCK: &str = "clone.lock";
+
 /// The name of VM `vm`'s directory in the store: its name with every byte other than
 /// ASCII letters, digits, `_`, `-` and a `.` not in first place written as `%XX`.
 fn dir_name(vm: &str) -> String {
@@ -440,7 +444,13 @@ impl Store {
     }
 
     /// Delete VM `vm`'s scheduled snapshots beyond the `keep` newest; returns those deleted.
+    /// None while a clone of the VM runs (it may be making its template from one of them:
+    /// found by an audit): they go at the next prune.
     pub fn prune(&self, vm: &str, keep: usize) -> anyhow::Result<Vec<Snapshot>> {
+        let Some(_cloning) = Lock::try_take(&self.vm_dir(vm).join(CLONE_LOCK))? else {
+            tracing::info!("a clone of {vm} is under way: its old scheduled snapshots are kept");
+            return Ok(Vec::new());
+        };
         let doomed = expired(self.list(vm)?, keep);
         for s in &doomed {
             self.delete(s)?;
@@ -1151,6 +1161,10 @@ mod tests {
         let s2 = by(TakenBy::Schedule);
         let s3 = by(TakenBy::Schedule);
         assert!(store.prune("ci", 3).unwrap().is_empty());
+        // Not while a clone runs: it may be making its template from s1.
+        let cloning = Lock::take(&store.vm_dir("ci").join(CLONE_LOCK)).unwrap();
+        assert!(store.prune("ci", 2).unwrap().is_empty());
+        drop(cloning);
         assert_eq!(store.prune("ci", 2).unwrap(), [s1]);
         assert_eq!(store.list("ci").unwrap(), [hand, slept, s2, s3]);
     }

@@ -70,7 +70,7 @@ fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
         "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" => Level::WARN,
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
-            Some("guest_reset" | "guest_shutdown" | "memory_resized") => Level::INFO,
+            Some("guest_reset" | "guest_shutdown" | "memory_resized" | "busy") => Level::INFO,
             _ => Level::WARN,
         },
         _ => Level::INFO,
@@ -464,6 +464,7 @@ mod tests {
             (("diagnostic", Some("policy_error")), Level::ERROR),
             (("vm_lost", None), Level::WARN),
             (("diagnostic", Some("unreachable")), Level::WARN),
+            (("diagnostic", Some("busy")), Level::INFO),
             (("vm_lost", Some("shut_down")), Level::INFO),
             (("vm_lost", Some("saving")), Level::INFO),
             (("diagnostic", Some("guest_shutdown")), Level::INFO),

@@ -134,7 +134,7 @@ impl Daemon {
         }
         // One save of a VM at a time, from its start to its snapshot made whole: a
         // second one would remove the first's files as half-written.
-        if self.saving.contains(vm) {
+        if self.saving.contains_key(vm) {
             return Err(format!("VM {vm} is being saved already"));
         }
         let Some(configured) = self.fleet.configured(vm) else {
@@ -186,7 +186,7 @@ impl Daemon {
         // (reclaim, huge pages, placement) this tick has just started over the VM.
         let at_once = by == TakenBy::Operator;
         self.fleet.save(vm, job, at_once).map_err(|(_, why)| why)?;
-        self.saving.insert(vm.to_string());
+        self.saving.insert(vm.to_string(), then);
         let message = match then {
             AfterSave::Run => format!("saving its memory into {}", dir.display()),
             AfterSave::Quit => format!(
@@ -207,11 +207,17 @@ impl Daemon {
         });
         self.idleness
             .observe(snapshot.at, cpu, &self.config.hibernate);
+        let running = self.saving.values().any(|then| *then == AfterSave::Quit);
+        let settle = Duration::from_secs_f64(self.config.interval_s)
+            * u32::try_from(self.config.engine.history_len).unwrap_or(u32::MAX);
+        if !self.pace.allows(snapshot.at, running, settle) {
+            return;
+        }
         let allowed: Vec<(String, Duration, Bytes)> = self
             .config
             .vms
             .iter()
-            .filter(|vm| !self.saving.contains(&vm.name))
+            .filter(|vm| !self.saving.contains_key(&vm.name))
             .filter_map(|vm| {
                 let after = Duration::from_secs(vm.hibernate_after_s?);
                 let report = decision.vms.iter().find(|r| r.name == vm.name)?;
@@ -228,6 +234,7 @@ impl Daemon {
             return;
         };
         self.idleness.restart(&due.vm);
+        self.pace.begun();
         self.events
             .log("hibernate", Some(&due.vm), None, due.reason);
         // Nobody waits for the outcome: it is logged as any save's.
@@ -249,7 +256,7 @@ impl Daemon {
             .filter_map(|vm| Some((vm.name.clone(), Duration::from_secs(vm.snapshot_every_s?))))
             .collect();
         for (vm, every) in scheduled {
-            if self.fleet.configured(&vm).is_none() || self.saving.contains(&vm) {
+            if self.fleet.configured(&vm).is_none() || self.saving.contains_key(&vm) {
                 continue;
             }
             let next = *self.next_snapshot.entry(vm.clone()).or_insert(now + every);
@@ -484,6 +491,7 @@ impl Daemon {
             reply,
         } = done;
         self.saving.remove(&vm);
+        self.idleness.saved(&vm);
         self.recount_hibernated |= result.as_ref().is_ok_and(snapshots::Snapshot::asleep);
         match &result {
             Ok(s) => {

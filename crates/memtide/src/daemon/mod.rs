@@ -28,8 +28,9 @@ use fleet::{Answered, Fleet, FleetEvent, Sent};
 use lifecycle::{Restoring, SaveDone};
 use memtide_adapters::host::{HostPaths, LinuxHost};
 use memtide_adapters::ksm;
+use memtide_core::backend::AfterSave;
 use memtide_core::backend::HostBackend;
-use memtide_core::hibernate::Idleness;
+use memtide_core::hibernate::{Idleness, Pace};
 use memtide_core::recovery::{Recovery, Room};
 use memtide_core::{
     guest_text, Action, BackendError, Bytes, Decision, Engine, KsmSettings, Snapshot, VmSample,
@@ -99,10 +100,13 @@ struct Daemon {
     saves: mpsc::Sender<SaveDone>,
     /// How long each VM has been idle, for hibernation.
     idleness: Idleness,
+    /// One hibernation at a time, each seen before the next.
+    pace: Pace,
     /// When each VM with `snapshot_every_s` is due for its next snapshot.
     next_snapshot: HashMap<String, Instant>,
-    /// The VMs being saved, from the save's start to its snapshot made whole.
-    saving: HashSet<String>,
+    /// The VMs being saved, from the save's start to its snapshot made whole, each with
+    /// what becomes of it after.
+    saving: HashMap<String, AfterSave>,
     /// The hibernated VMs may have changed: read the store again.
     recount_hibernated: bool,
     /// The hibernated VMs, as last read from the store: each VM's newest snapshot where
@@ -397,8 +401,9 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         store,
         saves,
         idleness: Idleness::default(),
+        pace: Pace::default(),
         next_snapshot: HashMap::new(),
-        saving: HashSet::new(),
+        saving: HashMap::new(),
         recount_hibernated: true,
         asleep: Vec::new(),
         restores: HashSet::new(),
@@ -741,7 +746,7 @@ impl Daemon {
                     // shutdown, or memtide was saving it (a hibernation ends its QEMU).
                     let rule = match () {
                         _ if *shut_down => Some("shut_down"),
-                        _ if self.saving.contains(vm) => Some("saving"),
+                        _ if self.saving.contains_key(vm) => Some("saving"),
                         _ => None,
                     };
                     let mut message = format!("connection lost: {why}");
