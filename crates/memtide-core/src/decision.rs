@@ -14,8 +14,8 @@ use std::time::Duration;
 pub enum DiagnosticKind {
     /// The VM could not be sampled (timeout, disconnect, protocol error).
     Unreachable,
-    /// The VM was not sampled because its hypervisor is busy with it (a save, a
-    /// migration): left alone meanwhile, as it should be.
+    /// The VM was not sampled because its hypervisor holds it (a save, a migration, a
+    /// pause): left alone meanwhile, as it should be.
     Busy,
     /// The VM has no balloon device; it cannot be resized.
     NoBalloon,
@@ -113,7 +113,7 @@ pub enum VmState {
     Unmanaged,
     /// Not sampled this tick.
     Unreachable,
-    /// Not sampled this tick, its hypervisor busy with it (a save, a migration).
+    /// Not sampled this tick, its hypervisor holding it (a save, a migration, a pause).
     Busy,
 }
 

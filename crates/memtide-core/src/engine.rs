@@ -60,6 +60,11 @@ pub struct Engine {
     policy: Box<dyn Policy>,
     host: History<HostStats>,
     vms: FxHashMap<String, VmMemory>,
+    /// Why VMs gone from the snapshots (a connection lost) were left alone to another
+    /// manager: they are again when they come back, until [`Engine::manage_again`]
+    /// (found by an audit: a reconnection forgot it, and memtide fought the other
+    /// manager again).
+    left_alone: FxHashMap<String, String>,
     ksm: KsmWatch,
 }
 
@@ -89,6 +94,7 @@ impl Engine {
             policy,
             host,
             vms: FxHashMap::default(),
+            left_alone: FxHashMap::default(),
             ksm: KsmWatch::default(),
         }
     }
@@ -144,6 +150,7 @@ impl Engine {
     /// reload`); returns the VMs' names.
     pub fn manage_again(&mut self) -> Vec<String> {
         self.ksm = KsmWatch::default();
+        self.left_alone.clear();
         let mut names: Vec<String> = self
             .vms
             .iter_mut()
@@ -176,7 +183,14 @@ impl Engine {
         let at = snap.at;
         self.host.push(at, snap.host.clone());
         let present: FxHashSet<&str> = snap.vms.iter().map(|v| v.name.as_str()).collect();
-        self.vms.retain(|name, _| present.contains(name.as_str()));
+        let left_alone = &mut self.left_alone;
+        self.vms.retain(|name, m| {
+            let stays = present.contains(name.as_str());
+            if let Some(why) = m.foreign.take_if(|_| !stays) {
+                left_alone.insert(name.clone(), why);
+            }
+            stays
+        });
 
         let mut diagnostics = Vec::new();
         let mut actions = Vec::new();
@@ -281,18 +295,18 @@ impl Engine {
             // at connection) is brought within them all the same: the bounds are the
             // operator's, whatever the policy's pace (found in review: mom under host
             // pressure holds a guest whose floor is above its size for good).
+            // So is a target to send again ([`VmMemory::resend`]) where the policy holds.
             let in_force = s.snap.target.or(report.actual);
+            let again = s.snap.target.filter(|_| self.vms[name].resend);
             let proposal = output.balloon.remove(name).or_else(|| {
-                let outside =
-                    in_force.filter(|t| !(s.snap.limits.min..=s.snap.limits.max).contains(t))?;
+                let target = in_force
+                    .filter(|t| !(s.snap.limits.min..=s.snap.limits.max).contains(t))
+                    .or(again)?;
                 let reason = output
                     .holds
                     .remove(name)
                     .unwrap_or_else(|| Reason::new("hold", "the policy proposes nothing"));
-                Some(Proposal {
-                    target: outside,
-                    reason,
-                })
+                Some(Proposal { target, reason })
             });
             if let Some(p) = proposal {
                 let (target, mut reason) = clamp(p, &s.snap.limits);
@@ -314,6 +328,11 @@ impl Engine {
                     reason.detail.push_str("; that is already the target");
                     report.reason = Some(reason);
                 } else {
+                    if delivered == Some(target) {
+                        reason
+                            .detail
+                            .push_str("; sent again (QEMU's may be another's)");
+                    }
                     if let Some(m) = self.vms.get_mut(name) {
                         let settle = Duration::from_secs(self.config.settle_s);
                         asked(m, target, at, settle);
@@ -431,7 +450,7 @@ impl Engine {
                 undelivered_since: None,
                 released: false,
                 asked: None,
-                foreign: None,
+                foreign: self.left_alone.remove(&vm.name),
                 resend: false,
                 reset: false,
                 since: None,
@@ -636,10 +655,15 @@ impl Engine {
                     diag(
                         DiagnosticKind::TargetNotReached,
                         format!(
-                            "balloon target {target} not reached after {} s: the guest is at {actual}",
+                            "balloon target {target} not reached after {} s: the guest is at \
+                             {actual}; the target is sent again",
                             settle.as_secs()
                         ),
                     );
+                    // QEMU's target may not be memtide's (found by an audit: one set by
+                    // another manager within the settle time after a restart, never
+                    // judged, held the guest below memtide's for good).
+                    memory.resend = true;
                 }
                 Some(Unreached {
                     reported: u.reported || late,

@@ -506,8 +506,8 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_up",
-            "1 when the VM answered this tick, or its hypervisor is busy with it (a save, a \
-             migration); 0 when it did not, or is not connected (a VM memtide knows and waits \
+            "1 when the VM answered this tick, or its hypervisor holds it (a save, a \
+             migration, a pause); 0 when it did not, or is not connected (a VM memtide knows and waits \
              to reach; not one hibernated, or left to another manager).",
             up,
         )?;

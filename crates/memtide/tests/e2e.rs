@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use support::cgroup::TestCgroup;
 use support::daemon::{actual_mib, mib, vm, Daemon};
 use support::guest::Guest;
+use support::harness::Qmp;
 
 const GUEST_MIB: u64 = 384;
 /// Anonymous memory each guest's workload keeps touching.
@@ -143,6 +144,31 @@ fn a_stopped_guest_delays_no_other_guests_decisions() {
         "a resumed guest is managed again",
         Duration::from_secs(30),
         |s| managed(s, "b"),
+    );
+
+    // Paused by its monitor (QEMU answers, the guest does not run): busy, left alone,
+    // not taken for a guest whose driver or agent broke; managed again once it runs.
+    let mut qmp = Qmp::connect(b.harness_qmp());
+    qmp.execute("stop", None).unwrap();
+    let busy = |s: &Value| vm(s, "b").is_some_and(|v| v["state"] == "busy");
+    daemon.wait_until("a paused guest shown busy", Duration::from_secs(10), busy);
+    qmp.execute("cont", None).unwrap();
+    daemon.wait_until(
+        "a guest running again managed",
+        Duration::from_secs(10),
+        |s| managed(s, "b"),
+    );
+    let log = daemon.event_log();
+    let about_b = |kind: &str| {
+        log.iter()
+            .filter(|e| e["vm"] == "b" && e["kind"] == kind)
+            .map(|e| e["rule"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        about_b("diagnostic").contains(&"busy".to_string()),
+        "{:?}",
+        about_b("diagnostic")
     );
 }
 

@@ -780,8 +780,8 @@ impl QmpVm {
             Some(path) => Some(virtio_mem::query(&mut self.client, &path).await?),
             None => None,
         };
-        // The balloon and its statistics in one round trip.
-        let mut calls = Vec::new();
+        // Whether the guest runs, the balloon and its statistics in one round trip.
+        let mut calls = vec![("query-status", None)];
         let balloon = self.devices.balloon.as_ref();
         if balloon.is_some() {
             calls.push(("query-balloon", None));
@@ -792,6 +792,17 @@ impl QmpVm {
         }
         let mut replies = self.client.execute_all(calls).await?.into_iter();
         let mut reply = || replies.next().expect("one reply per command");
+        // A guest paused (`stop`, an I/O error, a panic) has stale figures and answers no
+        // balloon: left alone until it runs (found by an audit: a paused guest's
+        // statistics were taken for a broken driver, its agent for a missing one).
+        let status = reply()?;
+        if status.get("running").and_then(Value::as_bool) == Some(false) {
+            let state = status.get("status").and_then(Value::as_str);
+            return Err(BackendError::Busy(format!(
+                "not running (QEMU's status: {}): left alone until it runs",
+                state.unwrap_or("unknown")
+            )));
+        }
         // QEMU's balloon works on the base memory and DIMMs: virtio-mem's comes on top.
         let base_actual = if balloon.is_some() {
             let b = reply()?;
@@ -1357,6 +1368,35 @@ mod tests {
         // Learnt once for the event, not at every sample since.
         vm.sample().await.unwrap();
         assert_eq!(listings.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_paused_guest_is_left_alone_as_busy_until_it_runs() {
+        let paused = Arc::new(AtomicU32::new(1));
+        let stopped = Arc::clone(&paused);
+        let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
+            "query-memory-size-summary" => vec![ok(&req, json!({"base-memory": 512u64 << 20}))],
+            "query-balloon" => vec![ok(&req, json!({"actual": 400u64 << 20}))],
+            "query-status" if stopped.load(Ordering::SeqCst) == 1 => {
+                vec![ok(&req, json!({"status": "paused", "running": false}))]
+            }
+            "query-status" => vec![ok(&req, json!({"status": "running", "running": true}))],
+            _ => vec![ok(&req, json!([]))],
+        })
+        .await;
+        let mut vm = QmpVm::connect(&path, None, &options()).await.unwrap();
+        let err = vm.sample().await.unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::Busy(
+                "not running (QEMU's status: paused): left alone until it runs".into()
+            )
+        );
+        paused.store(0, Ordering::SeqCst);
+        assert_eq!(
+            vm.sample().await.unwrap().balloon,
+            Some(Bytes::from_mib(400))
+        );
     }
 
     #[tokio::test]

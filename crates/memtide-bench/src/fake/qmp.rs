@@ -105,6 +105,7 @@ fn answer(command: &str, args: &Value, behaviour: Qmp, size: u64, actual: u64, k
         "query-memory-devices" => json!([]),
         "query-kvm" => json!({"enabled": kvm, "present": kvm}),
         "query-balloon" => json!({"actual": actual}),
+        "query-status" => json!({"status": "running", "running": true}),
         "qom-list" if args["path"] == "/machine/peripheral" => {
             json!([{"name": "balloon0", "type": "child<virtio-balloon-pci>"}])
         }
