@@ -492,7 +492,8 @@ impl Engine {
                     );
                 }
                 VmEvent::Shutdown => diag(DiagnosticKind::GuestShutdown, "guest shut down".into()),
-                VmEvent::BalloonChange { .. } => {}
+                // Going on where it was: what was learnt of it holds.
+                VmEvent::Restored | VmEvent::BalloonChange { .. } => {}
             }
         }
         let mut clean = VmSample {

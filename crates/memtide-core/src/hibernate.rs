@@ -71,7 +71,7 @@ impl Idleness {
                 continue;
             };
             let idle_since = match self.vms.get(name) {
-                Some(t) if t.rebase && cpu_s >= t.cpu_s => t.idle_since,
+                Some(t) if t.rebase => t.idle_since,
                 Some(t) if at > t.at && cpu_s >= t.cpu_s => {
                     let share = (cpu_s - t.cpu_s) / (at - t.at).as_secs_f64();
                     (share < cfg.idle_cpu).then(|| t.idle_since.unwrap_or(t.at))
@@ -108,7 +108,8 @@ impl Idleness {
     /// `vm` was saved and runs on: the CPU its hypervisor spent writing its memory (a
     /// migration thread at a whole CPU for the length of the write, found by an audit)
     /// falls between its last sample and its next, which is taken as a new start, idle
-    /// time kept, instead of as the guest's work.
+    /// time kept, instead of as the guest's work — as is a new process's CPU time (libvirt
+    /// restores the saved domain in a new QEMU).
     pub fn saved(&mut self, vm: &str) {
         if let Some(t) = self.vms.get_mut(vm) {
             t.rebase = true;
@@ -245,6 +246,16 @@ mod tests {
         assert_eq!(idle.idle_for("b"), Some(s(140)));
         idle.observe(s(150), [("b", Some(16.0))], &cfg);
         assert_eq!(idle.idle_for("b"), None, "work after it counts");
+        // Restored in a new process (libvirt's save): its CPU time starts over, idle kept.
+        idle.observe(s(155), [("b", Some(16.05))], &cfg);
+        idle.saved("b");
+        idle.observe(s(160), [("b", Some(0.2))], &cfg);
+        idle.observe(s(170), [("b", Some(0.3))], &cfg);
+        assert_eq!(
+            idle.idle_for("b"),
+            Some(s(20)),
+            "idle since 150 s, across the restore"
+        );
         // Without the mark, the save's CPU is the guest's.
         let mut idle = run(10);
         idle.observe(s(120), [("b", None)], &cfg);

@@ -25,6 +25,10 @@ pub enum VmEvent {
     Reset,
     /// The guest shut down.
     Shutdown,
+    /// The guest was started again from its saved memory (a libvirt restore, as after a
+    /// save that lets it run on): it goes on where it was, its balloon as it was; not a
+    /// new boot.
+    Restored,
     /// The balloon reached a new size.
     BalloonChange {
         /// The guest's new logical size.

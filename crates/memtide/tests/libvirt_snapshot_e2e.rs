@@ -127,6 +127,27 @@ fn a_domain_saved_hibernated_and_restored_through_libvirt_keeps_its_memory() {
         0
     );
     assert_eq!(run_sh(&libvirtd, "s", "md5sum -c /state.md5"), 0);
+    // Stopped and restored by libvirt, the guest went on: no reboot is seen (before, its
+    // balloon was given back in full and what was learnt of it forgotten).
+    let ticks = |s: &Value| s["counters"]["ticks"].as_u64().unwrap_or(0);
+    let now = ticks(&daemon.try_status().unwrap());
+    daemon.wait_until(
+        "the saved domain sampled again",
+        Duration::from_secs(30),
+        |s| ticks(s) >= now + 3 && vm(s, "s").is_some_and(|v| v["state"] == "managed"),
+    );
+    let rules: Vec<String> = daemon
+        .event_log()
+        .iter()
+        .filter(|e| e["vm"] == "s")
+        .filter_map(|e| Some(e["rule"].as_str()?.to_string()))
+        .collect();
+    assert!(
+        !rules
+            .iter()
+            .any(|r| r.contains("reset") || r == "guest_shutdown"),
+        "{rules:?}"
+    );
 
     // 2. Hibernation: the domain stays stopped, its QEMU gone with its memory.
     let qemu = libvirtd.qemu_pid("s");

@@ -262,22 +262,43 @@ unsafe fn events<'a>(opaque: *mut c_void) -> &'a Events {
     &*(opaque as *const Events)
 }
 
-/// Lifecycle: a (re)started domain is a new boot, a stopped one has shut down. Migration
-/// is not taken from events: the domain's job and state are checked at every sample.
+/// Lifecycle ([`lifecycle`]). Migration is not taken from events: the domain's job and
+/// state are checked at every sample.
 unsafe extern "C" fn on_lifecycle(
     _: sys::virConnectPtr,
     dom: sys::virDomainPtr,
     event: c_int,
-    _detail: c_int,
+    detail: c_int,
     opaque: *mut c_void,
 ) {
-    let event = match event as u32 {
-        sys::VIR_DOMAIN_EVENT_STARTED => VmEvent::Reset,
-        sys::VIR_DOMAIN_EVENT_STOPPED => VmEvent::Shutdown,
-        _ => return,
+    let Some(event) = lifecycle(event as u32, detail as u32) else {
+        return;
     };
     if let Some(name) = domain_name(dom) {
         events(opaque).push(name, event);
+    }
+}
+
+/// What a lifecycle event says of the guest: a domain booted (or reverted to a
+/// snapshot) is a new boot, one restored from its saved memory goes on where it was, one
+/// stopped has shut down — unless it was saved or migrated away, its guest going on
+/// elsewhere (found by an audit: a save that let the guest run on, stopped and restored
+/// by libvirt, was taken for a reboot, and its balloon given back in full).
+fn lifecycle(event: u32, detail: u32) -> Option<VmEvent> {
+    match (event, detail) {
+        (sys::VIR_DOMAIN_EVENT_STARTED, sys::VIR_DOMAIN_EVENT_STARTED_RESTORED) => {
+            Some(VmEvent::Restored)
+        }
+        (
+            sys::VIR_DOMAIN_EVENT_STARTED,
+            sys::VIR_DOMAIN_EVENT_STARTED_BOOTED | sys::VIR_DOMAIN_EVENT_STARTED_FROM_SNAPSHOT,
+        ) => Some(VmEvent::Reset),
+        (
+            sys::VIR_DOMAIN_EVENT_STOPPED,
+            sys::VIR_DOMAIN_EVENT_STOPPED_SAVED | sys::VIR_DOMAIN_EVENT_STOPPED_MIGRATED,
+        ) => None,
+        (sys::VIR_DOMAIN_EVENT_STOPPED, _) => Some(VmEvent::Shutdown),
+        _ => None,
     }
 }
 
@@ -423,6 +444,43 @@ impl Libvirt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_domain_saved_and_restored_goes_on_where_a_booted_one_starts_afresh() {
+        use sys::*;
+        let e = |event, detail| lifecycle(event, detail);
+        assert_eq!(
+            e(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_SAVED),
+            None
+        );
+        assert_eq!(
+            e(VIR_DOMAIN_EVENT_STARTED, VIR_DOMAIN_EVENT_STARTED_RESTORED),
+            Some(VmEvent::Restored)
+        );
+        for detail in [
+            VIR_DOMAIN_EVENT_STARTED_BOOTED,
+            VIR_DOMAIN_EVENT_STARTED_FROM_SNAPSHOT,
+        ] {
+            assert_eq!(e(VIR_DOMAIN_EVENT_STARTED, detail), Some(VmEvent::Reset));
+        }
+        for detail in [
+            VIR_DOMAIN_EVENT_STARTED_MIGRATED,
+            VIR_DOMAIN_EVENT_STARTED_WAKEUP,
+        ] {
+            assert_eq!(e(VIR_DOMAIN_EVENT_STARTED, detail), None, "goes on");
+        }
+        assert_eq!(
+            e(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_MIGRATED),
+            None
+        );
+        for detail in [
+            VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN,
+            VIR_DOMAIN_EVENT_STOPPED_DESTROYED,
+        ] {
+            assert_eq!(e(VIR_DOMAIN_EVENT_STOPPED, detail), Some(VmEvent::Shutdown));
+        }
+        assert_eq!(e(VIR_DOMAIN_EVENT_SUSPENDED, 0), None);
+    }
 
     #[test]
     fn only_watched_domains_events_are_kept_and_each_queue_is_bounded() {

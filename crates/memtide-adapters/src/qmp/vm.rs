@@ -482,7 +482,7 @@ impl QmpVm {
             match e {
                 VmEvent::Shutdown => self.shut_down = true,
                 VmEvent::Reset => self.shut_down = false,
-                VmEvent::BalloonChange { .. } => {}
+                VmEvent::Restored | VmEvent::BalloonChange { .. } => {}
             }
         }
         if events.contains(&VmEvent::Reset) {

@@ -622,7 +622,7 @@ fn woken_by_reset(
         .iter()
         .filter(|vm| {
             let events = vm.sample.as_ref().map(|s| s.events.as_slice());
-            events.is_ok_and(|e| e.contains(&VmEvent::Reset))
+            events.is_ok_and(|e| e.contains(&VmEvent::Reset) || e.contains(&VmEvent::Restored))
         })
         .filter(|vm| !restoring.contains(&vm.name))
         .map(|vm| (vm.name.clone(), store.mark_all_woken(&vm.name)))
