@@ -33,25 +33,27 @@ pub mod write_behind;
 /// sends no event for a device added; libvirt's device events are not watched): a device
 /// plugged while the VM runs — a balloon, a virtio-mem device, a DIMM — is learnt within
 /// as many samples, two minutes at the default interval (2 s).
-pub(crate) const RELEARN_SAMPLES: u32 = 60;
+pub const RELEARN_SAMPLES: u32 = 60;
 
 /// When a VM's devices are read again with nothing said of a change: every
 /// [`RELEARN_SAMPLES`] samples after the last reading.
 #[derive(Debug)]
-pub(crate) struct Relearn {
+pub struct Relearn {
     left: u32,
 }
 
-impl Relearn {
+impl Default for Relearn {
     /// Counting from a reading made now.
-    pub(crate) fn new() -> Relearn {
+    fn default() -> Relearn {
         Relearn {
             left: RELEARN_SAMPLES,
         }
     }
+}
 
+impl Relearn {
     /// Whether this sample is to read the devices again; counting starts over when it is.
-    pub(crate) fn due(&mut self) -> bool {
+    pub fn due(&mut self) -> bool {
         match self.left.checked_sub(1) {
             Some(left) => {
                 self.left = left;
@@ -65,7 +67,7 @@ impl Relearn {
     }
 
     /// The devices were read now (for another reason): count from here.
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.left = RELEARN_SAMPLES;
     }
 }

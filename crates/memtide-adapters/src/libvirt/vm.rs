@@ -207,7 +207,7 @@ impl LibvirtVm {
             call_timeout: limit,
             base: description.base_memory(),
             description,
-            relearn: Relearn::new(),
+            relearn: Relearn::default(),
             stats_period: period,
             vmem_follower: Follower::default(),
             target: None,

@@ -444,7 +444,7 @@ impl QmpVm {
             stats_interval_s: opts.stats_interval_s,
             devices,
             removed: false,
-            relearn: Relearn::new(),
+            relearn: Relearn::default(),
             vmem_follower: Default::default(),
             target: None,
             process,

@@ -1,16 +1,16 @@
 //! The connector the daemon uses: each endpoint kind to its adapter.
 
 use super::endpoint::{Connection, Connector, Endpoint};
+use super::pve::{PveConfigs, PveVm};
 use crate::config::{BoundFrom, Config};
 use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
 use memtide_adapters::firecracker::FirecrackerVm;
-use memtide_adapters::proxmox;
 use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
 use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +18,7 @@ use std::time::Duration;
 pub struct Connectors {
     qmp: QmpVmOptions,
     /// Proxmox VE's VM configurations, where QMP VMs take their bounds from.
-    pve_config_dir: Option<PathBuf>,
-    /// One read of a Proxmox VE configuration at a time: a read of a hung pmxcfs keeps
-    /// its thread, and attempts after it wait here instead of each taking another.
-    pve_reads: Arc<tokio::sync::Semaphore>,
+    pve: Option<Arc<PveConfigs>>,
     api: ApiVmOptions,
     #[cfg(feature = "libvirt")]
     libvirt: libvirt::Connections,
@@ -40,8 +37,8 @@ impl Connectors {
                 sample_access: config.sample_access(),
                 least_sample_window: Duration::from_secs_f64(config.interval_s / 2.0),
             },
-            pve_config_dir: config.discovery.pve_config_dir.clone(),
-            pve_reads: Arc::new(tokio::sync::Semaphore::new(1)),
+            pve: (config.discovery.pve_config_dir.as_deref())
+                .map(|dir| Arc::new(PveConfigs::new(dir, config.call_timeout()))),
             api: ApiVmOptions {
                 call_timeout: config.call_timeout(),
                 stats_interval_s,
@@ -50,62 +47,6 @@ impl Connectors {
             #[cfg(feature = "libvirt")]
             libvirt: libvirt::Connections::new(config, stats_interval_s),
         }
-    }
-}
-
-/// The memory settings of the Proxmox VE VM whose QMP socket is `socket` (named by its
-/// VMID: `101.sock` → `dir/101.conf`), refused while PVE's own auto-ballooning moves its
-/// balloon: two managers of one balloon undo each other's targets.
-fn pve_memory(dir: &Path, socket: &Path) -> Result<proxmox::PveMemory, BackendError> {
-    let vmid = socket.file_stem().unwrap_or_default();
-    let m = pve_settings(dir, vmid)?;
-    if m.auto_ballooned() {
-        return Err(BackendError::LeftAlone(format!(
-            "Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon {} below \
-             memory {}, shares {}): `qm set {} --shares 0` leaves it to memtide",
-            m.min,
-            m.memory,
-            m.shares.unwrap_or_default(),
-            vmid.to_string_lossy()
-        )));
-    }
-    Ok(m)
-}
-
-/// The memory settings in `dir/VMID.conf`.
-fn pve_settings(dir: &Path, vmid: &std::ffi::OsStr) -> Result<proxmox::PveMemory, BackendError> {
-    let conf = dir.join(vmid).with_extension("conf");
-    let text = std::fs::read_to_string(&conf).map_err(|e| {
-        BackendError::Io(format!("Proxmox VE configuration {}: {e}", conf.display()))
-    })?;
-    proxmox::memory(&text).map_err(|e| {
-        BackendError::Protocol(format!("Proxmox VE configuration {}: {e}", conf.display()))
-    })
-}
-
-impl Connectors {
-    /// [`pve_memory`] off the runtime, one read at a time, within the call timeout
-    /// (waiting for a read under way included).
-    async fn pve_memory(
-        &self,
-        dir: &Path,
-        socket: &Path,
-    ) -> Result<proxmox::PveMemory, BackendError> {
-        let limit = self.qmp.call_timeout;
-        let read = async {
-            let permit = self.pve_reads.clone().acquire_owned().await;
-            let permit = permit.expect("the semaphore is never closed");
-            let (dir, socket) = (dir.to_path_buf(), socket.to_path_buf());
-            tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                pve_memory(&dir, &socket)
-            })
-            .await
-        };
-        let read = tokio::time::timeout(limit, read)
-            .await
-            .map_err(|_| BackendError::timeout(limit))?;
-        read.map_err(|e| BackendError::Io(e.to_string()))?
     }
 }
 
@@ -123,18 +64,24 @@ impl Connector for Connectors {
                 // Read off the runtime, and not waited for past the call timeout: /etc/pve
                 // is a FUSE file system (pmxcfs), and one that hangs must not hold every
                 // other VM's task.
-                let pve = match &self.pve_config_dir {
-                    Some(dir) => Some(self.pve_memory(dir, socket).await?),
+                let pve = match &self.pve {
+                    Some(configs) => Some((configs, configs.read(socket).await?)),
                     None => None,
                 };
                 let vm = QmpVm::connect(socket, agent, &self.qmp).await?;
-                let mut connection = with_pid(vm.pid(), Box::new(vm));
-                if let Some(m) = pve {
-                    connection.min = Some((m.min, BoundFrom::Proxmox));
-                    connection.max = Some((m.memory, BoundFrom::Proxmox));
-                    connection.shares = m.shares;
+                let pid = vm.pid();
+                let Some((configs, m)) = pve else {
+                    return Ok(with_pid(pid, Box::new(vm)));
+                };
+                // Its bounds follow its configuration as it is read again.
+                let vm = PveVm::new(vm, configs.clone(), socket, m);
+                Connection {
+                    min: Some((m.min, BoundFrom::Proxmox)),
+                    max: Some((m.memory, BoundFrom::Proxmox)),
+                    shares: m.shares,
+                    described: Some(BoundFrom::Proxmox),
+                    ..with_pid(pid, Box::new(vm))
                 }
-                connection
             }
             // Each with its process, where proactive reclaim finds its cgroup.
             Endpoint::Firecracker(socket) => {
@@ -246,82 +193,5 @@ mod libvirt {
         pub async fn running_domains(&self, uri: &str) -> Result<Vec<String>, BackendError> {
             Ok(self.get(uri).running_domains().await?)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use memtide_core::Bytes;
-
-    #[test]
-    fn a_proxmox_vm_takes_its_bounds_from_its_configuration_unless_pve_auto_balloons_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let conf = "memory: 2048\nballoon: 512\nshares: 0\nname: db\n";
-        std::fs::write(dir.path().join("101.conf"), conf).unwrap();
-        std::fs::write(dir.path().join("102.conf"), "memory: 2G\n").unwrap();
-        let m = pve_memory(dir.path(), Path::new("/run/memtide/qmp/101.sock")).unwrap();
-        assert_eq!(
-            (m.memory, m.min, m.shares),
-            (Bytes::from_mib(2048), Bytes::from_mib(512), None)
-        );
-        // Shares, but nothing to shrink: PVE leaves it at its size.
-        let conf = "memory: 2048\nshares: 300\n";
-        std::fs::write(dir.path().join("104.conf"), conf).unwrap();
-        let m = pve_memory(dir.path(), Path::new("/q/104.sock")).unwrap();
-        assert_eq!((m.min, m.shares), (Bytes::from_mib(2048), Some(300)));
-        // PVE's auto-ballooning moves it (shares unset: PVE's default 1000).
-        std::fs::write(dir.path().join("105.conf"), "memory: 2048\nballoon: 512\n").unwrap();
-        let refused = pve_memory(dir.path(), Path::new("/q/105.sock"))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            refused,
-            "left alone: Proxmox VE's auto-ballooning (pvestatd) moves its balloon (balloon \
-             512 MiB below memory 2.0 GiB, shares 1000): `qm set 105 --shares 0` leaves it to \
-             memtide"
-        );
-        let missing = pve_memory(dir.path(), Path::new("/run/memtide/qmp/103.sock"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            missing.contains("Proxmox VE configuration") && missing.contains("103.conf"),
-            "{missing}"
-        );
-        let bad = pve_memory(dir.path(), Path::new("/q/102.sock"))
-            .unwrap_err()
-            .to_string();
-        assert!(bad.ends_with("102.conf: bad memory: \"2G\""), "{bad}");
-    }
-
-    #[tokio::test]
-    async fn a_hung_proxmox_configuration_is_read_by_one_thread_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        // A configuration whose read blocks until something writes it, as a hung pmxcfs.
-        let conf = dir.path().join("101.conf");
-        rustix::fs::mkfifoat(rustix::fs::CWD, &conf, 0o600.into()).unwrap();
-        let mut config = Config::default();
-        config.daemon.call_timeout_ms = 100;
-        config.discovery.pve_config_dir = Some(dir.path().into());
-        let connectors = Connectors::new(&config);
-        let socket = Path::new("/run/memtide/qmp/101.sock");
-        for _ in 0..3 {
-            let e = connectors.pve_memory(dir.path(), socket).await.unwrap_err();
-            assert!(matches!(e, BackendError::Timeout(_)), "{e}");
-        }
-        assert_eq!(
-            connectors.pve_reads.available_permits(),
-            0,
-            "the first read still holds its thread; the others took none"
-        );
-        // pmxcfs answers: the read under way ends, and the next read may start.
-        std::fs::write(&conf, "memory: 2048\n").unwrap();
-        for _ in 0..200 {
-            if connectors.pve_reads.available_permits() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(connectors.pve_reads.available_permits(), 1);
     }
 }

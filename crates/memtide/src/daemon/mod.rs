@@ -11,6 +11,7 @@ mod lifecycle;
 mod passes;
 pub mod place;
 pub mod pods;
+pub mod pve;
 pub mod reclaim;
 pub mod state;
 pub mod vm_task;
