@@ -721,7 +721,9 @@ impl Policy for WorkingSet {
             }
         }
         for (vm, credible) in input.vms.iter().zip(&credible) {
-            if let Some(credible) = credible {
+            // A bound at the VM's size takes nothing from it: nothing to say (found by an
+            // audit: "beyond 384 MiB" of a 384 MiB guest).
+            if let Some(credible) = credible.filter(|c| *c < vm.limits.max) {
                 out.unbacked.push(UnbackedClaim {
                     vm: vm.name.to_string(),
                     message: format!(
@@ -1715,7 +1717,7 @@ mod tests {
         // swap (56 of 256 free), since a squeeze: its QEMU holds 420, all it has in RAM.
         // Thirty seconds of that contradict nothing. The same claim with its swap empty
         // and its QEMU at 150 is found out.
-        let run = |swap_used: u64, rss: u64| {
+        let run_on = |host_mib: u64, swap_used: u64, rss: u64| {
             let mut p = memtide();
             let vms = [("a", 500, 100, 1000, 600), ("b", 1024, 424, 1000, 600)];
             let edit = move |i: usize, sample: &mut VmSample, s: &mut Signals| {
@@ -1724,14 +1726,26 @@ mod tests {
                 sample.rss = Some(Bytes::from_mib(if i == 0 { rss } else { 610 }));
             };
             (0..=30)
-                .map(|at| decide_at(&mut p, at, testkit::host(2048, 0), &vms, edit))
+                .map(|at| {
+                    decide_at(
+                        &mut p,
+                        at,
+                        testkit::host(host_mib, host_mib / 2),
+                        &vms,
+                        edit,
+                    )
+                })
                 .last()
                 .unwrap()
         };
+        let run = |swap_used, rss| run_on(2048, swap_used, rss);
         assert_eq!(run(200, 420).unbacked, Vec::new());
         let liar = run(0, 150);
         assert_eq!(liar.unbacked.len(), 1);
         assert_eq!(liar.unbacked[0].vm, "a");
+        // On a host whose fair share of it is its whole size, its word takes no one's:
+        // nothing said (before: "beyond 1000 MiB they count for nothing").
+        assert_eq!(run_on(16384, 0, 150).unbacked, Vec::new());
     }
 
     #[test]
