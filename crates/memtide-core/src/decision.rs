@@ -134,9 +134,9 @@ impl VmState {
 pub struct VmReport {
     /// The VM's name.
     pub name: String,
-    /// Managed, unmanaged or unreachable.
+    /// Managed, unmanaged, unreachable or busy.
     pub state: VmState,
-    /// Why it is unreachable, when it is.
+    /// Why it is unreachable or busy, when it is.
     pub error: Option<BackendError>,
     /// Guest RAM size it was started with.
     pub configured: Option<Bytes>,

@@ -44,8 +44,9 @@ struct VmMemory {
     /// Another manager moved the balloon: why memtide leaves the VM alone, until
     /// [`Engine::manage_again`].
     foreign: Option<String>,
-    /// Managed again: its target is sent even if memtide's last one is still in force
-    /// (the other manager's is QEMU's now).
+    /// Its target is sent even if memtide's last one is still in force: managed again
+    /// (the other manager's is QEMU's now), or its target not reached for the settle
+    /// time (QEMU's may be another's).
     resend: bool,
     /// The guest reset this tick: its balloon is given back in full.
     reset: bool,
@@ -186,7 +187,8 @@ impl Engine {
         let left_alone = &mut self.left_alone;
         self.vms.retain(|name, m| {
             let stays = present.contains(name.as_str());
-            if let Some(why) = m.foreign.take_if(|_| !stays) {
+            // Bounded: discovered VMs come and go under names of their own.
+            if let Some(why) = m.foreign.take_if(|_| !stays && left_alone.len() < 4096) {
                 left_alone.insert(name.clone(), why);
             }
             stays
@@ -216,7 +218,8 @@ impl Engine {
                 history: &self.vms[&s.snap.name].history,
                 actual: reports[s.index].actual.expect("managed VMs have a balloon"),
                 // None where memtide sends its next target even if it is its last one (a
-                // VM managed again: the one in force may be another manager's).
+                // VM managed again, or one whose target is not reached: the one in force
+                // may be another manager's).
                 target: s.snap.target.filter(|_| !self.vms[&s.snap.name].resend),
                 signals: &s.signals,
             })
@@ -493,7 +496,7 @@ impl Engine {
                 }
                 VmEvent::Shutdown => diag(DiagnosticKind::GuestShutdown, "guest shut down".into()),
                 // Going on where it was: what was learnt of it holds.
-                VmEvent::Restored | VmEvent::BalloonChange { .. } => {}
+                VmEvent::Restored | VmEvent::Saved | VmEvent::BalloonChange { .. } => {}
             }
         }
         let mut clean = VmSample {
@@ -657,7 +660,7 @@ impl Engine {
                         DiagnosticKind::TargetNotReached,
                         format!(
                             "balloon target {target} not reached after {} s: the guest is at \
-                             {actual}; the target is sent again",
+                             {actual}; the target is to be sent again",
                             settle.as_secs()
                         ),
                     );

@@ -626,7 +626,7 @@ fn a_target_not_reached_is_sent_again_once() {
     assert_eq!(kinds(&d, "a"), [DiagnosticKind::TargetNotReached]);
     assert!(d.diagnostics[0]
         .message
-        .ends_with("the target is sent again"));
+        .ends_with("the target is to be sent again"));
     assert_eq!(balloon_targets(&d.actions), [("a".to_string(), 600)]);
     let detail = &d.vms[0].reason.as_ref().unwrap().detail;
     assert!(

@@ -778,9 +778,22 @@ mod tests {
         assert!(e.contains("not a directory of the store"), "{e}");
         delete(&c, "a", &s.id, true).unwrap();
         assert!(!damaged.exists() && outside.path().join("memory").exists());
-        // Nothing but a snapshot's own name in the VM's directory is deleted.
+        // Nothing but a snapshot's own name in the VM's directory is deleted: not a lock,
+        // nor a clone's monitor or log.
         std::fs::create_dir(dir.path().join("keep")).unwrap();
-        for id in ["../keep", "restore.lock", "x.partial", "", "."] {
+        let vm_dir = store.vm_dir("a");
+        for file in ["clone.lock", "clone-1.log"] {
+            std::fs::write(vm_dir.join(file), b"").unwrap();
+        }
+        for id in [
+            "../keep",
+            "restore.lock",
+            "clone.lock",
+            "clone-1.log",
+            "x.partial",
+            "",
+            ".",
+        ] {
             let e = delete(&c, "a", id, true).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("VM a has no snapshot {id} in")),
@@ -788,6 +801,7 @@ mod tests {
             );
         }
         assert!(dir.path().join("keep").is_dir());
+        assert!(vm_dir.join("clone.lock").exists() && vm_dir.join("clone-1.log").exists());
     }
 
     #[tokio::test]

@@ -468,12 +468,14 @@ impl Store {
     /// store lists ([`Store::list`] skips it with a warning: a description that does not
     /// read, a link), with why; `None` where nothing stands there, or a snapshot does.
     pub fn unlisted(&self, vm: &str, id: &str) -> Option<(PathBuf, anyhow::Error)> {
-        // A plain name in the VM's directory, and none of the store's own.
+        // A plain name in the VM's directory, none of the store's own, and a directory or
+        // a link in a snapshot's place: not a clone's monitor or log, nor a lock.
         let plain = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id))
             && !id.ends_with(PARTIAL)
-            && id != RESTORE_LOCK;
+            && ![RESTORE_LOCK, CLONE_LOCK].contains(&id);
         let dir = self.vm_dir(vm).join(id);
-        if !plain || std::fs::symlink_metadata(&dir).is_err() {
+        let kind = std::fs::symlink_metadata(&dir).map(|m| m.file_type());
+        if !plain || !kind.is_ok_and(|t| t.is_dir() || t.is_symlink()) {
             return None;
         }
         let why = snapshot_at(&dir).err()?;

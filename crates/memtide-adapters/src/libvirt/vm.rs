@@ -344,21 +344,35 @@ fn live_virtio_mem(text: &str) -> Result<(xml::VirtioMemDevice, Device), Backend
     Ok((element, sizes))
 }
 
-/// Why a domain in this state with this job is to be left alone, if it is.
-fn busy(state: (u32, i32), job: Option<(i32, Option<i32>)>) -> Option<&'static str> {
+/// Why a domain in this state with this job is not sampled, if it is not: a domain
+/// migrating, or paused by its user or for a migration, a save, a dump or a snapshot,
+/// is busy, left alone until it runs (a paused guest's figures are stale and its
+/// balloon is not served); one paused on an error (an I/O error, a crash, its watchdog)
+/// is out of reach, as a fault.
+fn held(state: (u32, i32), job: Option<(i32, Option<i32>)>) -> Option<BackendError> {
     let migrating = |op: i32| {
         op == sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT as i32
             || op == sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_IN as i32
     };
+    let busy = |why: &str| Some(BackendError::Busy(format!("{why}; left alone")));
     match (state, job) {
-        ((sys::VIR_DOMAIN_PAUSED, reason), _)
-            if reason == sys::VIR_DOMAIN_PAUSED_MIGRATION as i32
-                || reason == sys::VIR_DOMAIN_PAUSED_POSTCOPY as i32 =>
-        {
-            Some("the domain is paused for migration")
-        }
+        ((sys::VIR_DOMAIN_PAUSED, reason), _) => match reason as u32 {
+            sys::VIR_DOMAIN_PAUSED_MIGRATION | sys::VIR_DOMAIN_PAUSED_POSTCOPY => {
+                busy("the domain is paused for migration")
+            }
+            sys::VIR_DOMAIN_PAUSED_USER => busy("the domain is paused by its user"),
+            sys::VIR_DOMAIN_PAUSED_SAVE
+            | sys::VIR_DOMAIN_PAUSED_DUMP
+            | sys::VIR_DOMAIN_PAUSED_SNAPSHOT
+            | sys::VIR_DOMAIN_PAUSED_FROM_SNAPSHOT
+            | sys::VIR_DOMAIN_PAUSED_STARTING_UP => busy("the domain is paused for a job"),
+            _ => Some(BackendError::Protocol(format!(
+                "the domain is paused on an error (libvirt's reason {reason}: an I/O error, \
+                 a crash, its watchdog)"
+            ))),
+        },
         (_, Some((kind, Some(op)))) if kind != sys::VIR_DOMAIN_JOB_NONE as i32 && migrating(op) => {
-            Some("the domain is migrating")
+            busy("the domain is migrating")
         }
         _ => None,
     }
@@ -404,8 +418,8 @@ impl VmBackend for LibvirtVm {
                 "the domain is not running".into(),
             ));
         }
-        if let Some(why) = busy(raw.state, raw.job) {
-            return Err(BackendError::Busy(format!("{why}; left alone")));
+        if let Some(e) = held(raw.state, raw.job) {
+            return Err(e);
         }
         if relearn {
             // Read again for devices attached or detached live (libvirt's device events
@@ -777,32 +791,41 @@ mod tests {
     }
 
     #[test]
-    fn migrating_domains_are_left_alone() {
+    fn migrating_or_paused_domains_are_left_alone_and_those_paused_on_an_error_are_faults() {
+        let busy = |why: &str| Some(BackendError::Busy(format!("{why}; left alone")));
         let running = (sys::VIR_DOMAIN_RUNNING, 1);
-        assert_eq!(busy(running, None), None);
+        assert_eq!(held(running, None), None);
         assert_eq!(
-            busy(running, Some((sys::VIR_DOMAIN_JOB_NONE as i32, None))),
+            held(running, Some((sys::VIR_DOMAIN_JOB_NONE as i32, None))),
             None
         );
         let out = Some((
             sys::VIR_DOMAIN_JOB_UNBOUNDED as i32,
             Some(sys::VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT as i32),
         ));
-        assert_eq!(busy(running, out), Some("the domain is migrating"));
+        assert_eq!(held(running, out), busy("the domain is migrating"));
         let dump = Some((
             sys::VIR_DOMAIN_JOB_UNBOUNDED as i32,
             Some(sys::VIR_DOMAIN_JOB_OPERATION_DUMP as i32),
         ));
-        assert_eq!(busy(running, dump), None, "other jobs do not stop memtide");
-        let paused = (
-            sys::VIR_DOMAIN_PAUSED,
-            sys::VIR_DOMAIN_PAUSED_MIGRATION as i32,
+        assert_eq!(held(running, dump), None, "a live dump lets the guest run");
+        let paused = |reason: u32| (sys::VIR_DOMAIN_PAUSED, reason as i32);
+        assert_eq!(
+            held(paused(sys::VIR_DOMAIN_PAUSED_MIGRATION), None),
+            busy("the domain is paused for migration")
         );
         assert_eq!(
-            busy(paused, None),
-            Some("the domain is paused for migration")
+            held(paused(sys::VIR_DOMAIN_PAUSED_USER), None),
+            busy("the domain is paused by its user")
         );
-        let user_paused = (sys::VIR_DOMAIN_PAUSED, sys::VIR_DOMAIN_PAUSED_USER as i32);
-        assert_eq!(busy(user_paused, None), None);
+        assert_eq!(
+            held(paused(sys::VIR_DOMAIN_PAUSED_SNAPSHOT), None),
+            busy("the domain is paused for a job")
+        );
+        let e = held(paused(sys::VIR_DOMAIN_PAUSED_IOERROR), None).unwrap();
+        assert!(
+            matches!(&e, BackendError::Protocol(m) if m.starts_with("the domain is paused on an error")),
+            "{e}"
+        );
     }
 }

@@ -482,7 +482,7 @@ impl QmpVm {
             match e {
                 VmEvent::Shutdown => self.shut_down = true,
                 VmEvent::Reset => self.shut_down = false,
-                VmEvent::Restored | VmEvent::BalloonChange { .. } => {}
+                VmEvent::Restored | VmEvent::Saved | VmEvent::BalloonChange { .. } => {}
             }
         }
         if events.contains(&VmEvent::Reset) {
@@ -792,16 +792,25 @@ impl QmpVm {
         }
         let mut replies = self.client.execute_all(calls).await?.into_iter();
         let mut reply = || replies.next().expect("one reply per command");
-        // A guest paused (`stop`, an I/O error, a panic) has stale figures and answers no
-        // balloon: left alone until it runs (found by an audit: a paused guest's
-        // statistics were taken for a broken driver, its agent for a missing one).
+        // A guest that does not run has stale figures and serves no balloon (found by an
+        // audit: a paused guest's statistics were taken for a broken driver, its agent
+        // for a missing one): paused by its user or for a migration or a save, it is
+        // busy, left alone until it runs; stopped on an error (an I/O error, a panic, its
+        // watchdog) or shut down, it is out of reach, as a fault.
         let status = reply()?;
         if status.get("running").and_then(Value::as_bool) == Some(false) {
-            let state = status.get("status").and_then(Value::as_str);
-            return Err(BackendError::Busy(format!(
-                "not running (QEMU's status: {}): left alone until it runs",
-                state.unwrap_or("unknown")
-            )));
+            let state = status
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            let why = format!("not running (QEMU's status: {state})");
+            return Err(match state {
+                "paused" | "suspended" | "inmigrate" | "postmigrate" | "prelaunch"
+                | "finish-migrate" | "save-vm" | "restore-vm" | "colo" => {
+                    BackendError::Busy(format!("{why}: left alone until it runs"))
+                }
+                _ => BackendError::Protocol(why),
+            });
         }
         // QEMU's balloon works on the base memory and DIMMs: virtio-mem's comes on top.
         let base_actual = if balloon.is_some() {
@@ -1371,7 +1380,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_paused_guest_is_left_alone_as_busy_until_it_runs() {
+    async fn a_paused_guest_is_left_alone_as_busy_and_one_stopped_on_an_error_is_a_fault() {
         let paused = Arc::new(AtomicU32::new(1));
         let stopped = Arc::clone(&paused);
         let (_dir, path) = serve(move |req| match req["execute"].as_str().unwrap() {
@@ -1379,6 +1388,9 @@ mod tests {
             "query-balloon" => vec![ok(&req, json!({"actual": 400u64 << 20}))],
             "query-status" if stopped.load(Ordering::SeqCst) == 1 => {
                 vec![ok(&req, json!({"status": "paused", "running": false}))]
+            }
+            "query-status" if stopped.load(Ordering::SeqCst) == 2 => {
+                vec![ok(&req, json!({"status": "io-error", "running": false}))]
             }
             "query-status" => vec![ok(&req, json!({"status": "running", "running": true}))],
             _ => vec![ok(&req, json!([]))],
@@ -1391,6 +1403,12 @@ mod tests {
             BackendError::Busy(
                 "not running (QEMU's status: paused): left alone until it runs".into()
             )
+        );
+        paused.store(2, Ordering::SeqCst);
+        assert_eq!(
+            vm.sample().await.unwrap_err(),
+            BackendError::Protocol("not running (QEMU's status: io-error)".into()),
+            "a fault, not a pause"
         );
         paused.store(0, Ordering::SeqCst);
         assert_eq!(

@@ -1165,7 +1165,7 @@ mod tests {
     use super::*;
     use async_trait::async_trait;
     use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
-    use memtide_core::VmSample;
+    use memtide_core::{VmEvent, VmSample};
     use std::collections::HashMap;
     use std::path::Path;
     use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -2503,7 +2503,12 @@ mod tests {
         assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
         assert_eq!(t0.elapsed(), SAVE_TAKES, "it ran from the request");
         let (vms, _) = sample(&mut fleet).await;
-        assert!(vms[0].sample.is_ok(), "sampled again once saved");
+        let events = &vms[0]
+            .sample
+            .as_ref()
+            .expect("sampled again once saved")
+            .events;
+        assert_eq!(events, &[VmEvent::Saved], "said saved, for its CPU time");
     }
 
     #[tokio::test(start_paused = true)]

@@ -201,6 +201,12 @@ impl Daemon {
     /// Hibernate the VM that is due, if one is (`memtide_core::hibernate`: idle past its
     /// `hibernate_after_s` while the host is short); not in a dry run.
     pub(super) fn hibernate_idle(&mut self, snapshot: &Snapshot, decision: &Decision) {
+        for vm in &snapshot.vms {
+            let events = vm.sample.as_ref().map(|s| s.events.as_slice());
+            if events.is_ok_and(|e| e.contains(&VmEvent::Saved)) {
+                self.idleness.saved(&vm.name);
+            }
+        }
         let cpu = snapshot.vms.iter().map(|vm| {
             let cpu_s = vm.sample.as_ref().ok().and_then(|s| s.cpu_s);
             (vm.name.as_str(), cpu_s)
@@ -234,12 +240,14 @@ impl Daemon {
             return;
         };
         self.idleness.restart(&due.vm);
-        self.pace.begun();
         self.events
             .log("hibernate", Some(&due.vm), None, due.reason);
         // Nobody waits for the outcome: it is logged as any save's.
         let (reply, _) = oneshot::channel();
-        self.save(due.vm, AfterSave::Quit, TakenBy::Hibernation, reply);
+        self.save(due.vm.clone(), AfterSave::Quit, TakenBy::Hibernation, reply);
+        if self.saving.contains_key(&due.vm) {
+            self.pace.begun();
+        }
     }
 
     /// Start the snapshots due by their VM's `snapshot_every_s` (the first one period
@@ -491,7 +499,6 @@ impl Daemon {
             reply,
         } = done;
         self.saving.remove(&vm);
-        self.idleness.saved(&vm);
         self.recount_hibernated |= result.as_ref().is_ok_and(snapshots::Snapshot::asleep);
         match &result {
             Ok(s) => {
@@ -538,11 +545,11 @@ impl Daemon {
             .collect()
     }
 
-    /// VMs whose hypervisor reports them reset while their connection lasted run, as a
-    /// (re)connected VM does: their hibernations are marked woken and the hibernated VMs
-    /// read again, rather than listed asleep until the next periodic read. libvirt
-    /// reports a domain started as a reset: one restored from its hibernation (by hand,
-    /// or by `memtide snapshot restore`) before its connection noticed it stop.
+    /// VMs whose hypervisor reports them reset or restored while their connection lasted
+    /// run, as a (re)connected VM does: their hibernations are marked woken and the
+    /// hibernated VMs read again, rather than listed asleep until the next periodic read.
+    /// libvirt reports a domain restored from its hibernation (by hand, or by `memtide
+    /// snapshot restore`) before its connection noticed it stop as restored.
     pub(super) fn started_again(&mut self, snapshot: &Snapshot) {
         for (vm, marked) in woken_by_reset(&self.store, snapshot, &self.restores) {
             // Read again if one was asleep: marked now, or by the restore that started it.
@@ -609,8 +616,8 @@ fn failed_after_seal(store: &Store, sealed: Option<snapshots::Snapshot>, e: Stri
     }
 }
 
-/// The VMs of `snapshot` whose hypervisor reported them reset since their previous
-/// sample, but for those memtide is restoring (`restoring`), each with its hibernations
+/// The VMs of `snapshot` whose hypervisor reported them reset or restored since their
+/// previous sample, but for those memtide is restoring (`restoring`), each with its hibernations
 /// not woken from marked woken in `store` (those marked, or why they could not be).
 fn woken_by_reset(
     store: &Store,
@@ -731,6 +738,12 @@ mod tests {
         // Once memtide's own restore has ended, a reset of that VM marks it too.
         let marked = woken_by_reset(&store, &snap, &HashSet::new());
         assert_eq!(marked.len(), 2);
+        assert_eq!(asleep(), std::slice::from_ref(&shut));
+        // Restored by libvirt under its connection (not booted): marked as well.
+        let restored = hibernate("restored");
+        let vms = vec![with_events("restored", vec![VmEvent::Restored])];
+        let marked = woken_by_reset(&store, &snapshot(1, host(4000, 400), vms), &restoring);
+        assert_eq!(marked[0].1.as_ref().unwrap()[0].id, restored);
         assert_eq!(asleep(), [shut]);
     }
 }

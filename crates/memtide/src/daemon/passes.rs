@@ -43,7 +43,8 @@ impl Daemon {
             .vms
             .iter()
             .zip(&decision.vms)
-            // Not while it is saved: its memory is being read whole (found by an audit).
+            // Not while it is saved: its memory is being read whole (found by an audit); its
+            // pacer is held for after.
             .filter(|(vm, _)| !self.saving.contains_key(&vm.name))
             .filter_map(|(vm, report)| {
                 let (_, vm_config) = self.fleet.process(&vm.name)?;
@@ -68,6 +69,7 @@ impl Daemon {
         let mut reclaimer = self.reclaimer.take().unwrap_or_else(|| {
             reclaim::Reclaimer::new(&self.config.reclaim, self.config.host.proc.clone())
         });
+        reclaimer.hold(self.saving.keys().cloned().collect());
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
         self.reclaiming = Some(tokio::task::spawn_blocking(move || {
             let outcomes = reclaimer.pass(&targets, at, dry_run);
@@ -204,13 +206,16 @@ impl Daemon {
         if self.placing.is_some() {
             return;
         }
-        // A VM being saved keeps its place, moved by no pass while its memory is read
-        // whole (found by an audit: the migration thread and move_pages on one guest).
+        // A VM being saved keeps its place and its tracker, moved by no pass while its
+        // memory is read whole (found by an audit: the migration thread and move_pages on
+        // one guest).
         targets.retain(|t| !self.saving.contains_key(&t.vm));
+        let held: HashSet<String> = self.saving.keys().cloned().collect();
         if targets.is_empty() {
             // Nothing to place: no tracker kept, nor the cold age of a VM away for longer
             // than the longest age.
             if let Some(placer) = &mut self.tier_placer {
+                placer.hold(held);
                 placer.forget_gone(&targets, snapshot.at);
             }
             return;
@@ -222,10 +227,11 @@ impl Daemon {
             return;
         }
         self.place_started = Some(now);
-        let placer = self.tier_placer.take().unwrap_or_else(|| {
+        let mut placer = self.tier_placer.take().unwrap_or_else(|| {
             let host = &self.config.host;
             place::TierPlacer::new(nodes, config, host.proc.clone(), host.sys.clone())
         });
+        placer.hold(held);
         self.cold_ages = placer.ages();
         let (at, dry_run) = (snapshot.at, self.options.dry_run);
         self.placing = Some(tokio::task::spawn_blocking(move || {

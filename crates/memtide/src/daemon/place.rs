@@ -13,7 +13,7 @@ use memtide_core::tiering::age::{AgeConfig, ColdAge};
 use memtide_core::tiering::{self, FastTier, Placement, TierConfig};
 use memtide_core::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -400,9 +400,16 @@ pub struct TierPlacer {
     /// tracker is dropped. Another process at that pid is refused; the state file keeps
     /// the VM's cold age with it.
     fixed: HashMap<String, (i32, u64)>,
+    /// VMs left out of the passes for now that keep their trackers ([`TierPlacer::hold`]).
+    held: HashSet<String>,
 }
 
 impl TierPlacer {
+    /// The VMs the next passes leave out but do not forget (being saved).
+    pub fn hold(&mut self, vms: HashSet<String>) {
+        self.held = vms;
+    }
+
     /// A placer between `nodes` with `config`'s settings (procfs at `proc`, sysfs at
     /// `sys`).
     pub fn new(nodes: Nodes, config: &TieringConfig, proc: PathBuf, sys: PathBuf) -> Self {
@@ -418,6 +425,7 @@ impl TierPlacer {
             proc,
             sys,
             placers: HashMap::new(),
+            held: HashSet::new(),
             learnt: HashMap::new(),
             resumed: HashMap::new(),
             fixed: HashMap::new(),
@@ -469,7 +477,8 @@ impl TierPlacer {
     /// At `at`, forget the trackers of the VMs not among `targets`, and the cold ages of
     /// those away for longer than the longest age.
     pub fn forget_gone(&mut self, targets: &[Target], at: Duration) {
-        let listed = |vm: &String| targets.iter().any(|t| &t.vm == vm);
+        let held = &self.held;
+        let listed = |vm: &String| held.contains(vm) || targets.iter().any(|t| &t.vm == vm);
         self.placers.retain(|vm, _| listed(vm));
         let away = Duration::try_from_secs_f64(self.ages.horizon_s()).unwrap_or(Duration::MAX);
         self.learnt.retain(|vm, (_, seen)| {
@@ -582,14 +591,16 @@ impl TierPlacer {
         let proc = self.proc.clone();
         // A connected VM's new process (another pid, or the same pid restarted) is a new
         // tracker.
+        let held = &self.held;
         self.placers.retain(|vm, p| {
-            targets.iter().zip(&admitted).any(|(t, a)| {
-                a.is_ok()
-                    && &t.vm == vm
-                    && t.pid == p.pid()
-                    && t.started.is_none_or(|s| s == p.started())
-                    && procfs::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
-            })
+            held.contains(vm)
+                || targets.iter().zip(&admitted).any(|(t, a)| {
+                    a.is_ok()
+                        && &t.vm == vm
+                        && t.pid == p.pid()
+                        && t.started.is_none_or(|s| s == p.started())
+                        && procfs::start_time(&proc, t.pid).is_none_or(|s| s == p.started())
+                })
         });
         let mut measured: Vec<Result<Measured, String>> = targets
             .iter()
@@ -1233,8 +1244,13 @@ mod tests {
         p.forget_gone(&vm, at(100));
         p.forget_gone(&[], at(100) + longest);
         assert_eq!(p.cold_age("vm"), raised);
-        // Away longer: forgotten.
+        // Held (being saved): left out of the passes, as if seen.
+        p.hold(HashSet::from(["vm".to_string()]));
         p.forget_gone(&[], at(101) + longest);
+        assert_eq!(p.cold_age("vm"), raised);
+        p.hold(HashSet::new());
+        // Away longer: forgotten.
+        p.forget_gone(&[], at(102) + longest * 2);
         assert_eq!(p.cold_age("vm"), None);
     }
 

@@ -7,7 +7,7 @@ use memtide_adapters::pidfd::Pidfd;
 use memtide_adapters::reclaim::{self as io, Reclaimed};
 use memtide_core::reclaim::{Keep, Pace, PaceConfig, Pacer};
 use memtide_core::{Bytes, VmSnapshot};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -148,6 +148,8 @@ pub struct Reclaimer {
     root: PathBuf,
     /// Each VM's pacer, with the cgroup its readings are of.
     pacers: HashMap<String, (PathBuf, Pacer)>,
+    /// VMs left out of the passes for now that keep their pacers ([`Reclaimer::hold`]).
+    held: HashSet<String>,
 }
 
 impl Reclaimer {
@@ -158,14 +160,21 @@ impl Reclaimer {
             proc,
             root: config.cgroup_root.clone(),
             pacers: HashMap::new(),
+            held: HashSet::new(),
         }
     }
 
-    /// One pass at `at` over `targets` (blocking file I/O; a VM not among them loses its
-    /// pacer). In a dry run nothing is written.
+    /// The VMs the next passes leave out but do not forget (being saved).
+    pub fn hold(&mut self, vms: HashSet<String>) {
+        self.held = vms;
+    }
+
+    /// One pass at `at` over `targets` (blocking file I/O; a VM not among them nor held
+    /// loses its pacer). In a dry run nothing is written.
     pub fn pass(&mut self, targets: &[Target], at: Duration, dry_run: bool) -> Vec<Outcome> {
+        let held = &self.held;
         self.pacers
-            .retain(|vm, _| targets.iter().any(|t| &t.vm == vm));
+            .retain(|vm, _| held.contains(vm) || targets.iter().any(|t| &t.vm == vm));
         targets.iter().map(|t| self.one(t, at, dry_run)).collect()
     }
 
@@ -347,6 +356,12 @@ mod tests {
             std::fs::read_to_string(a.join("memory.reclaim")).unwrap(),
             ""
         );
+        // Held (being saved): left out, its pacer kept.
+        r.hold(HashSet::from(["a".to_string()]));
+        r.pass(&[], Duration::from_secs(22), false);
+        r.hold(HashSet::new());
+        let kept = r.pass(&targets[..1], Duration::from_secs(24), false);
+        assert_ne!(kept[0].done, Done::Held, "its pacer goes on");
         r.pass(&[], Duration::from_secs(25), false);
         let again = r.pass(&targets[..1], Duration::from_secs(30), false);
         assert_eq!(again[0].done, Done::Held);

@@ -306,6 +306,9 @@ impl VmTask {
         Some(match joined {
             Ok((backend, answer, at)) => {
                 self.answered = Some(at);
+                if call == Call::Save && backend.is_some() {
+                    self.events.push(VmEvent::Saved);
+                }
                 if let Some(backend) = backend {
                     (self.target, self.pid) = (backend.target(), backend.pid());
                     let bounds = backend.bounds();
