@@ -52,6 +52,14 @@ impl Default for Relearn {
 }
 
 impl Relearn {
+    /// The next reading due `samples` samples from now (at most a full count): readings
+    /// of many VMs connected together spread over the samples.
+    pub fn after(samples: u32) -> Relearn {
+        Relearn {
+            left: samples.min(RELEARN_SAMPLES),
+        }
+    }
+
     /// Whether this sample is to read the devices again; counting starts over when it is.
     pub fn due(&mut self) -> bool {
         match self.left.checked_sub(1) {

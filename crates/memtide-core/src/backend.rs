@@ -28,8 +28,8 @@ pub trait VmBackend: Send {
     }
     /// The operator's bounds, (min, max), as the hypervisor's description of the VM gives
     /// them now, for connectors that read them there and follow the description while the
-    /// VM runs (libvirt's metadata); `None` where the connector gives none, or gives them
-    /// once at connection.
+    /// VM runs (libvirt's metadata, Proxmox VE's configuration); `None` where the
+    /// connector gives none, or gives them once at connection.
     fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
         None
     }

@@ -55,6 +55,39 @@ struct VmMemory {
     since: Option<Duration>,
 }
 
+/// Why VMs that went away were left to another manager, the most recent
+/// [`LeftAlone::MAX`] of them (discovered VMs come and go under names of their own).
+#[derive(Default)]
+struct LeftAlone {
+    by_vm: FxHashMap<String, (u64, String)>,
+    kept: u64,
+}
+
+impl LeftAlone {
+    const MAX: usize = 4096;
+
+    /// Keep why `vm` is left alone, forgetting the VM kept longest ago when full.
+    fn keep(&mut self, vm: &str, why: String) {
+        if self.by_vm.len() >= Self::MAX {
+            let oldest = self.by_vm.iter().min_by_key(|(_, (n, _))| *n);
+            if let Some(oldest) = oldest.map(|(vm, _)| vm.clone()) {
+                self.by_vm.remove(&oldest);
+            }
+        }
+        self.kept += 1;
+        self.by_vm.insert(vm.to_string(), (self.kept, why));
+    }
+
+    /// Why `vm` is left alone, if it is, taken out.
+    fn take(&mut self, vm: &str) -> Option<String> {
+        self.by_vm.remove(vm).map(|(_, why)| why)
+    }
+
+    fn clear(&mut self) {
+        self.by_vm.clear();
+    }
+}
+
 /// The decision engine.
 pub struct Engine {
     config: EngineConfig,
@@ -65,7 +98,7 @@ pub struct Engine {
     /// manager: they are again when they come back, until [`Engine::manage_again`]
     /// (found by an audit: a reconnection forgot it, and memtide fought the other
     /// manager again).
-    left_alone: FxHashMap<String, String>,
+    left_alone: LeftAlone,
     ksm: KsmWatch,
 }
 
@@ -95,7 +128,7 @@ impl Engine {
             policy,
             host,
             vms: FxHashMap::default(),
-            left_alone: FxHashMap::default(),
+            left_alone: LeftAlone::default(),
             ksm: KsmWatch::default(),
         }
     }
@@ -187,9 +220,8 @@ impl Engine {
         let left_alone = &mut self.left_alone;
         self.vms.retain(|name, m| {
             let stays = present.contains(name.as_str());
-            // Bounded: discovered VMs come and go under names of their own.
-            if let Some(why) = m.foreign.take_if(|_| !stays && left_alone.len() < 4096) {
-                left_alone.insert(name.clone(), why);
+            if let Some(why) = m.foreign.take_if(|_| !stays) {
+                left_alone.keep(name, why);
             }
             stays
         });
@@ -453,7 +485,7 @@ impl Engine {
                 undelivered_since: None,
                 released: false,
                 asked: None,
-                foreign: self.left_alone.remove(&vm.name),
+                foreign: self.left_alone.take(&vm.name),
                 resend: false,
                 reset: false,
                 since: None,
@@ -878,5 +910,24 @@ fn totals(sample: &VmSample) -> GuestTotals {
         swapped_out: sample.stats.swap_out,
         major_faults: sample.stats.major_faults,
         refaults: agent.and_then(|a| a.vmstat.refaults()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vms_left_alone_longest_ago_are_forgotten_first_when_full() {
+        let mut left = LeftAlone::default();
+        for n in 0..LeftAlone::MAX {
+            left.keep(&format!("ci-{n}"), format!("moved {n}"));
+        }
+        left.keep("web", "moved by momd".into());
+        assert_eq!(left.by_vm.len(), LeftAlone::MAX);
+        assert_eq!(left.take("ci-0"), None, "the oldest went");
+        assert_eq!(left.take("ci-1").as_deref(), Some("moved 1"));
+        assert_eq!(left.take("web").as_deref(), Some("moved by momd"));
+        assert_eq!(left.take("web"), None, "taken out");
     }
 }

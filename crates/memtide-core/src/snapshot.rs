@@ -29,8 +29,8 @@ pub enum VmEvent {
     /// save that lets it run on): it goes on where it was, its balloon as it was; not a
     /// new boot.
     Restored,
-    /// memtide saved the guest's memory since the last sample (a snapshot): its
-    /// hypervisor's CPU time since then is partly the save's.
+    /// memtide saved the guest's memory, or tried to, since the last sample (a snapshot):
+    /// its hypervisor's CPU time since then is partly the save's.
     Saved,
     /// The balloon reached a new size.
     BalloonChange {

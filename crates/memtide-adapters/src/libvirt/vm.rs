@@ -360,16 +360,18 @@ fn held(state: (u32, i32), job: Option<(i32, Option<i32>)>) -> Option<BackendErr
             sys::VIR_DOMAIN_PAUSED_MIGRATION | sys::VIR_DOMAIN_PAUSED_POSTCOPY => {
                 busy("the domain is paused for migration")
             }
-            sys::VIR_DOMAIN_PAUSED_USER => busy("the domain is paused by its user"),
-            sys::VIR_DOMAIN_PAUSED_SAVE
-            | sys::VIR_DOMAIN_PAUSED_DUMP
-            | sys::VIR_DOMAIN_PAUSED_SNAPSHOT
-            | sys::VIR_DOMAIN_PAUSED_FROM_SNAPSHOT
-            | sys::VIR_DOMAIN_PAUSED_STARTING_UP => busy("the domain is paused for a job"),
-            _ => Some(BackendError::Protocol(format!(
+            sys::VIR_DOMAIN_PAUSED_IOERROR
+            | sys::VIR_DOMAIN_PAUSED_WATCHDOG
+            | sys::VIR_DOMAIN_PAUSED_CRASHED
+            | sys::VIR_DOMAIN_PAUSED_POSTCOPY_FAILED
+            | sys::VIR_DOMAIN_PAUSED_API_ERROR => Some(BackendError::Protocol(format!(
                 "the domain is paused on an error (libvirt's reason {reason}: an I/O error, \
-                 a crash, its watchdog)"
+                 a crash, its watchdog, a failed migration or API call)"
             ))),
+            sys::VIR_DOMAIN_PAUSED_USER => busy("the domain is paused by its user"),
+            // A save, a dump, a snapshot, starting up or shutting down, or paused outside
+            // libvirt (a QMP `stop`: reason unknown).
+            _ => busy("the domain is paused"),
         },
         (_, Some((kind, Some(op)))) if kind != sys::VIR_DOMAIN_JOB_NONE as i32 && migrating(op) => {
             busy("the domain is migrating")
@@ -818,10 +820,12 @@ mod tests {
             held(paused(sys::VIR_DOMAIN_PAUSED_USER), None),
             busy("the domain is paused by its user")
         );
-        assert_eq!(
-            held(paused(sys::VIR_DOMAIN_PAUSED_SNAPSHOT), None),
-            busy("the domain is paused for a job")
-        );
+        for reason in [
+            sys::VIR_DOMAIN_PAUSED_SNAPSHOT,
+            sys::VIR_DOMAIN_PAUSED_UNKNOWN,
+        ] {
+            assert_eq!(held(paused(reason), None), busy("the domain is paused"));
+        }
         let e = held(paused(sys::VIR_DOMAIN_PAUSED_IOERROR), None).unwrap();
         assert!(
             matches!(&e, BackendError::Protocol(m) if m.starts_with("the domain is paused on an error")),

@@ -794,9 +794,10 @@ impl QmpVm {
         let mut reply = || replies.next().expect("one reply per command");
         // A guest that does not run has stale figures and serves no balloon (found by an
         // audit: a paused guest's statistics were taken for a broken driver, its agent
-        // for a missing one): paused by its user or for a migration or a save, it is
-        // busy, left alone until it runs; stopped on an error (an I/O error, a panic, its
-        // watchdog) or shut down, it is out of reach, as a fault.
+        // for a missing one): stopped on an error (an I/O error, a panic, its watchdog),
+        // it is out of reach, as a fault; otherwise (paused by its user, for a migration
+        // or a save, shut down under `-no-shutdown`, in a debugger) busy, left alone
+        // until it runs.
         let status = reply()?;
         if status.get("running").and_then(Value::as_bool) == Some(false) {
             let state = status
@@ -805,11 +806,10 @@ impl QmpVm {
                 .unwrap_or("unknown");
             let why = format!("not running (QEMU's status: {state})");
             return Err(match state {
-                "paused" | "suspended" | "inmigrate" | "postmigrate" | "prelaunch"
-                | "finish-migrate" | "save-vm" | "restore-vm" | "colo" => {
-                    BackendError::Busy(format!("{why}: left alone until it runs"))
+                "io-error" | "guest-panicked" | "internal-error" | "watchdog" => {
+                    BackendError::Protocol(why)
                 }
-                _ => BackendError::Protocol(why),
+                _ => BackendError::Busy(format!("{why}: left alone until it runs")),
             });
         }
         // QEMU's balloon works on the base memory and DIMMs: virtio-mem's comes on top.

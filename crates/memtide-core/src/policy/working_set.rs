@@ -1717,7 +1717,7 @@ mod tests {
         // swap (56 of 256 free), since a squeeze: its QEMU holds 420, all it has in RAM.
         // Thirty seconds of that contradict nothing. The same claim with its swap empty
         // and its QEMU at 150 is found out.
-        let run_on = |host_mib: u64, swap_used: u64, rss: u64| {
+        let run_on = |host_mib: u64, free_mib: u64, swap_used: u64, rss: u64| {
             let mut p = memtide();
             let vms = [("a", 500, 100, 1000, 600), ("b", 1024, 424, 1000, 600)];
             let edit = move |i: usize, sample: &mut VmSample, s: &mut Signals| {
@@ -1726,26 +1726,18 @@ mod tests {
                 sample.rss = Some(Bytes::from_mib(if i == 0 { rss } else { 610 }));
             };
             (0..=30)
-                .map(|at| {
-                    decide_at(
-                        &mut p,
-                        at,
-                        testkit::host(host_mib, host_mib / 2),
-                        &vms,
-                        edit,
-                    )
-                })
+                .map(|at| decide_at(&mut p, at, testkit::host(host_mib, free_mib), &vms, edit))
                 .last()
                 .unwrap()
         };
-        let run = |swap_used, rss| run_on(2048, swap_used, rss);
+        let run = |swap_used, rss| run_on(2048, 0, swap_used, rss);
         assert_eq!(run(200, 420).unbacked, Vec::new());
         let liar = run(0, 150);
         assert_eq!(liar.unbacked.len(), 1);
         assert_eq!(liar.unbacked[0].vm, "a");
         // On a host whose fair share of it is its whole size, its word takes no one's:
         // nothing said (before: "beyond 1000 MiB they count for nothing").
-        assert_eq!(run_on(16384, 0, 150).unbacked, Vec::new());
+        assert_eq!(run_on(16384, 8192, 0, 150).unbacked, Vec::new());
     }
 
     #[test]

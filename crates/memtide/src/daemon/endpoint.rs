@@ -71,7 +71,8 @@ impl fmt::Display for Endpoint {
 }
 
 /// A connected VM and the bounds its hypervisor's configuration sets (libvirt's domain
-/// description), which the memtide configuration overrides.
+/// description, Proxmox VE's VM configuration), which the memtide configuration
+/// overrides.
 pub struct Connection {
     /// The backend.
     pub backend: Box<dyn VmBackend>,

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use memtide_adapters::proxmox::{self, PveMemory};
-use memtide_adapters::Relearn;
+use memtide_adapters::{Relearn, RELEARN_SAMPLES};
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::{BackendError, Bytes, VmSample};
 use std::path::{Path, PathBuf};
@@ -36,32 +36,35 @@ impl PveConfigs {
     /// timeout (waiting for a read under way included: one given up on waits no more).
     pub async fn read(&self, socket: &Path) -> Result<PveMemory, BackendError> {
         let limit = self.call_timeout;
-        tokio::time::timeout(limit, self.reading(socket))
+        let read = async {
+            let permit = self.reads.clone().acquire_owned().await;
+            self.read_off_runtime(permit.expect("the semaphore is never closed"), socket)
+                .await
+                .map_err(|e| BackendError::Io(e.to_string()))?
+        };
+        tokio::time::timeout(limit, read)
             .await
             .map_err(|_| BackendError::timeout(limit))?
     }
 
-    /// [`PveConfigs::read`], started now, not bounded in time.
-    fn reread(&self, socket: &Path) -> JoinHandle<Result<PveMemory, BackendError>> {
-        tokio::spawn(self.reading(socket))
+    /// [`PveConfigs::read`], started now and not waited for, unless another read is
+    /// under way: a read again while a VM runs never queues ahead of a connection's.
+    fn reread(&self, socket: &Path) -> Option<JoinHandle<Result<PveMemory, BackendError>>> {
+        let permit = self.reads.clone().try_acquire_owned().ok()?;
+        Some(self.read_off_runtime(permit, socket))
     }
 
-    /// A read of the settings off the runtime, once no other read is under way.
-    fn reading(
+    /// A read on a blocking thread, holding `permit` until it ends.
+    fn read_off_runtime(
         &self,
+        permit: tokio::sync::OwnedSemaphorePermit,
         socket: &Path,
-    ) -> impl std::future::Future<Output = Result<PveMemory, BackendError>> + 'static {
-        let (reads, dir, socket) = (self.reads.clone(), self.dir.clone(), socket.to_path_buf());
-        async move {
-            let permit = reads.acquire_owned().await;
-            let permit = permit.expect("the semaphore is never closed");
-            tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                memory(&dir, &socket)
-            })
-            .await
-            .map_err(|e| BackendError::Io(e.to_string()))?
-        }
+    ) -> JoinHandle<Result<PveMemory, BackendError>> {
+        let (dir, socket) = (self.dir.clone(), socket.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            memory(&dir, &socket)
+        })
     }
 }
 
@@ -91,8 +94,8 @@ fn memory(dir: &Path, socket: &Path) -> Result<PveMemory, BackendError> {
 }
 
 /// A QEMU VM of a PVE host: its connection `B`, its bounds those of its configuration,
-/// read again every [`memtide_adapters::RELEARN_SAMPLES`] samples without waiting for
-/// the read. A configuration that now hands the VM to PVE's auto-ballooning ends the
+/// read again every [`RELEARN_SAMPLES`] samples without waiting for the read (skipped
+/// while another read is under way). A configuration that now hands the VM to PVE's auto-ballooning ends the
 /// connection (the next is refused, and retried, as at the start); one that cannot be
 /// read leaves the bounds last read.
 pub struct PveVm<B> {
@@ -106,13 +109,16 @@ pub struct PveVm<B> {
 
 impl<B> PveVm<B> {
     /// `vm`, reached through `socket`, whose configuration read `memory` at connection.
+    /// VMs connected together read their configurations again at samples apart.
     pub fn new(vm: B, configs: Arc<PveConfigs>, socket: &Path, memory: PveMemory) -> Self {
+        let spread = socket.as_os_str().as_encoded_bytes().iter();
+        let spread = spread.fold(0u32, |n, b| n.wrapping_mul(31).wrapping_add(u32::from(*b)));
         PveVm {
             vm,
             configs,
             socket: socket.to_path_buf(),
             memory,
-            relearn: Relearn::default(),
+            relearn: Relearn::after(spread % RELEARN_SAMPLES + 1),
             reading: None,
         }
     }
@@ -128,7 +134,7 @@ impl<B> PveVm<B> {
                 Err(e) => tracing::warn!("{e}; the bounds last read are kept"),
             },
             None if self.reading.is_none() && self.relearn.due() => {
-                self.reading = Some(self.configs.reread(&self.socket));
+                self.reading = self.configs.reread(&self.socket);
             }
             None => {}
         }
@@ -236,6 +242,7 @@ mod tests {
             0,
             "the first read still holds its thread; the others took none"
         );
+        assert!(configs.reread(socket).is_none(), "a read again does not queue");
         // pmxcfs answers: the read under way ends, and the next read may start.
         std::fs::write(&conf, "memory: 2048\n").unwrap();
         for _ in 0..200 {
