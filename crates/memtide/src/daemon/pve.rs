@@ -242,7 +242,10 @@ mod tests {
             0,
             "the first read still holds its thread; the others took none"
         );
-        assert!(configs.reread(socket).is_none(), "a read again does not queue");
+        assert!(
+            configs.reread(socket).is_none(),
+            "a read again does not queue"
+        );
         // pmxcfs answers: the read under way ends, and the next read may start.
         std::fs::write(&conf, "memory: 2048\n").unwrap();
         for _ in 0..200 {
