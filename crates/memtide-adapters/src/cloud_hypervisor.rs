@@ -84,25 +84,34 @@ pub fn balloon_stats(v: &Value) -> GuestStats {
 }
 
 impl CloudHypervisorVm {
-    /// Connect: the VM must be running.
+    /// Connect: the VM must be running. With `paused_mark`, where a save of this VM marks
+    /// the guest it paused ([`vmm_snapshot::PAUSED_MARK`]), a guest that a save cut short
+    /// left paused is resumed first.
     pub async fn connect(
         socket: &Path,
         opts: &ApiVmOptions,
+        paused_mark: Option<&Path>,
     ) -> Result<CloudHypervisorVm, BackendError> {
         let api = ApiSocket::new(socket, opts.call_timeout);
-        let info = api.call(Method::GET, "/api/v1/vm.info", None).await?;
-        check_state(&info)?;
+        let mut info = api.call(Method::GET, "/api/v1/vm.info", None).await?;
         let (configured, _, _) = sizes(&info)?;
         let pid = api.peer_pid().await?;
         let process = pid.map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
-        Ok(CloudHypervisorVm {
+        let mut vm = CloudHypervisorVm {
             api,
             stats: true,
             process,
             pid,
             target: None,
             configured,
-        })
+        };
+        if let Some(mark) = paused_mark {
+            if vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await {
+                info = vm.api.call(Method::GET, "/api/v1/vm.info", None).await?;
+            }
+        }
+        check_state(&info)?;
+        Ok(vm)
     }
 
     /// Its process, when the socket's peer credentials gave it.
@@ -217,6 +226,10 @@ impl SnapshotSteps for CloudHypervisorVm {
 
     async fn ended(&mut self) -> bool {
         self.api.refused().await
+    }
+
+    fn process(&self) -> Option<i32> {
+        self.pid
     }
 
     async fn running(&mut self) -> Result<bool, BackendError> {

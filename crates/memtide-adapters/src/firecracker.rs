@@ -78,10 +78,14 @@ impl FirecrackerVm {
         self.pid
     }
 
-    /// Connect: read the VM's size and balloon, and set the statistics interval.
+    /// Connect: read the VM's size and balloon, and set the statistics interval. With
+    /// `paused_mark`, where a save of this VM marks the guest it paused
+    /// ([`vmm_snapshot::PAUSED_MARK`]), a guest that a save cut short left paused is
+    /// resumed first.
     pub async fn connect(
         socket: &Path,
         opts: &ApiVmOptions,
+        paused_mark: Option<&Path>,
     ) -> Result<FirecrackerVm, BackendError> {
         let api = ApiSocket::new(socket, opts.call_timeout);
         let machine = api.call(Method::GET, "/machine-config", None).await?;
@@ -104,7 +108,7 @@ impl FirecrackerVm {
         }
         let pid = api.peer_pid().await?;
         let process = pid.map(|pid| procfs::ProcessRss::new(&opts.proc, pid));
-        Ok(FirecrackerVm {
+        let mut vm = FirecrackerVm {
             api,
             mem,
             stats,
@@ -112,7 +116,11 @@ impl FirecrackerVm {
             process,
             pid,
             target: None,
-        })
+        };
+        if let Some(mark) = paused_mark {
+            vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await;
+        }
+        Ok(vm)
     }
 }
 
@@ -236,6 +244,10 @@ impl SnapshotSteps for FirecrackerVm {
 
     async fn ended(&mut self) -> bool {
         self.api.refused().await
+    }
+
+    fn process(&self) -> Option<i32> {
+        self.pid
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {

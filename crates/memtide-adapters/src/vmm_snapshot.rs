@@ -36,6 +36,116 @@ pub trait SnapshotSteps: Send {
     /// Whether the VMM's process has ended (its API socket refuses connections or is
     /// gone).
     async fn ended(&mut self) -> bool;
+    /// The VMM's process, when the API socket's peer credentials gave it.
+    fn process(&self) -> Option<i32>;
+}
+
+/// The file, in the VM's directory of the store (beside its snapshots' directories),
+/// that says a save paused the guest of the VMM process it names (its pid, in decimal).
+/// It is there from the pause until the guest runs again or the process has ended: a save
+/// cut short (memtide killed, or its call given up on) leaves it, and the VM's next
+/// connection resumes that guest ([`resume_after_cut_short_save`]).
+pub const PAUSED_MARK: &str = "paused-by-save";
+
+/// Where the save into `dir` marks the guest it paused: [`PAUSED_MARK`] beside `dir`.
+fn paused_mark(dir: &Path) -> Result<std::path::PathBuf, BackendError> {
+    let vm_dir = dir
+        .parent()
+        .ok_or_else(|| BackendError::Io(format!("{} has no parent", dir.display())))?;
+    Ok(vm_dir.join(PAUSED_MARK))
+}
+
+/// Mark that the guest of process `pid` is paused by a save (see [`PAUSED_MARK`]).
+fn mark_paused(mark: &Path, pid: Option<i32>) -> Result<(), BackendError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(mark)
+        .and_then(|mut f| f.write_all(pid.map(|p| p.to_string()).unwrap_or_default().as_bytes()));
+    written.map_err(|e| {
+        BackendError::Io(format!(
+            "cannot mark the guest paused by the save in {}: {e}",
+            mark.display()
+        ))
+    })
+}
+
+/// Remove the mark of a guest paused by a save: it runs again, or its process ended.
+fn unmark(mark: &Path) {
+    match std::fs::remove_file(mark) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!("cannot remove {}: {e}", mark.display());
+        }
+        _ => {}
+    }
+}
+
+/// What the mark of a guest paused by a save holds: `None` where there is none, else the
+/// process it names (`None` where the save did not know its process), or why it could
+/// not be read.
+fn read_mark(mark: &Path) -> Option<Result<Option<i32>, String>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(mark);
+    let read = |mut file: std::fs::File| {
+        let mut text = String::new();
+        file.by_ref().take(32).read_to_string(&mut text)?;
+        Ok(text.trim().parse().ok())
+    };
+    match opened.and_then(read) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        read => Some(read.map_err(|e: std::io::Error| format!("{}: {e}", mark.display()))),
+    }
+}
+
+/// Resume the guest that a save of memtide's paused and that nothing let run again since
+/// (the save was cut short: memtide killed, or the save's call given up on), as the mark
+/// at `mark` says ([`PAUSED_MARK`]): only the guest of the process the mark names, and
+/// only while it is paused. A mark of another process (the VMM was restarted since) or
+/// of a guest that runs is removed; one whose guest could not be resumed is kept for the
+/// next connection. What is done is logged; returns whether the guest was resumed.
+pub async fn resume_after_cut_short_save(vmm: &mut dyn SnapshotSteps, mark: &Path) -> bool {
+    let marked = match read_mark(mark) {
+        None => return false,
+        Some(Ok(marked)) => marked,
+        Some(Err(e)) => {
+            tracing::warn!("a save's mark of a paused guest, removed: {e}");
+            unmark(mark);
+            return false;
+        }
+    };
+    if marked.is_none() || marked != vmm.process() {
+        unmark(mark);
+        return false;
+    }
+    let cut_short = "the guest, paused by a save of memtide's that was cut short,";
+    match vmm.running().await {
+        Ok(true) => unmark(mark),
+        Ok(false) => match vmm.resume().await {
+            Ok(()) => {
+                tracing::warn!("resumed {cut_short} at connection");
+                unmark(mark);
+                return true;
+            }
+            Err(e) => tracing::warn!(
+                "{cut_short} could not be resumed ({e}): it stays paused, tried again at the \
+                 next connection"
+            ),
+        },
+        Err(e) => tracing::warn!(
+            "whether {cut_short} runs could not be asked ({e}): tried again at the next \
+             connection"
+        ),
+    }
+    false
 }
 
 /// Save the VM into `dir` as `VmBackend::save` says: the guest paused while its VMM
@@ -57,16 +167,35 @@ pub async fn save(
         }
     }
     let running = vmm.running().await?;
+    let mark = paused_mark(dir)?;
     let stopped = Instant::now();
     if running {
-        vmm.pause().await?;
+        mark_paused(&mark, vmm.process())?;
+        if let Err(e) = vmm.pause().await {
+            // Perhaps paused all the same (the call timed out): the mark stays then.
+            if vmm.running().await.unwrap_or(false) {
+                unmark(&mark);
+            }
+            return Err(e);
+        }
     }
+    // The mark goes once the guest runs again, or its process ended; a guest left paused
+    // keeps it (its next connection resumes it).
+    let runs_again = |resumed: &Result<(), BackendError>| {
+        if resumed.is_ok() {
+            unmark(&mark);
+        }
+    };
     if let Err(e) = vmm.write(dir, limit).await {
-        return Err(also(e, resume(vmm, running, limit).await));
+        let resumed = resume(vmm, running, limit).await;
+        runs_again(&resumed);
+        return Err(also(e, resumed));
     }
     let downtime = match then {
         AfterSave::Run => {
-            resume(vmm, running, limit).await.map_err(|r| {
+            let resumed = resume(vmm, running, limit).await;
+            runs_again(&resumed);
+            resumed.map_err(|r| {
                 BackendError::Protocol(format!(
                     "written, but the guest could not be resumed ({r}): it is paused"
                 ))
@@ -97,25 +226,27 @@ pub async fn save(
         (AfterSave::Run, sealed) => sealed?,
         (AfterSave::Quit, Err(e)) => {
             let e = BackendError::Io(format!("{e}; the guest runs on"));
-            return Err(also(e, resume(vmm, running, limit).await));
+            let resumed = resume(vmm, running, limit).await;
+            runs_again(&resumed);
+            return Err(also(e, resumed));
         }
         (AfterSave::Quit, Ok(())) => {
             if let Err(e) = vmm.quit().await {
                 // Ended all the same, with its guest paused since the snapshot.
                 if vmm.ended().await {
+                    unmark(&mark);
                     return Ok(saved);
                 }
                 let e = format!("saved, but the VMM did not quit ({e}) and still runs");
-                return Err(BackendError::Protocol(
-                    match resume(vmm, running, limit).await {
-                        Ok(()) if running => format!("{e}; the guest runs on"),
-                        Ok(()) => format!("{e}; the guest stays paused, as it was"),
-                        Err(r) => {
-                            format!("{e}; the guest could not be resumed ({r}): it is paused")
-                        }
-                    },
-                ));
+                let resumed = resume(vmm, running, limit).await;
+                runs_again(&resumed);
+                return Err(BackendError::Protocol(match resumed {
+                    Ok(()) if running => format!("{e}; the guest runs on"),
+                    Ok(()) => format!("{e}; the guest stays paused, as it was"),
+                    Err(r) => format!("{e}; the guest could not be resumed ({r}): it is paused"),
+                }));
             }
+            unmark(&mark);
         }
     }
     Ok(saved)
@@ -370,6 +501,9 @@ mod tests {
         async fn ended(&mut self) -> bool {
             false
         }
+        fn process(&self) -> Option<i32> {
+            Some(7)
+        }
     }
 
     /// A VMM whose quit fails: it has `ended` anyway or not, and resumes or not.
@@ -409,11 +543,27 @@ mod tests {
         async fn ended(&mut self) -> bool {
             self.ended
         }
+        fn process(&self) -> Option<i32> {
+            Some(7)
+        }
+    }
+
+    /// A snapshot's directory in a VM's directory of a store, as a save is given one.
+    fn snapshot_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+        let vm_dir = tempfile::tempdir().unwrap();
+        let dir = vm_dir.path().join("1.partial");
+        std::fs::create_dir(&dir).unwrap();
+        (vm_dir, dir)
+    }
+
+    /// The mark beside `dir`: the process it names, if there is one.
+    fn mark_of(dir: &Path) -> Option<String> {
+        std::fs::read_to_string(dir.parent().unwrap().join(PAUSED_MARK)).ok()
     }
 
     #[tokio::test]
     async fn a_vmm_that_did_not_quit_is_hibernated_if_it_ended_and_told_as_it_runs_if_not() {
-        let dir = tempfile::tempdir().unwrap();
+        let (_store, dir) = snapshot_dir();
         let limit = Duration::from_secs(1);
         let sealed = || -> Seal { Box::new(|_| Box::pin(async { Ok(()) })) };
         for (ended, resumes, told) in [
@@ -437,7 +587,7 @@ mod tests {
                 resumes,
                 resumed: false,
             };
-            let saved = save(&mut vmm, dir.path(), AfterSave::Quit, limit, sealed()).await;
+            let saved = save(&mut vmm, &dir, AfterSave::Quit, limit, sealed()).await;
             match told {
                 None => {
                     assert!(saved.is_ok(), "{saved:?}");
@@ -448,6 +598,9 @@ mod tests {
                     assert_eq!(vmm.resumed, resumes);
                 }
             }
+            // Marked paused only while the guest is: not once it ended or runs again.
+            let paused = !ended && !resumes;
+            assert_eq!(mark_of(&dir), paused.then(|| "7".to_string()));
         }
     }
 
@@ -458,28 +611,144 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_that_timed_out_resumes_the_guest_once_its_vmm_answers_or_says_it_is_paused()
     {
-        let dir = tempfile::tempdir().unwrap();
+        let (_store, dir) = snapshot_dir();
         let limit = Duration::from_secs(1);
         let mut vmm = Busy {
             busy: 2,
             resumed: false,
         };
-        let e = save(&mut vmm, dir.path(), AfterSave::Run, limit, no_seal()).await;
+        let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
         let e = e.unwrap_err().to_string();
         assert!(vmm.resumed, "resumed once the VMM answered: {e}");
         assert!(!e.contains("paused"), "{e}");
+        assert_eq!(mark_of(&dir), None);
         // A VMM that never answers again: both told, the guest said to be paused.
         let mut vmm = Busy {
             busy: u32::MAX,
             resumed: false,
         };
-        let e = save(&mut vmm, dir.path(), AfterSave::Run, limit, no_seal()).await;
+        let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
         let e = e.unwrap_err().to_string();
         assert!(!vmm.resumed);
         assert!(
             e.contains("could not be resumed") && e.contains("it is paused"),
             "{e}"
         );
+        assert_eq!(
+            mark_of(&dir).as_deref(),
+            Some("7"),
+            "left for the next connection"
+        );
+    }
+
+    /// A VMM whose guest runs or is paused, and that resumes it or not.
+    struct Guest {
+        pid: Option<i32>,
+        running: bool,
+        resumes: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl SnapshotSteps for Guest {
+        fn mechanism(&self) -> &'static str {
+            "test"
+        }
+        fn cannot_quit(&self) -> Option<String> {
+            None
+        }
+        async fn running(&mut self) -> Result<bool, BackendError> {
+            Ok(self.running)
+        }
+        async fn pause(&mut self) -> Result<(), BackendError> {
+            unreachable!("a connection never pauses")
+        }
+        async fn resume(&mut self) -> Result<(), BackendError> {
+            if !self.resumes {
+                return Err(BackendError::Protocol("no".into()));
+            }
+            self.running = true;
+            Ok(())
+        }
+        async fn write(&mut self, _: &Path, _: Duration) -> Result<(), BackendError> {
+            unreachable!("a connection never writes")
+        }
+        async fn quit(&mut self) -> Result<(), BackendError> {
+            unreachable!("a connection never quits")
+        }
+        async fn ended(&mut self) -> bool {
+            false
+        }
+        fn process(&self) -> Option<i32> {
+            self.pid
+        }
+    }
+
+    #[tokio::test]
+    async fn a_guest_a_cut_short_save_left_paused_is_resumed_only_if_it_is_that_process_and_paused()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join(PAUSED_MARK);
+        // (marked, its process, paused, resumes) -> resumed, mark kept
+        for (marked, pid, paused, resumes, resumed, kept) in [
+            (Some("7"), Some(7), true, true, true, false),
+            // Another process on the socket since (restarted): its guest is its own.
+            (Some("7"), Some(8), true, true, false, false),
+            (Some("7"), None, true, true, false, false),
+            // A save that knew no process marks none: nothing is resumed.
+            (Some(""), Some(7), true, true, false, false),
+            // Running again (resumed by hand): nothing to do.
+            (Some("7"), Some(7), false, true, false, false),
+            // It would not resume: tried again at the next connection.
+            (Some("7"), Some(7), true, false, false, true),
+            (None, Some(7), true, true, false, false),
+        ] {
+            if let Some(text) = marked {
+                std::fs::write(&mark, text).unwrap();
+            }
+            let mut vmm = Guest {
+                pid,
+                running: !paused,
+                resumes,
+            };
+            let case = format!("{marked:?} {pid:?} paused {paused} resumes {resumes}");
+            assert_eq!(
+                resume_after_cut_short_save(&mut vmm, &mark).await,
+                resumed,
+                "{case}"
+            );
+            assert_eq!(vmm.running, !paused || resumed, "{case}");
+            assert_eq!(mark.exists(), kept, "{case}");
+            let _ = std::fs::remove_file(&mark);
+        }
+        // A link in the mark's place is not followed, and is removed.
+        let outside = dir.path().join("elsewhere");
+        std::fs::write(&outside, "7").unwrap();
+        std::os::unix::fs::symlink(&outside, &mark).unwrap();
+        let mut vmm = Guest {
+            pid: Some(7),
+            running: false,
+            resumes: true,
+        };
+        assert!(!resume_after_cut_short_save(&mut vmm, &mark).await);
+        assert!(!vmm.running);
+        assert!(mark.symlink_metadata().is_err() && outside.exists());
+    }
+
+    #[tokio::test]
+    async fn a_save_that_cannot_mark_the_guest_paused_does_not_pause_it() {
+        let (_store, dir) = snapshot_dir();
+        std::fs::create_dir(dir.parent().unwrap().join(PAUSED_MARK)).unwrap();
+        let mut vmm = Guest {
+            pid: Some(7),
+            running: true,
+            resumes: true,
+        };
+        let limit = Duration::from_secs(1);
+        // The guest's pause would panic.
+        let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("cannot mark the guest paused"), "{e}");
+        assert!(vmm.running);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::{self, CloudHypervisorVm};
 use memtide_adapters::firecracker::{self, FirecrackerVm};
-use memtide_adapters::vmm_snapshot::Launch;
+use memtide_adapters::vmm_snapshot::{Launch, PAUSED_MARK};
 use memtide_core::backend::{AfterSave, Seal, VmBackend};
 use memtide_core::{BackendError, Bytes};
 use serde_json::{json, Value};
@@ -161,7 +161,8 @@ async fn firecracker_snapshot(
     State(f): State<Shared>,
     Json(body): Json<Value>,
 ) -> Result<StatusCode, (StatusCode, Json<Value>)> {
-    record(&f, format!("PUT /snapshot/create {body}")).await;
+    let delay = record(&f, format!("PUT /snapshot/create {body}")).await;
+    tokio::time::sleep(delay).await;
     let (paused, refuse) = {
         let f = f.lock().unwrap();
         (f.paused, f.refuse)
@@ -225,8 +226,12 @@ async fn firecracker_saves_paused_and_resumes_before_the_seal() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), firecracker(fake.clone(), true));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
-    let out = tempfile::tempdir().unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
     let saved = vm
         .save(out.path(), AfterSave::Run, LIMIT, sealed)
@@ -263,8 +268,12 @@ async fn firecracker_refusing_a_snapshot_leaves_the_guest_running_and_nothing_se
     let fake = Shared::default();
     fake.lock().unwrap().refuse = Some("Cannot write the memory file: No space left on device");
     let socket = serve(dir.path(), firecracker(fake.clone(), true));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
-    let out = tempfile::tempdir().unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     for then in [AfterSave::Run, AfterSave::Quit] {
         let (sealed, seen) = seal(out.path(), &fake, Ok(()));
         let e = vm.save(out.path(), then, LIMIT, sealed).await.unwrap_err();
@@ -281,8 +290,12 @@ async fn a_firecracker_hibernation_whose_seal_fails_runs_on() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), firecracker(fake.clone(), true));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
-    let out = tempfile::tempdir().unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     // The process to kill would be this test's own (it serves the socket): the seal fails.
     let (sealed, seen) = seal(out.path(), &fake, Err("No space left on device".into()));
     let e = vm
@@ -335,8 +348,12 @@ async fn a_firecracker_hibernation_kills_its_process_once_sealed() {
     let served = serve(dir.path(), firecracker(fake.clone(), true));
     let socket = dir.path().join("fc.sock");
     let mut process = stand_in(&socket, &served);
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
-    let out = tempfile::tempdir().unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
     let saved = vm.save(out.path(), AfterSave::Quit, LIMIT, sealed).await;
     let ended = (0..300).find_map(|_| {
@@ -389,14 +406,18 @@ async fn a_firecracker_replaced_on_its_socket_is_not_killed_and_its_guest_runs_o
     let served = serve(dir.path(), firecracker(fake.clone(), true));
     let socket = dir.path().join("fc.sock");
     let mut first = stand_in(&socket, &served);
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
     assert_eq!(vm.pid(), Some(i32::try_from(first.id()).unwrap()));
     // The process memtide connected to ends; another serves the same socket.
     first.kill().unwrap();
     first.wait().unwrap();
     std::fs::remove_file(&socket).unwrap();
     let mut second = stand_in(&socket, &served);
-    let out = tempfile::tempdir().unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, _) = seal(out.path(), &fake, Ok(()));
     let e = vm
         .save(out.path(), AfterSave::Quit, LIMIT, sealed)
@@ -495,7 +516,9 @@ async fn firecracker_balloon_size_is_the_inflation_not_the_guest() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), firecracker(fake.clone(), true));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
     let s = vm.sample().await.unwrap();
     assert_eq!(s.configured, Bytes::from_mib(512));
     assert_eq!(
@@ -539,7 +562,9 @@ async fn firecracker_without_statistics_reports_the_balloon_target() {
     let fake = Shared::default();
     fake.lock().unwrap().balloon = 100;
     let socket = serve(dir.path(), firecracker(fake.clone(), false));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(1000)).await.unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), None)
+        .await
+        .unwrap();
     let s = vm.sample().await.unwrap();
     assert_eq!(s.balloon, Some(Bytes::from_mib(412)));
     assert!(s.stats.is_empty());
@@ -554,7 +579,9 @@ async fn firecracker_errors_carry_the_fault_message() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), firecracker(fake.clone(), true));
-    let mut vm = FirecrackerVm::connect(&socket, &opts(300)).await.unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(300), None)
+        .await
+        .unwrap();
     // A target above the guest's size asks for a negative balloon; clamp at zero...
     vm.set_balloon(Bytes::from_mib(4096)).await.unwrap();
     assert!(fake
@@ -582,7 +609,9 @@ async fn firecracker_errors_carry_the_fault_message() {
         );
     let dir2 = tempfile::tempdir().unwrap();
     let socket2 = serve(dir2.path(), no_balloon);
-    let mut bare = FirecrackerVm::connect(&socket2, &opts(300)).await.unwrap();
+    let mut bare = FirecrackerVm::connect(&socket2, &opts(300), None)
+        .await
+        .unwrap();
     assert_eq!(bare.sample().await.unwrap().balloon, None);
     assert_eq!(
         bare.set_balloon(Bytes::from_mib(128))
@@ -605,7 +634,7 @@ async fn a_socket_nobody_listens_on_is_a_disconnect() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dead.sock");
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // the file stays
-    let err = FirecrackerVm::connect(&path, &opts(300))
+    let err = FirecrackerVm::connect(&path, &opts(300), None)
         .await
         .err()
         .unwrap();
@@ -613,7 +642,7 @@ async fn a_socket_nobody_listens_on_is_a_disconnect() {
         matches!(&err, BackendError::Disconnected(m) if m.contains("Connection refused")),
         "{err}"
     );
-    let err = CloudHypervisorVm::connect(&path, &opts(300))
+    let err = CloudHypervisorVm::connect(&path, &opts(300), None)
         .await
         .err()
         .unwrap();
@@ -761,10 +790,12 @@ async fn cloud_hypervisor_hibernates_paused_and_ends_its_process_once_sealed() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
-    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .unwrap();
-    let out = tempfile::tempdir().unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
     let saved = vm
         .save(out.path(), AfterSave::Quit, LIMIT, sealed)
@@ -794,10 +825,12 @@ async fn cloud_hypervisor_hibernates_paused_and_ends_its_process_once_sealed() {
     let fake = Shared::default();
     let dir = tempfile::tempdir().unwrap();
     let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
-    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .unwrap();
-    let out = tempfile::tempdir().unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
     vm.save(out.path(), AfterSave::Run, LIMIT, sealed)
         .await
@@ -817,10 +850,12 @@ async fn cloud_hypervisor_refusals_and_failed_seals_leave_the_guest_running() {
     let fake = Shared::default();
     fake.lock().unwrap().refuse = Some("The VM could not be snapshotted: No space left on device");
     let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
-    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .unwrap();
-    let out = tempfile::tempdir().unwrap();
+    // A snapshot's directory in its VM's, where a save marks the guest it paused.
+    let store = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir_in(store.path()).unwrap();
     let (sealed, seen) = seal(out.path(), &fake, Ok(()));
     let e = vm
         .save(out.path(), AfterSave::Quit, LIMIT, sealed)
@@ -890,7 +925,7 @@ async fn cloud_hypervisor_resizes_the_balloon_in_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
-    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .unwrap();
     let s = vm.sample().await.unwrap();
@@ -917,12 +952,80 @@ async fn cloud_hypervisor_resizes_the_balloon_in_bytes() {
 }
 
 #[tokio::test]
+async fn a_firecracker_guest_a_save_cut_short_left_paused_is_resumed_at_the_next_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    let socket = serve(dir.path(), firecracker(fake.clone(), true));
+    let store = tempfile::tempdir().unwrap();
+    let (out, mark) = (
+        store.path().join("1.partial"),
+        store.path().join(PAUSED_MARK),
+    );
+    std::fs::create_dir(&out).unwrap();
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), Some(&mark))
+        .await
+        .unwrap();
+    // The snapshot takes long, and its save is cut short (as by memtide killed): the
+    // guest stays paused, marked so.
+    fake.lock().unwrap().delay = Duration::from_secs(30);
+    let (sealed, _) = seal(&out, &fake, Ok(()));
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        vm.save(&out, AfterSave::Run, LIMIT, sealed),
+    );
+    assert!(cut.await.is_err());
+    assert!(fake.lock().unwrap().paused);
+    let marked = std::fs::read_to_string(&mark).unwrap();
+    assert_eq!(marked, std::process::id().to_string(), "the fake's process");
+    drop(vm);
+    // Connected again, by the same process: resumed, the mark gone.
+    fake.lock().unwrap().delay = Duration::ZERO;
+    let vm = FirecrackerVm::connect(&socket, &opts(1000), Some(&mark)).await;
+    assert!(vm.is_ok());
+    assert!(!fake.lock().unwrap().paused);
+    assert_eq!(
+        fake.lock().unwrap().log.last().unwrap(),
+        "PATCH /vm {\"state\":\"Resumed\"}"
+    );
+    assert!(!mark.exists());
+    // A guest paused by its operator, with no mark: left paused.
+    fake.lock().unwrap().paused = true;
+    let vm = FirecrackerVm::connect(&socket, &opts(1000), Some(&mark)).await;
+    assert!(vm.is_ok());
+    assert!(fake.lock().unwrap().paused);
+}
+
+#[tokio::test]
+async fn a_cloud_hypervisor_guest_a_save_left_paused_is_resumed_and_connected_only_if_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Shared::default();
+    fake.lock().unwrap().paused = true;
+    let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", true));
+    let store = tempfile::tempdir().unwrap();
+    let mark = store.path().join(PAUSED_MARK);
+    // Marked by a save of another process (Cloud Hypervisor restarted since): not
+    // resumed, refused as paused, and the stale mark removed.
+    std::fs::write(&mark, "1").unwrap();
+    let err = CloudHypervisorVm::connect(&socket, &opts(1000), Some(&mark)).await;
+    assert_eq!(
+        err.err(),
+        Some(BackendError::Busy("the VM is paused".into()))
+    );
+    assert!(fake.lock().unwrap().paused && !mark.exists());
+    // Marked by a save of this one: resumed, and connected.
+    std::fs::write(&mark, std::process::id().to_string()).unwrap();
+    let vm = CloudHypervisorVm::connect(&socket, &opts(1000), Some(&mark)).await;
+    assert!(vm.is_ok(), "{:?}", vm.err());
+    assert!(!fake.lock().unwrap().paused && !mark.exists());
+}
+
+#[tokio::test]
 async fn cloud_hypervisor_without_balloon_statistics_and_its_errors() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Shared::default();
     fake.lock().unwrap().balloon = 1 << 28;
     let socket = serve(dir.path(), cloud_hypervisor(fake.clone(), "Running", false));
-    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let mut vm = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .unwrap();
     let s = vm.sample().await.unwrap();
@@ -937,14 +1040,14 @@ async fn cloud_hypervisor_without_balloon_statistics_and_its_errors() {
         paused.path(),
         cloud_hypervisor(fake.clone(), "Paused", false),
     );
-    let err = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let err = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .err()
         .unwrap();
     assert_eq!(err, BackendError::Busy("the VM is paused".into()));
     let created = tempfile::tempdir().unwrap();
     let socket = serve(created.path(), cloud_hypervisor(fake, "Created", false));
-    let err = CloudHypervisorVm::connect(&socket, &opts(1000))
+    let err = CloudHypervisorVm::connect(&socket, &opts(1000), None)
         .await
         .err()
         .unwrap();

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit};
 
 /// A request the daemon itself must handle.
 pub enum Request {
@@ -97,6 +97,34 @@ impl Refusals {
 /// A bound control socket; the file is removed when this is dropped.
 pub struct ControlSocket {
     path: PathBuf,
+    /// How many requests for the daemon (a save, a reload) are being answered.
+    answering: Arc<watch::Sender<usize>>,
+}
+
+impl ControlSocket {
+    /// Wait, at most `limit`, until every request for the daemon asked so far has been
+    /// answered: the daemon is stopping, and those it answered last (a save that ended
+    /// as it stopped) are still being written to their askers.
+    pub async fn answered(&self, limit: Duration) {
+        let mut count = self.answering.subscribe();
+        let _ = tokio::time::timeout(limit, count.wait_for(|n| *n == 0)).await;
+    }
+}
+
+/// A request for the daemon being answered, counted until dropped.
+struct Answering(Arc<watch::Sender<usize>>);
+
+impl Answering {
+    fn begin(count: &Arc<watch::Sender<usize>>) -> Answering {
+        count.send_modify(|n| *n += 1);
+        Answering(count.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Drop for ControlSocket {
@@ -149,6 +177,8 @@ pub async fn serve(
         gids: allowed.allow_gids.clone(),
     });
     let refusals = Arc::new(Mutex::new(Refusals::default()));
+    let answering = Arc::new(watch::Sender::new(0));
+    let counted = answering.clone();
     tokio::spawn(async move {
         let answer = |((stream, _), slot): ((UnixStream, _), OwnedSemaphorePermit)| {
             let peer = stream.peer_cred();
@@ -179,7 +209,8 @@ pub async fn serve(
                 let _ = stream.try_write(&told);
                 return;
             }
-            let answered = answer(stream, owner, status.clone(), requests.clone());
+            let (asks, counted) = (requests.clone(), counted.clone());
+            let answered = answer(stream, owner, status.clone(), asks, counted);
             tokio::spawn(async move {
                 answered.await;
                 drop(slot);
@@ -190,6 +221,7 @@ pub async fn serve(
     });
     Ok(ControlSocket {
         path: path.to_path_buf(),
+        answering,
     })
 }
 
@@ -218,6 +250,7 @@ async fn answer(
     owner: bool,
     status: SharedStatus,
     requests: mpsc::Sender<Request>,
+    answering: Arc<watch::Sender<usize>>,
 ) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -233,10 +266,15 @@ async fn answer(
         // of the daemon's heap at 500 VMs (heaptrack, the load benchmark).
         serde_json::to_vec(&*status.read()).expect("status serializes")
     } else {
-        reply(request, owner, &requests)
+        let counted = Answering::begin(&answering);
+        let mut out = reply(request, owner, &requests)
             .await
             .to_string()
-            .into_bytes()
+            .into_bytes();
+        out.push(b'\n');
+        let _ = tokio::time::timeout(IO_TIMEOUT, write.write_all(&out)).await;
+        drop(counted);
+        return;
     };
     out.push(b'\n');
     let _ = tokio::time::timeout(IO_TIMEOUT, write.write_all(&out)).await;
@@ -442,6 +480,55 @@ mod tests {
     use super::*;
     use inotify::{EventMask, Inotify, WatchMask};
     use std::ffi::OsStr;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopping_daemon_waits_for_the_answers_it_gave_to_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memtide.sock");
+        let (requests, mut incoming) = mpsc::channel(1);
+        let socket = serve(
+            &path,
+            &ControlConfig::default(),
+            SharedStatus::default(),
+            requests,
+        )
+        .await
+        .unwrap();
+        // Nothing asked: nothing to wait for.
+        socket.answered(Duration::from_secs(60)).await;
+        let asked = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || {
+                use std::io::{BufRead, Write};
+                let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+                stream
+                    .write_all(b"{\"command\": \"snapshot\", \"vm\": \"web\"}\n")
+                    .unwrap();
+                let mut line = String::new();
+                std::io::BufReader::new(stream)
+                    .read_line(&mut line)
+                    .unwrap();
+                line
+            })
+        };
+        let Some(Request::Save { reply, .. }) = incoming.recv().await else {
+            panic!("no save request reached the daemon");
+        };
+        let socket = Arc::new(socket);
+        let waiting = tokio::spawn({
+            let socket = socket.clone();
+            async move { socket.answered(Duration::from_secs(60)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiting.is_finished(),
+            "a save not answered yet is waited for"
+        );
+        reply.send(Err("VM web is not connected".into())).unwrap();
+        waiting.await.unwrap();
+        let reply: Value = serde_json::from_str(&asked.await.unwrap()).unwrap();
+        assert_eq!(reply["error"], "VM web is not connected");
+    }
 
     #[tokio::test]
     async fn a_daemon_that_never_answers_is_said_to_be_stopped_or_hung() {

@@ -3,11 +3,13 @@
 use super::endpoint::{Connection, Connector, Endpoint};
 use super::pve::{PveConfigs, PveVm};
 use crate::config::{BoundFrom, Config};
+use crate::snapshots::Store;
 use async_trait::async_trait;
 use memtide_adapters::api_socket::ApiVmOptions;
 use memtide_adapters::cloud_hypervisor::CloudHypervisorVm;
 use memtide_adapters::firecracker::FirecrackerVm;
 use memtide_adapters::qmp::{QmpVm, QmpVmOptions};
+use memtide_adapters::vmm_snapshot::PAUSED_MARK;
 use memtide_core::backend::VmBackend;
 use memtide_core::BackendError;
 use std::path::Path;
@@ -20,6 +22,8 @@ pub struct Connectors {
     /// Proxmox VE's VM configurations, where QMP VMs take their bounds from.
     pve: Option<Arc<PveConfigs>>,
     api: ApiVmOptions,
+    /// The snapshot store, where a save cut short leaves its mark of a paused guest.
+    store: Store,
     #[cfg(feature = "libvirt")]
     libvirt: libvirt::Connections,
 }
@@ -44,6 +48,7 @@ impl Connectors {
                 stats_interval_s,
                 proc: config.host.proc.clone(),
             },
+            store: Store::new(&config.snapshots.dir),
             #[cfg(feature = "libvirt")]
             libvirt: libvirt::Connections::new(config, stats_interval_s),
         }
@@ -54,9 +59,12 @@ impl Connectors {
 impl Connector for Connectors {
     async fn connect(
         &self,
+        vm: &str,
         endpoint: &Endpoint,
         agent: Option<&Path>,
     ) -> Result<Connection, BackendError> {
+        // Where a save of the VM marks the guest it paused (Firecracker, Cloud Hypervisor).
+        let mark = self.store.vm_dir(vm).join(PAUSED_MARK);
         Ok(match endpoint {
             Endpoint::Qmp(socket) => {
                 // Read first: a VM whose PVE configuration cannot be read is not connected
@@ -85,11 +93,11 @@ impl Connector for Connectors {
             }
             // Each with its process, where proactive reclaim finds its cgroup.
             Endpoint::Firecracker(socket) => {
-                let vm = FirecrackerVm::connect(socket, &self.api).await?;
+                let vm = FirecrackerVm::connect(socket, &self.api, Some(&mark)).await?;
                 with_pid(vm.pid(), Box::new(vm))
             }
             Endpoint::CloudHypervisor(socket) => {
-                let vm = CloudHypervisorVm::connect(socket, &self.api).await?;
+                let vm = CloudHypervisorVm::connect(socket, &self.api, Some(&mark)).await?;
                 with_pid(vm.pid(), Box::new(vm))
             }
             #[cfg(feature = "libvirt")]

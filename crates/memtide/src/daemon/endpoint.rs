@@ -107,9 +107,10 @@ impl Connection {
 /// Opens connections to VMs, and lists the VMs a hypervisor manager knows.
 #[async_trait]
 pub trait Connector: Send + Sync + 'static {
-    /// Connect to the VM at `endpoint`, with its guest agent's socket if it has one.
+    /// Connect to VM `vm` at `endpoint`, with its guest agent's socket if it has one.
     async fn connect(
         &self,
+        vm: &str,
         endpoint: &Endpoint,
         agent: Option<&Path>,
     ) -> Result<Connection, BackendError>;

@@ -466,10 +466,11 @@ impl Fleet {
             if c.backoff.ready(now) && self.in_flight.insert(endpoint.clone()) {
                 let (connector, endpoint, limit) =
                     (self.connector.clone(), endpoint.clone(), self.call_timeout);
-                let agent = c.agent.clone();
+                let (name, agent) = (c.name.clone(), c.agent.clone());
                 self.connecting.spawn(async move {
                     // connect() makes several calls; bound the whole of it.
-                    let result = timeout(limit * 4, connector.connect(&endpoint, agent.as_deref()))
+                    let connected = connector.connect(&name, &endpoint, agent.as_deref());
+                    let result = timeout(limit * 4, connected)
                         .await
                         .unwrap_or_else(|_| Err(BackendError::timeout(limit * 4)));
                     (endpoint, result)
@@ -1091,6 +1092,15 @@ impl Fleet {
         }
     }
 
+    /// Give up the saves still waiting for a sample (memtide stops): each is answered
+    /// that it was not begun.
+    pub fn give_up_queued_saves(&mut self) {
+        for save in self.managed.values_mut().filter_map(|m| m.save.take()) {
+            let why = "memtide stopped before the save began";
+            let _ = save.reply.send(Err(BackendError::Protocol(why.into())));
+        }
+    }
+
     /// VM `vm`'s configured size, once a sample told it.
     pub fn configured(&self, vm: &str) -> Option<Bytes> {
         self.managed.get(vm)?.configured
@@ -1284,6 +1294,7 @@ mod tests {
     impl Connector for FakeConnector {
         async fn connect(
             &self,
+            _vm: &str,
             endpoint: &Endpoint,
             _agent: Option<&Path>,
         ) -> Result<Connection, BackendError> {
@@ -2529,6 +2540,21 @@ mod tests {
         let busy = Err(BackendError::Busy("being saved".into()));
         assert_eq!(sampled.vms[0].sample, busy, "and left out of it");
         assert_eq!(saved.await.unwrap(), Ok(Saved::default()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_save_waiting_for_a_sample_is_given_up_and_told_so_when_memtide_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut fleet = odd_and_ok(dir.path(), "db", Behaviour::Healthy).await;
+        sample(&mut fleet).await;
+        let (job, saved) = SaveJob::for_test();
+        assert!(fleet.save("db", job, false).is_ok());
+        fleet.give_up_queued_saves();
+        let why = BackendError::Protocol("memtide stopped before the save began".into());
+        assert_eq!(saved.await.unwrap(), Err(why));
+        // Nothing is started by a later sample.
+        fleet.sample(Instant::now() + SAVE_TAKES / 4).await;
+        assert!(!fleet.managed["db"].task.saving());
     }
 
     #[tokio::test(start_paused = true)]

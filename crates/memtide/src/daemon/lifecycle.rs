@@ -5,6 +5,7 @@
 
 use super::vm_task::SaveJob;
 use super::{Daemon, TIERS_EVERY};
+use crate::control::Request;
 use crate::snapshots::{self, Store, TakenBy};
 use crate::status::Hibernated;
 use memtide_core::backend::{AfterSave, Seal};
@@ -13,7 +14,7 @@ use memtide_core::recovery::{Gone, Room, Verdict};
 use memtide_core::{BackendError, Bytes, Decision, Snapshot, VmEvent};
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 /// Where a VM's task hands over a save's result.
@@ -41,6 +42,18 @@ pub(super) enum Restoring {
         vm: String,
         result: Result<crate::snapshot_cmd::Started, String>,
     },
+}
+
+/// How often systemd is asked to wait longer for the stop while saves end.
+const STOP_EXTEND_EVERY: Duration = Duration::from_secs(10);
+
+/// Answer a control request that comes while memtide stops: nothing new is begun.
+fn refuse_while_stopping(request: Request) {
+    let why = "memtide is stopping";
+    match request {
+        Request::Reload(reply) => drop(reply.send(Err(why.into()))),
+        Request::Save { reply, .. } => drop(reply.send(Err(why.into()))),
+    }
 }
 
 /// How long a QEMU whose connection closed is given to be gone before it counts as
@@ -488,6 +501,68 @@ impl Daemon {
                 self.events.log("snapshot_failed", Some(vm), None, message);
             }
         }
+    }
+
+    /// At stop, end the saves under way before the daemon ends: a save cut short would
+    /// leave its guest paused (Firecracker, Cloud Hypervisor) or its libvirt domain shut
+    /// off, its memory in a snapshot never made whole. Saves still waiting for a sample
+    /// are given up; those running are waited for, each within its own limit (and twice
+    /// `[snapshots] timeout_s` in all), systemd told to extend its stop timeout meanwhile.
+    /// The control socket's requests are answered that memtide stops; `stop` (a second
+    /// SIGTERM or SIGINT) ends the wait at once.
+    pub(super) async fn finish_saves(
+        &mut self,
+        saved: &mut mpsc::Receiver<SaveDone>,
+        incoming: &mut mpsc::Receiver<Request>,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        self.fleet.give_up_queued_saves();
+        if self.saving.is_empty() {
+            return;
+        }
+        let limit = Duration::from_secs(self.config.snapshots.timeout_s) * 2;
+        let deadline = Instant::now() + limit;
+        tracing::warn!(
+            "stopping once the saves under way end (at most {} s; a second SIGTERM or \
+             SIGINT stops at once): {}",
+            limit.as_secs(),
+            self.saving_names()
+        );
+        let mut extend = tokio::time::interval(STOP_EXTEND_EVERY);
+        tokio::pin!(stop);
+        while !self.saving.is_empty() {
+            tokio::select! {
+                Some(done) = saved.recv() => self.saved(done),
+                Some(request) = incoming.recv() => refuse_while_stopping(request),
+                _ = extend.tick() => {
+                    let usec = (STOP_EXTEND_EVERY * 3).as_micros();
+                    super::notify(sd_notify::NotifyState::ExtendTimeoutUsec(
+                        u32::try_from(usec).unwrap_or(u32::MAX),
+                    ));
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::error!(
+                        "stopping with saves still under way after {} s: {}",
+                        limit.as_secs(),
+                        self.saving_names()
+                    );
+                    return;
+                }
+                _ = &mut stop => {
+                    tracing::warn!(
+                        "stopping at once, with saves under way: {}",
+                        self.saving_names()
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The VMs being saved, for a log line.
+    fn saving_names(&self) -> String {
+        let names: Vec<&str> = self.saving.keys().map(String::as_str).collect();
+        names.join(", ")
     }
 
     /// Log and count a save that ended, and answer whoever asked for it.

@@ -278,6 +278,9 @@ fn warn_without_page_tracking(config: &Config) {
     tracing::warn!("[host] sample_access: {missing}; {then}");
 }
 
+/// How long the daemon, stopping, waits for its last answers to reach their askers.
+const ANSWERS_WAIT_AT_STOP: Duration = Duration::from_secs(2);
+
 /// Run the daemon until SIGTERM/SIGINT (or the requested number of ticks).
 pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     // Check every resource before starting, so a bad setup fails at once and clearly.
@@ -322,7 +325,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         placed: Vec::new(),
     });
     let (requests, mut incoming) = mpsc::channel(8);
-    let _control = control::serve(
+    let control = control::serve(
         &config.daemon.socket,
         &config.control,
         status.clone(),
@@ -478,6 +481,17 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         }
     }
     notify(sd_notify::NotifyState::Stopping);
+    let again = async {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    daemon.finish_saves(&mut saved, &mut incoming, again).await;
+    // Requests asked from now on are answered that memtide stops; the answers given
+    // (the saves that ended) are written to their askers before the daemon ends.
+    drop(incoming);
+    control.answered(ANSWERS_WAIT_AT_STOP).await;
     // The last reclaim and placement passes, if they run, are told before the daemon
     // says it stopped.
     if let Some(pass) = daemon.reclaiming.take() {

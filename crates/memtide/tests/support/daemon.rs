@@ -275,6 +275,9 @@ pub fn fixed_policy(mib: u64) -> String {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return; // stopped by the test
+        }
         super::signal(self.child.id(), "TERM");
         if wait_for(Duration::from_secs(5), || self.child.try_wait().unwrap()).is_none() {
             let _ = self.child.kill();

@@ -1,0 +1,249 @@
+//! memtide told to stop while it saves a VM: the save ends first (its guest runs again,
+//! its snapshot is whole, its asker answered), and a second signal stops it at once.
+//! Against a Firecracker API served by the test, whose snapshot takes seconds to write.
+
+mod support;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, patch, put};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::daemon::{snapshot, text, vm, Daemon};
+use support::wait_for;
+
+/// What the fake Firecracker holds and was asked.
+#[derive(Default)]
+struct Fake {
+    paused: bool,
+    /// The calls that change something, in order.
+    log: Vec<String>,
+    /// How long a snapshot takes to write.
+    writing: Duration,
+}
+
+type Shared = Arc<Mutex<Fake>>;
+
+/// Serve a Firecracker API with a 256 MiB guest and a balloon at `socket`, from a thread
+/// of its own, for as long as the test runs.
+fn firecracker(socket: &Path, fake: Shared) {
+    let socket = socket.to_path_buf();
+    let (up, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+            up.send(()).unwrap();
+            axum::serve(listener, api(fake)).await.unwrap();
+        });
+    });
+    ready.recv().unwrap();
+}
+
+fn api(fake: Shared) -> Router {
+    Router::new()
+        .route(
+            "/machine-config",
+            get(|| async { Json(json!({"vcpu_count": 1, "mem_size_mib": 256})) }),
+        )
+        .route(
+            "/balloon",
+            get(|| async {
+                Json(
+                    json!({"amount_mib": 0, "deflate_on_oom": true, "stats_polling_interval_s": 0}),
+                )
+            }),
+        )
+        .route(
+            "/",
+            get(|State(f): State<Shared>| async move {
+                let state = if f.lock().unwrap().paused {
+                    "Paused"
+                } else {
+                    "Running"
+                };
+                Json(json!({"id": "f", "state": state, "vmm_version": "1.7.0"}))
+            }),
+        )
+        .route(
+            "/vm",
+            patch(
+                |State(f): State<Shared>, Json(body): Json<Value>| async move {
+                    let mut f = f.lock().unwrap();
+                    f.log.push(format!("PATCH /vm {}", body["state"]));
+                    f.paused = body["state"] == "Paused";
+                    StatusCode::NO_CONTENT
+                },
+            ),
+        )
+        .route(
+            "/snapshot/create",
+            put(
+                |State(f): State<Shared>, Json(body): Json<Value>| async move {
+                    let writing = {
+                        let mut f = f.lock().unwrap();
+                        f.log.push("PUT /snapshot/create".into());
+                        f.writing
+                    };
+                    tokio::time::sleep(writing).await;
+                    for (file, bytes) in [("snapshot_path", 64), ("mem_file_path", 1 << 20)] {
+                        std::fs::write(body[file].as_str().unwrap(), vec![0x5a; bytes]).unwrap();
+                    }
+                    f.lock().unwrap().log.push("written".into());
+                    StatusCode::NO_CONTENT
+                },
+            ),
+        )
+        .with_state(fake)
+}
+
+/// A daemon in `dir` managing the fake Firecracker at `socket` as VM `f`, its snapshot
+/// store `store`.
+fn start(dir: &Path, store: &Path, socket: &Path) -> (Daemon, PathBuf) {
+    let config = format!(
+        "interval_s = 1\npolicy = \"none\"\n[host]\nsample_access = false\n\
+         restore_huge_pages = false\n[discovery]\nqmp_glob = []\n[engine]\n\
+         ksm_control = false\n[snapshots]\ndir = {:?}\ntimeout_s = 60\n\
+         [[vm]]\nname = \"f\"\nfirecracker = {:?}\n",
+        store.display().to_string(),
+        socket.display().to_string(),
+    );
+    let daemon = Daemon::start(dir, &config, 0);
+    daemon.wait_until("the VM sampled", Duration::from_secs(30), |s| {
+        vm(s, "f").is_some_and(|v| v["configured"].is_u64())
+    });
+    (daemon, dir.join("memtide.toml"))
+}
+
+fn sigterm(daemon: &Daemon) {
+    // SAFETY: kill(2) of the daemon's pid; no memory is involved.
+    assert_eq!(unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) }, 0);
+}
+
+/// A daemon managing a fake Firecracker, told to stop (SIGTERM) while a save of it asked
+/// by `memtide snapshot save` (`asker`) writes for `writing`.
+struct Stopped {
+    dir: tempfile::TempDir,
+    fake: Shared,
+    socket: PathBuf,
+    store: PathBuf,
+    daemon: Daemon,
+    asker: std::thread::JoinHandle<std::process::Output>,
+}
+
+fn stopped_while_saving(writing: Duration) -> Stopped {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fc.sock");
+    let fake = Shared::default();
+    firecracker(&socket, fake.clone());
+    let store = dir.path().join("snapshots");
+    let (daemon, config) = start(dir.path(), &store, &socket);
+    fake.lock().unwrap().writing = writing;
+    let asker = std::thread::spawn(move || snapshot(&config, &["save", "f"]));
+    let asked = wait_for(Duration::from_secs(20), || {
+        let f = fake.lock().unwrap();
+        f.log
+            .iter()
+            .any(|c| c == "PUT /snapshot/create")
+            .then_some(())
+    });
+    assert!(
+        asked.is_some(),
+        "no snapshot asked: {:?}",
+        fake.lock().unwrap().log
+    );
+    sigterm(&daemon);
+    Stopped {
+        dir,
+        fake,
+        socket,
+        store,
+        daemon,
+        asker,
+    }
+}
+
+#[test]
+fn a_save_under_way_ends_before_the_daemon_stops_and_its_asker_is_answered() {
+    let Stopped {
+        dir,
+        fake,
+        mut daemon,
+        asker,
+        ..
+    } = stopped_while_saving(Duration::from_secs(3));
+    let exited = wait_for(Duration::from_secs(30), || daemon.exited());
+    let log = daemon.log_text();
+    assert!(exited.is_some_and(|e| e.success()), "{exited:?}\n{log}");
+    assert!(
+        log.contains("stopping once the saves under way end"),
+        "{log}"
+    );
+    // Written, then the guest resumed, before the daemon ended.
+    assert_eq!(
+        fake.lock().unwrap().log,
+        [
+            "PATCH /vm \"Paused\"",
+            "PUT /snapshot/create",
+            "written",
+            "PATCH /vm \"Resumed\""
+        ]
+    );
+    assert!(!fake.lock().unwrap().paused);
+    let out = asker.join().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // Its snapshot is whole, and the events say so before memtide stopped.
+    let listed = snapshot(&dir.path().join("memtide.toml"), &["list", "f", "--json"]);
+    let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let kinds: Vec<String> = daemon
+        .event_log()
+        .iter()
+        .filter_map(|e| e["kind"].as_str().map(String::from))
+        .filter(|k| k.starts_with("snapshot") || k == "stopped")
+        .collect();
+    assert_eq!(kinds, ["snapshot_started", "snapshot_saved", "stopped"]);
+}
+
+#[test]
+fn a_second_signal_stops_at_once_and_the_next_daemon_resumes_the_guest_left_paused() {
+    let Stopped {
+        dir,
+        fake,
+        socket,
+        store,
+        mut daemon,
+        asker,
+    } = stopped_while_saving(Duration::from_secs(20));
+    let waits = wait_for(Duration::from_secs(10), || {
+        let log = daemon.log_text();
+        log.contains("stopping once the saves under way end")
+            .then_some(())
+    });
+    assert!(waits.is_some(), "{}", daemon.log_text());
+    sigterm(&daemon);
+    let exited = wait_for(Duration::from_secs(10), || daemon.exited());
+    assert!(exited.is_some(), "{}", daemon.log_text());
+    assert!(daemon
+        .log_text()
+        .contains("stopping at once, with saves under way: f"));
+    // Its asker is told, and the guest stays paused: nothing resumed it.
+    let out = asker.join().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(fake.lock().unwrap().paused);
+    // The next daemon resumes it once the snapshot's call is over.
+    fake.lock().unwrap().writing = Duration::ZERO;
+    let again = dir.path().join("again");
+    std::fs::create_dir(&again).unwrap();
+    let (_daemon, _) = start(&again, &store, &socket);
+    let resumed = wait_for(Duration::from_secs(30), || {
+        (!fake.lock().unwrap().paused).then_some(())
+    });
+    assert!(resumed.is_some(), "{:?}", fake.lock().unwrap().log);
+}
