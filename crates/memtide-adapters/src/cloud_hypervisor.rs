@@ -23,7 +23,7 @@ use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How often, and how many times, a VMM whose shutdown answer broke off is asked whether
@@ -39,6 +39,10 @@ pub struct CloudHypervisorVm {
     process: Option<procfs::ProcessRss>,
     /// Its process, from the socket's peer credentials.
     pid: Option<i32>,
+    /// The /proc its process is read in.
+    proc: PathBuf,
+    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
+    resumed: Option<String>,
     target: Option<Bytes>,
     configured: Bytes,
 }
@@ -102,11 +106,15 @@ impl CloudHypervisorVm {
             stats: true,
             process,
             pid,
+            proc: opts.proc.clone(),
+            resumed: None,
             target: None,
             configured,
         };
         if let Some(mark) = paused_mark {
-            if vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await {
+            let resumed = vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await;
+            vm.resumed = resumed.map_err(BackendError::Busy)?;
+            if vm.resumed.is_some() {
                 info = vm.api.call(Method::GET, "/api/v1/vm.info", None).await?;
             }
         }
@@ -117,6 +125,16 @@ impl CloudHypervisorVm {
     /// Its process, when the socket's peer credentials gave it.
     pub fn pid(&self) -> Option<i32> {
         self.pid
+    }
+
+    /// The VM's state as `vm.info` tells it: "Created", "Running", "Shutdown" or "Paused".
+    async fn state(&self) -> Result<String, BackendError> {
+        let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
+        Ok(info
+            .get("state")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string())
     }
 
     /// The guest's balloon statistics, where this Cloud Hypervisor has them; a release
@@ -143,6 +161,10 @@ impl CloudHypervisorVm {
 
 #[async_trait]
 impl VmBackend for CloudHypervisorVm {
+    fn resumed_at_connection(&mut self) -> Option<String> {
+        self.resumed.take()
+    }
+
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
         check_state(&info)?;
@@ -228,13 +250,16 @@ impl SnapshotSteps for CloudHypervisorVm {
         self.api.refused().await
     }
 
-    fn process(&self) -> Option<i32> {
-        self.pid
+    async fn serving(&mut self) -> Option<String> {
+        vmm_snapshot::serving(&self.api, &self.proc).await
     }
 
     async fn running(&mut self) -> Result<bool, BackendError> {
-        let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
-        Ok(info.get("state").and_then(Value::as_str) == Some("Running"))
+        Ok(self.state().await? == "Running")
+    }
+
+    async fn paused(&mut self) -> Result<bool, BackendError> {
+        Ok(self.state().await? == "Paused")
     }
 
     async fn pause(&mut self) -> Result<(), BackendError> {

@@ -27,7 +27,7 @@ use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
 use memtide_core::stats::GuestStats;
 use memtide_core::{BackendError, Bytes, VmSample};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The file, in a snapshot's directory, that holds the microVM's state (devices, vCPUs).
@@ -46,6 +46,10 @@ pub struct FirecrackerVm {
     process: Option<procfs::ProcessRss>,
     /// Firecracker's process, from the API socket's peer credentials.
     pid: Option<i32>,
+    /// The /proc its process is read in.
+    proc: PathBuf,
+    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
+    resumed: Option<String>,
     target: Option<Bytes>,
 }
 
@@ -115,17 +119,35 @@ impl FirecrackerVm {
             no_balloon,
             process,
             pid,
+            proc: opts.proc.clone(),
+            resumed: None,
             target: None,
         };
         if let Some(mark) = paused_mark {
-            vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await;
+            vm.resumed = vmm_snapshot::resume_after_cut_short_save(&mut vm, mark)
+                .await
+                .map_err(BackendError::Busy)?;
         }
         Ok(vm)
+    }
+
+    /// The VM's state as `GET /` tells it: "Not started", "Running" or "Paused".
+    async fn state(&self) -> Result<String, BackendError> {
+        let info = self.api.call(Method::GET, "/", None).await?;
+        Ok(info
+            .get("state")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string())
     }
 }
 
 #[async_trait]
 impl VmBackend for FirecrackerVm {
+    fn resumed_at_connection(&mut self) -> Option<String> {
+        self.resumed.take()
+    }
+
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         let (balloon, stats) = match (&self.no_balloon, self.stats) {
             (Some(_), _) => (None, GuestStats::default()),
@@ -214,8 +236,11 @@ impl SnapshotSteps for FirecrackerVm {
     }
 
     async fn running(&mut self) -> Result<bool, BackendError> {
-        let info = self.api.call(Method::GET, "/", None).await?;
-        Ok(info.get("state").and_then(Value::as_str) == Some("Running"))
+        Ok(self.state().await? == "Running")
+    }
+
+    async fn paused(&mut self) -> Result<bool, BackendError> {
+        Ok(self.state().await? == "Paused")
     }
 
     async fn pause(&mut self) -> Result<(), BackendError> {
@@ -246,8 +271,8 @@ impl SnapshotSteps for FirecrackerVm {
         self.api.refused().await
     }
 
-    fn process(&self) -> Option<i32> {
-        self.pid
+    async fn serving(&mut self) -> Option<String> {
+        vmm_snapshot::serving(&self.api, &self.proc).await
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use hyper::Method;
 use memtide_core::backend::{AfterSave, Saved, Seal};
 use memtide_core::BackendError;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How often a starting VMM's API socket is tried.
@@ -25,6 +25,8 @@ pub trait SnapshotSteps: Send {
     fn cannot_quit(&self) -> Option<String>;
     /// Whether the guest runs now.
     async fn running(&mut self) -> Result<bool, BackendError>;
+    /// Whether the guest is paused now (neither running, nor shut down or not started).
+    async fn paused(&mut self) -> Result<bool, BackendError>;
     /// Pause the guest.
     async fn pause(&mut self) -> Result<(), BackendError>;
     /// Let the guest run again.
@@ -36,46 +38,75 @@ pub trait SnapshotSteps: Send {
     /// Whether the VMM's process has ended (its API socket refuses connections or is
     /// gone).
     async fn ended(&mut self) -> bool;
-    /// The VMM's process, when the API socket's peer credentials gave it.
-    fn process(&self) -> Option<i32>;
+    /// The process serving the API socket now, as its pid and start time (`"PID START"`),
+    /// where its peer credentials and /proc tell them.
+    async fn serving(&mut self) -> Option<String>;
 }
 
 /// The file, in the VM's directory of the store (beside its snapshots' directories),
-/// that says a save paused the guest of the VMM process it names (its pid, in decimal).
-/// It is there from the pause until the guest runs again or the process has ended: a save
-/// cut short (memtide killed, or its call given up on) leaves it, and the VM's next
-/// connection resumes that guest ([`resume_after_cut_short_save`]).
+/// that says a save paused the guest of the VMM process it names (`"PID START"`: its pid
+/// and start time). It is there from the pause until the guest runs again or the process
+/// has ended: a save cut short (memtide killed, or its call given up on) leaves it, and
+/// the VM's next connection resumes that guest ([`resume_after_cut_short_save`]). A VMM
+/// whose process memtide cannot tell (another pid namespace) is not marked.
 pub const PAUSED_MARK: &str = "paused-by-save";
 
-/// Where the save into `dir` marks the guest it paused: [`PAUSED_MARK`] beside `dir`.
-fn paused_mark(dir: &Path) -> Result<std::path::PathBuf, BackendError> {
-    let vm_dir = dir
-        .parent()
-        .ok_or_else(|| BackendError::Io(format!("{} has no parent", dir.display())))?;
-    Ok(vm_dir.join(PAUSED_MARK))
+/// A save's mark of the guest it paused ([`PAUSED_MARK`]).
+struct Mark {
+    path: PathBuf,
+    /// Written by this save, and not removed yet.
+    set: bool,
 }
 
-/// Mark that the guest of process `pid` is paused by a save (see [`PAUSED_MARK`]).
-fn mark_paused(mark: &Path, pid: Option<i32>) -> Result<(), BackendError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(mark)
-        .and_then(|mut f| f.write_all(pid.map(|p| p.to_string()).unwrap_or_default().as_bytes()));
-    written.map_err(|e| {
-        BackendError::Io(format!(
-            "cannot mark the guest paused by the save in {}: {e}",
-            mark.display()
-        ))
-    })
+impl Mark {
+    /// The mark of a save into `dir`: beside it.
+    fn beside(dir: &Path) -> Result<Mark, BackendError> {
+        let vm_dir = dir
+            .parent()
+            .ok_or_else(|| BackendError::Io(format!("{} has no parent", dir.display())))?;
+        Ok(Mark {
+            path: vm_dir.join(PAUSED_MARK),
+            set: false,
+        })
+    }
+
+    /// Mark the guest of process `serving` paused. Opened without following a link or
+    /// blocking on a FIFO, and only a regular file is written.
+    fn set(&mut self, serving: &str) -> Result<(), BackendError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let write = || {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&self.path)?;
+            if !file.metadata()?.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            file.set_len(0)?;
+            file.write_all(serving.as_bytes())
+        };
+        write().map_err(|e| {
+            BackendError::Io(format!(
+                "cannot mark the guest paused by the save in {}: {e}",
+                self.path.display()
+            ))
+        })?;
+        self.set = true;
+        Ok(())
+    }
+
+    /// Remove the mark this save wrote: the guest runs again, or its process ended.
+    fn clear(&mut self) {
+        if std::mem::take(&mut self.set) {
+            unmark(&self.path);
+        }
+    }
 }
 
-/// Remove the mark of a guest paused by a save: it runs again, or its process ended.
+/// Remove a mark of a guest paused by a save.
 fn unmark(mark: &Path) {
     match std::fs::remove_file(mark) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -86,9 +117,8 @@ fn unmark(mark: &Path) {
 }
 
 /// What the mark of a guest paused by a save holds: `None` where there is none, else the
-/// process it names (`None` where the save did not know its process), or why it could
-/// not be read.
-fn read_mark(mark: &Path) -> Option<Result<Option<i32>, String>> {
+/// process it names, or why it could not be read.
+fn read_mark(mark: &Path) -> Option<Result<String, String>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let opened = std::fs::OpenOptions::new()
@@ -97,8 +127,8 @@ fn read_mark(mark: &Path) -> Option<Result<Option<i32>, String>> {
         .open(mark);
     let read = |mut file: std::fs::File| {
         let mut text = String::new();
-        file.by_ref().take(32).read_to_string(&mut text)?;
-        Ok(text.trim().parse().ok())
+        file.by_ref().take(64).read_to_string(&mut text)?;
+        Ok(text.trim().to_string())
     };
     match opened.and_then(read) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -106,46 +136,60 @@ fn read_mark(mark: &Path) -> Option<Result<Option<i32>, String>> {
     }
 }
 
+/// The process serving `api` now, as [`PAUSED_MARK`] names it (`"PID START"`), its start
+/// time read from `proc`; `None` where unknown.
+pub async fn serving(api: &ApiSocket, proc: &Path) -> Option<String> {
+    let pid = api.peer_pid().await.ok().flatten()?;
+    let start = crate::procfs::start_time(proc, pid)?;
+    Some(format!("{pid} {start}"))
+}
+
 /// Resume the guest that a save of memtide's paused and that nothing let run again since
 /// (the save was cut short: memtide killed, or the save's call given up on), as the mark
 /// at `mark` says ([`PAUSED_MARK`]): only the guest of the process the mark names, and
-/// only while it is paused. A mark of another process (the VMM was restarted since) or
-/// of a guest that runs is removed; one whose guest could not be resumed is kept for the
-/// next connection. What is done is logged; returns whether the guest was resumed.
-pub async fn resume_after_cut_short_save(vmm: &mut dyn SnapshotSteps, mark: &Path) -> bool {
+/// only while it is paused. A mark of another process (the VMM was restarted since), or
+/// of a guest that runs, is shut down or not started, is removed. Returns what was done,
+/// said in a sentence, where the guest was resumed, or why a guest so marked stays
+/// paused (its mark kept: its connection is refused and made again later).
+pub async fn resume_after_cut_short_save(
+    vmm: &mut dyn SnapshotSteps,
+    mark: &Path,
+) -> Result<Option<String>, String> {
     let marked = match read_mark(mark) {
-        None => return false,
+        None => return Ok(None),
         Some(Ok(marked)) => marked,
         Some(Err(e)) => {
             tracing::warn!("a save's mark of a paused guest, removed: {e}");
             unmark(mark);
-            return false;
+            return Ok(None);
         }
     };
-    if marked.is_none() || marked != vmm.process() {
+    if vmm.serving().await.is_none_or(|serving| serving != marked) {
         unmark(mark);
-        return false;
+        return Ok(None);
     }
     let cut_short = "the guest, paused by a save of memtide's that was cut short,";
-    match vmm.running().await {
-        Ok(true) => unmark(mark),
-        Ok(false) => match vmm.resume().await {
+    match vmm.paused().await {
+        Ok(false) => {
+            unmark(mark);
+            Ok(None)
+        }
+        Ok(true) => match vmm.resume().await {
             Ok(()) => {
-                tracing::warn!("resumed {cut_short} at connection");
                 unmark(mark);
-                return true;
+                Ok(Some(format!(
+                    "{cut_short} was resumed (memtide killed during the save, or the save \
+                     given up on)"
+                )))
             }
-            Err(e) => tracing::warn!(
-                "{cut_short} could not be resumed ({e}): it stays paused, tried again at the \
-                 next connection"
-            ),
+            Err(e) => Err(format!(
+                "{cut_short} could not be resumed ({e}): it stays paused"
+            )),
         },
-        Err(e) => tracing::warn!(
-            "whether {cut_short} runs could not be asked ({e}): tried again at the next \
-             connection"
-        ),
+        Err(e) => Err(format!(
+            "whether {cut_short} is paused still could not be asked ({e})"
+        )),
     }
-    false
 }
 
 /// Save the VM into `dir` as `VmBackend::save` says: the guest paused while its VMM
@@ -153,7 +197,9 @@ pub async fn resume_after_cut_short_save(vmm: &mut dyn SnapshotSteps, mark: &Pat
 /// ended once the seal succeeded; a snapshot the VMM refuses, or a seal that fails,
 /// leaves the guest running as it was. A VMM that did not quit when asked is hibernated
 /// all the same if it has ended; one that still runs is asked to resume the guest, and
-/// the error says whether it did.
+/// the error says whether it did. A running guest is marked paused meanwhile
+/// ([`PAUSED_MARK`]); one left paused keeps its mark, and the save's error is then
+/// [`BackendError::Disconnected`]: its connection is made again, which resumes it.
 pub async fn save(
     vmm: &mut dyn SnapshotSteps,
     dir: &Path,
@@ -161,41 +207,51 @@ pub async fn save(
     limit: Duration,
     seal: Seal,
 ) -> Result<Saved, BackendError> {
+    let mut mark = Mark::beside(dir)?;
+    let saved = save_marked(vmm, dir, then, limit, seal, &mut mark).await;
+    match saved {
+        Err(e) if mark.set => Err(BackendError::Disconnected(format!(
+            "{e}; its connection is made again to resume it"
+        ))),
+        saved => saved,
+    }
+}
+
+async fn save_marked(
+    vmm: &mut dyn SnapshotSteps,
+    dir: &Path,
+    then: AfterSave,
+    limit: Duration,
+    seal: Seal,
+    mark: &mut Mark,
+) -> Result<Saved, BackendError> {
     if then == AfterSave::Quit {
         if let Some(why) = vmm.cannot_quit() {
             return Err(BackendError::Protocol(format!("cannot hibernate: {why}")));
         }
     }
     let running = vmm.running().await?;
-    let mark = paused_mark(dir)?;
     let stopped = Instant::now();
     if running {
-        mark_paused(&mark, vmm.process())?;
+        if let Some(serving) = vmm.serving().await {
+            mark.set(&serving)?;
+        }
         if let Err(e) = vmm.pause().await {
-            // Perhaps paused all the same (the call timed out): the mark stays then.
-            if vmm.running().await.unwrap_or(false) {
-                unmark(&mark);
+            // A pause that timed out may have paused the guest all the same: its mark
+            // stays unless the guest is seen to run.
+            let timed_out = matches!(e, BackendError::Timeout(_));
+            if !timed_out || matches!(vmm.running().await, Ok(true)) {
+                mark.clear();
             }
             return Err(e);
         }
     }
-    // The mark goes once the guest runs again, or its process ended; a guest left paused
-    // keeps it (its next connection resumes it).
-    let runs_again = |resumed: &Result<(), BackendError>| {
-        if resumed.is_ok() {
-            unmark(&mark);
-        }
-    };
     if let Err(e) = vmm.write(dir, limit).await {
-        let resumed = resume(vmm, running, limit).await;
-        runs_again(&resumed);
-        return Err(also(e, resumed));
+        return Err(also(e, resume(vmm, running, limit, mark).await));
     }
     let downtime = match then {
         AfterSave::Run => {
-            let resumed = resume(vmm, running, limit).await;
-            runs_again(&resumed);
-            resumed.map_err(|r| {
+            resume(vmm, running, limit, mark).await.map_err(|r| {
                 BackendError::Protocol(format!(
                     "written, but the guest could not be resumed ({r}): it is paused"
                 ))
@@ -226,38 +282,40 @@ pub async fn save(
         (AfterSave::Run, sealed) => sealed?,
         (AfterSave::Quit, Err(e)) => {
             let e = BackendError::Io(format!("{e}; the guest runs on"));
-            let resumed = resume(vmm, running, limit).await;
-            runs_again(&resumed);
-            return Err(also(e, resumed));
+            return Err(also(e, resume(vmm, running, limit, mark).await));
         }
         (AfterSave::Quit, Ok(())) => {
             if let Err(e) = vmm.quit().await {
                 // Ended all the same, with its guest paused since the snapshot.
                 if vmm.ended().await {
-                    unmark(&mark);
+                    mark.clear();
                     return Ok(saved);
                 }
                 let e = format!("saved, but the VMM did not quit ({e}) and still runs");
-                let resumed = resume(vmm, running, limit).await;
-                runs_again(&resumed);
-                return Err(BackendError::Protocol(match resumed {
-                    Ok(()) if running => format!("{e}; the guest runs on"),
-                    Ok(()) => format!("{e}; the guest stays paused, as it was"),
-                    Err(r) => format!("{e}; the guest could not be resumed ({r}): it is paused"),
-                }));
+                return Err(BackendError::Protocol(
+                    match resume(vmm, running, limit, mark).await {
+                        Ok(()) if running => format!("{e}; the guest runs on"),
+                        Ok(()) => format!("{e}; the guest stays paused, as it was"),
+                        Err(r) => {
+                            format!("{e}; the guest could not be resumed ({r}): it is paused")
+                        }
+                    },
+                ));
             }
-            unmark(&mark);
+            mark.clear();
         }
     }
     Ok(saved)
 }
 
-/// Let the guest run again if it ran before the save: asked again until `limit` while
-/// the VMM does not answer (it may still be writing a snapshot whose call timed out).
+/// Let the guest run again if it ran before the save, its mark removed once it does:
+/// asked again until `limit` while the VMM does not answer (it may still be writing a
+/// snapshot whose call timed out).
 async fn resume(
     vmm: &mut dyn SnapshotSteps,
     running: bool,
     limit: Duration,
+    mark: &mut Mark,
 ) -> Result<(), BackendError> {
     if !running {
         return Ok(());
@@ -267,6 +325,10 @@ async fn resume(
         match vmm.resume().await {
             Err(BackendError::Timeout(_)) if Instant::now() < deadline => {
                 tokio::time::sleep(RESUME_RETRY).await;
+            }
+            Ok(()) => {
+                mark.clear();
+                return Ok(());
             }
             other => return other,
         }
@@ -501,8 +563,11 @@ mod tests {
         async fn ended(&mut self) -> bool {
             false
         }
-        fn process(&self) -> Option<i32> {
-            Some(7)
+        async fn paused(&mut self) -> Result<bool, BackendError> {
+            Ok(false)
+        }
+        async fn serving(&mut self) -> Option<String> {
+            Some("7 70".into())
         }
     }
 
@@ -543,8 +608,11 @@ mod tests {
         async fn ended(&mut self) -> bool {
             self.ended
         }
-        fn process(&self) -> Option<i32> {
-            Some(7)
+        async fn paused(&mut self) -> Result<bool, BackendError> {
+            Ok(false)
+        }
+        async fn serving(&mut self) -> Option<String> {
+            Some("7 70".into())
         }
     }
 
@@ -577,8 +645,9 @@ mod tests {
                 false,
                 false,
                 Some(
-                    "saved, but the VMM did not quit (killing it: EPERM) and still runs; the guest \
-                     could not be resumed (no): it is paused",
+                    "disconnected: saved, but the VMM did not quit (killing it: EPERM) and still \
+                     runs; the guest could not be resumed (no): it is paused; its connection is \
+                     made again to resume it",
                 ),
             ),
         ] {
@@ -600,7 +669,7 @@ mod tests {
             }
             // Marked paused only while the guest is: not once it ended or runs again.
             let paused = !ended && !resumes;
-            assert_eq!(mark_of(&dir), paused.then(|| "7".to_string()));
+            assert_eq!(mark_of(&dir), paused.then(|| "7 70".to_string()));
         }
     }
 
@@ -636,16 +705,29 @@ mod tests {
         );
         assert_eq!(
             mark_of(&dir).as_deref(),
-            Some("7"),
+            Some("7 70"),
             "left for the next connection"
         );
     }
 
-    /// A VMM whose guest runs or is paused, and that resumes it or not.
+    /// A VMM whose guest runs or is paused, served by process `serving`, that pauses and
+    /// resumes it or refuses to (`pause` and `resume`: the error it answers with).
     struct Guest {
-        pid: Option<i32>,
+        serving: Option<&'static str>,
         running: bool,
-        resumes: bool,
+        pause: Option<BackendError>,
+        resume: Option<BackendError>,
+    }
+
+    impl Guest {
+        fn new(serving: Option<&'static str>, running: bool) -> Guest {
+            Guest {
+                serving,
+                running,
+                pause: None,
+                resume: None,
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -659,27 +741,43 @@ mod tests {
         async fn running(&mut self) -> Result<bool, BackendError> {
             Ok(self.running)
         }
+        async fn paused(&mut self) -> Result<bool, BackendError> {
+            Ok(!self.running)
+        }
         async fn pause(&mut self) -> Result<(), BackendError> {
-            unreachable!("a connection never pauses")
+            match self.pause.clone() {
+                // A pause that timed out took effect all the same.
+                Some(e @ BackendError::Timeout(_)) => {
+                    self.running = false;
+                    Err(e)
+                }
+                Some(e) => Err(e),
+                None => {
+                    self.running = false;
+                    Ok(())
+                }
+            }
         }
         async fn resume(&mut self) -> Result<(), BackendError> {
-            if !self.resumes {
-                return Err(BackendError::Protocol("no".into()));
+            match self.resume.clone() {
+                Some(e) => Err(e),
+                None => {
+                    self.running = true;
+                    Ok(())
+                }
             }
-            self.running = true;
-            Ok(())
         }
         async fn write(&mut self, _: &Path, _: Duration) -> Result<(), BackendError> {
-            unreachable!("a connection never writes")
+            Ok(())
         }
         async fn quit(&mut self) -> Result<(), BackendError> {
-            unreachable!("a connection never quits")
+            unreachable!("no hibernation here")
         }
         async fn ended(&mut self) -> bool {
             false
         }
-        fn process(&self) -> Option<i32> {
-            self.pid
+        async fn serving(&mut self) -> Option<String> {
+            self.serving.map(String::from)
         }
     }
 
@@ -688,61 +786,94 @@ mod tests {
     {
         let dir = tempfile::tempdir().unwrap();
         let mark = dir.path().join(PAUSED_MARK);
-        // (marked, its process, paused, resumes) -> resumed, mark kept
-        for (marked, pid, paused, resumes, resumed, kept) in [
-            (Some("7"), Some(7), true, true, true, false),
-            // Another process on the socket since (restarted): its guest is its own.
-            (Some("7"), Some(8), true, true, false, false),
-            (Some("7"), None, true, true, false, false),
-            // A save that knew no process marks none: nothing is resumed.
-            (Some(""), Some(7), true, true, false, false),
+        let refused = || Some(BackendError::Protocol("no".into()));
+        // (mark, serving now, paused, resume refused) -> resumed, mark kept
+        for (marked, serving, paused, refuse, resumed, kept) in [
+            (Some("7 70"), Some("7 70"), true, None, Ok(true), false),
+            // Another process on the socket since (restarted, or the pid taken by
+            // another): its guest is its own.
+            (Some("7 70"), Some("7 71"), true, None, Ok(false), false),
+            (Some("7 70"), Some("8 70"), true, None, Ok(false), false),
+            (Some("7 70"), None, true, None, Ok(false), false),
             // Running again (resumed by hand): nothing to do.
-            (Some("7"), Some(7), false, true, false, false),
-            // It would not resume: tried again at the next connection.
-            (Some("7"), Some(7), true, false, false, true),
-            (None, Some(7), true, true, false, false),
+            (Some("7 70"), Some("7 70"), false, None, Ok(false), false),
+            // It would not resume: refused, tried again at the next connection.
+            (Some("7 70"), Some("7 70"), true, refused(), Err(()), true),
+            (None, Some("7 70"), true, None, Ok(false), false),
         ] {
             if let Some(text) = marked {
                 std::fs::write(&mark, text).unwrap();
             }
-            let mut vmm = Guest {
-                pid,
-                running: !paused,
-                resumes,
-            };
-            let case = format!("{marked:?} {pid:?} paused {paused} resumes {resumes}");
-            assert_eq!(
-                resume_after_cut_short_save(&mut vmm, &mark).await,
-                resumed,
-                "{case}"
-            );
-            assert_eq!(vmm.running, !paused || resumed, "{case}");
+            let mut vmm = Guest::new(serving, !paused);
+            vmm.resume = refuse;
+            let case = format!("{marked:?} {serving:?} paused {paused}");
+            let done = resume_after_cut_short_save(&mut vmm, &mark).await;
+            assert_eq!(done.map(|d| d.is_some()).map_err(drop), resumed, "{case}");
+            assert_eq!(vmm.running, !paused || resumed == Ok(true), "{case}");
             assert_eq!(mark.exists(), kept, "{case}");
             let _ = std::fs::remove_file(&mark);
         }
         // A link in the mark's place is not followed, and is removed.
         let outside = dir.path().join("elsewhere");
-        std::fs::write(&outside, "7").unwrap();
+        std::fs::write(&outside, "7 70").unwrap();
         std::os::unix::fs::symlink(&outside, &mark).unwrap();
-        let mut vmm = Guest {
-            pid: Some(7),
-            running: false,
-            resumes: true,
-        };
-        assert!(!resume_after_cut_short_save(&mut vmm, &mark).await);
+        let mut vmm = Guest::new(Some("7 70"), false);
+        assert_eq!(resume_after_cut_short_save(&mut vmm, &mark).await, Ok(None));
         assert!(!vmm.running);
         assert!(mark.symlink_metadata().is_err() && outside.exists());
+    }
+
+    #[tokio::test]
+    async fn a_save_of_a_paused_guest_leaves_the_mark_an_earlier_save_left() {
+        // A guest a cut-short save left paused, its resume refused at the connection:
+        // saved paused, it keeps its mark (the next connection tries again).
+        let (_store, dir) = snapshot_dir();
+        std::fs::write(dir.parent().unwrap().join(PAUSED_MARK), "7 70").unwrap();
+        let mut vmm = Guest::new(Some("7 70"), false);
+        let sealed: Seal = Box::new(|_| Box::pin(async { Ok(()) }));
+        let limit = Duration::from_secs(1);
+        let saved = save(&mut vmm, &dir, AfterSave::Run, limit, sealed).await;
+        assert!(!saved.unwrap().was_running);
+        assert_eq!(mark_of(&dir).as_deref(), Some("7 70"));
+    }
+
+    #[tokio::test]
+    async fn a_pause_refused_leaves_no_mark_and_one_that_timed_out_leaves_it() {
+        let limit = Duration::from_secs(1);
+        // Refused (the guest paused by its operator meanwhile, say): not this save's.
+        let (_store, dir) = snapshot_dir();
+        let mut vmm = Guest::new(Some("7 70"), true);
+        vmm.pause = Some(BackendError::Protocol("invalid state".into()));
+        let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
+        assert_eq!(
+            e.unwrap_err(),
+            BackendError::Protocol("invalid state".into())
+        );
+        assert_eq!(mark_of(&dir), None);
+        // Timed out, and paused all the same: marked, its connection made again.
+        let mut vmm = Guest::new(Some("7 70"), true);
+        vmm.pause = Some(BackendError::timeout(limit));
+        let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
+        assert!(matches!(e, Err(BackendError::Disconnected(_))), "{e:?}");
+        assert_eq!(mark_of(&dir).as_deref(), Some("7 70"));
+        // A VMM whose process is unknown: no mark.
+        std::fs::remove_file(dir.parent().unwrap().join(PAUSED_MARK)).unwrap();
+        let mut vmm = Guest::new(None, true);
+        let sealed: Seal = Box::new(|_| Box::pin(async { Ok(()) }));
+        assert!(save(&mut vmm, &dir, AfterSave::Run, limit, sealed)
+            .await
+            .is_ok());
+        assert_eq!(mark_of(&dir), None);
     }
 
     #[tokio::test]
     async fn a_save_that_cannot_mark_the_guest_paused_does_not_pause_it() {
         let (_store, dir) = snapshot_dir();
         std::fs::create_dir(dir.parent().unwrap().join(PAUSED_MARK)).unwrap();
-        let mut vmm = Guest {
-            pid: Some(7),
-            running: true,
-            resumes: true,
-        };
+        let mut vmm = Guest::new(Some("7 70"), true);
+        vmm.pause = Some(BackendError::Protocol(
+            "a pause would fail this test".into(),
+        ));
         let limit = Duration::from_secs(1);
         // The guest's pause would panic.
         let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;

@@ -951,6 +951,13 @@ async fn cloud_hypervisor_resizes_the_balloon_in_bytes() {
     );
 }
 
+/// This process (serving the fakes) as a save's mark names it: its pid and start time.
+fn me() -> String {
+    let pid = std::process::id() as i32;
+    let start = memtide_adapters::procfs::start_time(Path::new("/proc"), pid).unwrap();
+    format!("{pid} {start}")
+}
+
 #[tokio::test]
 async fn a_firecracker_guest_a_save_cut_short_left_paused_is_resumed_at_the_next_connection() {
     let dir = tempfile::tempdir().unwrap();
@@ -976,13 +983,17 @@ async fn a_firecracker_guest_a_save_cut_short_left_paused_is_resumed_at_the_next
     assert!(cut.await.is_err());
     assert!(fake.lock().unwrap().paused);
     let marked = std::fs::read_to_string(&mark).unwrap();
-    assert_eq!(marked, std::process::id().to_string(), "the fake's process");
+    assert_eq!(marked, me(), "the fake's process");
     drop(vm);
     // Connected again, by the same process: resumed, the mark gone.
     fake.lock().unwrap().delay = Duration::ZERO;
-    let vm = FirecrackerVm::connect(&socket, &opts(1000), Some(&mark)).await;
-    assert!(vm.is_ok());
+    let mut vm = FirecrackerVm::connect(&socket, &opts(1000), Some(&mark))
+        .await
+        .unwrap();
     assert!(!fake.lock().unwrap().paused);
+    let said = vm.resumed_at_connection().unwrap();
+    assert!(said.contains("was resumed"), "{said}");
+    assert_eq!(vm.resumed_at_connection(), None, "said once");
     assert_eq!(
         fake.lock().unwrap().log.last().unwrap(),
         "PATCH /vm {\"state\":\"Resumed\"}"
@@ -1005,7 +1016,7 @@ async fn a_cloud_hypervisor_guest_a_save_left_paused_is_resumed_and_connected_on
     let mark = store.path().join(PAUSED_MARK);
     // Marked by a save of another process (Cloud Hypervisor restarted since): not
     // resumed, refused as paused, and the stale mark removed.
-    std::fs::write(&mark, "1").unwrap();
+    std::fs::write(&mark, "1 1").unwrap();
     let err = CloudHypervisorVm::connect(&socket, &opts(1000), Some(&mark)).await;
     assert_eq!(
         err.err(),
@@ -1013,7 +1024,7 @@ async fn a_cloud_hypervisor_guest_a_save_left_paused_is_resumed_and_connected_on
     );
     assert!(fake.lock().unwrap().paused && !mark.exists());
     // Marked by a save of this one: resumed, and connected.
-    std::fs::write(&mark, std::process::id().to_string()).unwrap();
+    std::fs::write(&mark, me()).unwrap();
     let vm = CloudHypervisorVm::connect(&socket, &opts(1000), Some(&mark)).await;
     assert!(vm.is_ok(), "{:?}", vm.err());
     assert!(!fake.lock().unwrap().paused && !mark.exists());

@@ -33,6 +33,11 @@ pub trait VmBackend: Send {
     fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {
         None
     }
+    /// What the connection found left stopped by a save or restore of memtide's cut short
+    /// and resumed, said in a sentence: taken once, right after connecting.
+    fn resumed_at_connection(&mut self) -> Option<String> {
+        None
+    }
     /// Save the guest's memory and device state into the files of the existing directory
     /// `dir`, the guest stopped meanwhile, within `limit`, then `seal` what was written
     /// (make the snapshot whole) and leave the guest as `then` says: a guest that runs on

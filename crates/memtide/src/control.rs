@@ -345,7 +345,8 @@ async fn save(requests: &mpsc::Sender<Request>, req: &Value) -> Value {
     match rx.await {
         Ok(Ok(snapshot)) => json!({ "ok": snapshot }),
         Ok(Err(e)) => json!({ "error": e }),
-        Err(_) => json!({"error": "the daemon is stopping"}),
+        Err(_) => json!({"error": "the daemon stopped before the save ended: whether its \
+            snapshot was made, memtide snapshot list tells"}),
     }
 }
 

@@ -13,6 +13,8 @@ use memtide_core::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The description file in each snapshot's directory.
@@ -204,6 +206,9 @@ impl Lock {
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    /// Snapshots being written are left where they are when given up on (memtide stops
+    /// at once): shared by this store's clones and their [`Pending`] snapshots.
+    left: Arc<AtomicBool>,
 }
 
 /// A snapshot being written: its directory, to hand to the connector.
@@ -217,6 +222,8 @@ pub struct Pending {
     started: std::time::Instant,
     /// Made whole: not removed when dropped.
     done: bool,
+    /// Not removed when dropped either ([`Store::leave_unfinished`]).
+    left: Arc<AtomicBool>,
 }
 
 impl Store {
@@ -224,7 +231,16 @@ impl Store {
     pub fn new(dir: &Path) -> Store {
         Store {
             dir: dir.to_path_buf(),
+            left: Arc::default(),
         }
+    }
+
+    /// Leave the snapshots being written where they are from now on, rather than remove
+    /// them when their save is given up on: memtide stops without waiting for their
+    /// saves, which their hypervisor may finish (a libvirt domain shut off with its
+    /// memory there). The next save of the VM removes them.
+    pub fn leave_unfinished(&self) {
+        self.left.store(true, Ordering::Relaxed);
     }
 
     /// The directory of VM `vm`'s snapshots: its name with every byte other than ASCII
@@ -295,6 +311,7 @@ impl Store {
             configured,
             started: std::time::Instant::now(),
             done: false,
+            left: self.left.clone(),
         })
     }
 
@@ -583,7 +600,7 @@ impl Pending {
 /// A snapshot never made whole (its save failed, or its task ended) leaves nothing.
 impl Drop for Pending {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && !self.left.load(Ordering::Relaxed) {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }

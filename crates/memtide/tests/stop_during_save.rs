@@ -1,5 +1,6 @@
 //! memtide told to stop while it saves a VM: the save ends first (its guest runs again,
-//! its snapshot is whole, its asker answered), and a second signal stops it at once.
+//! its snapshot is whole, its asker answered), and a second signal stops it at once
+//! (the guest left paused is resumed by the next daemon).
 //! Against a Firecracker API served by the test, whose snapshot takes seconds to write.
 
 mod support;
@@ -40,10 +41,27 @@ fn firecracker(socket: &Path, fake: Shared) {
         runtime.block_on(async move {
             let listener = tokio::net::UnixListener::bind(&socket).unwrap();
             up.send(()).unwrap();
-            axum::serve(listener, api(fake)).await.unwrap();
+            let one = Arc::new(tokio::sync::Mutex::new(()));
+            let api = api(fake).layer(axum::middleware::from_fn_with_state(one, one_at_a_time));
+            axum::serve(listener, api).await.unwrap();
         });
     });
     ready.recv().unwrap();
+}
+
+/// Firecracker serves its API one call at a time, and a call whose client went runs to
+/// its end (a snapshot is written whole).
+async fn one_at_a_time(
+    State(one): State<Arc<tokio::sync::Mutex<()>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let turn = one.lock_owned().await;
+    let call = tokio::spawn(async move {
+        let _turn = turn;
+        next.run(request).await
+    });
+    call.await.unwrap()
 }
 
 fn api(fake: Shared) -> Router {
@@ -182,7 +200,7 @@ fn a_save_under_way_ends_before_the_daemon_stops_and_its_asker_is_answered() {
     let log = daemon.log_text();
     assert!(exited.is_some_and(|e| e.success()), "{exited:?}\n{log}");
     assert!(
-        log.contains("stopping once the saves under way end"),
+        log.contains("stopping once the saves and restores under way end"),
         "{log}"
     );
     // Written, then the guest resumed, before the daemon ended.
@@ -220,10 +238,10 @@ fn a_second_signal_stops_at_once_and_the_next_daemon_resumes_the_guest_left_paus
         store,
         mut daemon,
         asker,
-    } = stopped_while_saving(Duration::from_secs(20));
+    } = stopped_while_saving(Duration::from_secs(5));
     let waits = wait_for(Duration::from_secs(10), || {
         let log = daemon.log_text();
-        log.contains("stopping once the saves under way end")
+        log.contains("stopping once the saves and restores under way end")
             .then_some(())
     });
     assert!(waits.is_some(), "{}", daemon.log_text());
@@ -232,18 +250,44 @@ fn a_second_signal_stops_at_once_and_the_next_daemon_resumes_the_guest_left_paus
     assert!(exited.is_some(), "{}", daemon.log_text());
     assert!(daemon
         .log_text()
-        .contains("stopping at once, with saves under way: f"));
-    // Its asker is told, and the guest stays paused: nothing resumed it.
+        .contains("stopping at once, with saves or restores under way"));
+    // Its asker is told the outcome is unknown, and the guest stays paused: nothing
+    // resumed it.
     let out = asker.join().unwrap();
     assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("memtide snapshot list"),
+        "{}",
+        text(&out)
+    );
     assert!(fake.lock().unwrap().paused);
     // The next daemon resumes it once the snapshot's call is over.
-    fake.lock().unwrap().writing = Duration::ZERO;
     let again = dir.path().join("again");
     std::fs::create_dir(&again).unwrap();
-    let (_daemon, _) = start(&again, &store, &socket);
+    let (next, _) = start(&again, &store, &socket);
     let resumed = wait_for(Duration::from_secs(30), || {
         (!fake.lock().unwrap().paused).then_some(())
     });
     assert!(resumed.is_some(), "{:?}", fake.lock().unwrap().log);
+    let log = fake.lock().unwrap().log.clone();
+    assert_eq!(log[log.len() - 2..], ["written", "PATCH /vm \"Resumed\""]);
+    // The operator is told, naming the VM.
+    let told = wait_for(Duration::from_secs(10), || {
+        let events = next.event_log();
+        events
+            .iter()
+            .find(|e| e["kind"] == "vm_resumed" && e["vm"] == "f")
+            .cloned()
+    });
+    let told = told.expect("a vm_resumed event");
+    assert!(
+        told["message"].as_str().unwrap().contains("cut short"),
+        "{told}"
+    );
+    // What the save wrote is left where it was written (the VM's next save removes it).
+    let partial = std::fs::read_dir(store.join("f"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".partial"));
+    assert!(partial.is_some_and(|p| p.join("memory").is_file()));
 }

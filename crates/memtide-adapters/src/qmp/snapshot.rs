@@ -38,6 +38,11 @@ const FD_NAME: &str = "memtide-snapshot";
 /// to resume the guest ([`clean_up`]); a guest stopped otherwise (by its operator, or by a
 /// migration to another host) bears none and is left stopped.
 const STOPPED_MARK: &str = "memtide-save-stopped-the-guest";
+/// The `opaque` of the fd set that marks a guest a restore of memtide's is to resume once
+/// its state is in (it ran when saved), until it does: left in QEMU by a restore cut short
+/// (the daemon or `memtide snapshot restore` killed), it tells the next connection to
+/// resume the guest ([`clean_up`]).
+const RESUME_MARK: &str = "memtide-restore-resumes-the-guest";
 /// How a snapshot of the plain migration stream says it was saved.
 const MECHANISM_STREAM: &str = "qmp migrate to fd";
 /// How a `mapped-ram` snapshot says it was saved: its restore needs the capability.
@@ -71,23 +76,27 @@ async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, Back
         .is_some_and(|caps| caps.iter().any(|c| c["capability"] == name)))
 }
 
-/// Undo what a save of memtide's cut short (a call timed out and closed its session, or
-/// the daemon was killed) left in QEMU: its fd sets (`opaque` [`FD_NAME`]) removed and
-/// `mapped-ram` turned off, lest they hold a descriptor of the store's and bend the VM's
-/// next migration; and a guest that save stopped ([`STOPPED_MARK`]) resumed: nobody else
-/// would, and QEMU refuses every later migration of it. A guest stopped otherwise (paused
-/// by its operator, or left `postmigrate` by a migration to another host, where it runs
-/// now) is left stopped. Nothing is done
-/// while a migration runs or is awaited (a save or restore under way). Best effort: a
-/// failure is logged (a command QEMU lacks, at debug level). Returns what it resumed, said
-/// in a sentence, when it resumed the guest.
-pub async fn clean_up(client: &mut QmpClient) -> Option<String> {
+/// Undo what a save or restore of memtide's cut short (a call timed out and closed its
+/// session, or the daemon or command was killed) left in QEMU: a save's fd sets (`opaque`
+/// [`FD_NAME`]) removed and `mapped-ram` turned off, lest they hold a descriptor of the
+/// store's and bend the VM's next migration; a guest that save stopped ([`STOPPED_MARK`])
+/// resumed: nobody else would, and QEMU refuses every later migration of it; and a guest
+/// a restore was to resume ([`RESUME_MARK`]) resumed once its state is in. A guest stopped
+/// otherwise (paused by its operator, or left `postmigrate` by a migration to another
+/// host, where it runs now) is left stopped. Nothing is done while a migration runs or is
+/// awaited (a save or restore under way), and a guest whose restore's state is still
+/// coming in is refused as busy: its connection is made again later, and resumes it. Best
+/// effort otherwise: a failure is logged (a command QEMU lacks, at debug level). Returns
+/// what it resumed, said in a sentence, when it resumed the guest (for its caller to log).
+pub async fn clean_up(client: &mut QmpClient) -> Result<Option<String>, BackendError> {
     match try_clean_up(client).await {
-        Ok(Some(resumed)) => {
-            tracing::warn!("{resumed}");
-            return Some(resumed);
+        Ok(CleanUp::Resumed(resumed)) => return Ok(Some(resumed)),
+        Ok(CleanUp::Restoring) => {
+            return Err(BackendError::Busy(
+                "a restore of memtide's is bringing its state in".into(),
+            ))
         }
-        Ok(None) => {}
+        Ok(CleanUp::Nothing) => {}
         Err(e @ QmpError::Command { .. }) => {
             tracing::debug!("no clean-up of cut-short saves: {e}");
         }
@@ -95,14 +104,23 @@ pub async fn clean_up(client: &mut QmpClient) -> Option<String> {
             tracing::warn!("what a cut-short save left in QEMU could not be cleaned up: {e}");
         }
     }
-    None
+    Ok(None)
+}
+
+/// What [`try_clean_up`] found.
+enum CleanUp {
+    Nothing,
+    /// The guest was resumed: said in a sentence.
+    Resumed(String),
+    /// A restore of memtide's is migrating the guest's state in.
+    Restoring,
 }
 
 /// The run states (QAPI `RunState`) a save leaves a guest in: stopped for it (`paused`),
 /// then by the migration (`finish-migrate`, `postmigrate`) until someone says `cont`.
 const STOPPED_BY_SAVE: [&str; 3] = ["paused", "postmigrate", "finish-migrate"];
 
-async fn try_clean_up(client: &mut QmpClient) -> Result<Option<String>, QmpError> {
+async fn try_clean_up(client: &mut QmpClient) -> Result<CleanUp, QmpError> {
     let status = client.execute("query-status", None).await?;
     let migration = client.execute("query-migrate", None).await?;
     let migration_status = migration.get("status").and_then(Value::as_str);
@@ -111,22 +129,30 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<Option<String>, QmpError
         None | Some("none" | "completed" | "failed" | "cancelled")
     );
     let state = status.get("status").and_then(Value::as_str).unwrap_or("");
-    if state == "inmigrate" || !idle {
-        return Ok(None);
-    }
     let sets = match client.execute("query-fdsets", None).await {
         Err(QmpError::Command { .. }) => Value::Null, // a QEMU without fd sets
         other => other?,
     };
-    let mut marked = false;
-    for set in sets.as_array().into_iter().flatten() {
-        let has = |name: &str| {
-            set["fds"]
-                .as_array()
-                .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == name))
-        };
-        marked |= has(STOPPED_MARK);
-        if has(FD_NAME) || has(STOPPED_MARK) {
+    let sets: Vec<&Value> = sets.as_array().into_iter().flatten().collect();
+    let has = |set: &Value, name: &str| {
+        set["fds"]
+            .as_array()
+            .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == name))
+    };
+    let to_resume = sets.iter().any(|set| has(set, RESUME_MARK));
+    if state == "inmigrate" || !idle {
+        return Ok(match to_resume {
+            true => CleanUp::Restoring,
+            false => CleanUp::Nothing,
+        });
+    }
+    let mut stopped = false;
+    for set in sets {
+        stopped |= has(set, STOPPED_MARK);
+        if [FD_NAME, STOPPED_MARK, RESUME_MARK]
+            .iter()
+            .any(|name| has(set, name))
+        {
             let args = json!({ "fdset-id": set["fdset-id"] });
             client.execute("remove-fd", Some(args)).await?;
         }
@@ -139,14 +165,17 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<Option<String>, QmpError
     if on {
         set_mapped_ram(client, false).await?;
     }
-    if !marked || !STOPPED_BY_SAVE.contains(&state) {
-        return Ok(None);
-    }
-    client.execute("cont", None).await?;
     let ended = migration_status.unwrap_or("none");
-    Ok(Some(format!(
-        "the guest was left stopped ({state}, migration {ended}) by a save of memtide's \
-         cut short (memtide killed mid-save): resumed"
+    let why = if stopped && STOPPED_BY_SAVE.contains(&state) {
+        "by a save of memtide's cut short (memtide killed, or the save's call given up on)"
+    } else if to_resume && state == "paused" {
+        "by a restore of memtide's cut short before it resumed the guest"
+    } else {
+        return Ok(CleanUp::Nothing);
+    };
+    client.execute("cont", None).await?;
+    Ok(CleanUp::Resumed(format!(
+        "the guest was left stopped ({state}, migration {ended}) {why}: resumed"
     )))
 }
 
@@ -557,8 +586,8 @@ pub async fn restore(
     resume: bool,
 ) -> Result<Restored, BackendError> {
     let file = open(&dir.join(MEMORY_FILE))?;
-    let started = start_incoming(qemu, &file, format, false).await?;
-    started.run(resume).await
+    let started = start_incoming(qemu, &file, format, false, resume).await?;
+    started.run().await
 }
 
 /// The RAM backend memtide gives a template and its clones: guest RAM in the file `ram`,
@@ -609,7 +638,7 @@ pub async fn make_template(
         extra: file_ram(ram.file, ram.size, true, ram.id),
         ..*qemu
     };
-    let mut started = start_incoming(&qemu, &file, format, false).await?;
+    let mut started = start_incoming(&qemu, &file, format, false, false).await?;
     let saved = async {
         // Guest state: for root alone, as every memory file of the store.
         let out = std::fs::OpenOptions::new()
@@ -643,8 +672,8 @@ pub async fn clone(
         extra: file_ram(ram.file, ram.size, false, ram.id),
         ..*qemu
     };
-    let started = start_incoming(&qemu, &file, Format::Stream, true).await?;
-    started.run(resume).await
+    let started = start_incoming(&qemu, &file, Format::Stream, true, resume).await?;
+    started.run().await
 }
 
 /// Migrate RAM blocks backed by shared files by reference: not into the stream.
@@ -670,16 +699,26 @@ struct Started {
     child: std::process::Child,
     client: QmpClient,
     start: Instant,
+    /// The guest is to be resumed (it ran when saved): the fd set of its
+    /// [`RESUME_MARK`], where QEMU took it.
+    resume: Option<Option<u64>>,
 }
 
 impl Started {
-    /// Resume the guest when `resume` (it ran when saved) and let the QEMU go on by
+    /// Resume the guest if it is to be, its mark then removed, and let the QEMU go on by
     /// itself; one whose guest cannot be resumed is killed.
-    async fn run(mut self, resume: bool) -> Result<Restored, BackendError> {
-        if resume {
+    async fn run(mut self) -> Result<Restored, BackendError> {
+        if let Some(mark) = self.resume {
             if let Err(e) = self.client.execute("cont", None).await {
                 self.kill();
                 return Err(e.into());
+            }
+            if let Some(id) = mark {
+                // Removed already where a connection's clean-up resumed the guest first.
+                let args = json!({ "fdset-id": id });
+                if let Err(e) = self.client.execute("remove-fd", Some(args)).await {
+                    tracing::debug!("the restore's mark could not be removed: {e}");
+                }
             }
         }
         Ok(Restored {
@@ -696,13 +735,15 @@ impl Started {
 }
 
 /// Start `qemu` waiting for its state and migrate `file` in (written in `format`; by
-/// reference for shared RAM when `by_reference`), the guest left paused. A QEMU that fails is killed, the last
-/// lines of its output in the error.
+/// reference for shared RAM when `by_reference`), the guest left paused, and marked to be
+/// resumed ([`RESUME_MARK`]) when `resume`. A QEMU that fails is killed, the last lines of
+/// its output in the error.
 async fn start_incoming(
     qemu: &Incoming<'_>,
     file: &std::fs::File,
     format: Format,
     by_reference: bool,
+    resume: bool,
 ) -> Result<Started, BackendError> {
     let start = Instant::now();
     let (program, args) = qemu
@@ -732,21 +773,18 @@ async fn start_incoming(
     let mut child = command
         .spawn()
         .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
-    match migrate_in(
-        &mut child,
-        qemu.monitor,
+    let into = Into {
         file,
         format,
         by_reference,
-        start,
-        qemu.limit,
-    )
-    .await
-    {
-        Ok(client) => Ok(Started {
+        resume,
+    };
+    match migrate_in(&mut child, qemu, &into, start).await {
+        Ok((client, mark)) => Ok(Started {
             child,
             client,
             start,
+            resume: resume.then_some(mark),
         }),
         Err(e) => {
             let _ = child.kill();
@@ -761,17 +799,25 @@ async fn start_incoming(
     }
 }
 
-/// Connect to the new QEMU's monitor once it listens and migrate `file` in; a QEMU that
-/// exits first (a bad command line) is reported at once.
-async fn migrate_in(
-    child: &mut std::process::Child,
-    monitor: &Path,
-    file: &std::fs::File,
+/// What a new QEMU takes in: its state's `file`, written in `format` (by reference for
+/// shared RAM when `by_reference`), its guest to be resumed after when `resume`.
+struct Into<'a> {
+    file: &'a std::fs::File,
     format: Format,
     by_reference: bool,
+    resume: bool,
+}
+
+/// Connect to the new QEMU's monitor once it listens, mark its guest to be resumed if it
+/// is to be (the fd set's id, where QEMU took it: best effort), and migrate the state in;
+/// a QEMU that exits first (a bad command line) is reported at once.
+async fn migrate_in(
+    child: &mut std::process::Child,
+    qemu: &Incoming<'_>,
+    into: &Into<'_>,
     start: Instant,
-    limit: Duration,
-) -> Result<QmpClient, BackendError> {
+) -> Result<(QmpClient, Option<u64>), BackendError> {
+    let (monitor, limit) = (qemu.monitor, qemu.limit);
     let call = Duration::from_secs(5);
     let mut client = loop {
         match QmpClient::connect(monitor, call).await {
@@ -787,12 +833,27 @@ async fn migrate_in(
             }
         }
     };
-    if by_reference {
+    if into.by_reference {
         ignore_shared(&mut client).await?;
     }
+    let mark = match into.resume {
+        true => client
+            .add_fd(into.file.as_fd(), RESUME_MARK)
+            .await
+            .map_err(|e| tracing::debug!("no mark of the guest to resume: {e}"))
+            .ok(),
+        false => None,
+    };
     let left = limit.saturating_sub(start.elapsed());
-    migrate_through(&mut client, "migrate-incoming", file, format, left).await?;
-    Ok(client)
+    migrate_through(
+        &mut client,
+        "migrate-incoming",
+        into.file,
+        into.format,
+        left,
+    )
+    .await?;
+    Ok((client, mark))
 }
 
 #[cfg(test)]
@@ -1092,16 +1153,16 @@ mod tests {
             let mut client = QmpClient::connect(&path, Duration::from_secs(2))
                 .await
                 .unwrap();
-            clean_up(&mut client).await;
+            assert_eq!(clean_up(&mut client).await, Ok(None));
             let sent = sent.lock().unwrap().clone();
             let mut expected = vec![
                 "qmp_capabilities null",
                 "query-status null",
                 "query-migrate null",
+                "query-fdsets null",
             ];
             if !incoming {
                 expected.extend([
-                    "query-fdsets null",
                     r#"remove-fd {"fdset-id":7}"#,
                     "query-migrate-capabilities null",
                     r#"migrate-set-capabilities {"capabilities":[{"capability":"mapped-ram","state":false}]}"#,
@@ -1117,11 +1178,11 @@ mod tests {
     async fn cleaned_up(
         state: &'static str,
         migration: &'static str,
-        marked: bool,
-    ) -> (Vec<String>, Option<String>) {
-        let sets = match marked {
-            true => json!([{"fdset-id": 3, "fds": [{"fd": 40, "opaque": STOPPED_MARK}]}]),
-            false => json!([]),
+        mark: Option<&'static str>,
+    ) -> (Vec<String>, Result<Option<String>, BackendError>) {
+        let sets = match mark {
+            Some(mark) => json!([{"fdset-id": 3, "fds": [{"fd": 40, "opaque": mark}]}]),
+            None => json!([]),
         };
         let sent = Arc::new(Mutex::new(Vec::new()));
         let log = sent.clone();
@@ -1150,38 +1211,62 @@ mod tests {
         // The daemon killed mid-save, its mark left: the guest stopped for the save, then
         // by the migration QEMU finished by itself, waits for a `cont`.
         for state in ["paused", "postmigrate", "finish-migrate"] {
-            let (sent, resumed) = cleaned_up(state, "completed", true).await;
+            let (sent, resumed) = cleaned_up(state, "completed", Some(STOPPED_MARK)).await;
             assert_eq!(
                 sent.last().map(String::as_str),
                 Some("cont"),
                 "{state}: {sent:?}"
             );
             assert!(sent.iter().any(|c| c == "remove-fd"), "the mark: {sent:?}");
-            let resumed = resumed.expect("said");
+            let resumed = resumed.unwrap().expect("said");
             assert!(
-                resumed.contains(&format!("left stopped ({state}")),
+                resumed.contains(&format!("left stopped ({state}")) && resumed.contains("save"),
                 "{resumed}"
             );
         }
         // Unmarked (paused by its operator, or left by a migration to another host, where
         // it runs now: resuming it would run it twice), or a migration still running:
         // left as it is.
-        for (state, migration, marked) in [
-            ("paused", "completed", false),
-            ("paused", "none", false),
-            ("postmigrate", "completed", false),
-            ("finish-migrate", "completed", false),
-            ("postmigrate", "active", true),
-            ("finish-migrate", "device", true),
-            ("running", "completed", true),
+        let saved = Some(STOPPED_MARK);
+        for (state, migration, mark) in [
+            ("paused", "completed", None),
+            ("paused", "none", None),
+            ("postmigrate", "completed", None),
+            ("finish-migrate", "completed", None),
+            ("postmigrate", "active", saved),
+            ("finish-migrate", "device", saved),
+            ("running", "completed", saved),
+            // A restore's mark: only a guest paused once its state is in is resumed.
+            ("running", "completed", Some(RESUME_MARK)),
+            ("postmigrate", "completed", Some(RESUME_MARK)),
         ] {
-            let (sent, resumed) = cleaned_up(state, migration, marked).await;
+            let (sent, resumed) = cleaned_up(state, migration, mark).await;
             assert!(
                 !sent.iter().any(|c| c == "cont"),
                 "{state}, {migration}: {sent:?}"
             );
-            assert_eq!(resumed, None);
+            assert_eq!(resumed, Ok(None));
         }
+    }
+
+    #[tokio::test]
+    async fn a_guest_a_cut_short_restore_left_paused_is_resumed_once_its_state_is_in() {
+        // memtide (or its restore command) killed after the state came in: resumed.
+        let (sent, resumed) = cleaned_up("paused", "completed", Some(RESUME_MARK)).await;
+        assert_eq!(sent[sent.len() - 1], "cont", "{sent:?}");
+        assert!(sent.iter().any(|c| c == "remove-fd"), "the mark: {sent:?}");
+        let resumed = resumed.unwrap().expect("said");
+        assert!(resumed.contains("restore"), "{resumed}");
+        // Killed while the state comes in: refused as busy until it is in.
+        for (state, migration) in [("inmigrate", "none"), ("paused", "active")] {
+            let (sent, resumed) = cleaned_up(state, migration, Some(RESUME_MARK)).await;
+            assert!(!sent.iter().any(|c| c == "cont" || c == "remove-fd"));
+            assert!(matches!(resumed, Err(BackendError::Busy(_))), "{resumed:?}");
+        }
+        // Without its mark (a guest saved paused), a restored guest stays paused.
+        let (sent, resumed) = cleaned_up("paused", "completed", None).await;
+        assert!(!sent.iter().any(|c| c == "cont"));
+        assert_eq!(resumed, Ok(None));
     }
 
     #[tokio::test]

@@ -80,6 +80,8 @@ pub struct QmpVm {
     access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
     shut_down: bool,
+    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
+    resumed: Option<String>,
 }
 
 /// How a VM's accesses are sampled.
@@ -413,7 +415,7 @@ impl QmpVm {
         opts: &QmpVmOptions,
     ) -> Result<QmpVm, BackendError> {
         let mut client = QmpClient::connect(socket, opts.call_timeout).await?;
-        super::snapshot::clean_up(&mut client).await;
+        let resumed = super::snapshot::clean_up(&mut client).await?;
         let summary = client.execute("query-memory-size-summary", None).await?;
         let memory = summary
             .get("base-memory")
@@ -452,6 +454,7 @@ impl QmpVm {
             agent,
             access,
             shut_down: false,
+            resumed,
         })
     }
 
@@ -944,6 +947,10 @@ impl QmpVm {
 
 #[async_trait]
 impl VmBackend for QmpVm {
+    fn resumed_at_connection(&mut self) -> Option<String> {
+        self.resumed.take()
+    }
+
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
         match self.read_sample().await {
             // The connection closed after QEMU said it shut down: stopped, not crashed.

@@ -67,7 +67,9 @@ fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
         | "restore_given_up" | "write_failed" => Level::ERROR,
         // A VM that shut down, or that memtide was saving, went as it should.
         "vm_lost" if rule.is_some() => Level::INFO,
-        "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" => Level::WARN,
+        "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" | "vm_resumed" => {
+            Level::WARN
+        }
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
             Some("guest_reset" | "guest_shutdown" | "memory_resized" | "busy") => Level::INFO,

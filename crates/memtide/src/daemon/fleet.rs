@@ -34,6 +34,9 @@ pub enum FleetEvent {
         vm: String,
         /// Where it was reached.
         endpoint: String,
+        /// What the connection found left stopped by a save or restore of memtide's cut
+        /// short and resumed, said in a sentence.
+        resumed: Option<String>,
     },
     /// A managed VM went away.
     Lost {
@@ -413,10 +416,11 @@ impl Fleet {
                 continue;
             };
             match result {
-                Ok(connection) => {
+                Ok(mut connection) => {
                     events.push(FleetEvent::Connected {
                         vm: c.name.clone(),
                         endpoint: endpoint.to_string(),
+                        resumed: connection.backend.resumed_at_connection(),
                     });
                     let launcher = matches!(&endpoint, Endpoint::Libvirt { uri, .. }
                         if self.launchers.as_ref().is_some_and(|l| l.has(uri)));
@@ -1679,7 +1683,8 @@ mod tests {
             events,
             vec![FleetEvent::Connected {
                 vm: "web".into(),
-                endpoint: dir.path().join("web.sock").display().to_string()
+                endpoint: dir.path().join("web.sock").display().to_string(),
+                resumed: None,
             }]
         );
         let (vms, _) = sample(&mut fleet).await;

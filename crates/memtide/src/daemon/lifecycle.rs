@@ -3,7 +3,7 @@
 //! hibernated VMs the status shows. The decisions are `memtide-core`'s (`hibernate`,
 //! `wake`, `recovery`); the store is [`crate::snapshots`].
 
-use super::vm_task::SaveJob;
+use super::vm_task::{SaveJob, SAVE_GRACE};
 use super::{Daemon, TIERS_EVERY};
 use crate::control::Request;
 use crate::snapshots::{self, Store, TakenBy};
@@ -47,9 +47,13 @@ pub(super) enum Restoring {
 /// How often systemd is asked to wait longer for the stop while saves end.
 const STOP_EXTEND_EVERY: Duration = Duration::from_secs(10);
 
+/// How long past the longest a save's task takes the daemon waits for its outcome at
+/// stop: its seal's end, and pruning the VM's older snapshots.
+const STOP_MARGIN: Duration = Duration::from_secs(30);
+
 /// Answer a control request that comes while memtide stops: nothing new is begun.
 fn refuse_while_stopping(request: Request) {
-    let why = "memtide is stopping";
+    let why = "the daemon is stopping";
     match request {
         Request::Reload(reply) => drop(reply.send(Err(why.into()))),
         Request::Save { reply, .. } => drop(reply.send(Err(why.into()))),
@@ -264,7 +268,8 @@ impl Daemon {
     }
 
     /// Start the snapshots due by their VM's `snapshot_every_s` (the first one period
-    /// after the VM is first seen connected); not in a dry run.
+    /// after its newest scheduled snapshot, or after it is first seen connected where it
+    /// has none); not in a dry run.
     pub(super) fn snapshot_on_schedule(&mut self) {
         if self.options.dry_run {
             return;
@@ -280,7 +285,9 @@ impl Daemon {
             if self.fleet.configured(&vm).is_none() || self.saving.contains_key(&vm) {
                 continue;
             }
-            let next = *self.next_snapshot.entry(vm.clone()).or_insert(now + every);
+            let store = &self.store;
+            let next = *(self.next_snapshot.entry(vm.clone()))
+                .or_insert_with(|| now + first_scheduled_in(store, &vm, every));
             if now < next {
                 continue;
             }
@@ -503,36 +510,47 @@ impl Daemon {
         }
     }
 
-    /// At stop, end the saves under way before the daemon ends: a save cut short would
-    /// leave its guest paused (Firecracker, Cloud Hypervisor) or its libvirt domain shut
-    /// off, its memory in a snapshot never made whole. Saves still waiting for a sample
-    /// are given up; those running are waited for, each within its own limit (and twice
-    /// `[snapshots] timeout_s` in all), systemd told to extend its stop timeout meanwhile.
-    /// The control socket's requests are answered that memtide stops; `stop` (a second
-    /// SIGTERM or SIGINT) ends the wait at once.
-    pub(super) async fn finish_saves(
+    /// At stop, end the saves and restores under way before the daemon ends: a save cut
+    /// short would leave its guest paused (Firecracker, Cloud Hypervisor) or its libvirt
+    /// domain shut off, its memory in a snapshot never made whole, and a restore (a crash
+    /// recovery, a scheduled wake) its guest paused before it runs. Saves still waiting for
+    /// a sample are given up, and no restore is begun; those running are waited for — a
+    /// save's task gives it up [`SAVE_GRACE`] past `[snapshots] timeout_s`, a restore ends
+    /// within it, and the wait ends [`STOP_MARGIN`] after that — systemd told to extend its
+    /// stop timeout meanwhile. The control socket's requests are answered that memtide
+    /// stops; `stop` (a second SIGTERM or SIGINT) ends the wait at once. Returns whether
+    /// it was ended so.
+    pub(super) async fn finish_under_way(
         &mut self,
         saved: &mut mpsc::Receiver<SaveDone>,
+        restored: &mut mpsc::Receiver<Restoring>,
         incoming: &mut mpsc::Receiver<Request>,
         stop: impl std::future::Future<Output = ()>,
-    ) {
+    ) -> bool {
         self.fleet.give_up_queued_saves();
-        if self.saving.is_empty() {
-            return;
+        if self.under_way().is_empty() {
+            return false;
         }
-        let limit = Duration::from_secs(self.config.snapshots.timeout_s) * 2;
+        let limit = Duration::from_secs(self.config.snapshots.timeout_s) + SAVE_GRACE + STOP_MARGIN;
         let deadline = Instant::now() + limit;
         tracing::warn!(
-            "stopping once the saves under way end (at most {} s; a second SIGTERM or \
-             SIGINT stops at once): {}",
+            "stopping once the saves and restores under way end (at most {} s; a second \
+             SIGTERM or SIGINT stops at once): {}",
             limit.as_secs(),
-            self.saving_names()
+            self.under_way()
         );
         let mut extend = tokio::time::interval(STOP_EXTEND_EVERY);
         tokio::pin!(stop);
-        while !self.saving.is_empty() {
+        while !self.under_way().is_empty() {
             tokio::select! {
                 Some(done) = saved.recv() => self.saved(done),
+                Some(step) = restored.recv() => match step {
+                    Restoring::Restored { .. } => self.recover(step),
+                    Restoring::Judged { vm, .. } => {
+                        let why = "not restored: memtide is stopping".to_string();
+                        self.events.log("restore_skipped", Some(&vm), None, why);
+                    }
+                },
                 Some(request) = incoming.recv() => refuse_while_stopping(request),
                 _ = extend.tick() => {
                     let usec = (STOP_EXTEND_EVERY * 3).as_micros();
@@ -542,26 +560,30 @@ impl Daemon {
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     tracing::error!(
-                        "stopping with saves still under way after {} s: {}",
+                        "stopping with saves or restores still under way after {} s: {}",
                         limit.as_secs(),
-                        self.saving_names()
+                        self.under_way()
                     );
-                    return;
+                    return false;
                 }
                 _ = &mut stop => {
                     tracing::warn!(
-                        "stopping at once, with saves under way: {}",
-                        self.saving_names()
+                        "stopping at once, with saves or restores under way (what a save \
+                         wrote is left in its ID.partial directory): {}",
+                        self.under_way()
                     );
-                    return;
+                    self.store.leave_unfinished();
+                    return true;
                 }
             }
         }
+        false
     }
 
-    /// The VMs being saved, for a log line.
-    fn saving_names(&self) -> String {
-        let names: Vec<&str> = self.saving.keys().map(String::as_str).collect();
+    /// The VMs being saved or restored, for a log line; empty where none is.
+    fn under_way(&self) -> String {
+        let mut names: Vec<&str> = self.saving.keys().map(String::as_str).collect();
+        names.extend(self.restores.iter().map(String::as_str));
         names.join(", ")
     }
 
@@ -667,6 +689,29 @@ impl Daemon {
     }
 }
 
+/// How long from now VM `vm`'s first scheduled snapshot of this daemon is due: `every`
+/// after its newest scheduled snapshot in `store` (at once where that is older), so that
+/// restarting the daemon does not put the schedule off; `every` after now where it has
+/// none, or the store cannot be read (with a warning).
+fn first_scheduled_in(store: &Store, vm: &str, every: Duration) -> Duration {
+    let newest = match store.list(vm) {
+        Ok(taken) => taken.into_iter().rev().find(|s| s.by == TakenBy::Schedule),
+        Err(e) => {
+            tracing::warn!("snapshot store: {e:#}: VM {vm}'s schedule starts afresh");
+            None
+        }
+    };
+    let since = newest.and_then(|s| {
+        let created = humantime::parse_rfc3339_weak(&s.created).ok()?;
+        Some(
+            SystemTime::now()
+                .duration_since(created)
+                .unwrap_or_default(),
+        )
+    });
+    since.map_or(every, |since| every.saturating_sub(since))
+}
+
 /// Why a save failed, for a save whose backend failed with `e` after `sealed` (if its
 /// snapshot was sealed): a hibernation sealed whose VMM did not quit and still runs (one
 /// that ended all the same is a hibernation that succeeded) has its snapshot marked
@@ -728,6 +773,33 @@ mod tests {
         let pending = store.begin(vm, memtide_core::Bytes::from_mib(1)).unwrap();
         std::fs::write(pending.dir().join("memory"), b"guest").unwrap();
         pending.finish(&saved, then, by).unwrap()
+    }
+
+    #[test]
+    fn a_restarted_daemon_takes_its_next_scheduled_snapshot_a_period_after_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let hour = Duration::from_secs(3600);
+        assert_eq!(first_scheduled_in(&store, "web", hour), hour, "none yet");
+        stored(&store, "web", AfterSave::Run, TakenBy::Operator);
+        assert_eq!(
+            first_scheduled_in(&store, "web", hour),
+            hour,
+            "by hand: not counted"
+        );
+        let taken = stored(&store, "web", AfterSave::Run, TakenBy::Schedule);
+        let next = first_scheduled_in(&store, "web", hour);
+        assert!(
+            next <= hour && next > hour - Duration::from_secs(60),
+            "{next:?}"
+        );
+        // Taken long ago (the daemon was stopped meanwhile): due at once.
+        let meta = store.dir_of(&taken).join("snapshot.json");
+        let mut described: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+        described["created"] = "2026-01-01T00:00:00Z".into();
+        std::fs::write(&meta, described.to_string()).unwrap();
+        assert_eq!(first_scheduled_in(&store, "web", hour), Duration::ZERO);
     }
 
     #[test]

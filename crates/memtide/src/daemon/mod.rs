@@ -487,11 +487,16 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
             _ = int.recv() => {}
         }
     };
-    daemon.finish_saves(&mut saved, &mut incoming, again).await;
+    let at_once = daemon
+        .finish_under_way(&mut saved, &mut restored, &mut incoming, again)
+        .await;
     // Requests asked from now on are answered that memtide stops; the answers given
-    // (the saves that ended) are written to their askers before the daemon ends.
+    // (the saves that ended) are written to their askers before the daemon ends, but
+    // where it was told to stop at once.
     drop(incoming);
-    control.answered(ANSWERS_WAIT_AT_STOP).await;
+    if !at_once {
+        control.answered(ANSWERS_WAIT_AT_STOP).await;
+    }
     // The last reclaim and placement passes, if they run, are told before the daemon
     // says it stopped.
     if let Some(pass) = daemon.reclaiming.take() {
@@ -734,13 +739,21 @@ impl Daemon {
         self.recount_hibernated |= events.iter().any(connected);
         for e in events {
             match e {
-                FleetEvent::Connected { vm, endpoint } => {
+                FleetEvent::Connected {
+                    vm,
+                    endpoint,
+                    resumed,
+                } => {
                     self.events.log(
                         "vm_connected",
                         Some(vm),
                         None,
                         format!("connected through {endpoint}"),
                     );
+                    if let Some(resumed) = resumed {
+                        self.events
+                            .log("vm_resumed", Some(vm), None, resumed.clone());
+                    }
                     if !self.restores.contains(vm) {
                         self.running_on(vm);
                     }

@@ -161,6 +161,10 @@ impl<B: VmBackend> VmBackend for PveVm<B> {
         self.vm.pid()
     }
 
+    fn resumed_at_connection(&mut self) -> Option<String> {
+        self.vm.resumed_at_connection()
+    }
+
     /// `balloon` and `memory` as last read: `qm set` holds within 60 samples (two
     /// minutes at the default interval).
     fn bounds(&self) -> Option<(Option<Bytes>, Option<Bytes>)> {

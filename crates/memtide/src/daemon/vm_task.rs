@@ -70,7 +70,7 @@ impl SaveJob {
 
 /// Time a save's own cancellation and resumption may take beyond its limit before its
 /// task gives up on it.
-const SAVE_GRACE: Duration = Duration::from_secs(30);
+pub(super) const SAVE_GRACE: Duration = Duration::from_secs(30);
 
 /// What a VM answered by a tick's sample deadline.
 #[derive(Debug, PartialEq)]
@@ -178,6 +178,12 @@ impl VmTask {
                         let saving = backend.save(&save.dir, save.then, save.limit, save.seal);
                         let bound = save.limit + SAVE_GRACE;
                         let result = match timeout(bound, saving).await {
+                            // A connection the save lost, or one that must be made again
+                            // to resume a guest the save left paused, is let go too.
+                            Ok(Err(e @ BackendError::Disconnected(_))) => {
+                                kept = false;
+                                Err(e)
+                            }
                             Ok(result) => result,
                             // Cut off at any step, the guest perhaps stopped: the backend
                             // is let go, so that the VM is connected afresh (a QEMU's
