@@ -43,6 +43,9 @@ pub struct CloudHypervisorVm {
     proc: PathBuf,
     /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
     resumed: Option<String>,
+    /// Why the connection is to be made again: a save left the guest paused, which a
+    /// connection resumes ([`SnapshotSteps::left_paused`]).
+    reconnect: Option<String>,
     target: Option<Bytes>,
     configured: Bytes,
 }
@@ -108,6 +111,7 @@ impl CloudHypervisorVm {
             pid,
             proc: opts.proc.clone(),
             resumed: None,
+            reconnect: None,
             target: None,
             configured,
         };
@@ -166,6 +170,10 @@ impl VmBackend for CloudHypervisorVm {
     }
 
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        if let Some(why) = &self.reconnect {
+            let why = format!("{why}: its connection is made again to resume it");
+            return Err(BackendError::Disconnected(why));
+        }
         let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
         check_state(&info)?;
         let (configured, actual, balloon) = sizes(&info)?;
@@ -252,6 +260,10 @@ impl SnapshotSteps for CloudHypervisorVm {
 
     async fn serving(&mut self) -> Option<String> {
         vmm_snapshot::serving(&self.api, &self.proc).await
+    }
+
+    fn left_paused(&mut self, why: String) {
+        self.reconnect = Some(why);
     }
 
     async fn running(&mut self) -> Result<bool, BackendError> {

@@ -50,6 +50,9 @@ pub struct FirecrackerVm {
     proc: PathBuf,
     /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
     resumed: Option<String>,
+    /// Why the connection is to be made again: a save left the guest paused, which a
+    /// connection resumes ([`SnapshotSteps::left_paused`]).
+    reconnect: Option<String>,
     target: Option<Bytes>,
 }
 
@@ -121,6 +124,7 @@ impl FirecrackerVm {
             pid,
             proc: opts.proc.clone(),
             resumed: None,
+            reconnect: None,
             target: None,
         };
         if let Some(mark) = paused_mark {
@@ -149,6 +153,10 @@ impl VmBackend for FirecrackerVm {
     }
 
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        if let Some(why) = &self.reconnect {
+            let why = format!("{why}: its connection is made again to resume it");
+            return Err(BackendError::Disconnected(why));
+        }
         let (balloon, stats) = match (&self.no_balloon, self.stats) {
             (Some(_), _) => (None, GuestStats::default()),
             (None, true) => {
@@ -273,6 +281,10 @@ impl SnapshotSteps for FirecrackerVm {
 
     async fn serving(&mut self) -> Option<String> {
         vmm_snapshot::serving(&self.api, &self.proc).await
+    }
+
+    fn left_paused(&mut self, why: String) {
+        self.reconnect = Some(why);
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {

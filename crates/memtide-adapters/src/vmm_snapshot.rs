@@ -41,6 +41,9 @@ pub trait SnapshotSteps: Send {
     /// The process serving the API socket now, as its pid and start time (`"PID START"`),
     /// where its peer credentials and /proc tell them.
     async fn serving(&mut self) -> Option<String>;
+    /// A save left the guest paused, marked ([`PAUSED_MARK`]), for `why`: the connection
+    /// is to be made again, which resumes it.
+    fn left_paused(&mut self, why: String);
 }
 
 /// The file, in the VM's directory of the store (beside its snapshots' directories),
@@ -198,8 +201,8 @@ pub async fn resume_after_cut_short_save(
 /// leaves the guest running as it was. A VMM that did not quit when asked is hibernated
 /// all the same if it has ended; one that still runs is asked to resume the guest, and
 /// the error says whether it did. A running guest is marked paused meanwhile
-/// ([`PAUSED_MARK`]); one left paused keeps its mark, and the save's error is then
-/// [`BackendError::Disconnected`]: its connection is made again, which resumes it.
+/// ([`PAUSED_MARK`]); one left paused keeps its mark, and the VMM is told
+/// ([`SnapshotSteps::left_paused`]).
 pub async fn save(
     vmm: &mut dyn SnapshotSteps,
     dir: &Path,
@@ -209,12 +212,10 @@ pub async fn save(
 ) -> Result<Saved, BackendError> {
     let mut mark = Mark::beside(dir)?;
     let saved = save_marked(vmm, dir, then, limit, seal, &mut mark).await;
-    match saved {
-        Err(e) if mark.set => Err(BackendError::Disconnected(format!(
-            "{e}; its connection is made again to resume it"
-        ))),
-        saved => saved,
+    if let (Err(e), true) = (&saved, mark.set) {
+        vmm.left_paused(format!("a save left the guest paused ({e})"));
     }
+    saved
 }
 
 async fn save_marked(
@@ -569,6 +570,7 @@ mod tests {
         async fn serving(&mut self) -> Option<String> {
             Some("7 70".into())
         }
+        fn left_paused(&mut self, _: String) {}
     }
 
     /// A VMM whose quit fails: it has `ended` anyway or not, and resumes or not.
@@ -614,6 +616,7 @@ mod tests {
         async fn serving(&mut self) -> Option<String> {
             Some("7 70".into())
         }
+        fn left_paused(&mut self, _: String) {}
     }
 
     /// A snapshot's directory in a VM's directory of a store, as a save is given one.
@@ -645,9 +648,8 @@ mod tests {
                 false,
                 false,
                 Some(
-                    "disconnected: saved, but the VMM did not quit (killing it: EPERM) and still \
-                     runs; the guest could not be resumed (no): it is paused; its connection is \
-                     made again to resume it",
+                    "saved, but the VMM did not quit (killing it: EPERM) and still runs; the guest \
+                     could not be resumed (no): it is paused",
                 ),
             ),
         ] {
@@ -717,6 +719,8 @@ mod tests {
         running: bool,
         pause: Option<BackendError>,
         resume: Option<BackendError>,
+        /// What the save told of a guest it left paused.
+        left_paused: Option<String>,
     }
 
     impl Guest {
@@ -726,6 +730,7 @@ mod tests {
                 running,
                 pause: None,
                 resume: None,
+                left_paused: None,
             }
         }
     }
@@ -778,6 +783,9 @@ mod tests {
         }
         async fn serving(&mut self) -> Option<String> {
             self.serving.map(String::from)
+        }
+        fn left_paused(&mut self, why: String) {
+            self.left_paused = Some(why);
         }
     }
 
@@ -850,12 +858,15 @@ mod tests {
             BackendError::Protocol("invalid state".into())
         );
         assert_eq!(mark_of(&dir), None);
+        assert_eq!(vmm.left_paused, None);
         // Timed out, and paused all the same: marked, its connection made again.
         let mut vmm = Guest::new(Some("7 70"), true);
         vmm.pause = Some(BackendError::timeout(limit));
         let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
-        assert!(matches!(e, Err(BackendError::Disconnected(_))), "{e:?}");
+        assert_eq!(e, Err(BackendError::timeout(limit)));
         assert_eq!(mark_of(&dir).as_deref(), Some("7 70"));
+        let told = vmm.left_paused.expect("told it left the guest paused");
+        assert!(told.contains("no answer within 1000 ms"), "{told}");
         // A VMM whose process is unknown: no mark.
         std::fs::remove_file(dir.parent().unwrap().join(PAUSED_MARK)).unwrap();
         let mut vmm = Guest::new(None, true);

@@ -390,6 +390,13 @@ fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
     ))
 }
 
+/// The daemon took a request and closed the connection without answering it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the daemon closed the connection without answering (did it stop? `systemctl status memtide`)"
+)]
+struct Unanswered;
+
 /// Send one request to a running daemon and return its reply, waiting for it at most
 /// `wait`: a daemon that was stopped (SIGSTOP) or hangs still accepts the connection
 /// (the kernel does), so without a limit a client would wait forever.
@@ -409,10 +416,7 @@ async fn send(path: &Path, request: &Value, wait: Duration) -> anyhow::Result<Va
             .await?;
         if line.is_empty() {
             written?;
-            bail!(
-                "the daemon closed the connection without answering (did it stop? \
-                 `systemctl status memtide`)"
-            );
+            return Err(anyhow::Error::new(Unanswered));
         }
         if line.len() as u64 == MAX_REPLY_BYTES && line.last() != Some(&b'\n') {
             bail!(
@@ -454,7 +458,13 @@ pub async fn request_save(
     wait: Duration,
 ) -> anyhow::Result<Value> {
     let save = json!({"command": "snapshot", "vm": vm, "then": then});
-    let reply = send(path, &save, wait).await?;
+    let reply = match send(path, &save, wait).await {
+        Err(e) if e.is::<Unanswered>() => bail!(
+            "{e}: whether {vm} was saved, `memtide snapshot list {vm}` tells (a save under way \
+             when the daemon stopped at once may end by itself)"
+        ),
+        reply => reply?,
+    };
     match (reply.get("ok"), reply.get("error")) {
         (Some(ok), _) => Ok(ok.clone()),
         (_, Some(e)) => bail!("{vm} not saved: {}", e.as_str().unwrap_or_default()),

@@ -50,7 +50,10 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
     let dir = &config.snapshots.dir;
     match (found.is_empty(), dir.exists()) {
         (false, _) => {}
-        (true, true) => out += &format!("(no snapshots in {})\n", dir.display()),
+        (true, true) => match vm {
+            Some(vm) => out += &format!("(no snapshots of {vm} in {})\n", dir.display()),
+            None => out += &format!("(no snapshots in {})\n", dir.display()),
+        },
         // A mistyped `[snapshots] dir` is told from a store not used yet.
         (true, false) => {
             out += &format!(
@@ -618,7 +621,7 @@ mod tests {
         assert!(lines[2].ends_with("quit  hibernation  asleep"), "{text}");
         // None: an empty store, and one not there (a mistyped dir, or no save yet).
         let text = list(&c, Some("b"), false).unwrap();
-        let empty = format!("(no snapshots in {})", dir.path().display());
+        let empty = format!("(no snapshots of b in {})", dir.path().display());
         assert_eq!(text.lines().nth(1), Some(empty.as_str()), "{text}");
         let gone = dir.path().join("typo");
         let c = config(&gone, "qmp = \"/a.qmp\"\n");

@@ -84,16 +84,28 @@ async fn has_capability(client: &mut QmpClient, name: &str) -> Result<bool, Back
 /// a restore was to resume ([`RESUME_MARK`]) resumed once its state is in. A guest stopped
 /// otherwise (paused by its operator, or left `postmigrate` by a migration to another
 /// host, where it runs now) is left stopped. Nothing is done while a migration runs or is
-/// awaited (a save or restore under way), and a guest whose restore's state is still
-/// coming in is refused as busy: its connection is made again later, and resumes it. Best
-/// effort otherwise: a failure is logged (a command QEMU lacks, at debug level). Returns
-/// what it resumed, said in a sentence, when it resumed the guest (for its caller to log).
+/// awaited (a save or restore under way); a guest whose restore's state is still coming
+/// in, or whose resume QEMU refuses (its marks then kept), is refused as busy: its
+/// connection is made again later, and resumes it; so is a QEMU whose restore was cut
+/// short before the state was sent, saying so. The marks go only once the guest runs.
+/// Best effort otherwise: a failure is logged (a command QEMU lacks, at debug level).
+/// Returns what it resumed, said in a sentence, when it resumed the guest (for its caller
+/// to log).
 pub async fn clean_up(client: &mut QmpClient) -> Result<Option<String>, BackendError> {
     match try_clean_up(client).await {
         Ok(CleanUp::Resumed(resumed)) => return Ok(Some(resumed)),
+        Ok(CleanUp::Refused(why)) => return Err(BackendError::Busy(why)),
         Ok(CleanUp::Restoring) => {
             return Err(BackendError::Busy(
                 "a restore of memtide's is bringing its state in".into(),
+            ))
+        }
+        Ok(CleanUp::Abandoned) => {
+            return Err(BackendError::Busy(
+                "a restore of memtide's was cut short before it sent the guest's state: \
+                 this QEMU waits for one that will not come (kill it, and restore the VM \
+                 again)"
+                    .into(),
             ))
         }
         Ok(CleanUp::Nothing) => {}
@@ -112,8 +124,12 @@ enum CleanUp {
     Nothing,
     /// The guest was resumed: said in a sentence.
     Resumed(String),
+    /// QEMU refused to resume a guest a save or restore left stopped: why.
+    Refused(String),
     /// A restore of memtide's is migrating the guest's state in.
     Restoring,
+    /// A restore of memtide's was cut short before it sent the state: QEMU waits for it.
+    Abandoned,
 }
 
 /// The run states (QAPI `RunState`) a save leaves a guest in: stopped for it (`paused`),
@@ -140,15 +156,38 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<CleanUp, QmpError> {
             .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == name))
     };
     let to_resume = sets.iter().any(|set| has(set, RESUME_MARK));
+    let stopped = sets.iter().any(|set| has(set, STOPPED_MARK));
     if state == "inmigrate" || !idle {
-        return Ok(match to_resume {
-            true => CleanUp::Restoring,
-            false => CleanUp::Nothing,
+        return Ok(match (to_resume, idle) {
+            (false, _) => CleanUp::Nothing,
+            (true, false) => CleanUp::Restoring,
+            // Waiting at `-incoming defer` for a state nobody will send.
+            (true, true) => CleanUp::Abandoned,
         });
     }
-    let mut stopped = false;
+    let ended = migration_status.unwrap_or("none");
+    let why = if stopped && STOPPED_BY_SAVE.contains(&state) {
+        Some("by a save of memtide's cut short (memtide killed, or the save's call given up on)")
+    } else if to_resume && state == "paused" {
+        Some("by a restore of memtide's cut short before it resumed the guest")
+    } else {
+        None
+    };
+    // Resumed before its marks go: a `cont` QEMU refuses (its disk locked elsewhere, say)
+    // keeps them for the next connection; and QEMU before 9.1 closes a removed fd only
+    // once the guest runs.
+    if let Some(why) = why {
+        if let Err(e) = client.execute("cont", None).await {
+            return match e {
+                QmpError::Command { .. } => Ok(CleanUp::Refused(format!(
+                    "the guest was left stopped ({state}) {why}, and QEMU refused to resume \
+                     it ({e}): tried again at the next connection"
+                ))),
+                e => Err(e),
+            };
+        }
+    }
     for set in sets {
-        stopped |= has(set, STOPPED_MARK);
         if [FD_NAME, STOPPED_MARK, RESUME_MARK]
             .iter()
             .any(|name| has(set, name))
@@ -165,18 +204,12 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<CleanUp, QmpError> {
     if on {
         set_mapped_ram(client, false).await?;
     }
-    let ended = migration_status.unwrap_or("none");
-    let why = if stopped && STOPPED_BY_SAVE.contains(&state) {
-        "by a save of memtide's cut short (memtide killed, or the save's call given up on)"
-    } else if to_resume && state == "paused" {
-        "by a restore of memtide's cut short before it resumed the guest"
-    } else {
-        return Ok(CleanUp::Nothing);
-    };
-    client.execute("cont", None).await?;
-    Ok(CleanUp::Resumed(format!(
-        "the guest was left stopped ({state}, migration {ended}) {why}: resumed"
-    )))
+    Ok(match why {
+        Some(why) => CleanUp::Resumed(format!(
+            "the guest was left stopped ({state}, migration {ended}) {why}: resumed"
+        )),
+        None => CleanUp::Nothing,
+    })
 }
 
 /// Whether something listens on the unix socket `path` (a VM's QMP or API socket): a
@@ -699,26 +732,23 @@ struct Started {
     child: std::process::Child,
     client: QmpClient,
     start: Instant,
-    /// The guest is to be resumed (it ran when saved): the fd set of its
-    /// [`RESUME_MARK`], where QEMU took it.
-    resume: Option<Option<u64>>,
+    /// The guest is to be resumed (it ran when saved; marked so, [`RESUME_MARK`]).
+    resume: bool,
 }
 
 impl Started {
     /// Resume the guest if it is to be, its mark then removed, and let the QEMU go on by
     /// itself; one whose guest cannot be resumed is killed.
     async fn run(mut self) -> Result<Restored, BackendError> {
-        if let Some(mark) = self.resume {
+        if self.resume {
             if let Err(e) = self.client.execute("cont", None).await {
                 self.kill();
                 return Err(e.into());
             }
-            if let Some(id) = mark {
-                // Removed already where a connection's clean-up resumed the guest first.
-                let args = json!({ "fdset-id": id });
-                if let Err(e) = self.client.execute("remove-fd", Some(args)).await {
-                    tracing::debug!("the restore's mark could not be removed: {e}");
-                }
+            // Found by its name: a connection's clean-up may have resumed the guest and
+            // removed it first, and its id been taken by another fd set since.
+            if let Err(e) = remove_marked(&mut self.client, RESUME_MARK).await {
+                tracing::debug!("the restore's mark could not be removed: {e}");
             }
         }
         Ok(Restored {
@@ -780,11 +810,11 @@ async fn start_incoming(
         resume,
     };
     match migrate_in(&mut child, qemu, &into, start).await {
-        Ok((client, mark)) => Ok(Started {
+        Ok(client) => Ok(Started {
             child,
             client,
             start,
-            resume: resume.then_some(mark),
+            resume,
         }),
         Err(e) => {
             let _ = child.kill();
@@ -809,14 +839,14 @@ struct Into<'a> {
 }
 
 /// Connect to the new QEMU's monitor once it listens, mark its guest to be resumed if it
-/// is to be (the fd set's id, where QEMU took it: best effort), and migrate the state in;
-/// a QEMU that exits first (a bad command line) is reported at once.
+/// is to be (best effort), and migrate the state in; a QEMU that exits first (a bad
+/// command line) is reported at once.
 async fn migrate_in(
     child: &mut std::process::Child,
     qemu: &Incoming<'_>,
     into: &Into<'_>,
     start: Instant,
-) -> Result<(QmpClient, Option<u64>), BackendError> {
+) -> Result<QmpClient, BackendError> {
     let (monitor, limit) = (qemu.monitor, qemu.limit);
     let call = Duration::from_secs(5);
     let mut client = loop {
@@ -836,14 +866,11 @@ async fn migrate_in(
     if into.by_reference {
         ignore_shared(&mut client).await?;
     }
-    let mark = match into.resume {
-        true => client
-            .add_fd(into.file.as_fd(), RESUME_MARK)
-            .await
-            .map_err(|e| tracing::debug!("no mark of the guest to resume: {e}"))
-            .ok(),
-        false => None,
-    };
+    if into.resume {
+        if let Err(e) = client.add_fd(into.file.as_fd(), RESUME_MARK).await {
+            tracing::debug!("no mark of the guest to resume: {e}");
+        }
+    }
     let left = limit.saturating_sub(start.elapsed());
     migrate_through(
         &mut client,
@@ -853,7 +880,20 @@ async fn migrate_in(
         left,
     )
     .await?;
-    Ok((client, mark))
+    Ok(client)
+}
+
+/// Remove the fd sets that bear `opaque`.
+async fn remove_marked(client: &mut QmpClient, opaque: &str) -> Result<(), QmpError> {
+    let sets = client.execute("query-fdsets", None).await?;
+    for set in sets.as_array().into_iter().flatten() {
+        let fds = set["fds"].as_array().into_iter().flatten();
+        if fds.into_iter().any(|fd| fd["opaque"] == opaque) {
+            let args = json!({ "fdset-id": set["fdset-id"] });
+            client.execute("remove-fd", Some(args)).await?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1180,6 +1220,16 @@ mod tests {
         migration: &'static str,
         mark: Option<&'static str>,
     ) -> (Vec<String>, Result<Option<String>, BackendError>) {
+        cleaned_up_refusing(state, migration, mark, false).await
+    }
+
+    /// [`cleaned_up`], QEMU refusing `cont` when `refuses`.
+    async fn cleaned_up_refusing(
+        state: &'static str,
+        migration: &'static str,
+        mark: Option<&'static str>,
+        refuses: bool,
+    ) -> (Vec<String>, Result<Option<String>, BackendError>) {
         let sets = match mark {
             Some(mark) => json!([{"fdset-id": 3, "fds": [{"fd": 40, "opaque": mark}]}]),
             None => json!([]),
@@ -1194,6 +1244,9 @@ mod tests {
                 "query-migrate" => ok(&req, json!({"status": migration})),
                 "query-fdsets" => ok(&req, sets.clone()),
                 "query-migrate-capabilities" => ok(&req, json!([])),
+                "cont" if refuses => json!({"error": {"class": "GenericError",
+                    "desc": "Failed to get \"write\" lock"}, "id": req["id"]})
+                .to_string(),
                 _ => ok(&req, json!({})),
             }]
         })
@@ -1212,12 +1265,12 @@ mod tests {
         // by the migration QEMU finished by itself, waits for a `cont`.
         for state in ["paused", "postmigrate", "finish-migrate"] {
             let (sent, resumed) = cleaned_up(state, "completed", Some(STOPPED_MARK)).await;
-            assert_eq!(
-                sent.last().map(String::as_str),
-                Some("cont"),
-                "{state}: {sent:?}"
+            let at = |c: &str| sent.iter().position(|s| s == c);
+            assert!(at("cont").is_some(), "{state}: {sent:?}");
+            assert!(
+                at("cont") < at("remove-fd"),
+                "resumed, then unmarked: {sent:?}"
             );
-            assert!(sent.iter().any(|c| c == "remove-fd"), "the mark: {sent:?}");
             let resumed = resumed.unwrap().expect("said");
             assert!(
                 resumed.contains(&format!("left stopped ({state}")) && resumed.contains("save"),
@@ -1253,15 +1306,36 @@ mod tests {
     async fn a_guest_a_cut_short_restore_left_paused_is_resumed_once_its_state_is_in() {
         // memtide (or its restore command) killed after the state came in: resumed.
         let (sent, resumed) = cleaned_up("paused", "completed", Some(RESUME_MARK)).await;
-        assert_eq!(sent[sent.len() - 1], "cont", "{sent:?}");
-        assert!(sent.iter().any(|c| c == "remove-fd"), "the mark: {sent:?}");
+        let at = |c: &str| sent.iter().position(|s| s == c);
+        assert!(
+            at("cont") < at("remove-fd"),
+            "resumed, then unmarked: {sent:?}"
+        );
         let resumed = resumed.unwrap().expect("said");
         assert!(resumed.contains("restore"), "{resumed}");
-        // Killed while the state comes in: refused as busy until it is in.
-        for (state, migration) in [("inmigrate", "none"), ("paused", "active")] {
+        // Killed while the state comes in: refused as busy until it is in; killed
+        // before it was sent, refused saying so (QEMU waits for it for good).
+        for (state, migration, said) in [
+            ("paused", "active", "bringing its state in"),
+            ("inmigrate", "active", "bringing its state in"),
+            ("inmigrate", "none", "kill it"),
+        ] {
             let (sent, resumed) = cleaned_up(state, migration, Some(RESUME_MARK)).await;
             assert!(!sent.iter().any(|c| c == "cont" || c == "remove-fd"));
-            assert!(matches!(resumed, Err(BackendError::Busy(_))), "{resumed:?}");
+            let Err(BackendError::Busy(why)) = resumed else {
+                panic!("{state} {migration}: {resumed:?}");
+            };
+            assert!(why.contains(said), "{why}");
+        }
+        // QEMU refuses to resume it: refused as busy, the mark kept for the next try.
+        for mark in [RESUME_MARK, STOPPED_MARK] {
+            let (sent, resumed) =
+                cleaned_up_refusing("paused", "completed", Some(mark), true).await;
+            assert!(!sent.iter().any(|c| c == "remove-fd"), "{sent:?}");
+            let Err(BackendError::Busy(why)) = resumed else {
+                panic!("{resumed:?}");
+            };
+            assert!(why.contains("write\" lock"), "{why}");
         }
         // Without its mark (a guest saved paused), a restored guest stays paused.
         let (sent, resumed) = cleaned_up("paused", "completed", None).await;

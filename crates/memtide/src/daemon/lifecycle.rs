@@ -515,8 +515,9 @@ impl Daemon {
     /// domain shut off, its memory in a snapshot never made whole, and a restore (a crash
     /// recovery, a scheduled wake) its guest paused before it runs. Saves still waiting for
     /// a sample are given up, and no restore is begun; those running are waited for — a
-    /// save's task gives it up [`SAVE_GRACE`] past `[snapshots] timeout_s`, a restore ends
-    /// within it, and the wait ends [`STOP_MARGIN`] after that — systemd told to extend its
+    /// save's task gives it up [`SAVE_GRACE`] past `[snapshots] timeout_s`, a restore's
+    /// migration is bounded by it, and the wait ends [`STOP_MARGIN`] after that (a restore
+    /// still verifying its snapshot then is cut short) — systemd told to extend its
     /// stop timeout meanwhile. The control socket's requests are answered that memtide
     /// stops; `stop` (a second SIGTERM or SIGINT) ends the wait at once. Returns whether
     /// it was ended so.

@@ -178,12 +178,6 @@ impl VmTask {
                         let saving = backend.save(&save.dir, save.then, save.limit, save.seal);
                         let bound = save.limit + SAVE_GRACE;
                         let result = match timeout(bound, saving).await {
-                            // A connection the save lost, or one that must be made again
-                            // to resume a guest the save left paused, is let go too.
-                            Ok(Err(e @ BackendError::Disconnected(_))) => {
-                                kept = false;
-                                Err(e)
-                            }
                             Ok(result) => result,
                             // Cut off at any step, the guest perhaps stopped: the backend
                             // is let go, so that the VM is connected afresh (a QEMU's
