@@ -16,7 +16,7 @@
 use crate::api_socket::{guest_stats, ApiError, ApiSocket, ApiVmOptions};
 use crate::firecracker::field;
 use crate::procfs;
-use crate::vmm_snapshot::{self, utf8, Launch, Restored, SnapshotSteps};
+use crate::vmm_snapshot::{self, utf8, CutShort, Launch, Restored, SnapshotSteps};
 use async_trait::async_trait;
 use hyper::Method;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
@@ -41,11 +41,8 @@ pub struct CloudHypervisorVm {
     pid: Option<i32>,
     /// The /proc its process is read in.
     proc: PathBuf,
-    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
-    resumed: Option<String>,
-    /// Why the connection is to be made again: a save left the guest paused, which a
-    /// connection resumes ([`SnapshotSteps::left_paused`]).
-    reconnect: Option<String>,
+    /// What its connection knows of saves cut short.
+    cut_short: CutShort,
     target: Option<Bytes>,
     configured: Bytes,
 }
@@ -110,15 +107,16 @@ impl CloudHypervisorVm {
             process,
             pid,
             proc: opts.proc.clone(),
-            resumed: None,
-            reconnect: None,
+            cut_short: CutShort::default(),
             target: None,
             configured,
         };
         if let Some(mark) = paused_mark {
             let resumed = vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await;
-            vm.resumed = resumed.map_err(BackendError::Busy)?;
-            if vm.resumed.is_some() {
+            let resumed = resumed.map_err(BackendError::Busy)?;
+            let again = resumed.is_some();
+            vm.cut_short = CutShort::resumed(resumed);
+            if again {
                 info = vm.api.call(Method::GET, "/api/v1/vm.info", None).await?;
             }
         }
@@ -166,14 +164,11 @@ impl CloudHypervisorVm {
 #[async_trait]
 impl VmBackend for CloudHypervisorVm {
     fn resumed_at_connection(&mut self) -> Option<String> {
-        self.resumed.take()
+        self.cut_short.take_resumed()
     }
 
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
-        if let Some(why) = &self.reconnect {
-            let why = format!("{why}: its connection is made again to resume it");
-            return Err(BackendError::Disconnected(why));
-        }
+        self.cut_short.check()?;
         let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
         check_state(&info)?;
         let (configured, actual, balloon) = sizes(&info)?;
@@ -263,7 +258,7 @@ impl SnapshotSteps for CloudHypervisorVm {
     }
 
     fn left_paused(&mut self, why: String) {
-        self.reconnect = Some(why);
+        self.cut_short.left_stopped(why);
     }
 
     async fn running(&mut self) -> Result<bool, BackendError> {

@@ -20,7 +20,7 @@
 use crate::api_socket::{guest_stats, ApiError, ApiSocket, ApiVmOptions};
 use crate::pidfd::Pidfd;
 use crate::procfs;
-use crate::vmm_snapshot::{self, utf8, Launch, Restored, SnapshotSteps};
+use crate::vmm_snapshot::{self, utf8, CutShort, Launch, Restored, SnapshotSteps};
 use async_trait::async_trait;
 use hyper::Method;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
@@ -48,11 +48,8 @@ pub struct FirecrackerVm {
     pid: Option<i32>,
     /// The /proc its process is read in.
     proc: PathBuf,
-    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
-    resumed: Option<String>,
-    /// Why the connection is to be made again: a save left the guest paused, which a
-    /// connection resumes ([`SnapshotSteps::left_paused`]).
-    reconnect: Option<String>,
+    /// What its connection knows of saves cut short.
+    cut_short: CutShort,
     target: Option<Bytes>,
 }
 
@@ -123,14 +120,12 @@ impl FirecrackerVm {
             process,
             pid,
             proc: opts.proc.clone(),
-            resumed: None,
-            reconnect: None,
+            cut_short: CutShort::default(),
             target: None,
         };
         if let Some(mark) = paused_mark {
-            vm.resumed = vmm_snapshot::resume_after_cut_short_save(&mut vm, mark)
-                .await
-                .map_err(BackendError::Busy)?;
+            let resumed = vmm_snapshot::resume_after_cut_short_save(&mut vm, mark).await;
+            vm.cut_short = CutShort::resumed(resumed.map_err(BackendError::Busy)?);
         }
         Ok(vm)
     }
@@ -149,14 +144,11 @@ impl FirecrackerVm {
 #[async_trait]
 impl VmBackend for FirecrackerVm {
     fn resumed_at_connection(&mut self) -> Option<String> {
-        self.resumed.take()
+        self.cut_short.take_resumed()
     }
 
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
-        if let Some(why) = &self.reconnect {
-            let why = format!("{why}: its connection is made again to resume it");
-            return Err(BackendError::Disconnected(why));
-        }
+        self.cut_short.check()?;
         let (balloon, stats) = match (&self.no_balloon, self.stats) {
             (Some(_), _) => (None, GuestStats::default()),
             (None, true) => {
@@ -284,7 +276,7 @@ impl SnapshotSteps for FirecrackerVm {
     }
 
     fn left_paused(&mut self, why: String) {
-        self.reconnect = Some(why);
+        self.cut_short.left_stopped(why);
     }
 
     async fn quit(&mut self) -> Result<(), BackendError> {

@@ -1,6 +1,8 @@
 //! Memory snapshots through a VMM's own API (Firecracker, Cloud Hypervisor): the order a
-//! save follows whatever the VMM — pause, write the snapshot, resume or quit, seal — and
-//! a VMM process started by the VM's launch command for a restore.
+//! save follows whatever the VMM — pause, write the snapshot, resume or quit, seal —, the
+//! mark of a guest a save paused (`paused-by-save`) and its resume at the next connection
+//! where the save was cut short, and a VMM process started by the VM's launch command for
+//! a restore.
 //!
 //! The VMM writes the snapshot's files itself, by path, into the store's directory for
 //! it: it must reach that path (not from a jail) with the right to create files there.
@@ -44,6 +46,48 @@ pub trait SnapshotSteps: Send {
     /// A save left the guest paused, marked ([`PAUSED_MARK`]), for `why`: the connection
     /// is to be made again, which resumes it.
     fn left_paused(&mut self, why: String);
+}
+
+/// What a connection to a VM knows of saves and restores of memtide's cut short: what it
+/// resumed as it connected, and why it is to be made again (a save left the guest
+/// stopped, which a connection resumes). Kept by each connector's VM.
+#[derive(Debug, Default)]
+pub struct CutShort {
+    resumed: Option<String>,
+    reconnect: Option<String>,
+}
+
+impl CutShort {
+    /// The connection resumed a guest a save or restore left stopped: `done`, said.
+    pub fn resumed(done: Option<String>) -> CutShort {
+        CutShort {
+            resumed: done,
+            reconnect: None,
+        }
+    }
+
+    /// What the connection resumed, taken once ([`VmBackend::resumed_at_connection`]).
+    ///
+    /// [`VmBackend::resumed_at_connection`]: memtide_core::backend::VmBackend::resumed_at_connection
+    pub fn take_resumed(&mut self) -> Option<String> {
+        self.resumed.take()
+    }
+
+    /// A save left the guest stopped, for `why`: the connection is to be made again.
+    pub fn left_stopped(&mut self, why: String) {
+        self.reconnect = Some(why);
+    }
+
+    /// `Err` (disconnected: the fleet makes the connection again) once a save left the
+    /// guest stopped; a VM's sample asks first.
+    pub fn check(&self) -> Result<(), BackendError> {
+        match &self.reconnect {
+            Some(why) => Err(BackendError::Disconnected(format!(
+                "{why}: its connection is made again to resume it"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The file, in the VM's directory of the store (beside its snapshots' directories),
@@ -141,7 +185,7 @@ fn read_mark(mark: &Path) -> Option<Result<String, String>> {
 
 /// The process serving `api` now, as [`PAUSED_MARK`] names it (`"PID START"`), its start
 /// time read from `proc`; `None` where unknown.
-pub async fn serving(api: &ApiSocket, proc: &Path) -> Option<String> {
+pub(crate) async fn serving(api: &ApiSocket, proc: &Path) -> Option<String> {
     let pid = api.peer_pid().await.ok().flatten()?;
     let start = crate::procfs::start_time(proc, pid)?;
     Some(format!("{pid} {start}"))
@@ -154,7 +198,7 @@ pub async fn serving(api: &ApiSocket, proc: &Path) -> Option<String> {
 /// of a guest that runs, is shut down or not started, is removed. Returns what was done,
 /// said in a sentence, where the guest was resumed, or why a guest so marked stays
 /// paused (its mark kept: its connection is refused and made again later).
-pub async fn resume_after_cut_short_save(
+pub(crate) async fn resume_after_cut_short_save(
     vmm: &mut dyn SnapshotSteps,
     mark: &Path,
 ) -> Result<Option<String>, String> {
@@ -846,7 +890,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_pause_refused_leaves_no_mark_and_one_that_timed_out_leaves_it() {
+    async fn a_pause_refused_leaves_no_mark_one_that_timed_out_leaves_it_and_no_process_none() {
         let limit = Duration::from_secs(1);
         // Refused (the guest paused by its operator meanwhile, say): not this save's.
         let (_store, dir) = snapshot_dir();
@@ -886,7 +930,7 @@ mod tests {
             "a pause would fail this test".into(),
         ));
         let limit = Duration::from_secs(1);
-        // The guest's pause would panic.
+        // A pause fails the test's way, not as "cannot mark".
         let e = save(&mut vmm, &dir, AfterSave::Run, limit, no_seal()).await;
         let e = e.unwrap_err().to_string();
         assert!(e.contains("cannot mark the guest paused"), "{e}");

@@ -597,7 +597,8 @@ impl Pending {
     }
 }
 
-/// A snapshot never made whole (its save failed, or its task ended) leaves nothing.
+/// A snapshot never made whole (its save failed, or its task ended) leaves nothing, unless
+/// the store leaves it ([`Store::leave_unfinished`]).
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.done && !self.left.load(Ordering::Relaxed) {

@@ -110,10 +110,12 @@ pub async fn clean_up(client: &mut QmpClient) -> Result<Option<String>, BackendE
         }
         Ok(CleanUp::Nothing) => {}
         Err(e @ QmpError::Command { .. }) => {
-            tracing::debug!("no clean-up of cut-short saves: {e}");
+            tracing::debug!("no clean-up of cut-short saves and restores: {e}");
         }
         Err(e) => {
-            tracing::warn!("what a cut-short save left in QEMU could not be cleaned up: {e}");
+            tracing::warn!(
+                "what a cut-short save or restore left in QEMU could not be cleaned up: {e}"
+            );
         }
     }
     Ok(None)
@@ -150,13 +152,8 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<CleanUp, QmpError> {
         other => other?,
     };
     let sets: Vec<&Value> = sets.as_array().into_iter().flatten().collect();
-    let has = |set: &Value, name: &str| {
-        set["fds"]
-            .as_array()
-            .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == name))
-    };
-    let to_resume = sets.iter().any(|set| has(set, RESUME_MARK));
-    let stopped = sets.iter().any(|set| has(set, STOPPED_MARK));
+    let to_resume = sets.iter().any(|set| bears(set, RESUME_MARK));
+    let stopped = sets.iter().any(|set| bears(set, STOPPED_MARK));
     if state == "inmigrate" || !idle {
         return Ok(match (to_resume, idle) {
             (false, _) => CleanUp::Nothing,
@@ -190,7 +187,7 @@ async fn try_clean_up(client: &mut QmpClient) -> Result<CleanUp, QmpError> {
     for set in sets {
         if [FD_NAME, STOPPED_MARK, RESUME_MARK]
             .iter()
-            .any(|name| has(set, name))
+            .any(|name| bears(set, name))
         {
             let args = json!({ "fdset-id": set["fdset-id"] });
             client.execute("remove-fd", Some(args)).await?;
@@ -380,13 +377,43 @@ pub async fn save(
     };
     let saved = save_stopped(client, &path, file, stopped, then, limit, seal).await;
     let gone = matches!((&saved, then), (Ok(_), AfterSave::Quit));
-    if let (Some(id), false) = (mark, gone) {
+    // A guest a failed save left stopped (its `cont` refused) keeps its mark: the next
+    // connection resumes it ([`left_stopped`]).
+    let left_stopped = saved.is_err() && running && !runs(client).await;
+    if let (Some(id), false) = (mark, gone || left_stopped) {
         let args = json!({ "fdset-id": id });
         if let Err(e) = client.execute("remove-fd", Some(args)).await {
             tracing::debug!("the save's mark could not be removed: {e}");
         }
     }
     saved
+}
+
+/// Whether the guest runs, as far as QEMU answers (`false` where it does not).
+async fn runs(client: &mut QmpClient) -> bool {
+    let status = client.execute("query-status", None).await;
+    status.is_ok_and(|s| s.get("running").and_then(Value::as_bool) == Some(true))
+}
+
+/// Whether a save left the guest stopped, its mark kept ([`STOPPED_MARK`]): the
+/// connection is then to be made again, which resumes it ([`clean_up`]).
+pub async fn left_stopped(client: &mut QmpClient) -> bool {
+    match client.execute("query-fdsets", None).await {
+        Ok(sets) => sets
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|set| bears(set, STOPPED_MARK)),
+        Err(_) => false,
+    }
+}
+
+/// Whether the fd set `set` (as `query-fdsets` lists it) holds a descriptor added as
+/// `opaque`.
+fn bears(set: &Value, opaque: &str) -> bool {
+    set["fds"]
+        .as_array()
+        .is_some_and(|fds| fds.iter().any(|fd| fd["opaque"] == opaque))
 }
 
 /// What [`save`] learnt before stopping the guest.
@@ -803,7 +830,7 @@ async fn start_incoming(
     let mut child = command
         .spawn()
         .map_err(|e| BackendError::Io(format!("starting {program}: {e}")))?;
-    let into = Into {
+    let into = StateIn {
         file,
         format,
         by_reference,
@@ -831,7 +858,7 @@ async fn start_incoming(
 
 /// What a new QEMU takes in: its state's `file`, written in `format` (by reference for
 /// shared RAM when `by_reference`), its guest to be resumed after when `resume`.
-struct Into<'a> {
+struct StateIn<'a> {
     file: &'a std::fs::File,
     format: Format,
     by_reference: bool,
@@ -844,7 +871,7 @@ struct Into<'a> {
 async fn migrate_in(
     child: &mut std::process::Child,
     qemu: &Incoming<'_>,
-    into: &Into<'_>,
+    into: &StateIn<'_>,
     start: Instant,
 ) -> Result<QmpClient, BackendError> {
     let (monitor, limit) = (qemu.monitor, qemu.limit);
@@ -887,8 +914,7 @@ async fn migrate_in(
 async fn remove_marked(client: &mut QmpClient, opaque: &str) -> Result<(), QmpError> {
     let sets = client.execute("query-fdsets", None).await?;
     for set in sets.as_array().into_iter().flatten() {
-        let fds = set["fds"].as_array().into_iter().flatten();
-        if fds.into_iter().any(|fd| fd["opaque"] == opaque) {
+        if bears(set, opaque) {
             let args = json!({ "fdset-id": set["fdset-id"] });
             client.execute("remove-fd", Some(args)).await?;
         }
@@ -976,6 +1002,12 @@ mod tests {
         (dir, client, sent)
     }
 
+    /// QEMU's refusal of `req` (a `cont` whose disk another process locked).
+    fn refused(req: &Value) -> String {
+        let error = json!({"class": "GenericError", "desc": "Failed to get \"write\" lock"});
+        json!({"error": error, "id": req["id"]}).to_string()
+    }
+
     /// A seal that says `outcome`, and whether it ran.
     fn seal(outcome: Result<(), String>) -> (Seal, Arc<Mutex<bool>>) {
         let ran = Arc::new(Mutex::new(false));
@@ -1016,11 +1048,54 @@ mod tests {
             "closefd",
             "migrate-set-parameters",
             "cont",
+            "query-status",
             "remove-fd",
         ];
         assert_eq!(
             sent, expected,
             "resumed, not quit; marked stopped meanwhile"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_guest_whose_resume_is_refused_after_a_save_keeps_its_mark() {
+        // QEMU refuses the `cont` after the snapshot (its disk locked elsewhere): the
+        // guest stays stopped, marked, for the next connection to resume.
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let (log, running) = (sent.clone(), Arc::new(Mutex::new(true)));
+        let (dir, path) = serve(move |req| {
+            let command = req["execute"].as_str().unwrap().to_string();
+            log.lock().unwrap().push(command.clone());
+            let runs = *running.lock().unwrap();
+            vec![match command.as_str() {
+                "query-status" => ok(&req, json!({"running": runs})),
+                "stop" => {
+                    *running.lock().unwrap() = false;
+                    ok(&req, json!({}))
+                }
+                "add-fd" => ok(&req, json!({"fdset-id": 7, "fd": 30})),
+                "query-migrate" => ok(&req, json!({"status": "completed"})),
+                "query-migrate-capabilities" => ok(&req, json!([])),
+                "query-fdsets" => ok(
+                    &req,
+                    json!([{"fdset-id": 7, "fds": [{"fd": 30, "opaque": STOPPED_MARK}]}]),
+                ),
+                "cont" => refused(&req),
+                _ => ok(&req, json!({})),
+            }]
+        })
+        .await;
+        let mut client = QmpClient::connect(&path, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let (sealed, _) = seal(Ok(()));
+        let limit = Duration::from_secs(5);
+        let e = save(&mut client, dir.path(), AfterSave::Run, limit, sealed).await;
+        assert!(e.unwrap_err().to_string().contains("lock"));
+        assert!(!sent.lock().unwrap().iter().any(|c| c == "remove-fd"));
+        assert!(
+            left_stopped(&mut client).await,
+            "the connection is to be made again"
         );
     }
 
@@ -1067,8 +1142,11 @@ mod tests {
                 "migrate-set-capabilities mapped-ram false",
                 "migrate-set-parameters",
                 "cont",
-                "remove-fd",
             ]);
+            if !saved {
+                expected.push("query-status"); // the guest runs again: its mark goes
+            }
+            expected.push("remove-fd");
             assert_eq!(sent[at..], expected, "saved: {saved}");
         }
         assert_eq!(Format::of("qmp migrate to fd"), Format::Stream);
@@ -1114,7 +1192,8 @@ mod tests {
              runs on"
         );
         let sent = sent.lock().unwrap().clone();
-        assert_eq!(sent[sent.len() - 3..], ["quit", "cont", "remove-fd"]);
+        let resumed = ["quit", "cont", "query-status", "remove-fd"];
+        assert_eq!(sent[sent.len() - 4..], resumed);
         // It ends as it is asked to resume: the guest stopped at its snapshot, hibernated.
         let (dir, mut client, sent) =
             scripted(json!({"status": "completed"}), Some(true), json!([])).await;
@@ -1244,9 +1323,7 @@ mod tests {
                 "query-migrate" => ok(&req, json!({"status": migration})),
                 "query-fdsets" => ok(&req, sets.clone()),
                 "query-migrate-capabilities" => ok(&req, json!([])),
-                "cont" if refuses => json!({"error": {"class": "GenericError",
-                    "desc": "Failed to get \"write\" lock"}, "id": req["id"]})
-                .to_string(),
+                "cont" if refuses => refused(&req),
                 _ => ok(&req, json!({})),
             }]
         })
@@ -1373,7 +1450,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), "No space left on device; the guest runs on");
         let sent = sent.lock().unwrap().clone();
-        assert_eq!(sent[sent.len() - 2..], ["cont", "remove-fd"], "{sent:?}");
+        let resumed = ["cont", "query-status", "remove-fd"];
+        assert_eq!(sent[sent.len() - 3..], resumed, "{sent:?}");
         assert!(!sent.iter().any(|c| c == "quit"), "{sent:?}");
     }
 }

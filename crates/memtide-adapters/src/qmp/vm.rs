@@ -6,6 +6,7 @@ use crate::access::{Mappings, Method, TrackError, Tracker};
 use crate::damon::DamonError;
 use crate::procfs;
 use crate::qga::{self, AgentRetry, GuestAgent};
+use crate::vmm_snapshot::CutShort;
 use crate::Relearn;
 use async_trait::async_trait;
 use memtide_core::backend::{AfterSave, Saved, Seal, VmBackend};
@@ -80,8 +81,8 @@ pub struct QmpVm {
     access: Option<Access>,
     /// QEMU announced a shutdown (`SHUTDOWN`) and no reset followed.
     shut_down: bool,
-    /// What its connection resumed ([`VmBackend::resumed_at_connection`]).
-    resumed: Option<String>,
+    /// What its connection knows of saves and restores cut short.
+    cut_short: CutShort,
 }
 
 /// How a VM's accesses are sampled.
@@ -405,8 +406,10 @@ impl From<QmpError> for BackendError {
 }
 
 impl QmpVm {
-    /// Connect, learn the VM's size and balloon device, and turn on guest statistics.
-    /// With `agent`, the guest agent's socket, each sample also reads the guest's own
+    /// Connect, learn the VM's size and balloon device, and turn on guest statistics,
+    /// once what a save or restore of memtide's cut short left in QEMU is cleaned up (a
+    /// guest it left stopped resumed: [`super::snapshot::clean_up`], which refuses the
+    /// connection as busy while a restore's state comes in). With `agent`, the guest agent's socket, each sample also reads the guest's own
     /// /proc figures (within a quarter of the call timeout per agent call, half of it
     /// for the whole read, so that the balloon is still sampled when the agent is slow).
     pub async fn connect(
@@ -454,7 +457,7 @@ impl QmpVm {
             agent,
             access,
             shut_down: false,
-            resumed,
+            cut_short: CutShort::resumed(resumed),
         })
     }
 
@@ -948,10 +951,11 @@ impl QmpVm {
 #[async_trait]
 impl VmBackend for QmpVm {
     fn resumed_at_connection(&mut self) -> Option<String> {
-        self.resumed.take()
+        self.cut_short.take_resumed()
     }
 
     async fn sample(&mut self) -> Result<VmSample, BackendError> {
+        self.cut_short.check()?;
         match self.read_sample().await {
             // The connection closed after QEMU said it shut down: stopped, not crashed.
             Err(BackendError::Disconnected(why)) if self.announced_shutdown().await => {
@@ -995,7 +999,13 @@ impl VmBackend for QmpVm {
         limit: Duration,
         seal: Seal,
     ) -> Result<Saved, BackendError> {
-        super::snapshot::save(&mut self.client, dir, then, limit, seal).await
+        let saved = super::snapshot::save(&mut self.client, dir, then, limit, seal).await;
+        if let Err(e) = &saved {
+            if super::snapshot::left_stopped(&mut self.client).await {
+                (self.cut_short).left_stopped(format!("a save left the guest stopped ({e})"));
+            }
+        }
+        saved
     }
 }
 

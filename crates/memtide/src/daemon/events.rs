@@ -58,7 +58,8 @@ const ALWAYS: [&str; 19] = [
 /// something it was doing or asked to do (a tick skipped, a policy rejected or failing, a
 /// snapshot or restore not made, a file not written); warnings where a VM or the host
 /// keeps memtide from managing as it should (a VM lost or unreachable, an action that
-/// failed, a guest whose figures are not believed); everything else is information (a
+/// failed, a guest whose figures are not believed), and a guest a save or restore cut
+/// short had left stopped, resumed at connection; everything else is information (a
 /// VM lost as it shut down or as memtide saved it, `rule` saying which, among them).
 fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
     use tracing::Level;

@@ -52,8 +52,8 @@ const STOP_EXTEND_EVERY: Duration = Duration::from_secs(10);
 const STOP_MARGIN: Duration = Duration::from_secs(30);
 
 /// Answer a control request that comes while memtide stops: nothing new is begun.
-fn refuse_while_stopping(request: Request) {
-    let why = "the daemon is stopping";
+pub(super) fn refuse_while_stopping(request: Request) {
+    let why = crate::control::STOPPING;
     match request {
         Request::Reload(reply) => drop(reply.send(Err(why.into()))),
         Request::Save { reply, .. } => drop(reply.send(Err(why.into()))),

@@ -493,7 +493,10 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     // Requests asked from now on are answered that memtide stops; the answers given
     // (the saves that ended) are written to their askers before the daemon ends, but
     // where it was told to stop at once.
-    drop(incoming);
+    incoming.close();
+    while let Ok(request) = incoming.try_recv() {
+        lifecycle::refuse_while_stopping(request);
+    }
     if !at_once {
         control.answered(ANSWERS_WAIT_AT_STOP).await;
     }

@@ -180,8 +180,9 @@ impl VmTask {
                         let result = match timeout(bound, saving).await {
                             Ok(result) => result,
                             // Cut off at any step, the guest perhaps stopped: the backend
-                            // is let go, so that the VM is connected afresh (a QEMU's
-                            // connection resumes a guest a save left stopped).
+                            // is let go, so that the VM is connected afresh (a connection
+                            // resumes a guest a save left stopped by its mark: QEMU's fd
+                            // set, Firecracker's and Cloud Hypervisor's paused-by-save).
                             Err(_) => {
                                 kept = false;
                                 Err(BackendError::timeout(bound))
