@@ -2,7 +2,10 @@
 //! `{"command": "status"}` returns the daemon's status; `{"command": "reload"}` reloads
 //! the policy and returns `{"ok": "..."}` or `{"error": "..."}`; `{"command":
 //! "snapshot", "vm": NAME, "then": "run"|"quit"}` saves a VM's memory (root and the
-//! daemon's user only) and returns the snapshot's description. Each peer is checked by
+//! daemon's user only) and returns the snapshot's description; `{"command": "connect",
+//! "vm": NAME}` has the daemon connect to a VM at once, whatever its backoff (root and the
+//! daemon's user only: `memtide snapshot restore` asks it for the VM it started). Each
+//! peer is checked by
 //! the credentials the kernel gives for it (SO_PEERCRED): root, the daemon's own user and
 //! those `[control]` allows are served; the others get an error and a log line (at most
 //! one a minute, with a count of the rest). At most [`MAX_CONNECTIONS`] are served at
@@ -37,6 +40,9 @@ pub enum Request {
         /// Takes the outcome.
         reply: oneshot::Sender<Result<Value, String>>,
     },
+    /// Connect to this VM at once, its reconnection backoff forgotten (it was just
+    /// started).
+    Connect(String),
 }
 
 /// What a request to a daemon that stops is answered.
@@ -302,10 +308,25 @@ async fn reply(
             Some("snapshot") if !owner => json!({"error": "permission denied: only root and \
                 the daemon's own user may save snapshots"}),
             Some("snapshot") => save(requests, &req).await,
+            Some("connect") if !owner => json!({"error": "permission denied: only root and \
+                the daemon's own user may have it connect to a VM"}),
+            Some("connect") => connect(requests, &req).await,
             Some(other) => json!({"error": format!("unknown command {other:?}")}),
             None => json!({"error": "no command"}),
         },
         Err(e) => json!({"error": format!("invalid request: {e}")}),
+    }
+}
+
+/// `{"command": "connect", "vm": NAME}`: hand it to the daemon, which connects to the VM
+/// at its next refresh.
+async fn connect(requests: &mpsc::Sender<Request>, req: &Value) -> Value {
+    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
+        return json!({"error": "no vm"});
+    };
+    match requests.send(Request::Connect(vm.to_string())).await {
+        Ok(()) => json!({ "ok": format!("connecting to {vm}") }),
+        Err(_) => json!({ "error": STOPPING }),
     }
 }
 
@@ -473,6 +494,16 @@ pub async fn request_save(
     }
 }
 
+/// Ask a running daemon to connect to VM `vm` at once (it was just started), waiting for
+/// its answer at most `wait`.
+pub async fn request_connect(path: &Path, vm: &str, wait: Duration) -> anyhow::Result<()> {
+    let reply = send(path, &json!({"command": "connect", "vm": vm}), wait).await?;
+    match reply.get("error") {
+        Some(e) => bail!("{}", e.as_str().unwrap_or_default()),
+        None => Ok(()),
+    }
+}
+
 /// Ask a running daemon for its status.
 pub async fn request_status(path: &Path) -> anyhow::Result<Status> {
     request_status_within(path, STATUS_WAIT).await
@@ -493,19 +524,27 @@ mod tests {
     use inotify::{EventMask, Inotify, WatchMask};
     use std::ffi::OsStr;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stopping_daemon_waits_for_the_answers_it_gave_to_be_written() {
+    /// A control socket served to its owner alone, in a directory of its own, and where
+    /// the requests for the daemon come.
+    async fn served() -> (
+        tempfile::TempDir,
+        PathBuf,
+        ControlSocket,
+        mpsc::Receiver<Request>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memtide.sock");
-        let (requests, mut incoming) = mpsc::channel(1);
-        let socket = serve(
-            &path,
-            &ControlConfig::default(),
-            SharedStatus::default(),
-            requests,
-        )
-        .await
-        .unwrap();
+        let (requests, incoming) = mpsc::channel(1);
+        let config = ControlConfig::default();
+        let socket = serve(&path, &config, SharedStatus::default(), requests)
+            .await
+            .unwrap();
+        (dir, path, socket, incoming)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopping_daemon_waits_for_the_answers_it_gave_to_be_written() {
+        let (_dir, path, socket, mut incoming) = served().await;
         // Nothing asked: nothing to wait for.
         socket.answered(Duration::from_secs(60)).await;
         let asked = {
@@ -540,6 +579,24 @@ mod tests {
         waiting.await.unwrap();
         let reply: Value = serde_json::from_str(&asked.await.unwrap()).unwrap();
         assert_eq!(reply["error"], "VM web is not connected");
+    }
+
+    #[tokio::test]
+    async fn a_restore_has_the_daemon_connect_to_its_vm_at_once() {
+        let (_dir, path, _socket, mut incoming) = served().await;
+        let asked = tokio::spawn({
+            let path = path.clone();
+            async move { request_connect(&path, "web", Duration::from_secs(5)).await }
+        });
+        let Some(Request::Connect(vm)) = incoming.recv().await else {
+            panic!("no connect request reached the daemon");
+        };
+        assert_eq!(vm, "web");
+        asked.await.unwrap().unwrap();
+        // A daemon that stops: the asker is told.
+        drop(incoming);
+        let e = request_connect(&path, "web", Duration::from_secs(5)).await;
+        assert_eq!(e.unwrap_err().to_string(), STOPPING);
     }
 
     #[tokio::test]

@@ -27,6 +27,10 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (with libvirt)");
 #[cfg(not(feature = "libvirt"))]
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (without libvirt)");
 
+/// How long `memtide snapshot restore` waits for a running daemon to take its word that
+/// the VM was started (a stopped or hung daemon is not waited for).
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// Watches each VM, takes back the memory it does not use, and gives it back before the
 /// guest suffers.
 #[derive(Parser)]
@@ -846,6 +850,12 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             let config = load(config.as_ref())?;
             let restored = snapshot_cmd::restore(&config, &vm, id.as_deref(), force).await?;
             stdout::println(&restored.line)?;
+            // A running daemon manages the VM at once, rather than at its next attempt
+            // (its backoff grew while the VM was away); none running, nothing to tell.
+            let told = control::request_connect(&config.daemon.socket, &vm, CONNECT_WAIT);
+            if let Err(e) = told.await {
+                tracing::debug!("the daemon was not told to connect to {vm}: {e:#}");
+            }
             if let Some(why) = restored.unmarked {
                 eprintln!("warning: {why}");
             }

@@ -57,6 +57,7 @@ pub(super) fn refuse_while_stopping(request: Request) {
     match request {
         Request::Reload(reply) => drop(reply.send(Err(why.into()))),
         Request::Save { reply, .. } => drop(reply.send(Err(why.into()))),
+        Request::Connect(_) => {}
     }
 }
 

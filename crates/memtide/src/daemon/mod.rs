@@ -455,6 +455,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
                     Request::Save { vm, then, reply } => {
                         daemon.save(vm, then, TakenBy::Operator, reply)
                     }
+                    Request::Connect(vm) => daemon.fleet.reconnect_now(&vm),
                 }
                 continue;
             }
