@@ -129,16 +129,6 @@ impl CloudHypervisorVm {
         self.pid
     }
 
-    /// The VM's state as `vm.info` tells it: "Created", "Running", "Shutdown" or "Paused".
-    async fn state(&self) -> Result<String, BackendError> {
-        let info = self.api.call(Method::GET, "/api/v1/vm.info", None).await?;
-        Ok(info
-            .get("state")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string())
-    }
-
     /// The guest's balloon statistics, where this Cloud Hypervisor has them; a release
     /// without the endpoint, or a guest driver without statistics, is asked no more.
     async fn stats(&mut self) -> Result<GuestStats, BackendError> {
@@ -261,12 +251,8 @@ impl SnapshotSteps for CloudHypervisorVm {
         self.cut_short.left_stopped(why);
     }
 
-    async fn running(&mut self) -> Result<bool, BackendError> {
-        Ok(self.state().await? == "Running")
-    }
-
-    async fn paused(&mut self) -> Result<bool, BackendError> {
-        Ok(self.state().await? == "Paused")
+    async fn state(&mut self) -> Result<String, BackendError> {
+        vmm_snapshot::state_at(&self.api, "/api/v1/vm.info").await
     }
 
     async fn pause(&mut self) -> Result<(), BackendError> {

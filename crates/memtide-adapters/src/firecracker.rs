@@ -129,16 +129,6 @@ impl FirecrackerVm {
         }
         Ok(vm)
     }
-
-    /// The VM's state as `GET /` tells it: "Not started", "Running" or "Paused".
-    async fn state(&self) -> Result<String, BackendError> {
-        let info = self.api.call(Method::GET, "/", None).await?;
-        Ok(info
-            .get("state")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string())
-    }
 }
 
 #[async_trait]
@@ -235,12 +225,8 @@ impl SnapshotSteps for FirecrackerVm {
             .then(|| "Firecracker's process is unknown (no peer credentials on its socket)".into())
     }
 
-    async fn running(&mut self) -> Result<bool, BackendError> {
-        Ok(self.state().await? == "Running")
-    }
-
-    async fn paused(&mut self) -> Result<bool, BackendError> {
-        Ok(self.state().await? == "Paused")
+    async fn state(&mut self) -> Result<String, BackendError> {
+        vmm_snapshot::state_at(&self.api, "/").await
     }
 
     async fn pause(&mut self) -> Result<(), BackendError> {

@@ -25,10 +25,17 @@ pub trait SnapshotSteps: Send {
     fn mechanism(&self) -> &'static str;
     /// Why the VMM's process cannot be made to quit (a hibernation), when it cannot.
     fn cannot_quit(&self) -> Option<String>;
+    /// The guest's state now, in the VMM's words: "Running", "Paused", or another
+    /// (Firecracker's "Not started", Cloud Hypervisor's "Created" or "Shutdown").
+    async fn state(&mut self) -> Result<String, BackendError>;
     /// Whether the guest runs now.
-    async fn running(&mut self) -> Result<bool, BackendError>;
+    async fn running(&mut self) -> Result<bool, BackendError> {
+        Ok(self.state().await? == "Running")
+    }
     /// Whether the guest is paused now (neither running, nor shut down or not started).
-    async fn paused(&mut self) -> Result<bool, BackendError>;
+    async fn paused(&mut self) -> Result<bool, BackendError> {
+        Ok(self.state().await? == "Paused")
+    }
     /// Pause the guest.
     async fn pause(&mut self) -> Result<(), BackendError>;
     /// Let the guest run again.
@@ -181,6 +188,16 @@ fn read_mark(mark: &Path) -> Option<Result<String, String>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         read => Some(read.map_err(|e: std::io::Error| format!("{}: {e}", mark.display()))),
     }
+}
+
+/// The guest's state as the VMM's API answers it at `path` (its `state` field).
+pub(crate) async fn state_at(api: &ApiSocket, path: &str) -> Result<String, BackendError> {
+    let info = api.call(Method::GET, path, None).await?;
+    Ok(info
+        .get("state")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("")
+        .to_string())
 }
 
 /// The process serving `api` now, as [`PAUSED_MARK`] names it (`"PID START"`), its start
@@ -585,8 +602,8 @@ mod tests {
         fn cannot_quit(&self) -> Option<String> {
             None
         }
-        async fn running(&mut self) -> Result<bool, BackendError> {
-            Ok(true)
+        async fn state(&mut self) -> Result<String, BackendError> {
+            Ok("Running".into())
         }
         async fn pause(&mut self) -> Result<(), BackendError> {
             Ok(())
@@ -607,9 +624,6 @@ mod tests {
         }
         async fn ended(&mut self) -> bool {
             false
-        }
-        async fn paused(&mut self) -> Result<bool, BackendError> {
-            Ok(false)
         }
         async fn serving(&mut self) -> Option<String> {
             Some("7 70".into())
@@ -632,8 +646,8 @@ mod tests {
         fn cannot_quit(&self) -> Option<String> {
             None
         }
-        async fn running(&mut self) -> Result<bool, BackendError> {
-            Ok(true)
+        async fn state(&mut self) -> Result<String, BackendError> {
+            Ok("Running".into())
         }
         async fn pause(&mut self) -> Result<(), BackendError> {
             Ok(())
@@ -653,9 +667,6 @@ mod tests {
         }
         async fn ended(&mut self) -> bool {
             self.ended
-        }
-        async fn paused(&mut self) -> Result<bool, BackendError> {
-            Ok(false)
         }
         async fn serving(&mut self) -> Option<String> {
             Some("7 70".into())
@@ -787,11 +798,8 @@ mod tests {
         fn cannot_quit(&self) -> Option<String> {
             None
         }
-        async fn running(&mut self) -> Result<bool, BackendError> {
-            Ok(self.running)
-        }
-        async fn paused(&mut self) -> Result<bool, BackendError> {
-            Ok(!self.running)
+        async fn state(&mut self) -> Result<String, BackendError> {
+            Ok(if self.running { "Running" } else { "Paused" }.into())
         }
         async fn pause(&mut self) -> Result<(), BackendError> {
             match self.pause.clone() {

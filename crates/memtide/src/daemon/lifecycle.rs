@@ -703,14 +703,7 @@ fn first_scheduled_in(store: &Store, vm: &str, every: Duration) -> Duration {
             None
         }
     };
-    let since = newest.and_then(|s| {
-        let created = humantime::parse_rfc3339_weak(&s.created).ok()?;
-        Some(
-            SystemTime::now()
-                .duration_since(created)
-                .unwrap_or_default(),
-        )
-    });
+    let since = newest.as_ref().and_then(snapshots::age);
     since.map_or(every, |since| every.saturating_sub(since))
 }
 
