@@ -62,6 +62,17 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
             )
         }
     }
+    let unfinished = store.unfinished()?;
+    let unfinished: Vec<_> = match vm {
+        Some(vm) => unfinished.into_iter().filter(|u| u.vm == vm).collect(),
+        None => unfinished,
+    };
+    if !unfinished.is_empty() {
+        out += "\nSaves not finished (cut short, or under way now):\n";
+        for left in unfinished {
+            out += &format!("- {}\n", left.describe());
+        }
+    }
     Ok(out)
 }
 

@@ -162,6 +162,64 @@ fn dir_name(vm: &str) -> String {
     name
 }
 
+/// The VM whose directory in the store is named `name` ([`dir_name`] undone), if memtide
+/// could have named it so.
+fn vm_of_dir(name: &str) -> Option<String> {
+    let mut bytes = Vec::new();
+    let mut rest = name.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        if b != b'%' {
+            bytes.push(b);
+            continue;
+        }
+        let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+        bytes.push(u8::from_str_radix(hex, 16).ok()?);
+        rest = &rest[2..];
+    }
+    String::from_utf8(bytes)
+        .ok()
+        .filter(|vm| dir_name(vm) == name)
+}
+
+/// What a save cut short left in the store: its `ID.partial` directory, never made a
+/// snapshot (memtide stopped at once, or was killed, while it was written).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unfinished {
+    /// The VM it was a save of.
+    pub vm: String,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The bytes its files hold.
+    pub bytes: u64,
+    /// It holds a whole libvirt save image: libvirt finished the save after memtide
+    /// stopped, and left the domain shut off with its memory only there.
+    pub libvirt_image: bool,
+}
+
+impl Unfinished {
+    /// What an operator is told of it.
+    pub fn describe(&self) -> String {
+        let mut told = format!(
+            "{} ({}) holds what a save of {} wrote and never finished: no snapshot to \
+             restore; the VM's next save removes it",
+            self.dir.display(),
+            Bytes(self.bytes),
+            self.vm
+        );
+        if self.libvirt_image {
+            told += &format!(
+                ". It holds a whole libvirt save image: where the domain is shut off, its \
+                 memory is there, and `virsh restore {}` runs it again",
+                self.dir
+                    .join(memtide_adapters::libvirt::MEMORY_FILE)
+                    .display()
+            );
+        }
+        told
+    }
+}
+
 /// An exclusive lock (`flock`) on a file, held until dropped or its process ends.
 #[derive(Debug)]
 pub struct Lock {
@@ -343,6 +401,51 @@ impl Store {
         }
         all.sort_by(|a, b| (&a.vm, a.seq, &a.id).cmp(&(&b.vm, b.seq, &b.id)));
         Ok(all)
+    }
+
+    /// What saves cut short left in the store ([`Unfinished`]), by VM and time; a
+    /// directory that cannot be read is skipped with a warning. Saves under way are among
+    /// them.
+    pub fn unfinished(&self) -> anyhow::Result<Vec<Unfinished>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            other => other.with_context(|| format!("reading {}", self.dir.display()))?,
+        };
+        let mut found = Vec::new();
+        for vm_dir in entries.flatten().filter(|e| e.path().is_dir()) {
+            let Some(vm) = vm_dir.file_name().to_str().and_then(vm_of_dir) else {
+                continue;
+            };
+            let saves = match std::fs::read_dir(vm_dir.path()) {
+                Ok(saves) => saves,
+                Err(e) => {
+                    tracing::warn!("{}: {e}, skipped", vm_dir.path().display());
+                    continue;
+                }
+            };
+            for save in saves.flatten() {
+                let dir = save.path();
+                let is_dir = save.file_type().is_ok_and(|t| t.is_dir());
+                if !is_dir || !save.file_name().to_string_lossy().ends_with(PARTIAL) {
+                    continue;
+                }
+                let bytes = std::fs::read_dir(&dir)
+                    .map(|files| {
+                        let sizes = files.flatten().filter_map(|f| f.metadata().ok());
+                        sizes.filter(|m| m.is_file()).map(|m| m.len()).sum()
+                    })
+                    .unwrap_or(0);
+                let image = dir.join(memtide_adapters::libvirt::MEMORY_FILE);
+                found.push(Unfinished {
+                    vm: vm.clone(),
+                    libvirt_image: memtide_adapters::libvirt::is_whole_save_image(&image),
+                    dir,
+                    bytes,
+                });
+            }
+        }
+        found.sort_by(|a, b| (&a.vm, &a.dir).cmp(&(&b.vm, &b.dir)));
+        Ok(found)
     }
 
     /// The VMs hibernated: each VM's newest snapshot, where it is a hibernation not
@@ -1205,9 +1308,70 @@ mod tests {
                 Path::new("/store").join(dir),
                 "{name:?}"
             );
+            assert_eq!(vm_of_dir(dir).as_deref(), Some(name), "{dir:?}");
         }
+        // Names memtide never gives stand for no VM.
+        for dir in ["a%2", "a%zz", "a%2f", ".x", "a%41", "%C3"] {
+            assert_eq!(vm_of_dir(dir), None, "{dir:?}");
+        }
+        assert_eq!(vm_of_dir("%C3%A9t%C3%A9").as_deref(), Some("été"));
         let e = store.begin("", Bytes::from_mib(1)).unwrap_err().to_string();
         assert!(e.contains("no name"), "{e}");
+    }
+
+    #[test]
+    fn saves_cut_short_are_found_naming_their_vm_and_a_whole_libvirt_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        assert_eq!(store.unfinished().unwrap(), [], "no store yet");
+        take(&store, "web/1", b"whole");
+        // A save the daemon stopped at once during, its files left as they were.
+        let cut = store.begin("web/1", Bytes::from_mib(1)).unwrap();
+        std::fs::write(cut.dir.join("memory"), [0u8; 3000]).unwrap();
+        std::fs::write(cut.dir.join("state"), [0u8; 96]).unwrap();
+        store.leave_unfinished();
+        drop(cut);
+        // libvirt finished one after memtide stopped; another it had only begun.
+        let db = store.vm_dir("db");
+        for (id, magic) in [
+            ("1.partial", "LibvirtQemudSave"),
+            ("2.partial", "LibvirtQemudPart"),
+        ] {
+            std::fs::create_dir_all(db.join(id)).unwrap();
+            std::fs::write(db.join(id).join("memory"), format!("{magic}...")).unwrap();
+        }
+        // Not saves of memtide's: a clone template being made, a directory of no VM.
+        let taken = store.list("db").unwrap_or_default();
+        assert!(taken.is_empty());
+        std::fs::create_dir_all(dir.path().join("a%zz").join("3.partial")).unwrap();
+        std::fs::create_dir_all(store.vm_dir("web/1").join("x").join("template.partial")).unwrap();
+
+        let found = store.unfinished().unwrap();
+        let seen: Vec<(&str, bool, u64)> = found
+            .iter()
+            .map(|u| (u.vm.as_str(), u.libvirt_image, u.bytes))
+            .collect();
+        assert_eq!(
+            seen,
+            [("db", true, 19), ("db", false, 19), ("web/1", false, 3096)]
+        );
+        assert!(found[2].dir.starts_with(store.vm_dir("web/1")));
+        let told = found[0].describe();
+        assert!(
+            told.contains("virsh restore") && told.contains("1.partial/memory"),
+            "{told}"
+        );
+        assert!(!found[2].describe().contains("virsh"));
+        // The VM's next save (a daemon's of its own) removes what its cut-short save left.
+        let next = Store::new(dir.path());
+        drop(next.begin("web/1", Bytes::from_mib(1)).unwrap());
+        let left: Vec<String> = store
+            .unfinished()
+            .unwrap()
+            .into_iter()
+            .map(|u| u.vm)
+            .collect();
+        assert_eq!(left, ["db", "db"]);
     }
 
     #[test]

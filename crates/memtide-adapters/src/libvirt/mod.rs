@@ -23,6 +23,21 @@ pub use vm::{LibvirtVm, LibvirtVmOptions};
 #[cfg(feature = "libvirt")]
 use memtide_core::BackendError;
 
+/// The file, in a snapshot's directory, that libvirt saves the domain into.
+pub const MEMORY_FILE: &str = "memory";
+
+/// The first bytes of a libvirt QEMU save image once it is whole (libvirt writes
+/// `LibvirtQemudPart` first and this when the save completes).
+const SAVE_MAGIC: &[u8; 16] = b"LibvirtQemudSave";
+
+/// Whether the file at `path` is a whole libvirt QEMU save image, by its header.
+pub fn is_whole_save_image(path: &std::path::Path) -> bool {
+    let mut magic = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| &magic == SAVE_MAGIC)
+}
+
 /// A libvirt connection failure.
 #[cfg(feature = "libvirt")]
 #[derive(Debug, thiserror::Error)]

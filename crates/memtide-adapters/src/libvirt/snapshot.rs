@@ -28,12 +28,7 @@ use virt::domain::Domain;
 use virt::error::Error;
 use virt_sys as sys;
 
-/// The file, in a snapshot's directory, that libvirt saves the domain into.
-pub const MEMORY_FILE: &str = "memory";
-
-/// The first bytes of a libvirt QEMU save image once it is whole (libvirt writes
-/// `LibvirtQemudPart` first and this when the save completes).
-const SAVE_MAGIC: &[u8; 16] = b"LibvirtQemudSave";
+pub use super::MEMORY_FILE;
 
 /// How many times a save whose abort was asked for is looked at for its job's end.
 const ABORT_POLLS: u32 = 100;
@@ -246,11 +241,7 @@ impl LibvirtVm {
         }
         let d = self.domain.clone();
         let state = blocking(self.call_timeout, move || d.get_state()).await;
-        let mut magic = [0u8; 16];
-        let whole = std::fs::File::open(path)
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-            .is_ok_and(|()| &magic == SAVE_MAGIC);
-        matches!(state, Ok((sys::VIR_DOMAIN_SHUTOFF, _))) && whole
+        matches!(state, Ok((sys::VIR_DOMAIN_SHUTOFF, _))) && super::is_whole_save_image(path)
     }
 
     /// See `VmBackend::save`: the domain saved into `dir` by libvirt (which stops it),

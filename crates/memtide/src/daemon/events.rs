@@ -31,7 +31,7 @@ const BURST: u32 = 5;
 /// The rate limit's window.
 const WINDOW: Duration = Duration::from_secs(60);
 /// Events never held back: memtide's own doings.
-const ALWAYS: [&str; 19] = [
+const ALWAYS: [&str; 20] = [
     "started",
     "stopped",
     "state",
@@ -44,6 +44,7 @@ const ALWAYS: [&str; 19] = [
     "snapshot_failed",
     "snapshot_deleted",
     "snapshot_woken",
+    "snapshot_unfinished",
     "restore_started",
     "restored",
     "restore_failed",
@@ -58,8 +59,9 @@ const ALWAYS: [&str; 19] = [
 /// something it was doing or asked to do (a tick skipped, a policy rejected or failing, a
 /// snapshot or restore not made, a file not written); warnings where a VM or the host
 /// keeps memtide from managing as it should (a VM lost or unreachable, an action that
-/// failed, a guest whose figures are not believed), and a guest a save or restore cut
-/// short had left stopped, resumed at connection; everything else is information (a
+/// failed, a guest whose figures are not believed), a guest a save or restore cut
+/// short had left stopped, resumed at connection, and what a save cut short left in the
+/// store; everything else is information (a
 /// VM lost as it shut down or as memtide saved it, `rule` saying which, among them).
 fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
     use tracing::Level;
@@ -68,9 +70,12 @@ fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
         | "restore_given_up" | "write_failed" => Level::ERROR,
         // A VM that shut down, or that memtide was saving, went as it should.
         "vm_lost" if rule.is_some() => Level::INFO,
-        "action_failed" | "place_failed" | "reclaim_failed" | "vm_lost" | "vm_resumed" => {
-            Level::WARN
-        }
+        "action_failed"
+        | "place_failed"
+        | "reclaim_failed"
+        | "vm_lost"
+        | "vm_resumed"
+        | "snapshot_unfinished" => Level::WARN,
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
             Some("guest_reset" | "guest_shutdown" | "memory_resized" | "busy") => Level::INFO,
@@ -470,6 +475,7 @@ mod tests {
             (("diagnostic", Some("busy")), Level::INFO),
             (("vm_lost", Some("shut_down")), Level::INFO),
             (("vm_lost", Some("saving")), Level::INFO),
+            (("snapshot_unfinished", None), Level::WARN),
             (("diagnostic", Some("guest_shutdown")), Level::INFO),
             (("action", Some("memtide.probe")), Level::INFO),
         ];

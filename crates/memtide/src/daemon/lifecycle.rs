@@ -268,9 +268,12 @@ impl Daemon {
         }
     }
 
-    /// Start the snapshots due by their VM's `snapshot_every_s` (the first one period
-    /// after its newest scheduled snapshot, or after it is first seen connected where it
-    /// has none); not in a dry run.
+    /// Start a snapshot due by its VM's `snapshot_every_s` (the first one period after
+    /// its newest scheduled snapshot, or after it is first seen connected where it has
+    /// none); not in a dry run. One at a time, and none while another save runs: VMs
+    /// due together (a schedule shared, or overdue after the daemon was down) take
+    /// turns, the longest overdue first, rather than stop their guests and write to the
+    /// disk all at once.
     pub(super) fn snapshot_on_schedule(&mut self) {
         if self.options.dry_run {
             return;
@@ -282,20 +285,24 @@ impl Daemon {
             .iter()
             .filter_map(|vm| Some((vm.name.clone(), Duration::from_secs(vm.snapshot_every_s?))))
             .collect();
+        let mut first: Option<(Instant, String, Duration)> = None;
         for (vm, every) in scheduled {
-            if self.fleet.configured(&vm).is_none() || self.saving.contains_key(&vm) {
+            if self.fleet.configured(&vm).is_none() {
                 continue;
             }
             let store = &self.store;
             let next = *(self.next_snapshot.entry(vm.clone()))
                 .or_insert_with(|| now + first_scheduled_in(store, &vm, every));
-            if now < next {
-                continue;
+            if next <= now && first.as_ref().is_none_or(|(due, ..)| next < *due) {
+                first = Some((next, vm, every));
             }
-            self.next_snapshot.insert(vm.clone(), now + every);
-            let (reply, _) = oneshot::channel();
-            self.save(vm, AfterSave::Run, TakenBy::Schedule, reply);
         }
+        let Some((_, vm, every)) = first.filter(|_| self.saving.is_empty()) else {
+            return;
+        };
+        self.next_snapshot.insert(vm.clone(), now + every);
+        let (reply, _) = oneshot::channel();
+        self.save(vm, AfterSave::Run, TakenBy::Schedule, reply);
     }
 
     /// VM `vm` was lost. Off the loop, its process (`pid`, and its start time where known:

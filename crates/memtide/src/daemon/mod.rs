@@ -373,6 +373,17 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
     let (saves, mut saved) = mpsc::channel(8);
     let (restoring, mut restored) = mpsc::channel(8);
     let store = Store::new(&config.snapshots.dir);
+    let unfinished = store.unfinished().unwrap_or_else(|e| {
+        tracing::warn!("snapshot store: {e:#}");
+        Vec::new()
+    });
+    for left in unfinished {
+        let message = format!(
+            "a save cut short (memtide stopped at once, or was killed, while it saved): {}",
+            left.describe()
+        );
+        events.log("snapshot_unfinished", Some(&left.vm), None, message);
+    }
     let huge_pages = config.host.restore_huge_pages.then(|| {
         memtide_adapters::hugepages::supported(&config.host.sys)
             .inspect_err(|e| {

@@ -1,7 +1,8 @@
-//! memtide told to stop while it saves a VM: the save ends first (its guest runs again,
-//! its snapshot is whole, its asker answered), and a second signal stops it at once
-//! (the guest left paused is resumed by the next daemon).
-//! Against a Firecracker API served by the test, whose snapshot takes seconds to write.
+//! The daemon's saves, against a Firecracker API served by the test whose snapshot takes
+//! seconds to write. memtide told to stop while it saves a VM: the save ends first (its
+//! guest runs again, its snapshot is whole, its asker answered), and a second signal
+//! stops it at once (the guest left paused is resumed by the next daemon, which says
+//! where the save's files were left). Scheduled saves due together take turns.
 
 mod support;
 
@@ -11,6 +12,7 @@ use axum::routing::{get, patch, put};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::daemon::{snapshot, text, vm, Daemon};
@@ -24,6 +26,15 @@ struct Fake {
     log: Vec<String>,
     /// How long a snapshot takes to write.
     writing: Duration,
+    /// The snapshots being written, shared by the fakes of one test.
+    writers: Arc<Writers>,
+}
+
+/// How many snapshots are being written at once, and the most that ever were.
+#[derive(Default)]
+struct Writers {
+    now: AtomicUsize,
+    most: AtomicUsize,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -104,15 +115,18 @@ fn api(fake: Shared) -> Router {
             "/snapshot/create",
             put(
                 |State(f): State<Shared>, Json(body): Json<Value>| async move {
-                    let writing = {
+                    let (writing, writers) = {
                         let mut f = f.lock().unwrap();
                         f.log.push("PUT /snapshot/create".into());
-                        f.writing
+                        (f.writing, f.writers.clone())
                     };
+                    let now = writers.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    writers.most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(writing).await;
                     for (file, bytes) in [("snapshot_path", 64), ("mem_file_path", 1 << 20)] {
                         std::fs::write(body[file].as_str().unwrap(), vec![0x5a; bytes]).unwrap();
                     }
+                    writers.now.fetch_sub(1, Ordering::SeqCst);
                     f.lock().unwrap().log.push("written".into());
                     StatusCode::NO_CONTENT
                 },
@@ -124,17 +138,26 @@ fn api(fake: Shared) -> Router {
 /// A daemon in `dir` managing the fake Firecracker at `socket` as VM `f`, its snapshot
 /// store `store`.
 fn start(dir: &Path, store: &Path, socket: &Path) -> (Daemon, PathBuf) {
-    let config = format!(
+    start_with(dir, store, &[("f", socket)], "")
+}
+
+/// A daemon in `dir` managing each fake Firecracker of `vms` (name, socket), each VM's
+/// entry with `each` added, its snapshot store `store`.
+fn start_with(dir: &Path, store: &Path, vms: &[(&str, &Path)], each: &str) -> (Daemon, PathBuf) {
+    let mut config = format!(
         "interval_s = 1\npolicy = \"none\"\n[host]\nsample_access = false\n\
          restore_huge_pages = false\n[discovery]\nqmp_glob = []\n[engine]\n\
-         ksm_control = false\n[snapshots]\ndir = {:?}\ntimeout_s = 60\n\
-         [[vm]]\nname = \"f\"\nfirecracker = {:?}\n",
+         ksm_control = false\n[snapshots]\ndir = {:?}\ntimeout_s = 60\n",
         store.display().to_string(),
-        socket.display().to_string(),
     );
+    for (name, socket) in vms {
+        let socket = socket.display().to_string();
+        config += &format!("[[vm]]\nname = {name:?}\nfirecracker = {socket:?}\n{each}");
+    }
     let daemon = Daemon::start(dir, &config, 0);
-    daemon.wait_until("the VM sampled", Duration::from_secs(30), |s| {
-        vm(s, "f").is_some_and(|v| v["configured"].is_u64())
+    daemon.wait_until("the VMs sampled", Duration::from_secs(30), |s| {
+        vms.iter()
+            .all(|(name, _)| vm(s, name).is_some_and(|v| v["configured"].is_u64()))
     });
     (daemon, dir.join("memtide.toml"))
 }
@@ -284,10 +307,62 @@ fn a_second_signal_stops_at_once_and_the_next_daemon_resumes_the_guest_left_paus
         told["message"].as_str().unwrap().contains("cut short"),
         "{told}"
     );
-    // What the save wrote is left where it was written (the VM's next save removes it).
+    // What the save wrote is left where it was written (the VM's next save removes it),
+    // and the next daemon and `memtide snapshot list` say where.
     let partial = std::fs::read_dir(store.join("f"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".partial"));
-    assert!(partial.is_some_and(|p| p.join("memory").is_file()));
+        .find(|p| p.to_string_lossy().ends_with(".partial"))
+        .expect("the save's partial directory");
+    assert!(partial.join("memory").is_file());
+    let events = next.event_log();
+    let left = events
+        .iter()
+        .find(|e| e["kind"] == "snapshot_unfinished" && e["vm"] == "f");
+    let left = left.unwrap_or_else(|| panic!("no snapshot_unfinished: {events:?}"));
+    let told = left["message"].as_str().unwrap();
+    assert!(told.contains(&partial.display().to_string()), "{told}");
+    let listed = snapshot(&dir.path().join("memtide.toml"), &["list", "f"]);
+    assert!(
+        text(&listed).contains("Saves not finished") && text(&listed).contains(".partial"),
+        "{}",
+        text(&listed)
+    );
+}
+
+#[test]
+fn scheduled_saves_due_together_take_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let writers = Arc::new(Writers::default());
+    let mut vms = Vec::new();
+    for name in ["a", "b", "c"] {
+        let socket = dir.path().join(format!("{name}.sock"));
+        let fake = Shared::new(Mutex::new(Fake {
+            writing: Duration::from_secs(3),
+            writers: writers.clone(),
+            ..Fake::default()
+        }));
+        firecracker(&socket, fake.clone());
+        vms.push((name, socket, fake));
+    }
+    let store = dir.path().join("snapshots");
+    let named: Vec<(&str, &Path)> = vms.iter().map(|(n, s, _)| (*n, s.as_path())).collect();
+    // All three due 10 s after they were first seen, within a tick or two of each other.
+    let (daemon, config) = start_with(dir.path(), &store, &named, "snapshot_every_s = 10\n");
+    let saved = wait_for(Duration::from_secs(60), || {
+        let listed = snapshot(&config, &["list", "--json"]);
+        let listed: Vec<Value> = serde_json::from_slice(&listed.stdout).ok()?;
+        (listed.len() >= 3).then_some(listed)
+    });
+    let saved = saved.unwrap_or_else(|| panic!("not all saved: {}", daemon.log_text()));
+    let mut by: Vec<&str> = saved.iter().map(|s| s["vm"].as_str().unwrap()).collect();
+    by.sort_unstable();
+    assert_eq!(by, ["a", "b", "c"], "{saved:?}");
+    assert!(saved.iter().all(|s| s["by"] == "schedule"), "{saved:?}");
+    // One written at a time, each guest running again after its own.
+    assert_eq!(writers.most.load(Ordering::SeqCst), 1);
+    for (name, _, fake) in &vms {
+        let f = fake.lock().unwrap();
+        assert!(!f.paused, "{name}: {:?}", f.log);
+    }
 }
