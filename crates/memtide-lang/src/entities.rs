@@ -146,10 +146,13 @@ impl Entity {
         Ok(latest.cloned().unwrap_or(Value::Nil))
     }
 
-    /// The mean of statistic `name` over the history as a float, ignoring nil
-    /// (nil when there is no value).
+    /// The mean of statistic `name` over the history as a float, ignoring nil: 0.0 where
+    /// every sample's is nil, an error where there is no sample, as MOM's.
     pub(crate) fn stat_avg(&self, input: &Input, name: &str) -> Result<Value, ErrorKind> {
         self.check_stat(input, name)?;
+        if self.data(input).stats.is_empty() {
+            return Err(ErrorKind::NoSamples(name.to_string()));
+        }
         let (mut sum, mut count) = (0.0, 0u32);
         for value in self
             .data(input)
@@ -172,11 +175,11 @@ impl Entity {
             };
             count += 1;
         }
-        Ok(if count == 0 {
-            Value::Nil
+        Ok(Value::Float(if count == 0 {
+            0.0
         } else {
-            Value::Float(sum / f64::from(count))
-        })
+            sum / f64::from(count)
+        }))
     }
 
     /// Property `name` (nil when a documented property is not supplied).

@@ -16,10 +16,10 @@ pub enum ErrorKind {
     /// A word that starts like a number but is not one.
     #[error("malformed number '{0}'")]
     MalformedNumber(String),
-    /// A decimal integer literal with a leading zero, which MOM reads as octal.
+    /// A decimal integer literal with a leading zero, which MOM before 2019 read as octal.
     #[error(
-        "integer literal '{0}' has a leading zero: MOM reads it as octal, memtide refuses \
-         it (write it without the zero, or 0o… for octal)"
+        "integer literal '{0}' has a leading zero: MOM before 2019 read it as octal, MOM \
+         now fails on it, memtide refuses it (write it without the zero, or 0o… for octal)"
     )]
     LeadingZero(String),
     /// An integer literal that does not fit in 64 bits.
@@ -134,6 +134,9 @@ pub enum ErrorKind {
         /// The type of the value.
         got: &'static str,
     },
+    /// `StatAvg` of an entity with no sample.
+    #[error("statistic '{0}' not available: no samples")]
+    NoSamples(String),
     /// Division by zero.
     #[error("division by zero")]
     DivisionByZero,

@@ -284,8 +284,7 @@ impl<'a> Evaluator<'a> {
         let name = name(&args[0])?;
         let value = self.eval(&args[1])?;
         if form == "defvar" {
-            self.scopes.define(name, value.clone());
-            Ok(value)
+            Ok(self.scopes.define(name, value).clone())
         } else if self.scopes.set(name, value.clone()) {
             Ok(value)
         } else {
@@ -331,10 +330,12 @@ impl<'a> Evaluator<'a> {
             ));
         };
         exactly(callee, args.len(), function.params.len()).map_err(|kind| Fault::at(loc, kind))?;
-        let values = self.eval_args(args)?;
+        // As MOM's call, a `let` of the parameters: each argument is evaluated in the
+        // call's scope, after the parameters before it are bound.
         self.scopes.push();
-        for (param, value) in function.params.iter().zip(values) {
-            self.scopes.bind(param, value);
+        for (param, arg) in function.params.iter().zip(args) {
+            let value = self.eval(arg)?;
+            self.scopes.define(param, value);
         }
         let result = self.eval(function.body)?;
         self.scopes.pop();
@@ -348,7 +349,7 @@ impl<'a> Evaluator<'a> {
         for binding in bindings {
             let (name, value) = let_binding(binding)?;
             let value = self.eval(value)?;
-            self.scopes.bind(name, value);
+            self.scopes.define(name, value);
         }
         let result = self.eval_body(body)?;
         self.scopes.pop();
@@ -388,7 +389,7 @@ impl<'a> Evaluator<'a> {
         let mut size = 1usize;
         for item in items.items() {
             self.scopes.push();
-            self.scopes.bind(name, item.clone());
+            self.scopes.define(name, item.clone());
             let result = self.eval(&args[2])?;
             self.scopes.pop();
             size = size.saturating_add(result.size());
@@ -471,8 +472,9 @@ impl<'a> Evaluator<'a> {
                         self.controls.guests.entry(name.to_string()).or_default()
                     }
                 };
-                controls.insert(key.to_string(), value.clone());
-                Ok(value)
+                controls.insert(key.to_string(), value);
+                // MOM's Control returns nothing.
+                Ok(Value::Nil)
             }
         }
     }

@@ -157,8 +157,8 @@ fn classify(word: &str, loc: Loc) -> Result<Token, Fault> {
     Err(Fault::at(loc, ErrorKind::UnexpectedChar(first)))
 }
 
-/// Parse a numeric literal: decimal integer (without leading zeros, which MOM reads as
-/// octal), float, `0x` hex or `0o` octal, with an optional leading `-`.
+/// Parse a numeric literal: decimal integer (without leading zeros, which MOM before
+/// 2019 read as octal), float, `0x` hex or `0o` octal, with an optional leading `-`.
 fn number(word: &str) -> Result<Token, ErrorKind> {
     let malformed = || ErrorKind::MalformedNumber(word.to_string());
     let out_of_range = || ErrorKind::IntegerOutOfRange(word.to_string());
@@ -191,8 +191,9 @@ fn number(word: &str) -> Result<Token, ErrorKind> {
     };
     let mut end = digits_from(0);
     let mut is_float = false;
-    // MOM reads digits after a leading 0 as an octal integer, also before an exponent
-    // (`010e2` is 8 then the name `e2`): refused unless a fraction follows (`010.5`).
+    // MOM before 2019 read digits after a leading 0 as an octal integer, also before an
+    // exponent (`010e2` was 8 then the name `e2`), and fails on them now: refused unless
+    // a fraction follows (`010.5`).
     let octal = end > 1 && bytes[0] == b'0' && bytes.get(end) != Some(&b'.');
     if bytes.get(end) == Some(&b'.') {
         is_float = true;

@@ -115,7 +115,11 @@ fn shift(op: &str, a: &Value, b: &Value) -> Result<Value, ErrorKind> {
     let (Some(x), Some(count)) = (int(a), int(b)) else {
         return Err(operands(op, a, b));
     };
-    let count = u32::try_from(count).map_err(|_| ErrorKind::NegativeShift)?;
+    if count < 0 {
+        return Err(ErrorKind::NegativeShift);
+    }
+    // Past 63 the result is 0 or -1 for `>>` and an overflow for `<<` of anything but 0.
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
     let result = if op == ">>" {
         x >> count.min(63)
     } else if x == 0 {

@@ -25,27 +25,22 @@ impl<'a> Scopes<'a> {
         self.locals.truncate(start);
     }
 
-    /// Bind `name` in the innermost local scope (which [`Scopes::push`] opened),
-    /// shadowing any binding it had there.
-    pub fn bind(&mut self, name: &'a str, value: Value) {
-        self.locals.push((name, value));
-    }
-
-    /// `defvar`, as MOM's: bind `name` in the current scope (the innermost local one,
-    /// else the global one), replacing a binding it has there.
-    pub fn define(&mut self, name: &'a str, value: Value) {
+    /// Bind `name` in the current scope (the innermost local one, else the global one)
+    /// unless it has a binding there already, which is kept, as MOM's `defvar`, `let`,
+    /// `with` and parameters do (its variable stack's `setdefault`); yields the value
+    /// `name` has there now.
+    pub fn define(&mut self, name: &'a str, value: Value) -> &Value {
         let Some(&start) = self.frames.last() else {
-            self.globals.insert(name, value);
-            return;
+            return self.globals.entry(name).or_insert(value);
         };
-        match self.locals[start..]
-            .iter_mut()
-            .rev()
-            .find(|(n, _)| *n == name)
-        {
-            Some((_, slot)) => *slot = value,
-            None => self.locals.push((name, value)),
-        }
+        let at = match self.locals[start..].iter().position(|(n, _)| *n == name) {
+            Some(at) => start + at,
+            None => {
+                self.locals.push((name, value));
+                self.locals.len() - 1
+            }
+        };
+        &self.locals[at].1
     }
 
     /// The value of the innermost binding of `name`.

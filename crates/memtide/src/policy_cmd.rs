@@ -129,7 +129,9 @@ pub fn eval(paths: &[PathBuf], input: Option<&Path>, format: Format) -> anyhow::
 /// property the input lacks, or a division by a count or sum of no guests.
 fn may_come_from_no_input(kind: &ErrorKind) -> bool {
     match kind {
-        ErrorKind::UnknownField(_) | ErrorKind::UnknownProperty(_) => true,
+        ErrorKind::UnknownField(_) | ErrorKind::UnknownProperty(_) | ErrorKind::NoSamples(_) => {
+            true
+        }
         ErrorKind::DivisionByZero => true,
         ErrorKind::Operands { left, right, .. } => *left == "nil" || *right == "nil",
         ErrorKind::Incomparable(left, right) => *left == "nil" || *right == "nil",
@@ -194,6 +196,6 @@ mod tests {
             .unwrap()
             .evaluate(&Input::default(), &Limits::default())
             .unwrap();
-        assert_eq!(text(&e), "form 1: 1\nform 2: 1\nHost.ksm_run = 1\n");
+        assert_eq!(text(&e), "form 1: 1\nform 2: null\nHost.ksm_run = 1\n");
     }
 }

@@ -87,10 +87,19 @@ fn stat_avg_is_the_mean_ignoring_nil() {
         value_over("(Host.StatAvg \"mem_free\")", &snapshot()),
         Value::Float(150.0)
     );
+    // As MOM's: 0.0 where every sample's is nil, an error where there is no sample.
     let unused = "(with Guests g (g.StatAvg \"mem_unused\"))";
+    let input = input(json!({"guests": [
+        {"stats": [{"mem_unused": 100}, {"mem_unused": null}]},
+        {"stats": [{"mem_unused": null}, {"balloon_cur": 5}]}
+    ]}));
     assert_eq!(
-        value_over(unused, &snapshot()),
-        list(vec![Value::Float(100.0), Value::Nil])
+        value_over(unused, &input),
+        list(vec![Value::Float(100.0), Value::Float(0.0)])
+    );
+    assert_eq!(
+        error_over(unused, &snapshot()),
+        "t.policy:1:27: statistic 'mem_unused' not available: no samples"
     );
 }
 
@@ -138,11 +147,8 @@ fn controls_are_recorded_per_entity() {
     let evaluation = eval_with(text, &snapshot(), &Limits::default()).unwrap();
     assert_eq!(
         evaluation.results,
-        vec![
-            list(vec![Value::Int(1000), Value::Int(1000)]),
-            Value::Int(1),
-            Value::Float(2.5)
-        ]
+        // Control yields nothing, as MOM's.
+        vec![list(vec![Value::Nil, Value::Nil]), Value::Nil, Value::Nil]
     );
     assert_eq!(evaluation.controls.host.len(), 2);
     assert_eq!(evaluation.controls.host["ksm_run"], Value::Int(1));

@@ -55,7 +55,7 @@ fn evaluation_json_form() {
     assert_eq!(
         evaluation.to_json(),
         json!({
-            "results": [1, [1024.5, 1024.5], 0.25],
+            "results": [null, [null, null], 0.25],
             "controls": {
                 "host": {"ksm_run": 1},
                 "guests": {"vm1": {"balloon_target": 1024.5}, "vm2": {"balloon_target": 1024.5}}

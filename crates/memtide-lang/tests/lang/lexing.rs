@@ -81,8 +81,9 @@ fn a_leading_zero_is_refused_as_mom_would_read_octal() {
         let error = error(text);
         assert!(
             error.ends_with(&format!(
-                "integer literal '{word}' has a leading zero: MOM reads it as octal, memtide \
-                 refuses it (write it without the zero, or 0o… for octal)"
+                "integer literal '{word}' has a leading zero: MOM before 2019 read it as octal, \
+                 MOM now fails on it, memtide refuses it (write it without the zero, or 0o… \
+                 for octal)"
             )),
             "{error}"
         );

@@ -58,12 +58,32 @@ fn defvar_binds_in_the_current_scope_even_when_an_outer_one_has_the_name() {
 }
 
 #[test]
-fn defvar_replaces_a_binding_of_the_current_local_scope() {
-    assert_eq!(value("(let ((x 1)) (defvar x 2) x)"), Value::Int(2));
+fn defvar_keeps_a_binding_of_the_current_local_scope() {
+    assert_eq!(value("(let ((x 1)) (defvar x 2) x)"), Value::Int(1));
+    assert_eq!(value("(let ((a 1) (a 2)) a)"), Value::Int(1));
+    // MOM's test_scope: a defvar in a let whose binding it is keeps it.
+    assert_eq!(
+        value("(defvar a 1) (let ((a 5)) (defvar a 6) a)"),
+        Value::Int(5)
+    );
     // Only that scope's: the global is untouched once the let ends.
     assert_eq!(
         value("(defvar x 0) (let ((x 1)) (defvar x 2)) x"),
         Value::Int(0)
+    );
+}
+
+#[test]
+fn arguments_are_evaluated_in_the_call_after_the_parameters_before_them() {
+    // MOM calls a function as a let of its parameters (found by an audit: memtide
+    // evaluated them in the caller's scope first).
+    let text = "(defvar x 1) (defvar y 2) (def f (x y) (- x y)) (f y x)";
+    assert_eq!(value(text), Value::Int(0));
+    assert_eq!(value("(def f (a b) (+ a b)) (f 1 a)"), Value::Int(2));
+    // A parameter's argument still sees the caller's bindings of other names.
+    assert_eq!(
+        value("(defvar n 3) (def g (k) (* k 2)) (g n)"),
+        Value::Int(6)
     );
 }
 
