@@ -109,6 +109,8 @@ pub struct Recorder {
     config: RecorderConfig,
     next: u64,
     current: Option<(PathBuf, Encoder)>,
+    /// The current file holds no tick yet.
+    fresh: bool,
 }
 
 /// The recording files in `dir`, oldest first (by their number).
@@ -154,12 +156,16 @@ impl Recorder {
             config,
             next,
             current: None,
+            fresh: false,
         })
     }
 
     /// Append one tick. Each line is flushed, so a reader sees every tick recorded so far
     /// even if the recorder dies. After a failed write (a full disk) the file is left as
-    /// it is, readable up to its last whole line, and the next tick starts a new one.
+    /// it is, readable up to its last whole line, and the next tick starts a new one; a
+    /// new file is removed if its first tick fails, and the oldest files are pruned only
+    /// once a new one holds a tick (found by an audit: each try on a full disk left an
+    /// empty file, and pruned a recording to make room for it).
     pub fn record(&mut self, snapshot: &Snapshot, decision: &Decision) -> Result<(), RecordError> {
         if self.current.is_none() {
             self.start_file()?;
@@ -174,11 +180,18 @@ impl Recorder {
         if let Err(source) = written {
             let path = path.clone();
             self.current = None;
+            if self.fresh {
+                let _ = std::fs::remove_file(&path);
+            }
             return Err(RecordError::Io {
                 path,
                 error: source,
             });
         }
+        if std::mem::take(&mut self.fresh) {
+            self.prune()?;
+        }
+        let (_, encoder) = self.current.as_mut().expect("written to just now");
         if encoder.get_ref().written >= self.config.max_file_bytes {
             self.finish_file()?;
         }
@@ -202,7 +215,8 @@ impl Recorder {
             written: 0,
         };
         self.current = Some((path, GzEncoder::new(counting, Compression::default())));
-        self.prune()
+        self.fresh = true;
+        Ok(())
     }
 
     fn finish_file(&mut self) -> Result<(), RecordError> {
@@ -383,5 +397,60 @@ impl Iterator for Records {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ticks recorded from the simulator (the committed recording).
+    fn ticks() -> Vec<Record> {
+        let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quick-mom.jsonl.gz");
+        Records::open(&[committed]).map(Result::unwrap).collect()
+    }
+
+    /// Make the recorder's current file refuse its writes, as a full disk does.
+    fn fill_the_disk(recorder: &mut Recorder) {
+        let (path, _) = recorder.current.take().expect("a file");
+        let read_only = File::open(&path).unwrap();
+        let counting = Counting {
+            inner: BufWriter::new(read_only),
+            written: 0,
+        };
+        recorder.current = Some((path, GzEncoder::new(counting, Compression::default())));
+    }
+
+    #[test]
+    fn writes_that_fail_neither_leave_empty_files_nor_prune_recordings() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = RecorderConfig {
+            max_file_bytes: 2048,
+            keep_files: 3,
+        };
+        let ticks = ticks();
+        let mut recorder = Recorder::open(dir.path(), config).unwrap();
+        let mut next = ticks.iter().cycle();
+        while recording_files(dir.path()).unwrap().len() < 3 || recorder.current.is_some() {
+            let tick = next.next().unwrap();
+            recorder.record(&tick.snapshot, &tick.decision).unwrap();
+        }
+        let recorded = recording_files(dir.path()).unwrap();
+        // Each later try on the full disk starts a file, and fails its first tick.
+        for _ in 0..10 {
+            recorder.start_file().unwrap();
+            fill_the_disk(&mut recorder);
+            let tick = next.next().unwrap();
+            assert!(recorder.record(&tick.snapshot, &tick.decision).is_err());
+        }
+        assert_eq!(recording_files(dir.path()).unwrap(), recorded);
+        // Once writing works, the new file is kept and the oldest pruned.
+        let tick = next.next().unwrap();
+        recorder.record(&tick.snapshot, &tick.decision).unwrap();
+        let now = recording_files(dir.path()).unwrap();
+        assert_eq!(now.len(), 3);
+        assert_eq!(now[..2], recorded[1..]);
+        recorder.finish().unwrap();
+        assert_eq!(Records::open(&now[2..]).count(), 1);
     }
 }

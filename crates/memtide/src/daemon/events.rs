@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -161,9 +162,6 @@ impl EventLog {
             unopened: false,
         };
         if !path.as_os_str().is_empty() {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
             log.file = Some(log.open_file()?);
         }
         Ok(log)
@@ -198,11 +196,25 @@ impl EventLog {
         }
     }
 
+    /// Open the file to append to, created with its directory (removed since, perhaps),
+    /// and ended with a newline where a line was left torn (a crash mid-write, a hand's
+    /// edit), so that the next event is a line of its own.
     fn open_file(&self) -> io::Result<File> {
-        std::fs::OpenOptions::new()
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
-            .open(&self.path)
+            .open(&self.path)?;
+        let len = file.metadata()?.len();
+        let mut last = [0u8];
+        let torn = len > 0 && file.read_at(&mut last, len - 1)? == 1 && last[0] != b'\n';
+        if torn {
+            file.write_all(b"\n")?;
+        }
+        Ok(file)
     }
 
     /// Record an event, unless its kind, VM and rule were logged [`BURST`] times in the
@@ -286,6 +298,12 @@ impl EventLog {
             tracing::Level::WARN => tracing::warn!(kind, vm, "{message}"),
             _ => tracing::info!(kind, vm, "{message}"),
         }
+        // A file removed (with its directory, perhaps) takes what is written to it with
+        // it: it is made again.
+        let removed = self.file.as_ref().map(File::metadata);
+        if removed.is_some_and(|m| m.is_ok_and(|m| m.nlink() == 0)) {
+            (self.file, self.unopened) = (None, true);
+        }
         if self.unopened {
             if let Ok(file) = self.open_file() {
                 (self.file, self.unopened) = (Some(file), false);
@@ -297,7 +315,7 @@ impl EventLog {
             }
         }
         if let Some(f) = &mut self.file {
-            match append_line(f, &event) {
+            match append_line(f, &event, self.failing) {
                 Ok(()) if self.failing > 0 => {
                     tracing::warn!(
                         "event log {}: writing again, {} events lost",
@@ -388,19 +406,36 @@ impl EventLog {
     }
 }
 
-/// Write `event` as one JSON line in one `write` call, so that a line is never split nor
-/// interleaved with another writer's; returns the bytes written, fewer than the line's
+/// Write `events` as JSON lines in one `write` call, so that a line is never split nor
+/// interleaved with another writer's; returns the bytes written, fewer than the lines'
 /// when the disk is full.
-fn write_line(out: &mut impl Write, event: &Event) -> io::Result<(usize, usize)> {
-    let mut line = serde_json::to_vec(event).expect("events serialize");
-    line.push(b'\n');
-    Ok((out.write(&line)?, line.len()))
+fn write_lines(out: &mut impl Write, events: &[&Event]) -> io::Result<(usize, usize)> {
+    let mut lines = Vec::new();
+    for event in events {
+        serde_json::to_writer(&mut lines, event).expect("events serialize");
+        lines.push(b'\n');
+    }
+    Ok((out.write(&lines)?, lines.len()))
 }
 
-/// Append `event` to `file` (opened O_APPEND) whole or not at all: what a short write
-/// left is cut off again, so that the next line does not continue a torn one.
-fn append_line(file: &mut File, event: &Event) -> io::Result<()> {
-    let (written, len) = write_line(file, event)?;
+/// Append `event` to `file` (opened O_APPEND) whole or not at all, after an event that
+/// says how many before it were `lost` where any were (`write_resumed`, rule
+/// `event_log`: the file's gap is marked in it): what a short write left is cut off
+/// again, so that the next line does not continue a torn one.
+fn append_line(file: &mut File, event: &Event, lost: u64) -> io::Result<()> {
+    let gap = Event {
+        ts: event.ts.clone(),
+        kind: "write_resumed".into(),
+        vm: None,
+        rule: Some("event_log".into()),
+        need: None,
+        message: format!("event log: writing again, {lost} events before this one lost"),
+    };
+    let events = match lost {
+        0 => vec![event],
+        _ => vec![&gap, event],
+    };
+    let (written, len) = write_lines(file, &events)?;
     if written == len {
         return Ok(());
     }
@@ -670,7 +705,8 @@ mod tests {
         // The path writable again: the next event opens it.
         std::fs::remove_dir(&path).unwrap();
         log.log("stopped", None, None, "two".into());
-        assert_eq!(messages(&path), ["two"]);
+        let gap = "event log: writing again, 2 events before this one lost";
+        assert_eq!(messages(&path), [gap, "two"]);
         assert_eq!(messages(&rotated), ["one"]);
         assert_eq!((log.write_errors(), log.failing), (3, 0));
     }
@@ -705,7 +741,7 @@ mod tests {
         log.log("action", Some("db"), Some("memtide.probe"), reason.clone());
         assert_eq!(log.recent().pop().unwrap().message, reason);
         let mut out = Writes::default();
-        let (written, len) = write_line(&mut out, &event).unwrap();
+        let (written, len) = write_lines(&mut out, &[&event]).unwrap();
         assert_eq!(written, len);
         assert_eq!(out.0.len(), 1);
         assert!(out.0[0].ends_with(b"}\n"));
@@ -769,7 +805,56 @@ mod tests {
         log.reopen().unwrap();
         log.log("action", Some("a"), Some("r"), "balloon 10".into());
         assert_eq!((log.write_errors(), log.failing), (10, 0));
-        assert_eq!(read(&path).len(), 1);
+        // The gap is marked in the file, before the event that ends it.
+        let written = read(&path);
+        let kinds: Vec<_> = written
+            .iter()
+            .map(|e| (&*e.kind, e.rule.as_deref()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [("write_resumed", Some("event_log")), ("action", Some("r"))]
+        );
+        assert!(written[0]
+            .message
+            .contains("10 events before this one lost"));
+    }
+
+    #[test]
+    fn a_log_removed_with_its_directory_is_made_again_at_the_next_event_or_reopen() {
+        // Found by an audit: events went on into the removed file, and a reload could not
+        // reopen a log whose directory was gone.
+        let (dir, mut log) = open("log/events.jsonl");
+        let path = dir.path().join("log/events.jsonl");
+        log.log("started", None, None, "one".into());
+        std::fs::remove_dir_all(dir.path().join("log")).unwrap();
+        log.log("action", Some("a"), Some("r"), "two".into());
+        let messages = |p: &Path| read(p).into_iter().map(|e| e.message).collect::<Vec<_>>();
+        assert_eq!(messages(&path), ["two"]);
+        std::fs::remove_dir_all(dir.path().join("log")).unwrap();
+        log.reopen().unwrap();
+        log.log("stopped", None, None, "three".into());
+        assert_eq!(messages(&path), ["three"]);
+        assert_eq!(log.write_errors(), 0);
+    }
+
+    #[test]
+    fn an_event_after_a_torn_line_is_a_line_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, b"{\"ts\":\"torn").unwrap();
+        let mut log = EventLog::open(&path).unwrap();
+        log.log("started", None, None, "one".into());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "{\"ts\":\"torn");
+        let event: Event = serde_json::from_str(lines[1]).unwrap();
+        assert_eq!(event.message, "one");
+        // A whole file is left as it is.
+        drop(log);
+        let before = std::fs::read(&path).unwrap();
+        let _ = EventLog::open(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 
     #[test]
@@ -799,7 +884,7 @@ mod tests {
             need: None,
             message: "m".into(),
         };
-        let (written, len) = write_line(&mut Short(&mut file), &event).unwrap();
+        let (written, len) = write_lines(&mut Short(&mut file), &[&event]).unwrap();
         assert!(written < len);
         cut_back(&file, written).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"{\"whole\": 1}\n{\"torn");

@@ -14,6 +14,8 @@ const LONGEST_PAUSE: u64 = 64;
 pub struct Retry {
     /// Failures since the last write that worked.
     failed: u64,
+    /// The tick of the first of them.
+    since: u64,
     /// The pause after the last failure, in ticks.
     pause: u64,
     /// The first tick it may be tried again.
@@ -27,7 +29,8 @@ impl Retry {
     }
 
     /// Take in the result of writing `what` at `tick`: count and log a failure (the first
-    /// of a streak only), and log when writing works again.
+    /// of a streak only), and log when writing works again, saying which ticks went
+    /// unwritten (a recording's gap).
     pub fn outcome(
         &mut self,
         what: &'static str,
@@ -38,7 +41,13 @@ impl Retry {
     ) {
         match result {
             Ok(()) if self.failed > 0 => {
-                let message = format!("{what}: writing again after {} failures", self.failed);
+                let message = format!(
+                    "{what}: writing again after {} failures: not written for the {} ticks \
+                     since tick {} of this daemon",
+                    self.failed,
+                    tick.saturating_sub(self.since),
+                    self.since
+                );
                 events.log("write_resumed", None, Some(what), message);
                 *self = Retry::default();
             }
@@ -46,6 +55,7 @@ impl Retry {
             Err(e) => {
                 *counters.write_errors.entry(what.into()).or_default() += 1;
                 if self.failed == 0 {
+                    self.since = tick;
                     let message = format!("{what}: write failed, trying again later: {e}");
                     events.log("write_failed", None, Some(what), message);
                 }
@@ -86,7 +96,7 @@ mod tests {
             messages,
             [
                 "recording: write failed, trying again later: No space left on device (os error 28)",
-                "recording: writing again after 9 failures",
+                "recording: writing again after 9 failures: not written for the 255 ticks since tick 0 of this daemon",
             ]
         );
     }
