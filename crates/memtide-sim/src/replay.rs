@@ -84,8 +84,8 @@ pub struct ReplayReport {
     pub caveat: String,
     /// The policy replayed.
     pub policy: String,
-    /// The policy that made the recording (from its first decision; `A then B` where a
-    /// daemon run after a restart had another).
+    /// The policy that made the recording (from its decisions; `A then B` where a daemon
+    /// restarted or reloaded with another).
     pub recorded_policy: String,
     /// Ticks replayed.
     pub ticks: u64,
@@ -224,16 +224,18 @@ pub fn replay(
                 recorded.restart();
                 replayed.restart();
                 report.runs += 1;
-                let policy = &record.decision.policy;
-                if report.recorded_policy.rsplit(" then ").next() != Some(policy.as_str()) {
-                    report.recorded_policy = format!("{} then {policy}", report.recorded_policy);
-                }
             }
             Some(_) => {}
-            None => {
-                report.recorded_policy = record.decision.policy.clone();
-                report.runs = 1;
-            }
+            None => report.runs = 1,
+        }
+        // A policy changed by a restart or a reload (found by an audit: a reload's was
+        // not told, and its ticks were put down to the first policy).
+        let policy = &record.decision.policy;
+        if report.recorded_policy.rsplit(" then ").next() != Some(policy.as_str()) {
+            report.recorded_policy = match report.recorded_policy.is_empty() {
+                true => policy.clone(),
+                false => format!("{} then {policy}", report.recorded_policy),
+            };
         }
         last = Some(snap.at);
         report.ticks += 1;
@@ -334,7 +336,8 @@ impl ReplayReport {
                 out,
                 "{} daemon runs: the recorded time starts again where the daemon restarted \
                  (or where files were given out of their order), each run replayed by a fresh \
-                 engine",
+                 engine (a daemon that resumed from its state file began with estimates the \
+                 recording does not hold: its first ticks may differ even under its policy)",
                 self.runs
             );
         }

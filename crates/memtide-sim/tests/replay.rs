@@ -270,6 +270,37 @@ fn a_daemon_run_after_another_is_replayed_by_a_fresh_engine() {
 }
 
 #[test]
+fn a_policy_reloaded_within_a_run_is_told() {
+    // The committed run as if `memtide reload` had put another policy in force for a while.
+    let dir = tempfile::tempdir().unwrap();
+    let mut recorder = Recorder::open(dir.path(), RecorderConfig::default()).unwrap();
+    for (i, record) in Records::open(&committed()).enumerate() {
+        let mut record = record.unwrap();
+        if (40..80).contains(&i) {
+            record.decision.policy = "memtide".into();
+        }
+        recorder.record(&record.snapshot, &record.decision).unwrap();
+    }
+    recorder.finish().unwrap();
+    let files = recording_files(dir.path()).unwrap();
+    let report = replay(
+        &files,
+        &|| Box::new(Mom::default()),
+        EngineConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(report.runs, 1);
+    assert_eq!(report.recorded_policy, "mom then memtide then mom");
+    assert!(
+        report
+            .text()
+            .contains("recorded under mom then memtide then mom"),
+        "{}",
+        report.text()
+    );
+}
+
+#[test]
 fn time_going_back_within_a_file_or_no_tick_at_all_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut lines = String::new();
