@@ -229,7 +229,7 @@ pub struct HostReport {
     pub freeable: Bytes,
     /// Freeable share now.
     pub free_ratio: f64,
-    /// Freeable share averaged over the history (what MOM-style policies compare).
+    /// Freeable share averaged over the history: the mean of each sample's share.
     pub free_ratio_avg: f64,
     /// Memory PSI, `some` line, 10 s average (percent).
     pub psi_some_avg10: Option<f64>,

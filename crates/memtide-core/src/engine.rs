@@ -10,7 +10,7 @@ use crate::decision::{
 };
 use crate::estimate::fused::FusedMemory;
 use crate::history::History;
-use crate::policy::{mom, Policy, PolicyInput, Proposal, VmInput};
+use crate::policy::{Policy, PolicyInput, Proposal, VmInput};
 use crate::sanitize::{
     bounded_actual, fixed_memory, implausible_agent, sanitize, stale, undelivered,
 };
@@ -746,7 +746,14 @@ impl Engine {
             total: domain.total,
             freeable: domain.freeable,
             free_ratio: domain.free_ratio(),
-            free_ratio_avg: mom::host_free_ratio(&self.host),
+            // The mean of each sample's share, not MOM's mean freeable over the latest
+            // total (`mom::host_free_ratio`, which the mom policy keeps): that left 0-1
+            // for the history's length whenever the domain's size changed (an audit saw
+            // 6697% after a cgroup's limit was lowered), and hibernation reads this.
+            free_ratio_avg: self
+                .host
+                .mean(|h| Some(h.domain.free_ratio()))
+                .unwrap_or(0.0),
             psi_some_avg10: psi,
             swap_in_per_s: self.host.rate(|h| h.vmstat.pswpin),
             swap_out_per_s: self.host.rate(|h| h.vmstat.pswpout),

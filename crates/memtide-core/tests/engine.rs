@@ -1087,3 +1087,19 @@ fn a_guest_that_resets_while_the_host_is_short_is_left_to_the_policy() {
         d.actions
     );
 }
+
+#[test]
+fn the_averaged_free_share_stays_a_share_when_the_domain_is_resized() {
+    // Found by an audit: mean freeable over the latest total read 6697% after a cgroup's
+    // limit was lowered, in status, metrics and hibernation's test of the host's need.
+    let mut engine = engine();
+    let vms = || vec![vm("a", 1000, 800, 600)];
+    for t in 0..5 {
+        engine.tick(&snapshot(t * 2, host(24_000, 21_000), vms()));
+    }
+    let d = engine.tick(&snapshot(10, host(100, 100), vms()));
+    let avg = d.host.free_ratio_avg;
+    assert!((0.0..=1.0).contains(&avg), "{avg}");
+    // Five samples at 87.5%, one at 100%.
+    assert!((avg - (5.0 * 0.875 + 1.0) / 6.0).abs() < 1e-9, "{avg}");
+}
