@@ -290,6 +290,20 @@ fn two_guests_in_a_cgroup_domain() {
         message.contains("balloon target") && message.contains("host free"),
         "{message}"
     );
+    // Each says exactly which size it moved the guest from and to: shrinks, down.
+    let sizes: Vec<(u64, u64)> = shrinks
+        .iter()
+        .map(
+            |e| match (e["target_bytes"].as_u64(), e["actual_bytes"].as_u64()) {
+                (Some(target), Some(actual)) => (target, actual),
+                _ => panic!("no sizes: {e}"),
+            },
+        )
+        .collect();
+    assert!(
+        sizes.iter().any(|(target, actual)| target < actual),
+        "{sizes:?}"
+    );
     let metrics = support::http_get(port, "/metrics");
     assert!(
         metrics.contains("memtide_vm_actual_bytes{vm=\"a\"}"),

@@ -12,7 +12,7 @@
 //! line.
 
 use memtide_core::need::NeedLevel;
-use memtide_core::{guest_text, Decision, Diagnostic, DiagnosticKind};
+use memtide_core::{guest_text, Bytes, Decision, Diagnostic, DiagnosticKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
@@ -125,8 +125,28 @@ pub struct Event {
     /// `short`), where its policy weighs one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub need: Option<NeedLevel>,
+    /// A balloon action's target: the guest's new logical size (bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_bytes: Option<u64>,
+    /// The guest's logical size as its balloon last reported it when the action was
+    /// decided (bytes): beside `target_bytes`, whether it grows or shrinks, and by how much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actual_bytes: Option<u64>,
     /// A sentence for the operator.
     pub message: String,
+}
+
+/// What an event of a decision tells beside its message.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Decided<'r> {
+    /// The rule behind it.
+    pub rule: Option<&'r str>,
+    /// The level of the host's need that drove it.
+    pub need: Option<NeedLevel>,
+    /// A balloon action's target.
+    pub target: Option<Bytes>,
+    /// The guest's logical size when it was decided.
+    pub actual: Option<Bytes>,
 }
 
 /// Where events go.
@@ -228,20 +248,24 @@ impl EventLog {
         rule: Option<&str>,
         message: String,
     ) {
-        self.log_decided(kind, vm, rule, None, message);
+        let decided = Decided {
+            rule,
+            ..Decided::default()
+        };
+        self.log_decided(kind, vm, decided, message);
     }
 
-    /// [`EventLog::log`] of an action, with the level of the host's need behind it.
+    /// [`EventLog::log`] of an action, with the level of the host's need behind it and,
+    /// for a balloon's, its sizes.
     pub fn log_decided(
         &mut self,
         kind: &'static str,
         vm: Option<&str>,
-        rule: Option<&str>,
-        need: Option<NeedLevel>,
+        decided: Decided<'_>,
         message: String,
     ) {
         let vm = vm.map(guest_text::clean);
-        let rule = rule.map(str::to_string);
+        let rule = decided.rule.map(str::to_string);
         if !ALWAYS.contains(&kind) {
             let now = Instant::now();
             let key = (kind, vm.clone(), rule.clone());
@@ -264,7 +288,9 @@ impl EventLog {
             kind: kind.to_string(),
             vm,
             rule,
-            need,
+            need: decided.need,
+            target_bytes: decided.target.map(|b| b.0),
+            actual_bytes: decided.actual.map(|b| b.0),
             message: guest_text::clean_to(&message, MESSAGE_MAX),
         });
     }
@@ -282,6 +308,8 @@ impl EventLog {
                 vm,
                 rule,
                 need: None,
+                target_bytes: None,
+                actual_bytes: None,
                 message: format!(
                     "{} more like this not logged (at most {BURST} a minute)",
                     window.held
@@ -429,6 +457,8 @@ fn append_line(file: &mut File, event: &Event, lost: u64) -> io::Result<()> {
         vm: None,
         rule: Some("event_log".into()),
         need: None,
+        target_bytes: None,
+        actual_bytes: None,
         message: format!("event log: writing again, {lost} events before this one lost"),
     };
     let events = match lost {
@@ -774,18 +804,29 @@ mod tests {
     }
 
     #[test]
-    fn an_action_says_the_level_of_need_behind_it() {
+    fn an_action_says_the_level_of_need_behind_it_and_the_sizes_it_moves_between() {
         let (dir, mut log) = open("events.jsonl");
         let path = dir.path().join("events.jsonl");
         let need = Some(NeedLevel::Tight);
-        log.log_decided("action", Some("a"), Some("memtide.probe"), need, "b".into());
+        let decided = Decided {
+            rule: Some("memtide.probe"),
+            need,
+            target: Some(Bytes::from_mib(151) + Bytes::from_kib(512)),
+            actual: Some(Bytes::from_mib(199)),
+        };
+        log.log_decided("action", Some("a"), decided, "b".into());
         log.log("started", None, None, "s".into());
         let lines = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = lines.lines().collect();
         assert!(lines[0].contains(r#""need":"tight""#), "{}", lines[0]);
-        assert!(!lines[1].contains("need"), "{}", lines[1]);
+        for field in ["need", "target_bytes", "actual_bytes"] {
+            assert!(!lines[1].contains(field), "{}", lines[1]);
+        }
         let (events, _) = read_log(&path).unwrap();
         assert_eq!(events[0].need, need);
+        // Exact, where the message rounds (an audit could not tell a move's size).
+        assert_eq!(events[0].target_bytes, Some(158_859_264));
+        assert_eq!(events[0].actual_bytes, Some(199 << 20));
     }
 
     #[test]
@@ -882,6 +923,8 @@ mod tests {
             vm: None,
             rule: None,
             need: None,
+            target_bytes: None,
+            actual_bytes: None,
             message: "m".into(),
         };
         let (written, len) = write_lines(&mut Short(&mut file), &[&event]).unwrap();

@@ -88,7 +88,7 @@ struct Daemon {
     status: SharedStatus,
     counters: Counters,
     /// Balloon commands sent and not answered yet, by VM.
-    pending: HashMap<String, Action>,
+    pending: HashMap<String, (Action, Option<Bytes>)>,
     /// A KSM write not returned by its tick, with its action: at most one runs.
     ksm_write: Option<(Action, KsmWrite)>,
     start: Instant,
@@ -867,6 +867,11 @@ impl Daemon {
         .into_iter();
         self.ksm_written();
         for action in &decision.actions {
+            let actual = match action {
+                Action::SetBalloon { vm, .. } => decision.vms.iter().find(|v| v.name == *vm),
+                Action::SetKsm { .. } => None,
+            }
+            .and_then(|v| v.actual);
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
@@ -876,11 +881,13 @@ impl Daemon {
             };
             match (result, action) {
                 (Some(Sent::InFlight), Action::SetBalloon { vm, .. }) => {
-                    self.pending.insert(vm.clone(), action.clone());
+                    self.pending.insert(vm.clone(), (action.clone(), actual));
                 }
                 (Some(Sent::InFlight), Action::SetKsm { .. }) => {}
-                (Some(Sent::Answered(result)), _) => self.log_action(action, Some(&result), ""),
-                _ => self.log_action(action, None, ""),
+                (Some(Sent::Answered(result)), _) => {
+                    self.log_action(action, actual, Some(&result), "");
+                }
+                _ => self.log_action(action, actual, None, ""),
             }
         }
     }
@@ -917,7 +924,7 @@ impl Daemon {
         };
         let done = futures::FutureExt::now_or_never(write).expect("finished");
         let result = self.ksm_result(settings, done);
-        self.log_action(&action, Some(&result), " (returned after its tick)");
+        self.log_action(&action, None, Some(&result), " (returned after its tick)");
     }
 
     /// A KSM write's result; the engine told of the knobs written (all of them, or those
@@ -944,24 +951,36 @@ impl Daemon {
 
     /// Count and log a balloon command answered after the tick that sent it.
     fn answered_late(&mut self, a: &Answered) {
-        if let Some(action) = self.pending.remove(&a.vm) {
-            self.log_action(&action, Some(&a.result), " (answered after its tick)");
+        if let Some((action, actual)) = self.pending.remove(&a.vm) {
+            self.log_action(
+                &action,
+                actual,
+                Some(&a.result),
+                " (answered after its tick)",
+            );
         }
     }
 
-    /// Count and log an action with its result (`None`: a dry run), `note` added to it.
+    /// Count and log an action decided when its VM's balloon stood at `actual`, with its
+    /// result (`None`: a dry run), `note` added to it.
     fn log_action(
         &mut self,
         action: &Action,
+        actual: Option<Bytes>,
         result: Option<&Result<(), BackendError>>,
         note: &str,
     ) {
-        let (kind, vm) = match action {
-            Action::SetBalloon { vm, .. } => ("balloon", Some(vm.as_str())),
-            Action::SetKsm { .. } => ("ksm", None),
+        let (kind, vm, target) = match action {
+            Action::SetBalloon { vm, target, .. } => ("balloon", Some(vm.as_str()), Some(*target)),
+            Action::SetKsm { .. } => ("ksm", None, None),
         };
         let reason = action.reason();
-        let (rule, need) = (Some(reason.rule.as_ref()), reason.need);
+        let decided = events::Decided {
+            rule: Some(reason.rule.as_ref()),
+            need: reason.need,
+            target,
+            actual,
+        };
         self.counters.rule(&reason.rule);
         let (event, result, message) = match result {
             None => ("action", "dry_run", format!("would set {action} (dry run)")),
@@ -973,7 +992,7 @@ impl Daemon {
             ),
         };
         self.counters.action(kind, result);
-        self.events.log_decided(event, vm, rule, need, message);
+        self.events.log_decided(event, vm, decided, message);
     }
 
     fn publish(&mut self, decision: Option<Decision>, host_error: Option<String>, t0: Instant) {
