@@ -658,7 +658,7 @@ impl Collector for StatusCollector {
         gauges(
             &mut enc,
             "memtide_vm_sample_age_seconds",
-            "Seconds since the VM's latest sample arrived.",
+            "Seconds since the VM's latest figures arrived (an answer that it is busy, paused say, or failed, brings none).",
             sampling
                 .iter()
                 .filter_map(|s| Some((vec![("vm", s.name.as_str())], s.age_s?)))

@@ -208,7 +208,7 @@ struct Managed {
     actuation: Actuation,
     /// Samples that missed their tick's deadline.
     late_samples: u64,
-    /// When its latest sample arrived.
+    /// When its latest sample with figures arrived.
     sampled: Option<Instant>,
     /// This tick's sample missed the deadline.
     stale: bool,
@@ -892,8 +892,10 @@ impl Fleet {
             let sample = match sample {
                 None if saving => Err(BackendError::Busy("being saved".into())),
                 Some(sample) => {
-                    m.sampled = m.task.answered();
                     if let Ok(s) = &sample {
+                        // Figures: an answer that the guest is paused is none (found by an
+                        // audit: a paused VM's sample age stayed at a fraction of a second).
+                        m.sampled = m.task.answered();
                         m.configured = Some(s.configured);
                         m.ram = Some(Mappings::of(s));
                     }
@@ -1195,6 +1197,8 @@ mod tests {
         IgnoresBalloon,
         /// Samples fine, each sample taking [`SLOW_SAMPLE`].
         SlowSample,
+        /// Answers each sample that it is busy (a paused guest).
+        Paused,
         Dies,
     }
 
@@ -1226,6 +1230,7 @@ mod tests {
                 Behaviour::Hangs => std::future::pending().await,
                 Behaviour::Dies => return Err(BackendError::Disconnected("end of stream".into())),
                 Behaviour::SlowSample => tokio::time::sleep(SLOW_SAMPLE).await,
+                Behaviour::Paused => return Err(BackendError::Busy("paused".into())),
                 _ => {}
             }
             Ok(VmSample {
@@ -2467,6 +2472,37 @@ mod tests {
         );
         assert!(sampled.vms[0].sample.is_ok(), "deaf sampled again");
         assert!(fleet.managed["deaf"].actuation.error.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_vms_figures_age_while_it_answers_that_it_is_busy() {
+        // Found by an audit: an answer that the guest was paused counted as a sample,
+        // and its sample age stayed at a fraction of a second.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut fleet, _) =
+            odd_and_ok_timing_out(dir.path(), "paused", Behaviour::Paused, 5_000).await;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let sampled = fleet.sample(t0 + INTERVAL / 2).await;
+            let paused = sampled.vms.iter().find(|v| v.name == "paused").unwrap();
+            assert!(
+                matches!(paused.sample, Err(BackendError::Busy(_))),
+                "{:?}",
+                paused.sample
+            );
+            tokio::time::sleep_until(t0 + INTERVAL).await;
+        }
+        let sampling = fleet.sampling();
+        let ages: Vec<_> = sampling
+            .iter()
+            .map(|s| (s.name.as_str(), s.age_s))
+            .collect();
+        assert_eq!(
+            ages,
+            [("ok", Some(2.0)), ("paused", None)],
+            "no figures yet"
+        );
+        assert!(!sampling[1].stale, "answered: not late");
     }
 
     #[tokio::test(start_paused = true)]
