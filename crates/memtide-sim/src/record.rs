@@ -111,6 +111,8 @@ pub struct Recorder {
     current: Option<(PathBuf, Encoder)>,
     /// The current file holds no tick yet.
     fresh: bool,
+    /// A recording was pruned to make room since the last write that worked.
+    made_room: bool,
 }
 
 /// The recording files in `dir`, oldest first (by their number).
@@ -157,15 +159,18 @@ impl Recorder {
             next,
             current: None,
             fresh: false,
+            made_room: false,
         })
     }
 
     /// Append one tick. Each line is flushed, so a reader sees every tick recorded so far
     /// even if the recorder dies. After a failed write (a full disk) the file is left as
     /// it is, readable up to its last whole line, and the next tick starts a new one; a
-    /// new file is removed if its first tick fails, and the oldest files are pruned only
+    /// new file is removed if its first tick fails, and the oldest files are pruned
     /// once a new one holds a tick (found by an audit: each try on a full disk left an
-    /// empty file, and pruned a recording to make room for it).
+    /// empty file, and pruned a recording to make room for it, until none was left).
+    /// The first failure of a new file while as many as are kept are there prunes the
+    /// oldest, once until a write works again: a disk the recordings filled gets room.
     pub fn record(&mut self, snapshot: &Snapshot, decision: &Decision) -> Result<(), RecordError> {
         if self.current.is_none() {
             self.start_file()?;
@@ -182,14 +187,19 @@ impl Recorder {
             self.current = None;
             if self.fresh {
                 let _ = std::fs::remove_file(&path);
+                if !std::mem::replace(&mut self.made_room, true) {
+                    let kept = self.config.keep_files.max(1);
+                    self.prune(kept - 1)?;
+                }
             }
             return Err(RecordError::Io {
                 path,
                 error: source,
             });
         }
+        self.made_room = false;
         if std::mem::take(&mut self.fresh) {
-            self.prune()?;
+            self.prune(self.config.keep_files.max(1))?;
         }
         let (_, encoder) = self.current.as_mut().expect("written to just now");
         if encoder.get_ref().written >= self.config.max_file_bytes {
@@ -232,10 +242,10 @@ impl Recorder {
         Ok(())
     }
 
-    /// Delete the oldest files beyond the number kept.
-    fn prune(&self) -> Result<(), RecordError> {
+    /// Delete the oldest files beyond the newest `keep`.
+    fn prune(&self, keep: usize) -> Result<(), RecordError> {
         let files = recording_files(&self.dir)?;
-        let excess = files.len().saturating_sub(self.config.keep_files.max(1));
+        let excess = files.len().saturating_sub(keep);
         for path in &files[..excess] {
             std::fs::remove_file(path).map_err(|source| RecordError::Io {
                 path: path.clone(),
@@ -436,15 +446,17 @@ mod tests {
             recorder.record(&tick.snapshot, &tick.decision).unwrap();
         }
         let recorded = recording_files(dir.path()).unwrap();
-        // Each later try on the full disk starts a file, and fails its first tick.
+        // Each later try on the full disk starts a file, and fails its first tick: the
+        // first prunes the oldest recording (room, where the recordings filled the disk),
+        // the others nothing.
         for _ in 0..10 {
             recorder.start_file().unwrap();
             fill_the_disk(&mut recorder);
             let tick = next.next().unwrap();
             assert!(recorder.record(&tick.snapshot, &tick.decision).is_err());
         }
-        assert_eq!(recording_files(dir.path()).unwrap(), recorded);
-        // Once writing works, the new file is kept and the oldest pruned.
+        assert_eq!(recording_files(dir.path()).unwrap(), recorded[1..]);
+        // Once writing works, the new file is kept beside them.
         let tick = next.next().unwrap();
         recorder.record(&tick.snapshot, &tick.decision).unwrap();
         let now = recording_files(dir.path()).unwrap();

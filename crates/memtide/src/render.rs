@@ -201,7 +201,7 @@ pub fn status(s: &Status) -> String {
             .map_or_else(|| "none yet".into(), |a| format!("{a:.0} s ago"));
         let _ = writeln!(
             out,
-            "  {}: stale: no sample by the tick's deadline, left out of the decision (latest sample {age}, {} late in all)",
+            "  {}: stale: no sample by the tick's deadline, left out of the decision (latest figures {age}, {} late in all)",
             p.name, p.late_samples
         );
     }
@@ -454,7 +454,7 @@ mod tests {
             "only the VM whose bounds are known: {text}"
         );
         assert!(
-            text.contains("  down: stale: no sample by the tick's deadline, left out of the decision (latest sample 6 s ago, 3 late in all)\n"),
+            text.contains("  down: stale: no sample by the tick's deadline, left out of the decision (latest figures 6 s ago, 3 late in all)\n"),
             "{text}"
         );
         assert!(

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use memtide_adapters::checksum::file_sum;
 pub use memtide_core::backend::FileSum;
 use memtide_core::backend::{AfterSave, Saved};
-use memtide_core::Bytes;
+use memtide_core::{guest_text, Bytes};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -198,26 +198,33 @@ pub struct Unfinished {
 }
 
 impl Unfinished {
-    /// What an operator is told of it.
+    /// What an operator is told of it (names escaped, paths quoted for a shell: a name
+    /// in the store may be anyone's text).
     pub fn describe(&self) -> String {
+        let dir = guest_text::clean(&self.dir.to_string_lossy());
         let mut told = format!(
-            "{} ({}) holds what a save of {} wrote and never finished: no snapshot to \
-             restore; the VM's next save removes it",
-            self.dir.display(),
+            "{dir} ({}) holds what a save of {} wrote and never finished: no snapshot to \
+             restore; the VM's next save removes it, or remove it by hand (`rm -r {}`) \
+             once it is not needed",
             Bytes(self.bytes),
-            self.vm
+            guest_text::clean(&self.vm),
+            quoted(&dir),
         );
         if self.libvirt_image {
+            let image = self.dir.join(memtide_adapters::libvirt::MEMORY_FILE);
+            let image = quoted(&guest_text::clean(&image.to_string_lossy()));
             told += &format!(
                 ". It holds a whole libvirt save image: where the domain is shut off, its \
-                 memory is there, and `virsh restore {}` runs it again",
-                self.dir
-                    .join(memtide_adapters::libvirt::MEMORY_FILE)
-                    .display()
+                 memory is there, and `virsh restore {image}` runs it again",
             );
         }
         told
     }
+}
+
+/// `text` between single quotes, as a shell reads it back.
+fn quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// An exclusive lock (`flock`) on a file, held until dropped or its process ends.
@@ -412,7 +419,10 @@ impl Store {
             other => other.with_context(|| format!("reading {}", self.dir.display()))?,
         };
         let mut found = Vec::new();
-        for vm_dir in entries.flatten().filter(|e| e.path().is_dir()) {
+        let dirs = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+        for vm_dir in dirs {
             let Some(vm) = vm_dir.file_name().to_str().and_then(vm_of_dir) else {
                 continue;
             };
@@ -1341,8 +1351,6 @@ mod tests {
             std::fs::write(db.join(id).join("memory"), format!("{magic}...")).unwrap();
         }
         // Not saves of memtide's: a clone template being made, a directory of no VM.
-        let taken = store.list("db").unwrap_or_default();
-        assert!(taken.is_empty());
         std::fs::create_dir_all(dir.path().join("a%zz").join("3.partial")).unwrap();
         std::fs::create_dir_all(store.vm_dir("web/1").join("x").join("template.partial")).unwrap();
 
@@ -1358,10 +1366,20 @@ mod tests {
         assert!(found[2].dir.starts_with(store.vm_dir("web/1")));
         let told = found[0].describe();
         assert!(
-            told.contains("virsh restore") && told.contains("1.partial/memory"),
+            told.contains("virsh restore '") && told.contains("1.partial/memory'"),
             "{told}"
         );
         assert!(!found[2].describe().contains("virsh"));
+        // Names anyone may have written are escaped, and a path quoted as a shell reads it.
+        let hostile = store.vm_dir("\u{1b}[2J").join("it's.partial");
+        std::fs::create_dir_all(&hostile).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", hostile.join("memory")).unwrap();
+        let found = store.unfinished().unwrap();
+        let told = found.iter().find(|u| u.vm == "\u{1b}[2J").unwrap();
+        assert!(!told.libvirt_image, "a link is not read");
+        let told = told.describe();
+        assert!(!told.contains('\u{1b}'), "{told}");
+        assert!(told.contains(r"it'\''s.partial'`"), "{told}");
         // The VM's next save (a daemon's of its own) removes what its cut-short save left.
         let next = Store::new(dir.path());
         drop(next.begin("web/1", Bytes::from_mib(1)).unwrap());
@@ -1371,7 +1389,7 @@ mod tests {
             .into_iter()
             .map(|u| u.vm)
             .collect();
-        assert_eq!(left, ["db", "db"]);
+        assert_eq!(left, ["\u{1b}[2J", "db", "db"]);
     }
 
     #[test]

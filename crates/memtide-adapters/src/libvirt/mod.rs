@@ -30,10 +30,18 @@ pub const MEMORY_FILE: &str = "memory";
 /// `LibvirtQemudPart` first and this when the save completes).
 const SAVE_MAGIC: &[u8; 16] = b"LibvirtQemudSave";
 
-/// Whether the file at `path` is a whole libvirt QEMU save image, by its header.
+/// Whether the file at `path` is a whole libvirt QEMU save image, by its header: a
+/// regular file, not a link (nothing else is opened: a FIFO would block).
 pub fn is_whole_save_image(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
     let mut magic = [0u8; 16];
-    std::fs::File::open(path)
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
         .is_ok_and(|()| &magic == SAVE_MAGIC)
 }

@@ -166,6 +166,8 @@ pub struct EventLog {
     /// The file could not be reopened: no event is written (nor to the file moved away)
     /// until it can be, tried again at each event.
     unopened: bool,
+    /// The file's last line is an event without its newline, which the next write adds.
+    newline_owed: bool,
 }
 
 impl EventLog {
@@ -180,6 +182,7 @@ impl EventLog {
             write_errors: 0,
             failing: 0,
             unopened: false,
+            newline_owed: false,
         };
         if !path.as_os_str().is_empty() {
             log.file = Some(log.open_file()?);
@@ -217,23 +220,16 @@ impl EventLog {
     }
 
     /// Open the file to append to, created with its directory (removed since, perhaps),
-    /// and ended with a newline where a line was left torn (a crash mid-write, a hand's
-    /// edit), so that the next event is a line of its own.
-    fn open_file(&self) -> io::Result<File> {
+    /// its torn last line mended ([`mend_torn_line`]).
+    fn open_file(&mut self) -> io::Result<File> {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .create(true)
-            .read(true)
             .append(true)
             .open(&self.path)?;
-        let len = file.metadata()?.len();
-        let mut last = [0u8];
-        let torn = len > 0 && file.read_at(&mut last, len - 1)? == 1 && last[0] != b'\n';
-        if torn {
-            file.write_all(b"\n")?;
-        }
+        self.newline_owed = mend_torn_line(&self.path, &file);
         Ok(file)
     }
 
@@ -330,7 +326,19 @@ impl EventLog {
         // it: it is made again.
         let removed = self.file.as_ref().map(File::metadata);
         if removed.is_some_and(|m| m.is_ok_and(|m| m.nlink() == 0)) {
-            (self.file, self.unopened) = (None, true);
+            self.file = None;
+            match self.open_file() {
+                Ok(file) => self.file = Some(file),
+                Err(e) => {
+                    tracing::error!(
+                        "event log {}: removed, and it cannot be made again: events are lost \
+                         until it can be (tried again at each event; counted in \
+                         memtide_write_errors_total): {e}",
+                        self.path.display()
+                    );
+                    self.unopened = true;
+                }
+            }
         }
         if self.unopened {
             if let Ok(file) = self.open_file() {
@@ -343,7 +351,9 @@ impl EventLog {
             }
         }
         if let Some(f) = &mut self.file {
-            match append_line(f, &event, self.failing) {
+            let written = append_line(f, &event, self.failing, self.newline_owed);
+            self.newline_owed &= written.is_err();
+            match written {
                 Ok(()) if self.failing > 0 => {
                     tracing::warn!(
                         "event log {}: writing again, {} events lost",
@@ -434,11 +444,55 @@ impl EventLog {
     }
 }
 
+/// What is done with the torn last line of the regular file `file` at `path` (a crash
+/// mid-write, a hand's edit), so that the next event is a line of its own: cut off where it
+/// is no event (a crash's part of one: `read_log` reads a torn line only at the end), or
+/// ended with a newline where it is one; returns whether that newline is owed to the next
+/// write (not written now: a full disk). A file that is no regular file (a FIFO, a
+/// device), or that cannot be read, is left as it is.
+fn mend_torn_line(path: &Path, file: &File) -> bool {
+    /// How much of the file's end is read: far more than an event's line.
+    const TAIL: u64 = 64 << 10;
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    if !meta.is_file() || meta.len() == 0 {
+        return false;
+    }
+    let len = meta.len();
+    let window = len.min(TAIL);
+    let mut tail = vec![0; usize::try_from(window).expect("at most 64 KiB")];
+    let read = std::fs::File::open(path).and_then(|r| r.read_exact_at(&mut tail, len - window));
+    if read.is_err() {
+        return false;
+    }
+    let torn = match tail.iter().rposition(|b| *b == b'\n') {
+        Some(at) => &tail[at + 1..],
+        None if window == len => &tail[..],
+        // A line longer than any event: not judged, only ended.
+        None => return (&*file).write_all(b"\n").is_err(),
+    };
+    if torn.is_empty() {
+        return false;
+    }
+    if serde_json::from_slice::<Event>(torn).is_ok() {
+        return (&*file).write_all(b"\n").is_err();
+    }
+    file.set_len(len - torn.len() as u64).is_err()
+}
+
 /// Write `events` as JSON lines in one `write` call, so that a line is never split nor
-/// interleaved with another writer's; returns the bytes written, fewer than the lines'
-/// when the disk is full.
-fn write_lines(out: &mut impl Write, events: &[&Event]) -> io::Result<(usize, usize)> {
+/// interleaved with another writer's, after a newline where `newline_first`; returns the
+/// bytes written, fewer than the lines' when the disk is full.
+fn write_lines(
+    out: &mut impl Write,
+    events: &[&Event],
+    newline_first: bool,
+) -> io::Result<(usize, usize)> {
     let mut lines = Vec::new();
+    if newline_first {
+        lines.push(b'\n');
+    }
     for event in events {
         serde_json::to_writer(&mut lines, event).expect("events serialize");
         lines.push(b'\n');
@@ -448,9 +502,10 @@ fn write_lines(out: &mut impl Write, events: &[&Event]) -> io::Result<(usize, us
 
 /// Append `event` to `file` (opened O_APPEND) whole or not at all, after an event that
 /// says how many before it were `lost` where any were (`write_resumed`, rule
-/// `event_log`: the file's gap is marked in it): what a short write left is cut off
-/// again, so that the next line does not continue a torn one.
-fn append_line(file: &mut File, event: &Event, lost: u64) -> io::Result<()> {
+/// `event_log`: the file's gap is marked in it), and after a newline where one is
+/// `owed`: what a short write left is cut off again, so that the next line does not
+/// continue a torn one.
+fn append_line(file: &mut File, event: &Event, lost: u64, owed: bool) -> io::Result<()> {
     let gap = Event {
         ts: event.ts.clone(),
         kind: "write_resumed".into(),
@@ -465,7 +520,7 @@ fn append_line(file: &mut File, event: &Event, lost: u64) -> io::Result<()> {
         0 => vec![event],
         _ => vec![&gap, event],
     };
-    let (written, len) = write_lines(file, &events)?;
+    let (written, len) = write_lines(file, &events, owed)?;
     if written == len {
         return Ok(());
     }
@@ -771,7 +826,7 @@ mod tests {
         log.log("action", Some("db"), Some("memtide.probe"), reason.clone());
         assert_eq!(log.recent().pop().unwrap().message, reason);
         let mut out = Writes::default();
-        let (written, len) = write_lines(&mut out, &[&event]).unwrap();
+        let (written, len) = write_lines(&mut out, &[&event], false).unwrap();
         assert_eq!(written, len);
         assert_eq!(out.0.len(), 1);
         assert!(out.0[0].ends_with(b"}\n"));
@@ -880,21 +935,35 @@ mod tests {
     }
 
     #[test]
-    fn an_event_after_a_torn_line_is_a_line_of_its_own() {
+    fn an_event_after_a_torn_line_is_a_line_of_its_own_and_the_log_reads_whole() {
+        // Found by an audit: the next event was glued onto a torn line.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        std::fs::write(&path, b"{\"ts\":\"torn").unwrap();
+        let messages = || {
+            let (events, torn) = read_log(&path).unwrap();
+            assert_eq!(torn, None);
+            events.into_iter().map(|e| e.message).collect::<Vec<_>>()
+        };
+        // A crash's part of an event is cut off: nothing in it could be read.
         let mut log = EventLog::open(&path).unwrap();
         log.log("started", None, None, "one".into());
+        drop(log);
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, [&whole[..], b"{\"ts\":\"torn"].concat()).unwrap();
+        let mut log = EventLog::open(&path).unwrap();
+        log.log("started", None, None, "two".into());
+        assert_eq!(messages(), ["one", "two"]);
+        // A whole event without its newline (a hand's edit) is ended, and kept.
+        drop(log);
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "{\"ts\":\"torn");
-        let event: Event = serde_json::from_str(lines[1]).unwrap();
-        assert_eq!(event.message, "one");
+        std::fs::write(&path, text.trim_end()).unwrap();
+        let mut log = EventLog::open(&path).unwrap();
+        log.log("started", None, None, "three".into());
+        assert_eq!(messages(), ["one", "two", "three"]);
         // A whole file is left as it is.
         drop(log);
         let before = std::fs::read(&path).unwrap();
-        let _ = EventLog::open(&path).unwrap();
+        drop(EventLog::open(&path).unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 
@@ -927,7 +996,7 @@ mod tests {
             actual_bytes: None,
             message: "m".into(),
         };
-        let (written, len) = write_lines(&mut Short(&mut file), &[&event]).unwrap();
+        let (written, len) = write_lines(&mut Short(&mut file), &[&event], false).unwrap();
         assert!(written < len);
         cut_back(&file, written).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"{\"whole\": 1}\n{\"torn");

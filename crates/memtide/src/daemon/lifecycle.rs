@@ -292,7 +292,7 @@ impl Daemon {
             }
             let store = &self.store;
             let next = *(self.next_snapshot.entry(vm.clone()))
-                .or_insert_with(|| now + first_scheduled_in(store, &vm, every));
+                .or_insert_with(|| first_scheduled_at(store, &vm, every, now));
             if next <= now && first.as_ref().is_none_or(|(due, ..)| next < *due) {
                 first = Some((next, vm, every));
             }
@@ -698,11 +698,12 @@ impl Daemon {
     }
 }
 
-/// How long from now VM `vm`'s first scheduled snapshot of this daemon is due: `every`
-/// after its newest scheduled snapshot in `store` (at once where that is older), so that
-/// restarting the daemon does not put the schedule off; `every` after now where it has
-/// none, or the store cannot be read (with a warning).
-fn first_scheduled_in(store: &Store, vm: &str, every: Duration) -> Duration {
+/// When VM `vm`'s first scheduled snapshot of this daemon is due, from `now`: `every`
+/// after its newest scheduled snapshot in `store`, so that restarting the daemon does
+/// not put the schedule off (where that is past, it is overdue by as much, and the
+/// longest overdue go first); `every` after now where it has none, or the store cannot be
+/// read (with a warning).
+fn first_scheduled_at(store: &Store, vm: &str, every: Duration, now: Instant) -> Instant {
     let newest = match store.list(vm) {
         Ok(taken) => taken.into_iter().rev().find(|s| s.by == TakenBy::Schedule),
         Err(e) => {
@@ -710,8 +711,11 @@ fn first_scheduled_in(store: &Store, vm: &str, every: Duration) -> Duration {
             None
         }
     };
-    let since = newest.as_ref().and_then(snapshots::age);
-    since.map_or(every, |since| every.saturating_sub(since))
+    match newest.as_ref().and_then(snapshots::age) {
+        None => now + every,
+        Some(since) if since <= every => now + (every - since),
+        Some(since) => now.checked_sub(since - every).unwrap_or(now),
+    }
 }
 
 /// Why a save failed, for a save whose backend failed with `e` after `sealed` (if its
@@ -782,26 +786,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
         let hour = Duration::from_secs(3600);
-        assert_eq!(first_scheduled_in(&store, "web", hour), hour, "none yet");
+        let now = Instant::now() + Duration::from_secs(3 * 86_400);
+        let due_in = |vm| first_scheduled_at(&store, vm, hour, now).checked_duration_since(now);
+        assert_eq!(due_in("web"), Some(hour), "none yet");
         stored(&store, "web", AfterSave::Run, TakenBy::Operator);
-        assert_eq!(
-            first_scheduled_in(&store, "web", hour),
-            hour,
-            "by hand: not counted"
-        );
+        assert_eq!(due_in("web"), Some(hour), "by hand: not counted");
         let taken = stored(&store, "web", AfterSave::Run, TakenBy::Schedule);
-        let next = first_scheduled_in(&store, "web", hour);
+        let next = due_in("web").unwrap();
         assert!(
             next <= hour && next > hour - Duration::from_secs(60),
             "{next:?}"
         );
-        // Taken long ago (the daemon was stopped meanwhile): due at once.
-        let meta = store.dir_of(&taken).join("snapshot.json");
-        let mut described: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
-        described["created"] = "2026-01-01T00:00:00Z".into();
-        std::fs::write(&meta, described.to_string()).unwrap();
-        assert_eq!(first_scheduled_in(&store, "web", hour), Duration::ZERO);
+        // Taken long ago (the daemon was stopped meanwhile): overdue, the longest
+        // overdue first (found by a review: all were due at the same moment, and the
+        // configuration's order chose).
+        let taken_at = |s: &snapshots::Snapshot, created: &str| {
+            let meta = store.dir_of(s).join("snapshot.json");
+            let mut described: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+            described["created"] = created.into();
+            std::fs::write(&meta, described.to_string()).unwrap();
+        };
+        let db = stored(&store, "db", AfterSave::Run, TakenBy::Schedule);
+        let two_hours_ago = humantime::format_rfc3339(SystemTime::now() - 2 * hour).to_string();
+        taken_at(&taken, &two_hours_ago);
+        let day_ago = humantime::format_rfc3339(SystemTime::now() - 24 * hour).to_string();
+        taken_at(&db, &day_ago);
+        let (web, db) = (due_in("web"), due_in("db"));
+        assert_eq!((web, db), (None, None), "overdue");
+        let overdue = |vm| now - first_scheduled_at(&store, vm, hour, now);
+        let (web, db) = (overdue("web"), overdue("db"));
+        assert!(web.abs_diff(hour) < Duration::from_secs(60), "{web:?}");
+        assert!(db.abs_diff(23 * hour) < Duration::from_secs(60), "{db:?}");
     }
 
     #[test]
