@@ -174,7 +174,7 @@ awk '/was-enabled/ { guarded = 1 } /^[[:space:]]*fi[[:space:]]*$/ { guarded = 0 
 pass "the maintainer scripts neither enable nor start memtide.service"
 
 # logrotate: the event log where the unit's LogsDirectory= puts it, reopened on SIGHUP
-# (the unit's ExecReload).
+# (systemctl kill, so that a configuration being edited fails no rotation).
 logrotate_conf=etc/logrotate.d/memtide
 [[ -f $root/$logrotate_conf ]] || fail "no ./$logrotate_conf in the package"
 grep -qx "/$logrotate_conf" <<<"$conffiles" ||
@@ -182,8 +182,8 @@ grep -qx "/$logrotate_conf" <<<"$conffiles" ||
 logs_dir=$(sed -n 's/^LogsDirectory=//p' "$root/$unit_path" | tail -n1)
 grep -q "^/var/log/$logs_dir/events.jsonl {" "$root/$logrotate_conf" ||
     fail "$logrotate_conf does not rotate /var/log/$logs_dir/events.jsonl (the unit's LogsDirectory=$logs_dir)"
-grep -q "systemctl reload memtide.service" "$root/$logrotate_conf" ||
-    fail "$logrotate_conf does not make memtide reopen its log (systemctl reload memtide.service)"
+grep -q "systemctl kill --kill-whom=main --signal=HUP memtide.service" "$root/$logrotate_conf" ||
+    fail "$logrotate_conf does not make memtide reopen its log (SIGHUP by systemctl kill)"
 # -d: debug, nothing rotated; its own state file, so the host's is neither read nor written.
 if ! logrotate -d --state "$tmp/logrotate.state" "$root/$logrotate_conf" >"$tmp/logrotate.out" 2>&1 ||
     grep -q '^error' "$tmp/logrotate.out"; then
@@ -206,9 +206,9 @@ pass "the drop-ins ${dropins[*]} are examples in /$dropin_dir, none enabled"
 
 # --- (b) the unit --------------------------------------------------------------------
 # `systemd-analyze verify --root=` (systemd 252) resolves every path inside the root:
-# sysinit.target and the other default dependencies, /bin/kill of ExecReload. An
+# sysinit.target and the other default dependencies, the binary of ExecReload. An
 # extracted package has none of those, so the unit is verified from a copy whose
-# ExecStart names the extracted binary instead of /usr/bin/memtide. Both verify and
+# ExecStart and ExecReload name the extracted binary instead of /usr/bin/memtide. Both verify and
 # security read the drop-ins in memtide.service.d/ beside the unit they are given: the
 # unit is checked alone, with each drop-in the package ships, and with all of them.
 # check_unit NAME [DROPIN...]
@@ -219,7 +219,8 @@ check_unit() {
     units_checked=$((units_checked + 1))
     dir=$tmp/unit-$units_checked
     mkdir -p "$dir/memtide.service.d"
-    sed "s|^ExecStart=${exec_start[0]}|ExecStart=$root${exec_start[0]}|" "$unit" >"$dir/memtide.service"
+    sed -e "s|^ExecStart=${exec_start[0]}|ExecStart=$root${exec_start[0]}|" \
+        -e "s|^ExecReload=${exec_start[0]}|ExecReload=$root${exec_start[0]}|" "$unit" >"$dir/memtide.service"
     for d in "$@"; do cp "$root/$dropin_dir/$d" "$dir/memtide.service.d/"; done
     if ! SYSTEMD_COLORS=0 systemd-analyze verify "$dir/memtide.service" >"$dir/verify.out" 2>&1 ||
         grep -q memtide "$dir/verify.out"; then

@@ -1345,7 +1345,8 @@ impl Config {
         // What a running daemon applies at once beside the policy: each VM's policy and
         // bounds, and the defaults with them (the fleet reads them at each sample, tier
         // placement at each pass). Not the defaults alone: with the VMs of the start they
-        // were never checked together (a default minimum above a VM's maximum).
+        // were never checked together (a default minimum above a VM's maximum). In any
+        // order: entries sorted afresh by a tool are the same VMs (found by an audit).
         let live_aside = |vms: &[VmConfig]| -> Vec<VmConfig> {
             let aside = |vm: &VmConfig| VmConfig {
                 policy: None,
@@ -1354,7 +1355,9 @@ impl Config {
                 shares: None,
                 ..vm.clone()
             };
-            vms.iter().map(aside).collect()
+            let mut vms: Vec<VmConfig> = vms.iter().map(aside).collect();
+            vms.sort_by(|a, b| a.name.cmp(&b.name));
+            vms
         };
         if live_aside(&self.vms) == live_aside(&fresh.vms) {
             next.vms.clone_from(&fresh.vms);
@@ -1861,6 +1864,20 @@ mod tests {
         // in force being the start's (not the last reload's).
         let (back, left) = next.with_policy_of(&running, running.sample_access());
         assert_eq!((back, left), (running.clone(), vec![]));
+        // The VMs' entries sorted afresh (a tool's doing), a bound changed: taken.
+        let two = |first: &str, second: &str| {
+            let web = "[[vm]]\nname = \"web\"\nqmp = \"/w\"\nmin_mib = 128\n";
+            let db = |min: u64| format!("[[vm]]\nname = \"db\"\nqmp = \"/q\"\nmin_mib = {min}\n");
+            let entries = match (first, second) {
+                ("db", _) => format!("{}{web}", db(512)),
+                _ => format!("{web}{}", db(600)),
+            };
+            parse(&format!("policy = \"mom\"\n{entries}"))
+        };
+        let running = two("db", "web");
+        let fresh = two("web", "db");
+        let (next, left) = running.with_policy_of(&fresh, running.sample_access());
+        assert_eq!((next, left), (fresh, vec![]));
     }
 
     #[test]

@@ -383,6 +383,20 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
         "{err}"
     );
     edit("[memtide]\nmargin = -3\n#", "");
+    // A file memtide would not start from is refused now, not at the next restart (found
+    // by an audit: a [host] typo was taken, and the restart failed).
+    let sys = format!("sys = {:?}", root.join("sys"));
+    edit(&sys, &format!("sys = {:?}", root.join("sys-typo")));
+    let o = reload();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("policy rejected, mom stays in force")
+            && err.contains("memtide would not start from it")
+            && err.contains("sys-typo"),
+        "{err}"
+    );
+    edit(&format!("sys = {:?}", root.join("sys-typo")), &sys);
     // As SIGHUP, it reopens the event log that logrotate moved away.
     std::fs::rename(&daemon.events, root.join("events.jsonl.1")).unwrap();
     assert!(reload().status.success());

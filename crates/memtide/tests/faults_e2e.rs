@@ -569,6 +569,23 @@ fn a_balloon_moved_by_another_manager_is_left_alone_until_reload() {
         "the balloon stays at 200 MiB: {held}"
     );
 
+    // A reload of a broken file is no word of the operator's: the guest stays left alone
+    // (found by an audit: a rejected reload took it back).
+    let file = dir.path().join("memtide.toml");
+    let good = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{good}bogus = = 1\n")).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_memtide"))
+        .args(["reload", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "rejected");
+    std::thread::sleep(3 * TICK);
+    let held = qmp.balloon_mib().unwrap();
+    assert!((held - 200.0).abs() < 4.0, "still 200 MiB: {held}");
+    assert_eq!(logged(&daemon, "vm_managed_again", "managed again"), 0);
+    std::fs::write(&file, good).unwrap();
+
     // `memtide reload`: the operator says memtide manages it again.
     daemon.reload();
     daemon.wait_until(

@@ -77,6 +77,7 @@ fn severity(kind: &str, rule: Option<&str>) -> tracing::Level {
         | "vm_lost"
         | "vm_resumed"
         | "snapshot_unfinished" => Level::WARN,
+        "state" if rule == Some(super::state::UNREADABLE) => Level::WARN,
         "diagnostic" => match rule {
             Some("policy_error") => Level::ERROR,
             Some("guest_reset" | "guest_shutdown" | "memory_resized" | "busy") => Level::INFO,
@@ -596,6 +597,8 @@ mod tests {
             (("vm_lost", Some("shut_down")), Level::INFO),
             (("vm_lost", Some("saving")), Level::INFO),
             (("snapshot_unfinished", None), Level::WARN),
+            (("state", Some("state_unreadable")), Level::WARN),
+            (("state", None), Level::INFO),
             (("diagnostic", Some("guest_shutdown")), Level::INFO),
             (("action", Some("memtide.probe")), Level::INFO),
         ];

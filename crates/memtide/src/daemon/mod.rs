@@ -596,13 +596,6 @@ impl Daemon {
                 self.events.path().display()
             )
         });
-        // The operator's word: VMs left alone because another manager moved their
-        // balloons are managed again, and KSM if someone else had set its knobs.
-        for vm in self.engine.manage_again() {
-            let message = "managed again on reload (another manager had moved its balloon)";
-            self.events
-                .log("vm_managed_again", Some(&vm), None, message.into());
-        }
         let result = self.reread().and_then(|(next, left)| {
             let (policy, vm_policies) = policies::load_named(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
@@ -628,6 +621,16 @@ impl Daemon {
                 self.engine.policy_name()
             )
         });
+        // The operator's word, where the reload stands (found by an audit: a rejected
+        // one took them back too): VMs left alone because another manager moved their
+        // balloons are managed again, and KSM if someone else had set its knobs.
+        if result.is_ok() {
+            for vm in self.engine.manage_again() {
+                let message = "managed again on reload (another manager had moved its balloon)";
+                self.events
+                    .log("vm_managed_again", Some(&vm), None, message.into());
+            }
+        }
         self.status.write().policy_error = result.as_ref().err().cloned();
         // The answer, and the event status shows after a SIGHUP, say so too.
         let result = match unopened {
@@ -644,12 +647,16 @@ impl Daemon {
 
     /// The configuration to reload from: the file the daemon started from read again,
     /// its policy taken and what else changed in it named ([`Config::with_policy_of`]);
-    /// the configuration in force where it started without a file.
+    /// the configuration in force where it started without a file. A file memtide would
+    /// not start from ([`check`]: the host's paths, the daemon's files, tier placement's
+    /// nodes) is refused as `check-config` refuses it (found by an audit: a reload took a
+    /// `[host]` typo, and the next restart failed).
     fn reread(&self) -> Result<(Config, Vec<&'static str>), String> {
         match &self.options.config_file {
             None => Ok((self.config.clone(), Vec::new())),
             Some(file) => {
                 let fresh = Config::load(file).map_err(|e| e.to_string())?;
+                check(&fresh).map_err(|e| format!("memtide would not start from it: {e:#}"))?;
                 Ok(self.config.with_policy_of(&fresh, self.sampling))
             }
         }

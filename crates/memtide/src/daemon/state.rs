@@ -26,6 +26,13 @@ const VERSION: u32 = 1;
 /// guests no longer holds.
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 
+/// The rule of a `state` event whose file could not be used for a fault of its own.
+pub const UNREADABLE: &str = "state_unreadable";
+
+/// How far in the future a file may be dated (clocks a little apart) before it is taken
+/// for one written before the clock stepped back.
+const FUTURE_SLACK_S: u64 = 60;
+
 /// The daemon's state file at `path` (none when empty or in a dry run, whose decisions
 /// are not carried out), with what it held given to `engine` (and kept for tier
 /// placement under `ages`) and logged to `events`.
@@ -45,8 +52,8 @@ pub fn open(
             events.log("write_failed", None, Some("state"), message);
         }
     }
-    let (state, message) = StateFile::open(path, engine, ages);
-    events.log("state", None, None, message);
+    let (state, message, rule) = StateFile::open(path, engine, ages);
+    events.log("state", None, rule, message);
     Some(state)
 }
 
@@ -152,8 +159,14 @@ impl StateFile {
     /// The state file at `path`, and what a previous daemon left there given to `engine`,
     /// the cold ages kept within `ages`' bounds (none without placement or where the age
     /// is fixed); returns a sentence for the event log saying what was restored or why
-    /// nothing was.
-    pub fn open(path: &Path, engine: &mut Engine, ages: Option<&AgeConfig>) -> (StateFile, String) {
+    /// nothing was, and [`UNREADABLE`] where the file is there but could not be used for
+    /// a fault of its own (damaged, unreadable, dated in the future: a warning), not for
+    /// its age or version.
+    pub fn open(
+        path: &Path,
+        engine: &mut Engine,
+        ages: Option<&AgeConfig>,
+    ) -> (StateFile, String, Option<&'static str>) {
         let mut state = StateFile {
             path: path.to_path_buf(),
             targets: BTreeMap::new(),
@@ -165,14 +178,13 @@ impl StateFile {
         };
         let saved = match crate::text_file::read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return (
-                    state,
-                    format!("no state file at {}: starting afresh", path.display()),
-                )
+                let message = format!("no state file at {}: starting afresh", path.display());
+                return (state, message, None);
             }
             Err(e) => Err(e.to_string()),
             Ok(text) => serde_json::from_str::<Saved>(&text).map_err(|e| e.to_string()),
         };
+        let unreadable = saved.is_err();
         let now = unix_now();
         let age = |s: &Saved| now.saturating_sub(s.written);
         let ages = ages.filter(|a| a.adaptive);
@@ -183,7 +195,14 @@ impl StateFile {
         let kept_s = ages
             .map_or(0, |a| a.horizon_s() as u64)
             .max(MAX_AGE.as_secs());
+        // A clock stepped back since: what it says of the guests' time is not to be had.
+        let future = |s: &Saved| s.written.saturating_sub(now) > FUTURE_SLACK_S;
+        let unreadable = unreadable || saved.as_ref().is_ok_and(future);
         let saved = match saved {
+            Ok(s) if future(&s) => Err(format!(
+                "written {} s in the future: the clock stepped back?",
+                s.written - now
+            )),
             Ok(s) if s.version != VERSION => Err(format!("version {}, not {VERSION}", s.version)),
             Ok(s) if age(&s) > kept_s => {
                 Err(format!("written {} s ago, more than {kept_s} s", age(&s)))
@@ -197,7 +216,7 @@ impl StateFile {
                     "state file {} ignored ({why}): starting afresh",
                     path.display()
                 );
-                return (state, message);
+                return (state, message, unreadable.then_some(UNREADABLE));
             }
         };
         let elapsed_s = age(&saved);
@@ -261,7 +280,7 @@ impl StateFile {
         );
         engine.recall(memory);
         state.last = saved.vms;
-        (state, message)
+        (state, message, None)
     }
 
     /// Give each VM the target restored for it (same configured size): at its first
@@ -490,7 +509,7 @@ mod tests {
         hypervisor: Option<(u32, u64)>,
     ) -> (String, String, Option<Bytes>) {
         let mut engine = memtide();
-        let (mut state, mut message) = StateFile::open(path, &mut engine, None);
+        let (mut state, mut message, _) = StateFile::open(path, &mut engine, None);
         match state.connected("a", hypervisor) {
             Some(Restored::Afresh(why)) => {
                 engine.forget_recalled("a");
@@ -779,7 +798,7 @@ mod tests {
 
     /// Each VM's cold age as `ages` (`None`: no placement) restores it from `path`.
     fn restored_ages(path: &Path, ages: Option<&AgeConfig>) -> (Vec<(String, f64)>, String) {
-        let (mut state, message) = StateFile::open(path, &mut memtide(), ages);
+        let (mut state, message, _) = StateFile::open(path, &mut memtide(), ages);
         let restored = state.take_cold_ages().into_iter();
         let restored = restored.map(|(vm, (learnt_for, age))| {
             assert_eq!(learnt_for, LearntFor::Size(Bytes::from_mib(1000)));
@@ -847,7 +866,7 @@ mod tests {
         );
         saved.written = unix_now() - MAX_AGE.as_secs() - 60;
         std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
-        let (mut state, message) =
+        let (mut state, message, _) =
             StateFile::open(&path, &mut memtide(), Some(&AgeConfig::default()));
         assert!(
             message.contains("more than 600 s: its cold ages only): 0 estimator states, 0 balloon targets, 2 cold ages"),
@@ -861,7 +880,7 @@ mod tests {
         assert_eq!(state.take_cold_ages().len(), 2);
         // Where the age is fixed, or without placement, the file is just too old.
         for ages in [Some(&fixed), None] {
-            let (_, message) = StateFile::open(&path, &mut memtide(), ages);
+            let (_, message, _) = StateFile::open(&path, &mut memtide(), ages);
             assert!(message.contains("ignored (written 66"), "{message}");
         }
         saved.written = unix_now() - AgeConfig::default().max_s as u64 - 60;
@@ -934,7 +953,7 @@ mod tests {
     fn batch_after_restart(path: &Path, proc: &Path) -> Option<KeptAge> {
         use crate::daemon::place::{Target, TierPlacer};
         let config = crate::config::TieringConfig::default();
-        let (mut state, _) = StateFile::open(path, &mut memtide(), Some(&config.ages()));
+        let (mut state, _, _) = StateFile::open(path, &mut memtide(), Some(&config.ages()));
         let sys = tempfile::tempdir().unwrap();
         let nodes = crate::placement::Nodes { fast: 0, slow: 1 };
         let mut placer = TierPlacer::new(nodes, &config, proc.into(), sys.path().into());
@@ -982,7 +1001,7 @@ mod tests {
         };
         assert_eq!(saved.processes["batch"], process);
         let ages = AgeConfig::default();
-        let (mut state, message) = StateFile::open(&path, &mut memtide(), Some(&ages));
+        let (mut state, message, _) = StateFile::open(&path, &mut memtide(), Some(&ages));
         assert!(
             message.starts_with("state of 2 VMs restored from")
                 && message.ends_with("0 balloon targets, 2 cold ages"),
@@ -1002,7 +1021,7 @@ mod tests {
             adaptive: false,
             ..ages
         };
-        let (mut state, _) = StateFile::open(&path, &mut memtide(), Some(&fixed));
+        let (mut state, _, _) = StateFile::open(&path, &mut memtide(), Some(&fixed));
         assert!(state.take_cold_ages().is_empty());
     }
 
@@ -1023,15 +1042,31 @@ mod tests {
             version: VERSION + 1,
             ..stale.clone()
         };
+        let ahead = Saved {
+            written: unix_now() + 100_000,
+            ..stale.clone()
+        };
+        // A damaged file and one dated in the future (found by an audit: taken as
+        // written 0 s ago) are warnings; an old one and another version's are not.
         let cases = [
-            (b"{\"version\": 1, \"writ".to_vec(), "EOF while parsing"),
+            (
+                b"{\"version\": 1, \"writ".to_vec(),
+                "EOF while parsing",
+                true,
+            ),
             (
                 serde_json::to_vec(&stale).unwrap(),
                 "s ago, more than 600 s",
+                false,
             ),
-            (serde_json::to_vec(&other).unwrap(), "version 2, not 1"),
+            (
+                serde_json::to_vec(&other).unwrap(),
+                "version 2, not 1",
+                false,
+            ),
+            (serde_json::to_vec(&ahead).unwrap(), "s in the future", true),
         ];
-        for (bytes, why) in cases {
+        for (bytes, why, warned) in cases {
             std::fs::write(&path, bytes).unwrap();
             let (rule, message, target) = restart(&path, 1000);
             assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
@@ -1039,6 +1074,8 @@ mod tests {
                 message.contains("ignored (") && message.contains(why),
                 "{message}"
             );
+            let (_, _, rule) = StateFile::open(&path, &mut memtide(), None);
+            assert_eq!(rule, warned.then_some(UNREADABLE), "{why}");
         }
     }
 }
