@@ -267,6 +267,12 @@ impl Collector for StatusCollector {
             "0 when the last policy reload was rejected (the previous policy stays in force).",
             vec![(vec![], f64::from(u8::from(status.policy_error.is_none())))],
         )?;
+        gauges(
+            &mut enc,
+            "memtide_config_restart_pending",
+            "1 when the configuration file changed, as of the last reload, in what only a restart applies.",
+            vec![(vec![], f64::from(u8::from(!status.restart_pending.is_empty())))],
+        )?;
         let ticks = &c.tick_durations;
         let mut family = enc.encode_descriptor(
             "memtide_tick_duration_seconds",

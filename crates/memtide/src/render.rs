@@ -88,6 +88,13 @@ pub fn status(s: &Status) -> String {
     if let Some(e) = policy_error {
         let _ = writeln!(out, "POLICY RELOAD REJECTED: {e}");
     }
+    if !s.restart_pending.is_empty() {
+        let _ = writeln!(
+            out,
+            "configuration changed, not applied until memtide restarts: {}",
+            s.restart_pending.join(", ")
+        );
+    }
     let Some(d) = &s.decision else {
         let _ = writeln!(out, "no decision yet");
         return out;
@@ -324,6 +331,7 @@ mod tests {
             last_decision_unix_s: None,
             host_error: None,
             policy_error: None,
+            restart_pending: Vec::new(),
             policies: Default::default(),
             decision: Some(decision),
             waiting: Vec::new(),
@@ -497,6 +505,7 @@ mod tests {
         let text = status(&Status {
             decision: Some(decision),
             policy_error: Some("p.policy:1:5: unclosed '('\n(defvar x\x1b\n    ^".into()),
+            restart_pending: vec!["interval_s".into(), "[host]".into()],
             waiting: vec![waiting("a", 0.2), waiting("b", 4.4), waiting("idle", 2.0)],
             hibernated: vec![Hibernated {
                 vm: "idle".into(),
@@ -514,6 +523,12 @@ mod tests {
         );
         assert!(
             text.contains("a (/q/a.sock): connecting · retrying now\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "configuration changed, not applied until memtide restarts: interval_s, [host]\n"
+            ),
             "{text}"
         );
         assert!(

@@ -150,6 +150,10 @@ pub struct Status {
     pub host_error: Option<String>,
     /// Why the last policy reload was rejected, if it was.
     pub policy_error: Option<String>,
+    /// What changed in the configuration file, as of the last reload that stood, and
+    /// waits for a restart (`interval_s`, `[host]`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_pending: Vec<String>,
     /// Which policy decides each VM, as of the policy last loaded.
     #[serde(default)]
     pub policies: Policies,

@@ -283,6 +283,22 @@ fn check_config_refuses_a_sys_that_is_no_sysfs_and_warns_of_a_cgroup_root_withou
         );
         assert!(stderr(&o).contains(&said), "{}", stderr(&o));
     }
+    // A file the daemon writes below a file (found by an audit: check-config said ok,
+    // and run failed binding its socket, or "File exists" on its event log; record_dir's
+    // own check says it so).
+    let blocker = root.join("blocker");
+    std::fs::write(&blocker, "").unwrap();
+    for key in ["socket", "event_log", "state_file"] {
+        let below = blocker.join("deeper").join("file");
+        let o = check(&sys, &format!("[daemon]\n{key} = {below:?}\n"));
+        assert!(!o.status.success(), "{key}");
+        let said = format!(
+            "[daemon] {key} = {}: {} is a file, where a directory is needed",
+            below.display(),
+            blocker.display()
+        );
+        assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+    }
     // Reclaim finding VMs' cgroups under a root that is no cgroup v2: said, not refused
     // (a VM with a reclaim_cgroup of its own does not need it).
     let v1 = root.join("cgroup");
@@ -347,9 +363,12 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
             file.display()
         )
     );
-    daemon.wait_until("the new policy deciding", Duration::from_secs(10), |s| {
+    let deciding = daemon.wait_until("the new policy deciding", Duration::from_secs(10), |s| {
         policy(s) == "mom"
     });
+    // What waits for a restart stays in status (found by an audit: told once only).
+    let pending = &deciding["restart_pending"];
+    assert_eq!(pending[0], "interval_s", "{pending}");
     // A file that no longer parses leaves the policy in force, and says why.
     edit("policy = \"mom\"", "policy = ");
     let o = reload();

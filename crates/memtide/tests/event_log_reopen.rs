@@ -54,10 +54,12 @@ fn a_failed_reopen_is_answered_and_nothing_more_goes_to_the_moved_log() {
     std::fs::rename(&log, &rotated).unwrap();
     std::fs::create_dir(&log).unwrap();
     let o = reload();
-    let answer = stdout(&o);
-    assert!(o.status.success(), "{}", stderr(&o));
+    // Refused, as memtide would not start with its log a directory, and saying so.
+    let answer = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{answer}");
     assert!(
-        answer.contains("policy memtide loaded")
+        answer.contains("policy rejected, memtide stays in force")
+            && answer.contains("a directory: name a file")
             && answer.contains(&format!(
                 "the event log {} could not be reopened: Is a directory",
                 log.display()
@@ -83,7 +85,7 @@ fn a_failed_reopen_is_answered_and_nothing_more_goes_to_the_moved_log() {
         status()
     );
     let moved = std::fs::read_to_string(&rotated).unwrap();
-    assert!(!moved.contains("policy_reloaded"), "{moved}");
+    assert!(!moved.contains("policy_rejected"), "{moved}");
 
     // Writable again: the next event opens it.
     std::fs::remove_dir(&log).unwrap();

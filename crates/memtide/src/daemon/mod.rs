@@ -228,6 +228,22 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
             );
         }
     }
+    // Each file the daemon writes, where there is one (a recording in its directory).
+    let recording = d.record_dir.join("record-0.jsonl.gz");
+    let written = [
+        ("socket", &d.socket, &d.socket),
+        ("event_log", &d.event_log, &d.event_log),
+        ("state_file", &d.state_file, &d.state_file),
+        ("record_dir", &d.record_dir, &recording),
+    ];
+    let set = written
+        .into_iter()
+        .filter(|(_, set, _)| !set.as_os_str().is_empty());
+    for (key, shown, file) in set {
+        if let Some(why) = unmakeable(file) {
+            anyhow::bail!("[daemon] {key} = {}: {why}", shown.display());
+        }
+    }
     let root = &config.reclaim.cgroup_root;
     let own =
         |vm: &crate::config::VmConfig| vm.reclaim == Some(true) && vm.reclaim_cgroup.is_none();
@@ -241,6 +257,46 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Why no file could be made at `path` (found by an audit: `check-config` said ok, and
+/// `run` failed or wrote nothing): the nearest of its parents that is there is no
+/// directory, or is on a read-only file system. Not whether the daemon's user may write
+/// there, nor what a service manager's sandbox allows.
+fn unmakeable(path: &std::path::Path) -> Option<String> {
+    use std::io::ErrorKind;
+    let mut dir = path.parent()?;
+    loop {
+        let at = if dir.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            dir
+        };
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => {
+                return Some(format!(
+                    "{} is a file, where a directory is needed",
+                    at.display()
+                ))
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                dir = dir.parent()?;
+            }
+            Err(e) => return Some(format!("{}: {e}", at.display())),
+        }
+    }
+    let at = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    match rustix::fs::access(at, rustix::fs::Access::WRITE_OK) {
+        Err(rustix::io::Errno::ROFS) => {
+            Some(format!("{} is on a read-only file system", at.display()))
+        }
+        _ => None,
+    }
 }
 
 /// Say at once, not at the first VM, that page tracking was asked for on a kernel
@@ -314,6 +370,7 @@ pub async fn run(config: Config, options: RunOptions) -> anyhow::Result<()> {
         last_decision_unix_s: None,
         host_error: None,
         policy_error: None,
+        restart_pending: Vec::new(),
         policies: vm_policies,
         decision: None,
         waiting: Vec::new(),
@@ -603,6 +660,7 @@ impl Daemon {
             self.status.write().policies = vm_policies;
             self.fleet.reload_bounds(&next);
             self.config = next;
+            self.status.write().restart_pending = left.iter().map(|s| s.to_string()).collect();
             let mut message = match &self.options.config_file {
                 Some(file) => format!("policy {name} loaded from {}", file.display()),
                 None => format!(
