@@ -344,7 +344,8 @@ impl Engine {
                 Some(Proposal { target, reason })
             });
             if let Some(p) = proposal {
-                let (target, mut reason) = clamp(p, &s.snap.limits);
+                let configured = s.snap.sample.as_ref().ok().map(|v| v.configured);
+                let (target, mut reason) = clamp(p, &s.snap.limits, configured);
                 // Where the backend knows no target (a VM first seen, or reconnected to)
                 // the guest's size is QEMU's target only while it is whole: one ballooned
                 // below its size is sent memtide's even where it is at it already, so
@@ -814,14 +815,23 @@ fn reached(actual: Bytes, target: Bytes) -> bool {
     actual.abs_diff(target) <= Bytes::from_mib(1).max(target.scale(0.01))
 }
 
-/// Keep a proposed target within the operator's bounds, saying so in the reason.
-fn clamp(p: Proposal, limits: &VmLimits) -> (Bytes, Reason) {
+/// Keep a proposed target within the operator's bounds, saying so in the reason, and
+/// say where a policy that keeps within them itself (memtide's) proposes one of them: a
+/// max below the guest's `configured` size, a min above nothing (found by an audit: a
+/// target held to a max read as the estimate's doing).
+fn clamp(p: Proposal, limits: &VmLimits, configured: Option<Bytes>) -> (Bytes, Reason) {
     let (target, bound, verb) = if p.target < limits.min {
         (limits.min, "min", "raised to")
     } else if p.target > limits.max {
         (limits.max, "max", "capped at")
     } else {
-        return (p.target, p.reason);
+        let bound = match p.target {
+            t if t == limits.max && configured.is_some_and(|c| t < c) => "max",
+            t if t == limits.min && t > Bytes::ZERO => "min",
+            _ => return (p.target, p.reason),
+        };
+        let detail = format!("{}; the VM's {bound}", p.reason.detail);
+        return (p.target, Reason { detail, ..p.reason });
     };
     let detail = format!("{}; {verb} {target} by the VM's {bound}", p.reason.detail);
     let reason = Reason {

@@ -148,18 +148,24 @@ fn targets_stay_within_min_and_max() {
     for (ask, vm, expect, rule, detail) in [
         (
             100,
-            small,
+            small.clone(),
             256,
             "fixed+safeguard.min",
             "test; raised to 256 MiB by the VM's min",
         ),
         (
             900,
-            capped,
+            capped.clone(),
             610,
             "fixed+safeguard.max",
             "test; capped at 610 MiB by the VM's max",
         ),
+        // A policy that keeps within the bounds itself, proposing one: said too (found
+        // by an audit: a target held to a max read as the estimate's).
+        (610, capped, 610, "fixed", "test; the VM's max"),
+        (256, small.clone(), 256, "fixed", "test; the VM's min"),
+        // The guest's whole size is no bound to tell.
+        (1000, vm("whole", 1000, 500, 90), 1000, "fixed", "test"),
     ] {
         let mut e = Engine::new(
             EngineConfig::default(),
