@@ -169,11 +169,15 @@ impl Recorder {
     /// new file is removed if its first tick fails, and the oldest files are pruned
     /// once a new one holds a tick (found by an audit: each try on a full disk left an
     /// empty file, and pruned a recording to make room for it, until none was left).
-    /// The first failure of a new file while as many as are kept are there prunes the
-    /// oldest, once until a write works again: a disk the recordings filled gets room.
+    /// A new file that cannot be made or written for a full disk (or quota) prunes the
+    /// oldest recording beyond one, once until a write works again: a disk the
+    /// recordings filled gets room.
     pub fn record(&mut self, snapshot: &Snapshot, decision: &Decision) -> Result<(), RecordError> {
         if self.current.is_none() {
-            self.start_file()?;
+            if let Err(e) = self.start_file() {
+                self.make_room(&e);
+                return Err(e);
+            }
         }
         let (path, encoder) = self.current.as_mut().expect("a file was just started");
         let line = serde_json::to_vec(&RecordRef { snapshot, decision })
@@ -185,17 +189,17 @@ impl Recorder {
         if let Err(source) = written {
             let path = path.clone();
             self.current = None;
-            if self.fresh {
-                let _ = std::fs::remove_file(&path);
-                if !std::mem::replace(&mut self.made_room, true) {
-                    let kept = self.config.keep_files.max(1);
-                    self.prune(kept - 1)?;
-                }
-            }
-            return Err(RecordError::Io {
+            let e = RecordError::Io {
                 path,
                 error: source,
-            });
+            };
+            if std::mem::take(&mut self.fresh) {
+                if let RecordError::Io { path, .. } = &e {
+                    let _ = std::fs::remove_file(path);
+                }
+                self.make_room(&e);
+            }
+            return Err(e);
         }
         self.made_room = false;
         if std::mem::take(&mut self.fresh) {
@@ -206,6 +210,17 @@ impl Recorder {
             self.finish_file()?;
         }
         Ok(())
+    }
+
+    /// After `e`, a new file's failure: where the disk is full (or the quota used), prune
+    /// the oldest recording beyond one, once until a write works again (best effort).
+    fn make_room(&mut self, e: &RecordError) {
+        let full = matches!(e, RecordError::Io { error, .. }
+            if matches!(error.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded));
+        if full && !std::mem::replace(&mut self.made_room, true) {
+            let kept = self.config.keep_files.saturating_sub(1).max(1);
+            let _ = self.prune(kept);
+        }
     }
 
     /// Close the current file properly.
@@ -420,19 +435,23 @@ mod tests {
         Records::open(&[committed]).map(Result::unwrap).collect()
     }
 
-    /// Make the recorder's current file refuse its writes, as a full disk does.
+    /// Make the recorder's current file refuse its writes as a full disk does (its writes
+    /// go to /dev/full: ENOSPC).
     fn fill_the_disk(recorder: &mut Recorder) {
         let (path, _) = recorder.current.take().expect("a file");
-        let read_only = File::open(&path).unwrap();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
         let counting = Counting {
-            inner: BufWriter::new(read_only),
+            inner: BufWriter::new(full),
             written: 0,
         };
         recorder.current = Some((path, GzEncoder::new(counting, Compression::default())));
     }
 
     #[test]
-    fn writes_that_fail_neither_leave_empty_files_nor_prune_recordings() {
+    fn a_full_disk_leaves_no_empty_file_and_costs_one_recording_at_most() {
         let dir = tempfile::tempdir().unwrap();
         let config = RecorderConfig {
             max_file_bytes: 2048,

@@ -388,6 +388,22 @@ async fn request(path: &Path, command: &str, wait: Duration) -> anyhow::Result<V
     send(path, &json!({ "command": command }), wait).await
 }
 
+/// Whether a request failed for its daemon's socket not being reached ([`not_reached`]),
+/// rather than for the daemon's answer.
+pub fn unreached(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Unreached>().is_some()
+}
+
+/// A daemon's socket not reached: why, for the operator.
+#[derive(Debug)]
+struct Unreached(String);
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Why the daemon's socket at `path` could not be connected to: not running, or (refused
 /// by the socket's mode) running for others than this user.
 fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
@@ -406,10 +422,10 @@ fn not_reached(path: &Path, e: std::io::Error) -> anyhow::Error {
         }
         _ => "is `memtide run` running?",
     };
-    anyhow::Error::new(e).context(format!(
+    anyhow::Error::new(e).context(Unreached(format!(
         "cannot reach memtide at {} ({hint})",
         path.display()
-    ))
+    )))
 }
 
 /// The daemon took a request and closed the connection without answering it.

@@ -146,6 +146,12 @@ enum Command {
         /// if it exists].
         #[arg(long, short, env = "MEMTIDE_CONFIG")]
         config: Option<PathBuf>,
+        /// The daemon's process: where its control socket cannot be reached (`[daemon]
+        /// socket` edited since it started, say), it is sent SIGHUP, which reloads it as
+        /// this command does, unanswered: the event log tells the outcome (the systemd
+        /// unit gives $MAINPID).
+        #[arg(long)]
+        pid: Option<i32>,
     },
     /// Track one process's memory accesses by DAMON or idle page tracking in the
     /// foreground, as the daemon tracks a VM's guest RAM (see docs/tiering.md): a JSON
@@ -710,9 +716,32 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 n => anyhow::bail!("{n} of {ticks} ticks failed"),
             }
         }
-        Command::Reload { socket, config } => {
-            let loaded = control::request_reload(&self::socket(socket, config.as_ref())?).await?;
-            stdout::println(loaded)?;
+        Command::Reload {
+            socket,
+            config,
+            pid,
+        } => {
+            let socket = self::socket(socket, config.as_ref())?;
+            match (control::request_reload(&socket).await, pid) {
+                (Ok(loaded), _) => stdout::println(loaded)?,
+                (Err(e), Some(pid)) if control::unreached(&e) => {
+                    let hup = rustix::process::Pid::from_raw(pid).map(|pid| {
+                        rustix::process::kill_process(pid, rustix::process::Signal::HUP)
+                    });
+                    match hup {
+                        Some(Ok(())) => {}
+                        Some(Err(why)) => {
+                            anyhow::bail!("{e:#}; nor could process {pid} be sent SIGHUP: {why}")
+                        }
+                        None => anyhow::bail!("{e:#}; and {pid} names no process"),
+                    }
+                    tracing::warn!(
+                        "{e:#}; reload asked of process {pid} by SIGHUP instead: its outcome \
+                         is in the event log (policy_reloaded or policy_rejected)"
+                    );
+                }
+                (Err(e), _) => return Err(e),
+            }
             Ok(())
         }
         Command::Sim {

@@ -201,21 +201,27 @@ impl Unfinished {
     /// What an operator is told of it (names escaped, paths quoted for a shell: a name
     /// in the store may be anyone's text).
     pub fn describe(&self) -> String {
-        let dir = guest_text::clean(&self.dir.to_string_lossy());
+        let raw = self.dir.to_string_lossy();
+        let dir = guest_text::clean(&raw);
+        // A command only where the path shows as it is (not escaped, nor cut).
+        let command = |command: &str, path: &str| match dir == raw {
+            true => format!("`{command} {}`", quoted(path)),
+            false => command.split(' ').next().unwrap_or(command).to_string(),
+        };
         let mut told = format!(
             "{dir} ({}) holds what a save of {} wrote and never finished: no snapshot to \
-             restore; the VM's next save removes it, or remove it by hand (`rm -r {}`) \
-             once it is not needed",
+             restore; the VM's next save removes it, or remove it by hand ({}) once it is \
+             not needed",
             Bytes(self.bytes),
             guest_text::clean(&self.vm),
-            quoted(&dir),
+            command("rm -r", &raw),
         );
         if self.libvirt_image {
             let image = self.dir.join(memtide_adapters::libvirt::MEMORY_FILE);
-            let image = quoted(&guest_text::clean(&image.to_string_lossy()));
             told += &format!(
                 ". It holds a whole libvirt save image: where the domain is shut off, its \
-                 memory is there, and `virsh restore {image}` runs it again",
+                 memory is there, and {} runs it again",
+                command("virsh restore", &image.to_string_lossy()),
             );
         }
         told

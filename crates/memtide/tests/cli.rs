@@ -421,6 +421,21 @@ fn reload_reads_the_configuration_again_and_says_what_waits_for_a_restart() {
     assert!(reload().status.success());
     let events = std::fs::read_to_string(&daemon.events).unwrap();
     assert!(events.contains("policy_reloaded"), "{events}");
+    // Its socket not reached (edited in the file since it started, say), the process
+    // named is sent SIGHUP instead, as the unit's ExecReload does.
+    let o = memtide()
+        .args(["reload", "--socket"])
+        .arg(root.join("edited.sock"))
+        .args(["--pid", &daemon.pid().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("by SIGHUP instead"), "{}", stderr(&o));
+    let twice = || {
+        let events = std::fs::read_to_string(&daemon.events).ok()?;
+        (events.matches("policy_reloaded").count() == 2).then_some(())
+    };
+    assert!(support::wait_for(Duration::from_secs(10), twice).is_some());
     // A save of a VM that does not exist says so, and logs no event of it.
     let o = support::daemon::snapshot(&file, &["save", "nosuchvm"]);
     assert_eq!(o.status.code(), Some(1));

@@ -463,7 +463,9 @@ fn mend_torn_line(path: &Path, file: &File) -> bool {
     let len = meta.len();
     let window = len.min(TAIL);
     let mut tail = vec![0; usize::try_from(window).expect("at most 64 KiB")];
-    let read = std::fs::File::open(path).and_then(|r| r.read_exact_at(&mut tail, len - window));
+    // The file `file` is, whatever took its path since (read through the descriptor).
+    let this = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(file));
+    let read = std::fs::File::open(this).and_then(|r| r.read_exact_at(&mut tail, len - window));
     if read.is_err() {
         return false;
     }
@@ -479,7 +481,17 @@ fn mend_torn_line(path: &Path, file: &File) -> bool {
     if serde_json::from_slice::<Event>(torn).is_ok() {
         return (&*file).write_all(b"\n").is_err();
     }
-    file.set_len(len - torn.len() as u64).is_err()
+    match file.set_len(len - torn.len() as u64) {
+        Ok(()) => false,
+        Err(e) => {
+            // (An append-only file, say.) The next event on a line of its own at least.
+            tracing::error!(
+                "event log {}: its torn last line could not be cut off: {e}",
+                path.display()
+            );
+            true
+        }
+    }
 }
 
 /// Write `events` as JSON lines in one `write` call, so that a line is never split nor

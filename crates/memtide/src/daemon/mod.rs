@@ -166,6 +166,23 @@ pub struct Checked {
 /// (files parsed), and tier placement's nodes, so that a bad setup fails at once and
 /// clearly — and fails `check-config` as it would fail `run`.
 pub fn check(config: &Config) -> anyhow::Result<Checked> {
+    let checked = check_quietly(config)?;
+    warn_without_page_tracking(config);
+    if let Some(nodes) = checked.tier_nodes {
+        tracing::info!(
+            "placing VMs' pages between node {} (fast) and node {} (slow)",
+            nodes.fast,
+            nodes.slow
+        );
+        if let Some(why) = crate::placement::numa_balancing_fights(&config.host.proc) {
+            tracing::warn!("[tiering] place: {why}");
+        }
+    }
+    Ok(checked)
+}
+
+/// [`check`], logging nothing: a reload's test of its file.
+fn check_quietly(config: &Config) -> anyhow::Result<Checked> {
     let settings = config.settings()?;
     let mut host = LinuxHost::new(HostPaths {
         proc: config.host.proc.clone(),
@@ -174,7 +191,6 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
     });
     host.sample().context("reading host statistics")?;
     check_paths(config)?;
-    warn_without_page_tracking(config);
     let (policy, vm_policies) = policies::load_named(config).context("loading the policy")?;
     let tier_nodes = match config.tiering.place {
         false => None,
@@ -185,14 +201,6 @@ pub fn check(config: &Config) -> anyhow::Result<Checked> {
                 .map_err(|e| anyhow::anyhow!("[tiering] place: {e}"))?;
             place::check_not_own(&config.vms, std::process::id() as i32)
                 .map_err(|e| anyhow::anyhow!("[[vm]] pid: {e}"))?;
-            tracing::info!(
-                "placing VMs' pages between node {} (fast) and node {} (slow)",
-                nodes.fast,
-                nodes.slow
-            );
-            if let Some(why) = crate::placement::numa_balancing_fights(&config.host.proc) {
-                tracing::warn!("[tiering] place: {why}");
-            }
             Some(nodes)
         }
     };
@@ -283,6 +291,8 @@ fn unmakeable(path: &std::path::Path) -> Option<String> {
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 dir = dir.parent()?;
             }
+            // Not this user's to see (check-config run by another than the daemon's).
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => return None,
             Err(e) => return Some(format!("{}: {e}", at.display())),
         }
     }
@@ -653,7 +663,7 @@ impl Daemon {
                 self.events.path().display()
             )
         });
-        let result = self.reread().and_then(|(next, left)| {
+        let result = self.reread().and_then(|(next, left, note)| {
             let (policy, vm_policies) = policies::load_named(&next).map_err(|e| e.to_string())?;
             let name = policy.name().to_string();
             self.engine.set_policy(policy, self.start.elapsed());
@@ -671,7 +681,7 @@ impl Daemon {
             if !left.is_empty() {
                 message += &format!("; not applied until memtide restarts: {}", left.join(", "));
             }
-            Ok(message)
+            Ok(message + note.as_deref().unwrap_or_default())
         });
         let result = result.map_err(|e| {
             format!(
@@ -707,15 +717,25 @@ impl Daemon {
     /// its policy taken and what else changed in it named ([`Config::with_policy_of`]);
     /// the configuration in force where it started without a file. A file memtide would
     /// not start from ([`check`]: the host's paths, the daemon's files, tier placement's
-    /// nodes) is refused as `check-config` refuses it (found by an audit: a reload took a
-    /// `[host]` typo, and the next restart failed).
-    fn reread(&self) -> Result<(Config, Vec<&'static str>), String> {
+    /// nodes) is refused as `check-config` refuses it, where the edit is at fault (found by
+    /// an audit: a reload took a `[host]` typo, and the next restart failed); where the
+    /// configuration in force would fail as well (the host changed: a node gone, a file
+    /// system read-only), the reload goes on, its answer saying so (a `String` note).
+    fn reread(&self) -> Result<(Config, Vec<&'static str>, Option<String>), String> {
         match &self.options.config_file {
-            None => Ok((self.config.clone(), Vec::new())),
+            None => Ok((self.config.clone(), Vec::new(), None)),
             Some(file) => {
                 let fresh = Config::load(file).map_err(|e| e.to_string())?;
-                check(&fresh).map_err(|e| format!("memtide would not start from it: {e:#}"))?;
-                Ok(self.config.with_policy_of(&fresh, self.sampling))
+                let note = match check_quietly(&fresh) {
+                    Ok(_) => None,
+                    Err(e) if check_quietly(&self.config).is_err() => Some(format!(
+                        "; memtide would not start again from this file, nor from the \
+                         configuration in force (the host changed?): {e:#}"
+                    )),
+                    Err(e) => return Err(format!("memtide would not start from it: {e:#}")),
+                };
+                let (next, left) = self.config.with_policy_of(&fresh, self.sampling);
+                Ok((next, left, note))
             }
         }
     }
