@@ -273,14 +273,15 @@ fn check_paths(config: &Config) -> anyhow::Result<()> {
 /// there, nor what a service manager's sandbox allows.
 fn unmakeable(path: &std::path::Path) -> Option<String> {
     use std::io::ErrorKind;
+    // A relative path's first parent is empty: the working directory.
+    let here = |dir: &'_ std::path::Path| match dir.as_os_str().is_empty() {
+        true => std::path::Path::new(".").to_path_buf(),
+        false => dir.to_path_buf(),
+    };
     let mut dir = path.parent()?;
     loop {
-        let at = if dir.as_os_str().is_empty() {
-            std::path::Path::new(".")
-        } else {
-            dir
-        };
-        match std::fs::metadata(at) {
+        let at = here(dir);
+        match std::fs::metadata(&at) {
             Ok(m) if m.is_dir() => break,
             Ok(_) => {
                 return Some(format!(
@@ -296,12 +297,8 @@ fn unmakeable(path: &std::path::Path) -> Option<String> {
             Err(e) => return Some(format!("{}: {e}", at.display())),
         }
     }
-    let at = if dir.as_os_str().is_empty() {
-        std::path::Path::new(".")
-    } else {
-        dir
-    };
-    match rustix::fs::access(at, rustix::fs::Access::WRITE_OK) {
+    let at = here(dir);
+    match rustix::fs::access(&at, rustix::fs::Access::WRITE_OK) {
         Err(rustix::io::Errno::ROFS) => {
             Some(format!("{} is on a read-only file system", at.display()))
         }
