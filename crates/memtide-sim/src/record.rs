@@ -189,14 +189,15 @@ impl Recorder {
         if let Err(source) = written {
             let path = path.clone();
             self.current = None;
+            let fresh = std::mem::take(&mut self.fresh);
+            if fresh {
+                let _ = std::fs::remove_file(&path);
+            }
             let e = RecordError::Io {
                 path,
                 error: source,
             };
-            if std::mem::take(&mut self.fresh) {
-                if let RecordError::Io { path, .. } = &e {
-                    let _ = std::fs::remove_file(path);
-                }
+            if fresh {
                 self.make_room(&e);
             }
             return Err(e);

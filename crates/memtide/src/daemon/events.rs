@@ -519,7 +519,8 @@ fn write_lines(
 /// `owed`: what a short write left is cut off again, so that the next line does not
 /// continue a torn one.
 fn append_line(file: &mut File, event: &Event, lost: u64, owed: bool) -> io::Result<()> {
-    let gap = Event {
+    // Made only where events were lost: every event comes this way.
+    let gap = (lost > 0).then(|| Event {
         ts: event.ts.clone(),
         kind: "write_resumed".into(),
         vm: None,
@@ -528,11 +529,8 @@ fn append_line(file: &mut File, event: &Event, lost: u64, owed: bool) -> io::Res
         target_bytes: None,
         actual_bytes: None,
         message: format!("event log: writing again, {lost} events before this one lost"),
-    };
-    let events = match lost {
-        0 => vec![event],
-        _ => vec![&gap, event],
-    };
+    });
+    let events: Vec<&Event> = gap.iter().chain([event]).collect();
     let (written, len) = write_lines(file, &events, owed)?;
     if written == len {
         return Ok(());

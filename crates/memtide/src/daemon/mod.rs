@@ -948,12 +948,17 @@ impl Daemon {
         }
         .into_iter();
         self.ksm_written();
+        // Each balloon's size when decided, looked up once per tick (not per action).
+        let actuals: HashMap<&str, Bytes> = decision
+            .vms
+            .iter()
+            .filter_map(|v| Some((v.name.as_str(), v.actual?)))
+            .collect();
         for action in &decision.actions {
             let actual = match action {
-                Action::SetBalloon { vm, .. } => decision.vms.iter().find(|v| v.name == *vm),
+                Action::SetBalloon { vm, .. } => actuals.get(vm.as_str()).copied(),
                 Action::SetKsm { .. } => None,
-            }
-            .and_then(|v| v.actual);
+            };
             let result = match action {
                 _ if self.options.dry_run => None,
                 Action::SetBalloon { .. } => balloon_results.next(),
