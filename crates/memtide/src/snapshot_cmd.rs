@@ -73,6 +73,14 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
             out += &format!("- {}\n", left.describe());
         }
     }
+    // Not in the table, whose columns this memtide cannot fill from them; not lost either.
+    let newer = store.newer(vm)?;
+    if !newer.is_empty() {
+        out += "\nSnapshots of a newer memtide (not read here):\n";
+        for newer in newer {
+            out += &format!("- {newer}\n");
+        }
+    }
     Ok(out)
 }
 
@@ -281,14 +289,15 @@ fn woken(store: &Store, snapshot: &Snapshot, line: String) -> Started {
 }
 
 /// The newest snapshot of `vm` saved through `connector` whose files match their
-/// checksums, and why each newer one was passed over.
+/// checksums, and why each newer one was passed over; an error where a newer memtide
+/// wrote the newest ([`Store::history`]).
 fn newest_good(
     store: &Store,
     vm: &str,
     connector: &str,
 ) -> anyhow::Result<(Snapshot, Vec<String>)> {
     let mut skipped = Vec::new();
-    for s in store.list(vm)?.into_iter().rev() {
+    for s in store.history(vm)?.into_iter().rev() {
         if saved_through(&s) != connector {
             continue;
         }
@@ -849,6 +858,56 @@ mod tests {
         drop(first);
         let e = restore(&c, "a", None, false).await.unwrap_err().to_string();
         assert!(e.starts_with("VM a has no snapshot"), "{e}");
+    }
+
+    /// A hibernation a newer memtide wrote (found by the compatibility audit: skipped as
+    /// damaged, and the snapshot before it restored in its place).
+    #[tokio::test]
+    async fn a_newer_memtides_hibernation_is_not_passed_over_for_an_older_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = "firecracker = \"/nonexistent/fc.sock\"\nlaunch = [\"firecracker\"]\n";
+        let c = config(dir.path(), keys);
+        let store = Store::new(dir.path());
+        let firecracker = Saved {
+            mechanism: "firecracker snapshot/create".into(),
+            ..saved()
+        };
+        let mut taken = Vec::new();
+        for (then, by) in [
+            (AfterSave::Run, TakenBy::Operator),
+            (AfterSave::Quit, TakenBy::Hibernation),
+        ] {
+            let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), b"m").unwrap();
+            taken.push(pending.finish(&firecracker, then, by).unwrap());
+        }
+        let meta = store.dir_of(&taken[1]).join("snapshot.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+        v["format"] = 99.into();
+        v["added_later"] = 1.into();
+        std::fs::write(&meta, v.to_string()).unwrap();
+
+        let e = restore(&c, "a", None, true).await.unwrap_err().to_string();
+        assert!(
+            e.contains(&taken[1].id) && e.contains("snapshot format 99; this one reads up to 1"),
+            "{e}"
+        );
+        let e = restore(&c, "a", Some(&taken[1].id), false)
+            .await
+            .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains("written by a newer memtide"), "{e}");
+        let e = newest_good(&store, "a", "firecracker").unwrap_err();
+        assert!(e.to_string().contains("snapshot format 99"), "{e}");
+        let text = list(&c, None, false).unwrap();
+        let named = text
+            .split_once("\nSnapshots of a newer memtide (not read here):\n- ")
+            .map(|(_, after)| after);
+        assert!(
+            named.is_some_and(|n| n.contains(&taken[1].id) && n.contains("format 99")),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -26,10 +26,27 @@ pub const PARTIAL: &str = ".partial";
 /// Room left on the file system beyond the guest's size before a save starts.
 const HEADROOM: Bytes = Bytes::from_mib(64);
 
+/// The format of the descriptions this memtide writes, and the newest it reads. It goes
+/// up whenever a field is added to [`Snapshot`] or a field's meaning changes: a memtide
+/// that reads up to an older format then refuses the description, naming its format,
+/// rather than take it for damaged or read it wrong (found by the compatibility audit).
+/// Every format up to this one stays readable; `tests/formats/` keeps a description of
+/// each.
+pub const FORMAT: u32 = 1;
+
+/// The format of a description that names none: what memtide wrote before it numbered
+/// them.
+fn unnumbered() -> u32 {
+    1
+}
+
 /// One snapshot, as described by its `snapshot.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Snapshot {
+    /// The format of its description ([`FORMAT`] for one written now).
+    #[serde(default = "unnumbered")]
+    pub format: u32,
     /// The VM's name.
     pub vm: String,
     /// Its identifier: when it was taken (UTC, `YYYYMMDDTHHMMSS.mmmZ`).
@@ -228,6 +245,37 @@ impl Unfinished {
     }
 }
 
+/// A snapshot whose description a newer memtide wrote, in a format this one does not
+/// read: kept, named, and never passed over for an older one where it is the newest.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "{}: snapshot {} of {} was written by a newer memtide (snapshot format {format}; this \
+     one reads up to {FORMAT}): upgrade memtide to restore it",
+    dir.display(),
+    guest_text::clean(id),
+    guest_text::clean(vm)
+)]
+pub struct Newer {
+    /// The VM it records.
+    pub vm: String,
+    /// Its identifier.
+    pub id: String,
+    /// Its place among the VM's snapshots (0 where it records none).
+    pub seq: u64,
+    /// The format of its description.
+    pub format: u32,
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+/// The snapshots in one VM's directory: those this memtide reads, and those a newer one
+/// wrote.
+#[derive(Debug, Default)]
+struct Found {
+    read: Vec<Snapshot>,
+    newer: Vec<Newer>,
+}
+
 /// `text` between single quotes, as a shell reads it back.
 fn quoted(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
@@ -371,7 +419,13 @@ impl Store {
         }
         let taken =
             snapshots_in(&vm_dir).with_context(|| format!("reading {}", vm_dir.display()))?;
-        let seq = taken.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
+        // A newer memtide's snapshots count: the next one is newer than them.
+        let seqs = taken.read.iter().map(|s| s.seq);
+        let seq = seqs
+            .chain(taken.newer.iter().map(|n| n.seq))
+            .max()
+            .unwrap_or(0)
+            + 1;
         let dir = vm_dir.join(format!("{id}{PARTIAL}"));
         private_dirs(&dir)?;
         Ok(Pending {
@@ -389,30 +443,78 @@ impl Store {
     /// VM `vm`'s complete snapshots, oldest first; one whose description is unreadable
     /// is skipped with a warning.
     pub fn list(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
+        Ok(self.found(vm)?.read)
+    }
+
+    /// VM `vm`'s snapshots, oldest first, as [`Store::list`]; an error naming its newest
+    /// where a newer memtide wrote that one ([`Newer`]): what takes the newest (a restore
+    /// of the latest, a wake, crash recovery) would otherwise take an older one, silently
+    /// (found by the compatibility audit).
+    pub fn history(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
+        let found = self.found(vm)?;
+        let newest = found.read.last().map(|s| (s.seq, s.id.as_str()));
+        if let Some(newer) = found
+            .newer
+            .iter()
+            .filter(|n| newest.is_none_or(|newest| (n.seq, n.id.as_str()) > newest))
+            .max_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)))
+        {
+            bail!("{newer} (it is the VM's newest: an older snapshot is used only by its ID)");
+        }
+        Ok(found.read)
+    }
+
+    /// VM `vm`'s snapshots, each list oldest first.
+    fn found(&self, vm: &str) -> anyhow::Result<Found> {
         let vm_dir = self.vm_dir(vm);
         let mut found = match snapshots_in(&vm_dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::default()),
             other => other.with_context(|| format!("reading {}", vm_dir.display()))?,
         };
-        found.sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+        found
+            .read
+            .sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
+        found
+            .newer
+            .sort_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)));
         Ok(found)
     }
 
     /// Every VM's snapshots, by VM then oldest first; a VM's directory that cannot be
     /// read is skipped with a warning.
     pub fn list_all(&self) -> anyhow::Result<Vec<Snapshot>> {
+        Ok(self.found_all()?.read)
+    }
+
+    /// Every VM's snapshots that a newer memtide wrote ([`Newer`]), by VM then oldest
+    /// first (VM `vm`'s alone where given).
+    pub fn newer(&self, vm: Option<&str>) -> anyhow::Result<Vec<Newer>> {
+        Ok(match vm {
+            Some(vm) => self.found(vm)?.newer,
+            None => self.found_all()?.newer,
+        })
+    }
+
+    /// Every VM's snapshots, each list by VM then oldest first.
+    fn found_all(&self) -> anyhow::Result<Found> {
         let entries = match std::fs::read_dir(&self.dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::default()),
             other => other.with_context(|| format!("reading {}", self.dir.display()))?,
         };
-        let mut all = Vec::new();
+        let mut all = Found::default();
         for entry in entries.flatten().filter(|e| e.path().is_dir()) {
             match snapshots_in(&entry.path()) {
-                Ok(found) => all.extend(found),
+                Ok(found) => {
+                    all.read.extend(found.read);
+                    all.newer.extend(found.newer);
+                }
                 Err(e) => tracing::warn!("{}: {e}, skipped", entry.path().display()),
             }
         }
-        all.sort_by(|a, b| (&a.vm, a.seq, &a.id).cmp(&(&b.vm, b.seq, &b.id)));
+        all.read
+            .sort_by(|a, b| (&a.vm, a.seq, &a.id).cmp(&(&b.vm, b.seq, &b.id)));
+        all.newer
+            .sort_by(|a, b| (&a.vm, a.seq, &a.id).cmp(&(&b.vm, b.seq, &b.id)));
         Ok(all)
     }
 
@@ -478,9 +580,10 @@ impl Store {
     }
 
     /// VM `vm`'s hibernation to wake it from: its newest snapshot, if that is a
-    /// hibernation not woken from yet (an older one is not: the guest ran after it).
+    /// hibernation not woken from yet (an older one is not: the guest ran after it); an
+    /// error where a newer memtide wrote its newest ([`Store::history`]).
     pub fn hibernation(&self, vm: &str) -> anyhow::Result<Option<Snapshot>> {
-        Ok(self.list(vm)?.pop().filter(Snapshot::asleep))
+        Ok(self.history(vm)?.pop().filter(Snapshot::asleep))
     }
 
     /// Mark every hibernation of VM `vm` not woken from yet woken, for a VM found
@@ -497,16 +600,20 @@ impl Store {
         Ok(asleep)
     }
 
-    /// VM `vm`'s snapshot `id`, or its latest when `id` is `None`.
+    /// VM `vm`'s snapshot `id`, or its latest when `id` is `None` (an error where a
+    /// newer memtide wrote that one: [`Store::history`]). A snapshot `id` that does not
+    /// read is said why ([`Store::unlisted`]).
     pub fn find(&self, vm: &str, id: Option<&str>) -> anyhow::Result<Snapshot> {
-        let all = self.list(vm)?;
         let found = match id {
-            Some(id) => all.into_iter().find(|s| s.id == id),
-            None => all.into_iter().next_back(),
+            Some(id) => self.list(vm)?.into_iter().find(|s| s.id == id),
+            None => self.history(vm)?.pop(),
         };
-        found.with_context(|| match id {
-            Some(id) => format!("VM {vm} has no snapshot {id} in {}", self.dir.display()),
-            None => format!("VM {vm} has no snapshot in {}", self.dir.display()),
+        found.ok_or_else(|| match id {
+            Some(id) => match self.unlisted(vm, id) {
+                Some((_, why)) => why.context(format!("snapshot {id} of {vm} cannot be used")),
+                None => anyhow::anyhow!("VM {vm} has no snapshot {id} in {}", self.dir.display()),
+            },
+            None => anyhow::anyhow!("VM {vm} has no snapshot in {}", self.dir.display()),
         })
     }
 
@@ -671,6 +778,7 @@ impl Pending {
             bail!("the connector wrote nothing into {}", self.dir.display());
         }
         let snapshot = Snapshot {
+            format: FORMAT,
             created: self.created(),
             vm: self.vm.clone(),
             id: self.id.clone(),
@@ -730,8 +838,8 @@ impl Drop for Pending {
 /// unreadable, or names another VM or snapshot than its directories do (copied or moved
 /// by hand: the store finds, verifies and deletes a snapshot by what it records), is
 /// skipped with a warning.
-fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
-    let mut found = Vec::new();
+fn snapshots_in(vm_dir: &Path) -> std::io::Result<Found> {
+    let mut found = Found::default();
     for entry in std::fs::read_dir(vm_dir)?.flatten() {
         // A name that is not UTF-8 is none memtide gave (read lossily, it would stand for
         // another directory's: found by an audit).
@@ -742,8 +850,13 @@ fn snapshots_in(vm_dir: &Path) -> std::io::Result<Vec<Snapshot>> {
             continue;
         }
         match snapshot_at(&entry.path()) {
-            Ok(s) => found.push(s),
-            Err(e) => tracing::warn!("{e:#}"),
+            Ok(s) => found.read.push(s),
+            Err(e) => {
+                tracing::warn!("{e:#}");
+                if let Ok(newer) = e.downcast::<Newer>() {
+                    found.newer.push(newer);
+                }
+            }
         }
     }
     Ok(found)
@@ -759,21 +872,36 @@ fn snapshot_at(dir: &Path) -> anyhow::Result<Snapshot> {
             dir.display()
         );
     }
-    let s = read_meta(&dir.join(META))?;
-    let names = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
-    let vm_dir = dir.parent().unwrap_or(dir);
-    if names(dir).as_deref() != Some(s.id.as_str())
-        || names(vm_dir).as_deref() != Some(dir_name(&s.vm).as_str())
-    {
-        bail!(
-            "{}: records snapshot {} of VM {}, not what its directory says: skipped (a \
-             snapshot copied or moved by hand?)",
-            dir.display(),
-            s.id,
-            s.vm
-        );
+    let placed = |vm: &str, id: &str| -> anyhow::Result<()> {
+        let names = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+        let vm_dir = dir.parent().unwrap_or(dir);
+        if names(dir).as_deref() != Some(id)
+            || names(vm_dir).as_deref() != Some(dir_name(vm).as_str())
+        {
+            bail!(
+                "{}: records snapshot {} of VM {}, not what its directory says: skipped (a \
+                 snapshot copied or moved by hand?)",
+                dir.display(),
+                guest_text::clean(id),
+                guest_text::clean(vm)
+            );
+        }
+        Ok(())
+    };
+    match read_meta(&dir.join(META)) {
+        Ok(s) => placed(&s.vm, &s.id).map(|()| s),
+        Err(e) => match e.downcast::<Newer>() {
+            Ok(newer) => {
+                placed(&newer.vm, &newer.id)?;
+                Err(Newer {
+                    dir: dir.to_path_buf(),
+                    ..newer
+                }
+                .into())
+            }
+            Err(e) => Err(e),
+        },
     }
-    Ok(s)
 }
 
 /// Of `all` (oldest first), the scheduled snapshots beyond the `keep` newest of them.
@@ -799,17 +927,44 @@ pub fn private_dirs(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// A snapshot's description: a regular file of the store (not a link, not a FIFO that
-/// would hold `snapshot list`, bounded as any text file), whose names hold.
+/// would hold `snapshot list`, bounded as any text file), whose names hold. One in a
+/// newer format than [`FORMAT`] is a [`Newer`] error (its `dir` the description's own).
 fn read_meta(path: &Path) -> anyhow::Result<Snapshot> {
     use crate::text_file::{open_regular, read_file, Links};
     let text = open_regular(path, Links::Refuse)
         .and_then(read_file)
         .with_context(|| format!("reading {}", path.display()))?;
+    // Its format first, read from whatever a newer memtide wrote around it: the strict
+    // parse below would fail on a field added since, as if the file were damaged.
+    if let Some(newer) = newer_format(&text, path) {
+        return Err(newer.into());
+    }
     let s: Snapshot =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     s.check()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(s)
+}
+
+/// The [`Newer`] snapshot that description `text` (at `path`) describes, if its format
+/// is newer than [`FORMAT`] and it names its VM and id.
+fn newer_format(text: &str, path: &Path) -> Option<Newer> {
+    let probe: serde_json::Value = serde_json::from_str(text).ok()?;
+    let format = u32::try_from(probe.get("format")?.as_u64()?).unwrap_or(u32::MAX);
+    let name = |key: &str| probe.get(key)?.as_str().map(str::to_string);
+    if format <= FORMAT {
+        return None;
+    }
+    Some(Newer {
+        vm: name("vm")?,
+        id: name("id")?,
+        seq: probe
+            .get("seq")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0),
+        format,
+        dir: path.parent().unwrap_or(path).to_path_buf(),
+    })
 }
 
 /// What becomes of a file's pages in the host's page cache once it is checksummed.
@@ -919,6 +1074,104 @@ mod tests {
         pending
             .finish(&saved(), AfterSave::Run, TakenBy::Operator)
             .unwrap()
+    }
+
+    /// Each format's description, frozen in `tests/formats` with every optional field
+    /// present, still reads; the current one is what a snapshot of every field writes.
+    #[test]
+    fn each_snapshot_format_still_reads_and_the_current_one_is_frozen() {
+        let frozen = include_str!("../tests/formats/snapshot-format-1.json");
+        // Every field, named: a field added to `Snapshot` fails here first.
+        let full = Snapshot {
+            format: 1,
+            vm: "web1".into(),
+            id: "20261207T021406.123Z".into(),
+            seq: 3,
+            created: "2026-12-07T02:14:06.123Z".into(),
+            mechanism: "qmp migrate mapped-ram to fdset".into(),
+            then: AfterSave::Quit,
+            by: TakenBy::Hibernation,
+            woken: Some("2026-12-07T03:00:00.000Z".into()),
+            was_running: true,
+            configured: Bytes::from_gib(2),
+            ram_backend: Some("pc.ram".into()),
+            downtime_s: 1.5,
+            write_s: 1.25,
+            save_s: 2.75,
+            files: BTreeMap::from([(
+                "memory".into(),
+                FileSum {
+                    bytes: 2 << 30,
+                    sha256: "c787ab22685cefed1fcb16c45d663282786a1f0f5383873a4019028b966fdab4"
+                        .into(),
+                },
+            )]),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join(META);
+        std::fs::write(&meta, frozen).unwrap();
+        assert_eq!(read_meta(&meta).unwrap(), full, "format 1 no longer reads");
+        assert_eq!(
+            (
+                full.format,
+                serde_json::to_string_pretty(&full).unwrap() + "\n"
+            ),
+            (FORMAT, frozen.to_string()),
+            "a field of snapshot.json was added or its meaning changed: bump \
+             snapshots::FORMAT, add tests/formats/snapshot-format-N.json for it and test \
+             it here, keeping the old fixtures readable"
+        );
+        // Written before descriptions were numbered: format 1.
+        let unnumbered = frozen.replace("  \"format\": 1,\n", "");
+        std::fs::write(&meta, &unnumbered).unwrap();
+        assert_eq!(read_meta(&meta).unwrap(), full);
+    }
+
+    /// A snapshot a newer memtide wrote (a format above [`FORMAT`], with a field this one
+    /// does not know) is named, counted and never passed over for an older one (found by
+    /// the compatibility audit: it was skipped as damaged, and the older one restored).
+    #[test]
+    fn a_newer_memtides_snapshot_is_named_and_never_passed_over_for_an_older_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let old = take(&store, "web", b"old");
+        let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"new").unwrap();
+        let asleep = pending
+            .finish(&saved(), AfterSave::Quit, TakenBy::Hibernation)
+            .unwrap();
+        let meta = store.dir_of(&asleep).join(META);
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+        v["format"] = 99.into();
+        v["added_later"] = "x".into();
+        std::fs::write(&meta, v.to_string()).unwrap();
+
+        assert_eq!(store.list("web").unwrap(), std::slice::from_ref(&old));
+        let newer = store.newer(None).unwrap();
+        assert_eq!(newer, store.newer(Some("web")).unwrap());
+        let [n] = &newer[..] else { panic!("{newer:?}") };
+        assert_eq!(
+            (n.vm.as_str(), n.id.as_str(), n.seq, n.format),
+            ("web", asleep.id.as_str(), 2, 99)
+        );
+        assert_eq!(n.dir, store.dir_of(&asleep));
+        let told = "was written by a newer memtide (snapshot format 99; this one reads up to \
+                    1): upgrade memtide to restore it";
+        for e in [
+            store.find("web", None).unwrap_err(),
+            store.hibernation("web").unwrap_err(),
+            store.find("web", Some(&asleep.id)).unwrap_err(),
+        ] {
+            let e = format!("{e:#}");
+            assert!(e.contains(&asleep.id) && e.contains(told), "{e}");
+        }
+        assert_eq!(store.find("web", Some(&old.id)).unwrap(), old, "by its ID");
+        // The next save is newer than it, and then the newest again.
+        let next = take(&store, "web", b"next");
+        assert_eq!(next.seq, 3);
+        assert_eq!(store.find("web", None).unwrap(), next);
+        assert_eq!(store.hibernation("web").unwrap(), None);
     }
 
     #[test]
