@@ -527,11 +527,45 @@ pub async fn request_status(path: &Path) -> anyhow::Result<Status> {
 
 /// Ask a running daemon for its status, waiting for it at most `wait`.
 pub async fn request_status_within(path: &Path, wait: Duration) -> anyhow::Result<Status> {
-    let value = request(path, "status", wait).await?;
-    if let Some(e) = value.get("error") {
+    status_of(request(path, "status", wait).await?)
+}
+
+/// Ask a running daemon for its status as it sent it (`memtide status --json`): not read
+/// into this build's [`Status`], which drops the fields a newer daemon added and makes
+/// up those an older one lacks (found by the compatibility audit).
+pub async fn request_status_json(path: &Path) -> anyhow::Result<Value> {
+    a_status(request(path, "status", STATUS_WAIT).await?)
+}
+
+/// `reply`, if it is a status (an object naming the daemon's `version`); an error,
+/// or a reply of another kind, is refused.
+fn a_status(reply: Value) -> anyhow::Result<Value> {
+    if let Some(e) = reply.get("error") {
         bail!("the daemon refused: {e}");
     }
-    serde_json::from_value(value).context("unexpected status from the daemon")
+    if !reply.get("version").is_some_and(Value::is_string) {
+        let shown = memtide_core::guest_text::clean_to(&reply.to_string(), 200);
+        bail!("unexpected reply from the daemon, not a status: {shown}");
+    }
+    Ok(reply)
+}
+
+/// Status `reply` read as this build's [`Status`]; where it does not read, the daemon is
+/// most likely another build than this command (found by the compatibility audit: an
+/// upgrade not followed by a restart said only "unknown variant").
+fn status_of(reply: Value) -> anyhow::Result<Status> {
+    let reply = a_status(reply)?;
+    let daemon = reply["version"].as_str().unwrap_or_default().to_string();
+    serde_json::from_value(reply).map_err(|e| {
+        anyhow::anyhow!(
+            "the daemon's status does not read in this memtide ({e}): the daemon (memtide \
+             {}) and this command (memtide {}) are likely different builds, as after an \
+             upgrade without a restart: `systemctl restart memtide`, or run the memtide \
+             binary the daemon runs",
+            memtide_core::guest_text::clean(&daemon),
+            env!("CARGO_PKG_VERSION")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -887,6 +921,45 @@ mod tests {
         // Mode 0600: the kernel refuses the connection before the peer check sees it.
         let error = refused.await.unwrap().unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied);
+    }
+
+    /// A status from a daemon of another build (found by the compatibility audit: said
+    /// only "unknown variant"), and what is no status.
+    #[test]
+    fn a_status_this_build_does_not_read_says_the_daemon_is_another_build() {
+        let mut newer = serde_json::to_value(Status::default()).unwrap();
+        newer["version"] = "9.9.9".into();
+        newer["added_later"] = json!({"x": 1});
+        assert_eq!(
+            a_status(newer.clone()).unwrap(),
+            newer,
+            "passed on as it came"
+        );
+        assert_eq!(status_of(newer.clone()).unwrap().version, "9.9.9");
+        newer["interval_s"] = "a new form".into();
+        let e = status_of(newer.clone()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("the daemon's status does not read in this memtide (invalid type")
+                && e.contains("the daemon (memtide 9.9.9) and this command (memtide ")
+                && e.contains("`systemctl restart memtide`"),
+            "{e}"
+        );
+        assert_eq!(a_status(newer.clone()).unwrap(), newer);
+        let e = status_of(json!({"error": "not allowed"})).unwrap_err();
+        assert_eq!(e.to_string(), "the daemon refused: \"not allowed\"");
+        assert!(a_status(json!({"error": "not allowed"})).is_err());
+        let e = a_status(json!({"ok": "reloaded"})).unwrap_err().to_string();
+        assert!(
+            e.starts_with("unexpected reply from the daemon, not a status"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn status_json_is_the_daemons_reply_as_it_came() {
+        let (_dir, path, _socket, _incoming) = served().await;
+        let raw = request_status_json(&path).await.unwrap();
+        assert_eq!(raw, serde_json::to_value(Status::default()).unwrap());
     }
 
     #[tokio::test(start_paused = true)]

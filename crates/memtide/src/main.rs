@@ -550,10 +550,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             config,
         } => {
             let socket = self::socket(socket, config.as_ref())?;
-            let status = control::request_status(&socket).await?;
             if json {
+                let status = control::request_status_json(&socket).await?;
                 stdout::println(serde_json::to_string_pretty(&status).context("encoding status")?)?;
             } else {
+                let status = control::request_status(&socket).await?;
                 stdout::print(render::status(&status))?;
             }
             Ok(())
@@ -857,7 +858,7 @@ async fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             );
             let wait = Duration::from_secs(limit + 60);
             let saved = control::request_save(&socket, &vm, then, wait).await?;
-            stdout::println(snapshot_cmd::saved_line(&saved)?)?;
+            stdout::println(snapshot_cmd::saved_line(&saved))?;
             let why = loaded.and_then(|c| snapshot_cmd::cannot_restore(&c, &vm));
             if let Some(why) = why {
                 eprintln!("note: `memtide snapshot restore` cannot start it again: {why}");

@@ -591,11 +591,28 @@ pub fn delete(config: &Config, vm: &str, id: &str, force: bool) -> anyhow::Resul
     store.delete(&snapshot)
 }
 
-/// A line describing a snapshot the daemon saved (its JSON description).
-pub fn saved_line(snapshot: &serde_json::Value) -> anyhow::Result<String> {
-    let s: Snapshot =
-        serde_json::from_value(snapshot.clone()).context("unexpected snapshot description")?;
-    Ok(s.summary())
+/// A line describing a snapshot the daemon saved (its JSON description). A description
+/// this build does not read (a daemon of another build: a field added since) still
+/// names what was saved: the daemon said it saved it (found by the compatibility audit:
+/// an older command said a save, and a hibernation, that worked had failed).
+pub fn saved_line(snapshot: &serde_json::Value) -> String {
+    if let Ok(s) = serde_json::from_value::<Snapshot>(snapshot.clone()) {
+        return s.summary();
+    }
+    let text = |key: &str| {
+        let value = snapshot.get(key).and_then(serde_json::Value::as_str);
+        value.map_or_else(|| "?".to_string(), memtide_core::guest_text::clean)
+    };
+    let quit = match snapshot.get("then").and_then(serde_json::Value::as_str) {
+        Some("quit") => "; its hypervisor process quit (hibernated)",
+        _ => "",
+    };
+    format!(
+        "{} saved as {}{quit} (described by a daemon of another build, in a form this \
+         memtide does not read: `systemctl restart memtide` after an upgrade)",
+        text("vm"),
+        text("id")
+    )
 }
 
 #[cfg(test)]
@@ -825,6 +842,31 @@ mod tests {
         }
         assert!(dir.path().join("keep").is_dir());
         assert!(vm_dir.join("clone.lock").exists() && vm_dir.join("clone-1.log").exists());
+    }
+
+    /// A save the daemon reports done is said done, whatever its description holds (found
+    /// by the compatibility audit: a field added by a newer daemon made it a failure).
+    #[test]
+    fn a_save_is_said_done_even_described_with_a_field_this_build_does_not_know() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let pending = store.begin("a", Bytes::from_mib(1)).unwrap();
+        std::fs::write(pending.dir().join("memory"), b"m").unwrap();
+        let s = pending
+            .finish(&saved(), AfterSave::Quit, TakenBy::Hibernation)
+            .unwrap();
+        let mut described = serde_json::to_value(&s).unwrap();
+        assert_eq!(saved_line(&described), s.summary());
+        described["new_field"] = 1.into();
+        assert_eq!(
+            saved_line(&described),
+            format!(
+                "a saved as {}; its hypervisor process quit (hibernated) (described by a daemon \
+                 of another build, in a form this memtide does not read: `systemctl restart \
+                 memtide` after an upgrade)",
+                s.id
+            )
+        );
     }
 
     #[tokio::test]
