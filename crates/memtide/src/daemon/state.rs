@@ -5,8 +5,9 @@
 //! A VM's state is used when the VM is found again under its name at the same configured
 //! size, in the same hypervisor process where that is known (a VM configured by `pid`,
 //! which has only a cold age, when it is the same process);
-//! a file that is unreadable or of another version is ignored, with the reason logged, and
-//! so is one older than [`MAX_AGE`] but for its cold ages, kept within the longest age.
+//! a file that is unreadable or of another version is ignored, with the reason logged (one
+//! a newer memtide wrote, said as such: not as damaged), and so is one older than
+//! [`MAX_AGE`] but for its cold ages, kept within the longest age.
 
 use super::events::EventLog;
 use super::place::{KeptAge, LearntFor};
@@ -20,7 +21,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The format's version; a file of another is ignored.
+/// The format's version; a file of another is ignored. It goes up whenever a field is
+/// added (here or in what the file holds of the estimator, `FusedMemory`) or a field's
+/// meaning changes: an older memtide then says the file is a newer one's rather than
+/// fail on the added field as if the file were damaged (found by the compatibility
+/// audit).
 const VERSION: u32 = 1;
 /// Balloon targets and estimator state older than this are ignored: what they say of the
 /// guests no longer holds.
@@ -55,6 +60,15 @@ pub fn open(
     let (state, message, rule) = StateFile::open(path, engine, ages);
     events.log("state", None, rule, message);
     Some(state)
+}
+
+/// The version of state file `text`, where it is newer than [`VERSION`].
+fn newer_version(text: &str) -> Option<u64> {
+    let probe: serde_json::Value = serde_json::from_str(text).ok()?;
+    probe
+        .get("version")?
+        .as_u64()
+        .filter(|&v| v > u64::from(VERSION))
 }
 
 /// The file's content.
@@ -182,7 +196,19 @@ impl StateFile {
                 return (state, message, None);
             }
             Err(e) => Err(e.to_string()),
-            Ok(text) => serde_json::from_str::<Saved>(&text).map_err(|e| e.to_string()),
+            Ok(text) => {
+                // The version first, from whatever a newer memtide wrote around it: the
+                // strict parse fails on a field added since.
+                if let Some(newer) = newer_version(&text) {
+                    let message = format!(
+                        "state file {} was written by a newer memtide (state version \
+                         {newer}; this one reads {VERSION}): starting afresh",
+                        path.display()
+                    );
+                    return (state, message, None);
+                }
+                serde_json::from_str::<Saved>(&text).map_err(|e| e.to_string())
+            }
         };
         let unreadable = saved.is_err();
         let now = unix_now();
@@ -1040,12 +1066,16 @@ mod tests {
         };
         let other = Saved {
             version: VERSION + 1,
+            written: unix_now(),
             ..stale.clone()
         };
         let ahead = Saved {
             written: unix_now() + 100_000,
             ..stale.clone()
         };
+        let mut same_with_a_field_added: serde_json::Value = serde_json::to_value(&stale).unwrap();
+        same_with_a_field_added["added_later"] = 1.into();
+        let same_with_a_field_added = same_with_a_field_added.to_string().into_bytes();
         // A damaged file and one dated in the future (found by an audit: taken as
         // written 0 s ago) are warnings; an old one and another version's are not.
         let cases = [
@@ -1060,9 +1090,19 @@ mod tests {
                 false,
             ),
             (
-                serde_json::to_vec(&other).unwrap(),
-                "version 2, not 1",
+                serde_json::to_vec(&Saved {
+                    version: 0,
+                    ..other.clone()
+                })
+                .unwrap(),
+                "version 0, not 1",
                 false,
+            ),
+            // A field this version does not know, in a file of its own version: damaged.
+            (
+                same_with_a_field_added.clone(),
+                "unknown field `added_later`",
+                true,
             ),
             (serde_json::to_vec(&ahead).unwrap(), "s in the future", true),
         ];
@@ -1076,6 +1116,30 @@ mod tests {
             );
             let (_, _, rule) = StateFile::open(&path, &mut memtide(), None);
             assert_eq!(rule, warned.then_some(UNREADABLE), "{why}");
+        }
+        // A newer memtide's file, with a field this one does not know (found by the
+        // compatibility audit: warned of as damaged after a downgrade): said as a newer
+        // one's, not as damaged.
+        let mut newer: serde_json::Value = serde_json::to_value(&other).unwrap();
+        newer["added_later"] = 1.into();
+        for file in [
+            serde_json::to_vec(&other).unwrap(),
+            newer.to_string().into(),
+        ] {
+            std::fs::write(&path, file).unwrap();
+            let (rule, message, target) = restart(&path, 1000);
+            assert_eq!((rule.as_str(), target), ("memtide.adopt", None));
+            let (_, told, rule) = StateFile::open(&path, &mut memtide(), None);
+            assert_eq!(rule, None, "{told}");
+            assert_eq!(
+                told,
+                format!(
+                    "state file {} was written by a newer memtide (state version 2; this one \
+                     reads 1): starting afresh",
+                    path.display()
+                )
+            );
+            assert_eq!(message, told);
         }
     }
 }
