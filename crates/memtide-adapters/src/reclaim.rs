@@ -30,6 +30,9 @@ pub enum ReclaimError {
     /// The kernel has no `memory.reclaim` (before 5.19) or no memory controller there.
     #[error("{0}: missing (memory.reclaim needs Linux 5.19+ and the memory controller)")]
     Missing(PathBuf),
+    /// The cgroup was removed since it was found (its VM stopped).
+    #[error("{0}: the cgroup is gone (its VM stopped?)")]
+    Gone(PathBuf),
     /// The kernel refused the amount.
     #[error("{path}: the kernel refused {amount}")]
     Refused {
@@ -194,6 +197,8 @@ pub fn reclaim(dir: &Path, amount: Bytes) -> Result<Reclaimed, ReclaimError> {
     let path = dir.join("memory.reclaim");
     let io = |error: std::io::Error| match error.raw_os_error() {
         Some(libc::EAGAIN) => Ok(Reclaimed::Partly),
+        // Not an old kernel where the cgroup itself went (found by an audit).
+        Some(libc::ENOENT) if !dir.is_dir() => Err(ReclaimError::Gone(dir.to_path_buf())),
         Some(libc::ENOENT) => Err(ReclaimError::Missing(path.clone())),
         Some(libc::EINVAL) => Err(ReclaimError::Refused {
             path: path.clone(),
@@ -401,5 +406,12 @@ mod tests {
         let none = tempfile::tempdir().unwrap();
         let e = reclaim(none.path(), Bytes(4096)).unwrap_err().to_string();
         assert!(e.ends_with("memory.reclaim: missing (memory.reclaim needs Linux 5.19+ and the memory controller)"), "{e}");
+        // The cgroup removed between its reading and the write: no old kernel.
+        let gone = none.path().join("machine.slice");
+        let e = reclaim(&gone, Bytes(4096)).unwrap_err().to_string();
+        assert!(
+            e.ends_with("machine.slice: the cgroup is gone (its VM stopped?)"),
+            "{e}"
+        );
     }
 }

@@ -23,6 +23,11 @@ const MIN_STEP: Bytes = Bytes::from_mib(2);
 /// rates again: a stall or refaults averaged over a long gap (a pass skipped, a VM away)
 /// would look diluted, while the step counts at most this long.
 const LONG_GAP: Duration = Duration::from_secs(60);
+/// How long reclaim holds after the kernel found less to take than it was asked, unless
+/// usage grows by [`MIN_STEP`] first: what it could not take then (anonymous memory with
+/// no swap or zswap to go to) it would not take at the next tick either (found by an
+/// audit: a request every tick, each one logged, each retried by the kernel in vain).
+const SHORT_WAIT: Duration = Duration::from_secs(300);
 
 /// What one reading of a VM's cgroup says.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,6 +95,8 @@ pub struct Pacer {
     previous: Option<CgroupReading>,
     gap: Option<Duration>,
     working_set: Option<Bytes>,
+    /// The reading at which the kernel last found less to reclaim than asked.
+    short: Option<CgroupReading>,
 }
 
 impl Pacer {
@@ -174,6 +181,24 @@ impl Pacer {
                 ),
             );
         }
+        if let Some(short) = self.short {
+            let waited = now.at.saturating_sub(short.at);
+            if now.usage < short.usage + MIN_STEP && waited < SHORT_WAIT {
+                return hold(
+                    "reclaim.partly",
+                    format!(
+                        "the kernel found less to take than asked {} s ago, at usage {} (no \
+                         swap or zswap for anonymous memory?): held until usage grows by {} \
+                         or {} s pass",
+                        waited.as_secs(),
+                        short.usage,
+                        MIN_STEP,
+                        SHORT_WAIT.as_secs()
+                    ),
+                );
+            }
+            self.short = None;
+        }
         // Half the way down at most: the kernel may reclaim more than it is asked (a
         // test guest's cgroup asked for 8 MiB gave 14), so usage nears what the VM keeps
         // in halves instead of landing on it.
@@ -198,6 +223,14 @@ impl Pacer {
                 ),
             ),
         }
+    }
+}
+
+impl Pacer {
+    /// The kernel found less to reclaim than this tick's pace asked (`memory.reclaim`
+    /// answered EAGAIN): reclaim holds for a while unless usage grows.
+    pub fn fell_short(&mut self) {
+        self.short = self.previous;
     }
 }
 
@@ -270,6 +303,57 @@ mod tests {
             "reclaim.probe: stall 0.00% (target 0.10%), refaults 0.00%/s of usage: reclaim \
              10 MiB of usage 1.0 GiB, keeping 320 MiB (working set 256 MiB + floor 64 MiB)"
         );
+    }
+
+    #[test]
+    fn after_the_kernel_fell_short_reclaim_holds_until_usage_grows_or_time_passes() {
+        let config = PaceConfig::default();
+        let mut p = Pacer::default();
+        p.pace(reading(0, GIB, 0, 0), keep(None), &config);
+        assert_eq!(
+            p.pace(reading(2, GIB, 0, 0), keep(None), &config)
+                .reason
+                .rule,
+            "reclaim.probe"
+        );
+        p.fell_short();
+        let held = p.pace(reading(4, GIB, 0, 0), keep(None), &config);
+        assert_eq!(
+            (held.reclaim, held.reason.rule.as_ref()),
+            (Bytes::ZERO, "reclaim.partly")
+        );
+        assert!(
+            held.reason.detail.contains("2 s ago, at usage 1.0 GiB"),
+            "{}",
+            held.reason
+        );
+        // Usage grown by the least step: new memory to try.
+        let grown = GIB + MIN_STEP;
+        assert_eq!(
+            p.pace(reading(6, grown, 0, 0), keep(None), &config)
+                .reason
+                .rule,
+            "reclaim.probe"
+        );
+        // Fell short again: held until the wait is over.
+        p.fell_short();
+        assert_eq!(
+            p.pace(reading(8, grown, 0, 0), keep(None), &config)
+                .reason
+                .rule,
+            "reclaim.partly"
+        );
+        let mut at = 8;
+        while at < 6 + SHORT_WAIT.as_secs() {
+            at += 30;
+            let pace = p.pace(reading(at, grown, 0, 0), keep(None), &config);
+            let rule = if at < 6 + SHORT_WAIT.as_secs() {
+                "reclaim.partly"
+            } else {
+                "reclaim.probe"
+            };
+            assert_eq!(pace.reason.rule, rule, "at {at} s");
+        }
     }
 
     #[test]

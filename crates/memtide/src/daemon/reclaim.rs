@@ -228,7 +228,12 @@ impl Reclaimer {
             Done::DryRun
         } else {
             match io::reclaim(&dir, pace.reclaim) {
-                Ok(r) => Done::Reclaimed(r),
+                Ok(r) => {
+                    if r == Reclaimed::Partly {
+                        pacer.fell_short();
+                    }
+                    Done::Reclaimed(r)
+                }
                 Err(e) => Done::Failed(e.to_string()),
             }
         };
