@@ -26,7 +26,18 @@ pub fn read(dir: &Path) -> Option<KsmState> {
         full_scans: counter("full_scans"),
         merge_across_nodes: read_value(dir, "merge_across_nodes"),
         general_profit: read_value(dir, "general_profit"),
+        ksm_zero_pages: read_value(dir, "ksm_zero_pages"),
+        advisor: read_advisor(dir),
     })
+}
+
+/// The advisor in force, where one is (`advisor_mode` reads `[none] scan-time`, the
+/// mode in force in brackets).
+fn read_advisor(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("advisor_mode")).ok()?;
+    let (_, rest) = text.split_once('[')?;
+    let (mode, _) = rest.split_once(']')?;
+    (mode != "none").then(|| mode.to_string())
 }
 
 /// A KSM write that failed: why, and the knobs it left as it wrote them (their old value
@@ -138,6 +149,18 @@ mod tests {
                 k.general_profit
             ),
             (1, 300, None, None)
+        );
+        assert_eq!((k.ksm_zero_pages, k.advisor), (None, None));
+        // A newer kernel's: zero pages merged, and its advisor in force or not.
+        let file = |f: &str, v: &str| std::fs::write(dir.path().join(f), v).unwrap();
+        file("ksm_zero_pages", "10\n");
+        file("advisor_mode", "[none] scan-time\n");
+        let k = read(dir.path()).unwrap();
+        assert_eq!((k.ksm_zero_pages, k.advisor), (Some(10), None));
+        file("advisor_mode", "none [scan-time]\n");
+        assert_eq!(
+            read(dir.path()).unwrap().advisor.as_deref(),
+            Some("scan-time")
         );
     }
 

@@ -110,7 +110,14 @@ struct KsmWatch {
     foreign: Option<String>,
     /// A write of memtide's is under way: the knobs may read half written.
     writing: bool,
+    /// Writes the kernel refused since the last that worked.
+    refusals: u32,
 }
+
+/// KSM writes refused in a row after which memtide leaves KSM alone until a reload
+/// (found by an audit: a sysfs memtide may not write, in a container or without the
+/// capability, failed a write at every tick, and its alert never cleared).
+const KSM_REFUSALS: u32 = 3;
 
 /// A VM that made it through ingestion this tick.
 struct Sampled<'s> {
@@ -160,6 +167,30 @@ impl Engine {
     /// succeeded): from now on, knobs found otherwise were set by someone else, and
     /// memtide leaves KSM alone until [`Engine::manage_again`].
     pub fn ksm_applied(&mut self, settings: &KsmSettings) {
+        self.ksm.refusals = 0;
+        self.ksm_left(settings);
+    }
+
+    /// A KSM write failed (`why`), leaving `left` as memtide wrote them (those it could
+    /// not set back). At the third failure in a row memtide leaves KSM alone until
+    /// `memtide reload`: returns what to add to the failure's report then.
+    pub fn ksm_failed(&mut self, left: &KsmSettings, why: &str) -> Option<String> {
+        self.ksm_left(left);
+        self.ksm.refusals += 1;
+        if self.ksm.refusals < KSM_REFUSALS || self.ksm.foreign.is_some() {
+            return None;
+        }
+        self.ksm.foreign = Some(format!(
+            "{KSM_REFUSALS} KSM writes in a row failed, the last: {why}"
+        ));
+        Some(format!(
+            "; {KSM_REFUSALS} in a row: memtide leaves KSM alone until `memtide reload` (set \
+             [engine] ksm_control = false where it may not tune KSM)"
+        ))
+    }
+
+    /// Note the knobs `settings` sets as memtide's.
+    fn ksm_left(&mut self, settings: &KsmSettings) {
         let set = &mut self.ksm.set;
         for (mine, new) in [
             (&mut set.run, settings.run),
@@ -448,6 +479,11 @@ impl Engine {
                     });
                 }
             }
+            // The kernel's advisor tunes pages_to_scan itself, and refuses writes of it:
+            // asked for with the others, ksmd was never started again (found by an audit).
+            if state.advisor.is_some() {
+                changed.pages_to_scan = None;
+            }
             if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
                 actions.push(Action::SetKsm {
                     settings: changed,
@@ -727,7 +763,18 @@ impl Engine {
         let domain = &snap.host.domain;
         let psi = snap.host.psi.map(|p| p.some.avg10);
         let tuner = snap.host.other_managers.iter().find(|o| o.tunes_ksm());
+        let advisor = snap.host.ksm.as_ref().and_then(|k| k.advisor.as_deref());
         let ksm_reason = ksm_reason.map(|r| {
+            let r = match advisor {
+                Some(a) => Reason::new(
+                    r.rule.clone(),
+                    format!(
+                        "{} (pages_to_scan left to the kernel's {a} advisor)",
+                        r.detail
+                    ),
+                ),
+                None => r.clone(),
+            };
             let why = match tuner {
                 _ if !self.config.ksm_control => "ksm_control is off".to_string(),
                 Some(o) => format!("{} (pid {}) tunes KSM", o.name, o.pid),
@@ -738,7 +785,7 @@ impl Engine {
                 None if !self.ksm_domain(snap) => "KSM is host-wide and the domain is a cgroup \
                     (set [engine] ksm_in_cgroup_domain to tune it anyway)"
                     .to_string(),
-                None => return r.clone(),
+                None => return r,
             };
             Reason::new(r.rule.clone(), format!("{} (not applied: {why})", r.detail))
         });

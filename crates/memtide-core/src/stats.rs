@@ -223,8 +223,17 @@ pub struct KsmState {
     pub full_scans: u64,
     /// Merging across NUMA nodes (absent without NUMA).
     pub merge_across_nodes: Option<u64>,
-    /// Bytes saved minus KSM's metadata cost (kernels 6.1 and newer).
+    /// Bytes saved minus KSM's metadata cost (`general_profit`, Linux 6.4 and newer):
+    /// the merged zero pages counted in, the rmap items of every page scanned taken out.
     pub general_profit: Option<i64>,
+    /// Pages KSM merged with the kernel's zero page (`ksm_zero_pages`, with
+    /// `use_zero_pages` on): saved as well, and not among `pages_sharing`.
+    #[serde(default)]
+    pub ksm_zero_pages: Option<u64>,
+    /// The kernel's own tuner of `pages_to_scan`, when one is on (`advisor_mode`
+    /// `scan-time`, Linux 6.8 and newer): the kernel refuses writes of that knob then.
+    #[serde(default)]
+    pub advisor: Option<String>,
 }
 
 /// Where the VMs' memory lives, and how full it is.

@@ -440,6 +440,60 @@ fn ksm_knobs_set_by_someone_else_keep_memtide_off_ksm_until_reload() {
     assert!(set_ksm(&d).is_some(), "{:?}", d.actions);
 }
 
+#[test]
+fn refused_ksm_writes_leave_ksm_alone_after_three_in_a_row_until_reload() {
+    // Found by an audit: a KSM directory memtide may not write (a container, no
+    // capability) failed a write at every tick, forever.
+    let set_ksm = |d: &Decision| d.actions.iter().find_map(ksm_set);
+    let mut e = engine();
+    let h = || host(16384, 1024);
+    let vms = || vec![vm("a", 8192, 8192, 10)];
+    let why = "/sys/kernel/mm/ksm/pages_to_scan: Read-only file system";
+    // A write that worked between failures starts the count again.
+    for t in 0..2 {
+        set_ksm(&e.tick(&snapshot(t * 10, h(), vms()))).expect("asked");
+        assert_eq!(e.ksm_failed(&KsmSettings::default(), why), None);
+    }
+    e.ksm_applied(&KsmSettings::default());
+    for t in 2..4 {
+        set_ksm(&e.tick(&snapshot(t * 10, h(), vms()))).expect("asked");
+        assert_eq!(e.ksm_failed(&KsmSettings::default(), why), None);
+    }
+    set_ksm(&e.tick(&snapshot(40, h(), vms()))).expect("asked");
+    let note = e
+        .ksm_failed(&KsmSettings::default(), why)
+        .expect("given up");
+    assert!(note.contains("until `memtide reload`"), "{note}");
+    let d = e.tick(&snapshot(50, h(), vms()));
+    assert!(set_ksm(&d).is_none(), "{:?}", d.actions);
+    let reason = d.host.ksm_reason.unwrap().detail;
+    assert!(
+        reason.contains("not applied: 3 KSM writes in a row failed, the last: ")
+            && reason.contains(why),
+        "{reason}"
+    );
+    e.manage_again();
+    assert!(set_ksm(&e.tick(&snapshot(60, h(), vms()))).is_some());
+}
+
+#[test]
+fn with_the_kernels_advisor_on_pages_to_scan_is_left_to_it_and_ksmd_still_started() {
+    // The kernel refuses pages_to_scan while its advisor runs: asked with `run`, the write
+    // failed before ksmd was started (found by an audit).
+    let mut h = host(16384, 1024);
+    let ksm = h.ksm.as_mut().unwrap();
+    ksm.run = 0;
+    ksm.advisor = Some("scan-time".into());
+    let d = engine().tick(&snapshot(0, h, vec![vm("a", 8192, 8192, 10)]));
+    let asked = d.actions.iter().find_map(ksm_set).expect("KSM tuned");
+    assert_eq!((asked.run, asked.pages_to_scan), (Some(1), None));
+    let reason = d.host.ksm_reason.unwrap().detail;
+    assert!(
+        reason.contains("pages_to_scan left to the kernel's scan-time advisor"),
+        "{reason}"
+    );
+}
+
 fn kinds_host(d: &Decision) -> Vec<DiagnosticKind> {
     d.diagnostics
         .iter()

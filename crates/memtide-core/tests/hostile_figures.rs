@@ -35,7 +35,7 @@ fn policies() -> Vec<Box<dyn Policy>> {
         // Evaluating at every tick, not every 10 s: its averages over the hostile
         // figures of several ticks are what is tried.
         mom_every_tick(),
-        Box::new(Proxmox::new(ProxmoxConfig::default())),
+        Box::new(Proxmox::new(ProxmoxConfig::default(), KsmConfig::default())),
         Box::new(Unmanaged),
     ]
 }

@@ -309,10 +309,14 @@ impl Host {
                 pages_volatile: k.volatile,
                 full_scans: k.full_scans as u64,
                 merge_across_nodes: Some(k.merge_across_nodes),
-                // Each merged page costs an rmap item (about 64 bytes).
+                // Each page KSM tracks costs an rmap item (about 64 bytes), merged or
+                // not.
                 general_profit: Some(
-                    bytes(k.sharing).0 as i64 - 64 * (k.shared + k.sharing) as i64,
+                    bytes(k.sharing).0 as i64
+                        - 64 * (k.shared + k.sharing + k.unshared + k.volatile) as i64,
                 ),
+                ksm_zero_pages: None,
+                advisor: None,
             }),
             domain: MemoryDomain {
                 scope: DomainScope::Host,

@@ -448,6 +448,20 @@ impl Collector for StatusCollector {
                 "KSM sites sharing pages (pages saved).",
                 host(k.pages_sharing as f64),
             )?;
+            let known = |v: Option<f64>| v.map(host).unwrap_or_default();
+            gauges(
+                &mut enc,
+                "memtide_ksm_zero_pages",
+                "Pages KSM merged with the kernel's zero page (use_zero_pages): saved too, \
+                 and not among the sites sharing pages.",
+                known(k.ksm_zero_pages.map(|p| p as f64)),
+            )?;
+            gauges(
+                &mut enc,
+                "memtide_ksm_general_profit_bytes",
+                "What KSM saves less its metadata (the kernel's general_profit).",
+                known(k.general_profit.map(|p| p as f64)),
+            )?;
         }
 
         let vms = &d.vms;
@@ -914,17 +928,25 @@ mod tests {
         );
     }
 
+    /// Mom's decision on a host of 4000 MiB, 400 free, with no VM.
+    fn moms_decision() -> memtide_core::Decision {
+        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
+        engine.tick(&snapshot(0, host(4000, 400), vec![]))
+    }
+
+    /// The metrics of a status holding `decision` alone.
+    fn metrics_of(decision: &memtide_core::Decision) -> String {
+        let status = Status {
+            decision: Some(decision.clone()),
+            ..Status::default()
+        };
+        classic(&render(&registry(SharedStatus::new(status))))
+    }
+
     #[test]
     fn the_host_s_need_is_a_state_set_of_its_levels() {
-        let mut engine = Engine::new(EngineConfig::default(), Box::<Mom>::default());
-        let mut decision = engine.tick(&snapshot(0, host(4000, 400), vec![]));
-        let text = |decision: &memtide_core::Decision| {
-            let status = Status {
-                decision: Some(decision.clone()),
-                ..Status::default()
-            };
-            classic(&render(&registry(SharedStatus::new(status))))
-        };
+        let mut decision = moms_decision();
+        let text = metrics_of;
         assert!(
             !text(&decision).contains("memtide_host_need"),
             "mom weighs none"
@@ -940,6 +962,35 @@ mod tests {
             "memtide_host_need{level=\"tight\"} 1.0",
             "memtide_host_need{level=\"short\"} 0.0",
             "memtide_host_free_at_costless_ratio 0.12",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn ksm_savings_are_the_kernels_figures_where_it_has_them() {
+        let mut decision = moms_decision();
+        let text = metrics_of;
+        let old_kernel = text(&decision);
+        assert!(
+            old_kernel
+                .lines()
+                .any(|l| l == "memtide_ksm_pages_sharing 0.0"),
+            "{old_kernel}"
+        );
+        assert!(
+            !old_kernel.contains("memtide_ksm_zero_pages"),
+            "{old_kernel}"
+        );
+        let ksm = decision.host.ksm.as_mut().expect("the test host has KSM");
+        (ksm.general_profit, ksm.ksm_zero_pages) = (Some(-4096), Some(10));
+        let text = text(&decision);
+        for line in [
+            "memtide_ksm_zero_pages 10.0",
+            "memtide_ksm_general_profit_bytes -4096.0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

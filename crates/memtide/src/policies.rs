@@ -92,7 +92,7 @@ impl PolicySource {
                 ))),
                 "sampled" => Ok(working_set(EstimatorConfig::Sampled(c.sampled.clone()))),
                 "esx" => Ok(Box::new(Esx::new(c.esx.clone(), c.ksm.clone()))),
-                "proxmox" => Ok(Box::new(Proxmox::new(c.proxmox.clone()))),
+                "proxmox" => Ok(Box::new(Proxmox::new(c.proxmox.clone(), c.ksm.clone()))),
                 "none" => Ok(Box::new(Unmanaged)),
                 other => Err(LoadError(unknown(other))),
             },

@@ -7,7 +7,7 @@
 //! active one (τ = 0.75: four times), with activity from host-side sampling.
 
 use super::divide::{capacity, divide, Claim};
-use super::ksmtuned::{self, KsmConfig};
+use super::ksmtuned::{KsmConfig, Ksmtuned};
 use super::working_set::observe;
 use super::{Policy, PolicyInput, PolicyOutput, Proposal};
 use crate::action::Reason;
@@ -63,7 +63,7 @@ impl Default for EsxConfig {
 /// The ESX policy.
 pub struct Esx {
     config: EsxConfig,
-    ksm: KsmConfig,
+    ksm: Ksmtuned,
     activity: FxHashMap<String, Sampled>,
 }
 
@@ -72,7 +72,7 @@ impl Esx {
     pub fn new(config: EsxConfig, ksm: KsmConfig) -> Esx {
         Esx {
             config,
-            ksm,
+            ksm: Ksmtuned::new(ksm),
             activity: FxHashMap::default(),
         }
     }
@@ -107,7 +107,7 @@ impl Policy for Esx {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput {
-            ksm: ksmtuned::decide(&self.ksm, input),
+            ksm: self.ksm.decide(input),
             ..PolicyOutput::default()
         };
         let domain = &input.host_latest().domain;

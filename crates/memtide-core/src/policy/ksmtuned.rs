@@ -1,14 +1,18 @@
-//! The ksmtuned algorithm (as MOM's KSM policy reproduces it).
+//! The ksmtuned algorithm.
 //!
 //! ksmd is stopped when the VM memory domain has more than a threshold of freeable memory
 //! and the VMs' committed memory plus that threshold fits in it. Otherwise it runs, scanning
 //! more pages per wake-up while free memory is below the threshold and fewer above it,
-//! within bounds, and sleeping for a time that shrinks with the domain's size.
+//! within bounds, and sleeping for a time that shrinks with the domain's size. A step is
+//! taken once per `interval_s`, ksmtuned's `KSM_MONITOR_INTERVAL` ([`Ksmtuned`]); MOM's
+//! KSM rules take it at MOM's own pace ([`decide`]). Committed memory is the VMs' balloon
+//! sizes, where ksmtuned sums the QEMU processes' RSS.
 
 use super::{KsmProposal, PolicyInput};
 use crate::action::{KsmSettings, Reason};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 /// 16 GiB in KiB: the memory size for which the baseline sleep applies.
 const SLEEP_REFERENCE_KIB: u64 = 16 * 1024 * 1024;
@@ -31,6 +35,9 @@ pub struct KsmConfig {
     pub sleep_ms_baseline: u64,
     /// Shortest sleep, in ms.
     pub sleep_ms_min: u64,
+    /// Seconds between two steps (ksmtuned's `KSM_MONITOR_INTERVAL`; 0: a step at every
+    /// decision). Not MOM's, which steps at its own pace.
+    pub interval_s: f64,
 }
 
 impl Default for KsmConfig {
@@ -43,6 +50,7 @@ impl Default for KsmConfig {
             npages_max: 1250,
             sleep_ms_baseline: 10,
             sleep_ms_min: 10,
+            interval_s: 60.0,
         }
     }
 }
@@ -67,6 +75,12 @@ impl KsmConfig {
             return Err(format!(
                 "npages_decay: {} is above 0: the pages to scan would grow while memory is ample",
                 self.npages_decay
+            ));
+        }
+        if !(0.0..=3600.0).contains(&self.interval_s) {
+            return Err(format!(
+                "interval_s: {} is not between 0 and 3600 seconds",
+                self.interval_s
             ));
         }
         if self.npages_min > self.npages_max {
@@ -95,7 +109,49 @@ impl KsmConfig {
     }
 }
 
-/// Decide KSM settings, or `None` when the host has no KSM.
+/// ksmtuned at its pace: a step every `interval_s` (found by an audit: a step at every
+/// 2 s tick took `pages_to_scan` from 100 to 1250 in 8 s, which ksmtuned takes 5 minutes
+/// for, and flipped ksmd on and off at each tick near the threshold); the last step's
+/// settings are held in between.
+#[derive(Clone, Debug)]
+pub struct Ksmtuned {
+    config: KsmConfig,
+    /// The last step: when, and what it proposed.
+    last: Option<(Duration, KsmProposal)>,
+}
+
+impl Ksmtuned {
+    /// ksmtuned with these constants.
+    pub fn new(config: KsmConfig) -> Ksmtuned {
+        Ksmtuned { config, last: None }
+    }
+
+    /// This decision's KSM settings: a step when `interval_s` has passed since the last
+    /// (or the clock went back), the last step's otherwise; `None` without KSM.
+    pub fn decide(&mut self, input: &PolicyInput<'_>) -> Option<KsmProposal> {
+        input.host_latest().ksm.as_ref()?;
+        let interval = Duration::try_from_secs_f64(self.config.interval_s).unwrap_or_default();
+        if let Some((at, last)) = &self.last {
+            let next = *at + interval;
+            if (*at..next).contains(&input.at) {
+                let detail = format!(
+                    "{}; next step in {} s",
+                    last.reason.detail,
+                    (next - input.at).as_secs_f64().ceil()
+                );
+                return Some(KsmProposal {
+                    settings: last.settings.clone(),
+                    reason: Reason::new(last.reason.rule.clone(), detail),
+                });
+            }
+        }
+        let step = decide(&self.config, input)?;
+        self.last = Some((input.at, step.clone()));
+        Some(step)
+    }
+}
+
+/// One step of the algorithm: KSM settings, or `None` when the host has no KSM.
 pub fn decide(cfg: &KsmConfig, input: &PolicyInput<'_>) -> Option<KsmProposal> {
     let host = input.host_latest();
     let ksm = host.ksm.as_ref()?;
@@ -177,8 +233,19 @@ mod tests {
         host: HostStats,
         committed_mib: &[u64],
     ) -> Option<KsmProposal> {
+        decide_at(Duration::ZERO, host, committed_mib, |input| {
+            decide(cfg, input)
+        })
+    }
+
+    fn decide_at(
+        at: Duration,
+        host: HostStats,
+        committed_mib: &[u64],
+        decide: impl FnOnce(&PolicyInput<'_>) -> Option<KsmProposal>,
+    ) -> Option<KsmProposal> {
         let mut h = History::new(10);
-        h.push(Duration::ZERO, host);
+        h.push(at, host);
         let limits = VmLimits {
             min: Bytes::ZERO,
             max: Bytes::from_mib(100_000),
@@ -197,15 +264,57 @@ mod tests {
                 signals: &signals,
             })
             .collect();
-        decide(
-            cfg,
-            &PolicyInput {
-                at: Duration::ZERO,
-                host: &h,
-                vms: &vms,
-                unreachable: &[],
-            },
-        )
+        decide(&PolicyInput {
+            at,
+            host: &h,
+            vms: &vms,
+            unreachable: &[],
+        })
+    }
+
+    #[test]
+    fn a_step_is_taken_once_per_interval_and_held_in_between() {
+        // 16 GiB host with 1 GiB free, a tick every 2 s for a minute, each step applied:
+        // two steps of +300 (ksmtuned's once a minute), not one per tick.
+        let mut tuned = Ksmtuned::new(KsmConfig::default());
+        let mut host = testkit::host(16384, 1024);
+        let mut reasons = Vec::new();
+        for t in (0..=60).step_by(2) {
+            let at = Duration::from_secs(t);
+            let p = decide_at(at, host.clone(), &[8192], |i| tuned.decide(i)).unwrap();
+            let ksm = host.ksm.as_mut().unwrap();
+            ksm.pages_to_scan = p.settings.pages_to_scan.unwrap();
+            reasons.push(p.reason.detail);
+        }
+        assert_eq!(host.ksm.unwrap().pages_to_scan, 700);
+        assert!(
+            reasons[1].ends_with("→ 400, sleep 10 ms; next step in 58 s"),
+            "{}",
+            reasons[1]
+        );
+        assert!(
+            reasons[30].ends_with("→ 700, sleep 10 ms"),
+            "{}",
+            reasons[30]
+        );
+        // At every decision where the interval is 0, and none without KSM.
+        let every = KsmConfig {
+            interval_s: 0.0,
+            ..KsmConfig::default()
+        };
+        let mut tuned = Ksmtuned::new(every);
+        let mut host = testkit::host(16384, 1024);
+        for t in 0..3 {
+            let at = Duration::from_secs(t);
+            let p = decide_at(at, host.clone(), &[8192], |i| tuned.decide(i)).unwrap();
+            host.ksm.as_mut().unwrap().pages_to_scan = p.settings.pages_to_scan.unwrap();
+        }
+        assert_eq!(host.ksm.as_ref().unwrap().pages_to_scan, 1000);
+        host.ksm = None;
+        assert_eq!(
+            decide_at(Duration::from_secs(3), host, &[], |i| tuned.decide(i)),
+            None
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! ksmtuned apart from pvestatd: it runs here beside it. It is what most KVM operators
 //! run today: a baseline.
 
-use super::ksmtuned::{self, KsmConfig};
+use super::ksmtuned::{KsmConfig, Ksmtuned};
 use super::{Policy, PolicyInput, PolicyOutput, Proposal, VmInput};
 use crate::action::Reason;
 use crate::units::{Bytes, Percent};
@@ -48,14 +48,16 @@ impl Default for ProxmoxConfig {
 /// The Proxmox policy.
 pub struct Proxmox {
     config: ProxmoxConfig,
+    ksm: Ksmtuned,
     next_cycle: Option<Duration>,
 }
 
 impl Proxmox {
-    /// The policy with its constants.
-    pub fn new(config: ProxmoxConfig) -> Proxmox {
+    /// The policy with its constants and ksmtuned's.
+    pub fn new(config: ProxmoxConfig, ksm: KsmConfig) -> Proxmox {
         Proxmox {
             config,
+            ksm: Ksmtuned::new(ksm),
             next_cycle: None,
         }
     }
@@ -145,7 +147,7 @@ impl Policy for Proxmox {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
-        out.ksm = ksmtuned::decide(&KsmConfig::default(), input);
+        out.ksm = self.ksm.decide(input);
         if self.next_cycle.is_some_and(|next| input.at < next) {
             let wait = Reason::new("proxmox.wait", "between pvestatd cycles (every 10 s)");
             out.hold_all(input.vms, wait);
@@ -285,16 +287,16 @@ mod tests {
         // 4000 MiB, 200 free: 95% used, 600 MiB over the 80% goal. Above the minimums the
         // two hold 1536 MiB; 936 are to be left, a quarter to a (234) and three quarters
         // to b (702): a goes 100 MiB toward 490, b to its part, 958.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 200, &[(1024, 500, 1000), (1024, 500, 3000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(924), Some(958)));
         assert_eq!(o.balloon["a"].reason.rule, "proxmox.shrink");
         // 100 MiB to take: b's part is above its size, so a gives it all.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 700, &[(1024, 500, 1000), (1024, 500, 3000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(924), None));
         // Within 10 MiB of the goal: nothing moves.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 795, &[(1024, 500, 1000)]);
         assert_eq!(target(&o, "a"), None);
         assert_eq!(o.holds["a"].rule, "proxmox.hold");
@@ -303,12 +305,12 @@ mod tests {
     #[test]
     fn memory_is_taken_first_from_vms_with_enough_free_and_from_the_others_only_as_a_last_resort() {
         // a has 32 MiB free (under a quarter of its 256 MiB minimum), b 524: b alone gives.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 200, &[(512, 480, 1000), (1024, 500, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (None, Some(924)));
         // Only starving VMs: they give all the same, each toward its part (424 MiB above
         // the minimums left, 212 each: 468), by 100 MiB at most.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 200, &[(512, 480, 1000), (1024, 1000, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(468), Some(924)));
     }
@@ -317,22 +319,22 @@ mod tests {
     fn memory_to_give_goes_first_to_vms_starving_below_a_quarter_of_their_minimum() {
         // 1000 MiB free: 75% used, 200 MiB to give; a has 40 MiB free (< 64), b 300: a
         // alone grows, by 100 MiB toward its part.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 1000, &[(512, 472, 1000), (512, 212, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(612), None));
         // Only 40 MiB to give: all of it to the starving VM.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 840, &[(512, 472, 1000), (512, 212, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(552), None));
         // None starving: every VM is given to.
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         let o = decide(&mut p, 0, 1000, &[(512, 212, 1000), (512, 212, 1000)]);
         assert_eq!((target(&o, "a"), target(&o, "b")), (Some(612), Some(612)));
     }
 
     #[test]
     fn ksm_is_tuned_as_ksmtuned_does_on_a_pve_host() {
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         assert!(decide(&mut p, 0, 200, &[(1024, 500, 1000)]).ksm.is_some());
         assert!(
             decide(&mut p, 5, 200, &[(1024, 500, 1000)]).ksm.is_some(),
@@ -341,8 +343,20 @@ mod tests {
     }
 
     #[test]
+    fn its_ksm_steps_are_the_configured_ones() {
+        // Found by an audit: `[ksm]` was taken and had no effect under this policy.
+        let ksm = KsmConfig {
+            npages_boost: 10,
+            ..KsmConfig::default()
+        };
+        let mut p = Proxmox::new(ProxmoxConfig::default(), ksm);
+        let o = decide(&mut p, 0, 200, &[(1024, 500, 1000)]);
+        assert_eq!(o.ksm.unwrap().settings.pages_to_scan, Some(100 + 10));
+    }
+
+    #[test]
     fn it_decides_once_per_10_s_cycle() {
-        let mut p = Proxmox::new(ProxmoxConfig::default());
+        let mut p = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default());
         assert!(target(&decide(&mut p, 0, 200, &[(1024, 500, 1000)]), "a").is_some());
         let o = decide(&mut p, 5, 200, &[(1024, 500, 1000)]);
         assert_eq!(o.holds["a"].rule, "proxmox.wait");
@@ -390,7 +404,7 @@ mod tests {
                     signals: &signals[i],
                 })
                 .collect();
-            let out = Proxmox::new(ProxmoxConfig::default()).decide(&PolicyInput {
+            let out = Proxmox::new(ProxmoxConfig::default(), KsmConfig::default()).decide(&PolicyInput {
                 at: Duration::ZERO,
                 host: &host,
                 vms: &inputs,

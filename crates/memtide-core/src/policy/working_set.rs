@@ -7,7 +7,7 @@
 use super::burst::BurstRoom;
 use super::divide::{self, backed, capacity, capacity_of, credible, divide_by_use, Claim};
 use super::killed::{Killed, Recovering, Tick};
-use super::ksmtuned::{self, KsmConfig};
+use super::ksmtuned::{KsmConfig, Ksmtuned};
 use super::peak::{Peak, WINDOW};
 use super::reserved::Reserved;
 use super::trust::{Claimed, Trust};
@@ -199,7 +199,7 @@ struct Missing {
 pub struct WorkingSet {
     estimator: EstimatorConfig,
     config: WorkingSetConfig,
-    ksm: KsmConfig,
+    ksm: Ksmtuned,
     states: FxHashMap<String, State>,
     watched: FxHashMap<String, Watched>,
     /// The VMs giving no figures their estimator needs ([`NO_FIGURES_GRACE`]).
@@ -218,7 +218,7 @@ impl WorkingSet {
         WorkingSet {
             estimator,
             config,
-            ksm,
+            ksm: Ksmtuned::new(ksm),
             states: FxHashMap::default(),
             watched: FxHashMap::default(),
             missing: FxHashMap::default(),
@@ -564,7 +564,7 @@ impl Policy for WorkingSet {
 
     fn decide(&mut self, input: &PolicyInput<'_>) -> PolicyOutput {
         let mut out = PolicyOutput::with_capacity(input.vms.len());
-        out.ksm = ksmtuned::decide(&self.ksm, input);
+        out.ksm = self.ksm.decide(input);
         let known = input.known();
         self.states.retain(|name, _| known.contains(name.as_str()));
         self.watched.retain(|name, _| known.contains(name.as_str()));

@@ -1015,7 +1015,8 @@ impl Daemon {
     }
 
     /// A KSM write's result; the engine told of the knobs written (all of them, or those
-    /// a failed write could not set back: otherwise they would read as someone else's).
+    /// a failed write could not set back: otherwise they would read as someone else's)
+    /// and of a failure (it gives up on KSM after a few in a row).
     fn ksm_result(
         &mut self,
         settings: &KsmSettings,
@@ -1027,8 +1028,9 @@ impl Daemon {
                 Ok(())
             }
             Ok(Err(e)) => {
-                self.engine.ksm_applied(&e.left);
-                Err(BackendError::Io(e.to_string()))
+                let why = e.to_string();
+                let note = self.engine.ksm_failed(&e.left, &why);
+                Err(BackendError::Io(why + note.as_deref().unwrap_or_default()))
             }
             Err(e) => Err(BackendError::Io(format!(
                 "the KSM write ended abnormally: {e}"
