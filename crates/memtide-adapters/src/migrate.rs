@@ -18,6 +18,10 @@ const MPOL_MF_MOVE: libc::c_int = 1 << 1;
 
 /// Pages asked about or moved in one call.
 const BATCH: usize = 4096;
+/// A status the kernel did not write. Since Linux 4.17 a move that fails for some pages
+/// returns how many it did not move and leaves the statuses of the pages it had queued
+/// unwritten (found by an audit: read as node 0, failed promotions counted as made).
+const UNWRITTEN: i32 = i32::MIN;
 
 /// Why pages could not be asked about or moved.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -86,15 +90,42 @@ fn call(pid: i32, pages: &[u64], node: Option<i32>, status: &mut [i32]) -> Resul
 }
 
 fn batched(pid: i32, pages: &[u64], node: Option<i32>) -> Result<Vec<i32>, MoveError> {
-    let mut status = vec![0; pages.len()];
+    let mut status = vec![UNWRITTEN; pages.len()];
     if pages.is_empty() {
         // Still asks: the process, the permission and NUMA support are checked.
         return call(pid, pages, None, &mut status).map(|()| status);
     }
     for (p, s) in pages.chunks(BATCH).zip(status.chunks_mut(BATCH)) {
         call(pid, p, node, s)?;
+        if node.is_some() {
+            settle(p, s, |p, s| call(pid, p, None, s))?;
+        }
     }
     Ok(status)
+}
+
+/// After a move of `pages`: those whose status the kernel left unwritten, or gave as
+/// `-EBUSY` (a transparent huge page moves whole, and its other base pages read busy:
+/// found by an audit), are asked where they are now (`ask`: a status query). One still
+/// unknown was not moved (`-EBUSY`).
+fn settle(
+    pages: &[u64],
+    status: &mut [i32],
+    ask: impl FnOnce(&[u64], &mut [i32]) -> Result<(), MoveError>,
+) -> Result<(), MoveError> {
+    let unsure: Vec<usize> = (0..status.len())
+        .filter(|&i| status[i] == UNWRITTEN || status[i] == -libc::EBUSY)
+        .collect();
+    if unsure.is_empty() {
+        return Ok(());
+    }
+    let at: Vec<u64> = unsure.iter().map(|&i| pages[i]).collect();
+    let mut now = vec![UNWRITTEN; at.len()];
+    ask(&at, &mut now)?;
+    for (&i, s) in unsure.iter().zip(now) {
+        status[i] = if s == UNWRITTEN { -libc::EBUSY } else { s };
+    }
+    Ok(())
 }
 
 /// The node each of process `pid`'s pages (addresses) is on, or a negative errno
@@ -124,6 +155,35 @@ pub fn tally(status: &[i32]) -> BTreeMap<i32, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses_a_move_left_unwritten_or_busy_are_asked_again() {
+        // Moved to node 1: one page moved, one of a huge page read busy (moved with it),
+        // two the kernel stopped at (one moved before it stopped, one not), one busy that
+        // stays busy, one the query cannot place either.
+        let pages = [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000];
+        let mut status = [
+            1,
+            -libc::EBUSY,
+            UNWRITTEN,
+            UNWRITTEN,
+            -libc::EBUSY,
+            UNWRITTEN,
+        ];
+        let mut asked = Vec::new();
+        settle(&pages, &mut status, |p, s| {
+            asked = p.to_vec();
+            s.copy_from_slice(&[1, 1, 0, 0, UNWRITTEN]);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(asked, [0x2000, 0x3000, 0x4000, 0x5000, 0x6000]);
+        assert_eq!(status, [1, 1, 1, 0, 0, -libc::EBUSY]);
+        // Nothing unsure: nothing asked.
+        let mut sure = [1, -libc::EACCES];
+        settle(&pages[..2], &mut sure, |_, _| panic!("asked")).unwrap();
+        assert_eq!(sure, [1, -libc::EACCES]);
+    }
 
     #[test]
     fn errors_name_what_is_missing() {
