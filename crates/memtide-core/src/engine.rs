@@ -487,7 +487,7 @@ impl Engine {
             if self.config.ksm_control && ksm_is_ours && !changed.is_empty() {
                 actions.push(Action::SetKsm {
                     settings: changed,
-                    reason: proposal.reason.clone(),
+                    reason: advised(&proposal.reason, Some(state)),
                 });
             }
         }
@@ -763,18 +763,8 @@ impl Engine {
         let domain = &snap.host.domain;
         let psi = snap.host.psi.map(|p| p.some.avg10);
         let tuner = snap.host.other_managers.iter().find(|o| o.tunes_ksm());
-        let advisor = snap.host.ksm.as_ref().and_then(|k| k.advisor.as_deref());
         let ksm_reason = ksm_reason.map(|r| {
-            let r = match advisor {
-                Some(a) => Reason::new(
-                    r.rule.clone(),
-                    format!(
-                        "{} (pages_to_scan left to the kernel's {a} advisor)",
-                        r.detail
-                    ),
-                ),
-                None => r.clone(),
-            };
+            let r = advised(r, snap.host.ksm.as_ref());
             let why = match tuner {
                 _ if !self.config.ksm_control => "ksm_control is off".to_string(),
                 Some(o) => format!("{} (pid {}) tunes KSM", o.name, o.pid),
@@ -923,6 +913,21 @@ fn foreign_ksm(set: &KsmSettings, state: &KsmState) -> Option<String> {
             knobs.join(", ")
         )
     })
+}
+
+/// A KSM proposal's `reason`, saying where `pages_to_scan` is left to the kernel's
+/// advisor (found by a review: the action's reason told of a step not written).
+fn advised(reason: &Reason, state: Option<&KsmState>) -> Reason {
+    match state.and_then(|k| k.advisor.as_deref()) {
+        Some(a) => Reason::new(
+            reason.rule.clone(),
+            format!(
+                "{} (pages_to_scan left to the kernel's {a} advisor)",
+                reason.detail
+            ),
+        ),
+        None => reason.clone(),
+    }
 }
 
 fn ksm_changes(wanted: &KsmSettings, state: &KsmState) -> KsmSettings {

@@ -24,7 +24,7 @@ const MIN_STEP: Bytes = Bytes::from_mib(2);
 /// would look diluted, while the step counts at most this long.
 const LONG_GAP: Duration = Duration::from_secs(60);
 /// How long reclaim holds after the kernel found less to take than it was asked, unless
-/// usage grows by [`MIN_STEP`] first: what it could not take then (anonymous memory with
+/// usage grows by what was asked (at least [`MIN_STEP`]) first: what it could not take then (anonymous memory with
 /// no swap or zswap to go to) it would not take at the next tick either (found by an
 /// audit: a request every tick, each one logged, each retried by the kernel in vain).
 const SHORT_WAIT: Duration = Duration::from_secs(300);
@@ -95,8 +95,9 @@ pub struct Pacer {
     previous: Option<CgroupReading>,
     gap: Option<Duration>,
     working_set: Option<Bytes>,
-    /// The reading at which the kernel last found less to reclaim than asked.
-    short: Option<CgroupReading>,
+    /// The reading at which the kernel last found less to reclaim than asked, and what
+    /// was asked.
+    short: Option<(CgroupReading, Bytes)>,
 }
 
 impl Pacer {
@@ -124,6 +125,8 @@ impl Pacer {
         }
         let gap = self.gap.replace(dt);
         if dt > LONG_GAP && gap.is_none_or(|g| dt > g * 3) {
+            // What the kernel could not take then is not known of now (found by a review).
+            self.short = None;
             return hold(
                 "reclaim.first",
                 format!(
@@ -136,6 +139,7 @@ impl Pacer {
             now.stall_us.checked_sub(previous.stall_us),
             now.refaults.checked_sub(previous.refaults),
         ) else {
+            self.short = None;
             return hold(
                 "reclaim.first",
                 "counters went back (a new cgroup?): rates start again".into(),
@@ -181,18 +185,19 @@ impl Pacer {
                 ),
             );
         }
-        if let Some(short) = self.short {
+        if let Some((short, asked)) = self.short {
             let waited = now.at.saturating_sub(short.at);
-            if now.usage < short.usage + MIN_STEP && waited < SHORT_WAIT {
+            let grown = short.usage + asked.max(MIN_STEP);
+            if now.usage < grown && waited < SHORT_WAIT {
                 return hold(
                     "reclaim.partly",
                     format!(
-                        "the kernel found less to take than asked {} s ago, at usage {} (no \
-                         swap or zswap for anonymous memory?): held until usage grows by {} \
+                        "the kernel found less than {asked} to take {} s ago, at usage {} \
+                         (no swap or zswap for anonymous memory?): held until usage reaches {} \
                          or {} s pass",
                         waited.as_secs(),
                         short.usage,
-                        MIN_STEP,
+                        grown,
                         SHORT_WAIT.as_secs()
                     ),
                 );
@@ -227,10 +232,11 @@ impl Pacer {
 }
 
 impl Pacer {
-    /// The kernel found less to reclaim than this tick's pace asked (`memory.reclaim`
-    /// answered EAGAIN): reclaim holds for a while unless usage grows.
-    pub fn fell_short(&mut self) {
-        self.short = self.previous;
+    /// The kernel found less to reclaim than this tick's pace asked (`asked`;
+    /// `memory.reclaim` answered EAGAIN): reclaim holds for a while unless usage grows by
+    /// as much.
+    pub fn fell_short(&mut self, asked: Bytes) {
+        self.short = self.previous.map(|reading| (reading, asked));
     }
 }
 
@@ -316,7 +322,8 @@ mod tests {
                 .rule,
             "reclaim.probe"
         );
-        p.fell_short();
+        // 10 MiB asked: held until usage grows by as much.
+        p.fell_short(Bytes::from_mib(10));
         let held = p.pace(reading(4, GIB, 0, 0), keep(None), &config);
         assert_eq!(
             (held.reclaim, held.reason.rule.as_ref()),
@@ -327,16 +334,26 @@ mod tests {
             "{}",
             held.reason
         );
-        // Usage grown by the least step: new memory to try.
-        let grown = GIB + MIN_STEP;
+        assert_eq!(
+            p.pace(
+                reading(5, GIB + Bytes::from_mib(8), 0, 0),
+                keep(None),
+                &config
+            )
+            .reason
+            .rule,
+            "reclaim.partly"
+        );
+        // Grown by what was asked: new memory to try.
+        let grown = GIB + Bytes::from_mib(10);
         assert_eq!(
             p.pace(reading(6, grown, 0, 0), keep(None), &config)
                 .reason
                 .rule,
             "reclaim.probe"
         );
-        // Fell short again: held until the wait is over.
-        p.fell_short();
+        // Fell short again, of a least step: held until the wait is over.
+        p.fell_short(Bytes::from_mib(1));
         assert_eq!(
             p.pace(reading(8, grown, 0, 0), keep(None), &config)
                 .reason
@@ -354,6 +371,16 @@ mod tests {
             };
             assert_eq!(pace.reason.rule, rule, "at {at} s");
         }
+        // Rates started again (a long gap, counters gone back): it is forgotten.
+        p.fell_short(Bytes::from_mib(1));
+        let rule = |p: &mut Pacer, at| {
+            p.pace(reading(at, grown, 0, 0), keep(None), &config)
+                .reason
+                .rule
+        };
+        assert_eq!(rule(&mut p, at + 2), "reclaim.partly");
+        assert_eq!(rule(&mut p, at + 200), "reclaim.first");
+        assert_eq!(rule(&mut p, at + 202), "reclaim.probe");
     }
 
     #[test]

@@ -957,9 +957,25 @@ mod tests {
 
     #[tokio::test]
     async fn status_json_is_the_daemons_reply_as_it_came() {
-        let (_dir, path, _socket, _incoming) = served().await;
-        let raw = request_status_json(&path).await.unwrap();
-        assert_eq!(raw, serde_json::to_value(Status::default()).unwrap());
+        // A daemon of another build, whose status holds a field this one does not know.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memtide.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let reply = json!({"version": "9.9.9", "added_later": {"x": 1}});
+        let sent = reply.clone();
+        let daemon = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            BufReader::new(read).read_line(&mut line).await.unwrap();
+            assert!(line.contains("\"status\""), "{line}");
+            write
+                .write_all(format!("{sent}\n").as_bytes())
+                .await
+                .unwrap();
+        });
+        assert_eq!(request_status_json(&path).await.unwrap(), reply);
+        daemon.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

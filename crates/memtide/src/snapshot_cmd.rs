@@ -14,10 +14,8 @@ use std::time::Duration;
 /// A table of `snapshots` (every VM's when `vm` is `None`), or JSON.
 pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<String> {
     let store = Store::new(&config.snapshots.dir);
-    let found = match vm {
-        Some(vm) => store.list(vm)?,
-        None => store.list_all()?,
-    };
+    // Read once: a description that does not read is warned of once.
+    let (found, newer) = store.listing(vm)?;
     if json {
         return Ok(serde_json::to_string_pretty(&found)? + "\n");
     }
@@ -48,7 +46,7 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
         );
     }
     let dir = &config.snapshots.dir;
-    match (found.is_empty(), dir.exists()) {
+    match (found.is_empty() && newer.is_empty(), dir.exists()) {
         (false, _) => {}
         (true, true) => match vm {
             Some(vm) => out += &format!("(no snapshots of {vm} in {})\n", dir.display()),
@@ -74,7 +72,6 @@ pub fn list(config: &Config, vm: Option<&str>, json: bool) -> anyhow::Result<Str
         }
     }
     // Not in the table, whose columns this memtide cannot fill from them; not lost either.
-    let newer = store.newer(vm)?;
     if !newer.is_empty() {
         out += "\nSnapshots of a newer memtide (not read here):\n";
         for newer in newer {

@@ -486,13 +486,14 @@ impl Store {
         Ok(self.found_all()?.read)
     }
 
-    /// Every VM's snapshots that a newer memtide wrote ([`Newer`]), by VM then oldest
-    /// first (VM `vm`'s alone where given).
-    pub fn newer(&self, vm: Option<&str>) -> anyhow::Result<Vec<Newer>> {
-        Ok(match vm {
-            Some(vm) => self.found(vm)?.newer,
-            None => self.found_all()?.newer,
-        })
+    /// VM `vm`'s snapshots (every VM's where `None`): those this memtide reads and
+    /// those a newer one wrote ([`Newer`]), each by VM then oldest first.
+    pub fn listing(&self, vm: Option<&str>) -> anyhow::Result<(Vec<Snapshot>, Vec<Newer>)> {
+        let found = match vm {
+            Some(vm) => self.found(vm)?,
+            None => self.found_all()?,
+        };
+        Ok((found.read, found.newer))
     }
 
     /// Every VM's snapshots, each list by VM then oldest first.
@@ -569,33 +570,47 @@ impl Store {
     /// The VMs hibernated: each VM's newest snapshot, where it is a hibernation not
     /// woken from yet, by VM.
     pub fn asleep(&self) -> anyhow::Result<Vec<Snapshot>> {
+        let all = self.found_all()?;
         let mut newest: Vec<Snapshot> = Vec::new();
-        for s in self.list_all()? {
+        for s in all.read {
             match newest.last_mut() {
                 Some(last) if last.vm == s.vm => *last = s,
                 _ => newest.push(s),
             }
         }
-        Ok(newest.into_iter().filter(Snapshot::asleep).collect())
-    }
-
-    /// VM `vm`'s hibernation to wake it from: its newest snapshot, if that is a
-    /// hibernation not woken from yet (an older one is not: the guest ran after it); an
-    /// error where a newer memtide wrote its newest ([`Store::history`]).
-    pub fn hibernation(&self, vm: &str) -> anyhow::Result<Option<Snapshot>> {
-        Ok(self.history(vm)?.pop().filter(Snapshot::asleep))
+        // Not one a newer memtide's snapshot followed (found by a review: an older
+        // hibernation was listed, and woken, in the place of the VM's newest).
+        let followed = |s: &Snapshot| {
+            all.newer
+                .iter()
+                .any(|n| n.vm == s.vm && (n.seq, n.id.as_str()) > (s.seq, s.id.as_str()))
+        };
+        Ok(newest
+            .into_iter()
+            .filter(|s| s.asleep() && !followed(s))
+            .collect())
     }
 
     /// Mark every hibernation of VM `vm` not woken from yet woken, for a VM found
     /// running that memtide did not start from it; returns those marked.
+    /// A snapshot of a newer memtide cannot be marked (its description is not read
+    /// here): an error names it, once the others are marked.
     pub fn mark_all_woken(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
-        let asleep: Vec<Snapshot> = self
-            .list(vm)?
-            .into_iter()
-            .filter(Snapshot::asleep)
-            .collect();
+        let found = self.found(vm)?;
+        let asleep: Vec<Snapshot> = found.read.into_iter().filter(Snapshot::asleep).collect();
         for s in &asleep {
             self.mark_woken(s)?;
+        }
+        if let Some(newer) = found.newer.last() {
+            let marked: Vec<&str> = asleep.iter().map(|s| s.id.as_str()).collect();
+            bail!(
+                "{newer}; where it is a hibernation, it is not marked woken here: do not wake or \
+                 restore it while the guest's disk moves on{}",
+                match marked.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({} marked woken)", marked.join(", ")),
+                }
+            );
         }
         Ok(asleep)
     }
@@ -1134,12 +1149,15 @@ mod tests {
     fn a_newer_memtides_snapshot_is_named_and_never_passed_over_for_an_older_one() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
-        let old = take(&store, "web", b"old");
-        let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
-        std::fs::write(pending.dir().join("memory"), b"new").unwrap();
-        let asleep = pending
-            .finish(&saved(), AfterSave::Quit, TakenBy::Hibernation)
-            .unwrap();
+        let hibernate = |content: &[u8]| {
+            let pending = store.begin("web", Bytes::from_mib(1)).unwrap();
+            std::fs::write(pending.dir().join("memory"), content).unwrap();
+            pending
+                .finish(&saved(), AfterSave::Quit, TakenBy::Hibernation)
+                .unwrap()
+        };
+        let old = hibernate(b"old");
+        let asleep = hibernate(b"new");
         let meta = store.dir_of(&asleep).join(META);
         let mut v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
@@ -1148,8 +1166,8 @@ mod tests {
         std::fs::write(&meta, v.to_string()).unwrap();
 
         assert_eq!(store.list("web").unwrap(), std::slice::from_ref(&old));
-        let newer = store.newer(None).unwrap();
-        assert_eq!(newer, store.newer(Some("web")).unwrap());
+        let (_, newer) = store.listing(None).unwrap();
+        assert_eq!(newer, store.listing(Some("web")).unwrap().1);
         let [n] = &newer[..] else { panic!("{newer:?}") };
         assert_eq!(
             (n.vm.as_str(), n.id.as_str(), n.seq, n.format),
@@ -1158,20 +1176,27 @@ mod tests {
         assert_eq!(n.dir, store.dir_of(&asleep));
         let told = "was written by a newer memtide (snapshot format 99; this one reads up to \
                     1): upgrade memtide to restore it";
+        // The older hibernation is not the VM's hibernation: not listed asleep, and not
+        // what the latest is taken for; found running, the VM's readable hibernations are
+        // marked woken and the newer one named.
+        assert!(store.asleep().unwrap().is_empty());
         for e in [
             store.find("web", None).unwrap_err(),
-            store.hibernation("web").unwrap_err(),
             store.find("web", Some(&asleep.id)).unwrap_err(),
+            store.mark_all_woken("web").unwrap_err(),
         ] {
             let e = format!("{e:#}");
             assert!(e.contains(&asleep.id) && e.contains(told), "{e}");
         }
-        assert_eq!(store.find("web", Some(&old.id)).unwrap(), old, "by its ID");
+        let found = store.find("web", Some(&old.id)).unwrap();
+        assert!(
+            !found.asleep() && found.id == old.id,
+            "by its ID, marked woken"
+        );
         // The next save is newer than it, and then the newest again.
         let next = take(&store, "web", b"next");
         assert_eq!(next.seq, 3);
         assert_eq!(store.find("web", None).unwrap(), next);
-        assert_eq!(store.hibernation("web").unwrap(), None);
     }
 
     #[test]
@@ -1199,7 +1224,6 @@ mod tests {
             .map(|s| s.id)
             .collect();
         assert_eq!(ids, [future.to_string(), asleep.id.clone()]);
-        assert_eq!(store.hibernation("web").unwrap(), Some(asleep.clone()));
         assert_eq!(store.asleep().unwrap(), vec![asleep]);
     }
 
@@ -1215,9 +1239,9 @@ mod tests {
         // Hibernated, then booted fresh by hand and snapshotted on schedule: the old
         // hibernation's memory no longer matches the disk.
         let old = take("web", AfterSave::Quit, TakenBy::Hibernation);
-        assert_eq!(store.hibernation("web").unwrap(), Some(old.clone()));
+        assert_eq!(store.asleep().unwrap(), std::slice::from_ref(&old));
         take("web", AfterSave::Run, TakenBy::Schedule);
-        assert_eq!(store.hibernation("web").unwrap(), None);
+        assert!(store.asleep().unwrap().is_empty());
         let db = take("db", AfterSave::Quit, TakenBy::Operator);
         assert_eq!(store.asleep().unwrap(), vec![db], "web's is not its newest");
         // Seen running: marked woken, and only once.
@@ -1225,7 +1249,7 @@ mod tests {
         assert_eq!(marked.iter().map(|s| &s.id).collect::<Vec<_>>(), [&old.id]);
         assert!(store.list("web").unwrap()[0].woken.is_some());
         assert!(store.mark_all_woken("web").unwrap().is_empty());
-        assert_eq!(store.hibernation("nobody").unwrap(), None);
+        assert!(store.mark_all_woken("nobody").unwrap().is_empty());
     }
 
     #[test]

@@ -230,7 +230,7 @@ impl Reclaimer {
             match io::reclaim(&dir, pace.reclaim) {
                 Ok(r) => {
                     if r == Reclaimed::Partly {
-                        pacer.fell_short();
+                        pacer.fell_short(pace.reclaim);
                     }
                     Done::Reclaimed(r)
                 }

@@ -5,7 +5,7 @@
 //! A VM's state is used when the VM is found again under its name at the same configured
 //! size, in the same hypervisor process where that is known (a VM configured by `pid`,
 //! which has only a cold age, when it is the same process);
-//! a file that is unreadable or of another version is ignored, with the reason logged (one
+//! a file that is unreadable or of a newer version is ignored, with the reason logged (one
 //! a newer memtide wrote, said as such: not as damaged), and so is one older than
 //! [`MAX_AGE`] but for its cold ages, kept within the longest age.
 
@@ -21,11 +21,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The format's version; a file of another is ignored. It goes up whenever a field is
-/// added (here or in what the file holds of the estimator, `FusedMemory`) or a field's
-/// meaning changes: an older memtide then says the file is a newer one's rather than
-/// fail on the added field as if the file were damaged (found by the compatibility
-/// audit).
+/// The format's version; a file of a newer one is ignored, an older one's read. It goes
+/// up whenever a field is added (here or in what the file holds of the estimator,
+/// `FusedMemory`), with a default, or a field's meaning changes: an older memtide then
+/// says the file is a newer one's rather than fail on the added field as if the file were
+/// damaged (found by the compatibility audit). `tests/formats` keeps a file of each.
 const VERSION: u32 = 1;
 /// Balloon targets and estimator state older than this are ignored: what they say of the
 /// guests no longer holds.
@@ -229,7 +229,10 @@ impl StateFile {
                 "written {} s in the future: the clock stepped back?",
                 s.written - now
             )),
-            Ok(s) if s.version != VERSION => Err(format!("version {}, not {VERSION}", s.version)),
+            // An older version's file reads: what it lacks takes its default.
+            Ok(s) if s.version == 0 || s.version > VERSION => {
+                Err(format!("version {}, not 1 to {VERSION}", s.version))
+            }
             Ok(s) if age(&s) > kept_s => {
                 Err(format!("written {} s ago, more than {kept_s} s", age(&s)))
             }
@@ -563,6 +566,23 @@ mod tests {
             d = Some(engine.tick(&snapshot(t, host(4000, 1500), vec![a])));
         }
         (engine, d.expect("decided"))
+    }
+
+    #[test]
+    fn each_state_version_still_reads() {
+        // Written by version 1 with every optional field: a field added since must take a
+        // default (an older file lacks it), and one whose meaning changed bumps VERSION.
+        let frozen = include_str!("../../tests/formats/state-version-1.json");
+        let saved: Saved = serde_json::from_str(frozen).expect("version 1 no longer reads");
+        let vm = &saved.vms["a"];
+        assert!(vm.memtide.is_some() && vm.hypervisor.is_some() && vm.cold_age_s.is_some());
+        assert_eq!(saved.processes["batch"].cold_age_s, 120.0);
+        assert_eq!(
+            serde_json::to_string_pretty(&saved).unwrap() + "\n",
+            frozen,
+            "a field of the state file changed: bump daemon::state::VERSION, add \
+             tests/formats/state-version-N.json and test it here, keeping the old ones"
+        );
     }
 
     #[test]
