@@ -463,6 +463,10 @@ pub struct VmConfig {
     /// The most of its memory the fast tier holds (`[tiering]`), in MiB; unset: its hot
     /// set plus `[tiering] margin_pct`, and a share of spare fast memory.
     pub fast_budget_mib: Option<u64>,
+    /// `false`: its memory is left where it is by tier placement (`[tiering] place`),
+    /// which places every other VM.
+    #[serde(default = "placed")]
+    pub place: bool,
     /// A process to place (`[tiering]`) in place of a hypervisor connection: a VM named
     /// by `pid` alone is neither sampled nor ballooned, only placed.
     pub pid: Option<i32>,
@@ -470,6 +474,10 @@ pub struct VmConfig {
 
 fn default_snapshot_keep() -> usize {
     3
+}
+
+fn placed() -> bool {
+    true
 }
 
 impl Default for Config {
@@ -2373,6 +2381,7 @@ mod tests {
             reclaim: None,
             reclaim_cgroup: None,
             fast_budget_mib: None,
+            place: true,
             pid: None,
         };
         // Both above the size: the size is both.

@@ -1956,6 +1956,7 @@ mod tests {
             reclaim: None,
             reclaim_cgroup: None,
             fast_budget_mib: None,
+            place: true,
             pid: None,
         }];
         // A QMP socket whose name a libvirt domain also has: the first found keeps it.

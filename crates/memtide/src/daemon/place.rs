@@ -149,15 +149,29 @@ pub struct Known<'a> {
 
 /// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
 /// hypervisor's process and start time are known — one whose sample failed this tick keeps its place,
-/// with the mappings last sampled — then each configured by `pid`.
+/// with the mappings last sampled — then each configured by `pid`. Not a VM configured
+/// `place = false`, nor one whose guest RAM does not move: locked or pinned (a VFIO
+/// device's DMA), or in hugetlbfs pages (found by an audit: moved at every pass in vain,
+/// the kernel retrying each page), which the engine reports as `fixed_memory`.
 pub fn targets<'a>(
     vms: &[memtide_core::VmSnapshot],
     known: impl Fn(&str) -> Option<Known<'a>>,
     config: &crate::config::Config,
 ) -> Vec<Target> {
     let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
-    let connected = vms.iter().filter_map(|vm| {
+    let fixed = |vm: &memtide_core::VmSnapshot| {
+        let sample = vm.sample.as_ref().ok();
+        sample.is_some_and(|s| {
+            s.fixed
+                .as_ref()
+                .is_some_and(|f| memtide_core::sanitize::fixed_memory(f, s.configured).is_some())
+        })
+    };
+    let connected = vms.iter().filter(|vm| !fixed(vm)).filter_map(|vm| {
         let k = known(&vm.name)?;
+        if k.config.is_some_and(|c| !c.place) {
+            return None;
+        }
         // A VM whose sample failed: the mappings last sampled, which only a tracker opened
         // in this pass goes by (one open since keeps its mappings).
         let mappings = match &vm.sample {
@@ -175,7 +189,7 @@ pub fn targets<'a>(
             started: Some(started),
         })
     });
-    let by_pid = config.vms.iter().filter_map(|c| {
+    let by_pid = config.vms.iter().filter(|c| c.place).filter_map(|c| {
         Some(Target {
             vm: c.name.clone(),
             pid: c.pid?,
@@ -187,6 +201,26 @@ pub fn targets<'a>(
         })
     });
     connected.chain(by_pid).collect()
+}
+
+/// Cut the `placements`' demotions, in order, to the `room` the slow node `node` has
+/// above its high watermark (found by an audit: all the VMs' demotions together could
+/// exceed it, the kernel then reclaiming the slow node's pages — other VMs' — before
+/// failing with ENOMEM), saying so in the reasons of those cut.
+fn fit_demotions(placements: &mut [Option<Placement>], mut room: Bytes, node: i32) {
+    for p in placements.iter_mut().flatten() {
+        if p.demote <= room {
+            room = room - p.demote;
+            continue;
+        }
+        p.reason.detail = format!(
+            "{}; demotion cut from {} to {room}: what slow node {node} has free",
+            p.reason.detail, p.demote
+        );
+        p.demote = room;
+        p.demote_free = p.demote_free.min(room);
+        room = Bytes::ZERO;
+    }
 }
 
 /// What a pass did for one VM.
@@ -608,10 +642,14 @@ impl TierPlacer {
             .map(|(t, a)| a.and_then(|()| self.measure(t, at)))
             .collect();
         let free = placement::free_on(&self.proc, &self.sys, self.nodes.fast);
-        let placements = match &free {
+        let mut placements = match &free {
             Ok(free) => self.divide(targets, &measured, *free),
             Err(_) => vec![None; targets.len()],
         };
+        // Unreadable, the slow node's room is not known: the moves say what fits.
+        if let Ok(room) = placement::free_on(&self.proc, &self.sys, self.nodes.slow) {
+            fit_demotions(&mut placements, room, self.nodes.slow);
+        }
         let mut outcomes = Vec::with_capacity(targets.len());
         for ((t, m), placement) in targets.iter().zip(&mut measured).zip(placements) {
             let failed = |placement, why: String| Outcome {
@@ -1089,6 +1127,107 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn demotions_together_fit_in_what_the_slow_node_has_free() {
+        let placement = |vm: &str, demote: u64, free: u64| {
+            Some(Placement {
+                vm: vm.into(),
+                fast_budget: Bytes::from_mib(100),
+                demote: Bytes::from_mib(demote),
+                demote_free: Bytes::from_mib(free),
+                promote: Bytes::ZERO,
+                reason: Reason::new("tier.hot", "hot 100 MiB"),
+            })
+        };
+        let mut placements = [
+            placement("a", 6, 2),
+            None,
+            placement("b", 8, 8),
+            placement("c", 5, 0),
+        ];
+        fit_demotions(&mut placements, Bytes::from_mib(10), 1);
+        let cut: Vec<(u64, u64)> = placements
+            .iter()
+            .flatten()
+            .map(|p| (p.demote.mib(), p.demote_free.mib()))
+            .collect();
+        assert_eq!(cut, [(6, 2), (4, 4), (0, 0)]);
+        let [Some(a), _, Some(b), Some(c)] = &placements else {
+            panic!("{placements:?}")
+        };
+        assert_eq!(a.reason.detail, "hot 100 MiB", "not cut");
+        assert_eq!(
+            b.reason.detail,
+            "hot 100 MiB; demotion cut from 8 MiB to 4 MiB: what slow node 1 has free"
+        );
+        assert!(
+            c.reason
+                .detail
+                .ends_with("cut from 5 MiB to 0 B: what slow node 1 has free"),
+            "{}",
+            c.reason
+        );
+    }
+
+    #[test]
+    fn vms_configured_out_or_whose_memory_does_not_move_are_not_placed() {
+        use memtide_core::snapshot::FixedMemory;
+        use memtide_core::testkit::vm;
+        let config = crate::config::Config::parse(
+            "[tiering]\nplace = true\n[[vm]]\nname = \"kept\"\nqmp = \"/run/kept.sock\"\n\
+             place = false\n[[vm]]\nname = \"batch\"\npid = 7\nplace = false\n",
+            "x",
+        )
+        .unwrap();
+        let fixed = |name: &str, fixed: FixedMemory| {
+            let mut v = vm(name, 1024, 1024, 100);
+            v.sample.as_mut().unwrap().fixed = Some(fixed);
+            v
+        };
+        let vms = [
+            vm("web", 1024, 1024, 100),
+            vm("kept", 1024, 1024, 100),
+            // VFIO pins all guest RAM; hugetlbfs backs it.
+            fixed(
+                "pinned",
+                FixedMemory {
+                    locked: Bytes::from_mib(1024),
+                    hugetlb: Bytes::ZERO,
+                    own: None,
+                },
+            ),
+            fixed(
+                "huge",
+                FixedMemory {
+                    locked: Bytes::ZERO,
+                    hugetlb: Bytes::from_mib(1024),
+                    own: None,
+                },
+            ),
+            // A little locked (QEMU's own): placed.
+            fixed(
+                "little",
+                FixedMemory {
+                    locked: Bytes::from_mib(16),
+                    hugetlb: Bytes::ZERO,
+                    own: None,
+                },
+            ),
+        ];
+        let known = |name: &str| {
+            Some(Known {
+                process: Some((100, 7)),
+                config: config.vms.iter().find(|c| c.name == name),
+                ram: None,
+            })
+        };
+        let placed: Vec<String> = targets(&vms, known, &config)
+            .into_iter()
+            .map(|t| t.vm)
+            .collect();
+        assert_eq!(placed, ["web", "little"]);
     }
 
     #[test]
