@@ -9,7 +9,8 @@
 //! `ESRCH` for no such process, `EPERM` without ptrace read access to it (since Linux
 //! 4.13: CAP_SYS_PTRACE for another user's or a non-dumpable process; CAP_SYS_NICE only
 //! for `MPOL_MF_MOVE_ALL`, not used here), `ENODEV` for a target node without memory,
-//! and `ENOSYS` on a kernel without NUMA (move_pages(2)).
+//! `EACCES` for a node the process's cpuset does not allow, and `ENOSYS` on a kernel
+//! without NUMA (move_pages(2)).
 
 use std::collections::BTreeMap;
 
@@ -40,6 +41,18 @@ pub enum MoveError {
     /// The target node has no memory, or is not a node.
     #[error("move_pages: node {0} has no memory ({1})")]
     NoNode(i32, &'static str),
+    /// The process may not have memory on the target node: its cpuset binds it elsewhere.
+    #[error(
+        "move_pages: process {pid} may not use node {node} (EACCES: its cpuset.mems binds \
+         it elsewhere, as libvirt's numatune mode 'strict' does): leave the VM out of \
+         placement ([[vm]] place = false) or allow the node"
+    )]
+    NotAllowed {
+        /// The process.
+        pid: i32,
+        /// The node.
+        node: i32,
+    },
     /// Any other failure of the call.
     #[error("move_pages for process {pid}: {}", std::io::Error::from_raw_os_error(*errno))]
     Other {
@@ -59,6 +72,8 @@ pub fn error(errno: i32, pid: i32, node: Option<i32>) -> MoveError {
         (libc::EPERM, _) => MoveError::NotPermitted(pid),
         (libc::ENODEV, Some(n)) => MoveError::NoNode(n, "ENODEV"),
         (libc::EINVAL, Some(n)) => MoveError::NoNode(n, "EINVAL: not a node"),
+        // Found by an audit: said as "Permission denied" alone.
+        (libc::EACCES, Some(node)) => MoveError::NotAllowed { pid, node },
         _ => MoveError::Other { pid, errno },
     }
 }
@@ -193,6 +208,11 @@ mod tests {
         assert_eq!(
             error(libc::ENODEV, 7, Some(3)),
             MoveError::NoNode(3, "ENODEV")
+        );
+        let bound = error(libc::EACCES, 7, Some(1)).to_string();
+        assert!(
+            bound.starts_with("move_pages: process 7 may not use node 1 (EACCES: its cpuset.mems"),
+            "{bound}"
         );
         assert_eq!(
             error(libc::EINVAL, 7, None),
