@@ -1208,6 +1208,10 @@ impl Config {
             let message = "a VM given by `pid` is only placed: set [tiering] place = true";
             return bad(&field("pid"), message.into());
         }
+        if !vm.place {
+            let message = "a VM given by `pid` is only placed: place = false leaves it nothing";
+            return bad(&field("place"), message.into());
+        }
         let connected = [
             ("agent", vm.agent.is_some()),
             ("launch", vm.launch.is_some()),

@@ -27,11 +27,11 @@ pub const PARTIAL: &str = ".partial";
 const HEADROOM: Bytes = Bytes::from_mib(64);
 
 /// The format of the descriptions this memtide writes, and the newest it reads. It goes
-/// up whenever a field is added to [`Snapshot`] or a field's meaning changes: a memtide
-/// that reads up to an older format then refuses the description, naming its format,
-/// rather than take it for damaged or read it wrong (found by the compatibility audit).
-/// Every format up to this one stays readable; `tests/formats/` keeps a description of
-/// each.
+/// up whenever a field is added to [`Snapshot`] (with a default: an older description
+/// lacks it), a field whose meaning changes taking a new name: a memtide that reads up
+/// to an older format then refuses the description, naming its format, rather than take
+/// it for damaged or read it wrong (found by the compatibility audit). Every format up to
+/// this one stays readable; `tests/formats/` keeps a description of each.
 pub const FORMAT: u32 = 1;
 
 /// The format of a description that names none: what memtide wrote before it numbered
@@ -593,15 +593,21 @@ impl Store {
 
     /// Mark every hibernation of VM `vm` not woken from yet woken, for a VM found
     /// running that memtide did not start from it; returns those marked.
-    /// A snapshot of a newer memtide cannot be marked (its description is not read
-    /// here): an error names it, once the others are marked.
+    /// A newer memtide's snapshot that is the VM's newest cannot be marked (its
+    /// description is not read here): an error names it, once the others are marked.
     pub fn mark_all_woken(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
         let found = self.found(vm)?;
+        let newest = found.read.last().map(|s| (s.seq, s.id.clone()));
+        let newer = found.newer.iter().rfind(|n| {
+            newest
+                .as_ref()
+                .is_none_or(|(seq, id)| (n.seq, &n.id) > (*seq, id))
+        });
         let asleep: Vec<Snapshot> = found.read.into_iter().filter(Snapshot::asleep).collect();
         for s in &asleep {
             self.mark_woken(s)?;
         }
-        if let Some(newer) = found.newer.last() {
+        if let Some(newer) = newer {
             let marked: Vec<&str> = asleep.iter().map(|s| s.id.as_str()).collect();
             bail!(
                 "{newer}; where it is a hibernation, it is not marked woken here: do not wake or \
@@ -1132,7 +1138,7 @@ mod tests {
                 serde_json::to_string_pretty(&full).unwrap() + "\n"
             ),
             (FORMAT, frozen.to_string()),
-            "a field of snapshot.json was added or its meaning changed: bump \
+            "a field of snapshot.json was added or renamed: bump \
              snapshots::FORMAT, add tests/formats/snapshot-format-N.json for it and test \
              it here, keeping the old fixtures readable"
         );
@@ -1197,6 +1203,8 @@ mod tests {
         let next = take(&store, "web", b"next");
         assert_eq!(next.seq, 3);
         assert_eq!(store.find("web", None).unwrap(), next);
+        // No longer the newest: nothing to say of it when the VM runs.
+        assert_eq!(store.mark_all_woken("web").unwrap(), []);
     }
 
     #[test]

@@ -149,25 +149,16 @@ pub struct Known<'a> {
 
 /// The VMs to place: each of the connected `vms` the fleet knows (`known`) whose
 /// hypervisor's process and start time are known — one whose sample failed this tick keeps its place,
-/// with the mappings last sampled — then each configured by `pid`. Not a VM configured
-/// `place = false`, nor one whose guest RAM does not move: locked or pinned (a VFIO
-/// device's DMA), or in hugetlbfs pages (found by an audit: moved at every pass in vain,
-/// the kernel retrying each page), which the engine reports as `fixed_memory`.
+/// with the mappings last sampled — then each configured by `pid`; not one configured
+/// `place = false` (found by an audit: a VM whose pages cannot move, pinned by a VFIO
+/// device, had them asked to move at every pass).
 pub fn targets<'a>(
     vms: &[memtide_core::VmSnapshot],
     known: impl Fn(&str) -> Option<Known<'a>>,
     config: &crate::config::Config,
 ) -> Vec<Target> {
     let budget = |c: &crate::config::VmConfig| c.fast_budget_mib.map(Bytes::from_mib);
-    let fixed = |vm: &memtide_core::VmSnapshot| {
-        let sample = vm.sample.as_ref().ok();
-        sample.is_some_and(|s| {
-            s.fixed
-                .as_ref()
-                .is_some_and(|f| memtide_core::sanitize::fixed_memory(f, s.configured).is_some())
-        })
-    };
-    let connected = vms.iter().filter(|vm| !fixed(vm)).filter_map(|vm| {
+    let connected = vms.iter().filter_map(|vm| {
         let k = known(&vm.name)?;
         if k.config.is_some_and(|c| !c.place) {
             return None;
@@ -206,21 +197,42 @@ pub fn targets<'a>(
 /// Cut the `placements`' demotions, in order, to the `room` the slow node `node` has
 /// above its high watermark (found by an audit: all the VMs' demotions together could
 /// exceed it, the kernel then reclaiming the slow node's pages — other VMs' — before
-/// failing with ENOMEM), saying so in the reasons of those cut.
+/// failing with ENOMEM), and promotions by as much, as they counted on the fast memory
+/// the demotions cut would have freed (a VM's own first, its exchanges; then the others',
+/// in order): the reasons of those cut say so.
 fn fit_demotions(placements: &mut [Option<Placement>], mut room: Bytes, node: i32) {
+    let mut owed = Bytes::ZERO;
     for p in placements.iter_mut().flatten() {
         if p.demote <= room {
             room = room - p.demote;
             continue;
         }
-        p.reason.detail = format!(
-            "{}; demotion cut from {} to {room}: what slow node {node} has free",
-            p.reason.detail, p.demote
+        let cut = p.demote - room;
+        p.reason.detail += &format!(
+            "; demotion cut from {} to {room}: what slow node {node} has free",
+            p.demote
         );
         p.demote = room;
         p.demote_free = p.demote_free.min(room);
         room = Bytes::ZERO;
+        owed += less_promoted(p, cut);
     }
+    for p in placements.iter_mut().flatten() {
+        owed = less_promoted(p, owed);
+    }
+}
+
+/// Cut `p`'s promotion by `by` at most, saying so; returns what it could not cut.
+fn less_promoted(p: &mut Placement, by: Bytes) -> Bytes {
+    let less = p.promote.min(by);
+    if less > Bytes::ZERO {
+        p.reason.detail += &format!(
+            "; promotion cut from {} by {less}: the room cut demotions would have made",
+            p.promote
+        );
+        p.promote = p.promote - less;
+    }
+    by - less
 }
 
 /// What a pass did for one VM.
@@ -1131,91 +1143,62 @@ mod tests {
 
     #[test]
     fn demotions_together_fit_in_what_the_slow_node_has_free() {
-        let placement = |vm: &str, demote: u64, free: u64| {
+        let placement = |vm: &str, demote: u64, free: u64, promote: u64| {
             Some(Placement {
                 vm: vm.into(),
                 fast_budget: Bytes::from_mib(100),
                 demote: Bytes::from_mib(demote),
                 demote_free: Bytes::from_mib(free),
-                promote: Bytes::ZERO,
+                promote: Bytes::from_mib(promote),
                 reason: Reason::new("tier.hot", "hot 100 MiB"),
             })
         };
         let mut placements = [
-            placement("a", 6, 2),
+            placement("a", 6, 2, 7),
             None,
-            placement("b", 8, 8),
-            placement("c", 5, 0),
+            placement("b", 8, 8, 1),
+            placement("c", 5, 0, 2),
         ];
         fit_demotions(&mut placements, Bytes::from_mib(10), 1);
-        let cut: Vec<(u64, u64)> = placements
+        let cut: Vec<(u64, u64, u64)> = placements
             .iter()
             .flatten()
-            .map(|p| (p.demote.mib(), p.demote_free.mib()))
+            .map(|p| (p.demote.mib(), p.demote_free.mib(), p.promote.mib()))
             .collect();
-        assert_eq!(cut, [(6, 2), (4, 4), (0, 0)]);
+        // 9 MiB of demotions cut: b's and c's own promotions first, then a's by the rest.
+        assert_eq!(cut, [(6, 2, 1), (4, 4, 0), (0, 0, 0)]);
         let [Some(a), _, Some(b), Some(c)] = &placements else {
             panic!("{placements:?}")
         };
-        assert_eq!(a.reason.detail, "hot 100 MiB", "not cut");
+        assert_eq!(
+            a.reason.detail,
+            "hot 100 MiB; promotion cut from 7 MiB by 6 MiB: the room cut demotions would \
+             have made"
+        );
         assert_eq!(
             b.reason.detail,
-            "hot 100 MiB; demotion cut from 8 MiB to 4 MiB: what slow node 1 has free"
+            "hot 100 MiB; demotion cut from 8 MiB to 4 MiB: what slow node 1 has free; \
+             promotion cut from 1 MiB by 1 MiB: the room cut demotions would have made"
         );
         assert!(
             c.reason
                 .detail
-                .ends_with("cut from 5 MiB to 0 B: what slow node 1 has free"),
+                .contains("demotion cut from 5 MiB to 0 B: what slow node 1 has free"),
             "{}",
             c.reason
         );
     }
 
     #[test]
-    fn vms_configured_out_or_whose_memory_does_not_move_are_not_placed() {
-        use memtide_core::snapshot::FixedMemory;
+    fn a_vm_configured_out_is_not_placed() {
         use memtide_core::testkit::vm;
         let config = crate::config::Config::parse(
             "[tiering]\nplace = true\n[[vm]]\nname = \"kept\"\nqmp = \"/run/kept.sock\"\n\
-             place = false\n[[vm]]\nname = \"batch\"\npid = 7\nplace = false\n",
+             place = false\n[[vm]]\nname = \"batch\"\npid = 7\n",
             "x",
         )
         .unwrap();
-        let fixed = |name: &str, fixed: FixedMemory| {
-            let mut v = vm(name, 1024, 1024, 100);
-            v.sample.as_mut().unwrap().fixed = Some(fixed);
-            v
-        };
-        let vms = [
-            vm("web", 1024, 1024, 100),
-            vm("kept", 1024, 1024, 100),
-            // VFIO pins all guest RAM; hugetlbfs backs it.
-            fixed(
-                "pinned",
-                FixedMemory {
-                    locked: Bytes::from_mib(1024),
-                    hugetlb: Bytes::ZERO,
-                    own: None,
-                },
-            ),
-            fixed(
-                "huge",
-                FixedMemory {
-                    locked: Bytes::ZERO,
-                    hugetlb: Bytes::from_mib(1024),
-                    own: None,
-                },
-            ),
-            // A little locked (QEMU's own): placed.
-            fixed(
-                "little",
-                FixedMemory {
-                    locked: Bytes::from_mib(16),
-                    hugetlb: Bytes::ZERO,
-                    own: None,
-                },
-            ),
-        ];
+        let vms = [vm("web", 1024, 1024, 100), vm("kept", 1024, 1024, 100)];
         let known = |name: &str| {
             Some(Known {
                 process: Some((100, 7)),
@@ -1227,7 +1210,18 @@ mod tests {
             .into_iter()
             .map(|t| t.vm)
             .collect();
-        assert_eq!(placed, ["web", "little"]);
+        assert_eq!(placed, ["web", "batch"]);
+        // A process given by pid alone has nothing else to do.
+        let e = crate::config::Config::parse(
+            "[tiering]\nplace = true\n[[vm]]\nname = \"batch\"\npid = 7\nplace = false\n",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("vm[0].place") && e.contains("leaves it nothing"),
+            "{e}"
+        );
     }
 
     #[test]

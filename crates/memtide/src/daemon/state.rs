@@ -23,9 +23,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The format's version; a file of a newer one is ignored, an older one's read. It goes
 /// up whenever a field is added (here or in what the file holds of the estimator,
-/// `FusedMemory`), with a default, or a field's meaning changes: an older memtide then
-/// says the file is a newer one's rather than fail on the added field as if the file were
-/// damaged (found by the compatibility audit). `tests/formats` keeps a file of each.
+/// `FusedMemory`), with a default: an older memtide then says the file is a newer one's
+/// rather than fail on the added field as if the file were damaged (found by the
+/// compatibility audit). A field whose meaning changes is a new field, under a new name:
+/// an older file's is read as it meant. `tests/formats` keeps a file of each version.
 const VERSION: u32 = 1;
 /// Balloon targets and estimator state older than this are ignored: what they say of the
 /// guests no longer holds.
@@ -229,10 +230,9 @@ impl StateFile {
                 "written {} s in the future: the clock stepped back?",
                 s.written - now
             )),
-            // An older version's file reads: what it lacks takes its default.
-            Ok(s) if s.version == 0 || s.version > VERSION => {
-                Err(format!("version {}, not 1 to {VERSION}", s.version))
-            }
+            // An older version's file reads: what it lacks takes its default (a newer
+            // one's was told above).
+            Ok(s) if s.version == 0 => Err(format!("version 0, not 1 to {VERSION}")),
             Ok(s) if age(&s) > kept_s => {
                 Err(format!("written {} s ago, more than {kept_s} s", age(&s)))
             }
@@ -1115,7 +1115,7 @@ mod tests {
                     ..other.clone()
                 })
                 .unwrap(),
-                "version 0, not 1",
+                "version 0, not 1 to 1",
                 false,
             ),
             // A field this version does not know, in a file of its own version: damaged.
