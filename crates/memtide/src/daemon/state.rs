@@ -571,7 +571,7 @@ mod tests {
     #[test]
     fn each_state_version_still_reads() {
         // Written by version 1 with every optional field: a field added since must take a
-        // default (an older file lacks it), and one whose meaning changed bumps VERSION.
+        // default (an older file lacks it), and VERSION goes up with it.
         let frozen = include_str!("../../tests/formats/state-version-1.json");
         let saved: Saved = serde_json::from_str(frozen).expect("version 1 no longer reads");
         let vm = &saved.vms["a"];
