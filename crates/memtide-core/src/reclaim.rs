@@ -24,9 +24,10 @@ const MIN_STEP: Bytes = Bytes::from_mib(2);
 /// would look diluted, while the step counts at most this long.
 const LONG_GAP: Duration = Duration::from_secs(60);
 /// How long reclaim holds after the kernel found less to take than it was asked, unless
-/// usage grows by what was asked (at least [`MIN_STEP`]) first: what it could not take then (anonymous memory with
-/// no swap or zswap to go to) it would not take at the next tick either (found by an
-/// audit: a request every tick, each one logged, each retried by the kernel in vain).
+/// usage grows by what was asked (at least [`MIN_STEP`]) first: what it could not take
+/// then (anonymous memory with no swap or zswap to go to) it would not take at the next
+/// tick either (found by an audit: a request every tick, each one logged, each retried
+/// by the kernel in vain).
 const SHORT_WAIT: Duration = Duration::from_secs(300);
 
 /// What one reading of a VM's cgroup says.
@@ -101,6 +102,13 @@ pub struct Pacer {
 }
 
 impl Pacer {
+    /// The kernel found less to reclaim than this tick's pace asked (`asked`;
+    /// `memory.reclaim` answered EAGAIN): reclaim holds for a while unless usage grows by
+    /// as much.
+    pub fn fell_short(&mut self, asked: Bytes) {
+        self.short = self.previous.map(|reading| (reading, asked));
+    }
+
     /// Decide this tick's reclaim from `now`, the reading before it, what the VM keeps and
     /// the settings. A VM whose working set is not known this tick (its sample late)
     /// keeps the last one it was given.
@@ -231,15 +239,6 @@ impl Pacer {
     }
 }
 
-impl Pacer {
-    /// The kernel found less to reclaim than this tick's pace asked (`asked`;
-    /// `memory.reclaim` answered EAGAIN): reclaim holds for a while unless usage grows by
-    /// as much.
-    pub fn fell_short(&mut self, asked: Bytes) {
-        self.short = self.previous.map(|reading| (reading, asked));
-    }
-}
-
 impl PaceConfig {
     /// The settings when every share is finite and the target positive; `None` otherwise.
     fn sane(&self) -> Option<PaceConfig> {
@@ -315,13 +314,13 @@ mod tests {
     fn after_the_kernel_fell_short_reclaim_holds_until_usage_grows_or_time_passes() {
         let config = PaceConfig::default();
         let mut p = Pacer::default();
-        p.pace(reading(0, GIB, 0, 0), keep(None), &config);
-        assert_eq!(
-            p.pace(reading(2, GIB, 0, 0), keep(None), &config)
+        let rule = |p: &mut Pacer, at, usage| {
+            p.pace(reading(at, usage, 0, 0), keep(None), &config)
                 .reason
-                .rule,
-            "reclaim.probe"
-        );
+                .rule
+        };
+        p.pace(reading(0, GIB, 0, 0), keep(None), &config);
+        assert_eq!(rule(&mut p, 2, GIB), "reclaim.probe");
         // 10 MiB asked: held until usage grows by as much.
         p.fell_short(Bytes::from_mib(10));
         let held = p.pace(reading(4, GIB, 0, 0), keep(None), &config);
@@ -334,53 +333,28 @@ mod tests {
             "{}",
             held.reason
         );
-        assert_eq!(
-            p.pace(
-                reading(5, GIB + Bytes::from_mib(8), 0, 0),
-                keep(None),
-                &config
-            )
-            .reason
-            .rule,
-            "reclaim.partly"
-        );
+        assert_eq!(rule(&mut p, 5, GIB + Bytes::from_mib(8)), "reclaim.partly");
         // Grown by what was asked: new memory to try.
         let grown = GIB + Bytes::from_mib(10);
-        assert_eq!(
-            p.pace(reading(6, grown, 0, 0), keep(None), &config)
-                .reason
-                .rule,
-            "reclaim.probe"
-        );
+        assert_eq!(rule(&mut p, 6, grown), "reclaim.probe");
         // Fell short again, of a least step: held until the wait is over.
         p.fell_short(Bytes::from_mib(1));
-        assert_eq!(
-            p.pace(reading(8, grown, 0, 0), keep(None), &config)
-                .reason
-                .rule,
-            "reclaim.partly"
-        );
+        assert_eq!(rule(&mut p, 8, grown), "reclaim.partly");
         let mut at = 8;
         while at < 6 + SHORT_WAIT.as_secs() {
             at += 30;
-            let pace = p.pace(reading(at, grown, 0, 0), keep(None), &config);
-            let rule = if at < 6 + SHORT_WAIT.as_secs() {
+            let expected = if at < 6 + SHORT_WAIT.as_secs() {
                 "reclaim.partly"
             } else {
                 "reclaim.probe"
             };
-            assert_eq!(pace.reason.rule, rule, "at {at} s");
+            assert_eq!(rule(&mut p, at, grown), expected, "at {at} s");
         }
         // Rates started again (a long gap, counters gone back): it is forgotten.
         p.fell_short(Bytes::from_mib(1));
-        let rule = |p: &mut Pacer, at| {
-            p.pace(reading(at, grown, 0, 0), keep(None), &config)
-                .reason
-                .rule
-        };
-        assert_eq!(rule(&mut p, at + 2), "reclaim.partly");
-        assert_eq!(rule(&mut p, at + 200), "reclaim.first");
-        assert_eq!(rule(&mut p, at + 202), "reclaim.probe");
+        assert_eq!(rule(&mut p, at + 2, grown), "reclaim.partly");
+        assert_eq!(rule(&mut p, at + 200, grown), "reclaim.first");
+        assert_eq!(rule(&mut p, at + 202, grown), "reclaim.probe");
     }
 
     #[test]

@@ -212,9 +212,7 @@ pub async fn restore(
         );
     }
     // Before its checksums, which take seconds a GiB.
-    if let Starter::Qemu { .. } = starter {
-        qemu_format(&snapshot)?;
-    }
+    restorable(&snapshot, starter.connector())?;
     let asleep = snapshot.asleep();
     if !asleep && !force {
         let why = match &snapshot.woken {
@@ -303,9 +301,7 @@ fn newest_good(
             continue;
         }
         // Not passed over for an older one: this build would restore that in its place.
-        if connector == "qmp" {
-            qemu_format(&s)?;
-        }
+        restorable(&s, connector)?;
         match store.verify(&s) {
             Ok(()) => return Ok((s, skipped)),
             Err(e) => {
@@ -326,6 +322,15 @@ fn newest_good(
 /// The connector that saved `s` (the first word of its mechanism).
 fn saved_through(s: &Snapshot) -> &str {
     s.mechanism.split_whitespace().next().unwrap_or("")
+}
+
+/// Whether snapshot `s`, saved through `connector`, is in a form this build restores (a
+/// QEMU snapshot's, [`qemu_format`]; the other connectors have one form each).
+fn restorable(s: &Snapshot, connector: &str) -> anyhow::Result<()> {
+    match connector {
+        "qmp" => qemu_format(s).map(drop),
+        _ => Ok(()),
+    }
 }
 
 /// The form QEMU wrote snapshot `s` in, or an error where this build does not know it (a

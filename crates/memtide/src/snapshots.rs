@@ -276,6 +276,17 @@ struct Found {
     newer: Vec<Newer>,
 }
 
+impl Found {
+    /// Of one VM's snapshots (each list oldest first), a newer memtide's that is the VM's
+    /// newest, after every one this memtide reads.
+    fn newer_newest(&self) -> Option<&Newer> {
+        let newest = self.read.last().map(|s| (s.seq, s.id.as_str()));
+        self.newer
+            .last()
+            .filter(|n| newest.is_none_or(|newest| (n.seq, n.id.as_str()) > newest))
+    }
+}
+
 /// `text` between single quotes, as a shell reads it back.
 fn quoted(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
@@ -452,13 +463,7 @@ impl Store {
     /// (found by the compatibility audit).
     pub fn history(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
         let found = self.found(vm)?;
-        let newest = found.read.last().map(|s| (s.seq, s.id.as_str()));
-        if let Some(newer) = found
-            .newer
-            .iter()
-            .filter(|n| newest.is_none_or(|newest| (n.seq, n.id.as_str()) > newest))
-            .max_by(|a, b| (a.seq, &a.id).cmp(&(b.seq, &b.id)))
-        {
+        if let Some(newer) = found.newer_newest() {
             bail!("{newer} (it is the VM's newest: an older snapshot is used only by its ID)");
         }
         Ok(found.read)
@@ -597,12 +602,7 @@ impl Store {
     /// description is not read here): an error names it, once the others are marked.
     pub fn mark_all_woken(&self, vm: &str) -> anyhow::Result<Vec<Snapshot>> {
         let found = self.found(vm)?;
-        let newest = found.read.last().map(|s| (s.seq, s.id.clone()));
-        let newer = found.newer.iter().rfind(|n| {
-            newest
-                .as_ref()
-                .is_none_or(|(seq, id)| (n.seq, &n.id) > (*seq, id))
-        });
+        let newer = found.newer_newest().cloned();
         let asleep: Vec<Snapshot> = found.read.into_iter().filter(Snapshot::asleep).collect();
         for s in &asleep {
             self.mark_woken(s)?;

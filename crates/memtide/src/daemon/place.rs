@@ -180,7 +180,7 @@ pub fn targets<'a>(
             started: Some(started),
         })
     });
-    let by_pid = config.vms.iter().filter(|c| c.place).filter_map(|c| {
+    let by_pid = config.vms.iter().filter_map(|c| {
         Some(Target {
             vm: c.name.clone(),
             pid: c.pid?,
